@@ -1,0 +1,52 @@
+"""The Backend protocol: one loaded copy of a model on one device, computing batches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dlscale.types import TensorSpec
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """How to load a model: where, with how many threads, at what optimization level."""
+
+    device: str = "cpu"
+    #: Threads inside one operator; 0 lets the runtime choose.
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    #: ONNX Runtime graph optimization: disable, basic, extended or all.
+    graph_optimization_level: str = "all"
+    #: Runtime-specific settings from the model config's [backend_options] table.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A runtime holding one model on one device.
+
+    `load` does the slow work (read the file, compile, capture) and must leave the backend able
+    to run `infer` at once; `infer` takes and returns numpy arrays keyed by tensor name, batch
+    first, and releases the GIL while it computes, so that an Instance can call it from a worker
+    thread without stalling the event loop.
+    """
+
+    path: Path
+    options: BackendOptions
+
+    def load(self) -> None: ...
+
+    @property
+    def inputs(self) -> list[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> list[TensorSpec]: ...
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def unload(self) -> None: ...

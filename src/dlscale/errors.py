@@ -1,0 +1,90 @@
+"""One error tree for the whole package, each error mapped once to an HTTP status and a gRPC code."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class DlscaleError(Exception):
+    """Base of every error dlscale reports to a user or a client."""
+
+    http_status: ClassVar[int] = 500
+    grpc_code: ClassVar[str] = "INTERNAL"
+    #: Triton's `nv_inference_request_failure{reason}` label.
+    reason: ClassVar[str] = "OTHER"
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class InvalidInput(DlscaleError):
+    """The request is malformed or does not match the model (names, datatypes, shapes)."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+    reason = "REJECTED"
+
+
+class NotFound(DlscaleError):
+    """An unknown model, version or resource."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+    reason = "REJECTED"
+
+
+class Unavailable(DlscaleError):
+    """The model or server cannot take requests now (not ready, unloading, shutting down)."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    reason = "REJECTED"
+
+
+class QueueFull(Unavailable):
+    """The model's queue is at max_queue_size: rejected at once rather than queued."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class TimedOut(Unavailable):
+    """The request's timeout expired while it waited in the queue (Triton answers 503 too)."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+class PayloadTooLarge(DlscaleError):
+    """A request body or message above the configured limit."""
+
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+    reason = "REJECTED"
+
+
+class Unsupported(DlscaleError):
+    """A feature the server or this model does not provide."""
+
+    http_status = 501
+    grpc_code = "UNIMPLEMENTED"
+    reason = "REJECTED"
+
+
+class BackendError(DlscaleError):
+    """The runtime failed while computing a batch; only that batch's requests fail."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+    reason = "BACKEND"
+
+
+class ConfigError(DlscaleError):
+    """A model configuration or repository layout that cannot be used; names file and field."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+    reason = "REJECTED"
+
+
+class BenchError(DlscaleError):
+    """A benchmark that cannot run (unreachable target, unknown model, bad settings)."""

@@ -1,0 +1,156 @@
+"""The vocabulary of the whole package: tensor datatypes, tensor specs, requests and responses."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+#: A model or request parameter as the Open Inference Protocol carries it (bool, int64 or string).
+Parameter = bool | int | float | str
+Parameters = dict[str, Parameter]
+
+
+class Datatype(enum.StrEnum):
+    """Open Inference Protocol tensor datatypes."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    BF16 = "BF16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+
+    @property
+    def numpy(self) -> np.dtype[Any]:
+        """The numpy dtype that holds this datatype (BYTES: object arrays of ``bytes``)."""
+        return _TO_NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element on the wire; 0 for BYTES, whose elements vary in length."""
+        return 0 if self is Datatype.BYTES else _TO_NUMPY[self].itemsize
+
+    @property
+    def json_safe(self) -> bool:
+        """Whether the datatype may travel as JSON numbers (FP16 and BF16 may not)."""
+        return self not in (Datatype.FP16, Datatype.BF16)
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype[Any] | type) -> Datatype:
+        """The datatype of a numpy dtype; raises ValueError for dtypes the protocol lacks."""
+        dt = np.dtype(dtype)
+        if dt.kind in ("O", "S", "U"):
+            return cls.BYTES
+        try:
+            return _FROM_NUMPY[dt]
+        except KeyError:
+            raise ValueError(f"numpy dtype {dt} has no Open Inference Protocol datatype") from None
+
+
+_TO_NUMPY: dict[Datatype, np.dtype[Any]] = {
+    Datatype.BOOL: np.dtype(np.bool_),
+    Datatype.UINT8: np.dtype(np.uint8),
+    Datatype.UINT16: np.dtype(np.uint16),
+    Datatype.UINT32: np.dtype(np.uint32),
+    Datatype.UINT64: np.dtype(np.uint64),
+    Datatype.INT8: np.dtype(np.int8),
+    Datatype.INT16: np.dtype(np.int16),
+    Datatype.INT32: np.dtype(np.int32),
+    Datatype.INT64: np.dtype(np.int64),
+    Datatype.FP16: np.dtype(np.float16),
+    Datatype.BF16: np.dtype(ml_dtypes.bfloat16),
+    Datatype.FP32: np.dtype(np.float32),
+    Datatype.FP64: np.dtype(np.float64),
+    Datatype.BYTES: np.dtype(object),
+}
+_FROM_NUMPY: dict[np.dtype[Any], Datatype] = {
+    v: k for k, v in _TO_NUMPY.items() if k is not Datatype.BYTES
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named tensor with a datatype and a shape; -1 marks a variable dimension."""
+
+    name: str
+    datatype: Datatype
+    shape: tuple[int, ...]
+
+    def matches(self, shape: Sequence[int]) -> bool:
+        """Whether a concrete shape fits this spec (same rank, fixed dims equal)."""
+        return len(shape) == len(self.shape) and all(
+            want in (-1, got) for want, got in zip(self.shape, shape, strict=True)
+        )
+
+    def with_batch(self) -> TensorSpec:
+        """This spec with a leading variable batch dimension added."""
+        return TensorSpec(self.name, self.datatype, (-1, *self.shape))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The protocol's JSON form: ``{name, datatype, shape}``."""
+        return {"name": self.name, "datatype": self.datatype.value, "shape": list(self.shape)}
+
+
+@dataclass
+class RequestedOutput:
+    """An output the client asked for, and how it wants it sent."""
+
+    name: str
+    binary: bool | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass
+class InferenceRequest:
+    """One inference request, protocol-agnostic: inputs are numpy arrays keyed by name."""
+
+    model_name: str
+    inputs: dict[str, np.ndarray]
+    model_version: str = ""
+    id: str = ""
+    outputs: list[RequestedOutput] | None = None
+    parameters: Parameters = field(default_factory=dict)
+    #: The datatype each input was declared with on the wire (BF16 is not a numpy kind).
+    datatypes: dict[str, Datatype] = field(default_factory=dict)
+
+    @property
+    def priority(self) -> int:
+        """Request priority: 1 is highest, 0 means the model's default level."""
+        return int(self.parameters.get("priority", 0))
+
+    @property
+    def timeout_us(self) -> int:
+        """Queue timeout in microseconds; 0 means the model's default."""
+        return int(self.parameters.get("timeout", 0))
+
+
+@dataclass
+class InferenceResponse:
+    """One inference response: outputs are numpy arrays keyed by name."""
+
+    model_name: str
+    outputs: dict[str, np.ndarray]
+    model_version: str = ""
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+
+
+def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:
+    """The leading dimension shared by all inputs (1 for scalars)."""
+    sizes = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"inputs disagree on batch size: {sorted(sizes)}")
+    return sizes.pop()
