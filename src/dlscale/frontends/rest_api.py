@@ -56,6 +56,7 @@ def error_response(
 
 
 _EMPTY_OK = RestResponse(200, [])
+_ROUTE_CACHE_SIZE = 4096
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 
 
@@ -65,6 +66,7 @@ class RestApi:
     def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 2**20) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self._routes: dict[str, tuple[_Handler | None, list[str], str]] = {}
 
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
@@ -91,6 +93,15 @@ class RestApi:
 
     def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
         """The handler for a path, its path arguments, and the one method it takes."""
+        # Clients repeat the same few paths: resolving each once saves a parse per request.
+        found = self._routes.get(path)
+        if found is None:
+            found = self._resolve(path)
+            if len(self._routes) < _ROUTE_CACHE_SIZE:
+                self._routes[path] = found
+        return found
+
+    def _resolve(self, path: str) -> tuple[_Handler | None, list[str], str]:
         parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
         if not parts or parts[0] != "v2":
             return None, [], ""

@@ -48,6 +48,7 @@ class _Request(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Request)
+_DATATYPES = {d.value: d for d in Datatype}
 
 
 @dataclass(frozen=True)
@@ -206,13 +207,12 @@ def _flag(params: dict[str, ParameterValue], key: str, where: str) -> bool:
 def _decode_tensor(
     tensor: _Tensor, body: memoryview, offset: int, has_binary: bool
 ) -> tuple[np.ndarray, int]:
-    try:
-        datatype = Datatype(tensor.datatype)
-    except ValueError:
+    datatype = _DATATYPES.get(tensor.datatype)
+    if datatype is None:
         raise InvalidInput(
             f"input {tensor.name!r} has unknown datatype {tensor.datatype!r} (expected one of "
             f"{[d.value for d in Datatype]})"
-        ) from None
+        )
     size = tensor.parameters.get("binary_data_size")
     if size is None:
         return _from_json(tensor, datatype), offset
