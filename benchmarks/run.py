@@ -1,6 +1,6 @@
 """Run the REST benchmarks of BENCHMARKS.md: HTTP stacks, and dlscale against Seldon MLServer.
 
-    python -m benchmarks.run [all|stacks|peers|resnet] [--repeats 3] [--duration 5]
+    python -m benchmarks.run [all|stacks|peers|inprocess] [--repeats 3] [--duration 5]
 
 Every server runs in its own process with OMP/OPENBLAS/MKL threads at 1 and is driven by the same
 closed-loop client (benchmarks/client.py) from this process. Servers alternate within a run;
@@ -10,6 +10,7 @@ the tables give medians over the repetitions. Results also go to bench-results/*
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -149,7 +150,11 @@ def run_stacks(repo: Path, repeats: int, duration: float, rows: list[dict[str, A
     """dlscale's REST routes on each candidate HTTP stack, identity JSON [1,16], c=1 and c=32.
 
     `protocol` is dlscale's own transport on uvloop; `protocol-asyncio` the same on asyncio's loop.
+    The model has no queue delay here, so that the figures are the HTTP stack's alone.
     """
+    repo = WORK / "repo-stacks"
+    models.build_identity(repo)
+    models.write_dlscale_config(repo, dataclasses.replace(IDENTITY, max_queue_delay_us=0))
     stacks = ["protocol", "protocol-asyncio", "uvicorn", "granian"]
     for rep in range(repeats):
         shift = rep % len(stacks)
@@ -223,40 +228,45 @@ def _served_batch(server: Server, model: str) -> float:
     return stats["inference_count"] / max(stats["execution_count"], 1)
 
 
-def run_resnet(repo: Path, repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
-    """resnet50 with binary tensors at c=16 against in-process onnxruntime at batch 16."""
-    if not models.build_resnet50(repo):
+def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
+    """Served with binary tensors, one row per request at c = max_batch_size, against a bare
+    onnxruntime session at that batch size: mlp always, resnet50 when the zoo can build it."""
+    chosen = [MLP]
+    if models.build_resnet50(repo):
+        models.write_dlscale_config(repo, RESNET50)
+        chosen.append(RESNET50)
+    else:
         print("resnet50 skipped: dlscale's zoo (and torch, which builds it) is not installed")
-        return
-    models.write_dlscale_config(repo, RESNET50)
-    concurrency = RESNET50.max_batch_size
-    for rep in range(repeats):
-        server = start_dlscale(repo)
-        try:
-            r = load(server, RESNET50, True, concurrency, duration)
-            batch = _served_batch(server, RESNET50.name)
+    for model in chosen:
+        concurrency = model.max_batch_size
+        seconds = duration if model is RESNET50 else duration / 4
+        for rep in range(repeats):
+            server = start_dlscale(repo)
+            try:
+                r = load(server, model, True, concurrency, seconds)
+                batch = _served_batch(server, model.name)
+                _record(
+                    rows,
+                    bench="inprocess",
+                    server="dlscale",
+                    model=model.name,
+                    concurrency=concurrency,
+                    rep=rep,
+                    mean_batch=round(batch, 2),
+                    **r.summary(),
+                )
+            finally:
+                server.stop()
+            ips = inprocess_throughput(model.path(repo), model, concurrency, seconds)
             _record(
                 rows,
-                bench="resnet",
-                server="dlscale",
-                model="resnet50",
+                bench="inprocess",
+                server="onnxruntime-inprocess",
+                model=model.name,
                 concurrency=concurrency,
                 rep=rep,
-                mean_batch=round(batch, 2),
-                **r.summary(),
+                throughput=round(ips, 2),
             )
-        finally:
-            server.stop()
-        ips = inprocess_throughput(RESNET50.path(repo), RESNET50, concurrency, duration)
-        _record(
-            rows,
-            bench="resnet",
-            server="onnxruntime-inprocess",
-            model="resnet50",
-            concurrency=concurrency,
-            rep=rep,
-            throughput=round(ips, 2),
-        )
 
 
 # -- reporting -------------------------------------------------------------------------------------
@@ -326,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `make bench`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "which", nargs="?", default="all", choices=("all", "stacks", "peers", "resnet")
+        "which", nargs="?", default="all", choices=("all", "stacks", "peers", "inprocess")
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
@@ -346,12 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         peers.ensure_mlserver()
         info["mlserver"] = peers.mlserver_version()
         run_peers(repo, args.repeats, args.duration, rows)
-    if args.which in ("all", "resnet"):
-        run_resnet(repo, args.repeats, args.resnet_duration, rows)
+    if args.which in ("all", "inprocess"):
+        run_inprocess(repo, args.repeats, args.resnet_duration, rows)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"rest-{args.which}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"machine": info, "args": vars(args), "rows": rows}, indent=1))
-    for bench in ("stacks", "peers", "resnet"):
+    for bench in ("stacks", "peers", "inprocess"):
         table = median_table(rows, bench)
         if table:
             print(f"\n## {bench} (medians of {args.repeats})\n\n{markdown(table)}")
