@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dlscale import __version__
 from dlscale.errors import BenchError, DlscaleError
@@ -74,7 +74,9 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency-bound", help="p99 bound, e.g. 15ms (default: MLPerf's for the model)")
     p.add_argument("--duration", default="10s", help="minimum duration per run (default: 10s)")
     p.add_argument("--official", action="store_true", help="MLPerf minimums: 600 s, query counts")
-    p.add_argument("--accuracy", action="store_true", help="also run accuracy mode; check every answer")
+    p.add_argument(
+        "--accuracy", action="store_true", help="also run accuracy mode; check every answer"
+    )
     p.add_argument("--data", type=_path, help="samples: FILE.npy (one input) or FILE.npz (by name)")
     p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
     p.add_argument("--out", type=_path, help="report folder (default: bench-results/MODEL-DATE)")
@@ -82,8 +84,11 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, help="offline: requests in flight (remote default 4)")
     p.add_argument("--connections", type=int, default=64, help="HTTP connection pool size")
     p.add_argument("--samples", type=int, default=256, help="samples kept in memory (default 256)")
-    p.add_argument("--min-queries", type=int, help="minimum queries per run (default: enough for "
-                   "LoadGen's early-stopping estimate)")
+    p.add_argument(
+        "--min-queries",
+        type=int,
+        help="minimum queries per run (default: enough for LoadGen's early-stopping estimate)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed for samples and schedules")
     p.add_argument(
         "--progress",
@@ -135,10 +140,10 @@ def _bench_out(args: argparse.Namespace, kind: str) -> Path:
     return Path("bench-results") / f"{args.model}-{kind}-{stamp}"
 
 
-def _bench_verdict(report: dict[str, object]) -> int:
+def _bench_verdict(report: dict[str, Any]) -> int:
     from dlscale.bench.report import print_summary
 
-    print_summary(report)  # type: ignore[arg-type]
+    print_summary(report)
     return 0
 
 

@@ -43,7 +43,7 @@ def check_labels(
     if samples.labels is None:
         raise BenchError("the samples carry no labels")
     labels = np.asarray(samples.labels).reshape(len(samples), -1)[:, 0]
-    hits, mismatches = 0, []
+    hits, mismatches = 0, list[str]()
     for index, outs in sorted(outputs.items()):
         predicted = int(np.argmax(next(iter(outs.values())).reshape(-1)))
         if predicted == int(labels[index]):
@@ -73,9 +73,7 @@ def reference_outputs(
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     try:
-        session = ort.InferenceSession(
-            str(model_file), options, providers=["CPUExecutionProvider"]
-        )
+        session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ONNX Runtime raises its own untyped errors
         raise BenchError(f"reference model {model_file} cannot be loaded: {exc}") from None
     names = [o.name for o in session.get_outputs()]
@@ -86,7 +84,9 @@ def reference_outputs(
         feed = samples.rows(idx) if batched else samples.one(idx[0])
         values = session.run(names, feed)
         if batched:
-            results.extend({n: v[i] for n, v in zip(names, values, strict=True)} for i in range(len(idx)))
+            results.extend(
+                {n: v[i] for n, v in zip(names, values, strict=True)} for i in range(len(idx))
+            )
         else:
             results.append(dict(zip(names, values, strict=True)))
     return results
@@ -100,7 +100,8 @@ def check_reference(
     atol: float = 1e-3,
 ) -> AccuracyResult:
     """Each response against the reference's outputs for the same sample, within tolerance."""
-    passed, agree, scored, worst, mismatches = 0, 0, 0, 0.0, []
+    passed, agree, scored, worst = 0, 0, 0, 0.0
+    mismatches: list[str] = []
     for index, outs in sorted(outputs.items()):
         want = reference[index]
         ok = True
@@ -122,7 +123,9 @@ def check_reference(
                 err, close = 0.0, bool(np.array_equal(got, expected))
             if not close:
                 ok = False
-                _keep(mismatches, f"sample {index}: output {name!r} differs (max |error| {err:.3g})")
+                _keep(
+                    mismatches, f"sample {index}: output {name!r} differs (max |error| {err:.3g})"
+                )
         passed += ok
     fraction = passed / len(reference) if reference else 0.0
     return AccuracyResult(

@@ -124,7 +124,11 @@ def roofline(
 
 
 def profile(
-    model: str, device: str | None, precision: str, before: BatchTimes | None, after: BatchTimes | None
+    model: str,
+    device: str | None,
+    precision: str,
+    before: BatchTimes | None,
+    after: BatchTimes | None,
 ) -> dict[str, Any] | None:
     """Mean service time per batch size during the run (for the capacity planner)."""
     if after is None:

@@ -80,7 +80,9 @@ class GrpcClient:
                 "ModelMetadata", pb.ModelMetadataRequest(name=model, version=version)
             )
         except BenchError as exc:
-            raise BenchError(f"grpc://{self.address} has no ready model {model!r} ({exc})") from None
+            raise BenchError(
+                f"grpc://{self.address} has no ready model {model!r} ({exc})"
+            ) from None
         return {
             "name": reply.name,
             "versions": list(reply.versions),

@@ -89,7 +89,7 @@ class HttpClient:
         """Run one request and return every output; BenchError with the server's message."""
         session = self._require()
         url = self.base_url + self._model_path(model, version) + "/infer"
-        tensors = [
+        tensors: list[dict[str, Any]] = [
             {"name": name, "shape": list(arr.shape), "datatype": datatype_of(arr)}
             for name, arr in inputs.items()
         ]

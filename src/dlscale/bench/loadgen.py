@@ -32,7 +32,9 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="bench-loop", daemon=True)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="bench-loop", daemon=True
+        )
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -112,7 +112,11 @@ def _add_fields(msg: descriptor_pb2.DescriptorProto, fields: list[_Field]) -> No
             entry.options.map_entry = True
             entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
             entry.field.add(
-                name="value", number=2, type=_F.TYPE_MESSAGE, type_name=kind, label=_F.LABEL_OPTIONAL
+                name="value",
+                number=2,
+                type=_F.TYPE_MESSAGE,
+                type_name=kind,
+                label=_F.LABEL_OPTIONAL,
             )
             field.type = _F.TYPE_MESSAGE
             field.type_name = f"{entry.name}"

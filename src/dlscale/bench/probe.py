@@ -49,6 +49,7 @@ async def probe(
             await _send(target, info, samples, [(i + j) % len(samples) for j in range(rows)])
             done += rows
             i += rows
+
     await asyncio.gather(*(worker(k) for k in range(max(1, concurrency))))
     elapsed = time.perf_counter() - start
     return Probe(latencies[len(latencies) // 2], done / elapsed if elapsed > 0 else 0.0)

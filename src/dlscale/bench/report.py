@@ -205,12 +205,16 @@ def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
     bins = np.geomspace(low, high * 1.0001, 60)
     for r in runs:
         ms = r.latencies_ns / 1e6
-        label = f"{r.scenario.title} ({r.target})" if len({x.target for x in runs}) > 1 else (
-            r.scenario.title
+        label = (
+            f"{r.scenario.loadgen_name} ({r.target})"
+            if len({x.target for x in runs}) > 1
+            else (r.scenario.loadgen_name)
         )
-        ax.hist(ms, bins=bins, histtype="step", label=label, linewidth=1.5)
+        ax.hist(ms, bins=list(bins), histtype="step", label=label, linewidth=1.5)
         p99 = np.percentile(ms, 99)
-        ax.axvline(p99, linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if ax.lines else None)
+        ax.axvline(
+            p99, linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if ax.lines else None
+        )
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms), dotted: p99")
     ax.set_ylabel("samples")
@@ -234,13 +238,17 @@ def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> 
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for target in dict.fromkeys(p["target"] for p in usable):
-        mine = sorted((p for p in usable if p["target"] == target), key=lambda p: p["target_qps"] or 0)
+        mine = sorted(
+            (p for p in usable if p["target"] == target), key=lambda p: p["target_qps"] or 0
+        )
         xs = [p["throughput_samples_per_s"] for p in mine]
         ys = [p["p99_s"] * 1e3 for p in mine]
         line = ax.plot(xs, ys, marker="o", label=target)[0]
         bad = [(x, y) for x, y, p in zip(xs, ys, mine, strict=True) if not p["valid"]]
         if bad:
-            ax.scatter(*zip(*bad, strict=True), marker="x", s=80, color=line.get_color())
+            ax.scatter(
+                [b[0] for b in bad], [b[1] for b in bad], marker="x", s=80, color=line.get_color()
+            )
     ax.axhline(bound_s * 1e3, linestyle="--", color="grey", label=f"p99 bound {bound_s * 1e3:g} ms")
     ax.set_xlabel("throughput (samples/s)")
     ax.set_ylabel("p99 latency (ms)")

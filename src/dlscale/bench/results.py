@@ -63,7 +63,7 @@ class RunResult:
         """As JSON values (latencies as percentiles, not raw)."""
         return {
             "target": self.target,
-            "scenario": self.scenario.title,
+            "scenario": self.scenario.loadgen_name,
             "valid": self.valid,
             "verdict": "VALID" if self.valid else "INVALID",
             "reasons": self.reasons,
@@ -93,7 +93,7 @@ class ScenarioResult:
     def to_dict(self) -> dict[str, Any]:
         """As JSON values."""
         return {
-            "scenario": self.scenario.title,
+            "scenario": self.scenario.loadgen_name,
             "note": self.note,
             "peak_qps": self.peak_qps,
             "result": self.main.to_dict() if self.main else None,

@@ -36,7 +36,9 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
     return _write(data, results, out_dir)
 
 
-def compare(urls: list[str], options: BenchOptions, out_dir: Path, rounds: int = 3) -> dict[str, Any]:
+def compare(
+    urls: list[str], options: BenchOptions, out_dir: Path, rounds: int = 3
+) -> dict[str, Any]:
     """The same scenarios against several targets in alternation, `rounds` times, with ratios."""
     options.check()
     loop = LoopThread()
@@ -77,7 +79,7 @@ def _ratios(
             p99 = [p for r in runs if (p := r.p99_s) is not None]
             row: dict[str, Any] = {
                 "target": s.label,
-                "scenario": scenario.title,
+                "scenario": scenario.loadgen_name,
                 "runs": len(runs),
                 "valid_runs": sum(r.valid for r in runs),
                 "throughput": statistics.median(tput) if tput else None,
@@ -145,7 +147,9 @@ def _write(data: dict[str, Any], results: list[ScenarioResult], out_dir: Path) -
     latency_png = report.plot_latency(mains, out_dir / "latency.png")
     if latency_png:
         files["latency_png"] = str(latency_png)
-    points = [sweep_point(run) for r in results for run in (r.sweep or ([r.main] if r.main else []))]
+    points = [
+        sweep_point(run) for r in results for run in (r.sweep or ([r.main] if r.main else []))
+    ]
     sweep_like = any(r.sweep for r in results) or len(data["targets"]) > 1
     if sweep_like:
         sweep_png = report.plot_sweep(points, data["latency_bound_s"], out_dir / "sweep.png")

@@ -21,14 +21,14 @@ class Scenario(enum.StrEnum):
     OFFLINE = "offline"
 
     @property
-    def title(self) -> str:
+    def loadgen_name(self) -> str:
         """LoadGen's own spelling (SingleStream, ...), as its logs write it."""
         return _TITLES[self]
 
     @property
     def loadgen(self) -> Any:
         """The `mlperf_loadgen.TestScenario` value."""
-        return getattr(lg.TestScenario, self.title)
+        return getattr(lg.TestScenario, self.loadgen_name)
 
     @classmethod
     def parse(cls, name: str) -> list[Scenario]:
@@ -96,7 +96,7 @@ class RunSettings:
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON values."""
         out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "scenario"}
-        out["scenario"] = self.scenario.title
+        out["scenario"] = self.scenario.loadgen_name
         return out
 
     def to_loadgen(self, sample_count: int) -> Any:
@@ -105,7 +105,7 @@ class RunSettings:
         s.scenario = self.scenario.loadgen
         if self.official:
             # The MLPerf minimums (600 s, query counts) from LoadGen's embedded mlperf.conf.
-            s.FromConfig("", self.model_key or "*", self.scenario.title, 0)
+            s.FromConfig("", self.model_key or "*", self.scenario.loadgen_name, 0)
         else:
             s.min_duration_ms = int(self.duration_s * 1000)
             s.min_query_count = self.min_query_count
@@ -124,7 +124,9 @@ class RunSettings:
         # Queries are generated up front from the expected latency: under-estimate it so a
         # faster system never runs out of queries before the minimum duration.
         s.single_stream_expected_latency_ns = max(1000, int(latency * 1e9 / 2))
-        s.multi_stream_expected_latency_ns = max(1000, int(latency * self.samples_per_query * 1e9 / 2))
+        s.multi_stream_expected_latency_ns = max(
+            1000, int(latency * self.samples_per_query * 1e9 / 2)
+        )
         qps = self.expected_qps or 1000.0
         # Offline sends one query sized from the expected rate; over-size it so that the
         # query lasts the minimum duration.
@@ -150,13 +152,9 @@ def latency_bound_for(model: str, given_s: float | None) -> tuple[float, str]:
 def parse_duration(text: str) -> float:
     """Seconds from `15ms`, `250us`, `10s`, `2m` or a bare number of seconds."""
     value = text.strip().lower()
-    units = (("ms", 1e-3), ("us", 1e-6), ("µs", 1e-6), ("ns", 1e-9), ("s", 1.0), ("m", 60.0))
-    for suffix, scale in units:
-        if value.endswith(suffix):
-            number = value[: -len(suffix)]
-            break
-    else:
-        number, scale = value, 1.0
+    units = {"ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "s": 1.0, "m": 60.0}
+    suffix = next((u for u in units if value.endswith(u)), "")
+    number, scale = (value[: -len(suffix)], units[suffix]) if suffix else (value, 1.0)
     try:
         seconds = float(number) * scale
     except ValueError:

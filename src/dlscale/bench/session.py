@@ -161,13 +161,15 @@ class Session:
         """One LoadGen test; accuracy runs also check every response."""
         assert self.info is not None and self.samples is not None
         recorder = Recorder()
-        label = f"{settings.scenario.title}"
+        label = f"{settings.scenario.loadgen_name}"
         if settings.target_qps:
             label += f" @ {settings.target_qps:,.0f} qps"
         start = time.perf_counter()
         progress = Progress(label, recorder) if self.options.progress else None
         with progress or contextlib.nullcontext():
-            run_loadgen(self.target, self.info, self.samples, settings, self.loop, log_dir, recorder)
+            run_loadgen(
+                self.target, self.info, self.samples, settings, self.loop, log_dir, recorder
+            )
         result = RunResult(
             target=self.label,
             settings=settings,
@@ -235,7 +237,9 @@ class Session:
         assert self.info is not None and self.samples is not None
         model_file = self.model_file()
         if model_file is not None:
-            self._reference = accuracy.reference_outputs(model_file, self.samples, self.info.batched)
+            self._reference = accuracy.reference_outputs(
+                model_file, self.samples, self.info.batched
+            )
             self._reference_source = str(model_file)
         elif self.samples.labels is None:
             raise BenchError(

@@ -13,7 +13,7 @@ from dlscale.types import Datatype
 
 
 def to_raw(array: np.ndarray) -> bytes:
-    """A tensor's bytes as the protocol sends them: row-major, little-endian, BYTES length-prefixed."""
+    """A tensor's bytes on the wire: row-major, little-endian, BYTES elements length-prefixed."""
     if array.dtype.kind in ("O", "S", "U"):
         parts = []
         for item in array.reshape(-1):
