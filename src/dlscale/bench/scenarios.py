@@ -124,9 +124,7 @@ class RunSettings:
         # Queries are generated up front from the expected latency: under-estimate it so a
         # faster system never runs out of queries before the minimum duration.
         s.single_stream_expected_latency_ns = max(1000, int(latency * 1e9 / 2))
-        s.multi_stream_expected_latency_ns = max(
-            1000, int(latency * self.samples_per_query * 1e9 / 2)
-        )
+        s.multi_stream_expected_latency_ns = s.single_stream_expected_latency_ns
         qps = self.expected_qps or 1000.0
         # Offline sends one query sized from the expected rate; over-size it so that the
         # query lasts the minimum duration.
