@@ -94,9 +94,7 @@ def simulate(
     scale = 1.0 / rate
     arrivals = [t * scale for t in _unit_arrivals(requests, seed)]
     big, delay = server.max_batch, server.max_delay
-    cost = [0.0] + [
-        server.service_time(b) * server.instances_per_device for b in range(1, big + 1)
-    ]
+    cost = [0.0] + [server.service_time(b) * server.instances_per_device for b in range(1, big + 1)]
     free = [0.0] * (server.devices * server.instances_per_device)
     sizes: list[int] = []
     finishes: list[float] = []
