@@ -30,12 +30,14 @@ from dlscale.plan.units import human_bytes, human_seconds, parse_duration
 DEFAULT_SERVE_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4", "T4")
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain text table, columns padded to their widest cell."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+def table(headers: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table, columns padded to their widest cell; no header line when None."""
+    cells = [list(headers)] if headers else []
+    cells += [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    if headers:
+        lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
@@ -102,7 +104,7 @@ def plan_train(args: argparse.Namespace) -> int:
                 f"MB/s, >= {need.gpus(peak, args.mfu)} GPUs",
             ]
         )
-    print(table(["", ""], rows))
+    print(table(None, rows))
     if args.plot:
         from dlscale.plan.plots import plot_scaling
 

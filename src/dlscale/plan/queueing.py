@@ -61,6 +61,7 @@ class LoadResult:
     """Latency of a batching server at one arrival rate; infinite past saturation."""
 
     rate: float
+    mean: float
     p50: float
     p99: float
     mean_batch: float
@@ -90,7 +91,7 @@ def simulate(
         raise PlanError(f"arrival rate must be positive, got {rate}")
     utilization = rate / server.capacity
     if utilization >= 1:
-        return LoadResult(rate, math.inf, math.inf, float(server.max_batch), utilization)
+        return LoadResult(rate, math.inf, math.inf, math.inf, float(server.max_batch), utilization)
     scale = 1.0 / rate
     arrivals = [t * scale for t in _unit_arrivals(requests, seed)]
     big, delay = server.max_batch, server.max_delay
@@ -118,7 +119,8 @@ def simulate(
     done = np.repeat(np.asarray(finishes), sizes)
     latency = (done - np.asarray(arrivals))[int(n * _WARMUP_SHARE) :]
     p50, p99 = np.percentile(latency, [50, 99])
-    return LoadResult(rate, float(p50), float(p99), n / len(sizes), utilization)
+    mean = float(latency.mean())
+    return LoadResult(rate, mean, float(p50), float(p99), n / len(sizes), utilization)
 
 
 def peak_rate(
