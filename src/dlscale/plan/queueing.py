@@ -96,23 +96,24 @@ def simulate(
     arrivals = [t * scale for t in _unit_arrivals(requests, seed)]
     big, delay = server.max_batch, server.max_delay
     cost = [0.0] + [server.service_time(b) * server.instances_per_device for b in range(1, big + 1)]
-    free = [0.0] * (server.devices * server.instances_per_device)
+    free = [0.0] * (server.devices * server.instances_per_device)  # a heap of free times
     sizes: list[int] = []
     finishes: list[float] = []
-    i, n = 0, requests
+    replace, i, n = heapq.heapreplace, 0, requests
     while i < n:
-        start = max(heapq.heappop(free), arrivals[i])
+        head = arrivals[i]
+        start = free[0] if free[0] > head else head
         last = i + big - 1
         if last < n and arrivals[last] <= start:
             close, j = start, i + big
         else:
-            deadline = arrivals[i] + delay
-            if last < n:
-                deadline = min(deadline, arrivals[last])
-            close = max(start, deadline)
+            deadline = head + delay
+            if last < n and arrivals[last] < deadline:
+                deadline = arrivals[last]
+            close = start if start > deadline else deadline
             j = min(bisect_right(arrivals, close, i, n), i + big)
         finish = close + cost[j - i]
-        heapq.heappush(free, finish)
+        replace(free, finish)
         sizes.append(j - i)
         finishes.append(finish)
         i = j

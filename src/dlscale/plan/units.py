@@ -8,7 +8,7 @@ from dlscale.errors import PlanError
 
 # Binary multiples, as nccl-tests reads -b/-e (1K = 1024 bytes).
 _SIZE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_DURATION = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = {"": 1.0, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def parse_size(text: str) -> int:

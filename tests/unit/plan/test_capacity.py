@@ -1,0 +1,142 @@
+"""The serving capacity planner: roofline and profile service curves, and monotone answers.
+
+The devices here are stand-ins with the figures of tests' choosing; the planner reads only
+name, peak_flops(precision), memory_bandwidth and tdp_watts from a catalog entry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dlscale.errors import PlanError
+from dlscale.plan.serve import (
+    Profile,
+    Workload,
+    plan_device,
+    plan_serving,
+    profile_curve,
+    roofline,
+    roofline_curve,
+)
+
+
+@dataclass(frozen=True)
+class FakeDevice:
+    name: str
+    peaks: dict[str, float] = field(default_factory=dict)
+    memory_bandwidth: float | None = None
+    tdp_watts: float | None = None
+
+    def peak_flops(self, precision: str) -> float | None:
+        return self.peaks.get(precision)
+
+
+BIG = FakeDevice("big", {"int8": 2000e12}, 3.0e12, 700.0)
+SMALL = FakeDevice("small", {"int8": 250e12}, 0.3e12, 75.0)
+# 8 GFLOP per sample; 25 MB of weights shared by the batch plus 5 MB of activations each
+RESNETISH = Workload("resnetish", 8e9, lambda _p, b: 25e6 / b + 5e6)
+
+
+def test_roofline_bound() -> None:
+    # big, batch 1: compute 2000e12 / 8e9 = 250k/s; memory 3e12 / 30e6 = 100k/s -> memory
+    r = roofline(BIG, RESNETISH, "int8", 1)
+    assert r.bound == "memory"
+    assert r.rate == pytest.approx(100e3)
+    # batch 64: memory 3e12 / (25e6/64 + 5e6) = 556k/s > 250k/s -> compute
+    r = roofline(BIG, RESNETISH, "int8", 64)
+    assert (r.bound, r.rate) == ("compute", pytest.approx(250e3))
+    with pytest.raises(PlanError, match="no published fp8"):
+        roofline(BIG, RESNETISH, "fp8", 1)
+
+
+def test_roofline_curve_divides_by_efficiency() -> None:
+    curve = roofline_curve(BIG, RESNETISH, "int8", efficiency=0.5, max_batch=64)
+    assert curve.time(64) == pytest.approx(64 / (250e3 * 0.5))
+    assert curve.time(1) == pytest.approx(1 / (100e3 * 0.5))
+    assert "compute-bound" in curve.basis
+    with pytest.raises(PlanError):
+        roofline_curve(BIG, RESNETISH, "int8", efficiency=1.5)
+
+
+def write_profile(tmp_path: Path, table: dict[str, float]) -> Path:
+    path = tmp_path / "profile.json"
+    raw = {"model": "resnetish", "device": "big", "precision": "int8", "batch_latency_s": table}
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_profile_interpolates_and_rejects_junk(tmp_path: Path) -> None:
+    profile = Profile.load(write_profile(tmp_path, {"1": 1e-3, "8": 2e-3, "32": 5e-3}))
+    assert profile.time(1) == pytest.approx(1e-3)
+    assert profile.time(20) == pytest.approx(2e-3 + 3e-3 * 12 / 24)
+    with pytest.raises(PlanError, match="up to 32"):
+        profile.time(64)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "m", "batch_latency_s": {"1": 0.001}}')
+    with pytest.raises(PlanError, match="not a profile"):
+        Profile.load(bad)
+    with pytest.raises(PlanError, match="cannot read"):
+        Profile.load(tmp_path / "missing.json")
+
+
+def test_profile_scaled_by_roofline_ratio(tmp_path: Path) -> None:
+    profile = Profile.load(write_profile(tmp_path, {"1": 1e-3, "64": 4e-3}))
+    same = profile_curve(profile, BIG, BIG, RESNETISH)
+    assert same.time(64) == pytest.approx(4e-3)
+    assert same.basis == "measured on big"
+    moved = profile_curve(profile, BIG, SMALL, RESNETISH)
+    # batch 64: big is compute-bound at 250k/s; small at min(250e12/8e9, 0.3e12/5.39e6) =
+    # min(31.25k, 55.6k) = 31.25k/s, compute-bound too: ratio 8
+    assert moved.time(64) == pytest.approx(4e-3 * 8)
+    assert "x 8" in moved.basis and "compute-bound there, compute-bound here" in moved.basis
+    # batch 1: big 100k/s (memory) against small 10k/s (memory): ratio 10
+    assert moved.time(1) == pytest.approx(1e-3 * 10)
+
+
+@pytest.fixture(scope="module")
+def small_curve():  # type: ignore[no-untyped-def]
+    return roofline_curve(SMALL, RESNETISH, "int8", efficiency=0.4, max_batch=8)
+
+
+def test_devices_needed_grow_with_load(small_curve) -> None:  # type: ignore[no-untyped-def]
+    counts = [plan_device(small_curve, qps, 0.015).devices for qps in (1e3, 1e4, 3e4, 1e5)]
+    assert all(c is not None for c in counts)
+    assert counts == sorted(counts)
+    assert counts[0] < counts[-1]
+
+
+def test_devices_needed_shrink_as_the_slo_loosens(small_curve) -> None:  # type: ignore[no-untyped-def]
+    plans = [plan_device(small_curve, 2e4, slo) for slo in (0.004, 0.008, 0.015, 0.1)]
+    rates = [p.peak_rate_per_device for p in plans]
+    assert rates == sorted(rates)
+    counts = [p.devices for p in plans]
+    assert all(c is not None for c in counts)
+    assert counts == sorted(counts, reverse=True)
+
+
+def test_unmeetable_slo(small_curve) -> None:  # type: ignore[no-untyped-def]
+    # one sample alone takes 1 / (10k/s x 0.4) = 250 us
+    plan = plan_device(small_curve, 1000, 200e-6)
+    assert plan.devices is None and plan.power_watts is None
+
+
+def test_power_and_cost(small_curve) -> None:  # type: ignore[no-untyped-def]
+    plan = plan_device(small_curve, 2e4, 0.015, price_per_hour=0.8)
+    assert plan.devices is not None
+    assert plan.power_watts == pytest.approx(plan.devices * 75.0)
+    # dollars per hour / inferences per hour x a million
+    assert plan.cost_per_million == pytest.approx(plan.devices * 0.8 / (2e4 * 3600) * 1e6)
+
+
+def test_plans_cheapest_first() -> None:
+    curves = [roofline_curve(d, RESNETISH, "int8", 0.4, 8) for d in (SMALL, BIG)]
+    plans = plan_serving(curves, 5e4, 0.015, {"small": 0.8, "big": 2.5})
+    costs = [p.cost_per_million for p in plans]
+    assert all(c is not None for c in costs)
+    assert costs == sorted(costs)  # type: ignore[type-var]
+    with pytest.raises(PlanError, match="positive"):
+        plan_device(curves[0], 0, 0.015)
