@@ -187,7 +187,8 @@ def run(
                 args=(nproc, backend, list(sizes), iters, warmup, store),
                 nprocs=nproc,
                 join=True,
-                start_method="spawn",
+                # fork reuses the imported torch (seconds saved per rank); CUDA needs spawn
+                start_method="spawn" if backend == "nccl" else "fork",
             )
         except (ProcessRaisedException, ProcessExitedException) as exc:
             last = str(exc).strip().splitlines()[-1]
