@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dlscale import __version__
@@ -43,10 +44,151 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-_VERB_GROUPS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _add_hardware_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_core_verbs(sub: SubParsers) -> None:
+    """zoo, models, run, serve and demo."""
+    zoo = sub.add_parser("zoo", help="build the built-in models").add_subparsers(
+        dest="zoo_verb", metavar="ZOO_VERB", required=True
+    )
+    build = zoo.add_parser("build", help="build zoo models into a model repository")
+    build.add_argument("dir", type=Path, help="repository folder to write")
+    build.add_argument("--models", default="", help="comma-separated names (default: all)")
+    build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
+    build.set_defaults(func=_zoo_build)
+
+    models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
+        dest="models_verb", metavar="MODELS_VERB", required=True
+    )
+    check = models.add_parser("check", help="validate every model's config and files")
+    check.add_argument("dir", type=Path, help="model repository")
+    check.add_argument("--load", action="store_true", help="also load each model's runtime")
+    check.set_defaults(func=_models_check)
+
+    run = sub.add_parser("run", help="in-process latency and throughput of one model")
+    run.add_argument("dir", type=Path, help="model repository")
+    run.add_argument("model", help="model name")
+    run.add_argument("--batch", type=int, default=32, help="batch size for throughput")
+    run.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
+    run.set_defaults(func=_run)
+
+    serve = sub.add_parser("serve", help="serve a repository over the Open Inference Protocol")
+    serve.add_argument("repo", type=Path, help="model repository")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    serve.add_argument("--http-port", type=int, default=8000, help="REST port; -1 turns it off")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="gRPC port; -1 turns it off")
+    serve.add_argument("--metrics-port", type=int, default=8002, help="-1 turns metrics off")
+    serve.add_argument(
+        "--model-control",
+        choices=["none", "explicit", "poll"],
+        default="none",
+        help="none: load all, no API loads; explicit: load via API; poll: follow the folder",
+    )
+    serve.add_argument("--load-model", action="append", default=[], help="explicit mode: load")
+    serve.add_argument("--poll-interval", type=float, default=5.0, help="poll mode: seconds")
+    serve.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
+    serve.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    serve.set_defaults(func=_serve)
+
+    demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
+    demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
+    demo.add_argument("--quick", action="store_true", help="small models only")
+    demo.set_defaults(func=_demo)
+
+
+def _zoo_build(args: argparse.Namespace) -> int:
+    from dlscale.models.zoo import build_zoo
+
+    names = [n for n in args.models.split(",") if n] or None
+    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=print):
+        print(f"built {path}")
+    return 0
+
+
+def _models_check(args: argparse.Namespace) -> int:
+    from dlscale.models.repository import ModelRepository
+    from dlscale.models.runner import load_for_run
+    from dlscale.models.signature import reconcile
+
+    repo = ModelRepository(args.dir)
+    failed = 0
+    for result in repo.check():
+        error = result.error
+        if error is None and args.load:
+            try:
+                for mv in repo.versions(result.name):
+                    backend = load_for_run(mv)
+                    reconcile(mv.config, backend.inputs, backend.outputs, mv.path.parent)
+                    backend.unload()
+            except DlscaleError as exc:
+                error = str(exc)
+        if error is None:
+            print(f"ok     {result.name} (versions {list(result.versions)})")
+        else:
+            failed += 1
+            print(f"FAILED {result.name}: {error}")
+    return 1 if failed else 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dlscale.models.repository import ModelRepository
+    from dlscale.models.runner import run_model
+
+    version = ModelRepository(args.dir).version(args.model)
+    one, many = run_model(version, args.batch, min_seconds=args.seconds)
+    print(f"model {args.model} v{version.version} on cpu")
+    print(
+        f"  batch 1: median {one.median_ms:.3f} ms, p90 {one.p90_ms:.3f} ms "
+        f"({len(one.seconds)} runs)"
+    )
+    print(
+        f"  batch {args.batch}: {many.throughput:.1f} samples/s "
+        f"(median {many.median_ms:.3f} ms per batch, {len(many.seconds)} runs)"
+    )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from dlscale.frontends.server import Server, ServerSettings
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    def port(value: int) -> int | None:
+        return None if value < 0 else value
+
+    settings = ServerSettings(
+        repository=args.repo,
+        host=args.host,
+        http_port=port(args.http_port),
+        grpc_port=port(args.grpc_port),
+        metrics_port=port(args.metrics_port),
+        model_control=args.model_control,
+        load_models=tuple(args.load_model),
+        poll_interval_s=args.poll_interval,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+    )
+    asyncio.run(Server(settings).serve_forever())
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from dlscale.demo import run_demo
+
+    return run_demo(args.dir, quick=args.quick)
+
+
+_VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]
+
+
+def _add_hardware_verbs(sub: SubParsers) -> None:
     """`catalog`, `devices` and `roofline`: the accelerator catalog, this host, the ceilings."""
     p = sub.add_parser("catalog", help="list the accelerator catalog, or show one entry")
     p.add_argument("name", nargs="?", help="an entry or alias, e.g. H100-SXM, h100, cpu")
@@ -130,7 +272,6 @@ def _local_device() -> str:
 def _model_cost(repo: str, model: str) -> Any:
     """The model's FLOP and byte counts from its ONNX file (dlscale.models.flops.count)."""
     import importlib
-    from pathlib import Path
 
     from dlscale.errors import NotFound
 
