@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dlscale.hardware.telemetry import DeviceReading, GpuProbe, read_now
+from dlscale.hardware.telemetry import DeviceReading, GpuProbe, Reading, read_now
 
 LABELS = ("gpu_uuid", "mig_instance")
 
@@ -26,11 +27,16 @@ ENERGY = "nv_energy_consumption"
 
 
 class TelemetryCollector(Collector):
-    """Reads NVML and psutil at each scrape; register it on the server's CollectorRegistry."""
+    """Reads NVML and psutil at a scrape, at most once per `interval_s` (Triton's metrics interval).
 
-    def __init__(self, lib: Any | None = None) -> None:
+    Register it on the server's CollectorRegistry; without NVML it exports the CPU metrics only.
+    """
+
+    def __init__(self, lib: Any | None = None, interval_s: float = 0.0) -> None:
         self._probe = GpuProbe(lib)
         self._energy_start: dict[str, float] = {}
+        self._interval_s = interval_s
+        self._last: Reading | None = None
 
     @property
     def nvml_status(self) -> str:
@@ -48,7 +54,9 @@ class TelemetryCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """One reading of every device and the CPU, as gauges."""
-        reading = read_now(self._probe)
+        reading = self._last
+        if reading is None or time.monotonic() - reading.time >= self._interval_s:
+            reading = self._last = read_now(self._probe)
         return list(
             self._families(
                 reading.devices,
