@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError
@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+# A string: argparse._SubParsersAction cannot be subscripted at run time on Python 3.11.
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _add_core_verbs(sub: SubParsers) -> None:
@@ -204,7 +205,9 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p.add_argument("--device", help="catalog entry (default: this host's first GPU, else CPU)")
     p.add_argument("--precision", default="fp32", help="fp64 fp32 tf32 fp16 bf16 fp8 int8 int4")
     p.add_argument("--batch", type=int, default=1, help="batch size the bytes are counted for")
-    p.add_argument("--repo", default=".dlscale/models", help="model repository (MODEL/1/model.onnx)")
+    p.add_argument(
+        "--repo", default=".dlscale/models", help="model repository (MODEL/1/model.onnx)"
+    )
     p.add_argument("--flops", type=_quantity, help="FLOPs per sample (e.g. 8.18G)")
     p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
     p.add_argument("--measured", type=float, help="a measured rate (samples/s) to compare")

@@ -1,4 +1,4 @@
-"""The accelerator catalog: catalog.toml read into DeviceSpecs, lookup by name, match by NVML name."""
+"""The accelerator catalog: catalog.toml read into DeviceSpecs, lookup by name, NVML matching."""
 
 from __future__ import annotations
 
@@ -35,8 +35,11 @@ class Catalog:
         found = self._index.get(_key(name))
         if found is None:
             close = difflib.get_close_matches(_key(name), list(self._index), n=4, cutoff=0.5)
-            hint = ", ".join(sorted({self._index[c] for c in close})) or ", ".join(self.names())
-            raise NotFound(f"no device {name!r} in the catalog; did you mean: {hint}")
+            if close:
+                hint = "did you mean: " + ", ".join(sorted({self._index[c] for c in close}))
+            else:
+                hint = "known: " + ", ".join(self.names())
+            raise NotFound(f"no device {name!r} in the catalog; {hint}")
         return self._devices[found]
 
     def __contains__(self, name: object) -> bool:
@@ -64,7 +67,7 @@ def load_catalog() -> Catalog:
 
 
 def match(gpu_name: str, memory_bytes: float | None = None) -> DeviceSpec | None:
-    """The catalog entry for a name as NVML reports it; memory size settles variants (A100 40/80GB)."""
+    """The catalog entry for a name as NVML reports it; memory settles variants (A100 40/80GB)."""
     name = gpu_name.lower()
     candidates = [
         spec
@@ -154,7 +157,9 @@ def _link(table: Mapping[str, Any] | None) -> Interconnect | None:
     if table is None:
         return None
     gen = table.get("generation")
-    return Interconnect(table["kind"], str(gen) if gen is not None else None, _opt(table.get("gbs"), _GIGA))
+    return Interconnect(
+        table["kind"], str(gen) if gen is not None else None, _opt(table.get("gbs"), _GIGA)
+    )
 
 
 def _mig_set(name: str, table: Mapping[str, Any]) -> tuple[MigProfile, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -40,7 +41,7 @@ class TelemetryCollector(Collector):
 
     @property
     def nvml_status(self) -> str:
-        """"ok", or why there are no GPU metrics."""
+        """ "ok", or why there are no GPU metrics."""
         return self._probe.status
 
     def register(self, registry: CollectorRegistry) -> TelemetryCollector:
@@ -79,7 +80,7 @@ class TelemetryCollector(Collector):
     ) -> Iterator[Metric]:
         devices = list(devices)
         for name, doc, attr in GPU_GAUGES:
-            yield _gauge(name, doc, devices, lambda d, a=attr: getattr(d, a))
+            yield _gauge(name, doc, devices, operator.attrgetter(attr))
         yield _gauge(
             ENERGY,
             "GPU energy consumption in joules since the collector started",

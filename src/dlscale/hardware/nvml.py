@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,10 +83,8 @@ class Nvml:
 
     def close(self) -> None:
         """Shut NVML down (NVML counts inits, so this undoes one open)."""
-        try:
+        with contextlib.suppress(self._lib.NVMLError):
             self._lib.nvmlShutdown()
-        except self._lib.NVMLError:
-            pass
 
     def ask(self, call: str, *args: Any) -> Answer:
         """Call `lib.<call>(*args)`; NotSupported, NoPermission and the like become `why`."""

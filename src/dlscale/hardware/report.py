@@ -13,7 +13,14 @@ def si(value: float | None, unit: str = "") -> str:
     """A number with an SI prefix: 1.979e15 -> '1.98 P'."""
     if value is None:
         return "-"
-    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for factor, prefix in (
+        (1e18, "E"),
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+    ):
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}".rstrip()
@@ -28,8 +35,11 @@ def catalog_table(devices: Iterable[DeviceSpec]) -> str:
             [
                 spec.name,
                 spec.kind,
-                *(_tera(spec.peak_flops(p)) for p in ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")),
-                _num(spec.memory_bytes, 1e9),
+                *(
+                    _tera(spec.peak_flops(p))
+                    for p in ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+                ),
+                _num(spec.memory_bytes, 1e9, ".4g"),
                 _num(spec.memory_bandwidth, 1e9),
                 _num(spec.tdp_watts, 1.0),
             ]
@@ -48,9 +58,10 @@ def device_text(spec: DeviceSpec) -> str:
         dense, sparse = spec.peak_flops(precision), spec.peak_flops(precision, sparse=True)
         if dense is None and sparse is None:
             continue
-        text = f"  {precision:5} dense {si(dense, 'FLOP/s'):>14}"
+        unit = "OP/s" if precision.startswith("int") else "FLOP/s"
+        text = f"  {precision:5} dense {si(dense, unit):>14}"
         if sparse is not None:
-            text += f"   sparse {si(sparse, 'FLOP/s')}"
+            text += f"   sparse {si(sparse, unit)}"
         lines.append(f"{text}   [{spec.source(precision)}]")
     figures = (
         ("memory", si(spec.memory_bytes, "B")),
@@ -108,12 +119,14 @@ def roofline_text(model: str, line: Roofline, measured: float | None = None) -> 
     """The two ceilings, the one that applies, and the measured share when given."""
     ai = line.arithmetic_intensity
     ridge = line.ridge_point
+    ridge_text = f"{ridge:.1f}" if ridge else "-"
     text = [
         f"{model} on {line.device} at {line.precision}:",
-        f"  work per sample    {si(line.flops_per_sample, 'FLOP')}, {si(line.bytes_per_sample, 'B')}"
-        f" (intensity {ai:.1f} FLOP/B; device ridge {f'{ridge:.1f}' if ridge else '-'} FLOP/B)",
-        f"  compute ceiling    {si(line.peak_flops, 'FLOP/s')} / {si(line.flops_per_sample, 'FLOP')}"
-        f" = {line.compute_bound_rate:,.0f} samples/s",
+        f"  work per sample    {si(line.flops_per_sample, 'FLOP')}, "
+        f"{si(line.bytes_per_sample, 'B')} (intensity {ai:.1f} FLOP/B; "
+        f"device ridge {ridge_text} FLOP/B)",
+        f"  compute ceiling    {si(line.peak_flops, 'FLOP/s')} / "
+        f"{si(line.flops_per_sample, 'FLOP')} = {line.compute_bound_rate:,.0f} samples/s",
     ]
     if line.memory_bandwidth and line.bytes_per_sample:
         text.append(
@@ -132,13 +145,16 @@ def _tera(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e12:g}"
 
 
-def _num(value: float | None, scale: float) -> str:
-    return "-" if value is None else f"{value / scale:g}"
+def _num(value: float | None, scale: float, fmt: str = "g") -> str:
+    return "-" if value is None else format(value / scale, fmt)
 
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+        "  ".join(
+            cell.ljust(w) if i < 2 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
         for row in rows
     )

@@ -30,7 +30,7 @@ class Roofline:
 
     @property
     def bound(self) -> str:
-        """"compute" or "memory": the ceiling that applies."""
+        """ "compute" or "memory": the ceiling that applies."""
         return "compute" if self.compute_bound_rate <= self.memory_bound_rate else "memory"
 
     @property
@@ -83,9 +83,7 @@ def roofline(
         raise InvalidInput(str(exc)) from None
     if peak is None:
         have = ", ".join(device.dense) or "none"
-        raise Unsupported(
-            f"{device.name} publishes no dense {precision} peak (it has: {have})"
-        )
+        raise Unsupported(f"{device.name} publishes no dense {precision} peak (it has: {have})")
     bandwidth = device.memory_bandwidth
     memory_rate = bandwidth / bytes_per_sample if bandwidth and bytes_per_sample else math.inf
     return Roofline(

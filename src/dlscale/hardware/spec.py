@@ -1,4 +1,4 @@
-"""What one accelerator is: peak rates per precision, memory, power, links, MIG profiles, sources."""
+"""One accelerator: peak rates per precision, memory, power, links, MIG profiles, sources."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Interconnect:
 
 @dataclass(frozen=True)
 class MigProfile:
-    """A Multi-Instance GPU profile: its name (1g.10gb), compute slices, memory and instance limit."""
+    """A Multi-Instance GPU profile: name (1g.10gb), compute slices, memory, instance limit."""
 
     name: str
     slices: int
@@ -104,7 +104,10 @@ class DeviceSpec:
             raise ValueError(f"{self.name} has no MIG profile {profile!r} (profiles: {known})")
         share = found.compute_fraction
         mem_share = found.memory_bytes / self.memory_bytes if self.memory_bytes else share
-        how = f"{self.name} scaled to MIG {found.name}: compute x{share:.3f}, bandwidth x{mem_share:.3f}"
+        how = (
+            f"{self.name} scaled to MIG {found.name}: "
+            f"compute x{share:.3f}, bandwidth x{mem_share:.3f}"
+        )
         return replace(
             self,
             name=f"{self.name}/{found.name}",

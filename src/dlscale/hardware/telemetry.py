@@ -69,7 +69,9 @@ class GpuProbe:
             out.append(gpu)
             mode = nvml.value("nvmlDeviceGetMigMode", handle)
             if mode is not None and int(mode[0]) == 1:
-                out.extend(_read_mig(nvml, gpu.gpu_uuid, mig) for _, mig in mig_handles(nvml, handle))
+                out.extend(
+                    _read_mig(nvml, gpu.gpu_uuid, mig) for _, mig in mig_handles(nvml, handle)
+                )
         return tuple(out)
 
     def close(self) -> None:

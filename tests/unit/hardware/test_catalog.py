@@ -155,8 +155,8 @@ def test_shipped_file_parses_and_bad_entries_are_named() -> None:
     data = tomllib.loads(text)
     assert len(parse_catalog(data)) == len(data["devices"])
     bad = {"devices": {"X1": {"vendor": "v", "kind": "gpu", "source": "s", "dense": {"fp7": 1}}}}
-    with pytest.raises(ConfigError, match="'X1'.*fp7"):
+    with pytest.raises(ConfigError, match=r"'X1'.*fp7"):
         parse_catalog(bad)
     no_source = {"devices": {"X2": {"vendor": "v", "kind": "gpu", "dense": {"fp32": 1}}}}
-    with pytest.raises(ConfigError, match="'X2'.*source"):
+    with pytest.raises(ConfigError, match=r"'X2'.*source"):
         parse_catalog(no_source)

@@ -41,7 +41,7 @@ def test_catalog_lists_and_shows(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_catalog_unknown_name_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "catalog", "H100-SXM6")
+    code, _, err = _run(capsys, "catalog", "H100-SXM6")
     assert code == 1 and "no device 'H100-SXM6'" in err and "H100-SXM" in err
 
 

@@ -33,7 +33,10 @@ def test_gpus_with_mig_on_and_off(fake_nvml: FakeNvml) -> None:
 
 
 def test_unsupported_calls_leave_fields_empty(fake_nvml: FakeNvml) -> None:
-    fake_nvml.gpus[0].unsupported |= {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMaxClockInfo"}
+    fake_nvml.gpus[0].unsupported |= {
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetMaxClockInfo",
+    }
     h100 = detect(fake_nvml).gpus[0]
     assert h100.power_limit_watts is None and h100.sm_clock_max_mhz is None
     assert len(h100.unanswered) == 3  # power limit and two clocks
