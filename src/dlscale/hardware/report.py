@@ -117,16 +117,15 @@ def host_text(host: HostInfo) -> str:
 
 def roofline_text(model: str, line: Roofline, measured: float | None = None) -> str:
     """The two ceilings, the one that applies, and the measured share when given."""
-    ai = line.arithmetic_intensity
-    ridge = line.ridge_point
-    ridge_text = f"{ridge:.1f}" if ridge else "-"
+    op = "OP" if line.precision.startswith("int") else "FLOP"
+    work = si(line.flops_per_sample, op)
+    ridge = f"{line.ridge_point:.1f}" if line.ridge_point else "-"
     text = [
         f"{model} on {line.device} at {line.precision}:",
-        f"  work per sample    {si(line.flops_per_sample, 'FLOP')}, "
-        f"{si(line.bytes_per_sample, 'B')} (intensity {ai:.1f} FLOP/B; "
-        f"device ridge {ridge_text} FLOP/B)",
-        f"  compute ceiling    {si(line.peak_flops, 'FLOP/s')} / "
-        f"{si(line.flops_per_sample, 'FLOP')} = {line.compute_bound_rate:,.0f} samples/s",
+        f"  work per sample    {work}, {si(line.bytes_per_sample, 'B')} "
+        f"(intensity {line.arithmetic_intensity:.1f} {op}/B; device ridge {ridge} {op}/B)",
+        f"  compute ceiling    {si(line.peak_flops, op + '/s')} / {work}"
+        f" = {line.compute_bound_rate:,.0f} samples/s",
     ]
     if line.memory_bandwidth and line.bytes_per_sample:
         text.append(

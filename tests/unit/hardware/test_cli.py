@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_roofline_with_explicit_numbers(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0 and "memory-bound" in out and "5,000 samples/s" in out
 
 
-def test_roofline_errors_are_messages(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_roofline_errors_are_messages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = _run(capsys, "roofline", "nomodel", "--repo", str(tmp_path), "--device", "T4")
     assert code == 1 and "no ONNX model at" in err and "--flops" in err
     code, _, err = _run(capsys, "roofline", "m", "--device", "T4", "--precision", "fp8",

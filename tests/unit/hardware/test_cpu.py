@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from dlscale.hardware.cpu import cpu_spec, read_cpu
+from dlscale.hardware.cpu import CpuInfo, cpu_spec, read_cpu
+from dlscale.hardware.spec import DeviceSpec
 
 SKYLAKE = """processor	: 0
 vendor_id	: GenuineIntel
@@ -35,9 +36,15 @@ flags		: sse2 avx2 fma avx512f avx512_vnni avx512_bf16
 """
 
 
-def _fixed(text: str, cores: int = 4, ghz: float = 2.0):  # type: ignore[no-untyped-def]
+def _fixed(text: str, cores: int = 4, ghz: float = 2.0) -> CpuInfo:
     # The clock and core count come from the host through psutil; pin them for the formula.
     return dataclasses.replace(read_cpu(text), physical_cores=cores, ghz=ghz)
+
+
+def _fp32(spec: DeviceSpec) -> float:
+    peak = spec.peak_flops("fp32")
+    assert peak is not None
+    return peak
 
 
 def test_avx512_fp32_peak_follows_the_formula() -> None:
@@ -46,7 +53,7 @@ def test_avx512_fp32_peak_follows_the_formula() -> None:
     spec = cpu_spec(info)
     # 4 cores x 2.0 GHz x 2 FMA units x 16 lanes x 2 FLOP
     assert spec.peak_flops("fp32") == pytest.approx(4 * 2.0e9 * 2 * 16 * 2)
-    assert spec.peak_flops("fp64") == pytest.approx(spec.peak_flops("fp32") / 2)  # type: ignore[operator]
+    assert spec.peak_flops("fp64") == pytest.approx(_fp32(spec) / 2)
     assert spec.peak_flops("int8") is None  # no VNNI, no AMX
     assert "docs/hardware.md" in spec.source("fp32")
 
@@ -63,7 +70,7 @@ def test_amx_sets_bf16_and_int8() -> None:
     spec = cpu_spec(info)
     assert spec.peak_flops("bf16") == pytest.approx(4 * 2.0e9 * 1024)
     assert spec.peak_flops("int8") == pytest.approx(4 * 2.0e9 * 2048)
-    assert spec.peak_flops("fp16") == pytest.approx(2 * spec.peak_flops("fp32"))  # type: ignore[operator]
+    assert spec.peak_flops("fp16") == pytest.approx(2 * _fp32(spec))
     assert "AMX" in spec.source("int8")
 
 
@@ -71,7 +78,7 @@ def test_zen4_splits_avx512_over_256_bit_units() -> None:
     info = _fixed(ZEN4)
     assert info.fma_units == 1
     spec = cpu_spec(info)
-    assert spec.peak_flops("int8") == pytest.approx(4 * spec.peak_flops("fp32"))  # type: ignore[operator]
+    assert spec.peak_flops("int8") == pytest.approx(4 * _fp32(spec))
 
 
 def test_model_name_and_this_host() -> None:
@@ -81,4 +88,4 @@ def test_model_name_and_this_host() -> None:
     spec = cpu_spec(host)
     assert spec.memory_bytes == host.memory_bytes
     if host.ghz:
-        assert spec.peak_flops("fp32") > 0  # type: ignore[operator]
+        assert _fp32(spec) > 0

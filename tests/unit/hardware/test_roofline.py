@@ -38,7 +38,9 @@ def test_memory_bound_when_bytes_dominate() -> None:
 
 def test_bound_switches_at_the_ridge_point() -> None:
     a100 = load_catalog().get("A100-SXM-80GB")
-    ridge = a100.peak_flops("fp16") / a100.memory_bandwidth  # type: ignore[operator]
+    peak, bandwidth = a100.peak_flops("fp16"), a100.memory_bandwidth
+    assert peak is not None and bandwidth is not None
+    ridge = peak / bandwidth
     below = roofline(a100, "fp16", 1e9, 1e9 / (ridge * 0.9))
     above = roofline(a100, "fp16", 1e9, 1e9 / (ridge * 1.1))
     assert (below.bound, above.bound) == ("memory", "compute")
