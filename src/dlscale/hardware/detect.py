@@ -93,7 +93,11 @@ def detect(lib: Any | None = None) -> HostInfo:
 
 
 def _gpu(nvml: Nvml, index: int) -> GpuInfo:
-    handle = nvml.value("nvmlDeviceGetHandleByIndex", index)
+    got = nvml.ask("nvmlDeviceGetHandleByIndex", index)
+    if not got.ok:  # a GPU NVML counts but cannot open (lost, or no permission): say so
+        return GpuInfo(index, f"GPU {index}", "", None, None, None, None, None, None,
+                       unanswered=(str(got.why),))  # fmt: skip
+    handle = got.value
     answers = {
         call: nvml.ask(call, handle)
         for call in (

@@ -65,6 +65,8 @@ class GpuProbe:
         out: list[DeviceReading] = []
         for index in range(int(nvml.value("nvmlDeviceGetCount") or 0)):
             handle = nvml.value("nvmlDeviceGetHandleByIndex", index)
+            if handle is None:  # counted but not openable; detect() reports why
+                continue
             gpu = _read_gpu(nvml, handle)
             out.append(gpu)
             mode = nvml.value("nvmlDeviceGetMigMode", handle)

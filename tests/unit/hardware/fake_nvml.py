@@ -50,6 +50,7 @@ class FakeNvml:
         self.gpus = gpus
         self.init_error = init_error
         self.inits = 0
+        self.lost: set[int] = set()  # indices whose handle NVML cannot open
 
     def _check(self, handle: Any, call: str) -> None:
         if isinstance(handle, FakeGpu) and call in handle.unsupported:
@@ -70,6 +71,8 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        if index in self.lost:
+            raise pynvml.NVMLError_GpuIsLost()
         return self.gpus[index]
 
     def nvmlDeviceGetName(self, h: FakeGpu | FakeMig) -> str | bytes:

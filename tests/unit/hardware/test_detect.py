@@ -71,3 +71,10 @@ def test_ask_turns_nvml_errors_into_reasons(fake_nvml: FakeNvml) -> None:
         assert "Library Not Found" in str(exc)
     else:
         raise AssertionError("expected NvmlUnavailable")
+
+
+def test_a_gpu_nvml_cannot_open_is_reported_not_raised(fake_nvml: FakeNvml) -> None:
+    fake_nvml.lost = {1}
+    gpus = detect(fake_nvml).gpus
+    assert [g.catalog for g in gpus] == ["H100-SXM", None, "T4"]
+    assert gpus[1].unanswered == ("nvmlDeviceGetHandleByIndex: GPU is lost",)
