@@ -1,4 +1,4 @@
-"""One error tree for the whole package, each error mapped once to an HTTP status and a gRPC code."""
+"""One error tree for the whole package; each error maps once to an HTTP status and a gRPC code."""
 
 from __future__ import annotations
 

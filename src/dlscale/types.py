@@ -123,8 +123,6 @@ class InferenceRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: Parameters = field(default_factory=dict)
-    #: The datatype each input was declared with on the wire (BF16 is not a numpy kind).
-    datatypes: dict[str, Datatype] = field(default_factory=dict)
 
     @property
     def priority(self) -> int:

@@ -10,26 +10,19 @@ from dlscale.errors import ConfigError
 #: Backend name in config.toml -> the file name its model is stored under in a version folder.
 MODEL_FILES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("model.onnx",),
-    "torch": ("model.pt2", "model.pt", "model.zoo"),
 }
 
 
 def create_backend(kind: str, path: Path, options: BackendOptions) -> Backend:
     """A backend of the named kind for the model file at `path`, not yet loaded.
 
-    Runtimes are imported here, lazily, so that a machine without PyTorch still serves ONNX.
+    Runtimes are imported here, lazily, so that a machine without one runtime still serves
+    models of the others.
     """
     if kind == "onnxruntime":
         from dlscale.backends.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(path, options)
-    if kind == "torch":
-        try:
-            from dlscale.backends.torch import TorchBackend  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as exc:
-            raise ConfigError(f"backend 'torch' needs PyTorch: pip install 'dlscale[torch]' ({exc})")
-        backend: Backend = TorchBackend(path, options)
-        return backend
     raise ConfigError(f"unknown backend {kind!r}: expected one of {sorted(MODEL_FILES)}")
 
 

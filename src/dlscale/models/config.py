@@ -1,0 +1,176 @@
+"""Model configuration (`REPO/<model>/config.toml`): parsed, validated, and explained when wrong."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dlscale.backends import MODEL_FILES
+from dlscale.errors import ConfigError
+from dlscale.types import Datatype, TensorSpec
+
+NonNegative = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(ge=1)]
+
+
+class _Strict(BaseModel):
+    # Unknown fields are errors: a misspelt knob silently ignored is worse than a refusal.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorConfig(_Strict):
+    """A tensor in config.toml; its shape leaves out the batch dim when max_batch_size > 0."""
+
+    name: str = Field(min_length=1)
+    datatype: Datatype
+    shape: list[Annotated[int, Field(ge=-1)]]
+
+
+class BatchingConfig(_Strict):
+    """Dynamic batching and queue policy (Triton's dynamic_batching and default_queue_policy)."""
+
+    max_queue_delay_us: NonNegative = 0
+    preferred_batch_sizes: list[Positive] = []
+    #: Number of priority levels; requests ask for 1 (highest) .. priority_levels.
+    priority_levels: Positive = 1
+    #: The level of requests that give no priority (or 0); defaults to the lowest.
+    default_priority_level: NonNegative = 0
+    #: Requests beyond this many queued are refused at once; 0 means unbounded.
+    max_queue_size: NonNegative = 0
+    #: Queue timeout for requests that give none; 0 means none.
+    default_timeout_us: NonNegative = 0
+
+    @model_validator(mode="after")
+    def _levels(self) -> BatchingConfig:
+        if self.default_priority_level > self.priority_levels:
+            raise ValueError(
+                f"default_priority_level {self.default_priority_level} is above "
+                f"priority_levels {self.priority_levels}"
+            )
+        return self
+
+
+class InstanceConfig(_Strict):
+    """`count` copies of the model on one device: cpu, cuda:N or a MIG UUID."""
+
+    count: Positive = 1
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|MIG-[0-9A-Za-z/-]+)$")
+
+
+class VersionPolicy(_Strict):
+    """Which versions to serve: the latest N, all, or the ones listed."""
+
+    latest: Positive | None = None
+    all: bool = False
+    specific: list[Positive] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> VersionPolicy:
+        kinds = sum([self.latest is not None, self.all, self.specific is not None])
+        if kinds > 1:
+            raise ValueError("give only one of latest, all or specific")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions to serve out of those on disk, ascending."""
+        ordered = sorted(available)
+        if self.all:
+            return ordered
+        if self.specific is not None:
+            return [v for v in ordered if v in self.specific]
+        return ordered[-(self.latest or 1) :]
+
+
+class BackendOptionsConfig(_Strict):
+    """Runtime settings; unknown keys go to the runtime as they are."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    intra_op_threads: NonNegative = 0
+    inter_op_threads: NonNegative = 0
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+
+
+class ModelConfig(_Strict):
+    """Everything config.toml says about one model."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    platform: str = ""
+    max_batch_size: NonNegative = 0
+    inputs: list[TensorConfig] | None = None
+    outputs: list[TensorConfig] | None = None
+    batching: BatchingConfig = BatchingConfig()
+    instances: list[InstanceConfig] = [InstanceConfig()]
+    version_policy: VersionPolicy = VersionPolicy()
+    backend_options: BackendOptionsConfig = BackendOptionsConfig()
+    metadata: dict[str, str | int | float | bool] = {}
+
+    @model_validator(mode="after")
+    def _batching_fits(self) -> ModelConfig:
+        too_big = [b for b in self.batching.preferred_batch_sizes if b > self.max_batch_size]
+        if too_big and self.max_batch_size > 0:
+            raise ValueError(
+                f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}"
+            )
+        if not self.instances:
+            raise ValueError("instances: give at least one {count, device}")
+        return self
+
+    @property
+    def batched(self) -> bool:
+        """Whether inputs carry a leading batch dimension that the server may merge."""
+        return self.max_batch_size > 0
+
+    def model_files(self) -> tuple[str, ...]:
+        """File names a version folder may hold for this config's backend, in preference order."""
+        return MODEL_FILES[self.backend]
+
+    def tensor_specs(self, which: Literal["inputs", "outputs"]) -> list[TensorSpec] | None:
+        """Inputs or outputs as full specs (batch dim included as -1), or None when omitted."""
+        tensors = self.inputs if which == "inputs" else self.outputs
+        if tensors is None:
+            return None
+        prefix = (-1,) if self.batched else ()
+        return [TensorSpec(t.name, t.datatype, (*prefix, *t.shape)) for t in tensors]
+
+
+def parse_config(data: dict[str, Any], source: Path | str) -> ModelConfig:
+    """Validate a config dict; errors name the file, the field and what was expected."""
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        got = first.get("input")
+        shown = "" if isinstance(got, dict) or first["type"] == "missing" else f" (got {got!r})"
+        more = f" [and {exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
+        raise ConfigError(f"{source}: field '{where}': {first['msg']}{shown}{more}") from None
+
+
+def load_config(path: Path, expected_name: str | None = None) -> ModelConfig:
+    """Read and validate a config.toml; the name defaults to (and must equal) its folder's."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing (every model folder needs a config.toml)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    if expected_name is not None:
+        data.setdefault("name", expected_name)
+    config = parse_config(data, path)
+    if expected_name is not None and config.name != expected_name:
+        raise ConfigError(
+            f"{path}: field 'name': expected the folder's name {expected_name!r}, "
+            f"got {config.name!r}"
+        )
+    return config
+
+
+def write_config(config: ModelConfig, path: Path) -> None:
+    """Write a config back as TOML (used by the optimizer and the SLO tuner)."""
+    path.write_text(tomli_w.dumps(config.model_dump(mode="json", exclude_none=True)))

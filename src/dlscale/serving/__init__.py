@@ -1,0 +1,1 @@
+"""Serving core: model lifecycle, dynamic batching, instances, the DataPlane and metrics."""

@@ -1,0 +1,43 @@
+"""An Instance: one loaded copy of a model on one device, computing off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from dlscale.backends import Backend
+
+
+class Instance:
+    """Runs its backend in a thread of its own, so that the event loop keeps serving meanwhile.
+
+    One thread per instance keeps at most one batch in a backend at a time, which is what
+    runtimes such as ONNX Runtime expect of a session tuned for intra-op parallelism.
+    """
+
+    def __init__(self, backend: Backend, name: str) -> None:
+        self.backend = backend
+        self.name = name
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def call(self, func: object, *args: object) -> object:
+        """Run a blocking call in this instance's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, func, *args)  # type: ignore[arg-type]
+
+    async def load(self) -> None:
+        """Load the backend in this instance's thread (slow: files, sessions, compilation)."""
+        await self.call(self.backend.load)
+
+    async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Compute one batch."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+
+    async def close(self) -> None:
+        """Unload the backend and stop the thread."""
+        await self.call(self.backend.unload)
+        self._executor.shutdown(wait=False)

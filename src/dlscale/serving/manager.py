@@ -1,0 +1,235 @@
+"""Model lifecycle: load (instances, signature check, warm-up), serve, drain and unload."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
+from dlscale.models.config import ModelConfig
+from dlscale.models.repository import ModelRepository, ModelVersion
+from dlscale.models.signature import reconcile
+from dlscale.serving.batcher import Batcher, BatchPolicy
+from dlscale.serving.instance import Instance
+from dlscale.serving.stats import ModelStats
+from dlscale.types import Datatype, TensorSpec
+
+log = logging.getLogger("dlscale.models")
+
+
+class ModelState(enum.StrEnum):
+    """Where a model is in its life (the repository index reports these)."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class ServedVersion:
+    """One loaded version: its signature, instances, batcher and statistics."""
+
+    version: ModelVersion
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    instances: list[Instance]
+    batcher: Batcher
+    stats: ModelStats
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.version.config
+
+
+@dataclass
+class ModelEntry:
+    """A model's state and, while ready, its served versions."""
+
+    name: str
+    state: ModelState
+    reason: str = ""
+    versions: dict[int, ServedVersion] = field(default_factory=dict)
+
+
+def policy_of(config: ModelConfig) -> BatchPolicy:
+    """The batcher's policy from a model's config."""
+    b = config.batching
+    return BatchPolicy(
+        max_batch_size=config.max_batch_size,
+        max_queue_delay_us=b.max_queue_delay_us,
+        preferred_batch_sizes=tuple(b.preferred_batch_sizes),
+        priority_levels=b.priority_levels,
+        default_priority_level=b.default_priority_level,
+        max_queue_size=b.max_queue_size,
+        default_timeout_us=b.default_timeout_us,
+    )
+
+
+def warmup_inputs(specs: list[TensorSpec], batch: int) -> dict[str, np.ndarray]:
+    """Inputs of the right shape and type for a warm-up run (variable non-batch dims take 1)."""
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = [batch if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec.shape)]
+        if spec.datatype is Datatype.BYTES:
+            out[spec.name] = np.full(shape, b"", dtype=object)
+        else:
+            out[spec.name] = np.zeros(shape, dtype=spec.datatype.numpy)
+    return out
+
+
+class ModelManager:
+    """Holds every model of a repository; loading or unloading one never disturbs another."""
+
+    def __init__(self, repository: ModelRepository) -> None:
+        self.repository = repository
+        self._entries: dict[str, ModelEntry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    def open(cls, root: Path) -> ModelManager:
+        """A manager over the repository folder at `root` (nothing loaded yet)."""
+        return cls(ModelRepository(root))
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ServedVersion:
+        """The served version a request goes to (the newest when `version` is empty)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise NotFound(f"unknown model {name!r}")
+        if entry.state is not ModelState.READY:
+            detail = f": {entry.reason}" if entry.reason else ""
+            raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
+        if not version:
+            return entry.versions[max(entry.versions)]
+        if not version.isdigit() or int(version) not in entry.versions:
+            raise NotFound(
+                f"model {name!r} has no version {version!r} (served: {sorted(entry.versions)})"
+            )
+        return entry.versions[int(version)]
+
+    def entries(self) -> list[ModelEntry]:
+        """Every model this manager knows of, in name order."""
+        return [self._entries[n] for n in sorted(self._entries)]
+
+    def ready_names(self) -> list[str]:
+        return [e.name for e in self.entries() if e.state is ModelState.READY]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def load_all(self) -> None:
+        """Load every model of the repository, one after another; failures are recorded."""
+        for name in self.repository.names():
+            try:
+                await self.load(name)
+            except DlscaleError:
+                continue  # recorded as UNAVAILABLE with its reason; the others still load
+
+    async def load(self, name: str) -> None:
+        """Load (or reload) a model; the old versions keep serving until the new ones are ready."""
+        async with self._lock(name):
+            previous = self._entries.get(name)
+            if previous is None or previous.state is not ModelState.READY:
+                self._set(name, ModelState.LOADING)
+            try:
+                config = self.repository.config(name)
+                versions = self.repository.versions(name, config)
+                served = {}
+                for mv in versions:
+                    served[mv.version] = await self._load_version(mv)
+            except DlscaleError as exc:
+                if previous is None or previous.state is not ModelState.READY:
+                    self._set(name, ModelState.UNAVAILABLE, str(exc))
+                else:
+                    log.error("model %s: reload failed, keeping the loaded versions: %s", name, exc)
+                raise
+            entry = ModelEntry(name, ModelState.READY, versions=served)
+            self._entries[name] = entry
+            log.info("model %s: READY (versions %s)", name, sorted(served))
+            if previous is not None and previous.versions:
+                await self._retire(previous)
+
+    async def unload(self, name: str) -> None:
+        """Stop taking requests, finish those in flight, then free the model."""
+        async with self._lock(name):
+            entry = self._entries.get(name)
+            if entry is None:
+                raise NotFound(f"unknown model {name!r}")
+            self._set(name, ModelState.UNLOADING)
+            await self._retire(entry)
+            self._set(name, ModelState.UNAVAILABLE, "unloaded")
+
+    async def close(self) -> None:
+        """Unload everything (server shutdown): in-flight requests finish first."""
+        await asyncio.gather(
+            *(self.unload(e.name) for e in self.entries() if e.versions), return_exceptions=True
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _set(self, name: str, state: ModelState, reason: str = "") -> None:
+        entry = self._entries.setdefault(name, ModelEntry(name, state))
+        versions = entry.versions if state in (ModelState.READY, ModelState.UNLOADING) else {}
+        self._entries[name] = ModelEntry(name, state, reason, versions)
+        log.info("model %s: %s%s", name, state.value, f" ({reason})" if reason else "")
+
+    async def _load_version(self, mv: ModelVersion) -> ServedVersion:
+        config = mv.config
+        opts = config.backend_options
+        extra = {k: v for k, v in (opts.model_extra or {}).items()}
+        instances = []
+        try:
+            for group in config.instances:
+                options = BackendOptions(
+                    device=group.device,
+                    intra_op_threads=opts.intra_op_threads,
+                    inter_op_threads=opts.inter_op_threads,
+                    graph_optimization_level=opts.graph_optimization_level,
+                    extra=extra,
+                )
+                for i in range(group.count):
+                    backend = create_backend(config.backend, mv.model_file, options)
+                    label = f"{mv.name}-v{mv.version}-{group.device}-{i}"
+                    instance = Instance(backend, label)
+                    instances.append(instance)
+                    await instance.load()
+            first = instances[0].backend
+            inputs, outputs = reconcile(
+                config, first.inputs, first.outputs, mv.path.parent / "config.toml"
+            )
+            await asyncio.gather(*(self._warm(inst, inputs, config) for inst in instances))
+        except BaseException:
+            await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
+            raise
+        stats = ModelStats(mv.name, str(mv.version))
+        batcher = Batcher(policy_of(config), instances, stats)
+        batcher.start()
+        return ServedVersion(mv, inputs, outputs, instances, batcher, stats)
+
+    async def _warm(
+        self, instance: Instance, inputs: list[TensorSpec], config: ModelConfig
+    ) -> None:
+        sizes = {1, config.max_batch_size} if config.batched else {0}
+        for size in sorted(sizes):
+            feed = warmup_inputs(inputs, size)
+            try:
+                await instance.infer(feed)
+            except Exception as exc:
+                raise ConfigError(
+                    f"model {config.name!r} failed its warm-up at batch size {size}: {exc}"
+                ) from exc
+
+    async def _retire(self, entry: ModelEntry) -> None:
+        for served in entry.versions.values():
+            await served.batcher.close()
+            await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)

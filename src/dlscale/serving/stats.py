@@ -1,0 +1,122 @@
+"""Per-model counters and histograms: one record behind both the statistics API and Prometheus."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Request latency buckets in seconds: sub-millisecond to a few seconds.
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+#: Batch size buckets: powers of two up to the largest batch a model is likely to take.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass
+class Histogram:
+    """Cumulative histogram in the Prometheus sense (bucket counts, sum, count)."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, count at or below) pairs, ending with +Inf."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+@dataclass
+class Duration:
+    """A count and a total time in nanoseconds, as Triton's statistics report them."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStats:
+    """Everything measured about one model version since it was loaded."""
+
+    name: str
+    version: str
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    failures: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    inference_count: int = 0  # rows (samples) computed
+    execution_count: int = 0  # batches run
+    pending: int = 0  # requests queued or in a batch now
+    last_inference_ms: int = 0
+    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    batch_stats: dict[int, Duration] = field(default_factory=lambda: defaultdict(Duration))
+
+    def record_success(self, total_ns: int) -> None:
+        """A request answered, with its whole time in the server."""
+        self.success.add(total_ns)
+        self.latency.observe(total_ns / 1e9)
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def record_failure(self, reason: str, total_ns: int) -> None:
+        """A request that failed, with Triton's reason label (REJECTED, BACKEND, ...)."""
+        self.fail.add(total_ns)
+        self.failures[reason] += 1
+
+    def record_batch(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One batch executed: its rows and where its time went (merge, compute, split)."""
+        self.execution_count += 1
+        self.inference_count += rows
+        self.compute_input.add(input_ns, rows)
+        self.compute_infer.add(infer_ns, rows)
+        self.compute_output.add(output_ns, rows)
+        self.batch_size.observe(rows)
+        self.batch_stats[rows].add(infer_ns)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Triton's statistics-extension JSON for this model version."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_dict(),
+                "fail": self.fail.to_dict(),
+                "queue": self.queue.to_dict(),
+                "compute_input": self.compute_input.to_dict(),
+                "compute_infer": self.compute_infer.to_dict(),
+                "compute_output": self.compute_output.to_dict(),
+            },
+            "batch_stats": [
+                {"batch_size": size, "compute_infer": d.to_dict()}
+                for size, d in sorted(self.batch_stats.items())
+            ],
+        }
