@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dlscale.cli import main  # noqa: E402
+from dlscale.cli import main
 
 
 def test_two_process_gloo_allreduce(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -6,17 +6,19 @@ Each turns parsed arguments into calls on the planners and prints a table; cli.p
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlscale.errors import PlanError
+from dlscale.errors import DlscaleError, PlanError
+from dlscale.hardware.catalog import load_catalog
+from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology
 from dlscale.plan.serve import (
     DEFAULT_EFFICIENCY,
     DEFAULT_MAX_BATCH,
-    Device,
     Profile,
     ServiceCurve,
     Workload,
@@ -41,14 +43,9 @@ def table(headers: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def catalog_device(name: str) -> Device:
-    """The catalog entry called `name` (dlscale.hardware.catalog)."""
-    try:
-        from dlscale.hardware.catalog import load_catalog
-    except ImportError:
-        raise PlanError("the hardware catalog is not installed in this build") from None
-    device: Device = load_catalog().get(name)
-    return device
+def catalog_device(name: str) -> DeviceSpec:
+    """The catalog entry called `name`."""
+    return load_catalog().get(name)
 
 
 def plan_train(args: argparse.Namespace) -> int:
@@ -124,9 +121,9 @@ def load_workload(args: argparse.Namespace) -> Workload:
         return Workload(args.model or "model", args.flops_per_sample, lambda _p, _b: moved)
     if not args.model:
         raise PlanError("give --model (zoo name or .onnx file) or --flops/--bytes-per-sample")
-    from dlscale.models.flops import count
-
-    cost = count(_onnx_path(args.model, args.repo))
+    # By name: the FLOP counter and the zoo live in dlscale.models, built by another issue.
+    flops = importlib.import_module("dlscale.models.flops")
+    cost = flops.count(_onnx_path(args.model, args.repo))
     return Workload(args.model, cost.flops, cost.bytes_per_sample)
 
 
@@ -139,8 +136,7 @@ def _onnx_path(model: str, repo: Path | None) -> Path:
         if found:
             return found[-1]
         raise PlanError(f"no ONNX file for {model!r} under {repo}")
-    from dlscale.models.zoo import build_zoo
-
+    build_zoo = importlib.import_module("dlscale.models.zoo").build_zoo
     cache = Path.home() / ".cache" / "dlscale" / "plan-zoo"
     found = sorted(cache.glob(f"{model}/*/*.onnx"))
     if not found:
@@ -173,7 +169,7 @@ def plan_serve(args: argparse.Namespace) -> int:
                 efficiency = args.efficiency or DEFAULT_EFFICIENCY
                 top = args.max_batch or DEFAULT_MAX_BATCH
                 curves.append(roofline_curve(d, workload, precision, efficiency, top))
-            except PlanError as exc:
+            except DlscaleError as exc:
                 print(f"skipped: {exc}")
     plans = plan_serving(curves, args.qps, p99, prices)
     print(
@@ -207,11 +203,12 @@ def _prices(text: str | None) -> dict[str, float]:
             continue
         name, sep, value = item.partition("=")
         try:
-            prices[name.strip()] = float(value)
+            price = float(value)
         except ValueError:
             sep = ""
-        if not sep:
+        if not sep or price < 0:
             raise PlanError(f"--price wants DEVICE=DOLLARS_PER_HOUR,..., got {item!r}")
+        prices[catalog_device(name.strip()).name] = price  # aliases to the catalog's name
     return prices
 
 

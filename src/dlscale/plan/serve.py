@@ -12,11 +12,14 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from dlscale.errors import PlanError
+from dlscale.hardware.roofline import Roofline
+from dlscale.hardware.roofline import roofline as hardware_roofline
+from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan.queueing import BatchingServer, ServiceTime, peak_rate
 
 #: Share of the roofline a served model reaches by default. The best published MLPerf ResNet-50
@@ -24,29 +27,6 @@ from dlscale.plan.queueing import BatchingServer, ServiceTime, peak_rate
 #: L40S 50%, A100 56%) with TensorRT and batches of 2048; an ordinary deployment does no better.
 DEFAULT_EFFICIENCY = 0.4
 DEFAULT_MAX_BATCH = 256
-
-
-class Device(Protocol):
-    """What the planner reads from a catalog entry (dlscale.hardware.catalog.DeviceSpec)."""
-
-    @property
-    def name(self) -> str:
-        """Catalog name, e.g. H100-SXM."""
-        ...
-
-    @property
-    def memory_bandwidth(self) -> float | None:
-        """Bytes/s."""
-        ...
-
-    @property
-    def tdp_watts(self) -> float | None:
-        """Board power, watts."""
-        ...
-
-    def peak_flops(self, precision: str) -> float | None:
-        """Dense peak operations/s at `precision`, None where not published."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -58,36 +38,25 @@ class Workload:
     bytes_per_sample: Callable[[str, int], float]
 
 
-@dataclass(frozen=True)
-class Roofline:
-    """The roofline's attainable samples/s for one device, precision and batch, and its bound."""
-
-    rate: float
-    bound: str
-
-
-def roofline(device: Device, workload: Workload, precision: str, batch: int) -> Roofline:
-    """min(peak compute / FLOPs, memory bandwidth / bytes) per sample, at `batch`."""
-    peak, bandwidth = device.peak_flops(precision), device.memory_bandwidth
-    if not peak or not bandwidth:
-        raise PlanError(f"{device.name} has no published {precision} peak or memory bandwidth")
-    compute = peak / workload.flops_per_sample
-    memory = bandwidth / workload.bytes_per_sample(precision, batch)
-    return Roofline(compute, "compute") if compute <= memory else Roofline(memory, "memory")
+def roofline(device: DeviceSpec, workload: Workload, precision: str, batch: int) -> Roofline:
+    """The device's roofline for this workload at `batch` (dlscale.hardware.roofline)."""
+    return hardware_roofline(
+        device, precision, workload.flops_per_sample, workload.bytes_per_sample(precision, batch)
+    )
 
 
 @dataclass(frozen=True)
 class ServiceCurve:
     """Batch size → seconds on one device, the largest batch it covers, and how it was derived."""
 
-    device: Device
+    device: DeviceSpec
     time: ServiceTime
     max_batch: int
     basis: str
 
 
 def roofline_curve(
-    device: Device,
+    device: DeviceSpec,
     workload: Workload,
     precision: str,
     efficiency: float = DEFAULT_EFFICIENCY,
@@ -99,7 +68,7 @@ def roofline_curve(
     roofline(device, workload, precision, 1)  # fails early when the device lacks figures
 
     def time(b: int) -> float:
-        return b / (roofline(device, workload, precision, b).rate * efficiency)
+        return b / (roofline(device, workload, precision, b).attainable_rate * efficiency)
 
     bound = roofline(device, workload, precision, max_batch).bound
     basis = f"roofline x {efficiency:g} ({bound}-bound at batch {max_batch})"
@@ -150,7 +119,7 @@ class Profile:
 
 
 def profile_curve(
-    profile: Profile, measured_on: Device, target: Device, workload: Workload
+    profile: Profile, measured_on: DeviceSpec, target: DeviceSpec, workload: Workload
 ) -> ServiceCurve:
     """The measured curve moved to `target`: times × (roofline here / roofline there) per batch."""
     top = max(profile.batch_latency_s)
@@ -159,12 +128,12 @@ def profile_curve(
     p = profile.precision
 
     def time(b: int) -> float:
-        here = roofline(measured_on, workload, p, b).rate
-        return profile.time(b) * here / roofline(target, workload, p, b).rate
+        here = roofline(measured_on, workload, p, b).attainable_rate
+        return profile.time(b) * here / roofline(target, workload, p, b).attainable_rate
 
     src, dst = roofline(measured_on, workload, p, top), roofline(target, workload, p, top)
     basis = (
-        f"measured on {profile.device} x {src.rate / dst.rate:.3g} "
+        f"measured on {profile.device} x {src.attainable_rate / dst.attainable_rate:.3g} "
         f"(roofline ratio at batch {top}: {src.bound}-bound there, {dst.bound}-bound here)"
     )
     return ServiceCurve(target, time, top, basis)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,22 @@ def test_plan_serve_needs_a_workload(capsys: pytest.CaptureFixture[str]) -> None
 def test_bench_allreduce_arguments() -> None:
     args = build_parser().parse_args(["bench", "allreduce", "--nproc", "4", "--sizes", "1K:1M"])
     assert (args.nproc, args.backend, args.sizes, args.iters) == (4, "gloo", "1K:1M", 20)
+
+
+def test_plan_serve_with_catalog_devices(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_json = tmp_path / "plans.json"
+    argv = [
+        "plan", "serve", "--flops-per-sample", "8.18e9", "--bytes-per-sample", "3e7",
+        "--qps", "5000", "--p99", "15ms", "--devices", "L4,A100-SXM", "--max-batch", "4",
+        "--price", "L4=0.8,A100-SXM=1.8", "--json", str(out_json),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "L4" in out and "A100-SXM-80GB" in out
+    plans = {p["device"]: p for p in json.loads(out_json.read_text())}
+    # L4 is memory-bound at 0.3e12 / 3e7 = 10,000/s x 0.4 = 4,000/s at most: 2 or more of them
+    assert plans["L4"]["devices"] >= 2
+    assert plans["L4"]["cost_per_million"] is not None  # price found through the alias
+    assert plans["A100-SXM-80GB"]["cost_per_million"] is not None
