@@ -319,7 +319,7 @@ def _lazy(module: str, name: str) -> Handler:
 
 
 def _add_plan_verbs(sub: SubParsers) -> None:
-    """`dlscale plan train`, `dlscale plan serve`, and `dlscale bench allreduce`."""
+    """`dlscale plan train` and `dlscale plan serve` (`bench allreduce`: see _BENCH_SUBVERBS)."""
     plan = sub.add_parser("plan", help="capacity and training-time planners")
     verbs = plan.add_subparsers(dest="plan_verb", metavar="PLAN", required=True)
 
@@ -361,10 +361,6 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s.add_argument("--json", help="also write the plans to this file")
     s.set_defaults(func=_lazy("dlscale.plan.commands", "plan_serve"))
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_verbs = bench.add_subparsers(dest="bench_verb", metavar="BENCH", required=True)
-    _add_bench_allreduce(bench_verbs)
-
 
 def _add_bench_allreduce(sub: SubParsers) -> None:
     """`dlscale bench allreduce`: register under whichever `bench` parser owns the verb."""
@@ -386,8 +382,9 @@ _VERB_GROUPS.append(_add_plan_verbs)
 # -- bench -----------------------------------------------------------------------------------------
 
 #: Sub-verbs of `dlscale bench` (`compare`, `allreduce`, ...): name -> a function that adds the
-#: sub-verb's arguments to its own parser and sets `func`. Any other first word is a TARGET.
-_BENCH_SUBVERBS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+#: sub-verb's parser (with its `func`) to the sub-parsers it is given. Any other first word
+#: after `bench` is a TARGET.
+_BENCH_SUBVERBS: dict[str, Callable[[SubParsers], None]] = {}
 
 
 def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
@@ -503,8 +500,13 @@ def _bench_compare(args: argparse.Namespace) -> int:
     return _bench_verdict(compare(args.targets, options, _bench_out(args, "compare"), args.rounds))
 
 
-def _configure_compare(p: argparse.ArgumentParser) -> None:
-    p.description = "The same scenario against several targets in alternation, with ratios."
+def _add_bench_compare(sub: SubParsers) -> None:
+    """`dlscale bench compare TARGET TARGET ...`."""
+    p = sub.add_parser(
+        "compare",
+        help="the same scenario against several targets in alternation, with ratios",
+        description="The same scenario against several targets in alternation, with ratios.",
+    )
     p.add_argument("targets", nargs="+", metavar="TARGET", help="http://HOST:PORT or grpc://...")
     p.add_argument("--rounds", type=int, default=3, help="alternation rounds (default 3)")
     _add_bench_run_flags(p)
@@ -514,9 +516,10 @@ def _configure_compare(p: argparse.ArgumentParser) -> None:
 def _bench_dispatch(args: argparse.Namespace) -> int:
     words: list[str] = args.words
     if words and words[0] in _BENCH_SUBVERBS:
-        sub = argparse.ArgumentParser(prog=f"dlscale bench {words[0]}")
-        _BENCH_SUBVERBS[words[0]](sub)
-        sub_args = sub.parse_args(words[1:])
+        holder = argparse.ArgumentParser(prog="dlscale bench")
+        subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
+        _BENCH_SUBVERBS[words[0]](subs)
+        sub_args = holder.parse_args(words)
         sub_args.verb = f"bench {words[0]}"
         handler: Handler = sub_args.func
         return handler(sub_args)
@@ -548,5 +551,6 @@ def _add_bench_verbs(sub: SubParsers) -> None:
     p.set_defaults(func=_bench_dispatch)
 
 
-_BENCH_SUBVERBS["compare"] = _configure_compare
+_BENCH_SUBVERBS["compare"] = _add_bench_compare
+_BENCH_SUBVERBS["allreduce"] = _add_bench_allreduce
 _VERB_GROUPS.append(_add_bench_verbs)
