@@ -30,13 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line, resolving `bench SUBVERB ...` (a TARGET otherwise) to its parser."""
+    args = build_parser().parse_args(argv)
+    words: list[str] = getattr(args, "words", None) or []
+    if args.verb == "bench" and words and words[0] in _BENCH_SUBVERBS:
+        holder = argparse.ArgumentParser(prog="dlscale bench")
+        subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
+        _BENCH_SUBVERBS[words[0]](subs)
+        args = holder.parse_args(words)
+        args.verb = f"bench {words[0]}"
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dlscale` command."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(argv)
     func: Handler | None = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         return func(args)
@@ -515,14 +527,6 @@ def _add_bench_compare(sub: SubParsers) -> None:
 
 def _bench_dispatch(args: argparse.Namespace) -> int:
     words: list[str] = args.words
-    if words and words[0] in _BENCH_SUBVERBS:
-        holder = argparse.ArgumentParser(prog="dlscale bench")
-        subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
-        _BENCH_SUBVERBS[words[0]](subs)
-        sub_args = holder.parse_args(words)
-        sub_args.verb = f"bench {words[0]}"
-        handler: Handler = sub_args.func
-        return handler(sub_args)
     # Flags after TARGET arrive unparsed; read them now on top of those given before it.
     again = argparse.ArgumentParser(prog="dlscale bench")
     again.add_argument("targets", nargs="*")
