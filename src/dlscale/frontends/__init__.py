@@ -1,0 +1,1 @@
+"""Wire frontends: thin adapters from REST and gRPC to the DataPlane."""
