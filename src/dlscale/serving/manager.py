@@ -6,6 +6,7 @@ import asyncio
 import enum
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -90,6 +91,11 @@ class ModelManager:
         self.repository = repository
         self._entries: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    def open(cls, root: Path) -> ModelManager:
+        """A manager over the repository folder at `root` (nothing loaded yet)."""
+        return cls(ModelRepository(root))
 
     # -- lookups ---------------------------------------------------------------------------------
 
