@@ -43,7 +43,7 @@ from benchmarks.run import (
     start_mlserver,
 )
 
-# -- the server process -----------------------------------------------------------------------------
+# -- the server process ----------------------------------------------------------------------
 
 
 async def serve(repo: Path, port: int) -> None:
@@ -86,7 +86,7 @@ def start_dlscale_grpc(repo: Path) -> Server:
     return Server("dlscale", proc, int(line.split()[1]))
 
 
-# -- the runs ---------------------------------------------------------------------------------------
+# -- the runs ----------------------------------------------------------------------------------
 
 
 def load(
