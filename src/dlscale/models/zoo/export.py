@@ -43,7 +43,7 @@ def export_onnx(
         torch.onnx.export(
             module,
             args,
-            buffer,
+            buffer,  # type: ignore[arg-type]  # the TorchScript exporter takes a binary stream
             dynamo=False,
             input_names=names,
             output_names=list(output_names),
