@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from dlscale.errors import NotFound
+from dlscale.errors import ConfigError, NotFound
 from dlscale.models.zoo import ZOO, build_zoo, get
 from dlscale.models.zoo.samples import (
     BERT_VOCAB,
@@ -121,6 +121,12 @@ def test_bert_signature_follows_seq_len() -> None:
     model = get("bert-base")
     assert [s.shape for s in model.inputs(64)] == [(64,), (64,)]
     assert [s.shape for s in model.outputs(64)] == [(64, 768), (768,)]
+
+
+def test_bert_refuses_a_seq_len_beyond_its_positions(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="512"):
+        get("bert-base").build(tmp_path, seq_len=513)
+    assert not (tmp_path / "bert-base").exists()
 
 
 def test_samples_do_not_import_torch() -> None:
