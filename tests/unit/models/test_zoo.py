@@ -6,7 +6,9 @@ import hashlib
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -29,10 +31,26 @@ from dlscale.models.zoo.samples import (
 RTOL = ATOL = 1e-4
 
 
-def _run_onnx(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+Sessions = dict[Path, Any]
+
+
+@pytest.fixture(scope="module")
+def sessions() -> Iterator[Sessions]:
+    """ONNX Runtime sessions by model path, opened once per module (bert-base's takes seconds)."""
+    opened: Sessions = {}
+    yield opened
+    opened.clear()
+
+
+def _run_onnx(
+    path: Path, inputs: dict[str, np.ndarray], sessions: Sessions | None = None
+) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    cache = {} if sessions is None else sessions
+    if path not in cache:
+        cache[path] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = cache[path]
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, inputs), strict=True))
 
@@ -45,8 +63,10 @@ def _run_torch(name: str, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
 
 
-def _assert_onnx_matches_torch(repo: Path, name: str, inputs: dict[str, np.ndarray]) -> None:
-    got = _run_onnx(repo / name / "1" / "model.onnx", inputs)
+def _assert_onnx_matches_torch(
+    repo: Path, name: str, inputs: dict[str, np.ndarray], sessions: Sessions
+) -> None:
+    got = _run_onnx(repo / name / "1" / "model.onnx", inputs, sessions)
     for spec, ref in zip(get(name).outputs(), _run_torch(name, inputs), strict=True):
         np.testing.assert_allclose(got[spec.name], ref, rtol=RTOL, atol=ATOL, err_msg=spec.name)
 
@@ -167,9 +187,9 @@ def test_identity_is_one_identity_node(small_repo: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["identity", "mlp", "digits"])
-def test_small_models_match_torch(small_repo: Path, name: str) -> None:
+def test_small_models_match_torch(small_repo: Path, name: str, sessions: Sessions) -> None:
     inputs = get(name).sample(8, np.random.default_rng(11))
-    _assert_onnx_matches_torch(small_repo, name, inputs)
+    _assert_onnx_matches_torch(small_repo, name, inputs, sessions)
 
 
 def test_digits_scores_95_percent_held_out(small_repo: Path) -> None:
@@ -207,22 +227,24 @@ def test_build_replaces_an_existing_folder(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "bert-base"])
-def test_big_models_match_torch(big_zoo: Path, name: str) -> None:
+def test_big_models_match_torch(big_zoo: Path, name: str, sessions: Sessions) -> None:
     inputs = get(name).sample(2, np.random.default_rng(11))
-    _assert_onnx_matches_torch(big_zoo, name, inputs)
+    _assert_onnx_matches_torch(big_zoo, name, inputs, sessions)
 
 
 @pytest.mark.slow
-def test_bert_ignores_padded_tokens(big_zoo: Path) -> None:
+def test_bert_ignores_padded_tokens(big_zoo: Path, sessions: Sessions) -> None:
     # The additive mask must hide padding: changing padded ids leaves real positions unchanged.
     inputs = get("bert-base").sample(2, np.random.default_rng(3))
     mask = inputs["attention_mask"].astype(bool)
     assert not mask.all()
-    noisy = dict(inputs, input_ids=np.where(mask, inputs["input_ids"], 2000))
-    path = big_zoo / "bert-base" / "1" / "model.onnx"
-    clean, changed = _run_onnx(path, inputs), _run_onnx(path, noisy)
-    np.testing.assert_allclose(
-        changed["last_hidden_state"][mask], clean["last_hidden_state"][mask], atol=1e-4
-    )
-    np.testing.assert_allclose(changed["pooler_output"], clean["pooler_output"], atol=1e-4)
-    assert not np.allclose(changed["last_hidden_state"][~mask], clean["last_hidden_state"][~mask])
+    noisy = np.where(mask, inputs["input_ids"], 2000)
+    both = {
+        "input_ids": np.concatenate([inputs["input_ids"], noisy]),
+        "attention_mask": np.concatenate([inputs["attention_mask"]] * 2),
+    }
+    out = _run_onnx(big_zoo / "bert-base" / "1" / "model.onnx", both, sessions)
+    hidden, pooled = out["last_hidden_state"], out["pooler_output"]
+    np.testing.assert_allclose(hidden[2:][mask], hidden[:2][mask], atol=1e-4)
+    np.testing.assert_allclose(pooled[2:], pooled[:2], atol=1e-4)
+    assert not np.allclose(hidden[2:][~mask], hidden[:2][~mask])
