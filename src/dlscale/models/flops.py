@@ -73,6 +73,10 @@ _MOVEMENT = frozenset(
         "ScatterElements Trilu EyeLike",
     )
 )
+#: Convolutions and the input index of their weight (quantized forms included).
+_CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
+#: Matrix products whose first input is A, [..., M, K].
+_MATMULS = frozenset(_ops("MatMul MatMulInteger QLinearMatMul"))
 #: Outputs that alias their input: no new tensor is written.
 _VIEWS = frozenset(_ops("Reshape Flatten Squeeze Unsqueeze Identity Dropout"))
 
@@ -175,30 +179,27 @@ def _node_cost(
     if op in ("MaxPool", "AveragePool", "LpPool"):
         kernel = _attr_ints(node, "kernel_shape")
         return 0.0, float(n_out * math.prod(kernel))
-    macs: float
-    if op == "Conv":
-        if len(ins) < 2 or ins[1] is None:
+    if op in _CONV_WEIGHT:
+        weight = ins[_CONV_WEIGHT[op]] if len(ins) > _CONV_WEIGHT[op] else None
+        if weight is None:
             return None
-        macs = n_out * math.prod(ins[1][1:])  # W is [C_out, C_in / group, *kernel]
+        macs = n_out * math.prod(weight[1:])  # W is [C_out, C_in / group, *kernel]
     elif op == "ConvTranspose":
         if ins[0] is None or len(ins) < 2 or ins[1] is None:
             return None
         macs = math.prod(ins[0]) * math.prod(ins[1][1:])  # W is [C_in, C_out / group, *kernel]
-    elif op == "MatMul":
+    elif op in _MATMULS:
         if ins[0] is None:
             return None
         macs = n_out * ins[0][-1]
     elif op == "Gemm":
         if ins[0] is None:
             return None
-        trans_a = _attr_int(node, "transA")
-        macs = n_out * ins[0][0 if trans_a else 1]
+        macs = n_out * ins[0][0 if _attr_int(node, "transA") else 1]
     else:
         return None
-    bias = (
-        n_out if op in ("Conv", "ConvTranspose", "Gemm") and len(ins) > 2 and node.input[2] else 0
-    )
-    return float(macs), 2.0 * macs + bias
+    has_bias = op in ("Conv", "ConvTranspose", "Gemm") and len(node.input) > 2 and node.input[2]
+    return float(macs), 2.0 * macs + (n_out if has_bias else 0)
 
 
 def _infer_shapes(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, Shape]:

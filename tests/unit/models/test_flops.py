@@ -79,6 +79,16 @@ def test_named_symbolic_dims_come_from_dims() -> None:
     assert unknown.flops == 0 and unknown.uncounted == ("Relu",)
 
 
+def test_integer_matmul_counts_like_matmul() -> None:
+    a = helper.make_tensor_value_info("a", TensorProto.UINT8, ["batch", 6, 4])
+    b = numpy_helper.from_array(np.zeros((4, 5), np.int8), "b")
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, ["batch", 6, 5])
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    graph = helper.make_graph([node], "g", [a], [y], [b])
+    cost = count(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert cost.macs == 6 * 5 * 4 and cost.flops == 2 * 6 * 5 * 4
+
+
 def test_unknown_ops_are_reported_not_guessed() -> None:
     nodes = [helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,jk->ik")]
     cost = count(_graph(nodes, {"a": [3, 4], "b": [4, 5]}, {"y": [3, 5]}))
