@@ -14,6 +14,7 @@ BIG_MODELS = ("resnet50", "bert-base")
 def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A repository with identity, mlp and digits built (a few seconds, digits is trained)."""
     pytest.importorskip("torch", reason="building the zoo needs the [torch] extra")
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn, in the [torch] extra")
     from dlscale.models.zoo import build_zoo
 
     root = tmp_path_factory.mktemp("small_repo")
