@@ -289,17 +289,13 @@ def _local_device() -> str:
 
 def _model_cost(repo: str, model: str) -> Any:
     """The model's FLOP and byte counts from its ONNX file (dlscale.models.flops.count)."""
-    import importlib
-
     from dlscale.errors import NotFound
+    from dlscale.models.flops import count
 
     path = Path(repo) / model / "1" / "model.onnx"
     if not path.exists():
         raise NotFound(f"no ONNX model at {path}; give --repo, or --flops and --bytes")
-    # Imported by name: the FLOP counter lives in dlscale.models, which may be absent in a
-    # trimmed install; --flops/--bytes work without it.
-    flops = importlib.import_module("dlscale.models.flops")
-    return flops.count(path)
+    return count(path)
 
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}

@@ -90,7 +90,8 @@ def _from_runtime(array: np.ndarray) -> np.ndarray:
     """String outputs back as the protocol's BYTES elements (UTF-8 bytes)."""
     if array.dtype != object or not array.size:
         return array
-    return np.vectorize(_utf8, otypes=[object])(array)
+    converted: np.ndarray = np.vectorize(_utf8, otypes=[object])(array)
+    return converted
 
 
 def _utf8(item: object) -> object:
