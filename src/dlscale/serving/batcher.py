@@ -207,12 +207,15 @@ class Batcher:
             return []
         if self.policy.max_batch_size == 0:
             return [head]
-        chosen, rows = [], 0
+        chosen, rows, limit = [], 0, self.policy.max_batch_size
+        # Stop at a full batch: a deep backlog must not make every batch cost a full scan.
         for queue in self._queues:
             for item in queue:
-                if item.key == head.key and rows + item.rows <= self.policy.max_batch_size:
+                if item.key == head.key and rows + item.rows <= limit:
                     chosen.append(item)
                     rows += item.rows
+                    if rows == limit:
+                        return chosen
         return chosen
 
     async def _form_batch(self) -> list[_Pending]:
