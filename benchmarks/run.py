@@ -1,10 +1,11 @@
 """Run the REST benchmarks of BENCHMARKS.md: HTTP stacks, and dlscale against Seldon MLServer.
 
-    python -m benchmarks.run [all|stacks|peers|inprocess] [--repeats 3] [--duration 5]
+    python -m benchmarks.run [all|rest|stacks|peers|inprocess] [--repeats 3] [--duration 5]
 
 Every server runs in its own process with OMP/OPENBLAS/MKL threads at 1 and is driven by the same
 closed-loop client (benchmarks/client.py) from this process. Servers alternate within a run;
 the tables give medians over the repetitions. Results also go to bench-results/*.json.
+`all` (what `make bench` runs) ends with the gRPC benchmarks of benchmarks/serve_grpc.py.
 """
 
 from __future__ import annotations
@@ -130,7 +131,14 @@ def load(
     else:
         wire = build_request(HOST, server.port, path, model.json_body())
     result = uvloop.run(
-        closed_loop(HOST, server.port, wire, concurrency, duration, warmup_s=min(2.0, duration / 2))
+        closed_loop(
+            HOST,
+            server.port,
+            wire,
+            concurrency,
+            duration,
+            warmup_s=min(max(2.0, duration / 10), duration / 2),
+        )
     )
     if result.errors:
         print(f"  {server.name}: {result.errors} errors, first: {result.first_error}", flush=True)
@@ -257,16 +265,23 @@ def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str
                 )
             finally:
                 server.stop()
-            ips = inprocess_throughput(model.path(repo), model, concurrency, seconds)
-            _record(
-                rows,
-                bench="inprocess",
-                server="onnxruntime-inprocess",
-                model=model.name,
-                concurrency=concurrency,
-                rep=rep,
-                throughput=round(ips, 2),
-            )
+            # At the batch size the server really ran (one instance under a closed loop often
+            # alternates two half-full batches) and at batch = concurrency, for reference.
+            sizes = {"served-batch": max(1, round(batch)), "batch-eq-c": concurrency}
+            measured: dict[int, float] = {}
+            for label, size in sizes.items():
+                if size not in measured:
+                    measured[size] = inprocess_throughput(model.path(repo), model, size, seconds)
+                _record(
+                    rows,
+                    bench="inprocess",
+                    server=f"onnxruntime-inprocess-{label}",
+                    model=model.name,
+                    concurrency=concurrency,
+                    rep=rep,
+                    batch=size,
+                    throughput=round(measured[size], 2),
+                )
 
 
 # -- reporting -------------------------------------------------------------------------------------
@@ -288,12 +303,33 @@ def median_table(rows: list[dict[str, Any]], bench: str) -> list[dict[str, Any]]
             "concurrency": c,
             "runs": len(runs),
         }
-        for key in ("throughput", "p50_ms", "p99_ms", "mean_batch"):
+        for key in ("throughput", "p50_ms", "p99_ms", "mean_batch", "batch"):
             values = [r[key] for r in runs if key in r]
             if values:
                 entry[key] = round(statistics.median(values), 3 if key.endswith("ms") else 1)
         table.append(entry)
     return table
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The targets of BENCHMARKS.md as ratios of medians."""
+    out: dict[str, float] = {}
+    peers_table = {(r["server"], r["concurrency"]): r for r in median_table(rows, "peers")}
+    ours, theirs = peers_table.get(("dlscale", 32)), peers_table.get(("mlserver", 32))
+    if ours and theirs:
+        out["identity_c32_throughput_vs_mlserver"] = round(
+            ours["throughput"] / theirs["throughput"], 2
+        )
+        out["identity_c32_p99_vs_mlserver"] = round(ours["p99_ms"] / theirs["p99_ms"], 2)
+    served = {(r["server"], r["model"]): r for r in median_table(rows, "inprocess")}
+    for model in ("mlp", "resnet50"):
+        ours = served.get(("dlscale", model))
+        for label in ("served-batch", "batch-eq-c"):
+            ref = served.get((f"onnxruntime-inprocess-{label}", model))
+            if ours and ref:
+                key = f"{model}_served_vs_inprocess_{label}"
+                out[key] = round(ours["throughput"] / ref["throughput"], 3)
+    return out
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
@@ -336,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `make bench`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "which", nargs="?", default="all", choices=("all", "stacks", "peers", "inprocess")
+        "which", nargs="?", default="all", choices=("all", "rest", "stacks", "peers", "inprocess")
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
@@ -352,20 +388,27 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(info), flush=True)
     if args.which in ("all", "stacks"):
         run_stacks(repo, args.repeats, args.duration, rows)
-    if args.which in ("all", "peers"):
+    if args.which in ("all", "rest", "peers"):
         peers.ensure_mlserver()
         info["mlserver"] = peers.mlserver_version()
         run_peers(repo, args.repeats, args.duration, rows)
-    if args.which in ("all", "inprocess"):
+    if args.which in ("all", "rest", "inprocess"):
         run_inprocess(repo, args.repeats, args.resnet_duration, rows)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"rest-{args.which}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"machine": info, "args": vars(args), "rows": rows}, indent=1))
+    summary = ratios(rows)
+    report = {"machine": info, "args": vars(args), "rows": rows, "ratios": summary}
+    out.write_text(json.dumps(report, indent=1))
     for bench in ("stacks", "peers", "inprocess"):
         table = median_table(rows, bench)
         if table:
             print(f"\n## {bench} (medians of {args.repeats})\n\n{markdown(table)}")
-    print(f"\nraw results: {out}")
+    print(f"\nratios: {json.dumps(summary)}\nraw results: {out}")
+    if args.which == "all":
+        from benchmarks import serve_grpc
+
+        argv = ["all", "--repeats", str(args.repeats), "--duration", str(args.duration)]
+        return serve_grpc.main([*argv, "--resnet-duration", str(args.resnet_duration)])
     return 0
 
 
