@@ -329,7 +329,25 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
             if ours and ref:
                 key = f"{model}_served_vs_inprocess_{label}"
                 out[key] = round(ours["throughput"] / ref["throughput"], 3)
+        # Served and in-process run back to back in each repetition: the median of the paired
+        # ratios cancels the machine's slow drifts better than the ratio of medians.
+        paired = _paired(rows, model, "onnxruntime-inprocess-served-batch")
+        if paired:
+            out[f"{model}_served_vs_inprocess_served-batch_paired"] = round(
+                statistics.median(paired), 3
+            )
     return out
+
+
+def _paired(rows: list[dict[str, Any]], model: str, reference: str) -> list[float]:
+    """Per repetition: served throughput over the reference's, measured right after it."""
+    by_rep: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if row["bench"] == "inprocess" and row["model"] == model:
+            by_rep.setdefault(row["rep"], {})[row["server"]] = row["throughput"]
+    return [
+        r["dlscale"] / r[reference] for r in by_rep.values() if "dlscale" in r and r.get(reference)
+    ]
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
@@ -343,6 +361,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
         "p50_ms",
         "p99_ms",
         "mean_batch",
+        "batch",
     ]
     cols = [c for c in cols if any(c in row for row in table)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -222,6 +222,9 @@ def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
     assert r.headers["allow"] == "POST"
     _expect(http.post("/v2/health/live"), 405, "use GET")
     _expect(http.delete("/v2/repository/models/identity/load"), 405, "use POST")
+    head = http.head("/v2/health/live")  # answered without a body; the connection stays usable
+    assert (head.status_code, head.content) == (405, b"")
+    assert http.get("/v2/health/live").status_code == 200
 
 
 def test_repository_errors(http: httpx.Client) -> None:

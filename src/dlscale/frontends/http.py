@@ -259,7 +259,7 @@ class _Connection(asyncio.Protocol):
                     self._finish_refusal()
                     return
                 keep = message.keep_alive and not self.frontend.stopping
-                self._write(response, keep or bool(self._queue))
+                self._write(response, keep or bool(self._queue), message.method == "HEAD")
                 if not keep and not self._queue:
                     self.transport.close()
                     return
@@ -270,9 +270,10 @@ class _Connection(asyncio.Protocol):
             self._task = None
             self.last_active = self.loop.time()
 
-    def _write(self, response: RestResponse, keep_alive: bool) -> None:
+    def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
         assert self.transport is not None
         size = sum(len(p) for p in response.parts)
+        parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
         head = [
             b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
             b"content-type: %s\r\ncontent-length: %d\r\n" % (response.content_type.encode(), size),
@@ -284,9 +285,9 @@ class _Connection(asyncio.Protocol):
         head.append(b"\r\n")
         if size < 65536:
             # One write (one syscall) for the common small response.
-            self.transport.write(b"".join([*head, *response.parts]))
+            self.transport.write(b"".join([*head, *parts]))
         else:
-            self.transport.writelines([b"".join(head), *response.parts])
+            self.transport.writelines([b"".join(head), *parts])
 
     def _finish_refusal(self) -> None:
         # Closing with unread body bytes in the socket makes the kernel send RST, and the client
