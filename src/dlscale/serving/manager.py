@@ -194,6 +194,7 @@ class ModelManager:
                     device=group.device,
                     intra_op_threads=opts.intra_op_threads,
                     inter_op_threads=opts.inter_op_threads,
+                    max_batch_size=config.max_batch_size,
                     graph_optimization_level=opts.graph_optimization_level,
                     extra=extra,
                 )
