@@ -77,7 +77,7 @@ class TorchBackend:
         if s.precision == "fp8" and not any(isinstance(m, Fp8Linear) for m in module.modules()):
             raise ConfigError(f"{self.path}: precision 'fp8' found no Linear layer to run in FP8")
         if s.channels_last:
-            module = module.to(memory_format=torch.channels_last)
+            module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self._module = module
         if s.bucketed:
             self.buckets = Buckets(s.batch_buckets or default_buckets(self.options.max_batch_size))
@@ -143,7 +143,7 @@ class TorchBackend:
             backend=s.compile_backend,
             dynamic=False if self.buckets is not None else None,
         )
-        return compiled  # type: ignore[no-any-return]
+        return compiled
 
     def _warm_up(self) -> None:
         """Compile and capture every shape a batch may take, so the first request is fast."""
@@ -212,7 +212,7 @@ class TorchBackend:
         s = self.settings
         if s.compile and s.compile_mode in SELF_CAPTURING_MODES and self.device.type == "cuda":
             # Tells inductor's CUDA graphs that the previous call's outputs are no longer read.
-            torch.compiler.cudagraph_mark_step_begin()
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
         return self._fn(*args)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -239,7 +239,7 @@ class TorchBackend:
         sizes = {a.shape[0] for a in arrays}
         if len(sizes) != 1:
             raise InvalidInput(f"inputs disagree on batch size: {sorted(sizes)}")
-        return sizes.pop()
+        return int(sizes.pop())
 
     def _infer_cpu(
         self, arrays: list[np.ndarray], rows: int | None, target: int | None

@@ -45,7 +45,7 @@ def resolve_device(
 
 def place(device: str) -> torch.device:
     """The torch device for a config's device string, MIG visibility set first; checked."""
-    name, visible = resolve_device(device, os.environ, torch.cuda.is_initialized())
+    name, visible = resolve_device(device, os.environ, torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
     if visible is not None:
         os.environ[VISIBLE] = visible
     placed = torch.device(name)

@@ -77,7 +77,9 @@ def _load_exported(path: Path, device: torch.device) -> LoadedModel:
 
 def _load_torchscript(path: Path, device: torch.device) -> LoadedModel:
     extra = {SIGNATURE_ENTRY: ""}
-    module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
+    module = torch.jit.load(  # type: ignore[no-untyped-call]
+        str(path), map_location=device, _extra_files=extra
+    )
     if not extra[SIGNATURE_ENTRY]:
         raise ConfigError(
             f"{path}: a TorchScript file says nothing of its tensors' names and types; save it "
@@ -203,7 +205,7 @@ def save_torchscript(
     """Trace `module` into TorchScript on `example` and save it with its signature."""
     args = tuple(from_numpy(example[s.name]) for s in inputs)
     with torch.no_grad():
-        traced = torch.jit.trace(module.eval(), args)
+        traced = torch.jit.trace(module.eval(), args)  # type: ignore[no-untyped-call]
     extra = {SIGNATURE_ENTRY: signature_json(inputs, outputs)}
     torch.jit.save(traced, str(path), _extra_files=extra)
 

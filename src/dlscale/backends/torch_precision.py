@@ -99,6 +99,10 @@ class Fp8Linear(nn.Module):
     dimension is padded to a multiple of 16 and the padding dropped from the result.
     """
 
+    weight_fp8: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, out_dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
         weight = linear.weight.detach().float()
@@ -171,7 +175,7 @@ def fp32_mode(precision: Precision, device: torch.device) -> Iterator[None]:
             )
         _fp32_claims[mode] += 1
         torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]
     try:
         yield
     finally:

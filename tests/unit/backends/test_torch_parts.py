@@ -54,7 +54,9 @@ def test_padding_adds_zero_rows_and_keeps_the_real_ones() -> None:
 
 
 def test_options_parse_and_refuse_what_they_do_not_know() -> None:
-    options = parse_torch_options({"precision": "bf16", "batch_buckets": [4, 1, 2], "compile": True})
+    options = parse_torch_options(
+        {"precision": "bf16", "batch_buckets": [4, 1, 2], "compile": True}
+    )
     assert options.precision == "bf16" and options.batch_buckets == (1, 2, 4)
     assert not options.bucketed
     with pytest.raises(ConfigError, match="not torch backend options"):
@@ -64,7 +66,9 @@ def test_options_parse_and_refuse_what_they_do_not_know() -> None:
     with pytest.raises(ConfigError, match="expected true or false"):
         parse_torch_options({"cuda_graphs": "yes"})
     with pytest.raises(ConfigError, match="captures CUDA graphs itself"):
-        parse_torch_options({"compile": True, "compile_mode": "reduce-overhead", "cuda_graphs": True})
+        parse_torch_options(
+            {"compile": True, "compile_mode": "reduce-overhead", "cuda_graphs": True}
+        )
     with pytest.raises(ConfigError, match="autocast: needs precision"):
         parse_torch_options({"autocast": True})
 
@@ -87,7 +91,7 @@ def test_a_mig_instance_is_made_the_only_visible_device_before_cuda_starts() -> 
     assert resolve_device(MIG, {"CUDA_VISIBLE_DEVICES": "0,1"}, False) == ("cuda:0", MIG)
     # Already the process's visible device: nothing to change, even after CUDA started.
     assert resolve_device(MIG, {"CUDA_VISIBLE_DEVICES": MIG}, True) == ("cuda:0", None)
-    with pytest.raises(ConfigError, match="already initialized.*one server process per MIG"):
+    with pytest.raises(ConfigError, match=r"already initialized.*one server process per MIG"):
         resolve_device(MIG, {"CUDA_VISIBLE_DEVICES": "0"}, True)
 
 
@@ -106,7 +110,7 @@ def test_fp8_needs_compute_capability_8_9() -> None:
     assert not fp8_supported(None)
     assert not fp8_supported((8, 0)) and not fp8_supported((8, 6))
     assert fp8_supported((8, 9)) and fp8_supported((9, 0)) and fp8_supported((10, 0))
-    with pytest.raises(ConfigError, match="compute capability 8.9"):
+    with pytest.raises(ConfigError, match=r"compute capability 8\.9"):
         check_supported("fp8", torch.device("cpu"))
     with pytest.raises(ConfigError, match="'tf32' is a mode of NVIDIA tensor cores"):
         check_supported("tf32", torch.device("cpu"))
@@ -171,9 +175,7 @@ def _mlp_spec(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("suffix", [".pt2", ".pt"])
-def test_exported_and_scripted_files_load_with_their_signature(
-    tmp_path: Path, suffix: str
-) -> None:
+def test_exported_and_scripted_files_load_with_their_signature(tmp_path: Path, suffix: str) -> None:
     module = Tiny().eval()
     example = {"x": np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)}
     path = tmp_path / f"model{suffix}"
