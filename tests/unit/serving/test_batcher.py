@@ -231,3 +231,16 @@ async def test_several_instances_compute_at_once() -> None:
         b.gate.set()
     await asyncio.gather(*futures)
     await batcher.close()
+
+
+async def test_a_lone_client_does_not_wait_out_the_delay() -> None:
+    backend = AddOne()
+    # A delay of a minute that a client sending one request at a time must never pay: no
+    # other request is expected within it.
+    batcher = _batcher(BatchPolicy(max_batch_size=8, max_queue_delay_us=60_000_000), [backend])
+    for i in range(3):
+        await asyncio.sleep(0.01)
+        result = await asyncio.wait_for(batcher.submit(_rows(1, i)), 10)
+        assert np.array_equal(result["y"], _rows(1, i)["x"] + 1)
+    assert backend.batches == [1, 1, 1]
+    await batcher.close()
