@@ -161,6 +161,10 @@ class Batcher:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
+    def worth_waiting(self) -> bool:
+        """Whether another request is expected within the queue delay (arrivals come closer)."""
+        return self._gap_ns <= self.policy.max_queue_delay_us * 1000
+
     def _note_arrival(self, now_ns: int) -> None:
         if self._last_arrival_ns:
             gap = now_ns - self._last_arrival_ns
@@ -243,7 +247,7 @@ class Batcher:
                 return self._take(preferred)
             oldest = min(i.enqueued_ns for i in chosen)
             wait_s = (oldest + policy.max_queue_delay_us * 1000 - time.perf_counter_ns()) / 1e9
-            if wait_s <= 0 or self._gap_ns > policy.max_queue_delay_us * 1000:
+            if wait_s <= 0 or not self.worth_waiting():
                 return self._take(chosen)
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):

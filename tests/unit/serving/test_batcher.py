@@ -233,14 +233,13 @@ async def test_several_instances_compute_at_once() -> None:
     await batcher.close()
 
 
-async def test_a_lone_client_does_not_wait_out_the_delay() -> None:
-    backend = AddOne()
-    # A delay of a minute that a client sending one request at a time must never pay: no
-    # other request is expected within it.
-    batcher = _batcher(BatchPolicy(max_batch_size=8, max_queue_delay_us=60_000_000), [backend])
-    for i in range(3):
-        await asyncio.sleep(0.01)
-        result = await asyncio.wait_for(batcher.submit(_rows(1, i)), 10)
-        assert np.array_equal(result["y"], _rows(1, i)["x"] + 1)
-    assert backend.batches == [1, 1, 1]
+async def test_waiting_for_company_follows_the_gap_between_arrivals() -> None:
+    batcher = _batcher(BatchPolicy(max_batch_size=8, max_queue_delay_us=500), [AddOne()])
+    assert not batcher.worth_waiting()  # nothing seen yet
+    batcher._note_arrival(1_000_000)
+    batcher._note_arrival(4_000_000)  # a lone client: 3 ms apart, delay 0.5 ms
+    assert not batcher.worth_waiting()
+    for t in range(5_000_000, 5_020_000, 1_000):  # a burst: 1 us apart
+        batcher._note_arrival(t)
+    assert batcher.worth_waiting()
     await batcher.close()
