@@ -221,7 +221,7 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p.add_argument("--precision", default="fp32", help="fp64 fp32 tf32 fp16 bf16 fp8 int8 int4")
     p.add_argument("--batch", type=int, default=1, help="batch size the bytes are counted for")
     p.add_argument(
-        "--repo", default=".dlscale/models", help="model repository (MODEL/1/model.onnx)"
+        "--repo", type=Path, default=None, help="model repository (default: the zoo, built once)"
     )
     p.add_argument("--flops", type=_quantity, help="FLOPs per sample (e.g. 8.18G)")
     p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
@@ -287,15 +287,12 @@ def _local_device() -> str:
     return next((g.catalog for g in detect().gpus if g.catalog), "CPU")
 
 
-def _model_cost(repo: str, model: str) -> Any:
-    """The model's FLOP and byte counts from its ONNX file (dlscale.models.flops.count)."""
-    from dlscale.errors import NotFound
+def _model_cost(repo: Path | None, model: str) -> Any:
+    """The model's FLOP and byte counts from its ONNX file (a zoo model is built if missing)."""
     from dlscale.models.flops import count
+    from dlscale.models.locate import onnx_file
 
-    path = Path(repo) / model / "1" / "model.onnx"
-    if not path.exists():
-        raise NotFound(f"no ONNX model at {path}; give --repo, or --flops and --bytes")
-    return count(path)
+    return count(onnx_file(model, repo))
 
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -333,7 +330,9 @@ def _add_plan_verbs(sub: SubParsers) -> None:
 
     t = verbs.add_parser("train", help="training time on N GPUs with ring or tree all-reduce")
     t.add_argument("--flops-per-sample", type=float, required=True, help="training FLOPs (fwd+bwd)")
-    t.add_argument("--samples", type=int, required=True, help="samples per epoch")
+    t.add_argument(
+        "--samples", type=lambda v: int(float(v)), required=True, help="samples per epoch (1e9 ok)"
+    )
     t.add_argument("--epochs", type=float, default=1.0)
     t.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     t.add_argument("--nodes", type=int, default=1)
