@@ -289,10 +289,14 @@ def _local_device() -> str:
 
 def _model_cost(repo: Path | None, model: str) -> Any:
     """The model's FLOP and byte counts from its ONNX file (a zoo model is built if missing)."""
+    from dlscale.errors import NotFound
     from dlscale.models.flops import count
     from dlscale.models.locate import onnx_file
 
-    return count(onnx_file(model, repo))
+    try:
+        return count(onnx_file(model, repo))
+    except NotFound as exc:
+        raise NotFound(f"{exc}; give --repo, or --flops and --bytes") from None
 
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
