@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from dlscale.hardware.metrics import TelemetryCollector
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.stats import ModelStats
 
@@ -61,19 +61,16 @@ class InferenceCollector(Collector):
             ),
         }
         for name, (doc, value) in counters.items():
-            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            family = _counter(name, doc)
             for s in stats:
-                family.add_metric([s.name, s.version], value(s))
+                family.add_sample(name, {"model": s.name, "version": s.version}, value(s))
             yield family
 
-        failure = CounterMetricFamily(
-            "nv_inference_request_failure",
-            "Failed inference requests, by reason",
-            labels=[*_LABELS, "reason"],
-        )
+        failure = _counter("nv_inference_request_failure", "Failed inference requests, by reason")
         for s in stats:
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
-                failure.add_metric([s.name, s.version, reason], s.failures.get(reason, 0))
+                labels = {"model": s.name, "version": s.version, "reason": reason}
+                failure.add_sample(failure.name, labels, s.failures.get(reason, 0))
         yield failure
 
         pending = GaugeMetricFamily(
@@ -108,12 +105,19 @@ class InferenceCollector(Collector):
         yield batch
 
 
+def _counter(name: str, doc: str) -> Metric:
+    # prometheus_client would rename a counter to `<name>_total`; dashboards built for Triton
+    # query the bare names, so these counters go out untyped under exactly Triton's names.
+    return Metric(name, doc, "unknown")
+
+
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 def build_registry(manager: ModelManager, telemetry_interval_s: float = 1.0) -> CollectorRegistry:
-    """A registry with the inference metrics (and, where available, device telemetry)."""
+    """A registry with the inference metrics and the GPU/CPU telemetry (Triton's nv_gpu_* names)."""
     registry = CollectorRegistry()
     registry.register(InferenceCollector(manager))
+    TelemetryCollector(interval_s=telemetry_interval_s).register(registry)
     return registry

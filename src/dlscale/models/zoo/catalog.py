@@ -13,7 +13,10 @@ DIGITS_CALIBRATION = 128
 
 def _bert_signature(seq_len: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return (
-        [TensorSpec("input_ids", INT64, (seq_len,)), TensorSpec("attention_mask", INT64, (seq_len,))],
+        [
+            TensorSpec("input_ids", INT64, (seq_len,)),
+            TensorSpec("attention_mask", INT64, (seq_len,)),
+        ],
         [
             TensorSpec("last_hidden_state", FP32, (seq_len, 768)),
             TensorSpec("pooler_output", FP32, (768,)),
@@ -92,6 +95,7 @@ BERT_BASE = ZooModel(
     factory=f"{NETS}.bert:make",
     calibration_size=64,
     validation_size=128,
+    seq_lens=(2, 512),  # [CLS] and [SEP] at least; BERT-base has 512 positions
 )
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (IDENTITY, MLP, DIGITS, RESNET50, BERT_BASE)}
