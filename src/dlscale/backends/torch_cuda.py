@@ -29,7 +29,10 @@ class _Flat:
                 need, dtype=self.dtype, device=self.device, pin_memory=self.pinned
             )
             if not self.pinned:
-                self._storage.zero_()  # padding rows then read zeros until real data lands
+                # Padding rows read zeros until real data lands there; the zeroing must be
+                # done before another stream (copy, compute) touches the buffer.
+                self._storage.zero_()
+                torch.cuda.current_stream(self.device).synchronize()
         return self._storage[:need].view(tuple(shape))
 
 
