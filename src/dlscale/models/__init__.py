@@ -1,0 +1,1 @@
+"""Models: configuration, the on-disk repository, the built-in zoo, FLOP and byte counting."""

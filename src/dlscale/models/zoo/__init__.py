@@ -1,0 +1,37 @@
+"""The built-in model zoo: models defined in PyTorch, built into ONNX with seeded weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dlscale.errors import NotFound
+from dlscale.models.zoo.catalog import ZOO
+from dlscale.models.zoo.model import ZooModel
+
+__all__ = ["ZOO", "ZooModel", "build_zoo", "get"]
+
+
+def get(name: str) -> ZooModel:
+    """The zoo model called `name`; raises NotFound naming the models there are."""
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise NotFound(f"no zoo model {name!r}; the zoo has: {', '.join(ZOO)}") from None
+
+
+def build_zoo(
+    root: Path,
+    names: Sequence[str] | None = None,
+    *,
+    seq_len: int = 128,
+    progress: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """Build the named zoo models (all by default) into repository `root`; returns their folders."""
+    models = [get(name) for name in (names if names is not None else list(ZOO))]
+    folders = []
+    for model in models:
+        if progress is not None:
+            progress(f"building {model.name} into {root / model.name}")
+        folders.append(model.build(root, seq_len=seq_len))
+    return folders

@@ -1,0 +1,138 @@
+"""`ZooModel`: one built-in model, its inputs, its sample generator and how to build it."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import tomli_w
+
+from dlscale.types import TensorSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Arrays = dict[str, np.ndarray]
+#: (seq_len) → (inputs, outputs), shapes without the batch dimension.
+Signature = Callable[[int], tuple[list[TensorSpec], list[TensorSpec]]]
+#: (batch, rng, seq_len) → inputs keyed by name.
+Sampler = Callable[[int, np.random.Generator, int], Arrays]
+#: (seq_len) → (calibration set, validation set), for models with real data.
+Datasets = Callable[[int], tuple[Arrays, Arrays]]
+MetadataValue = str | int | float
+
+#: Seeds of the weights and of the generated calibration, validation and tracing inputs.
+WEIGHT_SEED, CALIBRATION_SEED, VALIDATION_SEED, TRACE_SEED = 0, 1, 2, 3
+MAX_QUEUE_DELAY_US = 200
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A built-in model: defined in PyTorch, built into an ONNX repository entry."""
+
+    name: str
+    description: str
+    task: str
+    max_batch_size: int
+    signature: Signature
+    sampler: Sampler
+    #: "module:function" returning (nn.Module, metadata); importing it imports torch.
+    factory: str
+    calibration_size: int
+    validation_size: int
+    datasets: Datasets | None = None
+
+    def inputs(self, seq_len: int = 128) -> list[TensorSpec]:
+        """Input specs, shapes without the batch dimension."""
+        return self.signature(seq_len)[0]
+
+    def outputs(self, seq_len: int = 128) -> list[TensorSpec]:
+        """Output specs, shapes without the batch dimension."""
+        return self.signature(seq_len)[1]
+
+    def sample(self, batch: int, rng: np.random.Generator, *, seq_len: int = 128) -> Arrays:
+        """`batch` realistic inputs keyed by input name (numpy only; no torch import)."""
+        return self.sampler(batch, rng, seq_len)
+
+    def torch_module(self, seq_len: int = 128) -> nn.Module:
+        """The PyTorch module in eval mode, with the same weights as every build."""
+        return self._make()[0]
+
+    def build(self, root: Path, seq_len: int = 128) -> Path:
+        """Write `root/<name>/` (config.toml, 1/model.onnx, calibration and validation sets).
+
+        The folder is assembled beside its final place and moved in at the end, so a reader
+        never sees a half-written model; an existing folder of that name is replaced.
+        """
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / self.name
+        with tempfile.TemporaryDirectory(prefix=f".{self.name}-", dir=root) as tmp:
+            staging = Path(tmp) / self.name
+            (staging / "1").mkdir(parents=True)
+            self._write(staging, seq_len)
+            if final.exists():
+                shutil.rmtree(final)
+            staging.rename(final)
+        return final
+
+    def _make(self) -> tuple[nn.Module, dict[str, MetadataValue]]:
+        module_name, func = self.factory.split(":")
+        make = getattr(importlib.import_module(module_name), func)
+        return make(WEIGHT_SEED)  # type: ignore[no-any-return]
+
+    def _datasets(self, seq_len: int) -> tuple[Arrays, Arrays]:
+        if self.datasets is not None:
+            return self.datasets(seq_len)
+        calibration = self.sample(
+            self.calibration_size, np.random.default_rng(CALIBRATION_SEED), seq_len=seq_len
+        )
+        validation = self.sample(
+            self.validation_size, np.random.default_rng(VALIDATION_SEED), seq_len=seq_len
+        )
+        return calibration, validation
+
+    def _write(self, folder: Path, seq_len: int) -> None:
+        from dlscale.models.zoo.export import export_onnx, save_npz
+
+        module, extra = self._make()
+        metadata: dict[str, MetadataValue] = {
+            "zoo": "true",
+            "task": self.task,
+            "description": self.description,
+            "seed": WEIGHT_SEED,
+            **extra,
+        }
+        if any(spec.name == "input_ids" for spec in self.inputs(seq_len)):
+            metadata["seq_len"] = seq_len
+        example = self.sample(2, np.random.default_rng(TRACE_SEED), seq_len=seq_len)
+        outputs = [spec.name for spec in self.outputs(seq_len)]
+        proto = export_onnx(
+            module, example, outputs, {f"dlscale.{k}": str(v) for k, v in metadata.items()}
+        )
+        onnx.save_model(proto, folder / "1" / "model.onnx")
+        calibration, validation = self._datasets(seq_len)
+        save_npz(folder / "1" / "calibration.npz", calibration)
+        save_npz(folder / "1" / "validation.npz", validation)
+        config = self.config(seq_len, metadata)
+        (folder / "config.toml").write_text(tomli_w.dumps(config))
+
+    def config(self, seq_len: int, metadata: dict[str, MetadataValue]) -> dict[str, Any]:
+        """The config.toml contents for this model (the lead's parser validates them)."""
+        inputs, outputs = self.signature(seq_len)
+        return {
+            "name": self.name,
+            "backend": "onnxruntime",
+            "max_batch_size": self.max_batch_size,
+            "inputs": [spec.to_dict() for spec in inputs],
+            "outputs": [spec.to_dict() for spec in outputs],
+            "batching": {"max_queue_delay_us": MAX_QUEUE_DELAY_US, "preferred_batch_sizes": []},
+            "instances": [{"count": 1, "device": "cpu"}],
+            "metadata": metadata,
+        }

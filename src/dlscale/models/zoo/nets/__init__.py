@@ -1,0 +1,1 @@
+"""The zoo's networks in PyTorch; importing any module here imports torch."""

@@ -1,0 +1,81 @@
+"""Realistic inputs for the zoo's models, made with numpy alone (no torch import)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+#: torchvision's ImageNet normalization, per RGB channel.
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+
+#: bert-base-uncased's vocabulary size and special token ids.
+BERT_VOCAB = 30522
+CLS_ID, SEP_ID, PAD_ID = 101, 102, 0
+#: Word pieces proper start here; the ids below are [unused] slots and punctuation.
+FIRST_WORD_ID = 1996
+
+#: The digits split: the same seed and size in every build.
+DIGITS_SEED = 0
+DIGITS_HELD_OUT = 360
+
+
+def gaussian(batch: int, rng: np.random.Generator, width: int) -> np.ndarray:
+    """Standard-normal FP32 features of shape [batch, width]."""
+    return rng.standard_normal((batch, width), dtype=np.float32)
+
+
+def imagenet_like(batch: int, rng: np.random.Generator, size: int = 224) -> np.ndarray:
+    """FP32 [batch, 3, size, size] images normalized as torchvision does for ImageNet.
+
+    Pixels in [0, 1] mix coarse blobs, mid-scale texture and fine noise, so neighbouring
+    pixels correlate as in photographs, then take the ImageNet mean and std per channel.
+    """
+    img = np.zeros((batch, 3, size, size), np.float32)
+    for cells, weight in ((size // 32, 0.5), (size // 8, 0.3), (size, 0.2)):
+        noise = rng.random((batch, 3, cells, cells), dtype=np.float32)
+        scale = size // cells
+        img += weight * noise.repeat(scale, axis=2).repeat(scale, axis=3)
+    return (img - IMAGENET_MEAN) / IMAGENET_STD
+
+
+def bert_tokens(batch: int, rng: np.random.Generator, seq_len: int = 128) -> dict[str, np.ndarray]:
+    """INT64 `input_ids` and `attention_mask` [batch, seq_len] shaped like tokenized text.
+
+    Each row is `[CLS] words... [SEP]` then padding, its length drawn between seq_len / 8 and
+    seq_len; word ids follow a Zipf law over the vocabulary, as word frequencies do.
+    """
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be at least 2 ([CLS] and [SEP]), got {seq_len}")
+    lengths = rng.integers(max(2, seq_len // 8), seq_len + 1, size=batch)
+    words = BERT_VOCAB - FIRST_WORD_ID
+    ids = FIRST_WORD_ID + (rng.zipf(1.3, size=(batch, seq_len)) - 1) % words
+    mask = np.arange(seq_len)[None, :] < lengths[:, None]
+    ids[:, 0] = CLS_ID
+    ids[np.arange(batch), lengths - 1] = SEP_ID
+    ids[~mask] = PAD_ID
+    return {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+
+
+@lru_cache(maxsize=1)
+def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 digits as FP32 [N, 1, 8, 8] in [0, 1]: (x_train, y_train, x_test, y_test).
+
+    The split is fixed (seed 0, 360 held out), so every build trains and scores on the same
+    images. Needs scikit-learn, which ships the data set.
+    """
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = (data.images / 16.0).astype(np.float32)[:, None, :, :]
+    labels = data.target.astype(np.int64)
+    order = np.random.default_rng(DIGITS_SEED).permutation(len(labels))
+    test, train = order[:DIGITS_HELD_OUT], order[DIGITS_HELD_OUT:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def digits_images(batch: int, rng: np.random.Generator) -> np.ndarray:
+    """Real held-out digit images, FP32 [batch, 1, 8, 8] in [0, 1], drawn with replacement."""
+    _, _, x_test, _ = digits_split()
+    return x_test[rng.integers(0, len(x_test), size=batch)]
