@@ -88,3 +88,7 @@ class ConfigError(DlscaleError):
 
 class BenchError(DlscaleError):
     """A benchmark that cannot run (unreachable target, unknown model, bad settings)."""
+
+
+class OptimizeError(DlscaleError):
+    """An optimization that cannot run (no data to check accuracy on, a bad tolerance)."""
