@@ -6,9 +6,13 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dlscale import __version__
-from dlscale.errors import DlscaleError
+from dlscale.errors import BenchError, DlscaleError
+
+if TYPE_CHECKING:
+    from dlscale.bench.session import BenchOptions
 
 #: Each verb group registers its sub-parsers here; the parser's `func` does the work.
 Handler = Callable[[argparse.Namespace], int]
@@ -43,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+# A string: argparse._SubParsersAction cannot be subscripted at run time on Python 3.11.
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _add_core_verbs(sub: SubParsers) -> None:
@@ -185,3 +190,367 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 _VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]
+
+
+def _add_hardware_verbs(sub: SubParsers) -> None:
+    """`catalog`, `devices` and `roofline`: the accelerator catalog, this host, the ceilings."""
+    p = sub.add_parser("catalog", help="list the accelerator catalog, or show one entry")
+    p.add_argument("name", nargs="?", help="an entry or alias, e.g. H100-SXM, h100, cpu")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_catalog)
+
+    p = sub.add_parser("devices", help="this host's CPU and GPUs (NVML), MIG instances included")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_devices)
+
+    p = sub.add_parser("roofline", help="the highest rate a device allows a model")
+    p.add_argument("model", help="a model in the repository, or a label when --flops is given")
+    p.add_argument("--device", help="catalog entry (default: this host's first GPU, else CPU)")
+    p.add_argument("--precision", default="fp32", help="fp64 fp32 tf32 fp16 bf16 fp8 int8 int4")
+    p.add_argument("--batch", type=int, default=1, help="batch size the bytes are counted for")
+    p.add_argument(
+        "--repo", default=".dlscale/models", help="model repository (MODEL/1/model.onnx)"
+    )
+    p.add_argument("--flops", type=_quantity, help="FLOPs per sample (e.g. 8.18G)")
+    p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
+    p.add_argument("--measured", type=float, help="a measured rate (samples/s) to compare")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_roofline)
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    import json
+
+    from dlscale.hardware.catalog import load_catalog
+    from dlscale.hardware.report import catalog_table, device_text
+
+    catalog = load_catalog()
+    if args.name:
+        spec = catalog.get(args.name)
+        print(json.dumps(spec.to_dict(), indent=2) if args.json else device_text(spec))
+    elif args.json:
+        print(json.dumps([spec.to_dict() for spec in catalog], indent=2))
+    else:
+        print(catalog_table(catalog))
+    return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    import json
+
+    from dlscale.hardware.detect import detect
+    from dlscale.hardware.report import host_text
+
+    host = detect()
+    print(json.dumps(host.to_dict(), indent=2) if args.json else host_text(host))
+    return 0
+
+
+def _roofline(args: argparse.Namespace) -> int:
+    import json
+
+    from dlscale.hardware.catalog import load_catalog
+    from dlscale.hardware.report import roofline_text
+    from dlscale.hardware.roofline import roofline
+
+    catalog = load_catalog()
+    spec = catalog.get(args.device or _local_device())
+    flops, nbytes = args.flops, args.bytes
+    if flops is None or nbytes is None:
+        cost = _model_cost(args.repo, args.model)
+        flops = cost.flops if flops is None else flops
+        nbytes = cost.bytes_per_sample(args.precision, args.batch) if nbytes is None else nbytes
+    line = roofline(spec, args.precision, flops, nbytes)
+    if args.json:
+        print(json.dumps({"model": args.model, **line.to_dict(args.measured)}, indent=2))
+    else:
+        print(roofline_text(args.model, line, args.measured))
+    return 0
+
+
+def _local_device() -> str:
+    """This host's first GPU that the catalog knows, else the CPU entry."""
+    from dlscale.hardware.detect import detect
+
+    return next((g.catalog for g in detect().gpus if g.catalog), "CPU")
+
+
+def _model_cost(repo: str, model: str) -> Any:
+    """The model's FLOP and byte counts from its ONNX file (dlscale.models.flops.count)."""
+    import importlib
+
+    from dlscale.errors import NotFound
+
+    path = Path(repo) / model / "1" / "model.onnx"
+    if not path.exists():
+        raise NotFound(f"no ONNX model at {path}; give --repo, or --flops and --bytes")
+    # Imported by name: the FLOP counter lives in dlscale.models, which may be absent in a
+    # trimmed install; --flops/--bytes work without it.
+    flops = importlib.import_module("dlscale.models.flops")
+    return flops.count(path)
+
+
+_SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _quantity(text: str) -> float:
+    """A number with an optional SI suffix: 8.18G, 25.6M, 1e9."""
+    scale = _SI.get(text[-1:], 1.0)
+    body = text[:-1] if text[-1:] in _SI else text
+    try:
+        return float(body) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (e.g. 8.18G)") from None
+
+
+_VERB_GROUPS.append(_add_hardware_verbs)
+
+
+def _lazy(module: str, name: str) -> Handler:
+    """A handler that imports its module only when its verb runs (keeps `dlscale -h` fast)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        handler: Handler = getattr(importlib.import_module(module), name)
+        return handler(args)
+
+    return run
+
+
+def _add_plan_verbs(sub: SubParsers) -> None:
+    """`dlscale plan train` and `dlscale plan serve` (`bench allreduce`: see _BENCH_SUBVERBS)."""
+    plan = sub.add_parser("plan", help="capacity and training-time planners")
+    verbs = plan.add_subparsers(dest="plan_verb", metavar="PLAN", required=True)
+
+    t = verbs.add_parser("train", help="training time on N GPUs with ring or tree all-reduce")
+    t.add_argument("--flops-per-sample", type=float, required=True, help="training FLOPs (fwd+bwd)")
+    t.add_argument("--samples", type=int, required=True, help="samples per epoch")
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    t.add_argument("--nodes", type=int, default=1)
+    t.add_argument("--device", default="H100-SXM", help="catalog name (default H100-SXM)")
+    t.add_argument("--peak-tflops", type=float, help="per-GPU peak instead of the catalog's")
+    t.add_argument("--precision", default="bf16")
+    t.add_argument("--intra", default="nvlink4", help="fabric inside a node (default nvlink4)")
+    t.add_argument("--inter", help="fabric between nodes, e.g. ib-400g, eth-100g")
+    t.add_argument("--nics-per-node", type=int, help="default: one per GPU")
+    t.add_argument("--mfu", type=float, default=0.4, help="achieved share of peak (default 0.4)")
+    t.add_argument("--gradient-bytes", type=float, default=0.0, help="bytes all-reduced per step")
+    t.add_argument("--overlap", type=float, default=0.0, help="share of backward hiding comm")
+    t.add_argument("--batch-per-gpu", type=int, default=32)
+    t.add_argument("--bytes-per-sample", type=float, default=0.0, help="input bytes per sample")
+    t.add_argument("--algo", default="auto", help="ring, tree, hierarchical, in-network, auto")
+    t.add_argument("--deadline", help="also show what finishing in this time needs, e.g. 8h")
+    t.add_argument("--plot", help="write scaling curves (time, efficiency vs GPUs) to this PNG")
+    t.set_defaults(func=_lazy("dlscale.plan.commands", "plan_train"))
+
+    s = verbs.add_parser("serve", help="fewest devices of each kind that hold a p99 SLO")
+    s.add_argument("--model", help="zoo model name or .onnx file")
+    s.add_argument("--repo", type=Path, help="model repository holding --model")
+    s.add_argument("--qps", type=float, required=True, help="requests per second to serve")
+    s.add_argument("--p99", required=True, help="p99 latency bound, e.g. 15ms")
+    s.add_argument("--devices", help="catalog names, comma-separated")
+    s.add_argument("--profile", help="measured batch latencies (JSON, see docs/plan.md)")
+    s.add_argument("--efficiency", type=float, help="share of the roofline reached (default 0.4)")
+    s.add_argument("--precision", default="int8")
+    s.add_argument("--max-batch", type=int, help="largest batch to consider (default 256)")
+    s.add_argument("--price", help="dollars per device-hour: H100-SXM=2.5,L4=0.8")
+    s.add_argument("--flops-per-sample", type=float, help="instead of counting --model's graph")
+    s.add_argument("--bytes-per-sample", type=float, help="with --flops-per-sample")
+    s.add_argument("--json", help="also write the plans to this file")
+    s.set_defaults(func=_lazy("dlscale.plan.commands", "plan_serve"))
+
+
+def _add_bench_allreduce(sub: SubParsers) -> None:
+    """`dlscale bench allreduce`: register under whichever `bench` parser owns the verb."""
+    a = sub.add_parser("allreduce", help="time torch.distributed all-reduce beside the model")
+    a.add_argument("--nproc", type=int, default=2, help="processes (GPUs with nccl)")
+    a.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    a.add_argument("--sizes", help="LO:HI bytes, doubling (default 1K:64M gloo, 1K:1G nccl)")
+    a.add_argument("--iters", type=int, default=20)
+    a.add_argument("--warmup", type=int, default=5)
+    a.add_argument("--fabric", help="what the model assumes (default: loopback measured here)")
+    a.add_argument("--plot", help="write measured vs model bus bandwidth to this PNG")
+    a.add_argument("--json", help="write the report to this file")
+    a.set_defaults(func=_lazy("dlscale.plan.commands", "bench_allreduce"))
+
+
+_VERB_GROUPS.append(_add_plan_verbs)
+
+
+# -- bench -----------------------------------------------------------------------------------------
+
+#: Sub-verbs of `dlscale bench` (`compare`, `allreduce`, ...): name -> a function that adds the
+#: sub-verb's parser (with its `func`) to the sub-parsers it is given. Any other first word
+#: after `bench` is a TARGET.
+_BENCH_SUBVERBS: dict[str, Callable[[SubParsers], None]] = {}
+
+
+def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", type=_path, help="model repository (in-process target, or reference)")
+    p.add_argument("--model", help="model name")
+    p.add_argument("--model-version", default="", help="model version (default: newest)")
+    p.add_argument(
+        "--scenario",
+        default="offline",
+        help="singlestream | multistream | server | offline | all (default: offline)",
+    )
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--target-qps", type=float, help="server scenario: arrival rate (queries/s)")
+    rate.add_argument(
+        "--find-peak", action="store_true", help="server scenario: highest rate whose p99 holds"
+    )
+    p.add_argument("--latency-bound", help="p99 bound, e.g. 15ms (default: MLPerf's for the model)")
+    p.add_argument("--duration", default="10s", help="minimum duration per run (default: 10s)")
+    p.add_argument("--official", action="store_true", help="MLPerf minimums: 600 s, query counts")
+    p.add_argument(
+        "--accuracy", action="store_true", help="also run accuracy mode; check every answer"
+    )
+    p.add_argument("--data", type=_path, help="samples: FILE.npy (one input) or FILE.npz (by name)")
+    p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
+    p.add_argument("--out", type=_path, help="report folder (default: bench-results/MODEL-DATE)")
+    p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")
+    p.add_argument("--concurrency", type=int, help="offline: requests in flight (remote default 4)")
+    p.add_argument("--connections", type=int, default=64, help="HTTP connection pool size")
+    p.add_argument("--samples", type=int, default=256, help="samples kept in memory (default 256)")
+    p.add_argument(
+        "--min-queries",
+        type=int,
+        help="minimum queries per run (default: enough for LoadGen's early-stopping estimate)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed for samples and schedules")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live progress line on stderr (default: when stderr is a terminal)",
+    )
+
+
+def _path(text: str) -> Path:
+    return Path(text).expanduser()
+
+
+def _bench_options(args: argparse.Namespace) -> BenchOptions:
+    from dlscale.bench.scenarios import Scenario, parse_duration
+    from dlscale.bench.session import BenchOptions
+
+    if not args.model:
+        raise BenchError("give the model to benchmark: --model NAME")
+    return BenchOptions(
+        model=args.model,
+        scenarios=Scenario.parse(args.scenario),
+        repo=args.repo,
+        version=args.model_version,
+        duration_s=parse_duration(args.duration),
+        target_qps=args.target_qps,
+        find_peak=args.find_peak,
+        latency_bound_s=parse_duration(args.latency_bound) if args.latency_bound else None,
+        official=args.official,
+        accuracy=args.accuracy,
+        data=args.data,
+        reference=args.reference,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        connections=args.connections,
+        sample_count=args.samples,
+        min_query_count=args.min_queries,
+        progress=sys.stderr.isatty() if args.progress is None else args.progress,
+        seed=args.seed,
+    )
+
+
+def _bench_out(args: argparse.Namespace, kind: str) -> Path:
+    if args.out is not None:
+        return Path(args.out)
+    import datetime
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("bench-results") / f"{args.model}-{kind}-{stamp}"
+
+
+def _bench_verdict(report: dict[str, Any]) -> int:
+    from dlscale.bench.report import print_summary
+
+    print_summary(report)
+    return 0
+
+
+def _bench_run(args: argparse.Namespace) -> int:
+    from dlscale.bench.runner import bench
+
+    if len(args.targets) > 1:
+        raise BenchError(
+            f"one target per run (got {len(args.targets)}); to compare targets use "
+            "`dlscale bench compare TARGET TARGET ...`"
+        )
+    url = args.targets[0] if args.targets else None
+    return _bench_verdict(bench(url, _bench_options(args), _bench_out(args, "bench")))
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    from dlscale.bench.runner import compare
+
+    if len(args.targets) < 2:
+        raise BenchError("compare needs at least two targets")
+    if args.rounds < 1:
+        raise BenchError("--rounds must be at least 1")
+    options = _bench_options(args)
+    return _bench_verdict(compare(args.targets, options, _bench_out(args, "compare"), args.rounds))
+
+
+def _add_bench_compare(sub: SubParsers) -> None:
+    """`dlscale bench compare TARGET TARGET ...`."""
+    p = sub.add_parser(
+        "compare",
+        help="the same scenario against several targets in alternation, with ratios",
+        description="The same scenario against several targets in alternation, with ratios.",
+    )
+    p.add_argument("targets", nargs="+", metavar="TARGET", help="http://HOST:PORT or grpc://...")
+    p.add_argument("--rounds", type=int, default=3, help="alternation rounds (default 3)")
+    _add_bench_run_flags(p)
+    p.set_defaults(func=_bench_compare)
+
+
+def _bench_dispatch(args: argparse.Namespace) -> int:
+    words: list[str] = args.words
+    if words and words[0] in _BENCH_SUBVERBS:
+        holder = argparse.ArgumentParser(prog="dlscale bench")
+        subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
+        _BENCH_SUBVERBS[words[0]](subs)
+        sub_args = holder.parse_args(words)
+        sub_args.verb = f"bench {words[0]}"
+        handler: Handler = sub_args.func
+        return handler(sub_args)
+    # Flags after TARGET arrive unparsed; read them now on top of those given before it.
+    again = argparse.ArgumentParser(prog="dlscale bench")
+    again.add_argument("targets", nargs="*")
+    _add_bench_run_flags(again)
+    return _bench_run(again.parse_args(words, namespace=args))
+
+
+def _add_bench_verbs(sub: SubParsers) -> None:
+    """`dlscale bench [TARGET] ...` and its sub-verbs (`compare`, and those others register)."""
+    p = sub.add_parser(
+        "bench",
+        help="MLPerf LoadGen scenarios against a model in process or an OIP server",
+        description=(
+            "Benchmark with the MLPerf LoadGen. TARGET is http://HOST:PORT or grpc://HOST:PORT; "
+            "without one, --repo REPO serves the model in process through dlscale's batcher. "
+            "Sub-verbs: " + ", ".join(sorted(_BENCH_SUBVERBS)) + " (dlscale bench SUBVERB -h)."
+        ),
+    )
+    _add_bench_run_flags(p)
+    p.add_argument(
+        "words",
+        nargs=argparse.REMAINDER,
+        metavar="[TARGET | compare TARGET TARGET ... | SUBVERB ...]",
+        help="what to measure, or a sub-verb with its own arguments",
+    )
+    p.set_defaults(func=_bench_dispatch)
+
+
+_BENCH_SUBVERBS["compare"] = _add_bench_compare
+_BENCH_SUBVERBS["allreduce"] = _add_bench_allreduce
+_VERB_GROUPS.append(_add_bench_verbs)

@@ -90,5 +90,13 @@ class BenchError(DlscaleError):
     """A benchmark that cannot run (unreachable target, unknown model, bad settings)."""
 
 
+class PlanError(DlscaleError):
+    """A plan that cannot be made: unknown fabric or device, missing figures, impossible SLO."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+    reason = "REJECTED"
+
+
 class OptimizeError(DlscaleError):
     """An optimization that cannot run (no data to check accuracy on, a bad tolerance)."""

@@ -69,6 +69,23 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, dtype, shape)
 
 
+def _to_runtime(name: str, array: np.ndarray) -> np.ndarray:
+    """Arrays as onnxruntime takes them: BYTES elements as str (it would str() bytes: "b'..'")."""
+    if array.dtype != object:
+        return array
+    try:
+        return np.vectorize(_text, otypes=[object])(array) if array.size else array
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            f"BYTES input {name!r} holds bytes that are not UTF-8; onnxruntime string tensors "
+            "take UTF-8 text only"
+        ) from None
+
+
+def _text(item: object) -> str:
+    return item.decode() if isinstance(item, bytes) else str(item)
+
+
 class OnnxRuntimeBackend:
     """One InferenceSession; `run` releases the GIL, so instances compute in parallel threads."""
 
@@ -120,8 +137,9 @@ class OnnxRuntimeBackend:
         if self._session is None:
             raise BackendError(f"{self.path}: infer called before load")
         names = [o.name for o in self._outputs]
+        feed = {n: _to_runtime(n, a) for n, a in inputs.items()}
         try:
-            results = self._session.run(names, dict(inputs))
+            results = self._session.run(names, feed)
         except (ort.capi.onnxruntime_pybind11_state.InvalidArgument, ValueError) as exc:
             raise InvalidInput(f"the model refused the inputs: {exc}") from exc
         except Exception as exc:

@@ -12,6 +12,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from dlscale.hardware.metrics import TelemetryCollector
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.stats import ModelStats
 
@@ -113,7 +114,8 @@ def _le(bound: float) -> str:
 
 
 def build_registry(manager: ModelManager, telemetry_interval_s: float = 1.0) -> CollectorRegistry:
-    """A registry with the inference metrics (and, where available, device telemetry)."""
+    """A registry with the inference metrics and the GPU/CPU telemetry (Triton's nv_gpu_* names)."""
     registry = CollectorRegistry()
     registry.register(InferenceCollector(manager))
+    TelemetryCollector(interval_s=telemetry_interval_s).register(registry)
     return registry

@@ -1,0 +1,83 @@
+"""Peer servers for side-by-side runs: Seldon MLServer in its own virtual environment.
+
+`ensure_mlserver()` installs it under .bench/mlserver-venv (uvloop<0.22: with 0.23 its workers
+die at start-up, see shared/reference/peers.md). `mlserver_repository()` lays out the same ONNX
+files with the same batching knobs as dlscale's config.toml, served by mlserver_runtime.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.models import BenchModel
+
+VENV = Path(".bench/mlserver-venv")
+MLSERVER_VERSION = "1.7.1"
+PACKAGES = [f"mlserver=={MLSERVER_VERSION}", "uvloop<0.22", "onnxruntime", "numpy"]
+
+
+def ensure_mlserver(venv: Path = VENV) -> Path:
+    """The `mlserver` executable, installing it into its own venv the first time."""
+    exe = venv / "bin" / "mlserver"
+    if exe.is_file():
+        return exe
+    print(f"installing MLServer {MLSERVER_VERSION} into {venv} (once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, *PACKAGES], check=True)
+    return exe
+
+
+def mlserver_version(venv: Path = VENV) -> str:
+    """The installed MLServer version."""
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import mlserver; print(mlserver.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def mlserver_repository(
+    root: Path,
+    source: Path,
+    models: list[BenchModel],
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+) -> Path:
+    """A folder MLServer serves with `mlserver start`: settings, runtime, one folder per model."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    shutil.copy(Path(__file__).with_name("mlserver_runtime.py"), root / "mlserver_runtime.py")
+    settings = {
+        "host": "127.0.0.1",
+        "http_port": http_port,
+        "grpc_port": grpc_port,
+        "metrics_port": metrics_port,
+        "debug": False,
+    }
+    (root / "settings.json").write_text(json.dumps(settings, indent=2))
+    for model in models:
+        folder = root / model.name
+        folder.mkdir()
+        shutil.copy(model.path(source), folder / "model.onnx")
+        model_settings = {
+            "name": model.name,
+            "implementation": "mlserver_runtime.OnnxModel",
+            "parameters": {
+                "uri": "./model.onnx",
+                "extra": {"intra_op_threads": model.intra_op_threads},
+            },
+            # Adaptive batching with the same knobs as dlscale's max_batch_size and queue delay.
+            "max_batch_size": model.max_batch_size,
+            "max_batch_time": model.max_queue_delay_us / 1e6,
+        }
+        (folder / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+    return root

@@ -1,0 +1,1 @@
+"""Benchmarks with the MLPerf LoadGen: in-process models and any Open Inference Protocol server."""

@@ -1,0 +1,150 @@
+"""The samples a benchmark sends (LoadGen's query sample library holds their indices)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlscale.bench.targets import ModelInfo
+from dlscale.errors import BenchError
+from dlscale.types import Datatype, TensorSpec
+
+#: Keys of an .npz file that hold ground-truth labels rather than an input.
+LABEL_KEYS = ("labels", "label", "y", "targets")
+#: Samples kept in memory at most (LoadGen's performance sample set).
+MEMORY_BUDGET_BYTES = 256 << 20
+#: Length given to variable dimensions when samples are made up from the signature.
+VARIABLE_DIM = 8
+
+
+@dataclass
+class SampleSet:
+    """Inputs stacked along a leading sample axis, optional labels, and where they came from."""
+
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    source: str
+
+    def __len__(self) -> int:
+        return len(next(iter(self.inputs.values())))
+
+    def rows(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """The samples at `indices`, stacked as one batch."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return {name: arr[idx] for name, arr in self.inputs.items()}
+
+    def one(self, index: int) -> dict[str, np.ndarray]:
+        """One sample without a batch dimension (for models that take none)."""
+        return {name: arr[index] for name, arr in self.inputs.items()}
+
+    def sample_bytes(self) -> int:
+        """Bytes of one sample's inputs."""
+        return sum(arr[0].nbytes for arr in self.inputs.values())
+
+
+def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) -> SampleSet:
+    """Samples for the model: the user's file, validation.npz, the zoo's generator, or random."""
+    specs = info.sample_specs()
+    if data is not None:
+        return _check(_from_file(data, specs), specs, str(data))
+    if info.model_file is not None:
+        validation = info.model_file.parent / "validation.npz"
+        if validation.is_file():
+            return _check(_from_file(validation, specs), specs, str(validation))
+    count = _fit(count, specs)
+    rng = np.random.default_rng(seed)
+    zoo = _from_zoo(info.name, count, rng)
+    if zoo is not None:
+        return _check(zoo, specs, f"zoo:{info.name}")
+    return SampleSet({s.name: _random(s, count, rng) for s in specs}, None, "random")
+
+
+def _fit(count: int, specs: Sequence[TensorSpec]) -> int:
+    per_sample = sum(
+        max(s.datatype.itemsize, 1) * int(np.prod([d if d > 0 else VARIABLE_DIM for d in s.shape]))
+        for s in specs
+    )
+    return max(1, min(count, MEMORY_BUDGET_BYTES // max(per_sample, 1)))
+
+
+def _from_file(path: Path, specs: Sequence[TensorSpec]) -> SampleSet:
+    if not path.is_file():
+        raise BenchError(f"data file {path} does not exist")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"data file {path} is not a .npy or .npz file: {exc}") from None
+    if isinstance(loaded, np.ndarray):
+        if len(specs) != 1:
+            names = [s.name for s in specs]
+            raise BenchError(f"{path}: a .npy holds one input; the model takes {names} (use .npz)")
+        return SampleSet({specs[0].name: loaded}, None, str(path))
+    with loaded:
+        arrays = {k: loaded[k] for k in loaded.files}
+    labels = next((arrays.pop(k) for k in LABEL_KEYS if k in arrays), None)
+    names = [s.name for s in specs]
+    if len(specs) == 1 and names[0] not in arrays and len(arrays) == 1:
+        arrays = {names[0]: next(iter(arrays.values()))}
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise BenchError(f"{path}: no arrays for inputs {missing} (it has {sorted(arrays)})")
+    return SampleSet({n: arrays[n] for n in names}, labels, str(path))
+
+
+def _from_zoo(name: str, count: int, rng: np.random.Generator) -> SampleSet | None:
+    # The zoo is optional at run time: models outside it get samples from their signature.
+    try:
+        zoo: Any = importlib.import_module("dlscale.models.zoo")
+        entry = zoo.get(name)
+    except (ImportError, KeyError, LookupError, ValueError, BenchError):
+        return None
+    except Exception:  # the zoo's own "unknown model" error
+        return None
+    made = entry.sample(count, rng)
+    if isinstance(made, tuple):
+        made = made[0]
+    if not isinstance(made, dict):
+        return None
+    return SampleSet({k: np.asarray(v) for k, v in made.items()}, None, f"zoo:{name}")
+
+
+def _check(samples: SampleSet, specs: Sequence[TensorSpec], source: str) -> SampleSet:
+    sizes = {len(a) for a in samples.inputs.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise BenchError(f"{source}: inputs must hold the same number (>0) of samples: {sizes}")
+    fixed = {}
+    for spec in specs:
+        arr = samples.inputs[spec.name]
+        if not spec.matches(arr.shape[1:]):
+            raise BenchError(
+                f"{source}: input {spec.name!r} has samples of shape {list(arr.shape[1:])}; the "
+                f"model takes {list(spec.shape)}"
+            )
+        if spec.datatype is not Datatype.BYTES and arr.dtype != spec.datatype.numpy:
+            if not np.can_cast(arr.dtype, spec.datatype.numpy, casting="same_kind"):
+                raise BenchError(
+                    f"{source}: input {spec.name!r} is {arr.dtype}; the model takes "
+                    f"{spec.datatype.value}"
+                )
+            arr = arr.astype(spec.datatype.numpy)
+        fixed[spec.name] = np.ascontiguousarray(arr)
+    return SampleSet(fixed, samples.labels, samples.source)
+
+
+def _random(spec: TensorSpec, count: int, rng: np.random.Generator) -> np.ndarray:
+    shape = (count, *(d if d > 0 else VARIABLE_DIM for d in spec.shape))
+    dt = spec.datatype
+    if dt is Datatype.BYTES:
+        return np.array([f"sample-{i}".encode() for i in range(np.prod(shape))], object).reshape(
+            shape
+        )
+    if dt is Datatype.BOOL:
+        return rng.random(shape) < 0.5
+    if dt.numpy.kind in "iu":
+        return rng.integers(0, 100, size=shape).astype(dt.numpy)
+    return rng.standard_normal(shape).astype(dt.numpy)

@@ -1,0 +1,144 @@
+"""Where a run happened and what it was worth: host, device, packages, roofline, batch profile.
+
+The hardware catalog and the FLOP counter are used when they are installed in this build of
+dlscale; without them the fields say why they are empty instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.metadata
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from dlscale.bench.targets import BatchTimes
+
+PACKAGES = (
+    "dlscale",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "mlcommons-loadgen",
+    "aiohttp",
+    "grpcio",
+    "protobuf",
+)
+
+
+def _optional(module: str) -> Any | None:
+    # Parts built in other areas may be absent from a build; the bench then reports less.
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def host() -> dict[str, Any]:
+    """The machine the bench ran on (and, with the hardware package, its CPU and GPUs)."""
+    out: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "logical_cpus": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    detect = _optional("dlscale.hardware.detect")
+    if detect is not None:
+        try:
+            out["hardware"] = detect.detect().to_dict()
+        except Exception as exc:  # detection is best effort; the run's figures still stand
+            out["hardware"] = {"error": str(exc)}
+    return out
+
+
+def packages() -> dict[str, str | None]:
+    """Installed versions of the packages that shape the figures."""
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def now() -> str:
+    """The date and time, UTC, ISO 8601."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def device_name(gpu: bool) -> str | None:
+    """The catalog name of the device that computed: this host's first GPU or its CPU."""
+    if gpu:
+        detect = _optional("dlscale.hardware.detect")
+        if detect is not None:
+            gpus = detect.detect().gpus
+            if gpus and getattr(gpus[0], "catalog", None):
+                return str(gpus[0].catalog)
+        return None
+    cpu = _optional("dlscale.hardware.cpu")
+    if cpu is not None and hasattr(cpu, "cpu_spec"):
+        return str(cpu.cpu_spec().name)
+    return None
+
+
+def roofline(
+    model_file: Path | None, device: str | None, precision: str, measured_rate: float | None
+) -> dict[str, Any]:
+    """FLOPs per sample of the model and the share of the device's roofline the rate reached."""
+    out: dict[str, Any] = {"flops_per_sample": None, "device": device, "precision": precision}
+    if model_file is None:
+        out["note"] = "the model file is not readable from here (give --repo or --reference)"
+        return out
+    flops_mod = _optional("dlscale.models.flops")
+    if flops_mod is None:
+        out["note"] = "dlscale.models.flops is not part of this build"
+        return out
+    try:
+        cost = flops_mod.count(model_file)
+    except Exception as exc:  # a model the counter cannot read is a gap, not a failed run
+        out["note"] = f"FLOPs not counted: {exc}"
+        return out
+    out["flops_per_sample"] = float(cost.flops)
+    roof_mod = _optional("dlscale.hardware.roofline")
+    catalog_mod = _optional("dlscale.hardware.catalog")
+    if roof_mod is None or catalog_mod is None or device is None:
+        out["note"] = "no catalog entry for the device: share of roofline not computed"
+        return out
+    try:
+        spec = catalog_mod.load_catalog().get(device)
+        bytes_per_sample = float(cost.bytes_per_sample(precision))
+        roof = roof_mod.roofline(spec, precision, float(cost.flops), bytes_per_sample)
+        out.update(roof.to_dict(measured_rate))
+    except Exception as exc:  # e.g. the device publishes no peak at this precision
+        out["note"] = f"roofline not computed: {exc}"
+    return out
+
+
+def profile(
+    model: str,
+    device: str | None,
+    precision: str,
+    before: BatchTimes | None,
+    after: BatchTimes | None,
+) -> dict[str, Any] | None:
+    """Mean service time per batch size during the run (for the capacity planner)."""
+    if after is None:
+        return None
+    before = before or {}
+    latency: dict[str, float] = {}
+    for size, (count, ns) in sorted(after.items()):
+        count0, ns0 = before.get(size, (0, 0))
+        if count > count0:
+            latency[str(size)] = (ns - ns0) / (count - count0) / 1e9
+    if not latency:
+        return None
+    return {"model": model, "device": device, "precision": precision, "batch_latency_s": latency}

@@ -1,0 +1,174 @@
+"""An Open Inference Protocol REST client: binary tensors, pooled keep-alive connections.
+
+It speaks plain OIP so that it measures any conformant server the same way (dlscale, Triton,
+MLServer, KServe): binary tensor data only when the server advertises `binary_tensor_data`,
+JSON otherwise; extensions such as `/config` or `/stats` are optional and their absence is
+not an error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from dlscale.bench.tensors import datatype_of, from_list, from_raw, to_list, to_raw
+from dlscale.errors import BenchError
+
+_HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class HttpClient:
+    """One pooled aiohttp session to one server; create, `await open()`, use, `await close()`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        connections: int = 64,
+        timeout_s: float = 60.0,
+        binary: bool | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.connections = connections
+        self.timeout_s = timeout_s
+        #: None: binary when the server advertises the extension.
+        self.binary = binary
+        self.server: dict[str, Any] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        """Connect, check the server is live, and read its metadata (name, extensions)."""
+        connector = aiohttp.TCPConnector(limit=self.connections, keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+        )
+        try:
+            status, _ = await self._get("/v2/health/live")
+            if status != 200:
+                raise BenchError(f"{self.base_url} answers /v2/health/live with HTTP {status}")
+            status, body = await self._get("/v2")
+            self.server = body if status == 200 and isinstance(body, dict) else {}
+        except BaseException:
+            await self.close()
+            raise
+        if self.binary is None:
+            self.binary = "binary_tensor_data" in self.server.get("extensions", [])
+
+    async def close(self) -> None:
+        """Close the pooled connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        """The model's metadata; BenchError naming the server when it has no such model."""
+        status, body = await self._get(self._model_path(model, version))
+        if status != 200:
+            raise BenchError(
+                f"{self.base_url} has no ready model {model!r} (HTTP {status}: {_message(body)})"
+            )
+        if not isinstance(body, dict):
+            raise BenchError(f"{self.base_url}: model metadata of {model!r} is not a JSON object")
+        return body
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any] | None:
+        """The model's configuration when the server offers it (Triton, dlscale), else None."""
+        status, body = await self._get(self._model_path(model, version) + "/config")
+        return body if status == 200 and isinstance(body, dict) else None
+
+    async def statistics(self, model: str, version: str = "") -> dict[str, Any] | None:
+        """The statistics extension's JSON for the model, or None when not offered."""
+        status, body = await self._get(self._model_path(model, version) + "/stats")
+        return body if status == 200 and isinstance(body, dict) else None
+
+    async def infer(
+        self, model: str, inputs: dict[str, np.ndarray], version: str = ""
+    ) -> dict[str, np.ndarray]:
+        """Run one request and return every output; BenchError with the server's message."""
+        session = self._require()
+        url = self.base_url + self._model_path(model, version) + "/infer"
+        tensors: list[dict[str, Any]] = [
+            {"name": name, "shape": list(arr.shape), "datatype": datatype_of(arr)}
+            for name, arr in inputs.items()
+        ]
+        headers = {"Content-Type": "application/json"}
+        if self.binary:
+            blobs = [to_raw(arr) for arr in inputs.values()]
+            for tensor, blob in zip(tensors, blobs, strict=True):
+                tensor["parameters"] = {"binary_data_size": len(blob)}
+            head = json.dumps({"inputs": tensors, "parameters": {"binary_data_output": True}})
+            header_bytes = head.encode()
+            body = b"".join([header_bytes, *blobs])
+            headers = {
+                "Content-Type": "application/octet-stream",
+                _HEADER_LENGTH: str(len(header_bytes)),
+            }
+        else:
+            for tensor, arr in zip(tensors, inputs.values(), strict=True):
+                tensor["data"] = to_list(arr)
+            body = json.dumps({"inputs": tensors}).encode()
+        try:
+            async with session.post(url, data=body, headers=headers) as resp:
+                payload = await resp.read()
+                header_len = resp.headers.get(_HEADER_LENGTH)
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise BenchError(f"{url}: {type(exc).__name__}: {exc}") from None
+        if status != 200:
+            raise BenchError(f"{url}: HTTP {status}: {_message(_json(payload))}")
+        return _decode_response(payload, int(header_len) if header_len else None)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _require(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise BenchError("the HTTP client is not open")
+        return self._session
+
+    @staticmethod
+    def _model_path(model: str, version: str) -> str:
+        return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+
+    async def _get(self, path: str) -> tuple[int, Any]:
+        session = self._require()
+        try:
+            async with session.get(self.base_url + path) as resp:
+                return resp.status, _json(await resp.read())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise BenchError(
+                f"cannot reach {self.base_url} ({type(exc).__name__}: {exc or 'no answer'}); "
+                "is the server running?"
+            ) from None
+
+
+def _decode_response(payload: bytes, header_len: int | None) -> dict[str, np.ndarray]:
+    head = _json(payload[:header_len] if header_len is not None else payload)
+    if not isinstance(head, dict) or "outputs" not in head:
+        raise BenchError(f"the inference response has no outputs: {str(head)[:200]}")
+    offset = header_len or 0
+    outputs = {}
+    for out in head["outputs"]:
+        params = out.get("parameters") or {}
+        size = params.get("binary_data_size")
+        if size is not None:
+            blob = memoryview(payload)[offset : offset + int(size)]
+            offset += int(size)
+            outputs[out["name"]] = from_raw(blob, out["datatype"], out["shape"])
+        else:
+            outputs[out["name"]] = from_list(out["data"], out["datatype"], out["shape"])
+    return outputs
+
+
+def _json(payload: bytes) -> Any:
+    try:
+        return json.loads(payload) if payload else None
+    except (ValueError, UnicodeDecodeError):
+        return payload[:200].decode(errors="replace")
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict) and "error" in body:
+        return str(body["error"])
+    return str(body)[:300]

@@ -1,0 +1,103 @@
+"""Reading LoadGen's own logs: the verdict, why, and its figures (mlperf_log_summary/detail)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: Summary keys that hold LoadGen's throughput figure, by scenario (its own spellings).
+_THROUGHPUT_KEYS = (
+    "Samples per second",
+    "Completed samples per second",
+    "QPS w/ loadgen overhead",
+)
+_PERCENTILE_KEYS = {
+    "p50": "50.00 percentile latency (ns)",
+    "p90": "90.00 percentile latency (ns)",
+    "p95": "95.00 percentile latency (ns)",
+    "p99": "99.00 percentile latency (ns)",
+    "p99.9": "99.90 percentile latency (ns)",
+    "mean": "Mean latency (ns)",
+    "min": "Min latency (ns)",
+    "max": "Max latency (ns)",
+}
+
+
+def read_logs(folder: Path) -> dict[str, Any]:
+    """LoadGen's verdict and figures from the logs in `folder` (accuracy runs have fewer)."""
+    summary_path = folder / "mlperf_log_summary.txt"
+    fields, bullets = _parse_summary(summary_path.read_text() if summary_path.is_file() else "")
+    result = fields.get("Result is", "")
+    reasons = [f"{k}: {v}" for k, v in fields.items() if k.endswith("satisfied") and v != "Yes"]
+    throughput = next((_num(fields[k]) for k in _THROUGHPUT_KEYS if k in fields), None)
+    latency = {
+        name: (v / 1e9 if (v := _num(fields.get(key))) is not None else None)
+        for name, key in _PERCENTILE_KEYS.items()
+    }
+    errors, warnings = _detail_issues(folder / "mlperf_log_detail.txt")
+    metric_key = next((k for k in fields if k.endswith("th percentile latency (ns)")), None)
+    metric: dict[str, Any] | None = None
+    if metric_key is not None and (value := _num(fields[metric_key])) is not None:
+        metric = {"name": metric_key.replace(" (ns)", " (s)"), "value": value / 1e9}
+    elif throughput is not None:
+        metric = {"name": next(k for k in _THROUGHPUT_KEYS if k in fields), "value": throughput}
+    return {
+        "result": result or None,
+        "metric": metric,
+        "valid": result == "VALID",
+        "reasons": reasons + [f"LoadGen error: {e}" for e in errors],
+        "recommendations": bullets.get("Recommendations", []),
+        "early_stopping": bullets.get("Early Stopping Result", []),
+        "throughput": throughput,
+        "scheduled_qps": _num(fields.get("Scheduled samples per second")),
+        "latency_s": latency,
+        "errors": errors,
+        "warnings": warnings,
+    }
+
+
+def _parse_summary(text: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    fields: dict[str, str] = {}
+    bullets: dict[str, list[str]] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("* "):
+            bullets.setdefault(section, []).append(line[2:])
+        elif line.endswith(":") and " : " not in line:
+            section = line[:-1]
+        elif ":" in line and not line.startswith("="):
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    return fields, bullets
+
+
+def _detail_issues(path: Path) -> tuple[list[str], list[str]]:
+    errors: list[str] = []
+    warnings: list[str] = []
+    if not path.is_file():
+        return errors, warnings
+    for line in path.read_text().splitlines():
+        if not line.startswith(":::MLLOG "):
+            continue
+        try:
+            entry = json.loads(line[len(":::MLLOG ") :])
+        except ValueError:
+            continue
+        meta = entry.get("metadata", {})
+        text = f"{entry.get('key')}: {entry.get('value')}"
+        if meta.get("is_error"):
+            errors.append(text)
+        elif meta.get("is_warning"):
+            warnings.append(text)
+    return errors, warnings
+
+
+def _num(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text.split()[0])
+    except (ValueError, IndexError):
+        return None

@@ -1,0 +1,261 @@
+"""Writing a report: JSON (everything), Markdown (for people), PNG plots, the terminal table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from dlscale.bench.results import RunResult
+
+
+def write_json(report: dict[str, Any], path: Path) -> Path:
+    """The whole report as JSON."""
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return path
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.3f}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (target, scenario) headline run, for tables."""
+    out = []
+    for entry in report.get("scenarios", []):
+        res = entry.get("result")
+        if res is None:
+            out.append({"scenario": entry["scenario"], "target": "-", "verdict": "INVALID"})
+            continue
+        lat = res["latency_s"]
+        acc = res.get("accuracy")
+        out.append(
+            {
+                "target": res["target"],
+                "scenario": entry["scenario"],
+                "verdict": res["verdict"],
+                "qps": res["settings"].get("target_qps"),
+                "throughput": res["throughput_samples_per_s"],
+                "p50": lat.get("p50"),
+                "p90": lat.get("p90"),
+                "p99": lat.get("p99"),
+                "p99.9": lat.get("p99.9"),
+                "errors": res["errors"]["count"],
+                "accuracy": None if acc is None else acc["fraction"],
+                "reasons": res["reasons"],
+            }
+        )
+    return out
+
+
+def table(report: dict[str, Any], title: str = "") -> Table:
+    """The terminal summary: one row per scenario."""
+    t = Table(title=title or f"dlscale bench: {report['model']['name']}")
+    for col in ("target", "scenario", "verdict", "offered/s", "samples/s", "p50 ms", "p90 ms"):
+        t.add_column(col, justify="right" if "/" in col or "ms" in col else "left")
+    for col in ("p99 ms", "p99.9 ms", "errors", "accuracy"):
+        t.add_column(col, justify="right")
+    for r in rows(report):
+        verdict = r["verdict"]
+        style = "green" if verdict == "VALID" else "red"
+        acc = r.get("accuracy")
+        t.add_row(
+            str(r["target"]),
+            r["scenario"],
+            f"[{style}]{verdict}[/]",
+            _rate(r.get("qps")),
+            _rate(r.get("throughput")),
+            _ms(r.get("p50")),
+            _ms(r.get("p90")),
+            _ms(r.get("p99")),
+            _ms(r.get("p99.9")),
+            str(r.get("errors", "-")),
+            "-" if acc is None else f"{acc:.2%}",
+        )
+    return t
+
+
+def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
+    """The table, the reasons behind any INVALID, and where the report went."""
+    # Off a terminal (CI logs, pipes) rich would squeeze the table into 80 columns.
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table(report))
+    for r in rows(report):
+        for reason in r.get("reasons", []):
+            console.print(f"[red]{r['scenario']}[/] ({r['target']}): {reason}")
+    roof = report.get("roofline") or {}
+    if roof.get("share") is not None:
+        console.print(
+            f"roofline: {roof['share']:.2%} of {roof['device']} {roof['precision']} "
+            f"({roof['attainable_rate']:,.0f} samples/s attainable)"
+        )
+    if report.get("comparison"):
+        console.print(comparison_table(report["comparison"]))
+    files = report.get("files", {})
+    if files:
+        console.print(f"report: {files.get('json')}")
+
+
+def comparison_table(comparison: list[dict[str, Any]]) -> Table:
+    """Each target's median figures and their ratio to the first target."""
+    t = Table(title="compare (medians over rounds; ratio to the first target)")
+    for col in ("target", "scenario", "samples/s", "ratio", "p99 ms", "ratio ", "valid runs"):
+        t.add_column(col, justify="left" if col in ("target", "scenario") else "right")
+    for c in comparison:
+        t.add_row(
+            c["target"],
+            c["scenario"],
+            _rate(c["throughput"]),
+            "-" if c["throughput_ratio"] is None else f"{c['throughput_ratio']:.3f}",
+            _ms(c["p99_s"]),
+            "-" if c["p99_ratio"] is None else f"{c['p99_ratio']:.3f}",
+            f"{c['valid_runs']}/{c['runs']}",
+        )
+    return t
+
+
+def write_markdown(report: dict[str, Any], path: Path) -> Path:
+    """A short human report: what ran, the table, verdicts and reasons, the environment."""
+    model = report["model"]
+    lines = [
+        f"# dlscale bench: {model['name']}",
+        "",
+        f"- date: {report['date']}",
+        f"- targets: {', '.join(t['label'] for t in report['targets'])}",
+        f"- data: {report['data']['source']} ({report['data']['samples']} samples)",
+        f"- latency bound (p99): {report['latency_bound_s'] * 1e3:g} ms "
+        f"({report['latency_bound_source']})",
+        f"- host: {report['host']['hostname']} ({report['host']['platform']}, "
+        f"{report['host']['logical_cpus']} CPUs)",
+        "",
+        "| target | scenario | verdict | offered/s | samples/s | p50 ms | p90 ms | p99 ms "
+        "| p99.9 ms | errors | accuracy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows(report):
+        acc = r.get("accuracy")
+        lines.append(
+            f"| {r['target']} | {r['scenario']} | {r['verdict']} | {_rate(r.get('qps'))} "
+            f"| {_rate(r.get('throughput'))} | {_ms(r.get('p50'))} | {_ms(r.get('p90'))} "
+            f"| {_ms(r.get('p99'))} | {_ms(r.get('p99.9'))} | {r.get('errors', '-')} "
+            f"| {'-' if acc is None else f'{acc:.2%}'} |"
+        )
+    lines.append("")
+    for r in rows(report):
+        for reason in r.get("reasons", []):
+            lines.append(f"- **{r['scenario']}** ({r['target']}) INVALID: {reason}")
+    for entry in report.get("scenarios", []):
+        if entry.get("note"):
+            lines.append(f"- {entry['scenario']}: {entry['note']}")
+    if report.get("comparison"):
+        lines += ["", "## Comparison (medians over rounds)", ""]
+        lines.append("| target | scenario | samples/s | ratio | p99 ms | ratio | valid runs |")
+        lines.append("|---|---|---:|---:|---:|---:|---:|")
+        for c in report["comparison"]:
+            tr = "-" if c["throughput_ratio"] is None else f"{c['throughput_ratio']:.3f}"
+            pr = "-" if c["p99_ratio"] is None else f"{c['p99_ratio']:.3f}"
+            lines.append(
+                f"| {c['target']} | {c['scenario']} | {_rate(c['throughput'])} | {tr} "
+                f"| {_ms(c['p99_s'])} | {pr} | {c['valid_runs']}/{c['runs']} |"
+            )
+    roof = report.get("roofline") or {}
+    lines += ["", "## Roofline", ""]
+    if roof.get("share") is not None:
+        lines.append(
+            f"{roof['flops_per_sample']:.4g} FLOPs/sample; {roof['share']:.2%} of the "
+            f"{roof['device']} {roof['precision']} roofline ({roof['bound']}-bound)."
+        )
+    else:
+        flops = roof.get("flops_per_sample")
+        lines.append(
+            f"FLOPs/sample: {'-' if flops is None else f'{flops:.4g}'}. {roof.get('note', '')}"
+        )
+    plots = report.get("files", {})
+    for key in ("latency_png", "sweep_png"):
+        if plots.get(key):
+            lines += ["", f"![{key}]({Path(plots[key]).name})"]
+    lines += ["", "LoadGen logs: `loadgen/` beside this file. Full figures: `report.json`.", ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
+    """Latency distribution of each headline run (log-scaled histogram)."""
+    runs = [r for r in runs if len(r.latencies_ns)]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    all_ms = np.concatenate([r.latencies_ns for r in runs]) / 1e6
+    low, high = max(all_ms.min(), 1e-3), max(all_ms.max(), 1e-3 * 1.01)
+    bins = np.geomspace(low, high * 1.0001, 60)
+    for r in runs:
+        ms = r.latencies_ns / 1e6
+        label = (
+            f"{r.scenario.loadgen_name} ({r.target})"
+            if len({x.target for x in runs}) > 1
+            else (r.scenario.loadgen_name)
+        )
+        ax.hist(ms, bins=list(bins), histtype="step", label=label, linewidth=1.5)
+        p99 = np.percentile(ms, 99)
+        ax.axvline(
+            p99, linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if ax.lines else None
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms), dotted: p99")
+    ax.set_ylabel("samples")
+    ax.set_title("latency distribution")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> Path | None:
+    """Throughput against p99 latency for a rate sweep, one line per target."""
+    usable = [p for p in points if p["p99_s"] is not None and p["throughput_samples_per_s"]]
+    if not usable:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for target in dict.fromkeys(p["target"] for p in usable):
+        mine = sorted(
+            (p for p in usable if p["target"] == target), key=lambda p: p["target_qps"] or 0
+        )
+        xs = [p["throughput_samples_per_s"] for p in mine]
+        ys = [p["p99_s"] * 1e3 for p in mine]
+        line = ax.plot(xs, ys, marker="o", label=target)[0]
+        bad = [(x, y) for x, y, p in zip(xs, ys, mine, strict=True) if not p["valid"]]
+        if bad:
+            ax.scatter(
+                [b[0] for b in bad], [b[1] for b in bad], marker="x", s=80, color=line.get_color()
+            )
+    ax.axhline(bound_s * 1e3, linestyle="--", color="grey", label=f"p99 bound {bound_s * 1e3:g} ms")
+    ax.set_xlabel("throughput (samples/s)")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title("throughput against p99 latency (x: INVALID)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,115 @@
+"""What a benchmark produced: one LoadGen run, one scenario (with its sweep), the whole report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlscale.bench.accuracy import AccuracyResult
+from dlscale.bench.latency import summarize
+from dlscale.bench.scenarios import RunSettings, Scenario
+
+
+@dataclass
+class RunResult:
+    """One LoadGen test: LoadGen's verdict and figures beside the bench's own timings."""
+
+    target: str
+    settings: RunSettings
+    loadgen: dict[str, Any]
+    latencies_ns: np.ndarray
+    throughput: float | None
+    issued: int
+    completed: int
+    errors: int
+    first_errors: list[str]
+    duration_s: float
+    log_dir: Path
+    accuracy: AccuracyResult | None = None
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.settings.scenario
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the run is not valid (empty when it is)."""
+        out = list(self.loadgen.get("reasons", []))
+        if self.loadgen.get("result") not in ("VALID", None) and not out:
+            out.append(f"LoadGen result: {self.loadgen.get('result')}")
+        if self.errors:
+            out.append(f"{self.errors} samples failed (first: {self.first_errors[0]})")
+        if self.accuracy is not None and self.accuracy.ok is False:
+            out.append(
+                f"accuracy: {self.accuracy.passed}/{self.accuracy.samples} samples passed "
+                f"({self.accuracy.method})"
+            )
+        return out
+
+    @property
+    def valid(self) -> bool:
+        """LoadGen says VALID, no request failed, and accuracy (when checked) holds."""
+        return bool(self.loadgen.get("valid")) and not self.reasons
+
+    @property
+    def p99_s(self) -> float | None:
+        """The bench's own p99 latency in seconds."""
+        return summarize(self.latencies_ns).get("p99")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON values (latencies as percentiles, not raw)."""
+        return {
+            "target": self.target,
+            "scenario": self.scenario.loadgen_name,
+            "valid": self.valid,
+            "verdict": "VALID" if self.valid else "INVALID",
+            "reasons": self.reasons,
+            "settings": self.settings.to_dict(),
+            "throughput_samples_per_s": self.throughput,
+            "latency_s": summarize(self.latencies_ns),
+            "loadgen": self.loadgen,
+            "issued": self.issued,
+            "completed": self.completed,
+            "errors": {"count": self.errors, "first": self.first_errors},
+            "duration_s": self.duration_s,
+            "log_dir": str(self.log_dir),
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
+        }
+
+
+@dataclass
+class ScenarioResult:
+    """A scenario's headline run, with the sweep that found it (find-peak) when there was one."""
+
+    scenario: Scenario
+    main: RunResult | None
+    sweep: list[RunResult] = field(default_factory=list)
+    peak_qps: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON values."""
+        return {
+            "scenario": self.scenario.loadgen_name,
+            "note": self.note,
+            "peak_qps": self.peak_qps,
+            "result": self.main.to_dict() if self.main else None,
+            "sweep": [sweep_point(r) for r in self.sweep],
+        }
+
+
+def sweep_point(run: RunResult) -> dict[str, Any]:
+    """One point of a rate sweep: offered rate, achieved throughput, p99, verdict."""
+    return {
+        "target": run.target,
+        "target_qps": run.settings.target_qps,
+        "throughput_samples_per_s": run.throughput,
+        "p99_s": run.p99_s,
+        "loadgen_p99_s": run.loadgen.get("latency_s", {}).get("p99"),
+        "valid": run.valid,
+        "reasons": run.reasons,
+        "log_dir": str(run.log_dir),
+    }

@@ -1,0 +1,279 @@
+"""A bench session: one open target, its samples and warm-up, running scenarios on LoadGen."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from dlscale.bench import accuracy
+from dlscale.bench.data import SampleSet, load_samples
+from dlscale.bench.lglog import read_logs
+from dlscale.bench.loadgen import LoopThread, Recorder, run_loadgen
+from dlscale.bench.peak import find_peak
+from dlscale.bench.probe import Probe, probe
+from dlscale.bench.progress import Progress
+from dlscale.bench.results import RunResult, ScenarioResult
+from dlscale.bench.scenarios import MLPERF_MODEL_KEYS, RunSettings, Scenario, latency_bound_for
+from dlscale.bench.targets import ModelInfo, Target, open_target
+from dlscale.errors import BenchError, DlscaleError
+from dlscale.models.repository import ModelRepository
+
+#: MLPerf's minimum queries for its early-stopping estimate to hold at these percentiles.
+EARLY_STOPPING_QUERIES = {
+    Scenario.SINGLESTREAM: 64,
+    Scenario.MULTISTREAM: 662,
+    Scenario.SERVER: 512,
+    Scenario.OFFLINE: 1,
+}
+
+
+@dataclass
+class BenchOptions:
+    """What the user asked for (the command line's flags, typed)."""
+
+    model: str
+    scenarios: list[Scenario]
+    repo: Path | None = None
+    version: str = ""
+    duration_s: float = 10.0
+    target_qps: float | None = None
+    find_peak: bool = False
+    latency_bound_s: float | None = None
+    official: bool = False
+    accuracy: bool = False
+    data: Path | None = None
+    reference: Path | None = None
+    batch_size: int | None = None
+    concurrency: int | None = None
+    connections: int = 64
+    sample_count: int = 256
+    min_query_count: int | None = None
+    progress: bool = False
+    seed: int = 0
+    max_peak_runs: int = 10
+    warmup_s: float = 1.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Refuse contradictory settings before anything is loaded."""
+        if self.find_peak and self.target_qps:
+            raise BenchError("give either --target-qps or --find-peak, not both")
+        if self.target_qps is not None and self.target_qps <= 0:
+            raise BenchError(f"--target-qps must be positive, got {self.target_qps}")
+        if self.duration_s <= 0:
+            raise BenchError("--duration must be positive")
+        for name in ("batch_size", "concurrency", "min_query_count"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise BenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+class Session:
+    """A target opened on the bench's loop, with samples, warm-up figures and references."""
+
+    def __init__(self, url: str | None, options: BenchOptions, loop: LoopThread) -> None:
+        self.options = options
+        self.loop = loop
+        self.target: Target = open_target(
+            url, options.model, options.repo, options.version, options.connections
+        )
+        self.info: ModelInfo | None = None
+        self.samples: SampleSet | None = None
+        self.warmup: Probe | None = None
+        self.bound_s, self.bound_source = latency_bound_for(options.model, options.latency_bound_s)
+        self._reference: list[dict[str, np.ndarray]] | None = None
+        self._reference_source = ""
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    def open(self) -> None:
+        """Connect or load, read the model, make samples, warm up."""
+        opts = self.options
+        self.info = self.loop.run(self.target.open())
+        self.samples = load_samples(self.info, opts.data, opts.sample_count, opts.seed)
+        if opts.accuracy:
+            self._prepare_reference()
+        batch, concurrency = self._offline_shape()
+        self.warmup = self.loop.run(
+            probe(self.target, self.info, self.samples, batch, concurrency, opts.warmup_s)
+        )
+
+    def close(self) -> None:
+        """Close the target (errors on the way out are not the result's)."""
+        with contextlib.suppress(Exception):
+            self.loop.run(self.target.close())
+
+    def model_file(self) -> Path | None:
+        """The FP32 model file the bench can read: --reference, the repo's, or None."""
+        if self.options.reference is not None:
+            return self.options.reference
+        if self.info is not None and self.info.model_file is not None:
+            return self.info.model_file
+        if self.options.repo is not None:
+            try:
+                return ModelRepository(self.options.repo).version(self.options.model).model_file
+            except DlscaleError:
+                return None
+        return None
+
+    # -- settings --------------------------------------------------------------------------------
+
+    def settings(self, scenario: Scenario, target_qps: float | None = None) -> RunSettings:
+        """The run settings for a scenario, filled from the options and the warm-up."""
+        opts = self.options
+        assert self.warmup is not None and self.info is not None
+        batch, concurrency = self._offline_shape()
+        return RunSettings(
+            scenario=scenario,
+            duration_s=opts.duration_s,
+            min_query_count=opts.min_query_count or EARLY_STOPPING_QUERIES[scenario],
+            target_qps=target_qps if scenario is Scenario.SERVER else None,
+            latency_bound_s=self.bound_s,
+            official=opts.official,
+            expected_latency_s=self.warmup.latency_s,
+            expected_qps=self.warmup.throughput,
+            batch_size=batch,
+            concurrency=concurrency,
+            seed=opts.seed,
+            model_key=MLPERF_MODEL_KEYS.get(opts.model, opts.model),
+        )
+
+    def _offline_shape(self) -> tuple[int, int]:
+        # In process, every sample is its own request and the batcher merges them (a few full
+        # batches queued keep it busy; more only lengthens its queue scans); over the network,
+        # requests carry batches and a few are kept in flight.
+        assert self.info is not None
+        remote = self.target.kind != "inprocess"
+        batch = self.options.batch_size or (32 if remote else 1)
+        queued = 4 * (self.info.max_batch_size or 64)
+        concurrency = self.options.concurrency or (4 if remote else queued)
+        return self.info.batch_limit(batch), concurrency
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def run(self, settings: RunSettings, log_dir: Path) -> RunResult:
+        """One LoadGen test; accuracy runs also check every response."""
+        assert self.info is not None and self.samples is not None
+        recorder = Recorder()
+        label = f"{settings.scenario.loadgen_name}"
+        if settings.target_qps:
+            label += f" @ {settings.target_qps:,.0f} qps"
+        start = time.perf_counter()
+        progress = Progress(label, recorder) if self.options.progress else None
+        with progress or contextlib.nullcontext():
+            run_loadgen(
+                self.target, self.info, self.samples, settings, self.loop, log_dir, recorder
+            )
+        result = RunResult(
+            target=self.label,
+            settings=settings,
+            loadgen=read_logs(log_dir),
+            latencies_ns=np.asarray(recorder.latencies_ns, dtype=np.int64),
+            throughput=recorder.throughput(),
+            issued=recorder.issued,
+            completed=recorder.completed,
+            errors=recorder.errors,
+            first_errors=recorder.first_errors,
+            duration_s=time.perf_counter() - start,
+            log_dir=log_dir,
+        )
+        if settings.accuracy:
+            result.accuracy = self._check(recorder.outputs)
+        return result
+
+    def scenario(self, scenario: Scenario, log_root: Path) -> ScenarioResult:
+        """A scenario as the options ask: a fixed rate, a peak search, plus accuracy."""
+        opts = self.options
+        assert self.warmup is not None
+        folder = log_root / scenario.value
+        note = ""
+        if scenario is not Scenario.SERVER:
+            settings = self.settings(scenario)
+            result = self.run(settings, folder)
+            if _too_short(result):
+                # LoadGen sized the run from the warm-up's figures and the system beat them:
+                # size it again from what this run measured, once.
+                result = self.run(_resized(settings, result), folder)
+                note = "rerun once: the first run ended before the minimum duration"
+            out = ScenarioResult(scenario, result)
+        elif opts.find_peak:
+            out = self._peak(folder)
+        else:
+            qps = opts.target_qps
+            if qps is None:
+                qps = max(1.0, round(self.warmup.throughput / 4, 1))
+                note = f"--target-qps not given: a quarter of the warm-up throughput ({qps:g}/s)"
+            out = ScenarioResult(scenario, self.run(self.settings(scenario, qps), folder))
+        out.note = "; ".join(n for n in (out.note, note) if n)
+        if opts.accuracy:
+            base = out.main.settings if out.main else self.settings(scenario, opts.target_qps)
+            acc = self.run(replace(base, accuracy=True), folder / "accuracy")
+            if out.main is not None:
+                out.main.accuracy = acc.accuracy
+                out.main.errors += acc.errors
+                out.main.first_errors.extend(acc.first_errors)
+        return out
+
+    def _peak(self, folder: Path) -> ScenarioResult:
+        assert self.warmup is not None
+
+        def run_at(qps: float) -> tuple[bool, RunResult]:
+            result = self.run(self.settings(Scenario.SERVER, qps), folder / f"qps-{qps:.0f}")
+            return result.valid, result
+
+        start = max(1.0, self.warmup.throughput / 2)
+        search = find_peak(run_at, start, max_runs=self.options.max_peak_runs)
+        sweep = sorted((r for _, _, r in search.runs), key=lambda r: r.settings.target_qps or 0)
+        note = (
+            f"peak search from {start:,.0f}/s: {len(sweep)} runs, p99 bound "
+            f"{self.bound_s * 1e3:g} ms ({self.bound_source})"
+        )
+        if search.best is None:
+            note += "; no rate met the bound"
+        return ScenarioResult(Scenario.SERVER, search.best, sweep, search.peak_qps, note)
+
+    # -- accuracy --------------------------------------------------------------------------------
+
+    def _prepare_reference(self) -> None:
+        assert self.info is not None and self.samples is not None
+        model_file = self.model_file()
+        if model_file is not None:
+            self._reference = accuracy.reference_outputs(
+                model_file, self.samples, self.info.batched
+            )
+            self._reference_source = str(model_file)
+        elif self.samples.labels is None:
+            raise BenchError(
+                "--accuracy needs something to check against: labels in the data (an .npz with "
+                "'labels'), --reference MODEL.onnx, or --repo REPO holding the FP32 model"
+            )
+
+    def _check(self, outputs: dict[int, dict[str, np.ndarray]]) -> accuracy.AccuracyResult:
+        assert self.samples is not None
+        if self.samples.labels is not None and self._reference is None:
+            return accuracy.check_labels(self.samples, outputs)
+        assert self._reference is not None
+        result = accuracy.check_reference(self._reference, outputs, self._reference_source)
+        if self.samples.labels is not None:
+            labels = accuracy.check_labels(self.samples, outputs)
+            result.method += f"; top-1 against labels {labels.fraction:.4f}"
+        return result
+
+
+def _too_short(result: RunResult) -> bool:
+    return result.loadgen.get("reasons") == ["Min duration satisfied: NO"] and not result.errors
+
+
+def _resized(settings: RunSettings, result: RunResult) -> RunSettings:
+    p50 = float(np.median(result.latencies_ns)) / 1e9 if len(result.latencies_ns) else 1.0
+    return replace(
+        settings,
+        expected_qps=max(settings.expected_qps or 0.0, (result.throughput or 0.0) * 2) or None,
+        expected_latency_s=min(settings.expected_latency_s or 1.0, p50) / 2,
+    )

@@ -1,0 +1,225 @@
+"""What a benchmark measures: an in-process model or an OIP server, behind one async interface."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from dlscale.bench.grpc_client import GrpcClient
+from dlscale.bench.http_client import HttpClient
+from dlscale.errors import BenchError, DlscaleError
+from dlscale.models.repository import ModelRepository
+from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.manager import ModelManager
+from dlscale.types import Datatype, InferenceRequest, TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the bench knows of the model it drives: tensors and whether requests may batch."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batched: bool
+    #: The largest batch one request may carry; None when the server does not say.
+    max_batch_size: int | None = None
+    platform: str = ""
+    #: The model file when the bench can read it (in-process targets): FLOPs, reference.
+    model_file: Path | None = None
+    #: Devices of the instances (in-process targets; empty when unknown).
+    devices: tuple[str, ...] = ()
+
+    def sample_specs(self) -> tuple[TensorSpec, ...]:
+        """Inputs of one sample: the batch dimension left out when the model batches."""
+        if not self.batched:
+            return self.inputs
+        return tuple(TensorSpec(s.name, s.datatype, s.shape[1:]) for s in self.inputs)
+
+    def batch_limit(self, wanted: int) -> int:
+        """`wanted` rows, or fewer when the model caps requests below it (1 when unbatched)."""
+        if not self.batched:
+            return 1
+        return min(wanted, self.max_batch_size) if self.max_batch_size else wanted
+
+
+#: Cumulative measured service time per batch size: {batch size: (batches, total ns)}.
+BatchTimes = dict[int, tuple[int, int]]
+
+
+class Target(Protocol):
+    """One model served somewhere; every call runs on the bench's event loop."""
+
+    kind: str
+    label: str
+
+    async def open(self) -> ModelInfo: ...
+
+    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    async def batch_times(self) -> BatchTimes | None: ...
+
+    async def close(self) -> None: ...
+
+
+class InProcessTarget:
+    """A repository model behind the same ModelManager, Batcher and DataPlane as the server."""
+
+    kind = "inprocess"
+
+    def __init__(self, repo: Path, model: str, version: str = "") -> None:
+        self.repo = Path(repo)
+        self.model = model
+        self.version = version
+        self.label = f"in-process:{self.repo}"
+        self._manager: ModelManager | None = None
+        self._dataplane: DataPlane | None = None
+
+    async def open(self) -> ModelInfo:
+        """Load the one model (not the whole repository) and describe it."""
+        try:
+            repository = ModelRepository(self.repo)
+        except DlscaleError as exc:
+            raise BenchError(str(exc)) from None
+        if self.model not in repository.names():
+            raise BenchError(
+                f"no model {self.model!r} in the repository {self.repo} "
+                f"(models: {', '.join(repository.names()) or 'none'})"
+            )
+        self._manager = ModelManager(repository)
+        try:
+            await self._manager.load(self.model)
+        except DlscaleError as exc:
+            raise BenchError(f"model {self.model!r} cannot be loaded: {exc}") from None
+        self._dataplane = DataPlane(self._manager)
+        served = self._manager.get(self.model, self.version)
+        return ModelInfo(
+            name=self.model,
+            inputs=tuple(served.inputs),
+            outputs=tuple(served.outputs),
+            batched=served.config.batched,
+            max_batch_size=served.config.max_batch_size or None,
+            platform=served.config.platform or served.config.backend,
+            model_file=served.version.model_file,
+            devices=tuple(g.device for g in served.config.instances),
+        )
+
+    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request through the DataPlane (validation, batcher, statistics)."""
+        if self._dataplane is None:
+            raise BenchError("the in-process target is not open")
+        request = InferenceRequest(self.model, inputs, model_version=self.version)
+        return (await self._dataplane.infer(request)).outputs
+
+    async def batch_times(self) -> BatchTimes | None:
+        """The batcher's compute time per batch size since the model was loaded."""
+        if self._manager is None:
+            return None
+        stats = self._manager.get(self.model, self.version).stats
+        return {size: (d.count, d.ns) for size, d in stats.batch_stats.items()}
+
+    async def close(self) -> None:
+        """Unload the model (in-flight requests finish first)."""
+        if self._manager is not None:
+            await self._manager.close()
+            self._manager = None
+
+
+class RemoteTarget:
+    """A model on an Open Inference Protocol server, over HTTP or gRPC."""
+
+    def __init__(self, url: str, model: str, version: str = "", connections: int = 64) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https", "grpc") or not parts.netloc:
+            raise BenchError(
+                f"target {url!r}: expected http://HOST:PORT, https://HOST:PORT or grpc://HOST:PORT"
+            )
+        self.kind = "grpc" if parts.scheme == "grpc" else "http"
+        self.label = url
+        self.model = model
+        self.version = version
+        self._http: HttpClient | None = None
+        self._grpc: GrpcClient | None = None
+        if self.kind == "grpc":
+            self._grpc = GrpcClient(parts.netloc)
+        else:
+            self._http = HttpClient(f"{parts.scheme}://{parts.netloc}", connections=connections)
+
+    async def open(self) -> ModelInfo:
+        """Connect, then read the model's metadata (and its config when the server has one)."""
+        client = self._client()
+        await client.open()
+        meta = await client.model_metadata(self.model, self.version)
+        config = await self._http.model_config(self.model, self.version) if self._http else None
+        inputs = tuple(_spec(t) for t in meta.get("inputs", []))
+        outputs = tuple(_spec(t) for t in meta.get("outputs", []))
+        if not inputs:
+            raise BenchError(f"{self.label}: model {self.model!r} declares no inputs")
+        max_batch = config.get("max_batch_size") if config else None
+        if isinstance(max_batch, int):
+            batched = max_batch > 0
+        else:
+            # Plain OIP does not say; a leading -1 on every input is the batch convention.
+            batched = all(s.shape and s.shape[0] == -1 for s in inputs)
+            max_batch = None
+        return ModelInfo(
+            name=self.model,
+            inputs=inputs,
+            outputs=outputs,
+            batched=batched,
+            max_batch_size=max_batch or None,
+            platform=str(meta.get("platform", "")),
+        )
+
+    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request over the wire."""
+        return await self._client().infer(self.model, inputs, self.version)
+
+    async def batch_times(self) -> BatchTimes | None:
+        """Per-batch-size compute time from the statistics extension, when the server has it."""
+        if self._http is None:
+            return None
+        stats = await self._http.statistics(self.model, self.version)
+        entries = (stats or {}).get("model_stats") or []
+        if not entries:
+            return None
+        out: BatchTimes = {}
+        for row in entries[0].get("batch_stats", []):
+            infer = row.get("compute_infer", {})
+            out[int(row["batch_size"])] = (int(infer.get("count", 0)), int(infer.get("ns", 0)))
+        return out
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self._client().close()
+
+    def _client(self) -> HttpClient | GrpcClient:
+        client = self._http or self._grpc
+        assert client is not None
+        return client
+
+
+def open_target(
+    url: str | None, model: str, repo: Path | None, version: str = "", connections: int = 64
+) -> Target:
+    """The target a command line names: a URL, or the in-process model of `repo`."""
+    if url:
+        return RemoteTarget(url, model, version, connections)
+    if repo is None:
+        raise BenchError("give a target URL (http://HOST:PORT, grpc://HOST:PORT) or --repo REPO")
+    return InProcessTarget(repo, model, version)
+
+
+def _spec(tensor: dict[str, Any]) -> TensorSpec:
+    try:
+        datatype = Datatype(tensor["datatype"])
+    except (KeyError, ValueError):
+        raise BenchError(f"tensor metadata {tensor} has no valid datatype") from None
+    return TensorSpec(str(tensor["name"]), datatype, tuple(int(d) for d in tensor["shape"]))

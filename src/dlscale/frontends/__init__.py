@@ -1,0 +1,1 @@
+"""Wire frontends over the DataPlane: Open Inference Protocol REST (http) and gRPC (grpc)."""

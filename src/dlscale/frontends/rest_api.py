@@ -1,0 +1,303 @@
+"""The Open Inference Protocol REST routes: one request in, one DataPlane call, one response out.
+
+This module knows paths, methods and bodies but no socket: the HTTP transport in `http.py`
+feeds it parsed requests, and any other server (an ASGI one, a test) can do the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import msgspec
+import orjson
+
+from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
+from dlscale.frontends.rest_codec import (
+    Buffer,
+    decode_raw_request,
+    decode_request,
+    encode_response,
+)
+from dlscale.serving.dataplane import DataPlane
+from dlscale.types import Datatype, TensorSpec
+
+log = logging.getLogger("dlscale.http")
+
+JSON = "application/json"
+OCTET = "application/octet-stream"
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass
+class RestResponse:
+    """A response ready for the wire: status, body parts, content type and extra headers."""
+
+    status: int
+    parts: list[Buffer]
+    content_type: str = JSON
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def json_response(doc: Any, status: int = 200) -> RestResponse:
+    """A JSON body."""
+    return RestResponse(status, [orjson.dumps(doc)])
+
+
+def error_response(
+    status: int, message: str, headers: tuple[tuple[str, str], ...] = ()
+) -> RestResponse:
+    """The protocol's error body: `{"error": "..."}`."""
+    return RestResponse(status, [orjson.dumps({"error": message})], headers=headers)
+
+
+_EMPTY_OK = RestResponse(200, [])
+_ROUTE_CACHE_SIZE = 4096
+_Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
+
+
+class RestApi:
+    """Routes REST requests to the DataPlane and maps every DlscaleError to its status."""
+
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 2**20) -> None:
+        self.dataplane = dataplane
+        self.max_body_bytes = max_body_bytes
+        self._routes: dict[str, tuple[_Handler | None, list[str], str]] = {}
+
+    async def handle(
+        self, method: str, path: str, headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """Answer one request; `headers` has lower-case names."""
+        try:
+            handler, args, allowed = self._route(path)
+            if handler is None:
+                return error_response(404, f"no route for {path!r}")
+            if method != allowed:
+                return error_response(
+                    405,
+                    f"{method} is not allowed on {path!r}; use {allowed}",
+                    (("allow", allowed),),
+                )
+            return await handler(args, headers, self._decoded(headers, body))
+        except DlscaleError as exc:
+            return error_response(exc.http_status, exc.message)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
+            log.exception("%s %s failed", method, path)
+            return error_response(500, f"internal error: {exc!r}")
+
+    # -- routing -----------------------------------------------------------------------------------
+
+    def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
+        """The handler for a path, its path arguments, and the one method it takes."""
+        # Clients repeat the same few paths: resolving each once saves a parse per request.
+        found = self._routes.get(path)
+        if found is None:
+            found = self._resolve(path)
+            if len(self._routes) < _ROUTE_CACHE_SIZE:
+                self._routes[path] = found
+        return found
+
+    def _resolve(self, path: str) -> tuple[_Handler | None, list[str], str]:
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
+        if not parts or parts[0] != "v2":
+            return None, [], ""
+        rest = parts[1:]
+        match rest:
+            case []:
+                return self._server_metadata, [], "GET"
+            case ["health", "live"]:
+                return self._live, [], "GET"
+            case ["health", "ready"]:
+                return self._ready, [], "GET"
+            case ["models", "stats"]:
+                return self._stats, ["", ""], "GET"
+            case ["repository", "index"]:
+                return self._index, [], "POST"
+            case ["repository", "models", model, "load"]:
+                return self._load, [model], "POST"
+            case ["repository", "models", model, "unload"]:
+                return self._unload, [model], "POST"
+            case ["models", model, *tail]:
+                version = ""
+                if tail[:1] == ["versions"] and len(tail) >= 2:
+                    version, tail = tail[1], tail[2:]
+                return self._model_route(model, version, tail)
+        return None, [], ""
+
+    def _model_route(
+        self, model: str, version: str, tail: list[str]
+    ) -> tuple[_Handler | None, list[str], str]:
+        args = [model, version]
+        match tail:
+            case []:
+                return self._model_metadata, args, "GET"
+            case ["ready"]:
+                return self._model_ready, args, "GET"
+            case ["infer"]:
+                return self._infer, args, "POST"
+            case ["stats"]:
+                return self._stats, args, "GET"
+            case ["config"]:
+                return self._config, args, "GET"
+        return None, [], ""
+
+    def _decoded(self, headers: Mapping[str, str], body: Buffer) -> Buffer:
+        """The body with any Content-Encoding undone, held to max_body_bytes once inflated."""
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        if encoding not in ("gzip", "deflate"):
+            raise Unsupported(f"Content-Encoding {encoding!r}: expected gzip, deflate or none")
+        inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+        try:
+            out = inflater.decompress(body, self.max_body_bytes + 1)
+        except zlib.error as exc:
+            raise InvalidInput(f"the {encoding} body cannot be decompressed: {exc}") from None
+        if len(out) > self.max_body_bytes:
+            raise PayloadTooLarge(
+                f"the decompressed body exceeds the limit of {self.max_body_bytes} bytes"
+            )
+        return out
+
+    # -- health and metadata -----------------------------------------------------------------------
+
+    async def _live(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return _EMPTY_OK if self.dataplane.live() else error_response(503, "the server is not live")
+
+    async def _ready(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        if self.dataplane.ready():
+            return _EMPTY_OK
+        return error_response(503, "the server is not ready (loading models or shutting down)")
+
+    async def _server_metadata(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return json_response(self.dataplane.server_metadata())
+
+    async def _model_metadata(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return json_response(self.dataplane.model_metadata(*args))
+
+    async def _model_ready(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        if self.dataplane.model_ready(*args):
+            return _EMPTY_OK
+        # Not ready: the metadata call raises the error that says why (unknown, loading, ...).
+        self.dataplane.model_metadata(*args)
+        raise Unavailable(f"model {args[0]!r} is not ready")
+
+    async def _config(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return json_response(self.dataplane.model_config(*args))
+
+    # -- inference ---------------------------------------------------------------------------------
+
+    async def _infer(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        model, version = args
+        header_length = _header_length(headers)
+        if header_length == 0:
+            spec, batched = self._single_input(model, version)
+            request, fmt = decode_raw_request(body, spec, batched, model, version)
+        else:
+            request, fmt = decode_request(body, header_length, model, version)
+        response = await self.dataplane.infer(request)
+        encoded = encode_response(response, fmt)
+        if encoded.header_length is None:
+            return RestResponse(200, encoded.parts)
+        return RestResponse(
+            200,
+            encoded.parts,
+            OCTET,
+            (("Inference-Header-Content-Length", str(encoded.header_length)),),
+        )
+
+    def _single_input(self, model: str, version: str) -> tuple[TensorSpec, bool]:
+        meta = self.dataplane.model_metadata(model, version)
+        if len(meta["inputs"]) != 1:
+            names = [t["name"] for t in meta["inputs"]]
+            raise InvalidInput(
+                f"the raw binary form (Inference-Header-Content-Length: 0) needs a model with one "
+                f"input; model {model!r} has {names}"
+            )
+        tensor = meta["inputs"][0]
+        spec = TensorSpec(tensor["name"], Datatype(tensor["datatype"]), tuple(tensor["shape"]))
+        batched = int(self.dataplane.model_config(model, version).get("max_batch_size", 0)) > 0
+        return spec, batched
+
+    # -- repository and statistics -----------------------------------------------------------------
+
+    async def _index(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        doc = _json_object(body, "repository index")
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput(
+                f"field 'ready' of the index request must be true or false, got {ready!r}"
+            )
+        return json_response(self.dataplane.repository_index(ready_only=ready))
+
+    async def _load(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        doc = _json_object(body, "load")
+        if doc.get("parameters"):
+            raise Unsupported(
+                "load parameters (config overrides, model files) are not supported: edit the "
+                "repository and load again"
+            )
+        await self.dataplane.load_model(args[0])
+        return _EMPTY_OK
+
+    async def _unload(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        _json_object(body, "unload")  # parameters (unload_dependents) have no meaning here
+        await self.dataplane.unload_model(args[0])
+        return _EMPTY_OK
+
+    async def _stats(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return json_response(self.dataplane.statistics(*args))
+
+
+def _header_length(headers: Mapping[str, str]) -> int | None:
+    raw = headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidInput(
+            f"Inference-Header-Content-Length must be a non-negative integer, got {raw!r}"
+        )
+    return value
+
+
+def _json_object(body: Buffer, what: str) -> dict[str, Any]:
+    """An optional JSON object body (empty means `{}`)."""
+    if not len(body):
+        return {}
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed JSON in the {what} request: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"the {what} request must be a JSON object")
+    return doc

@@ -1,0 +1,1 @@
+"""Hardware: the accelerator catalog, device detection (NVML, MIG, CPU), telemetry, the roofline."""

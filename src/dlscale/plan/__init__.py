@@ -1,0 +1,1 @@
+"""Planning: all-reduce cost model, training time, batching-server queueing, serving capacity."""

@@ -1,0 +1,260 @@
+"""The `dlscale plan train`, `dlscale plan serve` and `dlscale bench allreduce` verbs.
+
+Each turns parsed arguments into calls on the planners and prints a table; cli.py only parses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlscale.errors import DlscaleError, PlanError
+from dlscale.hardware.catalog import load_catalog
+from dlscale.hardware.spec import DeviceSpec
+from dlscale.plan import allreduce_bench, collective
+from dlscale.plan.collective import Topology
+from dlscale.plan.serve import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_MAX_BATCH,
+    Profile,
+    ServiceCurve,
+    Workload,
+    plan_serving,
+    profile_curve,
+    roofline_curve,
+)
+from dlscale.plan.train import Cluster, TrainingJob, plan_training, requirement, scaling_curves
+from dlscale.plan.units import human_bytes, human_seconds, parse_duration
+
+DEFAULT_SERVE_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4", "T4")
+
+
+def table(headers: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table, columns padded to their widest cell; no header line when None."""
+    cells = [list(headers)] if headers else []
+    cells += [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    if headers:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def catalog_device(name: str) -> DeviceSpec:
+    """The catalog entry called `name`."""
+    return load_catalog().get(name)
+
+
+def plan_train(args: argparse.Namespace) -> int:
+    """`dlscale plan train`: training time on a cluster, and optionally its scaling curves."""
+    if args.peak_tflops is not None:
+        peak, device_name = args.peak_tflops * 1e12, f"{args.peak_tflops:g} TFLOP/s GPU"
+    else:
+        spec = catalog_device(args.device)
+        found = spec.peak_flops(args.precision)
+        if not found:
+            raise PlanError(f"{args.device} has no published {args.precision} peak")
+        peak, device_name = found, f"{args.device} ({args.precision})"
+    inter = collective.fabric(args.inter) if args.inter else None
+    topo = Topology(args.gpus, args.nodes, collective.fabric(args.intra), inter, args.nics_per_node)
+    job = TrainingJob(
+        args.flops_per_sample,
+        args.samples,
+        args.epochs,
+        args.gradient_bytes,
+        args.batch_per_gpu,
+        args.bytes_per_sample,
+    )
+    cluster = Cluster(topo, peak, args.mfu, args.overlap)
+    plan = plan_training(job, cluster, args.algo)
+    comm = plan.allreduce
+    print(
+        f"{topo.ranks} x {device_name}: {args.nodes} node(s) x {args.gpus} GPU(s), MFU {args.mfu:g}"
+    )
+    rows = [
+        ["total FLOPs", f"{job.total_flops:.3g}"],
+        ["steps", f"{plan.steps} (global batch {job.batch_per_gpu * topo.ranks})"],
+        ["compute per step", human_seconds(plan.compute_s)],
+        [
+            "all-reduce per step",
+            f"{human_seconds(comm.seconds)} ({comm.algorithm}/{comm.protocol}, "
+            f"{human_bytes(job.gradient_bytes)}, busbw {comm.busbw / 1e9:.1f} GB/s)",
+        ],
+        [
+            "exposed comm per step",
+            f"{human_seconds(plan.exposed_comm_s)} (overlap {args.overlap:g})",
+        ],
+        ["scaling efficiency", f"{100 * plan.efficiency:.1f}%"],
+        ["training time", human_seconds(plan.total_s)],
+        ["sustained", f"{plan.sustained_flops / 1e12:.1f} TFLOP/s"],
+        ["data bandwidth needed", f"{plan.data_bandwidth / 1e6:.1f} MB/s"],
+    ]
+    if args.deadline:
+        need = requirement(job.total_flops, job.total_bytes, parse_duration(args.deadline))
+        rows.append(
+            [
+                f"to finish in {args.deadline}",
+                f"{need.flops_per_s / 1e12:.1f} TFLOP/s sustained, {need.bytes_per_s / 1e6:.1f} "
+                f"MB/s, >= {need.gpus(peak, args.mfu)} GPUs",
+            ]
+        )
+    print(table(None, rows))
+    if args.plot:
+        from dlscale.plan.plots import plot_scaling
+
+        algos = [collective.Algorithm(a) for a in ("ring", "tree")]
+        curves = scaling_curves(job, cluster, algos)
+        title = f"{device_name}, {args.intra}" + (f" + {args.inter}" if args.inter else "")
+        print(f"scaling curves: {plot_scaling(curves, Path(args.plot), title)}")
+    return 0
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    """FLOPs and bytes per sample from the command line, or counted in the model's ONNX graph."""
+    if args.flops_per_sample is not None:
+        if args.bytes_per_sample is None:
+            raise PlanError("--flops-per-sample needs --bytes-per-sample too")
+        moved = float(args.bytes_per_sample)
+        return Workload(args.model or "model", args.flops_per_sample, lambda _p, _b: moved)
+    if not args.model:
+        raise PlanError("give --model (zoo name or .onnx file) or --flops/--bytes-per-sample")
+    # By name: the FLOP counter and the zoo live in dlscale.models, built by another issue.
+    flops = importlib.import_module("dlscale.models.flops")
+    cost = flops.count(_onnx_path(args.model, args.repo))
+    return Workload(args.model, cost.flops, cost.bytes_per_sample)
+
+
+def _onnx_path(model: str, repo: Path | None) -> Path:
+    path = Path(model)
+    if path.suffix == ".onnx" and path.is_file():
+        return path
+    if repo is not None:
+        found = sorted((repo / model).glob("*/*.onnx"))
+        if found:
+            return found[-1]
+        raise PlanError(f"no ONNX file for {model!r} under {repo}")
+    build_zoo = importlib.import_module("dlscale.models.zoo").build_zoo
+    cache = Path.home() / ".cache" / "dlscale" / "plan-zoo"
+    found = sorted(cache.glob(f"{model}/*/*.onnx"))
+    if not found:
+        build_zoo(cache, [model])
+        found = sorted(cache.glob(f"{model}/*/*.onnx"))
+    if not found:
+        raise PlanError(f"the zoo built {model!r} but no ONNX file was found under {cache}")
+    return found[-1]
+
+
+def plan_serve(args: argparse.Namespace) -> int:
+    """`dlscale plan serve`: the fewest devices of each kind holding a p99 SLO at a load."""
+    workload = load_workload(args)
+    p99 = parse_duration(args.p99)
+    names = args.devices.split(",") if args.devices else list(DEFAULT_SERVE_DEVICES)
+    devices = [catalog_device(n) for n in names]
+    prices = _prices(args.price)
+    curves: list[ServiceCurve] = []
+    if args.profile:
+        profile = Profile.load(Path(args.profile))
+        if profile.precision != args.precision:
+            print(f"using the profile's precision {profile.precision}, not {args.precision}")
+        measured = catalog_device(profile.device)
+        curves = [profile_curve(profile, measured, d, workload) for d in devices]
+        precision = profile.precision
+    else:
+        precision = args.precision
+        for d in devices:
+            try:
+                efficiency = args.efficiency or DEFAULT_EFFICIENCY
+                top = args.max_batch or DEFAULT_MAX_BATCH
+                curves.append(roofline_curve(d, workload, precision, efficiency, top))
+            except DlscaleError as exc:
+                print(f"skipped: {exc}")
+    plans = plan_serving(curves, args.qps, p99, prices)
+    print(
+        f"{workload.name} at {args.qps:g} requests/s, p99 <= {human_seconds(p99)}, {precision}; "
+        "one queue per device behind a load balancer"
+    )
+    rows = [
+        [
+            p.device,
+            str(p.devices) if p.devices is not None else "cannot",
+            f"{p.peak_rate_per_device:,.0f}",
+            str(p.max_batch),
+            human_seconds(p.max_delay_s) if p.max_delay_s else "0",
+            f"{p.power_watts:,.0f}" if p.power_watts is not None else "-",
+            f"{p.cost_per_million:.4g}" if p.cost_per_million is not None else "-",
+            p.basis,
+        ]
+        for p in plans
+    ]
+    headers = ["device", "count", "peak/dev", "batch", "delay", "power W", "$/M inf", "basis"]
+    print(table(headers, rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([p.__dict__ for p in plans], indent=2))
+    return 0
+
+
+def _prices(text: str | None) -> dict[str, float]:
+    prices: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or price < 0:
+            raise PlanError(f"--price wants DEVICE=DOLLARS_PER_HOUR,..., got {item!r}")
+        prices[catalog_device(name.strip()).name] = price  # aliases to the catalog's name
+    return prices
+
+
+def bench_allreduce(args: argparse.Namespace) -> int:
+    """`dlscale bench allreduce`: measured all-reduce beside the cost model's prediction."""
+    from dlscale.plan.units import parse_size_range
+
+    default = "1K:1G" if args.backend == "nccl" else "1K:64M"
+    sizes = parse_size_range(args.sizes or default)
+    fabric = collective.fabric(args.fabric) if args.fabric else None
+    report = allreduce_bench.run(args.nproc, args.backend, sizes, args.iters, args.warmup, fabric)
+    print(f"all-reduce, {args.nproc} x {args.backend}, median of {args.iters} calls")
+    print(f"model: {report.fabric_note}")
+    rows = [
+        [
+            human_bytes(r.nbytes),
+            human_seconds(r.seconds),
+            f"{r.algbw / 1e9:.3f}",
+            f"{r.busbw / 1e9:.3f}",
+            human_seconds(r.predicted_s),
+            f"{r.predicted_busbw / 1e9:.3f}",
+            f"{r.seconds / r.predicted_s:.2f}",
+            r.predicted_algorithm,
+        ]
+        for r in report.rows
+    ]
+    headers = [
+        "size",
+        "time",
+        "algbw GB/s",
+        "busbw GB/s",
+        "model",
+        "model busbw",
+        "x model",
+        "algo",
+    ]
+    print(table(headers, rows))
+    print(f"reduced values checked: {report.values_checked:,} elements, all correct")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    if args.plot:
+        from dlscale.plan.plots import plot_allreduce
+
+        title = f"all-reduce, {args.nproc} x {args.backend} ({report.fabric})"
+        measured = [r.busbw for r in report.rows]
+        predicted = [r.predicted_busbw for r in report.rows]
+        done = [r.nbytes for r in report.rows]
+        print(f"plot: {plot_allreduce(done, measured, predicted, Path(args.plot), title)}")
+    return 0

@@ -1,0 +1,151 @@
+"""Queueing model of a batching server: Poisson arrivals, a dynamic batcher, batch service times.
+
+A short discrete-event simulation with a fixed seed, not a formula: a bulk-service queue whose
+batches close on size or on the oldest request's delay has no closed-form p99. The simulation
+does one step per batch (a bisection finds who joins it), so 10,000 requests take milliseconds,
+and every load reuses the same random draws scaled by 1/rate, so curves are smooth in the load.
+Why this and not an approximation is in docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from dlscale.errors import PlanError
+
+#: Seconds one device takes for a batch of the given size, running alone.
+ServiceTime = Callable[[int], float]
+
+DEFAULT_REQUESTS = 10_000
+DEFAULT_SEED = 20_240_607
+_WARMUP_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class BatchingServer:
+    """`devices` devices with `instances_per_device` model instances each, behind one queue.
+
+    The batcher works as Triton's dynamic batcher does: when an instance is free it takes the
+    oldest request and closes the batch when `max_batch` requests wait or the oldest has waited
+    `max_delay`. Instances on one device share it, so a batch takes `instances_per_device` times
+    its lone service time: more instances overlap work, they do not add compute.
+    """
+
+    service_time: ServiceTime
+    max_batch: int
+    max_delay: float
+    devices: int = 1
+    instances_per_device: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.devices < 1 or self.instances_per_device < 1:
+            raise PlanError("max batch, devices and instances must each be at least 1")
+        if self.max_delay < 0:
+            raise PlanError(f"max queue delay must be non-negative, got {self.max_delay}")
+
+    @property
+    def capacity(self) -> float:
+        """Requests/s at saturation, when every batch is full; above it queues grow forever."""
+        return self.devices * self.max_batch / self.service_time(self.max_batch)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Latency of a batching server at one arrival rate; infinite past saturation."""
+
+    rate: float
+    mean: float
+    p50: float
+    p99: float
+    mean_batch: float
+    utilization: float
+
+    @property
+    def saturated(self) -> bool:
+        """Whether the rate is at or above what the server can sustain."""
+        return math.isinf(self.p99)
+
+
+@lru_cache(maxsize=8)
+def _unit_arrivals(n: int, seed: int) -> tuple[float, ...]:
+    """Arrival times of a rate-1 Poisson process; scaled by 1/rate for any other rate."""
+    gaps = np.random.default_rng(seed).standard_exponential(n)
+    return tuple(np.cumsum(gaps).tolist())
+
+
+def simulate(
+    server: BatchingServer,
+    rate: float,
+    requests: int = DEFAULT_REQUESTS,
+    seed: int = DEFAULT_SEED,
+) -> LoadResult:
+    """Latency percentiles of `server` under Poisson arrivals at `rate` requests/s."""
+    if rate <= 0:
+        raise PlanError(f"arrival rate must be positive, got {rate}")
+    utilization = rate / server.capacity
+    if utilization >= 1:
+        return LoadResult(rate, math.inf, math.inf, math.inf, float(server.max_batch), utilization)
+    scale = 1.0 / rate
+    arrivals = [t * scale for t in _unit_arrivals(requests, seed)]
+    big, delay = server.max_batch, server.max_delay
+    cost = [0.0] + [server.service_time(b) * server.instances_per_device for b in range(1, big + 1)]
+    free = [0.0] * (server.devices * server.instances_per_device)  # a heap of free times
+    sizes: list[int] = []
+    finishes: list[float] = []
+    replace, i, n = heapq.heapreplace, 0, requests
+    while i < n:
+        head = arrivals[i]
+        start = free[0] if free[0] > head else head
+        last = i + big - 1
+        if last < n and arrivals[last] <= start:
+            close, j = start, i + big
+        else:
+            deadline = head + delay
+            if last < n and arrivals[last] < deadline:
+                deadline = arrivals[last]
+            close = start if start > deadline else deadline
+            j = min(bisect_right(arrivals, close, i, n), i + big)
+        finish = close + cost[j - i]
+        replace(free, finish)
+        sizes.append(j - i)
+        finishes.append(finish)
+        i = j
+    done = np.repeat(np.asarray(finishes), sizes)
+    latency = (done - np.asarray(arrivals))[int(n * _WARMUP_SHARE) :]
+    p50, p99 = np.percentile(latency, [50, 99])
+    mean = float(latency.mean())
+    return LoadResult(rate, mean, float(p50), float(p99), n / len(sizes), utilization)
+
+
+def peak_rate(
+    server: BatchingServer,
+    p99_bound: float,
+    requests: int = DEFAULT_REQUESTS,
+    steps: int = 10,
+) -> float:
+    """The highest arrival rate (requests/s) whose p99 stays within `p99_bound` seconds.
+
+    Bisection between a near-idle load and saturation. A server that misses the bound when
+    almost idle (one request waiting the full delay, served alone) gets 0: a deployment must
+    hold its SLO at low load too.
+    """
+    if p99_bound <= 0:
+        raise PlanError(f"p99 bound must be positive, got {p99_bound}")
+    hi = server.capacity
+    lo = hi * 1e-3
+    if simulate(server, lo, requests).p99 > p99_bound:
+        return 0.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if simulate(server, mid, requests).p99 <= p99_bound:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,148 @@
+"""Short real LoadGen runs against in-process models, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_models import build_repo
+
+from dlscale.bench.runner import bench
+from dlscale.bench.scenarios import Scenario
+from dlscale.bench.session import BenchOptions
+from dlscale.cli import main
+
+SHORT = {"duration_s": 0.5, "warmup_s": 0.3, "sample_count": 64}
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repo(tmp_path_factory.mktemp("bench-repo"))
+
+
+@pytest.fixture(scope="session")
+def offline_and_single(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench-out")
+    options = BenchOptions(
+        "identity", [Scenario.OFFLINE, Scenario.SINGLESTREAM], repo=repo, **SHORT
+    )
+    return bench(None, options, out)
+
+
+def test_short_runs_are_valid_with_sane_numbers(offline_and_single: dict[str, Any]) -> None:
+    for entry in offline_and_single["scenarios"]:
+        res = entry["result"]
+        assert res["verdict"] == "VALID", res["reasons"]
+        assert res["loadgen"]["result"] == "VALID"
+        assert res["completed"] == res["issued"] > 0
+        assert res["errors"]["count"] == 0
+        assert res["throughput_samples_per_s"] > 0
+        lat = res["latency_s"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+        # Our timings and LoadGen's describe the same queries.
+        assert lat["p50"] == pytest.approx(res["loadgen"]["latency_s"]["p50"], rel=0.5)
+
+
+def test_the_report_has_what_a_reader_needs(offline_and_single: dict[str, Any]) -> None:
+    report = offline_and_single
+    files = report["files"]
+    on_disk = json.loads(Path(files["json"]).read_text())
+    assert on_disk["model"]["name"] == "identity"
+    for key in ("targets", "date", "host", "packages", "roofline", "options", "warmup"):
+        assert on_disk[key]
+    assert on_disk["packages"]["mlcommons-loadgen"]
+    assert Path(files["markdown"]).read_text().startswith("# dlscale bench: identity")
+    assert Path(files["latency_png"]).stat().st_size > 1000
+    logs = Path(on_disk["scenarios"][0]["result"]["log_dir"])
+    assert (logs / "mlperf_log_summary.txt").is_file()
+    assert (logs / "mlperf_log_detail.txt").is_file()
+    profile = report["profile"]
+    assert profile["model"] == "identity"
+    assert all(float(v) > 0 for v in profile["batch_latency_s"].values())
+
+
+def test_an_unmeetable_latency_bound_is_invalid(repo: Path, tmp_path: Path) -> None:
+    options = BenchOptions(
+        "identity",
+        [Scenario.SERVER],
+        repo=repo,
+        target_qps=200.0,
+        latency_bound_s=1e-6,
+        min_query_count=50,
+        **SHORT,
+    )
+    res = bench(None, options, tmp_path)["scenarios"][0]["result"]
+    assert res["verdict"] == "INVALID"
+    assert "Performance constraints satisfied: NO" in res["reasons"]
+
+
+def test_accuracy_mode_catches_a_model_that_answers_wrong(repo: Path, tmp_path: Path) -> None:
+    reference = repo / "identity" / "1" / "model.onnx"
+    options = BenchOptions(
+        "broken", [Scenario.OFFLINE], repo=repo, accuracy=True, reference=reference, **SHORT
+    )
+    res = bench(None, options, tmp_path)["scenarios"][0]["result"]
+    acc = res["accuracy"]
+    assert acc["ok"] is False and acc["passed"] == 0 and acc["checked"] == acc["samples"] == 64
+    assert acc["max_abs_error"] == pytest.approx(1.0)
+    assert res["verdict"] == "INVALID"
+    assert (Path(res["log_dir"]) / "accuracy" / "mlperf_log_accuracy.json").stat().st_size > 100
+
+
+def test_accuracy_mode_passes_a_correct_model(repo: Path, tmp_path: Path) -> None:
+    options = BenchOptions("identity", [Scenario.SINGLESTREAM], repo=repo, accuracy=True, **SHORT)
+    acc = bench(None, options, tmp_path)["scenarios"][0]["result"]["accuracy"]
+    assert acc["ok"] is True and acc["passed"] == acc["checked"] == 64
+
+
+def test_find_peak_records_a_sweep(repo: Path, tmp_path: Path) -> None:
+    options = BenchOptions(
+        "identity", [Scenario.SERVER], repo=repo, find_peak=True, max_peak_runs=3,
+        latency_bound_s=0.05, min_query_count=64, **SHORT,
+    )  # fmt: skip
+    report = bench(None, options, tmp_path)
+    entry = report["scenarios"][0]
+    assert len(entry["sweep"]) == 3
+    rates = [p["target_qps"] for p in entry["sweep"]]
+    assert rates == sorted(rates)
+    if entry["peak_qps"] is not None:
+        assert any(p["valid"] and p["target_qps"] == entry["peak_qps"] for p in entry["sweep"])
+    assert Path(report["files"]["sweep_png"]).is_file()
+
+
+def test_cli_unknown_model_is_a_clear_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--repo", str(repo), "--model", "nope", "--duration", "1s"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "no model 'nope'" in err and "identity" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9", "grpc://127.0.0.1:9"])
+def test_cli_unreachable_target_is_a_clear_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["bench", url, "--model", "identity", "--scenario", "offline"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "cannot reach" in err and "Traceback" not in err
+
+
+def test_cli_flags_before_and_after_the_target_both_count(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["bench", "--model", "identity", "--repo", str(repo), "--scenario", "singlestream",
+         "--duration", "0.3s", "--out", str(tmp_path), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["scenarios"][0]["scenario"] == "SingleStream"
+    assert "VALID" in capsys.readouterr().out
+
+
+def test_cli_refuses_two_targets_without_compare(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "http://a:1", "http://b:2", "--model", "identity"])
+    assert code == 1
+    assert "bench compare" in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""Many concurrent clients: none lost or mixed; a failing backend fails only its batch."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http.aio as tha
+from http_support import ServerThread, build_repository, mlp_reference, serving
+from tritonclient.utils import InferenceServerException
+
+REQUESTS = 2000
+CLIENTS = 8
+STREAMS_PER_CLIENT = 8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    root = build_repository(tmp_path_factory.mktemp("repo"))
+    with serving(root) as running:
+        yield running
+
+
+def _stats(server: ServerThread, model: str) -> dict[str, int]:
+    entry = server.dataplane.statistics(model)["model_stats"][0]
+    return {
+        "rows": entry["inference_count"],
+        "success": entry["inference_stats"]["success"]["count"],
+        "fail": entry["inference_stats"]["fail"]["count"],
+    }
+
+
+async def _one(client: tha.InferenceServerClient, n: int, rng: random.Random) -> tuple[str, int]:
+    model, name, out = rng.choice((("identity", "input", "output"), ("mlp", "x", "y")))
+    rows = rng.randint(1, 8)
+    binary = rng.random() < 0.5
+    x = np.random.default_rng(n).standard_normal((rows, 16)).astype(np.float32)
+    tensor = tha.InferInput(name, [rows, 16], "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    result = await client.infer(
+        model,
+        [tensor],
+        request_id=f"r{n}",
+        outputs=[tha.InferRequestedOutput(out, binary_data=not binary)],
+    )
+    assert result.get_response()["id"] == f"r{n}"
+    got = result.as_numpy(out)
+    if model == "identity":
+        np.testing.assert_array_equal(got, x)
+    else:
+        np.testing.assert_allclose(got, mlp_reference(x), rtol=1e-4, atol=1e-4)
+    return model, rows
+
+
+async def test_two_thousand_concurrent_requests(server: ServerThread) -> None:
+    before = {m: _stats(server, m) for m in ("identity", "mlp")}
+    rng = random.Random(11)
+    numbers = iter(range(REQUESTS))
+    done: list[tuple[str, int]] = []
+
+    async def stream(client: tha.InferenceServerClient) -> None:
+        for n in numbers:  # streams share one iterator: each request is sent exactly once
+            done.append(await _one(client, n, rng))
+
+    clients = [
+        tha.InferenceServerClient(server.url, conn_limit=STREAMS_PER_CLIENT) for _ in range(CLIENTS)
+    ]
+    try:
+        await asyncio.gather(*(stream(c) for c in clients for _ in range(STREAMS_PER_CLIENT)))
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+    assert len(done) == REQUESTS
+    for model in ("identity", "mlp"):
+        after = _stats(server, model)
+        sent = [rows for m, rows in done if m == model]
+        assert after["success"] - before[model]["success"] == len(sent)
+        assert after["rows"] - before[model]["rows"] == sum(sent)
+        assert after["fail"] == before[model]["fail"]
+    assert server.dataplane.statistics("identity")["model_stats"][0]["execution_count"] > 0
+
+
+def _fails_even(x: np.ndarray) -> tha.InferInput:
+    tensor = tha.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return tensor
+
+
+async def test_failing_backend_fails_only_its_batch(server: ServerThread) -> None:
+    async with tha.InferenceServerClient(server.url) as client:
+        two = np.ones((2, 4), dtype=np.float32)
+        with pytest.raises(InferenceServerException, match="onnxruntime failed") as caught:
+            await client.infer("fails_even", [_fails_even(two)])
+        assert caught.value.status() == "500"
+        one = np.full((1, 4), 3.0, dtype=np.float32)
+        result = await client.infer("fails_even", [_fails_even(one)])
+        np.testing.assert_array_equal(result.as_numpy("y"), one)
+
+        # Concurrent single rows merge into batches; the even ones fail, the odd ones succeed,
+        # and requests to another model in the meantime are untouched.
+        async def row(n: int) -> bool:
+            x = np.full((1, 4), float(n), dtype=np.float32)
+            try:
+                out = await client.infer("fails_even", [_fails_even(x)])
+            except InferenceServerException as exc:
+                assert exc.status() == "500"
+                assert "onnxruntime failed" in str(exc)
+                return False
+            np.testing.assert_array_equal(out.as_numpy("y"), x)
+            return True
+
+        async def other(n: int) -> None:
+            x = np.full((2, 16), float(n), dtype=np.float32)
+            tensor = tha.InferInput("input", [2, 16], "FP32")
+            tensor.set_data_from_numpy(x)
+            out = await client.infer("identity", [tensor])
+            np.testing.assert_array_equal(out.as_numpy("output"), x)
+
+        outcomes = await asyncio.gather(
+            *(row(n) for n in range(60)), *(other(n) for n in range(60))
+        )
+        assert len(outcomes) == 120
+        stats = _stats(server, "fails_even")
+        assert stats["fail"] >= 1
+        assert stats["success"] + stats["fail"] == 62
+        # The server still serves that model and the others.
+        result = await client.infer("fails_even", [_fails_even(one)])
+        np.testing.assert_array_equal(result.as_numpy("y"), one)
+        assert await client.is_server_ready()
+
+
+async def test_graceful_stop_finishes_in_flight_requests(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = build_repository(tmp_path_factory.mktemp("stop"))
+    server = ServerThread(root)
+    server.start()
+    url = f"http://{server.url}"
+    body = {
+        "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
+    }
+    try:
+        async with httpx.AsyncClient(base_url=url) as client:
+            # The "queued" model holds a lone request 300 ms for company: it is in flight
+            # while the frontend stops.
+            pending = asyncio.ensure_future(client.post("/v2/models/queued/infer", json=body))
+            batcher = server.dataplane.manager.get("queued").batcher
+            while not batcher.queued:
+                await asyncio.sleep(0.005)
+            stopping = asyncio.get_running_loop().run_in_executor(
+                None, server.run, server.frontend.stop(5.0)
+            )
+            response = await pending
+            await stopping
+        assert response.status_code == 200
+        assert response.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/v2/health/live")
+    finally:
+        server.stop()

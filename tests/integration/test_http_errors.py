@@ -1,0 +1,338 @@
+"""Bad input over REST: each gets the right status and an error that says what was wrong."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as th
+from http_support import ServerThread, build_repository, serving
+from tritonclient.utils import InferenceServerException
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    root = build_repository(tmp_path_factory.mktemp("repo"))
+    with serving(root, max_body_bytes=LIMIT) as running:
+        yield running
+
+
+@pytest.fixture
+def http(server: ServerThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"http://{server.url}") as client:
+        yield client
+
+
+def _tensor(name: str, shape: list[int], datatype: str, data: Any) -> dict[str, Any]:
+    return {"name": name, "shape": shape, "datatype": datatype, "data": data}
+
+
+def _expect(response: httpx.Response, status: int, *fragments: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    for fragment in fragments:
+        assert fragment in error, error
+
+
+IDENTITY = "/v2/models/identity/infer"
+ROW = [float(i) for i in range(16)]
+
+
+# -- malformed requests ----------------------------------------------------------------------------
+
+
+def test_malformed_json(http: httpx.Client) -> None:
+    _expect(http.post(IDENTITY, content=b'{"inputs": [}'), 400, "malformed JSON")
+    _expect(http.post(IDENTITY, content=b""), 400, "body is empty")
+    _expect(http.post(IDENTITY, json={"inputs": "x"}), 400, "invalid inference request", "inputs")
+    bad_shape = {"inputs": [_tensor("input", [1, -16], "FP32", ROW)]}
+    _expect(http.post(IDENTITY, json=bad_shape), 400, "shape")
+    no_name = {"inputs": [{"shape": [1, 16], "datatype": "FP32", "data": ROW}]}
+    _expect(http.post(IDENTITY, json=no_name), 400, "name")
+
+
+def test_unknown_model_and_version(http: httpx.Client) -> None:
+    body = {"inputs": [_tensor("input", [1, 16], "FP32", ROW)]}
+    _expect(http.post("/v2/models/ghost/infer", json=body), 404, "unknown model 'ghost'")
+    _expect(http.post("/v2/models/identity/versions/9/infer", json=body), 404, "no version '9'")
+    _expect(http.get("/v2/models/ghost"), 404, "ghost")
+    _expect(http.get("/v2/models/ghost/ready"), 404, "ghost")
+    _expect(http.get("/v2/models/identity/versions/2/stats"), 404, "no version '2'")
+    _expect(http.get("/v2/models/broken"), 503, "not ready", "max_batch_size")
+
+
+def test_wrong_or_missing_inputs(http: httpx.Client) -> None:
+    wrong = {"inputs": [_tensor("inputs", [1, 16], "FP32", ROW)]}
+    _expect(http.post(IDENTITY, json=wrong), 400, "lacks ['input']")
+    a = _tensor("a", [1, 4], "FP32", [1, 2, 3, 4])
+    _expect(http.post("/v2/models/two_inputs/infer", json={"inputs": [a]}), 400, "lacks ['b']")
+    b = _tensor("b", [1, 4], "INT32", [1, 2, 3, 4])
+    extra = {"inputs": [a, b, _tensor("c", [1], "FP32", [0])]}
+    _expect(http.post("/v2/models/two_inputs/infer", json=extra), 400, "unexpected inputs ['c']")
+    twice = {"inputs": [a, a, b]}
+    _expect(http.post("/v2/models/two_inputs/infer", json=twice), 400, "appears twice")
+    unknown_out = {"inputs": [a, b], "outputs": [{"name": "nope"}]}
+    _expect(http.post("/v2/models/two_inputs/infer", json=unknown_out), 400, "unknown outputs")
+
+
+def test_wrong_datatype(http: httpx.Client) -> None:
+    body = {"inputs": [_tensor("input", [1, 16], "INT32", list(range(16)))]}
+    _expect(http.post(IDENTITY, json=body), 400, "datatype FP32", "gave INT32")
+    body = {"inputs": [_tensor("input", [1, 16], "FLOAT", ROW)]}
+    _expect(http.post(IDENTITY, json=body), 400, "unknown datatype 'FLOAT'")
+    body = {"inputs": [_tensor("input", [1, 16], "FP32", ["x"] * 16)]}
+    _expect(http.post(IDENTITY, json=body), 400, "must hold numbers", "strings")
+    body = {"inputs": [_tensor("n", [1, 3], "INT64", [1, 2.5, 3])]}
+    _expect(http.post("/v2/models/int64/infer", json=body), 400, "integers")
+    body = {"inputs": [_tensor("text", [1, 2], "BYTES", ["a", 1])]}
+    _expect(http.post("/v2/models/strings/infer", json=body), 400, "strings only")
+
+
+def test_shape_and_data_length_mismatch(http: httpx.Client) -> None:
+    body = {"inputs": [_tensor("input", [1, 15], "FP32", ROW[:15])]}
+    _expect(http.post(IDENTITY, json=body), 400, "shape [-1, 16]", "gave [1, 15]")
+    body = {"inputs": [_tensor("input", [1, 16], "FP32", ROW[:15])]}
+    _expect(http.post(IDENTITY, json=body), 400, "16 elements", "holds 15")
+    body = {"inputs": [_tensor("input", [2, 16], "FP32", [ROW, ROW[:15]])]}
+    _expect(http.post(IDENTITY, json=body), 400, "ragged")
+    body = {
+        "inputs": [_tensor("x", [3, 2], "FP32", [0] * 6), _tensor("flags", [3], "BOOL", [1] * 3)]
+    }
+    _expect(http.post("/v2/models/fixed/infer", json=body), 400, "true/false")
+
+
+def test_batch_above_max_batch_size(http: httpx.Client) -> None:
+    rows = [[1.0, 2.0, 3.0, 4.0]] * 9
+    body = {"inputs": [_tensor("input", [9, 4], "FP32", rows)]}
+    _expect(http.post("/v2/models/plus/infer", json=body), 400, "exceeds max_batch_size 8")
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_in_json_is_refused(http: httpx.Client, datatype: str) -> None:
+    body = {"inputs": [_tensor("x", [1, 4], datatype, [1.0, 2.0, 3.0, 4.0])]}
+    _expect(http.post("/v2/models/half/infer", json=body), 400, datatype, "binary data")
+
+
+def test_bad_parameters(http: httpx.Client) -> None:
+    body = {"inputs": [_tensor("input", [1, 16], "FP32", ROW)], "parameters": {"priority": "high"}}
+    _expect(http.post(IDENTITY, json=body), 400, "'priority' must be a non-negative integer")
+    body["parameters"] = {"timeout": -5}
+    _expect(http.post(IDENTITY, json=body), 400, "'timeout'")
+    body["parameters"] = {"binary_data_output": "yes"}
+    _expect(http.post(IDENTITY, json=body), 400, "binary_data_output")
+
+
+# -- binary data that does not add up --------------------------------------------------------------
+
+
+def _binary_request(
+    http: httpx.Client, header: dict[str, Any], tail: bytes, header_length: int | None = None
+) -> httpx.Response:
+    head = json.dumps(header).encode()
+    length = len(head) if header_length is None else header_length
+    return http.post(
+        IDENTITY, content=head + tail, headers={"Inference-Header-Content-Length": str(length)}
+    )
+
+
+def _binary_input(size: int) -> dict[str, Any]:
+    tensor = _tensor("input", [1, 16], "FP32", None)
+    del tensor["data"]
+    tensor["parameters"] = {"binary_data_size": size}
+    return {"inputs": [tensor]}
+
+
+def test_binary_sizes_that_do_not_add_up(http: httpx.Client) -> None:
+    data = np.zeros(16, dtype=np.float32).tobytes()
+    _expect(_binary_request(http, _binary_input(64), data[:40]), 400, "only 40 bytes")
+    _expect(_binary_request(http, _binary_input(64), data + b"xx"), 400, "2 bytes after")
+    _expect(_binary_request(http, _binary_input(60), data[:60]), 400, "takes 64 bytes", "60")
+    _expect(_binary_request(http, _binary_input(64), data, 10_000), 400, "only")
+    _expect(_binary_request(http, _binary_input(-1), data), 400, "binary_data_size")
+    no_header = http.post(IDENTITY, content=json.dumps(_binary_input(64)).encode() + data)
+    _expect(no_header, 400, "malformed JSON")
+    header_only = http.post(IDENTITY, json=_binary_input(64))
+    _expect(header_only, 400, "no Inference-Header-Content-Length")
+    bad = http.post(IDENTITY, content=data, headers={"Inference-Header-Content-Length": "x"})
+    _expect(bad, 400, "Inference-Header-Content-Length must be")
+
+
+def test_bytes_binary_that_does_not_add_up(http: httpx.Client) -> None:
+    good = th.InferInput("text", [1, 2], "BYTES")
+    good.set_data_from_numpy(np.array([[b"ab", b"c"]], dtype=object))
+    raw = good._get_binary_data()
+    tensor = {"name": "text", "shape": [1, 2], "datatype": "BYTES"}
+    for payload, fragment in ((raw[:-1], "claims 1 bytes"), (raw[:6], "holds 1")):
+        tensor["parameters"] = {"binary_data_size": len(payload)}
+        head = json.dumps({"inputs": [tensor]}).encode()
+        r = http.post(
+            "/v2/models/strings/infer",
+            content=head + payload,
+            headers={"Inference-Header-Content-Length": str(len(head))},
+        )
+        _expect(r, 400, fragment)
+
+
+def test_raw_binary_form_errors(http: httpx.Client) -> None:
+    raw = {"Inference-Header-Content-Length": "0"}
+    r = http.post(IDENTITY, content=b"\0" * 60, headers=raw)
+    _expect(r, 400, "takes 64 bytes")
+    r = http.post("/v2/models/two_inputs/infer", content=b"\0" * 32, headers=raw)
+    _expect(r, 400, "one input", "['a', 'b']")
+
+
+def test_compression_errors(http: httpx.Client) -> None:
+    r = http.post(IDENTITY, content=b"not gzip", headers={"Content-Encoding": "gzip"})
+    _expect(r, 400, "cannot be decompressed")
+    r = http.post(IDENTITY, content=b"x", headers={"Content-Encoding": "br"})
+    _expect(r, 501, "Content-Encoding 'br'")
+
+
+def test_errors_through_tritonclient(server: ServerThread) -> None:
+    client = th.InferenceServerClient(server.url)
+    x = th.InferInput("input", [1, 16], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+    with pytest.raises(InferenceServerException, match="unknown model 'ghost'") as caught:
+        client.infer("ghost", [x])
+    assert caught.value.status() == "404"
+    y = th.InferInput("input", [1, 16], "FP64")
+    y.set_data_from_numpy(np.zeros((1, 16), dtype=np.float64))
+    with pytest.raises(InferenceServerException, match="request gave FP64") as caught:
+        client.infer("identity", [y])
+    assert caught.value.status() == "400"
+    client.close()
+
+
+# -- routes and methods ----------------------------------------------------------------------------
+
+
+def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
+    _expect(http.get("/v1/models"), 404, "no route")
+    _expect(http.get("/v2/models/identity/versions/1/explain"), 404, "no route")
+    _expect(http.get("/v2/health"), 404, "no route")
+    r = http.get(IDENTITY)
+    _expect(r, 405, "GET is not allowed", "use POST")
+    assert r.headers["allow"] == "POST"
+    _expect(http.post("/v2/health/live"), 405, "use GET")
+    _expect(http.delete("/v2/repository/models/identity/load"), 405, "use POST")
+
+
+def test_repository_errors(http: httpx.Client) -> None:
+    _expect(http.post("/v2/repository/models/ghost/load"), 404, "no model 'ghost'")
+    r = http.post("/v2/repository/models/identity/load", json={"parameters": {"config": "{}"}})
+    _expect(r, 501, "not supported")
+    _expect(http.post("/v2/repository/index", content=b"[1"), 400, "malformed JSON")
+    _expect(http.post("/v2/repository/index", json={"ready": "yes"}), 400, "'ready'")
+    _expect(http.post("/v2/repository/models/ghost/unload"), 404, "ghost")
+
+
+# -- body limit and HTTP framing, over raw sockets -------------------------------------------------
+
+
+def _raw(server: ServerThread) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.frontend.port), timeout=10)
+    _readers.pop(sock.fileno(), None)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One response; bytes of later (pipelined) responses stay buffered for the next call."""
+    reader = _readers.setdefault(sock.fileno(), sock.makefile("rb"))
+    status_line = reader.readline()
+    assert status_line, "connection closed"
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, value = line.decode("latin-1").rstrip("\r\n").split(": ", 1)
+        headers[name.lower()] = value
+    body = reader.read(int(headers.get("content-length", "0")))
+    return int(status_line.split()[1]), headers, body
+
+
+_readers: dict[int, Any] = {}
+
+
+def test_body_above_limit_refused_before_it_is_read(server: ServerThread) -> None:
+    with _raw(server) as sock:
+        # Only the head is sent: the answer must come without the server waiting for the body.
+        sock.sendall(
+            f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode()
+        )
+        status, headers, body = _read_response(sock)
+    assert status == 413
+    assert headers["connection"] == "close"
+    assert f"exceeds the limit of {LIMIT} bytes" in json.loads(body)["error"]
+
+
+def test_chunked_body_above_limit(server: ServerThread) -> None:
+    chunk = b"x" * 65536
+    with _raw(server) as sock:
+        sock.sendall(
+            f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for _ in range(LIMIT // len(chunk) + 1):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        status, _, body = _read_response(sock)
+    assert status == 413
+    assert "exceeds the limit" in json.loads(body)["error"]
+
+
+def test_large_body_through_httpx_gets_413(http: httpx.Client) -> None:
+    r = http.post(IDENTITY, content=b"0" * (LIMIT + 10))
+    _expect(r, 413, "exceeds the limit")
+
+
+def test_malformed_http(server: ServerThread) -> None:
+    with _raw(server) as sock:
+        sock.sendall(b"GARBAGE\r\n\r\n")
+        status, _, body = _read_response(sock)
+    assert status == 400
+    assert "malformed HTTP request" in json.loads(body)["error"]
+
+
+def test_pipelined_requests_answered_in_order(server: ServerThread) -> None:
+    bodies = []
+    for value in range(3):
+        doc = {"id": str(value), "inputs": [_tensor("input", [1, 16], "FP32", [value] * 16)]}
+        bodies.append(json.dumps(doc).encode())
+    wire = b"".join(
+        f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(b)}\r\n\r\n".encode() + b
+        for b in bodies
+    )
+    wire += b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with _raw(server) as sock:
+        sock.sendall(wire)
+        answers = [_read_response(sock) for _ in range(4)]
+    for value, (status, _, body) in enumerate(answers[:3]):
+        doc = json.loads(body)
+        assert status == 200
+        assert doc["id"] == str(value)
+        assert doc["outputs"][0]["data"] == [float(value)] * 16
+    assert answers[3][0] == 200
+
+
+def test_expect_continue_and_http10(server: ServerThread) -> None:
+    body = json.dumps({"inputs": [_tensor("input", [1, 16], "FP32", ROW)]}).encode()
+    with _raw(server) as sock:
+        sock.sendall(
+            f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
+        status, _, _ = _read_response(sock)
+        assert status == 100
+        sock.sendall(body)
+        status, _, answer = _read_response(sock)
+        assert status == 200
+        assert json.loads(answer)["outputs"][0]["data"] == ROW
+    with _raw(server) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+        status, headers, _ = _read_response(sock)
+        assert status == 200
+        assert headers["connection"] == "close"
+        assert _readers[sock.fileno()].read() == b""  # closed after the answer

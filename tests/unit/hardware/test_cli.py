@@ -1,0 +1,72 @@
+"""`dlscale catalog`, `devices` and `roofline` as a user runs them (in-process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlscale.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_devices_json_on_this_machine_is_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "devices", "--json")
+    assert code == 0 and err == ""
+    host = json.loads(out)
+    assert host["cpu"]["physical_cores"] >= 1
+    if host["nvml"] != "ok":  # no GPU here: an empty list and the reason, no traceback
+        assert host["gpus"] == [] and host["nvml"].startswith("unavailable")
+    code, out, err = _run(capsys, "devices")
+    assert code == 0 and out.startswith("CPU: ") and "Traceback" not in out + err
+
+
+def test_catalog_lists_and_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "catalog")
+    assert code == 0
+    assert "H100-SXM" in out and "GB200-NVL72" in out and "TPU-v5e" in out
+    code, out, _ = _run(capsys, "catalog", "h100")
+    assert code == 0 and out.startswith("H100-SXM") and "datasheet" in out and "1g.10gb" in out
+    code, out, _ = _run(capsys, "catalog", "H100-SXM", "--json")
+    entry = json.loads(out)
+    assert entry["dense_flops"]["int8"] == 1979e12
+    assert entry["sources"]["int8"]
+    code, out, _ = _run(capsys, "catalog", "--json")
+    assert len(json.loads(out)) >= 30
+
+
+def test_catalog_unknown_name_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "catalog", "H100-SXM6")
+    assert code == 1 and "no device 'H100-SXM6'" in err and "H100-SXM" in err
+
+
+def test_roofline_with_explicit_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys, "roofline", "resnet50", "--device", "H100-SXM", "--precision", "int8",
+        "--flops", "8.18G", "--bytes", "0", "--measured", "91826", "--json",
+    )  # fmt: skip
+    assert code == 0
+    line = json.loads(out)
+    assert line["attainable_rate"] == pytest.approx(241_932, rel=1e-5)
+    assert line["bound"] == "compute" and line["share"] == pytest.approx(0.38, abs=0.005)
+    code, out, _ = _run(
+        capsys, "roofline", "resnet50", "--device", "L4", "--precision", "int8",
+        "--flops", "8.18G", "--bytes", "60M",
+    )  # fmt: skip
+    assert code == 0 and "memory-bound" in out and "5,000 samples/s" in out
+
+
+def test_roofline_errors_are_messages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = _run(capsys, "roofline", "nomodel", "--repo", str(tmp_path), "--device", "T4")
+    assert code == 1 and "no ONNX model at" in err and "--flops" in err
+    code, _, err = _run(capsys, "roofline", "m", "--device", "T4", "--precision", "fp8",
+                        "--flops", "1G", "--bytes", "1M")  # fmt: skip
+    assert code == 1 and "T4 publishes no dense fp8" in err
+    with pytest.raises(SystemExit):
+        main(["roofline", "m", "--flops", "lots"])

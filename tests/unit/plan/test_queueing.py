@@ -1,0 +1,90 @@
+"""The batching-server simulation: sane against queueing theory, infinite past saturation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dlscale.errors import PlanError
+from dlscale.plan.queueing import BatchingServer, ServiceTime, peak_rate, simulate
+
+
+def linear(fixed: float, per_item: float) -> ServiceTime:
+    """A batch costs a fixed launch time plus a time per item."""
+    return lambda b: fixed + per_item * b
+
+
+def test_matches_md1_mean_latency() -> None:
+    # Batch 1, no delay, constant service s: an M/D/1 queue. Pollaczek-Khinchine gives the
+    # mean wait rho s / (2 (1 - rho)), so the mean latency at rho = 0.5 is 1.5 s.
+    s = 0.002
+    server = BatchingServer(lambda b: s, max_batch=1, max_delay=0.0)
+    for rho in (0.3, 0.5, 0.7):
+        want = s + rho * s / (2 * (1 - rho))
+        assert simulate(server, rho / s).mean == pytest.approx(want, rel=0.08)
+
+
+def test_p99_grows_with_load() -> None:
+    server = BatchingServer(linear(1e-3, 2e-4), max_batch=16, max_delay=0.0, devices=2)
+    p99s = [simulate(server, u * server.capacity).p99 for u in (0.3, 0.5, 0.7, 0.85, 0.95)]
+    assert p99s == sorted(p99s)
+    assert p99s[-1] > 2 * p99s[0]
+
+
+def test_infinite_at_and_past_saturation() -> None:
+    server = BatchingServer(linear(1e-3, 2e-4), max_batch=8, max_delay=1e-3)
+    assert server.capacity == pytest.approx(8 / 2.6e-3)
+    for factor in (1.0, 1.5):
+        result = simulate(server, factor * server.capacity)
+        assert result.saturated
+        assert math.isinf(result.p99)
+    assert not simulate(server, 0.9 * server.capacity).saturated
+
+
+def test_idle_request_waits_the_delay_then_runs_alone() -> None:
+    server = BatchingServer(linear(1e-3, 2e-4), max_batch=8, max_delay=4e-3)
+    result = simulate(server, 1.0)  # one request a second: nobody to batch with
+    assert result.p50 == pytest.approx(4e-3 + 1.2e-3)
+    assert result.mean_batch == pytest.approx(1.0, abs=0.01)
+
+
+def test_batches_fill_under_load() -> None:
+    server = BatchingServer(linear(1e-3, 1e-4), max_batch=32, max_delay=2e-3)
+    light, heavy = (simulate(server, u * server.capacity) for u in (0.1, 0.9))
+    assert light.mean_batch < heavy.mean_batch <= 32
+
+
+def test_instances_share_their_device() -> None:
+    one = BatchingServer(linear(1e-3, 1e-4), max_batch=8, max_delay=0.0)
+    two = BatchingServer(linear(1e-3, 1e-4), max_batch=8, max_delay=0.0, instances_per_device=2)
+    assert two.capacity == pytest.approx(one.capacity)
+    pooled = BatchingServer(linear(1e-3, 1e-4), max_batch=8, max_delay=0.0, devices=4)
+    assert pooled.capacity == pytest.approx(4 * one.capacity)
+
+
+def test_same_seed_same_answer() -> None:
+    server = BatchingServer(linear(1e-3, 1e-4), max_batch=8, max_delay=1e-3)
+    assert simulate(server, 3000.0) == simulate(server, 3000.0)
+
+
+def test_peak_rate_holds_the_bound_and_grows_with_it() -> None:
+    server = BatchingServer(linear(1e-3, 1e-4), max_batch=16, max_delay=5e-4)
+    peaks = [peak_rate(server, bound) for bound in (4e-3, 8e-3, 16e-3, 32e-3)]
+    assert peaks == sorted(peaks)
+    assert 0 < peaks[0] < peaks[-1] < server.capacity
+    assert simulate(server, peaks[1]).p99 <= 8e-3
+    # An idle request already misses a bound below delay + s(1) = 1.6 ms: no rate holds it.
+    assert peak_rate(server, 1.5e-3) == 0.0
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(PlanError):
+        BatchingServer(linear(1e-3, 1e-4), max_batch=0, max_delay=0.0)
+    with pytest.raises(PlanError):
+        BatchingServer(linear(1e-3, 1e-4), max_batch=4, max_delay=-1.0)
+    server = BatchingServer(linear(1e-3, 1e-4), max_batch=4, max_delay=0.0)
+    with pytest.raises(PlanError):
+        simulate(server, 0.0)
+    with pytest.raises(PlanError):
+        peak_rate(server, 0.0)
