@@ -38,7 +38,9 @@ def choose_metric(
             metric = Metric(requested)
         except ValueError:
             choices = ", ".join(m.value for m in Metric)
-            raise OptimizeError(f"metric {requested!r}: expected auto or one of {choices}") from None
+            raise OptimizeError(
+                f"metric {requested!r}: expected auto or one of {choices}"
+            ) from None
         if metric is Metric.TOP1 and not has_labels:
             raise OptimizeError(
                 "metric top1 needs labels (a 'labels' array in the model's validation.npz); "
@@ -128,7 +130,10 @@ def run_outputs(backend: Backend, inputs: Mapping[str, np.ndarray], batch: int) 
     rows = len(next(iter(inputs.values())))
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, rows, max(1, batch)):
-        feed = {n: np.ascontiguousarray(inputs[n][start : start + batch], dt) for n, dt in dtypes.items()}
+        feed = {
+            n: np.ascontiguousarray(inputs[n][start : start + batch], dt)
+            for n, dt in dtypes.items()
+        }
         for name, value in backend.infer(feed).items():
             parts.setdefault(name, []).append(np.asarray(value, dtype=np.float32))
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
@@ -143,7 +148,9 @@ def compare(
 ) -> AccuracyCheck:
     """Judge a variant's outputs against the reference's on the same inputs."""
     if set(reference) != set(outputs):
-        raise OptimizeError(f"outputs differ: reference {sorted(reference)}, variant {sorted(outputs)}")
+        raise OptimizeError(
+            f"outputs differ: reference {sorted(reference)}, variant {sorted(outputs)}"
+        )
     samples = len(next(iter(reference.values())))
     if metric is Metric.TOP1:
         if labels is None:
@@ -171,8 +178,11 @@ def _mean_cosine(ref: np.ndarray, got: np.ndarray) -> float:
     b = got.reshape(len(got), -1).astype(np.float64)
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     # Two all-zero rows agree perfectly; one zero row against a non-zero one not at all.
-    same = np.where(norms > 0, (a * b).sum(1) / np.where(norms > 0, norms, 1), 
-                    np.all(a == b, axis=1).astype(np.float64))
+    same = np.where(
+        norms > 0,
+        (a * b).sum(1) / np.where(norms > 0, norms, 1),
+        np.all(a == b, axis=1).astype(np.float64),
+    )
     return float(np.mean(same))
 
 

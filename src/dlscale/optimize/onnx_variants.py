@@ -89,7 +89,12 @@ class _Reader:
 
 
 def quantize_int8_static(
-    source: Path, dest: Path, calibration: Arrays, *, method: str = "MinMax", per_channel: bool = True
+    source: Path,
+    dest: Path,
+    calibration: Arrays,
+    *,
+    method: str = "MinMax",
+    per_channel: bool = True,
 ) -> None:
     """QDQ INT8: U8 activations calibrated on `calibration`, S8 weights per channel.
 
@@ -105,7 +110,9 @@ def quantize_int8_static(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if method not in CalibrationMethod.__members__:
-        raise RecipeError(f"calibration {method!r}: expected one of {list(CalibrationMethod.__members__)}")
+        raise RecipeError(
+            f"calibration {method!r}: expected one of {list(CalibrationMethod.__members__)}"
+        )
     input_names = _input_names(source)
     with tempfile.TemporaryDirectory(prefix="dlscale-quant-") as tmp:
         prepared = Path(tmp) / "prepared.onnx"
@@ -121,7 +128,7 @@ def quantize_int8_static(
             quantize_static(
                 str(prepared),
                 str(dest),
-                _Reader(calibration, input_names),  # type: ignore[arg-type]
+                _Reader(calibration, input_names),
                 quant_format=QuantFormat.QDQ,
                 per_channel=per_channel,
                 activation_type=QuantType.QUInt8,

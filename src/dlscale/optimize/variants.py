@@ -134,7 +134,8 @@ class Variant:
 
     name: str
     precision: str
-    #: Recipe that turns the FP32 file into this variant's file: copy, fp16, int8-static, int8-dynamic.
+    #: Recipe that makes this variant's file from the FP32 one: copy, fp16, int8-static or
+    #: int8-dynamic.
     recipe: str
     #: Recipe parameters (calibration method, keep_io_types...).
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -166,15 +167,18 @@ def precision_variants(
     tried = [Variant("fp32", "fp32", "copy", backend_options=base)]
     skipped: list[Skipped] = []
     if caps.is_cuda:
-        tried.append(
-            Variant("fp16", "fp16", "fp16", {"keep_io_types": True}, base, lossy=True)
-        )
+        tried.append(Variant("fp16", "fp16", "fp16", {"keep_io_types": True}, base, lossy=True))
         if "TensorrtExecutionProvider" in caps.ort_providers:
             trt = {**base, "tensorrt": True}
             tried.append(Variant("trt-fp32", "fp32", "copy", backend_options=trt))
             tried.append(
-                Variant("trt-fp16", "fp16", "copy", backend_options={**trt, "trt_fp16": True},
-                        lossy=True)
+                Variant(
+                    "trt-fp16",
+                    "fp16",
+                    "copy",
+                    backend_options={**trt, "trt_fp16": True},
+                    lossy=True,
+                )
             )
         else:
             skipped.append(Skipped("trt-*", "onnxruntime has no TensorRT provider here"))
@@ -225,10 +229,10 @@ def _int8_supported(caps: DeviceCaps) -> tuple[bool, str]:
     return True, ""
 
 
-def runtime_variants(best: Variant, facts: ModelFacts, caps: DeviceCaps) -> tuple[
-    list[Variant], list[Skipped]
-]:
-    """Stage two: runtime settings tried on the best stage-one file (graph level, threads, layout)."""
+def runtime_variants(
+    best: Variant, facts: ModelFacts, caps: DeviceCaps
+) -> tuple[list[Variant], list[Skipped]]:
+    """Stage two: runtime settings (graph level, threads, layout) on the best stage-one file."""
     tried = [
         best.tuned("opt-basic", graph_optimization_level="basic"),
         best.tuned("opt-extended", graph_optimization_level="extended"),
