@@ -13,7 +13,10 @@ DIGITS_CALIBRATION = 128
 
 def _bert_signature(seq_len: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return (
-        [TensorSpec("input_ids", INT64, (seq_len,)), TensorSpec("attention_mask", INT64, (seq_len,))],
+        [
+            TensorSpec("input_ids", INT64, (seq_len,)),
+            TensorSpec("attention_mask", INT64, (seq_len,)),
+        ],
         [
             TensorSpec("last_hidden_state", FP32, (seq_len, 768)),
             TensorSpec("pooler_output", FP32, (768,)),
