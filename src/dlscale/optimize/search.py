@@ -164,16 +164,20 @@ def optimize(
         slo = None
         if settings.slo_p99_s is not None:
             slo_deadline = started + settings.time_budget_s
-            slo = tune_slo(
-                repo.root,
-                model,
-                settings.slo_p99_s,
-                caps,
-                settings.slo,
-                slo_deadline,
-                Path(tmp) / "slo",
-                say,
-            )
+            try:
+                slo = tune_slo(
+                    repo.root,
+                    model,
+                    settings.slo_p99_s,
+                    caps,
+                    settings.slo,
+                    slo_deadline,
+                    Path(tmp) / "slo",
+                    say,
+                )
+            except DlscaleError as exc:
+                # The version is written; the report says why tuning could not follow.
+                slo = SloResult(settings.slo_p99_s, {}, [], None, note=f"not tuned: {exc}")
     result = OptimizeResult(
         model=model,
         source_version=source.version,
