@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 # torch is pinned and installed first: the pin takes the CPU build; anything else pulls CUDA.
 TORCH   := torch==2.13.0
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench clean venv grpc-stubs
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -36,6 +36,10 @@ test: lint
 
 bench: $(VENV)/.dev-installed
 	$(PY) -m benchmarks.run
+
+# Regenerate the committed gRPC stubs after editing src/dlscale/frontends/grpc/inference.proto.
+grpc-stubs: $(VENV)/.dev-installed
+	$(PY) scripts/gen_grpc.py
 
 clean:
 	rm -rf $(VENV) .dlscale .pytest_cache .mypy_cache .ruff_cache

@@ -30,13 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line, resolving `bench SUBVERB ...` (a TARGET otherwise) to its parser."""
+    args = build_parser().parse_args(argv)
+    words: list[str] = getattr(args, "words", None) or []
+    if args.verb == "bench" and words and words[0] in _BENCH_SUBVERBS:
+        holder = argparse.ArgumentParser(prog="dlscale bench")
+        subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
+        _BENCH_SUBVERBS[words[0]](subs)
+        args = holder.parse_args(words)
+        args.verb = f"bench {words[0]}"
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dlscale` command."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(argv)
     func: Handler | None = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         return func(args)
@@ -209,7 +221,7 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p.add_argument("--precision", default="fp32", help="fp64 fp32 tf32 fp16 bf16 fp8 int8 int4")
     p.add_argument("--batch", type=int, default=1, help="batch size the bytes are counted for")
     p.add_argument(
-        "--repo", default=".dlscale/models", help="model repository (MODEL/1/model.onnx)"
+        "--repo", type=Path, default=None, help="model repository (default: the zoo, built once)"
     )
     p.add_argument("--flops", type=_quantity, help="FLOPs per sample (e.g. 8.18G)")
     p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
@@ -275,19 +287,16 @@ def _local_device() -> str:
     return next((g.catalog for g in detect().gpus if g.catalog), "CPU")
 
 
-def _model_cost(repo: str, model: str) -> Any:
-    """The model's FLOP and byte counts from its ONNX file (dlscale.models.flops.count)."""
-    import importlib
-
+def _model_cost(repo: Path | None, model: str) -> Any:
+    """The model's FLOP and byte counts from its ONNX file (a zoo model is built if missing)."""
     from dlscale.errors import NotFound
+    from dlscale.models.flops import count
+    from dlscale.models.locate import onnx_file
 
-    path = Path(repo) / model / "1" / "model.onnx"
-    if not path.exists():
-        raise NotFound(f"no ONNX model at {path}; give --repo, or --flops and --bytes")
-    # Imported by name: the FLOP counter lives in dlscale.models, which may be absent in a
-    # trimmed install; --flops/--bytes work without it.
-    flops = importlib.import_module("dlscale.models.flops")
-    return flops.count(path)
+    try:
+        return count(onnx_file(model, repo))
+    except NotFound as exc:
+        raise NotFound(f"{exc}; give --repo, or --flops and --bytes") from None
 
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -325,7 +334,9 @@ def _add_plan_verbs(sub: SubParsers) -> None:
 
     t = verbs.add_parser("train", help="training time on N GPUs with ring or tree all-reduce")
     t.add_argument("--flops-per-sample", type=float, required=True, help="training FLOPs (fwd+bwd)")
-    t.add_argument("--samples", type=int, required=True, help="samples per epoch")
+    t.add_argument(
+        "--samples", type=lambda v: int(float(v)), required=True, help="samples per epoch (1e9 ok)"
+    )
     t.add_argument("--epochs", type=float, default=1.0)
     t.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     t.add_argument("--nodes", type=int, default=1)
@@ -515,14 +526,6 @@ def _add_bench_compare(sub: SubParsers) -> None:
 
 def _bench_dispatch(args: argparse.Namespace) -> int:
     words: list[str] = args.words
-    if words and words[0] in _BENCH_SUBVERBS:
-        holder = argparse.ArgumentParser(prog="dlscale bench")
-        subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
-        _BENCH_SUBVERBS[words[0]](subs)
-        sub_args = holder.parse_args(words)
-        sub_args.verb = f"bench {words[0]}"
-        handler: Handler = sub_args.func
-        return handler(sub_args)
     # Flags after TARGET arrive unparsed; read them now on top of those given before it.
     again = argparse.ArgumentParser(prog="dlscale bench")
     again.add_argument("targets", nargs="*")

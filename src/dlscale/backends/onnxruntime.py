@@ -86,6 +86,18 @@ def _text(item: object) -> str:
     return item.decode() if isinstance(item, bytes) else str(item)
 
 
+def _from_runtime(array: np.ndarray) -> np.ndarray:
+    """String outputs back as the protocol's BYTES elements (UTF-8 bytes)."""
+    if array.dtype != object or not array.size:
+        return array
+    converted: np.ndarray = np.vectorize(_utf8, otypes=[object])(array)
+    return converted
+
+
+def _utf8(item: object) -> object:
+    return item.encode() if isinstance(item, str) else item
+
+
 class OnnxRuntimeBackend:
     """One InferenceSession; `run` releases the GIL, so instances compute in parallel threads."""
 
@@ -144,7 +156,7 @@ class OnnxRuntimeBackend:
             raise InvalidInput(f"the model refused the inputs: {exc}") from exc
         except Exception as exc:
             raise BackendError(f"onnxruntime failed: {exc}") from exc
-        return dict(zip(names, results, strict=True))
+        return {n: _from_runtime(r) for n, r in zip(names, results, strict=True)}
 
     def unload(self) -> None:
         """Drop the session (its memory is freed when the last reference goes)."""

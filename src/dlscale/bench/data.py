@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from dlscale.bench.targets import ModelInfo
 from dlscale.errors import BenchError
+from dlscale.models.zoo import ZOO
 from dlscale.types import Datatype, TensorSpec
 
 #: Keys of an .npz file that hold ground-truth labels rather than an input.
@@ -58,7 +57,7 @@ def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) 
             return _check(_from_file(validation, specs), specs, str(validation))
     count = _fit(count, specs)
     rng = np.random.default_rng(seed)
-    zoo = _from_zoo(info.name, count, rng)
+    zoo = _from_zoo(info.name, specs, count, rng)
     if zoo is not None:
         return _check(zoo, specs, f"zoo:{info.name}")
     return SampleSet({s.name: _random(s, count, rng) for s in specs}, None, "random")
@@ -96,19 +95,16 @@ def _from_file(path: Path, specs: Sequence[TensorSpec]) -> SampleSet:
     return SampleSet({n: arrays[n] for n in names}, labels, str(path))
 
 
-def _from_zoo(name: str, count: int, rng: np.random.Generator) -> SampleSet | None:
-    # The zoo is optional at run time: models outside it get samples from their signature.
-    try:
-        zoo: Any = importlib.import_module("dlscale.models.zoo")
-        entry = zoo.get(name)
-    except (ImportError, KeyError, LookupError, ValueError, BenchError):
+def _from_zoo(
+    name: str, specs: Sequence[TensorSpec], count: int, rng: np.random.Generator
+) -> SampleSet | None:
+    # A model that only shares a zoo name (other inputs) gets samples from its signature.
+    if name not in ZOO:
         return None
-    except Exception:  # the zoo's own "unknown model" error
-        return None
-    made = entry.sample(count, rng)
-    if isinstance(made, tuple):
-        made = made[0]
-    if not isinstance(made, dict):
+    made = ZOO[name].sample(count, rng)
+    if set(made) != {s.name for s in specs} or not all(
+        s.matches(made[s.name].shape) for s in specs
+    ):
         return None
     return SampleSet({k: np.asarray(v) for k, v in made.items()}, None, f"zoo:{name}")
 

@@ -1,13 +1,12 @@
 """Where a run happened and what it was worth: host, device, packages, roofline, batch profile.
 
-The hardware catalog and the FLOP counter are used when they are installed in this build of
-dlscale; without them the fields say why they are empty instead of failing the run.
+A figure that cannot be worked out (no catalog entry, a model the FLOP counter cannot read)
+leaves its field empty with a note saying why, rather than failing the run.
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib
 import importlib.metadata
 import os
 import platform
@@ -18,6 +17,12 @@ from typing import Any
 import psutil
 
 from dlscale.bench.targets import BatchTimes
+from dlscale.errors import DlscaleError
+from dlscale.hardware.catalog import load_catalog
+from dlscale.hardware.cpu import cpu_spec
+from dlscale.hardware.detect import detect
+from dlscale.hardware.roofline import roofline as roofline_of
+from dlscale.models.flops import count as count_cost
 
 PACKAGES = (
     "dlscale",
@@ -31,14 +36,6 @@ PACKAGES = (
 )
 
 
-def _optional(module: str) -> Any | None:
-    # Parts built in other areas may be absent from a build; the bench then reports less.
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
 def host() -> dict[str, Any]:
     """The machine the bench ran on (and, with the hardware package, its CPU and GPUs)."""
     out: dict[str, Any] = {
@@ -50,12 +47,7 @@ def host() -> dict[str, Any]:
         "memory_bytes": psutil.virtual_memory().total,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
-    detect = _optional("dlscale.hardware.detect")
-    if detect is not None:
-        try:
-            out["hardware"] = detect.detect().to_dict()
-        except Exception as exc:  # detection is best effort; the run's figures still stand
-            out["hardware"] = {"error": str(exc)}
+    out["hardware"] = detect().to_dict()
     return out
 
 
@@ -78,16 +70,9 @@ def now() -> str:
 def device_name(gpu: bool) -> str | None:
     """The catalog name of the device that computed: this host's first GPU or its CPU."""
     if gpu:
-        detect = _optional("dlscale.hardware.detect")
-        if detect is not None:
-            gpus = detect.detect().gpus
-            if gpus and getattr(gpus[0], "catalog", None):
-                return str(gpus[0].catalog)
-        return None
-    cpu = _optional("dlscale.hardware.cpu")
-    if cpu is not None and hasattr(cpu, "cpu_spec"):
-        return str(cpu.cpu_spec().name)
-    return None
+        gpus = detect().gpus
+        return str(gpus[0].catalog) if gpus and gpus[0].catalog else None
+    return cpu_spec().name
 
 
 def roofline(
@@ -98,27 +83,21 @@ def roofline(
     if model_file is None:
         out["note"] = "the model file is not readable from here (give --repo or --reference)"
         return out
-    flops_mod = _optional("dlscale.models.flops")
-    if flops_mod is None:
-        out["note"] = "dlscale.models.flops is not part of this build"
-        return out
     try:
-        cost = flops_mod.count(model_file)
-    except Exception as exc:  # a model the counter cannot read is a gap, not a failed run
+        cost = count_cost(model_file)
+    except (DlscaleError, ValueError, OSError) as exc:  # a gap in the report, not a failed run
         out["note"] = f"FLOPs not counted: {exc}"
         return out
     out["flops_per_sample"] = float(cost.flops)
-    roof_mod = _optional("dlscale.hardware.roofline")
-    catalog_mod = _optional("dlscale.hardware.catalog")
-    if roof_mod is None or catalog_mod is None or device is None:
+    if device is None:
         out["note"] = "no catalog entry for the device: share of roofline not computed"
         return out
     try:
-        spec = catalog_mod.load_catalog().get(device)
+        spec = load_catalog().get(device)
         bytes_per_sample = float(cost.bytes_per_sample(precision))
-        roof = roof_mod.roofline(spec, precision, float(cost.flops), bytes_per_sample)
+        roof = roofline_of(spec, precision, float(cost.flops), bytes_per_sample)
         out.update(roof.to_dict(measured_rate))
-    except Exception as exc:  # e.g. the device publishes no peak at this precision
+    except DlscaleError as exc:  # e.g. the device publishes no peak at this precision
         out["note"] = f"roofline not computed: {exc}"
     return out
 

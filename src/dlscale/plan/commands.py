@@ -6,7 +6,6 @@ Each turns parsed arguments into calls on the planners and prints a table; cli.p
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +13,8 @@ from pathlib import Path
 from dlscale.errors import DlscaleError, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.spec import DeviceSpec
+from dlscale.models.flops import count
+from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology
 from dlscale.plan.serve import (
@@ -121,30 +122,8 @@ def load_workload(args: argparse.Namespace) -> Workload:
         return Workload(args.model or "model", args.flops_per_sample, lambda _p, _b: moved)
     if not args.model:
         raise PlanError("give --model (zoo name or .onnx file) or --flops/--bytes-per-sample")
-    # By name: the FLOP counter and the zoo live in dlscale.models, built by another issue.
-    flops = importlib.import_module("dlscale.models.flops")
-    cost = flops.count(_onnx_path(args.model, args.repo))
+    cost = count(onnx_file(args.model, args.repo))
     return Workload(args.model, cost.flops, cost.bytes_per_sample)
-
-
-def _onnx_path(model: str, repo: Path | None) -> Path:
-    path = Path(model)
-    if path.suffix == ".onnx" and path.is_file():
-        return path
-    if repo is not None:
-        found = sorted((repo / model).glob("*/*.onnx"))
-        if found:
-            return found[-1]
-        raise PlanError(f"no ONNX file for {model!r} under {repo}")
-    build_zoo = importlib.import_module("dlscale.models.zoo").build_zoo
-    cache = Path.home() / ".cache" / "dlscale" / "plan-zoo"
-    found = sorted(cache.glob(f"{model}/*/*.onnx"))
-    if not found:
-        build_zoo(cache, [model])
-        found = sorted(cache.glob(f"{model}/*/*.onnx"))
-    if not found:
-        raise PlanError(f"the zoo built {model!r} but no ONNX file was found under {cache}")
-    return found[-1]
 
 
 def plan_serve(args: argparse.Namespace) -> int:

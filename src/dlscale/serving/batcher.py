@@ -97,6 +97,10 @@ class Batcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._scheduler: asyncio.Task[None] | None = None
+        # Smoothed gap between arrivals: waiting out the delay is pointless when no company
+        # is expected within it (a lone client would pay the whole delay on every request).
+        self._gap_ns = float("inf")
+        self._last_arrival_ns = 0
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -137,6 +141,7 @@ class Batcher:
         self._queued += 1
         self.stats.pending += 1
         self._idle.clear()
+        self._note_arrival(item.enqueued_ns)
         self._arrival.set()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
@@ -155,6 +160,16 @@ class Batcher:
         return self._queued
 
     # -- bookkeeping ---------------------------------------------------------------------------
+
+    def worth_waiting(self) -> bool:
+        """Whether another request is expected within the queue delay (arrivals come closer)."""
+        return self._gap_ns <= self.policy.max_queue_delay_us * 1000
+
+    def _note_arrival(self, now_ns: int) -> None:
+        if self._last_arrival_ns:
+            gap = now_ns - self._last_arrival_ns
+            self._gap_ns = gap if self._gap_ns == float("inf") else 0.8 * self._gap_ns + 0.2 * gap
+        self._last_arrival_ns = now_ns
 
     def _expire(self, item: _Pending, timeout_us: int) -> None:
         if item.queued and not item.future.done():
@@ -207,12 +222,15 @@ class Batcher:
             return []
         if self.policy.max_batch_size == 0:
             return [head]
-        chosen, rows = [], 0
+        chosen, rows, limit = [], 0, self.policy.max_batch_size
+        # Stop at a full batch: a deep backlog must not make every batch cost a full scan.
         for queue in self._queues:
             for item in queue:
-                if item.key == head.key and rows + item.rows <= self.policy.max_batch_size:
+                if item.key == head.key and rows + item.rows <= limit:
                     chosen.append(item)
                     rows += item.rows
+                    if rows == limit:
+                        return chosen
         return chosen
 
     async def _form_batch(self) -> list[_Pending]:
@@ -229,7 +247,7 @@ class Batcher:
                 return self._take(preferred)
             oldest = min(i.enqueued_ns for i in chosen)
             wait_s = (oldest + policy.max_queue_delay_us * 1000 - time.perf_counter_ns()) / 1e9
-            if wait_s <= 0:
+            if wait_s <= 0 or not self.worth_waiting():
                 return self._take(chosen)
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.cli import build_parser, main
+from dlscale.cli import main, parse
 
 
 def test_plan_train_prints_the_plan_and_the_deadline(
@@ -42,7 +42,7 @@ def test_plan_serve_needs_a_workload(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_bench_allreduce_arguments() -> None:
-    args = build_parser().parse_args(["bench", "allreduce", "--nproc", "4", "--sizes", "1K:1M"])
+    args = parse(["bench", "allreduce", "--nproc", "4", "--sizes", "1K:1M"])
     assert (args.nproc, args.backend, args.sizes, args.iters) == (4, "gloo", "1K:1M", 20)
 
 

@@ -95,6 +95,7 @@ BERT_BASE = ZooModel(
     factory=f"{NETS}.bert:make",
     calibration_size=64,
     validation_size=128,
+    seq_lens=(2, 512),  # [CLS] and [SEP] at least; BERT-base has 512 positions
 )
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (IDENTITY, MLP, DIGITS, RESNET50, BERT_BASE)}

@@ -43,7 +43,7 @@ def export_onnx(
         torch.onnx.export(
             module,
             args,
-            buffer,
+            buffer,  # type: ignore[arg-type]  # the TorchScript exporter takes a binary stream
             dynamo=False,
             input_names=names,
             output_names=list(output_names),
@@ -54,8 +54,13 @@ def export_onnx(
     model = onnx.load_from_string(buffer.getvalue())
     for key, value in sorted(metadata.items()):
         model.metadata_props.add(key=key, value=value)
-    onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def save_onnx(model: onnx.ModelProto, path: Path) -> None:
+    """Save and check with full shape inference, reading the file back (no in-memory copy)."""
+    onnx.save_model(model, path)
+    onnx.checker.check_model(path, full_check=True)
 
 
 def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import tomli_w
 
+from dlscale.errors import ConfigError
 from dlscale.types import TensorSpec
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class ZooModel:
     calibration_size: int
     validation_size: int
     datasets: Datasets | None = None
+    #: Shortest and longest sequence the model takes; None when it has no sequence axis.
+    seq_lens: tuple[int, int] | None = None
 
     def inputs(self, seq_len: int = 128) -> list[TensorSpec]:
         """Input specs, shapes without the batch dimension."""
@@ -62,7 +64,11 @@ class ZooModel:
         return self.sampler(batch, rng, seq_len)
 
     def torch_module(self, seq_len: int = 128) -> nn.Module:
-        """The PyTorch module in eval mode, with the same weights as every build."""
+        """The PyTorch module in eval mode, with the same weights as every build.
+
+        The weights do not depend on `seq_len`; BERT's module takes any length it allows.
+        """
+        self._check_seq_len(seq_len)
         return self._make()[0]
 
     def build(self, root: Path, seq_len: int = 128) -> Path:
@@ -71,6 +77,7 @@ class ZooModel:
         The folder is assembled beside its final place and moved in at the end, so a reader
         never sees a half-written model; an existing folder of that name is replaced.
         """
+        self._check_seq_len(seq_len)
         root.mkdir(parents=True, exist_ok=True)
         final = root / self.name
         with tempfile.TemporaryDirectory(prefix=f".{self.name}-", dir=root) as tmp:
@@ -81,6 +88,11 @@ class ZooModel:
                 shutil.rmtree(final)
             staging.rename(final)
         return final
+
+    def _check_seq_len(self, seq_len: int) -> None:
+        if self.seq_lens is not None and not self.seq_lens[0] <= seq_len <= self.seq_lens[1]:
+            low, high = self.seq_lens
+            raise ConfigError(f"{self.name}: seq_len must be in [{low}, {high}], got {seq_len}")
 
     def _make(self) -> tuple[nn.Module, dict[str, MetadataValue]]:
         module_name, func = self.factory.split(":")
@@ -99,7 +111,7 @@ class ZooModel:
         return calibration, validation
 
     def _write(self, folder: Path, seq_len: int) -> None:
-        from dlscale.models.zoo.export import export_onnx, save_npz
+        from dlscale.models.zoo.export import export_onnx, save_npz, save_onnx
 
         module, extra = self._make()
         metadata: dict[str, MetadataValue] = {
@@ -109,14 +121,14 @@ class ZooModel:
             "seed": WEIGHT_SEED,
             **extra,
         }
-        if any(spec.name == "input_ids" for spec in self.inputs(seq_len)):
+        if self.seq_lens is not None:
             metadata["seq_len"] = seq_len
         example = self.sample(2, np.random.default_rng(TRACE_SEED), seq_len=seq_len)
         outputs = [spec.name for spec in self.outputs(seq_len)]
         proto = export_onnx(
             module, example, outputs, {f"dlscale.{k}": str(v) for k, v in metadata.items()}
         )
-        onnx.save_model(proto, folder / "1" / "model.onnx")
+        save_onnx(proto, folder / "1" / "model.onnx")
         calibration, validation = self._datasets(seq_len)
         save_npz(folder / "1" / "calibration.npz", calibration)
         save_npz(folder / "1" / "validation.npz", validation)

@@ -8,7 +8,7 @@ from torch import nn
 from dlscale.models.zoo.nets.common import Metadata, deterministic
 from dlscale.models.zoo.samples import digits_split
 
-EPOCHS = 30
+EPOCHS = 20
 BATCH = 64
 LEARNING_RATE = 3e-3
 
@@ -39,9 +39,11 @@ def train(seed: int) -> tuple[DigitsCNN, float]:
         optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
         model.train()
         for _ in range(EPOCHS):
-            for idx in torch.randperm(len(y_train), generator=generator).split(BATCH):
+            order = torch.randperm(len(y_train), generator=generator)
+            for idx in torch.split(order, BATCH):
                 optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+                loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+                torch.autograd.backward(loss)
                 optimizer.step()
         model.eval()
         with torch.no_grad():

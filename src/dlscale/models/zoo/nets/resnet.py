@@ -91,5 +91,5 @@ def make(seed: int) -> tuple[nn.Module, Metadata]:
 
     with deterministic(seed):
         model = ResNet50()
-        calibrate_batchnorm(model, imagenet_like(16, np.random.default_rng(seed)))
+        calibrate_batchnorm(model, imagenet_like(8, np.random.default_rng(seed)))
     return model, {}
