@@ -557,3 +557,69 @@ def _add_bench_verbs(sub: SubParsers) -> None:
 _BENCH_SUBVERBS["compare"] = _add_bench_compare
 _BENCH_SUBVERBS["allreduce"] = _add_bench_allreduce
 _VERB_GROUPS.append(_add_bench_verbs)
+
+
+# -- optimize -------------------------------------------------------------------------------------
+
+
+def _add_optimize_verbs(sub: SubParsers) -> None:
+    """optimize: the fastest variant within an accuracy tolerance, and SLO tuning."""
+    opt = sub.add_parser(
+        "optimize", help="find the fastest variant of a model that keeps its accuracy"
+    )
+    opt.add_argument("repo", type=Path, help="model repository")
+    opt.add_argument("model", help="model name (its newest version is the FP32 reference)")
+    opt.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default auto)")
+    opt.add_argument("--tolerance", default="1%", help="largest accuracy change (1%% or 0.01)")
+    opt.add_argument(
+        "--metric",
+        default="auto",
+        choices=["auto", "top1", "agreement", "cosine", "maxabs"],
+        help="accuracy metric (auto: top1 with labels, agreement for classifiers, else cosine)",
+    )
+    opt.add_argument("--slo-p99", default=None, help="p99 bound to tune batching for (15ms)")
+    opt.add_argument("--time-budget", default="10m", help="wall-clock budget (10m, 90s)")
+    opt.add_argument("--only", default="", help="comma-separated variant name prefixes to try")
+    opt.set_defaults(func=_optimize)
+
+
+def _fraction(text: str) -> float:
+    value = text.strip()
+    try:
+        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        from dlscale.errors import OptimizeError
+
+        raise OptimizeError(
+            f"--tolerance {text!r}: expected a percentage (1%) or a fraction"
+        ) from None
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from dlscale.bench.scenarios import parse_duration
+    from dlscale.optimize import OptimizeSettings, optimize
+
+    settings = OptimizeSettings(
+        device=args.device,
+        tolerance=_fraction(args.tolerance),
+        metric=args.metric,
+        slo_p99_s=parse_duration(args.slo_p99) if args.slo_p99 else None,
+        time_budget_s=parse_duration(args.time_budget),
+        only=tuple(p for p in args.only.split(",") if p),
+    )
+    result = optimize(args.repo, args.model, settings, progress=print)
+    print(
+        f"wrote {args.model} version {result.written_version} ({result.winner.variant.name}); "
+        f"report: {result.files.get('markdown')}"
+    )
+    if result.slo is not None:
+        rate = result.slo.rate_qps
+        print(
+            "SLO: "
+            + (f"{rate:,.0f} qps verified under the bound" if rate else "not verified")
+            + f"; config: {args.repo / args.model / 'config.toml'}"
+        )
+    return 0
+
+
+_VERB_GROUPS.append(_add_optimize_verbs)

@@ -39,6 +39,7 @@ class BatchPolicy:
     default_priority_level: int = 0  # 0: the lowest level
     max_queue_size: int = 0  # 0: unbounded
     default_timeout_us: int = 0  # 0: none
+    adaptive_queue_delay: bool = True  # skip the delay when arrivals are further apart than it
 
     def level_of(self, priority: int) -> int:
         """Queue index for a request priority (1 highest); 0 asks for the default level."""
@@ -163,6 +164,8 @@ class Batcher:
 
     def worth_waiting(self) -> bool:
         """Whether another request is expected within the queue delay (arrivals come closer)."""
+        if not self.policy.adaptive_queue_delay:
+            return True
         return self._gap_ns <= self.policy.max_queue_delay_us * 1000
 
     def _note_arrival(self, now_ns: int) -> None:

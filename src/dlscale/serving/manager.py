@@ -69,6 +69,7 @@ def policy_of(config: ModelConfig) -> BatchPolicy:
         default_priority_level=b.default_priority_level,
         max_queue_size=b.max_queue_size,
         default_timeout_us=b.default_timeout_us,
+        adaptive_queue_delay=b.adaptive_queue_delay,
     )
 
 

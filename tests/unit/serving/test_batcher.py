@@ -243,3 +243,6 @@ async def test_waiting_for_company_follows_the_gap_between_arrivals() -> None:
         batcher._note_arrival(t)
     assert batcher.worth_waiting()
     await batcher.close()
+    strict = _batcher(BatchPolicy(max_batch_size=8, adaptive_queue_delay=False), [AddOne()])
+    assert strict.worth_waiting()  # nothing seen, yet it waits: the config asked for that
+    await strict.close()
