@@ -54,7 +54,9 @@ from dlscale.backends.torch_precision import fp8_supported
 from dlscale.errors import DlscaleError
 from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.model import WEIGHT_SEED
+from dlscale.serving.batcher import Batcher
 from dlscale.serving.manager import ModelManager
+from dlscale.types import Datatype, TensorSpec
 
 MLPERF_H100_RESNET50 = 91_826  # img/s per GPU, Offline, v3.0 closed (reference/mlperf.md)
 #: Batch sizes tried directly, per model: up to where H100 throughput stops growing.
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="dlscale-torch-gpu-") as tmp:
-        files = {name: _module_file(Path(tmp), name) for name in args.models}
+        files = {name: _module_file(Path(tmp), name, args.half_inputs) for name in args.models}
         flops = {name: _flops_per_sample(name) for name in args.models}
         for precision in args.precisions:
             for name in args.models:
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 if best and time.perf_counter() - start < args.budget + 60:
                     _profile(files[name], name, best.best_batch, args)
     report = _report(results, device_name, on_gpu, time.perf_counter() - start)
+    report["inputs"] = "fp16" if args.half_inputs else "fp32"
     (args.out / "torch_gpu.json").write_text(json.dumps(report, indent=2))
     (args.out / "torch_gpu.md").write_text(_markdown(report))
     print((args.out / "torch_gpu.md").read_text())
@@ -145,6 +148,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--instances", nargs="+", type=int, default=[1, 2])
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
+    p.add_argument(
+        "--half-inputs",
+        action="store_true",
+        help="declare float inputs FP16 (half the bytes over PCIe) instead of FP32",
+    )
     p.add_argument("--ladder", nargs="+", type=int, help="batch sizes to try (default per model)")
     return p
 
@@ -152,18 +160,25 @@ def _parser() -> argparse.ArgumentParser:
 # -- the model files and what they compute ---------------------------------------------------
 
 
-def _module_file(tmp: Path, name: str) -> Path:
+def _module_file(tmp: Path, name: str, half_inputs: bool) -> Path:
     """A model.zoo file building the zoo model from its PyTorch definition."""
     model = ZOO[name]
     path = tmp / f"{name}.zoo"
+    inputs = [s.with_batch() for s in model.inputs()]
+    if half_inputs:
+        inputs = [TensorSpec(s.name, _half(s.datatype), s.shape) for s in inputs]
     write_module_spec(
         path,
         model.factory,
         {"seed": WEIGHT_SEED},
-        [s.with_batch() for s in model.inputs()],
+        inputs,
         [s.with_batch() for s in model.outputs()],
     )
     return path
+
+
+def _half(datatype: Datatype) -> Datatype:
+    return Datatype.FP16 if datatype is Datatype.FP32 else datatype
 
 
 def _flops_per_sample(name: str) -> float:
@@ -190,9 +205,13 @@ def _settings(name: str, precision: str, device: str) -> dict[str, Any]:
 # -- measuring ----------------------------------------------------------------------------------
 
 
-def _pinned_batch(name: str, batch: int, device: str) -> dict[str, np.ndarray]:
+def _pinned_batch(name: str, batch: int, device: str, half: bool = False) -> dict[str, np.ndarray]:
     """A batch of samples in pinned host memory, as an MLPerf harness holds its sample set."""
     samples = ZOO[name].sample(batch, np.random.default_rng(1))
+    if half:
+        samples = {
+            k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in samples.items()
+        }
     if device == "cpu":
         return samples
     out = {}
@@ -221,7 +240,7 @@ def _measure(result: Result, file: Path, tmp: Path, args: argparse.Namespace) ->
     backend.load()
     try:
         for batch in ladder:
-            inputs = _pinned_batch(name, batch, args.device)
+            inputs = _pinned_batch(name, batch, args.device, args.half_inputs)
             result.ladder[batch] = _rate(partial(backend.infer, inputs), batch, args.seconds)
     finally:
         backend.unload()
@@ -248,7 +267,7 @@ def _offline(
         "backend_options": settings | {"batch_buckets": [batch]},
     }
     (folder / "config.toml").write_text(tomli_w.dumps(config))
-    inputs = _pinned_batch(result.model, batch, args.device)
+    inputs = _pinned_batch(result.model, batch, args.device, args.half_inputs)
     # Enough requests for `seconds` at the direct rate measured on the ladder.
     requests = max(8, int(result.ladder[batch] * seconds / batch))
 
@@ -257,9 +276,9 @@ def _offline(
         await manager.load(result.model)
         try:
             served = manager.get(result.model)
-            await asyncio.gather(*(served.batcher.infer(inputs) for _ in range(2 * instances)))
+            await _all_answered(served.batcher, inputs, 2 * instances)
             start = time.perf_counter()
-            await asyncio.gather(*(served.batcher.infer(inputs) for _ in range(requests)))
+            await _all_answered(served.batcher, inputs, requests)
             offline = requests * batch / (time.perf_counter() - start)
             backend = served.instances[0].backend
             direct = _rate(lambda: backend.infer(inputs), batch, seconds)
@@ -268,6 +287,33 @@ def _offline(
             await manager.close()
 
     return asyncio.run(run())
+
+
+async def _all_answered(batcher: Batcher, inputs: dict[str, np.ndarray], requests: int) -> None:
+    """Queue `requests` requests at once and wait until every one is answered.
+
+    Answers are dropped as they come, as LoadGen drops response data outside accuracy mode:
+    keeping them all would hold gigabytes of pinned memory (bert-base returns 393 KB a sample)
+    and make the caching host allocator pin fresh memory for every batch.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = requests
+    failures: list[BaseException] = []
+
+    def answered(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
+        nonlocal left
+        if not future.cancelled() and future.exception() is not None:
+            failures.append(future.exception())  # type: ignore[arg-type]
+        left -= 1
+        if left == 0 and not done.done():
+            done.set_result(None)
+
+    for _ in range(requests):
+        batcher.submit(inputs).add_done_callback(answered)
+    await done
+    if failures:
+        raise failures[0]
 
 
 def _profile(file: Path, name: str, batch: int, args: argparse.Namespace) -> None:
@@ -281,7 +327,7 @@ def _profile(file: Path, name: str, batch: int, args: argparse.Namespace) -> Non
     )
     backend.load()
     try:
-        inputs = _pinned_batch(name, batch, args.device)
+        inputs = _pinned_batch(name, batch, args.device, args.half_inputs)
         backend.infer(inputs)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
@@ -371,8 +417,9 @@ def _markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# torch backend on {report['device']} (torch {report['torch']}, CUDA {report['cuda']})",
         "",
-        "Offline through ModelManager + Batcher, requests of the best batch size, inputs in "
-        "pinned host memory, CUDA graphs per bucket (resnet50: channels_last).",
+        "Offline through ModelManager + Batcher, requests of the best batch size, "
+        f"{report.get('inputs', 'fp32').upper()} inputs in pinned host memory, CUDA graphs per "
+        "bucket (resnet50: channels_last).",
         "",
         "| model | precision | best batch | batcher samples/s (1 / 2 instances) | direct "
         "samples/s | batcher / direct | roofline share | MLPerf H100 share | status |",

@@ -334,6 +334,7 @@ def _options_of(config: ModelConfig, device: str) -> BackendOptions:
         device=device,
         intra_op_threads=opts.intra_op_threads,
         inter_op_threads=opts.inter_op_threads,
+        max_batch_size=config.max_batch_size,
         graph_optimization_level=opts.graph_optimization_level,
         extra=dict(opts.model_extra or {}),
     )

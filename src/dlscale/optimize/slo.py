@@ -252,6 +252,7 @@ def _service_times(
             BackendOptions(
                 device=caps.device,
                 intra_op_threads=threads,
+                max_batch_size=version.config.max_batch_size,
                 graph_optimization_level=opts.graph_optimization_level,
                 extra=dict(opts.model_extra or {}),
             ),
