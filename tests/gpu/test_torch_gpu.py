@@ -110,8 +110,12 @@ def test_fp32_and_tf32_cannot_share_a_process(zoo: Path) -> None:
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
-@pytest.mark.parametrize("name", ["mlp", "resnet50", "bert-base"])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+# Compiled with graphs only for mlp: inductor compiles once per bucket, a minute or more each
+# for resnet50 and bert-base.
+GRAPHED = [("mlp", False), ("resnet50", False), ("bert-base", False), ("mlp", True)]
+
+
+@pytest.mark.parametrize(("name", "compiled"), GRAPHED)
 def test_cuda_graphs_replay_every_bucket_with_exactly_the_rows_asked_for(
     zoo: Path, name: str, compiled: bool
 ) -> None:

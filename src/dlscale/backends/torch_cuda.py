@@ -119,7 +119,11 @@ class CudaGraphs:
                 step(*args)
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+        # thread_local: other models keep computing in their own threads while this one
+        # captures; the default ("global") would fail their CUDA calls for the duration.
+        with torch.cuda.graph(
+            graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"
+        ):
             outputs = step(*args)
         if self._pool is None:
             self._pool = graph.pool()
