@@ -14,9 +14,15 @@ from dlscale.backends.torch_buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch_device import resolve_device
 from dlscale.backends.torch_files import save_exported, save_torchscript, write_module_spec
 from dlscale.backends.torch_options import parse_torch_options
-from dlscale.backends.torch_precision import Fp8Linear, check_supported, fp8_supported, to_fp8
+from dlscale.backends.torch_precision import (
+    Fp8Linear,
+    check_supported,
+    fp8_supported,
+    fp32_mode,
+    to_fp8,
+)
 from dlscale.backends.torch_tensors import from_numpy, to_numpy
-from dlscale.errors import ConfigError, InvalidInput
+from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
 
 # -- buckets -------------------------------------------------------------------------------------
@@ -236,3 +242,37 @@ def test_settings_a_model_cannot_take_are_refused_at_load(tmp_path: Path) -> Non
         load(cuda_graphs=True)
     with pytest.raises(ConfigError, match="largest, 2, is below max_batch_size 4"):
         load(static_buckets=True, batch_buckets=[1, 2])
+
+
+def test_fp32_and_tf32_claims_exclude_each_other_until_released() -> None:
+    # The switches are plain flags, settable without a GPU; the claim logic is what is tested.
+    cuda = torch.device("cuda:0")
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        with fp32_mode("fp32", cuda), fp32_mode("fp32", cuda):
+            assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+            with pytest.raises(ConfigError, match="process-wide"), fp32_mode("tf32", cuda):
+                pass
+            with fp32_mode("bf16", cuda):  # not an FP32 mode: no claim, no conflict
+                pass
+        with fp32_mode("tf32", cuda):
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
+def test_bad_batches_are_refused_with_the_reason(tmp_path: Path) -> None:
+    path = _mlp_spec(tmp_path)
+    extra = {"static_buckets": True, "batch_buckets": [2, 4]}
+    backend = create_backend("torch", path, BackendOptions(max_batch_size=4, extra=extra))
+    with pytest.raises(BackendError, match="before load"):
+        backend.infer({"input": np.zeros((1, 256), np.float32)})
+    backend.load()
+    with pytest.raises(InvalidInput, match="takes inputs"):
+        backend.infer({"x": np.zeros((1, 256), np.float32)})
+    with pytest.raises(InvalidInput, match="takes FP32"):
+        backend.infer({"input": np.zeros((1, 256), np.float64)})
+    with pytest.raises(InvalidInput, match="above the largest batch bucket 4"):
+        backend.infer({"input": np.zeros((5, 256), np.float32)})
+    assert backend.infer({"input": np.ones((3, 256), np.float32)})["output"].shape == (3, 10)
+    backend.unload()
