@@ -221,7 +221,7 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p.add_argument("--precision", default="fp32", help="fp64 fp32 tf32 fp16 bf16 fp8 int8 int4")
     p.add_argument("--batch", type=int, default=1, help="batch size the bytes are counted for")
     p.add_argument(
-        "--repo", default=".dlscale/models", help="model repository (MODEL/1/model.onnx)"
+        "--repo", type=Path, default=None, help="model repository (default: the zoo, built once)"
     )
     p.add_argument("--flops", type=_quantity, help="FLOPs per sample (e.g. 8.18G)")
     p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
@@ -287,15 +287,16 @@ def _local_device() -> str:
     return next((g.catalog for g in detect().gpus if g.catalog), "CPU")
 
 
-def _model_cost(repo: str, model: str) -> Any:
-    """The model's FLOP and byte counts from its ONNX file (dlscale.models.flops.count)."""
+def _model_cost(repo: Path | None, model: str) -> Any:
+    """The model's FLOP and byte counts from its ONNX file (a zoo model is built if missing)."""
     from dlscale.errors import NotFound
     from dlscale.models.flops import count
+    from dlscale.models.locate import onnx_file
 
-    path = Path(repo) / model / "1" / "model.onnx"
-    if not path.exists():
-        raise NotFound(f"no ONNX model at {path}; give --repo, or --flops and --bytes")
-    return count(path)
+    try:
+        return count(onnx_file(model, repo))
+    except NotFound as exc:
+        raise NotFound(f"{exc}; give --repo, or --flops and --bytes") from None
 
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -333,7 +334,9 @@ def _add_plan_verbs(sub: SubParsers) -> None:
 
     t = verbs.add_parser("train", help="training time on N GPUs with ring or tree all-reduce")
     t.add_argument("--flops-per-sample", type=float, required=True, help="training FLOPs (fwd+bwd)")
-    t.add_argument("--samples", type=int, required=True, help="samples per epoch")
+    t.add_argument(
+        "--samples", type=lambda v: int(float(v)), required=True, help="samples per epoch (1e9 ok)"
+    )
     t.add_argument("--epochs", type=float, default=1.0)
     t.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     t.add_argument("--nodes", type=int, default=1)
@@ -554,3 +557,69 @@ def _add_bench_verbs(sub: SubParsers) -> None:
 _BENCH_SUBVERBS["compare"] = _add_bench_compare
 _BENCH_SUBVERBS["allreduce"] = _add_bench_allreduce
 _VERB_GROUPS.append(_add_bench_verbs)
+
+
+# -- optimize -------------------------------------------------------------------------------------
+
+
+def _add_optimize_verbs(sub: SubParsers) -> None:
+    """optimize: the fastest variant within an accuracy tolerance, and SLO tuning."""
+    opt = sub.add_parser(
+        "optimize", help="find the fastest variant of a model that keeps its accuracy"
+    )
+    opt.add_argument("repo", type=Path, help="model repository")
+    opt.add_argument("model", help="model name (its newest version is the FP32 reference)")
+    opt.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default auto)")
+    opt.add_argument("--tolerance", default="1%", help="largest accuracy change (1%% or 0.01)")
+    opt.add_argument(
+        "--metric",
+        default="auto",
+        choices=["auto", "top1", "agreement", "cosine", "maxabs"],
+        help="accuracy metric (auto: top1 with labels, agreement for classifiers, else cosine)",
+    )
+    opt.add_argument("--slo-p99", default=None, help="p99 bound to tune batching for (15ms)")
+    opt.add_argument("--time-budget", default="10m", help="wall-clock budget (10m, 90s)")
+    opt.add_argument("--only", default="", help="comma-separated variant name prefixes to try")
+    opt.set_defaults(func=_optimize)
+
+
+def _fraction(text: str) -> float:
+    value = text.strip()
+    try:
+        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        from dlscale.errors import OptimizeError
+
+        raise OptimizeError(
+            f"--tolerance {text!r}: expected a percentage (1%) or a fraction"
+        ) from None
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from dlscale.bench.scenarios import parse_duration
+    from dlscale.optimize import OptimizeSettings, optimize
+
+    settings = OptimizeSettings(
+        device=args.device,
+        tolerance=_fraction(args.tolerance),
+        metric=args.metric,
+        slo_p99_s=parse_duration(args.slo_p99) if args.slo_p99 else None,
+        time_budget_s=parse_duration(args.time_budget),
+        only=tuple(p for p in args.only.split(",") if p),
+    )
+    result = optimize(args.repo, args.model, settings, progress=print)
+    print(
+        f"wrote {args.model} version {result.written_version} ({result.winner.variant.name}); "
+        f"report: {result.files.get('markdown')}"
+    )
+    if result.slo is not None:
+        rate = result.slo.rate_qps
+        print(
+            "SLO: "
+            + (f"{rate:,.0f} qps verified under the bound" if rate else "not verified")
+            + f"; config: {args.repo / args.model / 'config.toml'}"
+        )
+    return 0
+
+
+_VERB_GROUPS.append(_add_optimize_verbs)

@@ -96,3 +96,7 @@ class PlanError(DlscaleError):
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
     reason = "REJECTED"
+
+
+class OptimizeError(DlscaleError):
+    """An optimization that cannot run (no data to check accuracy on, a bad tolerance)."""

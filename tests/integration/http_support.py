@@ -168,7 +168,8 @@ def build_repository(root: Path) -> Path:
             [_io("input", F, ["batch", 4])],
             [_io("output", F, ["batch", 4])],
         ),
-        "max_batch_size = 8\n[batching]\nmax_queue_delay_us = 300000\npriority_levels = 2\n",
+        "max_batch_size = 8\n[batching]\nmax_queue_delay_us = 300000\npriority_levels = 2\n"
+        "adaptive_queue_delay = false\n",
     )
     _save(root, "fails_even", fails_on_even_batches(), "max_batch_size = 7\n")
     (root / "broken").mkdir()

@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "plan": {"hardware", "models"},
     "cli": {"*"},
     "demo": {"*"},
+    "__main__": {"*"},
 }
 
 

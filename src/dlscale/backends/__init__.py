@@ -10,6 +10,7 @@ from dlscale.errors import ConfigError
 #: Backend name in config.toml -> the file name its model is stored under in a version folder.
 MODEL_FILES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("model.onnx",),
+    "torch": ("model.pt2", "model.pt", "model.zoo"),
 }
 
 
@@ -23,6 +24,17 @@ def create_backend(kind: str, path: Path, options: BackendOptions) -> Backend:
         from dlscale.backends.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(path, options)
+    if kind == "torch":
+        try:
+            from dlscale.backends.torch import TorchBackend
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            raise ConfigError(
+                f"backend 'torch' needs PyTorch, which is not installed ({exc}); "
+                "pip install 'dlscale[torch]'"
+            ) from None
+        return TorchBackend(path, options)
     raise ConfigError(f"unknown backend {kind!r}: expected one of {sorted(MODEL_FILES)}")
 
 

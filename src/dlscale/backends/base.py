@@ -20,6 +20,8 @@ class BackendOptions:
     #: Threads inside one operator; 0 lets the runtime choose.
     intra_op_threads: int = 0
     inter_op_threads: int = 0
+    #: The config's max_batch_size (0: inputs have no batch dim); sizes batch buckets.
+    max_batch_size: int = 0
     #: ONNX Runtime graph optimization: disable, basic, extended or all.
     graph_optimization_level: str = "all"
     #: Runtime-specific settings from the model config's [backend_options] table.

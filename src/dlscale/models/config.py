@@ -43,6 +43,9 @@ class BatchingConfig(_Strict):
     max_queue_size: NonNegative = 0
     #: Queue timeout for requests that give none; 0 means none.
     default_timeout_us: NonNegative = 0
+    #: Send a batch at once when requests arrive further apart than the delay (no company is
+    #: expected); false waits out max_queue_delay_us every time, as Triton does.
+    adaptive_queue_delay: bool = True
 
     @model_validator(mode="after")
     def _levels(self) -> BatchingConfig:
@@ -99,7 +102,7 @@ class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    backend: Literal["onnxruntime"] = "onnxruntime"
+    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
     platform: str = ""
     max_batch_size: NonNegative = 0
     inputs: list[TensorConfig] | None = None

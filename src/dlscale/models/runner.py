@@ -68,6 +68,7 @@ def load_for_run(version: ModelVersion, device: str = "cpu") -> Backend:
             device=device,
             intra_op_threads=opts.intra_op_threads,
             inter_op_threads=opts.inter_op_threads,
+            max_batch_size=version.config.max_batch_size,
             graph_optimization_level=opts.graph_optimization_level,
             extra=dict(opts.model_extra or {}),
         ),

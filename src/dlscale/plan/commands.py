@@ -14,7 +14,7 @@ from dlscale.errors import DlscaleError, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.flops import count
-from dlscale.models.zoo import build_zoo
+from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology
 from dlscale.plan.serve import (
@@ -122,28 +122,8 @@ def load_workload(args: argparse.Namespace) -> Workload:
         return Workload(args.model or "model", args.flops_per_sample, lambda _p, _b: moved)
     if not args.model:
         raise PlanError("give --model (zoo name or .onnx file) or --flops/--bytes-per-sample")
-    cost = count(_onnx_path(args.model, args.repo))
+    cost = count(onnx_file(args.model, args.repo))
     return Workload(args.model, cost.flops, cost.bytes_per_sample)
-
-
-def _onnx_path(model: str, repo: Path | None) -> Path:
-    path = Path(model)
-    if path.suffix == ".onnx" and path.is_file():
-        return path
-    if repo is not None:
-        found = sorted((repo / model).glob("*/*.onnx"))
-        if found:
-            return found[-1]
-        raise PlanError(f"no ONNX file for {model!r} under {repo}")
-    # Zoo models are built once into the same folder `dlscale demo` uses.
-    cache = Path(".dlscale/models")
-    found = sorted(cache.glob(f"{model}/*/*.onnx"))
-    if not found:
-        build_zoo(cache, [model])
-        found = sorted(cache.glob(f"{model}/*/*.onnx"))
-    if not found:
-        raise PlanError(f"the zoo built {model!r} but no ONNX file was found under {cache}")
-    return found[-1]
 
 
 def plan_serve(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ class BatchPolicy:
     default_priority_level: int = 0  # 0: the lowest level
     max_queue_size: int = 0  # 0: unbounded
     default_timeout_us: int = 0  # 0: none
+    adaptive_queue_delay: bool = True  # skip the delay when arrivals are further apart than it
 
     def level_of(self, priority: int) -> int:
         """Queue index for a request priority (1 highest); 0 asks for the default level."""
@@ -97,6 +98,10 @@ class Batcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._scheduler: asyncio.Task[None] | None = None
+        # Smoothed gap between arrivals: waiting out the delay is pointless when no company
+        # is expected within it (a lone client would pay the whole delay on every request).
+        self._gap_ns = float("inf")
+        self._last_arrival_ns = 0
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class Batcher:
         self._queued += 1
         self.stats.pending += 1
         self._idle.clear()
+        self._note_arrival(item.enqueued_ns)
         self._arrival.set()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
@@ -155,6 +161,18 @@ class Batcher:
         return self._queued
 
     # -- bookkeeping ---------------------------------------------------------------------------
+
+    def worth_waiting(self) -> bool:
+        """Whether another request is expected within the queue delay (arrivals come closer)."""
+        if not self.policy.adaptive_queue_delay:
+            return True
+        return self._gap_ns <= self.policy.max_queue_delay_us * 1000
+
+    def _note_arrival(self, now_ns: int) -> None:
+        if self._last_arrival_ns:
+            gap = now_ns - self._last_arrival_ns
+            self._gap_ns = gap if self._gap_ns == float("inf") else 0.8 * self._gap_ns + 0.2 * gap
+        self._last_arrival_ns = now_ns
 
     def _expire(self, item: _Pending, timeout_us: int) -> None:
         if item.queued and not item.future.done():
@@ -232,7 +250,7 @@ class Batcher:
                 return self._take(preferred)
             oldest = min(i.enqueued_ns for i in chosen)
             wait_s = (oldest + policy.max_queue_delay_us * 1000 - time.perf_counter_ns()) / 1e9
-            if wait_s <= 0:
+            if wait_s <= 0 or not self.worth_waiting():
                 return self._take(chosen)
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):

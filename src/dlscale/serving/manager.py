@@ -69,6 +69,7 @@ def policy_of(config: ModelConfig) -> BatchPolicy:
         default_priority_level=b.default_priority_level,
         max_queue_size=b.max_queue_size,
         default_timeout_us=b.default_timeout_us,
+        adaptive_queue_delay=b.adaptive_queue_delay,
     )
 
 
@@ -194,6 +195,7 @@ class ModelManager:
                     device=group.device,
                     intra_op_threads=opts.intra_op_threads,
                     inter_op_threads=opts.inter_op_threads,
+                    max_batch_size=config.max_batch_size,
                     graph_optimization_level=opts.graph_optimization_level,
                     extra=extra,
                 )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
@@ -62,19 +61,16 @@ class InferenceCollector(Collector):
             ),
         }
         for name, (doc, value) in counters.items():
-            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            family = _counter(name, doc)
             for s in stats:
-                family.add_metric([s.name, s.version], value(s))
+                family.add_sample(name, {"model": s.name, "version": s.version}, value(s))
             yield family
 
-        failure = CounterMetricFamily(
-            "nv_inference_request_failure",
-            "Failed inference requests, by reason",
-            labels=[*_LABELS, "reason"],
-        )
+        failure = _counter("nv_inference_request_failure", "Failed inference requests, by reason")
         for s in stats:
             for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
-                failure.add_metric([s.name, s.version, reason], s.failures.get(reason, 0))
+                labels = {"model": s.name, "version": s.version, "reason": reason}
+                failure.add_sample(failure.name, labels, s.failures.get(reason, 0))
         yield failure
 
         pending = GaugeMetricFamily(
@@ -107,6 +103,12 @@ class InferenceCollector(Collector):
             )
         yield latency
         yield batch
+
+
+def _counter(name: str, doc: str) -> Metric:
+    # prometheus_client would rename a counter to `<name>_total`; dashboards built for Triton
+    # query the bare names, so these counters go out untyped under exactly Triton's names.
+    return Metric(name, doc, "unknown")
 
 
 def _le(bound: float) -> str:

@@ -180,7 +180,13 @@ def build_repository(root: Path) -> Path:
     write_model(root, "widen", widen_graph(), BATCHED.format(max_batch=32, delay=0))
     write_model(root, "unbatched", unbatched_graph(), 'platform = "onnxruntime_onnx"\n')
     # A long queue delay: requests sent together reliably share one batch.
-    write_model(root, "fragile", fragile_graph(), BATCHED.format(max_batch=4, delay=1_000_000))
+    write_model(
+        root,
+        "fragile",
+        fragile_graph(),
+        # A strict wait: requests sent one at a time still queue for the whole delay.
+        BATCHED.format(max_batch=4, delay=1_000_000) + "adaptive_queue_delay = false\n",
+    )
     return root
 
 

@@ -64,7 +64,7 @@ def test_roofline_with_explicit_numbers(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_roofline_errors_are_messages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = _run(capsys, "roofline", "nomodel", "--repo", str(tmp_path), "--device", "T4")
-    assert code == 1 and "no ONNX model at" in err and "--flops" in err
+    assert code == 1 and "no ONNX file for model" in err and "--flops" in err
     code, _, err = _run(capsys, "roofline", "m", "--device", "T4", "--precision", "fp8",
                         "--flops", "1G", "--bytes", "1M")  # fmt: skip
     assert code == 1 and "T4 publishes no dense fp8" in err

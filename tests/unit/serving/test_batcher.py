@@ -231,3 +231,18 @@ async def test_several_instances_compute_at_once() -> None:
         b.gate.set()
     await asyncio.gather(*futures)
     await batcher.close()
+
+
+async def test_waiting_for_company_follows_the_gap_between_arrivals() -> None:
+    batcher = _batcher(BatchPolicy(max_batch_size=8, max_queue_delay_us=500), [AddOne()])
+    assert not batcher.worth_waiting()  # nothing seen yet
+    batcher._note_arrival(1_000_000)
+    batcher._note_arrival(4_000_000)  # a lone client: 3 ms apart, delay 0.5 ms
+    assert not batcher.worth_waiting()
+    for t in range(5_000_000, 5_020_000, 1_000):  # a burst: 1 us apart
+        batcher._note_arrival(t)
+    assert batcher.worth_waiting()
+    await batcher.close()
+    strict = _batcher(BatchPolicy(max_batch_size=8, adaptive_queue_delay=False), [AddOne()])
+    assert strict.worth_waiting()  # nothing seen, yet it waits: the config asked for that
+    await strict.close()

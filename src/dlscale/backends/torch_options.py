@@ -1,0 +1,103 @@
+"""The torch backend's settings, read from a model config's [backend_options] and checked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
+
+from dlscale.errors import ConfigError
+
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+#: torch.compile modes that capture CUDA graphs themselves (inductor's cudagraph trees).
+SELF_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
+
+
+@dataclass(frozen=True)
+class TorchOptions:
+    """How the torch backend runs a model: precision, layout, compilation, graphs, buckets."""
+
+    precision: Precision = "fp32"
+    #: fp16/bf16 through torch.autocast, weights kept in FP32, instead of a whole-model cast.
+    autocast: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    compile_mode: CompileMode = "default"
+    #: torch.compile backend; "aot_eager" traces like inductor without generating kernels.
+    compile_backend: str = "inductor"
+    cuda_graphs: bool = False
+    #: Batch sizes compiled or captured for; None: powers of two up to max_batch_size.
+    batch_buckets: tuple[int, ...] | None = None
+    #: Pad every batch to a bucket even without CUDA graphs (compiled once per bucket).
+    static_buckets: bool = False
+    #: Runs per bucket before a CUDA graph is captured (lazy initialization, autotuning).
+    warmup_runs: int = 2
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether batches are padded to fixed bucket sizes."""
+        return self.cuda_graphs or self.static_buckets
+
+
+_BOOLS = ("autocast", "channels_last", "compile", "cuda_graphs", "static_buckets")
+
+
+def parse_torch_options(extra: Mapping[str, Any]) -> TorchOptions:
+    """TorchOptions from [backend_options]; an unknown key or a bad value is a ConfigError."""
+    known = {f for f in TorchOptions.__dataclass_fields__}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ConfigError(
+            f"backend_options: {unknown} are not torch backend options (known: {sorted(known)})"
+        )
+    values: dict[str, Any] = {}
+    for key, value in extra.items():
+        values[key] = _checked(key, value)
+    options = TorchOptions(**values)
+    if options.cuda_graphs and options.compile and options.compile_mode in SELF_CAPTURING_MODES:
+        raise ConfigError(
+            f"backend_options: compile_mode {options.compile_mode!r} captures CUDA graphs itself; "
+            "set cuda_graphs = false, or use compile_mode 'default' or "
+            "'max-autotune-no-cudagraphs' with cuda_graphs = true"
+        )
+    if options.autocast and options.precision not in ("fp16", "bf16"):
+        raise ConfigError(
+            f"backend_options.autocast: needs precision 'fp16' or 'bf16', got {options.precision!r}"
+        )
+    return options
+
+
+def _checked(key: str, value: Any) -> Any:
+    where = f"backend_options.{key}"
+    if key == "precision":
+        return _choice(where, value, get_args(Precision))
+    if key == "compile_mode":
+        return _choice(where, value, get_args(CompileMode))
+    if key == "compile_backend":
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: expected a torch.compile backend name, got {value!r}")
+        return value
+    if key in _BOOLS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if key == "warmup_runs":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{where}: expected an integer of at least 1, got {value!r}")
+        return value
+    # batch_buckets, the only key left
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        raise ConfigError(f"{where}: expected a list of positive batch sizes, got {value!r}")
+    return tuple(sorted(set(value)))
+
+
+def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> Any:
+    if value not in allowed:
+        raise ConfigError(f"{where}: expected one of {list(allowed)}, got {value!r}")
+    return cast(str, value)

@@ -1,0 +1,36 @@
+"""Find a model's ONNX file by path, in a repository, or in the zoo (built once on first use)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlscale.errors import NotFound
+from dlscale.models.zoo import ZOO, build_zoo
+
+#: Where zoo models are built when no repository is named: the folder `dlscale demo` uses.
+DEFAULT_ZOO_DIR = Path(".dlscale/models")
+
+
+def onnx_file(model: str, repo: Path | None = None) -> Path:
+    """The newest ONNX file of `model`: a .onnx path, REPO/<model>/<v>/, or the zoo's build."""
+    path = Path(model)
+    if path.suffix == ".onnx" and path.is_file():
+        return path
+    root = repo if repo is not None else DEFAULT_ZOO_DIR
+    found = _newest(root, model)
+    if found is None and repo is None and model in ZOO:
+        build_zoo(root, [model])
+        found = _newest(root, model)
+    if found is None:
+        hint = "" if repo is not None else f"; zoo models: {sorted(ZOO)}"
+        raise NotFound(f"no ONNX file for model {model!r} under {root}{hint}")
+    return found
+
+
+def _newest(root: Path, model: str) -> Path | None:
+    versions = sorted(
+        (int(p.parent.name), p)
+        for p in root.glob(f"{model}/*/model.onnx")
+        if p.parent.name.isdigit()
+    )
+    return versions[-1][1] if versions else None

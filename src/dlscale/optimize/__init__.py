@@ -1,0 +1,7 @@
+"""Optimize: the fastest variant of a model for the device at hand, accuracy proven, SLO tuned."""
+
+from __future__ import annotations
+
+from dlscale.optimize.search import OptimizeResult, OptimizeSettings, Trial, optimize
+
+__all__ = ["OptimizeResult", "OptimizeSettings", "Trial", "optimize"]

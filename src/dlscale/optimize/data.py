@@ -1,0 +1,65 @@
+"""The data the optimizer checks and calibrates with: the model's own sets, else generated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlscale.models.repository import ModelVersion
+from dlscale.models.samples import random_inputs, stored_inputs
+from dlscale.types import TensorSpec
+
+Arrays = dict[str, np.ndarray]
+#: Rows generated when a model has no stored set of its own.
+GENERATED_ROWS = 64
+VALIDATION_SEED, CALIBRATION_SEED = 2, 1
+
+
+@dataclass(frozen=True)
+class DataSets:
+    """Validation inputs (with labels when known) and calibration inputs, and their origin."""
+
+    validation: Arrays
+    labels: np.ndarray | None
+    calibration: Arrays | None
+    #: Where each set came from, for the report ("validation.npz", "zoo sampler", "random").
+    validation_source: str
+    calibration_source: str
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.validation.values())))
+
+
+def load_datasets(version: ModelVersion, inputs: list[TensorSpec]) -> DataSets:
+    """The version's validation.npz and calibration.npz; generated sets where they are missing.
+
+    Generated sets come from the zoo's sampler for zoo models (realistic inputs) and from
+    random data otherwise; the report says which, because random data proves less.
+    """
+    names = {s.name for s in inputs}
+    stored = stored_inputs(version.path, "validation")
+    labels = None
+    if stored is not None and names <= set(stored):
+        labels = stored.get("labels")
+        validation, v_source = {n: stored[n] for n in names}, "validation.npz"
+    else:
+        validation, v_source = _generated(version, inputs, VALIDATION_SEED)
+    stored_cal = stored_inputs(version.path, "calibration")
+    calibration: Arrays | None
+    if stored_cal is not None and names <= set(stored_cal):
+        calibration, c_source = {n: stored_cal[n] for n in names}, "calibration.npz"
+    else:
+        calibration, c_source = _generated(version, inputs, CALIBRATION_SEED)
+    return DataSets(validation, labels, calibration, v_source, c_source)
+
+
+def _generated(version: ModelVersion, inputs: list[TensorSpec], seed: int) -> tuple[Arrays, str]:
+    rng = np.random.default_rng(seed)
+    from dlscale.models.zoo import ZOO
+
+    if version.name in ZOO and version.config.metadata.get("zoo"):
+        seq_len = int(version.config.metadata.get("seq_len", 128))
+        return ZOO[version.name].sample(GENERATED_ROWS, rng, seq_len=seq_len), "zoo sampler"
+    return random_inputs(inputs, GENERATED_ROWS, rng), "random"

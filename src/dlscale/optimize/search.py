@@ -1,0 +1,388 @@
+"""The optimizer's driver: try the device's variants, guard accuracy, measure, keep the fastest."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.errors import DlscaleError, OptimizeError
+from dlscale.models.config import ModelConfig, parse_config, write_config
+from dlscale.models.repository import ModelRepository, ModelVersion
+from dlscale.models.signature import reconcile
+from dlscale.optimize.accuracy import AccuracyCheck, Metric, choose_metric, compare, run_outputs
+from dlscale.optimize.data import DataSets, load_datasets
+from dlscale.optimize.measure import MeterSettings, Speed, measure
+from dlscale.optimize.onnx_variants import build_file
+from dlscale.optimize.slo import SloResult, SloSettings, tune_slo
+from dlscale.optimize.staging import (
+    MODEL_FILE,
+    backend_options_of,
+    derived_config,
+    folder_name,
+    stage,
+)
+from dlscale.optimize.variants import (
+    DeviceCaps,
+    ModelFacts,
+    Skipped,
+    Variant,
+    detect_caps,
+    model_facts,
+    precision_variants,
+    runtime_variants,
+)
+
+log = logging.getLogger(__name__)
+Arrays = dict[str, np.ndarray]
+#: Rows per batch when the guard runs the validation set.
+GUARD_BATCH = 64
+#: Share of the time budget the variant search may use when SLO tuning follows.
+VARIANT_SHARE_WITH_SLO = 0.6
+
+
+@dataclass(frozen=True)
+class OptimizeSettings:
+    """What `dlscale optimize` was asked for."""
+
+    device: str = "auto"
+    #: Largest deviation accepted, as a fraction (0.01 = 1%: one top-1 point, 1% disagreement).
+    tolerance: float = 0.01
+    metric: str = "auto"
+    slo_p99_s: float | None = None
+    time_budget_s: float = 600.0
+    #: Try only variants whose names start with one of these (fp32 is always tried).
+    only: tuple[str, ...] = ()
+    #: Stage two: graph levels, threads and layout on the best stage-one file.
+    runtime_stage: bool = True
+    #: Rejected variants are measured too, for the throughput-against-accuracy plot.
+    measure_rejected: bool = True
+    meter: MeterSettings = field(default_factory=MeterSettings)
+    slo: SloSettings = field(default_factory=SloSettings)
+
+    def check(self) -> None:
+        """Refuse settings that cannot work, before any model is loaded."""
+        if not 0 <= self.tolerance < 1:
+            raise OptimizeError(f"tolerance {self.tolerance:g}: expected a fraction in [0, 1)")
+        if self.time_budget_s <= 0:
+            raise OptimizeError("the time budget must be positive")
+        if self.slo_p99_s is not None and self.slo_p99_s <= 0:
+            raise OptimizeError("the p99 bound must be positive")
+
+
+@dataclass
+class Trial:
+    """One variant's fate: accepted, rejected (with by how much), failed (why) or not tried."""
+
+    variant: Variant
+    stage: int
+    status: str = "not-tried"
+    reason: str = ""
+    accuracy: AccuracyCheck | None = None
+    speed: Speed | None = None
+    build_s: float = 0.0
+    folder: Path | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form for the report."""
+        v = self.variant
+        return {
+            "name": v.name,
+            "stage": self.stage,
+            "precision": v.precision,
+            "recipe": v.recipe,
+            "params": dict(v.params),
+            "backend_options": dict(v.backend_options),
+            "status": self.status,
+            "reason": self.reason,
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
+            "speed": self.speed.to_dict() if self.speed else None,
+            "build_s": round(self.build_s, 3),
+        }
+
+
+@dataclass
+class OptimizeResult:
+    """Everything the optimizer did and decided; the report is written from this."""
+
+    model: str
+    source_version: int
+    device: str
+    metric: Metric
+    tolerance: float
+    data: dict[str, Any]
+    trials: list[Trial]
+    skipped: list[Skipped]
+    winner: Trial
+    written_version: int
+    version_dir: Path
+    previous_config: dict[str, Any]
+    slo: SloResult | None = None
+    elapsed_s: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+
+Progress = Callable[[str], None]
+
+
+def optimize(
+    repo_root: Path, model: str, settings: OptimizeSettings, progress: Progress | None = None
+) -> OptimizeResult:
+    """Find the fastest variant within tolerance, write it as a new version, tune for the SLO."""
+    from dlscale.optimize.report import write_report
+
+    settings.check()
+    say = progress or (lambda _msg: None)
+    started = time.monotonic()
+    budget_share = VARIANT_SHARE_WITH_SLO if settings.slo_p99_s else 1.0
+    deadline = started + settings.time_budget_s * budget_share
+    repo = ModelRepository(repo_root)
+    source = repo.version(model)
+    caps = detect_caps(settings.device)
+    with tempfile.TemporaryDirectory(prefix=f".optimize-{model}-", dir=repo.root) as tmp:
+        search = _Search(source, caps, settings, Path(tmp), say)
+        trials, skipped = search.run(deadline)
+        winner = _best(trials)
+        say(
+            f"winner: {winner.variant.name} ({winner.speed.offline_sps:,.1f} samples/s)"
+            if winner.speed
+            else f"winner: {winner.variant.name}"
+        )
+        version, version_dir, previous = _write_version(repo, source, winner)
+        slo = None
+        if settings.slo_p99_s is not None:
+            slo_deadline = started + settings.time_budget_s
+            try:
+                slo = tune_slo(
+                    repo.root,
+                    model,
+                    settings.slo_p99_s,
+                    caps,
+                    settings.slo,
+                    slo_deadline,
+                    Path(tmp) / "slo",
+                    say,
+                )
+            except DlscaleError as exc:
+                # The version is written; the report says why tuning could not follow.
+                slo = SloResult(settings.slo_p99_s, {}, [], None, note=f"not tuned: {exc}")
+    result = OptimizeResult(
+        model=model,
+        source_version=source.version,
+        device=caps.device,
+        metric=search.metric,
+        tolerance=settings.tolerance,
+        data=search.data_summary(),
+        trials=trials,
+        skipped=skipped,
+        winner=winner,
+        written_version=version,
+        version_dir=version_dir,
+        previous_config=previous,
+        slo=slo,
+        elapsed_s=time.monotonic() - started,
+    )
+    result.files = write_report(result, version_dir)
+    return result
+
+
+class _Search:
+    """Stage one (precision files), then stage two (runtime settings on the best file)."""
+
+    def __init__(
+        self,
+        source: ModelVersion,
+        caps: DeviceCaps,
+        settings: OptimizeSettings,
+        scratch: Path,
+        say: Progress,
+    ) -> None:
+        self.source = source
+        self.caps = caps
+        self.settings = settings
+        self.scratch = scratch
+        self.say = say
+        self.facts: ModelFacts = model_facts(source.model_file)
+        backend = self._load(source.model_file, _options_of(source.config, caps.device))
+        try:
+            inputs, _ = reconcile(
+                source.config, backend.inputs, backend.outputs, source.path.parent / "config.toml"
+            )
+            self.datasets: DataSets = load_datasets(source, inputs)
+            self.reference = self._outputs(backend)
+        finally:
+            backend.unload()
+        task = str(source.config.metadata.get("task", ""))
+        self.metric = choose_metric(
+            settings.metric,
+            has_labels=self.datasets.labels is not None,
+            outputs=self.reference,
+            task=task,
+        )
+
+    def data_summary(self) -> dict[str, Any]:
+        d = self.datasets
+        return {
+            "validation": d.validation_source,
+            "validation_rows": d.rows,
+            "labels": d.labels is not None,
+            "calibration": d.calibration_source,
+        }
+
+    def run(self, deadline: float) -> tuple[list[Trial], list[Skipped]]:
+        first, skipped = precision_variants(
+            self.facts, self.caps, has_calibration=self.datasets.calibration is not None
+        )
+        first = [v for v in first if self._wanted(v)]
+        trials = [self._try(v, 1, deadline, always=v.name == "fp32") for v in first]
+        best = _best(trials)
+        if self.settings.runtime_stage:
+            second, more = runtime_variants(best.variant, self.facts, self.caps)
+            skipped += more
+            trials += [self._try(v, 2, deadline) for v in second]
+        return trials, skipped
+
+    def _wanted(self, variant: Variant) -> bool:
+        only = self.settings.only
+        return variant.name == "fp32" or not only or variant.name.startswith(only)
+
+    def _try(self, variant: Variant, stage_no: int, deadline: float, always: bool = False) -> Trial:
+        trial = Trial(variant, stage_no)
+        if not always and time.monotonic() > deadline:
+            trial.reason = "the time budget was spent before this variant's turn"
+            return trial
+        self.say(f"trying {variant.name}")
+        try:
+            self._build_and_check(trial)
+            if trial.accepted or self.settings.measure_rejected:
+                assert trial.folder is not None
+                trial.speed = measure(
+                    trial.folder.parent,
+                    trial.folder.name,
+                    self.scratch / "loadgen" / trial.folder.name,
+                    self.settings.meter,
+                )
+        except DlscaleError as exc:
+            trial.status, trial.reason = "failed", str(exc)
+        except Exception as exc:  # a runtime's own error: reported, and the search goes on
+            trial.status, trial.reason = "failed", f"{type(exc).__name__}: {exc}"
+        if trial.status == "failed":
+            self.say(f"  {variant.name} failed: {trial.reason}")
+        elif trial.accuracy is not None:
+            speed = f", {trial.speed.offline_sps:,.1f} samples/s" if trial.speed else ""
+            self.say(f"  {variant.name} {trial.status}: {trial.accuracy.describe()}{speed}")
+        return trial
+
+    def _build_and_check(self, trial: Trial) -> None:
+        variant = trial.variant
+        name = folder_name(variant.name)
+        built = self.scratch / "build" / name / MODEL_FILE
+        start = time.monotonic()
+        build_file(
+            variant.recipe,
+            variant.params,
+            self.source.model_file,
+            built,
+            self.datasets.calibration,
+        )
+        trial.build_s = time.monotonic() - start
+        config = derived_config(
+            self.source.config,
+            name,
+            backend_options=backend_options_of(self.source.config, variant.backend_options),
+            instances=[{"count": 1, "device": self.caps.device}],
+        )
+        backend = self._load(built, _options_of(config, self.caps.device))
+        try:
+            outputs = self._outputs(backend)
+        finally:
+            backend.unload()
+        trial.accuracy = compare(
+            self.metric, self.reference, outputs, self.settings.tolerance, self.datasets.labels
+        )
+        trial.status = "accepted" if trial.accuracy.accepted else "rejected"
+        if not trial.accuracy.accepted:
+            trial.reason = trial.accuracy.describe()
+        trial.folder = stage(self.scratch / "repo", name, config, built, self.datasets.validation)
+
+    def _load(self, path: Path, options: BackendOptions) -> Any:
+        backend = create_backend(self.source.config.backend, path, options)
+        backend.load()
+        return backend
+
+    def _outputs(self, backend: Any) -> Arrays:
+        config = self.source.config
+        batch = min(config.max_batch_size, GUARD_BATCH) if config.batched else 0
+        return run_outputs(backend, self.datasets.validation, batch)
+
+
+def _options_of(config: ModelConfig, device: str) -> BackendOptions:
+    opts = config.backend_options
+    return BackendOptions(
+        device=device,
+        intra_op_threads=opts.intra_op_threads,
+        inter_op_threads=opts.inter_op_threads,
+        max_batch_size=config.max_batch_size,
+        graph_optimization_level=opts.graph_optimization_level,
+        extra=dict(opts.model_extra or {}),
+    )
+
+
+def _best(trials: list[Trial]) -> Trial:
+    """The accepted trial with the highest Offline throughput (fp32 when nothing else holds)."""
+    measured = [t for t in trials if t.accepted and t.speed is not None]
+    if not measured:
+        raise OptimizeError(
+            "no variant was accepted and measured, not even FP32: "
+            + "; ".join(f"{t.variant.name}: {t.reason}" for t in trials)
+        )
+    return max(measured, key=lambda t: t.speed.offline_sps if t.speed else 0.0)
+
+
+def _write_version(
+    repo: ModelRepository, source: ModelVersion, winner: Trial
+) -> tuple[int, Path, dict[str, Any]]:
+    """Copy the winner in as the next version; its runtime settings go into config.toml."""
+    folder = source.path.parent
+    on_disk = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    version = max(on_disk) + 1
+    target = folder / str(version)
+    target.mkdir()
+    assert winner.folder is not None
+    shutil.copyfile(winner.folder / "1" / MODEL_FILE, target / MODEL_FILE)
+    for data in ("validation.npz", "calibration.npz"):
+        if (source.path / data).is_file():
+            shutil.copyfile(source.path / data, target / data)
+    config = source.config
+    previous = config.model_dump(mode="json", exclude_none=True)
+    data_: dict[str, Any] = dict(previous)
+    data_["backend_options"] = backend_options_of(config, winner.variant.backend_options)
+    data_["metadata"] = {
+        **config.metadata,
+        "optimized_variant": winner.variant.name,
+        "optimized_from_version": source.version,
+    }
+    policy = config.version_policy
+    if policy.specific is not None:
+        data_["version_policy"] = {"specific": [*policy.specific, version]}
+    write_config(parse_config(data_, folder / "config.toml"), folder / "config.toml")
+    # The version must load as the server would load it; a broken write is undone at once.
+    try:
+        repo.version(source.name, version)
+    except DlscaleError:
+        shutil.rmtree(target)
+        write_config(config, folder / "config.toml")
+        raise
+    return version, target, previous

@@ -1,0 +1,178 @@
+"""The torch backend on a CUDA GPU: precisions, CUDA graphs, channels_last, FP8, staging.
+
+Run on a GPU machine: `pytest -m gpu tests/gpu/test_torch_gpu.py`. Skipped without CUDA.
+References are the ONNX Runtime backend on the CPU, as in the unit tests; tolerances are the
+largest difference over the largest reference magnitude (FP32 5e-4, TF32 and FP16 0.05, BF16
+0.25, FP8 0.5) with a cosine similarity floor (≥ 0.99; FP8 ≥ 0.98).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends.torch import TorchBackend
+from dlscale.backends.torch_files import write_module_spec
+from dlscale.backends.torch_precision import fp8_supported
+from dlscale.errors import ConfigError
+from dlscale.models.zoo import ZOO, build_zoo
+from dlscale.models.zoo.model import WEIGHT_SEED
+from dlscale.serving.manager import ModelManager
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+Arrays = dict[str, np.ndarray]
+MODELS = ("mlp", "resnet50", "bert-base")
+TOLERANCE = {"fp32": (5e-4, 0.9999), "tf32": (0.05, 0.999), "fp16": (0.05, 0.999)}
+TOLERANCE |= {"bf16": (0.25, 0.99), "fp8": (0.5, 0.98)}
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("zoo")
+    build_zoo(root, list(MODELS))
+    for name in MODELS:
+        model = ZOO[name]
+        write_module_spec(
+            root / name / "1" / "model.zoo",
+            model.factory,
+            {"seed": WEIGHT_SEED},
+            [s.with_batch() for s in model.inputs()],
+            [s.with_batch() for s in model.outputs()],
+        )
+    return root
+
+
+@pytest.fixture(scope="module")
+def references(zoo: Path) -> dict[str, tuple[Arrays, Arrays]]:
+    out = {}
+    for name in MODELS:
+        inputs = ZOO[name].sample(5, np.random.default_rng(7))
+        ort = create_backend("onnxruntime", zoo / name / "1" / "model.onnx", BackendOptions())
+        ort.load()
+        out[name] = (inputs, ort.infer(inputs))
+    return out
+
+
+def loaded(zoo: Path, name: str, max_batch_size: int = 8, **extra: Any) -> Iterator[TorchBackend]:
+    options = BackendOptions(device="cuda:0", max_batch_size=max_batch_size, extra=extra)
+    backend = create_backend("torch", zoo / name / "1" / "model.zoo", options)
+    assert isinstance(backend, TorchBackend)
+    backend.load()
+    try:
+        yield backend
+    finally:
+        backend.unload()
+
+
+def assert_close(got: Arrays, expected: Arrays, precision: str) -> None:
+    bound, floor = TOLERANCE[precision]
+    for name, ref in expected.items():
+        out = got[name]
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        error = float(np.abs(out - ref).max()) / max(float(np.abs(ref).max()), 1e-6)
+        cosine = float((out * ref).sum() / (np.linalg.norm(out) * np.linalg.norm(ref)))
+        assert error <= bound and cosine >= floor, f"{name}: error {error:.3g}, cos {cosine:.5f}"
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["cast", "autocast"])
+def test_precisions_match_onnxruntime(
+    zoo: Path,
+    references: dict[str, tuple[Arrays, Arrays]],
+    name: str,
+    precision: str,
+    autocast: bool,
+) -> None:
+    if autocast and precision not in ("fp16", "bf16"):
+        pytest.skip("autocast applies to fp16 and bf16")
+    inputs, expected = references[name]
+    for backend in loaded(zoo, name, precision=precision, autocast=autocast):
+        assert_close(backend.infer(inputs), expected, precision)
+
+
+def test_fp32_and_tf32_cannot_share_a_process(zoo: Path) -> None:
+    for _ in loaded(zoo, "mlp", precision="fp32"):
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        with pytest.raises(ConfigError, match="process-wide"):
+            next(loaded(zoo, "mlp", precision="tf32"))
+    for _ in loaded(zoo, "mlp", precision="tf32"):  # the claim went with the unload
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+# Compiled with graphs only for mlp: inductor compiles once per bucket, a minute or more each
+# for resnet50 and bert-base.
+GRAPHED = [("mlp", False), ("resnet50", False), ("bert-base", False), ("mlp", True)]
+
+
+@pytest.mark.parametrize(("name", "compiled"), GRAPHED)
+def test_cuda_graphs_replay_every_bucket_with_exactly_the_rows_asked_for(
+    zoo: Path, name: str, compiled: bool
+) -> None:
+    batch = ZOO[name].sample(8, np.random.default_rng(3))
+    for plain in loaded(zoo, name, precision="fp16"):
+        expected = plain.infer(batch)
+    extra = {"precision": "fp16", "cuda_graphs": True, "compile": compiled}
+    for backend in loaded(zoo, name, **extra):
+        assert backend._graphs is not None and backend._graphs.buckets == [1, 2, 4, 8]
+        for rows in (1, 3, 5, 8):
+            got = backend.infer({k: v[:rows] for k, v in batch.items()})
+            for key, ref in expected.items():
+                assert got[key].shape == ref[:rows].shape
+                np.testing.assert_allclose(got[key], ref[:rows], rtol=2e-2, atol=2e-2)
+
+
+def test_channels_last_gives_the_same_outputs(
+    zoo: Path, references: dict[str, tuple[Arrays, Arrays]]
+) -> None:
+    inputs, expected = references["resnet50"]
+    for backend in loaded(zoo, "resnet50", precision="fp16", channels_last=True):
+        conv = next(m for m in backend._module.modules() if isinstance(m, torch.nn.Conv2d))
+        assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+        assert_close(backend.infer(inputs), expected, "fp16")
+
+
+def test_fp8_where_the_gpu_has_it(zoo: Path, references: dict[str, tuple[Arrays, Arrays]]) -> None:
+    inputs, expected = references["bert-base"]
+    if not fp8_supported(torch.cuda.get_device_capability(0)):
+        with pytest.raises(ConfigError, match="compute capability"):
+            next(loaded(zoo, "bert-base", precision="fp8"))
+        return
+    for backend in loaded(zoo, "bert-base", precision="fp8", cuda_graphs=True):
+        assert_close(backend.infer(inputs), expected, "fp8")
+
+
+def test_two_instances_on_one_gpu_serve_through_the_batcher(
+    zoo: Path, references: dict[str, tuple[Arrays, Arrays]], tmp_path: Path
+) -> None:
+    folder = tmp_path / "resnet50"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.zoo").write_bytes((zoo / "resnet50" / "1" / "model.zoo").read_bytes())
+    (folder / "config.toml").write_text(
+        'backend = "torch"\nmax_batch_size = 8\n'
+        '[[instances]]\ncount = 2\ndevice = "cuda:0"\n'
+        '[backend_options]\nprecision = "fp16"\ncuda_graphs = true\n'
+    )
+    inputs, expected = references["resnet50"]
+
+    async def serve() -> list[Arrays]:
+        manager = ModelManager.open(tmp_path)
+        await manager.load_all()
+        try:
+            batcher = manager.get("resnet50").batcher
+            return list(await asyncio.gather(*(batcher.infer(inputs) for _ in range(16))))
+        finally:
+            await manager.close()
+
+    for outputs in asyncio.run(serve()):
+        assert_close(outputs, expected, "fp16")

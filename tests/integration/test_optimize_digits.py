@@ -1,0 +1,163 @@
+"""`dlscale optimize` on the zoo's digits CNN: real training, real quantization, real LoadGen."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlscale.cli import main
+from dlscale.models.config import load_config
+from dlscale.models.repository import ModelRepository
+from dlscale.optimize import OptimizeResult, OptimizeSettings, optimize
+from dlscale.optimize.measure import MeterSettings
+from dlscale.optimize.slo import SloSettings
+from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.manager import ModelManager
+from dlscale.types import InferenceRequest
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+SHORT_METER = MeterSettings(seconds=0.5, min_queries=16, warmup_s=0.2)
+SHORT_SLO = SloSettings(
+    run_seconds=0.5,
+    max_peak_runs=4,
+    max_points=2,
+    timing_s=0.05,
+    verify_seconds=1.0,
+    min_queries=64,
+)
+#: Generous, so that a shared 2-core CI machine still meets it; the digits CNN computes a
+#: batch in well under a millisecond.
+BOUND_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dlscale.models.zoo import build_zoo
+
+    root = tmp_path_factory.mktemp("zoo")
+    build_zoo(root, ["digits"])
+    return root
+
+
+def _copy(zoo: Path, tmp: Path) -> Path:
+    shutil.copytree(zoo / "digits", tmp / "digits")
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def tuned(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> OptimizeResult:
+    repo = _copy(zoo, tmp_path_factory.mktemp("tuned"))
+    settings = OptimizeSettings(
+        device="cpu",
+        tolerance=0.01,
+        only=("int8-static-minmax",),
+        runtime_stage=False,
+        slo_p99_s=BOUND_S,
+        meter=SHORT_METER,
+        slo=SHORT_SLO,
+        time_budget_s=300,
+    )
+    return optimize(repo, "digits", settings)
+
+
+def _trial(result: OptimizeResult, name: str):  # type: ignore[no-untyped-def]
+    return next(t for t in result.trials if t.variant.name == name)
+
+
+def test_int8_is_accepted_within_one_point_of_fp32_on_held_out_labels(
+    tuned: OptimizeResult,
+) -> None:
+    assert tuned.metric.value == "top1"
+    assert tuned.data["labels"] and tuned.data["validation_rows"] == 360
+    int8 = _trial(tuned, "int8-static-minmax")
+    assert int8.status == "accepted", int8.reason
+    assert int8.accuracy is not None and int8.accuracy.reference_value is not None
+    # The real held-out accuracy of the INT8 file, against FP32's on the same 360 images.
+    assert int8.accuracy.reference_value > 0.9
+    assert abs(int8.accuracy.value - int8.accuracy.reference_value) <= 0.01
+    assert int8.speed is not None and int8.speed.offline_sps > 0
+    assert tuned.winner.speed is not None
+    assert tuned.winner.speed.offline_sps == max(
+        t.speed.offline_sps for t in tuned.trials if t.accepted and t.speed
+    )
+
+
+async def test_the_written_version_loads_and_serves(tuned: OptimizeResult) -> None:
+    repo_root = tuned.version_dir.parent.parent
+    repo = ModelRepository(repo_root)
+    assert repo.version("digits").version == tuned.written_version == 2
+    config = load_config(repo_root / "digits" / "config.toml", "digits")
+    assert config.metadata["optimized_variant"] == tuned.winner.variant.name
+    manager = ModelManager(repo)
+    await manager.load("digits")
+    try:
+        data = np.load(tuned.version_dir / "validation.npz")
+        # The SLO tuner may have lowered max_batch_size: requests stay within it.
+        step = config.max_batch_size
+        predicted = []
+        for start in range(0, 64, step):
+            x = data["input"][start : min(64, start + step)]
+            request = InferenceRequest("digits", {"input": x})
+            response = await DataPlane(manager).infer(request)
+            assert response.model_version == str(tuned.written_version)
+            predicted.append(response.outputs["output"].argmax(1))
+        top1 = float(np.mean(np.concatenate(predicted) == data["labels"][:64]))
+        assert top1 >= 0.9
+    finally:
+        await manager.close()
+
+
+def test_the_report_is_beside_the_version(tuned: OptimizeResult) -> None:
+    report = json.loads((tuned.version_dir / "optimize_report.json").read_text())
+    assert report["winner"] == tuned.winner.variant.name
+    assert {t["name"] for t in report["trials"]} == {"fp32", "int8-static-minmax"}
+    assert any(s["name"] == "fp16" for s in report["skipped"])
+    assert (tuned.version_dir / "optimize.png").stat().st_size > 1000
+    text = (tuned.version_dir / "optimize_report.md").read_text()
+    assert "int8-static-minmax" in text and "SLO tuning" in text
+
+
+def test_the_tuned_config_meets_the_bound_in_a_verification_run(tuned: OptimizeResult) -> None:
+    slo = tuned.slo
+    assert slo is not None and slo.winner is not None and slo.winner.peak_qps
+    assert any(o.status == "infeasible" or o.reason for o in slo.outcomes)  # it pruned
+    assert sum(o.status == "measured" for o in slo.outcomes) <= SHORT_SLO.max_points + 1
+    assert slo.verified, slo.verification
+    assert slo.verification is not None
+    assert slo.verification["p99_ms"] <= BOUND_S * 1e3
+    config = load_config(tuned.version_dir.parent / "config.toml", "digits")
+    point = slo.winner.point
+    assert config.max_batch_size == point.max_batch_size
+    assert config.instances[0].count == point.instances
+    assert config.batching.max_queue_delay_us == point.max_queue_delay_us
+
+
+def test_an_impossible_tolerance_keeps_fp32_and_says_by_how_much(zoo: Path, tmp_path: Path) -> None:
+    repo = _copy(zoo, tmp_path)
+    settings = OptimizeSettings(
+        device="cpu",
+        tolerance=0.0,
+        metric="maxabs",
+        only=("int8-static-minmax", "int8-static-percentile"),
+        runtime_stage=False,
+        measure_rejected=False,
+        meter=SHORT_METER,
+    )
+    result = optimize(repo, "digits", settings)
+    assert result.winner.variant.name == "fp32"
+    lossy = [t for t in result.trials if t.variant.lossy]
+    assert [t.status for t in lossy] == ["rejected", "rejected"]
+    for trial in lossy:
+        assert trial.accuracy is not None and trial.accuracy.excess > 0
+        assert f"by {trial.accuracy.excess:.2%}" in trial.reason
+
+
+def test_cli_refuses_a_bad_tolerance(zoo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["optimize", str(zoo), "digits", "--tolerance", "lots"]) == 1
+    assert "expected a percentage" in capsys.readouterr().err

@@ -1,0 +1,278 @@
+"""The torch backend's parts on the CPU: buckets, options, placement, FP8 layers, file formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends.torch_buckets import Buckets, default_buckets, pad_rows
+from dlscale.backends.torch_device import resolve_device
+from dlscale.backends.torch_files import save_exported, save_torchscript, write_module_spec
+from dlscale.backends.torch_options import parse_torch_options
+from dlscale.backends.torch_precision import (
+    Fp8Linear,
+    check_supported,
+    fp8_supported,
+    fp32_mode,
+    to_fp8,
+)
+from dlscale.backends.torch_tensors import from_numpy, to_numpy
+from dlscale.errors import BackendError, ConfigError, InvalidInput
+from dlscale.types import Datatype, TensorSpec
+
+# -- buckets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_batch", "expected"),
+    [(1, (1,)), (8, (1, 2, 4, 8)), (12, (1, 2, 4, 8, 12)), (64, (1, 2, 4, 8, 16, 32, 64))],
+)
+def test_default_buckets_are_powers_of_two_up_to_the_max(
+    max_batch: int, expected: tuple[int, ...]
+) -> None:
+    assert default_buckets(max_batch) == expected
+
+
+def test_a_batch_goes_to_the_smallest_bucket_that_holds_it() -> None:
+    buckets = Buckets([8, 1, 4, 2, 4])
+    assert buckets.sizes == (1, 2, 4, 8)
+    assert [buckets.pick(n) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    with pytest.raises(InvalidInput, match="above the largest batch bucket 8"):
+        buckets.pick(9)
+    with pytest.raises(ConfigError):
+        Buckets([0, 2])
+
+
+def test_padding_adds_zero_rows_and_keeps_the_real_ones() -> None:
+    x = torch.arange(6, dtype=torch.float32).reshape(3, 2) + 1
+    padded = pad_rows(x, 4)
+    assert padded.shape == (4, 2)
+    assert torch.equal(padded[:3], x) and torch.equal(padded[3], torch.zeros(2))
+    assert pad_rows(x, 3) is x
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def test_options_parse_and_refuse_what_they_do_not_know() -> None:
+    options = parse_torch_options(
+        {"precision": "bf16", "batch_buckets": [4, 1, 2], "compile": True}
+    )
+    assert options.precision == "bf16" and options.batch_buckets == (1, 2, 4)
+    assert not options.bucketed
+    with pytest.raises(ConfigError, match="not torch backend options"):
+        parse_torch_options({"precison": "fp16"})
+    with pytest.raises(ConfigError, match=r"backend_options.precision: expected one of"):
+        parse_torch_options({"precision": "int4"})
+    with pytest.raises(ConfigError, match="expected true or false"):
+        parse_torch_options({"cuda_graphs": "yes"})
+    with pytest.raises(ConfigError, match="captures CUDA graphs itself"):
+        parse_torch_options(
+            {"compile": True, "compile_mode": "reduce-overhead", "cuda_graphs": True}
+        )
+    with pytest.raises(ConfigError, match="autocast: needs precision"):
+        parse_torch_options({"autocast": True})
+
+
+# -- placement -----------------------------------------------------------------------------------
+
+MIG = "MIG-3c9c5e2a-0d3f-5b7e-9a1e-2b3c4d5e6f70"
+
+
+def test_devices_resolve_to_torch_names() -> None:
+    assert resolve_device("cpu", {}, False) == ("cpu", None)
+    assert resolve_device("cuda", {}, False) == ("cuda:0", None)
+    assert resolve_device("cuda:3", {}, True) == ("cuda:3", None)
+    with pytest.raises(ConfigError, match="expected cpu, cuda"):
+        resolve_device("tpu:0", {}, False)
+
+
+def test_a_mig_instance_is_made_the_only_visible_device_before_cuda_starts() -> None:
+    assert resolve_device(MIG, {}, False) == ("cuda:0", MIG)
+    assert resolve_device(MIG, {"CUDA_VISIBLE_DEVICES": "0,1"}, False) == ("cuda:0", MIG)
+    # Already the process's visible device: nothing to change, even after CUDA started.
+    assert resolve_device(MIG, {"CUDA_VISIBLE_DEVICES": MIG}, True) == ("cuda:0", None)
+    with pytest.raises(ConfigError, match=r"already initialized.*one server process per MIG"):
+        resolve_device(MIG, {"CUDA_VISIBLE_DEVICES": "0"}, True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only machine")
+def test_a_cuda_device_without_cuda_is_refused_clearly(tmp_path: Path) -> None:
+    path = _mlp_spec(tmp_path)
+    backend = create_backend("torch", path, BackendOptions(device="cuda:0", max_batch_size=4))
+    with pytest.raises(ConfigError, match="sees no CUDA device"):
+        backend.load()
+
+
+# -- precision -----------------------------------------------------------------------------------
+
+
+def test_fp8_needs_compute_capability_8_9() -> None:
+    assert not fp8_supported(None)
+    assert not fp8_supported((8, 0)) and not fp8_supported((8, 6))
+    assert fp8_supported((8, 9)) and fp8_supported((9, 0)) and fp8_supported((10, 0))
+    with pytest.raises(ConfigError, match=r"compute capability 8\.9"):
+        check_supported("fp8", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="'tf32' is a mode of NVIDIA tensor cores"):
+        check_supported("tf32", torch.device("cpu"))
+
+
+def test_an_fp8_linear_stays_close_to_the_linear_it_replaces() -> None:
+    # torch._scaled_mm also runs on the CPU, so the FP8 arithmetic is checked here; the
+    # backend itself only offers FP8 on GPUs that have FP8 tensor cores.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 1000), nn.ReLU(), nn.Linear(1000, 10)).eval()
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        expected = model(x)
+        converted = model.to(torch.bfloat16)
+        assert to_fp8(converted) == 1  # 1000 inputs is not a multiple of 16: stays BF16
+        assert isinstance(converted[0], Fp8Linear) and isinstance(converted[2], nn.Linear)
+        got = converted(x.to(torch.bfloat16)).float()
+    assert got.shape == expected.shape
+    error = (got - expected).abs().max() / expected.abs().max()
+    assert error < 0.1, f"FP8 relative error {error:.3f}"
+    cosine = nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
+    assert cosine > 0.99
+
+
+# -- tensors and files ---------------------------------------------------------------------------
+
+
+def test_bf16_and_read_only_arrays_cross_the_boundary() -> None:
+    import ml_dtypes
+
+    array = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    tensor = from_numpy(array)
+    assert tensor.dtype == torch.bfloat16 and tensor.tolist() == [0, 1, 2, 3]
+    assert to_numpy(tensor).dtype == ml_dtypes.bfloat16
+    frozen = np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    assert from_numpy(frozen).sum().item() == 3
+
+
+SPEC_IN = [TensorSpec("x", Datatype.FP32, (-1, 8))]
+SPEC_OUT = [TensorSpec("y", Datatype.FP32, (-1, 4))]
+
+
+class Tiny(nn.Module):
+    """x @ W + b, then tanh: small enough to export and script in well under a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+def _mlp_spec(tmp_path: Path) -> Path:
+    path = tmp_path / "model.zoo"
+    write_module_spec(path, "dlscale.models.zoo.nets.small:make_mlp", {"seed": 0},
+                      [TensorSpec("input", Datatype.FP32, (-1, 256))],
+                      [TensorSpec("output", Datatype.FP32, (-1, 10))])  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".pt2", ".pt"])
+def test_exported_and_scripted_files_load_with_their_signature(tmp_path: Path, suffix: str) -> None:
+    module = Tiny().eval()
+    example = {"x": np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)}
+    path = tmp_path / f"model{suffix}"
+    save = save_exported if suffix == ".pt2" else save_torchscript
+    save(module, example, SPEC_IN, SPEC_OUT, path)
+    backend = create_backend("torch", path, BackendOptions(max_batch_size=8))
+    backend.load()
+    assert backend.inputs == SPEC_IN and backend.outputs == SPEC_OUT
+    x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(backend.infer({"x": x})["y"], expected, rtol=1e-5, atol=1e-6)
+    backend.unload()
+
+
+def test_an_exported_file_without_signature_is_described_from_its_graph(tmp_path: Path) -> None:
+    program = torch.export.export(
+        Tiny().eval(), (torch.zeros(2, 8),), dynamic_shapes=({0: torch.export.Dim("batch")},)
+    )
+    torch.export.save(program, tmp_path / "model.pt2")
+    backend = create_backend("torch", tmp_path / "model.pt2", BackendOptions(max_batch_size=4))
+    backend.load()
+    assert backend.inputs == [TensorSpec("x", Datatype.FP32, (-1, 8))]
+    assert backend.outputs == [TensorSpec("output", Datatype.FP32, (-1, 4))]
+
+
+def test_a_scripted_file_without_signature_is_refused(tmp_path: Path) -> None:
+    torch.jit.save(torch.jit.trace(Tiny().eval(), torch.zeros(2, 8)), str(tmp_path / "model.pt"))
+    backend = create_backend("torch", tmp_path / "model.pt", BackendOptions())
+    with pytest.raises(ConfigError, match="save_torchscript"):
+        backend.load()
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("dlscale.models.zoo.nets.small", "expected 'package.module:function'"),
+        ("dlscale.no_such_module:make", "cannot import"),
+        ("builtins:dict", "returned dict, not a torch.nn.Module"),
+    ],
+)
+def test_a_bad_factory_is_named_in_the_error(tmp_path: Path, factory: str, message: str) -> None:
+    path = tmp_path / "model.zoo"
+    write_module_spec(path, factory, {}, SPEC_IN, SPEC_OUT)
+    with pytest.raises(ConfigError, match=message):
+        create_backend("torch", path, BackendOptions()).load()
+
+
+def test_settings_a_model_cannot_take_are_refused_at_load(tmp_path: Path) -> None:
+    path = _mlp_spec(tmp_path)
+
+    def load(**extra: object) -> None:
+        create_backend("torch", path, BackendOptions(max_batch_size=4, extra=extra)).load()
+
+    with pytest.raises(ConfigError, match="channels_last: needs a 4-D"):
+        load(channels_last=True)
+    with pytest.raises(ConfigError, match="cuda_graphs: needs a CUDA device"):
+        load(cuda_graphs=True)
+    with pytest.raises(ConfigError, match="largest, 2, is below max_batch_size 4"):
+        load(static_buckets=True, batch_buckets=[1, 2])
+
+
+def test_fp32_and_tf32_claims_exclude_each_other_until_released() -> None:
+    # The switches are plain flags, settable without a GPU; the claim logic is what is tested.
+    cuda = torch.device("cuda:0")
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        with fp32_mode("fp32", cuda), fp32_mode("fp32", cuda):
+            assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+            with pytest.raises(ConfigError, match="process-wide"), fp32_mode("tf32", cuda):
+                pass
+            with fp32_mode("bf16", cuda):  # not an FP32 mode: no claim, no conflict
+                pass
+        with fp32_mode("tf32", cuda):
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
+def test_bad_batches_are_refused_with_the_reason(tmp_path: Path) -> None:
+    path = _mlp_spec(tmp_path)
+    extra = {"static_buckets": True, "batch_buckets": [2, 4]}
+    backend = create_backend("torch", path, BackendOptions(max_batch_size=4, extra=extra))
+    with pytest.raises(BackendError, match="before load"):
+        backend.infer({"input": np.zeros((1, 256), np.float32)})
+    backend.load()
+    with pytest.raises(InvalidInput, match="takes inputs"):
+        backend.infer({"x": np.zeros((1, 256), np.float32)})
+    with pytest.raises(InvalidInput, match="takes FP32"):
+        backend.infer({"input": np.zeros((1, 256), np.float64)})
+    with pytest.raises(InvalidInput, match="above the largest batch bucket 4"):
+        backend.infer({"input": np.zeros((5, 256), np.float32)})
+    assert backend.infer({"input": np.ones((3, 256), np.float32)})["output"].shape == (3, 10)
+    backend.unload()
