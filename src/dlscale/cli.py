@@ -191,7 +191,12 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
     )
-    asyncio.run(Server(settings).serve_forever())
+    try:
+        import uvloop  # measured about 5% more throughput than asyncio's loop (docs/decisions.md)
+    except ImportError:
+        asyncio.run(Server(settings).serve_forever())
+    else:
+        uvloop.run(Server(settings).serve_forever())
     return 0
 
 

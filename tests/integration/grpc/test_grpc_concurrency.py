@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
+
 from conftest import MLP_B, MLP_W, ServerThread, infer_input
 
 UNARY_CLIENTS = 24

@@ -8,9 +8,10 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from conftest import FRAGILE_ROWS, SMALL_LIMIT, WIDEN, ServerThread, infer_input
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
+from conftest import FRAGILE_ROWS, SMALL_LIMIT, WIDEN, ServerThread, infer_input
 
 Stub = service_pb2_grpc.GRPCInferenceServiceStub
 

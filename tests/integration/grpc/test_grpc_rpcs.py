@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
-from conftest import MLP_B, MLP_W, ServerThread, infer_input
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
+from conftest import MLP_B, MLP_W, ServerThread, infer_input
 
 # -- health and metadata ------------------------------------------------------------------------
 
