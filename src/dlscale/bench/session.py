@@ -18,7 +18,14 @@ from dlscale.bench.probe import Probe, probe
 from dlscale.bench.progress import Progress
 from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import MLPERF_MODEL_KEYS, RunSettings, Scenario, latency_bound_for
-from dlscale.bench.targets import ModelInfo, Target, open_target
+from dlscale.bench.targets import (
+    ModelInfo,
+    RemoteTarget,
+    Target,
+    data_signature,
+    onnx_signature,
+    open_target,
+)
 from dlscale.errors import BenchError, DlscaleError
 from dlscale.models.repository import ModelRepository
 
@@ -95,6 +102,8 @@ class Session:
     def open(self) -> None:
         """Connect or load, read the model, make samples, warm up."""
         opts = self.options
+        if isinstance(self.target, RemoteTarget):
+            self._declare_local_signature(self.target)
         self.info = self.loop.run(self.target.open())
         self.samples = load_samples(self.info, opts.data, opts.sample_count, opts.seed)
         if opts.accuracy:
@@ -103,6 +112,14 @@ class Session:
         self.warmup = self.loop.run(
             probe(self.target, self.info, self.samples, batch, concurrency, opts.warmup_s)
         )
+
+    def _declare_local_signature(self, target: RemoteTarget) -> None:
+        # For servers whose metadata lists no tensors: the local model file says, else the data.
+        local = self.model_file()
+        if local is not None and local.suffix == ".onnx" and local.is_file():
+            target.declare(*onnx_signature(local))
+        elif self.options.data is not None and self.options.data.suffix == ".npz":
+            target.declare(data_signature(self.options.data), ())
 
     def close(self) -> None:
         """Close the target (errors on the way out are not the result's)."""

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import numpy as np
+import onnx
 
 from dlscale.bench.grpc_client import GrpcClient
 from dlscale.bench.http_client import HttpClient
@@ -147,10 +148,15 @@ class RemoteTarget:
         self.version = version
         self._http: HttpClient | None = None
         self._grpc: GrpcClient | None = None
+        self._declared: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] = ((), ())
         if self.kind == "grpc":
             self._grpc = GrpcClient(parts.netloc)
         else:
             self._http = HttpClient(f"{parts.scheme}://{parts.netloc}", connections=connections)
+
+    def declare(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+        """The tensors to assume when the server's metadata lists none (from a local file)."""
+        self._declared = (inputs, outputs)
 
     async def open(self) -> ModelInfo:
         """Connect, then read the model's metadata (and its config when the server has one)."""
@@ -161,7 +167,14 @@ class RemoteTarget:
         inputs = tuple(_spec(t) for t in meta.get("inputs", []))
         outputs = tuple(_spec(t) for t in meta.get("outputs", []))
         if not inputs:
-            raise BenchError(f"{self.label}: model {self.model!r} declares no inputs")
+            # Plain OIP lets a server leave them out (MLServer does unless model-settings.json
+            # lists them); the session then takes them from the local model file or the data.
+            inputs, outputs = self._declared
+            if not inputs:
+                raise BenchError(
+                    f"{self.label}: model {self.model!r} declares no inputs in its metadata; "
+                    "give --repo (or --reference) with the model file, or --data FILE.npz"
+                )
         max_batch = config.get("max_batch_size") if config else None
         if isinstance(max_batch, int):
             batched = max_batch > 0
@@ -223,3 +236,37 @@ def _spec(tensor: dict[str, Any]) -> TensorSpec:
     except (KeyError, ValueError):
         raise BenchError(f"tensor metadata {tensor} has no valid datatype") from None
     return TensorSpec(str(tensor["name"]), datatype, tuple(int(d) for d in tensor["shape"]))
+
+
+def onnx_signature(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Inputs and outputs of an ONNX file, read from its graph (weights are not loaded)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, ValueError) as exc:
+        raise BenchError(f"{path}: cannot read the ONNX graph: {exc}") from None
+    weights = {init.name for init in model.graph.initializer}
+
+    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
+        tensor = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+        return TensorSpec(value.name, Datatype.from_numpy(dtype), shape)
+
+    inputs = tuple(spec(v) for v in model.graph.input if v.name not in weights)
+    return inputs, tuple(spec(v) for v in model.graph.output)
+
+
+def data_signature(path: Path) -> tuple[TensorSpec, ...]:
+    """Inputs as a .npz/.npy data file holds them: one array per input, samples first."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"data file {path}: {exc}") from None
+    if isinstance(loaded, np.ndarray):
+        raise BenchError(f"{path}: a .npy file does not name its input; use .npz (name=array)")
+    with loaded:
+        arrays = {k: loaded[k] for k in loaded.files if k not in ("labels", "label")}
+    return tuple(
+        TensorSpec(name, Datatype.from_numpy(a.dtype), (-1, *a.shape[1:]))
+        for name, a in arrays.items()
+    )
