@@ -16,14 +16,14 @@ from dlscale.models.zoo.nets.common import Metadata, deterministic
 #: at 1, or at 0 with `zero_init_residual`; at 1 the seeded network is chaotic (docs/zoo.md).
 RESIDUAL_GAIN = 0.2
 #: Images per synthetic class the head is fitted on, and how many run through BatchNorm first.
-HEAD_IMAGES_PER_CLASS = 2
+HEAD_IMAGES_PER_CLASS = 1
 BATCHNORM_IMAGES = 8
 #: Ridge penalty, relative to the mean squared norm of the centred features.
 RIDGE = 1e-2
 #: The logit the head is fitted to give an image's own class (0 for the other classes).
-TARGET_LOGIT = 16.0
+TARGET_LOGIT = 20.0
 #: Bias of the classes no image belongs to, well below the fitted ones.
-UNUSED_BIAS = -8.0
+UNUSED_BIAS = -TARGET_LOGIT / 2
 
 
 class Bottleneck(nn.Module):
