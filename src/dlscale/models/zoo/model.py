@@ -161,13 +161,11 @@ def _top1(proto: onnx.ModelProto, validation: Arrays) -> float:
 
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     inputs = {i.name: validation[i.name] for i in session.get_inputs()}
-    rows = len(validation["labels"])
-    # Batches of a few images keep the memory of a large model's activations small.
+    labels = validation["labels"]
     hits = 0
-    for start in range(0, rows, TOP1_BATCH):
+    # A few images per call keep the memory of a large model's activations small.
+    for start in range(0, len(labels), TOP1_BATCH):
         batch = {k: v[start : start + TOP1_BATCH] for k, v in inputs.items()}
-        scores = session.run(None, batch)[0]
-        hits += int(
-            np.sum(scores.argmax(axis=1) == validation["labels"][start : start + TOP1_BATCH])
-        )
-    return hits / rows
+        predicted = session.run(None, batch)[0].argmax(axis=1)
+        hits += int(np.sum(predicted == labels[start : start + TOP1_BATCH]))
+    return hits / len(labels)
