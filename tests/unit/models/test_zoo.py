@@ -16,14 +16,18 @@ import pytest
 
 from dlscale.errors import ConfigError, NotFound
 from dlscale.models.zoo import ZOO, build_zoo, get
+from dlscale.models.zoo.images import IMAGE_CLASSES, class_images
 from dlscale.models.zoo.samples import (
     BERT_VOCAB,
     CLS_ID,
+    IMAGE_CALIBRATION,
+    IMAGE_VALIDATION,
     IMAGENET_MEAN,
     IMAGENET_STD,
     PAD_ID,
     SEP_ID,
     digits_split,
+    image_sets,
 )
 
 #: ONNX Runtime (CPU) against PyTorch on the same inputs, elementwise:
@@ -114,6 +118,33 @@ def test_images_are_normalized_pixels_with_spatial_structure() -> None:
     # Neighbouring pixels correlate, as in photographs (independent noise would give ~0).
     flat = images[:, :, :, :-1].ravel(), images[:, :, :, 1:].ravel()
     assert np.corrcoef(*flat)[0, 1] > 0.5
+
+
+def test_images_of_one_class_look_alike_and_unlike_other_classes() -> None:
+    # Each class is one pattern jittered: images of a class are closer to each other than to
+    # any image of another class, yet no two are the same.
+    labels = np.repeat(np.arange(8), 3)
+    images = class_images(labels, np.random.default_rng(0)).reshape(len(labels), -1)
+    images = images.astype(np.float64)
+    norms = np.sum(images**2, axis=1)
+    distance = norms[:, None] + norms[None] - 2 * images @ images.T  # squared
+    same = labels[:, None] == labels[None]
+    np.fill_diagonal(same, False)
+    assert distance[same].max() < distance[labels[:, None] != labels[None]].min()
+    assert distance[same].min() > 0
+
+
+def test_image_sets_are_fixed_and_labelled() -> None:
+    calibration, images, labels = image_sets()
+    assert calibration.shape == (IMAGE_CALIBRATION, 3, 224, 224)
+    assert images.shape == (IMAGE_VALIDATION, 3, 224, 224) and images.dtype == np.float32
+    assert labels.shape == (IMAGE_VALIDATION,) and labels.dtype == np.int64
+    assert labels.min() >= 0 and labels.max() < IMAGE_CLASSES
+    assert len(set(labels.tolist())) > IMAGE_CLASSES // 2
+    again = image_sets()
+    assert all(
+        np.array_equal(a, b) for a, b in zip((calibration, images, labels), again, strict=True)
+    )
 
 
 def test_bert_tokens_look_like_padded_sentences() -> None:
@@ -248,3 +279,28 @@ def test_bert_ignores_padded_tokens(big_zoo: Path, sessions: Sessions) -> None:
     np.testing.assert_allclose(hidden[2:][mask], hidden[:2][mask], atol=1e-4)
     np.testing.assert_allclose(pooled[2:], pooled[:2], atol=1e-4)
     assert not np.allclose(hidden[2:][~mask], hidden[:2][~mask])
+
+
+@pytest.mark.slow
+def test_resnet50_is_decisive_on_its_validation_set(big_zoo: Path, sessions: Sessions) -> None:
+    # Measured (docs/zoo.md): top-1 1.0 on the 64 validation images, median top-1 margin about
+    # 9 logits; inputs rounded to 8-bit pixels change no prediction (the seeded head this
+    # replaced agreed on 0.91 of them). The thresholds leave room for another CPU's rounding.
+    version = big_zoo / "resnet50" / "1"
+    with np.load(version / "validation.npz") as data:
+        images, labels = data["input"], data["labels"]
+    assert len(labels) == IMAGE_VALIDATION
+    model = version / "model.onnx"
+    logits = _run_onnx(model, {"input": images}, sessions)["output"]
+    top1 = float(np.mean(logits.argmax(axis=1) == labels))
+    assert top1 >= 0.95
+    assert logits.argmax(axis=1).max() < IMAGE_CLASSES
+    top = np.sort(logits, axis=1)
+    assert np.median(top[:, -1] - top[:, -2]) > 4.0
+    config = tomllib.loads((big_zoo / "resnet50" / "config.toml").read_text())
+    assert config["metadata"]["top1"] == pytest.approx(top1, abs=1e-4)
+    assert config["metadata"]["held_out"] == IMAGE_VALIDATION
+    pixels = np.round((images[:32] * IMAGENET_STD + IMAGENET_MEAN) * 255) / 255
+    rounded = ((pixels - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32)
+    again = _run_onnx(model, {"input": rounded}, sessions)["output"]
+    assert np.array_equal(again.argmax(axis=1), logits[:32].argmax(axis=1))

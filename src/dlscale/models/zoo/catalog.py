@@ -30,6 +30,11 @@ def _digits_datasets(seq_len: int) -> tuple[Arrays, Arrays]:
     return {"input": x_train[:DIGITS_CALIBRATION]}, {"input": x_test, "labels": y_test}
 
 
+def _image_datasets(seq_len: int) -> tuple[Arrays, Arrays]:
+    calibration, images, labels = samples.image_sets()
+    return {"input": calibration}, {"input": images, "labels": labels}
+
+
 def _io(width_in: int, width_out: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return [TensorSpec("input", FP32, (width_in,))], [TensorSpec("output", FP32, (width_out,))]
 
@@ -73,7 +78,7 @@ DIGITS = ZooModel(
 )
 RESNET50 = ZooModel(
     name="resnet50",
-    description="ResNet-50 v1.5, ImageNet-shaped, seeded weights",
+    description="ResNet-50 v1.5, ImageNet-shaped; seeded body, head fitted to synthetic classes",
     task="classification",
     max_batch_size=64,
     signature=lambda _: (
@@ -82,8 +87,9 @@ RESNET50 = ZooModel(
     ),
     sampler=lambda n, rng, _: {"input": samples.imagenet_like(n, rng)},
     factory=f"{NETS}.resnet:make",
-    calibration_size=16,
-    validation_size=32,
+    calibration_size=samples.IMAGE_CALIBRATION,
+    validation_size=samples.IMAGE_VALIDATION,
+    datasets=_image_datasets,
 )
 BERT_BASE = ZooModel(
     name="bert-base",

@@ -25,7 +25,6 @@ def export_onnx(
     module: nn.Module,
     example: Mapping[str, np.ndarray],
     output_names: Sequence[str],
-    metadata: Mapping[str, str],
 ) -> onnx.ModelProto:
     """Export `module` at opset 17 with dim 0 of every input and output named "batch".
 
@@ -51,10 +50,13 @@ def export_onnx(
             opset_version=OPSET,
             do_constant_folding=True,
         )
-    model = onnx.load_from_string(buffer.getvalue())
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def add_metadata(model: onnx.ModelProto, metadata: Mapping[str, str]) -> None:
+    """Add `metadata` to the model's `metadata_props`, sorted by key."""
     for key, value in sorted(metadata.items()):
         model.metadata_props.add(key=key, value=value)
-    return model
 
 
 def save_onnx(model: onnx.ModelProto, path: Path) -> None:

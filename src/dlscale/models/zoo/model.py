@@ -17,6 +17,7 @@ from dlscale.errors import ConfigError
 from dlscale.types import TensorSpec
 
 if TYPE_CHECKING:
+    import onnx
     from torch import nn
 
 Arrays = dict[str, np.ndarray]
@@ -31,6 +32,8 @@ MetadataValue = str | int | float
 #: Seeds of the weights and of the generated calibration, validation and tracing inputs.
 WEIGHT_SEED, CALIBRATION_SEED, VALIDATION_SEED, TRACE_SEED = 0, 1, 2, 3
 MAX_QUEUE_DELAY_US = 200
+#: Rows per ONNX Runtime call when a labelled validation set is scored at build time.
+TOP1_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ class ZooModel:
         return calibration, validation
 
     def _write(self, folder: Path, seq_len: int) -> None:
-        from dlscale.models.zoo.export import export_onnx, save_npz, save_onnx
+        from dlscale.models.zoo.export import add_metadata, export_onnx, save_npz, save_onnx
 
         module, extra = self._make()
         metadata: dict[str, MetadataValue] = {
@@ -125,11 +128,13 @@ class ZooModel:
             metadata["seq_len"] = seq_len
         example = self.sample(2, np.random.default_rng(TRACE_SEED), seq_len=seq_len)
         outputs = [spec.name for spec in self.outputs(seq_len)]
-        proto = export_onnx(
-            module, example, outputs, {f"dlscale.{k}": str(v) for k, v in metadata.items()}
-        )
-        save_onnx(proto, folder / "1" / "model.onnx")
+        proto = export_onnx(module, example, outputs)
         calibration, validation = self._datasets(seq_len)
+        if "labels" in validation and "top1" not in metadata:
+            metadata["top1"] = round(_top1(proto, validation), 4)
+            metadata["held_out"] = len(validation["labels"])
+        add_metadata(proto, {f"dlscale.{k}": str(v) for k, v in metadata.items()})
+        save_onnx(proto, folder / "1" / "model.onnx")
         save_npz(folder / "1" / "calibration.npz", calibration)
         save_npz(folder / "1" / "validation.npz", validation)
         config = self.config(seq_len, metadata)
@@ -148,3 +153,19 @@ class ZooModel:
             "instances": [{"count": 1, "device": "cpu"}],
             "metadata": metadata,
         }
+
+
+def _top1(proto: onnx.ModelProto, validation: Arrays) -> float:
+    """Top-1 of the built ONNX model's first output against the validation labels."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = {i.name: validation[i.name] for i in session.get_inputs()}
+    labels = validation["labels"]
+    hits = 0
+    # A few images per call keep the memory of a large model's activations small.
+    for start in range(0, len(labels), TOP1_BATCH):
+        batch = {k: v[start : start + TOP1_BATCH] for k, v in inputs.items()}
+        predicted = session.run(None, batch)[0].argmax(axis=1)
+        hits += int(np.sum(predicted == labels[start : start + TOP1_BATCH]))
+    return hits / len(labels)

@@ -6,9 +6,10 @@ from functools import lru_cache
 
 import numpy as np
 
-#: torchvision's ImageNet normalization, per RGB channel.
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
-IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+from dlscale.models.zoo.images import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported
+from dlscale.models.zoo.images import IMAGENET_STD as IMAGENET_STD  # re-exported
+from dlscale.models.zoo.images import labelled_images
+from dlscale.models.zoo.model import CALIBRATION_SEED, VALIDATION_SEED
 
 #: bert-base-uncased's vocabulary size and special token ids.
 BERT_VOCAB = 30522
@@ -20,6 +21,9 @@ FIRST_WORD_ID = 1996
 DIGITS_SEED = 0
 DIGITS_HELD_OUT = 360
 
+#: resnet50's calibration and validation sets (validation images come with their labels).
+IMAGE_CALIBRATION, IMAGE_VALIDATION = 16, 64
+
 
 def gaussian(batch: int, rng: np.random.Generator, width: int) -> np.ndarray:
     """Standard-normal FP32 features of shape [batch, width]."""
@@ -27,17 +31,22 @@ def gaussian(batch: int, rng: np.random.Generator, width: int) -> np.ndarray:
 
 
 def imagenet_like(batch: int, rng: np.random.Generator, size: int = 224) -> np.ndarray:
-    """FP32 [batch, 3, size, size] images normalized as torchvision does for ImageNet.
+    """FP32 [batch, 3, size, size] images of the synthetic classes, ImageNet-normalized.
 
-    Pixels in [0, 1] mix coarse blobs, mid-scale texture and fine noise, so neighbouring
-    pixels correlate as in photographs, then take the ImageNet mean and std per channel.
+    Each image is one class's smooth pattern (colour waves, a grating, blobs), shifted and
+    recoloured a little, with noise at three scales; see `images.class_images`.
     """
-    img = np.zeros((batch, 3, size, size), np.float32)
-    for cells, weight in ((size // 32, 0.5), (size // 8, 0.3), (size, 0.2)):
-        noise = rng.random((batch, 3, cells, cells), dtype=np.float32)
-        scale = size // cells
-        img += weight * noise.repeat(scale, axis=2).repeat(scale, axis=3)
-    return (img - IMAGENET_MEAN) / IMAGENET_STD
+    return labelled_images(batch, rng, size)[0]
+
+
+def image_sets() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """resnet50's calibration images, validation images and validation labels (INT64).
+
+    The same in every build: drawn from the zoo's calibration and validation seeds.
+    """
+    calibration = imagenet_like(IMAGE_CALIBRATION, np.random.default_rng(CALIBRATION_SEED))
+    images, labels = labelled_images(IMAGE_VALIDATION, np.random.default_rng(VALIDATION_SEED))
+    return calibration, images, labels
 
 
 def bert_tokens(batch: int, rng: np.random.Generator, seq_len: int = 128) -> dict[str, np.ndarray]:

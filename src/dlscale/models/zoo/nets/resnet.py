@@ -1,4 +1,8 @@
-"""ResNet-50 v1.5 written out by hand, layer for layer as torchvision's `resnet50`."""
+"""ResNet-50 v1.5 written out by hand, layer for layer as torchvision's `resnet50`.
+
+The body is seeded; the classifier head is fitted in closed form to the zoo's synthetic image
+classes, so the model is as decisive on its own data as a trained one (docs/zoo.md).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,19 @@ import torch
 from torch import nn
 
 from dlscale.models.zoo.nets.common import Metadata, deterministic
+
+#: Gain (BatchNorm weight) of the last BatchNorm in each residual branch: torchvision starts it
+#: at 1, or at 0 with `zero_init_residual`; at 1 the seeded network is chaotic (docs/zoo.md).
+RESIDUAL_GAIN = 0.2
+#: Images per synthetic class the head is fitted on, and how many run through BatchNorm first.
+HEAD_IMAGES_PER_CLASS = 1
+BATCHNORM_IMAGES = 8
+#: Ridge penalty, relative to the mean squared norm of the centred features.
+RIDGE = 1e-2
+#: The logit the head is fitted to give an image's own class (0 for the other classes).
+TARGET_LOGIT = 20.0
+#: Bias of the classes no image belongs to, well below the fitted ones.
+UNUSED_BIAS = -TARGET_LOGIT / 2
 
 
 class Bottleneck(nn.Module):
@@ -60,11 +77,17 @@ class ResNet50(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, Bottleneck):
+                nn.init.constant_(m.bn3.weight, RESIDUAL_GAIN)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The pooled 2048-wide features the classifier head reads."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))  # type: ignore[no-any-return]
+        return torch.flatten(self.avgpool(x), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))  # type: ignore[no-any-return]
 
 
 def calibrate_batchnorm(model: nn.Module, images: np.ndarray) -> None:
@@ -85,11 +108,39 @@ def calibrate_batchnorm(model: nn.Module, images: np.ndarray) -> None:
     model.eval()
 
 
-def make(seed: int) -> tuple[nn.Module, Metadata]:
-    """ResNet-50 with seeded He-normal weights and BatchNorm statistics from sample images."""
-    from dlscale.models.zoo.samples import imagenet_like
+def fit_head(fc: nn.Linear, features: torch.Tensor, labels: torch.Tensor, classes: int) -> None:
+    """Fit `fc`'s first `classes` rows by ridge regression to one-hot targets, in float64.
 
+    Closed form in the dual (fewer images than features): W = Xᵀ(XXᵀ + λI)⁻¹Y on centred X
+    and Y. The other rows keep their seeded weights and get a low bias.
+    """
+    x = features.double()
+    mean = x.mean(0)
+    x = x - mean
+    targets = TARGET_LOGIT * nn.functional.one_hot(labels, classes).double()
+    target_mean = targets.mean(0)
+    gram = x @ x.T
+    penalty = RIDGE * torch.trace(gram) / len(gram)
+    eye = torch.eye(len(gram), dtype=torch.float64)
+    weight = x.T @ torch.linalg.solve(gram + penalty * eye, targets - target_mean)
+    with torch.no_grad():
+        fc.weight[:classes] = weight.T.float()
+        fc.bias[:classes] = (target_mean - mean @ weight).float()
+        fc.bias[classes:] = UNUSED_BIAS
+
+
+def make(seed: int) -> tuple[nn.Module, Metadata]:
+    """ResNet-50: seeded body, BatchNorm statistics and the head fitted on synthetic classes."""
+    from dlscale.models.zoo.images import IMAGE_CLASSES, class_images, labelled_images
+
+    rng = np.random.default_rng(seed)
     with deterministic(seed):
         model = ResNet50()
-        calibrate_batchnorm(model, imagenet_like(8, np.random.default_rng(seed)))
+        calibrate_batchnorm(model, labelled_images(BATCHNORM_IMAGES, rng)[0])
+        labels = np.tile(np.arange(IMAGE_CLASSES), HEAD_IMAGES_PER_CLASS)
+        images = class_images(labels, rng)
+        with torch.no_grad():
+            batches = np.array_split(images, max(1, len(images) // 8))
+            features = torch.cat([model.features(torch.from_numpy(b)) for b in batches])
+        fit_head(model.fc, features, torch.from_numpy(labels), IMAGE_CLASSES)
     return model, {}
