@@ -152,13 +152,13 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--models", default="resnet50,bert-base")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     caps = detect_caps("cpu")
     flags = sorted(caps.cpu_flags & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8"})
     meter = MeterSettings(seconds=args.seconds, min_queries=32, warmup_s=1.0)

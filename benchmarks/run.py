@@ -424,10 +424,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n## {bench} (medians of {args.repeats})\n\n{markdown(table)}")
     print(f"\nratios: {json.dumps(summary)}\nraw results: {out}")
     if args.which == "all":
-        from benchmarks import serve_grpc
+        from benchmarks import optimize_cpu, serve_grpc
 
         argv = ["all", "--repeats", str(args.repeats), "--duration", str(args.duration)]
-        return serve_grpc.main([*argv, "--resnet-duration", str(args.resnet_duration)])
+        code = serve_grpc.main([*argv, "--resnet-duration", str(args.resnet_duration)])
+        optimize_cpu.main(["--repeats", str(args.repeats)])
+        return code
     return 0
 
 
