@@ -27,8 +27,8 @@ demo: $(VENV)/.demo-installed
 	$(VENV)/bin/dlscale demo
 
 lint: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
 test: lint

@@ -137,5 +137,12 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
         )
         result = bench(http, options, out)
         print_summary(result, console)
+        if any(not s["result"]["valid"] for s in result["scenarios"] if s.get("result")):
+            console.print(
+                "   An INVALID verdict here is LoadGen being strict, not an error: a VALID Server "
+                "run needs enough queries for its p99 estimate (MLPerf early stopping), i.e. "
+                "minutes at this CPU's few queries per second. Try: dlscale bench "
+                f"--repo {root} --model {model} --scenario server --duration 120s"
+            )
         console.print(f"   report: {out / 'report.md'} (JSON, LoadGen logs and plots beside it)")
     return 0
