@@ -34,8 +34,7 @@ from dlscale.optimize.torch_variants import (
     PREFIX as TORCH_PREFIX,
 )
 from dlscale.optimize.torch_variants import (
-    compile_estimate_s,
-    is_compiled,
+    compile_refusal,
     torch_precision_variants,
     torch_runtime_variants,
 )
@@ -305,14 +304,9 @@ class _Search:
         if not always and left <= 0:
             trial.reason = "the time budget was spent before this variant's turn"
             return trial
-        if not always and is_compiled(variant) and left < compile_estimate_s(self.facts):
-            # A compile cannot be interrupted; starting one that overruns the budget is worse
-            # than leaving it out.
-            trial.reason = (
-                f"torch.compile (inductor) of this model is estimated at "
-                f"{compile_estimate_s(self.facts):.0f} s on 2 cores, more than the {left:.0f} s "
-                "left of the time budget (--time-budget to give it room)"
-            )
+        refusal = "" if always else compile_refusal(variant, self.facts, left)
+        if refusal:
+            trial.reason = refusal
             return trial
         self.say(f"trying {variant.name}")
         try:

@@ -31,6 +31,24 @@ def compile_estimate_s(facts: ModelFacts) -> float:
     return min(COMPILE_CAP_S, COMPILE_BASE_S + COMPILE_PER_NODE_S * nodes)
 
 
+def compile_refusal(variant: Variant, facts: ModelFacts, left_s: float) -> str:
+    """Why a compiled variant may not start with `left_s` of the budget left ('' if it may).
+
+    A compile cannot be interrupted; starting one that overruns the budget is worse than
+    leaving it out and saying so.
+    """
+    if not is_compiled(variant):
+        return ""
+    estimate = compile_estimate_s(facts)
+    if left_s >= estimate:
+        return ""
+    return (
+        f"torch.compile (inductor) of this model is estimated at {estimate:.0f} s on 2 cores, "
+        f"more than the {max(0.0, left_s):.0f} s left of the time budget (--time-budget gives "
+        "it room)"
+    )
+
+
 def is_compiled(variant: Variant) -> bool:
     """Whether the variant runs through torch.compile (and so pays its compile time at load)."""
     return variant.runtime == "torch" and bool(variant.backend_options.get("compile"))
