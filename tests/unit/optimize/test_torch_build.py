@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dlscale.backends import BackendOptions, create_backend  # noqa: E402
-from dlscale.errors import DlscaleError  # noqa: E402
-from dlscale.models.repository import ModelRepository  # noqa: E402
-from dlscale.models.zoo import ZOO  # noqa: E402
-from dlscale.optimize.onnx_variants import RecipeError  # noqa: E402
-from dlscale.optimize.torch_build import TorchBuilder, TorchSource, torch_source  # noqa: E402
-from dlscale.optimize.torch_variants import EXPORT, MODULE, PT2E_INT8  # noqa: E402
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.errors import DlscaleError
+from dlscale.models.repository import ModelRepository
+from dlscale.models.zoo import ZOO
+from dlscale.optimize.onnx_variants import RecipeError
+from dlscale.optimize.torch_build import TorchBuilder, TorchSource, torch_source
+from dlscale.optimize.torch_variants import EXPORT, MODULE, PT2E_INT8
 
 MLP = ZOO["mlp"]
 ROWS = np.random.default_rng(5)
