@@ -113,6 +113,7 @@ class Trial:
         return {
             "name": v.name,
             "stage": self.stage,
+            "runtime": v.runtime,
             "precision": v.precision,
             "recipe": v.recipe,
             "params": dict(v.params),
