@@ -54,9 +54,9 @@ class TorchSource:
 def torch_source(version: ModelVersion) -> tuple[TorchSource | None, str]:
     """The model's PyTorch definition, or None and why there is none.
 
-    A model counts as the zoo's when its name is a zoo model's or its metadata says zoo =
-    true under a zoo model's name; the accuracy guard then proves that the module and the
-    ONNX file agree (a same-named model with other weights is rejected, not served).
+    The definition is found by the model's name (a renamed zoo model, metadata zoo = true,
+    has none). The accuracy guard then proves that the module and the ONNX file agree: a
+    same-named model with other weights is rejected, not served.
     """
     metadata = version.config.metadata
     zoo = ZOO.get(version.name)
