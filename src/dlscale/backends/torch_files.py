@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import tomllib
@@ -61,6 +62,7 @@ def load_model(path: Path, device: torch.device) -> LoadedModel:
 
 
 def _load_exported(path: Path, device: torch.device) -> LoadedModel:
+    _register_quantized_ops()
     extra = {SIGNATURE_ENTRY: ""}
     program = torch.export.load(path, extra_files=extra)
     if device.type != "cpu":
@@ -73,6 +75,16 @@ def _load_exported(path: Path, device: torch.device) -> LoadedModel:
     else:
         inputs, outputs = _graph_signature(program)
     return LoadedModel(program.module(), inputs, outputs, "export")
+
+
+def _register_quantized_ops() -> None:
+    """Register the quantized_decomposed ops that INT8 (PT2E) programs call.
+
+    A program is deserialized op by op, and these ops exist only once the torch module that
+    defines them has been imported (the quantizer's process had; a server's has not).
+    """
+    with contextlib.suppress(ImportError):
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
 
 
 def _load_torchscript(path: Path, device: torch.device) -> LoadedModel:

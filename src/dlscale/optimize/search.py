@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ import numpy as np
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import DlscaleError, OptimizeError
-from dlscale.models.config import ModelConfig, parse_config, write_config
+from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.optimize.accuracy import AccuracyCheck, Metric, choose_metric, compare, run_outputs
@@ -30,6 +29,15 @@ from dlscale.optimize.staging import (
     folder_name,
     stage,
 )
+from dlscale.optimize.torch_build import TorchBuilder, TorchSource, torch_source
+from dlscale.optimize.torch_variants import (
+    PREFIX as TORCH_PREFIX,
+)
+from dlscale.optimize.torch_variants import (
+    compile_refusal,
+    torch_precision_variants,
+    torch_runtime_variants,
+)
 from dlscale.optimize.variants import (
     DeviceCaps,
     ModelFacts,
@@ -40,6 +48,7 @@ from dlscale.optimize.variants import (
     precision_variants,
     runtime_variants,
 )
+from dlscale.optimize.writing import write_version
 
 log = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray]
@@ -61,6 +70,9 @@ class OptimizeSettings:
     time_budget_s: float = 600.0
     #: Try only variants whose names start with one of these (fp32 is always tried).
     only: tuple[str, ...] = ()
+    #: Variants to try in stage one beside the generated ones (a setting the lists leave out);
+    #: like every variant, one the device cannot run is reported failed with its reason.
+    extra_variants: tuple[Variant, ...] = ()
     #: Stage two: graph levels, threads and layout on the best stage-one file.
     runtime_stage: bool = True
     #: Rejected variants are measured too, for the throughput-against-accuracy plot.
@@ -101,6 +113,7 @@ class Trial:
         return {
             "name": v.name,
             "stage": self.stage,
+            "runtime": v.runtime,
             "precision": v.precision,
             "recipe": v.recipe,
             "params": dict(v.params),
@@ -150,6 +163,12 @@ def optimize(
     deadline = started + settings.time_budget_s * budget_share
     repo = ModelRepository(repo_root)
     source = repo.version(model)
+    if source.config.backend != "onnxruntime":
+        raise OptimizeError(
+            f"{model} version {source.version} runs on {source.config.backend!r}; optimize "
+            "starts from an FP32 ONNX version (backend = 'onnxruntime'). Point config.toml "
+            "back at one (backend and version_policy) to optimize again"
+        )
     caps = detect_caps(settings.device)
     with tempfile.TemporaryDirectory(prefix=f".optimize-{model}-", dir=repo.root) as tmp:
         search = _Search(source, caps, settings, Path(tmp), say)
@@ -160,7 +179,8 @@ def optimize(
             if winner.speed
             else f"winner: {winner.variant.name}"
         )
-        version, version_dir, previous = _write_version(repo, source, winner)
+        assert winner.folder is not None
+        version, version_dir, previous = write_version(repo, source, winner.variant, winner.folder)
         slo = None
         if settings.slo_p99_s is not None:
             slo_deadline = started + settings.time_budget_s
@@ -224,6 +244,13 @@ class _Search:
             self.reference = self._outputs(backend)
         finally:
             backend.unload()
+        self.torch: TorchSource | None = None
+        self.torch_absent = ""
+        if not caps.torch:
+            self.torch_absent = "PyTorch is not installed (pip install 'dlscale[torch]')"
+        else:
+            self.torch, self.torch_absent = torch_source(source)
+        self._builder: TorchBuilder | None = None
         task = str(source.config.metadata.get("task", ""))
         self.metric = choose_metric(
             settings.metric,
@@ -242,16 +269,30 @@ class _Search:
         }
 
     def run(self, deadline: float) -> tuple[list[Trial], list[Skipped]]:
-        first, skipped = precision_variants(
-            self.facts, self.caps, has_calibration=self.datasets.calibration is not None
-        )
-        first = [v for v in first if self._wanted(v)]
+        has_calibration = self.datasets.calibration is not None
+        first, skipped = precision_variants(self.facts, self.caps, has_calibration=has_calibration)
+        if self.torch is not None:
+            more_first, more = torch_precision_variants(
+                self.facts, self.caps, has_calibration=has_calibration
+            )
+            first, skipped = first + more_first, skipped + more
+        else:
+            skipped.append(Skipped(f"{TORCH_PREFIX}*", self.torch_absent))
+        first = [v for v in [*first, *self.settings.extra_variants] if self._wanted(v)]
         trials = [self._try(v, 1, deadline, always=v.name == "fp32") for v in first]
-        best = _best(trials)
         if self.settings.runtime_stage:
+            # Runtime settings are the runtime's own: each runtime's best file gets its own.
+            best = _best([t for t in trials if t.variant.runtime == "onnxruntime"])
             second, more = runtime_variants(best.variant, self.facts, self.caps)
+            accepted_torch = [t for t in trials if t.variant.runtime == "torch" and t.accepted]
+            if accepted_torch:
+                best_torch = _best(accepted_torch)
+                torch_second, torch_more = torch_runtime_variants(
+                    best_torch.variant, self.facts, self.caps
+                )
+                second, more = second + torch_second, more + torch_more
             skipped += more
-            trials += [self._try(v, 2, deadline) for v in second]
+            trials += [self._try(v, 2, deadline) for v in second if self._wanted(v)]
         return trials, skipped
 
     def _wanted(self, variant: Variant) -> bool:
@@ -260,8 +301,13 @@ class _Search:
 
     def _try(self, variant: Variant, stage_no: int, deadline: float, always: bool = False) -> Trial:
         trial = Trial(variant, stage_no)
-        if not always and time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if not always and left <= 0:
             trial.reason = "the time budget was spent before this variant's turn"
+            return trial
+        refusal = "" if always else compile_refusal(variant, self.facts, left)
+        if refusal:
+            trial.reason = refusal
             return trial
         self.say(f"trying {variant.name}")
         try:
@@ -288,23 +334,19 @@ class _Search:
     def _build_and_check(self, trial: Trial) -> None:
         variant = trial.variant
         name = folder_name(variant.name)
-        built = self.scratch / "build" / name / MODEL_FILE
         start = time.monotonic()
-        build_file(
-            variant.recipe,
-            variant.params,
-            self.source.model_file,
-            built,
-            self.datasets.calibration,
-        )
+        built = self._build(variant, self.scratch / "build" / name)
         trial.build_s = time.monotonic() - start
         config = derived_config(
             self.source.config,
             name,
-            backend_options=backend_options_of(self.source.config, variant.backend_options),
+            backend=variant.runtime,
+            backend_options=backend_options_of(
+                self.source.config, variant.backend_options, variant.runtime
+            ),
             instances=[{"count": 1, "device": self.caps.device}],
         )
-        backend = self._load(built, _options_of(config, self.caps.device))
+        backend = self._load(built, _options_of(config, self.caps.device), variant.runtime)
         try:
             outputs = self._outputs(backend)
         finally:
@@ -317,8 +359,30 @@ class _Search:
             trial.reason = trial.accuracy.describe()
         trial.folder = stage(self.scratch / "repo", name, config, built, self.datasets.validation)
 
-    def _load(self, path: Path, options: BackendOptions) -> Any:
-        backend = create_backend(self.source.config.backend, path, options)
+    def _build(self, variant: Variant, folder: Path) -> Path:
+        """The variant's model file in `folder`, made from the FP32 ONNX file or the zoo."""
+        if variant.runtime == "onnxruntime":
+            built = folder / MODEL_FILE
+            build_file(
+                variant.recipe,
+                variant.params,
+                self.source.model_file,
+                built,
+                self.datasets.calibration,
+            )
+            return built
+        if variant.runtime != "torch":
+            raise OptimizeError(f"variant {variant.name}: unknown runtime {variant.runtime!r}")
+        if self.torch is None:
+            raise OptimizeError(f"variant {variant.name}: {self.torch_absent}")
+        if self._builder is None:
+            self._builder = TorchBuilder(
+                self.torch, self.scratch / "torch", self.datasets.validation
+            )
+        return self._builder.build(variant.recipe, folder, self.datasets.calibration)
+
+    def _load(self, path: Path, options: BackendOptions, kind: str = "onnxruntime") -> Any:
+        backend = create_backend(kind, path, options)
         backend.load()
         return backend
 
@@ -349,40 +413,3 @@ def _best(trials: list[Trial]) -> Trial:
             + "; ".join(f"{t.variant.name}: {t.reason}" for t in trials)
         )
     return max(measured, key=lambda t: t.speed.offline_sps if t.speed else 0.0)
-
-
-def _write_version(
-    repo: ModelRepository, source: ModelVersion, winner: Trial
-) -> tuple[int, Path, dict[str, Any]]:
-    """Copy the winner in as the next version; its runtime settings go into config.toml."""
-    folder = source.path.parent
-    on_disk = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
-    version = max(on_disk) + 1
-    target = folder / str(version)
-    target.mkdir()
-    assert winner.folder is not None
-    shutil.copyfile(winner.folder / "1" / MODEL_FILE, target / MODEL_FILE)
-    for data in ("validation.npz", "calibration.npz"):
-        if (source.path / data).is_file():
-            shutil.copyfile(source.path / data, target / data)
-    config = source.config
-    previous = config.model_dump(mode="json", exclude_none=True)
-    data_: dict[str, Any] = dict(previous)
-    data_["backend_options"] = backend_options_of(config, winner.variant.backend_options)
-    data_["metadata"] = {
-        **config.metadata,
-        "optimized_variant": winner.variant.name,
-        "optimized_from_version": source.version,
-    }
-    policy = config.version_policy
-    if policy.specific is not None:
-        data_["version_policy"] = {"specific": [*policy.specific, version]}
-    write_config(parse_config(data_, folder / "config.toml"), folder / "config.toml")
-    # The version must load as the server would load it; a broken write is undone at once.
-    try:
-        repo.version(source.name, version)
-    except DlscaleError:
-        shutil.rmtree(target)
-        write_config(config, folder / "config.toml")
-        raise
-    return version, target, previous

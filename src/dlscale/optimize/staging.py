@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.models.config import ModelConfig, parse_config, write_config
+from dlscale.models.config import BackendOptionsConfig, ModelConfig, parse_config, write_config
 
 Arrays = dict[str, np.ndarray]
 MODEL_FILE = "model.onnx"
@@ -30,9 +30,18 @@ def derived_config(base: ModelConfig, name: str, **changes: Any) -> ModelConfig:
     return parse_config(data, f"<{name}>")
 
 
-def backend_options_of(base: ModelConfig, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The base config's [backend_options] with a variant's settings laid over them."""
+def backend_options_of(
+    base: ModelConfig, options: Mapping[str, Any], backend: str | None = None
+) -> dict[str, Any]:
+    """The base config's [backend_options] with a variant's settings laid over them.
+
+    For another backend than the base's, only the generic fields (threads) carry over: each
+    runtime refuses or misreads the other's own keys.
+    """
     merged = base.backend_options.model_dump(mode="json")
+    if backend is not None and backend != base.backend:
+        generic = BackendOptionsConfig.model_fields
+        merged = {k: v for k, v in merged.items() if k in generic}
     merged.update(options)
     return merged
 
@@ -46,16 +55,17 @@ def stage(
     *,
     link: bool = False,
 ) -> Path:
-    """Write root/name/config.toml and root/name/1/{model.onnx, validation.npz}.
+    """Write root/name/config.toml and root/name/1/{model file, validation.npz}.
 
-    With `link`, the model file is a symbolic link (serving settings of one file are staged
-    many times by the SLO tuner); otherwise it is moved in.
+    The model file keeps its name (model.onnx, model.pt2, model.zoo: the backend goes by it).
+    With `link`, it is a symbolic link (serving settings of one file are staged many times by
+    the SLO tuner); otherwise it is moved in.
     """
     folder = root / name
     if folder.exists():
         shutil.rmtree(folder)
     (folder / "1").mkdir(parents=True)
-    target = folder / "1" / MODEL_FILE
+    target = folder / "1" / model_file.name
     if link:
         os.symlink(model_file.resolve(), target)
     else:

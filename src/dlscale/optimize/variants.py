@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -30,6 +31,8 @@ class DeviceCaps:
     ort_providers: tuple[str, ...] = ()
     #: CUDA compute capability (major, minor); None on a CPU target.
     cuda_capability: tuple[int, int] | None = None
+    #: Whether PyTorch is installed (the torch backend and its variants need it).
+    torch: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -62,6 +65,7 @@ def detect_caps(device: str = "auto") -> DeviceCaps:
         cpu_flags=_cpu_flags(),
         ort_providers=providers,
         cuda_capability=_cuda_capability(device) if device != "cpu" else None,
+        torch=importlib.util.find_spec("torch") is not None,
     )
 
 

@@ -1,0 +1,144 @@
+"""The files of the PyTorch variants, built from the zoo's PyTorch definition of a model.
+
+An ONNX file says nothing of the PyTorch code it came from, so torch variants exist only for
+models of the zoo. The module is built once per search (the digits factory trains for ~8 s);
+the FP32 program is exported once to `model.pt2` and shared by every variant that runs it.
+Variants that need the module itself (FP8 swaps nn.Linear; whole FP16/BF16 casts of a
+transformer, whose exported graph has its dtypes baked in) get a `model.zoo` spec instead, which
+rebuilds the module at each load.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlscale.models.repository import ModelVersion
+from dlscale.models.zoo import ZOO, ZooModel
+from dlscale.models.zoo.model import WEIGHT_SEED
+from dlscale.optimize.onnx_variants import RecipeError
+from dlscale.optimize.torch_variants import EXPORT, MODULE, PT2E_INT8
+from dlscale.types import TensorSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Arrays = dict[str, np.ndarray]
+PT2, ZOO_SPEC = "model.pt2", "model.zoo"
+
+
+@dataclass(frozen=True)
+class TorchSource:
+    """A model's PyTorch definition: its zoo entry and the sequence length it was built for."""
+
+    zoo: ZooModel
+    seq_len: int
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Input specs with the batch dimension, as the torch backend reports them."""
+        return [s.with_batch() for s in self.zoo.inputs(self.seq_len)]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """Output specs with the batch dimension."""
+        return [s.with_batch() for s in self.zoo.outputs(self.seq_len)]
+
+
+def torch_source(version: ModelVersion) -> tuple[TorchSource | None, str]:
+    """The model's PyTorch definition, or None and why there is none.
+
+    The definition is found by the model's name (a renamed zoo model, metadata zoo = true,
+    has none). The accuracy guard then proves that the module and the ONNX file agree: a
+    same-named model with other weights is rejected, not served.
+    """
+    metadata = version.config.metadata
+    zoo = ZOO.get(version.name)
+    if zoo is None:
+        flagged = str(metadata.get("zoo", "")).lower() == "true"
+        why = (
+            "its metadata says zoo = true but no zoo model is called"
+            if flagged
+            else "no zoo model is called"
+        )
+        return None, (
+            f"PyTorch variants are built from the zoo's PyTorch definition; {why} "
+            f"{version.name!r} (the zoo has: {', '.join(ZOO)})"
+        )
+    return TorchSource(zoo, int(metadata.get("seq_len", 128))), ""
+
+
+class TorchBuilder:
+    """Writes each torch variant's model file; the module and FP32 export are made once."""
+
+    def __init__(self, source: TorchSource, scratch: Path, example: Arrays) -> None:
+        self.source = source
+        self.scratch = scratch
+        #: Two rows keyed by input name, to trace the module with.
+        self.example = {s.name: np.ascontiguousarray(example[s.name][:2]) for s in source.inputs}
+        self._module: nn.Module | None = None
+        self._exported: Path | None = None
+        #: Seconds spent building the module and exporting it (paid by the first variant).
+        self.setup_s = 0.0
+
+    def build(self, recipe: str, dest_dir: Path, calibration: Arrays | None) -> Path:
+        """The variant's model file in `dest_dir` (model.pt2 or model.zoo)."""
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        if recipe == EXPORT:
+            return Path(shutil.copyfile(self._fp32_program(), dest_dir / PT2))
+        if recipe == MODULE:
+            return self._module_spec(dest_dir / ZOO_SPEC)
+        if recipe == PT2E_INT8:
+            if calibration is None:
+                raise RecipeError("PT2E INT8 needs a calibration set")
+            return self._int8_program(dest_dir / PT2, calibration)
+        raise RecipeError(f"unknown torch recipe {recipe!r}")
+
+    def _module_built(self) -> nn.Module:
+        if self._module is None:
+            start = time.monotonic()
+            self._module = self.source.zoo.torch_module(self.source.seq_len)
+            self.setup_s += time.monotonic() - start
+        return self._module
+
+    def _fp32_program(self) -> Path:
+        if self._exported is None:
+            from dlscale.backends.torch_files import save_exported
+
+            path = self.scratch / "fp32" / PT2
+            path.parent.mkdir(parents=True, exist_ok=True)
+            module = self._module_built()
+            start = time.monotonic()
+            try:
+                save_exported(module, self.example, self.source.inputs, self.source.outputs, path)
+            except Exception as exc:
+                raise RecipeError(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
+            self.setup_s += time.monotonic() - start
+            self._exported = path
+        return self._exported
+
+    def _module_spec(self, path: Path) -> Path:
+        from dlscale.backends.torch_files import write_module_spec
+
+        write_module_spec(
+            path,
+            self.source.zoo.factory,
+            {"seed": WEIGHT_SEED},
+            self.source.inputs,
+            self.source.outputs,
+        )
+        return path
+
+    def _int8_program(self, path: Path, calibration: Mapping[str, np.ndarray]) -> Path:
+        from dlscale.optimize.torch_int8 import quantize_pt2e, save_quantized
+
+        names = [s.name for s in self.source.inputs]
+        quantized = quantize_pt2e(self._module_built(), names, self.example, dict(calibration))
+        save_quantized(quantized, self.example, self.source.inputs, self.source.outputs, path)
+        return path
