@@ -90,11 +90,18 @@ class Profile:
 
     @classmethod
     def load(cls, path: Path) -> Profile:
-        """Read and check a profile file."""
+        """Read and check a profile file, or the `profile` of a `dlscale bench` report.json."""
         try:
             raw = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise PlanError(f"cannot read profile {path}: {exc}") from None
+        if isinstance(raw, dict) and "batch_latency_s" not in raw and "profile" in raw:
+            if not raw["profile"]:
+                raise PlanError(
+                    f"{path}: this bench report has no profile (no batch was timed: bench a "
+                    "model in process, or a server with the statistics extension)"
+                )
+            raw = raw["profile"]
         return cls.from_dict(raw, source=str(path))
 
     @classmethod
@@ -102,6 +109,8 @@ class Profile:
         """Check the fields of a parsed profile."""
         try:
             table = {int(b): float(t) for b, t in raw["batch_latency_s"].items()}
+            if raw["device"] is None:
+                raise ValueError("no catalog device named (a remote target's report?)")
             profile = cls(str(raw["model"]), str(raw["device"]), str(raw["precision"]), table)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"{source}: not a profile ({exc!r}); see docs/plan.md") from None
@@ -110,7 +119,11 @@ class Profile:
         return profile
 
     def time(self, batch: int) -> float:
-        """Measured seconds for `batch`: linear between measured sizes, the first size's below."""
+        """Measured seconds for `batch`: linear between measured sizes, the first size's below.
+
+        Below the smallest measured size this is an upper bound (fewer rows rarely cost more);
+        `plan serve` says so when the profile does not start at batch 1.
+        """
         sizes = sorted(self.batch_latency_s)
         if batch > sizes[-1]:
             raise PlanError(f"profile covers batches up to {sizes[-1]}, not {batch}")

@@ -43,10 +43,30 @@ def test_infinite_at_and_past_saturation() -> None:
 
 
 def test_idle_request_waits_the_delay_then_runs_alone() -> None:
-    server = BatchingServer(linear(1e-3, 2e-4), max_batch=8, max_delay=4e-3)
-    result = simulate(server, 1.0)  # one request a second: nobody to batch with
+    # Triton's rule: every batch waits out the delay, even with nobody to batch with.
+    server = BatchingServer(linear(1e-3, 2e-4), max_batch=8, max_delay=4e-3, adaptive_delay=False)
+    result = simulate(server, 1.0)  # one request a second
     assert result.p50 == pytest.approx(4e-3 + 1.2e-3)
     assert result.mean_batch == pytest.approx(1.0, abs=0.01)
+
+
+def test_adaptive_batcher_skips_the_delay_when_arrivals_are_sparse() -> None:
+    server = BatchingServer(linear(1e-3, 2e-4), max_batch=8, max_delay=4e-3)
+    idle = simulate(server, 1.0)  # gaps of ~1 s, far longer than the 4 ms delay
+    assert idle.p50 == pytest.approx(1.2e-3)
+    assert idle.mean_batch == pytest.approx(1.0, abs=0.01)
+    # Arrivals 1 ms apart: company comes within the delay, so batches wait and grow.
+    busy = simulate(server, 1000.0)
+    fixed = BatchingServer(linear(1e-3, 2e-4), max_batch=8, max_delay=4e-3, adaptive_delay=False)
+    assert busy.mean_batch > 2
+    assert busy.mean_batch == pytest.approx(simulate(fixed, 1000.0).mean_batch, rel=0.05)
+
+
+def test_capacity_counts_the_most_efficient_batch() -> None:
+    # A CPU with no batching gain: a batch of b costs more than b batches of 1.
+    server = BatchingServer(lambda b: 0.1 * b**1.2, max_batch=16, max_delay=0.0)
+    assert server.capacity == pytest.approx(10.0)
+    assert simulate(server, 9.9 * 0.5).p99 < simulate(server, 9.9 * 0.8).p99 < math.inf
 
 
 def test_batches_fill_under_load() -> None:
@@ -69,7 +89,7 @@ def test_same_seed_same_answer() -> None:
 
 
 def test_peak_rate_holds_the_bound_and_grows_with_it() -> None:
-    server = BatchingServer(linear(1e-3, 1e-4), max_batch=16, max_delay=5e-4)
+    server = BatchingServer(linear(1e-3, 1e-4), max_batch=16, max_delay=5e-4, adaptive_delay=False)
     peaks = [peak_rate(server, bound) for bound in (4e-3, 8e-3, 16e-3, 32e-3)]
     assert peaks == sorted(peaks)
     assert 0 < peaks[0] < peaks[-1] < server.capacity
