@@ -70,13 +70,17 @@ class Served:
         )
 
 
+#: Seconds of every timed run, per batch size.
+Samples = dict[int, tuple[float, ...]]
+
+
 def measure_profile(
     version: ModelVersion, bound_s: float, min_seconds: float = PROFILE_SECONDS
-) -> dict[int, float]:
-    """Mean seconds per batch of the backend alone at 1, 2, 4, ... (see the module's doc)."""
+) -> Samples:
+    """Seconds per run of the backend alone at batch 1, 2, 4, ... (see the module's doc)."""
     backend = load_for_run(version)
     limit = max(1, version.config.max_batch_size)
-    table: dict[int, float] = {}
+    table: Samples = {}
     try:
         specs, _ = reconcile(
             version.config, backend.inputs, backend.outputs, version.path.parent / "config.toml"
@@ -86,16 +90,18 @@ def measure_profile(
         while True:
             inputs = inputs_for(version.name, version.path, specs, batch, rng)
             timing = time_backend(backend, inputs, min_seconds=min_seconds)
-            table[batch] = statistics.fmean(timing.seconds)
-            if batch >= limit or table[batch] > 2 * bound_s:
+            table[batch] = timing.seconds
+            if batch >= limit or statistics.fmean(timing.seconds) > 2 * bound_s:
                 return table
             batch = min(2 * batch, limit)
     finally:
         backend.unload()
 
 
-def predict(table: dict[int, float], served: Served, bound_s: float) -> float:
-    """The planner's peak rate for the served settings and a measured profile.
+def predict(
+    table: dict[int, float], served: Served, bound_s: float, spread: tuple[float, ...] = ()
+) -> float:
+    """The planner's peak rate for the served settings, a measured profile and its spread.
 
     The simulation caps batches at the largest size profiled, which takes more than twice the
     bound (or is the max batch size): a batch that large cannot meet the bound, so it forms
@@ -108,8 +114,14 @@ def predict(table: dict[int, float], served: Served, bound_s: float) -> float:
         served.max_delay_s,
         instances_per_device=served.instances,
         adaptive_delay=served.adaptive_delay,
+        service_spread=spread,
     )
     return peak_rate(server, bound_s)
+
+
+def spread_of(table: dict[int, float], *profiles: Samples) -> tuple[float, ...]:
+    """Every timed run over the mean of its batch size: how much service times vary here."""
+    return tuple(t / table[b] for p in profiles for b in table for t in p[b])
 
 
 @dataclass(frozen=True)
@@ -174,11 +186,12 @@ def measure_peak(
         session.open()
         assert session.warmup is not None
         start = max(1.0, session.warmup.throughput / 2)  # as `dlscale bench --find-peak` does
-        # The run lasts until `queries` are done; LoadGen's cap (4x) covers rates down to 1/8.
-        options.duration_s = max(1.0, search.queries / start / 2)
         before = loop.run(session.target.batch_times())
 
         def run_at(qps: float) -> tuple[bool, RunResult]:
+            # LoadGen stops at the minimum duration once it has the queries, and gives up at
+            # 4x: a minimum just under the time the queries take at this rate fits both.
+            options.duration_s = max(1.0, 0.9 * search.queries / qps)
             settings = session.settings(Scenario.SERVER, qps)
             result = session.run(settings, out_dir / f"seed{seed}" / f"qps-{qps:.2f}")
             passed = holds(result, bound_s, search.strict)
@@ -213,9 +226,10 @@ def _point(run: RunResult, passed: bool) -> dict[str, Any]:
     }
 
 
-def mean_table(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
-    """Per batch size, the mean of two profiles (sizes both have)."""
-    return {k: (a[k] + b[k]) / 2 for k in sorted(a.keys() & b.keys())}
+def mean_table(*profiles: Samples) -> dict[int, float]:
+    """Per batch size, the mean seconds over the profiles' runs (sizes every profile has)."""
+    sizes = set.intersection(*(set(p) for p in profiles))
+    return {b: statistics.fmean([t for p in profiles for t in p[b]]) for b in sorted(sizes)}
 
 
 def validate(
@@ -232,35 +246,19 @@ def validate(
     served = Served.of(version.config)
     rows: list[dict[str, Any]] = []
     profiles = [measure_profile(version, bound_s, profile_seconds)]
-    print(f"profile: {_ms(profiles[-1])}", flush=True)
+    print(f"profile: {_ms(mean_table(profiles[-1]))}", flush=True)
     for r in range(repeats):
         peak = measure_peak(repo, model, bound_s, out_dir, search, seed=r)
         profiles.append(measure_profile(version, bound_s, profile_seconds))
-        print(f"profile: {_ms(profiles[-1])}", flush=True)
-        table = mean_table(profiles[-2], profiles[-1])
-        predicted = predict(table, served, bound_s)
-        seen = {int(b): t for b, t in peak.in_run_profile.items()}
-        predicted_in_run = predict(seen, served, bound_s) if 1 in seen else None
-        error = (predicted - peak.peak_qps) / peak.peak_qps if peak.peak_qps else None
-        rows.append(
-            {
-                "repeat": r + 1,
-                "predicted_qps": predicted,
-                "measured_qps": peak.peak_qps,
-                # The same model fed the service times the batcher saw during the search:
-                # what is left of the error is the queueing model's, not the machine's drift.
-                "predicted_in_run_qps": predicted_in_run,
-                "error": error,
-                "profile_s": {str(k): v for k, v in table.items()},
-                "peak": asdict(peak),
-            }
-        )
-        shown = f"{100 * error:+.1f}%" if error is not None else "-"
-        print(
-            f"repeat {r + 1}: predicted {predicted:.2f}/s (from in-run service times "
-            f"{predicted_in_run}), measured {peak.peak_qps}/s, error {shown}",
-            flush=True,
-        )
+        print(f"profile: {_ms(mean_table(profiles[-1]))}", flush=True)
+        row = {
+            "repeat": r + 1,
+            "measured_qps": peak.peak_qps,
+            "profile_runs_s": [{str(k): v for k, v in p.items()} for p in profiles[-2:]],
+            "peak": asdict(peak),
+        }
+        rows.append({**row, **predictions(row, served, bound_s)})
+        print(f"repeat {r + 1}: {json.dumps(rows[-1], default=str)[:300]}", flush=True)
     return {
         "model": model,
         "bound_s": bound_s,
@@ -271,17 +269,39 @@ def validate(
     }
 
 
+def predictions(row: dict[str, Any], served: Served, bound_s: float) -> dict[str, Any]:
+    """The planner's answers for one repetition's measurements, and the error of the first."""
+    before, after = ({int(b): tuple(t) for b, t in p.items()} for p in row["profile_runs_s"])
+    table = mean_table(before, after)
+    spread = spread_of(table, before, after)
+    predicted = predict(table, served, bound_s, spread)
+    seen = {int(b): t for b, t in row["peak"]["in_run_profile"].items()}
+    measured = row["measured_qps"]
+    return {
+        "predicted_qps": predicted,
+        "error": (predicted - measured) / measured if measured else None,
+        # Every batch of a size taking exactly its mean (the model before the spread):
+        "predicted_constant_service_qps": predict(table, served, bound_s),
+        # The same model fed the mean service times the batcher saw during the search: what
+        # is left of the error is the queueing model's, not the machine's drift.
+        "predicted_in_run_qps": predict(seen, served, bound_s, spread) if 1 in seen else None,
+        "profile_s": {str(k): v for k, v in table.items()},
+    }
+
+
 def summary(result: dict[str, Any]) -> dict[str, Any]:
     """Medians over the repetitions, and the error of the median prediction."""
     rows = result["rows"]
     measured = [r["measured_qps"] for r in rows if r["measured_qps"]]
     predicted = [r["predicted_qps"] for r in rows]
     in_run = [r["predicted_in_run_qps"] for r in rows if r["predicted_in_run_qps"]]
+    constant = [r["predicted_constant_service_qps"] for r in rows]
     errors = [r["error"] for r in rows if r["error"] is not None]
     out: dict[str, Any] = {
         "predicted_qps": statistics.median(predicted) if predicted else None,
         "measured_qps": statistics.median(measured) if measured else None,
         "predicted_in_run_qps": statistics.median(in_run) if in_run else None,
+        "predicted_constant_service_qps": statistics.median(constant) if constant else None,
         "median_error": statistics.median(errors) if errors else None,
         "errors": errors,
     }
@@ -306,7 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="LoadGen VALID (early stopping)")
     parser.add_argument("--profile-seconds", type=float, default=PROFILE_SECONDS)
     parser.add_argument("--out", type=Path, help="results folder (default bench-results/...)")
+    parser.add_argument(
+        "--from", dest="again", type=Path, help="predict again from a result.json's measurements"
+    )
     args = parser.parse_args(argv)
+    if args.again:
+        result = json.loads(args.again.read_text())
+        served = Served(**result["served"])
+        for row in result["rows"]:
+            row.update(predictions(row, served, result["bound_s"]))
+        result["summary"] = summary(result)
+        print(json.dumps(result["summary"], indent=1))
+        return 0
     repo = args.repo or onnx_file(args.model).parents[2]
     bound = parse_duration(args.bound)
     out = args.out or RESULTS / f"plan-validation-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -40,7 +40,9 @@ class BatchingServer:
     gap between arrivals is longer than `max_delay`; without it, it always waits, as Triton's
     dynamic batcher does. Instances on one device share it, so a batch takes
     `instances_per_device` times its lone service time: more instances overlap work, they do
-    not add compute.
+    not add compute. With `service_spread` (measured times divided by their mean, e.g. from
+    repeated runs) each batch takes its mean time times one of them, drawn at random; without
+    it every batch of a size takes exactly its mean.
     """
 
     service_time: ServiceTime
@@ -49,12 +51,15 @@ class BatchingServer:
     devices: int = 1
     instances_per_device: int = 1
     adaptive_delay: bool = True
+    service_spread: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.devices < 1 or self.instances_per_device < 1:
             raise PlanError("max batch, devices and instances must each be at least 1")
         if self.max_delay < 0:
             raise PlanError(f"max queue delay must be non-negative, got {self.max_delay}")
+        if any(not 0 < f < math.inf for f in self.service_spread):
+            raise PlanError("service spread factors must be positive and finite")
 
     @cached_property
     def batch_times(self) -> tuple[float, ...]:
@@ -99,6 +104,12 @@ def _unit_arrivals(n: int, seed: int) -> tuple[float, ...]:
 
 
 @lru_cache(maxsize=8)
+def _uniform_draws(n: int, seed: int) -> tuple[float, ...]:
+    """One uniform draw in [0, 1) per batch, shared by every load (common random numbers)."""
+    return tuple(np.random.default_rng(seed + 1).random(n).tolist())
+
+
+@lru_cache(maxsize=8)
 def _unit_smoothed_gaps(n: int, seed: int) -> tuple[float, ...]:
     """The batcher's smoothed gap after each arrival of `_unit_arrivals` (infinite after one)."""
     times = _unit_arrivals(n, seed)
@@ -128,6 +139,11 @@ def simulate(
     smoothed = _unit_smoothed_gaps(requests, seed) if server.adaptive_delay else None
     patience = server.max_delay * rate
     big, delay, cost = server.max_batch, server.max_delay, server.batch_times
+    # Spread factors rescaled to mean 1: the spread must not change the mean service time.
+    spread = [
+        f * len(server.service_spread) / sum(server.service_spread) for f in server.service_spread
+    ]
+    draws = _uniform_draws(requests, seed) if spread else ()
     free = [0.0] * (server.devices * server.instances_per_device)  # a heap of free times
     sizes: list[int] = []
     finishes: list[float] = []
@@ -146,7 +162,10 @@ def simulate(
                 deadline = _stop_waiting(arrivals, smoothed, patience, start, deadline, i)
             close = start if start > deadline else deadline
             j = min(bisect_right(arrivals, close, i, n), i + big)
-        finish = close + cost[j - i]
+        took = cost[j - i]
+        if spread:
+            took *= spread[int(draws[len(sizes)] * len(spread))]
+        finish = close + took
         replace(free, finish)
         sizes.append(j - i)
         finishes.append(finish)

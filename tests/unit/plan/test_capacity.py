@@ -104,6 +104,19 @@ def test_profile_read_from_a_bench_report(tmp_path: Path) -> None:
         Profile.load(path)
 
 
+def test_profile_spread_stays_on_its_device(tmp_path: Path) -> None:
+    path = tmp_path / "spread.json"
+    raw = {**report_profile(), "device": "H100-SXM", "batch_latency_spread": [0.8, 1.2]}
+    path.write_text(json.dumps(raw))
+    profile = Profile.load(path)
+    assert profile.spread == (0.8, 1.2)
+    assert profile_curve(profile, BIG, BIG, RESNETISH).spread == (0.8, 1.2)
+    assert profile_curve(profile, BIG, SMALL, RESNETISH).spread == ()
+    path.write_text(json.dumps({**raw, "batch_latency_spread": [1.0, -1.0]}))
+    with pytest.raises(PlanError, match="spread"):
+        Profile.load(path)
+
+
 def report_profile() -> dict[str, object]:
     return {"model": "m", "device": "L4", "precision": "fp32", "batch_latency_s": {"1": 1e-3}}
 

@@ -83,6 +83,23 @@ def test_instances_share_their_device() -> None:
     assert pooled.capacity == pytest.approx(4 * one.capacity)
 
 
+def test_service_spread_lengthens_the_tail_not_the_mean_service() -> None:
+    constant = BatchingServer(lambda b: 0.1 * b, max_batch=1, max_delay=0.0)
+    # Half the batches take 0.5x their mean, half 1.5x: the same mean, more variance.
+    varied = BatchingServer(lambda b: 0.1 * b, max_batch=1, max_delay=0.0, service_spread=(1, 3))
+    assert varied.capacity == constant.capacity
+    light = simulate(varied, 0.01)  # no queueing: latency is the service time itself
+    assert light.mean == pytest.approx(0.1, rel=0.03)
+    assert light.p99 == pytest.approx(0.15)
+    # M/G/1 (Pollaczek-Khinchine): mean wait = rho s (1 + cv^2) / (2 (1 - rho)); cv = 0.5 here.
+    rho = 0.6
+    want = 0.1 + rho * 0.1 * 1.25 / (2 * (1 - rho))
+    assert simulate(varied, rho / 0.1).mean == pytest.approx(want, rel=0.08)
+    assert peak_rate(varied, 0.5) < peak_rate(constant, 0.5)
+    with pytest.raises(PlanError):
+        BatchingServer(lambda b: 0.1, max_batch=1, max_delay=0.0, service_spread=(0.0, 1.0))
+
+
 def test_same_seed_same_answer() -> None:
     server = BatchingServer(linear(1e-3, 1e-4), max_batch=8, max_delay=1e-3)
     assert simulate(server, 3000.0) == simulate(server, 3000.0)
