@@ -391,12 +391,21 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `make bench`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "which", nargs="?", default="all", choices=("all", "rest", "stacks", "peers", "inprocess")
+        "which",
+        nargs="?",
+        default="all",
+        choices=("all", "rest", "stacks", "peers", "inprocess", "plan"),
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     parser.add_argument("--resnet-duration", type=float, default=20.0)
     args = parser.parse_args(argv)
+    if args.which in ("all", "plan"):  # the planner against a measured peak (plan_validation.py)
+        from benchmarks import plan_validation
+
+        plan_validation.main(["--repeats", str(args.repeats)])
+        if args.which == "plan":
+            return 0
     repo = WORK / "repo"
     repo.mkdir(parents=True, exist_ok=True)
     for model, build in ((IDENTITY, models.build_identity), (MLP, models.build_mlp)):

@@ -136,6 +136,12 @@ def plan_serve(args: argparse.Namespace) -> int:
     curves: list[ServiceCurve] = []
     if args.profile:
         profile = Profile.load(Path(args.profile))
+        smallest = min(profile.batch_latency_s)
+        if smallest > 1:
+            print(
+                f"note: the profile starts at batch {smallest}; smaller batches are taken to cost "
+                f"as much (an upper bound). `dlscale bench --scenario all` also times small ones."
+            )
         if profile.precision != args.precision:
             print(f"using the profile's precision {profile.precision}, not {args.precision}")
         measured = catalog_device(profile.device)

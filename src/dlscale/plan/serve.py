@@ -47,12 +47,16 @@ def roofline(device: DeviceSpec, workload: Workload, precision: str, batch: int)
 
 @dataclass(frozen=True)
 class ServiceCurve:
-    """Batch size → seconds on one device, the largest batch it covers, and how it was derived."""
+    """Batch size → seconds on one device, the largest batch it covers, and how it was derived.
+
+    `spread`: measured times over their mean (queueing.BatchingServer), empty when unknown.
+    """
 
     device: DeviceSpec
     time: ServiceTime
     max_batch: int
     basis: str
+    spread: tuple[float, ...] = ()
 
 
 def roofline_curve(
@@ -80,21 +84,30 @@ class Profile:
     """A measured batch-size → service-time table of one model on one catalog device.
 
     The JSON it is read from: {"model": ..., "device": catalog name, "precision": ...,
-    "batch_latency_s": {"1": seconds, "8": seconds, ...}}.
+    "batch_latency_s": {"1": seconds, "8": seconds, ...}}, and optionally
+    "batch_latency_spread": [time / mean time of each measured run, ...].
     """
 
     model: str
     device: str
     precision: str
     batch_latency_s: Mapping[int, float]
+    spread: tuple[float, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> Profile:
-        """Read and check a profile file."""
+        """Read and check a profile file, or the `profile` of a `dlscale bench` report.json."""
         try:
             raw = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise PlanError(f"cannot read profile {path}: {exc}") from None
+        if isinstance(raw, dict) and "batch_latency_s" not in raw and "profile" in raw:
+            if not raw["profile"]:
+                raise PlanError(
+                    f"{path}: this bench report has no profile (no batch was timed: bench a "
+                    "model in process, or a server with the statistics extension)"
+                )
+            raw = raw["profile"]
         return cls.from_dict(raw, source=str(path))
 
     @classmethod
@@ -102,15 +115,24 @@ class Profile:
         """Check the fields of a parsed profile."""
         try:
             table = {int(b): float(t) for b, t in raw["batch_latency_s"].items()}
-            profile = cls(str(raw["model"]), str(raw["device"]), str(raw["precision"]), table)
+            if raw["device"] is None:
+                raise ValueError("no catalog device named (a remote target's report?)")
+            spread = tuple(float(f) for f in raw.get("batch_latency_spread") or ())
+            model, device, precision = str(raw["model"]), str(raw["device"]), str(raw["precision"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"{source}: not a profile ({exc!r}); see docs/plan.md") from None
         if not table or min(table) < 1 or min(table.values()) <= 0:
             raise PlanError(f"{source}: batch sizes must be >= 1 and latencies > 0")
-        return profile
+        if any(not 0 < f < math.inf for f in spread):
+            raise PlanError(f"{source}: batch_latency_spread factors must be positive")
+        return cls(model, device, precision, table, spread)
 
     def time(self, batch: int) -> float:
-        """Measured seconds for `batch`: linear between measured sizes, the first size's below."""
+        """Measured seconds for `batch`: linear between measured sizes, the first size's below.
+
+        Below the smallest measured size this is an upper bound (fewer rows rarely cost more);
+        `plan serve` says so when the profile does not start at batch 1.
+        """
         sizes = sorted(self.batch_latency_s)
         if batch > sizes[-1]:
             raise PlanError(f"profile covers batches up to {sizes[-1]}, not {batch}")
@@ -121,10 +143,15 @@ class Profile:
 def profile_curve(
     profile: Profile, measured_on: DeviceSpec, target: DeviceSpec, workload: Workload
 ) -> ServiceCurve:
-    """The measured curve moved to `target`: times × (roofline here / roofline there) per batch."""
+    """The measured curve moved to `target`: times × (roofline here / roofline there) per batch.
+
+    The measured spread of service times stays with the device it was measured on.
+    """
     top = max(profile.batch_latency_s)
     if target.name == measured_on.name:
-        return ServiceCurve(target, profile.time, top, f"measured on {profile.device}")
+        return ServiceCurve(
+            target, profile.time, top, f"measured on {profile.device}", profile.spread
+        )
     p = profile.precision
 
     def time(b: int) -> float:
@@ -136,7 +163,7 @@ def profile_curve(
         f"measured on {profile.device} x {src.attainable_rate / dst.attainable_rate:.3g} "
         f"(roofline ratio at batch {top}: {src.bound}-bound there, {dst.bound}-bound here)"
     )
-    return ServiceCurve(target, time, top, basis)
+    return ServiceCurve(target, time, top, basis)  # the spread was this host's, not theirs
 
 
 @dataclass(frozen=True)
@@ -170,7 +197,8 @@ def best_config(curve: ServiceCurve, p99_bound: float) -> tuple[float, int, floa
         if s >= p99_bound or b / s <= best[0]:
             continue  # cannot hold the bound, or cannot beat the best even when saturated
         for delay in (0.0, s / 2):
-            rate = peak_rate(BatchingServer(curve.time, b, delay), p99_bound)
+            server = BatchingServer(curve.time, b, delay, service_spread=curve.spread)
+            rate = peak_rate(server, p99_bound)
             if rate > best[0]:
                 best = (rate, b, delay)
     return best

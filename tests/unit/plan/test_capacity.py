@@ -77,6 +77,50 @@ def test_profile_interpolates_and_rejects_junk(tmp_path: Path) -> None:
         Profile.load(tmp_path / "missing.json")
 
 
+def test_profile_read_from_a_bench_report(tmp_path: Path) -> None:
+    # `dlscale bench` writes the profile inside report.json (bench/environment.py).
+    report = {
+        "format": "dlscale-bench/1",
+        "scenarios": [],
+        "profile": {
+            "model": "mlp",
+            "device": "H100-SXM",
+            "precision": "fp32",
+            "batch_latency_s": {"1": 2e-4, "256": 3e-2},
+        },
+    }
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    profile = Profile.load(path)
+    assert (profile.model, profile.device, profile.precision) == ("mlp", "H100-SXM", "fp32")
+    assert profile.time(256) == pytest.approx(3e-2)
+    report["profile"] = None  # nothing was timed (a server without statistics)
+    path.write_text(json.dumps(report))
+    with pytest.raises(PlanError, match="no profile"):
+        Profile.load(path)
+    report["profile"] = {**report_profile(), "device": None}  # remote: device unknown
+    path.write_text(json.dumps(report))
+    with pytest.raises(PlanError, match="no catalog device"):
+        Profile.load(path)
+
+
+def test_profile_spread_stays_on_its_device(tmp_path: Path) -> None:
+    path = tmp_path / "spread.json"
+    raw = {**report_profile(), "device": "H100-SXM", "batch_latency_spread": [0.8, 1.2]}
+    path.write_text(json.dumps(raw))
+    profile = Profile.load(path)
+    assert profile.spread == (0.8, 1.2)
+    assert profile_curve(profile, BIG, BIG, RESNETISH).spread == (0.8, 1.2)
+    assert profile_curve(profile, BIG, SMALL, RESNETISH).spread == ()
+    path.write_text(json.dumps({**raw, "batch_latency_spread": [1.0, -1.0]}))
+    with pytest.raises(PlanError, match="spread"):
+        Profile.load(path)
+
+
+def report_profile() -> dict[str, object]:
+    return {"model": "m", "device": "L4", "precision": "fp32", "batch_latency_s": {"1": 1e-3}}
+
+
 def test_profile_scaled_by_roofline_ratio(tmp_path: Path) -> None:
     profile = Profile.load(write_profile(tmp_path, {"1": 1e-3, "64": 4e-3}))
     same = profile_curve(profile, BIG, BIG, RESNETISH)

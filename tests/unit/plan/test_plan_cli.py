@@ -63,3 +63,25 @@ def test_plan_serve_with_catalog_devices(
     assert plans["L4"]["devices"] >= 2
     assert plans["L4"]["cost_per_million"] is not None  # price found through the alias
     assert plans["A100-SXM-80GB"]["cost_per_million"] is not None
+
+
+def test_plan_serve_notes_a_profile_without_small_batches(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # An Offline bench run times only the large batches it formed.
+    profile = {
+        "model": "m",
+        "device": "L4",
+        "precision": "fp32",
+        "batch_latency_s": {"250": 0.024, "256": 0.031},
+    }
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"format": "dlscale-bench/1", "profile": profile}))
+    argv = [
+        "plan", "serve", "--flops-per-sample", "1e6", "--bytes-per-sample", "1e6",
+        "--qps", "20000", "--p99", "100ms", "--devices", "L4", "--profile", str(path),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "profile starts at batch 250" in out
+    assert "measured on L4" in out
