@@ -13,7 +13,7 @@ delay, instances), each repetition:
    in process, with find-peak; a rate holds when LoadGen's own p99 is within the bound;
 then times the profile again (the machine is shared: each prediction uses the mean of the
 profiles taken just before and just after its measurement). The tables give medians.
-Results go to bench-results/plan-validation-*.json. docs/plan.md explains the comparison.
+Results go to bench-results/plan-validation-*/result.json. docs/plan.md explains the comparison.
 """
 
 from __future__ import annotations
@@ -287,7 +287,8 @@ def predictions(row: dict[str, Any], served: Served, bound_s: float) -> dict[str
         # Every batch of a size taking exactly its mean (the model before the spread):
         "predicted_constant_service_qps": predict(table, served, bound_s),
         # The same model fed the mean service times the batcher saw during the search: what
-        # is left of the error is the queueing model's, not the machine's drift.
+        # is left of the error is the queueing model's, not the machine's drift. Its largest
+        # size is the largest batch that formed, the search having gone past the peak.
         "predicted_in_run_qps": predict(seen, served, bound_s, spread) if 1 in seen else None,
         "profile_s": {str(k): v for k, v in table.items()},
     }
