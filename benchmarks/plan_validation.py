@@ -13,7 +13,7 @@ delay, instances), each repetition:
    in process, with find-peak; a rate holds when LoadGen's own p99 is within the bound;
 then times the profile again (the machine is shared: each prediction uses the mean of the
 profiles taken just before and just after its measurement). The tables give medians.
-Results go to bench-results/plan-validation-*.json. docs/plan.md explains the comparison.
+Results go to bench-results/plan-validation-*/result.json. docs/plan.md explains the comparison.
 """
 
 from __future__ import annotations
@@ -128,9 +128,12 @@ def spread_of(table: dict[int, float], *profiles: Samples) -> tuple[float, ...]:
 class Search:
     """How each peak is searched: LoadGen queries per run, runs at most, which verdict counts."""
 
-    queries: int = 256
-    max_runs: int = 8
+    queries: int = 150
+    max_runs: int = 6
     strict: bool = False
+    #: A short run past the peak ends before its queue has grown to the bound (the queue starts
+    #: empty): every run lasts at least this long, whatever the rate.
+    min_duration_s: float = 60.0
 
 
 @dataclass
@@ -191,7 +194,7 @@ def measure_peak(
         def run_at(qps: float) -> tuple[bool, RunResult]:
             # LoadGen stops at the minimum duration once it has the queries, and gives up at
             # 4x: a minimum just under the time the queries take at this rate fits both.
-            options.duration_s = max(1.0, 0.9 * search.queries / qps)
+            options.duration_s = max(search.min_duration_s, 0.9 * search.queries / qps)
             settings = session.settings(Scenario.SERVER, qps)
             result = session.run(settings, out_dir / f"seed{seed}" / f"qps-{qps:.2f}")
             passed = holds(result, bound_s, search.strict)
@@ -258,7 +261,8 @@ def validate(
             "peak": asdict(peak),
         }
         rows.append({**row, **predictions(row, served, bound_s)})
-        print(f"repeat {r + 1}: {json.dumps(rows[-1], default=str)[:300]}", flush=True)
+        shown = {k: rows[-1][k] for k in ("measured_qps", "error", *_PREDICTIONS)}
+        print(f"repeat {r + 1}: {json.dumps(shown)}", flush=True)
     return {
         "model": model,
         "bound_s": bound_s,
@@ -283,10 +287,14 @@ def predictions(row: dict[str, Any], served: Served, bound_s: float) -> dict[str
         # Every batch of a size taking exactly its mean (the model before the spread):
         "predicted_constant_service_qps": predict(table, served, bound_s),
         # The same model fed the mean service times the batcher saw during the search: what
-        # is left of the error is the queueing model's, not the machine's drift.
+        # is left of the error is the queueing model's, not the machine's drift. Its largest
+        # size is the largest batch that formed, the search having gone past the peak.
         "predicted_in_run_qps": predict(seen, served, bound_s, spread) if 1 in seen else None,
         "profile_s": {str(k): v for k, v in table.items()},
     }
+
+
+_PREDICTIONS = ("predicted_qps", "predicted_constant_service_qps", "predicted_in_run_qps")
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -321,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", type=Path, help="a repository holding --model instead")
     parser.add_argument("--bound", default="1s", help="p99 latency bound (default 1s)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--queries", type=int, default=256, help="LoadGen queries per run")
-    parser.add_argument("--max-runs", type=int, default=8, help="LoadGen runs per peak search")
+    parser.add_argument("--queries", type=int, default=150, help="LoadGen queries per run")
+    parser.add_argument("--max-runs", type=int, default=6, help="LoadGen runs per peak search")
+    parser.add_argument("--min-duration", default="60s", help="each LoadGen run at least this")
     parser.add_argument("--strict", action="store_true", help="LoadGen VALID (early stopping)")
     parser.add_argument("--profile-seconds", type=float, default=PROFILE_SECONDS)
     parser.add_argument("--out", type=Path, help="results folder (default bench-results/...)")
@@ -347,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         bound,
         args.repeats,
         out / "loadgen",
-        Search(args.queries, args.max_runs, args.strict),
+        Search(args.queries, args.max_runs, args.strict, parse_duration(args.min_duration)),
         args.profile_seconds,
     )
     result["summary"] = summary(result)

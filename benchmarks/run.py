@@ -1,11 +1,12 @@
 """Run the REST benchmarks of BENCHMARKS.md: HTTP stacks, and dlscale against Seldon MLServer.
 
-    python -m benchmarks.run [all|rest|stacks|peers|inprocess] [--repeats 3] [--duration 5]
+    python -m benchmarks.run [all|rest|stacks|peers|inprocess|plan] [--repeats 3] [--duration 5]
 
 Every server runs in its own process with OMP/OPENBLAS/MKL threads at 1 and is driven by the same
 closed-loop client (benchmarks/client.py) from this process. Servers alternate within a run;
 the tables give medians over the repetitions. Results also go to bench-results/*.json.
-`all` (what `make bench` runs) ends with the gRPC benchmarks of benchmarks/serve_grpc.py.
+`all` (what `make bench` runs) starts with `plan` (benchmarks/plan_validation.py) and ends with
+the gRPC benchmarks of benchmarks/serve_grpc.py.
 """
 
 from __future__ import annotations
