@@ -71,13 +71,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, **THREAD_ENV, **extra}
 
 
-def start_dlscale(repo: Path, stack: str = "protocol") -> Server:
-    """dlscale's REST server (benchmarks/serve_http.py) with one HTTP stack."""
-    port = _free_port() if stack == "granian" else 0
-    loop = "asyncio" if stack.endswith("-asyncio") else "uvloop"
-    argv = ["--stack", stack.removesuffix("-asyncio"), "--port", str(port), "--loop", loop]
+def start_listening(name: str, argv: list[str]) -> Server:
+    """A server process that prints `LISTENING <port>` once it serves; killed if it does not."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.serve_http", str(repo), *argv],
+        [sys.executable, *argv],
         stdout=subprocess.PIPE,
         text=True,
         env=_env(),
@@ -87,8 +84,16 @@ def start_dlscale(repo: Path, stack: str = "protocol") -> Server:
     line = proc.stdout.readline()
     if not line.startswith("LISTENING"):
         proc.kill()
-        raise RuntimeError(f"dlscale ({stack}) did not start: {line!r}")
-    return Server(f"dlscale-{stack}", proc, int(line.split()[1]))
+        raise RuntimeError(f"{name} did not start: {line!r}")
+    return Server(name, proc, int(line.split()[1]))
+
+
+def start_dlscale(repo: Path, stack: str = "protocol") -> Server:
+    """dlscale's REST server (benchmarks/serve_http.py) with one HTTP stack."""
+    port = _free_port() if stack == "granian" else 0
+    loop = "asyncio" if stack.endswith("-asyncio") else "uvloop"
+    argv = ["--stack", stack.removesuffix("-asyncio"), "--port", str(port), "--loop", loop]
+    return start_listening(f"dlscale-{stack}", ["-m", "benchmarks.serve_http", str(repo), *argv])
 
 
 def start_mlserver(folder: Path, port: int, model_names: list[str]) -> Server:

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -33,13 +32,13 @@ from benchmarks.run import (
     RESULTS,
     WORK,
     Server,
-    _env,
     _free_port,
     _record,
     inprocess_throughput,
     machine,
     markdown,
     median_table,
+    start_listening,
     start_mlserver,
 )
 
@@ -71,19 +70,7 @@ async def serve(repo: Path, port: int) -> None:
 
 def start_dlscale_grpc(repo: Path) -> Server:
     """dlscale's gRPC server in a process of its own."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.serve_grpc", "serve", str(repo)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("LISTENING"):
-        proc.kill()
-        raise RuntimeError(f"dlscale (gRPC) did not start: {line!r}")
-    return Server("dlscale", proc, int(line.split()[1]))
+    return start_listening("dlscale", ["-m", "benchmarks.serve_grpc", "serve", str(repo)])
 
 
 # -- the runs ----------------------------------------------------------------------------------
