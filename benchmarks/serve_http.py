@@ -15,8 +15,8 @@ from pathlib import Path
 
 import uvloop
 
-from dlscale.frontends.http import HttpFrontend
-from dlscale.frontends.rest_api import RestApi
+from dlscale.frontends.rest import HttpFrontend
+from dlscale.frontends.rest.api import RestApi
 from dlscale.models.repository import ModelRepository
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager

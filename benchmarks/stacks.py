@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from dlscale.frontends.rest_api import RestApi, error_response
+from dlscale.frontends.rest.api import RestApi, error_response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -49,8 +49,8 @@ import tomli_w
 import torch
 
 from dlscale.backends import BackendOptions, create_backend
-from dlscale.backends.torch_files import write_module_spec
-from dlscale.backends.torch_precision import fp8_supported
+from dlscale.backends.torch.files import write_module_spec
+from dlscale.backends.torch.precision import fp8_supported
 from dlscale.errors import DlscaleError
 from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.model import WEIGHT_SEED

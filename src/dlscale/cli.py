@@ -170,7 +170,7 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from dlscale.frontends.server import Server, ServerSettings
+    from dlscale.server import Server, ServerSettings
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

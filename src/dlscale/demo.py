@@ -18,12 +18,12 @@ from dlscale.bench.report import print_summary
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
-from dlscale.frontends.server import Server, ServerSettings
 from dlscale.models.flops import count
 from dlscale.models.repository import ModelRepository
 from dlscale.models.runner import run_model
 from dlscale.models.samples import stored_inputs
 from dlscale.models.zoo import ZOO, build_zoo
+from dlscale.server import Server, ServerSettings
 
 QUICK_MODELS = ("identity", "mlp", "digits")
 #: MLPerf's 15 ms bound for ResNet-50 assumes an accelerator; two CPU cores need about 100 ms

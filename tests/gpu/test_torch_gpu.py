@@ -19,8 +19,8 @@ import torch
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch import TorchBackend
-from dlscale.backends.torch_files import write_module_spec
-from dlscale.backends.torch_precision import fp8_supported
+from dlscale.backends.torch.files import write_module_spec
+from dlscale.backends.torch.precision import fp8_supported
 from dlscale.errors import ConfigError
 from dlscale.models.zoo import ZOO, build_zoo
 from dlscale.models.zoo.model import WEIGHT_SEED

@@ -14,7 +14,7 @@ import onnx
 import uvloop
 from onnx import TensorProto, helper, numpy_helper
 
-from dlscale.frontends.http import HttpFrontend
+from dlscale.frontends.rest import HttpFrontend
 from dlscale.models.repository import ModelRepository
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager

@@ -79,7 +79,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def http_url(repo: Path) -> Iterator[str]:
-    server = LiveServer(repo, *_frontend("dlscale.frontends.http", "HttpFrontend"))
+    server = LiveServer(repo, *_frontend("dlscale.frontends.rest.transport", "HttpFrontend"))
     port = server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()

@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"backends"},
     "serving": {"models", "backends", "hardware"},
     "frontends": {"serving"},
+    "server": {"serving", "frontends"},
     "bench": {"hardware", "models", "serving"},
     "optimize": {"bench", "backends", "models"},
     "plan": {"hardware", "models"},

@@ -109,7 +109,7 @@ class TorchBuilder:
 
     def _fp32_program(self) -> Path:
         if self._exported is None:
-            from dlscale.backends.torch_files import save_exported
+            from dlscale.backends.torch.files import save_exported
 
             path = self.scratch / "fp32" / PT2
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ class TorchBuilder:
         return self._exported
 
     def _module_spec(self, path: Path) -> Path:
-        from dlscale.backends.torch_files import write_module_spec
+        from dlscale.backends.torch.files import write_module_spec
 
         write_module_spec(
             path,

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlscale.backends.torch_files import SIGNATURE_ENTRY, signature_json
+from dlscale.backends.torch.files import SIGNATURE_ENTRY, signature_json
 from dlscale.optimize.onnx_variants import CALIBRATION_BATCH, RecipeError
 from dlscale.types import TensorSpec
 

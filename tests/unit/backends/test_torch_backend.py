@@ -25,7 +25,7 @@ import tomli_w
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch import TorchBackend
-from dlscale.backends.torch_files import save_exported, write_module_spec
+from dlscale.backends.torch.files import save_exported, write_module_spec
 from dlscale.models.zoo import ZOO, build_zoo
 from dlscale.models.zoo.model import TRACE_SEED, WEIGHT_SEED
 from dlscale.serving.dataplane import DataPlane

@@ -10,18 +10,18 @@ import torch
 from torch import nn
 
 from dlscale.backends import BackendOptions, create_backend
-from dlscale.backends.torch_buckets import Buckets, default_buckets, pad_rows
-from dlscale.backends.torch_device import resolve_device
-from dlscale.backends.torch_files import save_exported, save_torchscript, write_module_spec
-from dlscale.backends.torch_options import parse_torch_options
-from dlscale.backends.torch_precision import (
+from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
+from dlscale.backends.torch.device import resolve_device
+from dlscale.backends.torch.files import save_exported, save_torchscript, write_module_spec
+from dlscale.backends.torch.options import parse_torch_options
+from dlscale.backends.torch.precision import (
     Fp8Linear,
     check_supported,
     fp8_supported,
     fp32_mode,
     to_fp8,
 )
-from dlscale.backends.torch_tensors import from_numpy, to_numpy
+from dlscale.backends.torch.tensors import from_numpy, to_numpy
 from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
 

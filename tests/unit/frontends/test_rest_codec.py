@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from dlscale.errors import InvalidInput
-from dlscale.frontends.rest_codec import (
+from dlscale.frontends.rest.codec import (
     OutputFormat,
     decode_raw_request,
     decode_request,

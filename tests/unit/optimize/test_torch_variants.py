@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlscale.backends.torch_options import parse_torch_options
+from dlscale.backends.torch.options import parse_torch_options
 from dlscale.optimize.torch_variants import (
     COMPILE_CAP_S,
     EXPORT,

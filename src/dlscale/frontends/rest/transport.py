@@ -17,8 +17,8 @@ from http import HTTPStatus
 
 import httptools
 
-from dlscale.frontends.rest_api import RestApi, RestResponse, error_response
-from dlscale.frontends.rest_codec import Buffer
+from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
+from dlscale.frontends.rest.codec import Buffer
 from dlscale.serving.dataplane import DataPlane
 
 log = logging.getLogger("dlscale.http")

@@ -12,19 +12,19 @@ import numpy as np
 import torch
 
 from dlscale.backends.base import BackendOptions
-from dlscale.backends.torch_buckets import Buckets, default_buckets, pad_rows
-from dlscale.backends.torch_cuda import CudaGraphs, Staging, Step
-from dlscale.backends.torch_device import place
-from dlscale.backends.torch_files import LoadedModel, load_model
-from dlscale.backends.torch_options import SELF_CAPTURING_MODES, TorchOptions, parse_torch_options
-from dlscale.backends.torch_precision import (
+from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
+from dlscale.backends.torch.cuda import CudaGraphs, Staging, Step
+from dlscale.backends.torch.device import place
+from dlscale.backends.torch.files import LoadedModel, load_model
+from dlscale.backends.torch.options import SELF_CAPTURING_MODES, TorchOptions, parse_torch_options
+from dlscale.backends.torch.precision import (
     Fp8Linear,
     PrecisionPlan,
     apply_precision,
     check_supported,
     fp32_mode,
 )
-from dlscale.backends.torch_tensors import from_numpy, to_numpy, torch_dtype
+from dlscale.backends.torch.tensors import from_numpy, to_numpy, torch_dtype
 from dlscale.errors import BackendError, ConfigError, DlscaleError, InvalidInput
 from dlscale.types import TensorSpec
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dlscale.backends.torch_options import Precision
+from dlscale.backends.torch.options import Precision
 from dlscale.errors import ConfigError
 
 #: The dtype activations (and, without autocast, weights) take under each precision. FP8 runs

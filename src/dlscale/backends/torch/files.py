@@ -22,7 +22,7 @@ import tomli_w
 import torch
 from torch import nn
 
-from dlscale.backends.torch_tensors import datatype_of, from_numpy
+from dlscale.backends.torch.tensors import datatype_of, from_numpy
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
@@ -95,7 +95,7 @@ def _load_torchscript(path: Path, device: torch.device) -> LoadedModel:
     if not extra[SIGNATURE_ENTRY]:
         raise ConfigError(
             f"{path}: a TorchScript file says nothing of its tensors' names and types; save it "
-            "with dlscale.backends.torch_files.save_torchscript, which stores them inside"
+            "with dlscale.backends.torch.files.save_torchscript, which stores them inside"
         )
     inputs, outputs = _parse_signature(extra[SIGNATURE_ENTRY], path)
     return LoadedModel(module.eval(), inputs, outputs, "torchscript")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlscale.backends.torch_tensors import from_numpy, to_numpy
+from dlscale.backends.torch.tensors import from_numpy, to_numpy
 
 Step = Callable[..., list[torch.Tensor]]
 

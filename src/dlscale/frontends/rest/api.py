@@ -17,7 +17,7 @@ import msgspec
 import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
-from dlscale.frontends.rest_codec import (
+from dlscale.frontends.rest.codec import (
     Buffer,
     decode_raw_request,
     decode_request,

@@ -77,7 +77,7 @@ class Server:
             self._poller.remember_loaded()
             self._poller.start()
         if s.http_port is not None:
-            from dlscale.frontends.http import HttpFrontend
+            from dlscale.frontends.rest import HttpFrontend
 
             self.frontends["http"] = HttpFrontend(
                 self.dataplane, s.host, s.http_port, max_body_bytes=s.max_body_bytes
