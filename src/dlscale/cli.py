@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TypeAlias
 
 from dlscale import __version__
-from dlscale.errors import BenchError, DlscaleError
-
-if TYPE_CHECKING:
-    from dlscale.bench.session import BenchOptions
+from dlscale.errors import DlscaleError
 
 #: Each verb group registers its sub-parsers here; the parser's `func` does the work.
 Handler = Callable[[argparse.Namespace], int]
@@ -31,16 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse a command line, resolving `bench SUBVERB ...` (a TARGET otherwise) to its parser."""
+    """Parse a command line; `bench`'s words after the flags become a sub-verb or a TARGET."""
     args = build_parser().parse_args(argv)
-    words: list[str] = getattr(args, "words", None) or []
-    if args.verb == "bench" and words and words[0] in _BENCH_SUBVERBS:
+    if args.verb != "bench":
+        return args
+    words: list[str] = args.words
+    if words and words[0] in _BENCH_SUBVERBS:
         holder = argparse.ArgumentParser(prog="dlscale bench")
         subs = holder.add_subparsers(dest="bench_verb", metavar="SUBVERB", required=True)
         _BENCH_SUBVERBS[words[0]](subs)
         args = holder.parse_args(words)
         args.verb = f"bench {words[0]}"
-    return args
+        return args
+    # Flags after TARGET arrive unparsed; read them now on top of those given before it.
+    again = argparse.ArgumentParser(prog="dlscale bench")
+    again.add_argument("targets", nargs="*")
+    _add_bench_run_flags(again)
+    return again.parse_args(words, namespace=args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,6 +65,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+@dataclass(frozen=True)
+class LazyHandler:
+    """A verb's handler, named by module and function and imported only when the verb runs.
+
+    Parsing imports no handler module, so `dlscale -h` stays fast.
+    """
+
+    module: str
+    name: str
+
+    def resolve(self) -> Handler:
+        """The handler function itself."""
+        handler: Handler = getattr(importlib.import_module(self.module), self.name)
+        return handler
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.resolve()(args)
+
+
 # A string: argparse._SubParsersAction cannot be subscripted at run time on Python 3.11.
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -72,7 +97,7 @@ def _add_core_verbs(sub: SubParsers) -> None:
     build.add_argument("dir", type=Path, help="repository folder to write")
     build.add_argument("--models", default="", help="comma-separated names (default: all)")
     build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
-    build.set_defaults(func=_zoo_build)
+    build.set_defaults(func=LazyHandler("dlscale.models.commands", "zoo_build"))
 
     models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
         dest="models_verb", metavar="MODELS_VERB", required=True
@@ -80,14 +105,14 @@ def _add_core_verbs(sub: SubParsers) -> None:
     check = models.add_parser("check", help="validate every model's config and files")
     check.add_argument("dir", type=Path, help="model repository")
     check.add_argument("--load", action="store_true", help="also load each model's runtime")
-    check.set_defaults(func=_models_check)
+    check.set_defaults(func=LazyHandler("dlscale.models.commands", "models_check"))
 
     run = sub.add_parser("run", help="in-process latency and throughput of one model")
     run.add_argument("dir", type=Path, help="model repository")
     run.add_argument("model", help="model name")
     run.add_argument("--batch", type=int, default=32, help="batch size for throughput")
     run.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=LazyHandler("dlscale.models.commands", "run"))
 
     serve = sub.add_parser("serve", help="serve a repository over the Open Inference Protocol")
     serve.add_argument("repo", type=Path, help="model repository")
@@ -106,104 +131,12 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
     serve.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
-    serve.set_defaults(func=_serve)
+    serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
 
     demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
     demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
     demo.add_argument("--quick", action="store_true", help="small models only")
-    demo.set_defaults(func=_demo)
-
-
-def _zoo_build(args: argparse.Namespace) -> int:
-    from dlscale.models.zoo import build_zoo
-
-    names = [n for n in args.models.split(",") if n] or None
-    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=print):
-        print(f"built {path}")
-    return 0
-
-
-def _models_check(args: argparse.Namespace) -> int:
-    from dlscale.models.repository import ModelRepository
-    from dlscale.models.runner import load_for_run
-    from dlscale.models.signature import reconcile
-
-    repo = ModelRepository(args.dir)
-    failed = 0
-    for result in repo.check():
-        error = result.error
-        if error is None and args.load:
-            try:
-                for mv in repo.versions(result.name):
-                    backend = load_for_run(mv)
-                    reconcile(mv.config, backend.inputs, backend.outputs, mv.path.parent)
-                    backend.unload()
-            except DlscaleError as exc:
-                error = str(exc)
-        if error is None:
-            print(f"ok     {result.name} (versions {list(result.versions)})")
-        else:
-            failed += 1
-            print(f"FAILED {result.name}: {error}")
-    return 1 if failed else 0
-
-
-def _run(args: argparse.Namespace) -> int:
-    from dlscale.models.repository import ModelRepository
-    from dlscale.models.runner import run_model
-
-    version = ModelRepository(args.dir).version(args.model)
-    one, many = run_model(version, args.batch, min_seconds=args.seconds)
-    print(f"model {args.model} v{version.version} on cpu")
-    print(
-        f"  batch 1: median {one.median_ms:.3f} ms, p90 {one.p90_ms:.3f} ms "
-        f"({len(one.seconds)} runs)"
-    )
-    print(
-        f"  batch {args.batch}: {many.throughput:.1f} samples/s "
-        f"(median {many.median_ms:.3f} ms per batch, {len(many.seconds)} runs)"
-    )
-    return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-
-    from dlscale.server import Server, ServerSettings
-
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-    def port(value: int) -> int | None:
-        return None if value < 0 else value
-
-    settings = ServerSettings(
-        repository=args.repo,
-        host=args.host,
-        http_port=port(args.http_port),
-        grpc_port=port(args.grpc_port),
-        metrics_port=port(args.metrics_port),
-        model_control=args.model_control,
-        load_models=tuple(args.load_model),
-        poll_interval_s=args.poll_interval,
-        max_body_bytes=int(args.max_body_mb * 2**20),
-        max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
-    )
-    try:
-        import uvloop  # measured about 5% more throughput than asyncio's loop (docs/decisions.md)
-    except ImportError:
-        asyncio.run(Server(settings).serve_forever())
-    else:
-        uvloop.run(Server(settings).serve_forever())
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from dlscale.demo import run_demo
-
-    return run_demo(args.dir, quick=args.quick)
+    demo.set_defaults(func=LazyHandler("dlscale.demo", "demo"))
 
 
 _VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]
@@ -214,11 +147,11 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p = sub.add_parser("catalog", help="list the accelerator catalog, or show one entry")
     p.add_argument("name", nargs="?", help="an entry or alias, e.g. H100-SXM, h100, cpu")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_catalog)
+    p.set_defaults(func=LazyHandler("dlscale.hardware.commands", "catalog"))
 
     p = sub.add_parser("devices", help="this host's CPU and GPUs (NVML), MIG instances included")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_devices)
+    p.set_defaults(func=LazyHandler("dlscale.hardware.commands", "devices"))
 
     p = sub.add_parser("roofline", help="the highest rate a device allows a model")
     p.add_argument("model", help="a model in the repository, or a label when --flops is given")
@@ -232,76 +165,7 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
     p.add_argument("--measured", type=float, help="a measured rate (samples/s) to compare")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_roofline)
-
-
-def _catalog(args: argparse.Namespace) -> int:
-    import json
-
-    from dlscale.hardware.catalog import load_catalog
-    from dlscale.hardware.report import catalog_table, device_text
-
-    catalog = load_catalog()
-    if args.name:
-        spec = catalog.get(args.name)
-        print(json.dumps(spec.to_dict(), indent=2) if args.json else device_text(spec))
-    elif args.json:
-        print(json.dumps([spec.to_dict() for spec in catalog], indent=2))
-    else:
-        print(catalog_table(catalog))
-    return 0
-
-
-def _devices(args: argparse.Namespace) -> int:
-    import json
-
-    from dlscale.hardware.detect import detect
-    from dlscale.hardware.report import host_text
-
-    host = detect()
-    print(json.dumps(host.to_dict(), indent=2) if args.json else host_text(host))
-    return 0
-
-
-def _roofline(args: argparse.Namespace) -> int:
-    import json
-
-    from dlscale.hardware.catalog import load_catalog
-    from dlscale.hardware.report import roofline_text
-    from dlscale.hardware.roofline import roofline
-
-    catalog = load_catalog()
-    spec = catalog.get(args.device or _local_device())
-    flops, nbytes = args.flops, args.bytes
-    if flops is None or nbytes is None:
-        cost = _model_cost(args.repo, args.model)
-        flops = cost.flops if flops is None else flops
-        nbytes = cost.bytes_per_sample(args.precision, args.batch) if nbytes is None else nbytes
-    line = roofline(spec, args.precision, flops, nbytes)
-    if args.json:
-        print(json.dumps({"model": args.model, **line.to_dict(args.measured)}, indent=2))
-    else:
-        print(roofline_text(args.model, line, args.measured))
-    return 0
-
-
-def _local_device() -> str:
-    """This host's first GPU that the catalog knows, else the CPU entry."""
-    from dlscale.hardware.detect import detect
-
-    return next((g.catalog for g in detect().gpus if g.catalog), "CPU")
-
-
-def _model_cost(repo: Path | None, model: str) -> Any:
-    """The model's FLOP and byte counts from its ONNX file (a zoo model is built if missing)."""
-    from dlscale.errors import NotFound
-    from dlscale.models.flops import count
-    from dlscale.models.locate import onnx_file
-
-    try:
-        return count(onnx_file(model, repo))
-    except NotFound as exc:
-        raise NotFound(f"{exc}; give --repo, or --flops and --bytes") from None
+    p.set_defaults(func=LazyHandler("dlscale.plan.commands", "roofline"))
 
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -318,18 +182,6 @@ def _quantity(text: str) -> float:
 
 
 _VERB_GROUPS.append(_add_hardware_verbs)
-
-
-def _lazy(module: str, name: str) -> Handler:
-    """A handler that imports its module only when its verb runs (keeps `dlscale -h` fast)."""
-
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        handler: Handler = getattr(importlib.import_module(module), name)
-        return handler(args)
-
-    return run
 
 
 def _add_plan_verbs(sub: SubParsers) -> None:
@@ -359,7 +211,7 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     t.add_argument("--algo", default="auto", help="ring, tree, hierarchical, in-network, auto")
     t.add_argument("--deadline", help="also show what finishing in this time needs, e.g. 8h")
     t.add_argument("--plot", help="write scaling curves (time, efficiency vs GPUs) to this PNG")
-    t.set_defaults(func=_lazy("dlscale.plan.commands", "plan_train"))
+    t.set_defaults(func=LazyHandler("dlscale.plan.commands", "plan_train"))
 
     s = verbs.add_parser("serve", help="fewest devices of each kind that hold a p99 SLO")
     s.add_argument("--model", help="zoo model name or .onnx file")
@@ -375,7 +227,7 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s.add_argument("--flops-per-sample", type=float, help="instead of counting --model's graph")
     s.add_argument("--bytes-per-sample", type=float, help="with --flops-per-sample")
     s.add_argument("--json", help="also write the plans to this file")
-    s.set_defaults(func=_lazy("dlscale.plan.commands", "plan_serve"))
+    s.set_defaults(func=LazyHandler("dlscale.plan.commands", "plan_serve"))
 
 
 def _add_bench_allreduce(sub: SubParsers) -> None:
@@ -389,7 +241,7 @@ def _add_bench_allreduce(sub: SubParsers) -> None:
     a.add_argument("--fabric", help="what the model assumes (default: loopback measured here)")
     a.add_argument("--plot", help="write measured vs model bus bandwidth to this PNG")
     a.add_argument("--json", help="write the report to this file")
-    a.set_defaults(func=_lazy("dlscale.plan.commands", "bench_allreduce"))
+    a.set_defaults(func=LazyHandler("dlscale.plan.commands", "bench_allreduce"))
 
 
 _VERB_GROUPS.append(_add_plan_verbs)
@@ -448,74 +300,6 @@ def _path(text: str) -> Path:
     return Path(text).expanduser()
 
 
-def _bench_options(args: argparse.Namespace) -> BenchOptions:
-    from dlscale.bench.scenarios import Scenario, parse_duration
-    from dlscale.bench.session import BenchOptions
-
-    if not args.model:
-        raise BenchError("give the model to benchmark: --model NAME")
-    return BenchOptions(
-        model=args.model,
-        scenarios=Scenario.parse(args.scenario),
-        repo=args.repo,
-        version=args.model_version,
-        duration_s=parse_duration(args.duration),
-        target_qps=args.target_qps,
-        find_peak=args.find_peak,
-        latency_bound_s=parse_duration(args.latency_bound) if args.latency_bound else None,
-        official=args.official,
-        accuracy=args.accuracy,
-        data=args.data,
-        reference=args.reference,
-        batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        connections=args.connections,
-        sample_count=args.samples,
-        min_query_count=args.min_queries,
-        progress=sys.stderr.isatty() if args.progress is None else args.progress,
-        seed=args.seed,
-    )
-
-
-def _bench_out(args: argparse.Namespace, kind: str) -> Path:
-    if args.out is not None:
-        return Path(args.out)
-    import datetime
-
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("bench-results") / f"{args.model}-{kind}-{stamp}"
-
-
-def _bench_verdict(report: dict[str, Any]) -> int:
-    from dlscale.bench.report import print_summary
-
-    print_summary(report)
-    return 0
-
-
-def _bench_run(args: argparse.Namespace) -> int:
-    from dlscale.bench.runner import bench
-
-    if len(args.targets) > 1:
-        raise BenchError(
-            f"one target per run (got {len(args.targets)}); to compare targets use "
-            "`dlscale bench compare TARGET TARGET ...`"
-        )
-    url = args.targets[0] if args.targets else None
-    return _bench_verdict(bench(url, _bench_options(args), _bench_out(args, "bench")))
-
-
-def _bench_compare(args: argparse.Namespace) -> int:
-    from dlscale.bench.runner import compare
-
-    if len(args.targets) < 2:
-        raise BenchError("compare needs at least two targets")
-    if args.rounds < 1:
-        raise BenchError("--rounds must be at least 1")
-    options = _bench_options(args)
-    return _bench_verdict(compare(args.targets, options, _bench_out(args, "compare"), args.rounds))
-
-
 def _add_bench_compare(sub: SubParsers) -> None:
     """`dlscale bench compare TARGET TARGET ...`."""
     p = sub.add_parser(
@@ -526,16 +310,7 @@ def _add_bench_compare(sub: SubParsers) -> None:
     p.add_argument("targets", nargs="+", metavar="TARGET", help="http://HOST:PORT or grpc://...")
     p.add_argument("--rounds", type=int, default=3, help="alternation rounds (default 3)")
     _add_bench_run_flags(p)
-    p.set_defaults(func=_bench_compare)
-
-
-def _bench_dispatch(args: argparse.Namespace) -> int:
-    words: list[str] = args.words
-    # Flags after TARGET arrive unparsed; read them now on top of those given before it.
-    again = argparse.ArgumentParser(prog="dlscale bench")
-    again.add_argument("targets", nargs="*")
-    _add_bench_run_flags(again)
-    return _bench_run(again.parse_args(words, namespace=args))
+    p.set_defaults(func=LazyHandler("dlscale.bench.commands", "bench_compare"))
 
 
 def _add_bench_verbs(sub: SubParsers) -> None:
@@ -556,7 +331,7 @@ def _add_bench_verbs(sub: SubParsers) -> None:
         metavar="[TARGET | compare TARGET TARGET ... | SUBVERB ...]",
         help="what to measure, or a sub-verb with its own arguments",
     )
-    p.set_defaults(func=_bench_dispatch)
+    p.set_defaults(func=LazyHandler("dlscale.bench.commands", "bench_run"))
 
 
 _BENCH_SUBVERBS["compare"] = _add_bench_compare
@@ -585,46 +360,7 @@ def _add_optimize_verbs(sub: SubParsers) -> None:
     opt.add_argument("--slo-p99", default=None, help="p99 bound to tune batching for (15ms)")
     opt.add_argument("--time-budget", default="10m", help="wall-clock budget (10m, 90s)")
     opt.add_argument("--only", default="", help="comma-separated variant name prefixes to try")
-    opt.set_defaults(func=_optimize)
-
-
-def _fraction(text: str) -> float:
-    value = text.strip()
-    try:
-        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
-    except ValueError:
-        from dlscale.errors import OptimizeError
-
-        raise OptimizeError(
-            f"--tolerance {text!r}: expected a percentage (1%) or a fraction"
-        ) from None
-
-
-def _optimize(args: argparse.Namespace) -> int:
-    from dlscale.bench.scenarios import parse_duration
-    from dlscale.optimize import OptimizeSettings, optimize
-
-    settings = OptimizeSettings(
-        device=args.device,
-        tolerance=_fraction(args.tolerance),
-        metric=args.metric,
-        slo_p99_s=parse_duration(args.slo_p99) if args.slo_p99 else None,
-        time_budget_s=parse_duration(args.time_budget),
-        only=tuple(p for p in args.only.split(",") if p),
-    )
-    result = optimize(args.repo, args.model, settings, progress=print)
-    print(
-        f"wrote {args.model} version {result.written_version} ({result.winner.variant.name}); "
-        f"report: {result.files.get('markdown')}"
-    )
-    if result.slo is not None:
-        rate = result.slo.rate_qps
-        print(
-            "SLO: "
-            + (f"{rate:,.0f} qps verified under the bound" if rate else "not verified")
-            + f"; config: {args.repo / args.model / 'config.toml'}"
-        )
-    return 0
+    opt.set_defaults(func=LazyHandler("dlscale.optimize.commands", "optimize"))
 
 
 _VERB_GROUPS.append(_add_optimize_verbs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import threading
 from collections.abc import Iterator
@@ -146,3 +147,8 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
             )
         console.print(f"   report: {out / 'report.md'} (JSON, LoadGen logs and plots beside it)")
     return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """`dlscale demo`: the tour with the parsed flags."""
+    return run_demo(args.dir, quick=args.quick)

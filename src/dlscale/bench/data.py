@@ -10,7 +10,7 @@ import numpy as np
 
 from dlscale.bench.targets import ModelInfo
 from dlscale.errors import BenchError
-from dlscale.models.zoo import ZOO
+from dlscale.models.samples import concrete_shape, load_arrays, random_inputs, zoo_inputs
 from dlscale.types import Datatype, TensorSpec
 
 #: Keys of an .npz file that hold ground-truth labels rather than an input.
@@ -55,18 +55,22 @@ def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) 
         validation = info.model_file.parent / "validation.npz"
         if validation.is_file():
             return _check(_from_file(validation, specs), specs, str(validation))
-    count = _fit(count, specs)
+    # Samples are stacked along a leading axis: made as batches of `count` rows.
+    stacked = [s.with_batch() for s in specs]
+    count = _fit(count, stacked)
     rng = np.random.default_rng(seed)
-    zoo = _from_zoo(info.name, specs, count, rng)
+    zoo = zoo_inputs(info.name, stacked, count, rng)
     if zoo is not None:
-        return _check(zoo, specs, f"zoo:{info.name}")
-    return SampleSet({s.name: _random(s, count, rng) for s in specs}, None, "random")
+        return _check(SampleSet(zoo, None, f"zoo:{info.name}"), specs, f"zoo:{info.name}")
+    made = random_inputs(stacked, count, rng, variable_dim=VARIABLE_DIM)
+    return SampleSet(made, None, "random")
 
 
-def _fit(count: int, specs: Sequence[TensorSpec]) -> int:
+def _fit(count: int, stacked: Sequence[TensorSpec]) -> int:
+    """`count`, or fewer when that many samples would not fit the memory budget."""
     per_sample = sum(
-        max(s.datatype.itemsize, 1) * int(np.prod([d if d > 0 else VARIABLE_DIM for d in s.shape]))
-        for s in specs
+        max(s.datatype.itemsize, 1) * int(np.prod(concrete_shape(s.shape, 1, VARIABLE_DIM)))
+        for s in stacked
     )
     return max(1, min(count, MEMORY_BUDGET_BYTES // max(per_sample, 1)))
 
@@ -75,16 +79,14 @@ def _from_file(path: Path, specs: Sequence[TensorSpec]) -> SampleSet:
     if not path.is_file():
         raise BenchError(f"data file {path} does not exist")
     try:
-        loaded = np.load(path, allow_pickle=False)
+        arrays = load_arrays(path)
     except (OSError, ValueError) as exc:
         raise BenchError(f"data file {path} is not a .npy or .npz file: {exc}") from None
-    if isinstance(loaded, np.ndarray):
+    if isinstance(arrays, np.ndarray):
         if len(specs) != 1:
             names = [s.name for s in specs]
             raise BenchError(f"{path}: a .npy holds one input; the model takes {names} (use .npz)")
-        return SampleSet({specs[0].name: loaded}, None, str(path))
-    with loaded:
-        arrays = {k: loaded[k] for k in loaded.files}
+        return SampleSet({specs[0].name: arrays}, None, str(path))
     labels = next((arrays.pop(k) for k in LABEL_KEYS if k in arrays), None)
     names = [s.name for s in specs]
     if len(specs) == 1 and names[0] not in arrays and len(arrays) == 1:
@@ -93,20 +95,6 @@ def _from_file(path: Path, specs: Sequence[TensorSpec]) -> SampleSet:
     if missing:
         raise BenchError(f"{path}: no arrays for inputs {missing} (it has {sorted(arrays)})")
     return SampleSet({n: arrays[n] for n in names}, labels, str(path))
-
-
-def _from_zoo(
-    name: str, specs: Sequence[TensorSpec], count: int, rng: np.random.Generator
-) -> SampleSet | None:
-    # A model that only shares a zoo name (other inputs) gets samples from its signature.
-    if name not in ZOO:
-        return None
-    made = ZOO[name].sample(count, rng)
-    if set(made) != {s.name for s in specs} or not all(
-        s.matches(made[s.name].shape) for s in specs
-    ):
-        return None
-    return SampleSet({k: np.asarray(v) for k, v in made.items()}, None, f"zoo:{name}")
 
 
 def _check(samples: SampleSet, specs: Sequence[TensorSpec], source: str) -> SampleSet:
@@ -130,17 +118,3 @@ def _check(samples: SampleSet, specs: Sequence[TensorSpec], source: str) -> Samp
             arr = arr.astype(spec.datatype.numpy)
         fixed[spec.name] = np.ascontiguousarray(arr)
     return SampleSet(fixed, samples.labels, samples.source)
-
-
-def _random(spec: TensorSpec, count: int, rng: np.random.Generator) -> np.ndarray:
-    shape = (count, *(d if d > 0 else VARIABLE_DIM for d in spec.shape))
-    dt = spec.datatype
-    if dt is Datatype.BYTES:
-        return np.array([f"sample-{i}".encode() for i in range(np.prod(shape))], object).reshape(
-            shape
-        )
-    if dt is Datatype.BOOL:
-        return rng.random(shape) < 0.5
-    if dt.numpy.kind in "iu":
-        return rng.integers(0, 100, size=shape).astype(dt.numpy)
-    return rng.standard_normal(shape).astype(dt.numpy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from dlscale.optimize.search import OptimizeResult, OptimizeSettings, Trial, optimize
+from dlscale.optimize.results import OptimizeResult, Trial
+from dlscale.optimize.search import OptimizeSettings, optimize
 
 __all__ = ["OptimizeResult", "OptimizeSettings", "Trial", "optimize"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlscale.models.repository import ModelVersion
-from dlscale.models.samples import random_inputs, stored_inputs
+from dlscale.models.samples import random_inputs, stored_inputs, zoo_inputs
 from dlscale.types import TensorSpec
 
 Arrays = dict[str, np.ndarray]
@@ -57,9 +57,9 @@ def load_datasets(version: ModelVersion, inputs: list[TensorSpec]) -> DataSets:
 
 def _generated(version: ModelVersion, inputs: list[TensorSpec], seed: int) -> tuple[Arrays, str]:
     rng = np.random.default_rng(seed)
-    from dlscale.models.zoo import ZOO
-
-    if version.name in ZOO and version.config.metadata.get("zoo"):
+    if version.config.metadata.get("zoo"):
         seq_len = int(version.config.metadata.get("seq_len", 128))
-        return ZOO[version.name].sample(GENERATED_ROWS, rng, seq_len=seq_len), "zoo sampler"
+        made = zoo_inputs(version.name, inputs, GENERATED_ROWS, rng, seq_len=seq_len)
+        if made is not None:
+            return made, "zoo sampler"
     return random_inputs(inputs, GENERATED_ROWS, rng), "random"

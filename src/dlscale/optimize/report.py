@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dlscale import __version__
-
-if TYPE_CHECKING:
-    from dlscale.optimize.search import OptimizeResult, Trial
+from dlscale.optimize.results import OptimizeResult, Trial
 
 JSON_NAME, MARKDOWN_NAME, PNG_NAME = "optimize_report.json", "optimize_report.md", "optimize.png"
 

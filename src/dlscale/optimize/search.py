@@ -17,10 +17,12 @@ from dlscale.errors import DlscaleError, OptimizeError
 from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
-from dlscale.optimize.accuracy import AccuracyCheck, Metric, choose_metric, compare, run_outputs
+from dlscale.optimize.accuracy import choose_metric, compare, run_outputs
 from dlscale.optimize.data import DataSets, load_datasets
-from dlscale.optimize.measure import MeterSettings, Speed, measure
+from dlscale.optimize.measure import MeterSettings, measure
 from dlscale.optimize.onnx_variants import build_file
+from dlscale.optimize.report import write_report
+from dlscale.optimize.results import OptimizeResult, Trial
 from dlscale.optimize.slo import SloResult, SloSettings, tune_slo
 from dlscale.optimize.staging import (
     MODEL_FILE,
@@ -90,63 +92,6 @@ class OptimizeSettings:
             raise OptimizeError("the p99 bound must be positive")
 
 
-@dataclass
-class Trial:
-    """One variant's fate: accepted, rejected (with by how much), failed (why) or not tried."""
-
-    variant: Variant
-    stage: int
-    status: str = "not-tried"
-    reason: str = ""
-    accuracy: AccuracyCheck | None = None
-    speed: Speed | None = None
-    build_s: float = 0.0
-    folder: Path | None = None
-
-    @property
-    def accepted(self) -> bool:
-        return self.status == "accepted"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form for the report."""
-        v = self.variant
-        return {
-            "name": v.name,
-            "stage": self.stage,
-            "runtime": v.runtime,
-            "precision": v.precision,
-            "recipe": v.recipe,
-            "params": dict(v.params),
-            "backend_options": dict(v.backend_options),
-            "status": self.status,
-            "reason": self.reason,
-            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
-            "speed": self.speed.to_dict() if self.speed else None,
-            "build_s": round(self.build_s, 3),
-        }
-
-
-@dataclass
-class OptimizeResult:
-    """Everything the optimizer did and decided; the report is written from this."""
-
-    model: str
-    source_version: int
-    device: str
-    metric: Metric
-    tolerance: float
-    data: dict[str, Any]
-    trials: list[Trial]
-    skipped: list[Skipped]
-    winner: Trial
-    written_version: int
-    version_dir: Path
-    previous_config: dict[str, Any]
-    slo: SloResult | None = None
-    elapsed_s: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
-
-
 Progress = Callable[[str], None]
 
 
@@ -154,8 +99,6 @@ def optimize(
     repo_root: Path, model: str, settings: OptimizeSettings, progress: Progress | None = None
 ) -> OptimizeResult:
     """Find the fastest variant within tolerance, write it as a new version, tune for the SLO."""
-    from dlscale.optimize.report import write_report
-
     settings.check()
     say = progress or (lambda _msg: None)
     started = time.monotonic()

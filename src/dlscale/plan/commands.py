@@ -1,4 +1,4 @@
-"""The `dlscale plan train`, `dlscale plan serve` and `dlscale bench allreduce` verbs.
+"""The `dlscale plan train`, `plan serve`, `roofline` and `bench allreduce` verbs.
 
 Each turns parsed arguments into calls on the planners and prints a table; cli.py only parses.
 """
@@ -10,10 +10,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlscale.errors import DlscaleError, PlanError
+from dlscale.errors import DlscaleError, NotFound, PlanError
 from dlscale.hardware.catalog import load_catalog
+from dlscale.hardware.commands import local_device
+from dlscale.hardware.report import roofline_text
+from dlscale.hardware.roofline import roofline as roofline_of
 from dlscale.hardware.spec import DeviceSpec
-from dlscale.models.flops import count
+from dlscale.models.flops import ModelCost, count
 from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology
@@ -195,6 +198,30 @@ def _prices(text: str | None) -> dict[str, float]:
             raise PlanError(f"--price wants DEVICE=DOLLARS_PER_HOUR,..., got {item!r}")
         prices[catalog_device(name.strip()).name] = price  # aliases to the catalog's name
     return prices
+
+
+def roofline(args: argparse.Namespace) -> int:
+    """`dlscale roofline`: the highest rate a device allows a model, and a measured rate's share."""
+    spec = catalog_device(args.device or local_device())
+    flops, nbytes = args.flops, args.bytes
+    if flops is None or nbytes is None:
+        cost = _model_cost(args.repo, args.model)
+        flops = cost.flops if flops is None else flops
+        nbytes = cost.bytes_per_sample(args.precision, args.batch) if nbytes is None else nbytes
+    line = roofline_of(spec, args.precision, flops, nbytes)
+    if args.json:
+        print(json.dumps({"model": args.model, **line.to_dict(args.measured)}, indent=2))
+    else:
+        print(roofline_text(args.model, line, args.measured))
+    return 0
+
+
+def _model_cost(repo: Path | None, model: str) -> ModelCost:
+    """The model's FLOP and byte counts from its ONNX file (a zoo model is built if missing)."""
+    try:
+        return count(onnx_file(model, repo))
+    except NotFound as exc:
+        raise NotFound(f"{exc}; give --repo, or --flops and --bytes") from None
 
 
 def bench_allreduce(args: argparse.Namespace) -> int:

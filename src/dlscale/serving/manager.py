@@ -8,17 +8,16 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
 from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
+from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
 from dlscale.serving.batcher import Batcher, BatchPolicy
 from dlscale.serving.instance import Instance
 from dlscale.serving.stats import ModelStats
-from dlscale.types import Datatype, TensorSpec
+from dlscale.types import TensorSpec
 
 log = logging.getLogger("dlscale.models")
 
@@ -71,18 +70,6 @@ def policy_of(config: ModelConfig) -> BatchPolicy:
         default_timeout_us=b.default_timeout_us,
         adaptive_queue_delay=b.adaptive_queue_delay,
     )
-
-
-def warmup_inputs(specs: list[TensorSpec], batch: int) -> dict[str, np.ndarray]:
-    """Inputs of the right shape and type for a warm-up run (variable non-batch dims take 1)."""
-    out: dict[str, np.ndarray] = {}
-    for spec in specs:
-        shape = [batch if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec.shape)]
-        if spec.datatype is Datatype.BYTES:
-            out[spec.name] = np.full(shape, b"", dtype=object)
-        else:
-            out[spec.name] = np.zeros(shape, dtype=spec.datatype.numpy)
-    return out
 
 
 class ModelManager:
@@ -223,7 +210,7 @@ class ModelManager:
     ) -> None:
         sizes = {1, config.max_batch_size} if config.batched else {0}
         for size in sorted(sizes):
-            feed = warmup_inputs(inputs, size)
+            feed = zero_inputs(inputs, size)
             try:
                 await instance.infer(feed)
             except Exception as exc:

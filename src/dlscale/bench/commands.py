@@ -1,0 +1,75 @@
+"""The `dlscale bench [TARGET]` and `dlscale bench compare` verbs; cli.py only parses."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+from dlscale.bench.report import print_summary
+from dlscale.bench.runner import bench, compare
+from dlscale.bench.scenarios import Scenario, parse_duration
+from dlscale.bench.session import BenchOptions
+from dlscale.errors import BenchError
+
+
+def bench_run(args: argparse.Namespace) -> int:
+    """`dlscale bench [TARGET]`: the scenarios against one server, or in process without one."""
+    if len(args.targets) > 1:
+        raise BenchError(
+            f"one target per run (got {len(args.targets)}); to compare targets use "
+            "`dlscale bench compare TARGET TARGET ...`"
+        )
+    url = args.targets[0] if args.targets else None
+    return _verdict(bench(url, bench_options(args), _out(args, "bench")))
+
+
+def bench_compare(args: argparse.Namespace) -> int:
+    """`dlscale bench compare TARGET TARGET ...`: the same scenario on each, in alternation."""
+    if len(args.targets) < 2:
+        raise BenchError("compare needs at least two targets")
+    if args.rounds < 1:
+        raise BenchError("--rounds must be at least 1")
+    options = bench_options(args)
+    return _verdict(compare(args.targets, options, _out(args, "compare"), args.rounds))
+
+
+def bench_options(args: argparse.Namespace) -> BenchOptions:
+    """The run's options from the parsed bench flags."""
+    if not args.model:
+        raise BenchError("give the model to benchmark: --model NAME")
+    return BenchOptions(
+        model=args.model,
+        scenarios=Scenario.parse(args.scenario),
+        repo=args.repo,
+        version=args.model_version,
+        duration_s=parse_duration(args.duration),
+        target_qps=args.target_qps,
+        find_peak=args.find_peak,
+        latency_bound_s=parse_duration(args.latency_bound) if args.latency_bound else None,
+        official=args.official,
+        accuracy=args.accuracy,
+        data=args.data,
+        reference=args.reference,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        connections=args.connections,
+        sample_count=args.samples,
+        min_query_count=args.min_queries,
+        progress=sys.stderr.isatty() if args.progress is None else args.progress,
+        seed=args.seed,
+    )
+
+
+def _out(args: argparse.Namespace, kind: str) -> Path:
+    if args.out is not None:
+        return Path(args.out)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("bench-results") / f"{args.model}-{kind}-{stamp}"
+
+
+def _verdict(report: dict[str, Any]) -> int:
+    print_summary(report)
+    return 0

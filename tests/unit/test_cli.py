@@ -1,0 +1,53 @@
+"""The command line parses only: every verb names a handler beside what it drives, loaded lazily."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from dlscale.cli import _BENCH_SUBVERBS, LazyHandler, build_parser
+
+
+def _handlers(parser: argparse.ArgumentParser, path: str) -> dict[str, object]:
+    """Each runnable command path (`plan train`, ...) and its parser's `func`."""
+    found: dict[str, object] = {}
+    if "func" in parser._defaults:
+        found[path] = parser._defaults["func"]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found |= _handlers(child, f"{path} {name}".strip())
+    return found
+
+
+def _all_handlers() -> dict[str, object]:
+    found = _handlers(build_parser(), "")
+    for add in _BENCH_SUBVERBS.values():  # `bench SUBVERB` parsers are made when parsed
+        holder = argparse.ArgumentParser()
+        add(holder.add_subparsers())
+        found |= {f"bench {path}": func for path, func in _handlers(holder, "").items()}
+    return found
+
+
+def test_every_verb_has_a_lazy_handler_outside_cli() -> None:
+    handlers = _all_handlers()
+    expected = {
+        "zoo build", "models check", "run", "serve", "demo", "catalog", "devices", "roofline",
+        "plan train", "plan serve", "bench", "bench compare", "bench allreduce", "optimize",
+    }  # fmt: skip
+    assert set(handlers) == expected
+    for path, handler in handlers.items():
+        assert isinstance(handler, LazyHandler), path
+        assert handler.module != "dlscale.cli", path
+        assert callable(handler.resolve()), path
+
+
+def test_parsing_imports_no_handler_module() -> None:
+    # `dlscale -h` must not pay for numpy, onnx or torch: handlers load when their verb runs.
+    code = (
+        "import sys, dlscale.cli\n"
+        "print(sorted(m for m in sys.modules if m.startswith('dlscale') or m == 'numpy'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['dlscale', 'dlscale.cli', 'dlscale.errors']"
