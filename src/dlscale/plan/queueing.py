@@ -33,8 +33,10 @@ _WARMUP_SHARE = 0.05
 
 
 def batching_policy(max_batch: int, max_delay: float, adaptive_delay: bool = True) -> BatchPolicy:
-    """The batcher's policy for a max batch and a queue delay in seconds (kept in whole µs, as
-    config.toml keeps it), with or without the adaptive delay."""
+    """The server's policy for a max batch and a queue delay in seconds (rounded to whole µs).
+
+    config.toml gives the delay in whole microseconds, so the planner plans with those.
+    """
     if max_delay < 0:
         raise PlanError(f"max queue delay must be non-negative, got {max_delay}")
     config = BatchingConfig(
@@ -81,15 +83,18 @@ class BatchingServer:
         return (0.0, *(self.service_time(b) * share for b in range(1, self.max_batch + 1)))
 
     @cached_property
-    def sizes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """With c one-row requests waiting (index c): how many go at once (0: none), and the
-        fewest waiting above c with which a batch goes on its size."""
-        top, policy = self.max_batch, self.policy
-        at_once = tuple(policy.closing_prefix((1,) * c) for c in range(top + 1))
+    def sent_at_once(self) -> tuple[int, ...]:
+        """With c one-row requests waiting (index c), how many the policy sends at once."""
+        return tuple(self.policy.closing_prefix((1,) * c) for c in range(self.max_batch + 1))
+
+    @cached_property
+    def next_closing(self) -> tuple[int, ...]:
+        """With c one-row requests waiting (index c), the fewest above c that close a batch."""
+        top = self.max_batch
         above = [top] * (top + 1)
         for c in range(top - 1, -1, -1):
-            above[c] = c + 1 if at_once[c + 1] == c + 1 else above[c + 1]
-        return at_once, tuple(above)
+            above[c] = c + 1 if self.policy.closes_at(c + 1) else above[c + 1]
+        return tuple(above)
 
     @property
     def capacity(self) -> float:
@@ -202,7 +207,7 @@ def _batches(
     arrival after which no company is expected, whichever comes first.
     """
     policy, cost = server.policy, server.batch_times
-    at_once, above = server.sizes
+    at_once, above = server.sent_at_once, server.next_closing
     # Without the adaptive delay no gap ever stops a wait: skip looking at them.
     gaps_matter = not policy.worth_waiting(math.inf)
     # Spread factors rescaled to mean 1: the spread must not change the mean service time.
@@ -229,7 +234,7 @@ def _batches(
             if last < n and arrivals[last] < deadline:
                 deadline = arrivals[last]
             if gaps_matter and deadline > start:
-                deadline = _stop_waiting(policy, arrivals, smoothed, scale, (i, start, deadline))
+                deadline = _stop_waiting(policy, arrivals, smoothed, scale, i, start, deadline)
             close = start if start > deadline else deadline
             j = bisect_right(arrivals, close, i, n)
             j = i + target if j > i + target else j
@@ -249,14 +254,17 @@ def _stop_waiting(
     arrivals: list[float],
     smoothed: Sequence[float],
     scale: float,
-    wait: tuple[int, float, float],
+    head: int,
+    start: float,
+    deadline: float,
 ) -> float:
     """When an adaptive batcher stops waiting for company: at `start`, an arrival, or `deadline`.
 
-    `wait` is (the head request, start, deadline). It stops at the first moment the policy
-    expects no company, given the smoothed gap after the latest arrival it has seen.
+    It stops at the first moment the policy expects no company, given the smoothed gap after
+    the latest arrival it has seen. (With the policy's smoothing only the check at `start` can
+    stop a wait: a gap inside the wait is shorter than the delay, so the smoothed gap cannot
+    rise past it. The loop asks at every arrival all the same, as the Batcher does.)
     """
-    head, start, deadline = wait
     seen = bisect_right(arrivals, start, head) - 1  # the latest arrival the batcher has seen
     if not policy.worth_waiting(smoothed[seen] * scale):
         return start

@@ -6,7 +6,8 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ class _Pending:
     rows: int
     key: tuple[object, ...]  # requests merge only when every non-batch shape and dtype agree
     level: int
-    enqueued: float  # seconds on the event loop's clock
+    enqueued: float  # seconds on the batcher's clock
     future: asyncio.Future[Tensors]
     timer: asyncio.TimerHandle | None = None
     queued: bool = True
@@ -41,17 +42,24 @@ class Batcher:
     Forming a batch waits for a free instance first: while every instance computes, requests
     keep arriving and the next batch grows by itself. Then the policy (serving/policy.py)
     says when the batch goes: at max_batch_size or a preferred size, once the oldest request
-    has waited max_queue_delay_us, or at once when no company is expected. Time is the event
-    loop's clock (`loop.time()`), so a loop with a simulated clock runs it in simulated time.
+    has waited max_queue_delay_us, or at once when no company is expected.
+
+    `clock` gives seconds: perf_counter by default, since uvloop's `loop.time()` moves in whole
+    milliseconds; a test that runs the loop on a simulated clock passes that clock.
     """
 
     def __init__(
-        self, policy: BatchPolicy, instances: Sequence[Instance], stats: ModelStats
+        self,
+        policy: BatchPolicy,
+        instances: Sequence[Instance],
+        stats: ModelStats,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not instances:
             raise ValueError("a batcher needs at least one instance")
         self.policy = policy
         self.stats = stats
+        self._clock = clock
         self._instances = list(instances)
         self._queues: list[collections.deque[_Pending]] = [
             collections.deque() for _ in range(policy.batching.priority_levels)
@@ -100,7 +108,7 @@ class Batcher:
             (name, arr.dtype.str, arr.shape[1:] if batched else arr.shape)
             for name, arr in sorted(inputs.items())
         )
-        item = _Pending(inputs, rows, key, level, loop.time(), loop.create_future())
+        item = _Pending(inputs, rows, key, level, self._clock(), loop.create_future())
         timeout = timeout_us or self.policy.batching.default_timeout_us
         if timeout:
             item.timer = loop.call_later(timeout / 1e6, self._expire, item, timeout)
@@ -130,7 +138,7 @@ class Batcher:
 
     def _expire(self, item: _Pending, timeout_us: int) -> None:
         if item.queued and not item.future.done():
-            waited = _ns(_now() - item.enqueued) // 1000
+            waited = _ns(self._clock() - item.enqueued) // 1000
             self._unqueue(item)
             item.future.set_exception(
                 TimedOut(
@@ -195,7 +203,7 @@ class Batcher:
             chosen = self._candidates()
             if not chosen:
                 return []
-            oldest, now = min(i.enqueued for i in chosen), _now()
+            oldest, now = min(i.enqueued for i in chosen), self._clock()
             rows = [i.rows for i in chosen]
             send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed)
             if send:
@@ -217,17 +225,17 @@ class Batcher:
             self._free.put_nowait(instance)
 
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
-        t0 = _now()
+        t0 = self._clock()
         rows = sum(i.rows for i in batch)
         if len(batch) == 1:
             merged = dict(batch[0].inputs)
         else:
             names = batch[0].inputs.keys()
             merged = {n: np.concatenate([i.inputs[n] for i in batch]) for n in names}
-        t1 = _now()
+        t1 = self._clock()
         try:
             outputs = await instance.infer(merged)
-            t2 = _now()
+            t2 = self._clock()
             parts = self._split(outputs, batch, rows)
         except DlscaleError as exc:
             self._fail(batch, exc)
@@ -236,7 +244,7 @@ class Batcher:
             log.exception("instance %s failed a batch of %d rows", instance.name, rows)
             self._fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
             return
-        t3 = _now()
+        t3 = self._clock()
         self.stats.record_batch(rows, _ns(t1 - t0), _ns(t2 - t1), _ns(t3 - t2))
         for item, part in zip(batch, parts, strict=True):
             if not item.future.done():
@@ -262,11 +270,6 @@ class Batcher:
         for item in batch:
             if not item.future.done():
                 item.future.set_exception(exc)
-
-
-def _now() -> float:
-    """Seconds on the running loop's clock: timers and timestamps read one clock."""
-    return asyncio.get_running_loop().time()
 
 
 def _ns(seconds: float) -> int:

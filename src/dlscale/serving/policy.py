@@ -2,7 +2,7 @@
 
 The Batcher (serving/batcher.py) applies these rules to real requests; the planner's queueing
 model (plan/queueing.py) applies the same functions to a simulated arrival trace. Times are
-seconds on whatever clock the caller keeps (the event loop's, or the simulation's).
+seconds on the caller's clock (the Batcher's, or the simulation's).
 """
 
 from __future__ import annotations
@@ -82,8 +82,7 @@ class BatchPolicy:
         return not self.batched or rows >= self.max_batch_size or rows in self._preferred
 
     def closing_prefix(self, rows: Sequence[int]) -> int:
-        """How many leading candidates (their rows, in batching order) make a batch that goes at
-        once: the longest such prefix, 0 when there is none."""
+        """The longest run of leading candidates (their rows) whose batch goes at once, or 0."""
         best, total = 0, 0
         for n, r in enumerate(rows, start=1):
             total += r

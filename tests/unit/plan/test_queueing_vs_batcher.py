@@ -1,9 +1,9 @@
 """The planner's simulation and the server's real Batcher batch one arrival trace the same way.
 
 The real `serving.batcher.Batcher` runs on an event loop whose clock jumps to its next timer
-instead of sleeping, with instance stand-ins that hold a batch of b rows for s(b) seconds of
-that clock; `plan.queueing.replay` runs the same policy over the same arrivals. Every request
-must land in a batch of the same size after the same queue wait.
+instead of sleeping (the Batcher reads that clock too), with instance stand-ins that hold a
+batch of b rows for s(b) seconds of it; `plan.queueing.replay` runs the same policy over the
+same arrivals. Every request must land in a batch of the same size after the same queue wait.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def batcher_serves(
     async def run() -> Served:
         loop = asyncio.get_running_loop()
         sleepers = [Sleeper(f"sleeper-{k}", service) for k in range(instances)]
-        batcher = Batcher(policy, sleepers, ModelStats("m", "1"))
+        batcher = Batcher(policy, sleepers, ModelStats("m", "1"), clock=loop.time)
         batcher.start()
         futures = []
         for t in arrivals:
