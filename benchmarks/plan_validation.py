@@ -41,7 +41,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.runner import load_for_run, time_backend
 from dlscale.models.samples import inputs_for
 from dlscale.models.signature import reconcile
-from dlscale.plan.queueing import BatchingServer, peak_rate
+from dlscale.plan.queueing import BatchingServer, batching_policy, peak_rate
 from dlscale.plan.serve import Profile
 
 RESULTS = Path("bench-results")
@@ -108,12 +108,11 @@ def predict(
     only past the peak.
     """
     profile = Profile("model", "here", "fp32", table)
+    largest = min(served.max_batch, max(table))
     server = BatchingServer(
         profile.time,
-        min(served.max_batch, max(table)),
-        served.max_delay_s,
+        batching_policy(largest, served.max_delay_s, served.adaptive_delay),
         instances_per_device=served.instances,
-        adaptive_delay=served.adaptive_delay,
         service_spread=spread,
     )
     return peak_rate(server, bound_s)

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "server": {"serving", "frontends"},
     "bench": {"hardware", "models", "serving"},
     "optimize": {"bench", "backends", "models"},
-    "plan": {"hardware", "models"},
+    "plan": {"hardware", "models", "serving"},
     "cli": {"*"},
     "demo": {"*"},
     "__main__": {"*"},

@@ -20,7 +20,7 @@ from dlscale.errors import PlanError
 from dlscale.hardware.roofline import Roofline
 from dlscale.hardware.roofline import roofline as hardware_roofline
 from dlscale.hardware.spec import DeviceSpec
-from dlscale.plan.queueing import BatchingServer, ServiceTime, peak_rate
+from dlscale.plan.queueing import BatchingServer, ServiceTime, batching_policy, peak_rate
 
 #: Share of the roofline a served model reaches by default. The best published MLPerf ResNet-50
 #: INT8 Offline results reach 38-56% of the INT8 compute ceiling (H100 38%, H200 40%, L4 44%,
@@ -188,8 +188,8 @@ def _batch_sizes(top: int) -> list[int]:
 def best_config(curve: ServiceCurve, p99_bound: float) -> tuple[float, int, float]:
     """(peak requests/s per device, max batch, max queue delay) of the best batcher settings.
 
-    Delays are tried at 0 and half a batch time: a fixed grid (not one drawn from the SLO)
-    keeps the answer monotone in the SLO.
+    Delays are tried at 0 and half a batch time, in whole µs as config.toml takes them: a fixed
+    grid (not one drawn from the SLO) keeps the answer monotone in the SLO.
     """
     best = (0.0, 1, 0.0)
     for b in _batch_sizes(curve.max_batch):
@@ -197,10 +197,11 @@ def best_config(curve: ServiceCurve, p99_bound: float) -> tuple[float, int, floa
         if s >= p99_bound or b / s <= best[0]:
             continue  # cannot hold the bound, or cannot beat the best even when saturated
         for delay in (0.0, s / 2):
-            server = BatchingServer(curve.time, b, delay, service_spread=curve.spread)
+            policy = batching_policy(b, delay)
+            server = BatchingServer(curve.time, policy, service_spread=curve.spread)
             rate = peak_rate(server, p99_bound)
             if rate > best[0]:
-                best = (rate, b, delay)
+                best = (rate, b, policy.max_queue_delay_s)
     return best
 
 

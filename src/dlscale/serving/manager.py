@@ -14,8 +14,9 @@ from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
-from dlscale.serving.batcher import Batcher, BatchPolicy
+from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Instance
+from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.stats import ModelStats
 from dlscale.types import TensorSpec
 
@@ -59,17 +60,7 @@ class ModelEntry:
 
 def policy_of(config: ModelConfig) -> BatchPolicy:
     """The batcher's policy from a model's config."""
-    b = config.batching
-    return BatchPolicy(
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_us=b.max_queue_delay_us,
-        preferred_batch_sizes=tuple(b.preferred_batch_sizes),
-        priority_levels=b.priority_levels,
-        default_priority_level=b.default_priority_level,
-        max_queue_size=b.max_queue_size,
-        default_timeout_us=b.default_timeout_us,
-        adaptive_queue_delay=b.adaptive_queue_delay,
-    )
+    return BatchPolicy.of(config)
 
 
 class ModelManager:

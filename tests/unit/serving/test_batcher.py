@@ -12,8 +12,10 @@ import pytest
 
 from dlscale.backends import BackendOptions
 from dlscale.errors import BackendError, InvalidInput, QueueFull, TimedOut, Unavailable
-from dlscale.serving.batcher import Batcher, BatchPolicy
+from dlscale.models.config import BatchingConfig
+from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Instance
+from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.stats import ModelStats
 from dlscale.types import Datatype, TensorSpec
 
@@ -80,7 +82,7 @@ async def _held(batcher: Batcher, backend: AddOne) -> asyncio.Future[dict[str, n
 
 async def test_queued_requests_merge_and_split_back_exactly() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=16, max_queue_delay_us=0), [backend])
+    batcher = _batcher(BatchPolicy(16, BatchingConfig(max_queue_delay_us=0)), [backend])
     first = await _held(batcher, backend)
     sizes = [3, 1, 5, 2]
     futures = [batcher.submit(_rows(n, 10.0 * i)) for i, n in enumerate(sizes)]
@@ -95,7 +97,7 @@ async def test_queued_requests_merge_and_split_back_exactly() -> None:
 
 async def test_batches_never_exceed_max_batch_size() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=4, max_queue_delay_us=0), [backend])
+    batcher = _batcher(BatchPolicy(4, BatchingConfig(max_queue_delay_us=0)), [backend])
     first = await _held(batcher, backend)
     futures = [batcher.submit(_rows(n, n)) for n in (3, 3, 2, 1)]
     backend.gate.set()
@@ -106,7 +108,7 @@ async def test_batches_never_exceed_max_batch_size() -> None:
 
 async def test_requests_of_different_shapes_are_not_merged() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=16), [backend])
+    batcher = _batcher(BatchPolicy(16), [backend])
     first = await _held(batcher, backend)
     narrow = batcher.submit({"x": np.zeros((2, 3), np.float32)})
     wide = batcher.submit({"x": np.zeros((2, 4), np.float32)})
@@ -122,7 +124,7 @@ async def test_a_preferred_size_is_sent_without_waiting_for_the_delay() -> None:
     backend = AddOne()
     # A delay of a minute: only the preferred size can make this batch go.
     policy = BatchPolicy(
-        max_batch_size=16, max_queue_delay_us=60_000_000, preferred_batch_sizes=(4,)
+        16, BatchingConfig(max_queue_delay_us=60_000_000, preferred_batch_sizes=[4])
     )
     batcher = _batcher(policy, [backend])
     results = await asyncio.wait_for(
@@ -134,7 +136,7 @@ async def test_a_preferred_size_is_sent_without_waiting_for_the_delay() -> None:
 
 async def test_the_queue_delay_lets_a_batch_fill() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=8, max_queue_delay_us=200_000), [backend])
+    batcher = _batcher(BatchPolicy(8, BatchingConfig(max_queue_delay_us=200_000)), [backend])
     futures = [batcher.submit(_rows(1, i)) for i in range(3)]
     await asyncio.sleep(0.01)
     futures += [batcher.submit(_rows(1, i)) for i in range(3, 5)]
@@ -145,7 +147,7 @@ async def test_the_queue_delay_lets_a_batch_fill() -> None:
 
 async def test_higher_priority_goes_first() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=1, priority_levels=2), [backend])
+    batcher = _batcher(BatchPolicy(1, BatchingConfig(priority_levels=2)), [backend])
     first = await _held(batcher, backend)
     order: list[str] = []
     low = batcher.submit(_rows(1, 1), priority=2)
@@ -162,7 +164,7 @@ async def test_higher_priority_goes_first() -> None:
 
 async def test_a_request_times_out_while_queued_and_the_rest_survive() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=4), [backend])
+    batcher = _batcher(BatchPolicy(4), [backend])
     first = await _held(batcher, backend)
     doomed = batcher.submit(_rows(1, 1), timeout_us=20_000)
     patient = batcher.submit(_rows(1, 2))
@@ -177,7 +179,7 @@ async def test_a_request_times_out_while_queued_and_the_rest_survive() -> None:
 
 async def test_a_full_queue_refuses_at_once() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=4, max_queue_size=2), [backend])
+    batcher = _batcher(BatchPolicy(4, BatchingConfig(max_queue_size=2)), [backend])
     first = await _held(batcher, backend)
     queued = [batcher.submit(_rows(1, i)) for i in range(2)]
     with pytest.raises(QueueFull, match="queue is full"):
@@ -190,7 +192,7 @@ async def test_a_full_queue_refuses_at_once() -> None:
 async def test_a_failing_batch_fails_only_its_own_requests() -> None:
     backend = AddOne()
     backend.fail_when_rows = 3
-    batcher = _batcher(BatchPolicy(max_batch_size=3, max_queue_delay_us=0), [backend])
+    batcher = _batcher(BatchPolicy(3, BatchingConfig(max_queue_delay_us=0)), [backend])
     first = await _held(batcher, backend)
     bad = [batcher.submit(_rows(1, i)) for i in range(3)]  # together they make 3 rows
     good = batcher.submit(_rows(2, 5))
@@ -204,7 +206,7 @@ async def test_a_failing_batch_fails_only_its_own_requests() -> None:
 
 async def test_close_drains_queued_requests_then_refuses() -> None:
     backend = AddOne()
-    batcher = _batcher(BatchPolicy(max_batch_size=2), [backend])
+    batcher = _batcher(BatchPolicy(2), [backend])
     first = await _held(batcher, backend)
     queued = [batcher.submit(_rows(1, i)) for i in range(3)]
     closing = asyncio.create_task(batcher.close())
@@ -220,7 +222,7 @@ async def test_several_instances_compute_at_once() -> None:
     held = [AddOne(), AddOne()]
     for b in held:
         b.gate.clear()
-    batcher = _batcher(BatchPolicy(max_batch_size=1), held)
+    batcher = _batcher(BatchPolicy(1), held)
     futures = [batcher.submit(_rows(1, i)) for i in range(2)]
     # Both instances must be inside infer at the same time, or this waits forever.
     await asyncio.wait_for(
@@ -231,18 +233,3 @@ async def test_several_instances_compute_at_once() -> None:
         b.gate.set()
     await asyncio.gather(*futures)
     await batcher.close()
-
-
-async def test_waiting_for_company_follows_the_gap_between_arrivals() -> None:
-    batcher = _batcher(BatchPolicy(max_batch_size=8, max_queue_delay_us=500), [AddOne()])
-    assert not batcher.worth_waiting()  # nothing seen yet
-    batcher._note_arrival(1_000_000)
-    batcher._note_arrival(4_000_000)  # a lone client: 3 ms apart, delay 0.5 ms
-    assert not batcher.worth_waiting()
-    for t in range(5_000_000, 5_020_000, 1_000):  # a burst: 1 us apart
-        batcher._note_arrival(t)
-    assert batcher.worth_waiting()
-    await batcher.close()
-    strict = _batcher(BatchPolicy(max_batch_size=8, adaptive_queue_delay=False), [AddOne()])
-    assert strict.worth_waiting()  # nothing seen, yet it waits: the config asked for that
-    await strict.close()

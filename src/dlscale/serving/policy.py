@@ -1,0 +1,116 @@
+"""The batching policy: the one statement of when a batch goes, read by the Batcher and the planner.
+
+The Batcher (serving/batcher.py) applies these rules to real requests; the planner's queueing
+model (plan/queueing.py) applies the same functions to a simulated arrival trace. Times are
+seconds on the caller's clock (the Batcher's, or the simulation's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from dlscale.errors import InvalidInput
+from dlscale.models.config import BatchingConfig, ModelConfig
+
+#: Weight of the newest gap in the smoothed gap between arrivals: enough to follow a change of
+#: rate within a few arrivals, little enough that one odd gap does not flip the decision.
+GAP_WEIGHT = 0.2
+
+
+def smoothed_gap(previous: float, gap: float) -> float:
+    """The smoothed gap between arrivals after one more `gap` (`previous` is inf before any)."""
+    return gap if math.isinf(previous) else (1 - GAP_WEIGHT) * previous + GAP_WEIGHT * gap
+
+
+@dataclass
+class ArrivalGaps:
+    """The smoothed gap between the arrivals seen so far: infinite until two have arrived."""
+
+    smoothed: float = math.inf
+    last: float | None = None
+
+    def note(self, now: float) -> None:
+        """Count an arrival at `now` (seconds)."""
+        if self.last is not None:
+            self.smoothed = smoothed_gap(self.smoothed, now - self.last)
+        self.last = now
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How one model's requests are queued and merged: its max_batch_size and its [batching]."""
+
+    max_batch_size: int = 0  # 0: the model takes no batch dim; each request runs alone
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> BatchPolicy:
+        """The policy a model's config.toml asks for."""
+        return cls(config.max_batch_size, config.batching)
+
+    @property
+    def batched(self) -> bool:
+        """Whether requests may be merged along a leading batch dimension."""
+        return self.max_batch_size > 0
+
+    @cached_property
+    def max_queue_delay_s(self) -> float:
+        """The longest the oldest request of a forming batch waits for company, in seconds."""
+        return self.batching.max_queue_delay_us / 1e6
+
+    @cached_property
+    def _preferred(self) -> frozenset[int]:
+        return frozenset(self.batching.preferred_batch_sizes)
+
+    def level_of(self, priority: int) -> int:
+        """Queue index for a request priority (1 highest); 0 asks for the default level."""
+        levels = self.batching.priority_levels
+        if priority < 0 or priority > levels:
+            raise InvalidInput(
+                f"priority {priority} is out of range: this model has priority levels "
+                f"1..{levels} (0 for the default)"
+            )
+        if priority == 0:
+            priority = self.batching.default_priority_level or levels
+        return priority - 1
+
+    def closes_at(self, rows: int) -> bool:
+        """Whether a batch of `rows` goes at once: it is full, a preferred size, or unbatched."""
+        return not self.batched or rows >= self.max_batch_size or rows in self._preferred
+
+    def closing_prefix(self, rows: Sequence[int]) -> int:
+        """The longest run of leading candidates (their rows) whose batch goes at once, or 0."""
+        best, total = 0, 0
+        for n, r in enumerate(rows, start=1):
+            total += r
+            if self.closes_at(total):
+                best = n
+        return best
+
+    def close_by(self, oldest: float) -> float:
+        """When a batch whose oldest request arrived at `oldest` goes at the latest."""
+        return oldest + self.max_queue_delay_s
+
+    def worth_waiting(self, gap: float) -> bool:
+        """Whether company is expected within the delay, given the smoothed gap between arrivals.
+
+        With adaptive_queue_delay a lone client would otherwise pay the whole delay on every
+        request; without it the batch always waits, as Triton's does.
+        """
+        return not self.batching.adaptive_queue_delay or gap <= self.max_queue_delay_s
+
+    def to_send(self, rows: Sequence[int], oldest: float, now: float, gap: float) -> int:
+        """How many of the candidates to send now; 0: wait for another arrival or the delay.
+
+        A prefix that closes a batch (full or preferred) goes first; failing that, all of them
+        go once the oldest has waited the delay or when no company is expected.
+        """
+        ready = self.closing_prefix(rows)
+        if ready:
+            return ready
+        if now >= self.close_by(oldest) or not self.worth_waiting(gap):
+            return len(rows)
+        return 0
