@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from prometheus_client import start_http_server
 
@@ -191,7 +191,7 @@ class ServerThread:
             self._thread.join(10)
             self.loop.close()
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
