@@ -142,7 +142,7 @@ def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, An
 def _served_batch(server: ServerProcess, model: str) -> float:
     with urllib.request.urlopen(f"http://{HOST}:{server.port}/v2/models/{model}/stats") as r:
         stats = json.load(r)["model_stats"][0]
-    return float(stats["inference_count"]) / max(stats["execution_count"], 1)
+    return float(stats["inference_count"] / max(stats["execution_count"], 1))
 
 
 def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
