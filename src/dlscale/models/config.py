@@ -102,7 +102,7 @@ class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
+    backend: Literal["onnxruntime", "torch", "null"] = "onnxruntime"
     platform: str = ""
     max_batch_size: NonNegative = 0
     inputs: list[TensorConfig] | None = None

@@ -8,10 +8,11 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from tests.toolkit.clients import infer_input
+from tests.toolkit.repositories import FRAGILE_ROWS, SMALL_LIMIT, WIDEN
+from tests.toolkit.server import LocalServer
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
-
-from conftest import FRAGILE_ROWS, SMALL_LIMIT, WIDEN, ServerThread, infer_input
 
 Stub = service_pb2_grpc.GRPCInferenceServiceStub
 
@@ -193,8 +194,8 @@ def test_malformed_bytes(stub: Stub) -> None:
 # -- message size limits -------------------------------------------------------------------------
 
 
-def test_request_above_the_message_limit(server: ServerThread) -> None:
-    client = triton.InferenceServerClient(server.small_url)
+def test_request_above_the_message_limit(small_server: LocalServer) -> None:
+    client = triton.InferenceServerClient(small_server.grpc_url)
     big = np.zeros((SMALL_LIMIT // 64 + 1, 16), np.float32)
     err = _fails(client, "identity", infer_input("x", big))
     assert err.status() == "StatusCode.RESOURCE_EXHAUSTED"
@@ -205,8 +206,8 @@ def test_request_above_the_message_limit(server: ServerThread) -> None:
     assert client.infer("identity", [infer_input("x", X)]).as_numpy("y").shape == (2, 16)
 
 
-def test_response_above_the_message_limit(server: ServerThread) -> None:
-    client = triton.InferenceServerClient(server.small_url)
+def test_response_above_the_message_limit(small_server: LocalServer) -> None:
+    client = triton.InferenceServerClient(small_server.grpc_url)
     rows = SMALL_LIMIT // (4 * 4 * WIDEN) + 1
     err = _fails(client, "widen", infer_input("x", np.zeros((rows, 4), np.float32)))
     assert err.status() == "StatusCode.RESOURCE_EXHAUSTED"
