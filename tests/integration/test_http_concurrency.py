@@ -26,11 +26,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
 
 
 def _stats(server: ServerThread, model: str) -> dict[str, int]:
-    entry = server.dataplane.statistics(model)["model_stats"][0]
+    entry = server.dataplane.statistics(model)[0]
     return {
-        "rows": entry["inference_count"],
-        "success": entry["inference_stats"]["success"]["count"],
-        "fail": entry["inference_stats"]["fail"]["count"],
+        "rows": entry.inference_count,
+        "success": entry.inference_stats.success.count,
+        "fail": entry.inference_stats.fail.count,
     }
 
 
@@ -80,7 +80,7 @@ async def test_two_thousand_concurrent_requests(server: ServerThread) -> None:
         assert after["success"] - before[model]["success"] == len(sent)
         assert after["rows"] - before[model]["rows"] == sum(sent)
         assert after["fail"] == before[model]["fail"]
-    assert server.dataplane.statistics("identity")["model_stats"][0]["execution_count"] > 0
+    assert server.dataplane.statistics("identity")[0].execution_count > 0
 
 
 def _fails_even(x: np.ndarray) -> tha.InferInput:
