@@ -70,3 +70,9 @@ def test_specific_mappings() -> None:
     )
     assert errors.PayloadTooLarge.http_status == 413
     assert errors.BackendError.reason == "BACKEND"
+
+
+def test_config_type_names_follow_triton() -> None:
+    assert Datatype.FP32.config_type == "TYPE_FP32"
+    assert Datatype.BF16.config_type == "TYPE_BF16"
+    assert Datatype.BYTES.config_type == "TYPE_STRING"

@@ -71,10 +71,7 @@ async def _stream_client(url: str, client_id: int) -> int:
 
 
 async def test_many_concurrent_clients(server: LocalServer) -> None:
-    before = {
-        m: server.dataplane.statistics(m)["model_stats"][0]["inference_stats"]["success"]["count"]
-        for m in MODELS
-    }
+    before = {m: server.dataplane.statistics(m)[0].inference_stats.success.count for m in MODELS}
     done = await asyncio.gather(
         *(_unary_client(server.grpc_url, c) for c in range(UNARY_CLIENTS)),
         *(_stream_client(server.grpc_url, 1000 + c) for c in range(STREAM_CLIENTS)),
@@ -82,11 +79,8 @@ async def test_many_concurrent_clients(server: LocalServer) -> None:
     total = sum(done)
     assert total == UNARY_CLIENTS * REQUESTS_PER_CLIENT + STREAM_CLIENTS * REQUESTS_PER_STREAM
     assert total >= 2000
-    after = {
-        m: server.dataplane.statistics(m)["model_stats"][0]["inference_stats"]["success"]["count"]
-        for m in MODELS
-    }
+    after = {m: server.dataplane.statistics(m)[0].inference_stats.success.count for m in MODELS}
     assert sum(after[m] - before[m] for m in MODELS) == total
     # Batching really merged requests: fewer batches ran than requests were answered.
-    stats = [server.dataplane.statistics(m)["model_stats"][0] for m in MODELS]
-    assert any(s["execution_count"] < s["inference_stats"]["success"]["count"] for s in stats)
+    stats = [server.dataplane.statistics(m)[0] for m in MODELS]
+    assert any(s.execution_count < s.inference_stats.success.count for s in stats)

@@ -99,6 +99,30 @@ def test_unknown_output_and_bad_priority(client: triton.InferenceServerClient) -
     assert "priority 3 is out of range" in err.message()
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("priority", "high", "parameter 'priority' must be a non-negative integer, got 'high'"),
+        ("priority", -1, "parameter 'priority' must be a non-negative integer, got -1"),
+        ("timeout", "soon", "parameter 'timeout' must be a non-negative integer, got 'soon'"),
+        ("timeout", -5, "parameter 'timeout' must be a non-negative integer, got -5"),
+        ("timeout", 0.5, "parameter 'timeout' must be a non-negative integer, got 0.5"),
+    ],
+)
+def test_bad_priority_and_timeout(stub: Stub, key: str, value: object, message: str) -> None:
+    # Checked once, in the DataPlane: the same code and message as over REST.
+    request = _raw_request("identity", "x", "FP32", [2, 16], X.tobytes())
+    if isinstance(value, str):
+        request.parameters[key].string_param = value
+    elif isinstance(value, float):
+        request.parameters[key].double_param = value
+    else:
+        request.parameters[key].int64_param = int(value)  # type: ignore[call-overload]
+    err = _rpc_error(stub, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == message + (" (microseconds)" if key == "timeout" else "")
+
+
 def test_timeout_expires_in_the_queue(client: triton.InferenceServerClient) -> None:
     # fragile waits up to a second to fill a batch; a 1 ms timeout expires first.
     err = _fails(client, "fragile", infer_input("x", np.zeros((1, 4), np.float32)), timeout=1000)

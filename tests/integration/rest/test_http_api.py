@@ -47,10 +47,15 @@ def test_model_metadata_and_readiness(client: th.InferenceServerClient) -> None:
 
 
 def test_model_config(client: th.InferenceServerClient) -> None:
+    # Triton's layout (the JSON form of gRPC's ModelConfig), as tritonclient reads it.
     config = client.get_model_config("identity")
     assert config["name"] == "identity"
     assert config["max_batch_size"] == 64
-    assert client.get_model_config("plus", "1")["version_policy"]["all"] is True
+    assert config["platform"] == client.get_model_metadata("identity")["platform"]
+    assert config["platform"] == "onnxruntime_onnx" and config["backend"] == "onnxruntime"
+    assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [16]}]
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert client.get_model_config("plus", "1")["version_policy"] == {"all": {}}
 
 
 # -- inference -------------------------------------------------------------------------------------

@@ -19,11 +19,11 @@ STREAMS_PER_CLIENT = 8
 
 
 def _stats(server: LocalServer, model: str) -> dict[str, int]:
-    entry = server.dataplane.statistics(model)["model_stats"][0]
+    entry = server.dataplane.statistics(model)[0]
     return {
-        "rows": entry["inference_count"],
-        "success": entry["inference_stats"]["success"]["count"],
-        "fail": entry["inference_stats"]["fail"]["count"],
+        "rows": entry.inference_count,
+        "success": entry.inference_stats.success.count,
+        "fail": entry.inference_stats.fail.count,
     }
 
 
@@ -74,7 +74,7 @@ async def test_two_thousand_concurrent_requests(server: LocalServer) -> None:
         assert after["success"] - before[model]["success"] == len(sent)
         assert after["rows"] - before[model]["rows"] == sum(sent)
         assert after["fail"] == before[model]["fail"]
-    assert server.dataplane.statistics("identity")["model_stats"][0]["execution_count"] > 0
+    assert server.dataplane.statistics("identity")[0].execution_count > 0
 
 
 def _fails_even(x: np.ndarray) -> tha.InferInput:

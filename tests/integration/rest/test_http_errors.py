@@ -117,6 +117,9 @@ def test_half_precision_in_json_is_refused(http: httpx.Client, datatype: str) ->
 def test_bad_parameters(http: httpx.Client) -> None:
     body = {"inputs": [_tensor("input", [1, 16], "FP32", ROW)], "parameters": {"priority": "high"}}
     _expect(http.post(IDENTITY, json=body), 400, "'priority' must be a non-negative integer")
+    # The DataPlane's message, word for word what gRPC answers (test_grpc_errors.py).
+    same = "parameter 'priority' must be a non-negative integer, got 'high'"
+    assert http.post(IDENTITY, json=body).json()["error"] == same
     body["parameters"] = {"timeout": -5}
     _expect(http.post(IDENTITY, json=body), 400, "'timeout'")
     body["parameters"] = {"binary_data_output": "yes"}
