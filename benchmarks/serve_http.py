@@ -45,7 +45,8 @@ async def serve(repo: Path, stack: str, port: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    api = RestApi(server.dataplane, settings.max_body_bytes)
+    await server.wait_loaded()
+    api = RestApi(server.dataplane, settings.limits)
     if stack == "uvicorn":
         await _uvicorn(api, port, stop)
     else:

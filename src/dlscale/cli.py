@@ -128,15 +128,98 @@ def _add_core_verbs(sub: SubParsers) -> None:
     )
     serve.add_argument("--load-model", action="append", default=[], help="explicit mode: load")
     serve.add_argument("--poll-interval", type=float, default=5.0, help="poll mode: seconds")
-    serve.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
-    serve.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    _add_serve_lifecycle_flags(serve)
+    _add_serve_security_flags(serve)
+    _add_serve_limit_flags(serve)
     serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
 
     demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
     demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
     demo.add_argument("--quick", action="store_true", help="small models only")
     demo.set_defaults(func=LazyHandler("dlscale.demo", "demo"))
+
+
+def _add_serve_lifecycle_flags(serve: argparse.ArgumentParser) -> None:
+    """Readiness, start-up failures and the shutdown grace, as Triton names them."""
+    group = serve.add_argument_group("readiness and shutdown")
+    group.add_argument(
+        "--strict-readiness",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="ready only while every model that should be served is READY (default true)",
+    )
+    group.add_argument(
+        "--exit-on-error",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="stop when a model fails to load at start (default false: serve the others)",
+    )
+    group.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="seconds requests in flight get at shutdown; then 503 / UNAVAILABLE (default 10)",
+    )
+
+
+def _add_serve_security_flags(serve: argparse.ArgumentParser) -> None:
+    """TLS and restricted API groups (docs/limits.md)."""
+    group = serve.add_argument_group("TLS and access (docs/limits.md)")
+    group.add_argument("--tls-cert", type=Path, help="PEM certificate chain: REST and gRPC on TLS")
+    group.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    group.add_argument("--tls-client-ca", type=Path, help="require client certificates it signed")
+    group.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="APIS:KEY=VALUE",
+        help="e.g. model-repository,statistics:admin-key=SECRET; repeatable (Triton's syntax)",
+    )
+    group.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="APIS:KEY=VALUE",
+        help="the same for gRPC; the header is triton-grpc-protocol-KEY",
+    )
+
+
+def _add_serve_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """One flag per limit, each described once, in dlscale.frontends.limits.Limits."""
+    import dataclasses
+
+    from dlscale.frontends.limits import Limits
+
+    group = serve.add_argument_group("limits on clients (docs/limits.md)")
+    group.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
+    group.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
+    for item in dataclasses.fields(Limits):
+        if item.name in ("max_body_bytes", "max_grpc_message_bytes"):
+            continue  # set in MiB by the two flags above
+        group.add_argument(
+            "--" + item.name.replace("_", "-"),
+            type=type(item.default),
+            default=None,
+            metavar="N",
+            help=f"{item.metadata['help']} (default {item.default:,})",
+        )
+
+
+def _boolean(text: str) -> bool:
+    """true/false, yes/no, 1/0, as Triton's flags take them."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 _VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 from typing import ClassVar
+
+#: An absolute POSIX path not inside a URL or a longer word: '/' and what follows to a delimiter.
+_ABSOLUTE = re.compile(r"(?<![\w.~:/\\-])/[^\s'\"`:,;()\[\]{}<>|=]+")
+#: How many trailing parts of a host path a client may see ('.../mlp/1/model.onnx' is enough).
+_KEPT_PARTS = 2
 
 
 class DlscaleError(Exception):
@@ -15,7 +23,30 @@ class DlscaleError(Exception):
 
     @property
     def message(self) -> str:
-        return str(self)
+        """What a client is told: the text with the host's absolute paths cut short."""
+        return redact_paths(str(self))
+
+
+def redact_paths(text: str) -> str:
+    """`text` with each absolute path of this host cut to its last parts: '.../mlp/config.toml'.
+
+    A path counts when its first part is a folder of this host (/tmp, /home, /usr, ...), so
+    that URL paths a client sent ('/v2/models/x') are left as they were.
+    """
+    return _ABSOLUTE.sub(_shorten, text)
+
+
+def _shorten(match: re.Match[str]) -> str:
+    path = match.group(0)
+    parts = [p for p in path.split("/") if p]
+    if not parts or not _host_folder(parts[0]):
+        return path
+    return ".../" + "/".join(parts[1:][-_KEPT_PARTS:])
+
+
+@functools.lru_cache(maxsize=256)
+def _host_folder(name: str) -> bool:
+    return os.path.isdir("/" + name)
 
 
 class InvalidInput(DlscaleError):
@@ -52,6 +83,14 @@ class TimedOut(Unavailable):
     """The request's timeout expired while it waited in the queue (Triton answers 503 too)."""
 
     grpc_code = "DEADLINE_EXCEEDED"
+
+
+class PermissionDenied(DlscaleError):
+    """A restricted API called without the header its restriction asks for."""
+
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
+    reason = "REJECTED"
 
 
 class PayloadTooLarge(DlscaleError):

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from prometheus_client import start_http_server
 
+from dlscale.errors import ConfigError, DlscaleError
+from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
@@ -28,9 +33,14 @@ ALL_MODELS = "*"
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What `dlscale serve` was asked for; a port of None turns that frontend off, 0 picks one."""
+    """What `dlscale serve` was asked for; a port of None turns that frontend off, 0 picks one.
+
+    Every bound on clients is in `limits` (frontends/limits.py documents each); docs/limits.md
+    tells what each protects and how to change it.
+    """
 
     repository: Path
+    #: Loopback by default: expose the server on purpose (--host 0.0.0.0), with TLS or a proxy.
     host: str = "127.0.0.1"
     http_port: int | None = 8000
     grpc_port: int | None = 8001
@@ -40,12 +50,25 @@ class ServerSettings:
     #: The models explicit control loads at start; ALL_MODELS ("*") loads every one.
     load_models: tuple[str, ...] = ()
     poll_interval_s: float = 5.0
-    max_body_bytes: int = 64 * 2**20
-    max_grpc_message_bytes: int = 64 * 2**20
-    #: Seconds an idle HTTP keep-alive connection stays open.
-    keep_alive_s: float = 75.0
+    limits: Limits = field(default_factory=Limits)
+    #: Seconds requests in flight get to finish at shutdown; those still running then are
+    #: answered 503 / UNAVAILABLE.
     grace_s: float = 10.0
+    #: Triton's --strict-readiness: ready only while every model the server should serve is READY.
+    strict_readiness: bool = True
+    #: Triton's --exit-on-error: stop when a model fails to load at start (off: serve the others,
+    #: not ready under strict readiness).
+    exit_on_error: bool = False
+    #: TLS for REST and gRPC; None serves plain text (loopback, or behind a proxy that does TLS).
+    tls: TlsFiles | None = None
+    #: Triton's --http-restricted-api and --grpc-restricted-protocol groups.
+    http_restricted: tuple[Restriction, ...] = ()
+    grpc_restricted: tuple[Restriction, ...] = ()
     telemetry_interval_s: float = 1.0
+
+
+#: Seconds after the grace for the 503 / UNAVAILABLE answers of cut requests to leave.
+CUT_MARGIN_S = 1.0
 
 
 class Frontend(Protocol):
@@ -60,54 +83,91 @@ class Frontend(Protocol):
 
 
 class Server:
-    """Owns the lifecycle: start everything, serve, stop gracefully on SIGINT or SIGTERM."""
+    """Owns the lifecycle: open the ports, load the models, serve, stop gracefully on a signal."""
 
     def __init__(self, settings: ServerSettings) -> None:
         if settings.model_control not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
         self.manager = ModelManager.open(settings.repository)
-        self.dataplane = DataPlane(self.manager, settings.model_control)
+        self.dataplane = DataPlane(self.manager, settings.model_control, settings.strict_readiness)
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
+        #: The models that failed to load at start, with their errors.
+        self.failed: dict[str, DlscaleError] = {}
         self._metrics_server: Any = None
         self._poller: RepositoryPoller | None = None
+        self._loading: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
-        """Load models as the model-control mode says, then open the ports."""
+        """Open the ports, then load the models in the background (see `wait_loaded`).
+
+        Live at once, so that a liveness probe does not kill a server that is only loading;
+        ready once the models are (DataPlane.ready).
+        """
         s = self.settings
-        if s.model_control == "explicit" and ALL_MODELS not in s.load_models:
-            for name in s.load_models:
-                await self.manager.load(name)
-        else:
-            await self.manager.load_all()
-        if s.model_control == "poll":
-            self._poller = RepositoryPoller(self.manager, s.poll_interval_s)
-            self._poller.remember_loaded()
-            self._poller.start()
+        for name, frontend in self._frontends().items():
+            await frontend.start()
+            self.frontends[name] = frontend
+            log.info("%s listening on %s:%d", name, s.host, frontend.port)
+        if s.metrics_port is not None:
+            self._start_metrics(s.host, s.metrics_port)
+        self._loading = asyncio.get_running_loop().create_task(self._load())
+
+    def _frontends(self) -> dict[str, Frontend]:
+        s = self.settings
+        frontends: dict[str, Frontend] = {}
         if s.http_port is not None:
             from dlscale.frontends.rest import HttpFrontend
 
-            self.frontends["http"] = HttpFrontend(
+            frontends["http"] = HttpFrontend(
                 self.dataplane,
                 s.host,
                 s.http_port,
-                max_body_bytes=s.max_body_bytes,
-                keep_alive_s=s.keep_alive_s,
+                limits=s.limits,
+                tls=s.tls.server_context() if s.tls else None,
+                access=Access(s.http_restricted),
             )
         if s.grpc_port is not None:
             from dlscale.frontends.grpc import GrpcFrontend
 
-            self.frontends["grpc"] = GrpcFrontend(
-                self.dataplane, s.host, s.grpc_port, max_message_bytes=s.max_grpc_message_bytes
+            frontends["grpc"] = GrpcFrontend(
+                self.dataplane,
+                s.host,
+                s.grpc_port,
+                limits=s.limits,
+                tls=s.tls,
+                access=Access(s.grpc_restricted, GRPC_HEADER_PREFIX),
             )
-        for name, frontend in self.frontends.items():
-            await frontend.start()
-            log.info("%s listening on %s:%d", name, s.host, frontend.port)
-        if s.metrics_port is not None:
-            self._start_metrics(s.host, s.metrics_port)
+        return frontends
+
+    async def _load(self) -> None:
+        s = self.settings
+        names = None
+        if s.model_control == "explicit" and ALL_MODELS not in s.load_models:
+            names = list(s.load_models)
+        self.failed = await self.dataplane.load_initial(names)
+        if self.failed:
+            log.error("models that failed to load: %s", ", ".join(self.failed))
+            if s.exit_on_error:
+                log.error("stopping: a model failed to load and exit_on_error is set")
+                self._stopped.set()
+                return
+        if s.model_control == "poll":
+            self._poller = RepositoryPoller(self.manager, s.poll_interval_s)
+            self._poller.remember_loaded()
+            self._poller.start()
+        log.info("server %s", "ready" if self.dataplane.ready() else "not ready")
+
+    async def wait_loaded(self) -> None:
+        """Wait for the models asked for at start to be tried; with exit_on_error, raise the
+        first failure's error."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+        if self.failed and self.settings.exit_on_error:
+            raise next(iter(self.failed.values()))
 
     def _start_metrics(self, host: str, port: int) -> None:
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
@@ -123,32 +183,45 @@ class Server:
             ports["metrics"] = self.metrics_port
         return ports
 
-    async def serve_forever(self, on_ready: Callable[[Server], object] | None = None) -> None:
-        """Start, call `on_ready`, run until SIGINT or SIGTERM, then stop gracefully."""
+    async def serve_forever(self, on_ready: Callable[[Server], object] | None = None) -> int:
+        """Start, call `on_ready` once the models are loaded, run until SIGINT or SIGTERM, stop
+        gracefully; 1 when exit_on_error stopped it, else 0."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopped.set)
         await self.start()
-        log.info("server ready")
-        if on_ready is not None:
-            on_ready(self)
+        try:
+            await self.wait_loaded()
+        except DlscaleError:
+            pass  # logged; the stop below ends the server
+        else:
+            if on_ready is not None:
+                on_ready(self)
         await self._stopped.wait()
         log.info("stopping: finishing requests in flight")
         await self.stop()
+        return 1 if self.failed and self.settings.exit_on_error else 0
 
     def request_stop(self) -> None:
         """Make serve_forever stop, as a signal would."""
         self._stopped.set()
 
     async def stop(self) -> None:
-        """Refuse new requests, let in-flight ones finish, then unload models and close ports."""
+        """Refuse new requests, give those in flight the grace, answer the rest 503 /
+        UNAVAILABLE, then unload the models and close the ports."""
+        grace = self.settings.grace_s
         self.dataplane.stop_accepting()
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+            await asyncio.gather(self._loading, return_exceptions=True)
         if self._poller is not None:
             await self._poller.stop()
+        cut = asyncio.get_running_loop().call_later(grace, self.dataplane.cut, grace)
         await asyncio.gather(
-            *(f.stop(self.settings.grace_s) for f in self.frontends.values()),
+            *(f.stop(grace + CUT_MARGIN_S) for f in self.frontends.values()),
             return_exceptions=True,
         )
+        cut.cancel()
         await self.manager.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -170,11 +243,14 @@ class ServerThread:
             target=self.loop.run_forever, name="dlscale-server", daemon=True
         )
 
-    def start(self, timeout: float = 300.0) -> None:
-        """Load the models and open the ports; on failure everything started is stopped."""
+    def start(self, timeout: float = 300.0, wait_loaded: bool = True) -> None:
+        """Open the ports and (unless told not to wait) load the models; on failure everything
+        started is stopped."""
         self._thread.start()
         try:
             self.run(self.server.start(), timeout)
+            if wait_loaded:
+                self.run(self.server.wait_loaded(), timeout)
         except BaseException:
             self.stop()
             raise
@@ -186,7 +262,7 @@ class ServerThread:
     def stop(self) -> None:
         """Stop the server gracefully, then the loop and its thread."""
         try:
-            self.run(self.server.stop(), self.server.settings.grace_s + 30.0)
+            self.run(self.server.stop(), self.server.settings.grace_s + CUT_MARGIN_S + 30.0)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
@@ -218,11 +294,41 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    settings = settings_from(args)
+    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        return runner.run(Server(settings).serve_forever())
+
+
+def settings_from(args: argparse.Namespace) -> ServerSettings:
+    """ServerSettings from `dlscale serve`'s flags; a bad flag value is a ConfigError."""
 
     def port(value: int) -> int | None:
         return None if value < 0 else value
 
-    settings = ServerSettings(
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(Limits)
+        if getattr(args, f.name, None) is not None
+    }
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+    try:
+        limits = Limits(
+            max_body_bytes=int(args.max_body_mb * 2**20),
+            max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+            **given,
+        )
+        http_restricted = tuple(Restriction.parse(t) for t in args.http_restricted_api)
+        grpc_restricted = tuple(Restriction.parse(t) for t in args.grpc_restricted_protocol)
+        Access(http_restricted), Access(grpc_restricted)  # one group in one restriction only
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    tls = (
+        None if args.tls_cert is None else TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    )
+    return ServerSettings(
         repository=args.repo,
         host=args.host,
         http_port=port(args.http_port),
@@ -231,9 +337,11 @@ def serve(args: argparse.Namespace) -> int:
         model_control=args.model_control,
         load_models=tuple(args.load_model),
         poll_interval_s=args.poll_interval,
-        max_body_bytes=int(args.max_body_mb * 2**20),
-        max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+        limits=limits,
+        grace_s=args.grace_s,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        tls=tls,
+        http_restricted=http_restricted,
+        grpc_restricted=grpc_restricted,
     )
-    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
-        runner.run(Server(settings).serve_forever())
-    return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from dlscale.frontends.grpc import GrpcFrontend
+from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest import HttpFrontend
 from dlscale.server import ALL_MODELS, ServerSettings, ServerThread
 from dlscale.serving.dataplane import DataPlane
@@ -18,7 +19,10 @@ HOST = "127.0.0.1"
 
 def settings_for(root: Path, **changes: Any) -> ServerSettings:
     """REST and gRPC on ports the OS picks, no metrics port, every model loaded under explicit
-    control (so the tests may load and unload), a 4 MiB body limit; `changes` override these."""
+    control (so the tests may load and unload), a 4 MiB body limit; `changes` override these,
+    a Limits field (max_body_bytes, head_timeout_s, ...) among them."""
+    names = {f.name for f in dataclasses.fields(Limits)}
+    limits = {k: changes.pop(k) for k in list(changes) if k in names}
     settings = ServerSettings(
         repository=root,
         host=HOST,
@@ -27,7 +31,7 @@ def settings_for(root: Path, **changes: Any) -> ServerSettings:
         metrics_port=None,
         model_control="explicit",
         load_models=(ALL_MODELS,),
-        max_body_bytes=4 * 2**20,
+        limits=Limits(**{"max_body_bytes": 4 * 2**20, **limits}),
         grace_s=5.0,
     )
     return dataclasses.replace(settings, **changes)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from dlscale import __version__
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
-from dlscale.serving.manager import ModelManager, ModelState, ServedVersion
+from dlscale.errors import (
+    DlscaleError,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    Unsupported,
+    redact_paths,
+)
+from dlscale.serving.batcher import Tensors
+from dlscale.serving.manager import ModelManager, ServedVersion
 from dlscale.serving.views import config_view
 from dlscale.types import (
     Datatype,
@@ -23,6 +34,8 @@ from dlscale.types import (
     TensorSpec,
 )
 
+log = logging.getLogger("dlscale.models")
+
 #: Protocol extensions both frontends implement; GET /v2 and ServerMetadata advertise them.
 EXTENSIONS = (
     "binary_tensor_data",
@@ -35,27 +48,56 @@ EXTENSIONS = (
 class DataPlane:
     """Validates requests against model metadata, routes them to batchers, records outcomes."""
 
-    def __init__(self, manager: ModelManager, model_control: str = "none") -> None:
+    def __init__(
+        self, manager: ModelManager, model_control: str = "none", strict_readiness: bool = True
+    ) -> None:
         if model_control not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
         self.manager = manager
         self.model_control = model_control
+        self.strict_readiness = strict_readiness
         self._accepting = True
+        self._started = False  # the models asked for at start have each been tried
+        self._inflight: set[asyncio.Future[Tensors]] = set()
 
     # -- health and metadata --------------------------------------------------------------------
 
     def live(self) -> bool:
+        """Live from the moment a frontend answers, while models load too."""
         return True
 
     def ready(self) -> bool:
-        """Ready while accepting requests and every model asked for is loaded."""
-        if not self._accepting:
+        """Ready once the start's models were tried, while accepting requests, and (strict, as
+        Triton's --strict-readiness) while every model the server should serve is READY."""
+        if not self._accepting or not self._started:
             return False
-        return all(e.state is not ModelState.LOADING for e in self.manager.entries())
+        return not self.strict_readiness or self.manager.required_ready()
+
+    async def load_initial(self, names: Sequence[str] | None = None) -> dict[str, DlscaleError]:
+        """Load the models the server starts with (default: every one); the failed come back.
+
+        A model that fails is UNAVAILABLE with its reason in the index, logged at ERROR, and
+        keeps the server not ready under strict readiness; the others load and serve.
+        """
+        wanted = self.manager.repository.names() if names is None else list(names)
+        self.manager.expect(wanted)
+        try:
+            return await self.manager.load_all(wanted)
+        finally:
+            self._started = True
 
     def stop_accepting(self) -> None:
         """Shutdown has begun: new requests are refused; those in flight finish."""
         self._accepting = False
+
+    def cut(self, grace_s: float) -> None:
+        """The shutdown grace is over: every request still waiting is answered Unavailable."""
+        error = Unavailable(
+            f"the server stopped before this request finished, after a grace of {grace_s:g} s"
+        )
+        for future in list(self._inflight):
+            if not future.done():
+                future.set_exception(error)
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("dlscale", __version__, EXTENSIONS)
@@ -103,9 +145,10 @@ class DataPlane:
         served = self.manager.get(request.model_name, request.model_version)
         try:
             wanted = self._validate(served, request)
-            outputs = await served.batcher.infer(
-                request.inputs, request.priority, request.timeout_us
-            )
+            future = served.batcher.submit(request.inputs, request.priority, request.timeout_us)
+            self._inflight.add(future)
+            future.add_done_callback(self._inflight.discard)
+            outputs = await future
         except DlscaleError as exc:
             served.stats.record_failure(exc.reason, time.perf_counter_ns() - start)
             raise
@@ -170,7 +213,7 @@ class DataPlane:
         for name in self.manager.repository.names():
             entry = known.get(name)
             state = entry.state.value if entry else "UNAVAILABLE"
-            reason = entry.reason if entry else "not loaded"
+            reason = redact_paths(entry.reason) if entry else "not loaded"
             if ready_only and state != "READY":
                 continue
             versions = [str(v) for v in sorted(entry.versions)] if entry else []
@@ -180,7 +223,7 @@ class DataPlane:
     async def load_model(self, name: str) -> None:
         self._check_control()
         if name not in self.manager.repository.names():
-            raise NotFound(f"no model {name!r} in the repository {self.manager.repository.root}")
+            raise NotFound(f"no model {name!r} in the repository")
         await self.manager.load(name)
 
     async def unload_model(self, name: str) -> None:

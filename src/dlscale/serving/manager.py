@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +71,12 @@ class ModelManager:
     def __init__(self, repository: ModelRepository) -> None:
         self.repository = repository
         self._entries: dict[str, ModelEntry] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # A lock per name while someone holds or waits for it, and how many do: no name
+        # leaves a lock behind (an unload of a name that never existed made one, kept).
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        #: The models this server should be serving: asked for at start or loaded since, less
+        #: those unloaded. Strict readiness wants each of them READY.
+        self.required: set[str] = set()
 
     @classmethod
     def open(cls, root: Path) -> ModelManager:
@@ -101,19 +108,37 @@ class ModelManager:
     def ready_names(self) -> list[str]:
         return [e.name for e in self.entries() if e.state is ModelState.READY]
 
+    def required_ready(self) -> bool:
+        """Whether every model the server should be serving is READY."""
+        entries = self._entries
+        return all(
+            (entry := entries.get(n)) is not None and entry.state is ModelState.READY
+            for n in self.required
+        )
+
+    def expect(self, names: Iterable[str]) -> None:
+        """Models the server starts with: required, and LOADING until their turn comes."""
+        for name in names:
+            self.required.add(name)
+            if name not in self._entries:
+                self._set(name, ModelState.LOADING, "waiting for its turn to load")
+
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def load_all(self) -> None:
-        """Load every model of the repository, one after another; failures are recorded."""
-        for name in self.repository.names():
+    async def load_all(self, names: Iterable[str] | None = None) -> dict[str, DlscaleError]:
+        """Load these models (default: the whole repository) one after another; those that
+        failed come back with their error, each recorded UNAVAILABLE with its reason."""
+        failed = {}
+        for name in self.repository.names() if names is None else names:
             try:
                 await self.load(name)
-            except DlscaleError:
-                continue  # recorded as UNAVAILABLE with its reason; the others still load
+            except DlscaleError as exc:
+                failed[name] = exc  # the others still load
+        return failed
 
     async def load(self, name: str) -> None:
         """Load (or reload) a model; the old versions keep serving until the new ones are ready."""
-        async with self._lock(name):
+        async with self._locked(name):
             previous = self._entries.get(name)
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
@@ -126,21 +151,26 @@ class ModelManager:
             except DlscaleError as exc:
                 if previous is None or previous.state is not ModelState.READY:
                     self._set(name, ModelState.UNAVAILABLE, str(exc))
+                    log.error("model %s failed to load: %s", name, exc)
                 else:
                     log.error("model %s: reload failed, keeping the loaded versions: %s", name, exc)
                 raise
             entry = ModelEntry(name, ModelState.READY, versions=served)
             self._entries[name] = entry
+            self.required.add(name)
             log.info("model %s: READY (versions %s)", name, sorted(served))
             if previous is not None and previous.versions:
                 await self._retire(previous)
 
     async def unload(self, name: str) -> None:
         """Stop taking requests, finish those in flight, then free the model."""
-        async with self._lock(name):
+        if name not in self._entries:
+            raise NotFound(f"unknown model {name!r}")
+        async with self._locked(name):
             entry = self._entries.get(name)
             if entry is None:
                 raise NotFound(f"unknown model {name!r}")
+            self.required.discard(name)
             self._set(name, ModelState.UNLOADING)
             await self._retire(entry)
             self._set(name, ModelState.UNAVAILABLE, "unloaded")
@@ -153,8 +183,19 @@ class ModelManager:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _locked(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
 
     def _set(self, name: str, state: ModelState, reason: str = "") -> None:
         entry = self._entries.setdefault(name, ModelEntry(name, state))

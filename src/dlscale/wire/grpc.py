@@ -20,6 +20,7 @@ from dlscale.types import (
     Parameters,
     RequestedOutput,
 )
+from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 from dlscale.wire.tensors import (
     Form,
@@ -95,9 +96,12 @@ def _set_parameters(target: Any, params: Parameters) -> None:
 # -- the server's side: requests in, responses out -------------------------------------------------
 
 
-def decode_infer_request(message: Any) -> InferenceRequest:
-    """Decode a ModelInferRequest; anything inconsistent is InvalidInput saying what and where."""
-    inputs = _read_tensors(message.inputs, message.raw_input_contents, "request")
+def decode_infer_request(message: Any, max_elements: int = MAX_ELEMENTS) -> InferenceRequest:
+    """Decode a ModelInferRequest; anything inconsistent is InvalidInput saying what and where.
+
+    No tensor may declare more than `max_elements` elements, nor more than its data carries.
+    """
+    inputs = _read_tensors(message.inputs, message.raw_input_contents, "request", max_elements)
     outputs = None
     if message.outputs:
         outputs = [_requested_output(o) for o in message.outputs]
@@ -185,7 +189,9 @@ def decode_infer_response(message: Any) -> InferenceResponse:
 # -- tensors, both ways ----------------------------------------------------------------------------
 
 
-def _read_tensors(tensors: Any, raw: Any, what: str) -> dict[str, np.ndarray]:
+def _read_tensors(
+    tensors: Any, raw: Any, what: str, max_elements: int = MAX_ELEMENTS
+) -> dict[str, np.ndarray]:
     role = "input" if what == "request" else "output"
     if raw:
         typed = [t.name for t in tensors if t.contents.ListFields()]
@@ -204,13 +210,11 @@ def _read_tensors(tensors: Any, raw: Any, what: str) -> dict[str, np.ndarray]:
         name = entry.name
         if name in arrays:
             raise InvalidInput(f"{role} {name!r} appears more than once in the {what}")
-        shape = tuple(entry.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidInput(f"{role} {name!r} has shape {list(shape)}: dimensions must be >= 0")
         datatype = parse_datatype(role, name, entry.datatype)
+        shape = tuple(entry.shape)
         tensor = WireTensor(role, name, datatype, shape, parameters(entry.parameters))
         source = RawData(raw[i], GRPC_WORDS) if raw else _typed(tensor, entry.contents)
-        arrays[name] = read_tensor(tensor, source)
+        arrays[name] = read_tensor(tensor, source, max_elements)
     return arrays
 
 

@@ -19,6 +19,7 @@ import orjson
 
 from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, RequestedOutput, TensorSpec
+from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.tensors import (
     Buffer,
     Form,
@@ -90,6 +91,8 @@ class _Response(msgspec.Struct):
 
 
 _REQUEST = msgspec.json.Decoder(_Request)
+#: Any JSON value (the repository requests' small bodies).
+ANY_JSON: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 _RESPONSE = msgspec.json.Decoder(_Response)
 
 
@@ -122,13 +125,21 @@ class Body:
 
 
 def decode_request(
-    body: Buffer, header_length: int | None, model: str, version: str = ""
+    body: Buffer,
+    header_length: int | None,
+    model: str,
+    version: str = "",
+    max_elements: int = MAX_ELEMENTS,
 ) -> tuple[InferenceRequest, OutputFormat]:
-    """Decode a request body; `header_length` is Inference-Header-Content-Length, if given."""
+    """Decode a request body; `header_length` is Inference-Header-Content-Length, if given.
+
+    No tensor may declare more than `max_elements` elements, nor more than its data carries.
+    """
     view = memoryview(body)
     doc, json_end = _header(_REQUEST, view, header_length, "request")
     params = dict(doc.parameters)
-    inputs = _read_tensors(doc.inputs, view, json_end, header_length is not None, "request")
+    has_binary = header_length is not None
+    inputs = _read_tensors(doc.inputs, view, json_end, has_binary, "request", max_elements)
     outputs, fmt = _requested_outputs(doc.outputs, params)
     request = InferenceRequest(
         model_name=model,
@@ -142,7 +153,12 @@ def decode_request(
 
 
 def decode_raw_request(
-    body: Buffer, spec: TensorSpec, batched: bool, model: str, version: str = ""
+    body: Buffer,
+    spec: TensorSpec,
+    batched: bool,
+    model: str,
+    version: str = "",
+    max_elements: int = MAX_ELEMENTS,
 ) -> tuple[InferenceRequest, OutputFormat]:
     """Decode the raw binary form (Inference-Header-Content-Length: 0) of a single-input model.
 
@@ -154,7 +170,7 @@ def decode_raw_request(
         shape[0] = 1
     shape = _fill_unknown_dim(spec, shape, len(view))
     tensor = WireTensor("input", spec.name, spec.datatype, tuple(shape))
-    array = read_tensor(tensor, RawData(view, REST_WORDS))
+    array = read_tensor(tensor, RawData(view, REST_WORDS), max_elements)
     request = InferenceRequest(
         model_name=model, model_version=version, inputs={spec.name: array}, parameters={}
     )
@@ -223,12 +239,27 @@ def _header(
         )
     if json_end == 0:
         raise InvalidInput(f"the {what} body is empty: expected a JSON inference {what}")
+    return decode_json(decoder, view[:json_end], f"inference {what}"), json_end
+
+
+def decode_json(decoder: msgspec.json.Decoder[_Doc], text: Buffer, what: str) -> _Doc:
+    """JSON through a msgspec decoder; any malformed text is InvalidInput naming `what`.
+
+    msgspec raises UnicodeDecodeError for invalid UTF-8 inside strings and RecursionError for
+    nesting deeper than the interpreter allows: both are the client's mistake.
+    """
     try:
-        return decoder.decode(view[:json_end]), json_end
-    except msgspec.ValidationError as exc:
-        raise InvalidInput(f"invalid inference {what}: {exc}") from None
+        return decoder.decode(text)
+    except msgspec.ValidationError as exc:  # a DecodeError too: the JSON is well formed
+        raise InvalidInput(f"invalid {what}: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise InvalidInput(f"malformed JSON in the inference {what}: {exc}") from None
+        raise InvalidInput(f"malformed JSON in the {what}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"malformed JSON in the {what}: invalid UTF-8 at byte {exc.start} of a string"
+        ) from None
+    except RecursionError:
+        raise InvalidInput(f"malformed JSON in the {what}: nested too deeply") from None
 
 
 def _read_tensors(
@@ -237,13 +268,16 @@ def _read_tensors(
     offset: int,
     has_binary: bool,
     what: str,
+    max_elements: int = MAX_ELEMENTS,
 ) -> dict[str, np.ndarray]:
     role = "input" if what == "request" else "output"
     arrays: dict[str, np.ndarray] = {}
     for tensor in tensors:
         if tensor.name in arrays:
             raise InvalidInput(f"{role} {tensor.name!r} appears twice in the {what}")
-        arrays[tensor.name], offset = _read_tensor(tensor, body, offset, has_binary, what)
+        arrays[tensor.name], offset = _read_tensor(
+            tensor, body, offset, has_binary, what, max_elements
+        )
     if offset != len(body):
         raise InvalidInput(
             f"the body has {len(body) - offset} bytes after the JSON header and the binary "
@@ -253,7 +287,12 @@ def _read_tensors(
 
 
 def _read_tensor(
-    entry: _Tensor | _AnswerTensor, body: memoryview, offset: int, has_binary: bool, what: str
+    entry: _Tensor | _AnswerTensor,
+    body: memoryview,
+    offset: int,
+    has_binary: bool,
+    what: str,
+    max_elements: int,
 ) -> tuple[np.ndarray, int]:
     role = "input" if what == "request" else "output"
     name = entry.name
@@ -263,7 +302,7 @@ def _read_tensor(
     )
     size = params.get("binary_data_size")
     if size is None:
-        return read_tensor(tensor, JsonData(entry.data)), offset
+        return read_tensor(tensor, JsonData(entry.data), max_elements), offset
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise InvalidInput(
             f"{role} {name!r}: binary_data_size must be a non-negative integer, got {size!r}"
@@ -281,7 +320,7 @@ def _read_tensor(
             "bytes of the body remain"
         )
     chunk = RawData(body[offset : offset + size], REST_WORDS)
-    return read_tensor(tensor, chunk), offset + size
+    return read_tensor(tensor, chunk, max_elements), offset + size
 
 
 def _write_tensors(

@@ -19,11 +19,15 @@ import numpy as np
 
 from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, Parameters
+from dlscale.wire.bounds import MAX_DIMS, MAX_ELEMENTS
 
 Buffer = bytes | bytearray | memoryview
 
 _LENGTH = struct.Struct("<I")
 _INTEGER = "iu"
+#: JSON data nested deeper than a shape can be is refused (MAX_DIMS levels and the outer list).
+_MAX_NESTING = MAX_DIMS + 1
+_END = object()
 _DATATYPES = {d.value: d for d in Datatype}  # a dict lookup is cheaper than the enum's call
 
 
@@ -144,11 +148,14 @@ def serialize_bytes(items: Iterable[object]) -> bytes:
 # -- reading ---------------------------------------------------------------------------------------
 
 
-def read_tensor(tensor: WireTensor, source: Source) -> np.ndarray:
+def read_tensor(tensor: WireTensor, source: Source, max_elements: int = MAX_ELEMENTS) -> np.ndarray:
     """A tensor's array from the source its message gave; InvalidInput saying what does not fit.
 
+    The shape is checked first (dimensions, elements against `max_elements`), and what it
+    declares against what the message carries, so that nothing is allocated for a lie.
     Raw numbers are a view of the message's bytes (no copy; read-only when the bytes are).
     """
+    check_shape(tensor, max_elements)
     # Shared memory joins here: a `shared_memory_region` in tensor.parameters names the source
     # instead (its message carries no data), checked before the source the message carried.
     if isinstance(source, RawData):
@@ -156,6 +163,29 @@ def read_tensor(tensor: WireTensor, source: Source) -> np.ndarray:
     if isinstance(source, JsonData):
         return _from_json(tensor, source.data)
     return _from_typed(tensor, source)
+
+
+def check_shape(tensor: WireTensor, max_elements: int = MAX_ELEMENTS) -> None:
+    """InvalidInput unless the shape has at most MAX_DIMS dimensions, none negative, and declares
+    at most `max_elements` elements (each dimension too, so that a zero cannot hide a huge one)."""
+    shape, role, name = tensor.shape, tensor.role, tensor.name
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(
+            f"{role} {name!r} has {len(shape)} dimensions; at most {MAX_DIMS} are allowed"
+        )
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
+    if max(shape, default=0) > max_elements or math.prod(shape) > max_elements:
+        raise InvalidInput(
+            f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
+            "tensor may hold on this server (max_tensor_elements)"
+        )
+
+
+def _brief(shape: tuple[int, ...]) -> str:
+    """A shape for a message, cut short when a client sent a very long one."""
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _say(template: str, tensor: WireTensor, **facts: int) -> str:
@@ -183,7 +213,9 @@ def _from_raw(tensor: WireTensor, source: RawData) -> np.ndarray:
 
 def _parse_bytes(tensor: WireTensor, view: memoryview, wording: Wording) -> np.ndarray:
     count, end, pos = tensor.count, len(view), 0
-    out = np.empty(count, dtype=object)
+    # A list that grows with what is read, not an array the size of what the shape claims:
+    # each element takes at least its 4-byte length, so the bytes end a lie's loop early.
+    items = []
     for i in range(count):
         if pos + 4 > end:
             raise InvalidInput(_say(wording.short, tensor, got=end, count=count, found=i))
@@ -191,10 +223,12 @@ def _parse_bytes(tensor: WireTensor, view: memoryview, wording: Wording) -> np.n
         pos += 4
         if pos + size > end:
             raise InvalidInput(_say(wording.overrun, tensor, index=i, size=size, left=end - pos))
-        out[i] = bytes(view[pos : pos + size])
+        items.append(bytes(view[pos : pos + size]))
         pos += size
     if pos != end:
         raise InvalidInput(_say(wording.trailing, tensor, got=end, count=count, extra=end - pos))
+    out = np.empty(count, dtype=object)
+    out[:] = items
     return out
 
 
@@ -231,6 +265,11 @@ def _from_json(tensor: WireTensor, data: Any) -> np.ndarray:
     if data is None:
         raise InvalidInput(f"{role} {name!r} has neither data nor binary_data_size")
     flat = data if isinstance(data, list) else [data]
+    if _depth(flat) > _MAX_NESTING:
+        raise InvalidInput(
+            f"data of {role} {name!r} is nested deeper than the {MAX_DIMS} dimensions a tensor "
+            "may have"
+        )
     array = _strings(tensor, flat) if datatype is Datatype.BYTES else _numbers(tensor, flat)
     count = tensor.count
     if array.size != count:
@@ -271,6 +310,14 @@ def _numbers(tensor: WireTensor, data: list[Any]) -> np.ndarray:
                 f"{where} has values in [{low}, {high}], outside the range of {datatype.value} "
                 f"[{info.min}, {info.max}]"
             )
+    elif target.kind == "f" and target.itemsize < array.dtype.itemsize:
+        largest = float(np.abs(array).max())
+        limit = float(np.finfo(target).max)
+        if largest > limit:
+            raise InvalidInput(
+                f"{where} has a value of magnitude {largest:.4g}, beyond the range of "
+                f"{datatype.value} (±{limit:.4g})"
+            )
     return array.astype(target, copy=False)
 
 
@@ -285,7 +332,7 @@ def _describe(array: np.ndarray) -> str:
 
 def _strings(tensor: WireTensor, data: list[Any]) -> np.ndarray:
     flat: list[Any] = []
-    _flatten(data, flat)
+    _flatten(tensor, data, flat)
     if not all(isinstance(s, str) for s in flat):
         raise InvalidInput(f"data of BYTES {tensor.role} {tensor.name!r} must hold strings only")
     out = np.empty(len(flat), dtype=object)
@@ -293,12 +340,33 @@ def _strings(tensor: WireTensor, data: list[Any]) -> np.ndarray:
     return out
 
 
-def _flatten(data: list[Any], out: list[Any]) -> None:
-    for item in data:
-        if isinstance(item, list):
-            _flatten(item, out)
+def _flatten(tensor: WireTensor, data: list[Any], out: list[Any]) -> None:
+    # A stack, not recursion: a client's nesting must not reach the interpreter's limit.
+    stack = [iter(data)]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            if len(stack) >= _MAX_NESTING:
+                raise InvalidInput(
+                    f"data of {tensor.role} {tensor.name!r} is nested deeper than the "
+                    f"{MAX_DIMS} dimensions a tensor may have"
+                )
+            stack.append(iter(item))
         else:
             out.append(item)
+
+
+def _depth(data: Any) -> int:
+    """How deeply lists nest along the first elements (a tensor's data nests evenly)."""
+    depth = 0
+    while isinstance(data, list):
+        depth += 1
+        if not data:
+            break
+        data = data[0]
+    return depth
 
 
 # -- writing ---------------------------------------------------------------------------------------

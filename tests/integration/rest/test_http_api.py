@@ -23,7 +23,9 @@ def _input(name: str, array: np.ndarray, datatype: str, binary: bool) -> th.Infe
 
 def test_health_and_server_metadata(client: th.InferenceServerClient) -> None:
     assert client.is_server_live()
-    assert client.is_server_ready()
+    # The repository's "broken" model failed to load: under strict readiness (the default, as
+    # Triton's) the server says not ready, and its index says why (test_repository_index).
+    assert not client.is_server_ready()
     meta = client.get_server_metadata()
     assert meta["name"] == "dlscale"
     assert {"binary_tensor_data", "model_repository", "statistics", "schedule_policy"} <= set(
@@ -241,7 +243,7 @@ def test_repository_index_load_unload(
 async def test_aio_client_everything(server: LocalServer) -> None:
     async with tha.InferenceServerClient(server.http_url) as client:
         assert await client.is_server_live()
-        assert await client.is_server_ready()
+        assert not await client.is_server_ready()  # "broken" failed to load (strict readiness)
         assert await client.is_model_ready("mlp")
         assert (await client.get_model_metadata("mlp"))["inputs"][0]["name"] == "x"
         x = np.random.default_rng(4).standard_normal((3, 16)).astype(np.float32)

@@ -7,7 +7,11 @@ from typing import Any
 import grpc
 
 from dlscale.errors import DlscaleError
+from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
+from dlscale.frontends.grpc.guard import Guard
 from dlscale.frontends.grpc.servicer import InferenceServicer
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
@@ -21,15 +25,18 @@ class GrpcFrontend:
         host: str = "127.0.0.1",
         port: int = 8001,
         *,
-        max_message_bytes: int = 64 * 2**20,
+        limits: Limits | None = None,
+        tls: TlsFiles | None = None,
+        access: Access | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"gRPC port {port} is outside 0..65535")
-        if not 0 < max_message_bytes < 2**31:
-            raise ValueError(f"max_message_bytes {max_message_bytes}: expected 1 .. 2**31 - 1")
         self.dataplane = dataplane
         self.host = host
-        self.max_message_bytes = max_message_bytes
+        self.limits = limits or Limits()
+        self.max_message_bytes = self.limits.max_grpc_message_bytes
+        self.tls = tls
+        self.access = access or Access(header_prefix=GRPC_HEADER_PREFIX)
         self._requested_port = port
         self._port: int | None = None
         self._server: Any = None
@@ -43,22 +50,33 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         """Bind and start serving; raises DlscaleError when the address cannot be bound."""
+        limits = self.limits
         server = grpc.aio.server(
+            interceptors=[Guard(self.access)],
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind
                 # silently and share its traffic instead of failing.
                 ("grpc.so_reuseport", 0),
-            ]
+                # The same bounds as REST: connections held, idle time, time to say hello.
+                ("grpc.max_allowed_incoming_connections", limits.max_connections),
+                ("grpc.max_connection_idle_ms", int(limits.keep_alive_s * 1000)),
+                ("grpc.server_handshake_timeout_ms", int(limits.head_timeout_s * 1000)),
+            ],
         )
-        servicer = InferenceServicer(self.dataplane, self.max_message_bytes)
+        servicer = InferenceServicer(
+            self.dataplane, self.max_message_bytes, limits.max_tensor_elements
+        )
         add_servicer = inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         add_servicer(servicer, server)  # type: ignore[no-untyped-call]
         host = f"[{self.host}]" if ":" in self.host else self.host
         address = f"{host}:{self._requested_port}"
         try:
-            port = server.add_insecure_port(address)
+            if self.tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, self.tls.grpc_credentials())
         except RuntimeError as exc:
             raise DlscaleError(f"gRPC cannot listen on {address}: {exc}") from exc
         if port == 0:

@@ -5,20 +5,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
-from dlscale.errors import DlscaleError, Unsupported
+from dlscale.errors import DlscaleError, Unsupported, redact_paths
 from dlscale.frontends.grpc import convert
+from dlscale.frontends.offload import off_loop
 from dlscale.serving.dataplane import DataPlane
+from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+#: Requests carrying more than this (bytes, or elements declared) are decoded off the loop.
+OFF_LOOP_BYTES = 256 * 2**10
 _Handler = Callable[["InferenceServicer", Any, Any], Awaitable[_T]]
 
 
@@ -37,7 +42,7 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
             await context.abort(_status(exc), exc.message)
         except Exception as exc:
             log.exception("gRPC %s failed", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+            await context.abort(grpc.StatusCode.INTERNAL, redact_paths(f"internal error: {exc!r}"))
         raise AssertionError("context.abort returned")  # abort always raises
 
     return wrapped
@@ -46,9 +51,12 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
 class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over one DataPlane; no scheduling or validation here."""
 
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
+    def __init__(
+        self, dataplane: DataPlane, max_message_bytes: int, max_elements: int = MAX_ELEMENTS
+    ) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
+        self.max_elements = max_elements
 
     # -- health and metadata ------------------------------------------------------------------
 
@@ -96,7 +104,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 reply = convert.stream_error(exc.message, message)
             except Exception as exc:
                 log.exception("gRPC ModelStreamInfer request failed")
-                reply = convert.stream_error(f"internal error: {exc!r}", message)
+                reply = convert.stream_error(redact_paths(f"internal error: {exc!r}"), message)
             answers.put_nowait(reply)
 
         async def read() -> None:
@@ -119,7 +127,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _infer(self, message: Any, stream: bool) -> Any:
-        request = decode_infer_request(message)
+        request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
         response = await self.dataplane.infer(request)
         return convert.infer_response(
             response, wants_raw(request), self.max_message_bytes, stream=stream
@@ -152,3 +160,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(convert.model_name(request))
         return convert.unload_done()
+
+
+def _large(message: Any) -> bool:
+    """Whether a ModelInferRequest carries (or declares) enough to decode it off the loop."""
+    raw = sum(len(blob) for blob in message.raw_input_contents)
+    declared = sum(math.prod(t.shape) for t in message.inputs)
+    return raw > OFF_LOOP_BYTES or declared * 4 > OFF_LOOP_BYTES

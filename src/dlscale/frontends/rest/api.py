@@ -14,13 +14,28 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-import msgspec
 import orjson
 
-from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
+from dlscale.errors import (
+    DlscaleError,
+    InvalidInput,
+    PayloadTooLarge,
+    Unavailable,
+    Unsupported,
+    redact_paths,
+)
+from dlscale.frontends.access import Access, rest_group
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.offload import off_loop
 from dlscale.frontends.rest import render
 from dlscale.serving.dataplane import DataPlane
-from dlscale.wire.rest import decode_raw_request, decode_request, encode_response
+from dlscale.wire.rest import (
+    ANY_JSON,
+    decode_json,
+    decode_raw_request,
+    decode_request,
+    encode_response,
+)
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -53,30 +68,41 @@ def error_response(
 
 
 _EMPTY_OK = RestResponse(200, [])
-_ROUTE_CACHE_SIZE = 4096
+#: Paths whose route is remembered: clients repeat a few; a flood of distinct ones only
+#: refills the cache, which holds routes that exist and never more than this many.
+_ROUTE_CACHE_SIZE = 1024
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
+#: A route: its handler (None: no route), path arguments, the one method, and its API group.
+_Route = tuple[_Handler | None, list[str], str, str]
+#: Bodies larger than this are decoded off the event loop, so that the loop keeps answering.
+OFF_LOOP_BYTES = 256 * 2**10
 
 
 class RestApi:
     """Routes REST requests to the DataPlane and maps every DlscaleError to its status."""
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 2**20) -> None:
+    def __init__(
+        self, dataplane: DataPlane, limits: Limits | None = None, access: Access | None = None
+    ) -> None:
         self.dataplane = dataplane
-        self.max_body_bytes = max_body_bytes
-        self._routes: dict[str, tuple[_Handler | None, list[str], str]] = {}
+        self.limits = limits or Limits()
+        self.max_body_bytes = self.limits.max_body_bytes
+        self.access = access or Access()
+        self._routes: dict[str, _Route] = {}
 
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         """Answer one request; `headers` has lower-case names."""
         try:
-            handler, args, allowed = self._route(path)
+            handler, args, allowed, group = self._route(path)
             if handler is None:
-                return error_response(404, f"no route for {path!r}")
+                return error_response(404, f"no route for {_short(path)!r}")
+            self.access.check(group, headers)
             if method != allowed:
                 return error_response(
                     405,
-                    f"{method} is not allowed on {path!r}; use {allowed}",
+                    f"{method} is not allowed on {_short(path)!r}; use {allowed}",
                     (("allow", allowed),),
                 )
             return await handler(args, headers, self._decoded(headers, body))
@@ -84,22 +110,25 @@ class RestApi:
             return error_response(exc.http_status, exc.message)
         except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("%s %s failed", method, path)
-            return error_response(500, f"internal error: {exc!r}")
+            return error_response(500, redact_paths(f"internal error: {exc!r}"))
 
     # -- routing -----------------------------------------------------------------------------------
 
-    def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        """The handler for a path, its path arguments, and the one method it takes."""
+    def _route(self, path: str) -> _Route:
+        """The handler for a path, its path arguments, the one method it takes, its API group."""
         # Clients repeat the same few paths: resolving each once saves a parse per request.
         found = self._routes.get(path)
         if found is None:
-            found = self._resolve(path)
-            if len(self._routes) < _ROUTE_CACHE_SIZE:
+            handler, args, allowed = self._resolve(path)
+            found = (handler, args, allowed, rest_group(_parts(path)[1:]))
+            if handler is not None:
+                if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                    self._routes.clear()
                 self._routes[path] = found
         return found
 
     def _resolve(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
+        parts = _parts(path)
         if not parts or parts[0] != "v2":
             return None, [], ""
         rest = parts[1:]
@@ -205,11 +234,29 @@ class RestApi:
     ) -> RestResponse:
         model, version = args
         header_length = _header_length(headers)
+        most = self.limits.max_tensor_elements
         if header_length == 0:
             spec, batched = self.dataplane.single_input(model, version)
-            request, fmt = decode_raw_request(body, spec, batched, model, version)
+            request, fmt = await off_loop(
+                len(body) > OFF_LOOP_BYTES,
+                decode_raw_request,
+                body,
+                spec,
+                batched,
+                model,
+                version,
+                most,
+            )
         else:
-            request, fmt = decode_request(body, header_length, model, version)
+            request, fmt = await off_loop(
+                len(body) > OFF_LOOP_BYTES,
+                decode_request,
+                body,
+                header_length,
+                model,
+                version,
+                most,
+            )
         response = await self.dataplane.infer(request)
         encoded = encode_response(response, fmt)
         if encoded.header_length is None:
@@ -259,6 +306,16 @@ class RestApi:
         return json_response(render.statistics(self.dataplane.statistics(*args)))
 
 
+def _parts(path: str) -> list[str]:
+    """A path's parts without its query, unquoted: '/v2/models/a%20b' -> ['v2', 'models', 'a b']."""
+    return [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
+
+
+def _short(path: str) -> str:
+    """A path for a message, cut short when a client sent a long one."""
+    return path if len(path) <= 200 else path[:197] + "..."
+
+
 def _header_length(headers: Mapping[str, str]) -> int | None:
     raw = headers.get(HEADER_LENGTH)
     if raw is None:
@@ -278,10 +335,7 @@ def _json_object(body: Buffer, what: str) -> dict[str, Any]:
     """An optional JSON object body (empty means `{}`)."""
     if not len(body):
         return {}
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvalidInput(f"malformed JSON in the {what} request: {exc}") from None
+    doc = decode_json(ANY_JSON, body, f"{what} request")
     if not isinstance(doc, dict):
         raise InvalidInput(f"the {what} request must be a JSON object")
     return doc

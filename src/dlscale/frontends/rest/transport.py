@@ -1,8 +1,9 @@
 """The REST frontend: HTTP/1.1 on an asyncio Protocol with httptools' parser (uvloop when present).
 
 Why not a framework: see docs/decisions.md (measured against uvicorn and granian). The transport
-does only HTTP: framing, keep-alive, pipelining in order, the body limit, flow control and a
-graceful stop. Routes live in `api.py`; tensors in the wire codec (`dlscale.wire.rest`).
+does only HTTP: framing, keep-alive, pipelining in order, the limits on what a client may send
+and hold (frontends/limits.py), flow control, TLS and a graceful stop. Routes live in `api.py`;
+tensors in the wire codec (`dlscale.wire.rest`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import enum
 import logging
+import ssl
 import typing
 from dataclasses import dataclass
 from http import HTTPStatus
 
 import httptools
 
+from dlscale.frontends.access import Access
+from dlscale.frontends.limits import Limits, connection_cap
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
 from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.tensors import Buffer
@@ -28,6 +33,16 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 32
 #: How long a refused request's unread body is drained before the connection closes.
 _DRAIN_AFTER_REFUSAL_S = 2.0
+#: Bytes counted for a header line's separators (": " and CRLF).
+_HEADER_OVERHEAD = 4
+
+
+class _Phase(enum.Enum):
+    """Where a connection is in reading a request; the timeouts apply to HEAD and BODY."""
+
+    IDLE = "idle"
+    HEAD = "head"
+    BODY = "body"
 
 
 @dataclass(eq=False)
@@ -51,16 +66,16 @@ class HttpFrontend:
         host: str = "127.0.0.1",
         port: int = 8000,
         *,
-        max_body_bytes: int = 64 * 2**20,
-        keep_alive_s: float = 75.0,
+        limits: Limits | None = None,
+        tls: ssl.SSLContext | None = None,
+        access: Access | None = None,
     ) -> None:
-        if max_body_bytes <= 0:
-            raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
-        self.api = RestApi(dataplane, max_body_bytes)
+        self.limits = limits or Limits()
+        self.api = RestApi(dataplane, self.limits, access)
         self.host = host
         self.requested_port = port
-        self.max_body_bytes = max_body_bytes
-        self.keep_alive_s = keep_alive_s
+        self.tls = tls
+        self.max_connections = self.limits.max_connections
         self.stopping = False
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
@@ -70,11 +85,18 @@ class HttpFrontend:
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted (port 0 picks a free port)."""
         loop = asyncio.get_running_loop()
+        self.max_connections = connection_cap(self.limits.max_connections)
         self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.requested_port, backlog=1024
+            lambda: _Connection(self),
+            self.host,
+            self.requested_port,
+            backlog=1024,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.limits.head_timeout_s if self.tls else None,
         )
-        self._sweeper = loop.create_task(self._sweep_idle())
-        log.info("REST frontend listening on http://%s:%d", self.host, self.port)
+        self._sweeper = loop.create_task(self._sweep())
+        scheme = "https" if self.tls else "http"
+        log.info("REST frontend listening on %s://%s:%d", scheme, self.host, self.port)
 
     @property
     def port(self) -> int:
@@ -84,7 +106,7 @@ class HttpFrontend:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Stop accepting; answer what was received; close; abort what outlasts `grace_s`."""
+        """Stop accepting; answer what was received; close; cut what outlasts `grace_s` with 503."""
         if self._server is None:
             return
         self.stopping = True
@@ -97,29 +119,43 @@ class HttpFrontend:
             self._all_closed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._all_closed.wait(), grace_s)
+        if self._connections:
+            log.warning(
+                "%d connection(s) still busy after the %.1f s grace: answering 503",
+                len(self._connections),
+                grace_s,
+            )
+            for conn in list(self._connections):
+                conn.cut(grace_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), _DRAIN_AFTER_REFUSAL_S + 1)
         for conn in list(self._connections):
-            log.warning("aborting a connection still busy after the %.1f s grace", grace_s)
             conn.abort()
         await self._server.wait_closed()
         self._server = None
 
-    def _opened(self, conn: _Connection) -> None:
+    def _opened(self, conn: _Connection) -> bool:
+        """Count a new connection; False when the server already holds its maximum."""
+        full = len(self._connections) >= self.max_connections
         self._connections.add(conn)
+        return not full
 
     def _closed(self, conn: _Connection) -> None:
         self._connections.discard(conn)
         if not self._connections:
             self._all_closed.set()
 
-    async def _sweep_idle(self) -> None:
+    async def _sweep(self) -> None:
         # One sweep for all connections is cheaper than a timer armed on every request.
+        limits = self.limits
+        shortest = min(limits.keep_alive_s, limits.head_timeout_s, limits.body_timeout_s)
+        period = min(max(shortest / 4, 0.05), 1.0)
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(max(self.keep_alive_s / 4, 0.05))
-            cutoff = loop.time() - self.keep_alive_s
+            await asyncio.sleep(period)
+            now = loop.time()
             for conn in list(self._connections):
-                if conn.idle_since(cutoff):
-                    conn.abort()
+                conn.check_deadlines(now)
 
 
 class _Connection(asyncio.Protocol):
@@ -131,11 +167,20 @@ class _Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self.limits = frontend.limits
         self.last_active = self.loop.time()
-        self._url = b""
+        self._phase = _Phase.IDLE
+        self._phase_since = self.last_active
+        self._head_seen = 0  # bytes fed while the head was still arriving
+        self._url: list[bytes] = []
+        self._url_size = 0
+        self._head_size = 0
         self._headers: dict[str, str] = {}
+        self._header_lines = 0
         self._body: list[bytes] = []
         self._body_size = 0
+        self._requests = 0
+        self._cut: float | None = None  # the grace, once stop() has cut this connection
         self._refusal: RestResponse | None = None
         self._queue: collections.deque[_Message] = collections.deque()
         self._task: asyncio.Task[None] | None = None
@@ -149,7 +194,15 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, though they implement it.
         self.transport = typing.cast(asyncio.Transport, transport)
-        self.frontend._opened(self)
+        if not self.frontend._opened(self):
+            most = self.frontend.max_connections
+            self._refuse(
+                error_response(
+                    503,
+                    f"the server holds its maximum of {most} connections; try again later",
+                    (("retry-after", "1"),),
+                )
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done = True
@@ -163,6 +216,7 @@ class _Connection(asyncio.Protocol):
         if self._done:
             return
         self.last_active = self.loop.time()
+        in_head = self._phase is _Phase.HEAD
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -173,6 +227,12 @@ class _Connection(asyncio.Protocol):
             self._refuse(self._refusal)
         except httptools.HttpParserError as exc:
             self._refuse(error_response(400, f"malformed HTTP request: {exc}"))
+        else:
+            if self._phase is _Phase.HEAD:
+                # The parser holds a header line until it ends: bound what it may hold.
+                self._head_seen += len(data) if in_head else 0
+                if self._head_seen > self.limits.max_head_bytes:
+                    self._refuse(self._head_too_large())
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -183,20 +243,61 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._url = b""
+        self._enter(_Phase.HEAD)
+        self._head_seen = 0
+        self._url = []
+        self._url_size = 0
+        self._head_size = 0
         self._headers = {}
+        self._header_lines = 0
         self._body = []
         self._body_size = 0
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
+        self._url_size += len(url)
+        if self._url_size > self.limits.max_url_bytes:
+            self._refusal = error_response(
+                414,
+                f"the request target exceeds the limit of {self.limits.max_url_bytes} bytes "
+                "(max_url_bytes)",
+            )
+            raise _Refused
+        self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value)
+        self._header_lines += 1
+        self._head_size += size + _HEADER_OVERHEAD
+        limits = self.limits
+        if size > limits.max_header_bytes:
+            shown = name[:64].decode("latin-1")
+            self._refusal = error_response(
+                431,
+                f"header {shown!r} is {size} bytes, above the limit of {limits.max_header_bytes} "
+                "bytes per header line (max_header_bytes)",
+            )
+            raise _Refused
+        if self._header_lines > limits.max_headers:
+            self._refusal = error_response(
+                431, f"more than {limits.max_headers} header lines (max_headers)"
+            )
+            raise _Refused
+        if self._head_size + self._url_size > limits.max_head_bytes:
+            self._refusal = self._head_too_large()
+            raise _Refused
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
+    def _head_too_large(self) -> RestResponse:
+        return error_response(
+            431,
+            f"the request head exceeds the limit of {self.limits.max_head_bytes} bytes "
+            "(max_head_bytes)",
+        )
+
     def on_headers_complete(self) -> None:
+        self._enter(_Phase.BODY)
         length = self._headers.get("content-length")
-        limit = self.frontend.max_body_bytes
+        limit = self.limits.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             # Refused before the body is read: the connection closes after this answer.
             self._refusal = error_response(
@@ -209,24 +310,37 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
-        if self._body_size > self.frontend.max_body_bytes:
+        if self._body_size > self.limits.max_body_bytes:
             self._refusal = error_response(
-                413, f"the request body exceeds the limit of {self.frontend.max_body_bytes} bytes"
+                413, f"the request body exceeds the limit of {self.limits.max_body_bytes} bytes"
             )
             raise _Refused
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._enter(_Phase.IDLE)
+        if self._done:
+            return  # pipelined behind the connection's last request: left unanswered, as closed
         parts = self._body
         body = parts[0] if len(parts) == 1 else b"".join(parts)
+        keep_alive = self.parser.should_keep_alive()
+        self._requests += 1
+        most = self.limits.max_keep_alive_requests
+        if most and self._requests >= most:
+            keep_alive = False  # answered with "connection: close"; the client opens another
+            self._done = True
         message = _Message(
             self.parser.get_method().decode("ascii"),
-            self._url.decode("latin-1"),
+            b"".join(self._url).decode("latin-1"),
             self._headers,
             body,
-            self.parser.should_keep_alive(),
+            keep_alive,
         )
         self._enqueue(message)
+
+    def _enter(self, phase: _Phase) -> None:
+        self._phase = phase
+        self._phase_since = self.loop.time()
 
     # -- answering ---------------------------------------------------------------------------------
 
@@ -249,9 +363,17 @@ class _Connection(asyncio.Protocol):
                 if message.refusal is not None:
                     response = message.refusal
                 else:
-                    response = await self.api.handle(
-                        message.method, message.path, message.headers, message.body
-                    )
+                    try:
+                        response = await self.api.handle(
+                            message.method, message.path, message.headers, message.body
+                        )
+                    except asyncio.CancelledError:
+                        if self._cut is None:
+                            raise  # the client left
+                        task = asyncio.current_task()
+                        if task is not None:
+                            task.uncancel()
+                        message.refusal = response = _cut_response(self._cut)
                 if not self._writable.is_set():
                     await self._writable.wait()
                 if message.refusal is not None:
@@ -304,20 +426,52 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the frontend ----------------------------------------------------------------------
 
-    def idle_since(self, cutoff: float) -> bool:
-        """Whether nothing has been received or answered since `cutoff` and nothing is pending."""
-        return self._task is None and self.last_active < cutoff
+    def check_deadlines(self, now: float) -> None:
+        """Answer 408 to a request whose head or body is late; close a keep-alive gone idle."""
+        if self._done or not self._reading:
+            return  # refused already, or not reading because answers are pending
+        limits, since = self.limits, now - self._phase_since
+        if self._phase is _Phase.HEAD and since > limits.head_timeout_s:
+            late = f"the request head did not arrive within {limits.head_timeout_s:g} s"
+            self._refuse(error_response(408, f"{late} (head_timeout_s)"))
+        elif self._phase is _Phase.BODY and since > limits.body_timeout_s:
+            late = f"the request body did not arrive within {limits.body_timeout_s:g} s"
+            self._refuse(error_response(408, f"{late} (body_timeout_s)"))
+        elif (
+            self._phase is _Phase.IDLE
+            and self._task is None
+            and self.last_active < now - limits.keep_alive_s
+        ):
+            self.abort()
 
     def close_if_idle(self) -> None:
-        """Close now if no request is being answered; otherwise close after answering."""
-        if self._task is None and self.transport is not None:
+        """Close now if no request is being read or answered; refuse one half read with 503."""
+        if self._task is not None or self.transport is None or self._done:
+            return
+        if self._phase is _Phase.IDLE:
             self._done = True
             self.transport.close()
+        else:
+            self._refuse(error_response(503, "the server is shutting down"))
+
+    def cut(self, grace_s: float) -> None:
+        """The grace is over: answer the request in progress with 503, then close."""
+        self._cut = grace_s
+        if self._task is not None:
+            self._task.cancel()
+        elif not self._done:
+            self._refuse(_cut_response(grace_s))
 
     def abort(self) -> None:
         """Drop the connection at once."""
         if self.transport is not None:
             self.transport.abort()
+
+
+def _cut_response(grace_s: float) -> RestResponse:
+    return error_response(
+        503, f"the server stopped before this request finished, after a grace of {grace_s:g} s"
+    )
 
 
 class _Refused(Exception):

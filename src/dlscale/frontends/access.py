@@ -1,0 +1,149 @@
+"""Restricted API groups, as Triton's `--http-restricted-api` and `--grpc-restricted-protocol`.
+
+A group of APIs (model-repository, statistics, ...) may require a header with a shared value,
+so that a deployment exposes inference while keeping its control API to those who hold the key.
+Over gRPC the header is `triton-grpc-protocol-<key>`, as Triton names it, so that the same
+clients work against both servers.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dlscale.errors import PermissionDenied
+
+#: The API groups Triton recognizes, in its words.
+API_GROUPS = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+#: The prefix Triton puts before a gRPC restriction's key.
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+_GRPC_GROUPS = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """APIs that answer only requests carrying header `key` with `value`."""
+
+    groups: frozenset[str]
+    key: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> Restriction:
+        """`<api>,<api>,...:<key>=<value>`, Triton's flag syntax."""
+        apis, colon, pair = text.partition(":")
+        key, equals, value = pair.partition("=")
+        groups = frozenset(a.strip() for a in apis.split(",") if a.strip())
+        if not colon or not equals or not key.strip() or not groups:
+            raise ValueError(f"restricted API {text!r}: expected <api>,<api>,...:<key>=<value>")
+        unknown = sorted(groups - set(API_GROUPS))
+        if unknown:
+            raise ValueError(f"restricted API {text!r}: unknown {unknown}; known: {API_GROUPS}")
+        return cls(groups, key.strip().lower(), value)
+
+
+class Access:
+    """Which header each restricted group needs; one group belongs to at most one restriction."""
+
+    def __init__(self, restrictions: Iterable[Restriction] = (), header_prefix: str = "") -> None:
+        self._by_group: dict[str, Restriction] = {}
+        self._prefix = header_prefix
+        for restriction in restrictions:
+            for group in restriction.groups:
+                if group in self._by_group:
+                    raise ValueError(f"API {group!r} cannot be in several restricted groups")
+                self._by_group[group] = restriction
+
+    def __bool__(self) -> bool:
+        return bool(self._by_group)
+
+    def check(self, group: str, headers: Mapping[str, str]) -> None:
+        """PermissionDenied unless `group` is open or `headers` (lower-case names) hold its key."""
+        restriction = self._by_group.get(group)
+        if restriction is None:
+            return
+        header = self._prefix + restriction.key
+        given = headers.get(header)
+        # compare_digest: the time taken must not tell how much of the value was right.
+        if given is None or not hmac.compare_digest(given.encode(), restriction.value.encode()):
+            raise PermissionDenied(
+                f"the {group} API is restricted: send the header {header!r} with its value"
+            )
+
+
+def rest_group(parts: Sequence[str]) -> str:
+    """The API group of a REST path split at '/' after 'v2' ('' for no route known here)."""
+    match list(parts):
+        case []:
+            return "metadata"
+        case ["health", *_]:
+            return "health"
+        case ["repository", *_]:
+            return "model-repository"
+        case ["systemsharedmemory" | "cudasharedmemory", *_]:
+            return "shared-memory"
+        case ["trace", *_]:
+            return "trace"
+        case ["logging", *_]:
+            return "logging"
+        case ["models", "stats"]:
+            return "statistics"
+        case ["models", _model, *tail]:
+            if tail[:1] == ["versions"]:
+                tail = tail[2:]
+            return _model_group(tail)
+    return ""
+
+
+def _model_group(tail: list[str]) -> str:
+    match tail:
+        case []:
+            return "metadata"
+        case ["ready"]:
+            return "health"
+        case ["infer" | "generate" | "generate_stream"]:
+            return "inference"
+        case ["config"]:
+            return "model-config"
+        case ["stats"]:
+            return "statistics"
+        case ["trace", *_]:
+            return "trace"
+    return ""
+
+
+def grpc_group(method: str) -> str:
+    """The API group of a gRPC method (`/inference.GRPCInferenceService/ModelInfer`)."""
+    service, _, name = method.rpartition("/")
+    if service.endswith("grpc.health.v1.Health"):
+        return "health"
+    if "SharedMemory" in name:
+        return "shared-memory"
+    return _GRPC_GROUPS.get(name, "")

@@ -1,0 +1,98 @@
+"""Limits: every bound the frontends hold a client to, in one place (docs/limits.md).
+
+The defaults follow what Triton and nginx ship (8 KiB request lines and header lines, a bounded
+head, timeouts to receive a request) and keep one request's memory to a small multiple of the
+body limit. `dlscale serve` sets each with a flag; ServerSettings carries them to the frontends.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale.wire.bounds import MAX_ELEMENTS
+
+log = logging.getLogger("dlscale.limits")
+
+#: File descriptors kept for everything but REST connections: gRPC, models, logs, metrics.
+FD_RESERVE = 128
+
+
+def _limit(default: Any, help: str) -> Any:
+    """A field with its default and the one description the docs and `dlscale serve -h` show."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may send and hold; a request over a limit gets a 4xx that names it."""
+
+    max_body_bytes: int = _limit(64 * 2**20, "REST body, before and after Content-Encoding (413)")
+    max_grpc_message_bytes: int = _limit(64 * 2**20, "gRPC message, each way (RESOURCE_EXHAUSTED)")
+    max_tensor_elements: int = _limit(
+        MAX_ELEMENTS, "elements one tensor may declare, whatever its bytes carry (400)"
+    )
+    max_url_bytes: int = _limit(8 * 2**10, "request target, path and query (414)")
+    max_header_bytes: int = _limit(8 * 2**10, "one header line, name and value (431)")
+    max_head_bytes: int = _limit(32 * 2**10, "request line and all headers together (431)")
+    max_headers: int = _limit(100, "header lines in one request (431)")
+    head_timeout_s: float = _limit(
+        30.0, "seconds to receive a request head once it began, or a TLS handshake (408)"
+    )
+    body_timeout_s: float = _limit(120.0, "seconds to receive a body once its head came (408)")
+    keep_alive_s: float = _limit(75.0, "seconds an idle connection stays open")
+    max_keep_alive_requests: int = _limit(
+        10_000, "requests per connection before it is closed after its answer (0: no limit)"
+    )
+    max_connections: int = _limit(
+        1_000, "open connections per protocol; more get 503 (REST) or are refused (gRPC)"
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_body_bytes",
+            "max_grpc_message_bytes",
+            "max_tensor_elements",
+            "max_url_bytes",
+            "max_header_bytes",
+            "max_head_bytes",
+            "max_headers",
+            "max_connections",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_keep_alive_requests < 0:
+            raise ValueError("max_keep_alive_requests must be 0 (no limit) or more")
+        if not self.max_grpc_message_bytes < 2**31:
+            raise ValueError("max_grpc_message_bytes must be below 2 GiB (gRPC's own limit)")
+
+
+def connection_cap(wanted: int) -> int:
+    """The REST connections this process can hold: `wanted`, or fewer when open files are short.
+
+    The soft open-file limit is first raised to the hard one (as Go's runtime does), so that a
+    default of 1,024 does not make new clients fail with a reset.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass  # the hard limit is the OS's word; keep the soft one
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(int(soft) - FD_RESERVE, 1)
+    if room < wanted:
+        log.warning(
+            "open-file limit %d allows %d REST connections, not %d: raise it (ulimit -n) for more",
+            soft,
+            room,
+            wanted,
+        )
+    return min(wanted, room)
