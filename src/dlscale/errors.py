@@ -9,8 +9,8 @@ from typing import ClassVar
 
 #: An absolute POSIX path not inside a URL or a longer word: '/' and what follows to a delimiter.
 _ABSOLUTE = re.compile(r"(?<![\w.~:/\\-])/[^\s'\"`:,;()\[\]{}<>|=]+")
-#: How many trailing parts of a host path a client may see ('.../mlp/1/model.onnx' is enough).
-_KEPT_PARTS = 2
+#: How many trailing parts of a host path a client may see: '.../mlp/1/model.onnx'.
+_KEPT_PARTS = 3
 
 
 class DlscaleError(Exception):
@@ -28,7 +28,7 @@ class DlscaleError(Exception):
 
 
 def redact_paths(text: str) -> str:
-    """`text` with each absolute path of this host cut to its last parts: '.../mlp/config.toml'.
+    """`text` with each absolute path of this host cut to its last parts: '.../mlp/1/model.onnx'.
 
     A path counts when its first part is a folder of this host (/tmp, /home, /usr, ...), so
     that URL paths a client sent ('/v2/models/x') are left as they were.
@@ -55,6 +55,12 @@ class InvalidInput(DlscaleError):
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
     reason = "REJECTED"
+
+
+class UnsupportedMediaType(InvalidInput):
+    """A body in an encoding or media type the server does not read (RFC 9110: 415)."""
+
+    http_status = 415
 
 
 class NotFound(DlscaleError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
+from tests.toolkit.clients import RawHttp
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
@@ -189,7 +189,7 @@ def test_compression_errors(http: httpx.Client) -> None:
     r = http.post(IDENTITY, content=b"not gzip", headers={"Content-Encoding": "gzip"})
     _expect(r, 400, "cannot be decompressed")
     r = http.post(IDENTITY, content=b"x", headers={"Content-Encoding": "br"})
-    _expect(r, 501, "Content-Encoding 'br'")
+    _expect(r, 415, "Content-Encoding 'br'")  # RFC 9110: unsupported coding
 
 
 def test_errors_through_tritonclient(server: LocalServer) -> None:
@@ -236,35 +236,17 @@ def test_repository_errors(http: httpx.Client) -> None:
 # -- body limit and HTTP framing, over raw sockets -------------------------------------------------
 
 
-def _raw(server: LocalServer) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", server.http.port), timeout=10)
-    _readers.pop(sock.fileno(), None)
-    return sock
-
-
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response; bytes of later (pipelined) responses stay buffered for the next call."""
-    reader = _readers.setdefault(sock.fileno(), sock.makefile("rb"))
-    status_line = reader.readline()
-    assert status_line, "connection closed"
-    headers = {}
-    while (line := reader.readline()) not in (b"\r\n", b""):
-        name, value = line.decode("latin-1").rstrip("\r\n").split(": ", 1)
-        headers[name.lower()] = value
-    body = reader.read(int(headers.get("content-length", "0")))
-    return int(status_line.split()[1]), headers, body
-
-
-_readers: dict[int, Any] = {}
+def _raw(server: LocalServer) -> RawHttp:
+    return RawHttp(server.http.port)
 
 
 def test_body_above_limit_refused_before_it_is_read(server: LocalServer) -> None:
     with _raw(server) as sock:
         # Only the head is sent: the answer must come without the server waiting for the body.
-        sock.sendall(
+        sock.send(
             f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode()
         )
-        status, headers, body = _read_response(sock)
+        status, headers, body = sock.response()
     assert status == 413
     assert headers["connection"] == "close"
     assert f"exceeds the limit of {LIMIT} bytes" in json.loads(body)["error"]
@@ -273,12 +255,12 @@ def test_body_above_limit_refused_before_it_is_read(server: LocalServer) -> None
 def test_chunked_body_above_limit(server: LocalServer) -> None:
     chunk = b"x" * 65536
     with _raw(server) as sock:
-        sock.sendall(
+        sock.send(
             f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
         )
         for _ in range(LIMIT // len(chunk) + 1):
-            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        status, _, body = _read_response(sock)
+            sock.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        status, _, body = sock.response()
     assert status == 413
     assert "exceeds the limit" in json.loads(body)["error"]
 
@@ -290,8 +272,8 @@ def test_large_body_through_httpx_gets_413(http: httpx.Client) -> None:
 
 def test_malformed_http(server: LocalServer) -> None:
     with _raw(server) as sock:
-        sock.sendall(b"GARBAGE\r\n\r\n")
-        status, _, body = _read_response(sock)
+        sock.send(b"GARBAGE\r\n\r\n")
+        status, _, body = sock.response()
     assert status == 400
     assert "malformed HTTP request" in json.loads(body)["error"]
 
@@ -307,8 +289,8 @@ def test_pipelined_requests_answered_in_order(server: LocalServer) -> None:
     )
     wire += b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
     with _raw(server) as sock:
-        sock.sendall(wire)
-        answers = [_read_response(sock) for _ in range(4)]
+        sock.send(wire)
+        answers = [sock.response() for _ in range(4)]
     for value, (status, _, body) in enumerate(answers[:3]):
         doc = json.loads(body)
         assert status == 200
@@ -320,19 +302,19 @@ def test_pipelined_requests_answered_in_order(server: LocalServer) -> None:
 def test_expect_continue_and_http10(server: LocalServer) -> None:
     body = json.dumps({"inputs": [_tensor("input", [1, 16], "FP32", ROW)]}).encode()
     with _raw(server) as sock:
-        sock.sendall(
+        sock.send(
             f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
         )
-        status, _, _ = _read_response(sock)
+        status, _, _ = sock.response()
         assert status == 100
-        sock.sendall(body)
-        status, _, answer = _read_response(sock)
+        sock.send(body)
+        status, _, answer = sock.response()
         assert status == 200
         assert json.loads(answer)["outputs"][0]["data"] == ROW
     with _raw(server) as sock:
-        sock.sendall(b"GET /v2/health/live HTTP/1.0\r\n\r\n")
-        status, headers, _ = _read_response(sock)
+        sock.send(b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+        status, headers, _ = sock.response()
         assert status == 200
         assert headers["connection"] == "close"
-        assert _readers[sock.fileno()].read() == b""  # closed after the answer
+        assert sock.closed_by_server()  # closed after the answer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +196,44 @@ async def test_typed_answers(repo: Path) -> None:
     assert {s.version for s in plane.statistics("plus", "")} == {"2"}
     assert {s.name for s in plane.statistics()} >= {"identity", "plus"}
     await plane.manager.close()
+
+
+async def test_unloading_unknown_names_leaves_nothing_behind(repo: Path) -> None:
+    # Each such unload used to leave a lock behind, forever.
+    plane = await _plane(repo)
+    await _unload_ghosts(plane, 100)  # warm the allocator and the error path
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await _unload_ghosts(plane, 20_000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000, f"{grown} bytes kept after 20,000 unloads of unknown models"
+    await plane.manager.close()
+
+
+async def _unload_ghosts(plane: DataPlane, count: int) -> None:
+    for n in range(count):
+        with pytest.raises(NotFound, match="unknown model"):
+            await plane.unload_model(f"ghost-{n}")
+
+
+async def test_readiness_is_strict_once_the_start_models_were_tried(repo: Path) -> None:
+    plane = DataPlane(ModelManager.open(repo), "explicit")
+    assert plane.live() and not plane.ready()  # nothing tried yet
+    failed = await plane.load_initial(["identity", "broken"])
+    assert list(failed) == ["broken"] and "max_batch_size" in str(failed["broken"])
+    assert not plane.ready()  # broken was asked for and is not READY
+    await plane.unload_model("broken")
+    assert plane.ready()
+    await plane.load_model("plus")  # loaded since: now asked for too
+    await plane.unload_model("plus")
+    assert plane.ready()
+    lenient = DataPlane(ModelManager.open(repo), "explicit", strict_readiness=False)
+    await lenient.load_initial(["identity", "broken"])
+    assert lenient.ready()
+    plane.stop_accepting()
+    assert not plane.ready()
+    await plane.manager.close()
+    await lenient.manager.close()

@@ -109,13 +109,15 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def read() -> None:
             # Requests run concurrently, so that those of one stream can share a batch.
-            async for message in requests:
-                task = asyncio.create_task(answer(message))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.gather(*running)
-            answers.put_nowait(None)
+            try:
+                async for message in requests:
+                    task = asyncio.create_task(answer(message))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.gather(*running)
+            finally:
+                answers.put_nowait(None)  # also when reading fails: the stream then ends with it
 
         reader = asyncio.create_task(read())
         try:

@@ -22,6 +22,7 @@ from dlscale.errors import (
     PayloadTooLarge,
     Unavailable,
     Unsupported,
+    UnsupportedMediaType,
     redact_paths,
 )
 from dlscale.frontends.access import Access, rest_group
@@ -114,6 +115,11 @@ class RestApi:
 
     # -- routing -----------------------------------------------------------------------------------
 
+    @property
+    def cached_routes(self) -> int:
+        """How many paths the route cache holds now (never more than its bound)."""
+        return len(self._routes)
+
     def _route(self, path: str) -> _Route:
         """The handler for a path, its path arguments, the one method it takes, its API group."""
         # Clients repeat the same few paths: resolving each once saves a parse per request.
@@ -177,7 +183,9 @@ class RestApi:
         if encoding in ("", "identity"):
             return body
         if encoding not in ("gzip", "deflate"):
-            raise Unsupported(f"Content-Encoding {encoding!r}: expected gzip, deflate or none")
+            raise UnsupportedMediaType(
+                f"Content-Encoding {encoding!r}: expected gzip, deflate or none"
+            )
         inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
         try:
             out = inflater.decompress(body, self.max_body_bytes + 1)

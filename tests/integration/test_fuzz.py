@@ -1,0 +1,253 @@
+"""Property-based fuzzing of both protocols (hypothesis), bounded to a few seconds.
+
+Whatever a client sends, the server answers it with a 4xx or a gRPC client-error code (never a
+5xx, INTERNAL or UNKNOWN), does not crash, and answers the next good request correctly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.toolkit.models import write_null_model
+from tests.toolkit.server import LocalServer, serving
+from tritonclient.grpc import service_pb2
+
+ECHO = (
+    'max_batch_size = 8\n[[inputs]]\nname = "x"\ndatatype = "FP32"\nshape = [2]\n'
+    '[[outputs]]\nname = "y"\ndatatype = "FP32"\nshape = [2]\n'
+)
+TEXT = (
+    'max_batch_size = 8\n[[inputs]]\nname = "s"\ndatatype = "BYTES"\nshape = [-1]\n'
+    '[[outputs]]\nname = "t"\ndatatype = "BYTES"\nshape = [-1]\n'
+)
+DATATYPES = ["FP32", "FP16", "BF16", "FP64", "INT8", "INT64", "UINT32", "BOOL", "BYTES", "fp32"]
+#: A few hundred examples per protocol and no per-example deadline: seconds, not minutes.
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+CLIENT_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.PERMISSION_DENIED,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    root = tmp_path_factory.mktemp("fuzz")
+    write_null_model(root, "echo", ECHO)
+    write_null_model(root, "text", TEXT)
+    with serving(root, max_body_bytes=2**20, max_tensor_elements=2**16) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(server: LocalServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"http://{server.http_url}", timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def channel(server: LocalServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(server.grpc_url) as opened:
+        yield opened
+
+
+# -- strategies --------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+_shape = st.lists(
+    st.one_of(st.integers(-2, 4), st.sampled_from([2**31, 2**62, 10**20])), max_size=6
+) | st.just([1] * 70)
+_tensor = st.fixed_dictionaries(
+    {"name": st.sampled_from(["x", "s", "z", ""]), "shape": _shape},
+    optional={
+        "datatype": st.sampled_from(DATATYPES) | st.text(max_size=5),
+        "data": _json,
+        "parameters": st.dictionaries(
+            st.sampled_from(["binary_data_size", "binary_data", "shared_memory_region"]),
+            _json,
+            max_size=2,
+        ),
+    },
+)
+_request = st.fixed_dictionaries(
+    {"inputs": st.lists(_tensor, max_size=3) | _json},
+    optional={
+        "id": _json,
+        "parameters": st.dictionaries(
+            st.sampled_from(["priority", "timeout", "binary_data_output", "custom"]),
+            _json,
+            max_size=3,
+        ),
+        "outputs": st.lists(st.fixed_dictionaries({"name": _json}), max_size=2) | _json,
+    },
+)
+
+
+def _good_rest(http: httpx.Client) -> None:
+    doc = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.5, -2.0]}]}
+    response = http.post("/v2/models/echo/infer", json=doc)
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == [1.5, -2.0]
+
+
+@FUZZ
+@given(
+    doc=_request,
+    path=st.sampled_from(
+        ["/v2/models/echo/infer", "/v2/models/text/infer", "/v2/repository/index"]
+    ),
+    tail=st.binary(max_size=64),
+    header_length=st.none()
+    | st.integers(-5, 400)
+    | st.text(alphabet=st.characters(max_codepoint=126, min_codepoint=33), max_size=4),
+    encoding=st.none() | st.sampled_from(["gzip", "deflate", "br", "identity"]),
+)
+def test_rest_answers_any_request_with_a_client_error(
+    http: httpx.Client,
+    doc: dict[str, Any],
+    path: str,
+    tail: bytes,
+    header_length: int | str | None,
+    encoding: str | None,
+) -> None:
+    body = json.dumps(doc).encode() + tail
+    headers = {}
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = str(header_length)
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    response = http.post(path, content=body, headers=headers)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert response.json()["error"]
+    _good_rest(http)
+
+
+@FUZZ
+@given(body=st.binary(max_size=256))
+def test_rest_answers_any_bytes_with_a_client_error(http: httpx.Client, body: bytes) -> None:
+    response = http.post("/v2/models/echo/infer", content=body)
+    assert response.status_code < 500, response.text
+    _good_rest(http)
+
+
+# -- gRPC -----------------------------------------------------------------------------------------
+
+_param = st.one_of(
+    st.booleans().map(lambda v: ("bool_param", v)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda v: ("int64_param", v)),
+    st.text(max_size=6).map(lambda v: ("string_param", v)),
+    st.floats().map(lambda v: ("double_param", v)),
+)
+_grpc_tensor = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["x", "s", "z"]),
+        "datatype": st.sampled_from(DATATYPES) | st.text(max_size=4),
+        "shape": st.lists(
+            st.one_of(st.integers(-2, 4), st.sampled_from([2**31, 2**62])), max_size=5
+        )
+        | st.just([1] * 70),
+    },
+    optional={
+        "raw": st.binary(max_size=48),
+        "fp32": st.lists(st.floats(width=32), max_size=6),
+        "bytes": st.lists(st.binary(max_size=6), max_size=4),
+        "int64": st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+    },
+)
+
+
+def _grpc_message(model: str, tensors: list[dict[str, Any]], params: dict[str, Any]) -> Any:
+    message = service_pb2.ModelInferRequest(model_name=model)
+    for key, (field, value) in params.items():
+        setattr(message.parameters[key], field, value)
+    for t in tensors:
+        entry = message.inputs.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        entry.contents.fp32_contents.extend(t.get("fp32", []))
+        entry.contents.bytes_contents.extend(t.get("bytes", []))
+        entry.contents.int64_contents.extend(t.get("int64", []))
+        if "raw" in t:
+            message.raw_input_contents.append(t["raw"])
+    return message
+
+
+def _good_grpc(channel: grpc.Channel) -> None:
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelInferResponse.FromString,
+    )
+    x = np.array([[1.5, -2.0]], np.float32)
+    message = service_pb2.ModelInferRequest(model_name="echo")
+    message.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+    message.raw_input_contents.append(x.tobytes())
+    answer = call(message, timeout=30)
+    assert np.frombuffer(answer.raw_output_contents[0], np.float32).tolist() == [1.5, -2.0]
+
+
+@FUZZ
+@given(
+    model=st.sampled_from(["echo", "text", "ghost"]),
+    tensors=st.lists(_grpc_tensor, max_size=3),
+    params=st.dictionaries(st.sampled_from(["priority", "timeout", "binary_data_output"]), _param),
+)
+def test_grpc_answers_any_request_with_a_client_error(
+    channel: grpc.Channel, model: str, tensors: list[dict[str, Any]], params: dict[str, Any]
+) -> None:
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelInferResponse.FromString,
+    )
+    try:
+        call(_grpc_message(model, tensors, params), timeout=30)
+    except grpc.RpcError as exc:
+        assert exc.code() in CLIENT_CODES, (exc.code(), exc.details())
+    _good_grpc(channel)
+
+
+@FUZZ
+@given(
+    method=st.sampled_from(["ModelInfer", "ModelMetadata", "RepositoryIndex", "ModelConfig"]),
+    body=st.binary(max_size=128),
+)
+def test_grpc_answers_any_bytes_with_a_client_error(
+    channel: grpc.Channel, method: str, body: bytes
+) -> None:
+    call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+    try:
+        call(body, timeout=30)
+    except grpc.RpcError as exc:
+        assert exc.code() in CLIENT_CODES, (exc.code(), exc.details())
+    _good_grpc(channel)
+
+
+def test_the_fuzzed_server_still_reports_itself_ready(server: LocalServer) -> None:
+    assert server.dataplane.ready()
