@@ -240,7 +240,12 @@ def _add_hardware_verbs(sub: SubParsers) -> None:
     p.add_argument("model", help="a model in the repository, or a label when --flops is given")
     p.add_argument("--device", help="catalog entry (default: this host's first GPU, else CPU)")
     p.add_argument("--precision", default="fp32", help="fp64 fp32 tf32 fp16 bf16 fp8 int8 int4")
-    p.add_argument("--batch", type=int, default=1, help="batch size the bytes are counted for")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="batch the bytes are counted for (the best is shown too)",
+    )
     p.add_argument(
         "--repo", type=Path, default=None, help="model repository (default: the zoo, built once)"
     )

@@ -10,6 +10,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from dlscale.errors import InvalidInput
+
 #: A model or request parameter as the Open Inference Protocol carries it (bool, int64 or string).
 Parameter = bool | int | float | str
 Parameters = dict[str, Parameter]
@@ -286,3 +288,17 @@ class RepositoryEntry:
     state: str
     reason: str
     version: str = ""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes a model moves: its weights once per batch, activations and I/O once per sample."""
+
+    weight_bytes: float
+    sample_bytes: float
+
+    def per_sample(self, batch: int) -> float:
+        """Bytes per sample at `batch`: the sample's own, and its share of the weights."""
+        if batch < 1:
+            raise InvalidInput(f"batch must be at least 1, got {batch}")
+        return self.weight_bytes / batch + self.sample_bytes

@@ -21,7 +21,7 @@ from dlscale.errors import DlscaleError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.cpu import cpu_spec
 from dlscale.hardware.detect import detect
-from dlscale.hardware.roofline import roofline as roofline_of
+from dlscale.hardware.roofline import batch_roofline, best_batch
 from dlscale.models.flops import count as count_cost
 
 PACKAGES = (
@@ -94,8 +94,11 @@ def roofline(
         return out
     try:
         spec = load_catalog().get(device)
-        bytes_per_sample = float(cost.bytes_per_sample(precision))
-        roof = roofline_of(spec, precision, float(cost.flops), bytes_per_sample)
+        # The server batches as it likes: the share is of the ceiling at the best batch, the
+        # highest any batch allows, so that it never passes 100%.
+        traffic = cost.traffic(precision)
+        batch = best_batch(spec, precision, float(cost.flops), traffic)
+        roof = batch_roofline(spec, precision, float(cost.flops), traffic, batch)
         out.update(roof.to_dict(measured_rate))
     except DlscaleError as exc:  # e.g. the device publishes no peak at this precision
         out["note"] = f"roofline not computed: {exc}"

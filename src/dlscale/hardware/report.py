@@ -115,13 +115,16 @@ def host_text(host: HostInfo) -> str:
     return "\n".join(lines)
 
 
-def roofline_text(model: str, line: Roofline, measured: float | None = None) -> str:
-    """The two ceilings, the one that applies, and the measured share when given."""
+def roofline_text(
+    model: str, line: Roofline, measured: float | None = None, best: Roofline | None = None
+) -> str:
+    """The two ceilings at the line's batch, the one that applies, the measured share when
+    given, and the ceiling at the best batch when given."""
     op = "OP" if line.precision.startswith("int") else "FLOP"
     work = si(line.flops_per_sample, op)
     ridge = f"{line.ridge_point:.1f}" if line.ridge_point else "-"
     text = [
-        f"{model} on {line.device} at {line.precision}:",
+        f"{model} on {line.device} at {line.precision}, batch {line.batch}:",
         f"  work per sample    {work}, {si(line.bytes_per_sample, 'B')} "
         f"(intensity {line.arithmetic_intensity:.1f} {op}/B; device ridge {ridge} {op}/B)",
         f"  compute ceiling    {si(line.peak_flops, op + '/s')} / {work}"
@@ -137,6 +140,11 @@ def roofline_text(model: str, line: Roofline, measured: float | None = None) -> 
     text.append(f"  attainable         {line.attainable_rate:,.0f} samples/s ({line.bound}-bound)")
     if measured is not None:
         text.append(f"  measured           {measured:,.0f} samples/s = {line.share(measured):.1%}")
+    if best is not None and best.batch != line.batch:
+        text.append(
+            f"  best batch         {best.batch}: {best.attainable_rate:,.0f} samples/s "
+            f"({best.bound}-bound: the highest any batch allows, within 1%)"
+        )
     return "\n".join(text)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from dlscale.errors import InvalidInput, Unsupported
 from dlscale.hardware.spec import DeviceSpec
+from dlscale.types import Traffic
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class Roofline:
     memory_bandwidth: float | None
     compute_bound_rate: float
     memory_bound_rate: float  # inf when the device publishes no bandwidth or nothing is moved
+    #: The batch the bytes were counted for (weights are read once per batch).
+    batch: int = 1
 
     @property
     def attainable_rate(self) -> float:
@@ -62,6 +65,7 @@ class Roofline:
             "bound": self.bound,
             "arithmetic_intensity": _finite(self.arithmetic_intensity),
             "ridge_point": self.ridge_point,
+            "batch": self.batch,
         }
         if measured_rate is not None:
             out["measured_rate"] = measured_rate
@@ -70,9 +74,17 @@ class Roofline:
 
 
 def roofline(
-    device: DeviceSpec, precision: str, flops_per_sample: float, bytes_per_sample: float
+    device: DeviceSpec,
+    precision: str,
+    flops_per_sample: float,
+    bytes_per_sample: float,
+    batch: int = 1,
 ) -> Roofline:
-    """The roofline of a model (FLOPs and bytes per sample) on a device at a precision."""
+    """The roofline of a model (FLOPs and bytes per sample) on a device at a precision.
+
+    `bytes_per_sample` is what one sample moves at `batch`: its activations and I/O, and its
+    share of the weights (read once per batch); `batch_traffic` splits it so.
+    """
     if not flops_per_sample > 0:
         raise InvalidInput(f"FLOPs per sample must be positive, got {flops_per_sample}")
     if not bytes_per_sample >= 0:
@@ -95,6 +107,42 @@ def roofline(
         memory_bandwidth=bandwidth,
         compute_bound_rate=peak / flops_per_sample,
         memory_bound_rate=memory_rate,
+        batch=batch,
+    )
+
+
+def batch_roofline(
+    device: DeviceSpec, precision: str, flops_per_sample: float, traffic: Traffic, batch: int
+) -> Roofline:
+    """The roofline at one batch size."""
+    return roofline(device, precision, flops_per_sample, traffic.per_sample(batch), batch)
+
+
+#: Where no batch is compute-bound, the best is the smallest within this share of the highest.
+BEST_SHARE = 0.99
+
+
+def best_batch(
+    device: DeviceSpec, precision: str, flops_per_sample: float, traffic: Traffic
+) -> int:
+    """The smallest batch whose ceiling is the highest any batch allows (within 1%).
+
+    Larger batches read the weights fewer times per sample, so the memory ceiling rises with
+    the batch towards bandwidth / per-sample bytes; the best batch is where it meets the compute
+    ceiling, or (when it never does) where it comes within 1% of that limit.
+    """
+    top = batch_roofline(device, precision, flops_per_sample, traffic, 1)
+    bandwidth = top.memory_bandwidth
+    if not bandwidth or not traffic.weight_bytes:
+        return 1  # the batch changes nothing
+    # Compute-bound at some batch: the first batch there. Else the memory ceiling only nears
+    # bandwidth / per-sample bytes: the first batch within 1% of it.
+    target = top.compute_bound_rate
+    if traffic.sample_bytes and bandwidth / traffic.sample_bytes <= target:
+        target = BEST_SHARE * bandwidth / traffic.sample_bytes
+    # bandwidth * b / (W + b * S) >= target  <=>  b >= target * W / (bandwidth - target * S)
+    return max(
+        1, math.ceil(target * traffic.weight_bytes / (bandwidth - target * traffic.sample_bytes))
     )
 
 

@@ -18,6 +18,7 @@ import onnx
 from onnx import shape_inference
 
 from dlscale.errors import InvalidInput
+from dlscale.types import Traffic
 
 #: Bytes per element at each precision.
 ELEMENT_SIZE: dict[str, float] = {
@@ -57,6 +58,11 @@ _ELEMENTWISE: dict[str, float] = dict.fromkeys(
     "InstanceNormalization": 7.0,
     "GroupNormalization": 7.0,
 }
+#: Elementwise ops a runtime fuses into the op before them (Conv+BN+ReLU, a GEMM's bias and
+#: activation, a residual Add): normalizations over a row and Softmax are written, not fused.
+_EPILOGUES = frozenset(
+    op for op, cost in _ELEMENTWISE.items() if cost == 1.0 or op in ("BatchNormalization", "Gelu")
+)
 #: FLOPs per input element.
 _REDUCTIONS = frozenset(
     _ops(
@@ -95,17 +101,26 @@ class ModelCost:
     by_op: dict[str, float]
     #: Op types whose cost is not counted: unknown ops, or outputs of unknown shape.
     uncounted: tuple[str, ...] = field(default=())
+    #: Activations a fusing runtime writes: elementwise ops after a producer (BatchNorm, ReLU,
+    #: a residual Add) are folded into it, so their outputs never reach memory. None: all of
+    #: activation_elements. The roofline counts these, so that its ceiling stays an upper bound.
+    written_elements: float | None = None
 
-    def bytes_per_sample(self, precision: str = "fp32", batch: int = 1) -> float:
-        """Bytes moved per sample: weights read once per batch, activations and I/O once each."""
+    def traffic(self, precision: str = "fp32") -> Traffic:
+        """Bytes moved: the weights once per batch, written activations and I/O per sample."""
         try:
             size = ELEMENT_SIZE[precision.lower()]
         except KeyError:
             known = ", ".join(ELEMENT_SIZE)
             raise InvalidInput(f"unknown precision {precision!r}; known: {known}") from None
-        if batch < 1:
-            raise InvalidInput(f"batch must be at least 1, got {batch}")
-        return size * (self.weight_params / batch + self.activation_elements + self.io_elements)
+        written = (
+            self.activation_elements if self.written_elements is None else self.written_elements
+        )
+        return Traffic(size * self.weight_params, size * (written + self.io_elements))
+
+    def bytes_per_sample(self, precision: str = "fp32", batch: int = 1) -> float:
+        """Bytes moved per sample: weights read once per batch, activations and I/O once each."""
+        return self.traffic(precision).per_sample(batch)
 
     def arithmetic_intensity(self, precision: str = "fp32", batch: int = 1) -> float:
         """FLOPs per byte moved, the roofline's x axis."""
@@ -123,7 +138,8 @@ def count(model: onnx.ModelProto | Path, dims: Mapping[str, int] | None = None) 
     outputs = {o.name for o in graph.output}
     static = set(weights)  # tensors known without the inputs: computed once, not per sample
     by_op: dict[str, float] = {}
-    macs = activations = 0.0
+    macs = activations = written = 0.0
+    producers: dict[str, str] = {}  # tensor -> the op type that wrote it
     uncounted: set[str] = set()
     for node in graph.node:
         if node.op_type == "Constant":
@@ -142,12 +158,16 @@ def count(model: onnx.ModelProto | Path, dims: Mapping[str, int] | None = None) 
         node_macs, node_flops = cost
         macs += node_macs
         by_op[node.op_type] = by_op.get(node.op_type, 0.0) + node_flops
+        producers.update(dict.fromkeys(node.output, node.op_type))
         if node.op_type not in _VIEWS:
-            activations += sum(
+            made = sum(
                 math.prod(s)
                 for name, s in zip(node.output, out, strict=True)
                 if s and name not in outputs
             )
+            activations += made
+            if not _fused(node, producers, static):
+                written += made
     io = _elements(shapes.get(v.name) for v in graph.input if v.name not in weights)
     io += _elements(shapes.get(v.name) for v in graph.output)
     return ModelCost(
@@ -158,7 +178,16 @@ def count(model: onnx.ModelProto | Path, dims: Mapping[str, int] | None = None) 
         io_elements=io,
         by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
         uncounted=tuple(sorted(uncounted)),
+        written_elements=written,
     )
+
+
+def _fused(node: onnx.NodeProto, producers: Mapping[str, str], static: set[str]) -> bool:
+    """Whether a runtime folds this node into the op that wrote its input (an epilogue)."""
+    if node.op_type not in _EPILOGUES:
+        return False
+    first = next((i for i in node.input if i and i not in static), None)
+    return first is not None and first in producers
 
 
 def _node_cost(

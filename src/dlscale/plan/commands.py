@@ -14,6 +14,7 @@ from dlscale.errors import DlscaleError, NotFound, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.commands import local_device
 from dlscale.hardware.report import roofline_text
+from dlscale.hardware.roofline import Roofline, batch_roofline, best_batch
 from dlscale.hardware.roofline import roofline as roofline_of
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.flops import ModelCost, count
@@ -32,6 +33,7 @@ from dlscale.plan.serve import (
 )
 from dlscale.plan.train import Cluster, TrainingJob, plan_training, requirement, scaling_curves
 from dlscale.plan.units import human_bytes, human_seconds, parse_duration
+from dlscale.types import Traffic
 
 DEFAULT_SERVE_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4", "T4")
 
@@ -201,18 +203,29 @@ def _prices(text: str | None) -> dict[str, float]:
 
 
 def roofline(args: argparse.Namespace) -> int:
-    """`dlscale roofline`: the highest rate a device allows a model, and a measured rate's share."""
+    """`dlscale roofline`: the ceiling a device allows a model at a batch and at its best batch,
+    and a measured rate's share."""
     spec = catalog_device(args.device or local_device())
-    flops, nbytes = args.flops, args.bytes
-    if flops is None or nbytes is None:
-        cost = _model_cost(args.repo, args.model)
-        flops = cost.flops if flops is None else flops
-        nbytes = cost.bytes_per_sample(args.precision, args.batch) if nbytes is None else nbytes
-    line = roofline_of(spec, args.precision, flops, nbytes)
-    if args.json:
-        print(json.dumps({"model": args.model, **line.to_dict(args.measured)}, indent=2))
+    batch = args.batch or 1
+    best: Roofline | None = None
+    if args.flops is not None and args.bytes is not None:
+        line = roofline_of(spec, args.precision, args.flops, args.bytes, batch)
     else:
-        print(roofline_text(args.model, line, args.measured))
+        cost = _model_cost(args.repo, args.model)
+        flops = cost.flops if args.flops is None else args.flops
+        traffic = cost.traffic(args.precision)
+        if args.bytes is not None:
+            traffic = Traffic(0.0, args.bytes)
+        line = batch_roofline(spec, args.precision, flops, traffic, batch)
+        top = best_batch(spec, args.precision, flops, traffic)
+        best = batch_roofline(spec, args.precision, flops, traffic, top)
+    if args.json:
+        doc = {"model": args.model, **line.to_dict(args.measured)}
+        if best is not None:
+            doc["best"] = best.to_dict()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(roofline_text(args.model, line, args.measured, best))
     return 0
 
 

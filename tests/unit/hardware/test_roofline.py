@@ -8,7 +8,8 @@ import pytest
 
 from dlscale.errors import InvalidInput, Unsupported
 from dlscale.hardware.catalog import load_catalog
-from dlscale.hardware.roofline import roofline
+from dlscale.hardware.roofline import batch_roofline, best_batch, roofline
+from dlscale.types import Traffic
 
 RESNET50_FLOPS = 8.18e9  # 4.09 GMAC per 224x224 image (shared/reference/accelerators.md)
 
@@ -63,3 +64,49 @@ def test_every_catalog_device_gives_a_roofline_where_it_publishes_a_peak() -> No
         for precision in spec.dense:
             line = roofline(spec, precision, RESNET50_FLOPS, 25e6)
             assert 0 < line.attainable_rate < math.inf
+
+
+# -- the batch: weights read once per batch, activations and I/O once per sample -----------------
+
+
+def test_weights_are_shared_by_the_batch() -> None:
+    traffic = Traffic(weight_bytes=25e6, sample_bytes=5e6)
+    assert traffic.per_sample(1) == 30e6 and traffic.per_sample(25) == 6e6
+    with pytest.raises(InvalidInput, match="at least 1"):
+        traffic.per_sample(0)
+    h100 = load_catalog().get("H100-SXM")
+    one = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, 1)
+    many = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, 64)
+    assert one.batch == 1 and many.batch == 64
+    assert many.memory_bound_rate > one.memory_bound_rate
+    assert many.compute_bound_rate == one.compute_bound_rate
+
+
+def test_the_best_batch_is_the_first_compute_bound_one() -> None:
+    h100 = load_catalog().get("H100-SXM")
+    traffic = Traffic(weight_bytes=25e6, sample_bytes=5e6)  # bandwidth / 5 MB > compute ceiling
+    best = best_batch(h100, "int8", RESNET50_FLOPS, traffic)
+    at_best = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, best)
+    below = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, best - 1)
+    assert at_best.bound == "compute" and below.bound == "memory"
+    bigger = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, 10 * best)
+    assert bigger.attainable_rate == at_best.attainable_rate
+
+
+def test_when_no_batch_is_compute_bound_the_best_nears_the_memory_limit() -> None:
+    l4 = load_catalog().get("L4")
+    traffic = Traffic(weight_bytes=25e6, sample_bytes=60e6)
+    best = best_batch(l4, "int8", RESNET50_FLOPS, traffic)
+    limit = l4.memory_bandwidth / 60e6  # type: ignore[operator]
+    at_best = batch_roofline(l4, "int8", RESNET50_FLOPS, traffic, best)
+    below = batch_roofline(l4, "int8", RESNET50_FLOPS, traffic, best - 1)
+    assert at_best.bound == "memory"
+    assert 0.99 * limit <= at_best.attainable_rate < limit
+    assert below.attainable_rate < 0.99 * limit
+
+
+def test_without_weights_or_bandwidth_the_batch_changes_nothing() -> None:
+    h100 = load_catalog().get("H100-SXM")
+    assert best_batch(h100, "int8", RESNET50_FLOPS, Traffic(0.0, 5e6)) == 1
+    cpu = load_catalog().get("CPU")
+    assert best_batch(cpu, "fp32", RESNET50_FLOPS, Traffic(25e6, 5e6)) == 1

@@ -127,6 +127,30 @@ def test_bytes_per_sample_amortizes_weights_over_the_batch() -> None:
         cost.bytes_per_sample("fp32", batch=0)
 
 
+def test_elementwise_ops_after_a_producer_are_fused_and_not_written() -> None:
+    w = np.ones((4, 4), np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),  # fused into the MatMul
+        helper.make_node("Add", ["r", "x"], ["s"]),  # a residual: fused too
+        helper.make_node("Softmax", ["s"], ["p"]),  # a row-wise pass: written
+        helper.make_node("MatMul", ["p", "w"], ["y"]),
+    ]
+    cost = count(_graph(nodes, {"x": ["n", 4]}, {"y": ["n", 4]}, {"w": w}))
+    assert cost.activation_elements == 4 * 4  # h, r, s, p
+    assert cost.written_elements == 2 * 4  # h and p
+    lone = count(
+        _graph(
+            [helper.make_node("Relu", ["x"], ["y2"]), helper.make_node("Sigmoid", ["y2"], ["y"])],
+            {"x": [1, 4]},
+            {"y": [1, 4]},
+        )
+    )
+    assert lone.written_elements == 4  # a graph input has no producer to fuse into
+    assert ModelCost(0, 0, 10, 5, 1, {}).traffic("fp32").sample_bytes == 4 * (5 + 1)
+    assert ModelCost(0, 0, 10, 5, 1, {}, written_elements=2).traffic("fp32").sample_bytes == 4 * 3
+
+
 def test_mlp_matches_its_analytic_count(small_repo: Path) -> None:
     layers = [(256, 1024), (1024, 1024), (1024, 10)]
     macs = sum(i * o for i, o in layers)
@@ -138,6 +162,7 @@ def test_mlp_matches_its_analytic_count(small_repo: Path) -> None:
     assert cost.by_op == {"Gemm": 2 * macs + biases, "Relu": relus}
     assert cost.weight_params == macs + biases
     assert cost.activation_elements == 2 * 1024 + relus  # two hidden Gemm outputs, two ReLUs
+    assert cost.written_elements == 2 * 1024  # each ReLU runs in its Gemm's epilogue
     assert cost.io_elements == 256 + 10
     assert cost.uncounted == ()
 
@@ -155,6 +180,10 @@ def test_resnet50_is_4_09_gmac(big_zoo: Path) -> None:
     # torchvision's 25.56 M parameters, less BatchNorm's, which the export folds into the convs
     assert cost.weight_params == pytest.approx(25.5e6, rel=0.01)
     assert cost.uncounted == ()
+    # What a fusing runtime writes: the 53 convolutions' outputs, the max pool's and the global
+    # pool's (ReLUs and residual Adds run in the convolutions' epilogues): 11.3 M per image.
+    assert cost.written_elements == 11_113_984 + 200_704 + 2048
+    assert cost.activation_elements > 2 * cost.written_elements
 
 
 def _bert_analytic(
