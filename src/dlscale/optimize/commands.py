@@ -21,10 +21,11 @@ def optimize(args: argparse.Namespace) -> int:
         only=tuple(p for p in args.only.split(",") if p),
     )
     result = run_optimizer(args.repo, args.model, settings, progress=print)
-    print(
-        f"wrote {args.model} version {result.written_version} ({result.winner.variant.name}); "
-        f"report: {result.files.get('markdown')}"
-    )
+    if result.written_version is None:
+        done = f"kept {args.model} version {result.source_version}, wrote no version"
+    else:
+        done = f"wrote {args.model} version {result.written_version}"
+    print(f"{done} ({result.decision}); report: {result.files.get('markdown')}")
     if result.slo is not None:
         rate = result.slo.rate_qps
         print(

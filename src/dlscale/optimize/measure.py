@@ -15,17 +15,28 @@ from dlscale.bench.session import BenchOptions, Session
 
 @dataclass(frozen=True)
 class Speed:
-    """Offline throughput and SingleStream latency of one variant, with LoadGen's verdicts."""
+    """Offline throughput (the median of repeated runs) and SingleStream latency of one
+    variant, with LoadGen's verdicts."""
 
     offline_sps: float
     singlestream_p90_ms: float | None
     offline_valid: bool
     singlestream_valid: bool | None
     log_dir: str
+    #: Each Offline run's samples/s; the median is offline_sps.
+    offline_runs: tuple[float, ...] = ()
+
+    @property
+    def spread(self) -> float:
+        """(fastest - slowest run) / median: how much the runs disagree (0 for one run)."""
+        runs = self.offline_runs
+        if len(runs) < 2 or not self.offline_sps:
+            return 0.0
+        return (max(runs) - min(runs)) / self.offline_sps
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for the report."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "offline_runs": list(self.offline_runs), "spread": self.spread}
 
 
 @dataclass(frozen=True)
@@ -38,10 +49,12 @@ class MeterSettings:
     min_queries: int = 32
     warmup_s: float = 0.5
     singlestream: bool = True
+    #: Offline runs per variant: the decision takes their median and shows their spread.
+    repeats: int = 3
 
 
 def measure(repo: Path, model: str, log_dir: Path, settings: MeterSettings) -> Speed:
-    """LoadGen Offline (and SingleStream) against `repo/model`, served in process."""
+    """LoadGen Offline `repeats` times (and SingleStream once) against `repo/model`, in process."""
     scenarios = [Scenario.OFFLINE] + ([Scenario.SINGLESTREAM] if settings.singlestream else [])
     options = BenchOptions(
         model=model,
@@ -56,18 +69,25 @@ def measure(repo: Path, model: str, log_dir: Path, settings: MeterSettings) -> S
     session = Session(None, options, loop)
     try:
         session.open()
-        runs = [session.scenario(s, log_dir).main for s in scenarios]
+        offline = [
+            session.scenario(Scenario.OFFLINE, log_dir / f"run{n + 1}").main
+            for n in range(max(1, settings.repeats))
+        ]
+        single = None
+        if settings.singlestream:
+            single = session.scenario(Scenario.SINGLESTREAM, log_dir).main
     finally:
         session.close()
         loop.close()
-    offline, single = runs[0], (runs[1] if len(runs) > 1 else None)
-    assert offline is not None
+    assert all(run is not None for run in offline)
+    rates = tuple(float(run.throughput or 0.0) for run in offline if run is not None)
     return Speed(
-        offline_sps=float(offline.throughput or 0.0),
+        offline_sps=statistics.median(rates),
         singlestream_p90_ms=_p90_ms(single) if single is not None else None,
-        offline_valid=offline.valid,
+        offline_valid=all(run.valid for run in offline if run is not None),
         singlestream_valid=single.valid if single is not None else None,
         log_dir=str(log_dir),
+        offline_runs=rates,
     )
 
 
@@ -76,17 +96,3 @@ def _p90_ms(run: RunResult) -> float | None:
         return None
     ordered = sorted(int(v) for v in run.latencies_ns)
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] / 1e6
-
-
-def median_speed(speeds: list[Speed]) -> Speed:
-    """The median of repeated measurements of one variant (the first's logs are kept)."""
-    tputs = [s.offline_sps for s in speeds]
-    lats = [s.singlestream_p90_ms for s in speeds if s.singlestream_p90_ms is not None]
-    first = speeds[0]
-    return Speed(
-        offline_sps=statistics.median(tputs),
-        singlestream_p90_ms=statistics.median(lats) if lats else None,
-        offline_valid=all(s.offline_valid for s in speeds),
-        singlestream_valid=first.singlestream_valid,
-        log_dir=first.log_dir,
-    )

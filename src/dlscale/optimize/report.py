@@ -25,9 +25,11 @@ def to_dict(result: OptimizeResult) -> dict[str, Any]:
         "tolerance": result.tolerance,
         "data": result.data,
         "winner": result.winner.variant.name,
+        "decision": result.decision,
         "trials": [t.to_dict() for t in result.trials],
         "skipped": [{"name": s.name, "reason": s.reason} for s in result.skipped],
-        "measurement": "MLPerf LoadGen Offline and SingleStream, in process through the batcher",
+        "measurement": "MLPerf LoadGen Offline (repeated; median and spread) and SingleStream, "
+        "in process through the batcher",
         "previous_config": result.previous_config,
         "slo": result.slo.to_dict() if result.slo else None,
         "elapsed_s": round(result.elapsed_s, 1),
@@ -50,7 +52,10 @@ def write_report(result: OptimizeResult, folder: Path) -> dict[str, str]:
 
 
 def _rate(trial: Trial) -> str:
-    return f"{trial.speed.offline_sps:,.1f}" if trial.speed else "-"
+    if trial.speed is None:
+        return "-"
+    spread = f" ±{trial.speed.spread / 2:.0%}" if len(trial.speed.offline_runs) > 1 else ""
+    return f"{trial.speed.offline_sps:,.1f}{spread}"
 
 
 def _latency(trial: Trial) -> str:
@@ -70,18 +75,25 @@ def markdown(result: OptimizeResult, data: dict[str, Any]) -> str:
     base = next(
         (t.speed.offline_sps for t in result.trials if t.variant.name == "fp32" and t.speed), None
     )
+    if result.written_version is None:
+        outcome = f"Version {result.source_version} **kept**, no version written"
+    else:
+        outcome = f"Version {result.source_version} → **version {result.written_version}**"
     lines = [
         f"# dlscale optimize: {result.model}",
         "",
-        f"Version {result.source_version} → **version {result.written_version}**: "
-        f"`{result.winner.variant.name}` on {result.device}, chosen for the highest Offline "
-        f"throughput among variants within {result.tolerance:.2%} ({result.metric.value}).",
+        f"{outcome}: `{result.winner.variant.name}` on {result.device}, chosen for the highest "
+        f"median Offline throughput among variants within {result.tolerance:.2%} "
+        f"({result.metric.value}), if it beats FP32 beyond the runs' spread.",
+        "",
+        f"Decision: {result.decision}.",
         "",
         f"Validation: {data['data']['validation_rows']} rows from {data['data']['validation']}"
         f"{' with labels' if data['data']['labels'] else ''}; calibration from "
         f"{data['data']['calibration']}. Speed: {data['measurement']}.",
         "",
-        "| variant | stage | status | Offline samples/s | vs FP32 | SingleStream p90 ms "
+        "| variant | stage | status | Offline samples/s (median ± half the spread) | vs FP32 | "
+        "SingleStream p90 ms "
         "| accuracy |",
         "|---|---|---|---|---|---|---|",
     ]

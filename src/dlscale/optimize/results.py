@@ -61,9 +61,13 @@ class OptimizeResult:
     trials: list[Trial]
     skipped: list[Skipped]
     winner: Trial
-    written_version: int
+    #: The version written; None when FP32, the source, won (a copy would change nothing).
+    written_version: int | None
+    #: Where the report went: the written version's folder, or the source's.
     version_dir: Path
     previous_config: dict[str, Any]
     slo: SloResult | None = None
     elapsed_s: float = 0.0
     files: dict[str, str] = field(default_factory=dict)
+    #: Why the winner won, with the repeated runs it was decided on.
+    decision: str = ""

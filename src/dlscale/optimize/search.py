@@ -19,6 +19,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.optimize.accuracy import choose_metric, compare, run_outputs
 from dlscale.optimize.data import DataSets, load_datasets
+from dlscale.optimize.decide import decide, fastest
 from dlscale.optimize.measure import MeterSettings, measure
 from dlscale.optimize.onnx_variants import build_file
 from dlscale.optimize.report import write_report
@@ -116,14 +117,18 @@ def optimize(
     with tempfile.TemporaryDirectory(prefix=f".optimize-{model}-", dir=repo.root) as tmp:
         search = _Search(source, caps, settings, Path(tmp), say)
         trials, skipped = search.run(deadline)
-        winner = _best(trials)
-        say(
-            f"winner: {winner.variant.name} ({winner.speed.offline_sps:,.1f} samples/s)"
-            if winner.speed
-            else f"winner: {winner.variant.name}"
-        )
+        decision = decide(trials)
+        winner = decision.winner
+        say(f"winner: {decision.reason}")
         assert winner.folder is not None
-        version, version_dir, previous = write_version(repo, source, winner.variant, winner.folder)
+        version: int | None = None
+        if decision.keeps_source:
+            version_dir = source.path  # the report goes beside the source; no copy is written
+            previous = source.config.model_dump(mode="json", exclude_none=True)
+        else:
+            version, version_dir, previous = write_version(
+                repo, source, winner.variant, winner.folder
+            )
         slo = None
         if settings.slo_p99_s is not None:
             slo_deadline = started + settings.time_budget_s
@@ -153,6 +158,7 @@ def optimize(
         winner=winner,
         written_version=version,
         version_dir=version_dir,
+        decision=decision.reason,
         previous_config=previous,
         slo=slo,
         elapsed_s=time.monotonic() - started,
@@ -225,11 +231,11 @@ class _Search:
         trials = [self._try(v, 1, deadline, always=v.name == "fp32") for v in first]
         if self.settings.runtime_stage:
             # Runtime settings are the runtime's own: each runtime's best file gets its own.
-            best = _best([t for t in trials if t.variant.runtime == "onnxruntime"])
+            best = fastest([t for t in trials if t.variant.runtime == "onnxruntime"])
             second, more = runtime_variants(best.variant, self.facts, self.caps)
             accepted_torch = [t for t in trials if t.variant.runtime == "torch" and t.accepted]
             if accepted_torch:
-                best_torch = _best(accepted_torch)
+                best_torch = fastest(accepted_torch)
                 torch_second, torch_more = torch_runtime_variants(
                     best_torch.variant, self.facts, self.caps
                 )
@@ -345,14 +351,3 @@ def _options_of(config: ModelConfig, device: str) -> BackendOptions:
         graph_optimization_level=opts.graph_optimization_level,
         extra=dict(opts.model_extra or {}),
     )
-
-
-def _best(trials: list[Trial]) -> Trial:
-    """The accepted trial with the highest Offline throughput (fp32 when nothing else holds)."""
-    measured = [t for t in trials if t.accepted and t.speed is not None]
-    if not measured:
-        raise OptimizeError(
-            "no variant was accepted and measured, not even FP32: "
-            + "; ".join(f"{t.variant.name}: {t.reason}" for t in trials)
-        )
-    return max(measured, key=lambda t: t.speed.offline_sps if t.speed else 0.0)
