@@ -1,0 +1,86 @@
+"""The limits: validated once, each a `dlscale serve` flag, each in docs/limits.md."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from dlscale.cli import parse
+from dlscale.errors import ConfigError, PermissionDenied
+from dlscale.frontends.access import Access, Restriction, grpc_group, rest_group
+from dlscale.frontends.limits import Limits
+from dlscale.server import settings_from
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "limits.md"
+#: Set in MiB by their own flags.
+IN_MIB = {"max_body_bytes": "--max-body-mb", "max_grpc_message_bytes": "--max-grpc-mb"}
+
+
+def test_every_limit_is_documented_with_its_flag_and_default() -> None:
+    rows = {
+        line.split("|")[1].strip(): line for line in DOC.read_text().splitlines() if "| `--" in line
+    }
+    for item in dataclasses.fields(Limits):
+        flag = IN_MIB.get(item.name, "--" + item.name.replace("_", "-"))
+        assert f"`{flag}`" in rows, flag
+        default = item.default // 2**20 if item.name in IN_MIB else item.default
+        assert f"| {default:,} |" in rows[f"`{flag}`"], (flag, default)
+
+
+def test_serve_flags_become_the_settings() -> None:
+    args = parse(
+        [
+            "serve", "repo", "--max-url-bytes", "1024", "--head-timeout-s", "2.5",
+            "--max-body-mb", "1", "--strict-readiness=false", "--exit-on-error",
+            "--grace-s", "3", "--http-restricted-api", "model-repository:k=v",
+            "--grpc-restricted-protocol", "statistics,trace:k2=v2",
+        ]
+    )  # fmt: skip
+    settings = settings_from(args)
+    assert settings.limits == Limits(max_url_bytes=1024, head_timeout_s=2.5, max_body_bytes=2**20)
+    assert not settings.strict_readiness and settings.exit_on_error and settings.grace_s == 3
+    assert settings.http_restricted == (Restriction(frozenset({"model-repository"}), "k", "v"),)
+    assert settings.grpc_restricted[0].groups == {"statistics", "trace"}
+    assert settings.tls is None and settings.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-headers", "0"], "max_headers must be positive"),
+        (["--tls-cert", "c.pem"], "go together"),
+        (["--http-restricted-api", "nope:k=v"], "unknown"),
+        (["--http-restricted-api", "health:a=b", "--http-restricted-api", "health:c=d"], "several"),
+    ],
+)
+def test_bad_flags_are_config_errors(extra: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        settings_from(parse(["serve", "repo", *extra]))
+
+
+def test_api_groups_follow_tritons_names() -> None:
+    assert rest_group([]) == "metadata"
+    assert rest_group(["health", "ready"]) == "health"
+    assert rest_group(["models", "m", "versions", "2", "infer"]) == "inference"
+    assert rest_group(["models", "m", "ready"]) == "health"
+    assert rest_group(["models", "m", "config"]) == "model-config"
+    assert rest_group(["models", "stats"]) == rest_group(["models", "m", "stats"]) == "statistics"
+    assert rest_group(["repository", "index"]) == "model-repository"
+    assert rest_group(["systemsharedmemory", "status"]) == "shared-memory"
+    assert rest_group(["nothing"]) == ""
+    service = "/inference.GRPCInferenceService/"
+    assert grpc_group(service + "ModelStreamInfer") == "inference"
+    assert grpc_group(service + "CudaSharedMemoryRegister") == "shared-memory"
+    assert grpc_group(service + "RepositoryModelLoad") == "model-repository"
+    assert grpc_group("/grpc.health.v1.Health/Check") == "health"
+
+
+def test_access_checks_the_header_of_a_restricted_group_only() -> None:
+    access = Access([Restriction.parse("statistics:admin-key=s3cret")])
+    access.check("inference", {})
+    access.check("statistics", {"admin-key": "s3cret"})
+    with pytest.raises(PermissionDenied, match="'admin-key'") as caught:
+        access.check("statistics", {"admin-key": "s3cre"})
+    assert caught.value.http_status == 403 and caught.value.grpc_code == "PERMISSION_DENIED"
