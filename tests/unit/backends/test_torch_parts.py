@@ -13,8 +13,8 @@ from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch.device import resolve_device
 from dlscale.backends.torch.files import save_exported, save_torchscript, write_module_spec
-from dlscale.backends.torch.options import parse_torch_options
 from dlscale.backends.torch.lowp import LowpConv2d, LowpLinear, fold_batchnorm, to_lowp
+from dlscale.backends.torch.options import parse_torch_options
 from dlscale.backends.torch.precision import check_supported, fp8_supported, fp32_mode
 from dlscale.backends.torch.tensors import from_numpy, to_numpy
 from dlscale.errors import BackendError, ConfigError, InvalidInput
