@@ -98,6 +98,8 @@ def build_package(
 ) -> Path:
     """Export `program` (batch dim dynamic, 1 to info.max_batch) and compile it into `path`.
 
+    `program`'s forward takes its inputs as `*args`, as the Boundary's does.
+
     `example` holds one batch of at least two rows on the package's device, in the program's
     input order. Compiling takes as long as torch.compile of the same model (a minute or more
     for resnet50); loading the result takes seconds.
@@ -107,7 +109,8 @@ def build_package(
     if not path.name.endswith(".pt2"):
         raise ConfigError(f"{path}: an AOTInductor package must end in .pt2")
     batch = torch.export.Dim("batch", min=1, max=info.max_batch)
-    dynamic = tuple({0: batch} for _ in example)
+    # The Boundary's forward takes *args: its dynamic shapes are one tuple, for `args`.
+    dynamic = (tuple({0: batch} for _ in example),)
     configs = dict(inductor_configs or {})
     configs["aot_inductor.metadata"] = info.metadata()
     with torch.no_grad():
