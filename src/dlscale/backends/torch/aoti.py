@@ -114,7 +114,8 @@ def build_package(
     configs = dict(inductor_configs or {})
     configs["aot_inductor.metadata"] = info.metadata()
     with torch.no_grad():
-        exported = torch.export.export(program.eval(), tuple(example), dynamic_shapes=dynamic)
+        # No .eval(): the model is in eval mode already, and an exported one refuses train().
+        exported = torch.export.export(program, tuple(example), dynamic_shapes=dynamic)
         aoti_compile_and_package(exported, package_path=str(path), inductor_configs=configs)
     return path
 

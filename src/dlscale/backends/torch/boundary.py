@@ -38,6 +38,9 @@ class Boundary(nn.Module):
         self.channels_last = channels_last
         self.output_names = [o.name for o in outputs]
         self.output_dtypes = [torch_dtype(o.datatype) for o in outputs]
+        # Serving only. Set directly: .eval() would recurse into an exported program's module,
+        # which refuses train().
+        self.training = False
 
     def forward(self, *args: torch.Tensor) -> list[torch.Tensor]:
         with self.plan.context():
