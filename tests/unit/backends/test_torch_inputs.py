@@ -62,21 +62,29 @@ def test_pixels_round_trip_to_the_images_they_came_from() -> None:
     assert float(np.abs(back - images).max()) <= 0.5 / 255 / 0.224 + 1e-6
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resnet50_on_uint8_pixels_computes_what_onnx_does_on_their_images(
-    resnet_repo: Path, tmp_path: Path
+    resnet_repo: Path, tmp_path: Path, precision: str
 ) -> None:
+    # BF16 too: the normalization must follow the model's dtype after BatchNorm folding
+    # traced the module (a dtype read while tracing would stay FP32 and break the convs).
     model = ZOO["resnet50"]
     pixels = as_input_type(model, model.sample(3, np.random.default_rng(5)), "uint8")
     entry = torch_entry(model, "uint8")
     assert entry.inputs[0].datatype.value == "UINT8"
-    got, backend = _torch(entry.write(tmp_path / "model.zoo"), pixels)
+    got, backend = _torch(entry.write(tmp_path / "model.zoo"), pixels, precision=precision)
     assert backend.inputs[0].datatype.value == "UINT8"
     expected = _onnx(
         resnet_repo / "resnet50" / "1" / "model.onnx",
         {"input": PIXELS["resnet50"].to_images(pixels["input"])},
     )
-    assert _relative_error(got["output"], expected["output"]) <= 5e-4
-    assert (got["output"].argmax(1) == expected["output"].argmax(1)).all()
+    out, ref = got["output"], expected["output"]
+    if precision == "fp32":
+        assert _relative_error(out, ref) <= 5e-4
+        assert (out.argmax(1) == ref.argmax(1)).all()
+    else:
+        cosine = float((out * ref).sum() / (np.linalg.norm(out) * np.linalg.norm(ref)))
+        assert _relative_error(out, ref) <= 0.25 and cosine >= 0.99
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

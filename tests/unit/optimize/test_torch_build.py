@@ -133,5 +133,5 @@ def test_a_package_variant_is_its_source_compiled_ahead_of_time(
     assert sorted(p.name for p in package.parent.iterdir()) == ["model.aoti.pt2"]
     got = _run(package, data, max_batch_size=64, precision="fp32")
     np.testing.assert_allclose(got, reference, atol=1e-4)
-    with pytest.raises(RecipeError, match="AOTInductor failed.*tf32"):
+    with pytest.raises(RecipeError, match=r"AOTInductor failed.*tf32"):
         builder.build(AOTI, tmp_path / "bad", None, {"source": EXPORT, "precision": "tf32"})

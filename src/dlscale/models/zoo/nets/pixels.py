@@ -28,7 +28,9 @@ class PixelInput(nn.Module):
         self.register_buffer("offset", -mean_t / std_t)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        images = pixels.to(self.gain.dtype) * self.gain + self.offset
+        # Type promotion makes UINT8 x gain the gain's dtype (the model's, once it is cast);
+        # no dtype is read here, so a traced graph (torch.fx, export) keeps following it.
+        images = pixels * self.gain + self.offset
         return self.model(images)  # type: ignore[no-any-return]
 
 
