@@ -14,7 +14,7 @@ from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch.device import resolve_device
 from dlscale.backends.torch.files import save_exported, save_torchscript, write_module_spec
 from dlscale.backends.torch.lowp import LowpConv2d, LowpLinear, fold_batchnorm, to_lowp
-from dlscale.backends.torch.options import parse_torch_options
+from dlscale.backends.torch.options import parse_torch_options, resolve
 from dlscale.backends.torch.precision import check_supported, fp8_supported, fp32_mode
 from dlscale.backends.torch.tensors import from_numpy, to_numpy
 from dlscale.errors import BackendError, ConfigError, InvalidInput
@@ -102,6 +102,25 @@ def test_a_cuda_device_without_cuda_is_refused_clearly(tmp_path: Path) -> None:
     backend = create_backend("torch", path, BackendOptions(device="cuda:0", max_batch_size=4))
     with pytest.raises(ConfigError, match="sees no CUDA device"):
         backend.load()
+
+
+def test_settings_left_open_are_chosen_for_the_device() -> None:
+    def chosen(extra: dict[str, object], **facts: bool) -> tuple[object, ...]:
+        facts = {"on_cuda": True, "can_bucket": True, "convolutional": True} | facts
+        s = resolve(parse_torch_options(extra), **facts)
+        return s.cuda_graphs, s.channels_last, s.freezing, s.inflight_batches
+
+    # CUDA: graphs per bucket, channels_last for convolutions, freezing, two batches in flight.
+    assert chosen({}) == (True, True, True, 2)
+    assert chosen({}, convolutional=False) == (True, False, True, 2)
+    assert chosen({}, can_bucket=False) == (False, True, True, 2)
+    # Inductor's own graphs replace ours and are kept per thread: one batch at a time.
+    assert chosen({"compile": True, "compile_mode": "reduce-overhead"}) == (False, True, True, 1)
+    assert chosen({"compile_backend": "aot_eager"})[2] is False  # freezing is inductor's
+    # The CPU keeps what it had; explicit settings are kept everywhere.
+    assert chosen({}, on_cuda=False) == (False, False, False, 1)
+    explicit = {"cuda_graphs": False, "channels_last": False, "freezing": False}
+    assert chosen(explicit | {"inflight_batches": 3}) == (False, False, False, 3)
 
 
 # -- precision -----------------------------------------------------------------------------------

@@ -105,7 +105,8 @@ def resolve(
         # On the CPU freezing swaps in oneDNN's prepacked kernels, which PT2E INT8 programs
         # cannot take on this torch; CUDA has no such limit (docs/optimize.md).
         freezing = on_cuda and options.compile_backend == "inductor"
-    inflight = options.inflight_batches or (CUDA_INFLIGHT if on_cuda else 1)
+    # Inductor's own CUDA graphs (cudagraph trees) are kept per thread: one batch at a time.
+    inflight = options.inflight_batches or (CUDA_INFLIGHT if on_cuda and not self_capturing else 1)
     return replace(
         options,
         cuda_graphs=graphs,
