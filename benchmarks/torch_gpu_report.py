@@ -65,12 +65,12 @@ def report(rows: list[Row], args: argparse.Namespace, seconds: float) -> dict[st
         "took_s": seconds,
         "targets": TARGETS,
         "mlperf_h100_resnet50_offline": MLPERF_H100_RESNET50,
-        "verdicts": _verdicts(rows),
+        "verdicts": verdicts(rows),
         "rows": [asdict(r) | {"best": r.best} for r in rows],
     }
 
 
-def _verdicts(rows: list[Row]) -> list[str]:
+def verdicts(rows: list[Row]) -> list[str]:
     """The issue's targets, each met or not by what this run measured."""
 
     def best(model: str, kind: str, precision: str) -> float:

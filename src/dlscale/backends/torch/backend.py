@@ -139,9 +139,9 @@ class TorchBackend:
             sizes = [1, 2] if s.compile and self.options.max_batch_size > 1 else [1]
         else:
             sizes = [None]
-        largest = self.buckets.largest if self.buckets else self.options.max_batch_size
-        if self._staging is not None and largest > 0:
+        if self._staging is not None and self.buckets is not None:
             # Every buffer at the largest batch up front: graphs hold their addresses.
+            largest = self.buckets.largest
             self._staging.reserve({i.name: (largest, *i.shape[1:]) for i in model.inputs})
         if s.cuda_graphs:
             self._capture()
