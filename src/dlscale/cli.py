@@ -143,24 +143,20 @@ def _add_core_verbs(sub: SubParsers) -> None:
 def _add_serve_lifecycle_flags(serve: argparse.ArgumentParser) -> None:
     """Readiness, start-up failures and the shutdown grace, as Triton names them."""
     group = serve.add_argument_group("readiness and shutdown")
-    group.add_argument(
-        "--strict-readiness",
-        type=_boolean,
-        nargs="?",
-        const=True,
-        default=True,
-        metavar="BOOL",
-        help="ready only while every model that should be served is READY (default true)",
-    )
-    group.add_argument(
-        "--exit-on-error",
-        type=_boolean,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="BOOL",
-        help="stop when a model fails to load at start (default false: serve the others)",
-    )
+    for flag, default, text in (
+        ("--strict-readiness", True, "ready only while every model that should be served is"),
+        ("--exit-on-error", False, "stop when a model fails to load at start, not serve the"),
+    ):
+        tail = "READY" if default else "others"
+        group.add_argument(
+            flag,
+            type=_boolean,
+            nargs="?",
+            const=True,
+            default=default,
+            metavar="BOOL",
+            help=f"{text} {tail} (default {str(default).lower()})",
+        )
     group.add_argument(
         "--grace-s",
         type=float,

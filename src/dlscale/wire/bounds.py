@@ -1,7 +1,38 @@
-"""The codec's fixed bounds on a tensor's shape (numpy-free, so the command line can show them)."""
+"""The codec's bounds on a tensor's shape, checked before any array is made (numpy-free, so the
+command line can show them)."""
+
+from __future__ import annotations
+
+import math
+
+from dlscale.errors import InvalidInput
 
 #: numpy's most dimensions (NPY_MAXDIMS): a shape with more is refused before any array is made.
 MAX_DIMS = 64
 #: The most elements one tensor may declare unless the server says otherwise
 #: (Limits.max_tensor_elements): 64 Mi, a 64 MiB body of one-byte elements.
 MAX_ELEMENTS = 2**26
+
+
+def check_shape(
+    role: str, name: str, shape: tuple[int, ...], max_elements: int = MAX_ELEMENTS
+) -> None:
+    """InvalidInput unless the shape has at most MAX_DIMS dimensions, none negative, and declares
+    at most `max_elements` elements (each dimension too, so that a zero cannot hide a huge one)."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(
+            f"{role} {name!r} has {len(shape)} dimensions; at most {MAX_DIMS} are allowed"
+        )
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
+    if max(shape, default=0) > max_elements or math.prod(shape) > max_elements:
+        raise InvalidInput(
+            f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
+            "tensor may hold on this server (max_tensor_elements)"
+        )
+
+
+def _brief(shape: tuple[int, ...]) -> str:
+    """A shape for a message, cut short when a client sent a very long one."""
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."

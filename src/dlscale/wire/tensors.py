@@ -19,7 +19,7 @@ import numpy as np
 
 from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, Parameters
-from dlscale.wire.bounds import MAX_DIMS, MAX_ELEMENTS
+from dlscale.wire.bounds import MAX_DIMS, MAX_ELEMENTS, check_shape
 
 Buffer = bytes | bytearray | memoryview
 
@@ -155,7 +155,7 @@ def read_tensor(tensor: WireTensor, source: Source, max_elements: int = MAX_ELEM
     declares against what the message carries, so that nothing is allocated for a lie.
     Raw numbers are a view of the message's bytes (no copy; read-only when the bytes are).
     """
-    check_shape(tensor, max_elements)
+    check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
     # Shared memory joins here: a `shared_memory_region` in tensor.parameters names the source
     # instead (its message carries no data), checked before the source the message carried.
     if isinstance(source, RawData):
@@ -163,29 +163,6 @@ def read_tensor(tensor: WireTensor, source: Source, max_elements: int = MAX_ELEM
     if isinstance(source, JsonData):
         return _from_json(tensor, source.data)
     return _from_typed(tensor, source)
-
-
-def check_shape(tensor: WireTensor, max_elements: int = MAX_ELEMENTS) -> None:
-    """InvalidInput unless the shape has at most MAX_DIMS dimensions, none negative, and declares
-    at most `max_elements` elements (each dimension too, so that a zero cannot hide a huge one)."""
-    shape, role, name = tensor.shape, tensor.role, tensor.name
-    if len(shape) > MAX_DIMS:
-        raise InvalidInput(
-            f"{role} {name!r} has {len(shape)} dimensions; at most {MAX_DIMS} are allowed"
-        )
-    if any(d < 0 for d in shape):
-        raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
-    if max(shape, default=0) > max_elements or math.prod(shape) > max_elements:
-        raise InvalidInput(
-            f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
-            "tensor may hold on this server (max_tensor_elements)"
-        )
-
-
-def _brief(shape: tuple[int, ...]) -> str:
-    """A shape for a message, cut short when a client sent a very long one."""
-    text = str(list(shape))
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _say(template: str, tensor: WireTensor, **facts: int) -> str:

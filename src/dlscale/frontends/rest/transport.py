@@ -9,52 +9,17 @@ tensors in the wire codec (`dlscale.wire.rest`).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import enum
 import logging
 import ssl
-import typing
-from dataclasses import dataclass
-from http import HTTPStatus
-
-import httptools
 
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits, connection_cap
-from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
+from dlscale.frontends.rest.api import RestApi
+from dlscale.frontends.rest.connection import DRAIN_AFTER_REFUSAL_S, Connection
 from dlscale.serving.dataplane import DataPlane
-from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
-
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-#: Parsed requests a connection may hold while one is answered (pipelining) before it stops reading.
-_MAX_PIPELINED = 32
-#: How long a refused request's unread body is drained before the connection closes.
-_DRAIN_AFTER_REFUSAL_S = 2.0
-#: Bytes counted for a header line's separators (": " and CRLF).
-_HEADER_OVERHEAD = 4
-
-
-class _Phase(enum.Enum):
-    """Where a connection is in reading a request; the timeouts apply to HEAD and BODY."""
-
-    IDLE = "idle"
-    HEAD = "head"
-    BODY = "body"
-
-
-@dataclass(eq=False)
-class _Message:
-    """One parsed request waiting for its turn, or a refusal to send before closing."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Buffer
-    keep_alive: bool
-    refusal: RestResponse | None = None
 
 
 class HttpFrontend:
@@ -78,7 +43,7 @@ class HttpFrontend:
         self.max_connections = self.limits.max_connections
         self.stopping = False
         self._server: asyncio.Server | None = None
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
         self._all_closed = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -87,7 +52,7 @@ class HttpFrontend:
         loop = asyncio.get_running_loop()
         self.max_connections = connection_cap(self.limits.max_connections)
         self._server = await loop.create_server(
-            lambda: _Connection(self),
+            lambda: Connection(self),
             self.host,
             self.requested_port,
             backlog=1024,
@@ -128,19 +93,20 @@ class HttpFrontend:
             for conn in list(self._connections):
                 conn.cut(grace_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._all_closed.wait(), _DRAIN_AFTER_REFUSAL_S + 1)
+                await asyncio.wait_for(self._all_closed.wait(), DRAIN_AFTER_REFUSAL_S + 1)
         for conn in list(self._connections):
             conn.abort()
         await self._server.wait_closed()
         self._server = None
 
-    def _opened(self, conn: _Connection) -> bool:
+    def opened(self, conn: Connection) -> bool:
         """Count a new connection; False when the server already holds its maximum."""
         full = len(self._connections) >= self.max_connections
         self._connections.add(conn)
         return not full
 
-    def _closed(self, conn: _Connection) -> None:
+    def closed(self, conn: Connection) -> None:
+        """Forget a closed connection; the last one wakes a stop waiting for them all."""
         self._connections.discard(conn)
         if not self._connections:
             self._all_closed.set()
@@ -156,323 +122,3 @@ class HttpFrontend:
             now = loop.time()
             for conn in list(self._connections):
                 conn.check_deadlines(now)
-
-
-class _Connection(asyncio.Protocol):
-    """One client connection: parse, answer in order, keep alive."""
-
-    def __init__(self, frontend: HttpFrontend) -> None:
-        self.frontend = frontend
-        self.api = frontend.api
-        self.loop = asyncio.get_running_loop()
-        self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.limits = frontend.limits
-        self.last_active = self.loop.time()
-        self._phase = _Phase.IDLE
-        self._phase_since = self.last_active
-        self._head_seen = 0  # bytes fed while the head was still arriving
-        self._url: list[bytes] = []
-        self._url_size = 0
-        self._head_size = 0
-        self._headers: dict[str, str] = {}
-        self._header_lines = 0
-        self._body: list[bytes] = []
-        self._body_size = 0
-        self._requests = 0
-        self._cut: float | None = None  # the grace, once stop() has cut this connection
-        self._refusal: RestResponse | None = None
-        self._queue: collections.deque[_Message] = collections.deque()
-        self._task: asyncio.Task[None] | None = None
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self._reading = True
-        self._done = False  # no more requests are read on this connection
-
-    # -- asyncio.Protocol --------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport, though they implement it.
-        self.transport = typing.cast(asyncio.Transport, transport)
-        if not self.frontend._opened(self):
-            most = self.frontend.max_connections
-            self._refuse(
-                error_response(
-                    503,
-                    f"the server holds its maximum of {most} connections; try again later",
-                    (("retry-after", "1"),),
-                )
-            )
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._done = True
-        self._queue.clear()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client left: its queued request need not be computed
-        self._writable.set()
-        self.frontend._closed(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self._done:
-            return
-        self.last_active = self.loop.time()
-        in_head = self._phase is _Phase.HEAD
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(error_response(400, "protocol upgrades are not supported"))
-        except httptools.HttpParserCallbackError:
-            if self._refusal is None:
-                raise
-            self._refuse(self._refusal)
-        except httptools.HttpParserError as exc:
-            self._refuse(error_response(400, f"malformed HTTP request: {exc}"))
-        else:
-            if self._phase is _Phase.HEAD:
-                # The parser holds a header line until it ends: bound what it may hold.
-                self._head_seen += len(data) if in_head else 0
-                if self._head_seen > self.limits.max_head_bytes:
-                    self._refuse(self._head_too_large())
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    # -- httptools callbacks -----------------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self._enter(_Phase.HEAD)
-        self._head_seen = 0
-        self._url = []
-        self._url_size = 0
-        self._head_size = 0
-        self._headers = {}
-        self._header_lines = 0
-        self._body = []
-        self._body_size = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._url_size += len(url)
-        if self._url_size > self.limits.max_url_bytes:
-            self._refusal = error_response(
-                414,
-                f"the request target exceeds the limit of {self.limits.max_url_bytes} bytes "
-                "(max_url_bytes)",
-            )
-            raise _Refused
-        self._url.append(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        size = len(name) + len(value)
-        self._header_lines += 1
-        self._head_size += size + _HEADER_OVERHEAD
-        limits = self.limits
-        if size > limits.max_header_bytes:
-            shown = name[:64].decode("latin-1")
-            self._refusal = error_response(
-                431,
-                f"header {shown!r} is {size} bytes, above the limit of {limits.max_header_bytes} "
-                "bytes per header line (max_header_bytes)",
-            )
-            raise _Refused
-        if self._header_lines > limits.max_headers:
-            self._refusal = error_response(
-                431, f"more than {limits.max_headers} header lines (max_headers)"
-            )
-            raise _Refused
-        if self._head_size + self._url_size > limits.max_head_bytes:
-            self._refusal = self._head_too_large()
-            raise _Refused
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def _head_too_large(self) -> RestResponse:
-        return error_response(
-            431,
-            f"the request head exceeds the limit of {self.limits.max_head_bytes} bytes "
-            "(max_head_bytes)",
-        )
-
-    def on_headers_complete(self) -> None:
-        self._enter(_Phase.BODY)
-        length = self._headers.get("content-length")
-        limit = self.limits.max_body_bytes
-        if length is not None and length.isdigit() and int(length) > limit:
-            # Refused before the body is read: the connection closes after this answer.
-            self._refusal = error_response(
-                413, f"the request body of {length} bytes exceeds the limit of {limit} bytes"
-            )
-            raise _Refused
-        if self._headers.get("expect", "").lower() == "100-continue" and not self._queue:
-            assert self.transport is not None
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        self._body_size += len(body)
-        if self._body_size > self.limits.max_body_bytes:
-            self._refusal = error_response(
-                413, f"the request body exceeds the limit of {self.limits.max_body_bytes} bytes"
-            )
-            raise _Refused
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self._enter(_Phase.IDLE)
-        if self._done:
-            return  # pipelined behind the connection's last request: left unanswered, as closed
-        parts = self._body
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        keep_alive = self.parser.should_keep_alive()
-        self._requests += 1
-        most = self.limits.max_keep_alive_requests
-        if most and self._requests >= most:
-            keep_alive = False  # answered with "connection: close"; the client opens another
-            self._done = True
-        message = _Message(
-            self.parser.get_method().decode("ascii"),
-            b"".join(self._url).decode("latin-1"),
-            self._headers,
-            body,
-            keep_alive,
-        )
-        self._enqueue(message)
-
-    def _enter(self, phase: _Phase) -> None:
-        self._phase = phase
-        self._phase_since = self.loop.time()
-
-    # -- answering ---------------------------------------------------------------------------------
-
-    def _refuse(self, response: RestResponse) -> None:
-        """Answer `response` once earlier requests are answered, then close; parse no more."""
-        self._done = True  # what still arrives is read and dropped (see _finish_refusal)
-        self._enqueue(_Message("", "", {}, b"", False, refusal=response))
-
-    def _enqueue(self, message: _Message) -> None:
-        self._queue.append(message)
-        if len(self._queue) >= _MAX_PIPELINED:
-            self._pause_reading()
-        if self._task is None:
-            self._task = self.loop.create_task(self._answer_queue())
-
-    async def _answer_queue(self) -> None:
-        try:
-            while self._queue and self.transport is not None and not self.transport.is_closing():
-                message = self._queue.popleft()
-                if message.refusal is not None:
-                    response = message.refusal
-                else:
-                    try:
-                        response = await self.api.handle(
-                            message.method, message.path, message.headers, message.body
-                        )
-                    except asyncio.CancelledError:
-                        if self._cut is None:
-                            raise  # the client left
-                        task = asyncio.current_task()
-                        if task is not None:
-                            task.uncancel()
-                        message.refusal = response = _cut_response(self._cut)
-                if not self._writable.is_set():
-                    await self._writable.wait()
-                if message.refusal is not None:
-                    self._write(response, keep_alive=False)
-                    self._finish_refusal()
-                    return
-                keep = message.keep_alive and not self.frontend.stopping
-                self._write(response, keep or bool(self._queue), message.method == "HEAD")
-                if not keep and not self._queue:
-                    self.transport.close()
-                    return
-                if not self._reading and len(self._queue) < _MAX_PIPELINED // 2 and not self._done:
-                    self._reading = True
-                    self.transport.resume_reading()
-        finally:
-            self._task = None
-            self.last_active = self.loop.time()
-
-    def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
-        assert self.transport is not None
-        size = sum(len(p) for p in response.parts)
-        parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
-        head = [
-            b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
-            b"content-type: %s\r\ncontent-length: %d\r\n" % (response.content_type.encode(), size),
-        ]
-        for name, value in response.headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        if size < 65536:
-            # One write (one syscall) for the common small response.
-            self.transport.write(b"".join([*head, *parts]))
-        else:
-            self.transport.writelines([b"".join(head), *parts])
-
-    def _finish_refusal(self) -> None:
-        # Closing with unread body bytes in the socket makes the kernel send RST, and the client
-        # may lose the answer: shut our side, keep draining a moment, then close.
-        assert self.transport is not None
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.loop.call_later(_DRAIN_AFTER_REFUSAL_S, self.transport.close)
-
-    def _pause_reading(self) -> None:
-        if self._reading and self.transport is not None and not self.transport.is_closing():
-            self._reading = False
-            self.transport.pause_reading()
-
-    # -- used by the frontend ----------------------------------------------------------------------
-
-    def check_deadlines(self, now: float) -> None:
-        """Answer 408 to a request whose head or body is late; close a keep-alive gone idle."""
-        if self._done or not self._reading:
-            return  # refused already, or not reading because answers are pending
-        limits, since = self.limits, now - self._phase_since
-        if self._phase is _Phase.HEAD and since > limits.head_timeout_s:
-            late = f"the request head did not arrive within {limits.head_timeout_s:g} s"
-            self._refuse(error_response(408, f"{late} (head_timeout_s)"))
-        elif self._phase is _Phase.BODY and since > limits.body_timeout_s:
-            late = f"the request body did not arrive within {limits.body_timeout_s:g} s"
-            self._refuse(error_response(408, f"{late} (body_timeout_s)"))
-        elif (
-            self._phase is _Phase.IDLE
-            and self._task is None
-            and self.last_active < now - limits.keep_alive_s
-        ):
-            self.abort()
-
-    def close_if_idle(self) -> None:
-        """Close now if no request is being read or answered; refuse one half read with 503."""
-        if self._task is not None or self.transport is None or self._done:
-            return
-        if self._phase is _Phase.IDLE:
-            self._done = True
-            self.transport.close()
-        else:
-            self._refuse(error_response(503, "the server is shutting down"))
-
-    def cut(self, grace_s: float) -> None:
-        """The grace is over: answer the request in progress with 503, then close."""
-        self._cut = grace_s
-        if self._task is not None:
-            self._task.cancel()
-        elif not self._done:
-            self._refuse(_cut_response(grace_s))
-
-    def abort(self) -> None:
-        """Drop the connection at once."""
-        if self.transport is not None:
-            self.transport.abort()
-
-
-def _cut_response(grace_s: float) -> RestResponse:
-    return error_response(
-        503, f"the server stopped before this request finished, after a grace of {grace_s:g} s"
-    )
-
-
-class _Refused(Exception):
-    """Raised from a parser callback to stop parsing a request that is refused."""
