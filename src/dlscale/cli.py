@@ -297,6 +297,17 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="random seed for samples and schedules")
     p.add_argument(
+        "--shared-memory",
+        choices=["none", "system", "cuda"],
+        default="none",
+        help="tensors through shared-memory regions the bench fills per query (default none)",
+    )
+    p.add_argument(
+        "--output-shm-size",
+        type=int,
+        help="bytes of output region per output and request (default: from the output's shape)",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
