@@ -153,6 +153,12 @@ class SharedMemoryRegistry:
             )
         return [region.status]
 
+    def users(self, name: str) -> int:
+        """Requests that hold region `name` now (0 when there is no such region)."""
+        with self._lock:
+            region = self._regions.get(name)
+            return region.users if region is not None else 0
+
     def unregister(self, kind: RegionKind, name: str = "") -> None:
         """Unregister one region, or every region of `kind` when `name` is empty.
 
