@@ -32,7 +32,7 @@ def test_register_lists_and_unregister_removes(client: Any, protocol: str, regio
     assert status[name] == {"name": name, "key": key, "offset": 100, "byte_size": 1024}
     assert status[other]["byte_size"] == 8192
     one = client.get_system_shared_memory_status(name)
-    assert (one[0]["name"] if protocol == "http" else list(one.regions)[0]) == name
+    assert (one[0]["name"] if protocol == "http" else next(iter(one.regions))) == name
     client.unregister_system_shared_memory(name)
     assert set(system_status(client, protocol)) == {other}
     client.unregister_system_shared_memory()
