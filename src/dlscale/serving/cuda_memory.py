@@ -101,6 +101,11 @@ def is_device_array(array: object) -> bool:
     return not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__")
 
 
+def as_cupy(array: Any) -> Any:
+    """A device array as a CuPy array over the same memory (PyTorch tensors included)."""
+    return _cupy().asarray(array)
+
+
 def to_host(array: Any) -> np.ndarray:
     """A host copy of a device array; host arrays are returned as they are."""
     if not is_device_array(array):

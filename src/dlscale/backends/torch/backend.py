@@ -24,7 +24,7 @@ from dlscale.backends.torch.precision import (
     check_supported,
     fp32_mode,
 )
-from dlscale.backends.torch.tensors import from_numpy, to_numpy, torch_dtype
+from dlscale.backends.torch.tensors import from_numpy, is_on_device, to_numpy, torch_dtype
 from dlscale.errors import BackendError, ConfigError, DlscaleError, InvalidInput
 from dlscale.types import TensorSpec
 
@@ -47,6 +47,9 @@ class TorchBackend:
         self._staging: Staging | None = None
         self._graphs: CudaGraphs | None = None
         self._held = contextlib.ExitStack()
+        #: The device whose memory this backend takes inputs from in place ("cuda:N"), so that
+        #: CUDA shared-memory inputs reach it without a trip through the host; None on the CPU.
+        self.device_buffers: str | None = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -91,6 +94,8 @@ class TorchBackend:
             torch.backends.cudnn.benchmark = True  # fixed shapes: tune each conv once
             dtypes = {spec.name: torch_dtype(spec.datatype) for spec in model.inputs}
             self._staging = Staging(device, dtypes)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.device_buffers = f"cuda:{index}"
         with torch.inference_mode():
             self._warm_up()
         log.info(
@@ -271,6 +276,9 @@ class TorchBackend:
                 ]
                 outputs = self._call(args)
         named = {spec.name: out for spec, out in zip(model.outputs, outputs, strict=True)}
+        if any(is_on_device(a) for a in arrays):
+            # Device in, device out: outputs may go to CUDA shared memory without the host.
+            return staging.keep_on_device(named, rows)  # type: ignore[return-value]
         return staging.download(named, rows)
 
     # -- description and teardown ------------------------------------------------------------------
@@ -288,6 +296,7 @@ class TorchBackend:
         on_cuda = self.device is not None and self.device.type == "cuda"
         self._fn = self._module = self._graphs = self._staging = None
         self._model = None
+        self.device_buffers = None
         self._held.close()
         if on_cuda:
             torch.cuda.empty_cache()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlscale.backends.torch.tensors import from_numpy, to_numpy
+from dlscale.backends.torch.tensors import as_tensor, to_numpy
 
 Step = Callable[..., list[torch.Tensor]]
 
@@ -61,11 +61,15 @@ class Staging:
         return self._device[name].view(shape)
 
     def upload(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Copy host arrays into the device buffers' leading elements; compute waits on it."""
+        """Copy arrays into the device buffers' leading elements; compute waits on it.
+
+        Host arrays go through pinned memory unless pinned already (a page-locked system
+        shared-memory region is); device arrays (a CUDA region's) are copied on the device.
+        """
         with torch.cuda.stream(self.copy_stream):
             for name, array in arrays.items():
-                source = from_numpy(array)
-                if not source.is_pinned():
+                source = as_tensor(array)
+                if not source.is_cuda and not source.is_pinned():
                     # A multi-threaded host copy: torch splits large copies over its threads.
                     source = self._host[name].view(array.shape).copy_(source)
                 self._device[name].view(array.shape).copy_(source, non_blocking=True)
@@ -92,6 +96,19 @@ class Staging:
                 staged[name] = host.copy_(part, non_blocking=True)
         self.copy_stream.synchronize()
         return {name: to_numpy(t) for name, t in staged.items()}
+
+    def keep_on_device(
+        self, outputs: Mapping[str, torch.Tensor], rows: int | None
+    ) -> dict[str, torch.Tensor]:
+        """The first `rows` rows of device outputs as device tensors of their own.
+
+        Cloned (a CUDA graph's outputs are overwritten by its next replay) and complete when
+        returned: the caller copies them into CUDA shared memory on another stream.
+        """
+        with torch.cuda.stream(self.compute_stream):
+            kept = {n: (t if rows is None else t[:rows]).clone() for n, t in outputs.items()}
+        self.compute_stream.synchronize()
+        return kept
 
 
 class CudaGraphs:
