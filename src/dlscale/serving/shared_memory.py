@@ -97,8 +97,11 @@ class SharedMemoryRegistry:
         _check_sizes(offset, byte_size)
         memory = SystemRegion(key, offset, byte_size)
         if self.page_lock:
-            cuda_memory.page_lock(memory.address, byte_size)
-            memory.page_locked = True
+            try:
+                cuda_memory.page_lock(memory.address, byte_size)
+                memory.page_locked = True
+            except Exception as exc:  # the region still works: its copies go through staging
+                log.warning("region %r is not page-locked: %s", name, exc)
         status = RegionStatus(name, RegionKind.SYSTEM, byte_size, key=key, offset=offset)
         self._add(_Region(status, memory))
 
