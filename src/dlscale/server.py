@@ -20,10 +20,12 @@ from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
+from dlscale.serving import cuda_memory
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
+from dlscale.serving.shared_memory import SharedMemoryRegistry
 
 log = logging.getLogger("dlscale.server")
 T = TypeVar("T")
@@ -65,6 +67,10 @@ class ServerSettings:
     http_restricted: tuple[Restriction, ...] = ()
     grpc_restricted: tuple[Restriction, ...] = ()
     telemetry_interval_s: float = 1.0
+    #: Let clients register shared-memory regions (Triton's --allow-client-shm; off by default).
+    allow_client_shm: bool = False
+    #: The most regions registered at once.
+    max_shm_regions: int = 256
 
 
 #: Seconds after the grace for the 503 / UNAVAILABLE answers of cut requests to leave.
@@ -90,7 +96,18 @@ class Server:
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
         self.manager = ModelManager.open(settings.repository)
-        self.dataplane = DataPlane(self.manager, settings.model_control, settings.strict_readiness)
+        self.shared_memory = SharedMemoryRegistry(
+            settings.allow_client_shm,
+            settings.max_shm_regions,
+            # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
+            page_lock=settings.allow_client_shm and cuda_memory.device_count() > 0,
+        )
+        self.dataplane = DataPlane(
+            self.manager,
+            settings.model_control,
+            self.shared_memory,
+            strict_readiness=settings.strict_readiness,
+        )
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
@@ -223,6 +240,7 @@ class Server:
         )
         cut.cancel()
         await self.manager.close()
+        self.shared_memory.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -344,4 +362,6 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         tls=tls,
         http_restricted=http_restricted,
         grpc_restricted=grpc_restricted,
+        allow_client_shm=args.allow_client_shm,
+        max_shm_regions=args.max_shm_regions,
     )

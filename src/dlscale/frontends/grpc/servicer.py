@@ -13,6 +13,7 @@ import grpc
 
 from dlscale.errors import DlscaleError, Unsupported, redact_paths
 from dlscale.frontends.grpc import convert
+from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
 from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.bounds import MAX_ELEMENTS
@@ -57,6 +58,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
         self.max_elements = max_elements
+        self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
 
     # -- health and metadata ------------------------------------------------------------------
 
@@ -162,6 +164,32 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(convert.model_name(request))
         return convert.unload_done()
+
+    # -- shared memory (the RPCs of frontends/grpc/shared_memory.py) -------------------------------
+
+    @_unary
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_status(request)
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_register(request)
+
+    @_unary
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_unregister(request)
+
+    @_unary
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_status(request)
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_register(request)
+
+    @_unary
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_unregister(request)
 
 
 def _large(message: Any) -> bool:

@@ -28,7 +28,7 @@ from dlscale.errors import (
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.rest import render
+from dlscale.frontends.rest import render, shared_memory
 from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.rest import (
     ANY_JSON,
@@ -89,6 +89,7 @@ class RestApi:
         self.limits = limits or Limits()
         self.max_body_bytes = self.limits.max_body_bytes
         self.access = access or Access()
+        self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
         self._routes: dict[str, _Route] = {}
 
     async def handle(
@@ -153,6 +154,9 @@ class RestApi:
                 return self._load, [model], "POST"
             case ["repository", "models", model, "unload"]:
                 return self._unload, [model], "POST"
+            case [prefix, *tail] if prefix in shared_memory.PREFIXES:
+                found = shared_memory.route(prefix, tail)
+                return (self._shm, *found) if found else (None, [], "")
             case ["models", model, *tail]:
                 version = ""
                 if tail[:1] == ["versions"] and len(tail) >= 2:
@@ -275,6 +279,13 @@ class RestApi:
             OCTET,
             (("Inference-Header-Content-Length", str(encoded.header_length)),),
         )
+
+    # -- shared memory (the routes of frontends/rest/shared_memory.py) -----------------------------
+
+    async def _shm(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
+        kind, name, action = args
+        doc = self.shared_memory.handle(kind, name, action, body)
+        return _EMPTY_OK if doc is None else json_response(doc)
 
     # -- repository and statistics -----------------------------------------------------------------
 
