@@ -66,7 +66,7 @@ def deploy_repository(settings: ScaleSettings) -> list[str]:
     deploy.start_serve(settings)
     names = models_to_deploy(settings)
     failed = deploy.deploy_models(settings, names)
-    deploy.deploy_ingress(settings)
+    deploy.deploy_ingress(settings, failed)
     host = settings.host
     log.info("http listening on %s:%d (Ray Serve's proxy)", host, settings.http_port)
     if settings.grpc_port is not None:

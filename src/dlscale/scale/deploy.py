@@ -128,8 +128,11 @@ def delete_model(name: str) -> None:
     serve.delete(model_app(name))
 
 
-def deploy_ingress(settings: ScaleSettings) -> None:
-    """Deploy the Open Inference Protocol ingress on route `/`; returns once it runs."""
+def deploy_ingress(settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
+    """Deploy the Open Inference Protocol ingress on route `/`; returns once it runs.
+
+    `failed`: models that could not be deployed, and why (the repository index shows it).
+    """
     from dlscale.scale.ingress import OipIngress
 
     deployment = serve.deployment(
@@ -141,7 +144,7 @@ def deploy_ingress(settings: ScaleSettings) -> None:
         logging_config=QUIET,
     )(OipIngress)
     try:
-        serve.run(deployment.bind(settings), name=INGRESS_APP, route_prefix="/")
+        serve.run(deployment.bind(settings, failed or {}), name=INGRESS_APP, route_prefix="/")
     except RuntimeError as exc:
         raise Unavailable(f"the ingress failed to deploy on Ray Serve: {exc}") from None
 

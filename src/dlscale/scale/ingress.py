@@ -33,9 +33,11 @@ class OipIngress:
     """The ingress deployment: REST over Ray Serve's HTTP proxy, gRPC over its gRPC proxy."""
 
     # Ray Serve awaits an async constructor on the replica's event loop (see replica.py).
-    async def __init__(self, settings: ScaleSettings) -> None:  # type: ignore[misc]
+    async def __init__(  # type: ignore[misc]
+        self, settings: ScaleSettings, failed: dict[str, str] | None = None
+    ) -> None:
         self.settings = settings
-        self.router = Router(settings)
+        self.router = Router(settings, failed)
         await self.router.refresh()
         self.rest = RestApi(self.router, settings.max_body_bytes)
         self.grpc = InferenceServicer(self.router, settings.max_grpc_message_bytes)

@@ -63,11 +63,16 @@ class ModelRoute:
 class Router:
     """Implements the frontends' Plane for the Ray Serve ingress."""
 
-    def __init__(self, settings: ScaleSettings) -> None:
+    def __init__(self, settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
         self.settings = settings
         self.repository = ModelRepository(settings.repository.resolve())
-        self._routes: dict[str, ModelRoute] = {}
+        #: `failed`: models the command line could not deploy, and why.
+        self._routes = {
+            name: ModelRoute(ModelState.UNAVAILABLE, reason)
+            for name, reason in (failed or {}).items()
+        }
         self._handles: dict[str, DeploymentHandle[Any]] = {}
+        self._loading: set[str] = set()  # models this ingress is deploying now
         self._accepting = True
 
     # -- following Ray Serve ---------------------------------------------------------------------
@@ -90,7 +95,7 @@ class Router:
             route = self._routes.setdefault(name, ModelRoute(ModelState.LOADING))
             state = states.get(name)
             if state is None:
-                if route.state is not ModelState.LOADING or route.view is not None:
+                if name not in self._loading:  # else its application is not created yet
                     self._forget(name, route.reason or "not deployed")
             elif state.status == "RUNNING":
                 if route.view is None or route.stale:
@@ -103,7 +108,7 @@ class Router:
             elif state.status == "DELETING":
                 route.state, route.reason = ModelState.UNLOADING, "deleting"
             else:  # DEPLOY_FAILED, NOT_STARTED
-                self._forget(name, state.message or state.status.lower())
+                self._forget(name, _last_line(state.message) or state.status.lower())
         return to_describe
 
     def _forget(self, name: str, reason: str) -> None:
@@ -213,13 +218,16 @@ class Router:
         route = self._routes.setdefault(name, ModelRoute(ModelState.LOADING))
         if route.view is None:
             route.state = ModelState.LOADING
+        self._loading.add(name)
         try:
             await asyncio.to_thread(deploy.deploy_model, self.settings, name)
             self._routes[name].describe(await self._call(name, "describe"))
         except DlscaleError as exc:
-            if route.view is None:
+            if self._routes[name].view is None:
                 self._forget(name, str(exc))
             raise
+        finally:
+            self._loading.discard(name)
 
     async def unload_model(self, name: str) -> None:
         """Delete a model's application; its replicas finish their requests first."""
@@ -237,3 +245,9 @@ class Router:
             return [route.stats[number].snapshot()]
         ready = [r for _, r in sorted(self._routes.items()) if r.state is ModelState.READY]
         return [s.snapshot() for r in ready for _, s in sorted(r.stats.items())]
+
+
+def _last_line(message: str, limit: int = 500) -> str:
+    """The last line of Ray Serve's message (a traceback ends with the error itself)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""
