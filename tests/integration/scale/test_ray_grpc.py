@@ -66,3 +66,11 @@ def test_the_stream_answers_each_request_and_reports_errors_in_stream(
     for request_id, x in sent.items():
         np.testing.assert_array_equal(got[request_id], x)
     assert len(errors) == 1 and "has shape [-1, 4]" in errors[0]
+
+
+def test_repository_and_statistics_rpcs(grpc: grpcclient.InferenceServerClient) -> None:
+    index = {m.name: m for m in grpc.get_model_repository_index().models}
+    assert index["identity"].state == "READY" and index["broken"].state == "UNAVAILABLE"
+    grpc.infer("identity", [infer_input("input", np.ones((1, 16), np.float32))])
+    stats = grpc.get_inference_statistics("identity").model_stats[0]
+    assert stats.name == "identity" and stats.inference_stats.success.count >= 1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from tests.integration.scale.conftest import RAY_MISSING
+from tests.integration.scale.conftest import RAY_MISSING, Deployed
 
 pytest.importorskip("ray", reason=RAY_MISSING)
 
@@ -121,3 +124,19 @@ def test_statistics_count_the_requests_the_ingress_answered(
     after = http.get_inference_statistics("identity")["model_stats"][0]["inference_stats"]
     assert after["success"]["count"] - before["success"]["count"] == 3
     assert after["fail"]["count"] - before["fail"]["count"] == 1
+
+
+def test_dlscale_bench_measures_it_unchanged(
+    deployed: Deployed, ray_repo: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench"
+    command = [
+        str(Path(sys.executable).parent / "dlscale"), "bench", f"http://{deployed.http_url}",
+        "--model", "mlp", "--repo", str(ray_repo), "--scenario", "offline", "--duration", "1s",
+        "--accuracy", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((out / "report.json").read_text())["scenarios"][0]["result"]
+    assert result["completed"] > 0 and result["errors"]["count"] == 0
+    assert result["accuracy"] is not None
