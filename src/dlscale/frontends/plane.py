@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from dlscale.serving.shared_memory import SharedMemoryRegistry
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,
@@ -23,6 +24,9 @@ from dlscale.types import (
 
 class Plane(Protocol):
     """The protocol-agnostic operations behind every REST route and gRPC method."""
+
+    #: The shared-memory regions clients registered (the extensions' routes and RPCs use it).
+    shared_memory: SharedMemoryRegistry
 
     def live(self) -> bool: ...
 

@@ -22,6 +22,11 @@ log = logging.getLogger("dlscale.scale")
 
 def settings_from(args: argparse.Namespace) -> ScaleSettings:
     """The parsed `dlscale serve` flags as ScaleSettings."""
+    if getattr(args, "allow_client_shm", False):
+        raise ConfigError(
+            "--allow-client-shm is not available with --ray: a client's shared-memory region is "
+            "in its own host's memory, which the replicas on other hosts cannot read"
+        )
     return ScaleSettings(
         repository=Path(args.repo).resolve(),
         address=args.address,

@@ -27,6 +27,7 @@ from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.settings import ScaleSettings
 from dlscale.serving.dataplane import EXTENSIONS, check_model_control
 from dlscale.serving.manager import ModelState
+from dlscale.serving.shared_memory import SharedMemoryRegistry
 from dlscale.serving.stats import ModelStats
 from dlscale.types import (
     InferenceRequest,
@@ -73,6 +74,8 @@ class Router:
         }
         self._handles: dict[str, DeploymentHandle[Any]] = {}
         self._loading: set[str] = set()  # models this ingress is deploying now
+        # Off: a client's region is in its own host's memory, which no replica can read.
+        self.shared_memory = SharedMemoryRegistry(enabled=False)
         self._accepting = True
 
     # -- following Ray Serve ---------------------------------------------------------------------

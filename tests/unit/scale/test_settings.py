@@ -48,3 +48,11 @@ def test_autoscale_must_be_min_colon_max(text: str) -> None:
 def test_settings_that_cannot_work_are_refused(changes: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         ScaleSettings(repository=Path("."), **changes)  # type: ignore[arg-type]
+
+
+def test_client_shared_memory_is_refused_on_ray(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
+    from dlscale.scale.commands import settings_from
+
+    with pytest.raises(ConfigError, match="own host's memory"):
+        settings_from(parse(["serve", str(tmp_path), "--ray", "--allow-client-shm"]))
