@@ -13,7 +13,7 @@ import grpc
 from dlscale.errors import DlscaleError, Unsupported
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
-from dlscale.serving.dataplane import DataPlane
+from dlscale.frontends.plane import Plane
 from dlscale.wire.grpc import decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
@@ -47,7 +47,7 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
 class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over one DataPlane; no scheduling or validation here."""
 
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
+    def __init__(self, dataplane: Plane, max_message_bytes: int) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
         self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)

@@ -18,8 +18,8 @@ import msgspec
 import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
+from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest import render, shared_memory
-from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.rest import decode_raw_request, decode_request, encode_response
 from dlscale.wire.tensors import Buffer
 
@@ -60,7 +60,7 @@ _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestRespon
 class RestApi:
     """Routes REST requests to the DataPlane and maps every DlscaleError to its status."""
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, dataplane: Plane, max_body_bytes: int = 64 * 2**20) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
         self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
