@@ -141,6 +141,7 @@ def _add_core_verbs(sub: SubParsers) -> None:
     _add_serve_security_flags(serve)
     _add_serve_limit_flags(serve)
     serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
+    _add_ray_flags(serve)
 
     demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
     demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
@@ -224,6 +225,26 @@ def _boolean(text: str) -> bool:
     if value in ("false", "no", "0", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _add_ray_flags(serve: argparse.ArgumentParser) -> None:
+    """`dlscale serve REPO --ray ...`: the same server's core on Ray Serve (docs/scale.md)."""
+    ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
+    ray.add_argument(
+        "--ray",
+        dest="func",
+        action="store_const",
+        const=LazyHandler("dlscale.scale.commands", "serve_on_ray"),
+        help="deploy each model as a Ray Serve deployment behind an OIP ingress",
+    )
+    ray.add_argument("--address", help="Ray cluster: auto, HOST:6379 or ray://HOST:10001")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas per model (default 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale each model's replicas")
+    ray.add_argument("--cpus-per-replica", type=float, help="default: one per CPU instance")
+    ray.add_argument("--gpus-per-replica", type=float, help="e.g. 0.5 to share a GPU")
+    ray.add_argument("--ingress-replicas", type=int, default=1, help="OIP ingress replicas")
+    ray.add_argument("--request-timeout", type=float, default=60.0, help="seconds, then 503")
+    ray.add_argument("--detach", action="store_true", help="return once deployed (with --address)")
 
 
 _VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]

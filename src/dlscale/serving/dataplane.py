@@ -262,11 +262,16 @@ class DataPlane:
         return [s.stats.snapshot() for s in served]
 
     def _check_control(self) -> None:
-        if self.model_control == "none":
-            raise Unsupported(
-                "the server was started with --model-control none: models cannot be loaded or "
-                "unloaded through the API (start it with --model-control explicit)"
-            )
+        check_model_control(self.model_control)
+
+
+def check_model_control(model_control: str) -> None:
+    """Loading and unloading over the API are refused under --model-control none."""
+    if model_control == "none":
+        raise Unsupported(
+            "the server was started with --model-control none: models cannot be loaded or "
+            "unloaded through the API (start it with --model-control explicit)"
+        )
 
 
 def _check_schedule_parameters(params: Parameters) -> None:

@@ -11,8 +11,8 @@ from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.grpc.guard import Guard
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.frontends.limits import Limits
+from dlscale.frontends.plane import Plane
 from dlscale.frontends.tls import TlsFiles
-from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 
@@ -21,7 +21,7 @@ class GrpcFrontend:
 
     def __init__(
         self,
-        dataplane: DataPlane,
+        dataplane: Plane,
         host: str = "127.0.0.1",
         port: int = 8001,
         *,

@@ -15,7 +15,7 @@ from dlscale.errors import DlscaleError, Unsupported, redact_paths
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
-from dlscale.serving.dataplane import DataPlane
+from dlscale.frontends.plane import Plane
 from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
@@ -53,7 +53,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over one DataPlane; no scheduling or validation here."""
 
     def __init__(
-        self, dataplane: DataPlane, max_message_bytes: int, max_elements: int = MAX_ELEMENTS
+        self, dataplane: Plane, max_message_bytes: int, max_elements: int = MAX_ELEMENTS
     ) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes

@@ -28,8 +28,8 @@ from dlscale.errors import (
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
+from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest import render, shared_memory
-from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.rest import (
     ANY_JSON,
     decode_json,
@@ -83,7 +83,7 @@ class RestApi:
     """Routes REST requests to the DataPlane and maps every DlscaleError to its status."""
 
     def __init__(
-        self, dataplane: DataPlane, limits: Limits | None = None, access: Access | None = None
+        self, dataplane: Plane, limits: Limits | None = None, access: Access | None = None
     ) -> None:
         self.dataplane = dataplane
         self.limits = limits or Limits()

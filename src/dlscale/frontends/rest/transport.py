@@ -15,9 +15,9 @@ import ssl
 
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits, connection_cap
+from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest.api import RestApi
 from dlscale.frontends.rest.connection import DRAIN_AFTER_REFUSAL_S, Connection
-from dlscale.serving.dataplane import DataPlane
 
 log = logging.getLogger("dlscale.http")
 
@@ -27,7 +27,7 @@ class HttpFrontend:
 
     def __init__(
         self,
-        dataplane: DataPlane,
+        dataplane: Plane,
         host: str = "127.0.0.1",
         port: int = 8000,
         *,
