@@ -5,7 +5,8 @@ What runs here, on 2 CPU cores, and why (docs/backends.md has the timings):
 - torch.compile with inductor, FP32 and BF16: identity, mlp and digits. Inductor on resnet50 and
   bert-base takes 55-80 s per model and precision on 2 cores, so there they compile with the
   "aot_eager" backend (the same dynamo capture and AOT graph, without generating kernels) in
-  FP32; the inductor runs of the two are below under DLSCALE_SLOW_TESTS=1.
+  FP32; the inductor runs of the two are below, `slow` and run only with DLSCALE_SLOW_TESTS=1
+  (`make test-slow` sets it).
 Tolerances, as the largest difference over the largest reference magnitude: FP32 5e-4
 (measured ≤ 2e-5); BF16 0.25 and a cosine similarity ≥ 0.99 (measured on resnet50, the worst:
 0.11 and 0.9939, its 53 layers of random weights each rounding to 8 bits of mantissa).
@@ -118,7 +119,12 @@ CASES = [
         "inductor",
         precision,
         id=f"{name}-inductor-{precision}",
-        marks=pytest.mark.skipif(not SLOW, reason="minutes on 2 cores; DLSCALE_SLOW_TESTS=1"),
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(
+                not SLOW, reason="minutes on 2 cores: `make test-slow` (DLSCALE_SLOW_TESTS=1)"
+            ),
+        ],
     )
     for name in ("resnet50", "bert-base")
     for precision in ("fp32", "bf16")
