@@ -15,6 +15,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from prometheus_client import start_http_server
 
+from dlscale.errors import DlscaleError
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
@@ -110,7 +111,10 @@ class Server:
             self._start_metrics(s.host, s.metrics_port)
 
     def _start_metrics(self, host: str, port: int) -> None:
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise DlscaleError(f"metrics cannot listen on {host}:{port}: {exc.strerror}") from exc
         self._metrics_server = server
         self.metrics_port = int(server.server_port)
         log.info("metrics listening on %s:%d", host, self.metrics_port)

@@ -17,6 +17,7 @@ from http import HTTPStatus
 
 import httptools
 
+from dlscale.errors import DlscaleError
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
 from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.tensors import Buffer
@@ -70,9 +71,13 @@ class HttpFrontend:
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted (port 0 picks a free port)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.requested_port, backlog=1024
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: _Connection(self), self.host, self.requested_port, backlog=1024
+            )
+        except OSError as exc:  # a busy port is the user's to fix: a message, not a traceback
+            address = f"{self.host}:{self.requested_port}"
+            raise DlscaleError(f"REST cannot listen on {address}: {exc.strerror or exc}") from exc
         self._sweeper = loop.create_task(self._sweep_idle())
         log.info("REST frontend listening on http://%s:%d", self.host, self.port)
 
