@@ -26,8 +26,14 @@ def _check_valid(report: dict[str, Any]) -> None:
 
 
 def test_http_offline_and_server_are_valid(http_url: str, tmp_path: Path) -> None:
+    # A p99 bound any machine meets, loaded or not: this checks the path, not this CPU's speed
+    # (MLPerf's default bound failed here on a shared 2-core machine).
     options = BenchOptions(
-        "identity", [Scenario.OFFLINE, Scenario.SERVER], target_qps=300.0, **SHORT
+        "identity",
+        [Scenario.OFFLINE, Scenario.SERVER],
+        target_qps=300.0,
+        latency_bound_s=1.0,
+        **SHORT,
     )
     report = bench(http_url, options, tmp_path)
     _check_valid(report)
