@@ -44,10 +44,11 @@ test-peers: $(VENV)/.dev-installed
 	$(VENV)/bin/pytest -q -m peers
 
 # On a GPU machine: the GPU tests with that machine's CUDA builds of torch and onnxruntime (the
-# project's .venv holds the CPU build); GPU_PYTHON names that interpreter.
+# project's .venv holds the CPU build); GPU_PYTHON names that interpreter, and a PYTHONPATH
+# already set (carried wheels, docs/testing.md) is kept after src.
 GPU_PYTHON ?= python3
 test-gpu:
-	PYTHONPATH=src $(GPU_PYTHON) -m pytest -q -m gpu tests/gpu
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu tests/gpu
 
 # The default suite under coverage, subprocesses (dlscale serve, the CLI verbs) included.
 coverage: $(VENV)/.dev-installed
