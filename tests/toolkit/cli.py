@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -120,16 +121,21 @@ class ServeProcess:
         return "\n".join(self.lines)
 
     def stop(self) -> None:
-        """Kill the process if it still runs (a test's clean-up; stopping is what tests test)."""
+        """Stop the process if it still runs (a test's clean-up): SIGTERM as a user's supervisor
+        sends it, so that it exits as it would (coverage data written); killed if it hangs."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self.proc.wait()
         self._reader.join(10)
 
 
 @contextmanager
 def served(repo: Path, *args: str) -> Iterator[ServeProcess]:
-    """A ready `dlscale serve` child process, killed at the end if the test left it running."""
+    """A ready `dlscale serve` child process, stopped at the end if the test left it running."""
     process = ServeProcess(repo, *args)
     try:
         process.wait_ready()
