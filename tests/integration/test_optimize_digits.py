@@ -52,12 +52,9 @@ BOUND_S = 0.05
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dlscale.models.zoo import build_zoo
-
-    root = tmp_path_factory.mktemp("zoo")
-    build_zoo(root, ["digits"])
-    return root
+def zoo(small_repo: Path) -> Path:
+    """The session's digits build (tests/conftest.py): tests copy it before they change it."""
+    return small_repo
 
 
 def _copy(zoo: Path, tmp: Path) -> Path:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import tomli_w
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch import TorchBackend
 from dlscale.backends.torch.files import save_exported, write_module_spec
-from dlscale.models.zoo import ZOO, build_zoo
+from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.model import TRACE_SEED, WEIGHT_SEED
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
@@ -39,14 +40,18 @@ ROWS = 3  # odd, so that a bucketed run pads
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The zoo built into an ONNX repository, plus each model's torch file beside its ONNX.
+def zoo(small_repo: Path, big_zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zoo's ONNX repository, plus each model's torch file beside its ONNX.
 
-    digits trains at build time (about 8 s), so its torch file is a model.pt2 exported once
-    from its module rather than a model.zoo that would train again on every load.
+    The ONNX files are the session's builds (tests/conftest.py), copied so that the torch files
+    can be added. digits trains at build time (about 8 s), so its torch file is a model.pt2
+    exported once from its module rather than a model.zoo that would train again on every load.
     """
     root = tmp_path_factory.mktemp("zoo")
-    build_zoo(root, list(ZOO))
+    for source in (small_repo, big_zoo):
+        for folder in source.iterdir():
+            shutil.copytree(folder, root / folder.name)
+    assert sorted(p.name for p in root.iterdir()) == sorted(ZOO)
     for model in ZOO.values():
         inputs = [s.with_batch() for s in model.inputs()]
         outputs = [s.with_batch() for s in model.outputs()]
