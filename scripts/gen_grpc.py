@@ -7,6 +7,8 @@ fails here rather than in production:
   such as tritonclient register the same `inference.*` names in the default pool, and a process
   that holds both (our tests, an in-process benchmark) would fail with "duplicate symbol".
 - The service module imports the message module by its package path, not as a top-level module.
+- The message classes are named after that package path too (their `__module__`), so that they
+  pickle: Ray Serve's gRPC proxy pickles each request to hand it to a replica.
 
 Usage: python scripts/gen_grpc.py [OUT_DIR]   (default: the committed grpc_gen folder)
 """
@@ -32,6 +34,10 @@ _EDITS = {
         (
             "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
             "POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = POOL.AddSerializedFile(",
+        ),
+        (
+            f"_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, '{STEM}_pb2', _globals)",
+            "_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, __name__, _globals)",
         ),
     ],
     f"{STEM}_pb2_grpc.py": [

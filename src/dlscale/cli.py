@@ -130,13 +130,42 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument("--poll-interval", type=float, default=5.0, help="poll mode: seconds")
     serve.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
     serve.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
+    serve.add_argument(
+        "--allow-client-shm",
+        action="store_true",
+        help="let clients register system and CUDA shared-memory regions (off by default)",
+    )
+    serve.add_argument(
+        "--max-shm-regions", type=int, default=256, help="most shared-memory regions at once"
+    )
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
+    _add_ray_flags(serve)
 
     demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
     demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
     demo.add_argument("--quick", action="store_true", help="small models only")
     demo.set_defaults(func=LazyHandler("dlscale.demo", "demo"))
+
+
+def _add_ray_flags(serve: argparse.ArgumentParser) -> None:
+    """`dlscale serve REPO --ray ...`: the same server's core on Ray Serve (docs/scale.md)."""
+    ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
+    ray.add_argument(
+        "--ray",
+        dest="func",
+        action="store_const",
+        const=LazyHandler("dlscale.scale.commands", "serve_on_ray"),
+        help="deploy each model as a Ray Serve deployment behind an OIP ingress",
+    )
+    ray.add_argument("--address", help="Ray cluster: auto, HOST:6379 or ray://HOST:10001")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas per model (default 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale each model's replicas")
+    ray.add_argument("--cpus-per-replica", type=float, help="default: one per CPU instance")
+    ray.add_argument("--gpus-per-replica", type=float, help="e.g. 0.5 to share a GPU")
+    ray.add_argument("--ingress-replicas", type=int, default=1, help="OIP ingress replicas")
+    ray.add_argument("--request-timeout", type=float, default=60.0, help="seconds, then 503")
+    ray.add_argument("--detach", action="store_true", help="return once deployed (with --address)")
 
 
 _VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]
@@ -288,6 +317,17 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
         help="minimum queries per run (default: enough for LoadGen's early-stopping estimate)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed for samples and schedules")
+    p.add_argument(
+        "--shared-memory",
+        choices=["none", "system", "cuda"],
+        default="none",
+        help="tensors through shared-memory regions the bench fills per query (default none)",
+    )
+    p.add_argument(
+        "--output-shm-size",
+        type=int,
+        help="bytes of output region per output and request (default: from the output's shape)",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

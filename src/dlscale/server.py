@@ -16,10 +16,12 @@ from typing import Any, Protocol, Self, TypeVar
 from prometheus_client import start_http_server
 
 from dlscale.errors import DlscaleError
+from dlscale.serving import cuda_memory
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
+from dlscale.serving.shared_memory import SharedMemoryRegistry
 
 log = logging.getLogger("dlscale.server")
 T = TypeVar("T")
@@ -47,6 +49,10 @@ class ServerSettings:
     keep_alive_s: float = 75.0
     grace_s: float = 10.0
     telemetry_interval_s: float = 1.0
+    #: Let clients register shared-memory regions (Triton's --allow-client-shm; off by default).
+    allow_client_shm: bool = False
+    #: The most regions registered at once.
+    max_shm_regions: int = 256
 
 
 class Frontend(Protocol):
@@ -68,7 +74,13 @@ class Server:
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
         self.manager = ModelManager.open(settings.repository)
-        self.dataplane = DataPlane(self.manager, settings.model_control)
+        self.shared_memory = SharedMemoryRegistry(
+            settings.allow_client_shm,
+            settings.max_shm_regions,
+            # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
+            page_lock=settings.allow_client_shm and cuda_memory.device_count() > 0,
+        )
+        self.dataplane = DataPlane(self.manager, settings.model_control, self.shared_memory)
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
@@ -154,6 +166,7 @@ class Server:
             return_exceptions=True,
         )
         await self.manager.close()
+        self.shared_memory.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -237,6 +250,8 @@ def serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+        allow_client_shm=args.allow_client_shm,
+        max_shm_regions=args.max_shm_regions,
     )
     with asyncio.Runner(loop_factory=_new_event_loop) as runner:
         runner.run(Server(settings).serve_forever())

@@ -24,6 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "serving": {"models", "backends", "hardware", "wire"},
     "frontends": {"serving", "wire"},
     "server": {"serving", "frontends"},
+    # Ray Serve deployments of the same serving core, behind the same frontends' routes.
+    "scale": {"serving", "frontends", "server", "models", "wire"},
     "bench": {"hardware", "models", "serving", "wire"},
     "optimize": {"bench", "backends", "models"},
     "plan": {"hardware", "models", "serving"},

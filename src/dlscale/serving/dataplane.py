@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.serving import cuda_memory
 from dlscale.serving.manager import ModelManager, ModelState, ServedVersion
+from dlscale.serving.shared_memory import Lease, SharedMemoryRegistry
 from dlscale.serving.views import config_view
 from dlscale.types import (
     Datatype,
@@ -18,6 +21,7 @@ from dlscale.types import (
     ModelMetadata,
     ModelStatistics,
     Parameters,
+    RegionTensor,
     RepositoryEntry,
     ServerMetadata,
     TensorSpec,
@@ -35,11 +39,18 @@ EXTENSIONS = (
 class DataPlane:
     """Validates requests against model metadata, routes them to batchers, records outcomes."""
 
-    def __init__(self, manager: ModelManager, model_control: str = "none") -> None:
+    def __init__(
+        self,
+        manager: ModelManager,
+        model_control: str = "none",
+        shared_memory: SharedMemoryRegistry | None = None,
+    ) -> None:
         if model_control not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
         self.manager = manager
         self.model_control = model_control
+        #: The shared-memory regions requests may name (off unless the server allows them).
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
         self._accepting = True
 
     # -- health and metadata --------------------------------------------------------------------
@@ -58,7 +69,12 @@ class DataPlane:
         self._accepting = False
 
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata("dlscale", __version__, EXTENSIONS)
+        extensions: tuple[str, ...] = EXTENSIONS
+        if self.shared_memory.enabled:
+            extensions += ("system_shared_memory",)
+        if self.shared_memory.cuda_ready:
+            extensions += ("cuda_shared_memory",)
+        return ServerMetadata("dlscale", __version__, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -101,21 +117,27 @@ class DataPlane:
         _check_schedule_parameters(request.parameters)
         start = time.perf_counter_ns()
         served = self.manager.get(request.model_name, request.model_version)
+        lease = self.shared_memory.lease() if _names_regions(request) else None
         try:
+            if lease is not None:
+                _resolve(served, request, lease)
             wanted = self._validate(served, request)
-            outputs = await served.batcher.infer(
-                request.inputs, request.priority, request.timeout_us
-            )
+            outputs = await _queue(served, request, lease)
+            placed = _place(request, outputs, lease) if lease is not None else {}
         except DlscaleError as exc:
             served.stats.record_failure(exc.reason, time.perf_counter_ns() - start)
             raise
+        finally:
+            if lease is not None:
+                lease.release()
         total = time.perf_counter_ns() - start
         served.stats.record_success(total)
         return InferenceResponse(
             model_name=request.model_name,
             model_version=str(served.version.version),
             id=request.id,
-            outputs={n: outputs[n] for n in wanted},
+            outputs={n: _host(outputs[n]) for n in wanted if n not in placed},
+            in_regions=placed,
         )
 
     def _validate(self, served: ServedVersion, request: InferenceRequest) -> list[str]:
@@ -196,11 +218,16 @@ class DataPlane:
         return [s.stats.snapshot() for s in served]
 
     def _check_control(self) -> None:
-        if self.model_control == "none":
-            raise Unsupported(
-                "the server was started with --model-control none: models cannot be loaded or "
-                "unloaded through the API (start it with --model-control explicit)"
-            )
+        check_model_control(self.model_control)
+
+
+def check_model_control(model_control: str) -> None:
+    """Loading and unloading over the API are refused under --model-control none."""
+    if model_control == "none":
+        raise Unsupported(
+            "the server was started with --model-control none: models cannot be loaded or "
+            "unloaded through the API (start it with --model-control explicit)"
+        )
 
 
 def _check_schedule_parameters(params: Parameters) -> None:
@@ -215,6 +242,63 @@ def _check_schedule_parameters(params: Parameters) -> None:
                 f"parameter {key!r} must be a non-negative integer, got {value!r}"
                 + (" (microseconds)" if key == "timeout" else "")
             )
+
+
+# -- shared memory ---------------------------------------------------------------------------------
+
+
+def _names_regions(request: InferenceRequest) -> bool:
+    return bool(request.in_regions) or any(o.region for o in request.outputs or ())
+
+
+def _resolve(served: ServedVersion, request: InferenceRequest, lease: Lease) -> None:
+    """Inputs in regions become arrays over them; outputs' places are checked before compute."""
+    device = _device_of(served) if request.in_regions else None
+    for name, placed in request.in_regions.items():
+        if name in request.inputs:
+            raise InvalidInput(f"input {name!r} is given twice: in the message and in a region")
+        request.inputs[name] = lease.input(name, placed, device)
+    for output in request.outputs or ():
+        if output.region is not None:
+            lease.check_output(output.name, output.region)
+
+
+def _device_of(served: ServedVersion) -> str | None:
+    """The device whose memory every instance of the model takes inputs in place from."""
+    devices = {getattr(i.backend, "device_buffers", None) for i in served.instances}
+    return devices.pop() if len(devices) == 1 else None
+
+
+async def _queue(
+    served: ServedVersion, request: InferenceRequest, lease: Lease | None
+) -> dict[str, Any]:
+    """Queue the request; the batcher holds the lease until it no longer reads the inputs."""
+    release = lease.hold() if lease is not None else None
+    try:
+        future = served.batcher.submit(
+            request.inputs, request.priority, request.timeout_us, release
+        )
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+    return await future
+
+
+def _place(
+    request: InferenceRequest, outputs: dict[str, Any], lease: Lease
+) -> dict[str, RegionTensor]:
+    """Write the outputs asked into regions; what the answer says of each instead of data."""
+    return {
+        o.name: lease.write(o.name, outputs[o.name], o.region)
+        for o in request.outputs or ()
+        if o.region is not None
+    }
+
+
+def _host(array: Any) -> np.ndarray:
+    # A batch computed from device inputs may answer with device arrays.
+    return array if isinstance(array, np.ndarray) else cuda_memory.to_host(array)
 
 
 def _check_input(model: str, spec: TensorSpec, array: np.ndarray) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import re
 import subprocess
 import sys
@@ -128,6 +129,8 @@ def test_service_matches_tritonclient() -> None:
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
         "ModelInfer", "ModelStreamInfer", "ModelConfig", "ModelStatistics",
         "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+        "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
     }  # fmt: skip
 
 
@@ -139,3 +142,11 @@ def test_messages_live_outside_the_default_pool() -> None:
     theirs = triton_service.ModelInferRequest.FromString(request.SerializeToString())
     assert theirs.model_name == "m" and theirs.parameters["priority"].uint64_param == 2
     assert theirs.raw_input_contents == [b"\x00" * 4]
+
+
+def test_messages_pickle_by_their_package_path() -> None:
+    # Ray Serve's gRPC proxy pickles each request to hand it to a replica (docs/scale.md).
+    message = inference_pb2.ModelInferRequest(model_name="m", id="7")
+    message.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+    assert type(message.inputs[0]).__module__ == inference_pb2.__name__
+    assert pickle.loads(pickle.dumps(message)) == message

@@ -8,7 +8,7 @@ import grpc
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.grpc.servicer import InferenceServicer
-from dlscale.serving.dataplane import DataPlane
+from dlscale.frontends.plane import Plane
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 
@@ -17,7 +17,7 @@ class GrpcFrontend:
 
     def __init__(
         self,
-        dataplane: DataPlane,
+        dataplane: Plane,
         host: str = "127.0.0.1",
         port: int = 8001,
         *,

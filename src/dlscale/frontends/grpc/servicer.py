@@ -12,7 +12,8 @@ import grpc
 
 from dlscale.errors import DlscaleError, Unsupported
 from dlscale.frontends.grpc import convert
-from dlscale.serving.dataplane import DataPlane
+from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
+from dlscale.frontends.plane import Plane
 from dlscale.wire.grpc import decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
@@ -46,9 +47,10 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
 class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over one DataPlane; no scheduling or validation here."""
 
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
+    def __init__(self, dataplane: Plane, max_message_bytes: int) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
+        self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
 
     # -- health and metadata ------------------------------------------------------------------
 
@@ -152,3 +154,29 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(convert.model_name(request))
         return convert.unload_done()
+
+    # -- shared memory (the RPCs of frontends/grpc/shared_memory.py) -------------------------------
+
+    @_unary
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_status(request)
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_register(request)
+
+    @_unary
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_unregister(request)
+
+    @_unary
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_status(request)
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_register(request)
+
+    @_unary
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_unregister(request)

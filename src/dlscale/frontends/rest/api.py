@@ -18,8 +18,8 @@ import msgspec
 import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
-from dlscale.frontends.rest import render
-from dlscale.serving.dataplane import DataPlane
+from dlscale.frontends.plane import Plane
+from dlscale.frontends.rest import render, shared_memory
 from dlscale.wire.rest import decode_raw_request, decode_request, encode_response
 from dlscale.wire.tensors import Buffer
 
@@ -60,9 +60,10 @@ _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestRespon
 class RestApi:
     """Routes REST requests to the DataPlane and maps every DlscaleError to its status."""
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, dataplane: Plane, max_body_bytes: int = 64 * 2**20) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
         self._routes: dict[str, tuple[_Handler | None, list[str], str]] = {}
 
     async def handle(
@@ -118,6 +119,9 @@ class RestApi:
                 return self._load, [model], "POST"
             case ["repository", "models", model, "unload"]:
                 return self._unload, [model], "POST"
+            case [prefix, *tail] if prefix in shared_memory.PREFIXES:
+                found = shared_memory.route(prefix, tail)
+                return (self._shm, *found) if found else (None, [], "")
             case ["models", model, *tail]:
                 version = ""
                 if tail[:1] == ["versions"] and len(tail) >= 2:
@@ -220,6 +224,13 @@ class RestApi:
             OCTET,
             (("Inference-Header-Content-Length", str(encoded.header_length)),),
         )
+
+    # -- shared memory (the routes of frontends/rest/shared_memory.py) -----------------------------
+
+    async def _shm(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
+        kind, name, action = args
+        doc = self.shared_memory.handle(kind, name, action, body)
+        return _EMPTY_OK if doc is None else json_response(doc)
 
     # -- repository and statistics -----------------------------------------------------------------
 

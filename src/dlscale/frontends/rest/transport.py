@@ -18,8 +18,8 @@ from http import HTTPStatus
 import httptools
 
 from dlscale.errors import DlscaleError
+from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
-from dlscale.serving.dataplane import DataPlane
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -48,7 +48,7 @@ class HttpFrontend:
 
     def __init__(
         self,
-        dataplane: DataPlane,
+        dataplane: Plane,
         host: str = "127.0.0.1",
         port: int = 8000,
         *,

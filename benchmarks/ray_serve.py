@@ -1,0 +1,252 @@
+"""Ray Serve against `dlscale serve` on one host, and replicas of a simulated device.
+
+    python -m benchmarks.ray_serve [all|overhead|scaling] [--repeats 3] [--duration 5]
+                                   [--scaling-duration 15]
+
+overhead: identity and mlp (benchmarks/models.py, the REST benchmark's files and knobs) served by
+`dlscale serve` and by `dlscale serve --ray` (a Ray cluster started by the command, one replica
+per model), alternating within each repetition, driven by the same closed-loop client
+(benchmarks/client.py) at concurrency 1 and 32.
+
+scaling: a null-backend model that sleeps 500 ms per batch of up to 8 rows, a stand-in for a
+remote accelerator (the sleep holds no CPU), deployed on Ray Serve with 1, 2, 4 and 8 replicas
+in one Ray cluster on this machine, each driven by 16 closed-loop streams per replica. The same
+model's profile is taken in process (`dlscale bench --repo`), and `dlscale plan serve --profile`
+predicts each replica count's throughput from it (replicas = devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from benchmarks import models
+from benchmarks.client import build_request, closed_loop
+from benchmarks.harness import (
+    HOST,
+    RESULTS,
+    WORK,
+    ServerProcess,
+    free_port,
+    machine,
+    markdown,
+    median_table,
+    record,
+    thread_env,
+)
+from benchmarks.models import IDENTITY, MLP, BenchModel
+from benchmarks.run import load, start_dlscale
+
+#: The simulated device: one batch of up to 8 rows takes this long, whatever its size. Slow
+#: enough that 8 replicas (128 requests/s) reach the Ray path's ceiling on a 2-core machine.
+DELAY_US = 500_000
+SLEEPER = BenchModel("sleeper", "input", "output", (16,), 8, 0)
+REPLICAS = (1, 2, 4, 8)
+STREAMS_PER_REPLICA = 16
+#: The planner's p99 bound: 10 batch times, loose enough that its peak is near the capacity.
+PLAN_P99 = "5s"
+#: Ray Serve's own switch for throughput (no separate user-code thread, gRPC between handles,
+#: direct ingress); measured beside the default, since dlscale does not set it for users.
+TUNED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def dlscale_exe() -> str:
+    return str(Path(sys.executable).parent / "dlscale")
+
+
+def start_ray(repo: Path, tuned: bool = False) -> ServerProcess:
+    """`dlscale serve REPO --ray` (its own Ray cluster); returns once the ingress is ready."""
+    port = free_port()
+    argv = [dlscale_exe(), "serve", str(repo), "--ray", "--http-port", str(port),
+            "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=thread_env(**(TUNED if tuned else {})),
+        start_new_session=True,
+    )
+    server = ServerProcess("ray-serve-tuned" if tuned else "ray-serve", proc, port)
+    _wait_ready(server)
+    return server
+
+
+def _wait_ready(server: ServerProcess, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}")
+        try:
+            url = f"http://{HOST}:{server.port}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    server.stop()
+    raise RuntimeError(f"{server.name} was not ready within {timeout_s:.0f} s")
+
+
+# -- overhead ----------------------------------------------------------------------------------
+
+
+def run_overhead(repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
+    """identity and mlp, JSON [1, N] per request, c=1 and c=32, each server in turn."""
+    repo = WORK / "repo-ray-overhead"
+    models.build_identity(repo)
+    models.build_mlp(repo)
+    for model in (IDENTITY, MLP):
+        models.write_dlscale_config(repo, model)
+    starters = {
+        "dlscale": lambda: start_dlscale(repo),
+        "ray-serve": lambda: start_ray(repo),
+        "ray-serve-tuned": lambda: start_ray(repo, tuned=True),
+    }
+    order = list(starters)
+    for rep in range(repeats):
+        shift = rep % len(order)
+        for name in order[shift:] + order[:shift]:
+            server = starters[name]()
+            try:
+                for model in (IDENTITY, MLP):
+                    for c in (1, 32):
+                        r = load(server, model, False, c, duration)
+                        record(rows, bench="overhead", server=name, model=model.name,
+                               concurrency=c, rep=rep, **r.summary())  # fmt: skip
+            finally:
+                server.stop()
+
+
+# -- scaling -----------------------------------------------------------------------------------
+
+
+def sleeper_repository() -> Path:
+    """The simulated device's model: FP32 [N, 16] echoed after DELAY_US per batch."""
+    repo = WORK / "repo-ray-scaling"
+    folder = repo / SLEEPER.name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.null").touch()
+    (folder / "config.toml").write_text(
+        f'backend = "null"\nmax_batch_size = {SLEEPER.max_batch_size}\n'
+        "[batching]\nmax_queue_delay_us = 0\n"
+        f"[backend_options]\ndelay_us = {DELAY_US}\n"
+        '[[inputs]]\nname = "input"\ndatatype = "FP32"\nshape = [16]\n'
+        '[[outputs]]\nname = "output"\ndatatype = "FP32"\nshape = [16]\n'
+    )
+    return repo
+
+
+def profile_in_process(repo: Path) -> Path:
+    """`dlscale bench --repo` on the model: one replica's batcher and backend, in process."""
+    out = WORK / "ray-scaling-profile"
+    subprocess.run(
+        [dlscale_exe(), "bench", "--repo", str(repo), "--model", SLEEPER.name, "--scenario",
+         "offline", "--duration", "10s", "--out", str(out), "--no-progress"],
+        check=True, stdout=subprocess.DEVNULL, env=thread_env(),
+    )  # fmt: skip
+    return out / "report.json"
+
+
+def planned_rate(profile: Path) -> float:
+    """`dlscale plan serve --profile`: the peak rate of one device (one replica)."""
+    out = WORK / "ray-scaling-plan.json"
+    subprocess.run(
+        [dlscale_exe(), "plan", "serve", "--profile", str(profile), "--qps", "100",
+         "--p99", PLAN_P99, "--devices", "CPU", "--flops-per-sample", "1",
+         "--bytes-per-sample", "1", "--json", str(out)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return float(json.loads(out.read_text())[0]["peak_rate_per_device"])
+
+
+def run_scaling(repeats: int, duration: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """1, 2, 4, 8 replicas in one Ray cluster (scaled in place), 16 streams per replica."""
+    import ray
+
+    from dlscale.scale import deploy
+    from dlscale.scale.commands import deploy_repository
+    from dlscale.scale.settings import ScaleSettings
+
+    repo = sleeper_repository()
+    profile = profile_in_process(repo)
+    per_replica = planned_rate(profile)
+    port = free_port()
+    settings = ScaleSettings(repository=repo.resolve(), http_port=port, grpc_port=None,
+                             metrics_port=None, cpus_per_replica=0.0)  # fmt: skip
+    ray.init(logging_level=logging.WARNING, include_dashboard=False)
+    try:
+        deploy_repository(settings)
+        body = SLEEPER.json_body()
+        wire = build_request(HOST, port, f"/v2/models/{SLEEPER.name}/infer", body)
+        for rep in range(repeats):
+            for n in REPLICAS:
+                deploy.deploy_model(dataclasses.replace(settings, replicas=n), SLEEPER.name)
+                streams = STREAMS_PER_REPLICA * n
+                r = uvloop.run(closed_loop(HOST, port, wire, streams, duration, warmup_s=4.0))
+                record(rows, bench="scaling", server="ray-serve", model=SLEEPER.name,
+                       concurrency=streams, replicas=n, rep=rep, **r.summary())  # fmt: skip
+    finally:
+        ray.shutdown()
+    return {
+        "profile": json.loads(profile.read_text())["profile"],
+        "planned_per_replica": per_replica,
+    }
+
+
+def scaling_table(rows: list[dict[str, Any]], planned: float) -> str:
+    """Median throughput per replica count against linear (N x 1 replica) and the planner."""
+    by_n: dict[int, list[float]] = {}
+    for row in rows:
+        if row["bench"] == "scaling":
+            by_n.setdefault(row["replicas"], []).append(row["throughput"])
+    one = statistics.median(by_n[1])
+    lines = ["| replicas | throughput (req/s) | x linear | planned (req/s) | measured / planned |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for n in sorted(by_n):
+        got = statistics.median(by_n[n])
+        lines.append(f"| {n} | {got:.1f} | {got / (n * one):.2f} | {n * planned:.1f} | "
+                     f"{got / (n * planned):.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", nargs="?", default="all", choices=["all", "overhead", "scaling"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0, help="overhead runs, seconds")
+    parser.add_argument("--scaling-duration", type=float, default=15.0, help="seconds per run")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    if args.which in ("all", "overhead"):
+        run_overhead(args.repeats, args.duration, rows)
+    if args.which in ("all", "scaling"):
+        extra = run_scaling(args.repeats, args.scaling_duration, rows)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"ray-serve-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"machine": machine(), "rows": rows, **extra}, indent=1))
+    for bench in ("overhead", "scaling"):
+        table = median_table(rows, bench)
+        if table:
+            print(f"\n{bench}:\n{markdown(table)}")
+    if extra:
+        print(f"\nplanned per replica: {extra['planned_per_replica']:.1f} req/s")
+        print(scaling_table(rows, extra["planned_per_replica"]))
+    print(f"\nresults: {out}")
+
+
+if __name__ == "__main__":
+    main()

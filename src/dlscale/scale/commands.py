@@ -1,0 +1,114 @@
+"""`dlscale serve REPO --ray`: deploy a repository on Ray Serve and serve until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from dlscale.errors import ConfigError
+from dlscale.models.repository import ModelRepository
+from dlscale.scale import deploy
+from dlscale.scale.settings import ScaleSettings, parse_autoscale
+from dlscale.server import ALL_MODELS
+
+log = logging.getLogger("dlscale.scale")
+
+
+def settings_from(args: argparse.Namespace) -> ScaleSettings:
+    """The parsed `dlscale serve` flags as ScaleSettings."""
+    if getattr(args, "allow_client_shm", False):
+        raise ConfigError(
+            "--allow-client-shm is not available with --ray: a client's shared-memory region is "
+            "in its own host's memory, which the replicas on other hosts cannot read"
+        )
+    return ScaleSettings(
+        repository=Path(args.repo).resolve(),
+        address=args.address,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        model_control=args.model_control,
+        load_models=tuple(args.load_model),
+        replicas=args.replicas,
+        autoscale=parse_autoscale(args.autoscale) if args.autoscale else None,
+        cpus_per_replica=args.cpus_per_replica,
+        gpus_per_replica=args.gpus_per_replica,
+        ingress_replicas=args.ingress_replicas,
+        request_timeout_s=args.request_timeout,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+    )
+
+
+def models_to_deploy(settings: ScaleSettings) -> list[str]:
+    """Every model under --model-control none or with --load-model '*', else those named."""
+    names = ModelRepository(settings.repository).names()
+    if settings.model_control == "explicit" and ALL_MODELS not in settings.load_models:
+        return list(settings.load_models)
+    return names
+
+
+def connect(settings: ScaleSettings) -> None:
+    """Join the cluster at `address`, or start one in this process (ended with it)."""
+    if settings.address is not None:
+        ray.init(address=settings.address, logging_level=logging.WARNING)
+        return
+    ray.init(
+        logging_level=logging.WARNING,
+        _metrics_export_port=settings.metrics_port,
+    )
+
+
+def deploy_repository(settings: ScaleSettings) -> list[str]:
+    """Start Serve, deploy the models, then the ingress; returns the models deployed."""
+    deploy.start_serve(settings)
+    names = models_to_deploy(settings)
+    failed = deploy.deploy_models(settings, names)
+    deploy.deploy_ingress(settings, failed)
+    host = settings.host
+    log.info("http listening on %s:%d (Ray Serve's proxy)", host, settings.http_port)
+    if settings.grpc_port is not None:
+        log.info("grpc listening on %s:%d (Ray Serve's proxy)", host, settings.grpc_port)
+    log.info("server ready: %d model(s) deployed, %d failed", len(names) - len(failed), len(failed))
+    return [n for n in names if n not in failed]
+
+
+def serve_on_ray(args: argparse.Namespace) -> int:
+    """`dlscale serve REPO --ray`: deploy, then serve until SIGINT or SIGTERM (or return)."""
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = settings_from(args)
+    if args.detach and settings.address is None:
+        raise ConfigError(
+            "--detach needs --address: a Ray cluster started by this command ends with it"
+        )
+    connect(settings)
+    try:
+        deployed = deploy_repository(settings)
+        if args.detach:
+            log.info("detached: the deployments keep serving on the cluster (`serve shutdown`)")
+            return 0
+        _wait_for_signal()
+        log.info("stopping: deleting the deployments (requests in flight finish)")
+        deploy.undeploy(deployed)
+        if settings.address is None:
+            serve.shutdown()  # type: ignore[no-untyped-call]
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass

@@ -1,0 +1,256 @@
+"""The ingress's data plane: the frontends' Plane over model deployments reached by handles.
+
+Metadata, config and the raw-input form are answered from what a replica described when the
+model was deployed; inference goes to the model's deployment through a Ray Serve handle, whose
+replicas validate, batch and compute it with the serving core. Model states follow Ray
+Serve's own (`refresh`), so several ingress replicas, and deployments changed from outside (a
+second `dlscale serve --ray --replicas N`), stay consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from dlscale import __version__
+from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable
+from dlscale.models.repository import ModelRepository
+from dlscale.scale import deploy
+from dlscale.scale.calls import remote_call
+from dlscale.scale.replica import ModelView, VersionView
+from dlscale.scale.settings import ScaleSettings
+from dlscale.serving.dataplane import EXTENSIONS, check_model_control
+from dlscale.serving.manager import ModelState
+from dlscale.serving.shared_memory import SharedMemoryRegistry
+from dlscale.serving.stats import ModelStats
+from dlscale.types import (
+    InferenceRequest,
+    InferenceResponse,
+    ModelConfigView,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryEntry,
+    ServerMetadata,
+    TensorSpec,
+)
+
+log = logging.getLogger("dlscale.scale")
+
+
+@dataclass
+class ModelRoute:
+    """What the ingress knows of one model: its state, its description, its request counts."""
+
+    state: ModelState
+    reason: str = ""
+    view: ModelView | None = None
+    #: Ray Serve updated the deployment since it was described: describe it again once it runs.
+    stale: bool = False
+    stats: dict[int, ModelStats] = field(default_factory=dict)
+
+    def describe(self, view: ModelView) -> None:
+        """Serve the versions a replica described; counts of versions still served carry on."""
+        self.view, self.stale = view, False
+        self.state, self.reason = ModelState.READY, ""
+        self.stats = {v: self.stats.get(v) or ModelStats(view.name, str(v)) for v in view.versions}
+
+
+class Router:
+    """Implements the frontends' Plane for the Ray Serve ingress."""
+
+    def __init__(self, settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.repository = ModelRepository(settings.repository.resolve())
+        #: `failed`: models the command line could not deploy, and why.
+        self._routes = {
+            name: ModelRoute(ModelState.UNAVAILABLE, reason)
+            for name, reason in (failed or {}).items()
+        }
+        self._handles: dict[str, DeploymentHandle[Any]] = {}
+        self._loading: set[str] = set()  # models this ingress is deploying now
+        # Off: a client's region is in its own host's memory, which no replica can read.
+        self.shared_memory = SharedMemoryRegistry(enabled=False)
+        self._accepting = True
+
+    # -- following Ray Serve ---------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read the model applications' states from Ray Serve; describe models newly running."""
+        states = await asyncio.to_thread(deploy.model_states)
+        for name in self.apply(states):
+            try:
+                view = await self._call(name, "describe")
+            except DlscaleError as exc:
+                log.warning("model %s: running, but no replica described it yet: %s", name, exc)
+                continue
+            self._routes[name].describe(view)
+
+    def apply(self, states: dict[str, deploy.AppState]) -> list[str]:
+        """Take Ray Serve's application states; returns the models to describe now."""
+        to_describe = []
+        for name in sorted(set(states) | set(self._routes)):
+            route = self._routes.setdefault(name, ModelRoute(ModelState.LOADING))
+            state = states.get(name)
+            if state is None:
+                if name not in self._loading:  # else its application is not created yet
+                    self._forget(name, route.reason or "not deployed")
+            elif state.status == "RUNNING":
+                if route.view is None or route.stale:
+                    to_describe.append(name)
+            elif state.status in ("DEPLOYING", "UNHEALTHY"):
+                # Replicas starting or restarting: those still running keep serving.
+                route.stale = route.view is not None
+                if route.view is None:
+                    route.state = ModelState.LOADING
+            elif state.status == "DELETING":
+                route.state, route.reason = ModelState.UNLOADING, "deleting"
+            else:  # DEPLOY_FAILED, NOT_STARTED
+                self._forget(name, _last_line(state.message) or state.status.lower())
+        return to_describe
+
+    def _forget(self, name: str, reason: str) -> None:
+        self._routes[name] = ModelRoute(ModelState.UNAVAILABLE, reason)
+        self._handles.pop(name, None)
+
+    def stop_accepting(self) -> None:
+        """Shutdown has begun: new requests are refused."""
+        self._accepting = False
+
+    # -- health and metadata ---------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Ready while accepting and no model is still being deployed."""
+        return self._accepting and all(
+            r.state is not ModelState.LOADING for r in self._routes.values()
+        )
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("dlscale", __version__, EXTENSIONS)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self._version(name, version)
+        except DlscaleError:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        return self._version(name, version)[1].metadata
+
+    def model_config(self, name: str, version: str = "") -> ModelConfigView:
+        return self._version(name, version)[1].config
+
+    def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]:
+        view = self._version(name, version)[1]
+        if view.single_input is None:
+            raise InvalidInput(view.single_input_refusal)
+        return view.single_input
+
+    def _version(self, name: str, version: str) -> tuple[ModelRoute, VersionView, int]:
+        """The route and served version a request goes to (the newest when `version` is empty)."""
+        route = self._routes.get(name)
+        if route is None:
+            raise NotFound(f"unknown model {name!r}")
+        if route.state is not ModelState.READY or route.view is None:
+            detail = f": {route.reason}" if route.reason else ""
+            raise Unavailable(f"model {name!r} is not ready ({route.state.value}{detail})")
+        versions = route.view.versions
+        if not version:
+            number = max(versions)
+        elif version.isdigit() and int(version) in versions:
+            number = int(version)
+        else:
+            raise NotFound(
+                f"model {name!r} has no version {version!r} (served: {sorted(versions)})"
+            )
+        return route, versions[number], number
+
+    # -- inference -------------------------------------------------------------------------------
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Forward one request to a replica of its model; every outcome is counted here too."""
+        if not self._accepting:
+            raise Unavailable("the server is shutting down")
+        route, _, number = self._version(request.model_name, request.model_version)
+        stats = route.stats[number]
+        start = time.perf_counter_ns()
+        try:
+            response: InferenceResponse = await self._call(request.model_name, "infer", request)
+        except DlscaleError as exc:
+            stats.record_failure(exc.reason, time.perf_counter_ns() - start)
+            raise
+        stats.record_success(time.perf_counter_ns() - start)
+        return response
+
+    async def _call(self, name: str, method: str, *args: Any) -> Any:
+        handle = self._handles.get(name)
+        if handle is None:
+            handle = serve.get_deployment_handle(name, deploy.model_app(name))
+            self._handles[name] = handle
+        return await remote_call(handle, name, method, args, self.settings.request_timeout_s)
+
+    # -- repository and statistics ---------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        """Every model of the repository with its state, one row per served version."""
+        index: list[RepositoryEntry] = []
+        for name in self.repository.names():
+            route = self._routes.get(name, ModelRoute(ModelState.UNAVAILABLE, "not deployed"))
+            if ready_only and route.state is not ModelState.READY:
+                continue
+            versions = sorted(route.view.versions) if route.view else []
+            state = route.state.value
+            rows = [RepositoryEntry(name, state, route.reason, str(v)) for v in versions]
+            index.extend(rows or [RepositoryEntry(name, state, route.reason)])
+        return index
+
+    async def load_model(self, name: str) -> None:
+        """Deploy (or update) a model's application; returns once a replica described it."""
+        check_model_control(self.settings.model_control)
+        if name not in self.repository.names():
+            raise NotFound(f"no model {name!r} in the repository {self.repository.root}")
+        route = self._routes.setdefault(name, ModelRoute(ModelState.LOADING))
+        if route.view is None:
+            route.state = ModelState.LOADING
+        self._loading.add(name)
+        try:
+            await asyncio.to_thread(deploy.deploy_model, self.settings, name)
+            self._routes[name].describe(await self._call(name, "describe"))
+        except DlscaleError as exc:
+            if self._routes[name].view is None:
+                self._forget(name, str(exc))
+            raise
+        finally:
+            self._loading.discard(name)
+
+    async def unload_model(self, name: str) -> None:
+        """Delete a model's application; its replicas finish their requests first."""
+        check_model_control(self.settings.model_control)
+        if name not in self._routes:
+            raise NotFound(f"unknown model {name!r}")
+        self._routes[name].state = ModelState.UNLOADING
+        await asyncio.to_thread(deploy.delete_model, name)
+        self._forget(name, "unloaded")
+
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        """Requests as this ingress saw them, per model version (batches: see the replicas)."""
+        if name:
+            route, _, number = self._version(name, version)
+            return [route.stats[number].snapshot()]
+        ready = [r for _, r in sorted(self._routes.items()) if r.state is ModelState.READY]
+        return [s.snapshot() for r in ready for _, s in sorted(r.stats.items())]
+
+
+def _last_line(message: str, limit: int = 500) -> str:
+    """The last line of Ray Serve's message (a traceback ends with the error itself)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""

@@ -1,0 +1,146 @@
+"""A two-node Ray cluster on this machine, and the repository deployed on it by the command line.
+
+Fixtures build on each other: cluster (ray.cluster_utils.Cluster: a head and a worker node, two
+logical CPUs each, this process connected as a driver) -> repo (the zoo's small models, a null
+model that waits 20 ms per batch, a broken one) -> deployed (`dlscale serve REPO --ray
+--address ... --detach` run as a user runs it) -> http / grpc (tritonclient).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from benchmarks.harness import free_port
+from tests.toolkit.models import write_broken, write_null_model
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS
+
+from dlscale.cli import parse
+
+if TYPE_CHECKING:
+    from dlscale.scale.settings import ScaleSettings
+
+#: Every test module here starts with this: without Ray, the module is skipped, saying why.
+RAY_MISSING = "Ray Serve tests need the [ray] extra (ray[serve])"
+HOST = "127.0.0.1"
+#: The null model's stand-in for a device: every batch takes this long.
+SLEEPER_DELAY_US = 20_000
+
+
+@dataclass(frozen=True)
+class RayNodes:
+    """The cluster's address and the Prometheus export port of each of its nodes."""
+
+    address: str
+    metrics_ports: tuple[int, ...]
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[RayNodes]:
+    """A head and one worker node with 2 logical CPUs each; metrics exported every second."""
+    ray = pytest.importorskip("ray", reason=RAY_MISSING)
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    ports = (free_port(), free_port())
+    head = {
+        "num_cpus": 2,
+        "include_dashboard": False,
+        "metrics_export_port": ports[0],
+        "_system_config": {"metrics_report_interval_ms": 1000},
+    }
+    nodes = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
+        ray.init(address=nodes.address, logging_level="WARNING")
+        yield RayNodes(nodes.address, ports)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        nodes.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_repo(small_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """identity, mlp and digits from the zoo; `sleeper`, a null echo model standing in for a
+    device with a 20 ms batch; and `broken`, whose config is invalid."""
+    root = tmp_path_factory.mktemp("ray_repo")
+    for name in ("identity", "mlp", "digits"):
+        shutil.copytree(small_repo / name, root / name)
+    sleeper = (
+        BATCHED.format(max_batch=8, delay=0)
+        + NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
+        + f"[backend_options]\ndelay_us = {SLEEPER_DELAY_US}\n"
+    )
+    write_null_model(root, "sleeper", sleeper)
+    write_broken(root)
+    return root
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The repository served on the cluster: its endpoints and the settings it was given."""
+
+    settings: ScaleSettings
+    http_url: str
+    grpc_url: str
+
+
+@pytest.fixture(scope="session")
+def deployed(cluster: RayNodes, ray_repo: Path) -> Deployed:
+    """`dlscale serve REPO --ray --address ... --detach`, run as a user runs it."""
+    from dlscale.scale.commands import settings_from
+
+    http_port, grpc_port = free_port(), free_port()
+    argv = [
+        "serve", str(ray_repo), "--ray", "--address", cluster.address,
+        "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+        "--model-control", "explicit", "--load-model", "*",
+        "--cpus-per-replica", "0.5", "--request-timeout", "30", "--detach",
+    ]  # fmt: skip
+    command = [str(Path(sys.executable).parent / "dlscale"), *argv]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env={**os.environ}, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    deployed = Deployed(settings_from(parse(argv)), f"{HOST}:{http_port}", f"{HOST}:{grpc_port}")
+    _wait_ready(deployed.http_url)
+    return deployed
+
+
+def _wait_ready(url: str, attempts: int = 120) -> None:
+    client = httpclient.InferenceServerClient(url)
+    for _ in range(attempts):
+        try:
+            if client.is_server_ready():
+                return
+        except Exception:  # the proxy may still be starting
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the Ray Serve ingress at {url} did not become ready")
+
+
+@pytest.fixture
+def http(deployed: Deployed) -> Iterator[httpclient.InferenceServerClient]:
+    """tritonclient's REST client against the ingress, through Ray Serve's HTTP proxy."""
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def grpc(deployed: Deployed) -> Iterator[grpcclient.InferenceServerClient]:
+    """tritonclient's gRPC client against the ingress, through Ray Serve's gRPC proxy."""
+    client = grpcclient.InferenceServerClient(deployed.grpc_url)
+    yield client
+    client.close()

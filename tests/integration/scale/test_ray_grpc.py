@@ -1,0 +1,76 @@
+"""The Open Inference Protocol over gRPC on Ray Serve: tritonclient through Ray's gRPC proxy."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import pytest
+from tests.integration.scale.conftest import RAY_MISSING
+from tests.toolkit.clients import infer_input
+
+pytest.importorskip("ray", reason=RAY_MISSING)
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+
+def test_infer_metadata_and_config(grpc: grpcclient.InferenceServerClient) -> None:
+    assert grpc.is_server_live() and grpc.is_server_ready() and grpc.is_model_ready("identity")
+    x = np.random.default_rng(1).random((3, 16), dtype=np.float32)
+    answer = grpc.infer("identity", [infer_input("input", x)]).as_numpy("output")
+    np.testing.assert_array_equal(answer, x)
+    assert grpc.get_model_metadata("mlp").inputs[0].shape == [-1, 256]
+    assert grpc.get_model_config("digits").config.max_batch_size == 256
+    assert "statistics" in grpc.get_server_metadata().extensions
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "code", "words"),
+    [
+        ("nope", (1, 16), "StatusCode.NOT_FOUND", "unknown model 'nope'"),
+        ("identity", (1, 15), "StatusCode.INVALID_ARGUMENT", "has shape [-1, 16]"),
+    ],
+)
+def test_errors_carry_the_single_host_servers_codes(
+    grpc: grpcclient.InferenceServerClient,
+    model: str,
+    shape: tuple[int, ...],
+    code: str,
+    words: str,
+) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        grpc.infer(model, [infer_input("input", np.zeros(shape, np.float32))])
+    assert caught.value.status() == code and words in caught.value.message()
+
+
+def test_the_stream_answers_each_request_and_reports_errors_in_stream(
+    grpc: grpcclient.InferenceServerClient,
+) -> None:
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    sent = {str(k): np.full((1, 4), k, np.float32) for k in range(4)}
+    for request_id, x in sent.items():
+        grpc.async_stream_infer("sleeper", [infer_input("x", x)], request_id=request_id)
+    grpc.async_stream_infer("sleeper", [infer_input("x", np.zeros((1, 5), np.float32))])
+    got, errors = {}, []
+    for _ in range(len(sent) + 1):
+        result, error = answers.get(timeout=60)
+        if error is not None:
+            errors.append(str(error))
+        else:
+            response = result.get_response()  # type: ignore[attr-defined]
+            got[response.id] = result.as_numpy("y")  # type: ignore[attr-defined]
+    grpc.stop_stream()
+    assert sorted(got) == sorted(sent)
+    for request_id, x in sent.items():
+        np.testing.assert_array_equal(got[request_id], x)
+    assert len(errors) == 1 and "has shape [-1, 4]" in errors[0]
+
+
+def test_repository_and_statistics_rpcs(grpc: grpcclient.InferenceServerClient) -> None:
+    index = {m.name: m for m in grpc.get_model_repository_index().models}
+    assert index["identity"].state == "READY" and index["broken"].state == "UNAVAILABLE"
+    grpc.infer("identity", [infer_input("input", np.ones((1, 16), np.float32))])
+    stats = grpc.get_inference_statistics("identity").model_stats[0]
+    assert stats.name == "identity" and stats.inference_stats.success.count >= 1

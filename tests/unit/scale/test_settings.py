@@ -1,0 +1,58 @@
+"""`dlscale serve --ray` flags: parsed by cli.py, checked once in ScaleSettings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlscale.cli import LazyHandler, parse
+from dlscale.errors import ConfigError
+from dlscale.scale.settings import ScaleSettings, parse_autoscale
+
+
+def test_ray_picks_the_scale_handler_and_plain_serve_keeps_the_servers() -> None:
+    assert parse(["serve", "repo"]).func == LazyHandler("dlscale.server", "serve")
+    args = parse(["serve", "repo", "--ray", "--replicas", "3", "--gpus-per-replica", "0.5"])
+    assert args.func == LazyHandler("dlscale.scale.commands", "serve_on_ray")
+    assert (args.replicas, args.gpus_per_replica) == (3, 0.5)
+
+
+def test_settings_from_the_command_line(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
+    from dlscale.scale.commands import settings_from
+
+    argv = ["serve", str(tmp_path), "--ray", "--address", "auto", "--autoscale", "1:4"]
+    settings = settings_from(parse([*argv, "--grpc-port", "-1", "--max-body-mb", "2"]))
+    assert settings.address == "auto" and settings.autoscale == (1, 4)
+    assert settings.grpc_port is None and settings.max_body_bytes == 2 * 2**20
+    assert settings.repository == tmp_path.resolve()
+
+
+@pytest.mark.parametrize("text", ["4", "a:b", "1:", ":3"])
+def test_autoscale_must_be_min_colon_max(text: str) -> None:
+    with pytest.raises(ConfigError, match="MIN:MAX"):
+        parse_autoscale(text)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"model_control": "poll"}, "not supported with --ray"),
+        ({"replicas": 0}, "at least 1"),
+        ({"autoscale": (3, 2)}, "MIN <= MAX"),
+        ({"autoscale": (0, 0)}, "MAX >= 1"),
+        ({"request_timeout_s": 0}, "positive"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused(changes: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        ScaleSettings(repository=Path("."), **changes)  # type: ignore[arg-type]
+
+
+def test_client_shared_memory_is_refused_on_ray(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
+    from dlscale.scale.commands import settings_from
+
+    with pytest.raises(ConfigError, match="own host's memory"):
+        settings_from(parse(["serve", str(tmp_path), "--ray", "--allow-client-shm"]))
