@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 
 def dlscale_command() -> list[str]:
     """The console script pip installed beside this Python; `python -m dlscale` where there is
@@ -23,9 +25,14 @@ def dlscale_command() -> list[str]:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment (PYTHONPATH included, so the child runs the same code), with
-    unbuffered output so that a log line is seen when it is written."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    """This process's environment, with unbuffered output so that a log line is seen when it is
+    written. PYTHONPATH is made absolute, so that a child started in another folder still runs
+    this checkout's code (`PYTHONPATH=src pytest ...`)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    if env.get("PYTHONPATH"):
+        paths = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in paths if p)
+    return env
 
 
 def run_cli(
@@ -116,6 +123,15 @@ class ServeProcess:
         url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
         with urllib.request.urlopen(url, timeout=10) as answer:
             return str(answer.read().decode())
+
+    def metric(self, sample: str, labels: dict[str, str]) -> float | None:
+        """The value of one sample (`name`, `name_count`, ...) with exactly these labels in a
+        scrape now; None when there is none."""
+        for family in text_string_to_metric_families(self.metrics()):
+            for found in family.samples:
+                if found.name == sample and found.labels == labels:
+                    return float(found.value)
+        return None
 
     def log(self) -> str:
         return "\n".join(self.lines)
