@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 # torch is pinned and installed first: the pin takes the CPU build; anything else pulls CUDA.
 TORCH   := torch==2.13.0
 
-.PHONY: demo test lint bench clean venv grpc-stubs
+.PHONY: demo test test-slow test-peers test-gpu coverage lint bench clean venv grpc-stubs
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -31,8 +31,30 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
+# CI runs this (.ci/run): lint, then the default suite (docs/testing.md says what it leaves out).
 test: lint
 	$(VENV)/bin/pytest -q
+
+# The slow cases: `slow`-marked tests, the inductor compiles among them (DLSCALE_SLOW_TESTS=1).
+test-slow: $(VENV)/.dev-installed
+	DLSCALE_SLOW_TESTS=1 $(VENV)/bin/pytest -q -m slow
+
+# Tests that drive peer servers (MLServer), installed into .bench/ on first use.
+test-peers: $(VENV)/.dev-installed
+	$(VENV)/bin/pytest -q -m peers
+
+# On a GPU machine: the GPU tests with that machine's CUDA builds of torch and onnxruntime (the
+# project's .venv holds the CPU build); GPU_PYTHON names that interpreter, and a PYTHONPATH
+# already set (carried wheels, docs/testing.md) is kept after src.
+GPU_PYTHON ?= python3
+test-gpu:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu tests/gpu
+
+# The default suite under coverage, subprocesses (dlscale serve, the CLI verbs) included.
+coverage: $(VENV)/.dev-installed
+	$(VENV)/bin/coverage erase
+	$(VENV)/bin/coverage run -m pytest -q; status=$$?; \
+	$(VENV)/bin/coverage combine -q && $(VENV)/bin/coverage report; exit $$status
 
 bench: $(VENV)/.dev-installed
 	$(PY) -m benchmarks.run
@@ -42,4 +64,4 @@ grpc-stubs: $(VENV)/.dev-installed
 	$(PY) scripts/gen_grpc.py
 
 clean:
-	rm -rf $(VENV) .dlscale .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .dlscale .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*

@@ -187,7 +187,10 @@ class Server:
             raise next(iter(self.failed.values()))
 
     def _start_metrics(self, host: str, port: int) -> None:
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise DlscaleError(f"metrics cannot listen on {host}:{port}: {exc.strerror}") from exc
         self._metrics_server = server
         self.metrics_port = int(server.server_port)
         log.info("metrics listening on %s:%d", host, self.metrics_port)

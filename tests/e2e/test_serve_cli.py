@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
-import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,62 +11,22 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tests.toolkit.cli import ServeProcess, served
+from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS
+from tritonclient.utils import InferenceServerException
 
-LISTEN = re.compile(r"(http|grpc|metrics) listening on 127\.0\.0\.1:(\d+)")
-
-
-class ServeProcess:
-    """A `dlscale serve` child process whose log is read line by line as it runs."""
-
-    def __init__(self, repo: Path) -> None:
-        # The console script pip installed, as a user runs it.
-        command = [
-            str(Path(sys.executable).parent / "dlscale"), "serve", str(repo),
-            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        self.lines: list[str] = []
-        self.ports: dict[str, int] = {}
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-            found = LISTEN.search(line)
-            if found:
-                self.ports[found.group(1)] = int(found.group(2))
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("dlscale serve exited:\n" + "\n".join(self.lines))
-            if {"http", "grpc", "metrics"} <= set(self.ports):
-                client = httpclient.InferenceServerClient(f"127.0.0.1:{self.ports['http']}")
-                if client.is_server_ready():
-                    return
-            time.sleep(0.2)
-        raise AssertionError("not ready in time:\n" + "\n".join(self.lines))
-
-    def log(self) -> str:
-        return "\n".join(self.lines)
+#: How long the "held" model waits to fill a batch: the requests sent before SIGTERM are still
+#: queued when it arrives, so they are in flight by construction.
+HOLD_US = 4_000_000
+#: Requests in flight at SIGTERM, per protocol.
+IN_FLIGHT = 4
 
 
 @pytest.fixture
-def served(small_repo: Path) -> Iterator[ServeProcess]:
-    process = ServeProcess(small_repo)
-    try:
-        process.wait_ready()
+def zoo_server(small_repo: Path) -> Iterator[ServeProcess]:
+    with served(small_repo) as process:
         yield process
-    finally:
-        if process.proc.poll() is None:
-            process.proc.kill()
-            process.proc.wait()
 
 
 def _identity_input(rows: int, seed: int) -> tuple[httpclient.InferInput, np.ndarray]:
@@ -83,52 +36,94 @@ def _identity_input(rows: int, seed: int) -> tuple[httpclient.InferInput, np.nda
     return tensor, data
 
 
-def test_serve_answers_rest_grpc_and_metrics_then_stops_cleanly(served: ServeProcess) -> None:
-    http = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['http']}")
+def test_serve_answers_rest_grpc_and_metrics_then_stops_cleanly(
+    zoo_server: ServeProcess,
+) -> None:
+    http = httpclient.InferenceServerClient(zoo_server.http_url)
     tensor, data = _identity_input(3, 0)
     assert np.array_equal(http.infer("identity", [tensor]).as_numpy("output"), data)
 
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['grpc']}")
+    grpc = grpcclient.InferenceServerClient(zoo_server.grpc_url)
     g = grpcclient.InferInput("input", [2, 16], "FP32")
     g.set_data_from_numpy(data[:2])
     assert np.array_equal(grpc.infer("identity", [g]).as_numpy("output"), data[:2])
     assert grpc.is_model_ready("digits")
 
-    url = f"http://127.0.0.1:{served.ports['metrics']}/metrics"
-    metrics = urllib.request.urlopen(url, timeout=10).read().decode()
-    assert 'nv_inference_request_success{model="identity",version="1"} 2.0' in metrics
-    assert "nv_cpu_utilization" in metrics
-    assert 'dlscale_batch_size_bucket{le="+Inf",model="identity",version="1"}' in metrics
+    identity = {"model": "identity", "version": "1"}
+    assert zoo_server.metric("nv_inference_request_success", identity) == 2
+    assert zoo_server.metric("dlscale_batch_size_count", identity) == 2
+    assert 0 <= zoo_server.metric("nv_cpu_utilization", {}) <= 1
 
     for model in ("identity", "mlp", "digits"):
-        assert f"model {model}: READY" in served.log()
+        assert f"model {model}: READY" in zoo_server.log()
 
-    served.proc.send_signal(signal.SIGTERM)
-    assert served.proc.wait(timeout=60) == 0
-    assert "stopping: finishing requests in flight" in served.log()
-    assert "model identity: UNAVAILABLE (unloaded)" in served.log()
+    zoo_server.proc.send_signal(signal.SIGTERM)
+    assert zoo_server.proc.wait(timeout=60) == 0
+    assert "stopping: finishing requests in flight" in zoo_server.log()
+    assert "model identity: UNAVAILABLE (unloaded)" in zoo_server.log()
 
 
-def test_sigterm_lets_requests_in_flight_finish(served: ServeProcess) -> None:
-    port = served.ports["http"]
-    started = threading.Event()
+# -- SIGTERM with requests in flight ---------------------------------------------------------------
 
-    def one(seed: int) -> str:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=60)
-        tensor, data = _identity_input(8, seed)
-        started.set()
-        try:
-            result = client.infer("identity", [tensor]).as_numpy("output")
-        except Exception as exc:  # refused after shutdown began: acceptable, never wrong data
-            return f"refused: {exc}"
-        assert np.array_equal(result, data), "a response carried another request's data"
-        return "ok"
 
-    with ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(one, seed) for seed in range(400)]
-        started.wait(30)
-        served.proc.send_signal(signal.SIGTERM)
-        outcomes = [f.result() for f in futures]
-    assert served.proc.wait(timeout=60) == 0
-    assert outcomes.count("ok") > 0
-    assert all(o == "ok" or o.startswith("refused") for o in outcomes)
+@pytest.fixture
+def held_repo(tmp_path: Path) -> Path:
+    """One echo model that holds a request up to HOLD_US for company (FP32 [batch, 4])."""
+    config = BATCHED.format(max_batch=64, delay=HOLD_US) + "adaptive_queue_delay = false\n"
+    write_null_model(tmp_path, "held", config + NULL_TENSORS.format(
+        inp="x", out="y", width=4, out_width=4))  # fmt: skip
+    return tmp_path
+
+
+def _rows(n: int) -> np.ndarray:
+    return np.full((1, 4), float(n), np.float32)
+
+
+def _rest(url: str, n: int) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(_rows(n), binary_data=True)
+    return client.infer("held", [tensor]).as_numpy("y")
+
+
+def _grpc(url: str, n: int) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(_rows(n))
+    return client.infer("held", [tensor], client_timeout=60).as_numpy("y")
+
+
+def _refused(call: Callable[[str, int], np.ndarray], url: str, n: int) -> str:
+    """How a request sent after SIGTERM was refused; fails the test if it was answered."""
+    try:
+        answer = call(url, n)
+    except InferenceServerException as exc:
+        return f"{exc.status()}: {exc.message()}"
+    except OSError as exc:  # the listening socket is closed: the connection itself is refused
+        return f"no connection ({type(exc).__name__})"
+    raise AssertionError(f"a request sent after SIGTERM was answered: {answer}")
+
+
+def test_sigterm_answers_requests_in_flight_and_refuses_new_ones(held_repo: Path) -> None:
+    with served(held_repo) as server, ThreadPoolExecutor(2 * IN_FLIGHT) as pool:
+        rest = [pool.submit(_rest, server.http_url, n) for n in range(IN_FLIGHT)]
+        grpc = [pool.submit(_grpc, server.grpc_url, 100 + n) for n in range(IN_FLIGHT)]
+        pending = ("nv_inference_pending_request_count", {"model": "held", "version": "1"})
+        server.wait_until(lambda: server.metric(*pending) == 2 * IN_FLIGHT)
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_for("stopping: finishing requests in flight")
+        ended = [f.exception() or f.result() for f in rest + grpc if f.done()]
+        assert not ended, f"requests in flight ended before their batch was due: {ended}"
+
+        # New requests are refused (503 or UNAVAILABLE, or no connection at all) ...
+        refusals = [_refused(_rest, server.http_url, 200 + n) for n in range(3)]
+        refusals += [_refused(_grpc, server.grpc_url, 300 + n) for n in range(3)]
+        for reason in refusals:
+            assert reason.startswith(("503", "StatusCode.UNAVAILABLE", "no connection")), reason
+        # ... while each request in flight gets its own answer.
+        for n, future in enumerate(rest):
+            np.testing.assert_array_equal(future.result(timeout=60), _rows(n))
+        for n, future in enumerate(grpc):
+            np.testing.assert_array_equal(future.result(timeout=60), _rows(100 + n))
+        assert server.proc.wait(timeout=60) == 0
+    assert "model held: UNAVAILABLE (unloaded)" in server.log()

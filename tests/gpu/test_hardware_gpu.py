@@ -5,26 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
+from tests.toolkit.gpu import gpus_seen, host
 
 from dlscale.hardware.detect import detect
-from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 
 pytestmark = pytest.mark.gpu
 
 
-def _nvml_gpus() -> int:
-    try:
-        nvml = Nvml.open()
-    except NvmlUnavailable:
-        return 0
-    try:
-        return int(nvml.value("nvmlDeviceGetCount") or 0)
-    finally:
-        nvml.close()
-
-
-if _nvml_gpus() == 0:
-    pytest.skip("no NVML GPU on this machine", allow_module_level=True)
+if not host().gpus:
+    pytest.skip(gpus_seen(), allow_module_level=True)
 
 
 def test_detect_finds_and_matches_the_gpus() -> None:

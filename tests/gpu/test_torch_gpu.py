@@ -3,7 +3,8 @@
 Compiled paths (AOTInductor packages, torch.compile with freezing) and 8-bit convolutions are
 in test_torch_gpu_compiled.py.
 
-Run on a GPU machine: `pytest -m gpu tests/gpu/test_torch_gpu.py`. Skipped without CUDA.
+Run on a GPU machine with `make test-gpu` (docs/testing.md); skipped elsewhere, saying what is
+missing (a GPU, or a CUDA build of torch).
 References are the ONNX Runtime backend on the CPU, as in the unit tests; tolerances are the
 largest difference over the largest reference magnitude (FP32 5e-4, TF32 and FP16 0.05, BF16
 0.25, FP8 0.5) with a cosine similarity floor (≥ 0.99; FP8 ≥ 0.98).
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.toolkit.gpu import torch_cuda_missing
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch import TorchBackend
@@ -29,10 +31,8 @@ from dlscale.models.zoo import ZOO, build_zoo
 from dlscale.models.zoo.model import WEIGHT_SEED
 from dlscale.serving.manager import ModelManager
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+NO_CUDA = torch_cuda_missing()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA))]
 Arrays = dict[str, np.ndarray]
 MODELS = ("mlp", "resnet50", "bert-base")
 TOLERANCE = {"fp32": (5e-4, 0.9999), "tf32": (0.05, 0.999), "fp16": (0.05, 0.999)}

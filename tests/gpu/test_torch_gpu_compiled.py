@@ -1,6 +1,6 @@
 """Compiled torch paths on a CUDA GPU: AOTInductor packages, freezing, 8-bit convolutions.
 
-Run on a GPU machine: `pytest -m gpu tests/gpu/test_torch_gpu_compiled.py` (several minutes:
+Run on a GPU machine with `make test-gpu` (docs/testing.md; this file several minutes:
 resnet50 is compiled into a package once, about a minute on an H100 host). References are the
 ONNX Runtime backend on the CPU, with the tolerances of test_torch_gpu.py.
 """
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.toolkit.gpu import torch_cuda_missing
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch.aoti import PACKAGE_NAME
@@ -22,10 +23,8 @@ from dlscale.backends.torch.precision import fp8_supported, lowp_layers
 from dlscale.models.zoo import ZOO, build_zoo
 from dlscale.models.zoo.inputs import PIXELS, as_input_type, torch_entry
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+NO_CUDA = torch_cuda_missing()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA))]
 Arrays = dict[str, np.ndarray]
 TOLERANCE = {"fp16": (0.05, 0.999), "fp8": (0.5, 0.98), "int8": (0.5, 0.98)}
 MAX_BATCH = 16

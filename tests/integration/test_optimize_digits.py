@@ -16,12 +16,26 @@ from dlscale.models.repository import ModelRepository
 from dlscale.optimize import OptimizeResult, OptimizeSettings, optimize
 from dlscale.optimize.measure import MeterSettings
 from dlscale.optimize.slo import SloSettings
+from dlscale.optimize.variants import ModelFacts, detect_caps, precision_variants
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.types import InferenceRequest
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
+
+# What to expect comes from the detected CPU: these tests are about INT8, which a CPU without
+# AVX2 is not offered.
+_NO_INT8 = [
+    s.reason
+    for s in precision_variants(
+        ModelFacts({"Conv": 1, "MatMul": 1}, image_input=True, transformer=False),
+        detect_caps("cpu"),
+        has_calibration=True,
+    )[1]
+    if s.name == "int8-*"
+]
+pytestmark = pytest.mark.skipif(bool(_NO_INT8), reason=f"no INT8 variants here: {_NO_INT8}")
 
 SHORT_METER = MeterSettings(seconds=0.5, min_queries=16, warmup_s=0.2)
 SHORT_SLO = SloSettings(
@@ -38,12 +52,9 @@ BOUND_S = 0.05
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dlscale.models.zoo import build_zoo
-
-    root = tmp_path_factory.mktemp("zoo")
-    build_zoo(root, ["digits"])
-    return root
+def zoo(small_repo: Path) -> Path:
+    """The session's digits build (tests/conftest.py): tests copy it before they change it."""
+    return small_repo
 
 
 def _copy(zoo: Path, tmp: Path) -> Path:

@@ -84,8 +84,14 @@ def rest_repository(root: Path) -> Path:
         + "priority_levels = 2\nadaptive_queue_delay = false\n"
         + NULL_TENSORS.format(inp="input", out="output", width=4, out_width=4),
     )
-    # An odd max_batch_size: warm-up (batches 1 and 7) passes, even batches fail.
-    write_model(root, "fails_even", fails_on_even_batches(), "max_batch_size = 7\n")
+    # An odd max_batch_size: warm-up (batches 1 and 7) passes, even batches fail. It waits up to
+    # a second to fill a batch, so that requests sent together share one.
+    write_model(
+        root,
+        "fails_even",
+        fails_on_even_batches(),
+        BATCHED.format(max_batch=7, delay=1_000_000) + "adaptive_queue_delay = false\n",
+    )
     write_broken(root)
     return root
 

@@ -16,6 +16,8 @@ def onnx_file(model: str, repo: Path | None = None) -> Path:
     path = Path(model)
     if path.suffix == ".onnx" and path.is_file():
         return path
+    if path.name != model:  # a path, not a name to look up in a repository
+        raise NotFound(f"no ONNX file at {model} (give a .onnx file or a model name)")
     root = repo if repo is not None else DEFAULT_ZOO_DIR
     found = _newest(root, model)
     if found is None and repo is None and model in ZOO:

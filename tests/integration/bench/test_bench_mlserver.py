@@ -1,7 +1,9 @@
 """`dlscale bench` against another server: Seldon MLServer, over REST and gRPC.
 
 MLServer is installed once into its own environment (.bench/mlserver-venv, as `make bench`
-does); where it cannot be installed (no package index), these tests skip and say why.
+does; about 400 MB and a minute), so these tests carry the `peers` marker and run with
+`make test-peers`, not in the default suite; where MLServer cannot be installed (no package
+index), they skip and say why.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from benchmarks.harness import ServerProcess, free_port, start_mlserver
 from benchmarks.models import IDENTITY, build_identity
 
 from dlscale.cli import main
+
+pytestmark = pytest.mark.peers
 
 
 @pytest.fixture(scope="module")

@@ -83,51 +83,54 @@ def _fails_even(x: np.ndarray) -> tha.InferInput:
     return tensor
 
 
+#: Requests sent together to fails_even, which share one batch: its row count decides.
+TOGETHER = {(1, 1): "fail", (1, 2): "ok", (2, 4): "fail", (2, 2, 3): "ok"}
+
+
 async def test_failing_backend_fails_only_its_batch(server: LocalServer) -> None:
+    before = _stats(server, "fails_even")
+
     async with tha.InferenceServerClient(server.http_url) as client:
         # The suite's repository holds a model that fails to load, so the server's strict
         # readiness is false from the start; failing batches must not change it either way.
         ready_before = await client.is_server_ready()
-        two = np.ones((2, 4), dtype=np.float32)
-        with pytest.raises(InferenceServerException, match="onnxruntime failed") as caught:
-            await client.infer("fails_even", [_fails_even(two)])
-        assert caught.value.status() == "500"
-        one = np.full((1, 4), 3.0, dtype=np.float32)
-        result = await client.infer("fails_even", [_fails_even(one)])
-        np.testing.assert_array_equal(result.as_numpy("y"), one)
 
-        # Concurrent single rows merge into batches; the even ones fail, the odd ones succeed,
-        # and requests to another model in the meantime are untouched.
-        async def row(n: int) -> bool:
-            x = np.full((1, 4), float(n), dtype=np.float32)
+        async def send(rows: int, value: float) -> str:
+            x = np.full((rows, 4), value, dtype=np.float32)
             try:
                 out = await client.infer("fails_even", [_fails_even(x)])
             except InferenceServerException as exc:
-                assert exc.status() == "500"
-                assert "onnxruntime failed" in str(exc)
-                return False
-            np.testing.assert_array_equal(out.as_numpy("y"), x)
-            return True
+                assert exc.status() == "500" and "onnxruntime failed" in str(exc)
+                return "fail"
+            np.testing.assert_array_equal(out.as_numpy("y"), x)  # its own rows, not another's
+            return "ok"
 
-        async def other(n: int) -> None:
+        async def other(n: int) -> str:
             x = np.full((2, 16), float(n), dtype=np.float32)
             tensor = tha.InferInput("input", [2, 16], "FP32")
             tensor.set_data_from_numpy(x)
             out = await client.infer("identity", [tensor])
             np.testing.assert_array_equal(out.as_numpy("output"), x)
+            return "ok"
 
-        outcomes = await asyncio.gather(
-            *(row(n) for n in range(60)), *(other(n) for n in range(60))
-        )
-        assert len(outcomes) == 120
-        stats = _stats(server, "fails_even")
-        assert stats["fail"] >= 1
-        assert stats["success"] + stats["fail"] == 62
-        # The server still serves that model and the others.
-        result = await client.infer("fails_even", [_fails_even(one)])
-        np.testing.assert_array_equal(result.as_numpy("y"), one)
-        assert await client.is_model_ready("fails_even")
+        for sizes, expected in TOGETHER.items():
+            # Each request carries its own values, so a mixed-up answer shows.
+            batch = [send(rows, 10.0 * k + rows) for k, rows in enumerate(sizes)]
+            # Another model's requests in the meantime are untouched.
+            others = [other(n) for n in range(8)] if expected == "fail" else []
+            outcomes = await asyncio.gather(*batch, *others)
+            assert outcomes[: len(sizes)] == [expected] * len(sizes), sizes
+            assert outcomes[len(sizes) :] == ["ok"] * len(others)
+        # The model goes on serving batches of odd size.
+        assert await send(7, 1.0) == "ok"
         assert await client.is_server_ready() == ready_before
+
+    after = _stats(server, "fails_even")
+    failed = sum(len(s) for s, e in TOGETHER.items() if e == "fail")
+    served = [rows for s, e in TOGETHER.items() if e == "ok" for rows in s] + [7]
+    assert after["fail"] - before["fail"] == failed
+    assert after["success"] - before["success"] == len(served)
+    assert after["rows"] - before["rows"] == sum(served)  # failed batches compute no rows
 
 
 async def test_graceful_stop_finishes_in_flight_requests(

@@ -5,7 +5,8 @@ What runs here, on 2 CPU cores, and why (docs/backends.md has the timings):
 - torch.compile with inductor, FP32 and BF16: identity, mlp and digits. Inductor on resnet50 and
   bert-base takes 55-80 s per model and precision on 2 cores, so there they compile with the
   "aot_eager" backend (the same dynamo capture and AOT graph, without generating kernels) in
-  FP32; the inductor runs of the two are below under DLSCALE_SLOW_TESTS=1.
+  FP32; the inductor runs of the two are below, `slow` and run only with DLSCALE_SLOW_TESTS=1
+  (`make test-slow` sets it).
 Tolerances, as the largest difference over the largest reference magnitude: FP32 5e-4
 (measured ≤ 2e-5); BF16 0.25 and a cosine similarity ≥ 0.99 (measured on resnet50, the worst:
 0.11 and 0.9939, its 53 layers of random weights each rounding to 8 bits of mantissa).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import tomli_w
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch import TorchBackend
 from dlscale.backends.torch.files import save_exported, write_module_spec
-from dlscale.models.zoo import ZOO, build_zoo
+from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.model import TRACE_SEED, WEIGHT_SEED
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
@@ -38,14 +40,18 @@ ROWS = 3  # odd, so that a bucketed run pads
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The zoo built into an ONNX repository, plus each model's torch file beside its ONNX.
+def zoo(small_repo: Path, big_zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zoo's ONNX repository, plus each model's torch file beside its ONNX.
 
-    digits trains at build time (about 8 s), so its torch file is a model.pt2 exported once
-    from its module rather than a model.zoo that would train again on every load.
+    The ONNX files are the session's builds (tests/conftest.py), copied so that the torch files
+    can be added. digits trains at build time (about 8 s), so its torch file is a model.pt2
+    exported once from its module rather than a model.zoo that would train again on every load.
     """
     root = tmp_path_factory.mktemp("zoo")
-    build_zoo(root, list(ZOO))
+    for source in (small_repo, big_zoo):
+        for folder in source.iterdir():
+            shutil.copytree(folder, root / folder.name)
+    assert sorted(p.name for p in root.iterdir()) == sorted(ZOO)
     for model in ZOO.values():
         inputs = [s.with_batch() for s in model.inputs()]
         outputs = [s.with_batch() for s in model.outputs()]
@@ -118,7 +124,12 @@ CASES = [
         "inductor",
         precision,
         id=f"{name}-inductor-{precision}",
-        marks=pytest.mark.skipif(not SLOW, reason="minutes on 2 cores; DLSCALE_SLOW_TESTS=1"),
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(
+                not SLOW, reason="minutes on 2 cores: `make test-slow` (DLSCALE_SLOW_TESTS=1)"
+            ),
+        ],
     )
     for name in ("resnet50", "bert-base")
     for precision in ("fp32", "bf16")

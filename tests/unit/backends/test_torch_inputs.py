@@ -16,17 +16,16 @@ import pytest
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch import TorchBackend
-from dlscale.models.zoo import ZOO, build_zoo
+from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.inputs import PIXELS, as_input_type, torch_entry
 
 Arrays = dict[str, np.ndarray]
 
 
 @pytest.fixture(scope="module")
-def resnet_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("resnet")
-    build_zoo(root, ["resnet50"])
-    return root
+def resnet_repo(big_zoo: Path) -> Path:
+    """The session's resnet50 build (tests/conftest.py), read only here."""
+    return big_zoo
 
 
 def _onnx(model_file: Path, inputs: Arrays) -> Arrays:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import ssl
 
+from dlscale.errors import DlscaleError
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits, connection_cap
 from dlscale.frontends.plane import Plane
@@ -51,14 +52,18 @@ class HttpFrontend:
         """Bind and listen; returns once connections are accepted (port 0 picks a free port)."""
         loop = asyncio.get_running_loop()
         self.max_connections = connection_cap(self.limits.max_connections)
-        self._server = await loop.create_server(
-            lambda: Connection(self),
-            self.host,
-            self.requested_port,
-            backlog=1024,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.limits.head_timeout_s if self.tls else None,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self),
+                self.host,
+                self.requested_port,
+                backlog=1024,
+                ssl=self.tls,
+                ssl_handshake_timeout=self.limits.head_timeout_s if self.tls else None,
+            )
+        except OSError as exc:  # a busy port is the user's to fix: a message, not a traceback
+            address = f"{self.host}:{self.requested_port}"
+            raise DlscaleError(f"REST cannot listen on {address}: {exc.strerror or exc}") from exc
         self._sweeper = loop.create_task(self._sweep())
         scheme = "https" if self.tls else "http"
         log.info("REST frontend listening on %s://%s:%d", scheme, self.host, self.port)
