@@ -14,7 +14,7 @@ from dlscale.errors import DlscaleError, Unsupported
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.serving.dataplane import DataPlane
-from dlscale.wire.grpc import decode_infer_request, wants_raw
+from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._infer(request, stream=False)
+        return await self._infer(request)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -93,12 +93,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def answer(message: Any) -> None:
             try:
-                reply = await self._infer(message, stream=True)
+                reply = await self._infer(message)
             except DlscaleError as exc:
-                reply = convert.stream_error(exc.message, message)
+                reply = convert.stream_error(exc.message, message.message)
             except Exception as exc:
                 log.exception("gRPC ModelStreamInfer request failed")
-                reply = convert.stream_error(f"internal error: {exc!r}", message)
+                reply = convert.stream_error(f"internal error: {exc!r}", message.message)
             answers.put_nowait(reply)
 
         async def read() -> None:
@@ -120,12 +120,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    async def _infer(self, message: Any, stream: bool) -> Any:
+    async def _infer(self, message: Framed) -> Framed:
         request = decode_infer_request(message)
         response = await self.dataplane.infer(request)
-        return convert.infer_response(
-            response, wants_raw(request), self.max_message_bytes, stream=stream
-        )
+        return convert.infer_response(response, wants_raw(request), self.max_message_bytes)
 
     # -- statistics and repository ----------------------------------------------------------------
 

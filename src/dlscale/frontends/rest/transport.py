@@ -2,7 +2,8 @@
 
 Why not a framework: see docs/decisions.md (measured against uvicorn and granian). The transport
 does only HTTP: framing, keep-alive, pipelining in order, the body limit, flow control and a
-graceful stop. Routes live in `api.py`; tensors in the wire codec (`dlscale.wire.rest`).
+graceful stop. Routes live in `api.py`; tensors in the wire codec (`dlscale.wire.rest`). A body
+of known length is read by the socket straight into one buffer (`body.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from http import HTTPStatus
 import httptools
 
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
+from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
 from dlscale.serving.dataplane import DataPlane
+from dlscale.wire import tracing
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -53,10 +56,13 @@ class HttpFrontend:
         *,
         max_body_bytes: int = 64 * 2**20,
         keep_alive_s: float = 75.0,
+        bodies: BodyBuffers | None = None,
     ) -> None:
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         self.api = RestApi(dataplane, max_body_bytes)
+        #: Where large request bodies are received (page-locked ones on a CUDA server).
+        self.bodies = bodies or BodyBuffers()
         self.host = host
         self.requested_port = port
         self.max_body_bytes = max_body_bytes
@@ -102,6 +108,7 @@ class HttpFrontend:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
+        self.bodies.close()
 
     def _opened(self, conn: _Connection) -> None:
         self._connections.add(conn)
@@ -122,8 +129,13 @@ class HttpFrontend:
                     conn.abort()
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: parse, answer in order, keep alive."""
+class _Connection(asyncio.BufferedProtocol):
+    """One client connection: parse, answer in order, keep alive.
+
+    The socket writes into `get_buffer`'s buffer: a small one for heads, parsed by httptools,
+    or, while a body of known length is still arriving, that body's own buffer; the parser is
+    then renewed for the next request, since it never saw those bytes.
+    """
 
     def __init__(self, frontend: HttpFrontend) -> None:
         self.frontend = frontend
@@ -134,8 +146,12 @@ class _Connection(asyncio.Protocol):
         self.last_active = self.loop.time()
         self._url = b""
         self._headers: dict[str, str] = {}
-        self._body: list[bytes] = []
+        self._method = ""
+        self._keep_alive = True
+        self._body: Body | None = None
         self._body_size = 0
+        self._direct = False  # the socket writes into the body's buffer
+        self._head = memoryview(bytearray(HEAD_READ))
         self._refusal: RestResponse | None = None
         self._queue: collections.deque[_Message] = collections.deque()
         self._task: asyncio.Task[None] | None = None
@@ -159,10 +175,36 @@ class _Connection(asyncio.Protocol):
         self._writable.set()
         self.frontend._closed(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._direct and self._body is not None:
+            return self._body.space()
+        return self._head
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._done:
             return
         self.last_active = self.loop.time()
+        body = self._body
+        if self._direct and body is not None:
+            if tracing.on():
+                tracing.record(tracing.SOCKET_IN, body.space()[:nbytes])
+            if body.received(nbytes):
+                self._body_in_place()
+            return
+        if tracing.on():
+            tracing.record(tracing.SOCKET_IN, self._head[:nbytes])
+        self._feed(self._head[:nbytes])
+        if body is not None and body.missing and self._body is body and not self._done:
+            # The rest of this body goes from the socket straight into its buffer.
+            self._direct = True
+
+    def _body_in_place(self) -> None:
+        self._direct = False
+        # The parser stopped in the middle of this body: a new one reads the next request.
+        self.parser = httptools.HttpRequestParser(self)
+        self.on_message_complete()
+
+    def _feed(self, data: memoryview) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -185,7 +227,7 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = {}
-        self._body = []
+        self._body = None
         self._body_size = 0
 
     def on_url(self, url: bytes) -> None:
@@ -206,6 +248,14 @@ class _Connection(asyncio.Protocol):
         if self._headers.get("expect", "").lower() == "100-continue" and not self._queue:
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # Known now, and needed after a body read in place (when a new parser holds no request).
+        self._method = self.parser.get_method().decode("ascii")
+        self._keep_alive = self.parser.should_keep_alive()
+        chunked = "transfer-encoding" in self._headers
+        if length is not None and length.isdigit() and not chunked:
+            self._body = Body.declared(self.frontend.bodies, int(length))
+        else:
+            self._body = Body.chunked()
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -214,18 +264,16 @@ class _Connection(asyncio.Protocol):
                 413, f"the request body exceeds the limit of {self.frontend.max_body_bytes} bytes"
             )
             raise _Refused
-        self._body.append(body)
+        assert self._body is not None
+        self._body.add(body)
 
     def on_message_complete(self) -> None:
-        parts = self._body
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        message = _Message(
-            self.parser.get_method().decode("ascii"),
-            self._url.decode("latin-1"),
-            self._headers,
-            body,
-            self.parser.should_keep_alive(),
-        )
+        body: Buffer = b""
+        if self._body is not None:
+            body = self._body.finish()
+            self._body = None
+        url = self._url.decode("latin-1")
+        message = _Message(self._method, url, self._headers, body, self._keep_alive)
         self._enqueue(message)
 
     # -- answering ---------------------------------------------------------------------------------
@@ -287,6 +335,8 @@ class _Connection(asyncio.Protocol):
             # One write (one syscall) for the common small response.
             self.transport.write(b"".join([*head, *parts]))
         else:
+            for part in parts:
+                tracing.record(tracing.SOCKET_OUT, part)
             self.transport.writelines([b"".join(head), *parts])
 
     def _finish_refusal(self) -> None:
