@@ -9,6 +9,7 @@ import grpc
 from dlscale.errors import DlscaleError
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.serving.dataplane import DataPlane
+from dlscale.wire import tracing
 from dlscale.wire.grpc import RAW_INPUT_FIELD, RAW_OUTPUT_FIELD, Framed, read_framed, serialize
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
@@ -101,15 +102,20 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
 
 
 def _read_request(data: bytes) -> Framed:
+    tracing.record(tracing.SOCKET_IN, data)  # gRPC's own copy of what the socket read
     return read_framed(data, pb.ModelInferRequest, RAW_INPUT_FIELD)
 
 
 def _write_answer(answer: Framed) -> bytes:
-    return serialize(answer, RAW_OUTPUT_FIELD)
+    data = serialize(answer, RAW_OUTPUT_FIELD)
+    tracing.record(tracing.SOCKET_OUT, data)
+    return data
 
 
 def write_stream_answer(answer: Framed | Any) -> bytes:
     """A stream's answer: a ModelInferResponse wrapped in place, or an in-stream error message."""
     if isinstance(answer, Framed):
-        return serialize(answer, RAW_OUTPUT_FIELD, stream=True)
+        data = serialize(answer, RAW_OUTPUT_FIELD, stream=True)
+        tracing.record(tracing.SOCKET_OUT, data)
+        return data
     return bytes(answer.SerializeToString())

@@ -194,7 +194,8 @@ class _Connection(asyncio.BufferedProtocol):
         if tracing.on():
             tracing.record(tracing.SOCKET_IN, self._head[:nbytes])
         self._feed(self._head[:nbytes])
-        if body is not None and body.missing and self._body is body and not self._done:
+        body = self._body  # the request the parser is in now, whose head it may just have read
+        if body is not None and body.missing and not self._done:
             # The rest of this body goes from the socket straight into its buffer.
             self._direct = True
 
@@ -335,9 +336,11 @@ class _Connection(asyncio.BufferedProtocol):
             # One write (one syscall) for the common small response.
             self.transport.write(b"".join([*head, *parts]))
         else:
-            for part in parts:
-                tracing.record(tracing.SOCKET_OUT, part)
-            self.transport.writelines([b"".join(head), *parts])
+            chunks = [b"".join(head), *parts]
+            if tracing.on():
+                for chunk in chunks:
+                    tracing.record(tracing.SOCKET_OUT, chunk)
+            self.transport.writelines(chunks)
 
     def _finish_refusal(self) -> None:
         # Closing with unread body bytes in the socket makes the kernel send RST, and the client
