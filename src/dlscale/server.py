@@ -138,6 +138,7 @@ class Server:
         frontends: dict[str, Frontend] = {}
         if s.http_port is not None:
             from dlscale.frontends.rest import HttpFrontend
+            from dlscale.frontends.rest.body import BodyBuffers
 
             frontends["http"] = HttpFrontend(
                 self.dataplane,
@@ -146,6 +147,8 @@ class Server:
                 limits=s.limits,
                 tls=s.tls.server_context() if s.tls else None,
                 access=Access(s.http_restricted),
+                # Page-locked body buffers let a CUDA backend copy inputs by DMA from the body.
+                bodies=BodyBuffers(page_lock=cuda_memory.device_count() > 0),
             )
         if s.grpc_port is not None:
             from dlscale.frontends.grpc import GrpcFrontend

@@ -1,7 +1,9 @@
 """An Open Inference Protocol gRPC client: raw tensor contents over one grpc.aio channel.
 
 It sends and reads the same messages (`dlscale.wire`) as the server, so it speaks the published
-schema that every OIP server implements.
+schema that every OIP server implements. ModelInfer's raw contents stay out of protobuf both ways
+(`Framed`): the inputs' memory is joined once into the request's bytes, and outputs are views of
+the answer's bytes.
 """
 
 from __future__ import annotations
@@ -13,11 +15,20 @@ import numpy as np
 
 from dlscale.errors import BenchError, InvalidInput
 from dlscale.types import InferenceRequest, InferenceResponse
-from dlscale.wire.grpc import decode_infer_response, encode_infer_request
+from dlscale.wire.grpc import (
+    RAW_INPUT_FIELD,
+    RAW_OUTPUT_FIELD,
+    Framed,
+    decode_infer_response,
+    frame_infer_request,
+    read_framed,
+    serialize,
+)
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 _MAX_MESSAGE = 1 << 30
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 class GrpcClient:
@@ -28,6 +39,7 @@ class GrpcClient:
         self.timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
+        self._infer: Any = None
 
     async def open(self) -> None:
         """Open the channel and check that the server is live."""
@@ -40,6 +52,9 @@ class GrpcClient:
         )
         stub = inference_pb2_grpc.GRPCInferenceServiceStub
         self._stub = stub(self._channel)  # type: ignore[no-untyped-call]
+        self._infer = self._channel.unary_unary(
+            _MODEL_INFER, request_serializer=_write_request, response_deserializer=_read_answer
+        )
         try:
             reply = await self._call("ServerLive", pb.ServerLiveRequest(), timeout=5.0)
         except BenchError as exc:
@@ -54,7 +69,7 @@ class GrpcClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-            self._stub = None
+            self._stub = self._infer = None
 
     async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
         """The model's metadata in the REST form: {name, versions, platform, inputs, outputs}."""
@@ -84,10 +99,15 @@ class GrpcClient:
     async def infer_request(self, request: InferenceRequest) -> InferenceResponse:
         """Run one request as given (inputs or outputs may be in shared-memory regions)."""
         try:
-            message = encode_infer_request(request)
+            message = frame_infer_request(request)
         except (InvalidInput, ValueError) as exc:
             raise BenchError(f"grpc://{self.address}: cannot send the inputs: {exc}") from None
-        reply = await self._call("ModelInfer", message)
+        if self._infer is None:
+            raise BenchError("the gRPC client is not open")
+        try:
+            reply = await self._infer(message, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise BenchError(f"{exc.code().name}: {exc.details()}") from None
         placed = {o.name: o.region for o in request.outputs or () if o.region is not None}
         try:
             return decode_infer_response(reply, placed)
@@ -127,6 +147,14 @@ class GrpcClient:
             return await getattr(self._stub, method)(request, timeout=timeout or self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise BenchError(f"{exc.code().name}: {exc.details()}") from None
+
+
+def _write_request(message: Framed) -> bytes:
+    return serialize(message, RAW_INPUT_FIELD)
+
+
+def _read_answer(data: bytes) -> Framed:
+    return read_framed(data, pb.ModelInferResponse, RAW_OUTPUT_FIELD)
 
 
 def _tensors(tensors: Any) -> list[dict[str, Any]]:

@@ -49,6 +49,11 @@ class Limits:
     max_connections: int = _limit(
         1_000, "open connections per protocol; more get 503 (REST) or are refused (gRPC)"
     )
+    max_receiving_bytes: int = _limit(
+        1 << 30,
+        "REST body bytes received in place at once (declared lengths); over it a body grows as "
+        "it arrives",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -60,6 +65,7 @@ class Limits:
             "max_head_bytes",
             "max_headers",
             "max_connections",
+            "max_receiving_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

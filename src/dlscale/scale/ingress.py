@@ -23,6 +23,7 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
 from dlscale.scale.router import Router
 from dlscale.scale.settings import ScaleSettings
+from dlscale.wire.grpc import RAW_OUTPUT_FIELD, Framed
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 log = logging.getLogger("dlscale.scale")
@@ -117,15 +118,19 @@ class OipIngress:
     ) -> AsyncIterator[Any]:
         """The bidirectional stream: errors travel in-stream, as on one host."""
         async for reply in self.grpc.ModelStreamInfer(requests, _Context(grpc_context)):
+            if isinstance(reply, Framed):  # Ray's proxy serializes whole protobuf messages
+                reply = pb.ModelStreamInferResponse(infer_response=reply.whole(RAW_OUTPUT_FIELD))
             yield reply
 
     async def _unary(self, rpc: str, request: Any, grpc_context: Any) -> Any:
         """Run the servicer's method; an error leaves its status on Ray's context."""
         try:
-            return await getattr(self.grpc, rpc)(request, _Context(grpc_context))
+            reply = await getattr(self.grpc, rpc)(request, _Context(grpc_context))
         except _Aborted:
             # Ray Serve sends the status set on its context; the message itself is not sent.
             return message_factory.GetMessageClass(_SERVICE.methods_by_name[rpc].output_type)()
+        # Ray's proxy serializes whole protobuf messages: raw outputs go back inside.
+        return reply.whole(RAW_OUTPUT_FIELD) if isinstance(reply, Framed) else reply
 
 
 def _http_response(answer: RestResponse) -> Response:

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dlscale.backends import Backend
+from dlscale.wire import tracing
 
 
 class Instance:
@@ -47,9 +48,20 @@ class Instance:
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Compute one batch."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+        if not tracing.on():
+            return await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+        _trace(tracing.BACKEND_IN, inputs)
+        outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+        _trace(tracing.BACKEND_OUT, outputs)
+        return outputs
 
     async def close(self) -> None:
         """Unload the backend and stop the thread."""
         await self.call(self.backend.unload)
         self._executor.shutdown(wait=False)
+
+
+def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:
+    for array in arrays.values():
+        if isinstance(array, np.ndarray) and array.dtype != object:
+            tracing.record(stage, array)

@@ -6,11 +6,16 @@ the bench's clients encode requests and decode responses with the same readers a
 A tensor placed in a shared-memory region carries no contents: a request gives raw contents only
 for the other inputs (as tritonclient sends them), a response an empty blob for it (as Triton
 answers, so that clients may index raw contents by output position).
+
+Raw contents stay out of protobuf on the way in and out (`Framed`, wire/protowire.py): received
+messages are split into a small header parsed by protobuf and views of the raw blobs; sent ones
+are the header's bytes and the arrays' own memory, joined once by `serialize`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,8 +32,10 @@ from dlscale.types import (
 )
 from dlscale.wire.bounds import MAX_ELEMENTS, check_shape
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
+from dlscale.wire.protowire import embedded, field_parts, nbytes, split_field
 from dlscale.wire.tensors import (
     REGION,
+    Buffer,
     Form,
     RawData,
     TypedValues,
@@ -68,6 +75,56 @@ GRPC_WORDS = Wording(
     "elements its shape holds",
 )
 _INT64_MAX = 2**63 - 1
+#: Field numbers of the raw contents, and of a stream answer's ModelInferResponse.
+RAW_INPUT_FIELD, RAW_OUTPUT_FIELD, STREAM_RESPONSE_FIELD = 7, 6, 2
+#: Messages smaller than this are parsed whole by protobuf: its copies cost less than a split.
+SPLIT_FROM_BYTES = 64 * 1024
+
+
+@dataclass(slots=True)
+class Framed:
+    """A ModelInfer message whose raw contents travel beside it, not inside.
+
+    `message` has no raw contents; `raw` holds them in order: views of the received bytes, or
+    the memory of the arrays to send.
+    """
+
+    message: Any
+    raw: list[Buffer]
+
+    def whole(self, field: int) -> Any:
+        """The message with its raw contents copied in (for tools and tests; copies each blob)."""
+        getattr(self.message, _RAW_NAMES[field]).extend(bytes(b) for b in self.raw)
+        self.raw = []
+        return self.message
+
+
+_RAW_NAMES = {RAW_INPUT_FIELD: "raw_input_contents", RAW_OUTPUT_FIELD: "raw_output_contents"}
+
+
+def read_framed(data: bytes, kind: Any, field: int) -> Framed:
+    """A received ModelInferRequest (`field` 7) or ModelInferResponse (6), raw contents as views.
+
+    Raises protobuf's DecodeError for bytes that are not such a message, as `FromString` does.
+    """
+    if len(data) < SPLIT_FROM_BYTES:
+        message = kind.FromString(data)
+        raw = getattr(message, _RAW_NAMES[field])
+        return Framed(message, list(raw) if raw else [])
+    rest, views = split_field(data, field)
+    return Framed(kind.FromString(rest), list(views))
+
+
+def serialize(framed: Framed, field: int, stream: bool = False) -> bytes:
+    """The message's bytes with its raw contents as field `field`: one copy of each blob.
+
+    `stream` wraps a ModelInferResponse as a ModelStreamInferResponse's answer.
+    """
+    parts: list[Buffer] = [framed.message.SerializeToString()]
+    parts += field_parts(field, framed.raw)
+    if stream:
+        parts = embedded(STREAM_RESPONSE_FIELD, parts)
+    return b"".join(parts)
 
 
 # -- parameters ------------------------------------------------------------------------------------
@@ -104,14 +161,16 @@ def _set_parameters(target: Any, params: Parameters) -> None:
 # -- the server's side: requests in, responses out -------------------------------------------------
 
 
-def decode_infer_request(message: Any, max_elements: int = MAX_ELEMENTS) -> InferenceRequest:
+def decode_infer_request(
+    message: Any | Framed, max_elements: int = MAX_ELEMENTS
+) -> InferenceRequest:
     """Decode a ModelInferRequest; anything inconsistent is InvalidInput saying what and where.
 
-    No tensor may declare more than `max_elements` elements, nor more than its data carries.
+    Raw inputs are views of the message's blobs (of the received bytes when `Framed`). No tensor
+    may declare more than `max_elements` elements, nor more than its data carries.
     """
-    inputs, in_regions = _read_tensors(
-        message.inputs, message.raw_input_contents, "request", max_elements=max_elements
-    )
+    message, raw = _unframed(message, RAW_INPUT_FIELD)
+    inputs, in_regions = _read_tensors(message.inputs, raw, "request", max_elements=max_elements)
     outputs = None
     if message.outputs:
         outputs = [_requested_output(o) for o in message.outputs]
@@ -132,20 +191,25 @@ def wants_raw(request: InferenceRequest) -> bool:
     return flag if isinstance(flag, bool) else True
 
 
-def encode_infer_response(response: InferenceResponse, raw: bool, max_bytes: int) -> Any:
-    """A ModelInferResponse: all outputs raw or all typed (FP16/BF16 force raw for the whole)."""
+def frame_infer_response(response: InferenceResponse, raw: bool, max_bytes: int) -> Framed:
+    """A ModelInferResponse, all outputs raw or all typed (FP16/BF16 force raw for the whole);
+    raw outputs stay views of the arrays until `serialize` joins them."""
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     _set_parameters(message.parameters, response.parameters)
-    size = _write_tensors(
-        message.outputs, message.raw_output_contents, response.outputs, raw, "output"
-    )
+    blobs: list[Buffer] = []
+    size = _write_tensors(message.outputs, blobs, response.outputs, raw, "output")
     _write_regions(message.outputs, response.in_regions)
-    if message.raw_output_contents or (raw and not response.outputs):
-        message.raw_output_contents.extend([b""] * len(response.in_regions))
+    if blobs or (raw and not response.outputs):
+        blobs += [b""] * len(response.in_regions)
     _check_size(message, size, max_bytes)
-    return message
+    return Framed(message, blobs)
+
+
+def encode_infer_response(response: InferenceResponse, raw: bool, max_bytes: int) -> Any:
+    """The whole ModelInferResponse message (raw contents copied in)."""
+    return frame_infer_response(response, raw, max_bytes).whole(RAW_OUTPUT_FIELD)
 
 
 def _requested_output(message: Any) -> RequestedOutput:
@@ -167,7 +231,7 @@ def _check_size(message: Any, estimate: int, max_bytes: int) -> None:
     # ByteSize() serializes under upb; only pay for it when the response is near the limit.
     if estimate < max_bytes * 0.9:
         return
-    size = message.ByteSize()
+    size = message.ByteSize() + estimate + 16
     if size > max_bytes:
         raise PayloadTooLarge(
             f"the response is {size} bytes, above the server's gRPC message limit of {max_bytes} "
@@ -178,8 +242,8 @@ def _check_size(message: Any, estimate: int, max_bytes: int) -> None:
 # -- the client's side: requests out, responses in -------------------------------------------------
 
 
-def encode_infer_request(request: InferenceRequest) -> Any:
-    """A ModelInferRequest with every input in raw contents (as tritonclient sends them)."""
+def frame_infer_request(request: InferenceRequest) -> Framed:
+    """A ModelInferRequest with every input raw (as tritonclient sends them), still as views."""
     message = pb.ModelInferRequest(
         model_name=request.model_name, model_version=request.model_version, id=request.id
     )
@@ -189,22 +253,27 @@ def encode_infer_request(request: InferenceRequest) -> Any:
         if wanted.region is not None:
             params = params | region_parameters(wanted.region)
         _set_parameters(message.outputs.add(name=wanted.name).parameters, params)
-    _write_tensors(message.inputs, message.raw_input_contents, request.inputs, True, "input")
+    blobs: list[Buffer] = []
+    _write_tensors(message.inputs, blobs, request.inputs, True, "input")
     _write_regions(message.inputs, request.in_regions)
-    return message
+    return Framed(message, blobs)
+
+
+def encode_infer_request(request: InferenceRequest) -> Any:
+    """The whole ModelInferRequest message (raw contents copied in)."""
+    return frame_infer_request(request).whole(RAW_INPUT_FIELD)
 
 
 def decode_infer_response(
-    message: Any, placed: Mapping[str, RegionRef] | None = None
+    message: Any | Framed, placed: Mapping[str, RegionRef] | None = None
 ) -> InferenceResponse:
     """Decode a ModelInferResponse, raw or typed, with the server's readers.
 
     `placed` names the outputs the request asked into regions: such an output answered without
     contents (and without region parameters, as Triton answers) reads as that region.
     """
-    outputs, in_regions = _read_tensors(
-        message.outputs, message.raw_output_contents, "response", placed or {}
-    )
+    message, raw = _unframed(message, RAW_OUTPUT_FIELD)
+    outputs, in_regions = _read_tensors(message.outputs, raw, "response", placed or {})
     return InferenceResponse(
         model_name=message.model_name,
         outputs=outputs,
@@ -216,6 +285,12 @@ def decode_infer_response(
 
 
 # -- tensors, both ways ----------------------------------------------------------------------------
+
+
+def _unframed(message: Any | Framed, field: int) -> tuple[Any, Sequence[Any]]:
+    if isinstance(message, Framed):
+        return message.message, message.raw
+    return message, getattr(message, _RAW_NAMES[field])
 
 
 def _read_tensors(
@@ -315,9 +390,9 @@ def _write_regions(tensors: Any, in_regions: Mapping[str, RegionTensor]) -> None
 
 
 def _write_tensors(
-    tensors: Any, blobs: Any, arrays: Mapping[str, np.ndarray], raw: bool, role: str
+    tensors: Any, blobs: list[Buffer], arrays: Mapping[str, np.ndarray], raw: bool, role: str
 ) -> int:
-    """Add each array to a message's tensors (and raw blobs); returns about how many bytes."""
+    """Add each array to a message's tensors (raw: its memory to `blobs`); about how many bytes."""
     datatypes = {n: Datatype.from_numpy(a.dtype) for n, a in arrays.items()}
     form = Form.RAW if raw or any(d not in TYPED_FIELDS for d in datatypes.values()) else Form.TYPED
     size = 0
@@ -326,9 +401,8 @@ def _write_tensors(
         tensor = tensors.add(name=name, datatype=datatype.value, shape=array.shape)
         written = write_tensor(role, name, array, datatype, form)
         if written.raw is not None:
-            blob = bytes(written.raw)
-            blobs.append(blob)
-            size += len(blob)
+            blobs.append(written.raw)
+            size += nbytes(written.raw)
         else:
             getattr(tensor.contents, TYPED_FIELDS[datatype][0]).extend(written.values)
             size += array.size * 8

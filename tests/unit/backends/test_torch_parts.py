@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +218,12 @@ def test_bf16_and_read_only_arrays_cross_the_boundary() -> None:
     frozen = np.ones(3, np.float32)
     frozen.flags.writeable = False
     assert from_numpy(frozen).sum().item() == 3
+    # A received message's bytes are shared, not copied, and torch's warning stays quiet.
+    received = np.frombuffer(bytes(12), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shared = from_numpy(received)
+    assert shared.data_ptr() == received.__array_interface__["data"][0]
 
 
 SPEC_IN = [TensorSpec("x", Datatype.FP32, (-1, 8))]

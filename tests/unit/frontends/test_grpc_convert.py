@@ -6,6 +6,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from dlscale.frontends.grpc import convert
+from dlscale.frontends.grpc.frontend import write_stream_answer
 from dlscale.frontends.rest import render
 from dlscale.types import (
     BatchStats,
@@ -114,8 +115,13 @@ def test_repository_index_rows() -> None:
 
 def test_stream_answers_and_errors() -> None:
     response = InferenceResponse("m", {"y": np.zeros(2, np.float32)}, id="7")
-    wrapped = convert.infer_response(response, raw=True, max_bytes=2**20, stream=True)
+    framed = convert.infer_response(response, raw=True, max_bytes=2**20)
+    # The stream's serializer wraps the answer's bytes without re-encoding it.
+    wrapped = pb.ModelStreamInferResponse.FromString(write_stream_answer(framed))
     assert wrapped.infer_response.id == "7" and len(wrapped.infer_response.raw_output_contents) == 1
+    assert wrapped.infer_response.raw_output_contents[0] == bytes(8)
     request = pb.ModelInferRequest(model_name="m", model_version="1", id="8")
     error = convert.stream_error("bad", request)
     assert error.error_message == "bad" and error.infer_response.id == "8"
+    again = pb.ModelStreamInferResponse.FromString(write_stream_answer(error))
+    assert again == error

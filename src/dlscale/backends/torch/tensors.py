@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import ml_dtypes
@@ -46,16 +47,33 @@ def datatype_of(dtype: torch.dtype) -> Datatype:
 
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A CPU tensor sharing the array's memory where torch can (BF16 through an int16 view).
+    """A CPU tensor sharing the array's memory (BF16 through an int16 view).
 
-    A read-only array (a view of a request body) is copied first: torch would warn that it
-    cannot guarantee not to write through it.
+    Read-only arrays (views of a received message) are shared too, not copied: a backend only
+    reads its inputs. Only a non-contiguous array is copied.
     """
-    if not array.flags.writeable or not array.flags.c_contiguous:
-        array = np.array(array, copy=True, order="C")
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+        array = array.view(np.int16)
+        return _shared(array).view(torch.bfloat16)
+    return _shared(array)
+
+
+_quiet = False
+
+
+def _shared(array: np.ndarray) -> torch.Tensor:
+    global _quiet
+    if array.flags.writeable or _quiet:
+        return torch.from_numpy(array)
+    # torch warns once per process that it cannot keep a read-only array read-only; the
+    # warning is about a contract the backend keeps (it never writes its inputs).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        tensor = torch.from_numpy(array)
+    _quiet = True
+    return tensor
 
 
 def as_tensor(array: Any) -> torch.Tensor:

@@ -21,7 +21,7 @@ from dlscale.types import (
     TensorSpec,
     VersionPolicy,
 )
-from dlscale.wire.grpc import encode_infer_response
+from dlscale.wire.grpc import Framed, frame_infer_response
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 # -- requests -----------------------------------------------------------------------------------
@@ -50,14 +50,10 @@ def load_overrides(message: Any) -> list[str]:
 # -- inference ----------------------------------------------------------------------------------
 
 
-def infer_response(
-    response: InferenceResponse, raw: bool, max_bytes: int, stream: bool = False
-) -> Any:
-    """A ModelInferResponse, wrapped for ModelStreamInfer when `stream`."""
-    message = encode_infer_response(response, raw, max_bytes)
-    if stream:
-        return pb.ModelStreamInferResponse(infer_response=message)
-    return message
+def infer_response(response: InferenceResponse, raw: bool, max_bytes: int) -> Framed:
+    """A ModelInferResponse, raw outputs beside it (the frontend's serializer joins them once,
+    wrapped as a ModelStreamInferResponse's answer on a stream)."""
+    return frame_infer_response(response, raw, max_bytes)
 
 
 def stream_error(text: str, message: Any) -> Any:

@@ -13,7 +13,11 @@ from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.tls import TlsFiles
-from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
+from dlscale.wire import tracing
+from dlscale.wire.grpc import RAW_INPUT_FIELD, RAW_OUTPUT_FIELD, Framed, read_framed, serialize
+from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
+
+SERVICE = "inference.GRPCInferenceService"
 
 
 class GrpcFrontend:
@@ -68,8 +72,9 @@ class GrpcFrontend:
         servicer = InferenceServicer(
             self.dataplane, self.max_message_bytes, limits.max_tensor_elements
         )
-        add_servicer = inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
-        add_servicer(servicer, server)  # type: ignore[no-untyped-call]
+        handlers = method_handlers(servicer)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_registered_method_handlers(SERVICE, handlers)
         host = f"[{self.host}]" if ":" in self.host else self.host
         address = f"{host}:{self._requested_port}"
         try:
@@ -90,3 +95,46 @@ class GrpcFrontend:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+
+
+def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """Every RPC of the service, each with its messages' protobuf (de)serializers, except that
+    ModelInfer and ModelStreamInfer keep raw contents out of protobuf (wire/grpc.py, `Framed`):
+    read as views of the received bytes, written joined once."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        name = method.name
+        request_of: Any = getattr(pb, method.input_type.name).FromString
+        answer_of: Any = getattr(pb, method.output_type.name).SerializeToString
+        if name in ("ModelInfer", "ModelStreamInfer"):
+            request_of = _read_request
+            answer_of = write_stream_answer if name == "ModelStreamInfer" else _write_answer
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if method.client_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[name] = make(
+            getattr(servicer, name), request_deserializer=request_of, response_serializer=answer_of
+        )
+    return handlers
+
+
+def _read_request(data: bytes) -> Framed:
+    tracing.record(tracing.SOCKET_IN, data)  # gRPC's own copy of what the socket read
+    return read_framed(data, pb.ModelInferRequest, RAW_INPUT_FIELD)
+
+
+def _write_answer(answer: Framed) -> bytes:
+    data = serialize(answer, RAW_OUTPUT_FIELD)
+    tracing.record(tracing.SOCKET_OUT, data)
+    return data
+
+
+def write_stream_answer(answer: Framed | Any) -> bytes:
+    """A stream's answer: a ModelInferResponse wrapped in place, or an in-stream error message."""
+    if isinstance(answer, Framed):
+        data = serialize(answer, RAW_OUTPUT_FIELD, stream=True)
+        tracing.record(tracing.SOCKET_OUT, data)
+        return data
+    return bytes(answer.SerializeToString())

@@ -17,7 +17,7 @@ from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane
 from dlscale.wire.bounds import MAX_ELEMENTS
-from dlscale.wire.grpc import decode_infer_request, wants_raw
+from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._infer(request, stream=False)
+        return await self._infer(request)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -101,12 +101,14 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def answer(message: Any) -> None:
             try:
-                reply = await self._infer(message, stream=True)
+                reply = await self._infer(message)
             except DlscaleError as exc:
-                reply = convert.stream_error(exc.message, message)
+                reply = convert.stream_error(exc.message, _plain(message))
             except Exception as exc:
                 log.exception("gRPC ModelStreamInfer request failed")
-                reply = convert.stream_error(redact_paths(f"internal error: {exc!r}"), message)
+                reply = convert.stream_error(
+                    redact_paths(f"internal error: {exc!r}"), _plain(message)
+                )
             answers.put_nowait(reply)
 
         async def read() -> None:
@@ -130,12 +132,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    async def _infer(self, message: Any, stream: bool) -> Any:
+    async def _infer(self, message: Any) -> Framed:
         request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
         response = await self.dataplane.infer(request)
-        return convert.infer_response(
-            response, wants_raw(request), self.max_message_bytes, stream=stream
-        )
+        return convert.infer_response(response, wants_raw(request), self.max_message_bytes)
 
     # -- statistics and repository ----------------------------------------------------------------
 
@@ -193,7 +193,15 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 def _large(message: Any) -> bool:
-    """Whether a ModelInferRequest carries (or declares) enough to decode it off the loop."""
-    raw = sum(len(blob) for blob in message.raw_input_contents)
-    declared = sum(math.prod(t.shape) for t in message.inputs)
+    """Whether a ModelInferRequest (`Framed`, or whole on Ray Serve's proxy) carries or declares
+    enough to decode it off the loop."""
+    blobs = message.raw if isinstance(message, Framed) else message.raw_input_contents
+    inputs = _plain(message).inputs
+    raw = sum(len(blob) for blob in blobs)
+    declared = sum(math.prod(t.shape) for t in inputs)
     return raw > OFF_LOOP_BYTES or declared * 4 > OFF_LOOP_BYTES
+
+
+def _plain(message: Any) -> Any:
+    """The ModelInferRequest itself, whether its raw contents travel beside it or inside."""
+    return message.message if isinstance(message, Framed) else message

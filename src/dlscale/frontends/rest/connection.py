@@ -1,5 +1,8 @@
 """One REST client connection: parse with httptools, hold the client to its limits, answer in
-order, keep alive; the frontend (transport.py) owns the listening socket and the sweeps."""
+order, keep alive; the frontend (transport.py) owns the listening socket and the sweeps.
+
+A body of known length is read by the socket straight into one buffer (`body.py`).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from http import HTTPStatus
 import httptools
 
 from dlscale.frontends.rest.api import RestResponse, error_response
+from dlscale.frontends.rest.body import HEAD_READ, Body
+from dlscale.wire import tracing
 from dlscale.wire.tensors import Buffer
 
 if typing.TYPE_CHECKING:
@@ -47,8 +52,13 @@ class _Message:
     refusal: RestResponse | None = None
 
 
-class Connection(asyncio.Protocol):
-    """One client connection: parse, answer in order, keep alive."""
+class Connection(asyncio.BufferedProtocol):
+    """One client connection: parse, answer in order, keep alive.
+
+    The socket writes into `get_buffer`'s buffer: a small one for heads, parsed by httptools,
+    or, while a body of known length is still arriving, that body's own buffer; the parser is
+    then renewed for the next request, since it never saw those bytes.
+    """
 
     def __init__(self, frontend: HttpFrontend) -> None:
         self.frontend = frontend
@@ -66,8 +76,13 @@ class Connection(asyncio.Protocol):
         self._head_size = 0
         self._headers: dict[str, str] = {}
         self._header_lines = 0
-        self._body: list[bytes] = []
+        self._method = ""
+        self._keep_alive = True
+        self._body: Body | None = None
         self._body_size = 0
+        self._direct = False  # the socket writes into the body's buffer
+        self._reserved = 0  # bytes of frontend.reserve() this connection holds
+        self._head = memoryview(bytearray(HEAD_READ))
         self._requests = 0
         self._cut: float | None = None  # the grace, once stop() has cut this connection
         self._refusal: RestResponse | None = None
@@ -99,12 +114,40 @@ class Connection(asyncio.Protocol):
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client left: its queued request need not be computed
         self._writable.set()
+        self._release()
         self.frontend.closed(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._direct and self._body is not None:
+            return self._body.space()
+        return self._head
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._done:
             return
         self.last_active = self.loop.time()
+        body = self._body
+        if self._direct and body is not None:
+            if tracing.on():
+                tracing.record(tracing.SOCKET_IN, body.space()[:nbytes])
+            if body.received(nbytes):
+                self._body_in_place()
+            return
+        if tracing.on():
+            tracing.record(tracing.SOCKET_IN, self._head[:nbytes])
+        self._feed(self._head[:nbytes])
+        body = self._body  # the request the parser is in now, whose head it may just have read
+        if body is not None and body.missing and not self._done:
+            # The rest of this body goes from the socket straight into its buffer.
+            self._direct = True
+
+    def _body_in_place(self) -> None:
+        self._direct = False
+        # The parser stopped in the middle of this body: a new one reads the next request.
+        self.parser = httptools.HttpRequestParser(self)
+        self.on_message_complete()
+
+    def _feed(self, data: memoryview) -> None:
         in_head = self._phase is _Phase.HEAD
         try:
             self.parser.feed_data(data)
@@ -139,7 +182,7 @@ class Connection(asyncio.Protocol):
         self._head_size = 0
         self._headers = {}
         self._header_lines = 0
-        self._body = []
+        self._body = None
         self._body_size = 0
 
     def on_url(self, url: bytes) -> None:
@@ -196,6 +239,19 @@ class Connection(asyncio.Protocol):
         if self._headers.get("expect", "").lower() == "100-continue" and not self._queue:
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # Known now, and needed after a body read in place (when a new parser holds no request).
+        self._method = self.parser.get_method().decode("ascii")
+        self._keep_alive = self.parser.should_keep_alive()
+        declared = (
+            length is not None and length.isdigit() and "transfer-encoding" not in self._headers
+        )
+        if declared and self.frontend.reserve(int(length or 0)):
+            # A buffer of the declared size before the bytes came: reserved within a bound, so
+            # that clients declaring bodies they never send cannot make the server hold memory.
+            self._reserved = int(length or 0)
+            self._body = Body.declared(self.frontend.bodies, self._reserved)
+        else:
+            self._body = Body.chunked()
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -204,28 +260,37 @@ class Connection(asyncio.Protocol):
                 413, f"the request body exceeds the limit of {self.limits.max_body_bytes} bytes"
             )
             raise _Refused
-        self._body.append(body)
+        assert self._body is not None
+        self._body.add(body)
 
     def on_message_complete(self) -> None:
         self._enter(_Phase.IDLE)
         if self._done:
             return  # pipelined behind the connection's last request: left unanswered, as closed
-        parts = self._body
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        keep_alive = self.parser.should_keep_alive()
+        body: Buffer = b""
+        if self._body is not None:
+            body = self._body.finish()
+            self._body = None
+        self._release()
+        keep_alive = self._keep_alive
         self._requests += 1
         most = self.limits.max_keep_alive_requests
         if most and self._requests >= most:
             keep_alive = False  # answered with "connection: close"; the client opens another
             self._done = True
         message = _Message(
-            self.parser.get_method().decode("ascii"),
+            self._method,
             b"".join(self._url).decode("latin-1"),
             self._headers,
             body,
             keep_alive,
         )
         self._enqueue(message)
+
+    def _release(self) -> None:
+        if self._reserved:
+            self.frontend.release(self._reserved)
+            self._reserved = 0
 
     def _enter(self, phase: _Phase) -> None:
         self._phase = phase
@@ -300,7 +365,11 @@ class Connection(asyncio.Protocol):
             # One write (one syscall) for the common small response.
             self.transport.write(b"".join([*head, *parts]))
         else:
-            self.transport.writelines([b"".join(head), *parts])
+            chunks = [b"".join(head), *parts]
+            if tracing.on():
+                for chunk in chunks:
+                    tracing.record(tracing.SOCKET_OUT, chunk)
+            self.transport.writelines(chunks)
 
     def _finish_refusal(self) -> None:
         # Closing with unread body bytes in the socket makes the kernel send RST, and the client

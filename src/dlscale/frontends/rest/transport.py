@@ -3,7 +3,8 @@
 Why not a framework: see docs/decisions.md (measured against uvicorn and granian). The transport
 does only HTTP: framing, keep-alive, pipelining in order, the limits on what a client may send
 and hold (frontends/limits.py), flow control, TLS and a graceful stop. Routes live in `api.py`;
-tensors in the wire codec (`dlscale.wire.rest`).
+tensors in the wire codec (`dlscale.wire.rest`); the connection reads a body of known length
+straight into one buffer (`body.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits, connection_cap
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest.api import RestApi
+from dlscale.frontends.rest.body import BodyBuffers
 from dlscale.frontends.rest.connection import DRAIN_AFTER_REFUSAL_S, Connection
 
 log = logging.getLogger("dlscale.http")
@@ -35,9 +37,13 @@ class HttpFrontend:
         limits: Limits | None = None,
         tls: ssl.SSLContext | None = None,
         access: Access | None = None,
+        bodies: BodyBuffers | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.api = RestApi(dataplane, self.limits, access)
+        #: Where large request bodies are received (page-locked ones on a CUDA server).
+        self.bodies = bodies or BodyBuffers()
+        self._receiving = 0  # bytes reserved for bodies still arriving
         self.host = host
         self.requested_port = port
         self.tls = tls
@@ -103,12 +109,24 @@ class HttpFrontend:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
+        self.bodies.close()
 
     def opened(self, conn: Connection) -> bool:
         """Count a new connection; False when the server already holds its maximum."""
         full = len(self._connections) >= self.max_connections
         self._connections.add(conn)
         return not full
+
+    def reserve(self, size: int) -> bool:
+        """Reserve `size` bytes for a body received in place; False when the bound is reached."""
+        if self._receiving + size > self.limits.max_receiving_bytes:
+            return False
+        self._receiving += size
+        return True
+
+    def release(self, size: int) -> None:
+        """A reserved body arrived whole, or its connection went."""
+        self._receiving -= size
 
     def closed(self, conn: Connection) -> None:
         """Forget a closed connection; the last one wakes a stop waiting for them all."""
