@@ -139,3 +139,25 @@ def test_messages_live_outside_the_default_pool() -> None:
     theirs = triton_service.ModelInferRequest.FromString(request.SerializeToString())
     assert theirs.model_name == "m" and theirs.parameters["priority"].uint64_param == 2
     assert theirs.raw_input_contents == [b"\x00" * 4]
+
+
+def _field_paths(
+    message: Descriptor, prefix: str = "", seen: frozenset[str] = frozenset()
+) -> set[str]:
+    paths = set()
+    for field in message.fields:
+        path = f"{prefix}{field.name}"
+        paths.add(path)
+        nested = field.message_type
+        if nested is not None and nested.full_name not in seen:
+            paths |= _field_paths(nested, f"{path}.", seen | {nested.full_name})
+    return paths
+
+
+def test_model_config_holds_every_field_of_tritons() -> None:
+    # A config.pbtxt parses into our ModelConfig: a field Triton knows and we lack would fail to
+    # parse instead of being named in a warning.
+    ours = inference_pb2.DESCRIPTOR.message_types_by_name["ModelConfig"]
+    theirs = triton_config.DESCRIPTOR.message_types_by_name["ModelConfig"]
+    missing = _field_paths(theirs) - _field_paths(ours)
+    assert not missing, f"fields of Triton's ModelConfig missing from inference.proto: {missing}"
