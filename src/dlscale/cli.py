@@ -106,6 +106,13 @@ def _add_core_verbs(sub: SubParsers) -> None:
     check.add_argument("dir", type=Path, help="model repository")
     check.add_argument("--load", action="store_true", help="also load each model's runtime")
     check.set_defaults(func=LazyHandler("dlscale.models.commands", "models_check"))
+    convert = models.add_parser(
+        "convert", help="write config.toml for models configured by config.pbtxt or MLServer"
+    )
+    convert.add_argument("dir", type=Path, help="model repository")
+    convert.add_argument("models", nargs="*", help="model names (default: every model)")
+    convert.add_argument("--dry-run", action="store_true", help="print the TOML, write nothing")
+    convert.set_defaults(func=LazyHandler("dlscale.models.commands", "models_convert"))
 
     run = sub.add_parser("run", help="in-process latency and throughput of one model")
     run.add_argument("dir", type=Path, help="model repository")

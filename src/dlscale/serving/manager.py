@@ -118,8 +118,7 @@ class ModelManager:
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
-                config = self.repository.config(name)
-                versions = self.repository.versions(name, config)
+                versions = self.repository.versions(name, self.repository.source(name))
                 served = {}
                 for mv in versions:
                     served[mv.version] = await self._load_version(mv)
@@ -186,9 +185,7 @@ class ModelManager:
                     instances.append(instance)
                     await instance.load()
             first = instances[0].backend
-            inputs, outputs = reconcile(
-                config, first.inputs, first.outputs, mv.path.parent / "config.toml"
-            )
+            inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
             await asyncio.gather(*(self._warm(inst, inputs, config) for inst in instances))
         except BaseException:
             await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
