@@ -13,9 +13,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
-from prometheus_client import start_http_server
-
 from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.exposition import MetricsServer
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
@@ -71,7 +70,7 @@ class Server:
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsServer | None = None
         self._poller: RepositoryPoller | None = None
         self._stopped = asyncio.Event()
 
@@ -110,9 +109,10 @@ class Server:
             self._start_metrics(s.host, s.metrics_port)
 
     def _start_metrics(self, host: str, port: int) -> None:
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        server = MetricsServer(self.registry, host, port)
+        server.start()
         self._metrics_server = server
-        self.metrics_port = int(server.server_port)
+        self.metrics_port = server.port
         log.info("metrics listening on %s:%d", host, self.metrics_port)
 
     @property
@@ -151,8 +151,7 @@ class Server:
         )
         await self.manager.close()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.stop()
         log.info("stopped")
 
 

@@ -259,10 +259,12 @@ class InferStats:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """Batches of one size: how many ran and their compute time."""
+    """Batches of one size: how many ran (each duration's count) and where their time went."""
 
     batch_size: int
+    compute_input: StatDuration
     compute_infer: StatDuration
+    compute_output: StatDuration
 
 
 @dataclass(frozen=True)

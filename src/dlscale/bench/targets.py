@@ -124,7 +124,10 @@ class InProcessTarget:
         if self._manager is None:
             return None
         stats = self._manager.get(self.model, self.version).stats
-        return {size: (d.count, d.ns) for size, d in stats.batch_stats.items()}
+        return {
+            size: (d.compute_infer.count, d.compute_infer.ns)
+            for size, d in stats.batch_stats.items()
+        }
 
     async def close(self) -> None:
         """Unload the model (in-flight requests finish first)."""

@@ -29,6 +29,12 @@ class ModelVersion:
     config: ModelConfig
     source: Path
 
+    @property
+    def folder(self) -> Path:
+        """The model's folder (where label files live): the version folder's parent, or the
+        folder itself in MLServer's layout."""
+        return self.path.parent if self.path.name.isdigit() else self.path
+
 
 @dataclass(frozen=True)
 class CheckResult:

@@ -8,7 +8,11 @@ import numpy as np
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.serving.classification import class_count, top_classes
+from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager, ModelState, ServedVersion
+from dlscale.serving.stats import RequestTimes
+from dlscale.serving.trace import Tracer
 from dlscale.serving.views import config_view
 from dlscale.types import (
     Datatype,
@@ -26,20 +30,32 @@ from dlscale.types import (
 #: Protocol extensions both frontends implement; GET /v2 and ServerMetadata advertise them.
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "schedule_policy",
+    "model_configuration",
     "model_repository",
     "statistics",
+    "trace",
+    "logging",
 )
 
 
 class DataPlane:
     """Validates requests against model metadata, routes them to batchers, records outcomes."""
 
-    def __init__(self, manager: ModelManager, model_control: str = "none") -> None:
+    def __init__(
+        self,
+        manager: ModelManager,
+        model_control: str = "none",
+        tracer: Tracer | None = None,
+        logs: LogControl | None = None,
+    ) -> None:
         if model_control not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
         self.manager = manager
         self.model_control = model_control
+        self.tracer = tracer or Tracer()
+        self.logs = logs or LogControl()
         self._accepting = True
 
     # -- health and metadata --------------------------------------------------------------------
@@ -99,27 +115,43 @@ class DataPlane:
         if not self._accepting:
             raise Unavailable("the server is shutting down")
         _check_schedule_parameters(request.parameters)
-        start = time.perf_counter_ns()
+        times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
+        trace = self.tracer.start(served.version.name, served.version.version, request.id)
         try:
             wanted = self._validate(served, request)
             outputs = await served.batcher.infer(
-                request.inputs, request.priority, request.timeout_us
+                request.inputs, request.priority, request.timeout_us, times
             )
+            answer = {n: self._answer(served, outputs[n], n, k) for n, k in wanted.items()}
         except DlscaleError as exc:
-            served.stats.record_failure(exc.reason, time.perf_counter_ns() - start)
+            times.request_end = time.perf_counter_ns()
+            served.stats.record_failure(exc.reason, times.request_end - times.request_start)
+            if trace is not None:
+                self.tracer.finish(trace, times)
             raise
-        total = time.perf_counter_ns() - start
-        served.stats.record_success(total)
+        times.request_end = time.perf_counter_ns()
+        served.stats.record_success(times, _rows(served, request))
+        if trace is not None:
+            self.tracer.finish(trace, times)
         return InferenceResponse(
             model_name=request.model_name,
             model_version=str(served.version.version),
             id=request.id,
-            outputs={n: outputs[n] for n in wanted},
+            outputs=answer,
         )
 
-    def _validate(self, served: ServedVersion, request: InferenceRequest) -> list[str]:
-        """Check names, datatypes, shapes and batch size; return the output names to send."""
+    @staticmethod
+    def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -> np.ndarray:
+        """An output as computed, or its top classes when the request asked for them."""
+        if not classes:
+            return array
+        labels = served.labels.get(name, ())
+        return top_classes(array, classes, labels, served.config.batched, name)
+
+    def _validate(self, served: ServedVersion, request: InferenceRequest) -> dict[str, int]:
+        """Check names, datatypes, shapes and batch size; return the outputs to send, each with
+        the number of classes asked for (0: the tensor itself)."""
         model = served.version.name
         config = served.config
         expected = {s.name: s for s in served.inputs}
@@ -153,13 +185,13 @@ class DataPlane:
                 raise InvalidInput(f"batch size 0 for model {model!r}: send at least one row")
         names = [s.name for s in served.outputs]
         if request.outputs is None:
-            return names
+            return dict.fromkeys(names, 0)
         unknown = [o.name for o in request.outputs if o.name not in names]
         if unknown:
             raise InvalidInput(
                 f"unknown outputs {unknown} requested from model {model!r} (it has {names})"
             )
-        return [o.name for o in request.outputs]
+        return {o.name: class_count(o) for o in request.outputs}
 
     # -- repository and statistics ----------------------------------------------------------------
 
@@ -201,6 +233,13 @@ class DataPlane:
                 "the server was started with --model-control none: models cannot be loaded or "
                 "unloaded through the API (start it with --model-control explicit)"
             )
+
+
+def _rows(served: ServedVersion, request: InferenceRequest) -> int:
+    """Inferences a request holds (Triton's inference_count): its batch, 1 if it has none."""
+    if not served.config.batched or not request.inputs:
+        return 1
+    return int(next(iter(request.inputs.values())).shape[0])
 
 
 def _check_schedule_parameters(params: Parameters) -> None:

@@ -15,6 +15,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.stats import ModelStats
@@ -42,6 +43,8 @@ class ServedVersion:
     instances: list[Instance]
     batcher: Batcher
     stats: ModelStats
+    #: Class labels by output, from the config's label files (the classification extension).
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def config(self) -> ModelConfig:
@@ -165,6 +168,11 @@ class ModelManager:
         config = mv.config
         opts = config.backend_options
         extra = {k: v for k, v in (opts.model_extra or {}).items()}
+        labels = {
+            t.name: read_labels(mv.folder / t.label_file)
+            for t in config.outputs or ()
+            if t.label_file
+        }
         instances = []
         try:
             for group in config.instances:
@@ -193,7 +201,7 @@ class ModelManager:
         stats = ModelStats(mv.name, str(mv.version))
         batcher = Batcher(policy_of(config), instances, stats)
         batcher.start()
-        return ServedVersion(mv, inputs, outputs, instances, batcher, stats)
+        return ServedVersion(mv, inputs, outputs, instances, batcher, stats, labels)
 
     async def _warm(
         self, instance: Instance, inputs: list[TensorSpec], config: ModelConfig

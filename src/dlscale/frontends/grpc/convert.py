@@ -195,7 +195,10 @@ def _model_stats(s: ModelStatistics) -> Any:
         ),
         batch_stats=[
             pb.InferBatchStatistics(
-                batch_size=b.batch_size, compute_infer=_duration(b.compute_infer)
+                batch_size=b.batch_size,
+                compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer),
+                compute_output=_duration(b.compute_output),
             )
             for b in s.batch_stats
         ],

@@ -109,7 +109,12 @@ def _model_stats(s: ModelStatistics) -> dict[str, Any]:
             "compute_output": _duration(inference.compute_output),
         },
         "batch_stats": [
-            {"batch_size": b.batch_size, "compute_infer": _duration(b.compute_infer)}
+            {
+                "batch_size": b.batch_size,
+                "compute_input": _duration(b.compute_input),
+                "compute_infer": _duration(b.compute_infer),
+                "compute_output": _duration(b.compute_output),
+            }
             for b in s.batch_stats
         ],
     }
