@@ -15,9 +15,11 @@ from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.exposition import MetricsServer
+from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
+from dlscale.serving.trace import Tracer, TraceSettings
 
 log = logging.getLogger("dlscale.server")
 T = TypeVar("T")
@@ -45,6 +47,14 @@ class ServerSettings:
     keep_alive_s: float = 75.0
     grace_s: float = 10.0
     telemetry_interval_s: float = 1.0
+    #: Where request traces go (Triton's --trace-file); None: tracing cannot be turned on.
+    trace_file: Path | None = None
+    #: Sampled requests are traced from the start: OFF or TIMESTAMPS, one in `trace_rate`.
+    trace_level: str = "OFF"
+    trace_rate: int = 1000
+    #: Where the logs go (stderr when None) and their timestamps: default or ISO8601.
+    log_file: Path | None = None
+    log_format: str = "default"
 
 
 class Frontend(Protocol):
@@ -66,7 +76,12 @@ class Server:
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
         self.manager = ModelManager.open(settings.repository)
-        self.dataplane = DataPlane(self.manager, settings.model_control)
+        self.dataplane = DataPlane(
+            self.manager,
+            settings.model_control,
+            Tracer(settings.trace_file, TraceSettings(settings.trace_level, settings.trace_rate)),
+            LogControl(settings.log_file, settings.log_format),
+        )
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
@@ -150,6 +165,8 @@ class Server:
             return_exceptions=True,
         )
         await self.manager.close()
+        self.dataplane.tracer.flush()
+        self.dataplane.uploads.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         log.info("stopped")
@@ -214,9 +231,6 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 def serve(args: argparse.Namespace) -> int:
     """`dlscale serve REPO`: the server with the parsed flags, until SIGINT or SIGTERM."""
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
     def port(value: int) -> int | None:
         return None if value < 0 else value
@@ -232,7 +246,17 @@ def serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+        trace_file=args.trace_file,
+        trace_level=args.trace_level,
+        trace_rate=args.trace_rate,
+        log_file=args.log_file,
+        log_format=args.log_format,
     )
-    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
-        runner.run(Server(settings).serve_forever())
+    server = Server(settings)
+    server.dataplane.logs.install(args.log_level, access_log=args.access_log)
+    try:
+        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+            runner.run(server.serve_forever())
+    finally:
+        server.dataplane.logs.uninstall()
     return 0

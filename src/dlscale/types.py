@@ -235,6 +235,8 @@ class ModelConfigView:
     dynamic_batching: DynamicBatching | None
     instance_groups: tuple[InstanceGroup, ...]
     parameters: Mapping[str, str] = field(default_factory=dict)
+    #: Output name -> its label file (Triton's label_filename), for outputs that have one.
+    label_files: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

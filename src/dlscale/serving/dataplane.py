@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +15,7 @@ from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager, ModelState, ServedVersion
 from dlscale.serving.stats import RequestTimes
 from dlscale.serving.trace import Tracer
+from dlscale.serving.uploads import Uploads
 from dlscale.serving.views import config_view
 from dlscale.types import (
     Datatype,
@@ -56,6 +59,7 @@ class DataPlane:
         self.model_control = model_control
         self.tracer = tracer or Tracer()
         self.logs = logs or LogControl()
+        self.uploads = Uploads()
         self._accepting = True
 
     # -- health and metadata --------------------------------------------------------------------
@@ -199,7 +203,8 @@ class DataPlane:
         """Every model in the repository with its state, one row per served version."""
         known = {e.name: e for e in self.manager.entries()}
         index: list[RepositoryEntry] = []
-        for name in self.manager.repository.names():
+        names = sorted({*self.manager.repository.names(), *self.uploads.names()})
+        for name in names:
             entry = known.get(name)
             state = entry.state.value if entry else "UNAVAILABLE"
             reason = entry.reason if entry else "not loaded"
@@ -209,15 +214,45 @@ class DataPlane:
             index.extend(RepositoryEntry(name, state, reason, v) for v in versions or [""])
         return index
 
-    async def load_model(self, name: str) -> None:
+    async def load_model(
+        self, name: str, parameters: Mapping[str, str | bytes] | None = None
+    ) -> None:
+        """Load or reload a model, from the repository or with a load request's overrides:
+        `config` (JSON ModelConfig) and `file:<version>/<name>` (bytes)."""
         self._check_control()
-        if name not in self.manager.repository.names():
+        override = self.uploads.override(name, parameters or {})
+        source, files = override or (None, None)
+        if files is None and name not in self.manager.repository.names():
             raise NotFound(f"no model {name!r} in the repository {self.manager.repository.root}")
-        await self.manager.load(name)
+        try:
+            await self.manager.load(name, source, files)
+        except DlscaleError:
+            if files is not None and name not in self.manager.ready_names():
+                self.uploads.discard(name)
+            raise
+        if files is None:
+            self.uploads.discard(name)  # loaded from the repository again
 
     async def unload_model(self, name: str) -> None:
         self._check_control()
         await self.manager.unload(name)
+        self.uploads.discard(name)
+
+    # -- trace and log settings -------------------------------------------------------------------
+
+    def trace_settings(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        """Triton's trace extension: the settings (of a model) after applying `changes`."""
+        if model:
+            self.manager.get(model)  # an unknown or unready model is an error, as in Triton
+        if changes:
+            return self.tracer.update(changes, model)
+        return self.tracer.settings(model)
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, str | bool | int]:
+        """Triton's logging extension: the settings after applying `changes`."""
+        return self.logs.update(changes) if changes else self.logs.settings()
 
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         """Triton's statistics extension: one entry per served version."""

@@ -36,6 +36,7 @@ class LogControl:
         self.enabled = {logging.INFO: True, logging.WARNING: True, logging.ERROR: True}
         self.verbose = 0
         self._handler: logging.Handler | None = None
+        self._levels = (logging.NOTSET, logging.NOTSET, logging.NOTSET)
 
     def install(self, level: str = "INFO", access_log: bool = False) -> None:
         """Send the server's logs to the log file or stderr, with the settings of `--log-level`."""
@@ -46,6 +47,7 @@ class LogControl:
         )
         self._handler.addFilter(self._keep)
         root = logging.getLogger()
+        self._levels = (root.level, logging.getLogger("dlscale").level, access.level)
         root.addHandler(self._handler)
         access.setLevel(logging.INFO if access_log else logging.WARNING)
         name = level.upper()
@@ -61,6 +63,12 @@ class LogControl:
             logging.getLogger().removeHandler(self._handler)
             self._handler.close()
             self._handler = None
+            for logger, level in zip(
+                (logging.getLogger(), logging.getLogger("dlscale"), access),
+                self._levels,
+                strict=True,
+            ):
+                logger.setLevel(level)
 
     def settings(self) -> dict[str, str | bool | int]:
         """The settings now, under Triton's names."""

@@ -14,6 +14,7 @@ from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
+from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
@@ -114,14 +115,23 @@ class ModelManager:
             except DlscaleError:
                 continue  # recorded as UNAVAILABLE with its reason; the others still load
 
-    async def load(self, name: str) -> None:
-        """Load (or reload) a model; the old versions keep serving until the new ones are ready."""
+    async def load(
+        self,
+        name: str,
+        source: ModelSource | None = None,
+        repository: ModelRepository | None = None,
+    ) -> None:
+        """Load (or reload) a model; the old versions keep serving until the new ones are ready.
+
+        `source` replaces the config the repository has, and `repository` the folder its files
+        are read from (a load request's overrides)."""
         async with self._lock(name):
             previous = self._entries.get(name)
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
-                versions = self.repository.versions(name, self.repository.source(name))
+                repo = repository or self.repository
+                versions = repo.versions(name, source or repo.source(name))
                 served = {}
                 for mv in versions:
                     served[mv.version] = await self._load_version(mv)

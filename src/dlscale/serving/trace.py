@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import InvalidInput, Unsupported
+from dlscale.errors import ConfigError, InvalidInput, Unsupported
 from dlscale.serving.stats import RequestTimes
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class Tracer:
     """Samples requests per the settings of their model and writes their timestamps."""
 
     def __init__(self, trace_file: Path | None = None, settings: TraceSettings | None = None):
+        if settings is not None and settings.level != "OFF" and trace_file is None:
+            raise ConfigError(f"trace level {settings.level} needs a trace file (--trace-file)")
         self.trace_file = trace_file
         self._global = settings or TraceSettings()
         self._models: dict[str, dict[str, Any]] = {}  # per-model overrides, by setting
