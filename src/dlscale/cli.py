@@ -304,8 +304,8 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="live progress line on stderr (default: when stderr is a terminal)",
+        default=True,
+        help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelRepository
@@ -16,9 +17,15 @@ def zoo_build(args: argparse.Namespace) -> int:
     from dlscale.models.zoo import build_zoo  # the zoo's builders pull in torch
 
     names = [n for n in args.models.split(",") if n] or None
-    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=print):
-        print(f"built {path}")
+    start = time.perf_counter()
+    # Flushed at once: piped to a log, each model must show when it starts and ends.
+    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=_say):
+        _say(f"built {path} ({time.perf_counter() - start:.1f} s so far)")
     return 0
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
 
 
 def models_check(args: argparse.Namespace) -> int:

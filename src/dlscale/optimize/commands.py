@@ -20,7 +20,8 @@ def optimize(args: argparse.Namespace) -> int:
         time_budget_s=parse_duration(args.time_budget),
         only=tuple(p for p in args.only.split(",") if p),
     )
-    result = run_optimizer(args.repo, args.model, settings, progress=print)
+    # Flushed at once: piped to a log, each step must show when it happens, not at exit.
+    result = run_optimizer(args.repo, args.model, settings, progress=_say)
     print(
         f"wrote {args.model} version {result.written_version} ({result.winner.variant.name}); "
         f"report: {result.files.get('markdown')}"
@@ -44,3 +45,7 @@ def _fraction(text: str) -> float:
         raise OptimizeError(
             f"--tolerance {text!r}: expected a percentage (1%) or a fraction"
         ) from None
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
