@@ -260,3 +260,18 @@ def test_label_files_must_exist(tmp_path: Path) -> None:
         rows = {r.name: r for r in running.dataplane.repository_index()}
     assert rows["classifier"].state == "UNAVAILABLE"
     assert "label_file cannot be read" in rows["classifier"].reason
+
+
+def test_the_access_log_has_a_line_per_request(
+    http: th.InferenceServerClient,
+    grpc: tg.InferenceServerClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="dlscale.access"):  # what --access-log turns on
+        http.get_model_metadata("simple")
+        grpc.is_model_ready("simple")
+    lines = [r.getMessage() for r in caplog.records if r.name == "dlscale.access"]
+    assert len(lines) == 2
+    assert lines[0].startswith("HTTP GET /v2/models/simple 200 ")
+    assert lines[1].startswith("gRPC ModelReady simple OK ")
+    assert all(line.endswith("ms") for line in lines)
