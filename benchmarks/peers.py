@@ -1,13 +1,16 @@
-"""Peer servers for side-by-side runs: Seldon MLServer in its own virtual environment.
+"""Peer servers for side-by-side runs: Seldon MLServer and Triton, each in its own virtual env.
 
 `ensure_mlserver()` installs it under .bench/mlserver-venv (uvloop<0.22: with 0.23 its workers
 die at start-up, see shared/reference/peers.md). `mlserver_repository()` lays out the same ONNX
 files with the same batching knobs as dlscale's config.toml, served by mlserver_runtime.py.
+`ensure_pytriton()` installs nvidia-pytriton (the real tritonserver) under .bench/pytriton-venv;
+pytriton_server.py serves with it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -81,3 +84,36 @@ def mlserver_repository(
         }
         (folder / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
     return root
+
+
+# -- Triton (nvidia-pytriton) ----------------------------------------------------------------------
+
+PYTRITON_VENV = Path(".bench/pytriton-venv")
+PYTRITON_VERSION = "0.7.0"
+#: pytriton 0.7.0 ships tritonserver 2.51 and needs numpy 1 (see peers.md in the reference).
+PYTRITON_PACKAGES = [f"nvidia-pytriton=={PYTRITON_VERSION}", "numpy<2", "onnxruntime"]
+
+
+def ensure_pytriton(venv: Path = PYTRITON_VENV) -> Path:
+    """The Python of a venv holding nvidia-pytriton (the real tritonserver), installed once."""
+    python = venv / "bin" / "python"
+    if python.is_file():
+        return python
+    print(f"installing nvidia-pytriton {PYTRITON_VERSION} into {venv} (once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *PYTRITON_PACKAGES], check=True)
+    return python
+
+
+def pytriton_env(python: Path) -> dict[str, str]:
+    """LD_LIBRARY_PATH with the venv interpreter's libpython first: Triton's Python-backend stub
+    otherwise may load another Python's library and fail (shared/reference/peers.md)."""
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    libdir = out.stdout.strip()
+    previous = os.environ.get("LD_LIBRARY_PATH", "")
+    return {"LD_LIBRARY_PATH": f"{libdir}:{previous}" if previous else libdir}

@@ -137,6 +137,14 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument("--poll-interval", type=float, default=5.0, help="poll mode: seconds")
     serve.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
     serve.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
+    serve.add_argument(
+        "--allow-client-shm",
+        action="store_true",
+        help="let clients register system and CUDA shared-memory regions (off by default)",
+    )
+    serve.add_argument(
+        "--max-shm-regions", type=int, default=256, help="most shared-memory regions at once"
+    )
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument("--log-file", type=Path, help="write the logs here instead of stderr")
     serve.add_argument("--log-format", default="default", choices=("default", "ISO8601"))
@@ -301,6 +309,17 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
         help="minimum queries per run (default: enough for LoadGen's early-stopping estimate)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed for samples and schedules")
+    p.add_argument(
+        "--shared-memory",
+        choices=["none", "system", "cuda"],
+        default="none",
+        help="tensors through shared-memory regions the bench fills per query (default none)",
+    )
+    p.add_argument(
+        "--output-shm-size",
+        type=int,
+        help="bytes of output region per output and request (default: from the output's shape)",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

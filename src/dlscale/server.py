@@ -13,12 +13,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
+from dlscale.serving import cuda_memory
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.exposition import MetricsServer
 from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
+from dlscale.serving.shared_memory import SharedMemoryRegistry
 from dlscale.serving.trace import Tracer, TraceSettings
 
 log = logging.getLogger("dlscale.server")
@@ -55,6 +57,10 @@ class ServerSettings:
     #: Where the logs go (stderr when None) and their timestamps: default or ISO8601.
     log_file: Path | None = None
     log_format: str = "default"
+    #: Let clients register shared-memory regions (Triton's --allow-client-shm; off by default).
+    allow_client_shm: bool = False
+    #: The most regions registered at once.
+    max_shm_regions: int = 256
 
 
 class Frontend(Protocol):
@@ -76,9 +82,16 @@ class Server:
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
         self.manager = ModelManager.open(settings.repository)
+        self.shared_memory = SharedMemoryRegistry(
+            settings.allow_client_shm,
+            settings.max_shm_regions,
+            # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
+            page_lock=settings.allow_client_shm and cuda_memory.device_count() > 0,
+        )
         self.dataplane = DataPlane(
             self.manager,
             settings.model_control,
+            self.shared_memory,
             Tracer(settings.trace_file, TraceSettings(settings.trace_level, settings.trace_rate)),
             LogControl(settings.log_file, settings.log_format),
         )
@@ -167,6 +180,7 @@ class Server:
         await self.manager.close()
         self.dataplane.tracer.flush()
         self.dataplane.uploads.close()
+        self.shared_memory.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         log.info("stopped")
@@ -251,6 +265,8 @@ def serve(args: argparse.Namespace) -> int:
         trace_rate=args.trace_rate,
         log_file=args.log_file,
         log_format=args.log_format,
+        allow_client_shm=args.allow_client_shm,
+        max_shm_regions=args.max_shm_regions,
     )
     server = Server(settings)
     server.dataplane.logs.install(args.log_level, access_log=args.access_log)

@@ -109,13 +109,33 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype.value, "shape": list(self.shape)}
 
 
+@dataclass(frozen=True, slots=True)
+class RegionRef:
+    """Where a tensor's bytes lie in a registered shared-memory region (Triton's parameters
+    `shared_memory_region`, `shared_memory_byte_size` and `shared_memory_offset`)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RegionTensor:
+    """A tensor whose data lies in a shared-memory region instead of the message."""
+
+    datatype: Datatype
+    shape: tuple[int, ...]
+    ref: RegionRef
+
+
 @dataclass
 class RequestedOutput:
-    """An output the client asked for, and how it wants it sent."""
+    """An output the client asked for, how it wants it sent, and the region to write it into."""
 
     name: str
     binary: bool | None = None
     parameters: Parameters = field(default_factory=dict)
+    region: RegionRef | None = None
 
 
 @dataclass
@@ -128,6 +148,8 @@ class InferenceRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: Parameters = field(default_factory=dict)
+    #: Inputs whose data lies in shared-memory regions; the DataPlane maps them into `inputs`.
+    in_regions: dict[str, RegionTensor] = field(default_factory=dict)
 
     @property
     def priority(self) -> int:
@@ -149,6 +171,8 @@ class InferenceResponse:
     model_version: str = ""
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+    #: Outputs written into shared-memory regions (the answer carries no data for them).
+    in_regions: dict[str, RegionTensor] = field(default_factory=dict)
 
 
 def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:

@@ -255,3 +255,24 @@ def triton_repository(root: Path) -> Path:
     }
     (root / "settings" / "model-settings.json").write_text(json.dumps(settings))
     return root
+
+
+def shm_repository(root: Path) -> Path:
+    """The shared-memory suites' models: identity (FP32 [batch, 16], x -> y), sum_and_diff (a, b
+    -> sum, diff, FP32 [batch, 4]), strings (BYTES [batch, 2]) and a null echo whose requests
+    wait in its queue until 8 rows are there (FP32 [batch, 16], input -> output)."""
+    write_model(
+        root, "identity", identity_graph(16, "x", "y"), BATCHED.format(max_batch=64, delay=500)
+    )
+    write_model(root, "sum_and_diff", sum_and_diff_graph(), BATCHED.format(max_batch=8, delay=0))
+    strings = identity_graph(2, "text", "echo", TensorProto.STRING)
+    write_model(root, "strings", strings, "max_batch_size = 8\n")
+    # A request waits here until the batch holds 8 rows (or for 60 s): the tests fill it.
+    write_null_model(
+        root,
+        "queued",
+        BATCHED.format(max_batch=8, delay=60_000_000)
+        + "adaptive_queue_delay = false\n"
+        + NULL_TENSORS.format(inp="input", out="output", width=16, out_width=16),
+    )
+    return root

@@ -59,6 +59,8 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         min_query_count=args.min_queries,
         progress=args.progress,
         seed=args.seed,
+        shared_memory=args.shared_memory,
+        output_shm_size=args.output_shm_size,
     )
 
 

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from dlscale.errors import BenchError, InvalidInput
-from dlscale.types import InferenceRequest
+from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire.grpc import decode_infer_response, encode_infer_request
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
@@ -78,15 +78,47 @@ class GrpcClient:
         self, model: str, inputs: dict[str, np.ndarray], version: str = ""
     ) -> dict[str, np.ndarray]:
         """Run one request with raw input contents and return every output."""
+        request = InferenceRequest(model, inputs, model_version=version)
+        return (await self.infer_request(request)).outputs
+
+    async def infer_request(self, request: InferenceRequest) -> InferenceResponse:
+        """Run one request as given (inputs or outputs may be in shared-memory regions)."""
         try:
-            request = encode_infer_request(InferenceRequest(model, inputs, model_version=version))
+            message = encode_infer_request(request)
         except (InvalidInput, ValueError) as exc:
             raise BenchError(f"grpc://{self.address}: cannot send the inputs: {exc}") from None
-        reply = await self._call("ModelInfer", request)
+        reply = await self._call("ModelInfer", message)
+        placed = {o.name: o.region for o in request.outputs or () if o.region is not None}
         try:
-            return decode_infer_response(reply).outputs
+            return decode_infer_response(reply, placed)
         except InvalidInput as exc:
             raise BenchError(f"grpc://{self.address}: the answer cannot be read: {exc}") from None
+
+    async def register_region(self, kind: str, name: str, memory: Any) -> None:
+        """Register a region the bench made (shared_memory.HostBuffer or DeviceBuffer)."""
+        if kind == "system":
+            message: Any = pb.SystemSharedMemoryRegisterRequest(
+                name=name, key=memory.key, offset=0, byte_size=memory.byte_size
+            )
+            await self._call("SystemSharedMemoryRegister", message)
+            return
+        message = pb.CudaSharedMemoryRegisterRequest(
+            name=name,
+            raw_handle=memory.handle,
+            device_id=memory.device_id,
+            byte_size=memory.byte_size,
+        )
+        await self._call("CudaSharedMemoryRegister", message)
+
+    async def unregister_region(self, kind: str, name: str) -> None:
+        """Unregister a region by name."""
+        if kind == "system":
+            request = pb.SystemSharedMemoryUnregisterRequest(name=name)
+            await self._call("SystemSharedMemoryUnregister", request)
+        else:
+            await self._call(
+                "CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name=name)
+            )
 
     async def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         if self._stub is None:

@@ -8,6 +8,7 @@ not an error.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -15,7 +16,7 @@ import aiohttp
 import numpy as np
 
 from dlscale.errors import BenchError, InvalidInput
-from dlscale.types import InferenceRequest
+from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire.rest import decode_response, encode_request
 
 _HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -88,10 +89,16 @@ class HttpClient:
         self, model: str, inputs: dict[str, np.ndarray], version: str = ""
     ) -> dict[str, np.ndarray]:
         """Run one request and return every output; BenchError with the server's message."""
+        request = InferenceRequest(model, inputs, model_version=version)
+        return (await self.infer_request(request)).outputs
+
+    async def infer_request(self, request: InferenceRequest) -> InferenceResponse:
+        """Run one request as given (inputs or outputs may be in shared-memory regions)."""
         session = self._require()
-        url = self.base_url + self._model_path(model, version) + "/infer"
+        url = self.base_url + self._model_path(request.model_name, request.model_version)
+        url += "/infer"
         try:
-            encoded = encode_request(InferenceRequest(model, inputs), bool(self.binary))
+            encoded = encode_request(request, bool(self.binary))
         except (InvalidInput, ValueError) as exc:
             raise BenchError(f"{url}: cannot send the inputs: {exc}") from None
         body = b"".join(encoded.parts)
@@ -110,10 +117,28 @@ class HttpClient:
             raise BenchError(f"{url}: {type(exc).__name__}: {exc}") from None
         if status != 200:
             raise BenchError(f"{url}: HTTP {status}: {_message(_json(payload))}")
+        placed = {o.name: o.region for o in request.outputs or () if o.region is not None}
         try:
-            return decode_response(payload, int(header_len) if header_len else None).outputs
+            return decode_response(payload, int(header_len) if header_len else None, placed)
         except (InvalidInput, ValueError) as exc:
             raise BenchError(f"{url}: the answer cannot be read: {exc}") from None
+
+    async def register_region(self, kind: str, name: str, memory: Any) -> None:
+        """Register a region the bench made (shared_memory.HostBuffer or DeviceBuffer)."""
+        if kind == "system":
+            body: dict[str, Any] = {"key": memory.key, "offset": 0, "byte_size": memory.byte_size}
+        else:
+            handle = base64.b64encode(memory.handle).decode()
+            body = {
+                "raw_handle": {"b64": handle},
+                "device_id": memory.device_id,
+                "byte_size": memory.byte_size,
+            }
+        await self._post(f"/v2/{kind}sharedmemory/region/{name}/register", body)
+
+    async def unregister_region(self, kind: str, name: str) -> None:
+        """Unregister a region by name."""
+        await self._post(f"/v2/{kind}sharedmemory/region/{name}/unregister", {})
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -125,6 +150,17 @@ class HttpClient:
     @staticmethod
     def _model_path(model: str, version: str) -> str:
         return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+
+    async def _post(self, path: str, doc: dict[str, Any]) -> None:
+        session = self._require()
+        url = self.base_url + path
+        try:
+            async with session.post(url, data=json.dumps(doc).encode()) as resp:
+                status, payload = resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise BenchError(f"{url}: {type(exc).__name__}: {exc}") from None
+        if status != 200:
+            raise BenchError(f"{url}: HTTP {status}: {_message(_json(payload))}")
 
     async def _get(self, path: str) -> tuple[int, Any]:
         session = self._require()

@@ -18,6 +18,7 @@ from dlscale.bench.probe import Probe, probe
 from dlscale.bench.progress import Progress
 from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import MLPERF_MODEL_KEYS, RunSettings, Scenario, latency_bound_for
+from dlscale.bench.shared_memory import KINDS as SHM_KINDS
 from dlscale.bench.targets import (
     ModelInfo,
     RemoteTarget,
@@ -63,6 +64,10 @@ class BenchOptions:
     seed: int = 0
     max_peak_runs: int = 10
     warmup_s: float = 1.0
+    #: none, system or cuda: tensors through shared-memory regions (perf_analyzer's option).
+    shared_memory: str = "none"
+    #: Bytes of output region per output and request; None: from the output's shape.
+    output_shm_size: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -73,6 +78,12 @@ class BenchOptions:
             raise BenchError(f"--target-qps must be positive, got {self.target_qps}")
         if self.duration_s <= 0:
             raise BenchError("--duration must be positive")
+        if self.shared_memory not in SHM_KINDS:
+            raise BenchError(
+                f"--shared-memory {self.shared_memory!r}: expected one of {', '.join(SHM_KINDS)}"
+            )
+        if self.output_shm_size is not None and self.output_shm_size < 1:
+            raise BenchError(f"--output-shm-size must be positive, got {self.output_shm_size}")
         for name in ("batch_size", "concurrency", "min_query_count"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -86,7 +97,13 @@ class Session:
         self.options = options
         self.loop = loop
         self.target: Target = open_target(
-            url, options.model, options.repo, options.version, options.connections
+            url,
+            options.model,
+            options.repo,
+            options.version,
+            options.connections,
+            options.shared_memory,
+            options.output_shm_size,
         )
         self.info: ModelInfo | None = None
         self.samples: SampleSet | None = None

@@ -12,6 +12,7 @@ import numpy as np
 
 from dlscale.bench.grpc_client import GrpcClient
 from dlscale.bench.http_client import HttpClient
+from dlscale.bench.shared_memory import RegionPool
 from dlscale.errors import BenchError, ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.models.signature import onnx_signature as read_onnx_signature
@@ -139,7 +140,15 @@ class InProcessTarget:
 class RemoteTarget:
     """A model on an Open Inference Protocol server, over HTTP or gRPC."""
 
-    def __init__(self, url: str, model: str, version: str = "", connections: int = 64) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        version: str = "",
+        connections: int = 64,
+        shared_memory: str = "none",
+        output_shm_size: int | None = None,
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https", "grpc") or not parts.netloc:
             raise BenchError(
@@ -152,6 +161,10 @@ class RemoteTarget:
         self._http: HttpClient | None = None
         self._grpc: GrpcClient | None = None
         self._declared: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] = ((), ())
+        #: Tensors through shared-memory regions (system or cuda) instead of the messages.
+        self.shared_memory = shared_memory
+        self.output_shm_size = output_shm_size
+        self._regions: RegionPool | None = None
         if self.kind == "grpc":
             self._grpc = GrpcClient(parts.netloc)
         else:
@@ -178,6 +191,8 @@ class RemoteTarget:
                     f"{self.label}: model {self.model!r} declares no inputs in its metadata; "
                     "give --repo (or --reference) with the model file, or --data FILE.npz"
                 )
+        if self.shared_memory != "none":
+            self._regions = RegionPool(self.shared_memory, client, outputs, self.output_shm_size)
         max_batch = config.get("max_batch_size") if config else None
         if isinstance(max_batch, int):
             batched = max_batch > 0
@@ -195,7 +210,9 @@ class RemoteTarget:
         )
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One request over the wire."""
+        """One request over the wire (its tensors in shared memory when asked)."""
+        if self._regions is not None:
+            return await self._regions.infer(self.model, inputs, self.version)
         return await self._client().infer(self.model, inputs, self.version)
 
     async def batch_times(self) -> BatchTimes | None:
@@ -213,8 +230,12 @@ class RemoteTarget:
         return out
 
     async def close(self) -> None:
-        """Close the connections."""
-        await self._client().close()
+        """Unregister and destroy the regions, then close the connections."""
+        try:
+            if self._regions is not None:
+                await self._regions.close()
+        finally:
+            await self._client().close()
 
     def _client(self) -> HttpClient | GrpcClient:
         client = self._http or self._grpc
@@ -223,11 +244,19 @@ class RemoteTarget:
 
 
 def open_target(
-    url: str | None, model: str, repo: Path | None, version: str = "", connections: int = 64
+    url: str | None,
+    model: str,
+    repo: Path | None,
+    version: str = "",
+    connections: int = 64,
+    shared_memory: str = "none",
+    output_shm_size: int | None = None,
 ) -> Target:
     """The target a command line names: a URL, or the in-process model of `repo`."""
     if url:
-        return RemoteTarget(url, model, version, connections)
+        return RemoteTarget(url, model, version, connections, shared_memory, output_shm_size)
+    if shared_memory != "none":
+        raise BenchError("--shared-memory needs a server to share memory with: give a target URL")
     if repo is None:
         raise BenchError("give a target URL (http://HOST:PORT, grpc://HOST:PORT) or --repo REPO")
     return InProcessTarget(repo, model, version)

@@ -35,6 +35,8 @@ class _Pending:
     times: RequestTimes | None = None  # filled in as the request is queued and computed
     timer: asyncio.TimerHandle | None = None
     queued: bool = True
+    #: Called once the batcher no longer reads the inputs (they may be views of shared memory).
+    release: Callable[[], None] | None = None
 
 
 class Batcher:
@@ -94,18 +96,23 @@ class Batcher:
         times: RequestTimes | None = None,
     ) -> Tensors:
         """Queue one request and wait for its outputs (its own rows of the batch it joined)."""
-        return await self.submit(inputs, priority, timeout_us, times)
+        return await self.submit(inputs, priority, timeout_us, times=times)
 
     def submit(
         self,
         inputs: Mapping[str, np.ndarray],
         priority: int = 0,
         timeout_us: int = 0,
+        release: Callable[[], None] | None = None,
         times: RequestTimes | None = None,
     ) -> asyncio.Future[Tensors]:
         """Queue one request; its future resolves to its outputs or to a DlscaleError.
 
-        `times`, when given, receives the queue and compute timestamps of the request."""
+        `release` is called once the batcher is done with the inputs: when the request leaves
+        the queue without being computed, or when the batch it joined has been computed (which
+        may be after its future was cancelled). Not called when submit raises. `times`, when
+        given, receives the queue and compute timestamps of the request.
+        """
         if self._closing:
             raise Unavailable("the model is unloading and takes no new requests")
         level = self.policy.level_of(priority)
@@ -118,11 +125,13 @@ class Batcher:
         loop = asyncio.get_running_loop()
         batched = self.policy.batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
+        # Arrays of one type only merge: host arrays with host arrays, device ones with device.
         key = tuple(
-            (name, arr.dtype.str, arr.shape[1:] if batched else arr.shape)
+            (name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape)
             for name, arr in sorted(inputs.items())
         )
         item = _Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
+        item.release = release
         if times is not None:
             times.queue_start = _ns(item.enqueued)
         timeout = timeout_us or self.policy.batching.default_timeout_us
@@ -156,6 +165,7 @@ class Batcher:
         if item.queued and not item.future.done():
             waited = _ns(self._clock() - item.enqueued) // 1000
             self._unqueue(item)
+            self._done_with(item)
             item.future.set_exception(
                 TimedOut(
                     f"request timed out in the queue after {waited} us (timeout {timeout_us} us)"
@@ -168,11 +178,19 @@ class Batcher:
             self._queues[item.level].remove(item)
             self._queued -= 1
 
+    @staticmethod
+    def _done_with(item: _Pending) -> None:
+        release, item.release = item.release, None
+        if release is not None:
+            release()
+
     def _forget(self, item: _Pending) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
             item.timer.cancel()
-        self._unqueue(item)
+        if item.queued:  # left the queue without a batch: its inputs are read no more
+            self._unqueue(item)
+            self._done_with(item)
         self.stats.pending -= 1
         if self.stats.pending == 0:
             self._idle.set()
@@ -229,15 +247,22 @@ class Batcher:
                 await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
 
     def _take(self, chosen: list[_Pending]) -> list[_Pending]:
+        batch = []
         for item in chosen:
             self._unqueue(item)
-        return [i for i in chosen if not i.future.done()]
+            if item.future.done():
+                self._done_with(item)
+            else:
+                batch.append(item)
+        return batch
 
     async def _run(self, instance: Instance, batch: list[_Pending]) -> None:
         try:
             await self._compute(instance, batch)
         finally:
             self._free.put_nowait(instance)
+            for item in batch:
+                self._done_with(item)
 
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
         t0 = self._clock()

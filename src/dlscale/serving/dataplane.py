@@ -10,9 +10,11 @@ import numpy as np
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.serving import cuda_memory
 from dlscale.serving.classification import class_count, top_classes
 from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager, ModelState, ServedVersion
+from dlscale.serving.shared_memory import Lease, SharedMemoryRegistry
 from dlscale.serving.stats import RequestTimes
 from dlscale.serving.trace import Tracer
 from dlscale.serving.uploads import Uploads
@@ -25,6 +27,7 @@ from dlscale.types import (
     ModelMetadata,
     ModelStatistics,
     Parameters,
+    RegionTensor,
     RepositoryEntry,
     ServerMetadata,
     TensorSpec,
@@ -50,6 +53,7 @@ class DataPlane:
         self,
         manager: ModelManager,
         model_control: str = "none",
+        shared_memory: SharedMemoryRegistry | None = None,
         tracer: Tracer | None = None,
         logs: LogControl | None = None,
     ) -> None:
@@ -57,6 +61,8 @@ class DataPlane:
             raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
         self.manager = manager
         self.model_control = model_control
+        #: The shared-memory regions requests may name (off unless the server allows them).
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.tracer = tracer or Tracer()
         self.logs = logs or LogControl()
         self.uploads = Uploads()
@@ -78,7 +84,12 @@ class DataPlane:
         self._accepting = False
 
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata("dlscale", __version__, EXTENSIONS)
+        extensions: tuple[str, ...] = EXTENSIONS
+        if self.shared_memory.enabled:
+            extensions += ("system_shared_memory",)
+        if self.shared_memory.cuda_ready:
+            extensions += ("cuda_shared_memory",)
+        return ServerMetadata("dlscale", __version__, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -122,18 +133,27 @@ class DataPlane:
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
         trace = self.tracer.start(served.version.name, served.version.version, request.id)
+        lease = self.shared_memory.lease() if _names_regions(request) else None
         try:
+            if lease is not None:
+                _resolve(served, request, lease)
             wanted = self._validate(served, request)
-            outputs = await served.batcher.infer(
-                request.inputs, request.priority, request.timeout_us, times
-            )
-            answer = {n: self._answer(served, outputs[n], n, k) for n, k in wanted.items()}
+            outputs = await _queue(served, request, lease, times)
+            placed = _place(request, outputs, lease) if lease is not None else {}
+            answer = {
+                n: self._answer(served, _host(outputs[n]), n, k)
+                for n, k in wanted.items()
+                if n not in placed
+            }
         except DlscaleError as exc:
             times.request_end = time.perf_counter_ns()
             served.stats.record_failure(exc.reason, times.request_end - times.request_start)
             if trace is not None:
                 self.tracer.finish(trace, times)
             raise
+        finally:
+            if lease is not None:
+                lease.release()
         times.request_end = time.perf_counter_ns()
         served.stats.record_success(times, _rows(served, request))
         if trace is not None:
@@ -143,6 +163,7 @@ class DataPlane:
             model_version=str(served.version.version),
             id=request.id,
             outputs=answer,
+            in_regions=placed,
         )
 
     @staticmethod
@@ -289,6 +310,63 @@ def _check_schedule_parameters(params: Parameters) -> None:
                 f"parameter {key!r} must be a non-negative integer, got {value!r}"
                 + (" (microseconds)" if key == "timeout" else "")
             )
+
+
+# -- shared memory ---------------------------------------------------------------------------------
+
+
+def _names_regions(request: InferenceRequest) -> bool:
+    return bool(request.in_regions) or any(o.region for o in request.outputs or ())
+
+
+def _resolve(served: ServedVersion, request: InferenceRequest, lease: Lease) -> None:
+    """Inputs in regions become arrays over them; outputs' places are checked before compute."""
+    device = _device_of(served) if request.in_regions else None
+    for name, placed in request.in_regions.items():
+        if name in request.inputs:
+            raise InvalidInput(f"input {name!r} is given twice: in the message and in a region")
+        request.inputs[name] = lease.input(name, placed, device)
+    for output in request.outputs or ():
+        if output.region is not None:
+            lease.check_output(output.name, output.region)
+
+
+def _device_of(served: ServedVersion) -> str | None:
+    """The device whose memory every instance of the model takes inputs in place from."""
+    devices = {getattr(i.backend, "device_buffers", None) for i in served.instances}
+    return devices.pop() if len(devices) == 1 else None
+
+
+async def _queue(
+    served: ServedVersion, request: InferenceRequest, lease: Lease | None, times: RequestTimes
+) -> dict[str, Any]:
+    """Queue the request; the batcher holds the lease until it no longer reads the inputs."""
+    release = lease.hold() if lease is not None else None
+    try:
+        future = served.batcher.submit(
+            request.inputs, request.priority, request.timeout_us, release, times
+        )
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+    return await future
+
+
+def _place(
+    request: InferenceRequest, outputs: dict[str, Any], lease: Lease
+) -> dict[str, RegionTensor]:
+    """Write the outputs asked into regions; what the answer says of each instead of data."""
+    return {
+        o.name: lease.write(o.name, outputs[o.name], o.region)
+        for o in request.outputs or ()
+        if o.region is not None
+    }
+
+
+def _host(array: Any) -> np.ndarray:
+    # A batch computed from device inputs may answer with device arrays.
+    return array if isinstance(array, np.ndarray) else cuda_memory.to_host(array)
 
 
 def _check_input(model: str, spec: TensorSpec, array: np.ndarray) -> None:

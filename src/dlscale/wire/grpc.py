@@ -3,11 +3,14 @@
 Tensors travel either all as typed `contents` or all as raw contents (one little-endian blob per
 tensor, in order), never both in one message. The server decodes requests and encodes responses;
 the bench's clients encode requests and decode responses with the same readers and writers.
+A tensor placed in a shared-memory region carries no contents: a request gives raw contents only
+for the other inputs (as tritonclient sends them), a response an empty blob for it (as Triton
+answers, so that clients may index raw contents by output position).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,10 +21,13 @@ from dlscale.types import (
     InferenceRequest,
     InferenceResponse,
     Parameters,
+    RegionRef,
+    RegionTensor,
     RequestedOutput,
 )
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 from dlscale.wire.tensors import (
+    REGION,
     Form,
     RawData,
     TypedValues,
@@ -29,6 +35,8 @@ from dlscale.wire.tensors import (
     Wording,
     parse_datatype,
     read_tensor,
+    region_of,
+    region_parameters,
     write_tensor,
 )
 
@@ -97,7 +105,7 @@ def _set_parameters(target: Any, params: Parameters) -> None:
 
 def decode_infer_request(message: Any) -> InferenceRequest:
     """Decode a ModelInferRequest; anything inconsistent is InvalidInput saying what and where."""
-    inputs = _read_tensors(message.inputs, message.raw_input_contents, "request")
+    inputs, in_regions = _read_tensors(message.inputs, message.raw_input_contents, "request")
     outputs = None
     if message.outputs:
         outputs = [_requested_output(o) for o in message.outputs]
@@ -108,6 +116,7 @@ def decode_infer_request(message: Any) -> InferenceRequest:
         inputs=inputs,
         outputs=outputs,
         parameters=parameters(message.parameters),
+        in_regions=in_regions,
     )
 
 
@@ -126,6 +135,9 @@ def encode_infer_response(response: InferenceResponse, raw: bool, max_bytes: int
     size = _write_tensors(
         message.outputs, message.raw_output_contents, response.outputs, raw, "output"
     )
+    _write_regions(message.outputs, response.in_regions)
+    if message.raw_output_contents or (raw and not response.outputs):
+        message.raw_output_contents.extend([b""] * len(response.in_regions))
     _check_size(message, size, max_bytes)
     return message
 
@@ -137,6 +149,7 @@ def _requested_output(message: Any) -> RequestedOutput:
         name=message.name,
         binary=binary if isinstance(binary, bool) else None,
         parameters=params,
+        region=region_of("output", message.name, params),
     )
 
 
@@ -162,52 +175,106 @@ def encode_infer_request(request: InferenceRequest) -> Any:
     )
     _set_parameters(message.parameters, request.parameters)
     for wanted in request.outputs or []:
-        _set_parameters(message.outputs.add(name=wanted.name).parameters, wanted.parameters)
+        params = wanted.parameters
+        if wanted.region is not None:
+            params = params | region_parameters(wanted.region)
+        _set_parameters(message.outputs.add(name=wanted.name).parameters, params)
     _write_tensors(message.inputs, message.raw_input_contents, request.inputs, True, "input")
+    _write_regions(message.inputs, request.in_regions)
     return message
 
 
-def decode_infer_response(message: Any) -> InferenceResponse:
-    """Decode a ModelInferResponse, raw or typed, with the server's readers."""
+def decode_infer_response(
+    message: Any, placed: Mapping[str, RegionRef] | None = None
+) -> InferenceResponse:
+    """Decode a ModelInferResponse, raw or typed, with the server's readers.
+
+    `placed` names the outputs the request asked into regions: such an output answered without
+    contents (and without region parameters, as Triton answers) reads as that region.
+    """
+    outputs, in_regions = _read_tensors(
+        message.outputs, message.raw_output_contents, "response", placed or {}
+    )
     return InferenceResponse(
         model_name=message.model_name,
-        outputs=_read_tensors(message.outputs, message.raw_output_contents, "response"),
+        outputs=outputs,
         model_version=message.model_version,
         id=message.id,
         parameters=parameters(message.parameters),
+        in_regions=in_regions,
     )
 
 
 # -- tensors, both ways ----------------------------------------------------------------------------
 
 
-def _read_tensors(tensors: Any, raw: Any, what: str) -> dict[str, np.ndarray]:
+def _read_tensors(
+    tensors: Any, raw: Any, what: str, placed: Mapping[str, RegionRef] | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, RegionTensor]]:
     role = "input" if what == "request" else "output"
-    if raw:
-        typed = [t.name for t in tensors if t.contents.ListFields()]
-        if typed:
-            raise InvalidInput(
-                f"{role}s {typed} carry typed contents while the {what} also carries "
-                f"raw_{role}_contents; use one or the other for all {role}s of a {what}"
-            )
-        if len(raw) != len(tensors):
-            raise InvalidInput(
-                f"the {what} has {len(tensors)} {role}s but {len(raw)} raw_{role}_contents; "
-                f"give one raw blob per {role}, in the order of the {role}s"
-            )
+    entries = [_entry(role, t, placed) for t in tensors]
+    blobs = _raw_blobs(entries, raw, role, what)
     arrays: dict[str, np.ndarray] = {}
-    for i, entry in enumerate(tensors):
-        name = entry.name
-        if name in arrays:
+    in_regions: dict[str, RegionTensor] = {}
+    for (tensor, ref, contents), blob in zip(entries, blobs, strict=True):
+        name = tensor.name
+        if name in arrays or name in in_regions:
             raise InvalidInput(f"{role} {name!r} appears more than once in the {what}")
-        shape = tuple(entry.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidInput(f"{role} {name!r} has shape {list(shape)}: dimensions must be >= 0")
-        datatype = parse_datatype(role, name, entry.datatype)
-        tensor = WireTensor(role, name, datatype, shape, parameters(entry.parameters))
-        source = RawData(raw[i], GRPC_WORDS) if raw else _typed(tensor, entry.contents)
+        if ref is not None:
+            if contents.ListFields() or blob:
+                raise InvalidInput(
+                    f"{role} {name!r} gives {REGION!r} and contents too: a tensor in a "
+                    "shared-memory region carries no data in the message"
+                )
+            in_regions[name] = RegionTensor(tensor.datatype, tensor.shape, ref)
+            continue
+        source = RawData(blob, GRPC_WORDS) if raw else _typed(tensor, contents)
         arrays[name] = read_tensor(tensor, source)
-    return arrays
+    return arrays, in_regions
+
+
+def _entry(
+    role: str, entry: Any, placed: Mapping[str, RegionRef] | None
+) -> tuple[WireTensor, RegionRef | None, Any]:
+    """A message's tensor: what it says of itself, the region it names, and its contents."""
+    name = entry.name
+    shape = tuple(entry.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"{role} {name!r} has shape {list(shape)}: dimensions must be >= 0")
+    datatype = parse_datatype(role, name, entry.datatype)
+    params = parameters(entry.parameters)
+    ref = region_of(role, name, params)
+    if ref is None and placed and name in placed:
+        ref = placed[name]
+    return WireTensor(role, name, datatype, shape, params), ref, entry.contents
+
+
+def _raw_blobs(
+    entries: Sequence[tuple[WireTensor, RegionRef | None, Any]], raw: Any, role: str, what: str
+) -> list[Any]:
+    """Each tensor's raw blob (b"" for tensors in regions, None when the message has none).
+
+    A message gives either one blob per tensor, or one per tensor not in a region (in order).
+    """
+    if not raw:
+        return [None] * len(entries)
+    typed = [t.name for t, _, contents in entries if contents.ListFields()]
+    if typed:
+        raise InvalidInput(
+            f"{role}s {typed} carry typed contents while the {what} also carries "
+            f"raw_{role}_contents; use one or the other for all {role}s of a {what}"
+        )
+    if len(raw) == len(entries):
+        return list(raw)
+    carried = [ref is None for _, ref, _ in entries]
+    if len(raw) != sum(carried):
+        which = f"{role}s" if all(carried) else f"{role}s outside shared memory"
+        raise InvalidInput(
+            f"the {what} has {sum(carried)} {which} but {len(raw)} raw_{role}_contents; "
+            f"give one raw blob per {role}, in the order of the {role}s"
+        )
+    blobs = iter(raw)
+    return [next(blobs) if has_blob else b"" for has_blob in carried]
 
 
 def _typed(tensor: WireTensor, contents: Any) -> TypedValues:
@@ -225,6 +292,13 @@ def _typed(tensor: WireTensor, contents: Any) -> TypedValues:
             f"(expected {field})"
         )
     return TypedValues(field, getattr(contents, field), wire)
+
+
+def _write_regions(tensors: Any, in_regions: Mapping[str, RegionTensor]) -> None:
+    """Add each tensor placed in a region: shape, datatype and the region, and no contents."""
+    for name, placed in in_regions.items():
+        tensor = tensors.add(name=name, datatype=placed.datatype.value, shape=placed.shape)
+        _set_parameters(tensor.parameters, region_parameters(placed.ref))
 
 
 def _write_tensors(

@@ -3,7 +3,8 @@
 The server decodes requests and encodes responses; the bench's client encodes requests and
 decodes responses. Both directions share one reader and one writer of the layout (the binary
 tensor data extension): a tensor with `binary_data_size` takes that many bytes of the body after
-the JSON header, in the order the header lists the tensors.
+the JSON header, in the order the header lists the tensors. A tensor placed in a shared-memory
+region (`shared_memory_region` in its parameters) carries no data in the body at all.
 """
 
 from __future__ import annotations
@@ -18,8 +19,17 @@ import numpy as np
 import orjson
 
 from dlscale.errors import InvalidInput
-from dlscale.types import Datatype, InferenceRequest, InferenceResponse, RequestedOutput, TensorSpec
+from dlscale.types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    RegionRef,
+    RegionTensor,
+    RequestedOutput,
+    TensorSpec,
+)
 from dlscale.wire.tensors import (
+    REGION,
     Buffer,
     Form,
     JsonData,
@@ -28,6 +38,8 @@ from dlscale.wire.tensors import (
     Wording,
     parse_datatype,
     read_tensor,
+    region_of,
+    region_parameters,
     write_tensor,
 )
 
@@ -128,7 +140,9 @@ def decode_request(
     view = memoryview(body)
     doc, json_end = _header(_REQUEST, view, header_length, "request")
     params = dict(doc.parameters)
-    inputs = _read_tensors(doc.inputs, view, json_end, header_length is not None, "request")
+    inputs, in_regions = _read_tensors(
+        doc.inputs, view, json_end, header_length is not None, "request"
+    )
     outputs, fmt = _requested_outputs(doc.outputs, params)
     request = InferenceRequest(
         model_name=model,
@@ -137,6 +151,7 @@ def decode_request(
         id=doc.id,
         outputs=outputs,
         parameters=params,
+        in_regions=in_regions,
     )
     return request, fmt
 
@@ -171,7 +186,7 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> Body:
         doc["id"] = response.id
     if response.parameters:
         doc["parameters"] = response.parameters
-    doc["outputs"] = outputs
+    doc["outputs"] = outputs + _region_entries(response.in_regions)
     return _body(doc, binaries)
 
 
@@ -181,6 +196,7 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> Body:
 def encode_request(request: InferenceRequest, binary: bool) -> Body:
     """Encode a request: every input binary (outputs asked for binary too) or every one JSON."""
     inputs, binaries = _write_tensors(request.inputs, lambda _: binary, "input")
+    inputs += _region_entries(request.in_regions)
     doc: dict[str, Any] = {}
     if request.id:
         doc["id"] = request.id
@@ -191,21 +207,32 @@ def encode_request(request: InferenceRequest, binary: bool) -> Body:
         doc["parameters"] = params
     doc["inputs"] = inputs
     if request.outputs is not None:
-        doc["outputs"] = [{"name": o.name, "parameters": o.parameters} for o in request.outputs]
+        doc["outputs"] = [
+            {"name": o.name, "parameters": _output_parameters(o)} for o in request.outputs
+        ]
     return _body(doc, binaries)
 
 
-def decode_response(payload: Buffer, header_length: int | None) -> InferenceResponse:
-    """Decode a response body with the server's reader of the layout."""
+def decode_response(
+    payload: Buffer, header_length: int | None, placed: Mapping[str, RegionRef] | None = None
+) -> InferenceResponse:
+    """Decode a response body with the server's reader of the layout.
+
+    `placed` names the outputs the request asked into regions: an answer that gives such an
+    output no data (Triton adds no parameters to them either) reads as that region.
+    """
     view = memoryview(payload)
     doc, json_end = _header(_RESPONSE, view, header_length, "response")
-    outputs = _read_tensors(doc.outputs, view, json_end, header_length is not None, "response")
+    outputs, in_regions = _read_tensors(
+        doc.outputs, view, json_end, header_length is not None, "response", placed or {}
+    )
     return InferenceResponse(
         model_name=doc.model_name,
         outputs=outputs,
         model_version=doc.model_version,
         id=doc.id,
         parameters=dict(doc.parameters or {}),
+        in_regions=in_regions,
     )
 
 
@@ -237,24 +264,35 @@ def _read_tensors(
     offset: int,
     has_binary: bool,
     what: str,
-) -> dict[str, np.ndarray]:
+    placed: Mapping[str, RegionRef] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, RegionTensor]]:
     role = "input" if what == "request" else "output"
     arrays: dict[str, np.ndarray] = {}
+    in_regions: dict[str, RegionTensor] = {}
     for tensor in tensors:
-        if tensor.name in arrays:
+        if tensor.name in arrays or tensor.name in in_regions:
             raise InvalidInput(f"{role} {tensor.name!r} appears twice in the {what}")
-        arrays[tensor.name], offset = _read_tensor(tensor, body, offset, has_binary, what)
+        read, offset = _read_tensor(tensor, body, offset, has_binary, what, placed)
+        if isinstance(read, RegionTensor):
+            in_regions[tensor.name] = read
+        else:
+            arrays[tensor.name] = read
     if offset != len(body):
         raise InvalidInput(
             f"the body has {len(body) - offset} bytes after the JSON header and the binary "
             f"tensors; the {role}s' binary_data_size values do not add up to the body length"
         )
-    return arrays
+    return arrays, in_regions
 
 
 def _read_tensor(
-    entry: _Tensor | _AnswerTensor, body: memoryview, offset: int, has_binary: bool, what: str
-) -> tuple[np.ndarray, int]:
+    entry: _Tensor | _AnswerTensor,
+    body: memoryview,
+    offset: int,
+    has_binary: bool,
+    what: str,
+    placed: Mapping[str, RegionRef] | None,
+) -> tuple[np.ndarray | RegionTensor, int]:
     role = "input" if what == "request" else "output"
     name = entry.name
     params = entry.parameters or {}
@@ -262,6 +300,16 @@ def _read_tensor(
         role, name, parse_datatype(role, name, entry.datatype), tuple(entry.shape), params
     )
     size = params.get("binary_data_size")
+    ref = region_of(role, name, params)
+    if ref is None and placed and name in placed and size is None and entry.data is None:
+        ref = placed[name]
+    if ref is not None:
+        if size is not None or entry.data is not None:
+            raise InvalidInput(
+                f"{role} {name!r} gives {REGION!r} and data too: give one of 'data', "
+                f"'binary_data_size' or {REGION!r}"
+            )
+        return RegionTensor(tensor.datatype, tensor.shape, ref), offset
     if size is None:
         return read_tensor(tensor, JsonData(entry.data)), offset
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -308,6 +356,27 @@ def _write_tensors(
     return entries, binaries
 
 
+def _region_entries(in_regions: Mapping[str, RegionTensor]) -> list[dict[str, Any]]:
+    """Tensors placed in regions: shape, datatype and the region, and no data."""
+    return [
+        {
+            "name": name,
+            "datatype": placed.datatype.value,
+            "shape": list(placed.shape),
+            "parameters": region_parameters(placed.ref),
+        }
+        for name, placed in in_regions.items()
+    ]
+
+
+def _output_parameters(output: RequestedOutput) -> dict[str, Any]:
+    if output.region is None:
+        return dict(output.parameters)
+    # Written into a region, the output has no binary form to ask for.
+    params = {k: v for k, v in output.parameters.items() if k != "binary_data"}
+    return params | region_parameters(output.region)
+
+
 def _body(doc: dict[str, Any], binaries: list[Buffer]) -> Body:
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not binaries:
@@ -327,7 +396,13 @@ def _requested_outputs(
     wanted, binary = [], set()
     for out in outputs:
         is_binary = _flag(out.parameters, "binary_data", f"output {out.name!r}")
-        wanted.append(RequestedOutput(out.name, is_binary, dict(out.parameters)))
+        region = region_of("output", out.name, out.parameters)
+        if region is not None and is_binary:
+            raise InvalidInput(
+                f"output {out.name!r} asks for both {REGION!r} and 'binary_data': an output "
+                "written into a region carries no data"
+            )
+        wanted.append(RequestedOutput(out.name, is_binary, dict(out.parameters), region))
         if is_binary:
             binary.add(out.name)
     return wanted, OutputFormat(all_binary=all_binary, binary=frozenset(binary))

@@ -1,9 +1,10 @@
 """Tensors on the wire: raw little-endian bytes, BYTES elements, JSON data and typed values.
 
 Every Open Inference Protocol encoding of a tensor is read by `read_tensor` and written by
-`write_tensor`, for the REST and gRPC codecs alike and in both directions. They are the one place
-where a tensor's source or destination is chosen, so that the next one (Triton's shared-memory
-regions, named by a tensor's parameters, whose message then carries no data) joins there.
+`write_tensor`, for the REST and gRPC codecs alike and in both directions. A tensor whose
+parameters name a shared-memory region (Triton's extension) carries no data: `region_of` reads
+those parameters into a typed reference, `region_parameters` writes them, and the bytes found in
+the region are read by `read_tensor` like any raw data (REGION_WORDS says what does not fit).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dlscale.errors import InvalidInput
-from dlscale.types import Datatype, Parameters
+from dlscale.types import Datatype, Parameters, RegionRef
 
 Buffer = bytes | bytearray | memoryview
 
@@ -149,8 +150,6 @@ def read_tensor(tensor: WireTensor, source: Source) -> np.ndarray:
 
     Raw numbers are a view of the message's bytes (no copy; read-only when the bytes are).
     """
-    # Shared memory joins here: a `shared_memory_region` in tensor.parameters names the source
-    # instead (its message carries no data), checked before the source the message carried.
     if isinstance(source, RawData):
         return _from_raw(tensor, source)
     if isinstance(source, JsonData):
@@ -172,13 +171,17 @@ def _from_raw(tensor: WireTensor, source: RawData) -> np.ndarray:
     view = memoryview(source.data)
     if tensor.datatype is Datatype.BYTES:
         return _parse_bytes(tensor, view, source.wording).reshape(tensor.shape)
-    dtype = tensor.datatype.numpy
-    count = math.prod(tensor.shape)
-    want = count * dtype.itemsize
-    if len(view) != want:
-        raise InvalidInput(_say(source.wording.size, tensor, got=len(view), want=want))
+    check_raw_size(tensor, len(view), source.wording)
     # The wire is little-endian, as are the hosts dlscale runs on; no byte swapping needed.
-    return np.frombuffer(view, dtype=dtype, count=count).reshape(tensor.shape)
+    dtype = tensor.datatype.numpy
+    return np.frombuffer(view, dtype=dtype, count=tensor.count).reshape(tensor.shape)
+
+
+def check_raw_size(tensor: WireTensor, size: int, wording: Wording) -> None:
+    """Raw bytes of a fixed-size datatype must be exactly what the shape holds."""
+    want = tensor.count * tensor.datatype.itemsize
+    if size != want:
+        raise InvalidInput(_say(wording.size, tensor, got=size, want=want))
 
 
 def _parse_bytes(tensor: WireTensor, view: memoryview, wording: Wording) -> np.ndarray:
@@ -312,8 +315,6 @@ def write_tensor(
     RAW is a view of the array's bytes when it is contiguous (BYTES elements are serialized);
     JSON is a flat array or a list of text ready for orjson; TYPED is a list of values.
     """
-    # Shared memory joins here: an output requested into a region is written there, and its
-    # message then carries no data (a form of its own, chosen by the requested output).
     if form is Form.RAW:
         return Written(raw=_to_raw(array, datatype))
     if form is Form.JSON:
@@ -346,3 +347,65 @@ def _to_json(role: str, name: str, array: np.ndarray, datatype: Datatype) -> Any
         raise InvalidInput(
             f"{role} {name!r} holds bytes that are not UTF-8, which JSON cannot carry; {advice}"
         ) from None
+
+
+# -- shared-memory regions -------------------------------------------------------------------------
+
+REGION = "shared_memory_region"
+REGION_BYTE_SIZE = "shared_memory_byte_size"
+REGION_OFFSET = "shared_memory_offset"
+
+#: How the bytes a region holds for a tensor are worded when they do not fit it.
+REGION_WORDS = Wording(
+    size=(
+        "{role} {name!r} of shape {shape} and datatype {datatype} takes {want} bytes, but its "
+        "shared_memory_byte_size is {got}"
+    ),
+    overrun=(
+        "BYTES {role} {name!r}: element {index} in its shared-memory region claims {size} "
+        "bytes, but only {left} remain"
+    ),
+    short=(
+        "BYTES {role} {name!r}: its shape holds {count} elements, but its shared-memory bytes "
+        "({got}) hold {found}"
+    ),
+    trailing=(
+        "BYTES {role} {name!r}: its shape holds {count} elements, and its shared-memory bytes "
+        "({got}) hold {extra} bytes more"
+    ),
+)
+
+
+def region_of(role: str, name: str, params: Mapping[str, Any]) -> RegionRef | None:
+    """The region a tensor's parameters place its data in, or None when they name none.
+
+    `shared_memory_region` and `shared_memory_byte_size` go together; `shared_memory_offset`
+    defaults to 0. Whether the region exists and holds those bytes is the registry's to say.
+    """
+    region = params.get(REGION)
+    if region is None:
+        stray = [k for k in (REGION_BYTE_SIZE, REGION_OFFSET) if k in params]
+        if stray:
+            raise InvalidInput(f"{role} {name!r} gives {stray} without {REGION!r}")
+        return None
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"{role} {name!r}: {REGION!r} must be a region name, got {region!r}")
+    if REGION_BYTE_SIZE not in params:
+        raise InvalidInput(
+            f"{role} {name!r} gives {REGION!r} but no {REGION_BYTE_SIZE!r}: both are required"
+        )
+    size, offset = params[REGION_BYTE_SIZE], params.get(REGION_OFFSET, 0)
+    for key, value in ((REGION_BYTE_SIZE, size), (REGION_OFFSET, offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(
+                f"{role} {name!r}: {key!r} must be a non-negative integer, got {value!r}"
+            )
+    return RegionRef(region, size, offset)
+
+
+def region_parameters(ref: RegionRef) -> Parameters:
+    """The parameters that place a tensor's data in a region (the offset only when not 0)."""
+    params: Parameters = {REGION: ref.region, REGION_BYTE_SIZE: ref.byte_size}
+    if ref.offset:
+        params[REGION_OFFSET] = ref.offset
+    return params

@@ -128,6 +128,8 @@ def test_service_matches_tritonclient() -> None:
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
         "ModelInfer", "ModelStreamInfer", "ModelConfig", "ModelStatistics",
         "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+        "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
     }  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from dlscale.backends.torch.prepare import (
     prepared,
     resolved_options,
 )
-from dlscale.backends.torch.tensors import from_numpy, to_numpy, torch_dtype
+from dlscale.backends.torch.tensors import from_numpy, is_on_device, to_numpy, torch_dtype
 from dlscale.errors import BackendError, ConfigError, DlscaleError, InvalidInput
 from dlscale.types import TensorSpec
 
@@ -46,6 +46,9 @@ class TorchBackend:
         self._module: Any = None
         self._fn: Step | None = None
         self._staging: Staging | None = None
+        #: The device whose memory this backend takes inputs from in place ("cuda:N"), so that
+        #: CUDA shared-memory inputs reach it without a trip through the host; None on the CPU.
+        self.device_buffers: str | None = None
         self._graphs: CudaGraphs | None = None
         self._held = contextlib.ExitStack()
 
@@ -102,6 +105,8 @@ class TorchBackend:
             torch.backends.cudnn.benchmark = True  # fixed shapes: tune each conv once
             dtypes = {spec.name: torch_dtype(spec.datatype) for spec in model.inputs}
             self._staging = Staging(device, dtypes, s.inflight_batches or 1)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.device_buffers = f"cuda:{index}"
         with torch.inference_mode():
             self._warm_up()
         log.info(
@@ -229,6 +234,8 @@ class TorchBackend:
         staging, model = self._staging, self._model
         assert staging is not None and model is not None
         names = [spec.name for spec in model.inputs]
+        # Device in, device out: outputs may go to CUDA shared memory without the host.
+        on_device = any(is_on_device(a) for a in arrays)
         with staging.slot() as slot:
             views = staging.upload(slot, dict(zip(names, arrays, strict=True)))
             with staging.computing(slot):
@@ -247,7 +254,13 @@ class TorchBackend:
                     ]
                     outputs = self._call(args)
                 named = {spec.name: out for spec, out in zip(model.outputs, outputs, strict=True)}
-                pending = staging.download(slot, named, rows, static=self._graphs is not None)
+                if on_device:
+                    done, kept = staging.keep_on_device(slot, named, rows)
+                else:
+                    pending = staging.download(slot, named, rows, static=self._graphs is not None)
+            if on_device:
+                done.synchronize()
+                return kept  # type: ignore[return-value]
             return pending.wait()
 
     # -- description and teardown ------------------------------------------------------------------
@@ -265,6 +278,7 @@ class TorchBackend:
         on_cuda = self.device is not None and self.device.type == "cuda"
         self._fn = self._module = self._graphs = self._staging = None
         self._model = None
+        self.device_buffers = None
         self._held.close()
         if on_cuda:
             torch.cuda.empty_cache()

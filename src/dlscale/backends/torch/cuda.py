@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlscale.backends.torch.tensors import from_numpy, to_numpy
+from dlscale.backends.torch.tensors import as_tensor, to_numpy
 
 Step = Callable[..., list[torch.Tensor]]
 
@@ -119,12 +119,16 @@ class Staging:
             self._free.put(slot)
 
     def upload(self, slot: _Slot, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Copy host arrays into the slot's device buffers; the views, ready once computed on."""
+        """Copy arrays into the slot's device buffers; the views, ready once computed on.
+
+        Host arrays go through pinned memory unless pinned already (a page-locked system
+        shared-memory region is); device arrays (a CUDA region's) are copied on the device.
+        """
         views = {}
         with torch.cuda.stream(self.upload_stream):
             for name, array in arrays.items():
-                source = from_numpy(array)
-                if not source.is_pinned():
+                source = as_tensor(array)
+                if not source.is_cuda and not source.is_pinned():
                     # A multi-threaded host copy: torch splits large copies over its threads.
                     source = slot.host[name].view(array.shape).copy_(source)
                 views[name] = slot.device[name].view(array.shape)
@@ -165,6 +169,18 @@ class Staging:
         if static:
             self.compute_stream.wait_event(slot.downloaded)
         return Download(slot.downloaded, staged, outputs)
+
+    def keep_on_device(
+        self, slot: _Slot, outputs: Mapping[str, torch.Tensor], rows: int | None
+    ) -> tuple[torch.cuda.Event, dict[str, torch.Tensor]]:
+        """The first `rows` rows of device outputs as device tensors of their own (for CUDA
+        shared memory); call inside `computing`, and wait on the event before handing them out.
+
+        Cloned on the compute stream: a graph's outputs are overwritten by its next replay.
+        """
+        kept = {n: (t if rows is None else t[:rows]).clone() for n, t in outputs.items()}
+        slot.computed.record(self.compute_stream)
+        return slot.computed, kept
 
 
 class CudaGraphs:

@@ -58,6 +58,19 @@ def from_numpy(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def as_tensor(array: Any) -> torch.Tensor:
+    """A tensor over an input: numpy arrays as `from_numpy`, device arrays (CuPy, from a CUDA
+    shared-memory region) in place through DLPack."""
+    if isinstance(array, np.ndarray):
+        return from_numpy(array)
+    return torch.utils.dlpack.from_dlpack(array)
+
+
+def is_on_device(array: Any) -> bool:
+    """Whether an input is a device array rather than a host one."""
+    return not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__")
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
     """A numpy view of a CPU tensor (BF16 through an int16 view, as numpy lacks bfloat16)."""
     if tensor.dtype == torch.bfloat16:

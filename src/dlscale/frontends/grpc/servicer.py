@@ -13,6 +13,7 @@ import grpc
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.grpc import convert
+from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.logs import access, log_failure
 from dlscale.wire.grpc import decode_infer_request, wants_raw
@@ -71,6 +72,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
+        self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
 
     # -- health and metadata ------------------------------------------------------------------
 
@@ -182,3 +184,29 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def LogSettings(self, request: Any, context: Any) -> Any:
         changes = convert.log_changes(request)
         return convert.log_settings(self.dataplane.log_settings(changes))
+
+    # -- shared memory (the RPCs of frontends/grpc/shared_memory.py) -------------------------------
+
+    @_unary
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_status(request)
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_register(request)
+
+    @_unary
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.system_unregister(request)
+
+    @_unary
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_status(request)
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_register(request)
+
+    @_unary
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return self.shared_memory.cuda_unregister(request)

@@ -21,7 +21,7 @@ import msgspec
 import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
-from dlscale.frontends.rest import render
+from dlscale.frontends.rest import render, shared_memory
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.logs import access, log_failure
 from dlscale.wire.rest import decode_raw_request, decode_request, encode_response
@@ -67,6 +67,7 @@ class RestApi:
     def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 2**20) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
         self._routes: dict[str, tuple[_Handler | None, list[str], str]] = {}
 
     async def handle(
@@ -140,6 +141,9 @@ class RestApi:
                 return self._load, [model], "POST"
             case ["repository", "models", model, "unload"]:
                 return self._unload, [model], "POST"
+            case [prefix, *tail] if prefix in shared_memory.PREFIXES:
+                found = shared_memory.route(prefix, tail)
+                return (self._shm, *found) if found else (None, [], "")
             case ["models", model, *tail]:
                 version = ""
                 if tail[:1] == ["versions"] and len(tail) >= 2:
@@ -244,6 +248,13 @@ class RestApi:
             OCTET,
             (("Inference-Header-Content-Length", str(encoded.header_length)),),
         )
+
+    # -- shared memory (the routes of frontends/rest/shared_memory.py) -----------------------------
+
+    async def _shm(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
+        kind, name, action = args
+        doc = self.shared_memory.handle(kind, name, action, body)
+        return _EMPTY_OK if doc is None else json_response(doc)
 
     # -- repository and statistics -----------------------------------------------------------------
 

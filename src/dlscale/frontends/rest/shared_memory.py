@@ -1,0 +1,105 @@
+"""The shared-memory routes of the REST API (Triton's system and CUDA shared-memory extensions).
+
+    GET  v2/{system,cuda}sharedmemory[/region/NAME]/status
+    POST v2/{system,cuda}sharedmemory/region/NAME/register
+    POST v2/{system,cuda}sharedmemory[/region/NAME]/unregister
+
+All of them form one group (`PREFIXES`), so that an access rule can gate them together. Bodies
+are decoded here; the registry (serving/shared_memory.py) does the rest.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+from dlscale.errors import InvalidInput
+from dlscale.serving.shared_memory import RegionKind, RegionStatus, SharedMemoryRegistry
+from dlscale.wire.tensors import Buffer
+
+#: The first path segment after v2/ of each extension, and the kind of region it holds.
+PREFIXES = {"systemsharedmemory": RegionKind.SYSTEM, "cudasharedmemory": RegionKind.CUDA}
+_METHODS = {"status": "GET", "register": "POST", "unregister": "POST"}
+_Size = Annotated[int, msgspec.Meta(ge=0)]
+_Body = TypeVar("_Body")
+
+
+class _SystemRegister(msgspec.Struct, forbid_unknown_fields=True):
+    key: str
+    byte_size: _Size
+    offset: _Size = 0
+
+
+class _Handle(msgspec.Struct):
+    b64: str
+
+
+class _CudaRegister(msgspec.Struct, forbid_unknown_fields=True):
+    raw_handle: _Handle
+    device_id: _Size
+    byte_size: _Size
+
+
+def route(prefix: str, tail: list[str]) -> tuple[list[str], str] | None:
+    """The (kind, name, action) arguments and the method of a shared-memory path, or None."""
+    match tail:
+        case [action] if action in _METHODS and action != "register":
+            return [PREFIXES[prefix].value, "", action], _METHODS[action]
+        case ["region", name, action] if action in _METHODS:
+            return [PREFIXES[prefix].value, name, action], _METHODS[action]
+    return None
+
+
+class SharedMemoryApi:
+    """Status, register and unregister over the server's registry."""
+
+    def __init__(self, registry: SharedMemoryRegistry) -> None:
+        self.registry = registry
+
+    def handle(self, kind_name: str, name: str, action: str, body: Buffer) -> Any:
+        """Answer one call: the status list, or None for a register or unregister done."""
+        kind = RegionKind(kind_name)
+        if action == "status":
+            return [_status(s) for s in self.registry.status(kind, name)]
+        if action == "unregister":
+            self.registry.unregister(kind, name)
+            return None
+        if kind is RegionKind.SYSTEM:
+            system = _decode(body, _SystemRegister, "system shared-memory register")
+            self.registry.register_system(name, system.key, system.offset, system.byte_size)
+        else:
+            cuda = _decode(body, _CudaRegister, "CUDA shared-memory register")
+            handle = _base64(cuda.raw_handle.b64)
+            self.registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
+        return None
+
+
+def _decode(body: Buffer, kind: type[_Body], what: str) -> _Body:
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(f"invalid {what} request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed JSON in the {what} request: {exc}") from None
+
+
+def _base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise InvalidInput(f"raw_handle.b64 is not base64: {exc}") from None
+
+
+def _status(status: RegionStatus) -> dict[str, Any]:
+    """One region in Triton's status layout."""
+    if status.kind is RegionKind.SYSTEM:
+        return {
+            "name": status.name,
+            "key": status.key,
+            "offset": status.offset,
+            "byte_size": status.byte_size,
+        }
+    return {"name": status.name, "device_id": status.device_id, "byte_size": status.byte_size}
