@@ -104,15 +104,20 @@ class Tracer:
         return self.settings(model)
 
     def _effective(self, model: str) -> TraceSettings:
-        own = self._models.get(model, {})
+        own = self._models.get(model)
+        if not own:
+            return self._global
         return dataclasses.replace(self._global, **{_FIELD[n]: v for n, v in own.items()})
 
     # -- tracing ------------------------------------------------------------------------------
 
     def start(self, model: str, version: int, request_id: str) -> Trace | None:
         """A trace for this request when its scope samples it, else None (the common case)."""
+        # The common case first, at the cost of two lookups per request: nothing to trace.
+        if self.trace_file is None or (not self._models and self._global.level == "OFF"):
+            return None
         settings = self._effective(model)
-        if settings.level == "OFF" or self.trace_file is None:
+        if settings.level == "OFF":
             return None
         scope = model if model in self._models else ""
         seen = self._seen[scope] = self._seen.get(scope, 0) + 1
