@@ -106,6 +106,13 @@ def _add_core_verbs(sub: SubParsers) -> None:
     check.add_argument("dir", type=Path, help="model repository")
     check.add_argument("--load", action="store_true", help="also load each model's runtime")
     check.set_defaults(func=LazyHandler("dlscale.models.commands", "models_check"))
+    convert = models.add_parser(
+        "convert", help="write config.toml for models configured by config.pbtxt or MLServer"
+    )
+    convert.add_argument("dir", type=Path, help="model repository")
+    convert.add_argument("models", nargs="*", help="model names (default: every model)")
+    convert.add_argument("--dry-run", action="store_true", help="print the TOML, write nothing")
+    convert.set_defaults(func=LazyHandler("dlscale.models.commands", "models_convert"))
 
     run = sub.add_parser("run", help="in-process latency and throughput of one model")
     run.add_argument("dir", type=Path, help="model repository")
@@ -136,7 +143,13 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument(
         "--max-shm-regions", type=int, default=256, help="most shared-memory regions at once"
     )
-    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    serve.add_argument("--log-file", type=Path, help="write the logs here instead of stderr")
+    serve.add_argument("--log-format", default="default", choices=("default", "ISO8601"))
+    serve.add_argument("--access-log", action="store_true", help="log every request, one line")
+    serve.add_argument("--trace-file", type=Path, help="where request traces go (JSON)")
+    serve.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
+    serve.add_argument("--trace-rate", type=int, default=1000, help="trace one in N requests")
     _add_serve_lifecycle_flags(serve)
     _add_serve_security_flags(serve)
     _add_serve_limit_flags(serve)
@@ -415,8 +428,8 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="live progress line on stderr (default: when stderr is a terminal)",
+        default=True,
+        help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
 
 

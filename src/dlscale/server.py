@@ -14,18 +14,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
-from prometheus_client import start_http_server
-
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving import cuda_memory
 from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.exposition import MetricsServer
+from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
 from dlscale.serving.shared_memory import SharedMemoryRegistry
+from dlscale.serving.trace import Tracer, TraceSettings
 
 log = logging.getLogger("dlscale.server")
 T = TypeVar("T")
@@ -67,6 +68,14 @@ class ServerSettings:
     http_restricted: tuple[Restriction, ...] = ()
     grpc_restricted: tuple[Restriction, ...] = ()
     telemetry_interval_s: float = 1.0
+    #: Where request traces go (Triton's --trace-file); None: tracing cannot be turned on.
+    trace_file: Path | None = None
+    #: Sampled requests are traced from the start: OFF or TIMESTAMPS, one in `trace_rate`.
+    trace_level: str = "OFF"
+    trace_rate: int = 1000
+    #: Where the logs go (stderr when None) and their timestamps: default or ISO8601.
+    log_file: Path | None = None
+    log_format: str = "default"
     #: Let clients register shared-memory regions (Triton's --allow-client-shm; off by default).
     allow_client_shm: bool = False
     #: The most regions registered at once.
@@ -106,6 +115,8 @@ class Server:
             self.manager,
             settings.model_control,
             self.shared_memory,
+            Tracer(settings.trace_file, TraceSettings(settings.trace_level, settings.trace_rate)),
+            LogControl(settings.log_file, settings.log_format),
             strict_readiness=settings.strict_readiness,
         )
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
@@ -113,7 +124,7 @@ class Server:
         self.metrics_port: int | None = None
         #: The models that failed to load at start, with their errors.
         self.failed: dict[str, DlscaleError] = {}
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsServer | None = None
         self._poller: RepositoryPoller | None = None
         self._loading: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -191,11 +202,12 @@ class Server:
 
     def _start_metrics(self, host: str, port: int) -> None:
         try:
-            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+            server = MetricsServer(self.registry, host, port)
         except OSError as exc:
             raise DlscaleError(f"metrics cannot listen on {host}:{port}: {exc.strerror}") from exc
+        server.start()
         self._metrics_server = server
-        self.metrics_port = int(server.server_port)
+        self.metrics_port = server.port
         log.info("metrics listening on %s:%d", host, self.metrics_port)
 
     @property
@@ -246,10 +258,11 @@ class Server:
         )
         cut.cancel()
         await self.manager.close()
+        self.dataplane.tracer.flush()
+        self.dataplane.uploads.close()
         self.shared_memory.close()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.stop()
         log.info("stopped")
 
 
@@ -315,12 +328,14 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 def serve(args: argparse.Namespace) -> int:
     """`dlscale serve REPO`: the server with the parsed flags, until SIGINT or SIGTERM."""
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     settings = settings_from(args)
-    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
-        return runner.run(Server(settings).serve_forever())
+    server = Server(settings)
+    server.dataplane.logs.install(args.log_level, access_log=args.access_log)
+    try:
+        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+            return runner.run(server.serve_forever())
+    finally:
+        server.dataplane.logs.uninstall()
 
 
 def settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -368,6 +383,11 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         tls=tls,
         http_restricted=http_restricted,
         grpc_restricted=grpc_restricted,
+        trace_file=args.trace_file,
+        trace_level=args.trace_level,
+        trace_rate=args.trace_rate,
+        log_file=args.log_file,
+        log_format=args.log_format,
         allow_client_shm=args.allow_client_shm,
         max_shm_regions=args.max_shm_regions,
     )

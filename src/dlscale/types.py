@@ -261,6 +261,8 @@ class ModelConfigView:
     dynamic_batching: DynamicBatching | None
     instance_groups: tuple[InstanceGroup, ...]
     parameters: Mapping[str, str] = field(default_factory=dict)
+    #: Output name -> its label file (Triton's label_filename), for outputs that have one.
+    label_files: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -285,10 +287,12 @@ class InferStats:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """Batches of one size: how many ran and their compute time."""
+    """Batches of one size: how many ran (each duration's count) and where their time went."""
 
     batch_size: int
+    compute_input: StatDuration
     compute_infer: StatDuration
+    compute_output: StatDuration
 
 
 @dataclass(frozen=True)

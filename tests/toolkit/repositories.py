@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnx import TensorProto
 from tests.toolkit.models import (
     BATCH,
@@ -16,6 +18,7 @@ from tests.toolkit.models import (
     fragile_graph,
     identity_graph,
     not_graph,
+    save_onnx,
     scale_graph,
     sum_and_copy_graph,
     sum_and_diff_graph,
@@ -170,6 +173,93 @@ def serving_repository(root: Path) -> Path:
     write_model(root, "plus", add_graph(1.0), plus)
     write_model(root, "plus", add_graph(2.0), plus, version=2)
     write_broken(root)
+    return root
+
+
+#: The Triton-style suite's classifier: one dense layer, 16 features to 10 class scores.
+CLASSIFIER = Mlp.seeded(3, (16, 10))
+CLASSES = tuple(f"class-{chr(ord('a') + i)}" for i in range(10))
+
+#: Triton's "simple" example as its docs write it, for ONNX Runtime.
+SIMPLE_PBTXT = """name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  },
+  {
+    name: "INPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  },
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+"""
+
+#: A classifier configured as Triton's densenet_onnx example is: a label file beside it,
+#: dynamic batching, a CPU instance group; and a warm-up dlscale does not act on.
+CLASSIFIER_PBTXT = """platform: "onnxruntime_onnx"
+max_batch_size: 16
+version_policy: { latest: { num_versions: 1 } }
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+model_warmup [ { name: "zeros" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32
+  dims: [ 16 ] zero_data: true } } } ]
+"""
+
+
+def simple_graph() -> onnx.GraphProto:
+    """Triton's "simple": OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, FP32 [batch, 4]."""
+    graph = sum_and_diff_graph()
+    renames = {"a": "INPUT0", "b": "INPUT1", "sum": "OUTPUT0", "diff": "OUTPUT1"}
+    for node in graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    for value_info in (*graph.input, *graph.output):
+        value_info.name = renames[value_info.name]
+    return graph
+
+
+def triton_repository(root: Path) -> Path:
+    """Models configured as Triton and MLServer users have them: config.pbtxt (simple,
+    classifier), none at all (bare: auto-complete) and model-settings.json (settings)."""
+    for name, graph, pbtxt in (
+        ("simple", simple_graph(), SIMPLE_PBTXT),
+        ("classifier", CLASSIFIER.graph(), CLASSIFIER_PBTXT),
+    ):
+        save_onnx(graph, root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(pbtxt)
+    (root / "classifier" / "labels.txt").write_text("\n".join(CLASSES) + "\n")
+    save_onnx(identity_graph(4, "INPUT0", "OUTPUT0"), root / "bare" / "1" / "model.onnx")
+    save_onnx(identity_graph(4, "x", "y"), root / "settings" / "model.onnx")
+    settings = {
+        "name": "settings",
+        "implementation": "mlserver_runtime.OnnxModel",
+        "parameters": {"uri": "./model.onnx"},
+        "max_batch_size": 8,
+        "max_batch_time": 0.0002,
+    }
+    (root / "settings" / "model-settings.json").write_text(json.dumps(settings))
     return root
 
 

@@ -20,7 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     # The one tensor wire codec: below everything that reads or writes tensors on the wire.
     "wire": set(),
     "backends": {"hardware", "wire"},
-    "models": {"backends"},
+    # models reads Triton's config.pbtxt with the gRPC schema's ModelConfig (wire/proto).
+    "models": {"backends", "wire"},
     "serving": {"models", "backends", "hardware", "wire"},
     "frontends": {"serving", "wire"},
     "server": {"serving", "frontends"},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         connections=args.connections,
         sample_count=args.samples,
         min_query_count=args.min_queries,
-        progress=sys.stderr.isatty() if args.progress is None else args.progress,
+        progress=args.progress,
         seed=args.seed,
         shared_memory=args.shared_memory,
         output_shm_size=args.output_shm_size,

@@ -1,4 +1,8 @@
-"""The live progress line on stderr: elapsed, issued, completed, current rate, p99 so far."""
+"""Progress on stderr: elapsed, issued, completed, current rate, p99 so far.
+
+On a terminal one line is rewritten twice a second; otherwise (a log file, CI) a whole line is
+written every `plain_interval_s`, so that a long run is never silent.
+"""
 
 from __future__ import annotations
 
@@ -28,15 +32,23 @@ def format_line(label: str, rec: Recorder, elapsed_s: float, rate: float) -> str
 
 
 class Progress:
-    """Rewrites one line on a terminal twice a second while a run lasts (a context manager)."""
+    """Reports a run while it lasts (a context manager): live on a terminal, else periodic."""
 
     def __init__(
-        self, label: str, rec: Recorder, stream: TextIO | None = None, interval_s: float = 0.5
+        self,
+        label: str,
+        rec: Recorder,
+        stream: TextIO | None = None,
+        interval_s: float = 0.5,
+        plain_interval_s: float = 10.0,
     ) -> None:
         self.label = label
         self.rec = rec
         self.stream = stream or sys.stderr
-        self.interval_s = interval_s
+        self.live = self.stream.isatty()
+        self.interval_s = interval_s if self.live else plain_interval_s
+        self._start = self._last_t = time.perf_counter()
+        self._last_done = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-progress", daemon=True)
 
@@ -52,17 +64,20 @@ class Progress:
     ) -> None:
         self._stop.set()
         self._thread.join()
-        self.stream.write("\n")
+        if self.live:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def tick(self) -> None:
+        """Report once: rewrite the live line, or write a whole line."""
+        now = time.perf_counter()
+        done = self.rec.completed
+        rate = (done - self._last_done) / max(now - self._last_t, 1e-9)
+        self._last_t, self._last_done = now, done
+        line = format_line(self.label, self.rec, now - self._start, rate)
+        self.stream.write("\r\x1b[2K" + line if self.live else line + "\n")
         self.stream.flush()
 
     def _loop(self) -> None:
-        start = time.perf_counter()
-        last_t, last_done = start, 0
         while not self._stop.wait(self.interval_s):
-            now = time.perf_counter()
-            done = self.rec.completed
-            rate = (done - last_done) / (now - last_t)
-            last_t, last_done = now, done
-            line = format_line(self.label, self.rec, now - start, rate)
-            self.stream.write("\r\x1b[2K" + line)
-            self.stream.flush()
+            self.tick()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -211,10 +212,9 @@ def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
             else (r.scenario.loadgen_name)
         )
         ax.hist(ms, bins=list(bins), histtype="step", label=label, linewidth=1.5)
-        p99 = np.percentile(ms, 99)
-        ax.axvline(
-            p99, linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if ax.lines else None
-        )
+        # The p99 marker takes its histogram's colour (a step histogram is a patch, not a line).
+        color = ax.patches[-1].get_edgecolor()
+        ax.axvline(np.percentile(ms, 99), linestyle=":", linewidth=1, color=color)
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms), dotted: p99")
     ax.set_ylabel("samples")
@@ -226,10 +226,42 @@ def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
     return path
 
 
-def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> Path | None:
-    """Throughput against p99 latency for a rate sweep, one line per target."""
+@dataclass(frozen=True)
+class SweepSeries:
+    """One target's points on the sweep plot, in offered-rate order, and how to draw them."""
+
+    target: str
+    throughput: list[float]
+    p99_ms: list[float]
+    invalid: list[bool]
+    #: A line joins the points only when they were run at different offered rates.
+    is_curve: bool
+
+
+def sweep_series(points: Sequence[dict[str, Any]]) -> list[SweepSeries]:
+    """The sweep plot's series: repeated runs at one rate (compare's rounds) are no curve."""
     usable = [p for p in points if p["p99_s"] is not None and p["throughput_samples_per_s"]]
-    if not usable:
+    out = []
+    for target in dict.fromkeys(p["target"] for p in usable):
+        mine = sorted(
+            (p for p in usable if p["target"] == target), key=lambda p: p["target_qps"] or 0
+        )
+        out.append(
+            SweepSeries(
+                target,
+                [p["throughput_samples_per_s"] for p in mine],
+                [p["p99_s"] * 1e3 for p in mine],
+                [not p["valid"] for p in mine],
+                len({p["target_qps"] for p in mine}) > 1,
+            )
+        )
+    return out
+
+
+def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> Path | None:
+    """Throughput against p99 latency, one colour per target (see sweep_series)."""
+    series = sweep_series(points)
+    if not series:
         return None
     import matplotlib
 
@@ -237,14 +269,10 @@ def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for target in dict.fromkeys(p["target"] for p in usable):
-        mine = sorted(
-            (p for p in usable if p["target"] == target), key=lambda p: p["target_qps"] or 0
-        )
-        xs = [p["throughput_samples_per_s"] for p in mine]
-        ys = [p["p99_s"] * 1e3 for p in mine]
-        line = ax.plot(xs, ys, marker="o", label=target)[0]
-        bad = [(x, y) for x, y, p in zip(xs, ys, mine, strict=True) if not p["valid"]]
+    for s in series:
+        style = "-" if s.is_curve else "none"
+        line = ax.plot(s.throughput, s.p99_ms, marker="o", linestyle=style, label=s.target)[0]
+        bad = [(x, y) for x, y, b in zip(s.throughput, s.p99_ms, s.invalid, strict=True) if b]
         if bad:
             ax.scatter(
                 [b[0] for b in bad], [b[1] for b in bad], marker="x", s=80, color=line.get_color()

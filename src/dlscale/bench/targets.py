@@ -9,13 +9,13 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import numpy as np
-import onnx
 
 from dlscale.bench.grpc_client import GrpcClient
 from dlscale.bench.http_client import HttpClient
 from dlscale.bench.shared_memory import RegionPool
-from dlscale.errors import BenchError, DlscaleError
+from dlscale.errors import BenchError, ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
+from dlscale.models.signature import onnx_signature as read_onnx_signature
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.types import Datatype, InferenceRequest, TensorSpec
@@ -125,7 +125,10 @@ class InProcessTarget:
         if self._manager is None:
             return None
         stats = self._manager.get(self.model, self.version).stats
-        return {size: (d.count, d.ns) for size, d in stats.batch_stats.items()}
+        return {
+            size: (d.compute_infer.count, d.compute_infer.ns)
+            for size, d in stats.batch_stats.items()
+        }
 
     async def close(self) -> None:
         """Unload the model (in-flight requests finish first)."""
@@ -270,19 +273,10 @@ def _spec(tensor: dict[str, Any]) -> TensorSpec:
 def onnx_signature(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """Inputs and outputs of an ONNX file, read from its graph (weights are not loaded)."""
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, ValueError) as exc:
-        raise BenchError(f"{path}: cannot read the ONNX graph: {exc}") from None
-    weights = {init.name for init in model.graph.initializer}
-
-    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
-        tensor = value.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        return TensorSpec(value.name, Datatype.from_numpy(dtype), shape)
-
-    inputs = tuple(spec(v) for v in model.graph.input if v.name not in weights)
-    return inputs, tuple(spec(v) for v in model.graph.output)
+        inputs, outputs = read_onnx_signature(path)
+    except ConfigError as exc:
+        raise BenchError(str(exc)) from None
+    return tuple(inputs), tuple(outputs)
 
 
 def data_signature(path: Path) -> tuple[TensorSpec, ...]:

@@ -7,7 +7,8 @@ deployments (`dlscale.scale`).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from dlscale.serving.shared_memory import SharedMemoryRegistry
 from dlscale.types import (
@@ -46,8 +47,18 @@ class Plane(Protocol):
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]: ...
 
-    async def load_model(self, name: str) -> None: ...
+    async def load_model(
+        self, name: str, parameters: Mapping[str, str | bytes] | None = None
+    ) -> None: ...
 
     async def unload_model(self, name: str) -> None: ...
 
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
+
+    def trace_settings(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]: ...
+
+    def log_settings(
+        self, changes: Mapping[str, Any] | None = None
+    ) -> dict[str, str | bool | int]: ...

@@ -1,13 +1,15 @@
-"""The `dlscale zoo build`, `dlscale models check` and `dlscale run` verbs; cli.py only parses."""
+"""The `dlscale zoo build`, `models check`, `models convert` and `run` verbs; cli.py parses."""
 
 from __future__ import annotations
 
 import argparse
+import time
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.models.runner import load_for_run, run_model
 from dlscale.models.signature import reconcile
+from dlscale.models.sources import as_toml
 
 
 def zoo_build(args: argparse.Namespace) -> int:
@@ -15,9 +17,15 @@ def zoo_build(args: argparse.Namespace) -> int:
     from dlscale.models.zoo import build_zoo  # the zoo's builders pull in torch
 
     names = [n for n in args.models.split(",") if n] or None
-    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=print):
-        print(f"built {path}")
+    start = time.perf_counter()
+    # Flushed at once: piped to a log, each model must show when it starts and ends.
+    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=_say):
+        _say(f"built {path} ({time.perf_counter() - start:.1f} s so far)")
     return 0
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
 
 
 def models_check(args: argparse.Namespace) -> int:
@@ -30,7 +38,7 @@ def models_check(args: argparse.Namespace) -> int:
             try:
                 for mv in repo.versions(result.name):
                     backend = load_for_run(mv)
-                    reconcile(mv.config, backend.inputs, backend.outputs, mv.path.parent)
+                    reconcile(mv.config, backend.inputs, backend.outputs, mv.source)
                     backend.unload()
             except DlscaleError as exc:
                 error = str(exc)
@@ -39,6 +47,31 @@ def models_check(args: argparse.Namespace) -> int:
         else:
             failed += 1
             print(f"FAILED {result.name}: {error}")
+    return 1 if failed else 0
+
+
+def models_convert(args: argparse.Namespace) -> int:
+    """`dlscale models convert`: config.toml for each model read from a peer's config or file."""
+    repo = ModelRepository(args.dir)
+    failed = 0
+    for name in args.models or repo.names():
+        target = repo.root / name / "config.toml"
+        try:
+            source = repo.source(name)
+        except DlscaleError as exc:
+            failed += 1
+            print(f"FAILED {name}: {exc}")
+            continue
+        if source.path == target:
+            print(f"skip   {name}: already configured by {target}")
+            continue
+        text = as_toml(source)
+        if args.dry_run:
+            print(f"# {target}\n{text}")
+            continue
+        target.write_text(text)
+        left = f" ({len(source.ignored)} fields not carried over)" if source.ignored else ""
+        print(f"wrote  {target} from {source.path.name}{left}")
     return 1 if failed else 0
 
 

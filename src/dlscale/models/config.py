@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
 import tomllib
-from pathlib import Path
+import typing
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dlscale.backends import MODEL_FILES
 from dlscale.errors import ConfigError
@@ -30,6 +39,9 @@ class TensorConfig(_Strict):
     name: str = Field(min_length=1)
     datatype: Datatype
     shape: list[Annotated[int, Field(ge=-1)]]
+    #: Outputs only: a text file in the model's folder, one class label per line (the
+    #: classification extension answers "score:index:label" with it).
+    label_file: str = ""
 
 
 class BatchingConfig(_Strict):
@@ -106,6 +118,9 @@ class ModelConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     backend: Literal["onnxruntime", "torch", "null"] = "onnxruntime"
     platform: str = ""
+    #: The model file's name in each version folder (default: the backend's usual names), or
+    #: its path in the model's folder when there are no version folders (MLServer's layout).
+    model_file: str = ""
     max_batch_size: NonNegative = 0
     inputs: list[TensorConfig] | None = None
     outputs: list[TensorConfig] | None = None
@@ -114,6 +129,14 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy()
     backend_options: BackendOptionsConfig = BackendOptionsConfig()
     metadata: dict[str, str | int | float | bool] = {}
+
+    @field_validator("model_file")
+    @classmethod
+    def _inside_the_folder(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError(f"{value!r} must be a path inside the model's folder")
+        return value
 
     @model_validator(mode="after")
     def _batching_fits(self) -> ModelConfig:
@@ -124,6 +147,9 @@ class ModelConfig(_Strict):
             )
         if not self.instances:
             raise ValueError("instances: give at least one {count, device}")
+        labelled = [t.name for t in self.inputs or () if t.label_file]
+        if labelled:
+            raise ValueError(f"inputs {labelled}: label_file belongs on outputs")
         return self
 
     @property
@@ -138,7 +164,7 @@ class ModelConfig(_Strict):
 
     def model_files(self) -> tuple[str, ...]:
         """File names a version folder may hold for this config's backend, in preference order."""
-        return MODEL_FILES[self.backend]
+        return (self.model_file,) if self.model_file else MODEL_FILES[self.backend]
 
     def tensor_specs(self, which: Literal["inputs", "outputs"]) -> list[TensorSpec] | None:
         """Inputs or outputs as full specs (batch dim included as -1), or None when omitted."""
@@ -147,6 +173,26 @@ class ModelConfig(_Strict):
             return None
         prefix = (-1,) if self.batched else ()
         return [TensorSpec(t.name, t.datatype, (*prefix, *t.shape)) for t in tensors]
+
+
+#: Triton's and MLServer's names for config.toml's fields, for the hint when one is used here.
+PEER_NAMES: dict[str, tuple[str, str]] = {
+    "max_queue_delay_microseconds": ("max_queue_delay_us", "Triton"),
+    "preferred_batch_size": ("preferred_batch_sizes", "Triton"),
+    "default_timeout_microseconds": ("default_timeout_us", "Triton"),
+    "default_queue_policy": ("max_queue_size and default_timeout_us in [batching]", "Triton"),
+    "dynamic_batching": ("[batching]", "Triton"),
+    "instance_group": ("[[instances]]", "Triton"),
+    "input": ("[[inputs]]", "Triton"),
+    "output": ("[[outputs]]", "Triton"),
+    "dims": ("shape", "Triton"),
+    "data_type": ("datatype", "Triton"),
+    "label_filename": ("label_file", "Triton"),
+    "kind": ("device", "Triton"),
+    "gpus": ("device", "Triton"),
+    "parameters": ("[metadata] or [backend_options]", "Triton"),
+    "max_batch_time": ("max_queue_delay_us in [batching]", "MLServer"),
+}
 
 
 def parse_config(data: dict[str, Any], source: Path | str) -> ModelConfig:
@@ -158,8 +204,31 @@ def parse_config(data: dict[str, Any], source: Path | str) -> ModelConfig:
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         got = first.get("input")
         shown = "" if isinstance(got, dict) or first["type"] == "missing" else f" (got {got!r})"
+        if first["type"] == "extra_forbidden" and first["loc"]:
+            shown += _hint(str(first["loc"][-1]))
         more = f" [and {exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
         raise ConfigError(f"{source}: field '{where}': {first['msg']}{shown}{more}") from None
+
+
+def _hint(field: str) -> str:
+    """ "did you mean ...?" for a peer's name or a misspelling of a config.toml field."""
+    if field in PEER_NAMES:
+        ours, peer = PEER_NAMES[field]
+        return f" (did you mean {ours}? '{field}' is {peer}'s name)"
+    close = difflib.get_close_matches(field, _field_names(ModelConfig), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    names = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        for kind in typing.get_args(info.annotation) or (info.annotation,):
+            inner = typing.get_args(kind) or (kind,)
+            for sub in inner:
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    names |= _field_names(sub)
+    return names
 
 
 def load_config(path: Path, expected_name: str | None = None) -> ModelConfig:

@@ -1,23 +1,39 @@
-"""The model repository on disk: REPO/<model>/config.toml and REPO/<model>/<version>/<file>."""
+"""The model repository on disk: REPO/<model>/<config file> and REPO/<model>/<version>/<file>.
+
+The config file is config.toml, Triton's config.pbtxt or MLServer's model-settings.json, or none
+when the model file says enough (models/sources.py).
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.errors import ConfigError, DlscaleError, NotFound
-from dlscale.models.config import ModelConfig, load_config
+from dlscale.models.config import ModelConfig
+from dlscale.models.sources import ModelSource, read_source
+
+log = logging.getLogger("dlscale.models")
 
 
 @dataclass(frozen=True)
 class ModelVersion:
-    """One servable version of a model: its folder, its model file and its config."""
+    """One servable version of a model: its folder, its model file, its config and the file
+    the config came from (errors name it)."""
 
     name: str
     version: int
     path: Path
     model_file: Path
     config: ModelConfig
+    source: Path
+
+    @property
+    def folder(self) -> Path:
+        """The model's folder (where label files live): the version folder's parent, or the
+        folder itself in MLServer's layout."""
+        return self.path.parent if self.path.name.isdigit() else self.path
 
 
 @dataclass(frozen=True)
@@ -48,27 +64,42 @@ class ModelRepository:
             p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
         )
 
+    def source(self, name: str) -> ModelSource:
+        """The model's config and where it came from; a peer's fields it ignores are logged."""
+        found = read_source(self._folder(name), name)
+        warning = found.warning()
+        if warning is not None:
+            log.warning("%s", warning)
+        return found
+
     def config(self, name: str) -> ModelConfig:
         """The model's validated config; NotFound when there is no such folder."""
-        folder = self._folder(name)
-        return load_config(folder / "config.toml", expected_name=name)
+        return self.source(name).config
 
-    def versions(self, name: str, config: ModelConfig | None = None) -> list[ModelVersion]:
-        """The versions to serve under the config's version policy, ascending."""
-        config = config or self.config(name)
+    def versions(self, name: str, source: ModelSource | None = None) -> list[ModelVersion]:
+        """The versions to serve under the config's version policy, ascending.
+
+        A folder without version folders whose model file lies in it (MLServer's layout) is
+        served as version 1.
+        """
+        source = source or self.source(name)
+        config = source.config
         folder = self._folder(name)
         on_disk = {int(p.name): p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()}
         if not on_disk:
+            flat = [f for f in config.model_files() if (folder / f).is_file()]
+            if flat:
+                return [ModelVersion(name, 1, folder, folder / flat[0], config, source.path)]
             raise ConfigError(
                 f"{folder}: no version folders (expected {folder}/1/{config.model_files()[0]})"
             )
         chosen = config.version_policy.select(list(on_disk))
         if not chosen:
             raise ConfigError(
-                f"{folder / 'config.toml'}: field 'version_policy': selects none of the versions "
+                f"{folder}: field 'version_policy': selects none of the versions "
                 f"on disk {sorted(on_disk)}"
             )
-        return [self._version(name, v, on_disk[v], config) for v in chosen]
+        return [self._version(name, v, on_disk[v], source) for v in chosen]
 
     def version(self, name: str, version: int | None = None) -> ModelVersion:
         """One version (the newest served one when `version` is None)."""
@@ -99,10 +130,11 @@ class ModelRepository:
             raise NotFound(f"unknown model {name!r} in {self.root} (models: {self.names()})")
         return folder
 
-    def _version(self, name: str, version: int, path: Path, config: ModelConfig) -> ModelVersion:
+    def _version(self, name: str, version: int, path: Path, source: ModelSource) -> ModelVersion:
+        config = source.config
         for file_name in config.model_files():
             if (path / file_name).is_file():
-                return ModelVersion(name, version, path, path / file_name, config)
+                return ModelVersion(name, version, path, path / file_name, config, source.path)
         raise ConfigError(
             f"{path}: no model file for backend {config.backend!r} "
             f"(expected one of {list(config.model_files())})"

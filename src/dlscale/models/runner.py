@@ -83,9 +83,7 @@ def run_model(
     """(batch-1 timing, batch-N timing) of one model version on the CPU."""
     backend = load_for_run(version)
     try:
-        inputs, _ = reconcile(
-            version.config, backend.inputs, backend.outputs, version.path.parent / "config.toml"
-        )
+        inputs, _ = reconcile(version.config, backend.inputs, backend.outputs, version.source)
         rng = np.random.default_rng(seed)
         one = time_backend(
             backend, inputs_for(version.name, version.path, inputs, 1, rng), min_seconds=min_seconds

@@ -1,12 +1,14 @@
-"""Reconcile the tensors a config declares with the ones the model file really has."""
+"""The tensors a model file has (ONNX, read without a runtime) and those its config declares."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
+
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig
-from dlscale.types import TensorSpec
+from dlscale.types import Datatype, TensorSpec
 
 
 def reconcile(
@@ -78,3 +80,21 @@ def _check_tensor(want: TensorSpec, got: TensorSpec, which: str, source: Path | 
             f"{source}: field '{field}.shape': expected a shape that fits the model file's "
             f"{list(got.shape)} (batch dim included), got {list(want.shape)}"
         )
+
+
+def onnx_signature(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs and outputs of an ONNX file, read from its graph (weights are not loaded)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the ONNX graph: {exc}") from None
+    weights = {init.name for init in model.graph.initializer}
+
+    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
+        tensor = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+        return TensorSpec(value.name, Datatype.from_numpy(dtype), shape)
+
+    inputs = [spec(v) for v in model.graph.input if v.name not in weights]
+    return inputs, [spec(v) for v in model.graph.output]

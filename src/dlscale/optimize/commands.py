@@ -20,7 +20,8 @@ def optimize(args: argparse.Namespace) -> int:
         time_budget_s=parse_duration(args.time_budget),
         only=tuple(p for p in args.only.split(",") if p),
     )
-    result = run_optimizer(args.repo, args.model, settings, progress=print)
+    # Flushed at once: piped to a log, each step must show when it happens, not at exit.
+    result = run_optimizer(args.repo, args.model, settings, progress=_say)
     if result.written_version is None:
         done = f"kept {args.model} version {result.source_version}, wrote no version"
     else:
@@ -45,3 +46,7 @@ def _fraction(text: str) -> float:
         raise OptimizeError(
             f"--tolerance {text!r}: expected a percentage (1%) or a fraction"
         ) from None
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)

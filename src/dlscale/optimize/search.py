@@ -186,9 +186,7 @@ class _Search:
         self.facts: ModelFacts = model_facts(source.model_file)
         backend = self._load(source.model_file, _options_of(source.config, caps.device))
         try:
-            inputs, _ = reconcile(
-                source.config, backend.inputs, backend.outputs, source.path.parent / "config.toml"
-            )
+            inputs, _ = reconcile(source.config, backend.inputs, backend.outputs, source.source)
             self.datasets: DataSets = load_datasets(source, inputs)
             self.reference = self._outputs(backend)
         finally:

@@ -93,8 +93,9 @@ def deploy_model(settings: ScaleSettings, name: str) -> None:
     from dlscale.scale.replica import ModelReplica
 
     repository = ModelRepository(settings.repository.resolve())
-    config = repository.config(name)
-    repository.versions(name, config)  # fails here, fast, rather than in every replica
+    source = repository.source(name)
+    config = source.config
+    repository.versions(name, source)  # fails here, fast, rather than in every replica
     deployment = serve.deployment(**model_options(config, settings))(ModelReplica)
     app = deployment.bind(str(repository.root), name, settings.metrics_interval_s)
     try:

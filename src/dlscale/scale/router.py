@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from dlscale import __version__
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable
+from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
 from dlscale.scale.calls import remote_call
@@ -28,7 +29,7 @@ from dlscale.scale.settings import ScaleSettings
 from dlscale.serving.dataplane import EXTENSIONS, check_model_control
 from dlscale.serving.manager import ModelState
 from dlscale.serving.shared_memory import SharedMemoryRegistry
-from dlscale.serving.stats import ModelStats
+from dlscale.serving.stats import ModelStats, RequestTimes
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,
@@ -134,7 +135,9 @@ class Router:
         )
 
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata("dlscale", __version__, EXTENSIONS)
+        # Traces and logs are each host's own: not offered behind the ingress.
+        extensions = tuple(e for e in EXTENSIONS if e not in ("trace", "logging"))
+        return ServerMetadata("dlscale", __version__, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -180,7 +183,7 @@ class Router:
         """Forward one request to a replica of its model; every outcome is counted here too."""
         if not self._accepting:
             raise Unavailable("the server is shutting down")
-        route, _, number = self._version(request.model_name, request.model_version)
+        route, version, number = self._version(request.model_name, request.model_version)
         stats = route.stats[number]
         start = time.perf_counter_ns()
         try:
@@ -188,8 +191,22 @@ class Router:
         except DlscaleError as exc:
             stats.record_failure(exc.reason, time.perf_counter_ns() - start)
             raise
-        stats.record_success(time.perf_counter_ns() - start)
+        end = time.perf_counter_ns()
+        # The ingress sees a request's whole time; its queue and compute happen in a replica, so
+        # they count here as none (each replica's own statistics hold them).
+        times = RequestTimes(start, end, end, end, end, end, end)
+        batched = version.config.max_batch_size > 0 and request.inputs
+        rows = int(next(iter(request.inputs.values())).shape[0]) if batched else 1
+        stats.record_success(times, rows)
         return response
+
+    def trace_settings(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        raise Unsupported("trace settings are per host: not served behind Ray Serve's ingress")
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, str | bool | int]:
+        raise Unsupported("log settings are per host: not served behind Ray Serve's ingress")
 
     async def _call(self, name: str, method: str, *args: Any) -> Any:
         handle = self._handles.get(name)
@@ -213,9 +230,16 @@ class Router:
             index.extend(rows or [RepositoryEntry(name, state, route.reason)])
         return index
 
-    async def load_model(self, name: str) -> None:
+    async def load_model(
+        self, name: str, parameters: Mapping[str, str | bytes] | None = None
+    ) -> None:
         """Deploy (or update) a model's application; returns once a replica described it."""
         check_model_control(self.settings.model_control)
+        if parameters:
+            raise Unsupported(
+                "loading with a config or files is not offered behind Ray Serve's ingress: "
+                "change the repository and load the model again"
+            )
         if name not in self.repository.names():
             raise NotFound(f"no model {name!r} in the repository {self.repository.root}")
         route = self._routes.setdefault(name, ModelRoute(ModelState.LOADING))

@@ -15,7 +15,7 @@ import numpy as np
 from dlscale.errors import BackendError, DlscaleError, QueueFull, TimedOut, Unavailable
 from dlscale.serving.instance import Instance
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
-from dlscale.serving.stats import ModelStats
+from dlscale.serving.stats import ModelStats, RequestTimes
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class _Pending:
     level: int
     enqueued: float  # seconds on the batcher's clock
     future: asyncio.Future[Tensors]
+    times: RequestTimes | None = None  # filled in as the request is queued and computed
     timer: asyncio.TimerHandle | None = None
     queued: bool = True
     #: Called once the batcher no longer reads the inputs (they may be views of shared memory).
@@ -88,10 +89,14 @@ class Batcher:
         self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
 
     async def infer(
-        self, inputs: Mapping[str, np.ndarray], priority: int = 0, timeout_us: int = 0
+        self,
+        inputs: Mapping[str, np.ndarray],
+        priority: int = 0,
+        timeout_us: int = 0,
+        times: RequestTimes | None = None,
     ) -> Tensors:
         """Queue one request and wait for its outputs (its own rows of the batch it joined)."""
-        return await self.submit(inputs, priority, timeout_us)
+        return await self.submit(inputs, priority, timeout_us, times=times)
 
     def submit(
         self,
@@ -99,12 +104,14 @@ class Batcher:
         priority: int = 0,
         timeout_us: int = 0,
         release: Callable[[], None] | None = None,
+        times: RequestTimes | None = None,
     ) -> asyncio.Future[Tensors]:
         """Queue one request; its future resolves to its outputs or to a DlscaleError.
 
         `release` is called once the batcher is done with the inputs: when the request leaves
         the queue without being computed, or when the batch it joined has been computed (which
-        may be after its future was cancelled). Not called when submit raises.
+        may be after its future was cancelled). Not called when submit raises. `times`, when
+        given, receives the queue and compute timestamps of the request.
         """
         if self._closing:
             raise Unavailable("the model is unloading and takes no new requests")
@@ -123,8 +130,10 @@ class Batcher:
             (name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape)
             for name, arr in sorted(inputs.items())
         )
-        item = _Pending(inputs, rows, key, level, self._clock(), loop.create_future())
+        item = _Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
         item.release = release
+        if times is not None:
+            times.queue_start = _ns(item.enqueued)
         timeout = timeout_us or self.policy.batching.default_timeout_us
         if timeout:
             item.timer = loop.call_later(timeout / 1e6, self._expire, item, timeout)
@@ -232,16 +241,15 @@ class Batcher:
             rows = [i.rows for i in chosen]
             send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed)
             if send:
-                return self._take(chosen[:send], now)
+                return self._take(chosen[:send])
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
 
-    def _take(self, chosen: list[_Pending], now: float) -> list[_Pending]:
+    def _take(self, chosen: list[_Pending]) -> list[_Pending]:
         batch = []
         for item in chosen:
             self._unqueue(item)
-            self.stats.queue.add(_ns(now - item.enqueued))
             if item.future.done():
                 self._done_with(item)
             else:
@@ -278,7 +286,16 @@ class Batcher:
             return
         t3 = self._clock()
         self.stats.record_batch(rows, _ns(t1 - t0), _ns(t2 - t1), _ns(t3 - t2))
+        stamps = (_ns(t0), _ns(t1), _ns(t2), _ns(t3))
         for item, part in zip(batch, parts, strict=True):
+            if item.times is not None:
+                times = item.times
+                (
+                    times.compute_start,
+                    times.compute_input_end,
+                    times.compute_output_start,
+                    times.compute_end,
+                ) = stamps
             if not item.future.done():
                 item.future.set_result(part)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,8 +21,13 @@ from dlscale.errors import (
 )
 from dlscale.serving import cuda_memory
 from dlscale.serving.batcher import Tensors
+from dlscale.serving.classification import class_count, top_classes
+from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager, ServedVersion
 from dlscale.serving.shared_memory import Lease, SharedMemoryRegistry
+from dlscale.serving.stats import RequestTimes
+from dlscale.serving.trace import Tracer
+from dlscale.serving.uploads import Uploads
 from dlscale.serving.views import config_view
 from dlscale.types import (
     Datatype,
@@ -43,9 +48,13 @@ log = logging.getLogger("dlscale.models")
 #: Protocol extensions both frontends implement; GET /v2 and ServerMetadata advertise them.
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "schedule_policy",
+    "model_configuration",
     "model_repository",
     "statistics",
+    "trace",
+    "logging",
 )
 
 
@@ -57,6 +66,8 @@ class DataPlane:
         manager: ModelManager,
         model_control: str = "none",
         shared_memory: SharedMemoryRegistry | None = None,
+        tracer: Tracer | None = None,
+        logs: LogControl | None = None,
         strict_readiness: bool = True,
     ) -> None:
         if model_control not in ("none", "explicit", "poll"):
@@ -66,6 +77,9 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         #: The shared-memory regions requests may name (off unless the server allows them).
         self.shared_memory = shared_memory or SharedMemoryRegistry()
+        self.tracer = tracer or Tracer()
+        self.logs = logs or LogControl()
+        self.uploads = Uploads()
         self._accepting = True
         self._started = False  # the models asked for at start have each been tried
         self._inflight: set[asyncio.Future[Tensors]] = set()
@@ -156,36 +170,56 @@ class DataPlane:
         if not self._accepting:
             raise Unavailable("the server is shutting down")
         _check_schedule_parameters(request.parameters)
-        start = time.perf_counter_ns()
+        times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
+        trace = self.tracer.start(served.version.name, served.version.version, request.id)
         lease = self.shared_memory.lease() if _names_regions(request) else None
         try:
             if lease is not None:
                 _resolve(served, request, lease)
             wanted = self._validate(served, request)
-            future = _submit(served, request, lease)
+            future = _submit(served, request, lease, times)
             self._inflight.add(future)  # answered Unavailable if still running at the grace's end
             future.add_done_callback(self._inflight.discard)
             outputs = await future
             placed = _place(request, outputs, lease) if lease is not None else {}
+            answer = {
+                n: self._answer(served, _host(outputs[n]), n, k)
+                for n, k in wanted.items()
+                if n not in placed
+            }
         except DlscaleError as exc:
-            served.stats.record_failure(exc.reason, time.perf_counter_ns() - start)
+            times.request_end = time.perf_counter_ns()
+            served.stats.record_failure(exc.reason, times.request_end - times.request_start)
+            if trace is not None:
+                self.tracer.finish(trace, times)
             raise
         finally:
             if lease is not None:
                 lease.release()
-        total = time.perf_counter_ns() - start
-        served.stats.record_success(total)
+        times.request_end = time.perf_counter_ns()
+        served.stats.record_success(times, _rows(served, request))
+        if trace is not None:
+            self.tracer.finish(trace, times)
         return InferenceResponse(
             model_name=request.model_name,
             model_version=str(served.version.version),
             id=request.id,
-            outputs={n: _host(outputs[n]) for n in wanted if n not in placed},
+            outputs=answer,
             in_regions=placed,
         )
 
-    def _validate(self, served: ServedVersion, request: InferenceRequest) -> list[str]:
-        """Check names, datatypes, shapes and batch size; return the output names to send."""
+    @staticmethod
+    def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -> np.ndarray:
+        """An output as computed, or its top classes when the request asked for them."""
+        if not classes:
+            return array
+        labels = served.labels.get(name, ())
+        return top_classes(array, classes, labels, served.config.batched, name)
+
+    def _validate(self, served: ServedVersion, request: InferenceRequest) -> dict[str, int]:
+        """Check names, datatypes, shapes and batch size; return the outputs to send, each with
+        the number of classes asked for (0: the tensor itself)."""
         model = served.version.name
         config = served.config
         expected = {s.name: s for s in served.inputs}
@@ -219,13 +253,13 @@ class DataPlane:
                 raise InvalidInput(f"batch size 0 for model {model!r}: send at least one row")
         names = [s.name for s in served.outputs]
         if request.outputs is None:
-            return names
+            return dict.fromkeys(names, 0)
         unknown = [o.name for o in request.outputs if o.name not in names]
         if unknown:
             raise InvalidInput(
                 f"unknown outputs {unknown} requested from model {model!r} (it has {names})"
             )
-        return [o.name for o in request.outputs]
+        return {o.name: class_count(o) for o in request.outputs}
 
     # -- repository and statistics ----------------------------------------------------------------
 
@@ -233,7 +267,8 @@ class DataPlane:
         """Every model in the repository with its state, one row per served version."""
         known = {e.name: e for e in self.manager.entries()}
         index: list[RepositoryEntry] = []
-        for name in self.manager.repository.names():
+        names = sorted({*self.manager.repository.names(), *self.uploads.names()})
+        for name in names:
             entry = known.get(name)
             state = entry.state.value if entry else "UNAVAILABLE"
             reason = redact_paths(entry.reason) if entry else "not loaded"
@@ -243,15 +278,45 @@ class DataPlane:
             index.extend(RepositoryEntry(name, state, reason, v) for v in versions or [""])
         return index
 
-    async def load_model(self, name: str) -> None:
+    async def load_model(
+        self, name: str, parameters: Mapping[str, str | bytes] | None = None
+    ) -> None:
+        """Load or reload a model, from the repository or with a load request's overrides:
+        `config` (JSON ModelConfig) and `file:<version>/<name>` (bytes)."""
         self._check_control()
-        if name not in self.manager.repository.names():
+        override = self.uploads.override(name, parameters or {})
+        source, files = override or (None, None)
+        if files is None and name not in self.manager.repository.names():
             raise NotFound(f"no model {name!r} in the repository")
-        await self.manager.load(name)
+        try:
+            await self.manager.load(name, source, files)
+        except DlscaleError:
+            if files is not None and name not in self.manager.ready_names():
+                self.uploads.discard(name)
+            raise
+        if files is None:
+            self.uploads.discard(name)  # loaded from the repository again
 
     async def unload_model(self, name: str) -> None:
         self._check_control()
         await self.manager.unload(name)
+        self.uploads.discard(name)
+
+    # -- trace and log settings -------------------------------------------------------------------
+
+    def trace_settings(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        """Triton's trace extension: the settings (of a model) after applying `changes`."""
+        if model:
+            self.manager.get(model)  # an unknown or unready model is an error, as in Triton
+        if changes:
+            return self.tracer.update(changes, model)
+        return self.tracer.settings(model)
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, str | bool | int]:
+        """Triton's logging extension: the settings after applying `changes`."""
+        return self.logs.update(changes) if changes else self.logs.settings()
 
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         """Triton's statistics extension: one entry per served version."""
@@ -272,6 +337,13 @@ def check_model_control(model_control: str) -> None:
             "the server was started with --model-control none: models cannot be loaded or "
             "unloaded through the API (start it with --model-control explicit)"
         )
+
+
+def _rows(served: ServedVersion, request: InferenceRequest) -> int:
+    """Inferences a request holds (Triton's inference_count): its batch, 1 if it has none."""
+    if not served.config.batched or not request.inputs:
+        return 1
+    return int(next(iter(request.inputs.values())).shape[0])
 
 
 def _check_schedule_parameters(params: Parameters) -> None:
@@ -314,13 +386,13 @@ def _device_of(served: ServedVersion) -> str | None:
 
 
 def _submit(
-    served: ServedVersion, request: InferenceRequest, lease: Lease | None
+    served: ServedVersion, request: InferenceRequest, lease: Lease | None, times: RequestTimes
 ) -> asyncio.Future[Tensors]:
     """Queue the request; the batcher holds the lease until it no longer reads the inputs."""
     release = lease.hold() if lease is not None else None
     try:
         future = served.batcher.submit(
-            request.inputs, request.priority, request.timeout_us, release
+            request.inputs, request.priority, request.timeout_us, release, times
         )
     except BaseException:
         if release is not None:

@@ -16,7 +16,9 @@ from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
+from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.stats import ModelStats
@@ -44,6 +46,8 @@ class ServedVersion:
     instances: list[Instance]
     batcher: Batcher
     stats: ModelStats
+    #: Class labels by output, from the config's label files (the classification extension).
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def config(self) -> ModelConfig:
@@ -136,15 +140,23 @@ class ModelManager:
                 failed[name] = exc  # the others still load
         return failed
 
-    async def load(self, name: str) -> None:
-        """Load (or reload) a model; the old versions keep serving until the new ones are ready."""
+    async def load(
+        self,
+        name: str,
+        source: ModelSource | None = None,
+        repository: ModelRepository | None = None,
+    ) -> None:
+        """Load (or reload) a model; the old versions keep serving until the new ones are ready.
+
+        `source` replaces the config the repository has, and `repository` the folder its files
+        are read from (a load request's overrides)."""
         async with self._locked(name):
             previous = self._entries.get(name)
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
-                config = self.repository.config(name)
-                versions = self.repository.versions(name, config)
+                repo = repository or self.repository
+                versions = repo.versions(name, source or repo.source(name))
                 served = {}
                 for mv in versions:
                     served[mv.version] = await self._load_version(mv)
@@ -207,6 +219,11 @@ class ModelManager:
         config = mv.config
         opts = config.backend_options
         extra = {k: v for k, v in (opts.model_extra or {}).items()}
+        labels = {
+            t.name: read_labels(mv.folder / t.label_file)
+            for t in config.outputs or ()
+            if t.label_file
+        }
         instances = []
         try:
             for group in config.instances:
@@ -227,9 +244,7 @@ class ModelManager:
                     instances.append(instance)
                     await instance.load()
             first = instances[0].backend
-            inputs, outputs = reconcile(
-                config, first.inputs, first.outputs, mv.path.parent / "config.toml"
-            )
+            inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
             await asyncio.gather(*(self._warm(inst, inputs, config) for inst in instances))
         except BaseException:
             await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
@@ -237,7 +252,7 @@ class ModelManager:
         stats = ModelStats(mv.name, str(mv.version))
         batcher = Batcher(policy_of(config), instances, stats)
         batcher.start()
-        return ServedVersion(mv, inputs, outputs, instances, batcher, stats)
+        return ServedVersion(mv, inputs, outputs, instances, batcher, stats, labels)
 
     async def _warm(
         self, instance: Instance, inputs: list[TensorSpec], config: ModelConfig

@@ -1,4 +1,7 @@
-"""Prometheus metrics under Triton's names, read from the ModelStats behind the statistics API."""
+"""Prometheus metrics under Triton's names, read from the ModelStats behind the statistics API.
+
+Counters keep Triton's exact names (no `_total`): serve them with `serving/exposition.py`.
+"""
 
 from __future__ import annotations
 
@@ -31,17 +34,20 @@ class InferenceCollector(Collector):
         stats = self._stats()
         counters: dict[str, tuple[str, Callable[[ModelStats], float]]] = {
             "nv_inference_request_success": (
-                "Successful inference requests",
+                "Number of successful inference requests, all batch sizes",
                 lambda s: s.success.count,
             ),
             "nv_inference_count": (
-                "Inferences performed (rows of a batch count one each)",
+                "Number of inferences performed (a request of batch size N counts N)",
                 lambda s: s.inference_count,
             ),
-            "nv_inference_exec_count": ("Batches executed", lambda s: s.execution_count),
+            "nv_inference_exec_count": (
+                "Number of model executions performed (batches)",
+                lambda s: s.execution_count,
+            ),
             "nv_inference_request_duration_us": (
-                "Cumulative request time in the server, microseconds",
-                lambda s: (s.success.ns + s.fail.ns) / 1000,
+                "Cumulative time of successful requests in the server, microseconds",
+                lambda s: s.success.ns / 1000,
             ),
             "nv_inference_queue_duration_us": (
                 "Cumulative time requests waited in the queue, microseconds",
@@ -106,9 +112,9 @@ class InferenceCollector(Collector):
 
 
 def _counter(name: str, doc: str) -> Metric:
-    # prometheus_client would rename a counter to `<name>_total`; dashboards built for Triton
-    # query the bare names, so these counters go out untyped under exactly Triton's names.
-    return Metric(name, doc, "unknown")
+    # A plain Metric keeps the name as given (CounterMetricFamily would add `_total`); the
+    # exposition in serving/exposition.py writes it so.
+    return Metric(name, doc, "counter")
 
 
 def _le(bound: float) -> str:

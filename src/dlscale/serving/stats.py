@@ -60,8 +60,36 @@ class Duration:
 
 
 @dataclass
+class RequestTimes:
+    """One request's way through the server, in nanoseconds of perf_counter: Triton's trace
+    timestamps, from which the statistics of a successful request are taken."""
+
+    request_start: int = 0
+    queue_start: int = 0
+    compute_start: int = 0
+    compute_input_end: int = 0
+    compute_output_start: int = 0
+    compute_end: int = 0
+    request_end: int = 0
+
+
+@dataclass
+class BatchDurations:
+    """Executions of one batch size and where their time went (merge, compute, split)."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
 class ModelStats:
-    """Everything measured about one model version since it was loaded."""
+    """Everything measured about one model version since it was loaded.
+
+    Counted as Triton's statistics extension defines them: success, fail, queue and compute_*
+    count requests (a request's compute time is that of the batch it ran in); inference_count
+    counts the rows of successful requests; execution_count and batch_stats count batches.
+    """
 
     name: str
     version: str
@@ -72,19 +100,26 @@ class ModelStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     failures: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    inference_count: int = 0  # rows (samples) computed
+    inference_count: int = 0  # rows of successful requests
     execution_count: int = 0  # batches run
     pending: int = 0  # requests queued or in a batch now
     last_inference_ms: int = 0
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
-    batch_stats: dict[int, Duration] = field(default_factory=lambda: defaultdict(Duration))
+    batch_stats: dict[int, BatchDurations] = field(
+        default_factory=lambda: defaultdict(BatchDurations)
+    )
 
-    def record_success(self, total_ns: int) -> None:
-        """A request answered, with its whole time in the server."""
-        self.success.add(total_ns)
-        self.latency.observe(total_ns / 1e9)
-        self.last_inference_ms = int(time.time() * 1000)
+    def record_success(self, times: RequestTimes, rows: int) -> None:
+        """A request answered: its time in the server, in the queue and in its batch."""
+        total = times.request_end - times.request_start
+        self.success.add(total)
+        self.queue.add(times.compute_start - times.queue_start)
+        self.compute_input.add(times.compute_input_end - times.compute_start)
+        self.compute_infer.add(times.compute_output_start - times.compute_input_end)
+        self.compute_output.add(times.compute_end - times.compute_output_start)
+        self.inference_count += rows
+        self.latency.observe(total / 1e9)
 
     def record_failure(self, reason: str, total_ns: int) -> None:
         """A request that failed, with Triton's reason label (REJECTED, BACKEND, ...)."""
@@ -94,12 +129,12 @@ class ModelStats:
     def record_batch(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One batch executed: its rows and where its time went (merge, compute, split)."""
         self.execution_count += 1
-        self.inference_count += rows
-        self.compute_input.add(input_ns, rows)
-        self.compute_infer.add(infer_ns, rows)
-        self.compute_output.add(output_ns, rows)
         self.batch_size.observe(rows)
-        self.batch_stats[rows].add(infer_ns)
+        durations = self.batch_stats[rows]
+        durations.compute_input.add(input_ns)
+        durations.compute_infer.add(infer_ns)
+        durations.compute_output.add(output_ns)
+        self.last_inference_ms = int(time.time() * 1000)
 
     def snapshot(self) -> ModelStatistics:
         """What the statistics extension reports for this model version now."""
@@ -118,6 +153,12 @@ class ModelStats:
                 compute_output=self.compute_output.snapshot(),
             ),
             batch_stats=tuple(
-                BatchStats(size, d.snapshot()) for size, d in sorted(self.batch_stats.items())
+                BatchStats(
+                    size,
+                    d.compute_input.snapshot(),
+                    d.compute_infer.snapshot(),
+                    d.compute_output.snapshot(),
+                )
+                for size, d in sorted(self.batch_stats.items())
             ),
         )

@@ -32,6 +32,7 @@ def config_view(served: ServedVersion) -> ModelConfigView:
             _instance_group(config.name, i, group) for i, group in enumerate(config.instances)
         ),
         parameters={k: str(v) for k, v in config.metadata.items()},
+        label_files={t.name: t.label_file for t in config.outputs or () if t.label_file},
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.errors import InvalidInput, PayloadTooLarge, Unsupported
+from dlscale.errors import InvalidInput, PayloadTooLarge
 from dlscale.types import (
     Datatype,
     InferenceRequest,
@@ -214,10 +214,6 @@ def encode_infer_response(response: InferenceResponse, raw: bool, max_bytes: int
 
 def _requested_output(message: Any) -> RequestedOutput:
     params = parameters(message.parameters)
-    if "classification" in params:
-        raise Unsupported(
-            f"output {message.name!r} asks for classification, which this server does not offer"
-        )
     binary = params.get("binary_data")
     return RequestedOutput(
         name=message.name,

@@ -290,5 +290,7 @@ def test_repository_index_unload_load(client: triton.InferenceServerClient) -> N
 def test_repository_errors(client: triton.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match=r"NOT_FOUND.*no model 'nothing'"):
         client.load_model("nothing")
-    with pytest.raises(InferenceServerException, match=r"UNIMPLEMENTED.*not supported"):
-        client.load_model("spare", config='{"max_batch_size": 2}')
+    with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*not a valid Triton"):
+        client.load_model("spare", config='{"max_batch_size": "two"}')
+    with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*needs the 'config'"):
+        client.load_model("spare", files={"file:1/model.onnx": b"x"})

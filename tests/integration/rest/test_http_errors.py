@@ -226,8 +226,19 @@ def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
 
 def test_repository_errors(http: httpx.Client) -> None:
     _expect(http.post("/v2/repository/models/ghost/load"), 404, "no model 'ghost'")
-    r = http.post("/v2/repository/models/identity/load", json={"parameters": {"config": "{}"}})
-    _expect(r, 501, "not supported")
+    load = "/v2/repository/models/identity/load"
+    for params, fragment in [
+        ({"config": "{not json"}, "not a valid Triton model configuration"),
+        ({"config": '{"inputs": []}'}, 'no field named "inputs"'),
+        ({"config": 3}, "'config' must be a string"),
+        ({"confg": "{}"}, "unknown load parameters ['confg']"),
+        ({"file:1/model.onnx": "AAAA"}, "needs the 'config' parameter too"),
+        ({"config": "{}", "file:1/model.onnx": "@@"}, "is not valid base64"),
+        ({"config": "{}", "file:../model.onnx": "AAAA"}, "expected 'file:<version>/<file name>'"),
+        ({"config": '{"platform": "tensorrt_plan"}'}, "'tensorrt_plan' is not a runtime"),
+    ]:
+        _expect(http.post(load, json={"parameters": params}), 400, fragment)
+    _expect(http.post(load, json={"parameters": []}), 400, "'parameters'")
     _expect(http.post("/v2/repository/index", content=b"[1"), 400, "malformed JSON")
     _expect(http.post("/v2/repository/index", json={"ready": "yes"}), 400, "'ready'")
     _expect(http.post("/v2/repository/models/ghost/unload"), 404, "ghost")

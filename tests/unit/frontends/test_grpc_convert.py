@@ -86,7 +86,7 @@ STATS = ModelStatistics(
     inference_count=5,
     execution_count=2,
     inference_stats=InferStats(*[StatDuration(2, 1000)] * 6),
-    batch_stats=(BatchStats(4, StatDuration(2, 1000)),),
+    batch_stats=(BatchStats(4, StatDuration(2, 10), StatDuration(2, 1000), StatDuration(2, 30)),),
 )
 
 
@@ -95,6 +95,7 @@ def test_statistics_layout() -> None:
     assert (got.name, got.version, got.inference_count, got.execution_count) == ("m", "1", 5, 2)
     assert got.inference_stats.queue.ns == 1000
     assert got.batch_stats[0].batch_size == 4 and got.batch_stats[0].compute_infer.count == 2
+    assert (got.batch_stats[0].compute_input.ns, got.batch_stats[0].compute_output.ns) == (10, 30)
     assert got.last_inference == 123
     parsed = json_format.ParseDict(render.statistics([STATS]), pb.ModelStatisticsResponse())
     assert parsed == convert.statistics([STATS])

@@ -43,4 +43,11 @@ def test_metadata_and_statistics() -> None:
     stats = render.statistics([STATS])["model_stats"][0]
     assert stats["last_inference"] == 123
     assert stats["inference_stats"]["queue"] == {"count": 2, "ns": 1000}
-    assert stats["batch_stats"] == [{"batch_size": 4, "compute_infer": {"count": 2, "ns": 1000}}]
+    assert stats["batch_stats"] == [
+        {
+            "batch_size": 4,
+            "compute_input": {"count": 2, "ns": 10},
+            "compute_infer": {"count": 2, "ns": 1000},
+            "compute_output": {"count": 2, "ns": 30},
+        }
+    ]

@@ -62,3 +62,31 @@ def test_run_of_an_unknown_model_is_a_message(
     assert main(["run", str(root), "nope"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dlscale run: error: ") and "nope" in err
+
+
+def test_models_convert_writes_an_equivalent_config_toml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.toolkit.models import identity_graph, save_onnx
+
+    from dlscale.models.repository import ModelRepository
+
+    folder = tmp_path / "ident"
+    save_onnx(identity_graph(4, "x", "y"), folder / "1" / "model.onnx")
+    (folder / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        "dynamic_batching { max_queue_delay_microseconds: 300 }\n"
+        "response_cache { enable: true }\n"
+    )
+    before = ModelRepository(tmp_path).config("ident")
+    assert main(["models", "convert", str(tmp_path), "--dry-run"]) == 0
+    assert not (folder / "config.toml").exists()
+    assert main(["models", "convert", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote  {folder / 'config.toml'} from config.pbtxt (1 fields not carried over)" in out
+    text = (folder / "config.toml").read_text()
+    assert "#   response_cache.enable" in text
+    assert ModelRepository(tmp_path).source("ident").path.name == "config.toml"
+    assert ModelRepository(tmp_path).config("ident") == before
+    assert main(["models", "convert", str(tmp_path)]) == 0
+    assert "skip   ident: already configured by" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from dlscale.models.config import BatchingConfig
 from dlscale.plan.queueing import BatchingServer, replay
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.policy import BatchPolicy
-from dlscale.serving.stats import ModelStats
+from dlscale.serving.stats import ModelStats, RequestTimes
 
 ServiceTime = Callable[[int], float]
 
@@ -106,16 +106,16 @@ def batcher_serves(
         sleepers = [Sleeper(f"sleeper-{k}", service) for k in range(instances)]
         batcher = Batcher(policy, sleepers, ModelStats("m", "1"), clock=loop.time)
         batcher.start()
-        futures = []
-        for t in arrivals:
+        futures, times = [], [RequestTimes() for _ in arrivals]
+        for t, stamps in zip(arrivals, times, strict=True):
             await asyncio.sleep(t - loop.time())
-            futures.append(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
+            futures.append(batcher.submit({"x": np.zeros((1, 1), np.float32)}, times=stamps))
         outputs = await asyncio.gather(*futures)
         await batcher.close()
         sizes = [int(o["rows"][0]) for o in outputs]
         waits = [float(o["started"][0]) - t for o, t in zip(outputs, arrivals, strict=True)]
-        stats = batcher.stats
-        return Served(sizes, waits, stats.queue.ns, stats.execution_count)
+        queue_ns = sum(s.compute_start - s.queue_start for s in times)
+        return Served(sizes, waits, queue_ns, batcher.stats.execution_count)
 
     loop = VirtualClockLoop()
     try:

@@ -91,7 +91,9 @@ async def test_queued_requests_merge_and_split_back_exactly() -> None:
     for (n, i), result in zip([(n, i) for i, n in enumerate(sizes)], results[1:], strict=True):
         assert np.array_equal(result["y"], _rows(n, 10.0 * i)["x"] + 1)
     assert backend.batches == [1, sum(sizes)]
-    assert batcher.stats.inference_count == 12 and batcher.stats.execution_count == 2
+    # The batcher counts batches and their rows; the DataPlane counts requests (and their rows).
+    assert batcher.stats.batch_size.total == 12 and batcher.stats.execution_count == 2
+    assert sorted(batcher.stats.batch_stats) == [1, 11]
     await batcher.close()
 
 

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dlscale.errors import InvalidInput, PayloadTooLarge, Unsupported
+from dlscale.errors import InvalidInput, PayloadTooLarge
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, RequestedOutput
 from dlscale.wire.grpc import (
     decode_infer_request,
@@ -155,11 +155,11 @@ def test_decoding_errors() -> None:
     assert _decode_error(no_value) == "parameter 'priority' has no value"
 
 
-def test_classification_is_unsupported() -> None:
+def test_classification_travels_as_an_output_parameter() -> None:
     request = pb.ModelInferRequest(model_name="m")
     request.outputs.add(name="y").parameters["classification"].int64_param = 3
-    with pytest.raises(Unsupported, match="classification"):
-        decode_infer_request(request)
+    (output,) = decode_infer_request(request).outputs or []
+    assert (output.name, output.parameters) == ("y", {"classification": 3})
 
 
 def test_response_size_limit() -> None:

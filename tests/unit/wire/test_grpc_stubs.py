@@ -150,3 +150,25 @@ def test_messages_pickle_by_their_package_path() -> None:
     message.inputs.add(name="x", datatype="FP32", shape=[1, 2])
     assert type(message.inputs[0]).__module__ == inference_pb2.__name__
     assert pickle.loads(pickle.dumps(message)) == message
+
+
+def _field_paths(
+    message: Descriptor, prefix: str = "", seen: frozenset[str] = frozenset()
+) -> set[str]:
+    paths = set()
+    for field in message.fields:
+        path = f"{prefix}{field.name}"
+        paths.add(path)
+        nested = field.message_type
+        if nested is not None and nested.full_name not in seen:
+            paths |= _field_paths(nested, f"{path}.", seen | {nested.full_name})
+    return paths
+
+
+def test_model_config_holds_every_field_of_tritons() -> None:
+    # A config.pbtxt parses into our ModelConfig: a field Triton knows and we lack would fail to
+    # parse instead of being named in a warning.
+    ours = inference_pb2.DESCRIPTOR.message_types_by_name["ModelConfig"]
+    theirs = triton_config.DESCRIPTOR.message_types_by_name["ModelConfig"]
+    missing = _field_paths(theirs) - _field_paths(ours)
+    assert not missing, f"fields of Triton's ModelConfig missing from inference.proto: {missing}"

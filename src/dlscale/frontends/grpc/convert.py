@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlscale.errors import InvalidInput
 from dlscale.types import (
     DynamicBatching,
     InferenceResponse,
@@ -42,9 +43,56 @@ def ready_only(message: Any) -> bool:
     return bool(message.ready)
 
 
-def load_overrides(message: Any) -> list[str]:
-    """Names of the load parameters that ask for a config or files override."""
-    return [k for k in message.parameters if k == "config" or k.startswith("file:")]
+def load_parameters(message: Any) -> dict[str, Any]:
+    """A RepositoryModelLoad request's parameters as plain values (files are bytes)."""
+    out = {}
+    for key, value in message.parameters.items():
+        which = value.WhichOneof("parameter_choice")
+        if which is None:
+            raise InvalidInput(f"load parameter {key!r} has no value")
+        out[key] = getattr(value, which)
+    return out
+
+
+def trace_changes(message: Any) -> tuple[str, dict[str, Any]]:
+    """A TraceSetting request: the model (empty: server-wide) and the settings to change; a
+    setting with no value is cleared (None), one value is a string, several a list."""
+    changes: dict[str, Any] = {}
+    for key, setting in message.settings.items():
+        values = list(setting.value)
+        changes[key] = None if not values else values if key == "trace_level" else values[0]
+    return message.model_name, changes
+
+
+def trace_settings(settings: dict[str, str | list[str]]) -> Any:
+    """TraceSettingResponse."""
+    response = pb.TraceSettingResponse()
+    for key, value in settings.items():
+        response.settings[key].value.extend(value if isinstance(value, list) else [value])
+    return response
+
+
+def log_changes(message: Any) -> dict[str, Any]:
+    """A LogSettings request's settings as plain values."""
+    out: dict[str, Any] = {}
+    for key, value in message.settings.items():
+        which = value.WhichOneof("parameter_choice")
+        out[key] = None if which is None else getattr(value, which)
+    return out
+
+
+def log_settings(settings: dict[str, str | bool | int]) -> Any:
+    """LogSettingsResponse."""
+    response = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        slot = response.settings[key]
+        if isinstance(value, bool):
+            slot.bool_param = value
+        elif isinstance(value, int):
+            slot.uint32_param = value
+        else:
+            slot.string_param = value
+    return response
 
 
 # -- inference ----------------------------------------------------------------------------------
@@ -118,7 +166,13 @@ def model_config(view: ModelConfigView) -> Any:
             pb.ModelInput(name=s.name, data_type=_data_type(s), dims=s.shape) for s in view.inputs
         ],
         output=[
-            pb.ModelOutput(name=s.name, data_type=_data_type(s), dims=s.shape) for s in view.outputs
+            pb.ModelOutput(
+                name=s.name,
+                data_type=_data_type(s),
+                dims=s.shape,
+                label_filename=view.label_files.get(s.name, ""),
+            )
+            for s in view.outputs
         ],
         instance_group=[_instance_group(g) for g in view.instance_groups],
         parameters={k: pb.ModelParameter(string_value=v) for k, v in view.parameters.items()},
@@ -191,7 +245,10 @@ def _model_stats(s: ModelStatistics) -> Any:
         ),
         batch_stats=[
             pb.InferBatchStatistics(
-                batch_size=b.batch_size, compute_infer=_duration(b.compute_infer)
+                batch_size=b.batch_size,
+                compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer),
+                compute_output=_duration(b.compute_output),
             )
             for b in s.batch_stats
         ],

@@ -6,16 +6,18 @@ import asyncio
 import functools
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
-from dlscale.errors import DlscaleError, Unsupported, redact_paths
+from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane
+from dlscale.serving.logs import access, log_failure
 from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
@@ -37,16 +39,36 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
 
     @functools.wraps(handler)
     async def wrapped(self: InferenceServicer, request: Any, context: Any) -> _T:
+        start = time.perf_counter()
+        code = "OK"
         try:
             return await handler(self, request, context)
         except DlscaleError as exc:
+            code = exc.grpc_code
+            log_failure("gRPC", _model_of(request), code, exc.reason, f"{handler.__name__}: {exc}")
             await context.abort(_status(exc), exc.message)
         except Exception as exc:
+            code = "INTERNAL"
             log.exception("gRPC %s failed", handler.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, redact_paths(f"internal error: {exc!r}"))
+        finally:
+            if access.isEnabledFor(logging.INFO):
+                elapsed_ms = (time.perf_counter() - start) * 1000
+                access.info(
+                    "gRPC %s %s %s %.3fms", handler.__name__, _model_of(request), code, elapsed_ms
+                )
         raise AssertionError("context.abort returned")  # abort always raises
 
     return wrapped
+
+
+def _model_of(request: Any) -> str:
+    """The model a request is about, whichever field names it."""
+    for field in ("model_name", "name"):
+        value = getattr(request, field, "")
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
@@ -103,6 +125,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 reply = await self._infer(message)
             except DlscaleError as exc:
+                log_failure("gRPC", _plain(message).model_name, exc.grpc_code, exc.reason, str(exc))
                 reply = convert.stream_error(exc.message, _plain(message))
             except Exception as exc:
                 log.exception("gRPC ModelStreamInfer request failed")
@@ -151,19 +174,26 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        overrides = convert.load_overrides(request)
-        if overrides:
-            raise Unsupported(
-                f"loading with {overrides} is not supported: put the model and its config.toml "
-                "in the repository folder, then load it by name"
-            )
-        await self.dataplane.load_model(convert.model_name(request))
+        parameters = convert.load_parameters(request)
+        await self.dataplane.load_model(convert.model_name(request), parameters)
         return convert.load_done()
 
     @_unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(convert.model_name(request))
         return convert.unload_done()
+
+    # -- trace and log settings -------------------------------------------------------------------
+
+    @_unary
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        model, changes = convert.trace_changes(request)
+        return convert.trace_settings(self.dataplane.trace_settings(model, changes))
+
+    @_unary
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        changes = convert.log_changes(request)
+        return convert.log_settings(self.dataplane.log_settings(changes))
 
     # -- shared memory (the RPCs of frontends/grpc/shared_memory.py) -------------------------------
 

@@ -7,7 +7,10 @@ are decoded and encoded by the wire codec (`dlscale.wire.rest`), answers rendere
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +24,6 @@ from dlscale.errors import (
     InvalidInput,
     PayloadTooLarge,
     Unavailable,
-    Unsupported,
     UnsupportedMediaType,
     redact_paths,
 )
@@ -30,6 +32,7 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest import render, shared_memory
+from dlscale.serving.logs import access, log_failure
 from dlscale.wire.rest import (
     ANY_JSON,
     decode_json,
@@ -96,12 +99,24 @@ class RestApi:
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         """Answer one request; `headers` has lower-case names."""
+        start = time.perf_counter()
+        response = await self._answer(method, path, headers, body)
+        if access.isEnabledFor(logging.INFO):
+            size = sum(len(p) for p in response.parts)
+            elapsed_ms = (time.perf_counter() - start) * 1000
+            access.info("HTTP %s %s %d %d %.3fms", method, path, response.status, size, elapsed_ms)
+        return response
+
+    async def _answer(
+        self, method: str, path: str, headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        args: list[str] = []
         try:
             handler, args, allowed, group = self._route(path)
             if handler is None:
                 return error_response(404, f"no route for {_short(path)!r}")
             self.access.check(group, headers)
-            if method != allowed:
+            if method not in allowed.split(", "):
                 return error_response(
                     405,
                     f"{method} is not allowed on {_short(path)!r}; use {allowed}",
@@ -109,6 +124,8 @@ class RestApi:
                 )
             return await handler(args, headers, self._decoded(headers, body))
         except DlscaleError as exc:
+            model = args[0] if args else ""
+            log_failure("HTTP", model, exc.http_status, exc.reason, f"{method} {path}: {exc}")
             return error_response(exc.http_status, exc.message)
         except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("%s %s failed", method, path)
@@ -146,6 +163,10 @@ class RestApi:
                 return self._live, [], "GET"
             case ["health", "ready"]:
                 return self._ready, [], "GET"
+            case ["logging"]:
+                return self._logging, [], "GET, POST"
+            case ["trace", "setting"]:
+                return self._trace, [""], "GET, POST"
             case ["models", "stats"]:
                 return self._stats, ["", ""], "GET"
             case ["repository", "index"]:
@@ -179,6 +200,8 @@ class RestApi:
                 return self._stats, args, "GET"
             case ["config"]:
                 return self._config, args, "GET"
+            case ["trace", "setting"] if not version:
+                return self._trace, [model], "GET, POST"
         return None, [], ""
 
     def _decoded(self, headers: Mapping[str, str], body: Buffer) -> Buffer:
@@ -303,13 +326,10 @@ class RestApi:
     async def _load(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        doc = _json_object(body, "load")
-        if doc.get("parameters"):
-            raise Unsupported(
-                "load parameters (config overrides, model files) are not supported: edit the "
-                "repository and load again"
-            )
-        await self.dataplane.load_model(args[0])
+        params = _json_object(body, "load").get("parameters", {})
+        if not isinstance(params, dict):
+            raise InvalidInput("field 'parameters' of the load request must be an object")
+        await self.dataplane.load_model(args[0], _load_parameters(params))
         return _EMPTY_OK
 
     async def _unload(
@@ -323,6 +343,20 @@ class RestApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         return json_response(render.statistics(self.dataplane.statistics(*args)))
+
+    # -- trace and log settings -----------------------------------------------------------------
+
+    async def _trace(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        changes = _json_object(body, "trace setting")
+        return json_response(self.dataplane.trace_settings(args[0], changes))
+
+    async def _logging(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        changes = _json_object(body, "log setting")
+        return json_response(self.dataplane.log_settings(changes))
 
 
 def _parts(path: str) -> list[str]:
@@ -348,6 +382,22 @@ def _header_length(headers: Mapping[str, str]) -> int | None:
             f"Inference-Header-Content-Length must be a non-negative integer, got {raw!r}"
         )
     return value
+
+
+def _load_parameters(params: dict[str, Any]) -> dict[str, str | bytes]:
+    """A load request's parameters; the files in them travel base64-encoded over REST."""
+    out: dict[str, str | bytes] = {}
+    for key, value in params.items():
+        if not key.startswith("file:"):
+            out[key] = value
+            continue
+        if not isinstance(value, str):
+            raise InvalidInput(f"load parameter {key!r} must be a base64 string")
+        try:
+            out[key] = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInput(f"load parameter {key!r} is not valid base64: {exc}") from None
+    return out
 
 
 def _json_object(body: Buffer, what: str) -> dict[str, Any]:

@@ -43,7 +43,9 @@ def model_config(view: ModelConfigView) -> dict[str, Any]:
         "version_policy": _version_policy(view.version_policy),
         "max_batch_size": view.max_batch_size,
         "input": [_config_tensor(s) for s in view.inputs],
-        "output": [_config_tensor(s) for s in view.outputs],
+        "output": [
+            {**_config_tensor(s), **_label(view.label_files.get(s.name))} for s in view.outputs
+        ],
         "instance_group": [_instance_group(g) for g in view.instance_groups],
         "parameters": {k: {"string_value": v} for k, v in view.parameters.items()},
     }
@@ -54,6 +56,10 @@ def model_config(view: ModelConfigView) -> dict[str, Any]:
 
 def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "data_type": spec.datatype.config_type, "dims": list(spec.shape)}
+
+
+def _label(file: str | None) -> dict[str, str]:
+    return {"label_filename": file} if file else {}
 
 
 def _version_policy(policy: VersionPolicy) -> dict[str, Any]:
@@ -109,7 +115,12 @@ def _model_stats(s: ModelStatistics) -> dict[str, Any]:
             "compute_output": _duration(inference.compute_output),
         },
         "batch_stats": [
-            {"batch_size": b.batch_size, "compute_infer": _duration(b.compute_infer)}
+            {
+                "batch_size": b.batch_size,
+                "compute_input": _duration(b.compute_input),
+                "compute_infer": _duration(b.compute_infer),
+                "compute_output": _duration(b.compute_output),
+            }
             for b in s.batch_stats
         ],
     }

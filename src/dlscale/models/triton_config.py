@@ -1,0 +1,200 @@
+"""Triton's model configuration as dlscale's: config.pbtxt, or the JSON a load request carries.
+
+Both parse into the gRPC schema's ModelConfig, which holds every field of Triton's
+model_config.proto (docs/decisions.md says why), so a field dlscale does not act on is named in
+one warning instead of being refused or silently dropped. The mapping is written once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.message import Message
+
+from dlscale.errors import ConfigError
+from dlscale.models.config import ModelConfig, parse_config
+from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
+
+#: Triton's platform and backend names, and the dlscale backend that runs each.
+BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "onnxruntime": "onnxruntime",
+    "pytorch_libtorch": "torch",
+    "pytorch": "torch",
+    "dlscale_null": "null",
+    "null": "null",
+}
+#: Triton's ONNX Runtime parameters that are dlscale backend options.
+ORT_PARAMETERS = {
+    "intra_op_thread_count": "intra_op_threads",
+    "inter_op_thread_count": "inter_op_threads",
+}
+
+#: The fields of Triton's ModelConfig that dlscale acts on, as paths without indices.
+SUPPORTED = frozenset(
+    {
+        "name", "platform", "backend", "max_batch_size", "default_model_filename", "parameters",
+        "input", "input.name", "input.data_type", "input.dims",
+        "output", "output.name", "output.data_type", "output.dims", "output.label_filename",
+        "version_policy", "version_policy.latest", "version_policy.latest.num_versions",
+        "version_policy.all", "version_policy.specific", "version_policy.specific.versions",
+        "dynamic_batching", "dynamic_batching.preferred_batch_size",
+        "dynamic_batching.max_queue_delay_microseconds", "dynamic_batching.priority_levels",
+        "dynamic_batching.default_priority_level", "dynamic_batching.default_queue_policy",
+        "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+        "dynamic_batching.default_queue_policy.allow_timeout_override",
+        "dynamic_batching.default_queue_policy.max_queue_size",
+        "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
+        "instance_group.gpus",
+    }
+)  # fmt: skip
+
+
+def parse_pbtxt(text: str, source: Path | str) -> Any:
+    """A config.pbtxt (protobuf text format) as a ModelConfig message."""
+    try:
+        return text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{source}: not a valid Triton model configuration: {exc}") from None
+
+
+def parse_json(text: str | bytes, source: str) -> Any:
+    """The JSON form of a ModelConfig (GET .../config answers it; a load request may carry it)."""
+    try:
+        return json_format.Parse(text, pb.ModelConfig())
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{source}: not a valid Triton model configuration: {exc}") from None
+
+
+def load_pbtxt(path: Path, expected_name: str) -> tuple[ModelConfig, tuple[str, ...]]:
+    """Read REPO/<model>/config.pbtxt as dlscale's config, and the fields it leaves aside."""
+    return convert(parse_pbtxt(path.read_text(), path), expected_name, path)
+
+
+def convert(
+    message: Any, expected_name: str, source: Path | str
+) -> tuple[ModelConfig, tuple[str, ...]]:
+    """dlscale's config for a ModelConfig message, and the fields set that it does not act on."""
+    if message.name and message.name != expected_name:
+        raise ConfigError(
+            f"{source}: field 'name': expected the folder's name {expected_name!r}, "
+            f"got {message.name!r}"
+        )
+    data: dict[str, Any] = {
+        "name": expected_name,
+        "backend": _backend(message, source),
+        "max_batch_size": message.max_batch_size,
+    }
+    if message.platform:
+        data["platform"] = message.platform
+    if message.default_model_filename:
+        data["model_file"] = message.default_model_filename
+    if message.input:
+        data["inputs"] = [_tensor(t, "input", source) for t in message.input]
+    if message.output:
+        data["outputs"] = [_tensor(t, "output", source) for t in message.output]
+    if message.HasField("dynamic_batching"):
+        data["batching"] = _batching(message.dynamic_batching)
+    if message.instance_group:
+        data["instances"] = [
+            d for g in message.instance_group for d in _instances(g, data["backend"])
+        ]
+    if message.HasField("version_policy"):
+        data["version_policy"] = _version_policy(message.version_policy)
+    parameters = {k: v.string_value for k, v in message.parameters.items()}
+    if parameters:
+        data["metadata"] = parameters
+        data["backend_options"] = {
+            ORT_PARAMETERS[k]: int(v)
+            for k, v in parameters.items()
+            if k in ORT_PARAMETERS and v.strip().isdigit()
+        }
+    return parse_config(data, source), _ignored(message)
+
+
+def _ignored(message: Any) -> tuple[str, ...]:
+    unsupported = {p for p in _set_fields(message) if p not in SUPPORTED}
+    # Name the deepest field only: "optimization.cuda.graphs", not also "optimization".
+    leaves = {p for p in unsupported if not any(o.startswith(p + ".") for o in unsupported)}
+    for group in message.instance_group:
+        if group.kind == pb.ModelInstanceGroup.KIND_MODEL:
+            leaves.add("instance_group.kind: KIND_MODEL (placed as KIND_CPU)")
+        elif group.kind == pb.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            leaves.add("instance_group.gpus: none listed (placed on GPU 0 only)")
+    return tuple(sorted(leaves))
+
+
+def _set_fields(message: Message, prefix: str = "") -> Iterator[str]:
+    """Paths of every field set in `message`, recursively; maps are named as a whole."""
+    for field, value in message.ListFields():
+        path = prefix + field.name
+        yield path
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        for item in value if field.is_repeated else [value]:
+            yield from _set_fields(item, path + ".")
+
+
+def _backend(message: Any, source: Path | str) -> str:
+    for field in ("platform", "backend"):
+        value = getattr(message, field)
+        if value and value not in BACKENDS:
+            runs = sorted({k for k, v in BACKENDS.items() if v != "null"})
+            raise ConfigError(
+                f"{source}: field '{field}': {value!r} is not a runtime dlscale has (it runs "
+                f"{', '.join(runs)}); convert the model to ONNX to serve it here"
+            )
+    named = message.platform or message.backend
+    return BACKENDS[named] if named else "onnxruntime"
+
+
+def _tensor(tensor: Any, role: str, source: Path | str) -> dict[str, Any]:
+    type_name = pb.DataType.Name(tensor.data_type)
+    if type_name == "TYPE_INVALID":
+        raise ConfigError(f"{source}: field '{role}.{tensor.name}.data_type': missing")
+    datatype = "BYTES" if type_name == "TYPE_STRING" else type_name.removeprefix("TYPE_")
+    out = {"name": tensor.name, "datatype": datatype, "shape": list(tensor.dims)}
+    if role == "output" and tensor.label_filename:
+        out["label_file"] = tensor.label_filename
+    return out
+
+
+def _batching(b: Any) -> dict[str, Any]:
+    queue = b.default_queue_policy
+    return {
+        "max_queue_delay_us": b.max_queue_delay_microseconds,
+        "preferred_batch_sizes": list(b.preferred_batch_size),
+        # Triton's 0 means no priorities: one level.
+        "priority_levels": b.priority_levels or 1,
+        "default_priority_level": b.default_priority_level,
+        "max_queue_size": queue.max_queue_size,
+        "default_timeout_us": queue.default_timeout_microseconds,
+    }
+
+
+def _instances(group: Any, backend: str) -> list[dict[str, Any]]:
+    # Triton's default count: 2 for ONNX Runtime on CPU, else 1.
+    cpu_default = 2 if backend == "onnxruntime" else 1
+    gpu = group.kind == pb.ModelInstanceGroup.KIND_GPU or (
+        group.kind == pb.ModelInstanceGroup.KIND_AUTO and group.gpus
+    )
+    if not gpu:
+        return [{"count": group.count or cpu_default, "device": "cpu"}]
+    count = group.count or 1
+    # `count` instances on every GPU listed; with none listed Triton uses every GPU, and this
+    # mapping GPU 0 (named in the warning).
+    return [{"count": count, "device": f"cuda:{i}"} for i in group.gpus] or [
+        {"count": count, "device": "cuda"}
+    ]
+
+
+def _version_policy(policy: Any) -> dict[str, Any]:
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return {"all": True}
+    if which == "specific":
+        return {"specific": list(policy.specific.versions)}
+    return {"latest": policy.latest.num_versions or 1}

@@ -1,0 +1,207 @@
+"""Triton's trace extension: sampled requests' timestamps, written to a JSON file.
+
+Settings (`trace_level`, `trace_rate`, `trace_count`, `log_frequency`, `trace_file`) hold
+server-wide and may be overridden per model; a model's unset settings follow the server's. The
+file is chosen when the server starts (`--trace-file`); like Triton, the protocol may not move
+it. Each trace is Triton's pair of JSON objects: `{id, model_name, model_version, request_id}`
+and `{id, timestamps: [{name, ns}, ...]}` with REQUEST_START, QUEUE_START, COMPUTE_START,
+COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END and REQUEST_END.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlscale.errors import ConfigError, InvalidInput, Unsupported
+from dlscale.serving.stats import RequestTimes
+
+log = logging.getLogger(__name__)
+
+#: The settings of the protocol, as Triton names them, and what each holds.
+NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file")
+_LIMITS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}  # smallest value allowed
+_STAMPS = tuple(f.name for f in dataclasses.fields(RequestTimes))
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """One scope's settings: the level is OFF or TIMESTAMPS; count -1 means no limit."""
+
+    level: str = "OFF"
+    rate: int = 1000
+    count: int = -1
+    log_frequency: int = 0
+
+
+@dataclass
+class Trace:
+    """A request being traced: its id and what it is."""
+
+    id: int
+    model: str
+    version: int
+    request_id: str
+
+
+class Tracer:
+    """Samples requests per the settings of their model and writes their timestamps."""
+
+    def __init__(self, trace_file: Path | None = None, settings: TraceSettings | None = None):
+        if settings is not None and settings.level != "OFF" and trace_file is None:
+            raise ConfigError(f"trace level {settings.level} needs a trace file (--trace-file)")
+        self.trace_file = trace_file
+        self._global = settings or TraceSettings()
+        self._models: dict[str, dict[str, Any]] = {}  # per-model overrides, by setting
+        self._seen: dict[str, int] = {}  # requests seen per scope, for the sampling rate
+        self._left: dict[str, int] = {}  # traces still to take per scope (trace_count)
+        self._buffer: list[dict[str, Any]] = []
+        self._next_id = 1
+        self._file_index = 0
+
+    # -- settings ----------------------------------------------------------------------------
+
+    def settings(self, model: str = "") -> dict[str, str | list[str]]:
+        """The settings in force for a model (or server-wide), in the protocol's string form."""
+        s = self._effective(model)
+        left = self._left.get(model if model in self._models else "", s.count)
+        return {
+            "trace_level": [s.level],
+            "trace_rate": str(s.rate),
+            "trace_count": str(left),
+            "log_frequency": str(s.log_frequency),
+            "trace_file": str(self.trace_file or ""),
+            "trace_mode": "triton",
+        }
+
+    def update(self, changes: Mapping[str, Any], model: str = "") -> dict[str, str | list[str]]:
+        """Change the settings given (None clears a model's own value); answer the result."""
+        parsed = {name: _parse(name, value) for name, value in changes.items()}
+        if "trace_file" in parsed:
+            raise Unsupported(
+                "the trace file cannot be changed through the protocol: start the server with "
+                "--trace-file PATH"
+            )
+        if parsed.get("trace_level", "OFF") != "OFF" and self.trace_file is None:
+            raise InvalidInput("tracing needs a trace file: start the server with --trace-file")
+        if model:
+            own = self._models.setdefault(model, {})
+            for name, value in parsed.items():
+                if value is None:
+                    own.pop(name, None)
+                else:
+                    own[name] = value
+        else:
+            fields = {_FIELD[n]: v for n, v in parsed.items() if v is not None}
+            self._global = dataclasses.replace(self._global, **fields)
+        if "trace_count" in parsed:
+            self._left.pop(model, None)
+        return self.settings(model)
+
+    def _effective(self, model: str) -> TraceSettings:
+        own = self._models.get(model)
+        if not own:
+            return self._global
+        return dataclasses.replace(self._global, **{_FIELD[n]: v for n, v in own.items()})
+
+    # -- tracing ------------------------------------------------------------------------------
+
+    def start(self, model: str, version: int, request_id: str) -> Trace | None:
+        """A trace for this request when its scope samples it, else None (the common case)."""
+        # The common case first, at the cost of two lookups per request: nothing to trace.
+        if self.trace_file is None or (not self._models and self._global.level == "OFF"):
+            return None
+        settings = self._effective(model)
+        if settings.level == "OFF":
+            return None
+        scope = model if model in self._models else ""
+        seen = self._seen[scope] = self._seen.get(scope, 0) + 1
+        left = self._left.setdefault(scope, settings.count)
+        if left == 0 or seen % settings.rate:
+            return None
+        if left > 0:
+            self._left[scope] = left - 1
+        trace = Trace(self._next_id, model, version, request_id)
+        self._next_id += 1
+        return trace
+
+    def finish(self, trace: Trace, times: RequestTimes) -> None:
+        """Record a traced request's timestamps; write them out when the settings say so."""
+        header = {"id": trace.id, "model_name": trace.model, "model_version": trace.version}
+        if trace.request_id:
+            header["request_id"] = trace.request_id
+        stamps = [
+            {"name": name.upper(), "ns": getattr(times, name)}
+            for name in _STAMPS
+            if getattr(times, name)  # a request that failed early never reached some steps
+        ]
+        self._buffer += [header, {"id": trace.id, "timestamps": stamps}]
+        settings = self._effective(trace.model)
+        scope = trace.model if trace.model in self._models else ""
+        traces = len(self._buffer) // 2
+        if (settings.log_frequency and traces >= settings.log_frequency) or (
+            self._left.get(scope) == 0
+        ):
+            self._write(indexed=True)
+
+    def flush(self) -> None:
+        """Write what is collected (at shutdown): to the trace file itself unless indexed files
+        were written already."""
+        if self._buffer:
+            self._write(indexed=self._file_index > 0)
+
+    def _write(self, indexed: bool) -> None:
+        if self.trace_file is None:
+            return
+        path = self.trace_file
+        if indexed:
+            path = path.with_name(f"{path.name}.{self._file_index}")
+            self._file_index += 1
+        try:
+            path.write_text(json.dumps(self._buffer, indent=1))
+        except OSError as exc:
+            log.error("cannot write traces to %s: %s", path, exc)
+        self._buffer = []
+
+
+_FIELD = {
+    "trace_level": "level",
+    "trace_rate": "rate",
+    "trace_count": "count",
+    "log_frequency": "log_frequency",
+}
+
+
+def _parse(name: str, value: Any) -> Any:
+    """A setting from its protocol form (strings, a list for the level; None to clear)."""
+    if name not in NAMES:
+        raise InvalidInput(f"unknown trace setting {name!r}: expected one of {list(NAMES)}")
+    if value is None or name == "trace_file":
+        return value
+    if isinstance(value, list) and name != "trace_level":
+        value = value[0] if len(value) == 1 else value
+    if name == "trace_level":
+        return _level(value)
+    try:
+        number = int(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < _LIMITS[name]:
+        raise InvalidInput(
+            f"trace setting {name!r} must be an integer >= {_LIMITS[name]}, got {value!r}"
+        )
+    return number
+
+
+def _level(value: Any) -> str:
+    levels = value if isinstance(value, list) else [value]
+    if levels == ["OFF"] or levels == ["TIMESTAMPS"]:
+        return str(levels[0])
+    if "TENSORS" in levels:
+        raise Unsupported("trace level TENSORS is not supported: dlscale traces TIMESTAMPS")
+    raise InvalidInput(f"trace_level must be ['OFF'] or ['TIMESTAMPS'], got {value!r}")

@@ -1,0 +1,30 @@
+"""The sweep plot draws a curve only through a sweep; both plots render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dlscale.bench.report import plot_sweep, sweep_series
+
+
+def _point(target: str, qps: float, throughput: float, valid: bool = True) -> dict[str, Any]:
+    return {
+        "target": target,
+        "target_qps": qps,
+        "throughput_samples_per_s": throughput,
+        "p99_s": 0.001 * qps / 100,
+        "valid": valid,
+    }
+
+
+def test_a_sweep_is_a_curve_and_repeated_rounds_are_points(tmp_path: Path) -> None:
+    sweep = [_point("a", q, q * 0.9, valid=q < 400) for q in (400, 100, 200)]
+    rounds = [_point("b", 300, t) for t in (280, 270, 290)]
+    a, b = sweep_series(sweep + rounds)
+    assert (a.target, a.is_curve, a.throughput) == ("a", True, [90.0, 180.0, 360.0])
+    assert a.invalid == [False, False, True]
+    assert (b.target, b.is_curve) == ("b", False)
+    assert plot_sweep(sweep + rounds, 0.01, tmp_path / "sweep.png") == tmp_path / "sweep.png"
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert plot_sweep([], 0.01, tmp_path / "none.png") is None
