@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, QueueFull, TimedOut, Unavailable
+from dlscale.serving.gate import Seat, TenantQos
 from dlscale.serving.instance import Instance
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
+from dlscale.serving.scheduler import Demand, Grant
 from dlscale.serving.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,16 @@ class _Pending:
     queued: bool = True
 
 
+@dataclass(frozen=True)
+class _Slot:
+    """A device slot held for one batch: given back with what the batch took."""
+
+    seat: Seat
+    grant: Grant
+    start: float
+    capped: bool = False
+
+
 class Batcher:
     """Queues requests of one model version and feeds merged batches to its free instances.
 
@@ -44,8 +56,12 @@ class Batcher:
     says when the batch goes: at max_batch_size or a preferred size, once the oldest request
     has waited max_queue_delay_us, or at once when no company is expected.
 
+    With `qos` (serving/gate.py), requests first pass the model's admission limits, and a
+    ready batch waits for a slot on its instance's device, which may cap its rows.
+
     `clock` gives seconds: perf_counter by default, since uvloop's `loop.time()` moves in whole
-    milliseconds; a test that runs the loop on a simulated clock passes that clock.
+    milliseconds; a test that runs the loop on a simulated clock passes that clock (and the
+    device gates must read the same one).
     """
 
     def __init__(
@@ -54,11 +70,13 @@ class Batcher:
         instances: Sequence[Instance],
         stats: ModelStats,
         clock: Callable[[], float] = time.perf_counter,
+        qos: TenantQos | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a batcher needs at least one instance")
         self.policy = policy
         self.stats = stats
+        self.qos = qos
         self._clock = clock
         self._instances = list(instances)
         self._queues: list[collections.deque[_Pending]] = [
@@ -101,6 +119,8 @@ class Batcher:
                 f"the queue is full ({self._queued} requests waiting, max_queue_size "
                 f"{limit}); retry later"
             )
+        if self.qos is not None and self.qos.admission is not None:
+            self.qos.admission.admit(self.stats.pending, self._clock())
         loop = asyncio.get_running_loop()
         batched = self.policy.batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
@@ -167,11 +187,14 @@ class Batcher:
         while True:
             await self._wait_for_work()
             instance = await self._free.get()
-            batch = await self._form_batch()
+            seat = self.qos.seats.get(instance.name) if self.qos is not None else None
+            batch, slot = await self._form_batch(seat)
             if not batch:
+                if slot is not None:  # every request taken had left meanwhile
+                    slot.seat.release(slot.grant, 0, 0.0)
                 self._free.put_nowait(instance)
                 continue
-            task = asyncio.get_running_loop().create_task(self._run(instance, batch))
+            task = asyncio.get_running_loop().create_task(self._run(instance, batch, slot))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
@@ -198,30 +221,56 @@ class Batcher:
                         return chosen
         return chosen
 
-    async def _form_batch(self) -> list[_Pending]:
+    async def _form_batch(self, seat: Seat | None) -> tuple[list[_Pending], _Slot | None]:
         while True:
             chosen = self._candidates()
             if not chosen:
-                return []
+                return [], None
             oldest, now = min(i.enqueued for i in chosen), self._clock()
             rows = [i.rows for i in chosen]
             send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed)
+            if send and seat is not None and seat.active:
+                return await self._granted(seat, Demand(oldest, sum(rows[:send]), rows[0]))
             if send:
-                return self._take(chosen[:send], now)
+                slot = _Slot(seat, seat.start_off(), now) if seat is not None else None
+                return self._take(chosen[:send], now), slot
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
 
+    async def _granted(self, seat: Seat, demand: Demand) -> tuple[list[_Pending], _Slot | None]:
+        """The batch once the device's scheduler gives it a slot, within the rows granted."""
+        grant = await seat.acquire(demand)
+        now = self._clock()
+        # Requests kept arriving (or left) while the batch waited: form it again. The slot is
+        # used even where the policy would now wait (the head left, a younger one leads).
+        chosen = self._candidates()
+        if not chosen:
+            seat.release(grant, 0, 0.0)
+            return [], None
+        oldest, gap = min(i.enqueued for i in chosen), self._gaps.smoothed
+        rows = [i.rows for i in chosen]
+        cut = _within(rows, grant.max_rows)
+        send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
+        uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
+        return self._take(chosen[:send], now), _Slot(seat, grant, now, cut < uncapped)
+
     def _take(self, chosen: list[_Pending], now: float) -> list[_Pending]:
+        waited = self.qos.waited if self.qos is not None else None
         for item in chosen:
             self._unqueue(item)
             self.stats.queue.add(_ns(now - item.enqueued))
+            if waited is not None:
+                waited.observe(now - item.enqueued)
         return [i for i in chosen if not i.future.done()]
 
-    async def _run(self, instance: Instance, batch: list[_Pending]) -> None:
+    async def _run(self, instance: Instance, batch: list[_Pending], slot: _Slot | None) -> None:
         try:
             await self._compute(instance, batch)
         finally:
+            if slot is not None:
+                rows = sum(i.rows for i in batch)
+                slot.seat.release(slot.grant, rows, self._clock() - slot.start, slot.capped)
             self._free.put_nowait(instance)
 
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
@@ -270,6 +319,16 @@ class Batcher:
         for item in batch:
             if not item.future.done():
                 item.future.set_exception(exc)
+
+
+def _within(rows: Sequence[int], limit: int) -> int:
+    """How many leading requests fit in `limit` rows; the first always (it cannot be split)."""
+    total = 0
+    for n, r in enumerate(rows):
+        total += r
+        if total > limit:
+            return max(n, 1)
+    return len(rows)
 
 
 def _ns(seconds: float) -> int:
