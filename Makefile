@@ -37,7 +37,7 @@ test: lint
 bench: $(VENV)/.dev-installed
 	$(PY) -m benchmarks.run
 
-# Regenerate the committed gRPC stubs after editing src/dlscale/frontends/grpc/inference.proto.
+# Regenerate the committed gRPC stubs after editing src/dlscale/wire/proto/inference.proto.
 grpc-stubs: $(VENV)/.dev-installed
 	$(PY) scripts/gen_grpc.py
 

@@ -1,8 +1,9 @@
 """A closed-loop gRPC load client: N streams, one channel each, one ModelInfer at a time.
 
 Every gRPC server is measured with this same client. The request is serialized once (with
-tritonclient's own messages, raw contents); responses are read as bytes, and the first one of
-each run is decoded and checked, so that the client spends its time on the wire, not on protobuf.
+dlscale's wire codec, the published schema, raw contents); responses are read as bytes, and the
+first one of each run is decoded and checked, so that the client spends its time on the wire, not
+on protobuf.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import time
 
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2
 
 from benchmarks.client import LoadResult
 from benchmarks.models import BenchModel
+from dlscale.types import InferenceRequest
+from dlscale.wire.grpc import decode_infer_response, encode_infer_request
+from dlscale.wire.proto.grpc_gen import inference_pb2
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -23,23 +26,16 @@ METHOD = "/inference.GRPCInferenceService/ModelInfer"
 def infer_request(model: BenchModel, rows: int = 1) -> tuple[bytes, np.ndarray]:
     """A serialized ModelInferRequest with the input as raw contents, and that input."""
     x = model.rows(rows)
-    request = service_pb2.ModelInferRequest(model_name=model.name)
-    request.inputs.add(name=model.input_name, datatype="FP32", shape=list(x.shape))
-    request.raw_input_contents.append(x.tobytes())
+    request = encode_infer_request(InferenceRequest(model.name, {model.input_name: x}))
     return request.SerializeToString(), x
 
 
 def decode_output(answer: bytes, name: str) -> np.ndarray:
-    """One FP32 output of a serialized ModelInferResponse, raw or typed."""
-    response = service_pb2.ModelInferResponse.FromString(answer)
-    for i, out in enumerate(response.outputs):
-        if out.name == name:
-            if response.raw_output_contents:
-                flat = np.frombuffer(response.raw_output_contents[i], np.float32)
-            else:
-                flat = np.array(out.contents.fp32_contents, np.float32)
-            return flat.reshape(list(out.shape))
-    raise ValueError(f"no output {name!r} in the response")
+    """One output of a serialized ModelInferResponse, raw or typed."""
+    outputs = decode_infer_response(inference_pb2.ModelInferResponse.FromString(answer)).outputs
+    if name not in outputs:
+        raise ValueError(f"no output {name!r} in the response")
+    return outputs[name]
 
 
 async def grpc_closed_loop(

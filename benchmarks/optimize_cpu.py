@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import harness
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.models.config import load_config
 from dlscale.models.zoo import build_zoo
@@ -32,8 +33,8 @@ from dlscale.optimize.onnx_variants import build_file
 from dlscale.optimize.staging import derived_config, stage
 from dlscale.optimize.variants import detect_caps
 
-WORK = Path(".bench/optimize")
-RESULTS = Path("bench-results")
+WORK = harness.WORK / "optimize"
+RESULTS = harness.RESULTS
 #: (variant name, recipe, recipe parameters) per model.
 VARIANTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "resnet50": [

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness import RESULTS
 from dlscale.bench import environment
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.peak import find_peak
@@ -44,7 +45,6 @@ from dlscale.models.signature import reconcile
 from dlscale.plan.queueing import BatchingServer, batching_policy, peak_rate
 from dlscale.plan.serve import Profile
 
-RESULTS = Path("bench-results")
 #: Every batch is timed at least this long (and three times) after one warm-up run.
 PROFILE_SECONDS = 1.0
 

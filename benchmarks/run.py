@@ -14,120 +14,45 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnxruntime as ort
 import uvloop
 
 from benchmarks import models, peers
 from benchmarks.client import LoadResult, build_request, closed_loop
+from benchmarks.harness import (
+    HOST,
+    RESULTS,
+    WORK,
+    ServerProcess,
+    free_port,
+    inprocess_throughput,
+    machine,
+    markdown,
+    median_table,
+    record,
+    start_listening,
+    start_mlserver,
+)
 from benchmarks.models import IDENTITY, MLP, RESNET50, BenchModel
 
-WORK = Path(".bench")
-RESULTS = Path("bench-results")
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-HOST = "127.0.0.1"
 
-
-@dataclass
-class Server:
-    """A server process started for one round, and the port it listens on."""
-
-    name: str
-    proc: subprocess.Popen[str]
-    port: int
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL to its process group if it lingers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, **THREAD_ENV, **extra}
-
-
-def start_listening(name: str, argv: list[str]) -> Server:
-    """A server process that prints `LISTENING <port>` once it serves; killed if it does not."""
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("LISTENING"):
-        proc.kill()
-        raise RuntimeError(f"{name} did not start: {line!r}")
-    return Server(name, proc, int(line.split()[1]))
-
-
-def start_dlscale(repo: Path, stack: str = "protocol") -> Server:
+def start_dlscale(repo: Path, stack: str = "protocol") -> ServerProcess:
     """dlscale's REST server (benchmarks/serve_http.py) with one HTTP stack."""
-    port = _free_port() if stack == "granian" else 0
+    port = free_port() if stack == "granian" else 0
     loop = "asyncio" if stack.endswith("-asyncio") else "uvloop"
     argv = ["--stack", stack.removesuffix("-asyncio"), "--port", str(port), "--loop", loop]
     return start_listening(f"dlscale-{stack}", ["-m", "benchmarks.serve_http", str(repo), *argv])
 
 
-def start_mlserver(folder: Path, port: int, model_names: list[str]) -> Server:
-    """MLServer serving `folder`; returns once every model answers ready."""
-    exe = peers.ensure_mlserver()
-    proc = subprocess.Popen(
-        [str(exe.resolve()), "start", "."],
-        cwd=folder,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=_env(PYTHONPATH=str(folder.resolve())),
-        start_new_session=True,
-    )
-    server = Server("mlserver", proc, port)
-    deadline = time.monotonic() + 180
-    pending = [f"/v2/models/{m}/ready" for m in model_names]
-    while pending:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError("MLServer did not become ready (run it by hand to see why)")
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}{pending[0]}", timeout=2) as r:
-                if r.status == 200:
-                    pending.pop(0)
-                    continue
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return server
-
-
 def load(
-    server: Server, model: BenchModel, binary: bool, concurrency: int, duration: float
+    server: ServerProcess, model: BenchModel, binary: bool, concurrency: int, duration: float
 ) -> LoadResult:
     """One closed-loop run against `server`."""
     path = f"/v2/models/{model.name}/infer"
@@ -151,12 +76,6 @@ def load(
     return result
 
 
-def _record(rows: list[dict[str, Any]], **fields: Any) -> None:
-    rows.append(fields)
-    shown = {k: v for k, v in fields.items() if k not in ("latencies",)}
-    print("  " + json.dumps(shown), flush=True)
-
-
 # -- the runs --------------------------------------------------------------------------------------
 
 
@@ -177,7 +96,7 @@ def run_stacks(repo: Path, repeats: int, duration: float, rows: list[dict[str, A
             try:
                 for c in (1, 32):
                     r = load(server, IDENTITY, False, c, duration)
-                    _record(
+                    record(
                         rows,
                         bench="stacks",
                         server=server.name,
@@ -192,11 +111,11 @@ def run_stacks(repo: Path, repeats: int, duration: float, rows: list[dict[str, A
 
 def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
     """dlscale against MLServer: identity FP32 [1,16] as JSON at c=1 and c=32, alternating."""
-    port = _free_port()
+    port = free_port()
     folder = peers.mlserver_repository(
-        WORK / "mlserver-repo", repo, [IDENTITY], port, _free_port(), _free_port()
+        WORK / "mlserver-repo", repo, [IDENTITY], port, free_port(), free_port()
     )
-    starters: dict[str, Callable[[], Server]] = {
+    starters: dict[str, Callable[[], ServerProcess]] = {
         "dlscale": lambda: start_dlscale(repo),
         "mlserver": lambda: start_mlserver(folder, port, [IDENTITY.name]),
     }
@@ -207,7 +126,7 @@ def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, An
             try:
                 for c in (1, 32):
                     r = load(server, IDENTITY, False, c, duration)
-                    _record(
+                    record(
                         rows,
                         bench="peers",
                         server=name,
@@ -220,26 +139,10 @@ def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, An
                 server.stop()
 
 
-def inprocess_throughput(path: Path, model: BenchModel, batch: int, duration: float) -> float:
-    """Rows per second of a bare onnxruntime session at `batch`, same session options as served."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = model.intra_op_threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    x = model.rows(batch)
-    session.run(None, {model.input_name: x})
-    runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < duration:
-        session.run(None, {model.input_name: x})
-        runs += 1
-    return runs * batch / (time.perf_counter() - start)
-
-
-def _served_batch(server: Server, model: str) -> float:
+def _served_batch(server: ServerProcess, model: str) -> float:
     with urllib.request.urlopen(f"http://{HOST}:{server.port}/v2/models/{model}/stats") as r:
         stats = json.load(r)["model_stats"][0]
-    return stats["inference_count"] / max(stats["execution_count"], 1)
+    return float(stats["inference_count"] / max(stats["execution_count"], 1))
 
 
 def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
@@ -259,7 +162,7 @@ def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str
             try:
                 r = load(server, model, True, concurrency, seconds)
                 batch = _served_batch(server, model.name)
-                _record(
+                record(
                     rows,
                     bench="inprocess",
                     server="dlscale",
@@ -278,7 +181,7 @@ def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str
             for label, size in sizes.items():
                 if size not in measured:
                     measured[size] = inprocess_throughput(model.path(repo), model, size, seconds)
-                _record(
+                record(
                     rows,
                     bench="inprocess",
                     server=f"onnxruntime-inprocess-{label}",
@@ -291,30 +194,6 @@ def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str
 
 
 # -- reporting -------------------------------------------------------------------------------------
-
-
-def median_table(rows: list[dict[str, Any]], bench: str) -> list[dict[str, Any]]:
-    """Median throughput and latency per (server, model, concurrency)."""
-    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for row in rows:
-        if row["bench"] == bench:
-            groups.setdefault((row["server"], row["model"], row["concurrency"]), []).append(row)
-    table = []
-    for (server, model, c), runs in sorted(
-        groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])
-    ):
-        entry: dict[str, Any] = {
-            "server": server,
-            "model": model,
-            "concurrency": c,
-            "runs": len(runs),
-        }
-        for key in ("throughput", "p50_ms", "p99_ms", "mean_batch", "batch"):
-            values = [r[key] for r in runs if key in r]
-            if values:
-                entry[key] = round(statistics.median(values), 3 if key.endswith("ms") else 1)
-        table.append(entry)
-    return table
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -354,43 +233,6 @@ def _paired(rows: list[dict[str, Any]], model: str, reference: str) -> list[floa
     return [
         r["dlscale"] / r[reference] for r in by_rep.values() if "dlscale" in r and r.get(reference)
     ]
-
-
-def markdown(table: list[dict[str, Any]]) -> str:
-    """A markdown table of the medians."""
-    cols = [
-        "server",
-        "model",
-        "concurrency",
-        "runs",
-        "throughput",
-        "p50_ms",
-        "p99_ms",
-        "mean_batch",
-        "batch",
-    ]
-    cols = [c for c in cols if any(c in row for row in table)]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for row in table]
-    return "\n".join(lines)
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "onnxruntime": ort.__version__,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

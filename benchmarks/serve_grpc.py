@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -26,49 +25,37 @@ import numpy as np
 from benchmarks import models, peers
 from benchmarks.client import LoadResult
 from benchmarks.grpc_client import decode_output, grpc_closed_loop, infer_request
-from benchmarks.models import IDENTITY, RESNET50, BenchModel
-from benchmarks.run import (
+from benchmarks.harness import (
     HOST,
     RESULTS,
     WORK,
-    Server,
-    _free_port,
-    _record,
+    ServerProcess,
+    announce,
+    free_port,
     inprocess_throughput,
     machine,
     markdown,
     median_table,
+    record,
     start_listening,
     start_mlserver,
 )
+from benchmarks.models import IDENTITY, RESNET50, BenchModel
 
 # -- the server process ----------------------------------------------------------------------
 
 
 async def serve(repo: Path, port: int) -> None:
-    """Load every model, serve gRPC on `port` as `dlscale serve` does, stop on a signal."""
-    from dlscale.frontends.grpc import GrpcFrontend
-    from dlscale.models.repository import ModelRepository
-    from dlscale.serving.dataplane import DataPlane
-    from dlscale.serving.manager import ModelManager
+    """Serve every model over gRPC on `port` as `dlscale serve` does; stop on a signal."""
+    from dlscale.server import Server, ServerSettings
 
-    manager = ModelManager(ModelRepository(repo))
-    await manager.load_all()
-    dataplane = DataPlane(manager)
-    frontend = GrpcFrontend(dataplane, HOST, port)
-    await frontend.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"LISTENING {frontend.port}", flush=True)
-    await stop.wait()
-    dataplane.stop_accepting()
-    await frontend.stop(5.0)
-    await manager.close()
+    settings = ServerSettings(
+        repository=repo, host=HOST, http_port=None, grpc_port=port, metrics_port=None, grace_s=5.0
+    )
+    await Server(settings).serve_forever(on_ready=lambda server: announce(server.ports["grpc"]))
 
 
-def start_dlscale_grpc(repo: Path) -> Server:
+def start_dlscale_grpc(repo: Path) -> ServerProcess:
     """dlscale's gRPC server in a process of its own."""
     return start_listening("dlscale", ["-m", "benchmarks.serve_grpc", "serve", str(repo)])
 
@@ -97,11 +84,11 @@ def load(
 
 def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, Any]]) -> None:
     """dlscale against MLServer over gRPC: identity [1,16] raw at c=1 and c=32, alternating."""
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     folder = peers.mlserver_repository(
-        WORK / "mlserver-grpc-repo", repo, [IDENTITY], http_port, grpc_port, _free_port()
+        WORK / "mlserver-grpc-repo", repo, [IDENTITY], http_port, grpc_port, free_port()
     )
-    starters: dict[str, Callable[[], tuple[Server, int]]] = {
+    starters: dict[str, Callable[[], tuple[ServerProcess, int]]] = {
         "dlscale": lambda: _with_port(start_dlscale_grpc(repo)),
         "mlserver": lambda: (start_mlserver(folder, http_port, [IDENTITY.name]), grpc_port),
     }
@@ -112,13 +99,13 @@ def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, An
             try:
                 for c in (1, 32):
                     r = load(name, port, IDENTITY, c, duration)
-                    _record(rows, bench="grpc-peers", server=name, model="identity",
+                    record(rows, bench="grpc-peers", server=name, model="identity",
                             concurrency=c, rep=rep, **r.summary())  # fmt: skip
             finally:
                 server.stop()
 
 
-def _with_port(server: Server) -> tuple[Server, int]:
+def _with_port(server: ServerProcess) -> tuple[ServerProcess, int]:
     return server, server.port
 
 
@@ -133,12 +120,12 @@ def run_resnet(repo: Path, repeats: int, duration: float, rows: list[dict[str, A
         server = start_dlscale_grpc(repo)
         try:
             r = load("dlscale", server.port, RESNET50, concurrency, duration)
-            _record(rows, bench="grpc-resnet", server="dlscale", model="resnet50",
+            record(rows, bench="grpc-resnet", server="dlscale", model="resnet50",
                     concurrency=concurrency, rep=rep, **r.summary())  # fmt: skip
         finally:
             server.stop()
         ips = inprocess_throughput(RESNET50.path(repo), RESNET50, concurrency, duration)
-        _record(rows, bench="grpc-resnet", server="onnxruntime-inprocess", model="resnet50",
+        record(rows, bench="grpc-resnet", server="onnxruntime-inprocess", model="resnet50",
                 concurrency=concurrency, rep=rep, throughput=round(ips, 2))  # fmt: skip
 
 

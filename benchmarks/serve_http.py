@@ -15,35 +15,42 @@ from pathlib import Path
 
 import uvloop
 
-from dlscale.frontends.rest import HttpFrontend
+from benchmarks.harness import HOST, announce
 from dlscale.frontends.rest.api import RestApi
-from dlscale.models.repository import ModelRepository
-from dlscale.serving.dataplane import DataPlane
-from dlscale.serving.manager import ModelManager
+from dlscale.server import Server, ServerSettings
 
 STACKS = ("protocol", "uvicorn", "granian")
 
 
 async def serve(repo: Path, stack: str, port: int) -> None:
-    """Load every model, serve on `port` with `stack`, stop on a signal."""
-    manager = ModelManager(ModelRepository(repo))
-    await manager.load_all()
-    dataplane = DataPlane(manager)
+    """Serve every model on `port` with `stack`, stop on a signal.
+
+    The server is built as `dlscale serve` builds it; `protocol` is its own REST frontend, the
+    other stacks run the same routes (RestApi) over the server's DataPlane.
+    """
+    own = stack == "protocol"
+    settings = ServerSettings(
+        repository=repo,
+        host=HOST,
+        http_port=port if own else None,
+        grpc_port=None,
+        metrics_port=None,
+    )
+    server = Server(settings)
+    if own:
+        await server.serve_forever(on_ready=lambda s: announce(s.ports["http"]))
+        return
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if stack == "protocol":
-        frontend = HttpFrontend(dataplane, "127.0.0.1", port)
-        await frontend.start()
-        _announce(frontend.port)
-        await stop.wait()
-        await frontend.stop()
-    elif stack == "uvicorn":
-        await _uvicorn(RestApi(dataplane), port, stop)
+    await server.start()
+    api = RestApi(server.dataplane, settings.max_body_bytes)
+    if stack == "uvicorn":
+        await _uvicorn(api, port, stop)
     else:
-        await _granian(RestApi(dataplane), port, stop)
-    await manager.close()
+        await _granian(api, port, stop)
+    await server.stop()
 
 
 async def _uvicorn(api: RestApi, port: int, stop: asyncio.Event) -> None:
@@ -53,7 +60,7 @@ async def _uvicorn(api: RestApi, port: int, stop: asyncio.Event) -> None:
 
     config = uvicorn.Config(
         asgi_app(api),
-        host="127.0.0.1",
+        host=HOST,
         port=port,
         loop="none",  # run on this (uvloop) loop, next to the DataPlane
         http="httptools",
@@ -65,7 +72,7 @@ async def _uvicorn(api: RestApi, port: int, stop: asyncio.Event) -> None:
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
-    _announce(server.servers[0].sockets[0].getsockname()[1])
+    announce(server.servers[0].sockets[0].getsockname()[1])
     await stop.wait()
     server.should_exit = True
     await task
@@ -73,16 +80,16 @@ async def _uvicorn(api: RestApi, port: int, stop: asyncio.Event) -> None:
 
 async def _granian(api: RestApi, port: int, stop: asyncio.Event) -> None:
     from granian.constants import Interfaces
-    from granian.server.embed import Server
+    from granian.server.embed import Server as Granian
 
     from benchmarks.stacks import rsgi_app
 
     if port == 0:
         raise SystemExit("granian needs a fixed port")
-    server = Server(rsgi_app(api), "127.0.0.1", port, interface=Interfaces.RSGI, log_enabled=False)
+    server = Granian(rsgi_app(api), HOST, port, interface=Interfaces.RSGI, log_enabled=False)
     task = asyncio.create_task(server.serve())
     await _wait_port(port)
-    _announce(port)
+    announce(port)
     await stop.wait()
     server.signal_handler_interrupt()
     await task
@@ -91,16 +98,12 @@ async def _granian(api: RestApi, port: int, stop: asyncio.Event) -> None:
 async def _wait_port(port: int) -> None:
     while True:
         try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            _, writer = await asyncio.open_connection(HOST, port)
         except OSError:
             await asyncio.sleep(0.02)
             continue
         writer.close()
         return
-
-
-def _announce(port: int) -> None:
-    print(f"LISTENING {port}", flush=True)
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +23,7 @@ from dlscale.models.repository import ModelRepository
 from dlscale.models.runner import run_model
 from dlscale.models.samples import stored_inputs
 from dlscale.models.zoo import ZOO, build_zoo
-from dlscale.server import Server, ServerSettings
+from dlscale.server import Server, ServerSettings, ServerThread
 
 QUICK_MODELS = ("identity", "mlp", "digits")
 #: MLPerf's 15 ms bound for ResNet-50 assumes an accelerator; two CPU cores need about 100 ms
@@ -73,17 +72,8 @@ def serving(root: Path, models: list[str]) -> Iterator[Server]:
         model_control="explicit",
         load_models=tuple(models),
     )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="demo-server", daemon=True)
-    thread.start()
-    server = Server(settings)
-    try:
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result()
-        yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
+    with ServerThread(settings) as running:
+        yield running.server
 
 
 async def digits_over_rest(url: str, version_dir: Path) -> tuple[int, int]:
@@ -115,10 +105,11 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
     served = names
     console.print(f"\n2. Serving {served} over REST, gRPC and Prometheus metrics (loopback)")
     with serving(root, served) as server:
-        http = f"http://127.0.0.1:{server.frontends['http'].port}"
+        ports = server.ports
+        http = f"http://127.0.0.1:{ports['http']}"
         console.print(
-            f"   REST {http}, gRPC 127.0.0.1:{server.frontends['grpc'].port}, "
-            f"metrics http://127.0.0.1:{server.metrics_port}/metrics"
+            f"   REST {http}, gRPC 127.0.0.1:{ports['grpc']}, "
+            f"metrics http://127.0.0.1:{ports['metrics']}/metrics"
         )
         correct, total = asyncio.run(digits_over_rest(http, repo.version("digits").path))
         console.print(

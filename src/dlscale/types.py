@@ -1,4 +1,4 @@
-"""The vocabulary of the whole package: tensor datatypes, tensor specs, requests and responses."""
+"""The vocabulary of the whole package: datatypes, tensor specs, requests, responses, answers."""
 
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ class Datatype(enum.StrEnum):
     def json_safe(self) -> bool:
         """Whether the datatype may travel as JSON numbers (FP16 and BF16 may not)."""
         return self not in (Datatype.FP16, Datatype.BF16)
+
+    @property
+    def config_type(self) -> str:
+        """Triton's model-configuration name: TYPE_FP32 and so on; BYTES is TYPE_STRING."""
+        return "TYPE_STRING" if self is Datatype.BYTES else f"TYPE_{self.value}"
 
     @classmethod
     def from_numpy(cls, dtype: np.dtype[Any] | type) -> Datatype:
@@ -152,3 +157,132 @@ def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:
     if len(sizes) != 1:
         raise ValueError(f"inputs disagree on batch size: {sorted(sizes)}")
     return sizes.pop()
+
+
+# -- what the server answers about itself and its models ------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerMetadata:
+    """The server's name, version and the protocol extensions it implements."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """A model's versions, platform and signature (shapes include the batch dim as -1)."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+class InstanceKind(enum.StrEnum):
+    """Where an instance group runs, in Triton's names."""
+
+    CPU = "KIND_CPU"
+    GPU = "KIND_GPU"
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """`count` copies of a model of one kind; `gpus` lists device indices when known."""
+
+    name: str
+    count: int
+    kind: InstanceKind
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """The batching and queue policy of a model that batches (Triton's dynamic_batching)."""
+
+    max_queue_delay_us: int
+    preferred_batch_sizes: tuple[int, ...]
+    priority_levels: int
+    default_priority_level: int
+    max_queue_size: int
+    default_timeout_us: int
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions are served: the latest N, all (`all_versions`), or those listed."""
+
+    latest: int | None = None
+    all_versions: bool = False
+    specific: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfigView:
+    """A model's config as the protocol shows it; tensor dims leave out the batch dim."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    version_policy: VersionPolicy
+    #: None when the model does not batch (max_batch_size 0).
+    dynamic_batching: DynamicBatching | None
+    instance_groups: tuple[InstanceGroup, ...]
+    parameters: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StatDuration:
+    """A count and a total time in nanoseconds, as Triton's statistics report them."""
+
+    count: int = 0
+    ns: int = 0
+
+
+@dataclass(frozen=True)
+class InferStats:
+    """Where a model version's requests went and how long each step took."""
+
+    success: StatDuration
+    fail: StatDuration
+    queue: StatDuration
+    compute_input: StatDuration
+    compute_infer: StatDuration
+    compute_output: StatDuration
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """Batches of one size: how many ran and their compute time."""
+
+    batch_size: int
+    compute_infer: StatDuration
+
+
+@dataclass(frozen=True)
+class ModelStatistics:
+    """Everything counted for one model version since it was loaded (Triton's statistics)."""
+
+    name: str
+    version: str
+    last_inference_ms: int
+    inference_count: int
+    execution_count: int
+    inference_stats: InferStats
+    batch_stats: tuple[BatchStats, ...]
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """One row of the repository index; `version` is empty for a model with none served."""
+
+    name: str
+    state: str
+    reason: str
+    version: str = ""

@@ -20,10 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from tests.toolkit.models import heavy_graph, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, WIDTH, LAYERS = 64, 512, 8
@@ -31,27 +29,12 @@ ROWS, WIDTH, LAYERS = 64, 512, 8
 
 def write_heavy_model(repo: Path, max_batch_size: int = 8) -> None:
     """REPO/heavy: [batch, 64, 512] through eight 512x512 MatMul+Relu, averaged to [batch, 512]."""
-    rng = np.random.default_rng(0)
-    nodes, weights, prev = [], [], "input"
-    for k in range(LAYERS):
-        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
-        weights.append(numpy_helper.from_array(w, f"w{k}"))
-        nodes.append(helper.make_node("MatMul", [prev, f"w{k}"], [f"m{k}"]))
-        nodes.append(helper.make_node("Relu", [f"m{k}"], [f"r{k}"]))
-        prev = f"r{k}"
-    nodes.append(helper.make_node("ReduceMean", [prev], ["output"], axes=[1], keepdims=0))
-    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", ROWS, WIDTH])
-    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", WIDTH])
-    graph = helper.make_graph(nodes, "heavy", [x], [y], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    (repo / "heavy" / "1").mkdir(parents=True)
-    onnx.save(model, repo / "heavy" / "1" / "model.onnx")
     # One compute thread: the other core is left to LoadGen and the event loop.
-    (repo / "heavy" / "config.toml").write_text(
+    config = (
         f"max_batch_size = {max_batch_size}\n[batching]\nmax_queue_delay_us = 2000\n"
         "[backend_options]\nintra_op_threads = 1\n"
     )
+    write_model(repo, "heavy", heavy_graph(ROWS, WIDTH, LAYERS), config)
 
 
 @pytest.fixture(scope="module")

@@ -72,3 +72,9 @@ def test_specific_mappings() -> None:
     too_many = errors.TooManyRequests
     assert too_many.http_status == 429 and too_many.grpc_code == "RESOURCE_EXHAUSTED"
     assert errors.BackendError.reason == "BACKEND"
+
+
+def test_config_type_names_follow_triton() -> None:
+    assert Datatype.FP32.config_type == "TYPE_FP32"
+    assert Datatype.BF16.config_type == "TYPE_BF16"
+    assert Datatype.BYTES.config_type == "TYPE_STRING"

@@ -11,6 +11,8 @@ from dlscale.errors import ConfigError
 MODEL_FILES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("model.onnx",),
     "torch": ("model.pt2", "model.pt", "model.zoo"),
+    # No model: the tensors come from config.toml; an empty marker keeps version folders alike.
+    "null": ("model.null",),
 }
 
 
@@ -35,6 +37,10 @@ def create_backend(kind: str, path: Path, options: BackendOptions) -> Backend:
                 "pip install 'dlscale[torch]'"
             ) from None
         return TorchBackend(path, options)
+    if kind == "null":
+        from dlscale.backends.null import NullBackend
+
+        return NullBackend(path, options)
     raise ConfigError(f"unknown backend {kind!r}: expected one of {sorted(MODEL_FILES)}")
 
 

@@ -26,6 +26,10 @@ class BackendOptions:
     graph_optimization_level: str = "all"
     #: Runtime-specific settings from the model config's [backend_options] table.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The tensors config.toml declares (batch dim included as -1), empty when it declares
+    #: none; a runtime without a model file to read them from (the null backend) serves these.
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
 
 
 @runtime_checkable

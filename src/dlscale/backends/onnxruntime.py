@@ -13,6 +13,7 @@ import onnxruntime as ort
 from dlscale.backends.base import BackendOptions
 from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
+from dlscale.wire.tensors import as_bytes, as_text
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def _to_runtime(name: str, array: np.ndarray) -> np.ndarray:
     if array.dtype != object:
         return array
     try:
-        return np.vectorize(_text, otypes=[object])(array) if array.size else array
+        return np.vectorize(as_text, otypes=[object])(array) if array.size else array
     except UnicodeDecodeError:
         raise InvalidInput(
             f"BYTES input {name!r} holds bytes that are not UTF-8; onnxruntime string tensors "
@@ -82,20 +83,12 @@ def _to_runtime(name: str, array: np.ndarray) -> np.ndarray:
         ) from None
 
 
-def _text(item: object) -> str:
-    return item.decode() if isinstance(item, bytes) else str(item)
-
-
 def _from_runtime(array: np.ndarray) -> np.ndarray:
     """String outputs back as the protocol's BYTES elements (UTF-8 bytes)."""
     if array.dtype != object or not array.size:
         return array
-    converted: np.ndarray = np.vectorize(_utf8, otypes=[object])(array)
+    converted: np.ndarray = np.vectorize(as_bytes, otypes=[object])(array)
     return converted
-
-
-def _utf8(item: object) -> object:
-    return item.encode() if isinstance(item, str) else item
 
 
 class OnnxRuntimeBackend:

@@ -1,4 +1,8 @@
-"""An Open Inference Protocol gRPC client: raw tensor contents over one grpc.aio channel."""
+"""An Open Inference Protocol gRPC client: raw tensor contents over one grpc.aio channel.
+
+It sends and reads the same messages (`dlscale.wire`) as the server, so it speaks the published
+schema that every OIP server implements.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +11,13 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dlscale.bench import oip_proto as pb
-from dlscale.bench.tensors import datatype_of, from_list, from_raw, to_raw
-from dlscale.errors import BenchError
+from dlscale.errors import BenchError, InvalidInput
+from dlscale.types import InferenceRequest
+from dlscale.wire.grpc import decode_infer_response, encode_infer_request
+from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
+from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 _MAX_MESSAGE = 1 << 30
-
-# Typed `contents` fields by datatype, for servers that answer without raw contents.
-_CONTENTS = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
 
 
 class GrpcClient:
@@ -37,7 +27,7 @@ class GrpcClient:
         self.address = address
         self.timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
-        self._calls: dict[str, Any] = {}
+        self._stub: Any = None
 
     async def open(self) -> None:
         """Open the channel and check that the server is live."""
@@ -48,16 +38,8 @@ class GrpcClient:
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ],
         )
-        for method, request, response in (
-            ("ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse),
-            ("ModelMetadata", pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-            ("ModelInfer", pb.ModelInferRequest, pb.ModelInferResponse),
-        ):
-            self._calls[method] = self._channel.unary_unary(
-                f"/{pb.SERVICE}/{method}",
-                request_serializer=request.SerializeToString,
-                response_deserializer=response.FromString,
-            )
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub
+        self._stub = stub(self._channel)  # type: ignore[no-untyped-call]
         try:
             reply = await self._call("ServerLive", pb.ServerLiveRequest(), timeout=5.0)
         except BenchError as exc:
@@ -72,6 +54,7 @@ class GrpcClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+            self._stub = None
 
     async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
         """The model's metadata in the REST form: {name, versions, platform, inputs, outputs}."""
@@ -95,29 +78,21 @@ class GrpcClient:
         self, model: str, inputs: dict[str, np.ndarray], version: str = ""
     ) -> dict[str, np.ndarray]:
         """Run one request with raw input contents and return every output."""
-        request = pb.ModelInferRequest(model_name=model, model_version=version)
-        for name, arr in inputs.items():
-            request.inputs.add(name=name, datatype=datatype_of(arr), shape=list(arr.shape))
-            request.raw_input_contents.append(to_raw(arr))
+        try:
+            request = encode_infer_request(InferenceRequest(model, inputs, model_version=version))
+        except (InvalidInput, ValueError) as exc:
+            raise BenchError(f"grpc://{self.address}: cannot send the inputs: {exc}") from None
         reply = await self._call("ModelInfer", request)
-        raw = list(reply.raw_output_contents)
-        outputs = {}
-        for i, out in enumerate(reply.outputs):
-            if raw:
-                outputs[out.name] = from_raw(raw[i], out.datatype, out.shape)
-            else:
-                field = _CONTENTS.get(out.datatype)
-                if field is None:
-                    raise BenchError(f"output {out.name!r}: {out.datatype} needs raw contents")
-                values = list(getattr(out.contents, field))
-                outputs[out.name] = from_list(values, out.datatype, out.shape)
-        return outputs
+        try:
+            return decode_infer_response(reply).outputs
+        except InvalidInput as exc:
+            raise BenchError(f"grpc://{self.address}: the answer cannot be read: {exc}") from None
 
     async def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        if self._channel is None:
+        if self._stub is None:
             raise BenchError("the gRPC client is not open")
         try:
-            return await self._calls[method](request, timeout=timeout or self.timeout_s)
+            return await getattr(self._stub, method)(request, timeout=timeout or self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise BenchError(f"{exc.code().name}: {exc.details()}") from None
 

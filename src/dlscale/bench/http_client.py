@@ -14,8 +14,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from dlscale.bench.tensors import datatype_of, from_list, from_raw, to_list, to_raw
-from dlscale.errors import BenchError
+from dlscale.errors import BenchError, InvalidInput
+from dlscale.types import InferenceRequest
+from dlscale.wire.rest import decode_response, encode_request
 
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -89,26 +90,17 @@ class HttpClient:
         """Run one request and return every output; BenchError with the server's message."""
         session = self._require()
         url = self.base_url + self._model_path(model, version) + "/infer"
-        tensors: list[dict[str, Any]] = [
-            {"name": name, "shape": list(arr.shape), "datatype": datatype_of(arr)}
-            for name, arr in inputs.items()
-        ]
+        try:
+            encoded = encode_request(InferenceRequest(model, inputs), bool(self.binary))
+        except (InvalidInput, ValueError) as exc:
+            raise BenchError(f"{url}: cannot send the inputs: {exc}") from None
+        body = b"".join(encoded.parts)
         headers = {"Content-Type": "application/json"}
-        if self.binary:
-            blobs = [to_raw(arr) for arr in inputs.values()]
-            for tensor, blob in zip(tensors, blobs, strict=True):
-                tensor["parameters"] = {"binary_data_size": len(blob)}
-            head = json.dumps({"inputs": tensors, "parameters": {"binary_data_output": True}})
-            header_bytes = head.encode()
-            body = b"".join([header_bytes, *blobs])
+        if encoded.header_length is not None:
             headers = {
                 "Content-Type": "application/octet-stream",
-                _HEADER_LENGTH: str(len(header_bytes)),
+                _HEADER_LENGTH: str(encoded.header_length),
             }
-        else:
-            for tensor, arr in zip(tensors, inputs.values(), strict=True):
-                tensor["data"] = to_list(arr)
-            body = json.dumps({"inputs": tensors}).encode()
         try:
             async with session.post(url, data=body, headers=headers) as resp:
                 payload = await resp.read()
@@ -118,7 +110,10 @@ class HttpClient:
             raise BenchError(f"{url}: {type(exc).__name__}: {exc}") from None
         if status != 200:
             raise BenchError(f"{url}: HTTP {status}: {_message(_json(payload))}")
-        return _decode_response(payload, int(header_len) if header_len else None)
+        try:
+            return decode_response(payload, int(header_len) if header_len else None).outputs
+        except (InvalidInput, ValueError) as exc:
+            raise BenchError(f"{url}: the answer cannot be read: {exc}") from None
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -141,24 +136,6 @@ class HttpClient:
                 f"cannot reach {self.base_url} ({type(exc).__name__}: {exc or 'no answer'}); "
                 "is the server running?"
             ) from None
-
-
-def _decode_response(payload: bytes, header_len: int | None) -> dict[str, np.ndarray]:
-    head = _json(payload[:header_len] if header_len is not None else payload)
-    if not isinstance(head, dict) or "outputs" not in head:
-        raise BenchError(f"the inference response has no outputs: {str(head)[:200]}")
-    offset = header_len or 0
-    outputs = {}
-    for out in head["outputs"]:
-        params = out.get("parameters") or {}
-        size = params.get("binary_data_size")
-        if size is not None:
-            blob = memoryview(payload)[offset : offset + int(size)]
-            offset += int(size)
-            outputs[out["name"]] = from_raw(blob, out["datatype"], out["shape"])
-        else:
-            outputs[out["name"]] = from_list(out["data"], out["datatype"], out["shape"])
-    return outputs
 
 
 def _json(payload: bytes) -> Any:

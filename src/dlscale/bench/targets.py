@@ -107,7 +107,7 @@ class InProcessTarget:
             outputs=tuple(served.outputs),
             batched=served.config.batched,
             max_batch_size=served.config.max_batch_size or None,
-            platform=served.config.platform or served.config.backend,
+            platform=served.config.platform_name,
             model_file=served.version.model_file,
             devices=tuple(g.device for g in served.config.instances),
         )

@@ -14,6 +14,8 @@ from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
 NonNegative = Annotated[int, Field(ge=0)]
+#: Triton's platform name for each backend, reported when config.toml names none.
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "torch": "pytorch_libtorch", "null": "dlscale_null"}
 Positive = Annotated[int, Field(ge=1)]
 
 
@@ -120,7 +122,7 @@ class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
+    backend: Literal["onnxruntime", "torch", "null"] = "onnxruntime"
     platform: str = ""
     max_batch_size: NonNegative = 0
     inputs: list[TensorConfig] | None = None
@@ -142,6 +144,11 @@ class ModelConfig(_Strict):
         if not self.instances:
             raise ValueError("instances: give at least one {count, device}")
         return self
+
+    @property
+    def platform_name(self) -> str:
+        """The platform metadata reports: config.toml's, else Triton's name for the backend."""
+        return self.platform or PLATFORMS[self.backend]
 
     @property
     def batched(self) -> bool:

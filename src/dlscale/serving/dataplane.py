@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.serving.manager import ModelManager, ModelState, ServedVersion
-from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
+from dlscale.serving.views import config_view
+from dlscale.types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    ModelConfigView,
+    ModelMetadata,
+    ModelStatistics,
+    Parameters,
+    RepositoryEntry,
+    ServerMetadata,
+    TensorSpec,
+)
 
 #: Protocol extensions both frontends implement; GET /v2 and ServerMetadata advertise them.
 EXTENSIONS = (
@@ -46,8 +57,8 @@ class DataPlane:
         """Shutdown has begun: new requests are refused; those in flight finish."""
         self._accepting = False
 
-    def server_metadata(self) -> dict[str, Any]:
-        return {"name": "dlscale", "version": __version__, "extensions": list(EXTENSIONS)}
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("dlscale", __version__, EXTENSIONS)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -56,21 +67,30 @@ class DataPlane:
             return False
         return True
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         served = self.manager.get(name, version)
         entry = next(e for e in self.manager.entries() if e.name == name)
-        return {
-            "name": name,
-            "versions": [str(v) for v in sorted(entry.versions)],
-            "platform": served.config.platform or f"{served.config.backend}",
-            "inputs": [s.to_dict() for s in served.inputs],
-            "outputs": [s.to_dict() for s in served.outputs],
-        }
+        return ModelMetadata(
+            name=name,
+            versions=tuple(str(v) for v in sorted(entry.versions)),
+            platform=served.config.platform_name,
+            inputs=tuple(served.inputs),
+            outputs=tuple(served.outputs),
+        )
 
-    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        """The config a model is served with (as JSON), including its metadata table."""
+    def model_config(self, name: str, version: str = "") -> ModelConfigView:
+        """The config a model is served with, as the protocol shows it (Triton's layout)."""
+        return config_view(self.manager.get(name, version))
+
+    def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]:
+        """The one input of a single-input model, and whether the model batches."""
         served = self.manager.get(name, version)
-        return served.config.model_dump(mode="json")
+        if len(served.inputs) != 1:
+            raise InvalidInput(
+                f"the raw binary form (Inference-Header-Content-Length: 0) needs a model with one "
+                f"input; model {name!r} has {[s.name for s in served.inputs]}"
+            )
+        return served.inputs[0], served.config.batched
 
     # -- inference -------------------------------------------------------------------------------
 
@@ -78,6 +98,7 @@ class DataPlane:
         """Validate, queue, wait, and answer one request; every outcome is counted."""
         if not self._accepting:
             raise Unavailable("the server is shutting down")
+        _check_schedule_parameters(request.parameters)
         start = time.perf_counter_ns()
         served = self.manager.get(request.model_name, request.model_version)
         try:
@@ -142,22 +163,18 @@ class DataPlane:
 
     # -- repository and statistics ----------------------------------------------------------------
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model in the repository with its state (Triton's index format)."""
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        """Every model in the repository with its state, one row per served version."""
         known = {e.name: e for e in self.manager.entries()}
-        index = []
+        index: list[RepositoryEntry] = []
         for name in self.manager.repository.names():
             entry = known.get(name)
             state = entry.state.value if entry else "UNAVAILABLE"
             reason = entry.reason if entry else "not loaded"
             if ready_only and state != "READY":
                 continue
-            versions = sorted(entry.versions) if entry and entry.versions else [None]
-            for v in versions:
-                row = {"name": name, "state": state, "reason": reason}
-                if v is not None:
-                    row["version"] = str(v)
-                index.append(row)
+            versions = [str(v) for v in sorted(entry.versions)] if entry else []
+            index.extend(RepositoryEntry(name, state, reason, v) for v in versions or [""])
         return index
 
     async def load_model(self, name: str) -> None:
@@ -170,19 +187,33 @@ class DataPlane:
         self._check_control()
         await self.manager.unload(name)
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         """Triton's statistics extension: one entry per served version."""
         if name:
             served = [self.manager.get(name, version)]
         else:
             served = [v for e in self.manager.entries() for v in e.versions.values()]
-        return {"model_stats": [s.stats.to_dict() for s in served]}
+        return [s.stats.snapshot() for s in served]
 
     def _check_control(self) -> None:
         if self.model_control == "none":
             raise Unsupported(
                 "the server was started with --model-control none: models cannot be loaded or "
                 "unloaded through the API (start it with --model-control explicit)"
+            )
+
+
+def _check_schedule_parameters(params: Parameters) -> None:
+    """`priority` and `timeout` are non-negative integers, whichever protocol carried them."""
+    for key in ("priority", "timeout"):
+        value = params.get(key)
+        if value is None:
+            continue
+        # Not bool (an int subclass), string or float: 2.0, inf or nan are refused alike.
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(
+                f"parameter {key!r} must be a non-negative integer, got {value!r}"
+                + (" (microseconds)" if key == "timeout" else "")
             )
 
 

@@ -184,6 +184,8 @@ class ModelManager:
                     max_batch_size=config.max_batch_size,
                     graph_optimization_level=opts.graph_optimization_level,
                     extra=extra,
+                    inputs=tuple(config.tensor_specs("inputs") or ()),
+                    outputs=tuple(config.tensor_specs("outputs") or ()),
                 )
                 for i in range(group.count):
                     backend = create_backend(config.backend, mv.model_file, options)

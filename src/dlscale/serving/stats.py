@@ -6,7 +6,8 @@ import bisect
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+
+from dlscale.types import BatchStats, InferStats, ModelStatistics, StatDuration
 
 #: Request latency buckets in seconds: sub-millisecond to a few seconds.
 LATENCY_BUCKETS_S = (
@@ -53,8 +54,9 @@ class Duration:
         self.count += count
         self.ns += ns
 
-    def to_dict(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
+    def snapshot(self) -> StatDuration:
+        """The count and time now, frozen."""
+        return StatDuration(self.count, self.ns)
 
 
 @dataclass
@@ -99,24 +101,23 @@ class ModelStats:
         self.batch_size.observe(rows)
         self.batch_stats[rows].add(infer_ns)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Triton's statistics-extension JSON for this model version."""
-        return {
-            "name": self.name,
-            "version": self.version,
-            "last_inference": self.last_inference_ms,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": self.success.to_dict(),
-                "fail": self.fail.to_dict(),
-                "queue": self.queue.to_dict(),
-                "compute_input": self.compute_input.to_dict(),
-                "compute_infer": self.compute_infer.to_dict(),
-                "compute_output": self.compute_output.to_dict(),
-            },
-            "batch_stats": [
-                {"batch_size": size, "compute_infer": d.to_dict()}
-                for size, d in sorted(self.batch_stats.items())
-            ],
-        }
+    def snapshot(self) -> ModelStatistics:
+        """What the statistics extension reports for this model version now."""
+        return ModelStatistics(
+            name=self.name,
+            version=self.version,
+            last_inference_ms=self.last_inference_ms,
+            inference_count=self.inference_count,
+            execution_count=self.execution_count,
+            inference_stats=InferStats(
+                success=self.success.snapshot(),
+                fail=self.fail.snapshot(),
+                queue=self.queue.snapshot(),
+                compute_input=self.compute_input.snapshot(),
+                compute_infer=self.compute_infer.snapshot(),
+                compute_output=self.compute_output.snapshot(),
+            ),
+            batch_stats=tuple(
+                BatchStats(size, d.snapshot()) for size, d in sorted(self.batch_stats.items())
+            ),
+        )

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
-
-from conftest import MLP_B, MLP_W, ServerThread, infer_input
+from tests.toolkit.clients import infer_input
+from tests.toolkit.repositories import MLP_B, MLP_W
+from tests.toolkit.server import LocalServer
 
 UNARY_CLIENTS = 24
 REQUESTS_PER_CLIENT = 80
@@ -69,23 +70,17 @@ async def _stream_client(url: str, client_id: int) -> int:
     return len(seen)
 
 
-async def test_many_concurrent_clients(server: ServerThread) -> None:
-    before = {
-        m: server.dataplane.statistics(m)["model_stats"][0]["inference_stats"]["success"]["count"]
-        for m in MODELS
-    }
+async def test_many_concurrent_clients(server: LocalServer) -> None:
+    before = {m: server.dataplane.statistics(m)[0].inference_stats.success.count for m in MODELS}
     done = await asyncio.gather(
-        *(_unary_client(server.url, c) for c in range(UNARY_CLIENTS)),
-        *(_stream_client(server.url, 1000 + c) for c in range(STREAM_CLIENTS)),
+        *(_unary_client(server.grpc_url, c) for c in range(UNARY_CLIENTS)),
+        *(_stream_client(server.grpc_url, 1000 + c) for c in range(STREAM_CLIENTS)),
     )
     total = sum(done)
     assert total == UNARY_CLIENTS * REQUESTS_PER_CLIENT + STREAM_CLIENTS * REQUESTS_PER_STREAM
     assert total >= 2000
-    after = {
-        m: server.dataplane.statistics(m)["model_stats"][0]["inference_stats"]["success"]["count"]
-        for m in MODELS
-    }
+    after = {m: server.dataplane.statistics(m)[0].inference_stats.success.count for m in MODELS}
     assert sum(after[m] - before[m] for m in MODELS) == total
     # Batching really merged requests: fewer batches ran than requests were answered.
-    stats = [server.dataplane.statistics(m)["model_stats"][0] for m in MODELS]
-    assert any(s["execution_count"] < s["inference_stats"]["success"]["count"] for s in stats)
+    stats = [server.dataplane.statistics(m)[0] for m in MODELS]
+    assert any(s.execution_count < s.inference_stats.success.count for s in stats)

@@ -8,10 +8,11 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from tests.toolkit.clients import infer_input
+from tests.toolkit.repositories import FRAGILE_ROWS, SMALL_LIMIT, WIDEN
+from tests.toolkit.server import LocalServer
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
-
-from conftest import FRAGILE_ROWS, SMALL_LIMIT, WIDEN, ServerThread, infer_input
 
 Stub = service_pb2_grpc.GRPCInferenceServiceStub
 
@@ -96,6 +97,30 @@ def test_unknown_output_and_bad_priority(client: triton.InferenceServerClient) -
     err = _fails(client, "identity", infer_input("x", X), priority=3)
     assert err.status() == "StatusCode.INVALID_ARGUMENT"
     assert "priority 3 is out of range" in err.message()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("priority", "high", "parameter 'priority' must be a non-negative integer, got 'high'"),
+        ("priority", -1, "parameter 'priority' must be a non-negative integer, got -1"),
+        ("timeout", "soon", "parameter 'timeout' must be a non-negative integer, got 'soon'"),
+        ("timeout", -5, "parameter 'timeout' must be a non-negative integer, got -5"),
+        ("timeout", 0.5, "parameter 'timeout' must be a non-negative integer, got 0.5"),
+    ],
+)
+def test_bad_priority_and_timeout(stub: Stub, key: str, value: object, message: str) -> None:
+    # Checked once, in the DataPlane: the same code and message as over REST.
+    request = _raw_request("identity", "x", "FP32", [2, 16], X.tobytes())
+    if isinstance(value, str):
+        request.parameters[key].string_param = value
+    elif isinstance(value, float):
+        request.parameters[key].double_param = value
+    else:
+        request.parameters[key].int64_param = int(value)  # type: ignore[call-overload]
+    err = _rpc_error(stub, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == message + (" (microseconds)" if key == "timeout" else "")
 
 
 def test_timeout_expires_in_the_queue(client: triton.InferenceServerClient) -> None:
@@ -193,8 +218,8 @@ def test_malformed_bytes(stub: Stub) -> None:
 # -- message size limits -------------------------------------------------------------------------
 
 
-def test_request_above_the_message_limit(server: ServerThread) -> None:
-    client = triton.InferenceServerClient(server.small_url)
+def test_request_above_the_message_limit(small_server: LocalServer) -> None:
+    client = triton.InferenceServerClient(small_server.grpc_url)
     big = np.zeros((SMALL_LIMIT // 64 + 1, 16), np.float32)
     err = _fails(client, "identity", infer_input("x", big))
     assert err.status() == "StatusCode.RESOURCE_EXHAUSTED"
@@ -205,8 +230,8 @@ def test_request_above_the_message_limit(server: ServerThread) -> None:
     assert client.infer("identity", [infer_input("x", X)]).as_numpy("y").shape == (2, 16)
 
 
-def test_response_above_the_message_limit(server: ServerThread) -> None:
-    client = triton.InferenceServerClient(server.small_url)
+def test_response_above_the_message_limit(small_server: LocalServer) -> None:
+    client = triton.InferenceServerClient(small_server.grpc_url)
     rows = SMALL_LIMIT // (4 * 4 * WIDEN) + 1
     err = _fails(client, "widen", infer_input("x", np.zeros((rows, 4), np.float32)))
     assert err.status() == "StatusCode.RESOURCE_EXHAUSTED"

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
+from tests.toolkit.clients import infer_input
+from tests.toolkit.repositories import MLP_B, MLP_W
+from tests.toolkit.server import LocalServer
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
-
-from conftest import MLP_B, MLP_W, ServerThread, infer_input
 
 # -- health and metadata ------------------------------------------------------------------------
 
@@ -221,8 +222,8 @@ def test_stream_sync_error_in_stream_and_stream_goes_on(
         np.testing.assert_array_equal(got[rid], x)
 
 
-async def test_aio_client_and_stream(server: ServerThread) -> None:
-    async with triton_aio.InferenceServerClient(server.url) as client:
+async def test_aio_client_and_stream(server: LocalServer) -> None:
+    async with triton_aio.InferenceServerClient(server.grpc_url) as client:
         assert await client.is_server_live()
         assert await client.is_model_ready("mlp")
         meta = await client.get_model_metadata("mlp", as_json=True)

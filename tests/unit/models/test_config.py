@@ -143,3 +143,9 @@ def test_a_fixed_batch_dimension_cannot_be_batched() -> None:
     fixed = [TensorSpec("input", Datatype.FP32, (1, 256))]
     with pytest.raises(ConfigError, match="needs a variable batch dimension"):
         reconcile(_config(max_batch_size=8), fixed, FILE_OUT, "cfg")
+
+
+def test_platform_defaults_to_tritons_name_for_the_backend() -> None:
+    assert ModelConfig(name="m").platform_name == "onnxruntime_onnx"
+    assert ModelConfig(name="m", backend="torch").platform_name == "pytorch_libtorch"
+    assert ModelConfig(name="m", platform="custom").platform_name == "custom"

@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests.toolkit.models import save_onnx
 
 from dlscale.optimize.onnx_variants import RecipeError, build_file
 
@@ -32,9 +33,7 @@ def _net(path: Path) -> Path:
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])],
         [w, fc],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    onnx.save(model, path)
-    return path
+    return save_onnx(graph, path)
 
 
 def _run(path: Path, x: np.ndarray) -> np.ndarray:

@@ -11,7 +11,14 @@ import pytest
 from dlscale.errors import InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.types import InferenceRequest, RequestedOutput
+from dlscale.types import (
+    Datatype,
+    InferenceRequest,
+    InstanceKind,
+    RequestedOutput,
+    TensorSpec,
+    VersionPolicy,
+)
 
 
 async def _plane(repo: Path, control: str = "explicit") -> DataPlane:
@@ -26,10 +33,10 @@ def _req(model: str, array: np.ndarray, version: str = "", **kw: object) -> Infe
 
 async def test_a_broken_model_does_not_keep_the_others_from_serving(repo: Path) -> None:
     plane = await _plane(repo)
-    index = {row["name"]: row for row in plane.repository_index()}
-    assert index["identity"]["state"] == "READY"
-    assert index["broken"]["state"] == "UNAVAILABLE"
-    assert "max_batch_size" in index["broken"]["reason"]
+    index = {row.name: row for row in plane.repository_index()}
+    assert index["identity"].state == "READY"
+    assert index["broken"].state == "UNAVAILABLE"
+    assert "max_batch_size" in index["broken"].reason
     assert plane.model_ready("identity") and not plane.model_ready("broken")
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
     response = await plane.infer(_req("identity", x, id="abc"))
@@ -43,7 +50,7 @@ async def test_versions_route_to_their_own_model(repo: Path) -> None:
     assert (await plane.infer(_req("plus", x, "1"))).outputs["output"][0, 0] == 1.0
     latest = await plane.infer(_req("plus", x))
     assert latest.outputs["output"][0, 0] == 2.0 and latest.model_version == "2"
-    assert plane.model_metadata("plus")["versions"] == ["1", "2"]
+    assert plane.model_metadata("plus").versions == ("1", "2")
     await plane.manager.close()
 
 
@@ -89,8 +96,8 @@ async def test_unknown_requested_outputs_and_the_failure_count(repo: Path) -> No
     request = _req("identity", np.ones((1, 16), np.float32), outputs=[RequestedOutput("zzz")])
     with pytest.raises(InvalidInput, match="unknown outputs"):
         await plane.infer(request)
-    stats = plane.statistics("identity")["model_stats"][0]
-    assert stats["inference_stats"]["fail"]["count"] == 1
+    stats = plane.statistics("identity")[0]
+    assert stats.inference_stats.fail.count == 1
     await plane.manager.close()
 
 
@@ -144,4 +151,47 @@ async def test_stop_accepting_refuses_new_requests(repo: Path) -> None:
     assert not plane.ready()
     with pytest.raises(Unavailable, match="shutting down"):
         await plane.infer(_req("identity", np.ones((1, 16), np.float32)))
+    await plane.manager.close()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"priority": -1}, "parameter 'priority' must be a non-negative integer, got -1"),
+        ({"priority": "high"}, "parameter 'priority' must be a non-negative integer, got 'high'"),
+        ({"priority": True}, "parameter 'priority' must be a non-negative integer, got True"),
+        ({"timeout": 2.5}, "parameter 'timeout' must be a non-negative integer, got 2.5"),
+        ({"timeout": float("inf")}, "parameter 'timeout' must be a non-negative integer, got inf"),
+    ],
+)
+async def test_schedule_parameters_are_checked_once_for_every_protocol(
+    repo: Path, parameters: dict[str, object], message: str
+) -> None:
+    plane = await _plane(repo)
+    request = _req("identity", np.ones((1, 16), np.float32), parameters=parameters)
+    with pytest.raises(InvalidInput) as info:
+        await plane.infer(request)
+    assert str(info.value).startswith(message)
+    ok = _req("identity", np.ones((1, 16), np.float32), parameters={"priority": 0, "timeout": 0})
+    assert (await plane.infer(ok)).outputs["output"].sum() == 16
+    await plane.manager.close()
+
+
+async def test_typed_answers(repo: Path) -> None:
+    plane = await _plane(repo)
+    meta = plane.model_metadata("identity")
+    assert meta.platform == "onnxruntime_onnx"
+    assert meta.inputs == (TensorSpec("input", Datatype.FP32, (-1, 16)),)
+    config = plane.model_config("plus", "1")
+    assert config.platform == meta.platform and config.max_batch_size == 8
+    assert config.inputs == (TensorSpec("input", Datatype.FP32, (4,)),)  # no batch dim
+    assert config.version_policy == VersionPolicy(all_versions=True)
+    assert config.dynamic_batching is not None and config.dynamic_batching.priority_levels == 1
+    assert [(g.name, g.kind, g.count) for g in config.instance_groups] == [
+        ("plus_0", InstanceKind.CPU, 1)
+    ]
+    assert plane.single_input("identity") == (meta.inputs[0], True)
+    assert plane.server_metadata().name == "dlscale"
+    assert {s.version for s in plane.statistics("plus", "")} == {"2"}
+    assert {s.name for s in plane.statistics()} >= {"identity", "plus"}
     await plane.manager.close()

@@ -7,9 +7,9 @@ from typing import Any
 import grpc
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends.grpc.grpc_gen import inference_pb2_grpc
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.serving.dataplane import DataPlane
+from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 
 class GrpcFrontend:

@@ -1,4 +1,4 @@
-"""The GRPCInferenceService servicer: decode with `convert`, one DataPlane call, encode."""
+"""The GRPCInferenceService servicer: decode (wire codec), one DataPlane call, encode (convert)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import grpc
 
 from dlscale.errors import DlscaleError, Unsupported
 from dlscale.frontends.grpc import convert
-from dlscale.frontends.grpc.grpc_gen import inference_pb2_grpc
 from dlscale.serving.dataplane import DataPlane
+from dlscale.wire.grpc import decode_infer_request, wants_raw
+from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def ModelConfig(self, request: Any, context: Any) -> Any:
-        name, version = convert.name_version(request)
-        return convert.model_config(
-            self.dataplane.model_config(name, version),
-            self.dataplane.model_metadata(name, version),
-        )
+        return convert.model_config(self.dataplane.model_config(*convert.name_version(request)))
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -122,10 +119,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _infer(self, message: Any, stream: bool) -> Any:
-        request = convert.infer_request(message)
+        request = decode_infer_request(message)
         response = await self.dataplane.infer(request)
         return convert.infer_response(
-            response, convert.wants_raw(request), self.max_message_bytes, stream=stream
+            response, wants_raw(request), self.max_message_bytes, stream=stream
         )
 
     # -- statistics and repository ----------------------------------------------------------------

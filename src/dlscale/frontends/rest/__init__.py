@@ -1,4 +1,4 @@
-"""The Open Inference Protocol over REST: transport (HTTP), routes (api) and tensors (codec)."""
+"""The Open Inference Protocol over REST: transport (HTTP), routes (api), answers (render)."""
 
 from dlscale.frontends.rest.transport import HttpFrontend
 

@@ -1,7 +1,8 @@
 """The Open Inference Protocol REST routes: one request in, one DataPlane call, one response out.
 
-This module knows paths, methods and bodies but no socket: the HTTP transport in `http.py`
-feeds it parsed requests, and any other server (an ASGI one, a test) can do the same.
+This module knows paths, methods and bodies but no socket: the HTTP transport (`transport.py`)
+feeds it parsed requests, and any other server (an ASGI one, a test) can do the same. Tensors
+are decoded and encoded by the wire codec (`dlscale.wire.rest`), answers rendered by `render`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,10 @@ import msgspec
 import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge, Unavailable, Unsupported
-from dlscale.frontends.rest.codec import (
-    Buffer,
-    decode_raw_request,
-    decode_request,
-    encode_response,
-)
+from dlscale.frontends.rest import render
 from dlscale.serving.dataplane import DataPlane
-from dlscale.types import Datatype, TensorSpec
+from dlscale.wire.rest import decode_raw_request, decode_request, encode_response
+from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
 
@@ -180,12 +177,12 @@ class RestApi:
     async def _server_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(self.dataplane.server_metadata())
+        return json_response(render.server_metadata(self.dataplane.server_metadata()))
 
     async def _model_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(self.dataplane.model_metadata(*args))
+        return json_response(render.model_metadata(self.dataplane.model_metadata(*args)))
 
     async def _model_ready(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
@@ -199,7 +196,7 @@ class RestApi:
     async def _config(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(self.dataplane.model_config(*args))
+        return json_response(render.model_config(self.dataplane.model_config(*args)))
 
     # -- inference ---------------------------------------------------------------------------------
 
@@ -209,7 +206,7 @@ class RestApi:
         model, version = args
         header_length = _header_length(headers)
         if header_length == 0:
-            spec, batched = self._single_input(model, version)
+            spec, batched = self.dataplane.single_input(model, version)
             request, fmt = decode_raw_request(body, spec, batched, model, version)
         else:
             request, fmt = decode_request(body, header_length, model, version)
@@ -224,19 +221,6 @@ class RestApi:
             (("Inference-Header-Content-Length", str(encoded.header_length)),),
         )
 
-    def _single_input(self, model: str, version: str) -> tuple[TensorSpec, bool]:
-        meta = self.dataplane.model_metadata(model, version)
-        if len(meta["inputs"]) != 1:
-            names = [t["name"] for t in meta["inputs"]]
-            raise InvalidInput(
-                f"the raw binary form (Inference-Header-Content-Length: 0) needs a model with one "
-                f"input; model {model!r} has {names}"
-            )
-        tensor = meta["inputs"][0]
-        spec = TensorSpec(tensor["name"], Datatype(tensor["datatype"]), tuple(tensor["shape"]))
-        batched = int(self.dataplane.model_config(model, version).get("max_batch_size", 0)) > 0
-        return spec, batched
-
     # -- repository and statistics -----------------------------------------------------------------
 
     async def _index(
@@ -248,7 +232,7 @@ class RestApi:
             raise InvalidInput(
                 f"field 'ready' of the index request must be true or false, got {ready!r}"
             )
-        return json_response(self.dataplane.repository_index(ready_only=ready))
+        return json_response(render.repository_index(self.dataplane.repository_index(ready)))
 
     async def _load(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
@@ -272,7 +256,7 @@ class RestApi:
     async def _stats(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(self.dataplane.statistics(*args))
+        return json_response(render.statistics(self.dataplane.statistics(*args)))
 
 
 def _header_length(headers: Mapping[str, str]) -> int | None:

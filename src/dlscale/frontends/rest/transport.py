@@ -2,7 +2,7 @@
 
 Why not a framework: see docs/decisions.md (measured against uvicorn and granian). The transport
 does only HTTP: framing, keep-alive, pipelining in order, the body limit, flow control and a
-graceful stop. Routes and tensors live in `rest_api.py` and `rest_codec.py`.
+graceful stop. Routes live in `api.py`; tensors in the wire codec (`dlscale.wire.rest`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from http import HTTPStatus
 import httptools
 
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
-from dlscale.frontends.rest.codec import Buffer
 from dlscale.serving.dataplane import DataPlane
+from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from benchmarks import peers
+from benchmarks.harness import ServerProcess, free_port, start_mlserver
 from benchmarks.models import IDENTITY, build_identity
-from benchmarks.run import Server, _free_port, start_mlserver
 
 from dlscale.cli import main
 
@@ -32,7 +32,7 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Iterator
         peers.ensure_mlserver()
     except (subprocess.CalledProcessError, OSError) as exc:
         pytest.skip(f"MLServer could not be installed into {peers.VENV}: {exc}")
-    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     folder = peers.mlserver_repository(
         tmp_path_factory.mktemp("mlserver") / "repo",
         source,
@@ -41,7 +41,7 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Iterator
         grpc_port,
         metrics_port,
     )
-    server: Server = start_mlserver(folder, http_port, [IDENTITY.name])
+    server: ServerProcess = start_mlserver(folder, http_port, [IDENTITY.name])
     try:
         yield http_port, grpc_port
     finally:

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
 import tritonclient.http.aio as tha
-from http_support import ServerThread, build_repository, mlp_reference, serving
+from tests.toolkit.repositories import mlp_reference
+from tests.toolkit.server import LocalServer
 from tritonclient.utils import InferenceServerException
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    root = build_repository(tmp_path_factory.mktemp("repo"))
-    with serving(root) as running:
-        yield running
-
-
-@pytest.fixture
-def client(server: ServerThread) -> Iterator[th.InferenceServerClient]:
-    c = th.InferenceServerClient(server.url)
-    yield c
-    c.close()
 
 
 def _input(name: str, array: np.ndarray, datatype: str, binary: bool) -> th.InferInput:
@@ -62,10 +47,15 @@ def test_model_metadata_and_readiness(client: th.InferenceServerClient) -> None:
 
 
 def test_model_config(client: th.InferenceServerClient) -> None:
+    # Triton's layout (the JSON form of gRPC's ModelConfig), as tritonclient reads it.
     config = client.get_model_config("identity")
     assert config["name"] == "identity"
     assert config["max_batch_size"] == 64
-    assert client.get_model_config("plus", "1")["version_policy"]["all"] is True
+    assert config["platform"] == client.get_model_metadata("identity")["platform"]
+    assert config["platform"] == "onnxruntime_onnx" and config["backend"] == "onnxruntime"
+    assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [16]}]
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert client.get_model_config("plus", "1")["version_policy"] == {"all": {}}
 
 
 # -- inference -------------------------------------------------------------------------------------
@@ -178,11 +168,11 @@ def test_gzip_and_deflate_request_bodies(client: th.InferenceServerClient) -> No
         np.testing.assert_array_equal(result.as_numpy("output"), x)
 
 
-def test_raw_binary_form(server: ServerThread) -> None:
+def test_raw_binary_form(server: LocalServer) -> None:
     """Inference-Header-Content-Length: 0 sends one input's bytes; all outputs come back binary."""
     x = np.arange(16, dtype=np.float32)
     r = httpx.post(
-        f"http://{server.url}/v2/models/identity/infer",
+        f"http://{server.http_url}/v2/models/identity/infer",
         content=x.tobytes(),
         headers={"Inference-Header-Content-Length": "0"},
     )
@@ -220,7 +210,7 @@ def test_statistics(client: th.InferenceServerClient) -> None:
 
 
 def test_repository_index_load_unload(
-    client: th.InferenceServerClient, server: ServerThread
+    client: th.InferenceServerClient, server: LocalServer
 ) -> None:
     index = {(m["name"], m.get("version")): m for m in client.get_model_repository_index()}
     assert index[("plus", "2")]["state"] == "READY"
@@ -240,7 +230,7 @@ def test_repository_index_load_unload(
     with pytest.raises(InferenceServerException, match="no model 'ghost'") as caught:
         client.load_model("ghost")
     assert caught.value.status() == "404"
-    ready = httpx.post(f"http://{server.url}/v2/repository/index", json={"ready": True}).json()
+    ready = httpx.post(f"http://{server.http_url}/v2/repository/index", json={"ready": True}).json()
     assert ready and all(m["state"] == "READY" for m in ready)
     assert "broken" not in {m["name"] for m in ready}
 
@@ -248,8 +238,8 @@ def test_repository_index_load_unload(
 # -- the asyncio client ----------------------------------------------------------------------------
 
 
-async def test_aio_client_everything(server: ServerThread) -> None:
-    async with tha.InferenceServerClient(server.url) as client:
+async def test_aio_client_everything(server: LocalServer) -> None:
+    async with tha.InferenceServerClient(server.http_url) as client:
         assert await client.is_server_live()
         assert await client.is_server_ready()
         assert await client.is_model_ready("mlp")

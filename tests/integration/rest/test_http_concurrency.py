@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http.aio as tha
-from http_support import ServerThread, build_repository, mlp_reference, serving
+from tests.toolkit.repositories import mlp_reference, rest_repository
+from tests.toolkit.server import LocalServer, settings_for
 from tritonclient.utils import InferenceServerException
 
 REQUESTS = 2000
@@ -18,19 +18,12 @@ CLIENTS = 8
 STREAMS_PER_CLIENT = 8
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    root = build_repository(tmp_path_factory.mktemp("repo"))
-    with serving(root) as running:
-        yield running
-
-
-def _stats(server: ServerThread, model: str) -> dict[str, int]:
-    entry = server.dataplane.statistics(model)["model_stats"][0]
+def _stats(server: LocalServer, model: str) -> dict[str, int]:
+    entry = server.dataplane.statistics(model)[0]
     return {
-        "rows": entry["inference_count"],
-        "success": entry["inference_stats"]["success"]["count"],
-        "fail": entry["inference_stats"]["fail"]["count"],
+        "rows": entry.inference_count,
+        "success": entry.inference_stats.success.count,
+        "fail": entry.inference_stats.fail.count,
     }
 
 
@@ -56,7 +49,7 @@ async def _one(client: tha.InferenceServerClient, n: int, rng: random.Random) ->
     return model, rows
 
 
-async def test_two_thousand_concurrent_requests(server: ServerThread) -> None:
+async def test_two_thousand_concurrent_requests(server: LocalServer) -> None:
     before = {m: _stats(server, m) for m in ("identity", "mlp")}
     rng = random.Random(11)
     numbers = iter(range(REQUESTS))
@@ -67,7 +60,8 @@ async def test_two_thousand_concurrent_requests(server: ServerThread) -> None:
             done.append(await _one(client, n, rng))
 
     clients = [
-        tha.InferenceServerClient(server.url, conn_limit=STREAMS_PER_CLIENT) for _ in range(CLIENTS)
+        tha.InferenceServerClient(server.http_url, conn_limit=STREAMS_PER_CLIENT)
+        for _ in range(CLIENTS)
     ]
     try:
         await asyncio.gather(*(stream(c) for c in clients for _ in range(STREAMS_PER_CLIENT)))
@@ -80,7 +74,7 @@ async def test_two_thousand_concurrent_requests(server: ServerThread) -> None:
         assert after["success"] - before[model]["success"] == len(sent)
         assert after["rows"] - before[model]["rows"] == sum(sent)
         assert after["fail"] == before[model]["fail"]
-    assert server.dataplane.statistics("identity")["model_stats"][0]["execution_count"] > 0
+    assert server.dataplane.statistics("identity")[0].execution_count > 0
 
 
 def _fails_even(x: np.ndarray) -> tha.InferInput:
@@ -89,8 +83,8 @@ def _fails_even(x: np.ndarray) -> tha.InferInput:
     return tensor
 
 
-async def test_failing_backend_fails_only_its_batch(server: ServerThread) -> None:
-    async with tha.InferenceServerClient(server.url) as client:
+async def test_failing_backend_fails_only_its_batch(server: LocalServer) -> None:
+    async with tha.InferenceServerClient(server.http_url) as client:
         two = np.ones((2, 4), dtype=np.float32)
         with pytest.raises(InferenceServerException, match="onnxruntime failed") as caught:
             await client.infer("fails_even", [_fails_even(two)])
@@ -135,10 +129,10 @@ async def test_failing_backend_fails_only_its_batch(server: ServerThread) -> Non
 async def test_graceful_stop_finishes_in_flight_requests(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    root = build_repository(tmp_path_factory.mktemp("stop"))
-    server = ServerThread(root)
+    root = rest_repository(tmp_path_factory.mktemp("stop"))
+    server = LocalServer(settings_for(root))
     server.start()
-    url = f"http://{server.url}"
+    url = f"http://{server.http_url}"
     body = {
         "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
     }
@@ -151,7 +145,7 @@ async def test_graceful_stop_finishes_in_flight_requests(
             while not batcher.queued:
                 await asyncio.sleep(0.005)
             stopping = asyncio.get_running_loop().run_in_executor(
-                None, server.run, server.frontend.stop(5.0)
+                None, server.run, server.http.stop(5.0)
             )
             response = await pending
             await stopping

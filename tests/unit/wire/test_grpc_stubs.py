@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
-from dlscale.frontends.grpc.grpc_gen import inference_pb2
+from dlscale.wire.proto.grpc_gen import inference_pb2
 
 ROOT = Path(__file__).resolve().parents[3]
 GEN_SCRIPT = ROOT / "scripts" / "gen_grpc.py"

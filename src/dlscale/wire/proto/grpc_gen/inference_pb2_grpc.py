@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dlscale.frontends.grpc.grpc_gen import inference_pb2 as inference__pb2
+from dlscale.wire.proto.grpc_gen import inference_pb2 as inference__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__

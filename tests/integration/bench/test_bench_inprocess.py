@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_models import build_repo
 
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
@@ -15,11 +14,6 @@ from dlscale.bench.session import BenchOptions
 from dlscale.cli import main
 
 SHORT = {"duration_s": 0.5, "warmup_s": 0.3, "sample_count": 64}
-
-
-@pytest.fixture(scope="session")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_repo(tmp_path_factory.mktemp("bench-repo"))
 
 
 @pytest.fixture(scope="session")

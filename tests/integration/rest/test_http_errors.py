@@ -5,29 +5,23 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
-from http_support import ServerThread, build_repository, serving
+from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
 LIMIT = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    root = build_repository(tmp_path_factory.mktemp("repo"))
-    with serving(root, max_body_bytes=LIMIT) as running:
+def server(repo: Path) -> Iterator[LocalServer]:
+    with serving(repo, max_body_bytes=LIMIT) as running:
         yield running
-
-
-@pytest.fixture
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=f"http://{server.url}") as client:
-        yield client
 
 
 def _tensor(name: str, shape: list[int], datatype: str, data: Any) -> dict[str, Any]:
@@ -123,6 +117,9 @@ def test_half_precision_in_json_is_refused(http: httpx.Client, datatype: str) ->
 def test_bad_parameters(http: httpx.Client) -> None:
     body = {"inputs": [_tensor("input", [1, 16], "FP32", ROW)], "parameters": {"priority": "high"}}
     _expect(http.post(IDENTITY, json=body), 400, "'priority' must be a non-negative integer")
+    # The DataPlane's message, word for word what gRPC answers (test_grpc_errors.py).
+    same = "parameter 'priority' must be a non-negative integer, got 'high'"
+    assert http.post(IDENTITY, json=body).json()["error"] == same
     body["parameters"] = {"timeout": -5}
     _expect(http.post(IDENTITY, json=body), 400, "'timeout'")
     body["parameters"] = {"binary_data_output": "yes"}
@@ -195,8 +192,8 @@ def test_compression_errors(http: httpx.Client) -> None:
     _expect(r, 501, "Content-Encoding 'br'")
 
 
-def test_errors_through_tritonclient(server: ServerThread) -> None:
-    client = th.InferenceServerClient(server.url)
+def test_errors_through_tritonclient(server: LocalServer) -> None:
+    client = th.InferenceServerClient(server.http_url)
     x = th.InferInput("input", [1, 16], "FP32")
     x.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
     with pytest.raises(InferenceServerException, match="unknown model 'ghost'") as caught:
@@ -239,8 +236,8 @@ def test_repository_errors(http: httpx.Client) -> None:
 # -- body limit and HTTP framing, over raw sockets -------------------------------------------------
 
 
-def _raw(server: ServerThread) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", server.frontend.port), timeout=10)
+def _raw(server: LocalServer) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.http.port), timeout=10)
     _readers.pop(sock.fileno(), None)
     return sock
 
@@ -261,7 +258,7 @@ def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
 _readers: dict[int, Any] = {}
 
 
-def test_body_above_limit_refused_before_it_is_read(server: ServerThread) -> None:
+def test_body_above_limit_refused_before_it_is_read(server: LocalServer) -> None:
     with _raw(server) as sock:
         # Only the head is sent: the answer must come without the server waiting for the body.
         sock.sendall(
@@ -273,7 +270,7 @@ def test_body_above_limit_refused_before_it_is_read(server: ServerThread) -> Non
     assert f"exceeds the limit of {LIMIT} bytes" in json.loads(body)["error"]
 
 
-def test_chunked_body_above_limit(server: ServerThread) -> None:
+def test_chunked_body_above_limit(server: LocalServer) -> None:
     chunk = b"x" * 65536
     with _raw(server) as sock:
         sock.sendall(
@@ -291,7 +288,7 @@ def test_large_body_through_httpx_gets_413(http: httpx.Client) -> None:
     _expect(r, 413, "exceeds the limit")
 
 
-def test_malformed_http(server: ServerThread) -> None:
+def test_malformed_http(server: LocalServer) -> None:
     with _raw(server) as sock:
         sock.sendall(b"GARBAGE\r\n\r\n")
         status, _, body = _read_response(sock)
@@ -299,7 +296,7 @@ def test_malformed_http(server: ServerThread) -> None:
     assert "malformed HTTP request" in json.loads(body)["error"]
 
 
-def test_pipelined_requests_answered_in_order(server: ServerThread) -> None:
+def test_pipelined_requests_answered_in_order(server: LocalServer) -> None:
     bodies = []
     for value in range(3):
         doc = {"id": str(value), "inputs": [_tensor("input", [1, 16], "FP32", [value] * 16)]}
@@ -320,7 +317,7 @@ def test_pipelined_requests_answered_in_order(server: ServerThread) -> None:
     assert answers[3][0] == 200
 
 
-def test_expect_continue_and_http10(server: ServerThread) -> None:
+def test_expect_continue_and_http10(server: LocalServer) -> None:
     body = json.dumps({"inputs": [_tensor("input", [1, 16], "FP32", ROW)]}).encode()
     with _raw(server) as sock:
         sock.sendall(

@@ -1,4 +1,4 @@
-"""The REST tensor codec: JSON and binary decoding, encoding, and the errors it raises."""
+"""The REST body codec: JSON and binary tensors both ways, for the server and the client."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import orjson
 import pytest
 
 from dlscale.errors import InvalidInput
-from dlscale.frontends.rest.codec import (
+from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
+from dlscale.wire.rest import (
     OutputFormat,
     decode_raw_request,
     decode_request,
+    decode_response,
+    encode_request,
     encode_response,
-    serialize_bytes,
 )
-from dlscale.types import Datatype, InferenceResponse, TensorSpec
+from dlscale.wire.tensors import serialize_bytes
 
 
 def _json(doc: dict[str, Any]) -> bytes:
@@ -139,8 +141,10 @@ def test_malformed_and_invalid_documents() -> None:
         )
     with pytest.raises(InvalidInput, match="object"):
         decode_request(b"[]", None, "m")
-    with pytest.raises(InvalidInput, match="parameter 'priority'"):
-        decode_request(_json({"inputs": [], "parameters": {"priority": -1}}), None, "m")
+    # priority and timeout are checked once, by the DataPlane, for both protocols
+    # (tests/unit/serving/test_dataplane.py); the codec passes them through.
+    request, _ = decode_request(_json({"inputs": [], "parameters": {"priority": -1}}), None, "m")
+    assert request.parameters["priority"] == -1
 
 
 def test_raw_form() -> None:
@@ -196,3 +200,84 @@ def test_encode_rejects_non_utf8_bytes_in_json() -> None:
         encode_response(response, OutputFormat())
     encoded = encode_response(response, OutputFormat(all_binary=True))
     assert bytes(encoded.parts[1]) == struct.pack("<I", 1) + b"\xff"
+
+
+# -- the client's side: the same layout, the other way ---------------------------------------------
+
+
+def _as_body(encoded: Any) -> tuple[bytes, int | None]:
+    return b"".join(bytes(p) for p in encoded.parts), encoded.header_length
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_client_requests_decode_as_the_server_reads_them(binary: bool) -> None:
+    inputs = {
+        "x": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "n": np.array([[1, -2]], dtype=np.int64),
+        "s": np.array([["é", b"\x00b"]], dtype=object),
+        "h": np.array([0.5, -2.0], dtype=np.float16),  # binary whatever was asked
+    }
+    if not binary:
+        inputs["s"] = np.array([["é", "b"]], dtype=object)  # JSON carries UTF-8 text only
+    body, length = _as_body(encode_request(InferenceRequest("m", inputs, id="r"), binary))
+    assert length is not None  # the FP16 input always travels binary
+    request, fmt = decode_request(body, length, "m")
+    assert request.id == "r" and fmt.all_binary == binary
+    for name, array in inputs.items():
+        got = request.inputs[name]
+        assert got.dtype == Datatype.from_numpy(array.dtype).numpy and got.shape == array.shape
+        expected = [x.encode() if isinstance(x, str) else x for x in array.reshape(-1).tolist()]
+        assert got.reshape(-1).tolist() == expected
+
+
+def test_client_reads_server_responses_with_the_same_parser() -> None:
+    outputs = {
+        "a": np.arange(4, dtype=np.float32).reshape(2, 2),
+        "b": np.array([True, False]),
+        "s": np.array([b"\xff", b""], dtype=object),
+        "h": np.array([0.5], dtype=np.float16),
+    }
+    response = InferenceResponse("m", outputs, model_version="3", id="q")
+    body, length = _as_body(encode_response(response, OutputFormat(binary=frozenset({"s"}))))
+    decoded = decode_response(body, length)
+    assert (decoded.model_name, decoded.model_version, decoded.id) == ("m", "3", "q")
+    for name, array in outputs.items():
+        assert decoded.outputs[name].dtype == array.dtype
+        assert decoded.outputs[name].tolist() == array.tolist()
+
+
+def _binary_answer(size: int) -> bytes:
+    output = {
+        "name": "y",
+        "shape": [4],
+        "datatype": "FP32",
+        "parameters": {"binary_data_size": size},
+    }
+    return _json({"outputs": [output]})
+
+
+def test_client_decoding_errors_are_the_servers() -> None:
+    head = _binary_answer(8)
+    with pytest.raises(
+        InvalidInput, match="output 'y' of shape \\[4\\] and datatype FP32 takes 16 bytes"
+    ):
+        decode_response(head + b"\0" * 8, len(head))
+    head = _binary_answer(16)
+    with pytest.raises(InvalidInput, match="2 bytes after the JSON header"):
+        decode_response(head + b"\0" * 18, len(head))
+    with pytest.raises(InvalidInput, match="invalid inference response"):
+        decode_response(_json({"model_name": "m"}), None)
+    other = _json(
+        {
+            "outputs": [
+                {
+                    "name": "y",
+                    "shape": [1],
+                    "datatype": "INT64",
+                    "data": [7],
+                    "parameters": {"content_type": {"np": 1}},
+                }
+            ]
+        }
+    )
+    assert decode_response(other, None).outputs["y"].tolist() == [7]

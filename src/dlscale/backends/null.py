@@ -1,0 +1,120 @@
+"""The null backend: computes nothing, so the server, batcher and clients around it are measured.
+
+tinygrad's null device, for serving: the model's tensors come from config.toml, each output is
+the input at the same position when datatype and shape agree (the same array, no copy) or else
+zeros of its declared shape, and an optional sleep per batch and per row stands in for an
+accelerator with a known service time (docs/backends.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from numbers import Real
+from pathlib import Path
+
+import numpy as np
+
+from dlscale.backends.base import BackendOptions
+from dlscale.errors import ConfigError
+from dlscale.types import Datatype, TensorSpec
+
+#: The file a version folder holds for this backend; its contents are not read.
+MARKER_FILE = "model.null"
+#: The keys the null backend takes from [backend_options].
+DELAY_KEYS = ("delay_us", "delay_us_per_row")
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """How one output is made: echo the input named `source`, or zeros of `spec`'s shape."""
+
+    spec: TensorSpec
+    source: str | None
+
+
+class NullBackend:
+    """A Backend that answers with its inputs or zeros, after an optional simulated compute time."""
+
+    def __init__(self, path: Path, options: BackendOptions) -> None:
+        self.path = path
+        self.options = options
+        self.delay_us, self.delay_us_per_row = _delays(path, options)
+        self._answers: list[_Answer] = []
+
+    def load(self) -> None:
+        """Plan each output from the declared tensors; nothing is read from the marker file."""
+        inputs, outputs = self.options.inputs, self.options.outputs
+        if not inputs or not outputs:
+            raise ConfigError(
+                f"{self.path}: backend 'null' needs [[inputs]] and [[outputs]] in config.toml "
+                "(it has no model file to read them from)"
+            )
+        answers = []
+        for i, out in enumerate(outputs):
+            echoed = i < len(inputs) and _same_kind(inputs[i], out)
+            if not echoed and -1 in out.shape[self._batch_dims :]:
+                raise ConfigError(
+                    f"{self.path}: backend 'null' answers output {out.name!r} with zeros, which "
+                    f"needs fixed dimensions, but its shape is {list(out.shape)}"
+                )
+            answers.append(_Answer(out, inputs[i].name if echoed else None))
+        self._answers = answers
+
+    @property
+    def _batch_dims(self) -> int:
+        return 1 if self.options.max_batch_size > 0 else 0
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(self.options.inputs)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self.options.outputs)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sleep the configured service time (the GIL is released), then echo or answer zeros."""
+        first = next(iter(inputs.values()))
+        rows = first.shape[0] if self._batch_dims and first.ndim else 1
+        seconds = (self.delay_us + self.delay_us_per_row * rows) / 1e6
+        if seconds > 0:
+            time.sleep(seconds)
+        return {
+            a.spec.name: inputs[a.source] if a.source is not None else _zeros(a.spec, rows)
+            for a in self._answers
+        }
+
+    def unload(self) -> None:
+        self._answers = []
+
+
+def _same_kind(a: TensorSpec, b: TensorSpec) -> bool:
+    return a.datatype is b.datatype and a.shape == b.shape
+
+
+def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
+    shape = tuple(rows if d == -1 else d for d in spec.shape)
+    if spec.datatype is Datatype.BYTES:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, spec.datatype.numpy)
+
+
+def _delays(path: Path, options: BackendOptions) -> tuple[float, float]:
+    """delay_us and delay_us_per_row from [backend_options]; any other key is refused."""
+    unknown = sorted(set(options.extra) - set(DELAY_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: backend 'null' takes only {list(DELAY_KEYS)} in [backend_options], "
+            f"got {unknown}"
+        )
+    values = []
+    for key in DELAY_KEYS:
+        value = options.extra.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, Real) or value < 0:
+            raise ConfigError(
+                f"{path}: field 'backend_options.{key}': expected microseconds >= 0, got {value!r}"
+            )
+        values.append(float(value))
+    return values[0], values[1]

@@ -1,0 +1,68 @@
+"""A served model's config as the protocol shows it (Triton's layout), typed for both frontends."""
+
+from __future__ import annotations
+
+from dlscale.models.config import InstanceConfig, ModelConfig
+from dlscale.models.config import VersionPolicy as VersionPolicyConfig
+from dlscale.serving.manager import ServedVersion
+from dlscale.types import (
+    DynamicBatching,
+    InstanceGroup,
+    InstanceKind,
+    ModelConfigView,
+    TensorSpec,
+    VersionPolicy,
+)
+
+
+def config_view(served: ServedVersion) -> ModelConfigView:
+    """The config a version is served with; its tensors are the served signature's."""
+    config = served.config
+    skip = 1 if config.batched else 0  # the protocol's dims leave out the batch dimension
+    return ModelConfigView(
+        name=config.name,
+        platform=config.platform_name,
+        backend=config.backend,
+        max_batch_size=config.max_batch_size,
+        inputs=tuple(_without_batch(s, skip) for s in served.inputs),
+        outputs=tuple(_without_batch(s, skip) for s in served.outputs),
+        version_policy=_version_policy(config.version_policy),
+        dynamic_batching=_batching(config) if config.batched else None,
+        instance_groups=tuple(
+            _instance_group(config.name, i, group) for i, group in enumerate(config.instances)
+        ),
+        parameters={k: str(v) for k, v in config.metadata.items()},
+    )
+
+
+def _without_batch(spec: TensorSpec, skip: int) -> TensorSpec:
+    return TensorSpec(spec.name, spec.datatype, spec.shape[skip:])
+
+
+def _version_policy(policy: VersionPolicyConfig) -> VersionPolicy:
+    if policy.all:
+        return VersionPolicy(all_versions=True)
+    if policy.specific is not None:
+        return VersionPolicy(specific=tuple(policy.specific))
+    return VersionPolicy(latest=policy.latest or 1)
+
+
+def _batching(config: ModelConfig) -> DynamicBatching:
+    b = config.batching
+    return DynamicBatching(
+        max_queue_delay_us=b.max_queue_delay_us,
+        preferred_batch_sizes=tuple(b.preferred_batch_sizes),
+        priority_levels=b.priority_levels,
+        default_priority_level=b.default_priority_level,
+        max_queue_size=b.max_queue_size,
+        default_timeout_us=b.default_timeout_us,
+    )
+
+
+def _instance_group(model: str, index: int, group: InstanceConfig) -> InstanceGroup:
+    device = group.device
+    if not device.startswith(("cuda", "MIG-")):
+        return InstanceGroup(f"{model}_{index}", group.count, InstanceKind.CPU)
+    number = device.partition(":")[2]  # a MIG UUID names no index
+    gpus = (int(number),) if number.isdigit() else ()
+    return InstanceGroup(f"{model}_{index}", group.count, InstanceKind.GPU, gpus)

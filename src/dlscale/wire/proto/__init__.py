@@ -1,0 +1,1 @@
+"""The Open Inference Protocol's gRPC schema (inference.proto) and its generated stubs."""

@@ -1,0 +1,366 @@
+"""The Open Inference Protocol's REST body: a JSON header, then binary tensors, both ways.
+
+The server decodes requests and encodes responses; the bench's client encodes requests and
+decodes responses. Both directions share one reader and one writer of the layout (the binary
+tensor data extension): a tensor with `binary_data_size` takes that many bytes of the body after
+the JSON header, in the order the header lists the tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import numpy as np
+import orjson
+
+from dlscale.errors import InvalidInput
+from dlscale.types import Datatype, InferenceRequest, InferenceResponse, RequestedOutput, TensorSpec
+from dlscale.wire.tensors import (
+    Buffer,
+    Form,
+    JsonData,
+    RawData,
+    WireTensor,
+    Wording,
+    parse_datatype,
+    read_tensor,
+    write_tensor,
+)
+
+ParameterValue = bool | int | float | str
+_Doc = TypeVar("_Doc")
+
+#: How REST words binary data that does not fit its tensor.
+REST_WORDS = Wording(
+    size=(
+        "{role} {name!r} of shape {shape} and datatype {datatype} takes {want} bytes, but {got} "
+        "were sent"
+    ),
+    overrun="BYTES {role} {name!r}: element {index} claims {size} bytes, but only {left} remain",
+    short=(
+        "BYTES {role} {name!r}: its shape holds {count} elements, but the binary data ({got} bytes "
+        "of 4-byte lengths and values) holds {found}"
+    ),
+    trailing=(
+        "BYTES {role} {name!r}: its shape holds {count} elements, but the binary data ({got} "
+        "bytes of 4-byte lengths and values) holds {count} and {extra} bytes more"
+    ),
+)
+
+
+class _Tensor(msgspec.Struct):
+    name: str
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    datatype: str
+    parameters: dict[str, ParameterValue] = {}
+    data: Any = None
+
+
+class _Output(msgspec.Struct):
+    name: str
+    parameters: dict[str, ParameterValue] = {}
+
+
+class _Request(msgspec.Struct):
+    inputs: list[_Tensor]
+    id: str = ""
+    parameters: dict[str, ParameterValue] = {}
+    outputs: list[_Output] | None = None
+
+
+class _AnswerTensor(msgspec.Struct):
+    # Other servers put more than the protocol's scalars in parameters (MLServer: content types).
+    name: str
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: Any = None
+
+
+class _Response(msgspec.Struct):
+    outputs: list[_AnswerTensor]
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+_REQUEST = msgspec.json.Decoder(_Request)
+_RESPONSE = msgspec.json.Decoder(_Response)
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """How the client wants outputs sent: each one in JSON or as binary data."""
+
+    all_binary: bool = False
+    binary: frozenset[str] = frozenset()
+
+    def is_binary(self, name: str) -> bool:
+        """Whether output `name` goes as binary data after the JSON header."""
+        return self.all_binary or name in self.binary
+
+
+@dataclass(frozen=True)
+class Body:
+    """A body as parts to write in order; `header_length` is set when binary data follows."""
+
+    parts: list[Buffer]
+    header_length: int | None
+
+    @property
+    def size(self) -> int:
+        """Total body length in bytes."""
+        return sum(len(p) for p in self.parts)
+
+
+# -- the server's side: requests in, responses out -------------------------------------------------
+
+
+def decode_request(
+    body: Buffer, header_length: int | None, model: str, version: str = ""
+) -> tuple[InferenceRequest, OutputFormat]:
+    """Decode a request body; `header_length` is Inference-Header-Content-Length, if given."""
+    view = memoryview(body)
+    doc, json_end = _header(_REQUEST, view, header_length, "request")
+    params = dict(doc.parameters)
+    inputs = _read_tensors(doc.inputs, view, json_end, header_length is not None, "request")
+    outputs, fmt = _requested_outputs(doc.outputs, params)
+    request = InferenceRequest(
+        model_name=model,
+        model_version=version,
+        inputs=inputs,
+        id=doc.id,
+        outputs=outputs,
+        parameters=params,
+    )
+    return request, fmt
+
+
+def decode_raw_request(
+    body: Buffer, spec: TensorSpec, batched: bool, model: str, version: str = ""
+) -> tuple[InferenceRequest, OutputFormat]:
+    """Decode the raw binary form (Inference-Header-Content-Length: 0) of a single-input model.
+
+    The body is the input's bytes for a batch of 1; every output is sent back as binary.
+    """
+    view = memoryview(body)
+    shape = list(spec.shape)
+    if batched and shape:
+        shape[0] = 1
+    shape = _fill_unknown_dim(spec, shape, len(view))
+    tensor = WireTensor("input", spec.name, spec.datatype, tuple(shape))
+    array = read_tensor(tensor, RawData(view, REST_WORDS))
+    request = InferenceRequest(
+        model_name=model, model_version=version, inputs={spec.name: array}, parameters={}
+    )
+    return request, OutputFormat(all_binary=True)
+
+
+def encode_response(response: InferenceResponse, fmt: OutputFormat) -> Body:
+    """Encode a response: a JSON header, then the binary outputs in the order the header lists."""
+    outputs, binaries = _write_tensors(response.outputs, fmt.is_binary, "output")
+    doc: dict[str, Any] = {"model_name": response.model_name}
+    if response.model_version:
+        doc["model_version"] = response.model_version
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    return _body(doc, binaries)
+
+
+# -- the client's side: requests out, responses in -------------------------------------------------
+
+
+def encode_request(request: InferenceRequest, binary: bool) -> Body:
+    """Encode a request: every input binary (outputs asked for binary too) or every one JSON."""
+    inputs, binaries = _write_tensors(request.inputs, lambda _: binary, "input")
+    doc: dict[str, Any] = {}
+    if request.id:
+        doc["id"] = request.id
+    params = dict(request.parameters)
+    if binary:
+        params["binary_data_output"] = True
+    if params:
+        doc["parameters"] = params
+    doc["inputs"] = inputs
+    if request.outputs is not None:
+        doc["outputs"] = [{"name": o.name, "parameters": o.parameters} for o in request.outputs]
+    return _body(doc, binaries)
+
+
+def decode_response(payload: Buffer, header_length: int | None) -> InferenceResponse:
+    """Decode a response body with the server's reader of the layout."""
+    view = memoryview(payload)
+    doc, json_end = _header(_RESPONSE, view, header_length, "response")
+    outputs = _read_tensors(doc.outputs, view, json_end, header_length is not None, "response")
+    return InferenceResponse(
+        model_name=doc.model_name,
+        outputs=outputs,
+        model_version=doc.model_version,
+        id=doc.id,
+        parameters=dict(doc.parameters or {}),
+    )
+
+
+# -- the layout, both ways -------------------------------------------------------------------------
+
+
+def _header(
+    decoder: msgspec.json.Decoder[_Doc], view: memoryview, header_length: int | None, what: str
+) -> tuple[_Doc, int]:
+    json_end = len(view) if header_length is None else header_length
+    if json_end > len(view):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length is {json_end}, but the body has only "
+            f"{len(view)} bytes"
+        )
+    if json_end == 0:
+        raise InvalidInput(f"the {what} body is empty: expected a JSON inference {what}")
+    try:
+        return decoder.decode(view[:json_end]), json_end
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(f"invalid inference {what}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed JSON in the inference {what}: {exc}") from None
+
+
+def _read_tensors(
+    tensors: list[_Tensor] | list[_AnswerTensor],
+    body: memoryview,
+    offset: int,
+    has_binary: bool,
+    what: str,
+) -> dict[str, np.ndarray]:
+    role = "input" if what == "request" else "output"
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if tensor.name in arrays:
+            raise InvalidInput(f"{role} {tensor.name!r} appears twice in the {what}")
+        arrays[tensor.name], offset = _read_tensor(tensor, body, offset, has_binary, what)
+    if offset != len(body):
+        raise InvalidInput(
+            f"the body has {len(body) - offset} bytes after the JSON header and the binary "
+            f"tensors; the {role}s' binary_data_size values do not add up to the body length"
+        )
+    return arrays
+
+
+def _read_tensor(
+    entry: _Tensor | _AnswerTensor, body: memoryview, offset: int, has_binary: bool, what: str
+) -> tuple[np.ndarray, int]:
+    role = "input" if what == "request" else "output"
+    name = entry.name
+    params = entry.parameters or {}
+    tensor = WireTensor(
+        role, name, parse_datatype(role, name, entry.datatype), tuple(entry.shape), params
+    )
+    size = params.get("binary_data_size")
+    if size is None:
+        return read_tensor(tensor, JsonData(entry.data)), offset
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidInput(
+            f"{role} {name!r}: binary_data_size must be a non-negative integer, got {size!r}"
+        )
+    if not has_binary:
+        raise InvalidInput(
+            f"{role} {name!r} gives binary_data_size, but the {what} has no "
+            "Inference-Header-Content-Length header to say where the JSON ends"
+        )
+    if entry.data is not None:
+        raise InvalidInput(f"{role} {name!r} gives both data and binary_data_size")
+    if offset + size > len(body):
+        raise InvalidInput(
+            f"{role} {name!r} has binary_data_size {size}, but only {len(body) - offset} "
+            "bytes of the body remain"
+        )
+    chunk = RawData(body[offset : offset + size], REST_WORDS)
+    return read_tensor(tensor, chunk), offset + size
+
+
+def _write_tensors(
+    arrays: Mapping[str, np.ndarray], binary: Callable[[str], bool], role: str
+) -> tuple[list[dict[str, Any]], list[Buffer]]:
+    entries: list[dict[str, Any]] = []
+    binaries: list[Buffer] = []
+    for name, array in arrays.items():
+        datatype = Datatype.from_numpy(array.dtype)
+        # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
+        form = Form.RAW if binary(name) or not datatype.json_safe else Form.JSON
+        written = write_tensor(role, name, array, datatype, form)
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": datatype.value,
+            "shape": list(array.shape),
+        }
+        if written.raw is not None:
+            entry["parameters"] = {"binary_data_size": len(written.raw)}
+            binaries.append(written.raw)
+        else:
+            entry["data"] = written.values
+        entries.append(entry)
+    return entries, binaries
+
+
+def _body(doc: dict[str, Any], binaries: list[Buffer]) -> Body:
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not binaries:
+        return Body([header], None)
+    return Body([header, *binaries], len(header))
+
+
+# -- the server's request details ------------------------------------------------------------------
+
+
+def _requested_outputs(
+    outputs: list[_Output] | None, params: dict[str, ParameterValue]
+) -> tuple[list[RequestedOutput] | None, OutputFormat]:
+    all_binary = _flag(params, "binary_data_output", "request")
+    if outputs is None:
+        return None, OutputFormat(all_binary=all_binary)
+    wanted, binary = [], set()
+    for out in outputs:
+        is_binary = _flag(out.parameters, "binary_data", f"output {out.name!r}")
+        wanted.append(RequestedOutput(out.name, is_binary, dict(out.parameters)))
+        if is_binary:
+            binary.add(out.name)
+    return wanted, OutputFormat(all_binary=all_binary, binary=frozenset(binary))
+
+
+def _flag(params: dict[str, ParameterValue], key: str, where: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"parameter {key!r} of the {where} must be true or false, got {value!r}")
+    return value
+
+
+def _fill_unknown_dim(spec: TensorSpec, shape: list[int], size: int) -> list[int]:
+    unknown = [i for i, d in enumerate(shape) if d == -1]
+    if spec.datatype is Datatype.BYTES:
+        if unknown:
+            raise InvalidInput(
+                f"input {spec.name!r} has variable dims {list(spec.shape)}: the raw binary form "
+                "(Inference-Header-Content-Length: 0) needs a JSON header to give its shape"
+            )
+        return shape
+    if len(unknown) > 1:
+        raise InvalidInput(
+            f"input {spec.name!r} has shape {list(spec.shape)} with several variable dims: the raw "
+            "binary form (Inference-Header-Content-Length: 0) cannot tell its shape; send a JSON "
+            "header"
+        )
+    if unknown:
+        known = math.prod(d for d in shape if d != -1) * spec.datatype.itemsize
+        if known == 0 or size % known:
+            raise InvalidInput(
+                f"raw body of {size} bytes does not fit input {spec.name!r} of shape "
+                f"{list(spec.shape)} and datatype {spec.datatype.value}"
+            )
+        shape[unknown[0]] = size // known
+    return shape

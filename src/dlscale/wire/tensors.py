@@ -1,0 +1,348 @@
+"""Tensors on the wire: raw little-endian bytes, BYTES elements, JSON data and typed values.
+
+Every Open Inference Protocol encoding of a tensor is read by `read_tensor` and written by
+`write_tensor`, for the REST and gRPC codecs alike and in both directions. They are the one place
+where a tensor's source or destination is chosen, so that the next one (Triton's shared-memory
+regions, named by a tensor's parameters, whose message then carries no data) joins there.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dlscale.errors import InvalidInput
+from dlscale.types import Datatype, Parameters
+
+Buffer = bytes | bytearray | memoryview
+
+_LENGTH = struct.Struct("<I")
+_INTEGER = "iu"
+_DATATYPES = {d.value: d for d in Datatype}  # a dict lookup is cheaper than the enum's call
+
+
+# The records below are made for every tensor of every request: slots and no frozen __setattr__
+# keep them at a fraction of a microsecond each. Nothing changes them after they are made.
+
+
+@dataclass(slots=True)
+class WireTensor:
+    """What a message says of a tensor besides its data; `role` is "input" or "output"."""
+
+    role: str
+    name: str
+    datatype: Datatype
+    shape: tuple[int, ...]
+    parameters: Parameters = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        """Elements in the shape."""
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How a protocol words raw data that does not fit; each keeps what its clients were told.
+
+    The templates may use: role, name, datatype, shape, got (bytes sent), want (bytes needed),
+    index (a BYTES element), size (its declared length), left (bytes left for it), count
+    (elements in the shape), found (elements read) and extra (bytes after the last element).
+    """
+
+    size: str
+    overrun: str
+    short: str
+    trailing: str
+
+
+@dataclass(slots=True)
+class RawData:
+    """Little-endian, row-major bytes: REST binary data or gRPC raw contents."""
+
+    data: Buffer
+    wording: Wording
+
+
+@dataclass(slots=True)
+class JsonData:
+    """REST JSON `data`, nested or flat; None when the tensor gave none."""
+
+    data: Any
+
+
+@dataclass(slots=True)
+class TypedValues:
+    """gRPC typed contents: the values of one field, and the numpy type protobuf holds them in."""
+
+    field: str
+    values: Sequence[Any]
+    wire: np.dtype[Any]
+
+
+Source = RawData | JsonData | TypedValues
+
+
+class Form(enum.Enum):
+    """The form an encoded tensor's data takes in its message."""
+
+    RAW = "raw"  # little-endian bytes: REST binary data, gRPC raw contents
+    JSON = "json"  # REST JSON data
+    TYPED = "typed"  # gRPC typed contents (the codec picks the field)
+
+
+@dataclass(slots=True)
+class Written:
+    """A tensor's data as `write_tensor` made it: raw bytes, or values (JSON data or typed)."""
+
+    raw: Buffer | None = None
+    values: Any = None
+
+
+# -- datatypes and BYTES elements ------------------------------------------------------------------
+
+
+def parse_datatype(role: str, name: str, text: str) -> Datatype:
+    """The datatype a message names for a tensor; InvalidInput listing the known ones."""
+    datatype = _DATATYPES.get(text)
+    if datatype is None:
+        known = ", ".join(_DATATYPES)
+        raise InvalidInput(f"{role} {name!r} has unknown datatype {text!r} (known: {known})")
+    return datatype
+
+
+def as_bytes(item: object) -> bytes:
+    """One BYTES element as bytes; text is UTF-8 encoded (ONNX Runtime hands strings back)."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, bytearray | memoryview):
+        return bytes(item)
+    return str(item).encode()
+
+
+def as_text(item: object) -> str:
+    """One BYTES element as text; raises UnicodeDecodeError when its bytes are not UTF-8."""
+    return item.decode() if isinstance(item, bytes) else str(item)
+
+
+def serialize_bytes(items: Iterable[object]) -> bytes:
+    """BYTES elements on the wire: each as a 4-byte little-endian length, then its bytes."""
+    parts = []
+    for item in items:
+        raw = as_bytes(item)
+        parts.append(_LENGTH.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def read_tensor(tensor: WireTensor, source: Source) -> np.ndarray:
+    """A tensor's array from the source its message gave; InvalidInput saying what does not fit.
+
+    Raw numbers are a view of the message's bytes (no copy; read-only when the bytes are).
+    """
+    # Shared memory joins here: a `shared_memory_region` in tensor.parameters names the source
+    # instead (its message carries no data), checked before the source the message carried.
+    if isinstance(source, RawData):
+        return _from_raw(tensor, source)
+    if isinstance(source, JsonData):
+        return _from_json(tensor, source.data)
+    return _from_typed(tensor, source)
+
+
+def _say(template: str, tensor: WireTensor, **facts: int) -> str:
+    return template.format(
+        role=tensor.role,
+        name=tensor.name,
+        datatype=tensor.datatype.value,
+        shape=list(tensor.shape),
+        **facts,
+    )
+
+
+def _from_raw(tensor: WireTensor, source: RawData) -> np.ndarray:
+    view = memoryview(source.data)
+    if tensor.datatype is Datatype.BYTES:
+        return _parse_bytes(tensor, view, source.wording).reshape(tensor.shape)
+    dtype = tensor.datatype.numpy
+    count = math.prod(tensor.shape)
+    want = count * dtype.itemsize
+    if len(view) != want:
+        raise InvalidInput(_say(source.wording.size, tensor, got=len(view), want=want))
+    # The wire is little-endian, as are the hosts dlscale runs on; no byte swapping needed.
+    return np.frombuffer(view, dtype=dtype, count=count).reshape(tensor.shape)
+
+
+def _parse_bytes(tensor: WireTensor, view: memoryview, wording: Wording) -> np.ndarray:
+    count, end, pos = tensor.count, len(view), 0
+    out = np.empty(count, dtype=object)
+    for i in range(count):
+        if pos + 4 > end:
+            raise InvalidInput(_say(wording.short, tensor, got=end, count=count, found=i))
+        (size,) = _LENGTH.unpack_from(view, pos)
+        pos += 4
+        if pos + size > end:
+            raise InvalidInput(_say(wording.overrun, tensor, index=i, size=size, left=end - pos))
+        out[i] = bytes(view[pos : pos + size])
+        pos += size
+    if pos != end:
+        raise InvalidInput(_say(wording.trailing, tensor, got=end, count=count, extra=end - pos))
+    return out
+
+
+def _from_typed(tensor: WireTensor, source: TypedValues) -> np.ndarray:
+    values, count = source.values, tensor.count
+    if len(values) != count:
+        raise InvalidInput(
+            f"{tensor.role} {tensor.name!r}: {len(values)} values in {source.field}, but shape "
+            f"{list(tensor.shape)} holds {count}"
+        )
+    if tensor.datatype is Datatype.BYTES:
+        array = np.empty(count, dtype=object)
+        array[:] = [as_bytes(v) for v in values]
+        return array.reshape(tensor.shape)
+    array = np.array(values, dtype=source.wire)
+    target = tensor.datatype.numpy
+    if target != source.wire:
+        narrowed = array.astype(target)
+        if not np.array_equal(narrowed, array):
+            raise InvalidInput(
+                f"{tensor.role} {tensor.name!r}: values out of range for {tensor.datatype.value}"
+            )
+        array = narrowed
+    return array.reshape(tensor.shape)
+
+
+def _from_json(tensor: WireTensor, data: Any) -> np.ndarray:
+    role, name, datatype = tensor.role, tensor.name, tensor.datatype
+    if not datatype.json_safe:
+        raise InvalidInput(
+            f"{role} {name!r} is {datatype.value}, which JSON cannot carry: send it as binary data "
+            "(parameter binary_data_size and Inference-Header-Content-Length)"
+        )
+    if data is None:
+        raise InvalidInput(f"{role} {name!r} has neither data nor binary_data_size")
+    flat = data if isinstance(data, list) else [data]
+    array = _strings(tensor, flat) if datatype is Datatype.BYTES else _numbers(tensor, flat)
+    count = tensor.count
+    if array.size != count:
+        raise InvalidInput(
+            f"{role} {name!r} has shape {list(tensor.shape)} ({count} elements), but its data "
+            f"holds {array.size}"
+        )
+    return array.reshape(tensor.shape)
+
+
+def _numbers(tensor: WireTensor, data: list[Any]) -> np.ndarray:
+    where = f"data of {tensor.role} {tensor.name!r}"
+    try:
+        array = np.array(data)
+    except (ValueError, OverflowError):
+        raise InvalidInput(f"{where} is ragged: nested lists must have equal lengths") from None
+    kind = array.dtype.kind
+    datatype = tensor.datatype
+    target = datatype.numpy
+    if array.size == 0:
+        return array.astype(target)
+    if datatype is Datatype.BOOL:
+        ok = kind == "b"
+    elif target.kind in _INTEGER:
+        ok = kind in _INTEGER
+    else:
+        ok = kind in "iuf"
+    if not ok:
+        want = {"b": "true/false", "i": "integers", "u": "integers"}.get(target.kind, "numbers")
+        raise InvalidInput(
+            f"{where} must hold {want} for datatype {datatype.value}; got {_describe(array)}"
+        )
+    if target.kind in _INTEGER:
+        info = np.iinfo(target)
+        low, high = int(array.min()), int(array.max())
+        if low < info.min or high > info.max:
+            raise InvalidInput(
+                f"{where} has values in [{low}, {high}], outside the range of {datatype.value} "
+                f"[{info.min}, {info.max}]"
+            )
+    return array.astype(target, copy=False)
+
+
+def _describe(array: np.ndarray) -> str:
+    return {
+        "b": "booleans",
+        "f": "non-integer numbers",
+        "U": "strings",
+        "O": "mixed or non-numeric values",
+    }.get(array.dtype.kind, str(array.dtype))
+
+
+def _strings(tensor: WireTensor, data: list[Any]) -> np.ndarray:
+    flat: list[Any] = []
+    _flatten(data, flat)
+    if not all(isinstance(s, str) for s in flat):
+        raise InvalidInput(f"data of BYTES {tensor.role} {tensor.name!r} must hold strings only")
+    out = np.empty(len(flat), dtype=object)
+    out[:] = [s.encode() for s in flat]
+    return out
+
+
+def _flatten(data: list[Any], out: list[Any]) -> None:
+    for item in data:
+        if isinstance(item, list):
+            _flatten(item, out)
+        else:
+            out.append(item)
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def write_tensor(
+    role: str, name: str, array: np.ndarray, datatype: Datatype, form: Form
+) -> Written:
+    """A tensor's data in the form its message sends it in.
+
+    RAW is a view of the array's bytes when it is contiguous (BYTES elements are serialized);
+    JSON is a flat array or a list of text ready for orjson; TYPED is a list of values.
+    """
+    # Shared memory joins here: an output requested into a region is written there, and its
+    # message then carries no data (a form of its own, chosen by the requested output).
+    if form is Form.RAW:
+        return Written(raw=_to_raw(array, datatype))
+    if form is Form.JSON:
+        return Written(values=_to_json(role, name, array, datatype))
+    if datatype is Datatype.BYTES:
+        return Written(values=[as_bytes(v) for v in array.flat])
+    return Written(values=array.ravel().tolist())
+
+
+def _to_raw(array: np.ndarray, datatype: Datatype) -> Buffer:
+    if datatype is Datatype.BYTES:
+        return serialize_bytes(array.flat)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    flat: Any = array.reshape(-1).view(np.uint8)  # numpy lacks Buffer hints
+    return memoryview(flat)
+
+
+def _to_json(role: str, name: str, array: np.ndarray, datatype: Datatype) -> Any:
+    if datatype is not Datatype.BYTES:
+        return np.ascontiguousarray(array).reshape(-1)
+    try:
+        return [as_text(x) for x in array.flat]
+    except UnicodeDecodeError:
+        advice = (
+            "ask for it with the parameter binary_data: true"
+            if role == "output"
+            else "send it as binary data"
+        )
+        raise InvalidInput(
+            f"{role} {name!r} holds bytes that are not UTF-8, which JSON cannot carry; {advice}"
+        ) from None

@@ -1,0 +1,67 @@
+"""The one server the tests talk to: dlscale's Server in a background thread, on free ports."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast
+
+from dlscale.frontends.grpc import GrpcFrontend
+from dlscale.frontends.rest import HttpFrontend
+from dlscale.server import ALL_MODELS, ServerSettings, ServerThread
+from dlscale.serving.dataplane import DataPlane
+
+HOST = "127.0.0.1"
+
+
+def settings_for(root: Path, **changes: Any) -> ServerSettings:
+    """REST and gRPC on ports the OS picks, no metrics port, every model loaded under explicit
+    control (so the tests may load and unload), a 4 MiB body limit; `changes` override these."""
+    settings = ServerSettings(
+        repository=root,
+        host=HOST,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=None,
+        model_control="explicit",
+        load_models=(ALL_MODELS,),
+        max_body_bytes=4 * 2**20,
+        grace_s=5.0,
+    )
+    return dataclasses.replace(settings, **changes)
+
+
+class LocalServer(ServerThread):
+    """A started ServerThread and the addresses its clients need."""
+
+    @property
+    def dataplane(self) -> DataPlane:
+        return self.server.dataplane
+
+    @property
+    def http(self) -> HttpFrontend:
+        """The REST frontend (tests stop it on its own to watch a graceful stop)."""
+        return cast(HttpFrontend, self.server.frontends["http"])
+
+    @property
+    def grpc(self) -> GrpcFrontend:
+        return cast(GrpcFrontend, self.server.frontends["grpc"])
+
+    @property
+    def http_url(self) -> str:
+        """host:port of the REST frontend, as tritonclient wants it."""
+        return f"{HOST}:{self.server.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port of the gRPC frontend."""
+        return f"{HOST}:{self.server.ports['grpc']}"
+
+
+@contextmanager
+def serving(root: Path, **changes: Any) -> Iterator[LocalServer]:
+    """A started server over the repository at `root` (settings_for's, with `changes`)."""
+    with LocalServer(settings_for(root, **changes)) as server:
+        yield server
