@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client.registry import CollectorRegistry
-from tests.unit.serving.conftest import identity_graph, write_model
+from tests.toolkit.models import identity_graph, write_model
 
 from dlscale.errors import TooManyRequests
 from dlscale.serving.dataplane import DataPlane
@@ -22,8 +22,8 @@ BULK = "max_batch_size = 8\n[qos]\nweight = 2.0\nrate_limit = 0.01\nrate_burst =
 
 @pytest.fixture
 async def manager(tmp_path: Path) -> ModelManager:
-    write_model(tmp_path / "fast", identity_graph(), FAST)
-    write_model(tmp_path / "bulk", identity_graph(), BULK)
+    write_model(tmp_path, "fast", identity_graph(), FAST)
+    write_model(tmp_path, "bulk", identity_graph(), BULK)
     manager = ModelManager.open(tmp_path)
     await manager.load_all()
     yield manager  # type: ignore[misc]
