@@ -130,6 +130,12 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument("--poll-interval", type=float, default=5.0, help="poll mode: seconds")
     serve.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
     serve.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
+    serve.add_argument(
+        "--qos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule models sharing a device by their [qos] (default); --no-qos ignores it",
+    )
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol, Self, TypeVar
 from prometheus_client import start_http_server
 
 from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.gate import DeviceGates
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
 from dlscale.serving.poller import RepositoryPoller
@@ -46,6 +47,8 @@ class ServerSettings:
     keep_alive_s: float = 75.0
     grace_s: float = 10.0
     telemetry_interval_s: float = 1.0
+    #: False ignores every model's [qos] table: no device scheduler, no limits (docs/qos.md).
+    qos: bool = True
 
 
 class Frontend(Protocol):
@@ -66,7 +69,7 @@ class Server:
         if settings.model_control not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
-        self.manager = ModelManager.open(settings.repository)
+        self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=settings.qos))
         self.dataplane = DataPlane(self.manager, settings.model_control)
         self.registry = build_registry(self.manager, settings.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
@@ -233,6 +236,7 @@ def serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+        qos=args.qos,
     )
     with asyncio.Runner(loop_factory=_new_event_loop) as runner:
         runner.run(Server(settings).serve_forever())

@@ -221,19 +221,35 @@ class Batcher:
                         return chosen
         return chosen
 
+    def _ready(self, now: float) -> tuple[list[_Pending], int, float]:
+        """The candidates, how many the policy sends now (0: wait), and the oldest's arrival."""
+        chosen = self._candidates()
+        if not chosen:
+            return [], 0, now
+        oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
+        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed), oldest
+
+    def _demand(self, now: float) -> Demand | None:
+        """The next batch's demand for a device slot, when the policy would send it now."""
+        chosen, send, oldest = self._ready(now)
+        if not send:
+            return None
+        return Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
+
     async def _form_batch(self, seat: Seat | None) -> tuple[list[_Pending], _Slot | None]:
         while True:
-            chosen = self._candidates()
-            if not chosen:
-                return [], None
-            oldest, now = min(i.enqueued for i in chosen), self._clock()
-            rows = [i.rows for i in chosen]
-            send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed)
+            now = self._clock()
+            chosen, send, oldest = self._ready(now)
             if send and seat is not None and seat.active:
-                return await self._granted(seat, Demand(oldest, sum(rows[:send]), rows[0]))
+                demand = Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
+                return await self._granted(seat, demand)
             if send:
                 slot = _Slot(seat, seat.start_off(), now) if seat is not None else None
                 return self._take(chosen[:send], now), slot
+            if seat is not None:
+                seat.withdraw()  # a slot kept for this model on release is not wanted yet
+            if not chosen:
+                return [], None
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
@@ -269,9 +285,19 @@ class Batcher:
             await self._compute(instance, batch)
         finally:
             if slot is not None:
-                rows = sum(i.rows for i in batch)
-                slot.seat.release(slot.grant, rows, self._clock() - slot.start, slot.capped)
+                self._release(slot, sum(i.rows for i in batch))
             self._free.put_nowait(instance)
+
+    def _release(self, slot: _Slot, rows: int) -> None:
+        """Give the device slot back, saying whether this model has its next batch ready.
+
+        Otherwise a model with one instance would never be waiting when its own batch ends:
+        its next batch forms only once the instance is back, after the slot went to another.
+        """
+        now = self._clock()
+        single = self.qos is not None and len(self.qos.devices()) == 1
+        then = self._demand(now) if single and slot.seat.active else None
+        slot.seat.release(slot.grant, rows, now - slot.start, slot.capped, then)
 
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
         t0 = self._clock()

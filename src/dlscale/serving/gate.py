@@ -28,6 +28,9 @@ class DeviceGate:
         self.scheduler = DeviceScheduler(slots)
         self._clock = clock
         self._waiters: dict[str, asyncio.Future[Grant]] = {}
+        #: Grants to tenants that said on release that their next batch was ready, kept until
+        #: their batcher comes for them (or withdraws).
+        self._kept: dict[str, Grant] = {}
 
     @property
     def active(self) -> bool:
@@ -47,6 +50,9 @@ class DeviceGate:
         """Wait for a slot for `name`'s batch; at once (without yielding) while the gate is off."""
         if not self.scheduler.active:
             return self.scheduler.start_off(name)
+        kept = self._kept.pop(name, None)
+        if kept is not None:
+            return kept
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self._waiters[name] = future
         self.scheduler.ask(name, demand)
@@ -61,14 +67,36 @@ class DeviceGate:
                 self.release(future.result(), 0, 0.0)  # granted as it was cancelled
             raise
 
-    def release(self, grant: Grant, rows: int, seconds: float, capped: bool = False) -> None:
-        """The granted batch of `rows` computed in `seconds` (0 rows: it was never sent)."""
+    def release(
+        self,
+        grant: Grant,
+        rows: int,
+        seconds: float,
+        capped: bool = False,
+        then: Demand | None = None,
+    ) -> None:
+        """The granted batch of `rows` computed in `seconds` (0 rows: it was never sent).
+
+        `then`: the tenant's next batch is ready; it competes for this slot now, and a grant it
+        wins is kept for its batcher (which calls `acquire`, or `withdraw` if it changed course).
+        """
         self.scheduler.finish(grant, rows, seconds, capped)
+        if then is not None and grant.tenant not in self._waiters and self.scheduler.active:
+            self.scheduler.ask(grant.tenant, then)
         self._dispatch()
+
+    def withdraw(self, name: str) -> None:
+        """`name` has no batch ready after all: drop its demand, give back a kept grant."""
+        if name in self._waiters:
+            return  # its batcher is waiting in acquire: the demand stands
+        self.scheduler.withdraw(name)
+        kept = self._kept.pop(name, None)
+        if kept is not None:
+            self.release(kept, 0, 0.0)
 
     def _dispatch(self) -> None:
         now = self._clock()
-        while self._waiters:
+        while True:
             if not self.scheduler.active:
                 grants = [(f, self.scheduler.start_off(n)) for n, f in self._waiters.items()]
                 self._waiters.clear()
@@ -78,7 +106,10 @@ class DeviceGate:
             chosen = self.scheduler.decide(now)
             if chosen is None:
                 return
-            _hand(self.scheduler, self._waiters.pop(chosen.tenant), chosen)
+            if chosen.tenant in self._waiters:
+                _hand(self.scheduler, self._waiters.pop(chosen.tenant), chosen)
+            else:
+                self._kept[chosen.tenant] = chosen
 
 
 def _hand(scheduler: DeviceScheduler, future: asyncio.Future[Grant], grant: Grant) -> None:
@@ -108,9 +139,20 @@ class Seat:
         """Wait for a slot for a batch (module docstring)."""
         return await self.gate.acquire(self.tenant.name, demand)
 
-    def release(self, grant: Grant, rows: int, seconds: float, capped: bool = False) -> None:
-        """Give the slot back with what the batch took."""
-        self.gate.release(grant, rows, seconds, capped)
+    def release(
+        self,
+        grant: Grant,
+        rows: int,
+        seconds: float,
+        capped: bool = False,
+        then: Demand | None = None,
+    ) -> None:
+        """Give the slot back with what the batch took (`then`: the next batch is ready)."""
+        self.gate.release(grant, rows, seconds, capped, then)
+
+    def withdraw(self) -> None:
+        """No batch is ready after all (DeviceGate.withdraw)."""
+        self.gate.withdraw(self.tenant.name)
 
 
 @dataclass

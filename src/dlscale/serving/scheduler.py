@@ -14,8 +14,9 @@ The rule, when a slot is free and batches wait (docs/qos.md):
    one objective of device time ahead of the fair choice (an objective is no licence to take
    more than the tenant's share for long).
 3. Blocking: compute is not preempted, so the chosen batch is capped to the most rows whose
-   service time (mean plus two deviations) fits the slack of every other tenant with an
-   objective: a waiting one's time to its latest start, an idle one's queue budget.
+   service time (mean plus two deviations: the objective is a p99) fits the slack of every
+   other tenant with an objective: a waiting one's time to its latest start, an idle one's
+   queue budget (its own batch counted at its mean time).
 
 It is work-conserving: a free slot never stays idle while a batch waits.
 """
@@ -167,15 +168,15 @@ class Tenant:
     def latest_start(self) -> float:
         """When the waiting batch must start for its oldest request to meet the objective."""
         assert self.waiting is not None and self.objective_s is not None
-        return self.waiting.head + self.objective_s - self.service.bound(self.waiting.rows)
+        return self.waiting.head + self.objective_s - self.service.expected(self.waiting.rows)
 
     def slack(self, now: float) -> float:
         """How long another batch may run before this tenant's next one without a miss."""
         assert self.objective_s is not None
         if self.waiting is not None:
             return self.latest_start() - now
-        bound = self.service.bound(self.typical_rows)
-        return self.objective_s - bound - self.queue_delay_s
+        own = self.service.expected(self.typical_rows)
+        return self.objective_s - own - self.queue_delay_s
 
 
 class DeviceScheduler:

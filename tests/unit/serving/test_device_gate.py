@@ -169,3 +169,25 @@ def test_a_request_that_leaves_while_its_batch_waits_frees_the_slot() -> None:
         assert gate.scheduler.running == 0 and not gate._waiters
 
     _in_virtual_time(main)
+
+
+def test_a_model_with_one_instance_keeps_its_turn_between_its_own_batches() -> None:
+    """Its next batch forms only once its instance is back; the release says it is ready, so
+    the slot does not go to the flood in between."""
+
+    async def main() -> tuple[Device, Device]:
+        gates = DeviceGates(clock=asyncio.get_running_loop().time)
+        flood, flood_device = _model(gates, "neighbor", 64, neighbor_time)
+        guarded, guarded_device = _model(
+            gates, "protected", 1, lambda _: 0.004, latency_objective_us=50_000
+        )
+        busy = [flood.submit(ROW) for _ in range(256)]
+        await asyncio.sleep(0.001)
+        await asyncio.gather(*(guarded.infer(ROW) for _ in range(3)))
+        await asyncio.gather(*busy)
+        return flood_device, guarded_device
+
+    flood_device, guarded_device = _in_virtual_time(main)
+    (first, _, _), _, (_, last, _) = guarded_device.batches
+    assert last - first == pytest.approx(3 * 0.004)  # back to back
+    assert not [b for b in flood_device.batches if first < b[0] < last]
