@@ -222,8 +222,14 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s = verbs.add_parser("serve", help="fewest devices of each kind that hold a p99 SLO")
     s.add_argument("--model", help="zoo model name or .onnx file")
     s.add_argument("--repo", type=Path, help="model repository holding --model")
-    s.add_argument("--qps", type=float, required=True, help="requests per second to serve")
-    s.add_argument("--p99", required=True, help="p99 latency bound, e.g. 15ms")
+    s.add_argument("--qps", type=float, help="requests per second to serve")
+    s.add_argument("--p99", help="p99 latency bound, e.g. 15ms")
+    s.add_argument("--mig", help="a MIG layout on this catalog GPU for the --tenant models")
+    s.add_argument(
+        "--tenant",
+        action="append",
+        help="with --mig: model=NAME,qps=Q,p99=15ms[,memory=20GB][,profile=FILE] (repeat)",
+    )
     s.add_argument("--devices", help="catalog names, comma-separated")
     s.add_argument("--profile", help="measured batch latencies (JSON, see docs/plan.md)")
     s.add_argument("--efficiency", type=float, help="share of the roofline reached (default 0.4)")
