@@ -34,7 +34,8 @@ def test_every_verb_has_a_lazy_handler_outside_cli() -> None:
     handlers = _all_handlers()
     expected = {
         "zoo build", "models check", "run", "serve", "demo", "catalog", "devices", "roofline",
-        "plan train", "plan serve", "bench", "bench compare", "bench allreduce", "optimize",
+        "plan train", "plan serve", "bench", "bench compare", "bench allreduce",
+        "bench interference", "optimize",
     }  # fmt: skip
     assert set(handlers) == expected
     for path, handler in handlers.items():
