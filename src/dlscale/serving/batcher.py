@@ -285,10 +285,10 @@ class Batcher:
             await self._compute(instance, batch)
         finally:
             if slot is not None:
-                self._release(slot, sum(i.rows for i in batch))
+                self._release(slot, batch)
             self._free.put_nowait(instance)
 
-    def _release(self, slot: _Slot, rows: int) -> None:
+    def _release(self, slot: _Slot, batch: list[_Pending]) -> None:
         """Give the device slot back, saying whether this model has its next batch ready.
 
         Otherwise a model with one instance would never be waiting when its own batch ends:
@@ -297,7 +297,9 @@ class Batcher:
         now = self._clock()
         single = self.qos is not None and len(self.qos.devices()) == 1
         then = self._demand(now) if single and slot.seat.active else None
-        slot.seat.release(slot.grant, rows, now - slot.start, slot.capped, then)
+        rows = sum(i.rows for i in batch)
+        latencies = [now - i.enqueued for i in batch]
+        slot.seat.release(slot.grant, rows, now - slot.start, slot.capped, then, latencies)
 
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
         t0 = self._clock()

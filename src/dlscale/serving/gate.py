@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dlscale.models.config import ModelConfig
@@ -74,13 +74,15 @@ class DeviceGate:
         seconds: float,
         capped: bool = False,
         then: Demand | None = None,
+        latencies: Sequence[float] = (),
     ) -> None:
         """The granted batch of `rows` computed in `seconds` (0 rows: it was never sent).
 
         `then`: the tenant's next batch is ready; it competes for this slot now, and a grant it
         wins is kept for its batcher (which calls `acquire`, or `withdraw` if it changed course).
+        `latencies`: its requests' times since arrival (DeviceScheduler.finish).
         """
-        self.scheduler.finish(grant, rows, seconds, capped)
+        self.scheduler.finish(grant, rows, seconds, capped, latencies)
         if then is not None and grant.tenant not in self._waiters and self.scheduler.active:
             self.scheduler.ask(grant.tenant, then)
         self._dispatch()
@@ -146,9 +148,10 @@ class Seat:
         seconds: float,
         capped: bool = False,
         then: Demand | None = None,
+        latencies: Sequence[float] = (),
     ) -> None:
         """Give the slot back with what the batch took (`then`: the next batch is ready)."""
-        self.gate.release(grant, rows, seconds, capped, then)
+        self.gate.release(grant, rows, seconds, capped, then, latencies)
 
     def withdraw(self) -> None:
         """No batch is ready after all (DeviceGate.withdraw)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 #: Weight of the newest batch in the running mean and deviation of a batch size's time.
@@ -37,6 +38,11 @@ ROWS_WEIGHT = 0.1
 #: A batch size not seen in this many batches is forgotten: the machine drifts, and a stale
 #: time would hold every cap below it (its size would never run again to correct it).
 STALE_AFTER = 64
+#: The feedback on a tenant's measured tail (Tail): how many recent requests it reads, how often
+#: it adjusts, which percentile it steers, the share of the objective it aims that percentile
+#: at, and how hard it corrects. It steers the p95 of the last 50, not a p99: a p99 needs a
+#: window long enough to lag (and overshoot) and is one stall of a busy host from a false alarm.
+TAIL_WINDOW, TAIL_EVERY, TAIL_PERCENTILE, TAIL_AIM, TAIL_GAIN = 50, 25, 0.95, 0.8, 0.25
 
 
 @dataclass
@@ -121,6 +127,40 @@ class ServiceTimes:
         return values[i - 1] + (values[i] - values[i - 1]) * (rows - lo) / (hi - lo)
 
 
+@dataclass
+class Tail:
+    """A tenant's recent latencies in the server, and the margin its slack loses for them.
+
+    The slack rule counts blocking and the tenant's own batch; its own queueing (a burst of its
+    requests, its batching delay, a busy host) comes on top. So the measured tail steers a
+    margin taken off every slack of the tenant: it grows while the tail (TAIL_PERCENTILE) is
+    above TAIL_AIM x the objective and shrinks while below, between 0 and the objective.
+    """
+
+    recent: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_WINDOW)
+    )
+    margin: float = 0.0
+    since: int = 0
+
+    def observe(self, seconds: float, objective: float) -> None:
+        """One request took `seconds` from its arrival to its batch's end."""
+        self.recent.append(seconds)
+        self.since += 1
+        if self.since < TAIL_EVERY:
+            return
+        self.since = 0
+        error = self.tail() - TAIL_AIM * objective
+        self.margin = min(objective, max(0.0, self.margin + TAIL_GAIN * error))
+
+    def tail(self) -> float:
+        """The TAIL_PERCENTILE of the recent latencies (0 before any)."""
+        if not self.recent:
+            return 0.0
+        ordered = sorted(self.recent)
+        return ordered[min(len(ordered) - 1, int(TAIL_PERCENTILE * len(ordered)))]
+
+
 @dataclass(frozen=True)
 class Demand:
     """A tenant's batch waiting for a slot: its oldest request's arrival and its rows."""
@@ -158,6 +198,7 @@ class Tenant:
     running: int = 0
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     capped: int = 0
+    tail: Tail = field(default_factory=Tail)
 
     def budget(self) -> float | None:
         """Objective minus expected service at the typical batch: the time it may queue."""
@@ -168,7 +209,8 @@ class Tenant:
     def latest_start(self) -> float:
         """When the waiting batch must start for its oldest request to meet the objective."""
         assert self.waiting is not None and self.objective_s is not None
-        return self.waiting.head + self.objective_s - self.service.expected(self.waiting.rows)
+        own = self.service.expected(self.waiting.rows)
+        return self.waiting.head + self.objective_s - own - self.tail.margin
 
     def slack(self, now: float) -> float:
         """How long another batch may run before this tenant's next one without a miss."""
@@ -176,7 +218,7 @@ class Tenant:
         if self.waiting is not None:
             return self.latest_start() - now
         own = self.service.expected(self.typical_rows)
-        return self.objective_s - own - self.queue_delay_s
+        return self.objective_s - own - self.queue_delay_s - self.tail.margin
 
 
 class DeviceScheduler:
@@ -242,8 +284,16 @@ class DeviceScheduler:
             chosen, decision = fair, "fair"
         return self._start(chosen, self._cap(chosen, now), decision)
 
-    def finish(self, grant: Grant, rows: int, seconds: float, capped: bool = False) -> None:
-        """A granted batch of `rows` ran for `seconds`; `capped`: the cap cut it short."""
+    def finish(
+        self,
+        grant: Grant,
+        rows: int,
+        seconds: float,
+        capped: bool = False,
+        latencies: Sequence[float] = (),
+    ) -> None:
+        """A granted batch of `rows` ran for `seconds`; `capped`: the cap cut it short;
+        `latencies`: its requests' times from arrival to now (the objective's feedback)."""
         self.running -= 1
         tenant = self.tenants.get(grant.tenant)
         if tenant is None:
@@ -257,6 +307,9 @@ class DeviceScheduler:
         tenant.virtual += (seconds - grant.charged) / tenant.weight
         tenant.typical_rows += ROWS_WEIGHT * (rows - tenant.typical_rows)
         tenant.capped += capped
+        if tenant.objective_s is not None:
+            for latency in latencies:
+                tenant.tail.observe(latency, tenant.objective_s)
 
     # -- the rule ----------------------------------------------------------------------------------
 

@@ -6,6 +6,9 @@ import pytest
 
 from dlscale.serving.scheduler import (
     STALE_AFTER,
+    TAIL_AIM,
+    TAIL_EVERY,
+    TAIL_GAIN,
     Demand,
     DeviceScheduler,
     Grant,
@@ -239,3 +242,27 @@ def test_the_protected_tenant_holds_its_objective_and_the_flood_gets_the_rest() 
     alone = 64 / 0.066  # n's rows per second with the device to itself
     protected_share = 0.004 / 0.025
     assert rows / end >= 0.8 * alone * (1 - protected_share)
+
+
+def test_a_measured_tail_above_the_objective_shrinks_the_others_batches() -> None:
+    device = _pair()
+    p = device.tenants["p"]
+    assert p.tail.margin == 0.0
+    for _ in range(TAIL_EVERY):  # its requests take 14 ms against 10: its own queueing
+        p.tail.observe(0.014, 0.010)
+    assert p.tail.margin == pytest.approx(TAIL_GAIN * (0.014 - TAIL_AIM * 0.010))
+    device.ask("n", Demand(0.0, 32))
+    grant = device.decide(0.0)  # idle slack: 10 - 2 - 1 - 1.25 ms
+    assert grant is not None and grant.max_rows == 5
+    for _ in range(8 * TAIL_EVERY):  # then well inside it again: the margin goes back to 0
+        p.tail.observe(0.004, 0.010)
+    assert p.tail.margin == 0.0
+
+
+def test_finished_batches_feed_the_objective_back() -> None:
+    device = _pair()
+    device.ask("p", Demand(0.0, 1))
+    grant = device.decide(0.0)
+    assert grant is not None
+    device.finish(grant, 1, 0.002, latencies=[0.030] * TAIL_EVERY)
+    assert device.tenants["p"].tail.margin > 0
