@@ -1,449 +1,398 @@
-"""The torch backend on one GPU: Offline throughput through dlscale's batcher, per precision.
+"""The torch backend on one GPU against PyTorch's own compiled best, in one command.
 
-For resnet50 and bert-base (S=128) and each of FP32, TF32, FP16, BF16 and FP8 (where the GPU
-has it), the script
-1. loads the backend directly with CUDA graphs captured for a ladder of batch sizes, times each
-   and keeps the best batch size;
-2. serves the model at that batch size through ModelManager + Batcher (1 and 2 instances on the
-   GPU) and runs Offline: every sample queued at once, as requests of that batch size, as an
-   MLPerf Offline SUT receives them; and times the backend called directly on the same loaded
-   instance at the same batch size;
-3. reports samples/s, the share of the GPU's compute roofline at that precision, the share of
-   the MLPerf per-GPU H100 record for ResNet-50 (91,826 img/s, TensorRT INT8), and the batcher
-   path over the direct call (target ≥ 90%);
-4. profiles the best FP16 run of each model for a few batches (PyTorch profiler, eager, so that
-   kernels are visible) and writes the top kernels.
+    PYTHONPATH=/tmp/site:src python -m benchmarks.torch_gpu --out results/torch_gpu
 
-One command, sized for 10 minutes on an H100 (combinations left when --budget runs out are
-reported as not run):
+Sized for 10 minutes on an H100 host (16 cores); docs/backends.md says how to carry the wheels
+a bare GPU machine lacks. For resnet50 (UINT8 pixels in, normalized on the GPU) and bert-base
+(S=128), at batch 256, it
+1. compiles AOTInductor packages in background processes (FP16; FP8 and INT8 with 1x1 or all
+   convolutions as 8-bit products) while it measures eager + CUDA graphs for each precision;
+2. measures PyTorch alone: torchvision's resnet50 (bert-base: the zoo's module), FP16,
+   channels_last, torch.compile reduce-overhead with inductor freezing, data on the GPU;
+3. serves each package through ModelManager + Batcher (1 and 2 instances, 2 batches in flight
+   each): Offline, every request of 256 queued at once with its inputs in pinned memory, median
+   of --reps runs; and calls the backend directly;
+4. checks 8-bit and FP16 answers against FP32 (resnet50: top-1 agreement on 1,024 images and
+   top-1 on their labels; bert-base: cosine similarity);
+5. loads the FP16 resnet50 package in a fresh process with every batch bucket captured, and
+   for comparison serves the same model compiled at load (torch.compile, as without a package).
+Steps left when --budget runs out are reported as not run. Writes OUT/torch_gpu.json and
+OUT/torch_gpu.md. A dry run of the pipeline on the CPU:
 
-    PYTHONPATH=src python benchmarks/torch_gpu.py --out results/torch_gpu
-
-`--device cpu` runs the same pipeline on the CPU (static buckets instead of CUDA graphs, no
-pinned memory), to check the script on a machine without a GPU:
-
-    PYTHONPATH=src python benchmarks/torch_gpu.py --device cpu --models resnet50 \
-        --precisions fp32 --ladder 2 4 --seconds 0.2 --instances 1 --out /tmp/torch_cpu
-
-Writes OUT/torch_gpu.json, OUT/torch_gpu.md and OUT/profile_<model>_<precision>.txt.
+    PYTHONPATH=src python -m benchmarks.torch_gpu --device cpu --batch 8 --seconds 0.2 \
+        --reps 1 --packages mlp:fp32 --eager mlp:fp32 --instances 1 --out /tmp/torch_cpu
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import platform
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomli_w
 import torch
 
-from dlscale.backends import BackendOptions, create_backend
-from dlscale.backends.torch.files import write_module_spec
-from dlscale.backends.torch.precision import fp8_supported
-from dlscale.errors import DlscaleError
+from benchmarks.torch_gpu_report import Row, line, markdown, report
+from benchmarks.torch_gpu_runs import (
+    images_and_labels,
+    pytorch_alone,
+    sample_batch,
+    serve_offline,
+    write_served,
+)
 from dlscale.models.zoo import ZOO
-from dlscale.models.zoo.model import WEIGHT_SEED
-from dlscale.serving.batcher import Batcher
-from dlscale.serving.manager import ModelManager
-from dlscale.types import Datatype, TensorSpec
+from dlscale.models.zoo.gpu import gpu_serving, write_gpu_entry
+from dlscale.models.zoo.inputs import PIXELS, torch_entry
 
-MLPERF_H100_RESNET50 = 91_826  # img/s per GPU, Offline, v3.0 closed (reference/mlperf.md)
-#: Batch sizes tried directly, per model: up to where H100 throughput stops growing.
-LADDERS = {"resnet50": [64, 128, 256, 512], "bert-base": [32, 64, 128, 256]}
-PRECISIONS = ["fp16", "bf16", "fp8", "tf32", "fp32"]  # most telling first, for --budget
-#: Dense peaks (TFLOP/s) from shared/reference/accelerators.md, for when dlscale.hardware's
-#: catalog is not installed: (pattern in torch's device name, fp32, tf32, fp16/bf16, fp8).
-PEAKS = [
-    ("H100 PCIe", 51, 378, 756, 1513),
-    ("H100", 67, 494.5, 989, 1979),
-    ("H200", 67, 494.5, 989, 1979),
-    ("A100", 19.5, 156, 312, 0),
-    ("L40S", 91.6, 183, 362, 733),
-    ("L4", 30.3, 60, 121, 242.5),
+PACKAGES = [
+    "resnet50:fp16",
+    "bert-base:fp16",
+    "resnet50:fp8",
+    "resnet50:int8",
+    "resnet50:fp8:all",
+    "resnet50:int8:all",
+    "bert-base:fp8",
+    "bert-base:int8",
 ]
-
-
-@dataclass
-class Result:
-    """One model at one precision."""
-
-    model: str
-    precision: str
-    status: str = "ok"
-    ladder: dict[int, float] = field(default_factory=dict)  # batch -> direct samples/s
-    best_batch: int = 0
-    direct: float = 0.0  # samples/s, backend called directly at best_batch (served instance)
-    batcher: dict[int, float] = field(default_factory=dict)  # instances -> Offline samples/s
-    flops_per_sample: float = 0.0
-    peak_flops: float | None = None
-    roofline_share: float | None = None
-    mlperf_share: float | None = None
-    batcher_over_direct: float | None = None
-    seconds: float = 0.0
+#: FP32 first: its answers are the reference the others are checked against.
+EAGER = ["resnet50:fp32", "resnet50:fp16:fp32", "resnet50:fp16", "resnet50:bf16", "resnet50:tf32"]
+EAGER += ["bert-base:fp32", "bert-base:fp16", "bert-base:bf16", "bert-base:tf32"]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    on_gpu = args.device != "cpu"
-    if on_gpu and not torch.cuda.is_available():
-        print("torch_gpu: no CUDA device (try --device cpu for a dry run)", file=sys.stderr)
+    if args.verb == "package":
+        return _package_job(args)
+    if args.verb == "load":
+        return _load_job(args)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print("torch_gpu: no CUDA device (--device cpu runs a dry run)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    device_name = torch.cuda.get_device_name(0) if on_gpu else f"CPU ({os.cpu_count()} cores)"
     start = time.perf_counter()
-    results: list[Result] = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="dlscale-torch-gpu-") as tmp:
-        files = {name: _module_file(Path(tmp), name, args.half_inputs) for name in args.models}
-        flops = {name: _flops_per_sample(name) for name in args.models}
-        for precision in args.precisions:
-            for name in args.models:
-                result = Result(name, precision, flops_per_sample=flops[name])
-                results.append(result)
-                if time.perf_counter() - start > args.budget:
-                    result.status = f"not run: past the {args.budget:.0f} s budget"
-                    continue
-                capability = torch.cuda.get_device_capability(0) if on_gpu else None
-                if precision == "fp8" and not fp8_supported(capability):
-                    result.status = "not run: FP8 needs compute capability 8.9"
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    _measure(result, files[name], Path(tmp), args)
-                except (DlscaleError, RuntimeError) as exc:
-                    result.status = f"failed: {exc}"
-                result.seconds = time.perf_counter() - t0
-                _shares(result, device_name if on_gpu else "")
-                print(_line(result), flush=True)
-        if args.profile and on_gpu:
-            for name in args.models:
-                best = _best(results, name, "fp16")
-                if best and time.perf_counter() - start < args.budget + 60:
-                    _profile(files[name], name, best.best_batch, args)
-    report = _report(results, device_name, on_gpu, time.perf_counter() - start)
-    report["inputs"] = "fp16" if args.half_inputs else "fp32"
-    (args.out / "torch_gpu.json").write_text(json.dumps(report, indent=2))
-    (args.out / "torch_gpu.md").write_text(_markdown(report))
+        Run(args, Path(tmp), rows, start).all()
+    data = report(rows, args, time.perf_counter() - start)
+    (args.out / "torch_gpu.json").write_text(json.dumps(data, indent=2))
+    (args.out / "torch_gpu.md").write_text(markdown(data))
     print((args.out / "torch_gpu.md").read_text())
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("verb", nargs="?", default="run", choices=["run", "package", "load"])
     p.add_argument("--out", type=Path, default=Path("results/torch_gpu"))
-    p.add_argument("--models", nargs="+", default=list(LADDERS), choices=list(LADDERS))
-    p.add_argument("--precisions", nargs="+", default=PRECISIONS, choices=PRECISIONS)
-    p.add_argument("--seconds", type=float, default=1.5, help="per measurement")
-    p.add_argument("--budget", type=float, default=420.0, help="seconds before skipping the rest")
-    p.add_argument("--instances", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
-    p.add_argument(
-        "--half-inputs",
-        action="store_true",
-        help="declare float inputs FP16 (half the bytes over PCIe) instead of FP32",
-    )
-    p.add_argument("--ladder", nargs="+", type=int, help="batch sizes to try (default per model)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--seconds", type=float, default=2.0, help="per Offline run")
+    p.add_argument("--reps", type=int, default=3, help="Offline runs per variant (median)")
+    p.add_argument("--instances", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--budget", type=float, default=540.0, help="seconds before skipping")
+    p.add_argument("--workers", type=int, default=4, help="packages compiled at once")
+    p.add_argument("--packages", nargs="*", default=PACKAGES, help="model:precision[:convs]")
+    p.add_argument("--eager", nargs="*", default=EAGER, help="model:precision[:inputs]")
+    p.add_argument("--check-images", type=int, default=1024, help="resnet50 top-1 checks")
+    p.add_argument("--no-reference", dest="reference", action="store_false")
+    # package / load jobs (run by the main process in a fresh one)
+    p.add_argument("--spec", help="model:precision[:convs] to package")
+    p.add_argument("--dir", type=Path, help="where the job reads or writes its model")
     return p
 
 
-# -- the model files and what they compute ---------------------------------------------------
+# -- jobs in fresh processes -------------------------------------------------------------------
 
 
-def _module_file(tmp: Path, name: str, half_inputs: bool) -> Path:
-    """A model.zoo file building the zoo model from its PyTorch definition."""
-    model = ZOO[name]
-    path = tmp / f"{name}.zoo"
-    inputs = [s.with_batch() for s in model.inputs()]
-    if half_inputs:
-        inputs = [TensorSpec(s.name, _half(s.datatype), s.shape) for s in inputs]
-    write_module_spec(
-        path,
-        model.factory,
-        {"seed": WEIGHT_SEED},
-        inputs,
-        [s.with_batch() for s in model.outputs()],
-    )
-    return path
+def _serving(spec: str, batch: int) -> tuple[str, Any]:
+    name, precision, *rest = spec.split(":")
+    convs = rest[0] if rest and rest[0] in ("all", "pointwise", "none") else None
+    return name, gpu_serving(name, precision=precision, max_batch_size=batch, lowp_convs=convs)
 
 
-def _half(datatype: Datatype) -> Datatype:
-    return Datatype.FP16 if datatype is Datatype.FP32 else datatype
-
-
-def _flops_per_sample(name: str) -> float:
-    """FLOPs of one sample, counted by torch.utils.flop_counter on the module (CPU, batch 1)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = ZOO[name]
-    module = model.torch_module()
-    inputs = [torch.from_numpy(a) for a in model.sample(1, np.random.default_rng(0)).values()]
-    counter = FlopCounterMode(display=False)
-    with counter, torch.inference_mode():
-        module(*inputs)
-    return float(counter.get_total_flops())
-
-
-def _settings(name: str, precision: str, device: str) -> dict[str, Any]:
-    graphs = "cuda_graphs" if device != "cpu" else "static_buckets"
-    extra: dict[str, Any] = {"precision": precision, graphs: True}
-    if name == "resnet50":
-        extra["channels_last"] = True
-    return extra
-
-
-# -- measuring ----------------------------------------------------------------------------------
-
-
-def _pinned_batch(name: str, batch: int, device: str, half: bool = False) -> dict[str, np.ndarray]:
-    """A batch of samples in pinned host memory, as an MLPerf harness holds its sample set."""
-    samples = ZOO[name].sample(batch, np.random.default_rng(1))
-    if half:
-        samples = {
-            k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in samples.items()
-        }
-    if device == "cpu":
-        return samples
-    out = {}
-    for key, array in samples.items():
-        pinned = torch.empty(array.shape, dtype=torch.from_numpy(array).dtype, pin_memory=True)
-        pinned.copy_(torch.from_numpy(array))
-        out[key] = pinned.numpy()
-    return out
-
-
-def _rate(run: Callable[[], object], rows: int, seconds: float) -> float:
-    """Samples/s of `run` (one batch of `rows`) over at least `seconds`, after a warm-up."""
-    run()
-    count, start = 0, time.perf_counter()
-    while count < 3 or time.perf_counter() - start < seconds:
-        run()
-        count += 1
-    return rows * count / (time.perf_counter() - start)
-
-
-def _measure(result: Result, file: Path, tmp: Path, args: argparse.Namespace) -> None:
-    name, ladder = result.model, args.ladder or LADDERS[result.model]
-    extra = _settings(name, result.precision, args.device) | {"batch_buckets": ladder}
-    options = BackendOptions(device=args.device, max_batch_size=max(ladder), extra=extra)
-    backend = create_backend("torch", file, options)
-    backend.load()
+def _package_job(args: argparse.Namespace) -> int:
+    """Compile one package into args.dir/<model>/1 and say how long it took (job.json)."""
+    name, serving = _serving(args.spec, args.batch)
+    start = time.perf_counter()
+    result: dict[str, Any]
     try:
-        for batch in ladder:
-            inputs = _pinned_batch(name, batch, args.device, args.half_inputs)
-            result.ladder[batch] = _rate(partial(backend.infer, inputs), batch, args.seconds)
-    finally:
-        backend.unload()
-    result.best_batch = max(result.ladder, key=lambda b: result.ladder[b])
-    for count in args.instances:
-        rate, direct = _offline(result, file, tmp, count, args)
-        result.batcher[count] = rate
-        result.direct = max(result.direct, direct)
+        write_gpu_entry(args.dir, name, args.device, serving, package=True)
+        result = {"compile_s": time.perf_counter() - start}
+    except Exception as exc:  # reported in the row; the benchmark goes on
+        result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    (args.dir / "job.json").write_text(json.dumps(result))
+    return 0
 
 
-def _offline(
-    result: Result, file: Path, tmp: Path, instances: int, args: argparse.Namespace
-) -> tuple[float, float]:
-    """(Offline samples/s through the batcher, direct samples/s on one of its instances)."""
-    folder = tmp / "repo" / result.model
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.zoo").write_bytes(file.read_bytes())
-    batch, seconds = result.best_batch, args.seconds
-    settings = _settings(result.model, result.precision, args.device)
-    config = {
-        "backend": "torch",
-        "max_batch_size": batch,
-        "instances": [{"count": instances, "device": args.device}],
-        "backend_options": settings | {"batch_buckets": [batch]},
-    }
-    (folder / "config.toml").write_text(tomli_w.dumps(config))
-    inputs = _pinned_batch(result.model, batch, args.device, args.half_inputs)
-    # Enough requests for `seconds` at the direct rate measured on the ladder.
-    requests = max(8, int(result.ladder[batch] * seconds / batch))
+def _load_job(args: argparse.Namespace) -> int:
+    """Load a package as a server would, every default batch bucket captured; print seconds."""
+    from dlscale.backends import BackendOptions, create_backend
 
-    async def run() -> tuple[float, float]:
-        manager = ModelManager.open(tmp / "repo")
-        await manager.load(result.model)
+    package = next(args.dir.glob("*/1/model.aoti.pt2"))
+    options = BackendOptions(device=args.device, max_batch_size=args.batch)
+    start = time.perf_counter()
+    backend = create_backend("torch", package, options)
+    backend.load()
+    print(json.dumps({"load_s": time.perf_counter() - start}))
+    backend.unload()
+    return 0
+
+
+class Compiles:
+    """Package jobs running in background processes, a few at a time."""
+
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args, self.root = args, root
+        self.waiting = list(args.packages)
+        self.running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        self.done: dict[str, Path] = {}
+        threads = max(1, (os.cpu_count() or 4) // max(1, args.workers))
+        self.env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
+
+    def poll(self) -> None:
+        """Collect finished jobs and start waiting ones."""
+        for spec, (proc, folder) in list(self.running.items()):
+            if proc.poll() is not None:
+                self.done[spec] = folder
+                del self.running[spec]
+        while self.waiting and len(self.running) < self.args.workers:
+            spec = self.waiting.pop(0)
+            folder = self.root / spec.replace(":", "-")
+            folder.mkdir(parents=True)
+            command = [sys.executable, "-m", "benchmarks.torch_gpu", "package", "--spec", spec]
+            command += ["--dir", str(folder), "--device", self.args.device]
+            command += ["--batch", str(self.args.batch)]
+            log = (folder / "log.txt").open("wb")
+            self.running[spec] = (
+                subprocess.Popen(command, stdout=log, stderr=log, env=self.env),
+                folder,
+            )
+
+    @property
+    def busy(self) -> bool:
+        self.poll()
+        return bool(self.running or self.waiting)
+
+    def wait(self, deadline: float) -> None:
+        """Until every job is done or the deadline passes (then the rest are stopped)."""
+        while self.busy and time.perf_counter() < deadline:
+            time.sleep(1.0)
+        for proc, _ in self.running.values():
+            proc.kill()
+        self.waiting.clear()
+
+
+class Run:
+    """The benchmark's steps in order, each skipped once the budget is spent."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path, rows: list[Row], start: float):
+        self.args, self.tmp, self.rows = args, tmp, rows
+        self.deadline = start + args.budget
+        self.compiles = Compiles(args, tmp / "packages")
+        self.references: dict[str, dict[str, Any]] = {}  # model -> FP32 outputs and labels
+
+    def left(self) -> float:
+        """Seconds of the budget left."""
+        return float(self.deadline - time.perf_counter())
+
+    def all(self) -> None:
+        self.compiles.poll()
+        self._checks_data()
+        for spec in self.args.eager:
+            self._eager(spec)
+        self.compiles.wait(self.deadline - 60)
+        if self.args.reference:
+            for name in dict.fromkeys(s.split(":")[0] for s in self.args.packages):
+                self._pytorch(name)
+        for spec in self.args.packages:
+            self._package(spec)
+        self._load_in_fresh_process()
+        self._compile_at_load()
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _checks_data(self) -> None:
+        """1,024 labelled images as pixels (resnet50), one batch of tokens (bert-base)."""
+        images, labels = images_and_labels(self.args.check_images)
+        self.check_pixels = PIXELS["resnet50"].to_pixels(images)
+        self.labels = labels
+
+    def _checks(self, name: str, input_type: str) -> list[dict[str, np.ndarray]]:
+        b = self.args.batch
+        if name == "resnet50":
+            data = (
+                self.check_pixels
+                if input_type == "uint8"
+                else PIXELS[name].to_images(self.check_pixels)
+            )
+            return [{"input": data[i : i + b]} for i in range(0, len(data), b)]
+        return [sample_batch(name, b, input_type, "cpu", seed=21)]
+
+    def _measure(
+        self,
+        row: Row,
+        folder: Path,
+        packaged: bool,
+        extra: dict[str, Any],
+        instances: list[int] | None = None,
+    ) -> None:
+        """Serve the model in `folder` (its 1/ written) with each instance count; fill `row`."""
+        name = row.model
+        serving = gpu_serving(
+            name, precision=row.precision, max_batch_size=self.args.batch, input_type=row.inputs
+        )
+        inputs = sample_batch(name, self.args.batch, row.inputs, self.args.device)
+        for count in instances or self.args.instances:
+            if self.left() < 20:
+                row.note += " instances left out: budget;"
+                break
+            serving = replace(serving, instances=count)
+            write_served(
+                folder,
+                name,
+                serving,
+                self.args.device,
+                packaged=packaged,
+                buckets=[self.args.batch],
+                extra=extra,
+            )
+            checks = self._checks(name, row.inputs) if count == 1 else None
+            served, outputs = serve_offline(
+                folder.parent,
+                folder.name,
+                inputs,
+                self.args.batch,
+                self.args.seconds,
+                self.args.reps,
+                checks,
+            )
+            row.offline[count], row.runs[count] = served.offline, served.runs
+            row.direct = max(row.direct, served.direct)
+            row.load_s = row.load_s or served.load_s
+            if outputs:
+                self._judge(row, name, outputs)
+        print(line(row), flush=True)
+
+    def _judge(self, row: Row, name: str, outputs: list[dict[str, np.ndarray]]) -> None:
+        """FP32 rows become the reference; other rows are compared with it."""
+        if row.precision == "fp32" and row.kind == "eager":
+            self.references[name] = {"outputs": outputs}
+        reference = self.references.get(name)
+        if name == "resnet50":
+            got = np.concatenate([o["output"] for o in outputs]).argmax(1)
+            row.top1 = float(np.mean(got == self.labels[: len(got)]))
+            if reference:
+                ref = np.concatenate([o["output"] for o in reference["outputs"]]).argmax(1)
+                row.agreement = float(np.mean(got == ref))
+        elif reference:
+            cosines = []
+            for key in outputs[0]:
+                a = outputs[0][key].reshape(len(outputs[0][key]), -1).astype(np.float64)
+                b = reference["outputs"][0][key].reshape(len(a), -1).astype(np.float64)
+                cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+                cosines.append(float(cos.mean()))
+            row.cosine = min(cosines)
+
+    def _guarded(self, row: Row, step: Any) -> None:
+        self.rows.append(row)
+        if self.left() < 15:
+            row.status = "not run: past the budget"
+            return
         try:
-            served = manager.get(result.model)
-            await _all_answered(served.batcher, inputs, 2 * instances)
+            step()
+        except Exception as exc:  # reported in its row; the benchmark goes on
+            row.status = f"failed: {type(exc).__name__}: {exc}"[:500]
+            print(line(row), flush=True)
+
+    def _eager(self, spec: str) -> None:
+        name, precision, *rest = spec.split(":")
+        inputs = rest[0] if rest else gpu_serving(name).input_type
+        row = Row(name, f"eager {precision} ({inputs} in)", "eager", precision, inputs)
+        if self.compiles.busy:
+            row.note = "measured while packages compiled in the background (CPU busy);"
+
+        def step() -> None:
+            folder = self.tmp / "eager" / spec.replace(":", "-")
+            torch_entry(ZOO[name], inputs).write(folder / "1" / "model.zoo")  # type: ignore[arg-type]
+            self._measure(row, folder, False, {"compile": False})
+
+        self._guarded(row, step)
+
+    def _pytorch(self, name: str) -> None:
+        row = Row(name, "PyTorch alone", "pytorch", "fp16", "on the GPU")
+
+        def step() -> None:
+            result = pytorch_alone(
+                name, self.args.batch, self.args.device, self.args.seconds, self.args.reps
+            )
+            row.offline[0], row.runs[0] = result["rate"], result["runs"]
+            row.compile_s, row.note = result["compile_s"], f"{result['source']} module;"
+            print(line(row), flush=True)
+
+        self._guarded(row, step)
+
+    def _package(self, spec: str) -> None:
+        name, serving = _serving(spec, self.args.batch)
+        convs = f", {serving.lowp_convs} convs" if serving.lowp_convs else ""
+        row = Row(
+            name,
+            f"package {serving.precision}{convs}",
+            "package",
+            serving.precision,
+            serving.input_type,
+        )
+
+        def step() -> None:
+            folder = self.compiles.done.get(spec)
+            job = json.loads((folder / "job.json").read_text()) if folder else {}
+            if folder is None or "compile_s" not in job:
+                row.status = f"not built: {job.get('error', 'the compile did not finish')}"
+                return
+            row.compile_s = job["compile_s"]
+            self._measure(row, folder / name, True, {})
+            if serving.precision == "fp16" and name == "resnet50":
+                self.headline = folder
+
+        self._guarded(row, step)
+
+    def _load_in_fresh_process(self) -> None:
+        row = Row("resnet50", "package fp16: load in a fresh process", "package", "fp16", "uint8")
+
+        def step() -> None:
+            folder = getattr(self, "headline", None)
+            if folder is None:
+                row.status = "not run: no resnet50 FP16 package"
+                return
+            command = [sys.executable, "-m", "benchmarks.torch_gpu", "load", "--dir", str(folder)]
+            command += ["--device", self.args.device, "--batch", str(self.args.batch)]
             start = time.perf_counter()
-            await _all_answered(served.batcher, inputs, requests)
-            offline = requests * batch / (time.perf_counter() - start)
-            backend = served.instances[0].backend
-            direct = _rate(lambda: backend.infer(inputs), batch, seconds)
-            return offline, direct
-        finally:
-            await manager.close()
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            row.load_s = json.loads(done.stdout.strip().splitlines()[-1])["load_s"]
+            row.note = (
+                f"backend.load() with every default bucket captured; the whole process "
+                f"(Python, torch import, load) took {time.perf_counter() - start:.1f} s;"
+            )
+            print(line(row), flush=True)
 
-    return asyncio.run(run())
+        self._guarded(row, step)
 
+    def _compile_at_load(self) -> None:
+        row = Row("resnet50", "torch.compile at load fp16", "compile-at-load", "fp16", "uint8")
 
-async def _all_answered(batcher: Batcher, inputs: dict[str, np.ndarray], requests: int) -> None:
-    """Queue `requests` requests at once and wait until every one is answered.
+        def step() -> None:
+            folder = self.tmp / "compiled" / "resnet50"
+            torch_entry(ZOO["resnet50"], "uint8").write(folder / "1" / "model.zoo")
+            self._measure(row, folder, False, {}, instances=self.args.instances[:1])
 
-    Answers are dropped as they come, as LoadGen drops response data outside accuracy mode:
-    keeping them all would hold gigabytes of pinned memory (bert-base returns 393 KB a sample)
-    and make the caching host allocator pin fresh memory for every batch.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    left = requests
-    failures: list[BaseException] = []
-
-    def answered(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
-        nonlocal left
-        if not future.cancelled() and future.exception() is not None:
-            failures.append(future.exception())  # type: ignore[arg-type]
-        left -= 1
-        if left == 0 and not done.done():
-            done.set_result(None)
-
-    for _ in range(requests):
-        batcher.submit(inputs).add_done_callback(answered)
-    await done
-    if failures:
-        raise failures[0]
-
-
-def _profile(file: Path, name: str, batch: int, args: argparse.Namespace) -> None:
-    """Top CUDA kernels of a few eager FP16 batches (graphs hide kernels from the profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    precision, out = "fp16", args.out
-    extra = _settings(name, precision, args.device) | {"cuda_graphs": False}
-    backend = create_backend(
-        "torch", file, BackendOptions(device=args.device, max_batch_size=batch, extra=extra)
-    )
-    backend.load()
-    try:
-        inputs = _pinned_batch(name, batch, args.device, args.half_inputs)
-        backend.infer(inputs)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                backend.infer(inputs)
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-        (out / f"profile_{name}_{precision}.txt").write_text(
-            f"{name} {precision} batch {batch}, 5 batches, eager (no CUDA graphs)\n\n{table}\n"
-        )
-    finally:
-        backend.unload()
-
-
-# -- reporting ----------------------------------------------------------------------------------
-
-
-def _peak(device_name: str, precision: str) -> float | None:
-    """Dense peak FLOP/s at a precision: dlscale's catalog when present, else PEAKS."""
-    if not device_name:
-        return None
-    key = "fp32" if precision == "fp32" else precision
-    try:
-        from dlscale.hardware.catalog import match
-
-        spec = match(device_name, torch.cuda.get_device_properties(0).total_memory)
-        if spec is not None:
-            value = spec.peak_flops(key)
-            return float(value) if value else None
-    except ImportError:
-        pass
-    column = {"fp32": 1, "tf32": 2, "fp16": 3, "bf16": 3, "fp8": 4}[precision]
-    for row in PEAKS:
-        if str(row[0]) in device_name:
-            return float(row[column]) * 1e12 or None
-    return None
-
-
-def _shares(result: Result, device_name: str) -> None:
-    if result.status != "ok":
-        return
-    best = max(result.batcher.values(), default=0.0)
-    result.peak_flops = _peak(device_name, result.precision)
-    if result.peak_flops:
-        result.roofline_share = best * result.flops_per_sample / result.peak_flops
-    if result.model == "resnet50":
-        result.mlperf_share = best / MLPERF_H100_RESNET50
-    if result.direct and result.batcher:
-        # Like for like: one instance behind the batcher against that backend called directly.
-        single = result.batcher[min(result.batcher)]
-        result.batcher_over_direct = single / result.direct
-
-
-def _best(results: list[Result], name: str, precision: str) -> Result | None:
-    return next(
-        (r for r in results if r.model == name and r.precision == precision and r.best_batch),
-        None,
-    )
-
-
-def _line(r: Result) -> str:
-    if r.status != "ok":
-        return f"{r.model} {r.precision}: {r.status}"
-    batcher = ", ".join(f"{k} inst {v:,.0f}/s" for k, v in sorted(r.batcher.items()))
-    return (
-        f"{r.model} {r.precision}: best batch {r.best_batch}, direct {r.direct:,.0f}/s, "
-        f"batcher {batcher} ({r.seconds:.0f} s)"
-    )
-
-
-def _report(
-    results: list[Result], device_name: str, on_gpu: bool, seconds: float
-) -> dict[str, Any]:
-    return {
-        "device": device_name,
-        "capability": list(torch.cuda.get_device_capability(0)) if on_gpu else None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "seconds": seconds,
-        "mlperf_h100_resnet50_offline": MLPERF_H100_RESNET50,
-        "results": [asdict(r) for r in results],
-    }
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
-
-
-def _markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"# torch backend on {report['device']} (torch {report['torch']}, CUDA {report['cuda']})",
-        "",
-        "Offline through ModelManager + Batcher, requests of the best batch size, "
-        f"{report.get('inputs', 'fp32').upper()} inputs in pinned host memory, CUDA graphs per "
-        "bucket (resnet50: channels_last).",
-        "",
-        "| model | precision | best batch | batcher samples/s (1 / 2 instances) | direct "
-        "samples/s | batcher (1 instance) / direct | roofline share | MLPerf H100 share | "
-        "status |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        batcher = " / ".join(f"{v:,.0f}" for _, v in sorted(r["batcher"].items())) or "–"
-        lines.append(
-            f"| {r['model']} | {r['precision']} | {r['best_batch'] or '–'} | {batcher} | "
-            f"{r['direct']:,.0f} | {_pct(r['batcher_over_direct'])} | "
-            f"{_pct(r['roofline_share'])} | {_pct(r['mlperf_share'])} | {r['status']} |"
-        )
-    lines += [
-        "",
-        "Shares use the best batcher rate (any instance count). "
-        "Roofline share: best batcher samples/s × FLOPs per sample (torch.utils.flop_counter) "
-        "over the GPU's dense peak at that precision. FP8 runs only Linear layers in FP8 "
-        "(ResNet-50's convolutions stay BF16), yet is set against the FP8 peak.",
-        "",
-    ]
-    return "\n".join(lines)
+        if "resnet50:fp16" in self.args.packages:
+            self._guarded(row, step)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """The torch backend on a CUDA GPU: precisions, CUDA graphs, channels_last, FP8, staging.
 
+Compiled paths (AOTInductor packages, torch.compile with freezing) and 8-bit convolutions are
+in test_torch_gpu_compiled.py.
+
 Run on a GPU machine: `pytest -m gpu tests/gpu/test_torch_gpu.py`. Skipped without CUDA.
 References are the ONNX Runtime backend on the CPU, as in the unit tests; tolerances are the
 largest difference over the largest reference magnitude (FP32 5e-4, TF32 and FP16 0.05, BF16
@@ -150,6 +153,33 @@ def test_fp8_where_the_gpu_has_it(zoo: Path, references: dict[str, tuple[Arrays,
         return
     for backend in loaded(zoo, "bert-base", precision="fp8", cuda_graphs=True):
         assert_close(backend.infer(inputs), expected, "fp8")
+
+
+def test_the_fast_path_is_the_default_on_cuda(zoo: Path) -> None:
+    for backend in loaded(zoo, "resnet50", precision="fp16"):
+        s = backend.settings
+        assert s.cuda_graphs and s.channels_last and s.inflight_batches == 2
+        assert backend.concurrency == 2 and backend._graphs is not None
+    for backend in loaded(zoo, "mlp", precision="fp16"):
+        assert backend.settings.cuda_graphs and not backend.settings.channels_last
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_batches_in_flight_at_once_each_get_their_own_answers(zoo: Path, graphs: bool) -> None:
+    """Two threads call one backend at once (as an instance with two slots does): uploads
+    overlap compute, and no batch may see another's inputs or outputs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [ZOO["resnet50"].sample(r, np.random.default_rng(r)) for r in (3, 8, 5, 1, 7, 2)]
+    for backend in loaded(zoo, "resnet50", precision="fp16", cuda_graphs=graphs):
+        infer = backend.infer
+        alone = [infer(b)["output"] for b in batches]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for _ in range(4):
+                together = [out["output"] for out in pool.map(infer, batches)]
+                for got, expected in zip(together, alone, strict=True):
+                    # Another batch's rows would be far off; kernels may differ in the last bit.
+                    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
 
 
 def test_two_instances_on_one_gpu_serve_through_the_batcher(

@@ -10,7 +10,7 @@ from dlscale.errors import ConfigError
 #: Backend name in config.toml -> the file name its model is stored under in a version folder.
 MODEL_FILES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("model.onnx",),
-    "torch": ("model.pt2", "model.pt", "model.zoo"),
+    "torch": ("model.aoti.pt2", "model.pt2", "model.pt", "model.zoo"),
     # No model: the tensors come from config.toml; an empty marker keeps version folders alike.
     "null": ("model.null",),
 }

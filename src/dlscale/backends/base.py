@@ -39,7 +39,10 @@ class Backend(Protocol):
     `load` does the slow work (read the file, compile, capture) and must leave the backend able
     to run `infer` at once; `infer` takes and returns numpy arrays keyed by tensor name, batch
     first, and releases the GIL while it computes, so that an Instance can call it from a worker
-    thread without stalling the event loop.
+    thread without stalling the event loop. A backend may also say, once loaded, how many
+    batches it takes at once (an optional `concurrency` attribute, 1 when absent): an Instance
+    then runs that many calls in parallel threads (the torch backend on a GPU uploads one
+    batch while it computes another).
     """
 
     path: Path

@@ -22,7 +22,8 @@ from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.cpu import cpu_spec
 from dlscale.hardware.detect import detect
 from dlscale.hardware.roofline import roofline as roofline_of
-from dlscale.models.flops import count as count_cost
+from dlscale.models.flops import count_file
+from dlscale.models.precision import precision_of as precision_of
 
 PACKAGES = (
     "dlscale",
@@ -84,9 +85,9 @@ def roofline(
         out["note"] = "the model file is not readable from here (give --repo or --reference)"
         return out
     try:
-        cost = count_cost(model_file)
-    except (DlscaleError, ValueError, OSError) as exc:  # a gap in the report, not a failed run
-        out["note"] = f"FLOPs not counted: {exc}"
+        cost = count_file(model_file)
+    except Exception as exc:  # a gap in the report, not a failed run (parsers raise anything)
+        out["note"] = f"FLOPs not counted: {type(exc).__name__}: {exc}"
         return out
     out["flops_per_sample"] = float(cost.flops)
     if device is None:

@@ -134,7 +134,7 @@ def _report(
             if any(s.target.kind != "inprocess" for s in sessions)
             else "in-process"
         ),
-        "precision": "fp32",
+        "precision": environment.precision_of(first.model_file()),
         "host": environment.host(),
         "packages": environment.packages(),
     }

@@ -274,3 +274,16 @@ def _attr_ints(node: onnx.NodeProto, name: str) -> list[int]:
 
 def _attr_int(node: onnx.NodeProto, name: str) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), 0)
+
+
+def count_file(path: Path) -> ModelCost:
+    """Count a model file of any backend: ONNX from its graph, a torch file by running it once.
+
+    torch's counter (models/torch_cost.py) counts matrix products, convolutions and attention
+    only; the ONNX counter also counts elementwise work.
+    """
+    if path.suffix == ".onnx":
+        return count(path)
+    from dlscale.models.torch_cost import count_torch
+
+    return count_torch(path)

@@ -231,7 +231,10 @@ class _Search:
             if accepted_torch:
                 best_torch = _best(accepted_torch)
                 torch_second, torch_more = torch_runtime_variants(
-                    best_torch.variant, self.facts, self.caps
+                    best_torch.variant,
+                    self.facts,
+                    self.caps,
+                    accepted=[t.variant for t in accepted_torch],
                 )
                 second, more = second + torch_second, more + torch_more
             skipped += more
@@ -320,9 +323,15 @@ class _Search:
             raise OptimizeError(f"variant {variant.name}: {self.torch_absent}")
         if self._builder is None:
             self._builder = TorchBuilder(
-                self.torch, self.scratch / "torch", self.datasets.validation
+                self.torch,
+                self.scratch / "torch",
+                self.datasets.validation,
+                device=self.caps.device,
+                max_batch_size=self.source.config.max_batch_size,
             )
-        return self._builder.build(variant.recipe, folder, self.datasets.calibration)
+        return self._builder.build(
+            variant.recipe, folder, self.datasets.calibration, variant.params
+        )
 
     def _load(self, path: Path, options: BackendOptions, kind: str = "onnxruntime") -> Any:
         backend = create_backend(kind, path, options)

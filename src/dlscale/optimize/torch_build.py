@@ -3,9 +3,10 @@
 An ONNX file says nothing of the PyTorch code it came from, so torch variants exist only for
 models of the zoo. The module is built once per search (the digits factory trains for ~8 s);
 the FP32 program is exported once to `model.pt2` and shared by every variant that runs it.
-Variants that need the module itself (FP8 swaps nn.Linear; whole FP16/BF16 casts of a
-transformer, whose exported graph has its dtypes baked in) get a `model.zoo` spec instead, which
-rebuilds the module at each load.
+Variants that need the module itself (FP8 and INT8 swap nn.Linear and nn.Conv2d; whole
+FP16/BF16 casts of a transformer, whose exported graph has its dtypes baked in) get a
+`model.zoo` spec instead, which rebuilds the module at each load. A `+aoti` variant is its
+source variant's file compiled ahead of time into `model.aoti.pt2` for the search's device.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dlscale.models.repository import ModelVersion
 from dlscale.models.zoo import ZOO, ZooModel
 from dlscale.models.zoo.model import WEIGHT_SEED
 from dlscale.optimize.onnx_variants import RecipeError
-from dlscale.optimize.torch_variants import EXPORT, MODULE, PT2E_INT8
+from dlscale.optimize.torch_variants import AOTI, EXPORT, MODULE, PT2E_INT8
 from dlscale.types import TensorSpec
 
 if TYPE_CHECKING:
@@ -77,9 +78,19 @@ def torch_source(version: ModelVersion) -> tuple[TorchSource | None, str]:
 class TorchBuilder:
     """Writes each torch variant's model file; the module and FP32 export are made once."""
 
-    def __init__(self, source: TorchSource, scratch: Path, example: Arrays) -> None:
+    def __init__(
+        self,
+        source: TorchSource,
+        scratch: Path,
+        example: Arrays,
+        *,
+        device: str = "cpu",
+        max_batch_size: int = 0,
+    ) -> None:
         self.source = source
         self.scratch = scratch
+        #: Where and up to which batch `+aoti` packages are compiled for.
+        self.device, self.max_batch_size = device, max_batch_size
         #: Two rows keyed by input name, to trace the module with.
         self.example = {s.name: np.ascontiguousarray(example[s.name][:2]) for s in source.inputs}
         self._module: nn.Module | None = None
@@ -87,9 +98,17 @@ class TorchBuilder:
         #: Seconds spent building the module and exporting it (paid by the first variant).
         self.setup_s = 0.0
 
-    def build(self, recipe: str, dest_dir: Path, calibration: Arrays | None) -> Path:
-        """The variant's model file in `dest_dir` (model.pt2 or model.zoo)."""
+    def build(
+        self,
+        recipe: str,
+        dest_dir: Path,
+        calibration: Arrays | None,
+        params: Mapping[str, object] | None = None,
+    ) -> Path:
+        """The variant's model file in `dest_dir` (model.pt2, model.zoo or model.aoti.pt2)."""
         dest_dir.mkdir(parents=True, exist_ok=True)
+        if recipe == AOTI:
+            return self._package(dest_dir, dict(params or {}))
         if recipe == EXPORT:
             return Path(shutil.copyfile(self._fp32_program(), dest_dir / PT2))
         if recipe == MODULE:
@@ -99,6 +118,24 @@ class TorchBuilder:
                 raise RecipeError("PT2E INT8 needs a calibration set")
             return self._int8_program(dest_dir / PT2, calibration)
         raise RecipeError(f"unknown torch recipe {recipe!r}")
+
+    def _package(self, dest_dir: Path, params: dict[str, object]) -> Path:
+        """The source variant's file compiled with AOTInductor (minutes for a large model)."""
+        from dlscale.backends import BackendOptions
+        from dlscale.backends.torch.aoti import PACKAGE_NAME
+        from dlscale.backends.torch.packaging import package_model
+
+        source_recipe = str(params.pop("source", MODULE))
+        source = self.build(source_recipe, dest_dir / "source", None)
+        options = BackendOptions(
+            device=self.device, max_batch_size=self.max_batch_size, extra=params
+        )
+        try:
+            package_model(source, options, dest_dir / PACKAGE_NAME)
+        except Exception as exc:  # inductor's own errors: the variant fails with its reason
+            raise RecipeError(f"AOTInductor failed: {type(exc).__name__}: {exc}") from exc
+        shutil.rmtree(dest_dir / "source")
+        return dest_dir / PACKAGE_NAME
 
     def _module_built(self) -> nn.Module:
         if self._module is None:

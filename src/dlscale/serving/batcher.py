@@ -83,9 +83,12 @@ class Batcher:
             collections.deque() for _ in range(policy.batching.priority_levels)
         ]
         self._queued = 0
+        # An instance that takes several batches at once (Instance.slots) is queued once per
+        # batch it takes: the next batch forms while the last one computes.
         self._free: asyncio.Queue[Instance] = asyncio.Queue()
         for inst in self._instances:
-            self._free.put_nowait(inst)
+            for _ in range(inst.slots):
+                self._free.put_nowait(inst)
         self._arrival = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False

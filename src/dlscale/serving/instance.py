@@ -12,15 +12,20 @@ from dlscale.backends import Backend
 
 
 class Instance:
-    """Runs its backend in a thread of its own, so that the event loop keeps serving meanwhile.
+    """Runs its backend in threads of its own, so that the event loop keeps serving meanwhile.
 
     One thread per instance keeps at most one batch in a backend at a time, which is what
-    runtimes such as ONNX Runtime expect of a session tuned for intra-op parallelism.
+    runtimes such as ONNX Runtime expect of a session tuned for intra-op parallelism. A backend
+    that says after loading that it takes more at once (`concurrency`: the torch backend on a
+    GPU uploads the next batch while one computes) gets as many threads, and the batcher hands
+    it as many batches.
     """
 
     def __init__(self, backend: Backend, name: str) -> None:
         self.backend = backend
         self.name = name
+        #: Batches this instance takes at once (known once loaded).
+        self.slots = 1
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def call(self, func: object, *args: object) -> object:
@@ -31,6 +36,13 @@ class Instance:
     async def load(self) -> None:
         """Load the backend in this instance's thread (slow: files, sessions, compilation)."""
         await self.call(self.backend.load)
+        self.slots = max(1, int(getattr(self.backend, "concurrency", 1)))
+        if self.slots > 1:
+            old = self._executor
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.slots, thread_name_prefix=self.name
+            )
+            old.shutdown(wait=False)
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Compute one batch."""

@@ -13,14 +13,9 @@ from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch.device import resolve_device
 from dlscale.backends.torch.files import save_exported, save_torchscript, write_module_spec
-from dlscale.backends.torch.options import parse_torch_options
-from dlscale.backends.torch.precision import (
-    Fp8Linear,
-    check_supported,
-    fp8_supported,
-    fp32_mode,
-    to_fp8,
-)
+from dlscale.backends.torch.lowp import LowpConv2d, LowpLinear, fold_batchnorm, to_lowp
+from dlscale.backends.torch.options import parse_torch_options, resolve
+from dlscale.backends.torch.precision import check_supported, fp8_supported, fp32_mode
 from dlscale.backends.torch.tensors import from_numpy, to_numpy
 from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
@@ -109,6 +104,25 @@ def test_a_cuda_device_without_cuda_is_refused_clearly(tmp_path: Path) -> None:
         backend.load()
 
 
+def test_settings_left_open_are_chosen_for_the_device() -> None:
+    def chosen(extra: dict[str, object], **facts: bool) -> tuple[object, ...]:
+        facts = {"on_cuda": True, "can_bucket": True, "convolutional": True} | facts
+        s = resolve(parse_torch_options(extra), **facts)
+        return s.cuda_graphs, s.channels_last, s.freezing, s.inflight_batches
+
+    # CUDA: graphs per bucket, channels_last for convolutions, freezing, two batches in flight.
+    assert chosen({}) == (True, True, True, 2)
+    assert chosen({}, convolutional=False) == (True, False, True, 2)
+    assert chosen({}, can_bucket=False) == (False, True, True, 2)
+    # Inductor's own graphs replace ours and are kept per thread: one batch at a time.
+    assert chosen({"compile": True, "compile_mode": "reduce-overhead"}) == (False, True, True, 1)
+    assert chosen({"compile_backend": "aot_eager"})[2] is False  # freezing is inductor's
+    # The CPU keeps what it had; explicit settings are kept everywhere.
+    assert chosen({}, on_cuda=False) == (False, False, False, 1)
+    explicit = {"cuda_graphs": False, "channels_last": False, "freezing": False}
+    assert chosen(explicit | {"inflight_batches": 3}) == (False, False, False, 3)
+
+
 # -- precision -----------------------------------------------------------------------------------
 
 
@@ -122,23 +136,72 @@ def test_fp8_needs_compute_capability_8_9() -> None:
         check_supported("tf32", torch.device("cpu"))
 
 
-def test_an_fp8_linear_stays_close_to_the_linear_it_replaces() -> None:
-    # torch._scaled_mm also runs on the CPU, so the FP8 arithmetic is checked here; the
-    # backend itself only offers FP8 on GPUs that have FP8 tensor cores.
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_an_8_bit_linear_stays_close_to_the_linear_it_replaces(kind: str) -> None:
+    # torch._scaled_mm and torch._int_mm also run on the CPU, so the 8-bit arithmetic is
+    # checked here; the backend itself offers FP8 only on GPUs with FP8 tensor cores.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 1000), nn.ReLU(), nn.Linear(1000, 10)).eval()
     x = torch.randn(5, 64)
+    dtype = torch.bfloat16 if kind == "fp8" else torch.float16
     with torch.inference_mode():
         expected = model(x)
-        converted = model.to(torch.bfloat16)
-        assert to_fp8(converted) == 1  # 1000 inputs is not a multiple of 16: stays BF16
-        assert isinstance(converted[0], Fp8Linear) and isinstance(converted[2], nn.Linear)
-        got = converted(x.to(torch.bfloat16)).float()
+        converted = model.to(dtype)
+        assert to_lowp(converted, kind) == 1  # type: ignore[arg-type]  # 1000 inputs: unaligned
+        assert isinstance(converted[0], LowpLinear) and isinstance(converted[2], nn.Linear)
+        got = converted(x.to(dtype)).float()
     assert got.shape == expected.shape
-    error = (got - expected).abs().max() / expected.abs().max()
-    assert error < 0.1, f"FP8 relative error {error:.3f}"
-    cosine = nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
-    assert cosine > 0.99
+    _assert_near(got, expected, 0.1, 0.99)
+
+
+def _assert_near(got: torch.Tensor, expected: torch.Tensor, bound: float, floor: float) -> None:
+    error = float((got - expected).abs().max() / expected.abs().max())
+    cosine = float(nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0))
+    assert error < bound and cosine > floor, f"relative error {error:.3f}, cosine {cosine:.4f}"
+
+
+class ConvNet(nn.Module):
+    """The convolutions ResNet-50 has: a 7x7 stem, 1x1 and strided 3x3 ones, a strided 1x1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, 16, 7, stride=2, padding=3, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.reduce = nn.Conv2d(16, 32, 1)
+        self.spatial = nn.Conv2d(32, 32, 3, stride=2, padding=1)
+        self.down = nn.Conv2d(16, 32, 1, stride=2, bias=False)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.stem(x)))
+        y = self.spatial(torch.relu(self.reduce(x))) + self.down(x)
+        return self.fc(y.mean(dim=(2, 3)))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize(("convs", "swapped"), [("none", 1), ("pointwise", 3), ("all", 4)])
+def test_convolutions_run_as_8_bit_products_in_either_layout(
+    kind: str, convs: str, swapped: int
+) -> None:
+    model = ConvNet().eval()
+    with torch.no_grad():  # statistics a trained network would have
+        model.bn.running_mean.uniform_(-0.1, 0.1)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 32, 32)
+    dtype = torch.bfloat16 if kind == "fp8" else torch.float16
+    with torch.inference_mode():
+        expected = model(x)
+        folded = fold_batchnorm(model)
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+        torch.testing.assert_close(folded(x), expected, rtol=1e-4, atol=1e-4)
+        converted = folded.to(dtype)
+        # The 7x7 stem has 3 x 49 = 147 inputs per output, not a multiple of 16: it stays.
+        assert to_lowp(converted, kind, convs) == swapped  # type: ignore[arg-type]
+        assert sum(isinstance(m, LowpConv2d) for m in converted.modules()) == swapped - 1
+        for layout in (torch.contiguous_format, torch.channels_last):
+            got = converted(x.to(dtype).contiguous(memory_format=layout)).float()
+            _assert_near(got, expected, 0.1, 0.99)
 
 
 # -- tensors and files ---------------------------------------------------------------------------

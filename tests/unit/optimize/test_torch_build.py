@@ -43,8 +43,11 @@ def reference(data: dict[str, np.ndarray]) -> np.ndarray:
     return out.numpy()  # type: ignore[no-any-return]
 
 
-def _run(path: Path, data: dict[str, np.ndarray], **extra: object) -> np.ndarray:
-    backend = create_backend("torch", path, BackendOptions(max_batch_size=256, extra=extra))
+def _run(
+    path: Path, data: dict[str, np.ndarray], max_batch_size: int = 256, **extra: object
+) -> np.ndarray:
+    options = BackendOptions(max_batch_size=max_batch_size, extra=extra)
+    backend = create_backend("torch", path, options)
     backend.load()
     try:
         return backend.infer({"input": data["input"]})["output"]
@@ -117,3 +120,18 @@ def test_only_zoo_models_have_a_pytorch_definition(tmp_path: Path) -> None:
     assert found is not None and found.zoo is ZOO["identity"]
     with pytest.raises(DlscaleError):
         repo.version("nothing")
+
+
+def test_a_package_variant_is_its_source_compiled_ahead_of_time(
+    data: dict[str, np.ndarray], reference: np.ndarray, tmp_path: Path
+) -> None:
+    from dlscale.optimize.torch_variants import AOTI
+
+    builder = TorchBuilder(TorchSource(MLP, 128), tmp_path / "scratch", data, max_batch_size=64)
+    package = builder.build(AOTI, tmp_path / "aoti", None, {"source": EXPORT, "precision": "fp32"})
+    assert package.name == "model.aoti.pt2"
+    assert sorted(p.name for p in package.parent.iterdir()) == ["model.aoti.pt2"]
+    got = _run(package, data, max_batch_size=64, precision="fp32")
+    np.testing.assert_allclose(got, reference, atol=1e-4)
+    with pytest.raises(RecipeError, match=r"AOTInductor failed.*tf32"):
+        builder.build(AOTI, tmp_path / "bad", None, {"source": EXPORT, "precision": "tf32"})

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dlscale.backends.torch.options import parse_torch_options
 from dlscale.optimize.torch_variants import (
+    AOTI,
+    AUTOTUNE_FACTOR,
     COMPILE_CAP_S,
     EXPORT,
     MODULE,
     PT2E_INT8,
+    aoti_variant,
     compile_estimate_s,
     compile_refusal,
     is_compiled,
@@ -80,26 +83,49 @@ def test_amx_cpu_gets_fp16_too_and_transformers_cast_from_the_module() -> None:
     assert {v.name: v.recipe for v in cnn}["torch-bf16"] == EXPORT
 
 
-def test_h100_gets_every_precision_with_fp8_from_the_module_and_no_pt2e() -> None:
+def test_h100_gets_every_precision_with_8_bit_from_the_module_and_no_pt2e() -> None:
     tried, skipped = torch_precision_variants(BERT, H100, has_calibration=True)
-    assert names(tried) == ["torch-fp32", "torch-tf32", "torch-fp16", "torch-bf16", "torch-fp8"]
-    fp8 = tried[-1]
+    assert names(tried) == [
+        "torch-fp32",
+        "torch-tf32",
+        "torch-fp16",
+        "torch-bf16",
+        "torch-fp8",
+        "torch-int8",
+    ]
+    fp8, int8 = tried[-2:]
     assert fp8.recipe == MODULE and fp8.backend_options == {"precision": "fp8"}
+    assert int8.recipe == MODULE and int8.backend_options == {"precision": "int8"}
     assert "x86" in reasons(skipped)["torch-int8-pt2e"]
+    # A convolutional model also gets every convolution gathered into 8-bit products.
+    cnn, _ = torch_precision_variants(CNN, H100, has_calibration=True)
+    assert names(cnn)[-4:] == [
+        "torch-fp8",
+        "torch-fp8-allconv",
+        "torch-int8",
+        "torch-int8-allconv",
+    ]
+    assert cnn[-1].backend_options == {"precision": "int8", "lowp_convs": "all"}
 
 
-def test_fp8_needs_capability_8_9_and_a_linear_layer() -> None:
+def test_fp8_needs_capability_8_9_and_a_product_to_run() -> None:
     tried, skipped = torch_precision_variants(BERT, A100, has_calibration=True)
     assert "torch-fp8" not in names(tried) and "torch-bf16" in names(tried)
+    assert "torch-int8" in names(tried)
     assert "8.9" in reasons(skipped)["torch-fp8"] and "8.0" in reasons(skipped)["torch-fp8"]
-    tried, skipped = torch_precision_variants(CONV_ONLY, H100, has_calibration=True)
-    assert "torch-fp8" not in names(tried)
-    assert "no MatMul" in reasons(skipped)["torch-fp8"]
+    # Convolutions count: 1x1 ones are matrix products (the backend fails the variant, with
+    # its reason, when none of a model's layers can run in 8 bits).
+    tried, _ = torch_precision_variants(CONV_ONLY, H100, has_calibration=True)
+    assert "torch-fp8" in names(tried)
+    identity = ModelFacts({"Identity": 1}, image_input=False, transformer=False)
+    tried, skipped = torch_precision_variants(identity, H100, has_calibration=True)
+    assert "torch-fp8" not in names(tried) and "torch-int8" not in names(tried)
+    assert "neither" in reasons(skipped)["torch-fp8"]
 
 
-def test_pre_ampere_gpu_gets_fp32_and_fp16_only() -> None:
+def test_pre_ampere_gpu_gets_fp32_fp16_and_int8_only() -> None:
     tried, skipped = torch_precision_variants(CNN, T4, has_calibration=True)
-    assert names(tried) == ["torch-fp32", "torch-fp16"]
+    assert names(tried) == ["torch-fp32", "torch-fp16", "torch-int8", "torch-int8-allconv"]
     why = reasons(skipped)
     assert "7.5" in why["torch-tf32"] and "7.5" in why["torch-bf16"] and "7.5" in why["torch-fp8"]
 
@@ -107,7 +133,11 @@ def test_pre_ampere_gpu_gets_fp32_and_fp16_only() -> None:
 def test_cpu_runtime_stage_tries_layout_and_compile_and_explains_the_rest() -> None:
     best, _ = torch_precision_variants(CNN, BF16_CPU, has_calibration=True)
     tried, skipped = torch_runtime_variants(best[1], CNN, BF16_CPU)
-    assert names(tried) == ["torch-bf16+channels_last", "torch-bf16+compile"]
+    assert names(tried) == [
+        "torch-bf16+channels_last",
+        "torch-bf16+compile",
+        "torch-bf16+aoti",
+    ]
     assert tried[0].backend_options == {"precision": "bf16", "channels_last": True}
     why = reasons(skipped)
     assert set(why) == {
@@ -121,18 +151,39 @@ def test_cpu_runtime_stage_tries_layout_and_compile_and_explains_the_rest() -> N
     assert "4-D" in reasons(skipped)["torch-int8-pt2e+channels_last"]
 
 
-def test_gpu_runtime_stage_compares_compile_modes_and_cuda_graphs() -> None:
-    best, _ = torch_precision_variants(CNN, H100, has_calibration=True)
-    tried, skipped = torch_runtime_variants(best[2], CNN, H100)
+def test_gpu_runtime_stage_compares_ways_of_compiling_and_packages_8_bit_variants() -> None:
+    first, _ = torch_precision_variants(CNN, H100, has_calibration=True)
+    fp16 = next(v for v in first if v.name == "torch-fp16")
+    fp8 = next(v for v in first if v.name == "torch-fp8")
+    tried, skipped = torch_runtime_variants(fp16, CNN, H100, accepted=[fp16, fp8])
     assert names(tried) == [
-        "torch-fp16+channels_last",
         "torch-fp16+compile",
-        "torch-fp16+compile-reduce-overhead",
         "torch-fp16+compile-max-autotune",
-        "torch-fp16+cuda_graphs",
-        "torch-fp16+compile+cuda_graphs",
+        "torch-fp16+compile-reduce-overhead",
+        "torch-fp16+aoti",
+        "torch-fp16+aoti-max-autotune",
+        "torch-fp8+aoti",
     ]
-    assert skipped == []
+    # The backend's own graphs with max-autotune; inductor's own with reduce-overhead.
+    assert tried[1].backend_options["compile_mode"] == "max-autotune-no-cudagraphs"
+    assert tried[2].backend_options["cuda_graphs"] is False
+    assert "on by default" in next(iter(reasons(skipped).values()))
+
+
+def test_a_package_variant_compiles_in_what_it_can_and_serves_with_the_rest() -> None:
+    first, _ = torch_precision_variants(CNN, H100, has_calibration=True)
+    fp8_all = next(v for v in first if v.name == "torch-fp8-allconv")
+    package = aoti_variant(fp8_all, "aoti-max-autotune", compile_mode="max-autotune-no-cudagraphs")
+    assert package.recipe == AOTI and is_compiled(package) and package.lossy
+    assert package.params == {
+        "source": MODULE,
+        "precision": "fp8",
+        "lowp_convs": "all",
+        "compile_mode": "max-autotune-no-cudagraphs",
+    }
+    assert package.backend_options == {}
+    # Compiled ahead of time with max-autotune: the budget holds it to a longer estimate.
+    assert compile_estimate_s(CNN, package) == AUTOTUNE_FACTOR * compile_estimate_s(CNN)
 
 
 def test_every_generated_option_set_is_one_the_torch_backend_accepts() -> None:
@@ -143,6 +194,8 @@ def test_every_generated_option_set_is_one_the_torch_backend_accepts() -> None:
                 second, _ = torch_runtime_variants(v, facts, caps)
                 for variant in (v, *second):
                     parse_torch_options(variant.backend_options)
+                    settings = {k: w for k, w in variant.params.items() if k != "source"}
+                    parse_torch_options(settings)
 
 
 def test_compile_estimate_grows_with_the_graph_and_is_capped() -> None:

@@ -69,13 +69,15 @@ class _JumpingSelector(selectors.BaseSelector):
 class Sleeper:
     """An instance stand-in: a batch of b rows holds it for s(b) seconds of the loop's clock.
 
-    The Batcher needs only an instance's `name` and `infer`. Each row's outputs say the size of
-    the batch it ran in and when that batch started.
+    The Batcher needs only an instance's `name`, `slots` (batches it takes at once: one, as the
+    simulation's instances) and `infer`. Each row's outputs say the size of the batch it ran in
+    and when that batch started.
     """
 
     def __init__(self, name: str, service: ServiceTime) -> None:
         self.name = name
         self.service = service
+        self.slots = 1
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(inputs["x"])

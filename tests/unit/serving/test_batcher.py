@@ -233,3 +233,37 @@ async def test_several_instances_compute_at_once() -> None:
         b.gate.set()
     await asyncio.gather(*futures)
     await batcher.close()
+
+
+class TwoAtOnce(AddOne):
+    """An AddOne that says, once loaded, it takes two batches at once (as the torch backend
+    does on a GPU); each batch waits until the other is inside too."""
+
+    concurrency = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.both_inside = threading.Barrier(2)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # Raises BrokenBarrierError (and fails the batch) unless a second batch arrives.
+        self.both_inside.wait(timeout=10)
+        return super().infer(inputs)
+
+
+async def test_an_instance_that_takes_two_batches_gets_two_in_flight() -> None:
+    backend = TwoAtOnce()
+    instance = Instance(backend, "two")
+    await instance.load()
+    assert instance.slots == 2
+    batcher = Batcher(BatchPolicy(4), [instance], ModelStats("m", "1"))
+    batcher.start()
+    try:
+        first, second = _rows(4, 0), _rows(4, 10)
+        a, b = await asyncio.gather(batcher.infer(first), batcher.infer(second))
+    finally:
+        await batcher.close()
+        await instance.close()
+    np.testing.assert_array_equal(a["y"], first["x"] + 1)
+    np.testing.assert_array_equal(b["y"], second["x"] + 1)
+    assert sorted(backend.batches) == [4, 4]

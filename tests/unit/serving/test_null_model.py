@@ -74,12 +74,12 @@ async def test_a_null_model_loads_from_its_config_and_echoes(null_repo: Path) ->
 
 async def test_what_a_null_model_lacks_keeps_it_unavailable(null_repo: Path) -> None:
     plane = await _plane(null_repo)
-    index = {row["name"]: row for row in plane.repository_index()}
-    assert index["no_marker"]["state"] == "UNAVAILABLE"
-    assert "no model file for backend 'null'" in index["no_marker"]["reason"]
-    assert "model.null" in index["no_marker"]["reason"]
-    assert index["undeclared"]["state"] == "UNAVAILABLE"
-    assert "needs [[inputs]] and [[outputs]]" in index["undeclared"]["reason"]
+    index = {row.name: row for row in plane.repository_index()}
+    assert index["no_marker"].state == "UNAVAILABLE"
+    assert "no model file for backend 'null'" in index["no_marker"].reason
+    assert "model.null" in index["no_marker"].reason
+    assert index["undeclared"].state == "UNAVAILABLE"
+    assert "needs [[inputs]] and [[outputs]]" in index["undeclared"].reason
     checked = {c.name: c for c in ModelRepository(null_repo).check()}
     assert checked["echo"].versions == (2,) and not checked["no_marker"].ok
     await plane.manager.close()

@@ -1,4 +1,4 @@
-"""PyTorch backend: export programs, TorchScript or zoo modules, eager, compiled or graphed."""
+"""PyTorch backend: AOTInductor packages, export programs, TorchScript or zoo modules."""
 
 from __future__ import annotations
 
@@ -12,17 +12,19 @@ import numpy as np
 import torch
 
 from dlscale.backends.base import BackendOptions
+from dlscale.backends.torch.boundary import inductor_options
 from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch.cuda import CudaGraphs, Staging, Step
 from dlscale.backends.torch.device import place
 from dlscale.backends.torch.files import LoadedModel, load_model
 from dlscale.backends.torch.options import SELF_CAPTURING_MODES, TorchOptions, parse_torch_options
-from dlscale.backends.torch.precision import (
-    Fp8Linear,
-    PrecisionPlan,
-    apply_precision,
-    check_supported,
-    fp32_mode,
+from dlscale.backends.torch.precision import check_supported, fp32_mode
+from dlscale.backends.torch.prepare import (
+    check_fits,
+    check_package,
+    precision_of,
+    prepared,
+    resolved_options,
 )
 from dlscale.backends.torch.tensors import from_numpy, to_numpy, torch_dtype
 from dlscale.errors import BackendError, ConfigError, DlscaleError, InvalidInput
@@ -42,7 +44,6 @@ class TorchBackend:
         self.buckets: Buckets | None = None
         self._model: LoadedModel | None = None
         self._module: Any = None
-        self._plan: PrecisionPlan | None = None
         self._fn: Step | None = None
         self._staging: Staging | None = None
         self._graphs: CudaGraphs | None = None
@@ -59,26 +60,30 @@ class TorchBackend:
             raise
 
     def _load(self) -> None:
-        s = self.settings
         if self.options.intra_op_threads > 0:
             torch.set_num_threads(self.options.intra_op_threads)
         device = self.device = place(self.options.device)
-        check_supported(s.precision, device)
-        if s.cuda_graphs and device.type != "cuda":
+        # A package's runner is called by one thread at a time (the compute lock), and CUDA
+        # graph capture needs it without its own locking.
+        model = self._model = load_model(self.path, device, single_threaded=True)
+        check_package(self.path, model, self.options.extra)
+        s = self.settings = resolved_options(
+            self.settings, model, device, self.options.max_batch_size
+        )
+        precision = precision_of(s, model)
+        check_supported(precision, device)  # type: ignore[arg-type]
+        if device.type != "cuda" and s.cuda_graphs:
             raise ConfigError(
                 "backend_options.cuda_graphs: needs a CUDA device; on the CPU, "
                 "static_buckets = true pads batches to buckets the same way"
             )
-        self._held.enter_context(fp32_mode(s.precision, device))
-        model = self._model = load_model(self.path, device)
-        self._check_fits(model)
-        plan = self._plan = PrecisionPlan(s.precision, s.autocast, device.type)
-        module = apply_precision(model.module, plan)  # type: ignore[arg-type]
-        if s.precision == "fp8" and not any(isinstance(m, Fp8Linear) for m in module.modules()):
-            raise ConfigError(f"{self.path}: precision 'fp8' found no Linear layer to run in FP8")
-        if s.channels_last:
-            module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self._module = module
+        if device.type != "cuda" and (s.inflight_batches or 1) > 1:
+            raise ConfigError(
+                "backend_options.inflight_batches: more than one batch at once overlaps copies "
+                "with compute on a CUDA device; on the CPU it is 1"
+            )
+        self._held.enter_context(fp32_mode(precision, device))  # type: ignore[arg-type]
+        check_fits(self.path, model, s, self.options.max_batch_size)
         if s.bucketed:
             self.buckets = Buckets(s.batch_buckets or default_buckets(self.options.max_batch_size))
             if self.buckets.largest < self.options.max_batch_size:
@@ -86,64 +91,42 @@ class TorchBackend:
                     f"backend_options.batch_buckets: the largest, {self.buckets.largest}, is "
                     f"below max_batch_size {self.options.max_batch_size}"
                 )
-        self._fn = self._compiled() if s.compile else self._step
+        if model.kind == "aoti":
+            runner = model.module
+            self._module = runner
+            self._fn = lambda *args: list(runner(*args))
+        else:
+            self._module = prepared(model, s, device)
+            self._fn = self._compiled(self._module) if s.compile else self._module
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: tune each conv once
             dtypes = {spec.name: torch_dtype(spec.datatype) for spec in model.inputs}
-            self._staging = Staging(device, dtypes)
+            self._staging = Staging(device, dtypes, s.inflight_batches or 1)
         with torch.inference_mode():
             self._warm_up()
         log.info(
-            "loaded %s on %s: %s%s, buckets %s",
+            "loaded %s on %s: %s%s%s, buckets %s",
             self.path,
             device,
-            s.precision,
-            " compiled" if s.compile else "",
+            precision,
+            " compiled" if s.compile or model.kind == "aoti" else "",
+            " with CUDA graphs" if self._graphs else "",
             self.buckets.sizes if self.buckets else "none",
         )
 
-    def _check_fits(self, model: LoadedModel) -> None:
-        s = self.settings
-        if s.compile and model.kind == "torchscript":
-            raise ConfigError(
-                f"{self.path}: torch.compile does not take TorchScript; give a model.pt2 or "
-                "model.zoo, or set compile = false"
-            )
-        if s.precision == "fp8" and model.kind != "module":
-            raise ConfigError(
-                f"{self.path}: precision 'fp8' swaps nn.Linear modules, which only a model.zoo "
-                "module has (an exported or scripted graph has none left)"
-            )
-        if s.bucketed:
-            if self.options.max_batch_size < 1 and s.batch_buckets is None:
-                raise ConfigError(
-                    "backend_options: batch buckets need max_batch_size > 0 or batch_buckets"
-                )
-            variable = [i.name for i in model.inputs if -1 in i.shape[1:]]
-            if variable:
-                raise ConfigError(
-                    f"{self.path}: batch buckets need fixed non-batch dimensions; inputs "
-                    f"{variable} have variable ones"
-                )
-        if s.channels_last and not any(len(i.shape) == 4 for i in model.inputs):
-            raise ConfigError(
-                "backend_options.channels_last: needs a 4-D (N, C, H, W) input; this model "
-                f"has {[list(i.shape) for i in model.inputs]}"
-            )
-
-    def _compiled(self) -> Step:
+    def _compiled(self, module: torch.nn.Module) -> Step:
         s = self.settings
         if self.buckets is not None:
             # One graph per bucket: raise dynamo's recompile limit so none falls back to eager.
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 2 * len(self.buckets.sizes) + 8)
-        compiled = torch.compile(
-            self._step,
-            mode=s.compile_mode,
-            backend=s.compile_backend,
-            dynamic=False if self.buckets is not None else None,
+        dynamic = False if self.buckets is not None else None
+        if s.compile_backend == "inductor":
+            options = inductor_options(s.compile_mode, bool(s.freezing))
+            return torch.compile(module, backend="inductor", options=options, dynamic=dynamic)
+        return torch.compile(
+            module, mode=s.compile_mode, backend=s.compile_backend, dynamic=dynamic
         )
-        return compiled
 
     def _warm_up(self) -> None:
         """Compile and capture every shape a batch may take, so the first request is fast."""
@@ -157,9 +140,9 @@ class TorchBackend:
         else:
             sizes = [None]
         if self._staging is not None and self.buckets is not None:
-            # Reserve the device buffers at the largest bucket: graphs hold their addresses.
-            for spec in model.inputs:
-                self._staging.device_view(spec.name, (self.buckets.largest, *spec.shape[1:]))
+            # Every buffer at the largest batch up front: graphs hold their addresses.
+            largest = self.buckets.largest
+            self._staging.reserve({i.name: (largest, *i.shape[1:]) for i in model.inputs})
         if s.cuda_graphs:
             self._capture()
         for size in sizes:
@@ -169,7 +152,7 @@ class TorchBackend:
                 hint = "" if s.autocast else " (autocast = true may help with mixed dtypes)"
                 raise ConfigError(
                     f"{self.path}: the model failed its warm-up at batch {size} with "
-                    f"precision {s.precision!r}{hint}: {exc}"
+                    f"precision {precision_of(s, model)!r}{hint}: {exc}"
                 ) from exc
 
     def _capture(self) -> None:
@@ -179,7 +162,7 @@ class TorchBackend:
         # Largest first: the shared memory pool is sized by the first capture.
         for bucket in reversed(self.buckets.sizes):
             args = [
-                self._staging.device_view(spec.name, (bucket, *spec.shape[1:]))
+                self._staging.graph_input(spec.name, (bucket, *spec.shape[1:]))
                 for spec in self._model.inputs
             ]
             self._graphs.capture(
@@ -188,24 +171,10 @@ class TorchBackend:
 
     # -- computing -------------------------------------------------------------------------------
 
-    def _step(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        """The model between the boundary conversions: what is compiled and captured."""
-        assert self._plan is not None and self._model is not None
-        with self._plan.context():
-            converted = [self._prepare(a) for a in args]
-            result = self._module(*converted)
-        outputs = _as_list(result, [o.name for o in self._model.outputs])
-        return [
-            out.to(torch_dtype(spec.datatype))
-            for out, spec in zip(outputs, self._model.outputs, strict=True)
-        ]
-
-    def _prepare(self, tensor: torch.Tensor) -> torch.Tensor:
-        assert self._plan is not None
-        tensor = self._plan.convert_input(tensor)
-        if self.settings.channels_last and tensor.dim() == 4:
-            tensor = tensor.contiguous(memory_format=torch.channels_last)
-        return tensor
+    @property
+    def concurrency(self) -> int:
+        """Batches this backend takes at once (read after load): 2 on CUDA by default."""
+        return (self.settings.inflight_batches or 1) if self._staging is not None else 1
 
     def _call(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
         assert self._fn is not None and self.device is not None
@@ -259,19 +228,27 @@ class TorchBackend:
     ) -> dict[str, np.ndarray]:
         staging, model = self._staging, self._model
         assert staging is not None and model is not None
-        staging.upload({spec.name: a for spec, a in zip(model.inputs, arrays, strict=True)})
-        with torch.cuda.stream(staging.compute_stream):
-            if self._graphs is not None:
-                assert target is not None
-                outputs = self._graphs.replay(target)
-            else:
-                args = [
-                    staging.device_view(spec.name, (target, *a.shape[1:]) if target else a.shape)
-                    for spec, a in zip(model.inputs, arrays, strict=True)
-                ]
-                outputs = self._call(args)
-        named = {spec.name: out for spec, out in zip(model.outputs, outputs, strict=True)}
-        return staging.download(named, rows)
+        names = [spec.name for spec in model.inputs]
+        with staging.slot() as slot:
+            views = staging.upload(slot, dict(zip(names, arrays, strict=True)))
+            with staging.computing(slot):
+                if self._graphs is not None:
+                    assert target is not None and rows is not None
+                    for name, view in views.items():
+                        staging.graph_input(name, view.shape).copy_(view)
+                    outputs = self._graphs.replay(target)
+                else:
+                    # Padding rows are whatever the slot's buffer held: rows are independent.
+                    args = [
+                        staging.slot_view(slot, n, (target, *views[n].shape[1:]))
+                        if target is not None
+                        else views[n]
+                        for n in names
+                    ]
+                    outputs = self._call(args)
+                named = {spec.name: out for spec, out in zip(model.outputs, outputs, strict=True)}
+                pending = staging.download(slot, named, rows, static=self._graphs is not None)
+            return pending.wait()
 
     # -- description and teardown ------------------------------------------------------------------
 
@@ -291,21 +268,6 @@ class TorchBackend:
         self._held.close()
         if on_cuda:
             torch.cuda.empty_cache()
-
-
-def _as_list(result: Any, names: list[str]) -> list[torch.Tensor]:
-    """A model's outputs in signature order, whether it returns one tensor, a tuple or a dict."""
-    if isinstance(result, torch.Tensor):
-        outputs = [result]
-    elif isinstance(result, Mapping):
-        outputs = [result[name] for name in names]
-    else:
-        outputs = list(result)
-    if len(outputs) != len(names):
-        raise ConfigError(
-            f"the model returned {len(outputs)} outputs, its signature names {len(names)}: {names}"
-        )
-    return outputs
 
 
 def _checked_inputs(specs: list[TensorSpec], inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -1,5 +1,6 @@
-"""The three model files of the torch backend: read (module and signature) and written.
+"""The model files of the torch backend: read (module and signature) and written.
 
+- `model.aoti.pt2`: an AOTInductor package, compiled ahead of time (see aoti.py).
 - `model.pt2`: a torch.export program; its signature is stored inside it (or read off the graph).
 - `model.pt`: a TorchScript module; its signature must be stored inside it.
 - `model.zoo`: TOML naming a Python factory ("package.module:function") that builds the module
@@ -22,13 +23,14 @@ import tomli_w
 import torch
 from torch import nn
 
+from dlscale.backends.torch.aoti import PackageInfo, load_package
 from dlscale.backends.torch.tensors import datatype_of, from_numpy
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
 #: Name of the signature inside a .pt2 or .pt archive (their "extra files").
 SIGNATURE_ENTRY = "dlscale/signature.json"
-Kind = Literal["export", "torchscript", "module"]
+Kind = Literal["aoti", "export", "torchscript", "module"]
 KINDS: dict[str, Kind] = {".pt2": "export", ".pt": "torchscript", ".zoo": "module"}
 
 
@@ -40,16 +42,31 @@ class LoadedModel:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     kind: Kind
+    #: What an AOTInductor package was compiled for (None for the other kinds).
+    package: PackageInfo | None = None
 
 
-def load_model(path: Path, device: torch.device) -> LoadedModel:
-    """Read a model file onto `device`; raises ConfigError naming the file when it cannot."""
-    kind = KINDS.get(path.suffix)
+def kind_of(path: Path) -> Kind | None:
+    """The kind of model file at `path`, by its name; None when the backend reads no such file."""
+    if path.name.endswith(".aoti.pt2"):
+        return "aoti"
+    return KINDS.get(path.suffix)
+
+
+def load_model(path: Path, device: torch.device, *, single_threaded: bool = False) -> LoadedModel:
+    """Read a model file onto `device`; raises ConfigError naming the file when it cannot.
+
+    `single_threaded`: an AOTInductor package's runner without its own locking (CUDA graphs).
+    """
+    kind = kind_of(path)
     if kind is None:
-        raise ConfigError(f"{path}: the torch backend reads {sorted(KINDS)} files")
+        raise ConfigError(f"{path}: the torch backend reads {sorted(KINDS)} and .aoti.pt2 files")
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
+        if kind == "aoti":
+            runner, info = load_package(path, device, single_threaded=single_threaded)
+            return LoadedModel(runner, info.inputs, info.outputs, "aoti", info)
         if kind == "export":
             return _load_exported(path, device)
         if kind == "torchscript":

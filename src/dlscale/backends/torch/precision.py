@@ -1,4 +1,4 @@
-"""Precision for the torch backend: whole-model casts, autocast, TF32 switches and FP8 Linears."""
+"""Precision for the torch backend: whole-model casts, autocast, TF32 switches, FP8 and INT8."""
 
 from __future__ import annotations
 
@@ -11,23 +11,25 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlscale.backends.torch.lowp import LowpConv2d, LowpLinear, to_lowp
 from dlscale.backends.torch.options import Precision
 from dlscale.errors import ConfigError
 
-#: The dtype activations (and, without autocast, weights) take under each precision. FP8 runs
-#: its matrix products in FP8 and everything between them in BF16.
+#: The dtype activations (and, without autocast, weights) take under each precision. FP8 and
+#: INT8 run their matrix products in 8 bits and everything between them in 16.
 COMPUTE_DTYPES: dict[Precision, torch.dtype] = {
     "fp32": torch.float32,
     "tf32": torch.float32,
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
     "fp8": torch.bfloat16,
+    "int8": torch.float16,
 }
 #: FP8 matrix products need Ada (8.9) or Hopper (9.0) and later.
 FP8_MIN_CAPABILITY = (8, 9)
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
-#: torch._scaled_mm wants both dimensions of its second operand divisible by 16.
-FP8_ALIGNMENT = 16
+#: INT8 tensor-core products (torch._int_mm through cuBLASLt) need Turing (7.5) and later.
+INT8_MIN_CAPABILITY = (7, 5)
+LOWP_LAYERS = (LowpLinear, LowpConv2d)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class PrecisionPlan:
     precision: Precision
     autocast: bool
     device_type: str
+    #: FP8 / INT8: which convolutions become low-precision products (none, pointwise, all).
+    lowp_convs: str = "pointwise"
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -50,7 +54,7 @@ class PrecisionPlan:
         return torch.autocast(self.device_type, dtype=COMPUTE_DTYPES[self.precision])
 
     def convert_input(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A floating-point input in the compute dtype; integer inputs (token ids) as they are."""
+        """A floating-point input in the compute dtype; integer inputs (ids, pixels) as they are."""
         if tensor.is_floating_point() and tensor.dtype != self.compute_dtype:
             return tensor.to(self.compute_dtype)
         return tensor
@@ -63,14 +67,18 @@ def check_supported(precision: Precision, device: torch.device) -> None:
             "backend_options.precision: 'tf32' is a mode of NVIDIA tensor cores (Ampere and "
             f"later); device {device} has none: use 'fp32' or 'bf16'"
         )
-    if precision == "fp8":
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        if not fp8_supported(capability):
-            raise ConfigError(
-                "backend_options.precision: 'fp8' needs a CUDA device of compute capability "
-                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or later (Ada, Hopper); "
-                f"device {device} has {capability or 'none'}: use 'bf16' or 'fp16'"
-            )
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if precision == "fp8" and not fp8_supported(capability):
+        raise ConfigError(
+            "backend_options.precision: 'fp8' needs a CUDA device of compute capability "
+            f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or later (Ada, Hopper); "
+            f"device {device} has {capability or 'none'}: use 'bf16' or 'fp16'"
+        )
+    if precision == "int8" and capability is not None and capability < INT8_MIN_CAPABILITY:
+        raise ConfigError(
+            "backend_options.precision: 'int8' needs compute capability 7.5 or later (INT8 "
+            f"tensor cores); device {device} has {capability}: use 'fp16'"
+        )
 
 
 def fp8_supported(capability: tuple[int, int] | None) -> bool:
@@ -79,73 +87,21 @@ def fp8_supported(capability: tuple[int, int] | None) -> bool:
 
 
 def apply_precision(module: nn.Module, plan: PrecisionPlan) -> nn.Module:
-    """The module with its weights in the plan's dtype (FP8 Linears where the shapes allow).
+    """The module with its weights in the plan's dtype (8-bit layers where the shapes allow).
 
     The whole-model cast comes first: `module.to(dtype)` casts every floating-point tensor,
-    FP8 ones included, so the FP8 weights are made after it.
+    8-bit ones included, so the 8-bit weights are made after it.
     """
     if not plan.autocast and plan.compute_dtype != torch.float32:
         module = module.to(plan.compute_dtype)
-    if plan.precision == "fp8":
-        to_fp8(module)
+    if plan.precision in ("fp8", "int8"):
+        to_lowp(module, plan.precision, plan.lowp_convs)
     return module
 
 
-class Fp8Linear(nn.Module):
-    """A Linear computed by torch._scaled_mm on FP8 (E4M3) operands with per-tensor scales.
-
-    The weight is quantized once, scaled so its largest magnitude meets E4M3's 448; each
-    activation is scaled the same way on the fly, so no calibration is needed. The output
-    dimension is padded to a multiple of 16 and the padding dropped from the result.
-    """
-
-    weight_fp8: torch.Tensor
-    weight_scale: torch.Tensor
-    bias: torch.Tensor | None
-
-    def __init__(self, linear: nn.Linear, out_dtype: torch.dtype = torch.bfloat16) -> None:
-        super().__init__()
-        weight = linear.weight.detach().float()
-        self.out_features = weight.shape[0]
-        padded = -self.out_features % FP8_ALIGNMENT
-        if padded:
-            weight = torch.cat([weight, weight.new_zeros(padded, weight.shape[1])])
-        scale = weight.abs().amax().clamp(min=1e-12) / E4M3_MAX
-        self.out_dtype = out_dtype
-        self.register_buffer("weight_fp8", (weight / scale).to(torch.float8_e4m3fn))
-        self.register_buffer("weight_scale", scale.reshape(()))
-        bias = None
-        if linear.bias is not None:
-            bias = linear.bias.detach().to(out_dtype)
-            if padded:
-                bias = torch.cat([bias, bias.new_zeros(padded)])
-        self.register_buffer("bias", bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        scale = rows.abs().amax().float().clamp(min=1e-12) / E4M3_MAX
-        quantized = (rows.float() / scale).to(torch.float8_e4m3fn)
-        out = torch._scaled_mm(
-            quantized,
-            self.weight_fp8.t(),  # column-major, as _scaled_mm wants its second operand
-            scale_a=scale,
-            scale_b=self.weight_scale,
-            bias=self.bias,
-            out_dtype=self.out_dtype,
-        )
-        return out[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
-
-
-def to_fp8(module: nn.Module) -> int:
-    """Swap every Linear whose input width is a multiple of 16 for an Fp8Linear; the count."""
-    swapped = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear) and child.in_features % FP8_ALIGNMENT == 0:
-            setattr(module, name, Fp8Linear(child))
-            swapped += 1
-        else:
-            swapped += to_fp8(child)
-    return swapped
+def lowp_layers(module: nn.Module) -> int:
+    """How many layers of the module compute in FP8 or INT8."""
+    return sum(isinstance(m, LOWP_LAYERS) for m in module.modules())
 
 
 # -- TF32: process-wide switches, so models in one process must agree ----------------------------

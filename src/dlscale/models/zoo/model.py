@@ -98,9 +98,13 @@ class ZooModel:
             raise ConfigError(f"{self.name}: seq_len must be in [{low}, {high}], got {seq_len}")
 
     def _make(self) -> tuple[nn.Module, dict[str, MetadataValue]]:
+        return self.factory_module(WEIGHT_SEED)
+
+    def factory_module(self, seed: int) -> tuple[nn.Module, dict[str, MetadataValue]]:
+        """(module, metadata) from the model's factory with weights from `seed`."""
         module_name, func = self.factory.split(":")
         make = getattr(importlib.import_module(module_name), func)
-        return make(WEIGHT_SEED)  # type: ignore[no-any-return]
+        return make(seed)  # type: ignore[no-any-return]
 
     def _datasets(self, seq_len: int) -> tuple[Arrays, Arrays]:
         if self.datasets is not None:

@@ -1,0 +1,45 @@
+"""benchmarks/torch_gpu.py's pipeline on the CPU (its dry run), and how it judges the targets.
+
+The figures of a CPU run say nothing about a GPU; what is checked is that the one command a GPU
+host runs goes through serving, checking and reporting, and that the verdicts read the rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from benchmarks import torch_gpu
+from benchmarks.torch_gpu_report import TARGETS, Row, verdicts
+
+
+def test_the_dry_run_serves_checks_and_reports(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--batch", "8", "--seconds", "0.1", "--reps", "2"]
+    argv += ["--packages", "--eager", "mlp:fp32", "mlp:bf16", "--instances", "1", "2"]
+    argv += ["--no-reference", "--out", str(tmp_path)]
+    assert torch_gpu.main(argv) == 0
+    report = json.loads((tmp_path / "torch_gpu.json").read_text())
+    rows = {r["variant"]: r for r in report["rows"]}
+    fp32, bf16 = rows["eager fp32 (fp32 in)"], rows["eager bf16 (fp32 in)"]
+    assert fp32["status"] == bf16["status"] == "ok"
+    assert set(fp32["offline"]) == {"1", "2"} and len(fp32["runs"]["1"]) == 2
+    assert fp32["direct"] > 0 and fp32["load_s"] > 0
+    # FP32 answers are the reference: BF16's are compared with them.
+    assert fp32["cosine"] == pytest.approx(1.0) and 0.99 < bf16["cosine"] <= 1.0 + 1e-9
+    markdown = (tmp_path / "torch_gpu.md").read_text()
+    assert "| mlp | eager bf16 (fp32 in) |" in markdown and "## Targets" in markdown
+
+
+def test_targets_are_judged_on_what_was_measured() -> None:
+    fast = Row("resnet50", "package fp16", "package", "fp16", "uint8", offline={1: 30_000.0})
+    eight = Row("resnet50", "package fp8", "package", "fp8", "uint8", offline={2: 40_000.0})
+    eight.agreement = 0.98
+    said = verdicts([fast, eight])
+    assert said[0].startswith("resnet50 FP16 through the batcher: 30,000/s") and "(met)" in said[0]
+    assert "not measured in this run" in said[1]  # no bert-base row
+    assert "40,000/s" in said[2] and "not met" in said[2]  # 98% agreement < 99%
+    assert TARGETS["bert-base"] == 15_600

@@ -1,0 +1,145 @@
+"""AOTInductor packages on the CPU: the small zoo models compiled ahead of time, loaded, served.
+
+Inductor and AOTInductor run on the CPU, so the whole path is checked here: the model is built
+as the backend builds it, exported with a dynamic batch dimension, compiled into model.aoti.pt2
+(identity with FP32 inputs, mlp with FP16 inputs, digits with UINT8 pixels normalized inside),
+loaded without compiling, and compared with the ONNX Runtime backend on the zoo's ONNX file.
+Compiling the three takes about 1-3 minutes on 2 cores; resnet50 and bert-base are packaged on
+a GPU only (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends.torch.aoti import load_package
+from dlscale.backends.torch.packaging import Packaged, package_model, served_options
+from dlscale.errors import ConfigError
+from dlscale.models.flops import count, count_file
+from dlscale.models.zoo import ZOO
+from dlscale.models.zoo.inputs import PIXELS, as_input_type, torch_entry
+from dlscale.serving.manager import ModelManager
+
+Arrays = dict[str, np.ndarray]
+MAX_BATCH = 16
+#: The small models, each with another declared input type.
+CASES = {"identity": "fp32", "mlp": "fp16", "digits": "uint8"}
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Packaged]:
+    root = tmp_path_factory.mktemp("packages")
+    out = {}
+    for name, input_type in CASES.items():
+        source = torch_entry(ZOO[name], input_type).write(root / name / "model.zoo")
+        options = BackendOptions(max_batch_size=MAX_BATCH, extra={"compile_mode": "default"})
+        out[name] = package_model(source, options, root / name / "model.aoti.pt2")
+    return out
+
+
+def _reference(small_repo: Path, name: str, inputs: Arrays) -> Arrays:
+    """ONNX Runtime's outputs on the FP32 inputs the declared ones stand for."""
+    fp32 = {
+        k: PIXELS[name].to_images(v) if v.dtype == np.uint8 else v.astype(np.float32)
+        for k, v in inputs.items()
+    }
+    ort = create_backend("onnxruntime", small_repo / name / "1" / "model.onnx", BackendOptions())
+    ort.load()
+    try:
+        return ort.infer(fp32)
+    finally:
+        ort.unload()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_package_loads_without_compiling_and_matches_onnxruntime(
+    packages: dict[str, Packaged], small_repo: Path, name: str
+) -> None:
+    from torch._dynamo.utils import counters
+
+    model, input_type = ZOO[name], CASES[name]
+    packaged = packages[name]
+    assert packaged.info.device == "cpu" and packaged.info.max_batch == MAX_BATCH
+    assert [s.datatype.value for s in packaged.info.inputs] == [input_type.upper()]
+    frames = sum(counters["frames"].values())
+    backend = create_backend("torch", packaged.path, BackendOptions(max_batch_size=MAX_BATCH))
+    backend.load()
+    try:
+        assert sum(counters["frames"].values()) == frames  # dynamo traced nothing
+        for rows in (1, 3, MAX_BATCH):  # one package, any batch size
+            inputs = as_input_type(
+                model, model.sample(rows, np.random.default_rng(rows)), input_type
+            )
+            got, expected = backend.infer(inputs), _reference(small_repo, name, inputs)
+            for key, ref in expected.items():
+                assert got[key].shape == ref.shape and got[key].dtype == ref.dtype
+                error = float(np.abs(got[key] - ref).max()) / max(float(np.abs(ref).max()), 1e-6)
+                assert error <= 5e-4, f"{name} {key} at {rows} rows: relative error {error:.2e}"
+    finally:
+        backend.unload()
+
+
+def test_the_package_carries_its_flops(packages: dict[str, Packaged], small_repo: Path) -> None:
+    for name in ("mlp", "digits"):
+        onnx_macs = count(small_repo / name / "1" / "model.onnx").macs
+        assert count_file(packages[name].path).flops == 2 * onnx_macs
+
+
+def test_settings_the_package_holds_are_refused(packages: dict[str, Packaged]) -> None:
+    path = packages["mlp"].path
+
+    def load(max_batch_size: int = MAX_BATCH, **extra: object) -> None:
+        backend = create_backend(
+            "torch", path, BackendOptions(max_batch_size=max_batch_size, extra=extra)
+        )
+        backend.load()
+        backend.unload()
+
+    with pytest.raises(ConfigError, match="compiled already"):
+        load(compile=True)
+    with pytest.raises(ConfigError, match="was compiled with 'fp32'"):
+        load(precision="bf16")
+    with pytest.raises(ConfigError, match=f"batches of up to {MAX_BATCH}"):
+        load(max_batch_size=2 * MAX_BATCH)
+    with pytest.raises(ConfigError, match="compiled for cpu"):
+        load_package(path, torch.device("cuda", 0), single_threaded=True)
+    load(precision="fp32", static_buckets=True, batch_buckets=[4, MAX_BATCH])  # agrees: loads
+    assert served_options({"precision": "fp16", "compile": True, "cuda_graphs": True}) == {
+        "cuda_graphs": True
+    }
+
+
+async def test_a_package_in_a_version_folder_serves_through_the_batcher(
+    packages: dict[str, Packaged], small_repo: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "digits"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.aoti.pt2").write_bytes(packages["digits"].path.read_bytes())
+    config = {
+        "backend": "torch",
+        "max_batch_size": MAX_BATCH,
+        "batching": {"max_queue_delay_us": 5000},
+    }
+    (folder / "config.toml").write_text(tomli_w.dumps(config))
+    model = ZOO["digits"]
+    inputs = as_input_type(model, model.sample(6, np.random.default_rng(9)), "uint8")
+    manager = ModelManager.open(tmp_path)
+    await manager.load_all()
+    try:
+        batcher = manager.get("digits").batcher
+        halves = await asyncio.gather(
+            batcher.infer({"input": inputs["input"][:2]}),
+            batcher.infer({"input": inputs["input"][2:]}),
+        )
+    finally:
+        await manager.close()
+    got = np.concatenate([h["output"] for h in halves])
+    expected = _reference(small_repo, "digits", inputs)["output"]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
