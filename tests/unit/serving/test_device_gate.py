@@ -29,6 +29,8 @@ class Device:
     """An instance stand-in: a batch of b rows holds it for `service(b)` seconds; it records
     when each batch ran."""
 
+    slots = 1  # one batch at a time, as an Instance of a one-batch backend
+
     def __init__(self, name: str, service: Callable[[int], float]) -> None:
         self.name = name
         self.service = service
