@@ -115,10 +115,11 @@ def _calibrate(repo: Path, neighbor: str, args: argparse.Namespace, out: Path) -
         neighbor=neighbor,
         repo=repo,
         rate=args.rate,
-        objective_s=1.0,  # a placeholder: only the alone phase is read
+        objective_s=1.0,  # a placeholder: only the alone phase runs
         duration_s=args.duration,
         repeats=1,
         concurrency=args.concurrency,
+        alone_only=True,
     )
     _, phases, _ = run_interference(options, out)
     alone = [p.p99_s for p in phases if p.condition == "alone" and p.p99_s]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ class InterferenceOptions:
     sample_count: int = 256
     ramp_s: float = 1.0  # the flood runs this long before a measurement starts
     min_queries: int = 100
+    alone_only: bool = False  # only the alone phases (to calibrate an objective)
 
     def check(self) -> None:
         """Refuse contradictory settings before anything is loaded."""
@@ -95,6 +97,7 @@ class Phase:
     neighbor_rate: float | None = None  # the flood's rows per second
     neighbor_errors: int = 0
     neighbor_first_error: str = ""
+    load_average: float | None = None  # the host's, at the end: how busy the machine was
 
     @property
     def p99_s(self) -> float | None:
@@ -253,6 +256,8 @@ def _repetition(
     if k % 2:
         shared.reverse()  # alternate the order: drift on a shared machine favours neither
     phases = [_alone(base, "alone", k, rate, options, logs / f"rep{k + 1}-alone")]
+    if options.alone_only:
+        return phases
     for tenants in shared:
         folder = logs / f"rep{k + 1}-{tenants.condition}"
         phases.append(_together(tenants, tenants.condition, k, rate, options, folder))
@@ -323,6 +328,7 @@ def _protected(session: Session, name: str, k: int, rate: float, logs: Path) -> 
 
 
 def _neighbor(phase: Phase, log: FloodLog, start: float, end: float) -> None:
+    phase.load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     phase.neighbor_rate = log.rate(start, end)
     phase.neighbor_errors = log.errors
     phase.neighbor_first_error = log.first_error

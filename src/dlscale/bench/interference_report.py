@@ -174,11 +174,13 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
     """The table of medians, the settings and the notes, for people."""
     p, n = report["protected"], report["neighbor"]
     objective = "-" if p["objective_s"] is None else f"{p['objective_s'] * 1e3:g} ms"
+    loads = [x["load_average"] for x in report["phases"] if x.get("load_average") is not None]
+    load = f"{min(loads):.1f} to {max(loads):.1f}" if loads else "-"
     lines = [
         f"# dlscale bench interference: {p['model']} beside {n['model']}",
         "",
-        f"- date: {report['date']}; device: {report['device']}; "
-        f"load average at the end: {report['host'].get('load_average')}",
+        f"- date: {report['date']}; device: {report['device']}; host load average at the end "
+        f"of each phase: {load}",
         f"- protected: {p['model']} at {p['rate']:g} requests/s (LoadGen Server), p99 objective "
         f"{objective} ({p['objective_source']})",
         f"- neighbor: {n['model']}, a closed loop of {n['concurrency']} requests of {n['batch']} "
