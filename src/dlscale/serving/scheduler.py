@@ -43,6 +43,10 @@ STALE_AFTER = 64
 #: at, and how hard it corrects. It steers the p95 of the last 50, not a p99: a p99 needs a
 #: window long enough to lag (and overshoot) and is one stall of a busy host from a false alarm.
 TAIL_WINDOW, TAIL_EVERY, TAIL_PERCENTILE, TAIL_AIM, TAIL_GAIN = 50, 25, 0.95, 0.8, 0.25
+#: The most of a tenant's queue budget the margin may take: past it the neighbors' batches
+#: shrink toward one row, which costs them far more than it can give back (a tenant whose own
+#: tail misses the objective with the device to itself is not helped by starving the others).
+TAIL_CEILING = 0.5
 
 
 @dataclass
@@ -134,7 +138,7 @@ class Tail:
     The slack rule counts blocking and the tenant's own batch; its own queueing (a burst of its
     requests, its batching delay, a busy host) comes on top. So the measured tail steers a
     margin taken off every slack of the tenant: it grows while the tail (TAIL_PERCENTILE) is
-    above TAIL_AIM x the objective and shrinks while below, between 0 and the objective.
+    above TAIL_AIM x the objective and shrinks while below, between 0 and `ceiling`.
     """
 
     recent: collections.deque[float] = field(
@@ -143,7 +147,7 @@ class Tail:
     margin: float = 0.0
     since: int = 0
 
-    def observe(self, seconds: float, objective: float) -> None:
+    def observe(self, seconds: float, objective: float, ceiling: float) -> None:
         """One request took `seconds` from its arrival to its batch's end."""
         self.recent.append(seconds)
         self.since += 1
@@ -151,7 +155,7 @@ class Tail:
             return
         self.since = 0
         error = self.tail() - TAIL_AIM * objective
-        self.margin = min(objective, max(0.0, self.margin + TAIL_GAIN * error))
+        self.margin = min(ceiling, max(0.0, self.margin + TAIL_GAIN * error))
 
     def tail(self) -> float:
         """The TAIL_PERCENTILE of the recent latencies (0 before any)."""
@@ -308,8 +312,10 @@ class DeviceScheduler:
         tenant.typical_rows += ROWS_WEIGHT * (rows - tenant.typical_rows)
         tenant.capped += capped
         if tenant.objective_s is not None:
+            budget = tenant.objective_s - tenant.service.expected(tenant.typical_rows)
+            ceiling = TAIL_CEILING * max(0.0, budget - tenant.queue_delay_s)
             for latency in latencies:
-                tenant.tail.observe(latency, tenant.objective_s)
+                tenant.tail.observe(latency, tenant.objective_s, ceiling)
 
     # -- the rule ----------------------------------------------------------------------------------
 
