@@ -3,13 +3,14 @@
     python -m benchmarks.interference --device cpu --repeats 6 --duration 10
     python -m benchmarks.interference --device cuda --repeats 5 --duration 10   # resnet50 beside
 
-CPU: the protected tenant is `protected` (eight 1024x1024 MatMul+ReLU layers: 32 MB of weights
-that a batch of one streams from memory), the neighbor `flood` (four such layers, batches of up
-to 64), both using every core (intra-op threads 0), in one process as `dlscale serve` would
-hold them. GPU: the protected tenant is the same small stack on cuda:0, the neighbor the zoo's
-resnet50 (batches of up to 64) on cuda:0. The protected objective is `--objective` (default
-1.2x the p99 the tenant has alone, measured first: the issue's target). The report (JSON,
-Markdown, PNG) goes to bench-results/interference-<device>-<date>/.
+CPU: the protected tenant is `protected` (eight 512x512 MatMul+ReLU layers, 8 MB of weights),
+the neighbor `flood` (four 1024x1024 layers, 16 MB, batches of up to 64, sent as requests of 4
+rows: a request is never split, so that is the least a neighbor batch can block), both using
+every core (intra-op threads 0), in one process as `dlscale serve` would hold them. GPU: the
+protected tenant is the same small stack on cuda:0, the neighbor the zoo's resnet50 (batches of
+up to 64) on cuda:0. The protected objective is `--objective` (default 1.2x the median p99 the
+tenant has alone over three alone-only repetitions, measured first: the issue's target). The
+report (JSON, Markdown, PNG) goes to bench-results/interference-<device>-<date>/.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def tenants(root: Path, device: str) -> Path:
     """The protected stack and its neighbor (a wider-batched stack on CPU, resnet50 on a GPU)."""
     place = f'[[instances]]\ndevice = "{device}"\n'
     write_tenant(
-        root, "protected", stack_graph(8), f"max_batch_size = 4\n{place}[qos]\nweight = 1.0\n"
+        root, "protected", stack_graph(8, 512), f"max_batch_size = 4\n{place}[qos]\nweight = 1.0\n"
     )
     neighbor = f"max_batch_size = 64\n{place}[qos]\nweight = 1.0\n"
     if device == "cpu":
@@ -82,7 +83,8 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per phase")
     p.add_argument("--rate", type=float, default=50.0, help="protected requests/s")
     p.add_argument("--objective", type=float, help="protected p99 objective, ms")
-    p.add_argument("--concurrency", type=int, help="the neighbor's requests in flight")
+    p.add_argument("--concurrency", type=int, default=32, help="the neighbor's requests in flight")
+    p.add_argument("--neighbor-batch", type=int, default=4, help="rows per neighbor request")
     args = p.parse_args()
     device = "cpu" if args.device == "cpu" else "cuda:0"
     repo = tenants(WORK / f"interference-{args.device}", device)
@@ -102,6 +104,7 @@ def main() -> None:
         duration_s=args.duration,
         repeats=args.repeats,
         concurrency=args.concurrency,
+        neighbor_batch=args.neighbor_batch,
     )
     setup, phases, rate = run_interference(options, out)
     report = interference_report.build_report(options, setup, phases, rate)
@@ -109,7 +112,7 @@ def main() -> None:
 
 
 def _calibrate(repo: Path, neighbor: str, args: argparse.Namespace, out: Path) -> float:
-    """1.2 x the median p99 of the protected tenant alone (one short repetition's worth)."""
+    """1.2 x the median p99 of the protected tenant alone over three alone-only repetitions."""
     options = InterferenceOptions(
         protected="protected",
         neighbor=neighbor,
@@ -117,8 +120,9 @@ def _calibrate(repo: Path, neighbor: str, args: argparse.Namespace, out: Path) -
         rate=args.rate,
         objective_s=1.0,  # a placeholder: only the alone phase runs
         duration_s=args.duration,
-        repeats=1,
+        repeats=3,
         concurrency=args.concurrency,
+        neighbor_batch=args.neighbor_batch,
         alone_only=True,
     )
     _, phases, _ = run_interference(options, out)

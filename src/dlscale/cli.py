@@ -346,6 +346,7 @@ def _add_bench_interference(sub: SubParsers) -> None:
     p.add_argument("--duration", default="10s", help="each phase's minimum duration")
     p.add_argument("--repeats", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--concurrency", type=int, help="the neighbor's requests in flight")
+    p.add_argument("--neighbor-batch", type=int, help="rows in each neighbor request")
     p.add_argument("--mig", action="store_true", help="also each tenant on its own MIG instance")
     p.add_argument("--min-queries", type=int, default=100, help="protected queries per phase")
     p.add_argument("--seed", type=int, default=0)

@@ -94,6 +94,7 @@ def bench_interference(args: argparse.Namespace) -> int:
         duration_s=parse_duration(args.duration),
         repeats=args.repeats,
         concurrency=args.concurrency,
+        neighbor_batch=args.neighbor_batch,
         mig=args.mig,
         seed=args.seed,
         min_queries=args.min_queries,

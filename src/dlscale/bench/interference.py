@@ -52,6 +52,7 @@ class InterferenceOptions:
     duration_s: float = 10.0
     repeats: int = 3
     concurrency: int | None = None  # the neighbor's requests in flight
+    neighbor_batch: int | None = None  # rows in each of its requests (in process default 1)
     mig: bool = False
     seed: int = 0
     sample_count: int = 256
@@ -237,6 +238,7 @@ def _session(
         duration_s=options.duration_s,
         latency_bound_s=objective_s,
         concurrency=None if protected else options.concurrency,
+        batch_size=None if protected else options.neighbor_batch,
         sample_count=options.sample_count,
         min_query_count=options.min_queries,
         seed=options.seed,
