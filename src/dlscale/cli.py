@@ -150,6 +150,12 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument("--trace-file", type=Path, help="where request traces go (JSON)")
     serve.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
     serve.add_argument("--trace-rate", type=int, default=1000, help="trace one in N requests")
+    serve.add_argument(
+        "--qos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule models sharing a device by their [qos] (default); --no-qos ignores it",
+    )
     _add_serve_lifecycle_flags(serve)
     _add_serve_security_flags(serve)
     _add_serve_limit_flags(serve)
@@ -342,8 +348,14 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s = verbs.add_parser("serve", help="fewest devices of each kind that hold a p99 SLO")
     s.add_argument("--model", help="zoo model name or .onnx file")
     s.add_argument("--repo", type=Path, help="model repository holding --model")
-    s.add_argument("--qps", type=float, required=True, help="requests per second to serve")
-    s.add_argument("--p99", required=True, help="p99 latency bound, e.g. 15ms")
+    s.add_argument("--qps", type=float, help="requests per second to serve")
+    s.add_argument("--p99", help="p99 latency bound, e.g. 15ms")
+    s.add_argument("--mig", help="a MIG layout on this catalog GPU for the --tenant models")
+    s.add_argument(
+        "--tenant",
+        action="append",
+        help="with --mig: model=NAME,qps=Q,p99=15ms[,memory=20GB][,profile=FILE] (repeat)",
+    )
     s.add_argument("--devices", help="catalog names, comma-separated")
     s.add_argument("--profile", help="measured batch latencies (JSON, see docs/plan.md)")
     s.add_argument("--efficiency", type=float, help="share of the roofline reached (default 0.4)")
@@ -450,6 +462,35 @@ def _add_bench_compare(sub: SubParsers) -> None:
     p.set_defaults(func=LazyHandler("dlscale.bench.commands", "bench_compare"))
 
 
+def _add_bench_interference(sub: SubParsers) -> None:
+    """`dlscale bench interference [URL [NO_QOS_URL]]`."""
+    p = sub.add_parser(
+        "interference",
+        help="a protected model alone and beside a flooding neighbor, QoS off and on",
+        description=(
+            "A latency-sensitive model (LoadGen Server at --rate) alone, then beside a neighbor "
+            "flooding the same device: in process with the device scheduler off and on, or "
+            "against a server URL (and a second one started with --no-qos); --mig also serves "
+            "each on its own MIG instance. docs/qos.md."
+        ),
+    )
+    p.add_argument("urls", nargs="*", metavar="URL", help="server to measure [, --no-qos server]")
+    p.add_argument("--repo", type=_path, help="model repository (in-process, or --mig)")
+    p.add_argument("--protected", required=True, help="the latency-sensitive model")
+    p.add_argument("--neighbor", required=True, help="the model that floods the device")
+    p.add_argument("--rate", type=float, help="protected requests/s (default: a quarter of peak)")
+    p.add_argument("--objective", help="protected p99 objective, e.g. 20ms (default: its [qos])")
+    p.add_argument("--duration", default="10s", help="each phase's minimum duration")
+    p.add_argument("--repeats", type=int, default=3, help="repetitions (default 3)")
+    p.add_argument("--concurrency", type=int, help="the neighbor's requests in flight")
+    p.add_argument("--neighbor-batch", type=int, help="rows in each neighbor request")
+    p.add_argument("--mig", action="store_true", help="also each tenant on its own MIG instance")
+    p.add_argument("--min-queries", type=int, default=100, help="protected queries per phase")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=_path, help="report folder (default: bench-results/...)")
+    p.set_defaults(func=LazyHandler("dlscale.bench.commands", "bench_interference"))
+
+
 def _add_bench_verbs(sub: SubParsers) -> None:
     """`dlscale bench [TARGET] ...` and its sub-verbs (`compare`, and those others register)."""
     p = sub.add_parser(
@@ -473,6 +514,7 @@ def _add_bench_verbs(sub: SubParsers) -> None:
 
 _BENCH_SUBVERBS["compare"] = _add_bench_compare
 _BENCH_SUBVERBS["allreduce"] = _add_bench_allreduce
+_BENCH_SUBVERBS["interference"] = _add_bench_interference
 _VERB_GROUPS.append(_add_bench_verbs)
 
 

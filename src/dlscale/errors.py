@@ -99,6 +99,18 @@ class PermissionDenied(DlscaleError):
     reason = "REJECTED"
 
 
+class TooManyRequests(DlscaleError):
+    """A model's own limit refused the request at once: its rate limit or its max in flight.
+
+    429 rather than 503: the server has room, this client (the model's tenants) asked for more
+    than its [qos] share. The message names the limit.
+    """
+
+    http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
+    reason = "REJECTED"
+
+
 class PayloadTooLarge(DlscaleError):
     """A request body or message above the configured limit."""
 

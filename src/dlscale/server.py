@@ -21,6 +21,7 @@ from dlscale.frontends.tls import TlsFiles
 from dlscale.serving import cuda_memory
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.exposition import MetricsServer
+from dlscale.serving.gate import DeviceGates
 from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics import build_registry
@@ -80,6 +81,8 @@ class ServerSettings:
     allow_client_shm: bool = False
     #: The most regions registered at once.
     max_shm_regions: int = 256
+    #: False ignores every model's [qos] table: no device scheduler, no limits (docs/qos.md).
+    qos: bool = True
 
 
 #: Seconds after the grace for the 503 / UNAVAILABLE answers of cut requests to leave.
@@ -104,7 +107,7 @@ class Server:
         if settings.model_control not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control {settings.model_control!r}")
         self.settings = settings
-        self.manager = ModelManager.open(settings.repository)
+        self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=settings.qos))
         self.shared_memory = SharedMemoryRegistry(
             settings.allow_client_shm,
             settings.max_shm_regions,
@@ -390,4 +393,5 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         log_format=args.log_format,
         allow_client_shm=args.allow_client_shm,
         max_shm_regions=args.max_shm_regions,
+        qos=args.qos,
     )

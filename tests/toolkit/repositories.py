@@ -282,3 +282,35 @@ def shm_repository(root: Path) -> Path:
         + NULL_TENSORS.format(inp="input", out="output", width=16, out_width=16),
     )
     return root
+
+
+#: The tenants' service times (null backend sleeps): the protected model 10 ms a request; the
+#: neighbor 2 ms a batch and 6 ms a row, so that its full batch of 64 takes 386 ms.
+PROTECTED_US, NEIGHBOR_US, NEIGHBOR_ROW_US, NEIGHBOR_BATCH = 10_000, 2000, 6000, 64
+#: The protected model's p99 objective: 8 of its service times; a full neighbor batch is 39.
+OBJECTIVE_US = 80_000
+
+
+def tenants_repository(root: Path, rate_limit: float = 0.0) -> Path:
+    """Two null models sharing the CPU under [qos]: `protected` (objective OBJECTIVE_US, one
+    request a batch) and `neighbor` (best effort, batches of up to 64); `rate_limit` (req/s,
+    burst 2) on the neighbor when given."""
+    tensors = NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
+    write_null_model(
+        root,
+        "protected",
+        "max_batch_size = 1\n"
+        + tensors
+        + f"[backend_options]\ndelay_us = {PROTECTED_US}\n"
+        + f"[qos]\nlatency_objective_us = {OBJECTIVE_US}\n",
+    )
+    limit = f"rate_limit = {rate_limit}\nrate_burst = 2\n" if rate_limit else ""
+    write_null_model(
+        root,
+        "neighbor",
+        BATCHED.format(max_batch=NEIGHBOR_BATCH, delay=0)
+        + tensors
+        + f"[backend_options]\ndelay_us = {NEIGHBOR_US}\ndelay_us_per_row = {NEIGHBOR_ROW_US}\n"
+        + f"[qos]\nweight = 1.0\n{limit}",
+    )
+    return root

@@ -35,7 +35,8 @@ def test_every_verb_has_a_lazy_handler_outside_cli() -> None:
     expected = {
         "zoo build", "models check", "models convert", "run", "serve", "demo", "catalog",
         "devices", "roofline",
-        "plan train", "plan serve", "bench", "bench compare", "bench allreduce", "optimize",
+        "plan train", "plan serve", "bench", "bench compare", "bench allreduce",
+        "bench interference", "optimize",
     }  # fmt: skip
     assert set(handlers) == expected
     for path, handler in handlers.items():

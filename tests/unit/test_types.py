@@ -69,6 +69,8 @@ def test_specific_mappings() -> None:
         errors.QueueFull.http_status == 503 and errors.QueueFull.grpc_code == "RESOURCE_EXHAUSTED"
     )
     assert errors.PayloadTooLarge.http_status == 413
+    too_many = errors.TooManyRequests
+    assert too_many.http_status == 429 and too_many.grpc_code == "RESOURCE_EXHAUSTED"
     assert errors.BackendError.reason == "BACKEND"
 
 

@@ -67,10 +67,41 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
 def _out(args: argparse.Namespace, kind: str) -> Path:
     if args.out is not None:
         return Path(args.out)
+    return _stamped(f"{args.model}-{kind}")
+
+
+def _stamped(name: str) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("bench-results") / f"{args.model}-{kind}-{stamp}"
+    return Path("bench-results") / f"{name}-{stamp}"
 
 
 def _verdict(report: dict[str, Any]) -> int:
     print_summary(report)
+    return 0
+
+
+def bench_interference(args: argparse.Namespace) -> int:
+    """`dlscale bench interference`: the protected model alone and beside a flooding neighbor."""
+    from dlscale.bench import interference_report
+    from dlscale.bench.interference import InterferenceOptions, run_interference
+
+    options = InterferenceOptions(
+        protected=args.protected,
+        neighbor=args.neighbor,
+        repo=args.repo,
+        urls=tuple(args.urls),
+        rate=args.rate,
+        objective_s=parse_duration(args.objective) if args.objective else None,
+        duration_s=parse_duration(args.duration),
+        repeats=args.repeats,
+        concurrency=args.concurrency,
+        neighbor_batch=args.neighbor_batch,
+        mig=args.mig,
+        seed=args.seed,
+        min_queries=args.min_queries,
+    )
+    out = Path(args.out) if args.out else _stamped(f"{args.protected}-interference")
+    setup, phases, rate = run_interference(options, out)
+    report = interference_report.build_report(options, setup, phases, rate)
+    interference_report.print_summary(interference_report.write(report, out))
     return 0

@@ -93,10 +93,16 @@ class BenchOptions:
 class Session:
     """A target opened on the bench's loop, with samples, warm-up figures and references."""
 
-    def __init__(self, url: str | None, options: BenchOptions, loop: LoopThread) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        options: BenchOptions,
+        loop: LoopThread,
+        target: Target | None = None,
+    ) -> None:
         self.options = options
         self.loop = loop
-        self.target: Target = open_target(
+        self.target: Target = target or open_target(
             url,
             options.model,
             options.repo,
@@ -125,7 +131,7 @@ class Session:
         self.samples = load_samples(self.info, opts.data, opts.sample_count, opts.seed)
         if opts.accuracy:
             self._prepare_reference()
-        batch, concurrency = self._offline_shape()
+        batch, concurrency = self.offline_shape()
         self.warmup = self.loop.run(
             probe(self.target, self.info, self.samples, batch, concurrency, opts.warmup_s)
         )
@@ -162,7 +168,7 @@ class Session:
         """The run settings for a scenario, filled from the options and the warm-up."""
         opts = self.options
         assert self.warmup is not None and self.info is not None
-        batch, concurrency = self._offline_shape()
+        batch, concurrency = self.offline_shape()
         return RunSettings(
             scenario=scenario,
             duration_s=opts.duration_s,
@@ -178,7 +184,8 @@ class Session:
             model_key=MLPERF_MODEL_KEYS.get(opts.model, opts.model),
         )
 
-    def _offline_shape(self) -> tuple[int, int]:
+    def offline_shape(self) -> tuple[int, int]:
+        """Rows per request and requests in flight of a closed-loop run (Offline, a flood)."""
         # In process, every sample is its own request and the batcher merges them (a few full
         # batches queued keep it busy; more only lengthens its queue scans); over the network,
         # requests carry batches and a few are kept in flight.

@@ -72,15 +72,22 @@ class Target(Protocol):
 
 
 class InProcessTarget:
-    """A repository model behind the same ModelManager, Batcher and DataPlane as the server."""
+    """A repository model behind the same ModelManager, Batcher and DataPlane as the server.
+
+    With `manager`, the model loads into that one, beside the models it already serves (their
+    instances then share devices and device gates); closing leaves the manager to its owner.
+    """
 
     kind = "inprocess"
 
-    def __init__(self, repo: Path, model: str, version: str = "") -> None:
+    def __init__(
+        self, repo: Path, model: str, version: str = "", manager: ModelManager | None = None
+    ) -> None:
         self.repo = Path(repo)
         self.model = model
         self.version = version
         self.label = f"in-process:{self.repo}"
+        self._shared = manager
         self._manager: ModelManager | None = None
         self._dataplane: DataPlane | None = None
 
@@ -95,7 +102,7 @@ class InProcessTarget:
                 f"no model {self.model!r} in the repository {self.repo} "
                 f"(models: {', '.join(repository.names()) or 'none'})"
             )
-        self._manager = ModelManager(repository)
+        self._manager = self._shared or ModelManager(repository)
         try:
             await self._manager.load(self.model)
         except DlscaleError as exc:
@@ -132,9 +139,9 @@ class InProcessTarget:
 
     async def close(self) -> None:
         """Unload the model (in-flight requests finish first)."""
-        if self._manager is not None:
+        if self._manager is not None and self._shared is None:
             await self._manager.close()
-            self._manager = None
+        self._manager = None
 
 
 class RemoteTarget:

@@ -71,6 +71,24 @@ class BatchingConfig(_Strict):
         return self
 
 
+class QosConfig(_Strict):
+    """Quality of service of a model that shares its devices with others (docs/qos.md).
+
+    Any [qos] table, even an empty one, puts the model's devices under the device scheduler.
+    """
+
+    #: The p99 of a request's time in the server (queue and compute) to hold; 0: best effort.
+    latency_objective_us: NonNegative = 0
+    #: Share of device time against the other models on the device when nobody is behind.
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    #: Requests queued or computing beyond this many are refused at once (429); 0: no limit.
+    max_in_flight: NonNegative = 0
+    #: Requests per second admitted (a token bucket); beyond it refused at once (429); 0: none.
+    rate_limit: Annotated[float, Field(ge=0)] = 0.0
+    #: Requests the bucket holds: a burst admitted at once; 0: one second's worth (at least 1).
+    rate_burst: NonNegative = 0
+
+
 class InstanceConfig(_Strict):
     """`count` copies of the model on one device: cpu, cuda:N or a MIG UUID."""
 
@@ -128,6 +146,7 @@ class ModelConfig(_Strict):
     instances: list[InstanceConfig] = [InstanceConfig()]
     version_policy: VersionPolicy = VersionPolicy()
     backend_options: BackendOptionsConfig = BackendOptionsConfig()
+    qos: QosConfig | None = None
     metadata: dict[str, str | int | float | bool] = {}
 
     @field_validator("model_file")

@@ -133,6 +133,12 @@ def load_workload(args: argparse.Namespace) -> Workload:
 
 def plan_serve(args: argparse.Namespace) -> int:
     """`dlscale plan serve`: the fewest devices of each kind holding a p99 SLO at a load."""
+    if args.mig:
+        from dlscale.plan.mig_commands import plan_serve_mig
+
+        return plan_serve_mig(args)
+    if args.qps is None or args.p99 is None:
+        raise PlanError("give --qps and --p99 (or --mig GPU with --tenant ...)")
     workload = load_workload(args)
     p99 = parse_duration(args.p99)
     names = args.devices.split(",") if args.devices else list(DEFAULT_SERVE_DEVICES)

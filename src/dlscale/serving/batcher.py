@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, QueueFull, TimedOut, Unavailable
+from dlscale.serving.gate import Seat, TenantQos
 from dlscale.serving.instance import Instance
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
+from dlscale.serving.scheduler import Demand, Grant
 from dlscale.serving.stats import ModelStats, RequestTimes
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,16 @@ class _Pending:
     release: Callable[[], None] | None = None
 
 
+@dataclass(frozen=True)
+class _Slot:
+    """A device slot held for one batch: given back with what the batch took."""
+
+    seat: Seat
+    grant: Grant
+    start: float
+    capped: bool = False
+
+
 class Batcher:
     """Queues requests of one model version and feeds merged batches to its free instances.
 
@@ -47,8 +59,12 @@ class Batcher:
     says when the batch goes: at max_batch_size or a preferred size, once the oldest request
     has waited max_queue_delay_us, or at once when no company is expected.
 
+    With `qos` (serving/gate.py), requests first pass the model's admission limits, and a
+    ready batch waits for a slot on its instance's device, which may cap its rows.
+
     `clock` gives seconds: perf_counter by default, since uvloop's `loop.time()` moves in whole
-    milliseconds; a test that runs the loop on a simulated clock passes that clock.
+    milliseconds; a test that runs the loop on a simulated clock passes that clock (and the
+    device gates must read the same one).
     """
 
     def __init__(
@@ -57,11 +73,13 @@ class Batcher:
         instances: Sequence[Instance],
         stats: ModelStats,
         clock: Callable[[], float] = time.perf_counter,
+        qos: TenantQos | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a batcher needs at least one instance")
         self.policy = policy
         self.stats = stats
+        self.qos = qos
         self._clock = clock
         self._instances = list(instances)
         self._queues: list[collections.deque[_Pending]] = [
@@ -122,6 +140,8 @@ class Batcher:
                 f"the queue is full ({self._queued} requests waiting, max_queue_size "
                 f"{limit}); retry later"
             )
+        if self.qos is not None and self.qos.admission is not None:
+            self.qos.admission.admit(self.stats.pending, self._clock())
         loop = asyncio.get_running_loop()
         batched = self.policy.batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
@@ -201,11 +221,14 @@ class Batcher:
         while True:
             await self._wait_for_work()
             instance = await self._free.get()
-            batch = await self._form_batch()
+            seat = self.qos.seats.get(instance.name) if self.qos is not None else None
+            batch, slot = await self._form_batch(seat)
             if not batch:
+                if slot is not None:  # every request taken had left meanwhile
+                    slot.seat.release(slot.grant, 0, 0.0)
                 self._free.put_nowait(instance)
                 continue
-            task = asyncio.get_running_loop().create_task(self._run(instance, batch))
+            task = asyncio.get_running_loop().create_task(self._run(instance, batch, slot))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
@@ -232,37 +255,91 @@ class Batcher:
                         return chosen
         return chosen
 
-    async def _form_batch(self) -> list[_Pending]:
+    def _ready(self, now: float) -> tuple[list[_Pending], int, float]:
+        """The candidates, how many the policy sends now (0: wait), and the oldest's arrival."""
+        chosen = self._candidates()
+        if not chosen:
+            return [], 0, now
+        oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
+        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed), oldest
+
+    def _demand(self, now: float) -> Demand | None:
+        """The next batch's demand for a device slot, when the policy would send it now."""
+        chosen, send, oldest = self._ready(now)
+        if not send:
+            return None
+        return Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
+
+    async def _form_batch(self, seat: Seat | None) -> tuple[list[_Pending], _Slot | None]:
         while True:
-            chosen = self._candidates()
-            if not chosen:
-                return []
-            oldest, now = min(i.enqueued for i in chosen), self._clock()
-            rows = [i.rows for i in chosen]
-            send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed)
+            now = self._clock()
+            chosen, send, oldest = self._ready(now)
+            if send and seat is not None and seat.active:
+                demand = Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
+                return await self._granted(seat, demand)
             if send:
-                return self._take(chosen[:send])
+                slot = _Slot(seat, seat.start_off(), now) if seat is not None else None
+                return self._take(chosen[:send], now), slot
+            if seat is not None:
+                seat.withdraw()  # a slot kept for this model on release is not wanted yet
+            if not chosen:
+                return [], None
             self._arrival.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
 
-    def _take(self, chosen: list[_Pending]) -> list[_Pending]:
+    async def _granted(self, seat: Seat, demand: Demand) -> tuple[list[_Pending], _Slot | None]:
+        """The batch once the device's scheduler gives it a slot, within the rows granted."""
+        grant = await seat.acquire(demand)
+        now = self._clock()
+        # Requests kept arriving (or left) while the batch waited: form it again. The slot is
+        # used even where the policy would now wait (the head left, a younger one leads).
+        chosen = self._candidates()
+        if not chosen:
+            seat.release(grant, 0, 0.0)
+            return [], None
+        oldest, gap = min(i.enqueued for i in chosen), self._gaps.smoothed
+        rows = [i.rows for i in chosen]
+        cut = _within(rows, grant.max_rows)
+        send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
+        uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
+        return self._take(chosen[:send], now), _Slot(seat, grant, now, cut < uncapped)
+
+    def _take(self, chosen: list[_Pending], now: float) -> list[_Pending]:
+        waited = self.qos.waited if self.qos is not None else None
         batch = []
         for item in chosen:
             self._unqueue(item)
             if item.future.done():
                 self._done_with(item)
-            else:
-                batch.append(item)
+                continue
+            if waited is not None:
+                waited.observe(now - item.enqueued)
+            batch.append(item)
         return batch
 
-    async def _run(self, instance: Instance, batch: list[_Pending]) -> None:
+    async def _run(self, instance: Instance, batch: list[_Pending], slot: _Slot | None) -> None:
         try:
             await self._compute(instance, batch)
         finally:
+            if slot is not None:
+                self._release(slot, batch)
             self._free.put_nowait(instance)
             for item in batch:
                 self._done_with(item)
+
+    def _release(self, slot: _Slot, batch: list[_Pending]) -> None:
+        """Give the device slot back, saying whether this model has its next batch ready.
+
+        Otherwise a model with one instance would never be waiting when its own batch ends:
+        its next batch forms only once the instance is back, after the slot went to another.
+        """
+        now = self._clock()
+        single = self.qos is not None and len(self.qos.devices()) == 1
+        then = self._demand(now) if single and slot.seat.active else None
+        rows = sum(i.rows for i in batch)
+        latencies = [now - i.enqueued for i in batch]
+        slot.seat.release(slot.grant, rows, now - slot.start, slot.capped, then, latencies)
 
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
         t0 = self._clock()
@@ -319,6 +396,16 @@ class Batcher:
         for item in batch:
             if not item.future.done():
                 item.future.set_exception(exc)
+
+
+def _within(rows: Sequence[int], limit: int) -> int:
+    """How many leading requests fit in `limit` rows; the first always (it cannot be split)."""
+    total = 0
+    for n, r in enumerate(rows):
+        total += r
+        if total > limit:
+            return max(n, 1)
+    return len(rows)
 
 
 def _ns(seconds: float) -> int:

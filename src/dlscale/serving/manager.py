@@ -19,6 +19,7 @@ from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.classification import read_labels
+from dlscale.serving.gate import DeviceGates, TenantQos
 from dlscale.serving.instance import Instance
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.stats import ModelStats
@@ -48,6 +49,7 @@ class ServedVersion:
     stats: ModelStats
     #: Class labels by output, from the config's label files (the classification extension).
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    qos: TenantQos | None = None  # its seats at the device gates (None: QoS turned off)
 
     @property
     def config(self) -> ModelConfig:
@@ -70,10 +72,15 @@ def policy_of(config: ModelConfig) -> BatchPolicy:
 
 
 class ModelManager:
-    """Holds every model of a repository; loading or unloading one never disturbs another."""
+    """Holds every model of a repository; loading or unloading one never disturbs another.
 
-    def __init__(self, repository: ModelRepository) -> None:
+    Models whose instances share a device take turns on it through one gate per device
+    (`gates`, serving/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
+    """
+
+    def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
         self.repository = repository
+        self.gates = gates or DeviceGates()
         self._entries: dict[str, ModelEntry] = {}
         # A lock per name while someone holds or waits for it, and how many do: no name
         # leaves a lock behind (an unload of a name that never existed made one, kept).
@@ -83,9 +90,9 @@ class ModelManager:
         self.required: set[str] = set()
 
     @classmethod
-    def open(cls, root: Path) -> ModelManager:
+    def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
         """A manager over the repository folder at `root` (nothing loaded yet)."""
-        return cls(ModelRepository(root))
+        return cls(ModelRepository(root), gates)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -224,7 +231,8 @@ class ModelManager:
             for t in config.outputs or ()
             if t.label_file
         }
-        instances = []
+        instances, placements = [], []
+        qos: TenantQos | None = None
         try:
             for group in config.instances:
                 options = BackendOptions(
@@ -242,32 +250,47 @@ class ModelManager:
                     label = f"{mv.name}-v{mv.version}-{group.device}-{i}"
                     instance = Instance(backend, label)
                     instances.append(instance)
+                    placements.append((label, group.device))
                     await instance.load()
             first = instances[0].backend
             inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
-            await asyncio.gather(*(self._warm(inst, inputs, config) for inst in instances))
+            qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
+            await asyncio.gather(*(self._warm(inst, inputs, config, qos) for inst in instances))
         except BaseException:
+            if qos is not None:
+                qos.leave()
             await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
             raise
         stats = ModelStats(mv.name, str(mv.version))
-        batcher = Batcher(policy_of(config), instances, stats)
+        batcher = Batcher(policy_of(config), instances, stats, self.gates.clock, qos)
         batcher.start()
-        return ServedVersion(mv, inputs, outputs, instances, batcher, stats, labels)
+        return ServedVersion(mv, inputs, outputs, instances, batcher, stats, labels, qos)
 
     async def _warm(
-        self, instance: Instance, inputs: list[TensorSpec], config: ModelConfig
+        self,
+        instance: Instance,
+        inputs: list[TensorSpec],
+        config: ModelConfig,
+        qos: TenantQos | None,
     ) -> None:
         sizes = {1, config.max_batch_size} if config.batched else {0}
         for size in sorted(sizes):
             feed = zero_inputs(inputs, size)
             try:
+                start = self.gates.clock()
                 await instance.infer(feed)
             except Exception as exc:
                 raise ConfigError(
                     f"model {config.name!r} failed its warm-up at batch size {size}: {exc}"
                 ) from exc
+            if qos is not None:  # the device schedulers' first service times (they relearn)
+                qos.seats[instance.name].tenant.service.observe(
+                    max(size, 1), self.gates.clock() - start
+                )
 
     async def _retire(self, entry: ModelEntry) -> None:
         for served in entry.versions.values():
             await served.batcher.close()
+            if served.qos is not None:
+                served.qos.leave()
             await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)

@@ -1,4 +1,5 @@
-"""Prometheus metrics under Triton's names, read from the ModelStats behind the statistics API.
+"""Prometheus metrics under Triton's names, read from the ModelStats behind the statistics API,
+and the device schedulers' (QoS).
 
 Counters keep Triton's exact names (no `_total`): serve them with `serving/exposition.py`.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
+    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
@@ -15,10 +17,15 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from dlscale.hardware.metrics import TelemetryCollector
-from dlscale.serving.manager import ModelManager
+from dlscale.serving.admission import MAX_IN_FLIGHT, RATE_LIMIT
+from dlscale.serving.manager import ModelManager, ServedVersion
 from dlscale.serving.stats import ModelStats
 
 _LABELS = ["model", "version"]
+_DEVICE = [*_LABELS, "device"]
+#: The device scheduler's decisions (serving/scheduler.py): fair share, an objective at risk,
+#: or the scheduler off.
+DECISIONS = ("fair", "urgent", "off")
 
 
 class InferenceCollector(Collector):
@@ -121,9 +128,94 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
+class QosCollector(Collector):
+    """Reads every served version's seats at the device gates at scrape time."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    def _served(self) -> list[ServedVersion]:
+        versions = (v for e in self.manager.entries() for v in e.versions.values())
+        return [v for v in versions if v.qos is not None]
+
+    def collect(self) -> Iterator[Metric]:
+        served = self._served()
+        objective = GaugeMetricFamily(
+            "dlscale_qos_latency_objective_seconds",
+            "The p99 latency objective of a model ([qos] latency_objective_us)",
+            labels=_LABELS,
+        )
+        waited = HistogramMetricFamily(
+            "dlscale_qos_queue_wait_seconds",
+            "Time each request waited from its arrival to its batch's start on the device",
+            labels=_LABELS,
+        )
+        rejected = CounterMetricFamily(
+            "dlscale_qos_rejected",
+            "Requests refused at once by a model's [qos] limit",
+            labels=[*_LABELS, "limit"],
+        )
+        for v in served:
+            assert v.qos is not None
+            labels = [v.stats.name, v.stats.version]
+            qos = v.qos.config.qos
+            if qos is not None and qos.latency_objective_us:
+                objective.add_metric(labels, qos.latency_objective_us / 1e6)
+            buckets = [(_le(b), n) for b, n in v.qos.waited.cumulative()]
+            waited.add_metric(labels, buckets, v.qos.waited.total)
+            refused = v.qos.admission.refused if v.qos.admission is not None else {}
+            for limit in (RATE_LIMIT, MAX_IN_FLIGHT):
+                rejected.add_metric([*labels, limit], refused.get(limit, 0))
+        yield objective
+        yield waited
+        yield rejected
+        yield from _per_device(served)
+
+
+def _per_device(served: list[ServedVersion]) -> Iterator[Metric]:
+    budget = GaugeMetricFamily(
+        "dlscale_qos_queue_budget_seconds",
+        "Objective minus the expected service time of a typical batch: the time it may queue",
+        labels=_DEVICE,
+    )
+    service = GaugeMetricFamily(
+        "dlscale_qos_expected_service_seconds",
+        "Expected time on the device of a model's typical batch, learned from its batches",
+        labels=_DEVICE,
+    )
+    device_time = CounterMetricFamily(
+        "dlscale_qos_device_seconds", "Device time a model's batches held", labels=_DEVICE
+    )
+    batches = CounterMetricFamily(
+        "dlscale_qos_batches",
+        "Batches the device scheduler started, by its decision (fair, urgent, off)",
+        labels=[*_DEVICE, "decision"],
+    )
+    capped = CounterMetricFamily(
+        "dlscale_qos_batches_capped",
+        "Batches cut short so that another model keeps its objective",
+        labels=_DEVICE,
+    )
+    for v in served:
+        assert v.qos is not None
+        for seat in v.qos.devices():
+            tenant = seat.tenant
+            labels = [v.stats.name, v.stats.version, seat.gate.device]
+            left = tenant.budget()
+            if left is not None:
+                budget.add_metric(labels, left)
+            service.add_metric(labels, tenant.service.expected(tenant.typical_rows))
+            device_time.add_metric(labels, tenant.device_s)
+            for decision in DECISIONS:
+                batches.add_metric([*labels, decision], tenant.decisions[decision])
+            capped.add_metric(labels, tenant.capped)
+    yield from (budget, service, device_time, batches, capped)
+
+
 def build_registry(manager: ModelManager, telemetry_interval_s: float = 1.0) -> CollectorRegistry:
     """A registry with the inference metrics and the GPU/CPU telemetry (Triton's nv_gpu_* names)."""
     registry = CollectorRegistry()
     registry.register(InferenceCollector(manager))
+    registry.register(QosCollector(manager))
     TelemetryCollector(interval_s=telemetry_interval_s).register(registry)
     return registry

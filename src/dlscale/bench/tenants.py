@@ -1,0 +1,136 @@
+"""The tenants of an interference bench: their repository with [qos] set, and MIG placement.
+
+The bench never edits the user's repository: it writes a scratch one beside its report whose
+config.toml files are the user's with the [qos] (and, on MIG, the device) the run needs, and
+whose version folders link to the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from dlscale.errors import BenchError, DlscaleError
+from dlscale.hardware.detect import HostInfo, MigInstance
+from dlscale.models.config import InstanceConfig, QosConfig, write_config
+from dlscale.models.repository import ModelRepository
+
+#: What `dlscale serve` logs once its REST frontend listens (server.py).
+_LISTENING = re.compile(r"http listening on ([\w.:-]+):(\d+)")
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One model of the run: its name, the [qos] to serve it with, and its device if fixed."""
+
+    model: str
+    qos: QosConfig
+    device: str | None = None
+
+
+def scratch_repository(source: Path, tenants: list[TenantSpec], root: Path) -> Path:
+    """A repository at `root` holding `tenants` as `source` has them, with their [qos] set."""
+    try:
+        repo = ModelRepository(source)
+        for tenant in tenants:
+            config = repo.config(tenant.model)
+            changes: dict[str, object] = {"qos": tenant.qos}
+            if tenant.device is not None:
+                changes["instances"] = [InstanceConfig(device=tenant.device)]
+            folder = root / tenant.model
+            folder.mkdir(parents=True, exist_ok=True)
+            write_config(config.model_copy(update=changes), folder / "config.toml")
+            for version in (source / tenant.model).iterdir():
+                link = folder / version.name
+                if version.is_dir() and version.name.isdigit() and not link.exists():
+                    link.symlink_to(version.resolve(), target_is_directory=True)
+    except DlscaleError as exc:
+        raise BenchError(f"cannot prepare the tenants: {exc}") from None
+    return root
+
+
+def configured_qos(source: Path, model: str) -> QosConfig | None:
+    """The [qos] table a model of `source` has, if any."""
+    try:
+        return ModelRepository(source).config(model).qos
+    except DlscaleError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def mig_pair(host: HostInfo) -> tuple[MigInstance, MigInstance] | None:
+    """Two MIG instances for two tenants, on one GPU where one has two; None without."""
+    per_gpu = [g.mig_instances for g in host.gpus if g.mig_enabled]
+    for instances in per_gpu:
+        if len(instances) >= 2:
+            return instances[0], instances[1]
+    every = [m for instances in per_gpu for m in instances]
+    return (every[0], every[1]) if len(every) >= 2 else None
+
+
+class TenantServer:
+    """`dlscale serve` over one tenant's repository, in a process of its own.
+
+    CUDA enumerates one MIG instance per process, so a tenant on a MIG instance is served by a
+    process that sees only that one (CUDA_VISIBLE_DEVICES). The REST port is the OS's choice,
+    read from the server's log.
+    """
+
+    def __init__(self, repo: Path, visible: str | None, log: Path, timeout_s: float = 300) -> None:
+        self.repo = repo
+        self.visible = visible
+        self.log = log
+        self.timeout_s = timeout_s
+        self.url = ""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        """The command line the server runs."""
+        return [
+            sys.executable, "-m", "dlscale", "serve", str(self.repo),
+            "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
+        ]  # fmt: skip
+
+    def environment(self, base: dict[str, str]) -> dict[str, str]:
+        """`base` with the tenant's device the only one CUDA shows."""
+        env = dict(base)
+        if self.visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible
+        return env
+
+    def __enter__(self) -> Self:
+        with self.log.open("wb") as sink:
+            self._process = subprocess.Popen(
+                self.command(), stderr=sink, stdout=sink, env=self.environment(dict(os.environ))
+            )
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            found = _LISTENING.search(self.log.read_text(errors="replace"))
+            if found:
+                self.url = f"http://{found.group(1)}:{found.group(2)}"
+                return self
+            if self._process.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.__exit__(None, None, None)
+        raise BenchError(f"the tenant server for {self.repo} did not start; see {self.log}")
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
