@@ -51,7 +51,7 @@ def _error_classes() -> list[type[errors.DlscaleError]]:
 
 GRPC_CODES = {
     "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
-    "UNIMPLEMENTED", "INTERNAL",
+    "UNIMPLEMENTED", "INTERNAL", "PERMISSION_DENIED",
 }  # fmt: skip
 
 
