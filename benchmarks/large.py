@@ -10,7 +10,9 @@ benchmarks/grpc_client.py over gRPC raw contents) with two models: `identity` FP
 [32, 3, 224, 224] per request (19 MB in, 19 MB out) at 4 requests in flight, and `identity16`
 FP32 [1, 16] at 32 in flight. One core's memcpy bandwidth of the same 19 MB is measured in every
 repetition. Servers alternate within each repetition; the table gives medians of requests/s and
-GB/s of input payload, and each server's ratio to Triton and to the `before` revision.
+GB/s of input payload, each server's ratio to Triton and to the `before` revision, and the
+server's CPU time per request (its process tree, /proc), which does not depend on how fast the
+client on the same cores is.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import uvloop
 from benchmarks import revisions, shm
 from benchmarks.client import LoadResult, build_request, closed_loop
 from benchmarks.grpc_client import decode_output, grpc_closed_loop, infer_request
-from benchmarks.harness import HOST, RESULTS, WORK, ServerProcess, machine, record
+from benchmarks.harness import HOST, RESULTS, WORK, ServerProcess, cpu_seconds, machine, record
 from benchmarks.models import BenchModel, build_identity_like
 
 LARGE = BenchModel("identity", "input", "output", (3, 224, 224), 32, 500)
@@ -75,7 +77,7 @@ def drive(
 ) -> LoadResult:
     """One closed-loop run; the first gRPC answer is checked against the input."""
     http, grpc_port = ports
-    warmup = min(1.0, duration / 2)
+    warmup = 1.0
     if protocol == "grpc":
         request, x = infer_request(model, rows)
         target = f"{HOST}:{grpc_port}"
@@ -102,11 +104,15 @@ def run(before: str, after: str, repeats: int, duration: float) -> dict[str, Any
             order = list(SERVERS) if rep % 2 == 0 else list(SERVERS)[::-1]
             for label, protocol, model, n, c in LOADS:
                 for side in order:
-                    _, http, grpc_port = servers[side]
+                    server, http, grpc_port = servers[side]
+                    cpu = cpu_seconds(server.proc.pid)
                     r = drive(protocol, model, n, c, (http, grpc_port), duration)
+                    # The server's CPU over warm-up and window, per request at the window's rate.
+                    cpu_ms = (cpu_seconds(server.proc.pid) - cpu) / r.throughput / (duration + 1)
                     nbytes = n * int(np.prod(model.row_shape)) * 4
                     record(rows, server=side, load=label, rep=rep, **r.summary(),
-                           gbps=round(r.throughput * nbytes / 1e9, 4))  # fmt: skip
+                           gbps=round(r.throughput * nbytes / 1e9, 4),
+                           server_cpu_ms=round(cpu_ms * 1e3, 3))  # fmt: skip
     finally:
         for server, _, _ in servers.values():
             server.stop()
@@ -125,16 +131,18 @@ def markdown(result: dict[str, Any]) -> str:
     rows, copy = result["rows"], statistics.median(result["memcpy_gbps"])
     lines = [
         "| load | before req/s | after req/s | Triton req/s | after GB/s | after/before "
-        "| after/Triton | after p99 ms | Triton p99 ms | after / memcpy |",
+        "| after/Triton | after / memcpy | p99 ms before, after, Triton "
+        "| server CPU ms/req before, after, Triton |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, *_ in LOADS:
         b, a, t = (_median(rows, s, label, "throughput") for s in SERVERS)
-        ap, tp = _median(rows, "after", label, "p99_ms"), _median(rows, "triton", label, "p99_ms")
+        p99 = ", ".join(f"{_median(rows, s, label, 'p99_ms'):.1f}" for s in SERVERS)
+        cpu = ", ".join(f"{_median(rows, s, label, 'server_cpu_ms'):.2f}" for s in SERVERS)
         gbps = _median(rows, "after", label, "gbps")
         lines.append(
             f"| {label} | {b:,.1f} | {a:,.1f} | {t:,.1f} | {gbps:.3f} | {a / b:.2f} "
-            f"| {a / t:.2f} | {ap:.1f} | {tp:.1f} | {gbps / copy:.1%} |"
+            f"| {a / t:.2f} | {gbps / copy:.1%} | {p99} | {cpu} |"
         )
     lines.append(f"\nOne core's memcpy of 19 MB: {copy:.2f} GB/s (median of the repetitions).")
     return "\n".join(lines)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from benchmarks import large, revisions
 from benchmarks.client import LoadResult
-from benchmarks.harness import WORK, ServerProcess
+from benchmarks.harness import WORK, ServerProcess, cpu_seconds
 
 #: (stage, where fragment, function fragments or () for any): the innermost frame that matches
 #: one of these, in this order, names a sample's stage. Frames are py-spy's `function (where)`,
@@ -87,12 +86,6 @@ def read_raw(path: Path) -> collections.Counter[str]:
         if stack:
             counts[stage_of(stack.split(";"))] += int(n)
     return counts
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system time of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def profile(server: ServerProcess, ports: tuple[int, int], protocol: str, duration: float,
