@@ -10,7 +10,8 @@ benchmarks/grpc_client.py over gRPC raw contents) with two models: `identity` FP
 [32, 3, 224, 224] per request (19 MB in, 19 MB out) at 4 requests in flight, and `identity16`
 FP32 [1, 16] at 32 in flight. One core's memcpy bandwidth of the same 19 MB is measured in every
 repetition. Servers alternate within each repetition; the table gives medians of requests/s and
-GB/s of input payload, each server's ratio to Triton and to the `before` revision, and the
+GB/s of input payload, each server's ratio to Triton and to the `before` revision (the median of
+the ratios within each repetition, so that the machine's drift cancels), and the
 server's CPU time per request (its process tree, /proc), which does not depend on how fast the
 client on the same cores is.
 """
@@ -90,7 +91,7 @@ def drive(
     return uvloop.run(closed_loop(HOST, http, wire, c, duration, warmup))
 
 
-def run(before: str, after: str, repeats: int, duration: float) -> dict[str, Any]:
+def run(before: str, after: str, repeats: int, duration: float, only: str) -> dict[str, Any]:
     """Every (load, server), servers alternating within each repetition."""
     WORK.mkdir(exist_ok=True)
     repo = build_repository(WORK / "large-repo")
@@ -103,6 +104,8 @@ def run(before: str, after: str, repeats: int, duration: float) -> dict[str, Any
             print(f"repetition {rep + 1}: memcpy {memcpy[-1]:.2f} GB/s", flush=True)
             order = list(SERVERS) if rep % 2 == 0 else list(SERVERS)[::-1]
             for label, protocol, model, n, c in LOADS:
+                if only not in label:
+                    continue
                 for side in order:
                     server, http, grpc_port = servers[side]
                     cpu = cpu_seconds(server.proc.pid)
@@ -126,6 +129,13 @@ def _median(rows: list[dict[str, Any]], side: str, load: str, key: str) -> float
     )
 
 
+def _paired(rows: list[dict[str, Any]], a: str, b: str, load: str) -> float:
+    """The median over repetitions of a's throughput over b's in the same repetition."""
+    by = {(r["server"], r["rep"]): r["throughput"] for r in rows if r["load"] == load}
+    ratios = [by[a, rep] / by[b, rep] for (s, rep) in by if s == a and by.get((b, rep))]
+    return float(statistics.median(ratios))
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The table of BENCHMARKS.md: medians per load and server, and the ratios."""
     rows, copy = result["rows"], statistics.median(result["memcpy_gbps"])
@@ -135,14 +145,15 @@ def markdown(result: dict[str, Any]) -> str:
         "| server CPU ms/req before, after, Triton |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, *_ in LOADS:
+    for label in dict.fromkeys(r["load"] for r in rows):
         b, a, t = (_median(rows, s, label, "throughput") for s in SERVERS)
         p99 = ", ".join(f"{_median(rows, s, label, 'p99_ms'):.1f}" for s in SERVERS)
         cpu = ", ".join(f"{_median(rows, s, label, 'server_cpu_ms'):.2f}" for s in SERVERS)
         gbps = _median(rows, "after", label, "gbps")
         lines.append(
-            f"| {label} | {b:,.1f} | {a:,.1f} | {t:,.1f} | {gbps:.3f} | {a / b:.2f} "
-            f"| {a / t:.2f} | {gbps / copy:.1%} | {p99} | {cpu} |"
+            f"| {label} | {b:,.1f} | {a:,.1f} | {t:,.1f} | {gbps:.3f} "
+            f"| {_paired(rows, 'after', 'before', label):.2f} "
+            f"| {_paired(rows, 'after', 'triton', label):.2f} | {gbps / copy:.1%} | {p99} | {cpu} |"
         )
     lines.append(f"\nOne core's memcpy of 19 MB: {copy:.2f} GB/s (median of the repetitions).")
     return "\n".join(lines)
@@ -154,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", default="HEAD", help="the revision measured")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
+    parser.add_argument("--only", default="", help="only the loads whose label holds this text")
     args = parser.parse_args(argv)
-    result = run(args.before, args.after, args.repeats, args.duration)
+    result = run(args.before, args.after, args.repeats, args.duration, args.only)
     text = markdown(result)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"large-{time.strftime('%Y%m%d-%H%M%S')}.json"
