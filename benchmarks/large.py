@@ -38,7 +38,8 @@ from benchmarks.models import BenchModel, build_identity_like
 LARGE = BenchModel("identity", "input", "output", (3, 224, 224), 32, 500)
 SMALL = BenchModel("identity16", "input", "output", (16,), 32, 500)
 #: (label, protocol, model, rows per request, requests in flight)
-LOADS: list[tuple[str, str, BenchModel, int, int]] = [
+Load = tuple[str, str, BenchModel, int, int]
+LOADS: list[Load] = [
     ("rest 19 MB", "rest", LARGE, 32, 4),
     ("grpc 19 MB", "grpc", LARGE, 32, 4),
     ("rest [1,16]", "rest", SMALL, 1, 32),

@@ -1,10 +1,10 @@
 """Where a 19 MB request's time goes in `dlscale serve`, over binary REST and over gRPC.
 
-    python -m benchmarks.profile_large [--duration 8] [--rate 200]
+    python -m benchmarks.profile_large [--duration 8] [--rate 200] [--small] [--revision REV]
 
 Starts `dlscale serve` (this checkout, or `--revision`) on benchmarks/large.py's repository,
 drives one load at a time with large.py's clients (identity FP32 [32, 3, 224, 224], 4 in
-flight), and samples the server meanwhile with py-spy (`pip install py-spy`, in the [dev]
+flight; with --small, [1, 16] at 32 in flight), and samples the server meanwhile with py-spy (`pip install py-spy`, in the [dev]
 extra) in --native mode, which pauses the process for each sample: it runs slower than
 unprofiled. Each busy sample is put in one stage by the innermost frame a rule knows (`STAGES`);
 samples that wait (epoll, a lock, a condition) are idle. The table gives each stage's
@@ -27,6 +27,7 @@ from pathlib import Path
 from benchmarks import large, revisions
 from benchmarks.client import LoadResult
 from benchmarks.harness import WORK, ServerProcess, cpu_seconds
+from benchmarks.large import Load
 
 #: (stage, where fragment, function fragments or () for any): the innermost frame that matches
 #: one of these, in this order, names a sample's stage. Frames are py-spy's `function (where)`,
@@ -88,18 +89,19 @@ def read_raw(path: Path) -> collections.Counter[str]:
     return counts
 
 
-def profile(server: ServerProcess, ports: tuple[int, int], protocol: str, duration: float,
+def profile(server: ServerProcess, ports: tuple[int, int], load: Load, duration: float,
             rate: int, folder: Path) -> dict[str, float]:  # fmt: skip
     """ms per request in each stage, and the process's CPU ms per request, for one load."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    raw = folder / f"{protocol}.txt"
+    _, protocol, model, rows, concurrency = load
+    raw = folder / f"{protocol}-{model.name}.txt"
     argv = [spy, "record", "--pid", str(server.proc.pid), "--format", "raw", "--rate", str(rate)]
     argv += ["--duration", str(int(duration)), "--output", str(raw), "--native"]
     loads: list[LoadResult] = []
     # The load runs a second longer than the sampling on both sides, so every sample sees it.
     load = threading.Thread(
         target=lambda: loads.append(
-            large.drive(protocol, large.LARGE, 32, 4, ports, duration + 2.0)
+            large.drive(protocol, model, rows, concurrency, ports, duration + 2.0)
         )
     )
     load.start()
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=8.0, help="seconds sampled per load")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--small", action="store_true", help="the [1,16] loads, not the 19 MB")
     parser.add_argument("--revision", help="profile this git revision instead of the checkout")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw samples in this folder")
     args = parser.parse_args(argv)
@@ -130,19 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(".") if args.revision is None else revisions.checkout(args.revision)
     server, http, grpc_port = revisions.start(tree, repo)
     results: dict[str, dict[str, float]] = {}
+    loads = [load for load in large.LOADS if (load[2] is large.SMALL) == args.small]
     try:
         with tempfile.TemporaryDirectory() as scratch:
             folder = args.raw or Path(scratch)
             folder.mkdir(parents=True, exist_ok=True)
-            for protocol in ("rest", "grpc"):
-                results[protocol] = profile(
-                    server, (http, grpc_port), protocol, args.duration, args.rate, folder
+            for load in loads:
+                results[load[0]] = profile(
+                    server, (http, grpc_port), load, args.duration, args.rate, folder
                 )
     finally:
         server.stop()
-    print("| ms per request | binary REST | gRPC |\n|---|---|---|")
+    print("| ms per request | " + " | ".join(results) + " |\n|---|" + "---|" * len(results))
     for key in [*ORDER, "sampled busy", "process CPU", "requests/s"]:
-        print(f"| {key} | {results['rest'][key]:.2f} | {results['grpc'][key]:.2f} |")
+        print(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results.values()) + " |")
     return 0
 
 
