@@ -4,12 +4,13 @@
 
 Starts `dlscale serve` (this checkout, or `--revision`) on benchmarks/large.py's repository,
 drives one load at a time with large.py's clients (identity FP32 [32, 3, 224, 224], 4 in
-flight; with --small, [1, 16] at 32 in flight), and samples the server meanwhile with py-spy (`pip install py-spy`, in the [dev]
-extra) in --native mode, which pauses the process for each sample: it runs slower than
-unprofiled. Each busy sample is put in one stage by the innermost frame a rule knows (`STAGES`);
-samples that wait (epoll, a lock, a condition) are idle. The table gives each stage's
-milliseconds per request (samples / rate / requests), and the process's whole CPU time per
-request from /proc (threads py-spy does not sample make up the difference).
+flight; with --small, [1, 16] at 32 in flight), and samples the server meanwhile with py-spy
+(`pip install py-spy`, in the [dev] extra) in --native mode, which pauses the process for each
+sample: it runs slower than unprofiled. Each busy sample is put in one stage by the innermost
+frame a rule knows (`STAGES`); samples that wait (epoll, a lock, a condition) are idle. The
+table gives each stage's milliseconds per request (samples / rate / requests), and the
+process's whole CPU time per request from /proc (threads py-spy does not sample make up the
+difference).
 """
 
 from __future__ import annotations
