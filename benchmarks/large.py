@@ -33,7 +33,7 @@ from benchmarks import revisions, shm
 from benchmarks.client import LoadResult, build_request, closed_loop
 from benchmarks.grpc_client import decode_output, grpc_closed_loop, infer_request
 from benchmarks.harness import HOST, RESULTS, WORK, ServerProcess, cpu_seconds, machine, record
-from benchmarks.models import BenchModel, build_identity_like
+from benchmarks.models import BenchModel, build_identity_like, write_dlscale_config
 
 LARGE = BenchModel("identity", "input", "output", (3, 224, 224), 32, 500)
 SMALL = BenchModel("identity16", "input", "output", (16,), 32, 500)
@@ -52,10 +52,7 @@ def build_repository(root: Path) -> Path:
     """identity over images (shm.py's, one intra-op thread) and identity over [N, 16]."""
     shm.build_repository(root, resnet=False)
     build_identity_like(root, SMALL)
-    (root / SMALL.name / "config.toml").write_text(
-        f'name = "{SMALL.name}"\nmax_batch_size = 32\n[batching]\nmax_queue_delay_us = 500\n'
-        "[backend_options]\nintra_op_threads = 1\ninter_op_threads = 1\n"
-    )
+    write_dlscale_config(root, SMALL)
     return root
 
 
