@@ -7,6 +7,7 @@ one and reads that line. Peers (MLServer) are started with `start_mlserver`. Eac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 
 from benchmarks import peers
 from benchmarks.models import BenchModel
@@ -50,6 +52,18 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time so far of a process and its descendants (a peer's tritonserver
+    runs under the Python process that started it); gone children no longer count."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def free_port() -> int:

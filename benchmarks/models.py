@@ -79,13 +79,18 @@ def _save(model_path: Path, graph: onnx.GraphProto) -> None:
 
 def build_identity(root: Path) -> None:
     """FP32 [N,16] returned unchanged."""
+    build_identity_like(root, IDENTITY)
+
+
+def build_identity_like(root: Path, model: BenchModel) -> None:
+    """An ONNX Identity over FP32 [N, *model.row_shape], saved where `model` lies in `root`."""
+    dims: list[str | int] = ["N", *model.row_shape]
     io = [
-        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 16]) for n in ("input", "output")
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, dims)
+        for n in (model.input_name, model.output_name)
     ]
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["input"], ["output"])], "identity", [io[0]], [io[1]]
-    )
-    _save(IDENTITY.path(root), graph)
+    node = helper.make_node("Identity", [model.input_name], [model.output_name])
+    _save(model.path(root), helper.make_graph([node], model.name, [io[0]], [io[1]]))
 
 
 def build_mlp(root: Path) -> None:

@@ -1,10 +1,11 @@
-"""A real Triton server (nvidia-pytriton's tritonserver 2.51) for the shared-memory benchmark.
+"""A real Triton server (nvidia-pytriton's tritonserver 2.51) for the shm and large benchmarks.
 
 Runs in its own virtual environment (benchmarks/peers.py `ensure_pytriton`), never imports
 dlscale, and serves through Triton's own REST and gRPC frontends, dynamic batcher and system
 shared-memory extension:
 
 - identity: FP32 [batch, 3, 224, 224] returned unchanged (a Python callable);
+- identity16: FP32 [batch, 16] returned unchanged (the same callable);
 - resnet50: the same ONNX file as dlscale's, run by ONNX Runtime in the callable.
 
     python benchmarks/pytriton_server.py --http-port P --grpc-port Q [--resnet model.onnx]
@@ -84,6 +85,13 @@ def main() -> None:
             outputs=[Tensor(name="output", dtype=np.float32, shape=IMAGE)],
             config=model_config,
             **tensors,
+        )
+        triton.bind(
+            model_name="identity16",
+            infer_func=identity,
+            inputs=[Tensor(name="input", dtype=np.float32, shape=(16,))],
+            outputs=[Tensor(name="output", dtype=np.float32, shape=(16,))],
+            config=model_config,
         )
         if args.resnet is not None:
             triton.bind(
