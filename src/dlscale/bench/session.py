@@ -266,6 +266,7 @@ class Session:
             settings=settings,
             loadgen=read_logs(log_dir),
             latencies_ns=np.asarray(recorder.latencies_ns, dtype=np.int64),
+            request_ns=np.asarray(recorder.request_ns, dtype=np.int64),
             throughput=recorder.throughput(),
             issued=recorder.issued,
             completed=recorder.completed,
@@ -284,14 +285,10 @@ class Session:
         assert self.warmup is not None
         folder = log_root / scenario.value
         note = ""
-        if scenario is not Scenario.SERVER:
-            settings = self.settings(scenario)
-            result = self.run(settings, folder)
-            if _too_short(result):
-                # LoadGen sized the run from the warm-up's figures and the system beat them:
-                # size it again from what this run measured, once.
-                result = self.run(_resized(settings, result), folder)
-                note = "rerun once: the first run ended before the minimum duration"
+        if scenario is Scenario.OFFLINE and opts.concurrency_sweep:
+            out = self._concurrency_sweep(folder)
+        elif scenario is not Scenario.SERVER:
+            result, note = self._sized_run(self.settings(scenario), folder)
             out = ScenarioResult(scenario, result)
         elif opts.find_peak:
             out = self._peak(folder)
@@ -311,6 +308,33 @@ class Session:
                 out.main.first_errors.extend(acc.first_errors)
         return out
 
+    def _sized_run(self, settings: RunSettings, folder: Path) -> tuple[RunResult, str]:
+        result = self.run(settings, folder)
+        if not _too_short(result):
+            return result, ""
+        # LoadGen sized the run from the expected figures and the system beat them: size it
+        # again from what this run measured, once.
+        result = self.run(_resized(settings, result), folder)
+        return result, "rerun once: the first run ended before the minimum duration"
+
+    def _concurrency_sweep(self, folder: Path) -> ScenarioResult:
+        """Offline at each concurrency of the sweep; the headline is the highest throughput."""
+        base = self.settings(Scenario.OFFLINE)
+        expected = base.expected_qps or 1.0
+        runs: list[RunResult] = []
+        for concurrency in self.options.concurrency_sweep:
+            if not runs:
+                # The warm-up ran at the default concurrency: fewer in flight, fewer per second.
+                expected *= min(1.0, concurrency / max(base.concurrency, 1))
+            settings = replace(base, concurrency=concurrency, expected_qps=expected)
+            result, _ = self._sized_run(settings, folder / f"concurrency-{concurrency}")
+            runs.append(result)
+            expected = max(result.throughput or 0.0, expected)
+        best = max(runs, key=lambda r: (r.valid, r.throughput or 0.0))
+        points = ", ".join(str(c) for c in self.options.concurrency_sweep)
+        note = f"concurrency sweep ({points}); headline: the highest throughput"
+        return ScenarioResult(Scenario.OFFLINE, best, runs, note=note, sweep_kind="concurrency")
+
     def _peak(self, folder: Path) -> ScenarioResult:
         assert self.warmup is not None
 
@@ -327,7 +351,9 @@ class Session:
         )
         if search.best is None:
             note += "; no rate met the bound"
-        return ScenarioResult(Scenario.SERVER, search.best, sweep, search.peak_qps, note)
+        return ScenarioResult(
+            Scenario.SERVER, search.best, sweep, search.peak_qps, note, sweep_kind="rate"
+        )
 
     # -- accuracy --------------------------------------------------------------------------------
 
