@@ -163,8 +163,11 @@ class PoolSut:
         self._send_lock = threading.RLock()
         self._complete_lock = threading.Lock()
         self._stopping = threading.Event()
-        for conn, limit in zip(connections, limits, strict=True):
-            conn.send(_Run(settings.accuracy, limit))
+        for n, (conn, limit) in enumerate(zip(connections, limits, strict=True)):
+            try:
+                conn.send(_Run(settings.accuracy, limit))
+            except OSError:
+                self._fail_worker(n, f"bench worker {n} is gone")
         self._receiver = threading.Thread(target=self._receive, name="bench-receiver", daemon=True)
         self._receiver.start()
 

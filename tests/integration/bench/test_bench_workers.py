@@ -68,3 +68,25 @@ def test_workers_need_a_server(repo: Path) -> None:
     options = BenchOptions("identity", [Scenario.OFFLINE], repo=repo, workers=2, **SHORT)
     with pytest.raises(BenchError, match="--workers sends requests"):
         bench(None, options, Path("unused"))
+
+
+def test_samples_of_dead_workers_are_completed_as_failures(http_url: str, tmp_path: Path) -> None:
+    # LoadGen waits for every sample it issued: workers that are gone must not leave it waiting.
+    from dlscale.bench.loadgen import LoopThread
+    from dlscale.bench.session import Session
+
+    options = BenchOptions("identity", [Scenario.OFFLINE], workers=2, **SHORT)
+    loop = LoopThread()
+    session = Session(http_url, options, loop)
+    try:
+        session.open()
+        assert session.pool is not None
+        for process in session.pool._processes:
+            process.kill()
+            process.join()
+        result = session.run(session.settings(Scenario.OFFLINE), tmp_path)
+    finally:
+        session.close()
+        loop.close()
+    assert result.issued > 0 and result.completed == result.issued == result.errors
+    assert not result.valid and "bench worker" in result.first_errors[0]
