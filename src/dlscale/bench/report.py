@@ -84,7 +84,8 @@ def ceiling_lines(report: dict[str, Any]) -> list[str]:
             lines.append(
                 f"{r['scenario']} ({r['target']}): client-bound: {r['throughput']:,.1f} "
                 f"samples/s is {share:.0%} of the client's ceiling, so it measures this client; "
-                "the server's throughput is at least that, not measured (add --workers)"
+                "the server's throughput is at least that, not measured (more --workers, or a "
+                "bench host of its own)"
             )
     return lines
 
