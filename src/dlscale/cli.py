@@ -417,7 +417,24 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
     p.add_argument("--out", type=_path, help="report folder (default: bench-results/MODEL-DATE)")
     p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")
-    p.add_argument("--concurrency", type=int, help="offline: requests in flight (remote default 4)")
+    p.add_argument(
+        "--concurrency",
+        metavar="N | START:END[:STEP]",
+        help="offline: requests in flight (remote default 4); START:END sweeps, doubling from "
+        "START (or in STEPs), and draws the throughput-latency curve",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes that send, receive and check requests (default 0: LoadGen's own)",
+    )
+    p.add_argument(
+        "--client-ceiling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the client's ceiling against a null server first (remote; default on)",
+    )
     p.add_argument("--connections", type=int, default=64, help="HTTP connection pool size")
     p.add_argument("--samples", type=int, default=256, help="samples kept in memory (default 256)")
     p.add_argument(

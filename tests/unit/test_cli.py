@@ -53,3 +53,39 @@ def test_parsing_imports_no_handler_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['dlscale', 'dlscale.cli', 'dlscale.errors']"
+
+
+def test_bench_workers_sweep_and_ceiling_flags_parse_before_and_after_the_target() -> None:
+    from dlscale.bench.commands import bench_options
+    from dlscale.cli import parse
+
+    args = parse(
+        ["bench", "--workers", "2", "grpc://h:1", "--model", "m", "--concurrency", "1:64",
+         "--no-client-ceiling"]
+    )  # fmt: skip
+    assert args.targets == ["grpc://h:1"] and args.workers == 2
+    options = bench_options(args)
+    assert options.workers == 2 and options.client_ceiling is False
+    assert options.concurrency is None
+    assert options.concurrency_sweep == (1, 2, 4, 8, 16, 32, 64)
+
+
+def test_bench_defaults_keep_the_in_process_client_and_measure_the_ceiling() -> None:
+    from dlscale.bench.commands import bench_options
+    from dlscale.cli import parse
+
+    options = bench_options(parse(["bench", "http://h:1", "--model", "m", "--concurrency", "8"]))
+    assert options.workers == 0 and options.client_ceiling is True
+    assert options.concurrency == 8 and options.concurrency_sweep == ()
+
+
+def test_bench_refuses_a_malformed_concurrency_range() -> None:
+    import pytest
+
+    from dlscale.bench.commands import bench_options
+    from dlscale.cli import parse
+    from dlscale.errors import BenchError
+
+    for text in ("8:2", "0:4", "a:b", "1:2:3:4"):
+        with pytest.raises(BenchError, match="--concurrency"):
+            bench_options(parse(["bench", "http://h:1", "--model", "m", "--concurrency", text]))

@@ -11,6 +11,7 @@ from dlscale.bench.report import print_summary
 from dlscale.bench.runner import bench, compare
 from dlscale.bench.scenarios import Scenario, parse_duration
 from dlscale.bench.session import BenchOptions
+from dlscale.bench.sweep import parse_concurrency
 from dlscale.errors import BenchError
 
 
@@ -39,6 +40,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
     """The run's options from the parsed bench flags."""
     if not args.model:
         raise BenchError("give the model to benchmark: --model NAME")
+    concurrency, concurrency_sweep = parse_concurrency(args.concurrency)
     return BenchOptions(
         model=args.model,
         scenarios=Scenario.parse(args.scenario),
@@ -53,7 +55,10 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         data=args.data,
         reference=args.reference,
         batch_size=args.batch_size,
-        concurrency=args.concurrency,
+        concurrency=concurrency,
+        concurrency_sweep=concurrency_sweep,
+        workers=args.workers,
+        client_ceiling=args.client_ceiling,
         connections=args.connections,
         sample_count=args.samples,
         min_query_count=args.min_queries,

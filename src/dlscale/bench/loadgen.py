@@ -8,12 +8,13 @@ with `call_soon_threadsafe`, and each completion calls `QuerySamplesComplete` fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import mlperf_loadgen as lg
 import numpy as np
@@ -55,7 +56,10 @@ class Recorder:
     start_ns: int = field(default_factory=time.perf_counter_ns)
     issued: int = 0
     completed: int = 0
+    #: LoadGen's latency of each sample: from its query's issue to its completion.
     latencies_ns: list[int] = field(default_factory=list)
+    #: Each request's time on the wire: from sending it to its answer (the sweep's latency).
+    request_ns: list[int] = field(default_factory=list)
     first_done_ns: int = 0
     last_done_ns: int = 0
     errors: int = 0
@@ -75,8 +79,87 @@ class Recorder:
         return self.completed / span if self.completed and span > 0 else None
 
 
+class LoadGenSut(Protocol):
+    """What LoadGen calls: this process's SUT or the worker pool's."""
+
+    def issue_queries(self, queries: list[Any]) -> None: ...
+
+    def flush_queries(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: A query's LoadGen id and its sample's index in the query sample library.
+Item = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request's fate: each sample's outputs (empty on failure), the error, its timing."""
+
+    per_sample: list[dict[str, np.ndarray]]
+    error: str | None
+    sent_ns: int
+    done_ns: int
+
+
+def group_queries(items: list[Item], info: ModelInfo, settings: RunSettings) -> list[list[Item]]:
+    """The requests issued queries become: Offline in batches, MultiStream whole, else one each."""
+    scenario = settings.scenario
+    if scenario is Scenario.OFFLINE:
+        size = info.batch_limit(settings.batch_size)
+        return [items[i : i + size] for i in range(0, len(items), size)]
+    if scenario is Scenario.MULTISTREAM and info.batch_limit(len(items)) == len(items):
+        return [items]
+    return [[item] for item in items]
+
+
+async def exchange(
+    target: Target, info: ModelInfo, samples: SampleSet, items: list[Item]
+) -> Exchange:
+    """Send one request for `items` and split its answer per sample; failures are counted."""
+    indices = [index for _, index in items]
+    sent_ns = time.perf_counter_ns()
+    try:
+        if info.batched:
+            outputs = await target.infer(samples.rows(indices))
+            per_sample = [{n: a[i] for n, a in outputs.items()} for i in range(len(items))]
+        else:
+            per_sample = [await target.infer(samples.one(indices[0]))]
+    except Exception as exc:  # any failure is the target's: count it, never stall LoadGen
+        return Exchange([], f"{type(exc).__name__}: {exc}", sent_ns, time.perf_counter_ns())
+    return Exchange(per_sample, None, sent_ns, time.perf_counter_ns())
+
+
+def complete(
+    recorder: Recorder, items: list[Item], done: Exchange, issued_ns: int, accuracy: bool
+) -> None:
+    """Record one request's samples and tell LoadGen they are complete (each exactly once)."""
+    rec = recorder
+    if done.error is not None:
+        rec.error(done.error, len(items))
+    rec.first_done_ns = rec.first_done_ns or done.done_ns
+    rec.last_done_ns = max(rec.last_done_ns, done.done_ns)
+    rec.completed += len(items)
+    rec.latencies_ns.extend([done.done_ns - issued_ns] * len(items))
+    rec.request_ns.append(done.done_ns - done.sent_ns)
+    keep: list[np.ndarray] = []
+    responses = []
+    for n, (query_id, index) in enumerate(items):
+        if accuracy and done.per_sample:
+            rec.outputs[index] = done.per_sample[n]
+            # The first output's bytes go to LoadGen's accuracy log, as MLPerf SUTs do.
+            first = np.ascontiguousarray(next(iter(done.per_sample[n].values())))
+            keep.append(first)
+            ptr = first.__array_interface__["data"][0]
+            responses.append(lg.QuerySampleResponse(query_id, ptr, first.nbytes))
+        else:
+            responses.append(lg.QuerySampleResponse(query_id, 0, 0))
+    lg.QuerySamplesComplete(responses)
+
+
 class SystemUnderTest:
-    """LoadGen's SUT: sends each issued query to the target and reports it complete."""
+    """LoadGen's SUT in this process: sends each issued query to the target on the bench's loop."""
 
     def __init__(
         self,
@@ -105,87 +188,28 @@ class SystemUnderTest:
     def flush_queries(self) -> None:
         """LoadGen's flush callback: nothing is held back, so nothing to flush."""
 
+    def close(self) -> None:
+        """After the run: every task has completed (LoadGen waited for them), nothing to stop."""
+
     # -- on the event loop -----------------------------------------------------------------------
 
-    def _dispatch(self, items: list[tuple[int, int]], issued_ns: int) -> None:
+    def _dispatch(self, items: list[Item], issued_ns: int) -> None:
         self.recorder.issued += len(items)
-        scenario = self.settings.scenario
-        if scenario is Scenario.OFFLINE:
-            size = self.info.batch_limit(self.settings.batch_size)
-            groups = [items[i : i + size] for i in range(0, len(items), size)]
-            if self.settings.concurrency and self._limit is None:
-                self._limit = asyncio.Semaphore(self.settings.concurrency)
-        elif scenario is Scenario.MULTISTREAM and self.info.batch_limit(len(items)) == len(items):
-            groups = [items]
-        else:
-            groups = [[item] for item in items]
-        for group in groups:
+        if self.settings.scenario is Scenario.OFFLINE and self.settings.concurrency:
+            self._limit = self._limit or asyncio.Semaphore(self.settings.concurrency)
+        for group in group_queries(items, self.info, self.settings):
             task = asyncio.get_running_loop().create_task(self._send(group, issued_ns))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, items: list[tuple[int, int]], issued_ns: int) -> None:
-        if self._limit is not None:
-            async with self._limit:
-                await self._exchange(items, issued_ns)
-        else:
-            await self._exchange(items, issued_ns)
-
-    async def _exchange(self, items: list[tuple[int, int]], issued_ns: int) -> None:
-        indices = [index for _, index in items]
-        per_sample: list[dict[str, np.ndarray]] = []
-        try:
-            if self.info.batched:
-                outputs = await self.target.infer(self.samples.rows(indices))
-                per_sample = [{n: a[i] for n, a in outputs.items()} for i in range(len(items))]
-            else:
-                outputs = await self.target.infer(self.samples.one(indices[0]))
-                per_sample = [outputs]
-        except Exception as exc:  # any failure is the target's: count it, never stall LoadGen
-            self.recorder.error(f"{type(exc).__name__}: {exc}", len(items))
-            per_sample = []
-        done_ns = time.perf_counter_ns()
-        self._record(items, per_sample, issued_ns, done_ns)
-
-    def _record(
-        self,
-        items: list[tuple[int, int]],
-        per_sample: list[dict[str, np.ndarray]],
-        issued_ns: int,
-        done_ns: int,
-    ) -> None:
-        rec = self.recorder
-        rec.first_done_ns = rec.first_done_ns or done_ns
-        rec.last_done_ns = done_ns
-        rec.completed += len(items)
-        rec.latencies_ns.extend([done_ns - issued_ns] * len(items))
-        keep: list[np.ndarray] = []
-        responses = []
-        for n, (query_id, index) in enumerate(items):
-            if self.settings.accuracy and per_sample:
-                rec.outputs[index] = per_sample[n]
-                # The first output's bytes go to LoadGen's accuracy log, as MLPerf SUTs do.
-                first = np.ascontiguousarray(next(iter(per_sample[n].values())))
-                keep.append(first)
-                ptr = first.__array_interface__["data"][0]
-                responses.append(lg.QuerySampleResponse(query_id, ptr, first.nbytes))
-            else:
-                responses.append(lg.QuerySampleResponse(query_id, 0, 0))
-        lg.QuerySamplesComplete(responses)
+    async def _send(self, items: list[Item], issued_ns: int) -> None:
+        async with self._limit or contextlib.nullcontext():
+            done = await exchange(self.target, self.info, self.samples, items)
+        complete(self.recorder, items, done, issued_ns, self.settings.accuracy)
 
 
-def run_loadgen(
-    target: Target,
-    info: ModelInfo,
-    samples: SampleSet,
-    settings: RunSettings,
-    loop: LoopThread,
-    log_dir: Path,
-    recorder: Recorder | None = None,
-) -> Recorder:
-    """One LoadGen test (blocking this thread); its logs go to `log_dir`."""
-    recorder = recorder or Recorder()
-    sut_impl = SystemUnderTest(target, info, samples, settings, loop, recorder)
+def run_loadgen(sut_impl: LoadGenSut, count: int, settings: RunSettings, log_dir: Path) -> None:
+    """One LoadGen test over `count` samples (blocking this thread); its logs go to `log_dir`."""
     log_dir.mkdir(parents=True, exist_ok=True)
     output = lg.LogOutputSettings()
     output.outdir = str(log_dir)
@@ -193,16 +217,13 @@ def run_loadgen(
     log_settings = lg.LogSettings()
     log_settings.log_output = output
     log_settings.enable_trace = False
-    count = len(samples)
     sut = lg.ConstructSUT(sut_impl.issue_queries, sut_impl.flush_queries)
     qsl = lg.ConstructQSL(count, count, _noop, _noop)
     try:
-        recorder.start_ns = time.perf_counter_ns()
         lg.StartTestWithLogSettings(sut, qsl, settings.to_loadgen(count), log_settings)
     finally:
         lg.DestroyQSL(qsl)
         lg.DestroySUT(sut)
-    return recorder
 
 
 def _noop(_indices: list[int]) -> None:

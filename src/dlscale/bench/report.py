@@ -13,6 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from dlscale.bench import sweep
 from dlscale.bench.results import RunResult
 
 
@@ -54,9 +55,39 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "errors": res["errors"]["count"],
                 "accuracy": None if acc is None else acc["fraction"],
                 "reasons": res["reasons"],
+                "client_bound": res.get("client_bound"),
             }
         )
     return out
+
+
+def _throughput(row: dict[str, Any]) -> str:
+    # A client-bound figure is the client's limit: the server did at least that much.
+    text = _rate(row.get("throughput"))
+    return f">= {text} (client-bound)" if row.get("client_bound") else text
+
+
+def ceiling_lines(report: dict[str, Any]) -> list[str]:
+    """What the client's ceiling was and which runs reached it (plain text, one per line)."""
+    ceiling = report.get("client_ceiling")
+    if not ceiling:
+        return []
+    if ceiling["samples_per_s"] is None:
+        return [f"client ceiling: not measured ({ceiling['error']})"]
+    lines = [
+        f"client ceiling: {ceiling['samples_per_s']:,.1f} samples/s ({ceiling['method']})"
+        + (f"; note: {ceiling['error']}" if ceiling.get("error") else "")
+    ]
+    for r in rows(report):
+        if r.get("client_bound"):
+            share = r["throughput"] / ceiling["samples_per_s"]
+            lines.append(
+                f"{r['scenario']} ({r['target']}): client-bound: {r['throughput']:,.1f} "
+                f"samples/s is {share:.0%} of the client's ceiling, so it measures this client; "
+                "the server's throughput is at least that, not measured (more --workers, or a "
+                "bench host of its own)"
+            )
+    return lines
 
 
 def table(report: dict[str, Any], title: str = "") -> Table:
@@ -75,7 +106,7 @@ def table(report: dict[str, Any], title: str = "") -> Table:
             r["scenario"],
             f"[{style}]{verdict}[/]",
             _rate(r.get("qps")),
-            _rate(r.get("throughput")),
+            _throughput(r),
             _ms(r.get("p50")),
             _ms(r.get("p90")),
             _ms(r.get("p99")),
@@ -94,6 +125,8 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     for r in rows(report):
         for reason in r.get("reasons", []):
             console.print(f"[red]{r['scenario']}[/] ({r['target']}): {reason}")
+    for line in ceiling_lines(report):
+        console.print(line, style="yellow" if "client-bound" in line else None)
     roof = report.get("roofline") or {}
     if roof.get("share") is not None:
         console.print(
@@ -147,7 +180,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
         acc = r.get("accuracy")
         lines.append(
             f"| {r['target']} | {r['scenario']} | {r['verdict']} | {_rate(r.get('qps'))} "
-            f"| {_rate(r.get('throughput'))} | {_ms(r.get('p50'))} | {_ms(r.get('p90'))} "
+            f"| {_throughput(r)} | {_ms(r.get('p50'))} | {_ms(r.get('p90'))} "
             f"| {_ms(r.get('p99'))} | {_ms(r.get('p99.9'))} | {r.get('errors', '-')} "
             f"| {'-' if acc is None else f'{acc:.2%}'} |"
         )
@@ -169,6 +202,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
                 f"| {c['target']} | {c['scenario']} | {_rate(c['throughput'])} | {tr} "
                 f"| {_ms(c['p99_s'])} | {pr} | {c['valid_runs']}/{c['runs']} |"
             )
+    if report.get("client_ceiling"):
+        lines += ["", "## Client ceiling", ""] + [f"- {line}" for line in ceiling_lines(report)]
+    lines += sweep.markdown([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])
     roof = report.get("roofline") or {}
     lines += ["", "## Roofline", ""]
     if roof.get("share") is not None:
@@ -182,7 +218,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
             f"FLOPs/sample: {'-' if flops is None else f'{flops:.4g}'}. {roof.get('note', '')}"
         )
     plots = report.get("files", {})
-    for key in ("latency_png", "sweep_png"):
+    for key in ("latency_png", "sweep_png", "concurrency_png"):
         if plots.get(key):
             lines += ["", f"![{key}]({Path(plots[key]).name})"]
     lines += ["", "LoadGen logs: `loadgen/` beside this file. Full figures: `report.json`.", ""]

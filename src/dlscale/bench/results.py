@@ -29,6 +29,8 @@ class RunResult:
     duration_s: float
     log_dir: Path
     accuracy: AccuracyResult | None = None
+    #: Each request's time from sending to answer (the concurrency sweep's latency).
+    request_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def scenario(self) -> Scenario:
@@ -70,6 +72,7 @@ class RunResult:
             "settings": self.settings.to_dict(),
             "throughput_samples_per_s": self.throughput,
             "latency_s": summarize(self.latencies_ns),
+            "request_latency_s": summarize(self.request_ns),
             "loadgen": self.loadgen,
             "issued": self.issued,
             "completed": self.completed,
@@ -89,6 +92,8 @@ class ScenarioResult:
     sweep: list[RunResult] = field(default_factory=list)
     peak_qps: float | None = None
     note: str = ""
+    #: What the sweep varied: "rate" (a peak search) or "concurrency"; "" without a sweep.
+    sweep_kind: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON values."""
@@ -97,15 +102,18 @@ class ScenarioResult:
             "note": self.note,
             "peak_qps": self.peak_qps,
             "result": self.main.to_dict() if self.main else None,
-            "sweep": [sweep_point(r) for r in self.sweep],
+            "sweep": [sweep_point(r, self.sweep_kind) for r in self.sweep],
         }
 
 
-def sweep_point(run: RunResult) -> dict[str, Any]:
-    """One point of a rate sweep: offered rate, achieved throughput, p99, verdict."""
+def sweep_point(run: RunResult, kind: str = "") -> dict[str, Any]:
+    """One point of a sweep: offered rate or concurrency, achieved throughput, p99, verdict."""
     return {
         "target": run.target,
+        "sweep": kind,
         "target_qps": run.settings.target_qps,
+        "concurrency": run.settings.concurrency,
+        "request_latency_s": summarize(run.request_ns),
         "throughput_samples_per_s": run.throughput,
         "p99_s": run.p99_s,
         "loadgen_p99_s": run.loadgen.get("latency_s", {}).get("p99"),

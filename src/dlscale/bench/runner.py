@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench import environment, report
+from dlscale.bench import ceiling, environment, report, sweep
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult, sweep_point
 from dlscale.bench.session import BenchOptions, Session
@@ -26,6 +26,8 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
         session.close()
         loop.close()
     data = _report([session], results, options)
+    if url and options.client_ceiling:
+        ceiling.mark(data, _ceiling(url, session, out_dir / "loadgen" / "client-ceiling"))
     headline = max((r.main.throughput or 0 for r in results if r.main), default=0) or None
     data["roofline"] = environment.roofline(
         session.model_file(), data["device"], data["precision"], headline
@@ -34,6 +36,14 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
         options.model, data["device"], data["precision"], before, after
     )
     return _write(data, results, out_dir)
+
+
+def _ceiling(url: str, session: Session, log_dir: Path) -> ceiling.Ceiling:
+    """The client's ceiling at the run's batch and its largest concurrency."""
+    assert session.info is not None
+    batch, concurrency = session.offline_shape()
+    concurrency = max((concurrency, *session.options.concurrency_sweep))
+    return ceiling.measure(url, session.info, session.options, batch, concurrency, log_dir)
 
 
 def compare(
@@ -127,6 +137,7 @@ def _report(
             if s.warmup
         ],
         "scenarios": [r.to_dict() for r in results],
+        "client_ceiling": None,
         "device": environment.device_name(gpu),
         "device_note": (
             "remote targets: the device is this host's, which is right only when the server "
@@ -147,14 +158,22 @@ def _write(data: dict[str, Any], results: list[ScenarioResult], out_dir: Path) -
     latency_png = report.plot_latency(mains, out_dir / "latency.png")
     if latency_png:
         files["latency_png"] = str(latency_png)
+    by_rate = [r for r in results if r.sweep_kind != "concurrency"]
     points = [
-        sweep_point(run) for r in results for run in (r.sweep or ([r.main] if r.main else []))
+        sweep_point(run, r.sweep_kind)
+        for r in by_rate
+        for run in (r.sweep or ([r.main] if r.main else []))
     ]
-    sweep_like = any(r.sweep for r in results) or len(data["targets"]) > 1
+    sweep_like = any(r.sweep for r in by_rate) or len(data["targets"]) > 1
     if sweep_like:
         sweep_png = report.plot_sweep(points, data["latency_bound_s"], out_dir / "sweep.png")
         if sweep_png:
             files["sweep_png"] = str(sweep_png)
+    concurrency_points = [p for entry in data["scenarios"] for p in entry["sweep"]]
+    ceiling_rate = (data.get("client_ceiling") or {}).get("samples_per_s")
+    concurrency_png = sweep.plot(concurrency_points, ceiling_rate, out_dir / "concurrency.png")
+    if concurrency_png:
+        files["concurrency_png"] = str(concurrency_png)
     files["json"] = str(out_dir / "report.json")
     files["markdown"] = str(out_dir / "report.md")
     files["loadgen_logs"] = str(out_dir / "loadgen")

@@ -12,7 +12,7 @@ import numpy as np
 from dlscale.bench import accuracy
 from dlscale.bench.data import SampleSet, load_samples
 from dlscale.bench.lglog import read_logs
-from dlscale.bench.loadgen import LoopThread, Recorder, run_loadgen
+from dlscale.bench.loadgen import LoadGenSut, LoopThread, Recorder, SystemUnderTest, run_loadgen
 from dlscale.bench.peak import find_peak
 from dlscale.bench.probe import Probe, probe
 from dlscale.bench.progress import Progress
@@ -27,6 +27,7 @@ from dlscale.bench.targets import (
     onnx_signature,
     open_target,
 )
+from dlscale.bench.workers import WorkerPool, WorkerSpec
 from dlscale.errors import BenchError, DlscaleError
 from dlscale.models.repository import ModelRepository
 
@@ -68,6 +69,12 @@ class BenchOptions:
     shared_memory: str = "none"
     #: Bytes of output region per output and request; None: from the output's shape.
     output_shm_size: int | None = None
+    #: Worker processes that send, receive and check requests (0: the bench's own loop).
+    workers: int = 0
+    #: Measure the client's ceiling against a null server first (remote targets).
+    client_ceiling: bool = True
+    #: Offline runs at each of these concurrencies (a throughput-latency curve); () for none.
+    concurrency_sweep: tuple[int, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -84,6 +91,12 @@ class BenchOptions:
             )
         if self.output_shm_size is not None and self.output_shm_size < 1:
             raise BenchError(f"--output-shm-size must be positive, got {self.output_shm_size}")
+        if self.workers < 0:
+            raise BenchError(f"--workers must be 0 or more, got {self.workers}")
+        if any(c < 1 for c in self.concurrency_sweep):
+            raise BenchError(
+                f"--concurrency: every value must be at least 1: {self.concurrency_sweep}"
+            )
         for name in ("batch_size", "concurrency", "min_query_count"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -117,6 +130,12 @@ class Session:
         self.bound_s, self.bound_source = latency_bound_for(options.model, options.latency_bound_s)
         self._reference: list[dict[str, np.ndarray]] | None = None
         self._reference_source = ""
+        self.url = url
+        self.pool: WorkerPool | None = None
+        if options.workers and not isinstance(self.target, RemoteTarget):
+            raise BenchError(
+                "--workers sends requests from worker processes to a server: give a target URL"
+            )
 
     @property
     def label(self) -> str:
@@ -135,6 +154,25 @@ class Session:
         self.warmup = self.loop.run(
             probe(self.target, self.info, self.samples, batch, concurrency, opts.warmup_s)
         )
+        if opts.workers:
+            self.pool = WorkerPool(self._worker_spec(), opts.workers)
+
+    def _worker_spec(self) -> WorkerSpec:
+        opts, target = self.options, self.target
+        assert isinstance(target, RemoteTarget) and self.url and self.info is not None
+        return WorkerSpec(
+            url=self.url,
+            model=opts.model,
+            version=opts.version,
+            connections=opts.connections,
+            shared_memory=opts.shared_memory,
+            output_shm_size=opts.output_shm_size,
+            declared=target.declared,
+            info=self.info,
+            data=opts.data,
+            sample_count=opts.sample_count,
+            seed=opts.seed,
+        )
 
     def _declare_local_signature(self, target: RemoteTarget) -> None:
         # For servers whose metadata lists no tensors: the local model file says, else the data.
@@ -145,7 +183,10 @@ class Session:
             target.declare(data_signature(self.options.data), ())
 
     def close(self) -> None:
-        """Close the target (errors on the way out are not the result's)."""
+        """Stop the workers, close the target (errors on the way out are not the result's)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         with contextlib.suppress(Exception):
             self.loop.run(self.target.close())
 
@@ -207,15 +248,25 @@ class Session:
             label += f" @ {settings.target_qps:,.0f} qps"
         start = time.perf_counter()
         progress = Progress(label, recorder) if self.options.progress else None
-        with progress or contextlib.nullcontext():
-            run_loadgen(
-                self.target, self.info, self.samples, settings, self.loop, log_dir, recorder
+        sut: LoadGenSut
+        if self.pool is not None:
+            sut = self.pool.sut(self.info, settings, recorder)
+        else:
+            sut = SystemUnderTest(
+                self.target, self.info, self.samples, settings, self.loop, recorder
             )
+        try:
+            with progress or contextlib.nullcontext():
+                recorder.start_ns = time.perf_counter_ns()
+                run_loadgen(sut, len(self.samples), settings, log_dir)
+        finally:
+            sut.close()
         result = RunResult(
             target=self.label,
             settings=settings,
             loadgen=read_logs(log_dir),
             latencies_ns=np.asarray(recorder.latencies_ns, dtype=np.int64),
+            request_ns=np.asarray(recorder.request_ns, dtype=np.int64),
             throughput=recorder.throughput(),
             issued=recorder.issued,
             completed=recorder.completed,
@@ -234,14 +285,10 @@ class Session:
         assert self.warmup is not None
         folder = log_root / scenario.value
         note = ""
-        if scenario is not Scenario.SERVER:
-            settings = self.settings(scenario)
-            result = self.run(settings, folder)
-            if _too_short(result):
-                # LoadGen sized the run from the warm-up's figures and the system beat them:
-                # size it again from what this run measured, once.
-                result = self.run(_resized(settings, result), folder)
-                note = "rerun once: the first run ended before the minimum duration"
+        if scenario is Scenario.OFFLINE and opts.concurrency_sweep:
+            out = self._concurrency_sweep(folder)
+        elif scenario is not Scenario.SERVER:
+            result, note = self._sized_run(self.settings(scenario), folder)
             out = ScenarioResult(scenario, result)
         elif opts.find_peak:
             out = self._peak(folder)
@@ -261,6 +308,33 @@ class Session:
                 out.main.first_errors.extend(acc.first_errors)
         return out
 
+    def _sized_run(self, settings: RunSettings, folder: Path) -> tuple[RunResult, str]:
+        result = self.run(settings, folder)
+        if not _too_short(result):
+            return result, ""
+        # LoadGen sized the run from the expected figures and the system beat them: size it
+        # again from what this run measured, once.
+        result = self.run(_resized(settings, result), folder)
+        return result, "rerun once: the first run ended before the minimum duration"
+
+    def _concurrency_sweep(self, folder: Path) -> ScenarioResult:
+        """Offline at each concurrency of the sweep; the headline is the highest throughput."""
+        base = self.settings(Scenario.OFFLINE)
+        expected = base.expected_qps or 1.0
+        runs: list[RunResult] = []
+        for concurrency in self.options.concurrency_sweep:
+            if not runs:
+                # The warm-up ran at the default concurrency: fewer in flight, fewer per second.
+                expected *= min(1.0, concurrency / max(base.concurrency, 1))
+            settings = replace(base, concurrency=concurrency, expected_qps=expected)
+            result, _ = self._sized_run(settings, folder / f"concurrency-{concurrency}")
+            runs.append(result)
+            expected = max(result.throughput or 0.0, expected)
+        best = max(runs, key=lambda r: (r.valid, r.throughput or 0.0))
+        points = ", ".join(str(c) for c in self.options.concurrency_sweep)
+        note = f"concurrency sweep ({points}); headline: the highest throughput"
+        return ScenarioResult(Scenario.OFFLINE, best, runs, note=note, sweep_kind="concurrency")
+
     def _peak(self, folder: Path) -> ScenarioResult:
         assert self.warmup is not None
 
@@ -277,7 +351,9 @@ class Session:
         )
         if search.best is None:
             note += "; no rate met the bound"
-        return ScenarioResult(Scenario.SERVER, search.best, sweep, search.peak_qps, note)
+        return ScenarioResult(
+            Scenario.SERVER, search.best, sweep, search.peak_qps, note, sweep_kind="rate"
+        )
 
     # -- accuracy --------------------------------------------------------------------------------
 

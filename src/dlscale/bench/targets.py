@@ -181,6 +181,11 @@ class RemoteTarget:
         """The tensors to assume when the server's metadata lists none (from a local file)."""
         self._declared = (inputs, outputs)
 
+    @property
+    def declared(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """The tensors `declare` gave (empty when none)."""
+        return self._declared
+
     async def open(self) -> ModelInfo:
         """Connect, then read the model's metadata (and its config when the server has one)."""
         client = self._client()
