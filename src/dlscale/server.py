@@ -280,9 +280,15 @@ def _http_workers(dataplane: DataPlane, s: ServerSettings) -> Frontend:
 
     config = WorkerConfig(
         s.host, s.http_port or 0, s.limits, s.tls, s.http_restricted, s.allow_client_shm,
-        s.max_shm_regions, "", s.grace_s, logging.getLogger("dlscale").getEffectiveLevel(),
+        s.max_shm_regions, "", s.grace_s, _log_levels(),
     )  # fmt: skip
     return HttpWorkers(dataplane, config, s.http_workers)
+
+
+def _log_levels() -> tuple[tuple[str, int], ...]:
+    """The levels the REST workers take from this process's loggers (root is "")."""
+    names = ("", "dlscale", "dlscale.access", "dlscale.requests")
+    return tuple((n, logging.getLogger(n or None).getEffectiveLevel()) for n in names)
 
 
 class ServerThread:

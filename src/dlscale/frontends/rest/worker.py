@@ -48,7 +48,8 @@ class WorkerConfig:
     #: Names of this worker's shared-memory segments start with it.
     segment_prefix: str
     grace_s: float
-    log_level: int
+    #: (logger name, level) as the owner had them at start; "" is the root logger.
+    log_levels: tuple[tuple[str, int], ...]
 
     def encoded(self) -> str:
         """The config as one command-line argument."""
@@ -96,9 +97,9 @@ def main(argv: list[str]) -> int:
     config: WorkerConfig = pickle.loads(base64.b64decode(encoded))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    logging.basicConfig(
-        level=config.log_level, format=f"%(asctime)s worker {os.getpid()} %(message)s"
-    )
+    logging.basicConfig(format=f"%(asctime)s worker {os.getpid()} %(message)s")
+    for name, level in config.log_levels:
+        logging.getLogger(name or None).setLevel(level)
     calls = socket.socket(fileno=calls_fd)
     requests = socket.socket(fileno=requests_fd)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
