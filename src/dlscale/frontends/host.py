@@ -107,7 +107,12 @@ class PlaneHost:
         except Exception as exc:  # the worker's REST API maps it as it would here
             reply = (ident, False, _portable(exc))
         self.answered += 1
-        place = _writer(self._region(space[0]), space[0], space[2]) if space else None
+        if writer.is_closing():
+            return  # the worker is gone (its segments with it): the answer has nowhere to go
+        try:
+            place = _writer(self._region(space[0]), space[0], space[2]) if space else None
+        except (OSError, DlscaleError):  # the segment went with its worker: answer in band
+            place = None
         with contextlib.suppress(ConnectionError):
             writer.writelines(ipc.encode(reply, place))
             await writer.drain()

@@ -7,7 +7,11 @@ on either worker (SO_REUSEPORT), and each answer is checked against its own requ
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -217,3 +221,63 @@ def test_stop_leaves_no_processes_or_segments(repo: Path) -> None:
         assert list(SHM_DIR.glob(f"{workers.prefix}*"))
     assert [p.returncode for p in processes] == [0] * WORKERS
     assert not list(SHM_DIR.glob(f"{workers.prefix}*"))
+
+
+def _serve(root: Path) -> tuple[subprocess.Popen[str], int]:
+    """`dlscale serve --http-workers 2` as a user runs it, and the port its log names."""
+    command = [
+        sys.executable, "-m", "dlscale", "serve", str(root), "--http-workers", str(WORKERS),
+        "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "INFO",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    for line in process.stderr:
+        found = re.search(r"REST served by \d+ worker processes on port (\d+)", line)
+        if found:
+            threading.Thread(target=process.stderr.read, daemon=True).start()  # keep it drained
+            port = int(found.group(1))
+            url = f"http://127.0.0.1:{port}/v2/models/echo/ready"
+            while httpx.get(url).status_code != 200:  # the ports open before the models load
+                assert process.poll() is None
+                time.sleep(0.1)
+            return process, port
+    raise AssertionError(f"dlscale serve exited with {process.wait()} before it served")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_dlscale_serve_stops_its_workers_on_a_signal(repo: Path, sig: signal.Signals) -> None:
+    process, port = _serve(repo)
+    workers = _children(process.pid)
+    assert len(workers) == WORKERS
+    x = np.ones((4, 3, 224, 224), np.float32)
+    np.testing.assert_array_equal(_infer_fresh(f"127.0.0.1:{port}", "echo", x), x)
+    assert list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))  # a worker received into a segment
+    process.send_signal(sig)
+    assert process.wait(60) == 0
+    assert all(_gone(pid) for pid in workers)
+    assert not list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))
+
+
+def test_workers_stop_when_the_model_process_dies(repo: Path) -> None:
+    process, port = _serve(repo)
+    workers = _children(process.pid)
+    x = np.ones((4, 3, 224, 224), np.float32)
+    np.testing.assert_array_equal(_infer_fresh(f"127.0.0.1:{port}", "echo", x), x)
+    process.kill()
+    process.wait()
+    for pid in workers:  # each sees its channel close (and SIGTERM from the kernel)
+        while not _gone(pid):
+            time.sleep(0.05)
+    # They removed their own segments on the way out.
+    assert not list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))
