@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -223,8 +224,20 @@ def test_stop_leaves_no_processes_or_segments(repo: Path) -> None:
     assert not list(SHM_DIR.glob(f"{workers.prefix}*"))
 
 
+@contextmanager
+def _serving(root: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`dlscale serve --http-workers 2` as a user runs it; killed if the test left it running."""
+    process, port = _serve(root)
+    try:
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _serve(root: Path) -> tuple[subprocess.Popen[str], int]:
-    """`dlscale serve --http-workers 2` as a user runs it, and the port its log names."""
+    """`dlscale serve --http-workers 2`, and the port its log names once `echo` is ready."""
     command = [
         sys.executable, "-m", "dlscale", "serve", str(root), "--http-workers", str(WORKERS),
         "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "INFO",
@@ -257,25 +270,25 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_dlscale_serve_stops_its_workers_on_a_signal(repo: Path, sig: signal.Signals) -> None:
-    process, port = _serve(repo)
-    workers = _children(process.pid)
-    assert len(workers) == WORKERS
-    x = np.ones((4, 3, 224, 224), np.float32)
-    np.testing.assert_array_equal(_infer_fresh(f"127.0.0.1:{port}", "echo", x), x)
-    assert list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))  # a worker received into a segment
-    process.send_signal(sig)
-    assert process.wait(60) == 0
+    with _serving(repo) as (process, port):
+        workers = _children(process.pid)
+        assert len(workers) == WORKERS
+        x = np.ones((4, 3, 224, 224), np.float32)
+        np.testing.assert_array_equal(_infer_fresh(f"127.0.0.1:{port}", "echo", x), x)
+        assert list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))  # a worker received into one
+        process.send_signal(sig)
+        assert process.wait(60) == 0
     assert all(_gone(pid) for pid in workers)
     assert not list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))
 
 
 def test_workers_stop_when_the_model_process_dies(repo: Path) -> None:
-    process, port = _serve(repo)
-    workers = _children(process.pid)
-    x = np.ones((4, 3, 224, 224), np.float32)
-    np.testing.assert_array_equal(_infer_fresh(f"127.0.0.1:{port}", "echo", x), x)
-    process.kill()
-    process.wait()
+    with _serving(repo) as (process, port):
+        workers = _children(process.pid)
+        x = np.ones((4, 3, 224, 224), np.float32)
+        np.testing.assert_array_equal(_infer_fresh(f"127.0.0.1:{port}", "echo", x), x)
+        process.kill()
+        process.wait()
     for pid in workers:  # each sees its channel close (and SIGTERM from the kernel)
         while not _gone(pid):
             time.sleep(0.05)
