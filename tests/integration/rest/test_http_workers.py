@@ -198,6 +198,7 @@ def test_a_crashed_worker_is_replaced(repo: Path) -> None:
         workers = _workers(running)
         victim = workers.workers[0]
         os.kill(victim.process.pid, signal.SIGKILL)
+        victim.process.wait()  # its listening socket is closed: connections go to the other
         # The other worker keeps answering while the victim is replaced.
         x = np.ones((1, 16), np.float32)
         for _ in range(10):
