@@ -71,12 +71,15 @@ def _config(root: Path, name: str, threads: int) -> None:
     )
 
 
-def start_dlscale(repo: Path, model_names: list[str]) -> tuple[ServerProcess, int, int]:
-    """`dlscale serve --allow-client-shm` on free ports, once every model is ready."""
+def start_dlscale(
+    repo: Path, model_names: list[str], extra: tuple[str, ...] = ()
+) -> tuple[ServerProcess, int, int]:
+    """`dlscale serve --allow-client-shm` (plus `extra` flags) on free ports, once every model
+    is ready."""
     http, grpc = free_port(), free_port()
     argv = [sys.executable, "-m", "dlscale", "serve", str(repo), "--http-port", str(http)]
     argv += ["--grpc-port", str(grpc), "--metrics-port", "-1", "--allow-client-shm"]
-    argv += ["--log-level", "WARNING"]
+    argv += ["--log-level", "WARNING", *extra]
     proc = subprocess.Popen(argv, env=thread_env(), start_new_session=True, text=True)
     server = ServerProcess("dlscale", proc, http)
     _wait_ready(server, model_names)

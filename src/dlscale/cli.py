@@ -126,6 +126,12 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     serve.add_argument("--http-port", type=int, default=8000, help="REST port; -1 turns it off")
     serve.add_argument("--grpc-port", type=int, default=8001, help="gRPC port; -1 turns it off")
+    serve.add_argument(
+        "--http-workers",
+        type=int,
+        default=0,
+        help="REST in N processes on one port, forwarding to the model process (0: one process)",
+    )
     serve.add_argument("--metrics-port", type=int, default=8002, help="-1 turns metrics off")
     serve.add_argument(
         "--model-control",

@@ -17,6 +17,7 @@ from typing import Any, Protocol, Self, TypeVar
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
 from dlscale.frontends.limits import Limits
+from dlscale.frontends.loop import new_event_loop
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving import cuda_memory
 from dlscale.serving.dataplane import DataPlane
@@ -83,6 +84,8 @@ class ServerSettings:
     max_shm_regions: int = 256
     #: False ignores every model's [qos] table: no device scheduler, no limits (docs/qos.md).
     qos: bool = True
+    #: REST worker processes sharing the port (0: REST on this process); docs/serving-rest.md.
+    http_workers: int = 0
 
 
 #: Seconds after the grace for the 503 / UNAVAILABLE answers of cut requests to leave.
@@ -150,7 +153,9 @@ class Server:
     def _frontends(self) -> dict[str, Frontend]:
         s = self.settings
         frontends: dict[str, Frontend] = {}
-        if s.http_port is not None:
+        if s.http_port is not None and s.http_workers > 0:
+            frontends["http"] = _http_workers(self.dataplane, s)
+        elif s.http_port is not None:
             from dlscale.frontends.rest import HttpFrontend
             from dlscale.frontends.rest.body import BodyBuffers
 
@@ -269,6 +274,23 @@ class Server:
         log.info("stopped")
 
 
+def _http_workers(dataplane: DataPlane, s: ServerSettings) -> Frontend:
+    from dlscale.frontends.rest.worker import WorkerConfig
+    from dlscale.frontends.rest.workers import HttpWorkers
+
+    config = WorkerConfig(
+        s.host, s.http_port or 0, s.limits, s.tls, s.http_restricted, s.allow_client_shm,
+        s.max_shm_regions, "", s.grace_s, _log_levels(),
+    )  # fmt: skip
+    return HttpWorkers(dataplane, config, s.http_workers)
+
+
+def _log_levels() -> tuple[tuple[str, int], ...]:
+    """The levels the REST workers take from this process's loggers (root is "")."""
+    names = ("", "dlscale", "dlscale.access", "dlscale.requests")
+    return tuple((n, logging.getLogger(n or None).getEffectiveLevel()) for n in names)
+
+
 class ServerThread:
     """A Server on an event loop (uvloop where installed) in a thread, for callers that block.
 
@@ -278,7 +300,7 @@ class ServerThread:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.server = Server(settings)
-        self.loop = _new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="dlscale-server", daemon=True
         )
@@ -321,21 +343,13 @@ class ServerThread:
         self.stop()
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop  # measured about 5% more throughput than asyncio's loop (docs/decisions.md)
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def serve(args: argparse.Namespace) -> int:
     """`dlscale serve REPO`: the server with the parsed flags, until SIGINT or SIGTERM."""
     settings = settings_from(args)
     server = Server(settings)
     server.dataplane.logs.install(args.log_level, access_log=args.access_log)
     try:
-        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
             return runner.run(server.serve_forever())
     finally:
         server.dataplane.logs.uninstall()
@@ -352,6 +366,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         for f in dataclasses.fields(Limits)
         if getattr(args, f.name, None) is not None
     }
+    if getattr(args, "http_workers", 0) < 0:
+        raise ConfigError(f"--http-workers {args.http_workers}: 0 or more")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
@@ -394,4 +410,5 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         allow_client_shm=args.allow_client_shm,
         max_shm_regions=args.max_shm_regions,
         qos=args.qos,
+        http_workers=getattr(args, "http_workers", 0),
     )

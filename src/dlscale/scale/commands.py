@@ -27,6 +27,11 @@ def settings_from(args: argparse.Namespace) -> ScaleSettings:
             "--allow-client-shm is not available with --ray: a client's shared-memory region is "
             "in its own host's memory, which the replicas on other hosts cannot read"
         )
+    if getattr(args, "http_workers", 0):
+        raise ConfigError(
+            "--http-workers is not available with --ray: Ray's proxy serves HTTP "
+            "(--ingress-replicas adds ingress replicas)"
+        )
     return ScaleSettings(
         repository=Path(args.repo).resolve(),
         address=args.address,

@@ -44,6 +44,8 @@ def test_serve_flags_become_the_settings() -> None:
     assert settings.http_restricted == (Restriction(frozenset({"model-repository"}), "k", "v"),)
     assert settings.grpc_restricted[0].groups == {"statistics", "trace"}
     assert settings.tls is None and settings.host == "127.0.0.1"
+    assert settings.http_workers == 0  # REST on the model process unless asked
+    assert settings_from(parse(["serve", "repo", "--http-workers", "3"])).http_workers == 3
 
 
 @pytest.mark.parametrize(
@@ -51,6 +53,7 @@ def test_serve_flags_become_the_settings() -> None:
     [
         (["--max-headers", "0"], "max_headers must be positive"),
         (["--tls-cert", "c.pem"], "go together"),
+        (["--http-workers", "-1"], "0 or more"),
         (["--http-restricted-api", "nope:k=v"], "unknown"),
         (["--http-restricted-api", "health:a=b", "--http-restricted-api", "health:c=d"], "several"),
     ],

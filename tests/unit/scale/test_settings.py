@@ -56,3 +56,11 @@ def test_client_shared_memory_is_refused_on_ray(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="own host's memory"):
         settings_from(parse(["serve", str(tmp_path), "--ray", "--allow-client-shm"]))
+
+
+def test_http_workers_are_refused_on_ray(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
+    from dlscale.scale.commands import settings_from
+
+    with pytest.raises(ConfigError, match="Ray's proxy serves HTTP"):
+        settings_from(parse(["serve", str(tmp_path), "--ray", "--http-workers", "2"]))

@@ -85,7 +85,8 @@ class BodyBuffers:
                 return
             # Held by the pool's list, the sorted list, this loop and the call.
             if sys.getrefcount(buffer) == 4:
-                self._buffers.remove(buffer)
+                # By identity: list.remove would compare arrays with ==.
+                self._buffers = [b for b in self._buffers if b is not buffer]
                 held -= buffer.size
                 if self.page_lock:
                     cuda_memory.page_unlock(_address(buffer))

@@ -38,6 +38,7 @@ class HttpFrontend:
         tls: ssl.SSLContext | None = None,
         access: Access | None = None,
         bodies: BodyBuffers | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.limits = limits or Limits()
         self.api = RestApi(dataplane, self.limits, access)
@@ -46,6 +47,8 @@ class HttpFrontend:
         self._receiving = 0  # bytes reserved for bodies still arriving
         self.host = host
         self.requested_port = port
+        #: Share the port with other processes (SO_REUSEPORT): the REST worker processes do.
+        self.reuse_port = reuse_port
         self.tls = tls
         self.max_connections = self.limits.max_connections
         self.stopping = False
@@ -64,6 +67,7 @@ class HttpFrontend:
                 self.host,
                 self.requested_port,
                 backlog=1024,
+                reuse_port=self.reuse_port or None,
                 ssl=self.tls,
                 ssl_handshake_timeout=self.limits.head_timeout_s if self.tls else None,
             )

@@ -1,0 +1,180 @@
+"""The owner's side of a REST worker process: its calls answered by this process's Plane.
+
+A worker (frontends/rest/worker.py) holds two channels to the owner: `calls`, blocking, for the
+Plane's synchronous methods (health, metadata, statistics, the shared-memory registry), and
+`requests`, asynchronous, for inference and model control. Requests from a worker enter the
+owner's Plane like any other: the DataPlane validates, schedules and batches them. Inputs the
+worker received into its shared-memory segments are read in place here (each segment mapped once
+as a `SystemRegion`); large outputs are written back into the request's own segment when they
+fit, else pickled in band.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import socket
+from typing import Any
+
+import numpy as np
+
+from dlscale.errors import DlscaleError
+from dlscale.frontends import ipc
+from dlscale.frontends.plane import Plane
+from dlscale.serving.system_region import SystemRegion, shm_path
+
+log = logging.getLogger("dlscale.http")
+
+#: The Plane's methods a worker may call; `registry.*` are the shared-memory registry's.
+CALLS = frozenset(
+    {
+        "live",
+        "ready",
+        "server_metadata",
+        "model_ready",
+        "model_metadata",
+        "model_config",
+        "single_input",
+        "repository_index",
+        "statistics",
+        "trace_settings",
+        "log_settings",
+        "registry.register_system",
+        "registry.register_cuda",
+        "registry.status",
+        "registry.unregister",
+        "registry.users",
+        "registry.cuda_ready",
+    }
+)
+ASYNC_CALLS = frozenset({"infer", "load_model", "unload_model"})
+_ALIGN = 64
+
+
+class PlaneHost:
+    """Answers one worker's channels from `plane` until the worker closes them."""
+
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+        #: Set once the worker listens; its port is then in `port`.
+        self.listening = asyncio.Event()
+        self.port = 0
+        #: Inference and model-control requests answered for this worker.
+        self.answered = 0
+        self._segments: dict[str, SystemRegion] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, calls: socket.socket, requests: socket.socket) -> None:
+        """Serve both channels; returns when the worker is gone (exited or crashed)."""
+        reader, writer = await asyncio.open_unix_connection(sock=requests)
+        calls_task = asyncio.get_running_loop().create_task(self._serve_calls(calls))
+        try:
+            while True:
+                message = await ipc.read(reader, self._resolve)
+                if message[0] == "listening":
+                    self.port = message[1]
+                    self.listening.set()
+                    continue
+                task = asyncio.get_running_loop().create_task(self._answer(writer, *message))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the worker is gone
+        finally:
+            calls_task.cancel()
+            writer.close()
+            # Requests in flight still finish in the DataPlane; their answers have nowhere to go.
+            self._segments.clear()
+
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        ident: int,
+        method: str,
+        args: tuple[Any, ...],
+        space: ipc.Descriptor | None,
+        dropped: list[str],
+    ) -> None:
+        for key in dropped:
+            self._segments.pop(key, None)
+        try:
+            if method not in ASYNC_CALLS:
+                raise DlscaleError(f"a worker asked for {method!r}")
+            value = await getattr(self.plane, method)(*args)
+            reply = (ident, True, value)
+        except Exception as exc:  # the worker's REST API maps it as it would here
+            reply = (ident, False, _portable(exc))
+        self.answered += 1
+        if writer.is_closing():
+            return  # the worker is gone (its segments with it): the answer has nowhere to go
+        try:
+            place = _writer(self._region(space[0]), space[0], space[2]) if space else None
+        except (OSError, DlscaleError):  # the segment went with its worker: answer in band
+            place = None
+        with contextlib.suppress(ConnectionError):
+            writer.writelines(ipc.encode(reply, place))
+            await writer.drain()
+
+    async def _serve_calls(self, sock: socket.socket) -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        try:
+            while True:
+                method, args = await ipc.read(reader)
+                try:
+                    reply = (True, self._call(method, args))
+                except Exception as exc:
+                    reply = (False, _portable(exc))
+                writer.writelines(ipc.encode(reply))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if method not in CALLS:
+            raise DlscaleError(f"a worker asked for {method!r}")
+        owner: Any = self.plane
+        if method.startswith("registry."):
+            owner, method = self.plane.shared_memory, method.removeprefix("registry.")
+        attribute = getattr(owner, method)
+        return attribute(*args) if callable(attribute) else attribute
+
+    def _region(self, key: str) -> SystemRegion:
+        region = self._segments.get(key)
+        if region is None:
+            size = shm_path(key).stat().st_size
+            region = self._segments[key] = SystemRegion(key, 0, size)
+        return region
+
+    def _resolve(self, spot: ipc.Descriptor) -> memoryview:
+        key, offset, size = spot
+        return self._region(key).view(offset, size)
+
+
+def _writer(region: SystemRegion, key: str, size: int) -> ipc.Place:
+    """Place large outputs one after another in a request's segment, while they fit."""
+    cursor = 0
+
+    def place(buffer: memoryview) -> ipc.Descriptor | None:
+        nonlocal cursor
+        start = -(-cursor // _ALIGN) * _ALIGN
+        if start + buffer.nbytes > size:
+            return None
+        target = np.frombuffer(region.view(start, buffer.nbytes), np.uint8)
+        # copyto handles an output that overlaps its place (a view of an input in this segment).
+        np.copyto(target, np.frombuffer(buffer, np.uint8))
+        cursor = start + buffer.nbytes
+        return key, start, buffer.nbytes
+
+    return place
+
+
+def _portable(exc: Exception) -> Exception:
+    """The error itself when it survives pickling, else a DlscaleError with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return DlscaleError(str(exc))
+    return exc

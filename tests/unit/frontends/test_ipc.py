@@ -1,0 +1,92 @@
+"""The worker/owner message codec: large buffers in shared-memory segments, the rest in band."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from dlscale.frontends import ipc
+from dlscale.frontends.rest.body import POOLED_FROM, BodyBuffers
+from dlscale.serving.system_region import SHM_DIR, SystemRegion
+from dlscale.types import InferenceRequest
+
+
+@pytest.fixture
+def segments() -> Iterator[ipc.Segments]:
+    made = ipc.Segments(f"dlscale-test-ipc.{os.getpid()}.")
+    yield made
+    made.close()
+    ipc.sweep(made.prefix)
+
+
+def _owner_side(spot: ipc.Descriptor) -> memoryview:
+    key, offset, size = spot
+    return SystemRegion(key, 0, (SHM_DIR / key).stat().st_size).view(offset, size)
+
+
+def _round_trip(message: object, segments: ipc.Segments) -> tuple[object, list[bytes]]:
+    frame = ipc.encode(message, segments.locate)
+    size, meta_size = ipc.FRAME.unpack(frame[0])
+    assert (len(frame[2]), len(frame[1])) == (size, meta_size)
+    return ipc.decode(frame[1], frame[2], _owner_side), frame
+
+
+def test_a_tensor_in_a_segment_is_read_in_place(segments: ipc.Segments) -> None:
+    body = segments.allocate(1 << 20)
+    x = body[4096 : 4096 + 4 * 65536].view(np.float32).reshape(256, 256)
+    x[:] = np.arange(65536, dtype=np.float32).reshape(256, 256)
+    request = InferenceRequest("m", {"input": x}, parameters={"priority": 1})
+    got, frame = _round_trip(request, segments)
+    assert isinstance(got, InferenceRequest)
+    assert len(frame[2]) < 4096  # the tensor's bytes were not pickled
+    np.testing.assert_array_equal(got.inputs["input"], x)
+    got.inputs["input"][0, 0] = -1  # the owner's view is the same memory
+    assert x[0, 0] == -1
+    assert got.priority == 1
+
+
+def test_small_and_private_buffers_travel_in_band(segments: ipc.Segments) -> None:
+    segments.allocate(1 << 20)
+    small = np.arange(16, dtype=np.float32)
+    private = np.ones(ipc.OUT_OF_BAND_BYTES, np.uint8)  # large, but not in a segment
+    got, frame = _round_trip({"small": small, "private": private}, segments)
+    assert isinstance(got, dict)
+    np.testing.assert_array_equal(got["small"], small)
+    np.testing.assert_array_equal(got["private"], private)
+    assert len(frame[2]) > ipc.OUT_OF_BAND_BYTES
+
+
+def test_a_dropped_segment_is_unlinked_and_reported(segments: ipc.Segments) -> None:
+    body = segments.allocate(1 << 20)
+    spot = segments.locate(body[10:20])
+    assert spot is not None and spot[1:] == (10, 10)
+    path = SHM_DIR / spot[0]
+    assert path.exists()
+    del body
+    gc.collect()
+    assert not path.exists()
+    assert segments.dropped == [spot[0]]
+
+
+def test_sweep_removes_what_a_prefix_names(segments: ipc.Segments) -> None:
+    kept = segments.allocate(4096)
+    assert ipc.sweep(segments.prefix) == 1
+    assert not list(SHM_DIR.glob(f"{segments.prefix}*"))
+    del kept
+
+
+def test_body_pool_in_segments_trims_an_idle_buffer_behind_a_busy_one(
+    segments: ipc.Segments,
+) -> None:
+    pool = BodyBuffers(allocate=segments.allocate)
+    busy = pool.take(POOLED_FROM * 4)
+    idle = pool.take(POOLED_FROM * 4)
+    assert segments.locate(idle) is not None
+    del idle
+    pool.close()  # drops the idle one (the second in the pool), keeps the busy one
+    assert pool.held_bytes == 1 << 20
+    assert busy.size == POOLED_FROM * 4
