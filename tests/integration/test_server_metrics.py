@@ -22,8 +22,8 @@ from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
-#: Triton's counters go out untyped ("unknown") under their bare names (serving/metrics.py).
-COUNTER = "unknown"
+#: Triton's counters go out typed as counters under their bare names (serving/exposition.py).
+COUNTER = "counter"
 INFERENCE_COUNTERS = (
     "nv_inference_request_success",
     "nv_inference_count",
@@ -52,6 +52,15 @@ TYPES = {
     "dlscale_request_latency_seconds": "histogram",
     "dlscale_batch_size": "histogram",
     **dict.fromkeys(GPU_GAUGES + CPU_GAUGES, "gauge"),
+    # The device schedulers' families (docs/qos.md), exported whether or not a model has [qos].
+    "dlscale_qos_latency_objective_seconds": "gauge",
+    "dlscale_qos_queue_budget_seconds": "gauge",
+    "dlscale_qos_expected_service_seconds": "gauge",
+    "dlscale_qos_queue_wait_seconds": "histogram",
+    "dlscale_qos_rejected": "counter",
+    "dlscale_qos_device_seconds": "counter",
+    "dlscale_qos_batches": "counter",
+    "dlscale_qos_batches_capped": "counter",
 }
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: The traffic: rows per request to fails_even, which fails batches of an even row count. Sent
@@ -102,7 +111,9 @@ def scrape(server: LocalServer) -> tuple[dict[str, str], Series]:
 
 
 def _value(samples: list[Sample], name: str, **labels: str) -> float:
-    found = [s.value for s in samples if s.name == name and s.labels == labels]
+    # The parser names a typed counter's samples NAME_total, whatever the text says.
+    names = (name, f"{name}_total")
+    found = [s.value for s in samples if s.name in names and s.labels == labels]
     assert len(found) == 1, (name, labels, samples)
     return found[0]
 

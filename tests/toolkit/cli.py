@@ -129,7 +129,9 @@ class ServeProcess:
         scrape now; None when there is none."""
         for family in text_string_to_metric_families(self.metrics()):
             for found in family.samples:
-                if found.name == sample and found.labels == labels:
+                # The parser names a typed counter's samples NAME_total; the server sends Triton's
+                # bare names (checked in tests/integration/test_server_metrics.py).
+                if found.name in (sample, f"{sample}_total") and found.labels == labels:
                     return float(found.value)
         return None
 

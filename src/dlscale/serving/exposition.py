@@ -23,8 +23,13 @@ def render(registry: Collector) -> bytes:
     out: list[str] = []
     for family in registry.collect():
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {family.name} {doc}\n")
-        out.append(f"# TYPE {family.name} {_TYPES.get(family.type, family.type)}\n")
+        name = family.name
+        if family.type == "counter" and any(s.name == name + "_total" for s in family.samples):
+            # prometheus_client's own counters sample NAME_total: the text format types that
+            # name (Triton's counters are collected under their bare names and stay so).
+            name += "_total"
+        out.append(f"# HELP {name} {doc}\n")
+        out.append(f"# TYPE {name} {_TYPES.get(family.type, family.type)}\n")
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue  # OpenMetrics-only series
