@@ -19,16 +19,16 @@ from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.loop import new_event_loop
 from dlscale.frontends.tls import TlsFiles
-from dlscale.serving import cuda_memory
+from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.dataplane import DataPlane
-from dlscale.serving.exposition import MetricsServer
-from dlscale.serving.gate import DeviceGates
-from dlscale.serving.logs import LogControl
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.metrics import build_registry
-from dlscale.serving.poller import RepositoryPoller
-from dlscale.serving.shared_memory import SharedMemoryRegistry
-from dlscale.serving.trace import Tracer, TraceSettings
+from dlscale.serving.observe.exposition import MetricsServer
+from dlscale.serving.observe.logs import LogControl
+from dlscale.serving.observe.metrics import build_registry
+from dlscale.serving.observe.trace import Tracer, TraceSettings
+from dlscale.serving.qos.gate import DeviceGates
+from dlscale.serving.regions import cuda as cuda_memory
+from dlscale.serving.regions.registry import SharedMemoryRegistry
 
 log = logging.getLogger("dlscale.server")
 T = TypeVar("T")
@@ -275,8 +275,8 @@ class Server:
 
 
 def _http_workers(dataplane: DataPlane, s: ServerSettings) -> Frontend:
-    from dlscale.frontends.rest.worker import WorkerConfig
-    from dlscale.frontends.rest.workers import HttpWorkers
+    from dlscale.frontends.workers.pool import HttpWorkers
+    from dlscale.frontends.workers.process import WorkerConfig
 
     config = WorkerConfig(
         s.host, s.http_port or 0, s.limits, s.tls, s.http_restricted, s.allow_client_shm,

@@ -22,7 +22,8 @@ from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
-#: Triton's counters go out typed as counters under their bare names (serving/exposition.py).
+#: Triton's counters go out typed as counters under their bare names
+#: (serving/observe/exposition.py).
 COUNTER = "counter"
 INFERENCE_COUNTERS = (
     "nv_inference_request_success",

@@ -34,8 +34,8 @@ from dlscale.bench.tenants import (
 from dlscale.errors import BenchError
 from dlscale.hardware.detect import detect
 from dlscale.models.config import QosConfig
-from dlscale.serving.gate import DeviceGates
 from dlscale.serving.manager import ModelManager
+from dlscale.serving.qos.gate import DeviceGates
 
 
 @dataclass

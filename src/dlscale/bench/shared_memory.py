@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from dlscale.errors import BenchError
-from dlscale.serving.system_region import shm_path
+from dlscale.serving.regions.system import shm_path
 from dlscale.types import (
     Datatype,
     InferenceRequest,

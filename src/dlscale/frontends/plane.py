@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from dlscale.serving.shared_memory import SharedMemoryRegistry
+from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,

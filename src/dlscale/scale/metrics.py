@@ -1,11 +1,11 @@
 """A replica's Prometheus metrics copied into Ray's metrics export, under dlscale's names.
 
-The replica keeps the serving core's collector (`serving.metrics.InferenceCollector`, Triton's
-names); every few seconds each of its samples is set on a Ray Serve gauge of the same name and
-labels, to which Ray adds the deployment, replica and application. Ray's exporter puts its
-namespace in front (`ray_nv_inference_count`), and exports every value as a gauge: counters
-stay cumulative (rate() works on them), histograms arrive as their `_bucket{le}`, `_sum` and
-`_count` series (histogram_quantile() works on them). docs/scale.md shows how to query them.
+The replica keeps the serving core's collector (`serving.observe.metrics.InferenceCollector`,
+Triton's names); every few seconds each of its samples is set on a Ray Serve gauge of the same name
+and labels, to which Ray adds the deployment, replica and application. Ray's exporter puts its
+namespace in front (`ray_nv_inference_count`), and exports every value as a gauge: counters stay
+cumulative (rate() works on them), histograms arrive as their `_bucket{le}`, `_sum` and `_count`
+series (histogram_quantile() works on them). docs/scale.md shows how to query them.
 """
 
 from __future__ import annotations

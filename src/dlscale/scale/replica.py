@@ -22,7 +22,7 @@ from dlscale.scale.metrics import RayMetricsMirror
 from dlscale.scale.placement import placed_config
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.metrics import InferenceCollector
+from dlscale.serving.observe.metrics import InferenceCollector
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,

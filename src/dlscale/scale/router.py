@@ -28,8 +28,8 @@ from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.settings import ScaleSettings
 from dlscale.serving.dataplane import EXTENSIONS, check_model_control
 from dlscale.serving.manager import ModelState
-from dlscale.serving.shared_memory import SharedMemoryRegistry
-from dlscale.serving.stats import ModelStats, RequestTimes
+from dlscale.serving.observe.stats import ModelStats, RequestTimes
+from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,

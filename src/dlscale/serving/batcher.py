@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, QueueFull, TimedOut, Unavailable
-from dlscale.serving.gate import Seat, TenantQos
 from dlscale.serving.instance import Instance
+from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
-from dlscale.serving.scheduler import Demand, Grant
-from dlscale.serving.stats import ModelStats, RequestTimes
+from dlscale.serving.qos.gate import Seat, TenantQos
+from dlscale.serving.qos.scheduler import Demand, Grant
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Batcher:
     says when the batch goes: at max_batch_size or a preferred size, once the oldest request
     has waited max_queue_delay_us, or at once when no company is expected.
 
-    With `qos` (serving/gate.py), requests first pass the model's admission limits, and a
+    With `qos` (serving/qos/gate.py), requests first pass the model's admission limits, and a
     ready batch waits for a slot on its instance's device, which may cap its rows.
 
     `clock` gives seconds: perf_counter by default, since uvloop's `loop.time()` moves in whole

@@ -19,16 +19,16 @@ from dlscale.errors import (
     Unsupported,
     redact_paths,
 )
-from dlscale.serving import cuda_memory
 from dlscale.serving.batcher import Tensors
 from dlscale.serving.classification import class_count, top_classes
-from dlscale.serving.logs import LogControl
+from dlscale.serving.control.uploads import Uploads
+from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager, ServedVersion
-from dlscale.serving.shared_memory import Lease, SharedMemoryRegistry
-from dlscale.serving.stats import RequestTimes
-from dlscale.serving.trace import Tracer
-from dlscale.serving.uploads import Uploads
-from dlscale.serving.views import config_view
+from dlscale.serving.observe.logs import LogControl
+from dlscale.serving.observe.stats import RequestTimes
+from dlscale.serving.observe.trace import Tracer
+from dlscale.serving.regions import cuda as cuda_memory
+from dlscale.serving.regions.registry import Lease, SharedMemoryRegistry
 from dlscale.types import (
     Datatype,
     InferenceRequest,

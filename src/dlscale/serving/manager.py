@@ -19,10 +19,10 @@ from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.classification import read_labels
-from dlscale.serving.gate import DeviceGates, TenantQos
 from dlscale.serving.instance import Instance
+from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
-from dlscale.serving.stats import ModelStats
+from dlscale.serving.qos.gate import DeviceGates, TenantQos
 from dlscale.types import TensorSpec
 
 log = logging.getLogger("dlscale.models")
@@ -75,7 +75,7 @@ class ModelManager:
     """Holds every model of a repository; loading or unloading one never disturbs another.
 
     Models whose instances share a device take turns on it through one gate per device
-    (`gates`, serving/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
+    (`gates`, serving/qos/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
     """
 
     def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:

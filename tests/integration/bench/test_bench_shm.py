@@ -13,8 +13,8 @@ from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
 from dlscale.errors import BenchError
-from dlscale.serving.shared_memory import RegionKind
-from dlscale.serving.system_region import SHM_DIR
+from dlscale.serving.regions.registry import RegionKind
+from dlscale.serving.regions.system import SHM_DIR
 
 SHORT = {"duration_s": 0.5, "warmup_s": 0.3, "sample_count": 64}
 

@@ -28,9 +28,9 @@ from tests.toolkit.repositories import rest_repository
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
-from dlscale.frontends.rest.workers import HttpWorkers
-from dlscale.serving.shared_memory import RegionKind
-from dlscale.serving.system_region import SHM_DIR
+from dlscale.frontends.workers.pool import HttpWorkers
+from dlscale.serving.regions.registry import RegionKind
+from dlscale.serving.regions.system import SHM_DIR
 
 WORKERS = 2
 IMAGES = """max_batch_size = 32

@@ -16,7 +16,7 @@ from tests.integration.shm.conftest import Region, module, system_status
 from tests.toolkit.server import LocalServer
 from tritonclient.utils import InferenceServerException
 
-from dlscale.serving import cuda_memory
+from dlscale.serving.regions import cuda as cuda_memory
 
 X = np.arange(2 * 16, dtype=np.float32).reshape(2, 16)
 

@@ -12,7 +12,7 @@ from tests.integration.shm.conftest import Region, module, system_status
 from tests.toolkit.server import LocalServer
 from tritonclient.utils import serialize_byte_tensor
 
-from dlscale.serving import cuda_memory
+from dlscale.serving.regions import cuda as cuda_memory
 
 
 def test_extensions_advertise_what_the_server_has(client: Any, protocol: str) -> None:

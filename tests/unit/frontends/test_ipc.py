@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from dlscale.frontends import ipc
 from dlscale.frontends.rest.body import POOLED_FROM, BodyBuffers
-from dlscale.serving.system_region import SHM_DIR, SystemRegion
+from dlscale.frontends.workers import messages as ipc
+from dlscale.serving.regions.system import SHM_DIR, SystemRegion
 from dlscale.types import InferenceRequest
 
 

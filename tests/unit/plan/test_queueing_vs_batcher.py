@@ -20,8 +20,8 @@ import pytest
 from dlscale.models.config import BatchingConfig
 from dlscale.plan.queueing import BatchingServer, replay
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import BatchPolicy
-from dlscale.serving.stats import ModelStats, RequestTimes
 
 ServiceTime = Callable[[int], float]
 

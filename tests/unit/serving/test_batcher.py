@@ -15,8 +15,8 @@ from dlscale.errors import BackendError, InvalidInput, QueueFull, TimedOut, Unav
 from dlscale.models.config import BatchingConfig
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Instance
+from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
-from dlscale.serving.stats import ModelStats
 from dlscale.types import Datatype, TensorSpec
 
 

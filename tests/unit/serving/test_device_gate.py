@@ -17,9 +17,9 @@ from tests.unit.plan.test_queueing_vs_batcher import VirtualClockLoop
 from dlscale.errors import TooManyRequests
 from dlscale.models.config import ModelConfig, QosConfig
 from dlscale.serving.batcher import Batcher
-from dlscale.serving.gate import DeviceGates
+from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
-from dlscale.serving.stats import ModelStats
+from dlscale.serving.qos.gate import DeviceGates
 
 T = TypeVar("T")
 ROW = {"x": np.zeros((1, 1), np.float32)}

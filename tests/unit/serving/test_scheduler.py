@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlscale.serving.scheduler import (
+from dlscale.serving.qos.scheduler import (
     STALE_AFTER,
     TAIL_AIM,
     TAIL_CEILING,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dlscale.errors import InvalidInput, NotFound, Unsupported
-from dlscale.serving.shared_memory import RegionKind, SharedMemoryRegistry
-from dlscale.serving.system_region import SHM_DIR, shm_path
+from dlscale.serving.regions.registry import RegionKind, SharedMemoryRegistry
+from dlscale.serving.regions.system import SHM_DIR, shm_path
 from dlscale.types import Datatype, RegionRef, RegionTensor
 
 _counter = itertools.count()

@@ -13,9 +13,9 @@ from tests.toolkit.models import write_null_model
 
 from dlscale.errors import InvalidInput
 from dlscale.serving.dataplane import DataPlane
-from dlscale.serving.exposition import render
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.metrics import InferenceCollector
+from dlscale.serving.observe.exposition import render
+from dlscale.serving.observe.metrics import InferenceCollector
 from dlscale.types import InferenceRequest
 
 # Each batch holds the one instance 50 ms, so requests sent meanwhile share the next batch.

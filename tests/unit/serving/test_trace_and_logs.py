@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dlscale.errors import ConfigError, InvalidInput
-from dlscale.serving.logs import LogControl
-from dlscale.serving.stats import RequestTimes
-from dlscale.serving.trace import Tracer, TraceSettings
+from dlscale.serving.observe.logs import LogControl
+from dlscale.serving.observe.stats import RequestTimes
+from dlscale.serving.observe.trace import Tracer, TraceSettings
 
 
 def _traced(tracer: Tracer, model: str, requests: int) -> list[int]:

@@ -17,7 +17,7 @@ from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane
-from dlscale.serving.logs import access, log_failure
+from dlscale.serving.observe.logs import access, log_failure
 from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc

@@ -1,6 +1,6 @@
 """The shared-memory RPCs of the gRPC service (Triton's system and CUDA extensions).
 
-The servicer's six RPCs of this group delegate here; the registry (serving/shared_memory.py)
+The servicer's six RPCs of this group delegate here; the registry (serving/regions/registry.py)
 does the work, and this module only reads requests and writes answers.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.serving.shared_memory import RegionKind, SharedMemoryRegistry
+from dlscale.serving.regions.registry import RegionKind, SharedMemoryRegistry
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 

@@ -32,7 +32,7 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest import render, shared_memory
-from dlscale.serving.logs import access, log_failure
+from dlscale.serving.observe.logs import access, log_failure
 from dlscale.wire.rest import (
     ANY_JSON,
     decode_json,

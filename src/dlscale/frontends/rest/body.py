@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.serving import cuda_memory
+from dlscale.serving.regions import cuda as cuda_memory
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")

@@ -5,7 +5,7 @@
     POST v2/{system,cuda}sharedmemory[/region/NAME]/unregister
 
 All of them form one group (`PREFIXES`), so that an access rule can gate them together. Bodies
-are decoded here; the registry (serving/shared_memory.py) does the rest.
+are decoded here; the registry (serving/regions/registry.py) does the rest.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from dlscale.errors import InvalidInput
-from dlscale.serving.shared_memory import RegionKind, RegionStatus, SharedMemoryRegistry
+from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
 from dlscale.wire.tensors import Buffer
 
 #: The first path segment after v2/ of each extension, and the kind of region it holds.

@@ -1,10 +1,11 @@
 """The Plane of a REST worker process: every call forwarded to the process that owns the models.
 
-The owner answers with its own DataPlane (frontends/host.py), so health, metadata, statistics,
-the repository and the shared-memory registry read the same whichever process a client reached.
-Synchronous methods are blocking calls over their own channel: they are short, and the REST routes
-call them synchronously. Inference and model control go over the asynchronous channel, with
-inputs that lie in this worker's shared-memory segments sent in place (frontends/ipc.py).
+The owner answers with its own DataPlane (frontends/workers/host.py), so health, metadata,
+statistics, the repository and the shared-memory registry read the same whichever process a client
+reached. Synchronous methods are blocking calls over their own channel: they are short, and the REST
+routes call them synchronously. Inference and model control go over the asynchronous channel, with
+inputs that lie in this worker's shared-memory segments sent in place
+(frontends/workers/messages.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlscale.errors import Unavailable
-from dlscale.frontends import ipc
-from dlscale.serving.shared_memory import RegionKind, RegionStatus, SharedMemoryRegistry
+from dlscale.frontends.workers import messages as ipc
+from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,

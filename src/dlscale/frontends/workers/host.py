@@ -1,6 +1,6 @@
 """The owner's side of a REST worker process: its calls answered by this process's Plane.
 
-A worker (frontends/rest/worker.py) holds two channels to the owner: `calls`, blocking, for the
+A worker (frontends/workers/process.py) holds two channels to the owner: `calls`, blocking, for the
 Plane's synchronous methods (health, metadata, statistics, the shared-memory registry), and
 `requests`, asynchronous, for inference and model control. Requests from a worker enter the
 owner's Plane like any other: the DataPlane validates, schedules and batches them. Inputs the
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends import ipc
 from dlscale.frontends.plane import Plane
-from dlscale.serving.system_region import SystemRegion, shm_path
+from dlscale.frontends.workers import messages as ipc
+from dlscale.serving.regions.system import SystemRegion, shm_path
 
 log = logging.getLogger("dlscale.http")
 

@@ -1,7 +1,7 @@
 """The shared-memory registry: regions clients register, mapped once, leased by requests.
 
-System regions are POSIX shared-memory objects (serving/system_region.py), CUDA regions are
-cudaIpcMemHandles (serving/cuda_memory.py); both share one namespace of names, as in Triton.
+System regions are POSIX shared-memory objects (serving/regions/system.py), CUDA regions are
+cudaIpcMemHandles (serving/regions/cuda.py); both share one namespace of names, as in Triton.
 Every offset and size a request names is checked here, once, against the region. A request
 holds a `Lease` on the regions it uses until the batcher and the DataPlane are both done with
 them. Unregistering a region that a queued or running request uses is deferred: the region
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import InvalidInput, NotFound, Unsupported
-from dlscale.serving import cuda_memory
-from dlscale.serving.cuda_memory import DeviceRegion
-from dlscale.serving.system_region import SystemRegion, check_name
+from dlscale.serving.regions import cuda as cuda_memory
+from dlscale.serving.regions.cuda import DeviceRegion
+from dlscale.serving.regions.system import SystemRegion, check_name
 from dlscale.types import Datatype, RegionRef, RegionTensor
 from dlscale.wire.tensors import (
     REGION_WORDS,

@@ -1,6 +1,6 @@
 """A REST worker process: HTTP parsed and requests decoded here, answered by the model process.
 
-Started by `HttpWorkers` (workers.py) as `python -m dlscale.frontends.rest.worker CALLS REQUESTS
+Started by `HttpWorkers` (workers.py) as `python -m dlscale.frontends.workers.process CALLS REQUESTS
 CONFIG`: two inherited socket descriptors to the owner and the pickled `WorkerConfig`. It listens
 on the server's port beside its siblings (SO_REUSEPORT), receives large bodies into shared
 memory, and serves the Open Inference Protocol routes over a `RemotePlane`. It stops on SIGTERM
@@ -21,14 +21,14 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from dlscale.frontends import ipc
 from dlscale.frontends.access import Access, Restriction
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.loop import new_event_loop
-from dlscale.frontends.remote import Calls, RemotePlane
 from dlscale.frontends.rest.body import BodyBuffers
 from dlscale.frontends.rest.transport import HttpFrontend
 from dlscale.frontends.tls import TlsFiles
+from dlscale.frontends.workers import messages as ipc
+from dlscale.frontends.workers.remote import Calls, RemotePlane
 
 log = logging.getLogger("dlscale.http")
 _PR_SET_PDEATHSIG = 1

@@ -1,7 +1,7 @@
 """Prometheus metrics under Triton's names, read from the ModelStats behind the statistics API,
 and the device schedulers' (QoS).
 
-Counters keep Triton's exact names (no `_total`): serve them with `serving/exposition.py`.
+Counters keep Triton's exact names (no `_total`): serve them with `serving/observe/exposition.py`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from dlscale.hardware.metrics import TelemetryCollector
-from dlscale.serving.admission import MAX_IN_FLIGHT, RATE_LIMIT
 from dlscale.serving.manager import ModelManager, ServedVersion
-from dlscale.serving.stats import ModelStats
+from dlscale.serving.observe.stats import ModelStats
+from dlscale.serving.qos.admission import MAX_IN_FLIGHT, RATE_LIMIT
 
 _LABELS = ["model", "version"]
 _DEVICE = [*_LABELS, "device"]
-#: The device scheduler's decisions (serving/scheduler.py): fair share, an objective at risk,
+#: The device scheduler's decisions (serving/qos/scheduler.py): fair share, an objective at risk,
 #: or the scheduler off.
 DECISIONS = ("fair", "urgent", "off")
 
@@ -120,7 +120,7 @@ class InferenceCollector(Collector):
 
 def _counter(name: str, doc: str) -> Metric:
     # A plain Metric keeps the name as given (CounterMetricFamily would add `_total`); the
-    # exposition in serving/exposition.py writes it so.
+    # exposition in serving/observe/exposition.py writes it so.
     return Metric(name, doc, "counter")
 
 

@@ -4,7 +4,7 @@ A message is pickled (protocol 5). Its large buffers (numpy arrays' data) travel
 POSIX shared memory when they already lie there: a worker receives large request bodies into
 shared-memory segments (`Segments`, given to the body pool), so an input decoded from a body is
 sent as (segment key, offset, size) and the owner maps the segment as a system shared-memory
-region (`serving.system_region.SystemRegion`) and reads the tensor in place. Every other buffer
+region (`serving.regions.system.SystemRegion`) and reads the tensor in place. Every other buffer
 is pickled in band. The frame on the socket: FRAME (payload and descriptor lengths), the pickled
 descriptors, the pickled payload. Both ends are this server's own processes over a socketpair,
 so unpickling trusts its peer as the process trusts itself.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.serving.system_region import SHM_DIR, shm_path
+from dlscale.serving.regions.system import SHM_DIR, shm_path
 
 log = logging.getLogger("dlscale.http")
 

@@ -22,10 +22,10 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends import ipc
-from dlscale.frontends.host import PlaneHost
 from dlscale.frontends.plane import Plane
-from dlscale.frontends.rest.worker import WorkerConfig
+from dlscale.frontends.workers import messages as ipc
+from dlscale.frontends.workers.host import PlaneHost
+from dlscale.frontends.workers.process import WorkerConfig
 
 log = logging.getLogger("dlscale.http")
 #: Seconds a worker gets to listen after it started.
@@ -83,7 +83,7 @@ class HttpWorkers:
         calls, calls_child = socket.socketpair()
         requests, requests_child = socket.socketpair()
         fds = (calls_child.fileno(), requests_child.fileno())
-        command = [sys.executable, "-m", "dlscale.frontends.rest.worker", *map(str, fds)]
+        command = [sys.executable, "-m", "dlscale.frontends.workers.process", *map(str, fds)]
         process = subprocess.Popen([*command, config.encoded()], pass_fds=fds)
         calls_child.close()
         requests_child.close()

@@ -3,7 +3,7 @@
 A Batcher holds, for each of its instances, a Seat at the gate of the instance's device. Before
 it sends a batch it awaits a Grant from the seat; once the batch has computed it releases it.
 While no model on a device has a [qos] table the gate is off: every batch goes at once, as
-without it (serving/scheduler.py says what it decides when on).
+without it (serving/qos/scheduler.py says what it decides when on).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dlscale.models.config import ModelConfig
-from dlscale.serving.admission import Admission
-from dlscale.serving.scheduler import Demand, DeviceScheduler, Grant, Tenant
-from dlscale.serving.stats import LATENCY_BUCKETS_S, Histogram
+from dlscale.serving.observe.stats import LATENCY_BUCKETS_S, Histogram
+from dlscale.serving.qos.admission import Admission
+from dlscale.serving.qos.scheduler import Demand, DeviceScheduler, Grant, Tenant
 
 
 class DeviceGate:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import ConfigError, InvalidInput, Unsupported
-from dlscale.serving.stats import RequestTimes
+from dlscale.serving.observe.stats import RequestTimes
 
 log = logging.getLogger(__name__)
 

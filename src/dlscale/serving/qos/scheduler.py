@@ -2,7 +2,7 @@
 
 One scheduler per device (cpu, cuda:N, a MIG UUID) grants execution slots to the models
 (tenants) with instances there. Its decisions are a pure function of its state and the time
-it is given, so tests drive it with a fake clock; serving/gate.py puts it on the event loop.
+it is given, so tests drive it with a fake clock; serving/qos/gate.py puts it on the event loop.
 
 The rule, when a slot is free and batches wait (docs/qos.md):
 

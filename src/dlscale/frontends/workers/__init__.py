@@ -1,0 +1,1 @@
+"""REST worker processes: the pool, each worker, typed messages, and the owner's side."""

@@ -1,0 +1,1 @@
+"""Model control: loads with overrides, repository polling, the config view."""

@@ -1,0 +1,1 @@
+"""Observation: statistics, Prometheus metrics and exposition, traces and logs."""

@@ -1,0 +1,1 @@
+"""Shared-memory regions (system and CUDA): registered by clients, leased by requests."""
