@@ -20,7 +20,7 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.loop import new_event_loop
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.control.poller import RepositoryPoller
-from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.exposition import MetricsServer
 from dlscale.serving.observe.logs import LogControl
@@ -117,7 +117,7 @@ class Server:
             # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
             page_lock=settings.allow_client_shm and cuda_memory.device_count() > 0,
         )
-        self.dataplane = DataPlane(
+        self.dataplane = HostPlane(
             self.manager,
             settings.model_control,
             self.shared_memory,
@@ -274,7 +274,7 @@ class Server:
         log.info("stopped")
 
 
-def _http_workers(dataplane: DataPlane, s: ServerSettings) -> Frontend:
+def _http_workers(dataplane: HostPlane, s: ServerSettings) -> Frontend:
     from dlscale.frontends.workers.pool import HttpWorkers
     from dlscale.frontends.workers.process import WorkerConfig
 

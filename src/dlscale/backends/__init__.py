@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlscale.backends.base import Backend, BackendOptions
+from dlscale.backends.base import Backend, BackendOptions, Capabilities
 from dlscale.errors import ConfigError
 
 #: Backend name in config.toml -> the file name its model is stored under in a version folder.
@@ -44,4 +44,4 @@ def create_backend(kind: str, path: Path, options: BackendOptions) -> Backend:
     raise ConfigError(f"unknown backend {kind!r}: expected one of {sorted(MODEL_FILES)}")
 
 
-__all__ = ["MODEL_FILES", "Backend", "BackendOptions", "create_backend"]
+__all__ = ["MODEL_FILES", "Backend", "BackendOptions", "Capabilities", "create_backend"]

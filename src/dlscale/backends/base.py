@@ -32,6 +32,20 @@ class BackendOptions:
     outputs: tuple[TensorSpec, ...] = ()
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a loaded backend can do, declared by the backend so that callers never probe it."""
+
+    #: Batches it takes at once: an Instance runs that many calls in parallel threads.
+    concurrency: int = 1
+    #: The device whose memory it takes inputs from in place ("cuda:N"), None: host arrays only.
+    device_buffers: str | None = None
+    #: Whether it answers one request with a stream of responses (generative models).
+    streams_answers: bool = False
+    #: Whether its model calls other models of the server (pipelines, user code).
+    calls_models: bool = False
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A runtime holding one model on one device.
@@ -39,16 +53,18 @@ class Backend(Protocol):
     `load` does the slow work (read the file, compile, capture) and must leave the backend able
     to run `infer` at once; `infer` takes and returns numpy arrays keyed by tensor name, batch
     first, and releases the GIL while it computes, so that an Instance can call it from a worker
-    thread without stalling the event loop. A backend may also say, once loaded, how many
-    batches it takes at once (an optional `concurrency` attribute, 1 when absent): an Instance
-    then runs that many calls in parallel threads (the torch backend on a GPU uploads one
-    batch while it computes another).
+    thread without stalling the event loop. `capabilities`, read after `load`, declares what
+    else it can do (`Capabilities`): how many batches it takes at once (the torch backend on a
+    GPU uploads one batch while it computes another), whether it reads device buffers in place.
     """
 
     path: Path
     options: BackendOptions
 
     def load(self) -> None: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     @property
     def inputs(self) -> list[TensorSpec]: ...

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.backends.base import BackendOptions
+from dlscale.backends.base import BackendOptions, Capabilities
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
@@ -65,6 +65,11 @@ class NullBackend:
     @property
     def _batch_dims(self) -> int:
         return 1 if self.options.max_batch_size > 0 else 0
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """One batch at a time, on host arrays."""
+        return Capabilities()
 
     @property
     def inputs(self) -> list[TensorSpec]:

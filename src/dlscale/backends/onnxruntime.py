@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from dlscale.backends.base import BackendOptions
+from dlscale.backends.base import BackendOptions, Capabilities
 from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
 from dlscale.wire.tensors import as_bytes, as_text
@@ -123,6 +123,11 @@ class OnnxRuntimeBackend:
         self._inputs = [_spec(a) for a in self._session.get_inputs()]
         self._outputs = [_spec(a) for a in self._session.get_outputs()]
         log.debug("loaded %s with providers %s", self.path, self._session.get_providers())
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """One batch at a time, on host arrays."""
+        return Capabilities()
 
     @property
     def inputs(self) -> list[TensorSpec]:

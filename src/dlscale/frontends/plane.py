@@ -1,14 +1,19 @@
-"""What a frontend needs of the data plane: the DataPlane of one host, or a router over many.
+"""What a frontend needs of the data plane: declared once, here, for every process that serves it.
 
-The REST routes and the gRPC servicer call only these methods, so the same frontends serve a
-`serving.dataplane.DataPlane` (`dlscale serve`) and the Ray Serve ingress's router over model
-deployments (`dlscale.scale`).
+`PLANE_METHODS` is the one list of the Plane's methods (name, synchronous or not, data or control
+room); `Plane` is their typed signatures. The REST routes and the gRPC servicer call only these,
+so the same frontends serve a host's `serving.host.HostPlane` (`dlscale serve`), the worker
+processes' proxy (frontends/workers/remote.py, whose forwards and whose owner's whitelist are
+built from this list) and the Ray Serve ingress's router (`dlscale.scale`). Adding a method: one
+entry in `PLANE_METHODS`, its signature in `Plane`, its implementation in each plane;
+tests/unit/frontends/test_plane_contract.py checks that all of them agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.types import (
@@ -20,6 +25,48 @@ from dlscale.types import (
     RepositoryEntry,
     ServerMetadata,
     TensorSpec,
+)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PlaneMethod:
+    """One operation of the Plane: its name, whether callers await it, which room answers it."""
+
+    name: str
+    asynchronous: bool
+    #: "data": serving/dataplane.py; "control": serving/control/plane.py.
+    room: Literal["data", "control"]
+
+
+PLANE_METHODS: tuple[PlaneMethod, ...] = (
+    PlaneMethod("live", False, "data"),
+    PlaneMethod("ready", False, "data"),
+    PlaneMethod("server_metadata", False, "data"),
+    PlaneMethod("model_ready", False, "data"),
+    PlaneMethod("model_metadata", False, "data"),
+    PlaneMethod("model_config", False, "data"),
+    PlaneMethod("single_input", False, "data"),
+    PlaneMethod("infer", True, "data"),
+    PlaneMethod("statistics", False, "data"),
+    PlaneMethod("repository_index", False, "control"),
+    PlaneMethod("load_model", True, "control"),
+    PlaneMethod("unload_model", True, "control"),
+    PlaneMethod("trace_settings", False, "control"),
+    PlaneMethod("log_settings", False, "control"),
+)
+#: The declaration by name.
+METHODS: dict[str, PlaneMethod] = {m.name: m for m in PLANE_METHODS}
+#: The shared-memory registry's operations the extensions' routes make (all synchronous).
+REGISTRY_METHODS: tuple[str, ...] = (
+    "register_system",
+    "register_cuda",
+    "status",
+    "unregister",
+    "users",
+    "cuda_ready",
 )
 
 
@@ -45,6 +92,8 @@ class Plane(Protocol):
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
+
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]: ...
 
     async def load_model(
@@ -53,8 +102,6 @@ class Plane(Protocol):
 
     async def unload_model(self, name: str) -> None: ...
 
-    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
-
     def trace_settings(
         self, model: str = "", changes: Mapping[str, Any] | None = None
     ) -> dict[str, str | list[str]]: ...
@@ -62,3 +109,23 @@ class Plane(Protocol):
     def log_settings(
         self, changes: Mapping[str, Any] | None = None
     ) -> dict[str, str | bool | int]: ...
+
+
+@runtime_checkable
+class Remote(Protocol):
+    """A plane whose answers come from another process: its calls are awaited, never waited on."""
+
+    async def ask(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+async def answer(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """The answer of a synchronous Plane method, without blocking the event loop.
+
+    In process, the method answers at once; a remote plane's (a REST worker's proxy) is asked of
+    its owner over the asynchronous channel and awaited.
+    """
+    owner = getattr(call, "__self__", None)
+    if isinstance(owner, Remote):
+        name = getattr(call, "__name__", "")
+        return cast(T, await owner.ask(name, *args, **kwargs))
+    return call(*args, **kwargs)

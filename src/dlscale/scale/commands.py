@@ -14,6 +14,7 @@ from ray import serve
 from dlscale.errors import ConfigError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
+from dlscale.scale.ingress import deploy_ingress
 from dlscale.scale.settings import ScaleSettings, parse_autoscale
 from dlscale.server import ALL_MODELS
 
@@ -76,7 +77,7 @@ def deploy_repository(settings: ScaleSettings) -> list[str]:
     deploy.start_serve(settings)
     names = models_to_deploy(settings)
     failed = deploy.deploy_models(settings, names)
-    deploy.deploy_ingress(settings, failed)
+    deploy_ingress(settings, failed)
     host = settings.host
     log.info("http listening on %s:%d (Ray Serve's proxy)", host, settings.http_port)
     if settings.grpc_port is not None:

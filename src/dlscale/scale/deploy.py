@@ -1,9 +1,10 @@
-"""Ray Serve applications of a repository: one per model, and the ingress in front.
+"""Ray Serve applications of a repository: one per model (the ingress's is in ingress.py).
 
 Each model is its own application (`dlscale-model-<name>`, no HTTP route), so that it is
 deployed, scaled and deleted on its own; the ingress (`dlscale`, route `/`) is the only
-application the HTTP and gRPC proxies route to. Both the command line and the ingress (for the
-repository API's load and unload) deploy through these functions.
+application the HTTP and gRPC proxies route to. Both the command line and the ingress's router
+(for the repository API's load and unload) deploy models through these functions; this module
+imports neither, so that the router may import it without a circle.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import HTTPOptions, gRPCOptions
 
-from dlscale.errors import ConfigError, DlscaleError, Unavailable
+from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository
 from dlscale.scale.placement import placement_of
@@ -127,27 +128,6 @@ def deploy_models(settings: ScaleSettings, names: list[str]) -> dict[str, str]:
 def delete_model(name: str) -> None:
     """Delete a model's application: its replicas finish their requests, then stop. Blocking."""
     serve.delete(model_app(name))
-
-
-def deploy_ingress(settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
-    """Deploy the Open Inference Protocol ingress on route `/`; returns once it runs.
-
-    `failed`: models that could not be deployed, and why (the repository index shows it).
-    """
-    from dlscale.scale.ingress import OipIngress
-
-    deployment = serve.deployment(
-        name="OipIngress",
-        num_replicas=settings.ingress_replicas,
-        # The ingress only decodes, routes and encodes; it waits on replicas most of the time.
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=1024,
-        logging_config=QUIET,
-    )(OipIngress)
-    try:
-        serve.run(deployment.bind(settings, failed or {}), name=INGRESS_APP, route_prefix="/")
-    except RuntimeError as exc:
-        raise Unavailable(f"the ingress failed to deploy on Ray Serve: {exc}") from None
 
 
 def model_states() -> dict[str, AppState]:

@@ -15,12 +15,15 @@ from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 from google.protobuf import message_factory
+from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from dlscale.errors import Unavailable
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
+from dlscale.scale.deploy import INGRESS_APP, QUIET
 from dlscale.scale.router import Router
 from dlscale.scale.settings import ScaleSettings
 from dlscale.wire.grpc import RAW_OUTPUT_FIELD, Framed
@@ -156,3 +159,22 @@ class _Context:
         self.context.set_code(code)
         self.context.set_details(details)
         raise _Aborted(details)
+
+
+def deploy_ingress(settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
+    """Deploy the Open Inference Protocol ingress on route `/`; returns once it runs.
+
+    `failed`: models that could not be deployed, and why (the repository index shows it).
+    """
+    deployment = serve.deployment(
+        name="OipIngress",
+        num_replicas=settings.ingress_replicas,
+        # The ingress only decodes, routes and encodes; it waits on replicas most of the time.
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=1024,
+        logging_config=QUIET,
+    )(OipIngress)
+    try:
+        serve.run(deployment.bind(settings, failed or {}), name=INGRESS_APP, route_prefix="/")
+    except RuntimeError as exc:
+        raise Unavailable(f"the ingress failed to deploy on Ray Serve: {exc}") from None

@@ -26,10 +26,12 @@ from dlscale.scale import deploy
 from dlscale.scale.calls import remote_call
 from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.settings import ScaleSettings
-from dlscale.serving.dataplane import EXTENSIONS, check_model_control
+from dlscale.serving.control.plane import check_model_control
+from dlscale.serving.dataplane import EXTENSIONS
 from dlscale.serving.manager import ModelState
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.regions.registry import SharedMemoryRegistry
+from dlscale.serving.versions import resolve_version
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,
@@ -166,16 +168,8 @@ class Router:
         if route.state is not ModelState.READY or route.view is None:
             detail = f": {route.reason}" if route.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({route.state.value}{detail})")
-        versions = route.view.versions
-        if not version:
-            number = max(versions)
-        elif version.isdigit() and int(version) in versions:
-            number = int(version)
-        else:
-            raise NotFound(
-                f"model {name!r} has no version {version!r} (served: {sorted(versions)})"
-            )
-        return route, versions[number], number
+        number = resolve_version(name, version, route.view.versions)
+        return route, route.view.versions[number], number
 
     # -- inference -------------------------------------------------------------------------------
 

@@ -17,9 +17,9 @@ class Instance:
 
     One thread per instance keeps at most one batch in a backend at a time, which is what
     runtimes such as ONNX Runtime expect of a session tuned for intra-op parallelism. A backend
-    that says after loading that it takes more at once (`concurrency`: the torch backend on a
-    GPU uploads the next batch while one computes) gets as many threads, and the batcher hands
-    it as many batches.
+    whose capabilities, once loaded, say it takes more at once (`Capabilities.concurrency`: the
+    torch backend on a GPU uploads the next batch while one computes) gets as many threads, and
+    the batcher hands it as many batches.
     """
 
     def __init__(self, backend: Backend, name: str) -> None:
@@ -37,7 +37,7 @@ class Instance:
     async def load(self) -> None:
         """Load the backend in this instance's thread (slow: files, sessions, compilation)."""
         await self.call(self.backend.load)
-        self.slots = max(1, int(getattr(self.backend, "concurrency", 1)))
+        self.slots = max(1, self.backend.capabilities.concurrency)
         if self.slots > 1:
             old = self._executor
             self._executor = ThreadPoolExecutor(

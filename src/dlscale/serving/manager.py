@@ -23,6 +23,7 @@ from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates, TenantQos
+from dlscale.serving.versions import resolve_version
 from dlscale.types import TensorSpec
 
 log = logging.getLogger("dlscale.models")
@@ -104,13 +105,7 @@ class ModelManager:
         if entry.state is not ModelState.READY:
             detail = f": {entry.reason}" if entry.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
-        if not version:
-            return entry.versions[max(entry.versions)]
-        if not version.isdigit() or int(version) not in entry.versions:
-            raise NotFound(
-                f"model {name!r} has no version {version!r} (served: {sorted(entry.versions)})"
-            )
-        return entry.versions[int(version)]
+        return entry.versions[resolve_version(name, version, entry.versions)]
 
     def entries(self) -> list[ModelEntry]:
         """Every model this manager knows of, in name order."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlscale.backends import BackendOptions
+from dlscale.backends import BackendOptions, Capabilities
 from dlscale.errors import BackendError, InvalidInput, QueueFull, TimedOut, Unavailable
 from dlscale.models.config import BatchingConfig
 from dlscale.serving.batcher import Batcher
@@ -27,6 +27,8 @@ class AddOne:
     protocol, batcher and instances around it are the real ones.
     """
 
+    concurrency = 1
+
     def __init__(self) -> None:
         self.path = Path("add-one")
         self.options = BackendOptions()
@@ -38,6 +40,10 @@ class AddOne:
 
     def load(self) -> None:
         pass
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(concurrency=self.concurrency)
 
     @property
     def inputs(self) -> list[TensorSpec]:

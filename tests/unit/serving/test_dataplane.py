@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlscale.errors import InvalidInput, NotFound, Unavailable, Unsupported
-from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.types import (
     Datatype,
@@ -22,10 +22,10 @@ from dlscale.types import (
 )
 
 
-async def _plane(repo: Path, control: str = "explicit") -> DataPlane:
+async def _plane(repo: Path, control: str = "explicit") -> HostPlane:
     manager = ModelManager.open(repo)
     await manager.load_all()
-    return DataPlane(manager, control)
+    return HostPlane(manager, control)
 
 
 def _req(model: str, array: np.ndarray, version: str = "", **kw: object) -> InferenceRequest:
@@ -142,7 +142,7 @@ async def test_model_control_none_refuses_api_loads(repo: Path) -> None:
     with pytest.raises(Unsupported, match="model-control none"):
         await plane.load_model("identity")
     with pytest.raises(NotFound):
-        await DataPlane(plane.manager, "explicit").load_model("missing")
+        await HostPlane(plane.manager, "explicit").load_model("missing")
     await plane.manager.close()
 
 
@@ -213,14 +213,14 @@ async def test_unloading_unknown_names_leaves_nothing_behind(repo: Path) -> None
     await plane.manager.close()
 
 
-async def _unload_ghosts(plane: DataPlane, count: int) -> None:
+async def _unload_ghosts(plane: HostPlane, count: int) -> None:
     for n in range(count):
         with pytest.raises(NotFound, match="unknown model"):
             await plane.unload_model(f"ghost-{n}")
 
 
 async def test_readiness_is_strict_once_the_start_models_were_tried(repo: Path) -> None:
-    plane = DataPlane(ModelManager.open(repo), "explicit")
+    plane = HostPlane(ModelManager.open(repo), "explicit")
     assert plane.live() and not plane.ready()  # nothing tried yet
     failed = await plane.load_initial(["identity", "broken"])
     assert list(failed) == ["broken"] and "max_batch_size" in str(failed["broken"])
@@ -230,7 +230,7 @@ async def test_readiness_is_strict_once_the_start_models_were_tried(repo: Path) 
     await plane.load_model("plus")  # loaded since: now asked for too
     await plane.unload_model("plus")
     assert plane.ready()
-    lenient = DataPlane(ModelManager.open(repo), "explicit", strict_readiness=False)
+    lenient = HostPlane(ModelManager.open(repo), "explicit", strict_readiness=False)
     await lenient.load_initial(["identity", "broken"])
     assert lenient.ready()
     plane.stop_accepting()

@@ -10,7 +10,7 @@ import pytest
 from tests.toolkit.models import write_null_model
 
 from dlscale.models.repository import ModelRepository
-from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.types import Datatype, InferenceRequest, TensorSpec
 
@@ -46,10 +46,10 @@ def null_repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-async def _plane(repo: Path) -> DataPlane:
+async def _plane(repo: Path) -> HostPlane:
     manager = ModelManager.open(repo)
     await manager.load_all()
-    return DataPlane(manager, "explicit")
+    return HostPlane(manager, "explicit")
 
 
 def _request(model: str, rows: int, start: float = 0.0) -> InferenceRequest:

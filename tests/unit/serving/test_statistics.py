@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.toolkit.models import write_null_model
 
 from dlscale.errors import InvalidInput
-from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.exposition import render
 from dlscale.serving.observe.metrics import InferenceCollector
@@ -50,14 +50,14 @@ def _request(rows: int) -> InferenceRequest:
 
 
 @pytest.fixture
-async def plane(tmp_path: Path) -> DataPlane:
+async def plane(tmp_path: Path) -> HostPlane:
     write_null_model(tmp_path, "slow", SLOW)
     manager = ModelManager.open(tmp_path)
     await manager.load_all()
-    return DataPlane(manager, "explicit")
+    return HostPlane(manager, "explicit")
 
 
-async def _traffic(plane: DataPlane) -> None:
+async def _traffic(plane: HostPlane) -> None:
     """One request of 1 row alone, then three of 2 rows merged into one batch of 6, then a
     request refused for its shape."""
     first = asyncio.create_task(plane.infer(_request(1)))
@@ -67,7 +67,7 @@ async def _traffic(plane: DataPlane) -> None:
         await plane.infer(InferenceRequest("slow", {"x": np.ones((1, 5), np.float32)}))
 
 
-async def test_counts_are_per_request_and_per_batch_as_tritons(plane: DataPlane) -> None:
+async def test_counts_are_per_request_and_per_batch_as_tritons(plane: HostPlane) -> None:
     await _traffic(plane)
     (stats,) = plane.statistics("slow")
     s = stats.inference_stats
@@ -85,7 +85,7 @@ async def test_counts_are_per_request_and_per_batch_as_tritons(plane: DataPlane)
     await plane.manager.close()
 
 
-async def test_the_exposition_types_counters_under_tritons_names(plane: DataPlane) -> None:
+async def test_the_exposition_types_counters_under_tritons_names(plane: HostPlane) -> None:
     await _traffic(plane)
     text = render(InferenceCollector(plane.manager)).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlscale.backends.base import BackendOptions
+from dlscale.backends.base import BackendOptions, Capabilities
 from dlscale.backends.torch.boundary import inductor_options
 from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch.cuda import CudaGraphs, Staging, Step
@@ -180,6 +180,11 @@ class TorchBackend:
     def concurrency(self) -> int:
         """Batches this backend takes at once (read after load): 2 on CUDA by default."""
         return (self.settings.inflight_batches or 1) if self._staging is not None else 1
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Read after load: batches at once, and the CUDA device it reads inputs from in place."""
+        return Capabilities(concurrency=self.concurrency, device_buffers=self.device_buffers)
 
     def _call(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
         assert self._fn is not None and self.device is not None

@@ -30,7 +30,7 @@ from dlscale.errors import (
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.plane import Plane
+from dlscale.frontends.plane import Plane, Remote, answer
 from dlscale.frontends.rest import render, shared_memory
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.wire.rest import (
@@ -229,38 +229,44 @@ class RestApi:
     async def _live(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return _EMPTY_OK if self.dataplane.live() else error_response(503, "the server is not live")
+        return (
+            _EMPTY_OK
+            if await answer(self.dataplane.live)
+            else error_response(503, "the server is not live")
+        )
 
     async def _ready(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if self.dataplane.ready():
+        if await answer(self.dataplane.ready):
             return _EMPTY_OK
         return error_response(503, "the server is not ready (loading models or shutting down)")
 
     async def _server_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.server_metadata(self.dataplane.server_metadata()))
+        return json_response(render.server_metadata(await answer(self.dataplane.server_metadata)))
 
     async def _model_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.model_metadata(self.dataplane.model_metadata(*args)))
+        return json_response(
+            render.model_metadata(await answer(self.dataplane.model_metadata, *args))
+        )
 
     async def _model_ready(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if self.dataplane.model_ready(*args):
+        if await answer(self.dataplane.model_ready, *args):
             return _EMPTY_OK
         # Not ready: the metadata call raises the error that says why (unknown, loading, ...).
-        self.dataplane.model_metadata(*args)
+        await answer(self.dataplane.model_metadata, *args)
         raise Unavailable(f"model {args[0]!r} is not ready")
 
     async def _config(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.model_config(self.dataplane.model_config(*args)))
+        return json_response(render.model_config(await answer(self.dataplane.model_config, *args)))
 
     # -- inference ---------------------------------------------------------------------------------
 
@@ -271,7 +277,7 @@ class RestApi:
         header_length = _header_length(headers)
         most = self.limits.max_tensor_elements
         if header_length == 0:
-            spec, batched = self.dataplane.single_input(model, version)
+            spec, batched = await answer(self.dataplane.single_input, model, version)
             request, fmt = await off_loop(
                 len(body) > OFF_LOOP_BYTES,
                 decode_raw_request,
@@ -307,7 +313,9 @@ class RestApi:
 
     async def _shm(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
         kind, name, action = args
-        doc = self.shared_memory.handle(kind, name, action, body)
+        # A worker's registry is the owner's, behind a blocking channel: off the event loop.
+        remote = isinstance(self.dataplane, Remote)
+        doc = await off_loop(remote, self.shared_memory.handle, kind, name, action, body)
         return _EMPTY_OK if doc is None else json_response(doc)
 
     # -- repository and statistics -----------------------------------------------------------------
@@ -321,7 +329,9 @@ class RestApi:
             raise InvalidInput(
                 f"field 'ready' of the index request must be true or false, got {ready!r}"
             )
-        return json_response(render.repository_index(self.dataplane.repository_index(ready)))
+        return json_response(
+            render.repository_index(await answer(self.dataplane.repository_index, ready))
+        )
 
     async def _load(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
@@ -342,7 +352,7 @@ class RestApi:
     async def _stats(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.statistics(self.dataplane.statistics(*args)))
+        return json_response(render.statistics(await answer(self.dataplane.statistics, *args)))
 
     # -- trace and log settings -----------------------------------------------------------------
 
@@ -350,13 +360,13 @@ class RestApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         changes = _json_object(body, "trace setting")
-        return json_response(self.dataplane.trace_settings(args[0], changes))
+        return json_response(await answer(self.dataplane.trace_settings, args[0], changes))
 
     async def _logging(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         changes = _json_object(body, "log setting")
-        return json_response(self.dataplane.log_settings(changes))
+        return json_response(await answer(self.dataplane.log_settings, changes))
 
 
 def _parts(path: str) -> list[str]:

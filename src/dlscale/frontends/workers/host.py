@@ -1,12 +1,12 @@
 """The owner's side of a REST worker process: its calls answered by this process's Plane.
 
-A worker (frontends/workers/process.py) holds two channels to the owner: `calls`, blocking, for the
-Plane's synchronous methods (health, metadata, statistics, the shared-memory registry), and
-`requests`, asynchronous, for inference and model control. Requests from a worker enter the
-owner's Plane like any other: the DataPlane validates, schedules and batches them. Inputs the
-worker received into its shared-memory segments are read in place here (each segment mapped once
-as a `SystemRegion`); large outputs are written back into the request's own segment when they
-fit, else pickled in band.
+A worker (frontends/workers/process.py) holds two channels to the owner: `requests`, asynchronous,
+for every Plane method (frontends/plane.py's `PLANE_METHODS`), and `calls`, blocking on the
+worker's side, for the shared-memory registry's operations (`REGISTRY_METHODS`). Only what the
+declaration names is answered. Requests from a worker enter the owner's Plane like any other: the
+DataPlane validates, schedules and batches them. Inputs the worker received into its shared-memory
+segments are read in place here (each segment mapped once as a `SystemRegion`); large outputs are
+written back into the request's own segment when they fit, else pickled in band.
 """
 
 from __future__ import annotations
@@ -21,35 +21,18 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends.plane import Plane
+from dlscale.frontends.plane import METHODS, PLANE_METHODS, REGISTRY_METHODS, Plane
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.system import SystemRegion, shm_path
 
 log = logging.getLogger("dlscale.http")
 
-#: The Plane's methods a worker may call; `registry.*` are the shared-memory registry's.
+#: What a worker may call over the blocking channel: the registry's operations, and the
+#: synchronous Plane methods (a fallback; the frontends ask those over the asynchronous channel).
 CALLS = frozenset(
-    {
-        "live",
-        "ready",
-        "server_metadata",
-        "model_ready",
-        "model_metadata",
-        "model_config",
-        "single_input",
-        "repository_index",
-        "statistics",
-        "trace_settings",
-        "log_settings",
-        "registry.register_system",
-        "registry.register_cuda",
-        "registry.status",
-        "registry.unregister",
-        "registry.users",
-        "registry.cuda_ready",
-    }
+    {f"registry.{name}" for name in REGISTRY_METHODS}
+    | {m.name for m in PLANE_METHODS if not m.asynchronous}
 )
-ASYNC_CALLS = frozenset({"infer", "load_model", "unload_model"})
 _ALIGN = 64
 
 
@@ -61,7 +44,7 @@ class PlaneHost:
         #: Set once the worker listens; its port is then in `port`.
         self.listening = asyncio.Event()
         self.port = 0
-        #: Inference and model-control requests answered for this worker.
+        #: Asynchronous calls (inference, model control, ...) answered for this worker.
         self.answered = 0
         self._segments: dict[str, SystemRegion] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -73,42 +56,39 @@ class PlaneHost:
         try:
             while True:
                 message = await ipc.read(reader, self._resolve)
-                if message[0] == "listening":
-                    self.port = message[1]
+                if isinstance(message, ipc.Listening):
+                    self.port = message.port
                     self.listening.set()
                     continue
-                task = asyncio.get_running_loop().create_task(self._answer(writer, *message))
+                call = ipc.expect(ipc.Call, message)
+                task = asyncio.get_running_loop().create_task(self._answer(writer, call))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the worker is gone
+            pass  # the worker is gone (or broke the channel)
         finally:
             calls_task.cancel()
             writer.close()
             # Requests in flight still finish in the DataPlane; their answers have nowhere to go.
             self._segments.clear()
 
-    async def _answer(
-        self,
-        writer: asyncio.StreamWriter,
-        ident: int,
-        method: str,
-        args: tuple[Any, ...],
-        space: ipc.Descriptor | None,
-        dropped: list[str],
-    ) -> None:
-        for key in dropped:
+    async def _answer(self, writer: asyncio.StreamWriter, call: ipc.Call) -> None:
+        for key in call.dropped:
             self._segments.pop(key, None)
         try:
-            if method not in ASYNC_CALLS:
-                raise DlscaleError(f"a worker asked for {method!r}")
-            value = await getattr(self.plane, method)(*args)
-            reply = (ident, True, value)
+            method = METHODS.get(call.method)
+            if method is None:
+                raise DlscaleError(f"a worker asked for {call.method!r}")
+            value = getattr(self.plane, method.name)(*call.args, **call.kwargs)
+            if method.asynchronous:
+                value = await value
+            reply = ipc.Reply(call.ident, True, value)
         except Exception as exc:  # the worker's REST API maps it as it would here
-            reply = (ident, False, _portable(exc))
+            reply = ipc.Reply(call.ident, False, _portable(exc))
         self.answered += 1
         if writer.is_closing():
             return  # the worker is gone (its segments with it): the answer has nowhere to go
+        space = call.space
         try:
             place = _writer(self._region(space[0]), space[0], space[2]) if space else None
         except (OSError, DlscaleError):  # the segment went with its worker: answer in band
@@ -121,11 +101,11 @@ class PlaneHost:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         try:
             while True:
-                method, args = await ipc.read(reader)
+                call = ipc.expect(ipc.Call, await ipc.read(reader))
                 try:
-                    reply = (True, self._call(method, args))
+                    reply = ipc.Reply(call.ident, True, self._call(call.method, call.args))
                 except Exception as exc:
-                    reply = (False, _portable(exc))
+                    reply = ipc.Reply(call.ident, False, _portable(exc))
                 writer.writelines(ipc.encode(reply))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

@@ -1,13 +1,13 @@
 """Messages between REST worker processes and the process that owns the models.
 
-A message is pickled (protocol 5). Its large buffers (numpy arrays' data) travel out of band in
-POSIX shared memory when they already lie there: a worker receives large request bodies into
-shared-memory segments (`Segments`, given to the body pool), so an input decoded from a body is
-sent as (segment key, offset, size) and the owner maps the segment as a system shared-memory
-region (`serving.regions.system.SystemRegion`) and reads the tensor in place. Every other buffer
-is pickled in band. The frame on the socket: FRAME (payload and descriptor lengths), the pickled
-descriptors, the pickled payload. Both ends are this server's own processes over a socketpair,
-so unpickling trusts its peer as the process trusts itself.
+The messages are the dataclasses below (`Listening`, `Call`, `Reply`); each is pickled (protocol 5).
+Its large buffers (numpy arrays' data) travel out of band in POSIX shared memory when they already
+lie there: a worker receives large request bodies into shared-memory segments (`Segments`, given to
+the body pool), so an input decoded from a body is sent as (segment key, offset, size) and the owner
+maps the segment as a system shared-memory region (`serving.regions.system.SystemRegion`) and reads
+the tensor in place. Every other buffer is pickled in band. The frame on the socket: FRAME (payload
+and descriptor lengths), the pickled descriptors, the pickled payload. Both ends are this server's
+own processes over a socketpair, so unpickling trusts its peer as the process trusts itself.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import logging
 import mmap
 import os
 import pickle
+import secrets
 import socket
 import struct
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -39,6 +41,47 @@ Descriptor = tuple[str, int, int]
 #: Where an out-of-band buffer goes: its descriptor, or None to pickle it in band.
 Place = Callable[[memoryview], Descriptor | None]
 Resolve = Callable[[Descriptor], memoryview]
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Worker to owner: the worker listens on `port` (its frontend started)."""
+
+    port: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """Worker to owner: call a Plane method (`registry.<name>`: the shared-memory registry's).
+
+    On the asynchronous channel `ident` pairs the reply with its call; `space` is the request's
+    own body segment, where the owner may write large outputs back; `dropped` lists the segments
+    the worker unlinked since its last call, which the owner unmaps.
+    """
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    ident: int = 0
+    space: Descriptor | None = None
+    dropped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Owner to worker: the answer to call `ident`, or (ok False) the error it raised."""
+
+    ident: int
+    ok: bool
+    value: Any
+
+
+def expect(kind: type[M], message: object) -> M:
+    """`message` when it is a `kind`; a peer that sends anything else breaks the channel."""
+    if not isinstance(message, kind):
+        raise ConnectionError(f"expected a {kind.__name__} message, got {type(message).__name__}")
+    return message
 
 
 def encode(message: Any, place: Place | None = None) -> list[bytes]:
@@ -105,7 +148,8 @@ class Segments:
 
     `allocate` is the body pool's allocator (frontends/rest/body.py): the pool reuses a segment
     once nothing refers to it, so a segment stays the worker's until its request is answered.
-    Names start with `prefix`, so the owner can remove what a crashed worker left (`sweep`).
+    Names start with `prefix`, so the owner can remove what a crashed worker left (`sweep`), and
+    hold a random token, so that no one else can guess them (to register one as a region).
     """
 
     def __init__(self, prefix: str) -> None:
@@ -118,7 +162,8 @@ class Segments:
 
     def allocate(self, size: int) -> np.ndarray:
         """A new segment of `size` bytes as a writable uint8 array."""
-        key = f"{self.prefix}{next(self._count)}"
+        # A random token makes the name unguessable: no other process can name it in a region.
+        key = f"{self.prefix}{secrets.token_hex(12)}-{next(self._count)}"
         path = shm_path(key)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:

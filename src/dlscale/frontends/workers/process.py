@@ -62,7 +62,7 @@ async def serve(config: WorkerConfig, calls: socket.socket, requests: socket.soc
     plane = RemotePlane(Calls(calls), segments, config.allow_shm, config.max_shm_regions)
     await plane.connect(requests)
     frontend = HttpFrontend(
-        plane,
+        plane.as_plane(),
         config.host,
         config.port,
         limits=config.limits,

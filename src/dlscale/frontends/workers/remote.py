@@ -1,11 +1,13 @@
 """The Plane of a REST worker process: every call forwarded to the process that owns the models.
 
-The owner answers with its own DataPlane (frontends/workers/host.py), so health, metadata,
+The owner answers with its own plane (frontends/workers/host.py), so health, metadata,
 statistics, the repository and the shared-memory registry read the same whichever process a client
-reached. Synchronous methods are blocking calls over their own channel: they are short, and the REST
-routes call them synchronously. Inference and model control go over the asynchronous channel, with
-inputs that lie in this worker's shared-memory segments sent in place
-(frontends/workers/messages.py).
+reached. Every Plane method is forwarded over the asynchronous channel (`RemotePlane.ask`, which
+frontends/plane.py's `answer` uses for the synchronous ones), with inputs that lie in this worker's
+shared-memory segments sent in place (frontends/workers/messages.py); the event loop never waits
+on the owner. The forwards are built from `PLANE_METHODS`, not written per method. The registry's
+operations, synchronous in the extensions' routes, go over their own blocking channel, and the
+REST API runs them off the event loop.
 """
 
 from __future__ import annotations
@@ -14,28 +16,20 @@ import asyncio
 import itertools
 import socket
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
-from dlscale.errors import Unavailable
+from dlscale.errors import DlscaleError, Unavailable
+from dlscale.frontends.plane import METHODS, PLANE_METHODS, Plane, PlaneMethod
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
-from dlscale.types import (
-    InferenceRequest,
-    InferenceResponse,
-    ModelConfigView,
-    ModelMetadata,
-    ModelStatistics,
-    RepositoryEntry,
-    ServerMetadata,
-    TensorSpec,
-)
+from dlscale.types import InferenceRequest
 
 GONE = "the server is stopping (its model process is gone)"
 
 
 class Calls:
-    """Blocking calls to the owner, one at a time, over their own socket."""
+    """Blocking calls to the owner, one at a time, over their own socket (off the event loop)."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
@@ -46,13 +40,13 @@ class Calls:
         """The owner's answer to `method(*args)`, or its error raised here."""
         with self._lock:
             try:
-                self._sock.sendall(b"".join(ipc.encode((method, args))))
-                ok, value = ipc.read_blocking(self._sock)
+                self._sock.sendall(b"".join(ipc.encode(ipc.Call(method, args))))
+                reply = ipc.expect(ipc.Reply, ipc.read_blocking(self._sock))
             except OSError:
                 raise Unavailable(GONE) from None
-        if not ok:
-            raise value
-        return value
+        if not reply.ok:
+            raise reply.value
+        return reply.value
 
     def close(self) -> None:
         """Close the socket (the owner's side ends)."""
@@ -101,12 +95,16 @@ class RemotePlane:
         self._calls = calls
         self.segments = segments
         self.shared_memory: SharedMemoryRegistry = ForwardedRegistry(calls, allow_shm, max_regions)
-        self._ids = itertools.count()
+        self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         #: Set when the owner closed the channel (it stopped or died): the worker stops too.
         self.gone = asyncio.Event()
+
+    def as_plane(self) -> Plane:
+        """This proxy as the frontends' Plane (its forwards are built from PLANE_METHODS)."""
+        return cast(Plane, self)
 
     async def connect(self, sock: socket.socket) -> None:
         """Open the asynchronous channel and start reading the owner's answers."""
@@ -116,20 +114,20 @@ class RemotePlane:
     async def announce(self, port: int) -> None:
         """Tell the owner this worker listens (on `port`)."""
         assert self._writer is not None
-        self._writer.writelines(ipc.encode(("listening", port)))
+        self._writer.writelines(ipc.encode(ipc.Listening(port)))
         await self._writer.drain()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                ident, ok, value = await ipc.read(reader, self.segments.view)
-                future = self._pending.pop(ident, None)
+                reply = ipc.expect(ipc.Reply, await ipc.read(reader, self.segments.view))
+                future = self._pending.pop(reply.ident, None)
                 if future is None or future.done():
                     continue
-                if ok:
-                    future.set_result(value)
+                if reply.ok:
+                    future.set_result(reply.value)
                 else:
-                    future.set_exception(value)
+                    future.set_exception(reply.value)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -139,27 +137,30 @@ class RemotePlane:
             self._pending.clear()
             self.gone.set()
 
-    async def _send(self, method: str, *args: Any, space: ipc.Descriptor | None = None) -> Any:
-        if self._writer is None or self.gone.is_set():
+    async def ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The owner's answer to Plane method `method`; inference inputs travel in place."""
+        if method not in METHODS:
+            raise DlscaleError(f"{method!r} is not a Plane method")
+        if self._writer is None or (self.gone.is_set() and method not in ("live", "ready")):
             raise Unavailable(GONE)
+        request = args[0] if method == "infer" and args else None
+        space = self._space(request) if isinstance(request, InferenceRequest) else None
+        if method in ("live", "ready") and self.gone.is_set():
+            return False  # the owner is gone: neither live nor ready
         ident = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[ident] = future
-        dropped, self.segments.dropped = self.segments.dropped, []
-        message = (ident, method, args, space, dropped)
+        dropped, self.segments.dropped = tuple(self.segments.dropped), []
+        call = ipc.Call(method, args, kwargs, ident, space, dropped)
         try:
-            self._writer.writelines(ipc.encode(message, self.segments.locate))
+            self._writer.writelines(ipc.encode(call, self.segments.locate))
             await self._writer.drain()
         except ConnectionError:
             raise Unavailable(GONE) from None
         return await future
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Inference in the owner; outputs come back into the body's segment when they fit."""
-        response: InferenceResponse = await self._send("infer", request, space=self._space(request))
-        return response
-
     def _space(self, request: InferenceRequest) -> ipc.Descriptor | None:
+        """The body segment of a request, where the owner may write its outputs back."""
         for array in request.inputs.values():
             if array.nbytes >= ipc.OUT_OF_BAND_BYTES and array.dtype != object:
                 spot = self.segments.locate(array)
@@ -168,72 +169,6 @@ class RemotePlane:
                     return spot[0], 0, segment.nbytes
         return None
 
-    async def load_model(
-        self, name: str, parameters: Mapping[str, str | bytes] | None = None
-    ) -> None:
-        """Load in the owner."""
-        await self._send("load_model", name, dict(parameters) if parameters else None)
-
-    async def unload_model(self, name: str) -> None:
-        """Unload in the owner."""
-        await self._send("unload_model", name)
-
-    def live(self) -> bool:
-        """The owner's liveness (False when it is gone)."""
-        try:
-            return bool(self._calls("live"))
-        except Unavailable:
-            return False
-
-    def ready(self) -> bool:
-        """The owner's readiness (False when it is gone)."""
-        try:
-            return bool(self._calls("ready"))
-        except Unavailable:
-            return False
-
-    def server_metadata(self) -> ServerMetadata:
-        """The owner's."""
-        value: ServerMetadata = self._calls("server_metadata")
-        return value
-
-    def model_ready(self, name: str, version: str = "") -> bool:
-        """The owner's."""
-        return bool(self._calls("model_ready", name, version))
-
-    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        """The owner's."""
-        value: ModelMetadata = self._calls("model_metadata", name, version)
-        return value
-
-    def model_config(self, name: str, version: str = "") -> ModelConfigView:
-        """The owner's."""
-        value: ModelConfigView = self._calls("model_config", name, version)
-        return value
-
-    def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]:
-        """The owner's."""
-        value: tuple[TensorSpec, bool] = self._calls("single_input", name, version)
-        return value
-
-    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
-        """The owner's."""
-        return list(self._calls("repository_index", ready_only))
-
-    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
-        """The owner's."""
-        return list(self._calls("statistics", name, version))
-
-    def trace_settings(
-        self, model: str = "", changes: Mapping[str, Any] | None = None
-    ) -> dict[str, str | list[str]]:
-        """The owner's (changed there)."""
-        return dict(self._calls("trace_settings", model, dict(changes) if changes else None))
-
-    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, str | bool | int]:
-        """The owner's (changed there)."""
-        return dict(self._calls("log_settings", dict(changes) if changes else None))
-
     async def close(self) -> None:
         """Close both channels."""
         if self._writer is not None:
@@ -241,3 +176,34 @@ class RemotePlane:
         if self._reader_task is not None:
             self._reader_task.cancel()
         self._calls.close()
+
+
+def _forward(method: PlaneMethod) -> Callable[..., Any]:
+    """RemotePlane's method `method`: awaited over the asynchronous channel.
+
+    A synchronous method called directly (not through frontends/plane.py's `answer`) goes over
+    the blocking channel instead; the frontends never do so.
+    """
+    name = method.name
+    if method.asynchronous:
+
+        async def forward_async(self: RemotePlane, *args: Any, **kwargs: Any) -> Any:
+            return await self.ask(name, *args, **kwargs)
+
+        forward_async.__name__ = name
+        return forward_async
+
+    def forward(self: RemotePlane, *args: Any) -> Any:
+        try:
+            return self._calls(name, *args)
+        except Unavailable:
+            if name in ("live", "ready"):
+                return False  # the owner is gone: neither live nor ready
+            raise
+
+    forward.__name__ = name
+    return forward
+
+
+for _method in PLANE_METHODS:
+    setattr(RemotePlane, _method.name, _forward(_method))

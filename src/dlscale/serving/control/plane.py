@@ -1,0 +1,102 @@
+"""The control plane: model load and unload, the repository index, uploads, trace and log settings.
+
+Apart from the data path (serving/dataplane.py): these calls change what the server serves or how
+it records, and none of them sits on an inference's way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dlscale.errors import DlscaleError, NotFound, Unsupported, redact_paths
+from dlscale.serving.control.uploads import Uploads
+from dlscale.serving.manager import ModelManager
+from dlscale.serving.observe.logs import LogControl
+from dlscale.serving.observe.trace import Tracer
+from dlscale.types import RepositoryEntry
+
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")
+
+
+class ControlPlane:
+    """Loads and unloads a ModelManager's models; reads and changes trace and log settings."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        model_control: str = "none",
+        tracer: Tracer | None = None,
+        logs: LogControl | None = None,
+    ) -> None:
+        if model_control not in MODEL_CONTROL_MODES:
+            raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
+        self.manager = manager
+        self.model_control = model_control
+        self.tracer = tracer or Tracer()
+        self.logs = logs or LogControl()
+        #: Models loaded with a load request's own config and files.
+        self.uploads = Uploads()
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        """Every model in the repository with its state, one row per served version."""
+        known = {e.name: e for e in self.manager.entries()}
+        index: list[RepositoryEntry] = []
+        names = sorted({*self.manager.repository.names(), *self.uploads.names()})
+        for name in names:
+            entry = known.get(name)
+            state = entry.state.value if entry else "UNAVAILABLE"
+            reason = redact_paths(entry.reason) if entry else "not loaded"
+            if ready_only and state != "READY":
+                continue
+            versions = [str(v) for v in sorted(entry.versions)] if entry else []
+            index.extend(RepositoryEntry(name, state, reason, v) for v in versions or [""])
+        return index
+
+    async def load_model(
+        self, name: str, parameters: Mapping[str, str | bytes] | None = None
+    ) -> None:
+        """Load or reload a model, from the repository or with a load request's overrides:
+        `config` (JSON ModelConfig) and `file:<version>/<name>` (bytes)."""
+        check_model_control(self.model_control)
+        override = self.uploads.override(name, parameters or {})
+        source, files = override or (None, None)
+        if files is None and name not in self.manager.repository.names():
+            raise NotFound(f"no model {name!r} in the repository")
+        try:
+            await self.manager.load(name, source, files)
+        except DlscaleError:
+            if files is not None and name not in self.manager.ready_names():
+                self.uploads.discard(name)
+            raise
+        if files is None:
+            self.uploads.discard(name)  # loaded from the repository again
+
+    async def unload_model(self, name: str) -> None:
+        """Unload a model; its requests in flight finish first."""
+        check_model_control(self.model_control)
+        await self.manager.unload(name)
+        self.uploads.discard(name)
+
+    def trace_settings(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        """Triton's trace extension: the settings (of a model) after applying `changes`."""
+        if model:
+            self.manager.get(model)  # an unknown or unready model is an error, as in Triton
+        if changes:
+            return self.tracer.update(changes, model)
+        return self.tracer.settings(model)
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, str | bool | int]:
+        """Triton's logging extension: the settings after applying `changes`."""
+        return self.logs.update(changes) if changes else self.logs.settings()
+
+
+def check_model_control(model_control: str) -> None:
+    """Loading and unloading over the API are refused under --model-control none."""
+    if model_control == "none":
+        raise Unsupported(
+            "the server was started with --model-control none: models cannot be loaded or "
+            "unloaded through the API (start it with --model-control explicit)"
+        )

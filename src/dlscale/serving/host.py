@@ -1,0 +1,31 @@
+"""The Plane of one host: its DataPlane and its ControlPlane over one ModelManager, as one object.
+
+The frontends make one kind of call (frontends/plane.py's `Plane`); here both rooms answer it, each
+from its own module. Nothing is added: the data path and model control stay apart.
+"""
+
+from __future__ import annotations
+
+from dlscale.serving.control.plane import ControlPlane
+from dlscale.serving.dataplane import DataPlane
+from dlscale.serving.manager import ModelManager
+from dlscale.serving.observe.logs import LogControl
+from dlscale.serving.observe.trace import Tracer
+from dlscale.serving.regions.registry import SharedMemoryRegistry
+
+
+class HostPlane(DataPlane, ControlPlane):
+    """The data path and model control of one host's models, sharing their manager and tracer."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        model_control: str = "none",
+        shared_memory: SharedMemoryRegistry | None = None,
+        tracer: Tracer | None = None,
+        logs: LogControl | None = None,
+        strict_readiness: bool = True,
+    ) -> None:
+        tracer = tracer or Tracer()
+        ControlPlane.__init__(self, manager, model_control, tracer, logs)
+        DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness)

@@ -1,0 +1,75 @@
+"""A request's shared-memory regions: bound to its inputs before compute, its outputs placed after.
+
+The registry (registry.py) leases regions; this module is what one inference does with its lease:
+inputs named in regions become arrays over them (on the model's device when every instance reads
+device buffers in place), outputs asked into regions are checked before compute and written after,
+and the lease is held by the batcher while it still reads the inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from dlscale.errors import InvalidInput
+from dlscale.serving.regions import cuda as cuda_memory
+from dlscale.serving.regions.registry import Lease, SharedMemoryRegistry
+from dlscale.types import InferenceRequest, RegionTensor
+
+
+class RequestRegions:
+    """The regions one request names, leased until `release` (see the module's docstring)."""
+
+    def __init__(self, request: InferenceRequest, lease: Lease) -> None:
+        self.request = request
+        self._lease = lease
+
+    @classmethod
+    def of(cls, registry: SharedMemoryRegistry, request: InferenceRequest) -> RequestRegions | None:
+        """A lease for the request's regions; None when it names none (no lease is taken)."""
+        named = bool(request.in_regions) or any(o.region for o in request.outputs or ())
+        return cls(request, registry.lease()) if named else None
+
+    def bind(self, devices: Iterable[str | None]) -> None:
+        """Inputs in regions become arrays over them; outputs' places are checked before compute.
+
+        `devices`: what each instance of the model reads in place (`Capabilities.device_buffers`);
+        inputs land on that device only when all agree.
+        """
+        request = self.request
+        device = _common(devices) if request.in_regions else None
+        for name, placed in request.in_regions.items():
+            if name in request.inputs:
+                raise InvalidInput(f"input {name!r} is given twice: in the message and in a region")
+            request.inputs[name] = self._lease.input(name, placed, device)
+        for output in request.outputs or ():
+            if output.region is not None:
+                self._lease.check_output(output.name, output.region)
+
+    def hold(self) -> Callable[[], None]:
+        """Keep the regions leased until the returned function is called (inputs read)."""
+        return self._lease.hold()
+
+    def place(self, outputs: dict[str, Any]) -> dict[str, RegionTensor]:
+        """Write the outputs asked into regions; what the answer says of each instead of data."""
+        return {
+            o.name: self._lease.write(o.name, outputs[o.name], o.region)
+            for o in self.request.outputs or ()
+            if o.region is not None
+        }
+
+    def release(self) -> None:
+        """The request is answered: its regions may be unregistered."""
+        self._lease.release()
+
+
+def to_host(array: Any) -> np.ndarray:
+    """An output as a host array (a batch computed from device inputs may answer on the device)."""
+    return array if isinstance(array, np.ndarray) else cuda_memory.to_host(array)
+
+
+def _common(devices: Iterable[str | None]) -> str | None:
+    found = set(devices)
+    return found.pop() if len(found) == 1 else None
