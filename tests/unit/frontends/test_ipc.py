@@ -90,3 +90,15 @@ def test_body_pool_in_segments_trims_an_idle_buffer_behind_a_busy_one(
     pool.close()  # drops the idle one (the second in the pool), keeps the busy one
     assert pool.held_bytes == 1 << 20
     assert busy.size == POOLED_FROM * 4
+
+
+def test_segment_names_hold_a_random_token(segments: ipc.Segments) -> None:
+    # A name another process could guess is one it could register as a region, to read or
+    # overwrite the bodies of other clients' requests: the names carry 96 random bits.
+    first, second = segments.allocate(4096), segments.allocate(4096)
+    keys = [segments.locate(a)[0] for a in (first, second) if segments.locate(a)]
+    assert len(keys) == 2
+    for n, key in enumerate(keys):
+        token, count = key.removeprefix(segments.prefix).split("-")
+        assert len(token) == 24 and int(token, 16) >= 0 and count == str(n)
+    assert keys[0].split("-")[-2] != keys[1].split("-")[-2]
