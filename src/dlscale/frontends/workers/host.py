@@ -44,7 +44,7 @@ class PlaneHost:
         #: Set once the worker listens; its port is then in `port`.
         self.listening = asyncio.Event()
         self.port = 0
-        #: Asynchronous calls (inference, model control, ...) answered for this worker.
+        #: Inference and model-control calls (the asynchronous methods) answered for this worker.
         self.answered = 0
         self._segments: dict[str, SystemRegion] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -75,8 +75,8 @@ class PlaneHost:
     async def _answer(self, writer: asyncio.StreamWriter, call: ipc.Call) -> None:
         for key in call.dropped:
             self._segments.pop(key, None)
+        method = METHODS.get(call.method)
         try:
-            method = METHODS.get(call.method)
             if method is None:
                 raise DlscaleError(f"a worker asked for {call.method!r}")
             value = getattr(self.plane, method.name)(*call.args, **call.kwargs)
@@ -85,7 +85,8 @@ class PlaneHost:
             reply = ipc.Reply(call.ident, True, value)
         except Exception as exc:  # the worker's REST API maps it as it would here
             reply = ipc.Reply(call.ident, False, _portable(exc))
-        self.answered += 1
+        if method is not None and method.asynchronous:
+            self.answered += 1
         if writer.is_closing():
             return  # the worker is gone (its segments with it): the answer has nowhere to go
         space = call.space
