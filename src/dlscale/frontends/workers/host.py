@@ -98,7 +98,8 @@ class PlaneHost:
         dropped: list[str],
     ) -> None:
         for key in dropped:
-            self._segments.pop(key, None)
+            if (segment := self._segments.pop(key, None)) is not None:
+                self.plane.shared_memory.unreserve(segment.identity)
         try:
             if method not in ASYNC_CALLS:
                 raise DlscaleError(f"a worker asked for {method!r}")
@@ -146,6 +147,7 @@ class PlaneHost:
         if region is None:
             size = shm_path(key).stat().st_size
             region = self._segments[key] = SystemRegion(key, 0, size)
+            self.plane.shared_memory.reserve(region.identity)  # never a client's region
         return region
 
     def _resolve(self, spot: ipc.Descriptor) -> memoryview:
