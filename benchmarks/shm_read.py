@@ -1,4 +1,4 @@
-"""What reading a client's region with pread costs, against reading it through a mapping.
+"""What reading (and writing) a client's region with pread (pwrite) costs, against a mapping.
 
     python -m benchmarks.shm_read [--repeats 50] [--mb 19]
 
@@ -6,7 +6,8 @@ A region of 19 MB (32 images FP32 3x224x224, one `identity` request of benchmark
 read three ways: a view of a mapping (no copy, the old path, which a client truncating its
 object turns into SIGBUS), a copy out of the mapping (np.copy of the view: one pass over the
 bytes, what a backend reading the view pays at least) and `ClientObject.read` (fstat checks,
-then preadv into a fresh array: the path the server takes now). Medians printed in ms.
+then preadv into a fresh array: the path the server takes now); outputs likewise, a copy into
+the mapping against `ClientObject.write` (pwrite). Medians printed in ms.
 """
 
 from __future__ import annotations
@@ -37,10 +38,17 @@ def _measure(key: str, size: int, repeats: int) -> dict[str, float]:
     with shm_path(key).open("r+b") as file:
         mapping = mmap.mmap(file.fileno(), size)
     view = np.frombuffer(mapping, np.uint8)
+    source = np.ones(size, np.uint8)
     results = {
         "view of a mapping (no copy, SIGBUS-prone)": _median_ms(lambda: view[:size], repeats),
         "np.copy out of a mapping": _median_ms(lambda: np.copy(view), repeats),
         "ClientObject.read (fstat + preadv)": _median_ms(lambda: client.read(0, size), repeats),
+        "copy into a mapping (the old output path)": _median_ms(
+            lambda: np.copyto(view, source), repeats
+        ),
+        "ClientObject.write (fstat + pwrite)": _median_ms(
+            lambda: client.write(0, source.data), repeats
+        ),
     }
     client.close()
     return results
