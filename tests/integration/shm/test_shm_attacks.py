@@ -164,3 +164,25 @@ def test_the_servers_own_object_is_refused_under_another_name(
     finally:
         alias.unlink()
         attacker.close()
+
+
+def test_a_truncated_region_through_a_worker_fails_only_its_request(
+    workers_server: LocalServer,
+) -> None:
+    url = workers_server.http_url
+    x = np.full((1, 3, 224, 224), 2.0, np.float32)
+    key = f"/dlscale-test-trunc-{os.getpid()}"
+    handle = shm.create_shared_memory_region("trunc", key, x.nbytes)
+    client = th.InferenceServerClient(url)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        client.register_system_shared_memory("trunc", key, x.nbytes)
+        os.truncate(shm_path(key), 0)  # SIGBUS in the model process, were it read in place
+        tensor = th.InferInput("input", list(x.shape), "FP32")
+        tensor.set_shared_memory("trunc", x.nbytes)
+        _refused("http", BAD_REQUEST, "shrank to 0 bytes", client.infer, "echo", [tensor])
+        client.unregister_system_shared_memory("trunc")
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(handle)
+    np.testing.assert_array_equal(_echo(url, x), x)  # the model process lives
