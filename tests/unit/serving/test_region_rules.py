@@ -105,7 +105,7 @@ def test_another_users_private_object_is_refused(
     # Root opens it all the same: the owner rule, not the file mode, is what refuses it.
     with pytest.raises(PermissionDenied, match=f"belongs to uid {NOBODY}"):
         registry.register_system("r", key, 0, 16)
-    trusting = SharedMemoryRegistry(enabled=True, owners=frozenset({NOBODY}))
+    trusting = SharedMemoryRegistry(enabled=True, owners=frozenset({NOBODY}))  # --shm-owner-uid
     trusting.register_system("r", key, 0, 16)  # the owners a deployment names are taken
     trusting.close()
 

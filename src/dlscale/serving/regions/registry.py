@@ -76,7 +76,7 @@ class _Region:
 class SharedMemoryRegistry:
     """The regions of one server; off (every register refused) unless `enabled`.
 
-    `owners`: the users whose objects may be registered (the server's own user by default).
+    `owners`: users besides the server's own whose objects may be registered (none by default).
     `page_lock` is accepted for the composition root and ignored: a system region is copied
     into private memory at each use (see ClientObject), so there is no mapping to page-lock.
     """
@@ -86,14 +86,15 @@ class SharedMemoryRegistry:
         enabled: bool = False,
         max_regions: int = 256,
         page_lock: bool = False,
-        owners: frozenset[int] | None = None,
+        owners: frozenset[int] = frozenset(),
     ):
         if max_regions < 1:
             raise ValueError(f"max_regions must be at least 1, got {max_regions}")
         self.enabled = enabled
         self.max_regions = max_regions
         self.page_lock = page_lock
-        self.owners = owners if owners is not None else frozenset({os.geteuid()})
+        #: The users whose objects may be registered.
+        self.owners = owners | {os.geteuid()}
         self._regions: dict[str, _Region] = {}
         #: The server's own shared-memory objects (`reserve`), never registrable.
         self._own: set[Identity] = set()
