@@ -1,4 +1,4 @@
-"""The shared-memory registry: regions clients register, mapped once, leased by requests.
+"""The shared-memory registry: regions clients register, opened once, leased by requests.
 
 System regions are clients' POSIX shared-memory objects (serving/regions/system.py: refused when
 reserved for the server, of another user or with several names; copied in and out, never
@@ -108,7 +108,7 @@ class SharedMemoryRegistry:
     # -- registration ------------------------------------------------------------------------------
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Map `byte_size` bytes at `offset` of the shared-memory object `key` as `name`."""
+        """Register `byte_size` bytes at `offset` of the client's object `key` as `name`."""
         self._check_new(name)
         _check_sizes(offset, byte_size)
         with self._lock:
