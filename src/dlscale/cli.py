@@ -149,6 +149,13 @@ def _add_core_verbs(sub: SubParsers) -> None:
     serve.add_argument(
         "--max-shm-regions", type=int, default=256, help="most shared-memory regions at once"
     )
+    serve.add_argument(
+        "--shm-owner-uid",
+        type=int,
+        action="append",
+        default=[],
+        help="also take shared-memory objects of this user (default: the server's user only)",
+    )
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument("--log-file", type=Path, help="write the logs here instead of stderr")
     serve.add_argument("--log-format", default="default", choices=("default", "ISO8601"))

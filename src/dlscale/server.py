@@ -82,6 +82,8 @@ class ServerSettings:
     allow_client_shm: bool = False
     #: The most regions registered at once.
     max_shm_regions: int = 256
+    #: Users besides the server's own whose shared-memory objects clients may register.
+    shm_owner_uids: tuple[int, ...] = ()
     #: False ignores every model's [qos] table: no device scheduler, no limits (docs/qos.md).
     qos: bool = True
     #: REST worker processes sharing the port (0: REST on this process); docs/serving-rest.md.
@@ -116,6 +118,7 @@ class Server:
             settings.max_shm_regions,
             # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
             page_lock=settings.allow_client_shm and cuda_memory.device_count() > 0,
+            owners=frozenset(settings.shm_owner_uids),
         )
         self.dataplane = HostPlane(
             self.manager,
@@ -409,6 +412,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         log_format=args.log_format,
         allow_client_shm=args.allow_client_shm,
         max_shm_regions=args.max_shm_regions,
+        shm_owner_uids=tuple(getattr(args, "shm_owner_uid", [])),
         qos=args.qos,
         http_workers=getattr(args, "http_workers", 0),
     )

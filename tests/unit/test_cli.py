@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 from dlscale.cli import _BENCH_SUBVERBS, LazyHandler, build_parser
 
@@ -89,3 +90,22 @@ def test_bench_refuses_a_malformed_concurrency_range() -> None:
     for text in ("8:2", "0:4", "a:b", "1:2:3:4"):
         with pytest.raises(BenchError, match="--concurrency"):
             bench_options(parse(["bench", "http://h:1", "--model", "m", "--concurrency", text]))
+
+
+def test_shm_owner_uids_reach_the_registry(tmp_path: Path) -> None:
+    from dlscale.server import settings_from
+
+    args = build_parser().parse_args(
+        [
+            "serve",
+            str(tmp_path),
+            "--allow-client-shm",
+            "--shm-owner-uid",
+            "7",
+            "--shm-owner-uid",
+            "9",
+        ]
+    )
+    assert settings_from(args).shm_owner_uids == (7, 9)
+    default = build_parser().parse_args(["serve", str(tmp_path)])
+    assert settings_from(default).shm_owner_uids == ()

@@ -45,7 +45,7 @@ def _tensor(region: str, offset: int = 0) -> RegionTensor:
     return RegionTensor(Datatype.FP32, (2, 2), RegionRef(region, 16, offset))
 
 
-def test_an_input_is_a_view_of_the_region(
+def test_an_input_is_a_private_copy_of_the_region(
     registry: SharedMemoryRegistry, make_object: Make
 ) -> None:
     values = np.arange(8, dtype=np.float32)
@@ -54,9 +54,11 @@ def test_an_input_is_a_view_of_the_region(
     lease = registry.lease()
     array = lease.input("x", _tensor("r", offset=4), None)
     np.testing.assert_array_equal(array, values[3:7].reshape(2, 2))
-    # No copy: the server sees what the client writes into the object afterwards.
-    shm_path(key).write_bytes(np.full(8, 5, np.float32).tobytes())
-    assert float(array[0, 0]) == 5.0
+    # A copy taken at use (pread), never a view of a mapping: a client that truncates or
+    # rewrites its object afterwards cannot reach the server's memory (SIGBUS).
+    with shm_path(key).open("r+b") as file:
+        file.write(np.full(8, 5, np.float32).tobytes())
+    assert float(array[0, 0]) == 3.0
     del array
     lease.release()
 

@@ -70,11 +70,14 @@ class PlaneHost:
             calls_task.cancel()
             writer.close()
             # Requests in flight still finish in the DataPlane; their answers have nowhere to go.
+            for segment in self._segments.values():
+                self.plane.shared_memory.unreserve(segment.identity)
             self._segments.clear()
 
     async def _answer(self, writer: asyncio.StreamWriter, call: ipc.Call) -> None:
         for key in call.dropped:
-            self._segments.pop(key, None)
+            if (segment := self._segments.pop(key, None)) is not None:
+                self.plane.shared_memory.unreserve(segment.identity)
         method = METHODS.get(call.method)
         try:
             if method is None:
@@ -127,6 +130,7 @@ class PlaneHost:
         if region is None:
             size = shm_path(key).stat().st_size
             region = self._segments[key] = SystemRegion(key, 0, size)
+            self.plane.shared_memory.reserve(region.identity)  # never a client's region
         return region
 
     def _resolve(self, spot: ipc.Descriptor) -> memoryview:

@@ -1,7 +1,9 @@
-"""The shared-memory registry: regions clients register, mapped once, leased by requests.
+"""The shared-memory registry: regions clients register, opened once, leased by requests.
 
-System regions are POSIX shared-memory objects (serving/regions/system.py), CUDA regions are
-cudaIpcMemHandles (serving/regions/cuda.py); both share one namespace of names, as in Triton.
+System regions are clients' POSIX shared-memory objects (serving/regions/system.py: refused when
+reserved for the server, of another user or with several names; copied in and out, never
+mapped), CUDA regions are cudaIpcMemHandles (serving/regions/cuda.py); both share one namespace
+of names, as in Triton.
 Every offset and size a request names is checked here, once, against the region. A request
 holds a `Lease` on the regions it uses until the batcher and the DataPlane are both done with
 them. Unregistering a region that a queued or running request uses is deferred: the region
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ import numpy as np
 from dlscale.errors import InvalidInput, NotFound, Unsupported
 from dlscale.serving.regions import cuda as cuda_memory
 from dlscale.serving.regions.cuda import DeviceRegion
-from dlscale.serving.regions.system import SystemRegion, check_name
+from dlscale.serving.regions.system import ClientObject, Identity, check_name
 from dlscale.types import Datatype, RegionRef, RegionTensor
 from dlscale.wire.tensors import (
     REGION_WORDS,
@@ -65,23 +68,36 @@ class RegionStatus:
 @dataclass(eq=False)
 class _Region:
     status: RegionStatus
-    memory: SystemRegion | DeviceRegion
+    memory: ClientObject | DeviceRegion
     users: int = 0
     retiring: bool = False  # unregistered while in use: released when the last user leaves
 
 
 class SharedMemoryRegistry:
-    """The regions of one server; off (every register refused) unless `enabled`."""
+    """The regions of one server; off (every register refused) unless `enabled`.
 
-    def __init__(self, enabled: bool = False, max_regions: int = 256, page_lock: bool = False):
+    `owners`: users besides the server's own whose objects may be registered (none by default).
+    `page_lock` is accepted for the composition root and ignored: a system region is copied
+    into private memory at each use (see ClientObject), so there is no mapping to page-lock.
+    """
+
+    def __init__(
+        self,
+        enabled: bool = False,
+        max_regions: int = 256,
+        page_lock: bool = False,
+        owners: frozenset[int] = frozenset(),
+    ):
         if max_regions < 1:
             raise ValueError(f"max_regions must be at least 1, got {max_regions}")
         self.enabled = enabled
         self.max_regions = max_regions
-        #: Page-lock system regions (a CUDA device serves from them).
         self.page_lock = page_lock
+        #: The users whose objects may be registered.
+        self.owners = owners | {os.geteuid()}
         self._regions: dict[str, _Region] = {}
-        self._unmapped_later: list[SystemRegion] = []
+        #: The server's own shared-memory objects (`reserve`), never registrable.
+        self._own: set[Identity] = set()
         self._lock = threading.Lock()
 
     @property
@@ -92,16 +108,12 @@ class SharedMemoryRegistry:
     # -- registration ------------------------------------------------------------------------------
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Map `byte_size` bytes at `offset` of the shared-memory object `key` as `name`."""
+        """Register `byte_size` bytes at `offset` of the client's object `key` as `name`."""
         self._check_new(name)
         _check_sizes(offset, byte_size)
-        memory = SystemRegion(key, offset, byte_size)
-        if self.page_lock:
-            try:
-                cuda_memory.page_lock(memory.address, byte_size)
-                memory.page_locked = True
-            except Exception as exc:  # the region still works: its copies go through staging
-                log.warning("region %r is not page-locked: %s", name, exc)
+        with self._lock:
+            own = set(self._own)
+        memory = ClientObject(key, offset, byte_size, own, self.owners)
         status = RegionStatus(name, RegionKind.SYSTEM, byte_size, key=key, offset=offset)
         self._add(_Region(status, memory))
 
@@ -112,6 +124,16 @@ class SharedMemoryRegistry:
         memory = DeviceRegion(raw_handle, device_id, byte_size)
         status = RegionStatus(name, RegionKind.CUDA, byte_size, device_id=device_id)
         self._add(_Region(status, memory))
+
+    def reserve(self, identity: Identity) -> None:
+        """Declare a shared-memory object the server made (device, inode): never a region."""
+        with self._lock:
+            self._own.add(identity)
+
+    def unreserve(self, identity: Identity) -> None:
+        """The server is done with an object it reserved (its inode may be reused)."""
+        with self._lock:
+            self._own.discard(identity)
 
     def _check_new(self, name: str) -> None:
         if not self.enabled:
@@ -192,7 +214,6 @@ class SharedMemoryRegistry:
             self._regions.clear()
         for region in regions:
             self._release(region)
-        self._sweep()
 
     def _retire(self, region: _Region) -> bool:
         """Take a region out of service (lock held); True when it can be released now."""
@@ -204,19 +225,8 @@ class SharedMemoryRegistry:
         return True
 
     def _release(self, region: _Region) -> None:
-        memory = region.memory
-        if isinstance(memory, SystemRegion) and memory.page_locked:
-            cuda_memory.page_unlock(memory.address)
-            memory.page_locked = False
-        if not memory.close():
-            # A view of it is still referenced somewhere; unmap once it is dropped.
-            assert isinstance(memory, SystemRegion)
-            self._unmapped_later.append(memory)
+        region.memory.close()
         log.info("released %s", region.status)
-        self._sweep()
-
-    def _sweep(self) -> None:
-        self._unmapped_later = [m for m in self._unmapped_later if not m.close()]
 
     # -- leases ------------------------------------------------------------------------------------
 
@@ -274,9 +284,9 @@ class Lease:
         tensor = WireTensor("input", name, placed.datatype, placed.shape)
         ref = placed.ref
         memory = region.memory
-        if isinstance(memory, SystemRegion):
-            view = memory.view(ref.offset, ref.byte_size)
-            return read_tensor(tensor, RawData(view, REGION_WORDS))
+        if isinstance(memory, ClientObject):
+            copy = memory.read(ref.offset, ref.byte_size)
+            return read_tensor(tensor, RawData(copy.data, REGION_WORDS))
         _check_device_datatype(tensor)
         check_raw_size(tensor, ref.byte_size, REGION_WORDS)
         array = memory.array(ref.offset, ref.byte_size)
@@ -295,12 +305,12 @@ class Lease:
             array = cuda_memory.as_cupy(array)  # numpy's dtypes, whatever made it
         datatype = Datatype.from_numpy(array.dtype)
         memory = region.memory
-        if isinstance(memory, SystemRegion):
+        if isinstance(memory, ClientObject):
             raw = write_tensor("output", name, cuda_memory.to_host(array), datatype, Form.RAW).raw
             assert raw is not None
             size = len(raw)
             _check_fits(name, size, ref)
-            memory.view(ref.offset, size)[:] = memoryview(raw).cast("B")
+            memory.write(ref.offset, memoryview(raw).cast("B"))
         else:
             _check_device_datatype(WireTensor("output", name, datatype, tuple(array.shape)))
             size = int(np.prod(array.shape)) * datatype.itemsize

@@ -1,9 +1,10 @@
 """A system shared-memory region: a POSIX shared-memory object, mapped once with mmap.
 
 tritonclient (and any POSIX client) creates the object with shm_open, which on Linux is the file
-/dev/shm/KEY; the server opens that file and maps the registered window of it. Any process that
-knows the key can map the same bytes (`shm_path`), which is what makes a region usable from
-another process's side too.
+/dev/shm/KEY. The server's own segments (REST worker bodies) are mapped once (`SystemRegion`);
+a client's object is a `ClientObject`: kept open, checked before each use, and read and written
+with pread/pwrite, never through a mapping, because a client may truncate its object at any
+moment and a mapping would then kill the server with SIGBUS (docs/shared-memory.md).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.errors import InvalidInput
+from dlscale.errors import InvalidInput, PermissionDenied
 
 SHM_DIR = Path("/dev/shm")
+#: The server's own shared-memory objects start with this (frontends/workers' body segments);
+#: no client may register a key in it.
+RESERVED_PREFIX = "dlscale."
 #: Region names and keys: printable, no path separators, at most 128 characters.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+\-]{0,127}")
 
@@ -44,8 +48,12 @@ def shm_path(key: str) -> Path:
     return SHM_DIR / bare
 
 
+#: (device, inode): which object a descriptor or a name leads to, whatever the name.
+Identity = tuple[int, int]
+
+
 class SystemRegion:
-    """`byte_size` bytes from `offset` of the object `key`, mapped read-write."""
+    """`byte_size` bytes from `offset` of the server's own object `key`, mapped read-write."""
 
     def __init__(self, key: str, offset: int, byte_size: int) -> None:
         if byte_size <= 0:
@@ -62,9 +70,12 @@ class SystemRegion:
         except OSError as exc:
             raise InvalidInput(f"shared-memory key {key!r} cannot be opened: {exc}") from None
         try:
+            info = os.fstat(fd)
             self._mmap = _map(fd, key, offset, byte_size)
         finally:
             os.close(fd)
+        #: Which object this is: the registry refuses it to clients whatever name reaches it.
+        self.identity: Identity = (info.st_dev, info.st_ino)
         self._start = offset % mmap.ALLOCATIONGRANULARITY
         self.byte_size = byte_size
         self.address = _address(self._mmap) + self._start
@@ -82,6 +93,125 @@ class SystemRegion:
         except BufferError:
             return False
         return True
+
+
+class ClientObject:
+    """`byte_size` bytes from `offset` of a client's object `key`: kept open, copied in and out.
+
+    Registration refuses the server's reserved names and objects (`own`), objects reachable
+    under several names, and objects owned by a user not in `owners`. Each use checks that the
+    name still leads to the same object and that it still holds the window, then copies with
+    pread/pwrite: a truncation racing the copy makes a short read (an error), never SIGBUS.
+    """
+
+    def __init__(
+        self, key: str, offset: int, byte_size: int, own: set[Identity], owners: frozenset[int]
+    ) -> None:
+        path = shm_path(key)
+        if path.name.startswith(RESERVED_PREFIX):
+            raise PermissionDenied(
+                f"shared-memory key {key!r}: names starting with {RESERVED_PREFIX!r} are the "
+                "server's own and cannot be registered"
+            )
+        try:
+            # O_NOFOLLOW: a key names an object, never a link to some other file.
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise InvalidInput(
+                f"no shared-memory object with key {key!r} ({path}): create it (shm_open) "
+                "before registering it"
+            ) from None
+        except OSError as exc:
+            raise InvalidInput(f"shared-memory key {key!r} cannot be opened: {exc}") from None
+        try:
+            info = os.fstat(fd)
+            _check_object(key, info, (offset, byte_size), own, owners)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.key, self.offset, self.byte_size = key, offset, byte_size
+        self.identity: Identity = (info.st_dev, info.st_ino)
+        self._path = path
+        self._fd = fd
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        """A private copy of `size` bytes from `offset` of the region (bounds checked by caller)."""
+        self._check_live()
+        copy = np.empty(size, np.uint8)
+        target = copy.data
+        done = 0
+        while done < size:
+            got = os.preadv(self._fd, [target[done:]], self.offset + offset + done)
+            if got == 0:
+                raise InvalidInput(self._shrunk("while the server read it"))
+            done += got
+        return copy
+
+    def write(self, offset: int, data: memoryview) -> None:
+        """Write `data` at `offset` of the region (bounds checked by caller)."""
+        self._check_live()
+        done = 0
+        while done < data.nbytes:
+            done += os.pwrite(self._fd, data[done:], self.offset + offset + done)
+
+    def close(self) -> bool:
+        """Close the object (the client's object stays the client's)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        return True
+
+    def _check_live(self) -> None:
+        try:
+            named = os.stat(self._path, follow_symlinks=False)
+        except FileNotFoundError:
+            raise InvalidInput(
+                f"the shared-memory object {self.key!r} was removed after registration: "
+                "unregister the region and register it again"
+            ) from None
+        if (named.st_dev, named.st_ino) != self.identity:
+            raise InvalidInput(
+                f"the shared-memory object {self.key!r} was replaced after registration: "
+                "unregister the region and register it again"
+            )
+        size = os.fstat(self._fd).st_size
+        if size < self.offset + self.byte_size:
+            raise InvalidInput(self._shrunk(f"to {size} bytes"))
+
+    def _shrunk(self, how: str) -> str:
+        return (
+            f"the shared-memory object {self.key!r} shrank {how} after registration; the region "
+            f"needs {self.offset + self.byte_size} bytes"
+        )
+
+
+def _check_object(
+    key: str,
+    info: os.stat_result,
+    window: tuple[int, int],
+    own: set[Identity],
+    owners: frozenset[int],
+) -> None:
+    """Refuse what a client may not register (the trust model of docs/shared-memory.md)."""
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInput(f"shared-memory key {key!r} is not a shared-memory object")
+    if (info.st_dev, info.st_ino) in own or info.st_nlink != 1:
+        # A second name (a hard link) is how a reserved object could reach a client's name.
+        raise PermissionDenied(
+            f"shared-memory key {key!r} leads to an object the server owns or one with several "
+            "names; register an object of your own made with shm_open"
+        )
+    if info.st_uid not in owners:
+        raise PermissionDenied(
+            f"shared-memory key {key!r}: the object belongs to uid {info.st_uid}; this server "
+            f"takes objects of uid {', '.join(map(str, sorted(owners)))} only"
+        )
+    offset, byte_size = window
+    if offset + byte_size > info.st_size:
+        raise InvalidInput(
+            f"offset {offset} + byte_size {byte_size} exceed the {info.st_size} bytes of the "
+            f"shared-memory object {key!r}"
+        )
 
 
 def _map(fd: int, key: str, offset: int, byte_size: int) -> mmap.mmap:
