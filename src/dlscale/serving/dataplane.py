@@ -21,6 +21,7 @@ from dlscale.errors import (
 )
 from dlscale.serving.batcher import Tensors
 from dlscale.serving.classification import class_count, top_classes
+from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.uploads import Uploads
 from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager, ServedVersion
@@ -64,16 +65,14 @@ class DataPlane:
     def __init__(
         self,
         manager: ModelManager,
-        model_control: str = "none",
+        model_control: str = ModelControl.NONE,
         shared_memory: SharedMemoryRegistry | None = None,
         tracer: Tracer | None = None,
         logs: LogControl | None = None,
         strict_readiness: bool = True,
     ) -> None:
-        if model_control not in ("none", "explicit", "poll"):
-            raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
         self.manager = manager
-        self.model_control = model_control
+        self.model_control = ModelControl.of(model_control)
         self.strict_readiness = strict_readiness
         #: The shared-memory regions requests may name (off unless the server allows them).
         self.shared_memory = shared_memory or SharedMemoryRegistry()
@@ -332,7 +331,7 @@ class DataPlane:
 
 def check_model_control(model_control: str) -> None:
     """Loading and unloading over the API are refused under --model-control none."""
-    if model_control == "none":
+    if not ModelControl.of(model_control).api_loads:
         raise Unsupported(
             "the server was started with --model-control none: models cannot be loaded or "
             "unloaded through the API (start it with --model-control explicit)"
