@@ -259,19 +259,22 @@ class ServerSettings:
         return cls(repository).replace(**values)
 
     def replace(self, **values: Any) -> Self:
-        """A copy with flat keywords changed (`http_port=0`, `max_body_bytes=...`)."""
+        """A copy with flat keywords changed (`http_port=0`, `max_body_bytes=...`); a group's
+        name (`limits=Limits(...)`) replaces that whole group, before its fields are changed."""
+        whole = {k: values.pop(k) for k in list(values) if k in GROUPS or k == "repository"}
         by_group: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
         for key, value in values.items():
             group = _GROUP_OF.get(key)
             if group is None:
                 raise TypeError(f"ServerSettings has no setting {key!r}")
             by_group[group][key] = value
+        changed = dataclasses.replace(self, **whole)
         groups = {
-            name: dataclasses.replace(getattr(self, name), **changes)
+            name: dataclasses.replace(getattr(changed, name), **changes)
             for name, changes in by_group.items()
             if changes
         }
-        return dataclasses.replace(self, **groups)
+        return dataclasses.replace(changed, **groups)
 
 
 #: Which group holds each field (their names are unique across groups).
