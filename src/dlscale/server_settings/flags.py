@@ -52,10 +52,14 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
 
 def _add_limit_flags(group: argparse._ArgumentGroup) -> None:
     """One flag per limit, each described once, in dlscale.frontends.limits.Limits."""
-    group.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
-    group.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
+    defaults = Limits()
+    for dest, (name, text) in _MIB_FLAGS.items():
+        mib = getattr(defaults, name) / 2**20
+        group.add_argument(
+            "--" + dest.replace("_", "-"), type=float, default=mib, help=f"{text} (default {mib:g})"
+        )
     for item in dataclasses.fields(Limits):
-        if item.name in _MIB_FLAGS.values():
+        if item.name in (name for name, _ in _MIB_FLAGS.values()):
             continue  # set in MiB by the two flags above
         group.add_argument(
             "--" + item.name.replace("_", "-"),
@@ -66,8 +70,11 @@ def _add_limit_flags(group: argparse._ArgumentGroup) -> None:
         )
 
 
-#: The Limits set in MiB, by the flag's dest.
-_MIB_FLAGS = {"max_body_mb": "max_body_bytes", "max_grpc_mb": "max_grpc_message_bytes"}
+#: The Limits set in MiB: the flag's dest -> (the Limits field, the flag's help).
+_MIB_FLAGS = {
+    "max_body_mb": ("max_body_bytes", "REST body size limit in MiB"),
+    "max_grpc_mb": ("max_grpc_message_bytes", "gRPC message size limit in MiB"),
+}
 
 
 def settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -96,8 +103,9 @@ def _limits_from(args: argparse.Namespace) -> Limits:
         for f in dataclasses.fields(Limits)
         if getattr(args, f.name, None) is not None
     }
-    for dest, name in _MIB_FLAGS.items():
-        given[name] = int(getattr(args, dest, 64) * 2**20)
+    for dest, (name, _) in _MIB_FLAGS.items():
+        if getattr(args, dest, None) is not None:
+            given[name] = int(getattr(args, dest) * 2**20)
     return Limits(**given)
 
 
