@@ -117,8 +117,8 @@ def serve_dlscale_sync(port: int, threads: int, repo: Path) -> None:
     from dlscale.server import ServerSettings, ServerThread
     from dlscale.wire.grpc import decode_infer_request, frame_infer_response, wants_raw
 
-    settings = ServerSettings(
-        repository=repo, host=HOST, http_port=None, grpc_port=None, metrics_port=None
+    settings = ServerSettings.build(
+        repo, host=HOST, http_port=None, grpc_port=None, metrics_port=None
     )
     core = ServerThread(settings)
     core.start()

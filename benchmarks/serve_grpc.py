@@ -49,8 +49,8 @@ async def serve(repo: Path, port: int) -> None:
     """Serve every model over gRPC on `port` as `dlscale serve` does; stop on a signal."""
     from dlscale.server import Server, ServerSettings
 
-    settings = ServerSettings(
-        repository=repo, host=HOST, http_port=None, grpc_port=port, metrics_port=None, grace_s=5.0
+    settings = ServerSettings.build(
+        repo, host=HOST, http_port=None, grpc_port=port, metrics_port=None, grace_s=5.0
     )
     await Server(settings).serve_forever(on_ready=lambda server: announce(server.ports["grpc"]))
 

@@ -29,8 +29,8 @@ async def serve(repo: Path, stack: str, port: int) -> None:
     other stacks run the same routes (RestApi) over the server's DataPlane.
     """
     own = stack == "protocol"
-    settings = ServerSettings(
-        repository=repo,
+    settings = ServerSettings.build(
+        repo,
         host=HOST,
         http_port=port if own else None,
         grpc_port=None,

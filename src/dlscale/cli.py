@@ -121,59 +121,7 @@ def _add_core_verbs(sub: SubParsers) -> None:
     run.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
     run.set_defaults(func=LazyHandler("dlscale.models.commands", "run"))
 
-    serve = sub.add_parser("serve", help="serve a repository over the Open Inference Protocol")
-    serve.add_argument("repo", type=Path, help="model repository")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    serve.add_argument("--http-port", type=int, default=8000, help="REST port; -1 turns it off")
-    serve.add_argument("--grpc-port", type=int, default=8001, help="gRPC port; -1 turns it off")
-    serve.add_argument(
-        "--http-workers",
-        type=int,
-        default=0,
-        help="REST in N processes on one port, forwarding to the model process (0: one process)",
-    )
-    serve.add_argument("--metrics-port", type=int, default=8002, help="-1 turns metrics off")
-    serve.add_argument(
-        "--model-control",
-        choices=["none", "explicit", "poll"],
-        default="none",
-        help="none: load all, no API loads; explicit: load via API; poll: follow the folder",
-    )
-    serve.add_argument("--load-model", action="append", default=[], help="explicit mode: load")
-    serve.add_argument("--poll-interval", type=float, default=5.0, help="poll mode: seconds")
-    serve.add_argument(
-        "--allow-client-shm",
-        action="store_true",
-        help="let clients register system and CUDA shared-memory regions (off by default)",
-    )
-    serve.add_argument(
-        "--max-shm-regions", type=int, default=256, help="most shared-memory regions at once"
-    )
-    serve.add_argument(
-        "--shm-owner-uid",
-        type=int,
-        action="append",
-        default=[],
-        help="also take shared-memory objects of this user (default: the server's user only)",
-    )
-    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    serve.add_argument("--log-file", type=Path, help="write the logs here instead of stderr")
-    serve.add_argument("--log-format", default="default", choices=("default", "ISO8601"))
-    serve.add_argument("--access-log", action="store_true", help="log every request, one line")
-    serve.add_argument("--trace-file", type=Path, help="where request traces go (JSON)")
-    serve.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
-    serve.add_argument("--trace-rate", type=int, default=1000, help="trace one in N requests")
-    serve.add_argument(
-        "--qos",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="schedule models sharing a device by their [qos] (default); --no-qos ignores it",
-    )
-    _add_serve_lifecycle_flags(serve)
-    _add_serve_security_flags(serve)
-    _add_serve_limit_flags(serve)
-    serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
-    _add_ray_flags(serve)
+    _add_serve(sub)
 
     demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
     demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
@@ -181,102 +129,15 @@ def _add_core_verbs(sub: SubParsers) -> None:
     demo.set_defaults(func=LazyHandler("dlscale.demo", "demo"))
 
 
-def _add_serve_lifecycle_flags(serve: argparse.ArgumentParser) -> None:
-    """Readiness, start-up failures and the shutdown grace, as Triton names them."""
-    group = serve.add_argument_group("readiness and shutdown")
-    for flag, default, text in (
-        ("--strict-readiness", True, "ready only while every model that should be served is"),
-        ("--exit-on-error", False, "stop when a model fails to load at start, not serve the"),
-    ):
-        tail = "READY" if default else "others"
-        group.add_argument(
-            flag,
-            type=_boolean,
-            nargs="?",
-            const=True,
-            default=default,
-            metavar="BOOL",
-            help=f"{text} {tail} (default {str(default).lower()})",
-        )
-    group.add_argument(
-        "--grace-s",
-        type=float,
-        default=10.0,
-        help="seconds requests in flight get at shutdown; then 503 / UNAVAILABLE (default 10)",
-    )
+def _add_serve(sub: SubParsers) -> None:
+    """`dlscale serve`: its flags are generated from dlscale.server_settings' fields."""
+    from dlscale.scale.settings import add_ray_flags
+    from dlscale.server_settings.flags import add_serve_flags
 
-
-def _add_serve_security_flags(serve: argparse.ArgumentParser) -> None:
-    """TLS and restricted API groups (docs/limits.md)."""
-    group = serve.add_argument_group("TLS and access (docs/limits.md)")
-    group.add_argument("--tls-cert", type=Path, help="PEM certificate chain: REST and gRPC on TLS")
-    group.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    group.add_argument("--tls-client-ca", type=Path, help="require client certificates it signed")
-    group.add_argument(
-        "--http-restricted-api",
-        action="append",
-        default=[],
-        metavar="APIS:KEY=VALUE",
-        help="e.g. model-repository,statistics:admin-key=SECRET; repeatable (Triton's syntax)",
-    )
-    group.add_argument(
-        "--grpc-restricted-protocol",
-        action="append",
-        default=[],
-        metavar="APIS:KEY=VALUE",
-        help="the same for gRPC; the header is triton-grpc-protocol-KEY",
-    )
-
-
-def _add_serve_limit_flags(serve: argparse.ArgumentParser) -> None:
-    """One flag per limit, each described once, in dlscale.frontends.limits.Limits."""
-    import dataclasses
-
-    from dlscale.frontends.limits import Limits
-
-    group = serve.add_argument_group("limits on clients (docs/limits.md)")
-    group.add_argument("--max-body-mb", type=float, default=64, help="REST body size limit")
-    group.add_argument("--max-grpc-mb", type=float, default=64, help="gRPC message size limit")
-    for item in dataclasses.fields(Limits):
-        if item.name in ("max_body_bytes", "max_grpc_message_bytes"):
-            continue  # set in MiB by the two flags above
-        group.add_argument(
-            "--" + item.name.replace("_", "-"),
-            type=type(item.default),
-            default=None,
-            metavar="N",
-            help=f"{item.metadata['help']} (default {item.default:,})",
-        )
-
-
-def _boolean(text: str) -> bool:
-    """true/false, yes/no, 1/0, as Triton's flags take them."""
-    value = text.strip().lower()
-    if value in ("true", "yes", "1", "on"):
-        return True
-    if value in ("false", "no", "0", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _add_ray_flags(serve: argparse.ArgumentParser) -> None:
-    """`dlscale serve REPO --ray ...`: the same server's core on Ray Serve (docs/scale.md)."""
-    ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
-    ray.add_argument(
-        "--ray",
-        dest="func",
-        action="store_const",
-        const=LazyHandler("dlscale.scale.commands", "serve_on_ray"),
-        help="deploy each model as a Ray Serve deployment behind an OIP ingress",
-    )
-    ray.add_argument("--address", help="Ray cluster: auto, HOST:6379 or ray://HOST:10001")
-    ray.add_argument("--replicas", type=int, default=1, help="replicas per model (default 1)")
-    ray.add_argument("--autoscale", metavar="MIN:MAX", help="autoscale each model's replicas")
-    ray.add_argument("--cpus-per-replica", type=float, help="default: one per CPU instance")
-    ray.add_argument("--gpus-per-replica", type=float, help="e.g. 0.5 to share a GPU")
-    ray.add_argument("--ingress-replicas", type=int, default=1, help="OIP ingress replicas")
-    ray.add_argument("--request-timeout", type=float, default=60.0, help="seconds, then 503")
-    ray.add_argument("--detach", action="store_true", help="return once deployed (with --address)")
+    serve = sub.add_parser("serve", help="serve a repository over the Open Inference Protocol")
+    add_serve_flags(serve)
+    serve.set_defaults(func=LazyHandler("dlscale.server", "serve"))
+    add_ray_flags(serve, LazyHandler("dlscale.scale.commands", "serve_on_ray"))
 
 
 _VERB_GROUPS: list[Callable[[SubParsers], None]] = [_add_core_verbs]

@@ -64,8 +64,8 @@ def in_process_table(repo: ModelRepository, names: list[str], console: Console) 
 @contextmanager
 def serving(root: Path, models: list[str]) -> Iterator[Server]:
     """`dlscale serve` on free loopback ports, in a thread of this process, for the demo."""
-    settings = ServerSettings(
-        repository=root,
+    settings = ServerSettings.build(
+        root,
         http_port=0,
         grpc_port=0,
         metrics_port=0,

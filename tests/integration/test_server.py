@@ -34,7 +34,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_explicit_control_loads_the_named_models_and_the_ports_are_reported(repo: Path) -> None:
-    settings = ServerSettings(
+    settings = ServerSettings.build(
         repo,
         http_port=0,
         grpc_port=0,

@@ -58,10 +58,11 @@ class ServeProcess:
     """`dlscale serve REPO --http-port 0 --grpc-port 0 --metrics-port 0 [ARGS...]` as a child
     process, its log read line by line as it runs (the ports it bound are read from it)."""
 
-    def __init__(self, repo: Path, *args: str) -> None:
+    def __init__(self, repo: Path | None, *args: str) -> None:
         ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+        given = [] if repo is None else [str(repo)]  # None: ARGS name it (--model-repository)
         self.proc = subprocess.Popen(
-            [*dlscale_command(), "serve", str(repo), *ports, *args],
+            [*dlscale_command(), "serve", *given, *ports, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -152,7 +153,7 @@ class ServeProcess:
 
 
 @contextmanager
-def served(repo: Path, *args: str) -> Iterator[ServeProcess]:
+def served(repo: Path | None, *args: str) -> Iterator[ServeProcess]:
     """A ready `dlscale serve` child process, stopped at the end if the test left it running."""
     process = ServeProcess(repo, *args)
     try:

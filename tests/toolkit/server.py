@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
 from dlscale.frontends.grpc import GrpcFrontend
-from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest import HttpFrontend
 from dlscale.server import ALL_MODELS, ServerSettings, ServerThread
 from dlscale.serving.dataplane import DataPlane
@@ -21,20 +19,21 @@ def settings_for(root: Path, **changes: Any) -> ServerSettings:
     """REST and gRPC on ports the OS picks, no metrics port, every model loaded under explicit
     control (so the tests may load and unload), a 4 MiB body limit; `changes` override these,
     a Limits field (max_body_bytes, head_timeout_s, ...) among them."""
-    names = {f.name for f in dataclasses.fields(Limits)}
-    limits = {k: changes.pop(k) for k in list(changes) if k in names}
-    settings = ServerSettings(
-        repository=root,
+    tls = changes.pop("tls", None)
+    if tls is not None:  # the three TLS settings, from one TlsFiles
+        changes.update(tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
+    settings = ServerSettings.build(
+        root,
         host=HOST,
         http_port=0,
         grpc_port=0,
         metrics_port=None,
         model_control="explicit",
         load_models=(ALL_MODELS,),
-        limits=Limits(**{"max_body_bytes": 4 * 2**20, **limits}),
+        max_body_bytes=4 * 2**20,
         grace_s=5.0,
     )
-    return dataclasses.replace(settings, **changes)
+    return settings.replace(**changes)
 
 
 class LocalServer(ServerThread):

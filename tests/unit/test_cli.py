@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dlscale.cli import _BENCH_SUBVERBS, LazyHandler, build_parser
+from dlscale.errors import ConfigError
+from dlscale.server_settings import GROUPS
+from dlscale.serving.control.mode import ModelControl
 
 
 def _handlers(parser: argparse.ArgumentParser, path: str) -> dict[str, object]:
@@ -106,6 +111,65 @@ def test_shm_owner_uids_reach_the_registry(tmp_path: Path) -> None:
             "9",
         ]
     )
-    assert settings_from(args).shm_owner_uids == (7, 9)
+    assert settings_from(args).shared_memory.shm_owner_uids == (7, 9)
     default = build_parser().parse_args(["serve", str(tmp_path)])
-    assert settings_from(default).shm_owner_uids == ()
+    assert settings_from(default).shared_memory.shm_owner_uids == ()
+
+
+def test_serve_flags_default_to_the_settings_fields() -> None:
+    # The flags are generated from the fields: parsed with no flag, they are the fields' defaults.
+    from dlscale.cli import parse
+    from dlscale.server_settings import ServerSettings
+    from dlscale.server_settings.flags import settings_from
+
+    assert settings_from(parse(["serve", "repo"])) == ServerSettings(Path("repo"))
+
+
+@pytest.mark.parametrize(
+    ("triton", "setting", "value"),
+    [
+        (["--model-store", "repo"], "repository", Path("repo")),
+        (["repo", "--model-control-mode=poll"], "model_control", ModelControl.POLL),
+        (["repo", "--repository-poll-secs", "2"], "poll_interval_s", 2.0),
+        (["repo", "--exit-timeout-secs=3"], "grace_s", 3.0),
+        (["repo", "--exit-on-error"], "exit_on_error", True),
+        (["repo", "--strict-readiness=false"], "strict_readiness", False),
+        (["repo", "--log-verbose=1"], "log_level", "DEBUG"),
+        (["repo", "--log-verbose", "0"], "log_level", "INFO"),
+        (["repo", "--allow-grpc=false"], "grpc_port", None),
+        (["repo", "--allow-metrics", "0"], "metrics_port", None),
+        (["repo", "--http-port=9000", "--allow-http=true"], "http_port", 9000),
+        (["repo", "--load-model=a", "--load-model=b"], "load_models", ("a", "b")),
+    ],
+)
+def test_tritons_spellings_set_the_same_settings(
+    triton: list[str], setting: str, value: object
+) -> None:
+    from dlscale.cli import parse
+    from dlscale.server_settings.flags import settings_from
+
+    settings = settings_from(parse(["serve", *triton]))
+    groups = [settings, *(getattr(settings, name) for name in GROUPS)]
+    assert next(getattr(g, setting) for g in groups if hasattr(g, setting)) == value
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve"], "which model repository"),
+        (["serve", "a", "--model-repository", "b"], "two repositories"),
+    ],
+)
+def test_serve_needs_one_repository(argv: list[str], message: str) -> None:
+    from dlscale.cli import parse
+    from dlscale.server_settings.flags import settings_from
+
+    with pytest.raises(ConfigError, match=message):
+        settings_from(parse(argv))
+
+
+def test_model_control_is_compared_through_the_enum() -> None:
+    assert [m for m in ModelControl if m.api_loads] == [ModelControl.EXPLICIT, ModelControl.POLL]
+    assert ModelControl.EXPLICIT.loads_named and ModelControl.POLL.polls
+    with pytest.raises(ValueError, match="expected one of none, explicit, poll"):
+        ModelControl.of("sometimes")

@@ -24,9 +24,11 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"backends", "wire"},
     "serving": {"models", "backends", "hardware", "wire"},
     "frontends": {"serving", "wire"},
-    "server": {"serving", "frontends"},
+    "server": {"serving", "frontends", "server_settings"},
+    # What `dlscale serve` is asked for: groups of fields that generate its flags.
+    "server_settings": {"serving", "frontends"},
     # Ray Serve deployments of the same serving core, behind the same frontends' routes.
-    "scale": {"serving", "frontends", "server", "models", "wire"},
+    "scale": {"serving", "frontends", "server", "server_settings", "models", "wire"},
     "bench": {"hardware", "models", "serving", "wire"},
     "optimize": {"bench", "backends", "models"},
     "plan": {"hardware", "models", "serving"},

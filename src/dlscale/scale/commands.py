@@ -6,7 +6,6 @@ import argparse
 import logging
 import signal
 import threading
-from pathlib import Path
 
 import ray
 from ray import serve
@@ -15,48 +14,46 @@ from dlscale.errors import ConfigError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
 from dlscale.scale.ingress import deploy_ingress
-from dlscale.scale.settings import ScaleSettings, parse_autoscale
+from dlscale.scale.settings import ScaleSettings, ray_values
 from dlscale.server import ALL_MODELS
+from dlscale.server import settings_from as server_settings_from
 
 log = logging.getLogger("dlscale.scale")
 
 
 def settings_from(args: argparse.Namespace) -> ScaleSettings:
     """The parsed `dlscale serve` flags as ScaleSettings."""
-    if getattr(args, "allow_client_shm", False):
+    server = server_settings_from(args)
+    if server.shared_memory.allow_client_shm:
         raise ConfigError(
             "--allow-client-shm is not available with --ray: a client's shared-memory region is "
             "in its own host's memory, which the replicas on other hosts cannot read"
         )
-    if getattr(args, "http_workers", 0):
+    if server.network.http_workers:
         raise ConfigError(
             "--http-workers is not available with --ray: Ray's proxy serves HTTP "
             "(--ingress-replicas adds ingress replicas)"
         )
+    network, models = server.network, server.models
     return ScaleSettings(
-        repository=Path(args.repo).resolve(),
-        address=args.address,
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        model_control=args.model_control,
-        load_models=tuple(args.load_model),
-        replicas=args.replicas,
-        autoscale=parse_autoscale(args.autoscale) if args.autoscale else None,
-        cpus_per_replica=args.cpus_per_replica,
-        gpus_per_replica=args.gpus_per_replica,
-        ingress_replicas=args.ingress_replicas,
-        request_timeout_s=args.request_timeout,
-        max_body_bytes=int(args.max_body_mb * 2**20),
-        max_grpc_message_bytes=int(args.max_grpc_mb * 2**20),
+        repository=server.repository.resolve(),
+        host=network.host,
+        # -1 is passed on as it was given: Ray's proxy always serves HTTP.
+        http_port=-1 if network.http_port is None else network.http_port,
+        grpc_port=network.grpc_port,
+        metrics_port=network.metrics_port,
+        model_control=models.model_control,
+        load_models=models.load_models,
+        max_body_bytes=server.limits.max_body_bytes,
+        max_grpc_message_bytes=server.limits.max_grpc_message_bytes,
+        **ray_values(args),
     )
 
 
 def models_to_deploy(settings: ScaleSettings) -> list[str]:
     """Every model under --model-control none or with --load-model '*', else those named."""
     names = ModelRepository(settings.repository).names()
-    if settings.model_control == "explicit" and ALL_MODELS not in settings.load_models:
+    if settings.model_control.loads_named and ALL_MODELS not in settings.load_models:
         return list(settings.load_models)
     return names
 

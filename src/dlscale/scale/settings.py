@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dlscale.errors import ConfigError
+from dlscale.server_settings import setting
+from dlscale.serving.control.mode import ModelControl
+
+#: The model control modes a Ray deployment follows (it does not watch a folder).
+RAY_MODES = (ModelControl.NONE, ModelControl.EXPLICIT)
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """`MIN:MAX` replicas, e.g. `1:8`."""
+    low, sep, high = text.partition(":")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ConfigError(f"autoscale {text!r}: expected MIN:MAX replicas, e.g. 1:8")
+    return int(low), int(high)
 
 
 @dataclass(frozen=True)
@@ -19,7 +35,9 @@ class ScaleSettings:
     repository: Path
     #: None starts a Ray cluster in this process; "auto" joins the local node's cluster;
     #: "ray://host:10001" connects through Ray Client; "host:6379" joins that head.
-    address: str | None = None
+    address: str | None = setting(
+        None, "Ray cluster: auto, HOST:6379 or ray://HOST:10001", "--address"
+    )
     host: str = "127.0.0.1"
     http_port: int = 8000
     #: None turns the gRPC proxy off.
@@ -27,18 +45,25 @@ class ScaleSettings:
     #: Ray's Prometheus export port of a cluster started here (a joined cluster has its own).
     metrics_port: int | None = 8002
     #: none (deploy all, fixed) or explicit (deploy and delete over the protocol's API).
-    model_control: str = "none"
+    model_control: ModelControl = ModelControl.NONE
     #: The models deployed at start under explicit control; "*" deploys every one.
     load_models: tuple[str, ...] = ()
-    replicas: int = 1
+    replicas: int = setting(1, "replicas per model", "--replicas", type=int)
     #: (min, max) replicas for Ray Serve's autoscaler; None keeps `replicas` fixed.
-    autoscale: tuple[int, int] | None = None
+    autoscale: tuple[int, int] | None = setting(
+        None, "autoscale each model's replicas", "--autoscale", metavar="MIN:MAX",
+        convert=lambda text: None if text is None else parse_autoscale(text),
+    )  # fmt: skip
     #: Overrides of what a replica asks Ray for (by default: from the model's instances).
-    cpus_per_replica: float | None = None
-    gpus_per_replica: float | None = None
-    ingress_replicas: int = 1
+    cpus_per_replica: float | None = setting(
+        None, "default: one per CPU instance", "--cpus-per-replica", type=float
+    )
+    gpus_per_replica: float | None = setting(
+        None, "e.g. 0.5 to share a GPU", "--gpus-per-replica", type=float
+    )
+    ingress_replicas: int = setting(1, "OIP ingress replicas", "--ingress-replicas", type=int)
     #: The longest a request may take in the cluster, retries included, before a 503.
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = setting(60.0, "seconds, then 503", "--request-timeout", type=float)
     max_body_bytes: int = 64 * 2**20
     max_grpc_message_bytes: int = 64 * 2**20
     #: How often a replica copies its metrics into Ray's metrics export.
@@ -47,7 +72,8 @@ class ScaleSettings:
     refresh_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.model_control not in ("none", "explicit"):
+        object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
+        if self.model_control not in RAY_MODES:
             raise ConfigError(
                 f"--model-control {self.model_control} is not supported with --ray: use none "
                 "(every model, fixed) or explicit (load and unload over the API)"
@@ -62,9 +88,37 @@ class ScaleSettings:
             raise ConfigError(f"request timeout must be positive, got {self.request_timeout_s}")
 
 
-def parse_autoscale(text: str) -> tuple[int, int]:
-    """`MIN:MAX` replicas, e.g. `1:8`."""
-    low, sep, high = text.partition(":")
-    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
-        raise ConfigError(f"autoscale {text!r}: expected MIN:MAX replicas, e.g. 1:8")
-    return int(low), int(high)
+def _flagged() -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(ScaleSettings) if f.metadata.get("flags")]
+
+
+def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> None:
+    """`dlscale serve REPO --ray ...` (docs/scale.md): `handler` runs the verb with --ray."""
+    ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
+    ray.add_argument(
+        "--ray",
+        dest="func",
+        action="store_const",
+        const=handler,
+        help="deploy each model as a Ray Serve deployment behind an OIP ingress",
+    )
+    for item in _flagged():
+        text = item.metadata["help"]
+        if item.default is not None:
+            text = f"{text} (default {item.default})"
+        ray.add_argument(
+            *item.metadata["flags"], dest=item.name, default=item.default, help=text,
+            **{"metavar": item.metadata["flags"][0][2:].upper().replace("-", "_"),
+               **item.metadata["arg"]},
+        )  # fmt: skip
+    ray.add_argument("--detach", action="store_true", help="return once deployed (with --address)")
+
+
+def ray_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The ScaleSettings fields the --ray flags set, read back from parsed flags."""
+    values = {}
+    for item in _flagged():
+        value = getattr(args, item.name)
+        convert = item.metadata["convert"]
+        values[item.name] = convert(value) if convert is not None else value
+    return values

@@ -6,6 +6,7 @@ from its own module. Nothing is added: the data path and model control stay apar
 
 from __future__ import annotations
 
+from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
@@ -20,7 +21,7 @@ class HostPlane(DataPlane, ControlPlane):
     def __init__(
         self,
         manager: ModelManager,
-        model_control: str = "none",
+        model_control: str = ModelControl.NONE,
         shared_memory: SharedMemoryRegistry | None = None,
         tracer: Tracer | None = None,
         logs: LogControl | None = None,

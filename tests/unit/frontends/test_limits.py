@@ -40,12 +40,14 @@ def test_serve_flags_become_the_settings() -> None:
     )  # fmt: skip
     settings = settings_from(args)
     assert settings.limits == Limits(max_url_bytes=1024, head_timeout_s=2.5, max_body_bytes=2**20)
-    assert not settings.strict_readiness and settings.exit_on_error and settings.grace_s == 3
-    assert settings.http_restricted == (Restriction(frozenset({"model-repository"}), "k", "v"),)
-    assert settings.grpc_restricted[0].groups == {"statistics", "trace"}
-    assert settings.tls is None and settings.host == "127.0.0.1"
-    assert settings.http_workers == 0  # REST on the model process unless asked
-    assert settings_from(parse(["serve", "repo", "--http-workers", "3"])).http_workers == 3
+    lifecycle, security, network = settings.lifecycle, settings.security, settings.network
+    assert not lifecycle.strict_readiness and lifecycle.exit_on_error and lifecycle.grace_s == 3
+    assert security.http_restricted == (Restriction(frozenset({"model-repository"}), "k", "v"),)
+    assert security.grpc_restricted[0].groups == {"statistics", "trace"}
+    assert security.tls is None and network.host == "127.0.0.1"
+    assert network.http_workers == 0  # REST on the model process unless asked
+    workers = settings_from(parse(["serve", "repo", "--http-workers", "3"])).network.http_workers
+    assert workers == 3
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ log = logging.getLogger("dlscale.http")
 _PR_SET_PDEATHSIG = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """What one worker needs of the server's settings."""
 
@@ -45,11 +45,11 @@ class WorkerConfig:
     restricted: tuple[Restriction, ...]
     allow_shm: bool
     max_shm_regions: int
-    #: Names of this worker's shared-memory segments start with it.
-    segment_prefix: str
     grace_s: float
     #: (logger name, level) as the owner had them at start; "" is the root logger.
     log_levels: tuple[tuple[str, int], ...]
+    #: Names of this worker's shared-memory segments start with it (the pool sets it per worker).
+    segment_prefix: str = ""
 
     def encoded(self) -> str:
         """The config as one command-line argument."""

@@ -10,13 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlscale.errors import DlscaleError, NotFound, Unsupported, redact_paths
+from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.uploads import Uploads
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.logs import LogControl
 from dlscale.serving.observe.trace import Tracer
 from dlscale.types import RepositoryEntry
-
-MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 
 
 class ControlPlane:
@@ -25,14 +24,12 @@ class ControlPlane:
     def __init__(
         self,
         manager: ModelManager,
-        model_control: str = "none",
+        model_control: str = ModelControl.NONE,
         tracer: Tracer | None = None,
         logs: LogControl | None = None,
     ) -> None:
-        if model_control not in MODEL_CONTROL_MODES:
-            raise ValueError(f"model_control {model_control!r}: expected none, explicit or poll")
         self.manager = manager
-        self.model_control = model_control
+        self.model_control = ModelControl.of(model_control)
         self.tracer = tracer or Tracer()
         self.logs = logs or LogControl()
         #: Models loaded with a load request's own config and files.
@@ -95,7 +92,7 @@ class ControlPlane:
 
 def check_model_control(model_control: str) -> None:
     """Loading and unloading over the API are refused under --model-control none."""
-    if model_control == "none":
+    if not ModelControl.of(model_control).api_loads:
         raise Unsupported(
             "the server was started with --model-control none: models cannot be loaded or "
             "unloaded through the API (start it with --model-control explicit)"

@@ -1,0 +1,290 @@
+"""What `dlscale serve` is asked for: small frozen groups, each field with its default and flags.
+
+Each field says once what it is: its default, the help `dlscale serve -h` shows and its flag with
+Triton's spelling beside dlscale's. flags.py generates the argparse flags from the fields and
+reads them back into the same fields; `ServerSettings.build` fills the groups from flat keywords,
+for code and tests. docs/configuration.md lists every flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from dlscale.errors import ConfigError
+from dlscale.frontends.access import Access, Restriction
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.tls import TlsFiles
+from dlscale.serving.control.mode import ModelControl
+
+
+def setting(
+    default: Any, help: str, *flags: str, convert: Callable[[Any], Any] | None = None, **arg: Any
+) -> Any:
+    """A field: its default, its help, its flags (dlscale's spelling first, then Triton's),
+    how a parsed value becomes the field's (`convert`) and argparse's other arguments (`arg`)."""
+    metadata = {"help": help, "flags": flags, "convert": convert, "arg": arg}
+    return field(default=default, metadata=metadata)
+
+
+def boolean(text: str) -> bool:
+    """true/false, yes/no, 1/0, as Triton's flags take them."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _port(value: int) -> int | None:
+    """-1 turns a frontend off (None); 0 lets the OS pick a port."""
+    return None if value < 0 else value
+
+
+def _restrictions(texts: list[str]) -> tuple[Restriction, ...]:
+    return tuple(Restriction.parse(t) for t in texts)
+
+
+#: A BOOL flag as Triton takes it: `--flag`, `--flag=true`, `--flag false`.
+_BOOL: dict[str, Any] = {"type": boolean, "nargs": "?", "const": True, "metavar": "BOOL"}
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where the frontends listen; a port of None turns that frontend off, 0 picks one."""
+
+    #: Loopback by default: expose the server on purpose (--host 0.0.0.0), with TLS or a proxy.
+    host: str = setting("127.0.0.1", "address to bind (default loopback)", "--host")
+    http_port: int | None = setting(
+        8000, "REST port; -1 turns it off", "--http-port", convert=_port, type=int
+    )
+    grpc_port: int | None = setting(
+        8001, "gRPC port; -1 turns it off", "--grpc-port", convert=_port, type=int
+    )
+    metrics_port: int | None = setting(
+        8002, "-1 turns metrics off", "--metrics-port", convert=_port, type=int
+    )
+    #: REST worker processes sharing the port (0: REST on this process); docs/serving-rest.md.
+    http_workers: int = setting(
+        0,
+        "REST in N processes on one port, forwarding to the model process (0: one process)",
+        "--http-workers",
+        type=int,
+    )
+
+    def __post_init__(self) -> None:
+        if self.http_workers < 0:
+            raise ConfigError(f"--http-workers {self.http_workers}: 0 or more")
+
+
+@dataclass(frozen=True)
+class Models:
+    """Which models are served and how they change: model control and device scheduling."""
+
+    model_control: ModelControl = setting(
+        ModelControl.NONE,
+        "none: load all, no API loads; explicit: load via API; poll: follow the folder",
+        "--model-control",
+        "--model-control-mode",
+        convert=ModelControl.of,
+        choices=[m.value for m in ModelControl],
+    )
+    #: The models explicit control loads at start; ALL_MODELS ("*") loads every one.
+    load_models: tuple[str, ...] = setting(
+        (), "explicit mode: load", "--load-model", convert=tuple, action="append"
+    )
+    poll_interval_s: float = setting(
+        5.0, "poll mode: seconds", "--poll-interval", "--repository-poll-secs", type=float
+    )
+    #: False ignores every model's [qos] table: no device scheduler, no limits (docs/qos.md).
+    qos: bool = setting(
+        True,
+        "schedule models sharing a device by their [qos] (default); --no-qos ignores it",
+        "--qos",
+        action=argparse.BooleanOptionalAction,
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """Readiness, start-up failures and the shutdown grace, as Triton names them."""
+
+    strict_readiness: bool = setting(
+        True, "ready only while every model that should be served is READY", "--strict-readiness",
+        **_BOOL,
+    )  # fmt: skip
+    exit_on_error: bool = setting(
+        False, "stop when a model fails to load at start, not serve the others", "--exit-on-error",
+        **_BOOL,
+    )  # fmt: skip
+    #: Requests still running after the grace are answered 503 / UNAVAILABLE.
+    grace_s: float = setting(
+        10.0,
+        "seconds requests in flight get at shutdown; then 503 / UNAVAILABLE",
+        "--grace-s",
+        "--exit-timeout-secs",
+        type=float,
+    )
+
+
+@dataclass(frozen=True)
+class Security:
+    """TLS for REST and gRPC, and restricted API groups (docs/limits.md)."""
+
+    tls_cert: Path | None = setting(
+        None, "PEM certificate chain: REST and gRPC on TLS", "--tls-cert", type=Path
+    )
+    tls_key: Path | None = setting(None, "PEM private key of --tls-cert", "--tls-key", type=Path)
+    tls_client_ca: Path | None = setting(
+        None, "require client certificates it signed", "--tls-client-ca", type=Path
+    )
+    http_restricted: tuple[Restriction, ...] = setting(
+        (),
+        "e.g. model-repository,statistics:admin-key=SECRET; repeatable (Triton's syntax)",
+        "--http-restricted-api",
+        convert=_restrictions,
+        action="append",
+        metavar="APIS:KEY=VALUE",
+    )
+    grpc_restricted: tuple[Restriction, ...] = setting(
+        (),
+        "the same for gRPC; the header is triton-grpc-protocol-KEY",
+        "--grpc-restricted-protocol",
+        convert=_restrictions,
+        action="append",
+        metavar="APIS:KEY=VALUE",
+    )
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+        try:  # one group in one restriction only
+            Access(self.http_restricted), Access(self.grpc_restricted)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The TLS files; None serves plain text (loopback, or behind a proxy that does TLS)."""
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """Clients' shared-memory regions (docs/shared-memory.md)."""
+
+    allow_client_shm: bool = setting(
+        False,
+        "let clients register system and CUDA shared-memory regions (off by default)",
+        "--allow-client-shm",
+        action="store_true",
+    )
+    max_shm_regions: int = setting(
+        256, "most shared-memory regions at once", "--max-shm-regions", type=int
+    )
+    #: Users besides the server's own whose shared-memory objects clients may register.
+    shm_owner_uids: tuple[int, ...] = setting(
+        (),
+        "also take shared-memory objects of this user (default: the server's user only)",
+        "--shm-owner-uid",
+        convert=tuple,
+        type=int,
+        action="append",
+    )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Logs, request traces and telemetry."""
+
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR", "--log-level")
+    #: Where the logs go (stderr when None) and their timestamps: default or ISO8601.
+    log_file: Path | None = setting(
+        None, "write the logs here instead of stderr", "--log-file", type=Path
+    )
+    log_format: str = setting(
+        "default", "timestamps: default or ISO8601", "--log-format", choices=("default", "ISO8601")
+    )
+    access_log: bool = setting(
+        False, "log every request, one line", "--access-log", action="store_true"
+    )
+    #: None: tracing cannot be turned on (Triton's --trace-file).
+    trace_file: Path | None = setting(
+        None, "where request traces go (JSON)", "--trace-file", type=Path
+    )
+    #: Sampled requests are traced from the start: OFF or TIMESTAMPS, one in `trace_rate`.
+    trace_level: str = setting(
+        "OFF", "trace sampled requests from the start", "--trace-level",
+        choices=("OFF", "TIMESTAMPS"),
+    )  # fmt: skip
+    trace_rate: int = setting(1000, "trace one in N requests", "--trace-rate", type=int)
+    telemetry_interval_s: float = 1.0
+
+
+#: The groups of ServerSettings, by field name, with the title of their flags in -h.
+GROUPS: dict[str, tuple[type[Any], str]] = {
+    "network": (Network, "network"),
+    "models": (Models, "models"),
+    "lifecycle": (Lifecycle, "readiness and shutdown"),
+    "security": (Security, "TLS and access (docs/limits.md)"),
+    "shared_memory": (SharedMemory, "shared memory (docs/shared-memory.md)"),
+    "observation": (Observation, "logs and traces"),
+    "limits": (Limits, "limits on clients (docs/limits.md)"),
+}
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What `dlscale serve` was asked for: the repository and one small group per concern.
+
+    Every bound on clients is in `limits` (frontends/limits.py documents each); docs/limits.md
+    tells what each protects and how to change it.
+    """
+
+    repository: Path
+    network: Network = field(default_factory=Network)
+    models: Models = field(default_factory=Models)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    security: Security = field(default_factory=Security)
+    shared_memory: SharedMemory = field(default_factory=SharedMemory)
+    observation: Observation = field(default_factory=Observation)
+    limits: Limits = field(default_factory=Limits)
+
+    @classmethod
+    def build(cls, repository: Path, **values: Any) -> ServerSettings:
+        """Settings from flat keywords, each given to the group whose field it names."""
+        return cls(repository).replace(**values)
+
+    def replace(self, **values: Any) -> Self:
+        """A copy with flat keywords changed (`http_port=0`, `max_body_bytes=...`); a group's
+        name (`limits=Limits(...)`) replaces that whole group, before its fields are changed."""
+        whole = {k: values.pop(k) for k in list(values) if k in GROUPS or k == "repository"}
+        by_group: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+        for key, value in values.items():
+            group = _GROUP_OF.get(key)
+            if group is None:
+                raise TypeError(f"ServerSettings has no setting {key!r}")
+            by_group[group][key] = value
+        changed = dataclasses.replace(self, **whole)
+        groups = {
+            name: dataclasses.replace(getattr(changed, name), **changes)
+            for name, changes in by_group.items()
+            if changes
+        }
+        return dataclasses.replace(changed, **groups)
+
+
+#: Which group holds each field (their names are unique across groups).
+_GROUP_OF = {f.name: name for name, (kind, _) in GROUPS.items() for f in dataclasses.fields(kind)}
