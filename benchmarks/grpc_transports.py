@@ -31,8 +31,9 @@ from typing import Any
 
 import grpc
 
-from benchmarks.grpc_client import grpc_closed_loop, infer_request
-from benchmarks.harness import (
+from benchmarks.harness.grpc_clients import grpc_closed_loop, infer_request
+from benchmarks.harness.models import LARGE, SMALL, build_large_repository
+from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
@@ -40,11 +41,9 @@ from benchmarks.harness import (
     announce,
     cpu_seconds,
     free_port,
-    machine,
-    record,
     start_listening,
 )
-from benchmarks.large import LARGE, SMALL, build_repository
+from benchmarks.harness.statistics import machine, record
 from dlscale.wire.grpc import RAW_INPUT_FIELD, RAW_OUTPUT_FIELD, Framed, read_framed, serialize
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
@@ -158,7 +157,7 @@ def _cpu(servers: list[ServerProcess]) -> float:
 
 def run(repeats: int, duration: float, transports: list[str]) -> list[dict[str, Any]]:
     """Every (load, transport), transports alternating within each repetition."""
-    build_repository(WORK / "large-repo")
+    build_large_repository(WORK / "large-repo")
     rows: list[dict[str, Any]] = []
     requests = {label: infer_request(model, n)[0] for label, model, n, _ in LOADS}
     for rep in range(repeats):

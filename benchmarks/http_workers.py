@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from benchmarks.client import build_request, closed_loop
-from benchmarks.harness import HOST, RESULTS, machine, median_table, record
-from benchmarks.shm import build_repository, start_dlscale
+from benchmarks.harness.clients import build_request, closed_loop
+from benchmarks.harness.models import build_image_repository
+from benchmarks.harness.servers import HOST, RESULTS, start_dlscale
+from benchmarks.harness.statistics import machine, median_table, record
 
 #: name -> (model, shape of one request, streams)
 REQUESTS: dict[str, tuple[str, tuple[int, ...], int]] = {
@@ -119,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
-        repo = build_repository(Path(folder), resnet=False)
+        repo = build_image_repository(Path(folder), resnet=False)
         small_model(repo)
         for repeat in range(args.repeats):
             print(f"repetition {repeat + 1}/{args.repeats}", flush=True)

@@ -25,28 +25,26 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
-from benchmarks import models
-from benchmarks.client import build_request, closed_loop
-from benchmarks.harness import (
+from benchmarks.harness import models
+from benchmarks.harness.clients import build_request, closed_loop
+from benchmarks.harness.loads import rest_load
+from benchmarks.harness.models import IDENTITY, MLP, BenchModel
+from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
     ServerProcess,
     free_port,
-    machine,
-    markdown,
-    median_table,
-    record,
+    start_rest_stack,
     thread_env,
+    wait_ready,
 )
-from benchmarks.models import IDENTITY, MLP, BenchModel
-from benchmarks.run import load, start_dlscale
+from benchmarks.harness.statistics import machine, markdown, median_table, record
 
 #: The simulated device: one batch of up to 8 rows takes this long, whatever its size. Slow
 #: enough that 8 replicas (128 requests/s) reach the Ray path's ceiling on a 2-core machine.
@@ -79,25 +77,8 @@ def start_ray(repo: Path, tuned: bool = False) -> ServerProcess:
         start_new_session=True,
     )
     server = ServerProcess("ray-serve-tuned" if tuned else "ray-serve", proc, port)
-    _wait_ready(server)
+    wait_ready(server, every_s=1)
     return server
-
-
-def _wait_ready(server: ServerProcess, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}")
-        try:
-            url = f"http://{HOST}:{server.port}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    server.stop()
-    raise RuntimeError(f"{server.name} was not ready within {timeout_s:.0f} s")
 
 
 # -- overhead ----------------------------------------------------------------------------------
@@ -111,7 +92,7 @@ def run_overhead(repeats: int, duration: float, rows: list[dict[str, Any]]) -> N
     for model in (IDENTITY, MLP):
         models.write_dlscale_config(repo, model)
     starters = {
-        "dlscale": lambda: start_dlscale(repo),
+        "dlscale": lambda: start_rest_stack(repo),
         "ray-serve": lambda: start_ray(repo),
         "ray-serve-tuned": lambda: start_ray(repo, tuned=True),
     }
@@ -123,7 +104,7 @@ def run_overhead(repeats: int, duration: float, rows: list[dict[str, Any]]) -> N
             try:
                 for model in (IDENTITY, MLP):
                     for c in (1, 32):
-                        r = load(server, model, False, c, duration)
+                        r = rest_load(server, model, False, c, duration)
                         record(rows, bench="overhead", server=name, model=model.name,
                                concurrency=c, rep=rep, **r.summary())  # fmt: skip
             finally:

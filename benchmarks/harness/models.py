@@ -2,7 +2,8 @@
 
 `identity` and `mlp` are built here with onnx.helper (small, deterministic); `resnet50` comes from
 the zoo when the zoo is installed. The same model file and the same batching knobs go to dlscale
-(config.toml) and to MLServer (model-settings.json, see peers.py).
+(config.toml) and to MLServer (model-settings.json, see peers.py). The large-tensor benchmarks
+share `build_image_repository` (identity over images) and `build_large_repository`.
 """
 
 from __future__ import annotations
@@ -134,3 +135,43 @@ def write_dlscale_config(root: Path, model: BenchModel) -> None:
         f"intra_op_threads = {model.intra_op_threads}\n"
         "inter_op_threads = 1\n"
     )
+
+
+# -- identity over images: the shared-memory and large-tensor benchmarks --------------------------
+
+#: identity FP32 over [N, 3, 224, 224] (19 MB at 32 rows) and over [N, 16].
+LARGE = BenchModel("identity", "input", "output", (3, 224, 224), 32, 500)
+SMALL = BenchModel("identity16", "input", "output", (16,), 32, 500)
+
+
+def build_image_repository(root: Path, resnet: bool) -> Path:
+    """identity over images, and the zoo's resnet50, with the same knobs Triton gets."""
+    io = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3, 224, 224])
+        for n in ("input", "output")
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["output"])], "identity", [io[0]], [io[1]]
+    )
+    path = root / "identity" / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _image_config(root, "identity", threads=1)
+    if resnet and build_resnet50(root):
+        _image_config(root, "resnet50", threads=2)
+    return root
+
+
+def _image_config(root: Path, name: str, threads: int) -> None:
+    (root / name / "config.toml").write_text(
+        f'name = "{name}"\nmax_batch_size = 32\n[batching]\nmax_queue_delay_us = 500\n'
+        f"[backend_options]\nintra_op_threads = {threads}\ninter_op_threads = 1\n"
+    )
+
+
+def build_large_repository(root: Path) -> Path:
+    """identity over images (one intra-op thread) and identity over [N, 16]."""
+    build_image_repository(root, resnet=False)
+    build_identity_like(root, SMALL)
+    write_dlscale_config(root, SMALL)
+    return root
