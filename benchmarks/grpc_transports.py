@@ -9,9 +9,9 @@ answer carrying the same bytes back (`serialize`), so what is compared is the tr
 cost. Transports: `aio` (grpc.aio, as `dlscale serve` runs today), `sync-T` (grpcio's
 synchronous server, a pool of T threads), and `aio-xN` (N aio processes sharing the port with
 SO_REUSEPORT, the kernel spreading connections). Loads: a [1, 16] FP32 request at 32 in flight,
-and a 19 MB one ([32, 3, 224, 224]) at 4 in flight, with benchmarks/grpc_client.py. Then the
-same with the model: `dlscale-aio` (dlscale's gRPC frontend) against `dlscale-sync-T` (a sketch
-of dlscale's ModelInfer behind the synchronous server, `serve_dlscale_sync`). Transports
+and a 19 MB one ([32, 3, 224, 224]) at 4 in flight, with benchmarks/harness/grpc_clients.py.
+Then the same with the model: `dlscale-aio` (dlscale's gRPC frontend) against `dlscale-sync-T`
+(a sketch of dlscale's ModelInfer behind the synchronous server, `serve_dlscale_sync`). Transports
 alternate within each repetition and the table gives medians of requests/s and of the server
 processes' CPU time per request (/proc), the figure that does not depend on how fast the client
 on the same cores is.

@@ -4,7 +4,7 @@
 
 Servers with N = 0 (REST on the model process's own loop), 1 and 2 worker processes alternate
 within each repetition, each measured by the project's closed-loop HTTP client
-(benchmarks/client.py) on two requests: small (identity FP32 [1, 16], 16 streams) and large
+(benchmarks/harness/clients.py) on two requests: small (identity FP32 [1, 16], 16 streams) and large
 (identity FP32 [32, 3, 224, 224], 19 MB each way, binary, 4 streams). Math libraries run one
 thread per process. Results go to bench-results/http-workers-*.json; medians and the ratios to
 N = 0 are printed. The client runs on the same machine and takes a core's share too.

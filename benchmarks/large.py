@@ -5,8 +5,8 @@
 Three servers, each in its own process with OMP/OPENBLAS/MKL threads at 1: `dlscale serve` of two
 revisions (checked out once under .bench/revisions/, as benchmarks/revisions.py does) and a real
 Triton 2.51 (nvidia-pytriton's tritonserver, its own venv, benchmarks/pytriton_server.py). Each
-is driven by the same closed-loop clients (benchmarks/client.py over binary REST,
-benchmarks/grpc_client.py over gRPC raw contents) with two models: `identity` FP32
+is driven by the same closed-loop clients (benchmarks/harness/clients.py over binary REST,
+benchmarks/harness/grpc_clients.py over gRPC raw contents) with two models: `identity` FP32
 [32, 3, 224, 224] per request (19 MB in, 19 MB out) at 4 requests in flight, and `identity16`
 FP32 [1, 16] at 32 in flight. One core's memcpy bandwidth of the same 19 MB is measured in every
 repetition. Servers alternate within each repetition; the table gives medians of requests/s and

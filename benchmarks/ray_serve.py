@@ -3,10 +3,11 @@
     python -m benchmarks.ray_serve [all|overhead|scaling] [--repeats 3] [--duration 5]
                                    [--scaling-duration 15]
 
-overhead: identity and mlp (benchmarks/models.py, the REST benchmark's files and knobs) served by
+overhead: identity and mlp (benchmarks/harness/models.py, the REST benchmark's files and knobs)
+served by
 `dlscale serve` and by `dlscale serve --ray` (a Ray cluster started by the command, one replica
 per model), alternating within each repetition, driven by the same closed-loop client
-(benchmarks/client.py) at concurrency 1 and 32.
+(benchmarks/harness/clients.py) at concurrency 1 and 32.
 
 scaling: a null-backend model that sleeps 500 ms per batch of up to 8 rows, a stand-in for a
 remote accelerator (the sleep holds no CPU), deployed on Ray Serve with 1, 2, 4 and 8 replicas

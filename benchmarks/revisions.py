@@ -5,7 +5,8 @@
 Answers "is this change slower?" in one run: each revision is checked out once into its own
 worktree under .bench/revisions/, started as a user starts it (`python -m dlscale serve` with
 that tree's src/ on the path), and driven by this checkout's closed-loop clients
-(benchmarks/client.py, benchmarks/grpc_client.py) on the same machine, with the revisions
+(benchmarks/harness/clients.py, benchmarks/harness/grpc_clients.py) on the same machine, with
+the revisions
 alternating within each repetition so that drift in the machine's speed hits both alike. The
 table gives medians and the HEAD/BASE ratio per load; results also go to bench-results/.
 """

@@ -3,7 +3,8 @@
     python -m benchmarks.run [all|rest|stacks|peers|inprocess|plan] [--repeats 3] [--duration 5]
 
 Every server runs in its own process with OMP/OPENBLAS/MKL threads at 1 and is driven by the same
-closed-loop client (benchmarks/client.py) from this process. Servers alternate within a run;
+closed-loop client (benchmarks/harness/clients.py) from this process. Servers alternate within a
+run;
 the tables give medians over the repetitions. Results also go to bench-results/*.json.
 `all` (what `make bench` runs) starts with `plan` (benchmarks/plan_validation.py) and ends with
 the gRPC benchmarks of benchmarks/serve_grpc.py.

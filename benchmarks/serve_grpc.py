@@ -4,7 +4,8 @@
     python -m benchmarks.serve_grpc [all|peers|resnet] [--repeats 3] [--duration 5]
 
 The benchmarks drive dlscale and Seldon MLServer over gRPC with the same client
-(benchmarks/grpc_client.py): `identity` FP32 [1,16] as raw contents at concurrency 1 and 32,
+(benchmarks/harness/grpc_clients.py): `identity` FP32 [1,16] as raw contents at concurrency 1 and
+32,
 servers alternating within each repetition; and `resnet50` as raw contents at concurrency 16
 against in-process ONNX Runtime at batch 16. The tables give medians over the repetitions.
 """
