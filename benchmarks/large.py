@@ -31,7 +31,13 @@ from benchmarks.harness.loads import LOADS, drive
 from benchmarks.harness.models import LARGE, SMALL, build_large_repository
 from benchmarks.harness.revisions import checkout, start_revision
 from benchmarks.harness.servers import RESULTS, WORK, ServerProcess, cpu_seconds, start_triton
-from benchmarks.harness.statistics import machine, memcpy_gbps, record
+from benchmarks.harness.statistics import (
+    machine,
+    median_of,
+    memcpy_gbps,
+    paired_ratios,
+    record,
+)
 
 SERVERS = ("before", "after", "triton")
 
@@ -84,16 +90,12 @@ def run(before: str, after: str, repeats: int, duration: float, only: str) -> di
 
 
 def _median(rows: list[dict[str, Any]], side: str, load: str, key: str) -> float:
-    return float(
-        statistics.median(r[key] for r in rows if r["server"] == side and r["load"] == load)
-    )
+    return median_of(rows, key, server=side, load=load)
 
 
 def _paired(rows: list[dict[str, Any]], a: str, b: str, load: str) -> float:
     """The median over repetitions of a's throughput over b's in the same repetition."""
-    by = {(r["server"], r["rep"]): r["throughput"] for r in rows if r["load"] == load}
-    ratios = [by[a, rep] / by[b, rep] for (s, rep) in by if s == a and by.get((b, rep))]
-    return float(statistics.median(ratios))
+    return float(statistics.median(paired_ratios(rows, "throughput", a, b, load=load)))
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -24,7 +24,6 @@ import json
 import logging
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,11 +38,11 @@ from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
-    ServerProcess,
+    dlscale_exe,
     free_port,
+    start_ray,
     start_rest_stack,
     thread_env,
-    wait_ready,
 )
 from benchmarks.harness.statistics import machine, markdown, median_table, record
 
@@ -55,33 +54,6 @@ REPLICAS = (1, 2, 4, 8)
 STREAMS_PER_REPLICA = 16
 #: The planner's p99 bound: 10 batch times, loose enough that its peak is near the capacity.
 PLAN_P99 = "5s"
-#: Ray Serve's own switch for throughput (no separate user-code thread, gRPC between handles,
-#: direct ingress); measured beside the default, since dlscale does not set it for users.
-TUNED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-
-
-def dlscale_exe() -> str:
-    return str(Path(sys.executable).parent / "dlscale")
-
-
-def start_ray(repo: Path, tuned: bool = False) -> ServerProcess:
-    """`dlscale serve REPO --ray` (its own Ray cluster); returns once the ingress is ready."""
-    port = free_port()
-    argv = [dlscale_exe(), "serve", str(repo), "--ray", "--http-port", str(port),
-            "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING"]  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=thread_env(**(TUNED if tuned else {})),
-        start_new_session=True,
-    )
-    server = ServerProcess("ray-serve-tuned" if tuned else "ray-serve", proc, port)
-    wait_ready(server, every_s=1)
-    return server
-
-
 # -- overhead ----------------------------------------------------------------------------------
 
 

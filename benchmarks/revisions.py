@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from benchmarks.harness.grpc_clients import grpc_closed_loop, infer_request
 from benchmarks.harness.models import IDENTITY, MLP, BenchModel
 from benchmarks.harness.revisions import checkout, start_revision
 from benchmarks.harness.servers import HOST, RESULTS, WORK
-from benchmarks.harness.statistics import machine, record
+from benchmarks.harness.statistics import machine, median_of, record
 
 #: (label, protocol, model, concurrency, binary): the loads of BENCHMARKS.md's peer tables.
 LOADS: list[tuple[str, str, BenchModel, int, bool]] = [
@@ -82,7 +81,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Median throughput and p99 per load and side, and the head/base ratios."""
 
     def med(side: str, load: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows if r["server"] == side and r["load"] == load)
+        return median_of(rows, key, server=side, load=load)
 
     lines = [
         "| load | base req/s | head req/s | head/base | base p99 ms | head p99 ms | p99 ratio |",

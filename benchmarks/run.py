@@ -36,7 +36,7 @@ from benchmarks.harness.servers import (
     start_mlserver,
     start_rest_stack,
 )
-from benchmarks.harness.statistics import machine, markdown, median_table, record
+from benchmarks.harness.statistics import machine, markdown, median_table, paired_ratios, record
 
 # -- the runs --------------------------------------------------------------------------------------
 
@@ -188,13 +188,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def _paired(rows: list[dict[str, Any]], model: str, reference: str) -> list[float]:
     """Per repetition: served throughput over the reference's, measured right after it."""
-    by_rep: dict[int, dict[str, float]] = {}
-    for row in rows:
-        if row["bench"] == "inprocess" and row["model"] == model:
-            by_rep.setdefault(row["rep"], {})[row["server"]] = row["throughput"]
-    return [
-        r["dlscale"] / r[reference] for r in by_rep.values() if "dlscale" in r and r.get(reference)
-    ]
+    return paired_ratios(rows, "throughput", "dlscale", reference, bench="inprocess", model=model)
 
 
 def main(argv: list[str] | None = None) -> int:

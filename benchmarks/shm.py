@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks.harness.models import build_image_repository
 from benchmarks.harness.servers import HOST, RESULTS, WORK, start_dlscale, start_triton
-from benchmarks.harness.statistics import machine, memcpy_gbps
+from benchmarks.harness.statistics import machine, median_of, memcpy_gbps, paired_ratios
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
@@ -106,21 +106,13 @@ def table(rows: list[dict[str, Any]], memcpy: list[float]) -> list[dict[str, Any
         for path in PATHS:
             medians = {}
             for server in ("dlscale", "triton"):
-                values = [
-                    r["gbps"]
-                    for r in rows
-                    if (r["model"], r["path"], r["server"]) == (model, path, server)
-                ]
-                medians[server] = statistics.median(values) if values else 0.0
-            ratios = [
-                d["gbps"] / t["gbps"]
-                for d in rows
-                for t in rows
-                if (d["model"], d["path"], d["server"]) == (model, path, "dlscale")
-                and (t["model"], t["path"], t["server"], t["rep"])
-                == (model, path, "triton", d["rep"])
-                and t["gbps"] > 0
-            ]
+                seen = any(
+                    (r["model"], r["path"], r["server"]) == (model, path, server) for r in rows
+                )
+                medians[server] = (
+                    median_of(rows, "gbps", model=model, path=path, server=server) if seen else 0.0
+                )
+            ratios = paired_ratios(rows, "gbps", "dlscale", "triton", model=model, path=path)
             out.append(
                 {
                     "model": model,

@@ -9,7 +9,7 @@ share `build_image_repository` (identity over images) and `build_large_repositor
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -146,27 +146,12 @@ SMALL = BenchModel("identity16", "input", "output", (16,), 32, 500)
 
 def build_image_repository(root: Path, resnet: bool) -> Path:
     """identity over images, and the zoo's resnet50, with the same knobs Triton gets."""
-    io = [
-        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3, 224, 224])
-        for n in ("input", "output")
-    ]
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["input"], ["output"])], "identity", [io[0]], [io[1]]
-    )
-    path = root / "identity" / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    _image_config(root, "identity", threads=1)
+    build_identity_like(root, LARGE)
+    write_dlscale_config(root, LARGE)
     if resnet and build_resnet50(root):
-        _image_config(root, "resnet50", threads=2)
+        # Triton's knobs in benchmarks/pytriton_server.py, not the REST benchmark's RESNET50.
+        write_dlscale_config(root, replace(RESNET50, max_batch_size=32, max_queue_delay_us=500))
     return root
-
-
-def _image_config(root: Path, name: str, threads: int) -> None:
-    (root / name / "config.toml").write_text(
-        f'name = "{name}"\nmax_batch_size = 32\n[batching]\nmax_queue_delay_us = 500\n'
-        f"[backend_options]\nintra_op_threads = {threads}\ninter_op_threads = 1\n"
-    )
 
 
 def build_large_repository(root: Path) -> Path:

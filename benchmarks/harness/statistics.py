@@ -96,3 +96,24 @@ def memcpy_gbps(nbytes: int = 32 * 3 * 224 * 224 * 4, copies: int = 30) -> float
         np.copyto(dst, src)
         times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times) / 1e9
+
+
+def _matches(row: dict[str, Any], match: dict[str, Any]) -> bool:
+    return all(row.get(k) == v for k, v in match.items())
+
+
+def median_of(rows: list[dict[str, Any]], key: str, **match: Any) -> float:
+    """The median of `key` over the rows whose fields equal `match` (StatisticsError if none)."""
+    return float(statistics.median(r[key] for r in rows if _matches(r, match)))
+
+
+def paired_ratios(
+    rows: list[dict[str, Any]], key: str, a: str, b: str, side: str = "server", **match: Any
+) -> list[float]:
+    """Per repetition (`rep`), `key` of the row whose `side` is `a` over that of `b`'s, among the
+    rows matching `match`; repetitions where either is missing, or b's is 0, are left out.
+
+    Two servers measured back to back in one repetition share the machine's drift: the median
+    of these ratios cancels it better than the ratio of the medians."""
+    by = {(r[side], r["rep"]): r[key] for r in rows if _matches(r, match)}
+    return [by[a, rep] / by[b, rep] for (s, rep) in by if s == a and by.get((b, rep))]
