@@ -24,6 +24,7 @@ CANNOT_INSTALL = 3
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve until a signal; 0 when stopped, 3 when MLServer cannot be installed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     args = parser.parse_args(argv)

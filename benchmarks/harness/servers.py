@@ -1,10 +1,10 @@
 """The servers a benchmark measures, each a process of its own: started, polled, stopped.
 
 A server process of ours prints `LISTENING <port>` once it serves (`announce`); `start_listening`
-starts one and reads that line. `dlscale serve` is started as a user runs it (`start_dlscale`,
-`start_revision` from another checkout); peers with `start_triton` and `start_mlserver`. Every
-one that listens over HTTP is waited for by the one poll, `wait_ready`, and stopped by its
-process id (`ServerProcess.stop`).
+starts one and reads that line. `dlscale serve` is started as a user runs it (`start_dlscale`;
+`start_ray` with `--ray`; revisions.py's `start_revision` from another checkout), peers with
+`start_triton` and `start_mlserver`. Every one that listens over HTTP is waited for by the one
+poll, `wait_ready`, and each is stopped by its process id (`ServerProcess.stop`).
 """
 
 from __future__ import annotations
