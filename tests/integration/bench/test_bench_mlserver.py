@@ -32,22 +32,28 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, in
     folder = tmp_path_factory.mktemp("mlserver")
     paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.serve_mlserver", str(folder)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = folder / "serve_mlserver.log"  # a file, not a pipe: pip may write much while installing
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.serve_mlserver", str(folder)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline()
+        assert proc.stdout is not None
+        # Other lines come first when MLServer is installed now ("installing MLServer ...").
+        line = ""
+        for line in proc.stdout:
+            if line.startswith("LISTENING"):
+                break
         if not line.startswith("LISTENING"):
-            code, why = proc.wait(60), proc.stderr.read()
+            code = proc.wait(60)
             if code == CANNOT_INSTALL:
-                pytest.skip(why.strip())
-            raise AssertionError(f"MLServer did not start ({code}): {why}")
+                pytest.skip(log.read_text().strip().splitlines()[-1])
+            raise AssertionError(f"MLServer did not start ({code}): {log.read_text()}")
         _, http_port, grpc_port, model_file = line.split()
         yield int(http_port), int(grpc_port), Path(model_file)
     finally:
