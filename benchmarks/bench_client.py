@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RESULTS, machine
+from benchmarks.harness.servers import RESULTS
+from benchmarks.harness.statistics import machine
 from dlscale.bench.ceiling import null_server
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario

@@ -9,9 +9,9 @@ answer carrying the same bytes back (`serialize`), so what is compared is the tr
 cost. Transports: `aio` (grpc.aio, as `dlscale serve` runs today), `sync-T` (grpcio's
 synchronous server, a pool of T threads), and `aio-xN` (N aio processes sharing the port with
 SO_REUSEPORT, the kernel spreading connections). Loads: a [1, 16] FP32 request at 32 in flight,
-and a 19 MB one ([32, 3, 224, 224]) at 4 in flight, with benchmarks/grpc_client.py. Then the
-same with the model: `dlscale-aio` (dlscale's gRPC frontend) against `dlscale-sync-T` (a sketch
-of dlscale's ModelInfer behind the synchronous server, `serve_dlscale_sync`). Transports
+and a 19 MB one ([32, 3, 224, 224]) at 4 in flight, with benchmarks/harness/grpc_clients.py.
+Then the same with the model: `dlscale-aio` (dlscale's gRPC frontend) against `dlscale-sync-T`
+(a sketch of dlscale's ModelInfer behind the synchronous server, `serve_dlscale_sync`). Transports
 alternate within each repetition and the table gives medians of requests/s and of the server
 processes' CPU time per request (/proc), the figure that does not depend on how fast the client
 on the same cores is.
@@ -31,8 +31,9 @@ from typing import Any
 
 import grpc
 
-from benchmarks.grpc_client import grpc_closed_loop, infer_request
-from benchmarks.harness import (
+from benchmarks.harness.grpc_clients import grpc_closed_loop, infer_request
+from benchmarks.harness.models import LARGE, SMALL, build_large_repository
+from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
@@ -40,11 +41,9 @@ from benchmarks.harness import (
     announce,
     cpu_seconds,
     free_port,
-    machine,
-    record,
     start_listening,
 )
-from benchmarks.large import LARGE, SMALL, build_repository
+from benchmarks.harness.statistics import machine, record
 from dlscale.wire.grpc import RAW_INPUT_FIELD, RAW_OUTPUT_FIELD, Framed, read_framed, serialize
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
@@ -158,7 +157,7 @@ def _cpu(servers: list[ServerProcess]) -> float:
 
 def run(repeats: int, duration: float, transports: list[str]) -> list[dict[str, Any]]:
     """Every (load, transport), transports alternating within each repetition."""
-    build_repository(WORK / "large-repo")
+    build_large_repository(WORK / "large-repo")
     rows: list[dict[str, Any]] = []
     requests = {label: infer_request(model, n)[0] for label, model, n, _ in LOADS}
     for rep in range(repeats):

@@ -4,7 +4,7 @@
 
 Servers with N = 0 (REST on the model process's own loop), 1 and 2 worker processes alternate
 within each repetition, each measured by the project's closed-loop HTTP client
-(benchmarks/client.py) on two requests: small (identity FP32 [1, 16], 16 streams) and large
+(benchmarks/harness/clients.py) on two requests: small (identity FP32 [1, 16], 16 streams) and large
 (identity FP32 [32, 3, 224, 224], 19 MB each way, binary, 4 streams). Math libraries run one
 thread per process. Results go to bench-results/http-workers-*.json; medians and the ratios to
 N = 0 are printed. The client runs on the same machine and takes a core's share too.
@@ -24,34 +24,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from benchmarks.client import build_request, closed_loop
-from benchmarks.harness import HOST, RESULTS, machine, median_table, record
-from benchmarks.shm import build_repository, start_dlscale
+from benchmarks.harness.clients import build_request, closed_loop
+from benchmarks.harness.models import build_large_repository
+from benchmarks.harness.servers import HOST, RESULTS, start_dlscale
+from benchmarks.harness.statistics import machine, median_table, record
 
 #: name -> (model, shape of one request, streams)
 REQUESTS: dict[str, tuple[str, tuple[int, ...], int]] = {
     "small": ("identity16", (1, 16), 16),
     "large": ("identity", (32, 3, 224, 224), 4),
 }
-
-
-def small_model(root: Path) -> None:
-    """identity over [batch, 16] FP32, the same knobs as the large one."""
-    from onnx import TensorProto, helper, save
-
-    io = [
-        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 16]) for n in ("input", "output")
-    ]
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["input"], ["output"])], "identity16", [io[0]], [io[1]]
-    )
-    path = root / "identity16" / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    (root / "identity16" / "config.toml").write_text(
-        'name = "identity16"\nmax_batch_size = 32\n[batching]\nmax_queue_delay_us = 500\n'
-        "[backend_options]\nintra_op_threads = 1\ninter_op_threads = 1\n"
-    )
 
 
 def binary_request(port: int, model: str, shape: tuple[int, ...]) -> bytes:
@@ -119,8 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
-        repo = build_repository(Path(folder), resnet=False)
-        small_model(repo)
+        repo = build_large_repository(Path(folder))
         for repeat in range(args.repeats):
             print(f"repetition {repeat + 1}/{args.repeats}", flush=True)
             for workers in args.workers:

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.harness import RESULTS, WORK
-from benchmarks.models import RESNET50, build_resnet50
+from benchmarks.harness.models import RESNET50, build_resnet50
+from benchmarks.harness.servers import RESULTS, WORK
 from dlscale.bench import interference_report
 from dlscale.bench.interference import InterferenceOptions, run_interference
 
@@ -76,7 +76,7 @@ def tenants(root: Path, device: str) -> Path:
     return root
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:0)")
     p.add_argument("--repeats", type=int, default=6)
@@ -85,8 +85,12 @@ def main() -> None:
     p.add_argument("--objective", type=float, help="protected p99 objective, ms")
     p.add_argument("--concurrency", type=int, default=32, help="the neighbor's requests in flight")
     p.add_argument("--neighbor-batch", type=int, default=4, help="rows per neighbor request")
-    args = p.parse_args()
+    p.add_argument("--repo-only", type=Path, help="only write the tenants' repository here")
+    args = p.parse_args(argv)
     device = "cpu" if args.device == "cpu" else "cuda:0"
+    if args.repo_only:
+        print(tenants(args.repo_only, device))
+        return
     repo = tenants(WORK / f"interference-{args.device}", device)
     neighbor = "flood" if device == "cpu" else RESNET50.name
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

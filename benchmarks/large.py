@@ -5,8 +5,8 @@
 Three servers, each in its own process with OMP/OPENBLAS/MKL threads at 1: `dlscale serve` of two
 revisions (checked out once under .bench/revisions/, as benchmarks/revisions.py does) and a real
 Triton 2.51 (nvidia-pytriton's tritonserver, its own venv, benchmarks/pytriton_server.py). Each
-is driven by the same closed-loop clients (benchmarks/client.py over binary REST,
-benchmarks/grpc_client.py over gRPC raw contents) with two models: `identity` FP32
+is driven by the same closed-loop clients (benchmarks/harness/clients.py over binary REST,
+benchmarks/harness/grpc_clients.py over gRPC raw contents) with two models: `identity` FP32
 [32, 3, 224, 224] per request (19 MB in, 19 MB out) at 4 requests in flight, and `identity16`
 FP32 [1, 16] at 32 in flight. One core's memcpy bandwidth of the same 19 MB is measured in every
 repetition. Servers alternate within each repetition; the table gives medians of requests/s and
@@ -19,7 +19,6 @@ client on the same cores is.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import time
@@ -27,33 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import uvloop
 
-from benchmarks import revisions, shm
-from benchmarks.client import LoadResult, build_request, closed_loop
-from benchmarks.grpc_client import decode_output, grpc_closed_loop, infer_request
-from benchmarks.harness import HOST, RESULTS, WORK, ServerProcess, cpu_seconds, machine, record
-from benchmarks.models import BenchModel, build_identity_like, write_dlscale_config
+from benchmarks.harness.loads import LOADS, drive
+from benchmarks.harness.models import LARGE, SMALL, build_large_repository
+from benchmarks.harness.revisions import checkout, start_revision
+from benchmarks.harness.servers import RESULTS, WORK, ServerProcess, cpu_seconds, start_triton
+from benchmarks.harness.statistics import (
+    machine,
+    median_of,
+    memcpy_gbps,
+    paired_ratios,
+    record,
+)
 
-LARGE = BenchModel("identity", "input", "output", (3, 224, 224), 32, 500)
-SMALL = BenchModel("identity16", "input", "output", (16,), 32, 500)
-#: (label, protocol, model, rows per request, requests in flight)
-Load = tuple[str, str, BenchModel, int, int]
-LOADS: list[Load] = [
-    ("rest 19 MB", "rest", LARGE, 32, 4),
-    ("grpc 19 MB", "grpc", LARGE, 32, 4),
-    ("rest [1,16]", "rest", SMALL, 1, 32),
-    ("grpc [1,16]", "grpc", SMALL, 1, 32),
-]
 SERVERS = ("before", "after", "triton")
-
-
-def build_repository(root: Path) -> Path:
-    """identity over images (shm.py's, one intra-op thread) and identity over [N, 16]."""
-    shm.build_repository(root, resnet=False)
-    build_identity_like(root, SMALL)
-    write_dlscale_config(root, SMALL)
-    return root
 
 
 def start_all(repo: Path, before: str, after: str) -> dict[str, tuple[ServerProcess, int, int]]:
@@ -62,8 +48,8 @@ def start_all(repo: Path, before: str, after: str) -> dict[str, tuple[ServerProc
     started: dict[str, tuple[ServerProcess, int, int]] = {}
     try:
         for side, revision in (("before", before), ("after", after)):
-            started[side] = revisions.start(revisions.checkout(revision), repo)
-        started["triton"] = shm.start_triton(repo, names)
+            started[side] = start_revision(checkout(revision), repo)
+        started["triton"] = start_triton(repo, names)
     except BaseException:
         for server, _, _ in started.values():
             server.stop()
@@ -71,34 +57,16 @@ def start_all(repo: Path, before: str, after: str) -> dict[str, tuple[ServerProc
     return started
 
 
-def drive(
-    protocol: str, model: BenchModel, rows: int, c: int, ports: tuple[int, int], duration: float
-) -> LoadResult:
-    """One closed-loop run; the first gRPC answer is checked against the input."""
-    http, grpc_port = ports
-    warmup = 1.0
-    if protocol == "grpc":
-        request, x = infer_request(model, rows)
-        target = f"{HOST}:{grpc_port}"
-        result, first = asyncio.run(grpc_closed_loop(target, request, c, duration, warmup))
-        if first and not np.array_equal(decode_output(first, model.output_name), x):
-            raise RuntimeError(f"{model.name} over gRPC answered other values")
-        return result
-    body, headers = model.binary_body(rows)
-    wire = build_request(HOST, http, f"/v2/models/{model.name}/infer", body, headers)
-    return uvloop.run(closed_loop(HOST, http, wire, c, duration, warmup))
-
-
 def run(before: str, after: str, repeats: int, duration: float, only: str) -> dict[str, Any]:
     """Every (load, server), servers alternating within each repetition."""
     WORK.mkdir(exist_ok=True)
-    repo = build_repository(WORK / "large-repo")
+    repo = build_large_repository(WORK / "large-repo")
     servers = start_all(repo, before, after)
     rows: list[dict[str, Any]] = []
     memcpy: list[float] = []
     try:
         for rep in range(repeats):
-            memcpy.append(shm.memcpy_gbps())
+            memcpy.append(memcpy_gbps())
             print(f"repetition {rep + 1}: memcpy {memcpy[-1]:.2f} GB/s", flush=True)
             order = list(SERVERS) if rep % 2 == 0 else list(SERVERS)[::-1]
             for label, protocol, model, n, c in LOADS:
@@ -122,16 +90,12 @@ def run(before: str, after: str, repeats: int, duration: float, only: str) -> di
 
 
 def _median(rows: list[dict[str, Any]], side: str, load: str, key: str) -> float:
-    return float(
-        statistics.median(r[key] for r in rows if r["server"] == side and r["load"] == load)
-    )
+    return median_of(rows, key, server=side, load=load)
 
 
 def _paired(rows: list[dict[str, Any]], a: str, b: str, load: str) -> float:
     """The median over repetitions of a's throughput over b's in the same repetition."""
-    by = {(r["server"], r["rep"]): r["throughput"] for r in rows if r["load"] == load}
-    ratios = [by[a, rep] / by[b, rep] for (s, rep) in by if s == a and by.get((b, rep))]
-    return float(statistics.median(ratios))
+    return float(statistics.median(paired_ratios(rows, "throughput", a, b, load=load)))
 
 
 def markdown(result: dict[str, Any]) -> str:

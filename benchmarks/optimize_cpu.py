@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import harness
+from benchmarks.harness import servers
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.models.config import load_config
 from dlscale.models.zoo import build_zoo
@@ -33,8 +33,8 @@ from dlscale.optimize.onnx_variants import build_file
 from dlscale.optimize.staging import derived_config, stage
 from dlscale.optimize.variants import detect_caps
 
-WORK = harness.WORK / "optimize"
-RESULTS = harness.RESULTS
+WORK = servers.WORK / "optimize"
+RESULTS = servers.RESULTS
 #: (variant name, recipe, recipe parameters) per model.
 VARIANTS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "resnet50": [

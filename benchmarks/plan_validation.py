@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import RESULTS
+from benchmarks.harness.servers import RESULTS
 from dlscale.bench import environment
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.peak import find_peak
@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in result["rows"]:
             row.update(predictions(row, served, result["bound_s"]))
         result["summary"] = summary(result)
+        if args.out:  # the whole result, predictions redone, beside the one it was made from
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "result.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result["summary"], indent=1))
         return 0
     repo = args.repo or onnx_file(args.model).parents[2]

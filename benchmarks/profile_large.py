@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import shutil
 import subprocess
 import sys
@@ -25,10 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import large, revisions
-from benchmarks.client import LoadResult
-from benchmarks.harness import WORK, ServerProcess, cpu_seconds
-from benchmarks.large import Load
+from benchmarks.harness.clients import LoadResult
+from benchmarks.harness.loads import LOADS, Load, drive
+from benchmarks.harness.models import SMALL, build_large_repository
+from benchmarks.harness.revisions import checkout, start_revision
+from benchmarks.harness.servers import WORK, ServerProcess, cpu_seconds
 
 #: (stage, where fragment, function fragments or () for any): the innermost frame that matches
 #: one of these, in this order, names a sample's stage. Frames are py-spy's `function (where)`,
@@ -102,7 +104,7 @@ def profile(server: ServerProcess, ports: tuple[int, int], load: Load, duration:
     # The load runs a second longer than the sampling on both sides, so every sample sees it.
     load = threading.Thread(
         target=lambda: loads.append(
-            large.drive(protocol, model, rows, concurrency, ports, duration + 2.0)
+            drive(protocol, model, rows, concurrency, ports, duration + 2.0)
         )
     )
     load.start()
@@ -128,13 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="the [1,16] loads, not the 19 MB")
     parser.add_argument("--revision", help="profile this git revision instead of the checkout")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw samples in this folder")
+    parser.add_argument(
+        "--stages", type=Path, nargs="+", help="only count saved raw samples per stage, as JSON"
+    )
     args = parser.parse_args(argv)
+    if args.stages:
+        print(json.dumps({str(path): read_raw(path) for path in args.stages}))
+        return 0
     WORK.mkdir(exist_ok=True)
-    repo = large.build_repository(WORK / "large-repo")
-    tree = Path(".") if args.revision is None else revisions.checkout(args.revision)
-    server, http, grpc_port = revisions.start(tree, repo)
+    repo = build_large_repository(WORK / "large-repo")
+    tree = Path(".") if args.revision is None else checkout(args.revision)
+    server, http, grpc_port = start_revision(tree, repo)
     results: dict[str, dict[str, float]] = {}
-    loads = [load for load in large.LOADS if (load[2] is large.SMALL) == args.small]
+    loads = [load for load in LOADS if (load[2] is SMALL) == args.small]
     try:
         with tempfile.TemporaryDirectory() as scratch:
             folder = args.raw or Path(scratch)

@@ -1,6 +1,6 @@
 """A real Triton server (nvidia-pytriton's tritonserver 2.51) for the shm and large benchmarks.
 
-Runs in its own virtual environment (benchmarks/peers.py `ensure_pytriton`), never imports
+Runs in its own virtual environment (benchmarks/harness/peers.py `ensure_pytriton`), never imports
 dlscale, and serves through Triton's own REST and gRPC frontends, dynamic batcher and system
 shared-memory extension:
 

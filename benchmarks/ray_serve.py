@@ -3,10 +3,11 @@
     python -m benchmarks.ray_serve [all|overhead|scaling] [--repeats 3] [--duration 5]
                                    [--scaling-duration 15]
 
-overhead: identity and mlp (benchmarks/models.py, the REST benchmark's files and knobs) served by
+overhead: identity and mlp (benchmarks/harness/models.py, the REST benchmark's files and knobs)
+served by
 `dlscale serve` and by `dlscale serve --ray` (a Ray cluster started by the command, one replica
 per model), alternating within each repetition, driven by the same closed-loop client
-(benchmarks/client.py) at concurrency 1 and 32.
+(benchmarks/harness/clients.py) at concurrency 1 and 32.
 
 scaling: a null-backend model that sleeps 500 ms per batch of up to 8 rows, a stand-in for a
 remote accelerator (the sleep holds no CPU), deployed on Ray Serve with 1, 2, 4 and 8 replicas
@@ -23,30 +24,27 @@ import json
 import logging
 import statistics
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
-from benchmarks import models
-from benchmarks.client import build_request, closed_loop
-from benchmarks.harness import (
+from benchmarks.harness import models
+from benchmarks.harness.clients import build_request, closed_loop
+from benchmarks.harness.loads import rest_load
+from benchmarks.harness.models import IDENTITY, MLP, BenchModel
+from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
-    ServerProcess,
+    dlscale_exe,
     free_port,
-    machine,
-    markdown,
-    median_table,
-    record,
+    start_ray,
+    start_rest_stack,
     thread_env,
 )
-from benchmarks.models import IDENTITY, MLP, BenchModel
-from benchmarks.run import load, start_dlscale
+from benchmarks.harness.statistics import machine, markdown, median_table, record
 
 #: The simulated device: one batch of up to 8 rows takes this long, whatever its size. Slow
 #: enough that 8 replicas (128 requests/s) reach the Ray path's ceiling on a 2-core machine.
@@ -56,50 +54,6 @@ REPLICAS = (1, 2, 4, 8)
 STREAMS_PER_REPLICA = 16
 #: The planner's p99 bound: 10 batch times, loose enough that its peak is near the capacity.
 PLAN_P99 = "5s"
-#: Ray Serve's own switch for throughput (no separate user-code thread, gRPC between handles,
-#: direct ingress); measured beside the default, since dlscale does not set it for users.
-TUNED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-
-
-def dlscale_exe() -> str:
-    return str(Path(sys.executable).parent / "dlscale")
-
-
-def start_ray(repo: Path, tuned: bool = False) -> ServerProcess:
-    """`dlscale serve REPO --ray` (its own Ray cluster); returns once the ingress is ready."""
-    port = free_port()
-    argv = [dlscale_exe(), "serve", str(repo), "--ray", "--http-port", str(port),
-            "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING"]  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=thread_env(**(TUNED if tuned else {})),
-        start_new_session=True,
-    )
-    server = ServerProcess("ray-serve-tuned" if tuned else "ray-serve", proc, port)
-    _wait_ready(server)
-    return server
-
-
-def _wait_ready(server: ServerProcess, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}")
-        try:
-            url = f"http://{HOST}:{server.port}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    server.stop()
-    raise RuntimeError(f"{server.name} was not ready within {timeout_s:.0f} s")
-
-
 # -- overhead ----------------------------------------------------------------------------------
 
 
@@ -111,7 +65,7 @@ def run_overhead(repeats: int, duration: float, rows: list[dict[str, Any]]) -> N
     for model in (IDENTITY, MLP):
         models.write_dlscale_config(repo, model)
     starters = {
-        "dlscale": lambda: start_dlscale(repo),
+        "dlscale": lambda: start_rest_stack(repo),
         "ray-serve": lambda: start_ray(repo),
         "ray-serve-tuned": lambda: start_ray(repo, tuned=True),
     }
@@ -123,7 +77,7 @@ def run_overhead(repeats: int, duration: float, rows: list[dict[str, Any]]) -> N
             try:
                 for model in (IDENTITY, MLP):
                     for c in (1, 32):
-                        r = load(server, model, False, c, duration)
+                        r = rest_load(server, model, False, c, duration)
                         record(rows, bench="overhead", server=name, model=model.name,
                                concurrency=c, rep=rep, **r.summary())  # fmt: skip
             finally:

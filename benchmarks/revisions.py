@@ -5,7 +5,8 @@
 Answers "is this change slower?" in one run: each revision is checked out once into its own
 worktree under .bench/revisions/, started as a user starts it (`python -m dlscale serve` with
 that tree's src/ on the path), and driven by this checkout's closed-loop clients
-(benchmarks/client.py, benchmarks/grpc_client.py) on the same machine, with the revisions
+(benchmarks/harness/clients.py, benchmarks/harness/grpc_clients.py) on the same machine, with
+the revisions
 alternating within each repetition so that drift in the machine's speed hits both alike. The
 table gives medians and the HEAD/BASE ratio per load; results also go to bench-results/.
 """
@@ -15,32 +16,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import uvloop
 
-from benchmarks import models
-from benchmarks.client import LoadResult, build_request, closed_loop
-from benchmarks.grpc_client import grpc_closed_loop, infer_request
-from benchmarks.harness import (
-    HOST,
-    RESULTS,
-    WORK,
-    ServerProcess,
-    free_port,
-    machine,
-    record,
-    thread_env,
-)
-from benchmarks.models import IDENTITY, MLP, BenchModel
+from benchmarks.harness import models
+from benchmarks.harness.clients import LoadResult, build_request, closed_loop
+from benchmarks.harness.grpc_clients import grpc_closed_loop, infer_request
+from benchmarks.harness.models import IDENTITY, MLP, BenchModel
+from benchmarks.harness.revisions import checkout, start_revision
+from benchmarks.harness.servers import HOST, RESULTS, WORK
+from benchmarks.harness.statistics import machine, median_of, record
 
-TREES = WORK / "revisions"
 #: (label, protocol, model, concurrency, binary): the loads of BENCHMARKS.md's peer tables.
 LOADS: list[tuple[str, str, BenchModel, int, bool]] = [
     ("rest-binary identity c=32", "rest", IDENTITY, 32, True),
@@ -49,47 +37,6 @@ LOADS: list[tuple[str, str, BenchModel, int, bool]] = [
     ("grpc identity c=1", "grpc", IDENTITY, 1, False),
     ("grpc identity c=32", "grpc", IDENTITY, 32, False),
 ]
-
-
-def checkout(revision: str) -> Path:
-    """A worktree of `revision` under .bench/revisions (made once, reused)."""
-    sha = subprocess.run(
-        ["git", "rev-parse", "--short=12", f"{revision}^{{commit}}"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    tree = TREES / sha
-    if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], check=True)
-    return tree
-
-
-def start(tree: Path, repo: Path) -> tuple[ServerProcess, int, int]:
-    """`dlscale serve` from `tree`; returns once its models are ready."""
-    http, grpc = free_port(), free_port()
-    argv = [sys.executable, "-m", "dlscale", "serve", str(repo.resolve())]
-    argv += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", "-1"]
-    env = thread_env(PYTHONPATH=str((tree / "src").resolve()))
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
-    )
-    server = ServerProcess(tree.name, proc, http)
-    deadline = time.monotonic() + 120
-    while not _ready(http):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"dlscale from {tree} did not become ready")
-        time.sleep(0.2)
-    return server, http, grpc
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}/v2/health/ready", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def drive(
@@ -120,7 +67,7 @@ def compare(base: str, head: str, repeats: int, duration: float) -> list[dict[st
     order = list(trees)
     for rep in range(repeats):
         for side in order if rep % 2 == 0 else order[::-1]:
-            server, http, grpc = start(trees[side], repo)
+            server, http, grpc = start_revision(trees[side], repo)
             try:
                 for label, protocol, model, c, binary in LOADS:
                     r = drive(protocol, model, c, binary, (http, grpc), duration)
@@ -134,7 +81,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Median throughput and p99 per load and side, and the head/base ratios."""
 
     def med(side: str, load: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows if r["server"] == side and r["load"] == load)
+        return median_of(rows, key, server=side, load=load)
 
     lines = [
         "| load | base req/s | head req/s | head/base | base p99 ms | head p99 ms | p99 ratio |",

@@ -3,7 +3,8 @@
     python -m benchmarks.run [all|rest|stacks|peers|inprocess|plan] [--repeats 3] [--duration 5]
 
 Every server runs in its own process with OMP/OPENBLAS/MKL threads at 1 and is driven by the same
-closed-loop client (benchmarks/client.py) from this process. Servers alternate within a run;
+closed-loop client (benchmarks/harness/clients.py) from this process. Servers alternate within a
+run;
 the tables give medians over the repetitions. Results also go to bench-results/*.json.
 `all` (what `make bench` runs) starts with `plan` (benchmarks/plan_validation.py) and ends with
 the gRPC benchmarks of benchmarks/serve_grpc.py.
@@ -22,59 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import uvloop
-
-from benchmarks import models, peers
-from benchmarks.client import LoadResult, build_request, closed_loop
-from benchmarks.harness import (
+from benchmarks.harness import models, peers
+from benchmarks.harness.loads import inprocess_throughput, rest_load
+from benchmarks.harness.models import IDENTITY, MLP, RESNET50
+from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
     ServerProcess,
     free_port,
-    inprocess_throughput,
-    machine,
-    markdown,
-    median_table,
-    record,
-    start_listening,
+    run_script,
     start_mlserver,
+    start_rest_stack,
 )
-from benchmarks.models import IDENTITY, MLP, RESNET50, BenchModel
-
-
-def start_dlscale(repo: Path, stack: str = "protocol") -> ServerProcess:
-    """dlscale's REST server (benchmarks/serve_http.py) with one HTTP stack."""
-    port = free_port() if stack == "granian" else 0
-    loop = "asyncio" if stack.endswith("-asyncio") else "uvloop"
-    argv = ["--stack", stack.removesuffix("-asyncio"), "--port", str(port), "--loop", loop]
-    return start_listening(f"dlscale-{stack}", ["-m", "benchmarks.serve_http", str(repo), *argv])
-
-
-def load(
-    server: ServerProcess, model: BenchModel, binary: bool, concurrency: int, duration: float
-) -> LoadResult:
-    """One closed-loop run against `server`."""
-    path = f"/v2/models/{model.name}/infer"
-    if binary:
-        body, headers = model.binary_body()
-        wire = build_request(HOST, server.port, path, body, headers)
-    else:
-        wire = build_request(HOST, server.port, path, model.json_body())
-    result = uvloop.run(
-        closed_loop(
-            HOST,
-            server.port,
-            wire,
-            concurrency,
-            duration,
-            warmup_s=min(max(2.0, duration / 10), duration / 2),
-        )
-    )
-    if result.errors:
-        print(f"  {server.name}: {result.errors} errors, first: {result.first_error}", flush=True)
-    return result
-
+from benchmarks.harness.statistics import machine, markdown, median_table, paired_ratios, record
 
 # -- the runs --------------------------------------------------------------------------------------
 
@@ -92,10 +54,10 @@ def run_stacks(repo: Path, repeats: int, duration: float, rows: list[dict[str, A
     for rep in range(repeats):
         shift = rep % len(stacks)
         for stack in stacks[shift:] + stacks[:shift]:
-            server = start_dlscale(repo, stack)
+            server = start_rest_stack(repo, stack)
             try:
                 for c in (1, 32):
-                    r = load(server, IDENTITY, False, c, duration)
+                    r = rest_load(server, IDENTITY, False, c, duration)
                     record(
                         rows,
                         bench="stacks",
@@ -116,7 +78,7 @@ def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, An
         WORK / "mlserver-repo", repo, [IDENTITY], port, free_port(), free_port()
     )
     starters: dict[str, Callable[[], ServerProcess]] = {
-        "dlscale": lambda: start_dlscale(repo),
+        "dlscale": lambda: start_rest_stack(repo),
         "mlserver": lambda: start_mlserver(folder, port, [IDENTITY.name]),
     }
     order = list(starters)
@@ -125,7 +87,7 @@ def run_peers(repo: Path, repeats: int, duration: float, rows: list[dict[str, An
             server = starters[name]()
             try:
                 for c in (1, 32):
-                    r = load(server, IDENTITY, False, c, duration)
+                    r = rest_load(server, IDENTITY, False, c, duration)
                     record(
                         rows,
                         bench="peers",
@@ -158,9 +120,9 @@ def run_inprocess(repo: Path, repeats: int, duration: float, rows: list[dict[str
         concurrency = model.max_batch_size
         seconds = duration if model is RESNET50 else duration / 4
         for rep in range(repeats):
-            server = start_dlscale(repo)
+            server = start_rest_stack(repo)
             try:
-                r = load(server, model, True, concurrency, seconds)
+                r = rest_load(server, model, True, concurrency, seconds)
                 batch = _served_batch(server, model.name)
                 record(
                     rows,
@@ -226,13 +188,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def _paired(rows: list[dict[str, Any]], model: str, reference: str) -> list[float]:
     """Per repetition: served throughput over the reference's, measured right after it."""
-    by_rep: dict[int, dict[str, float]] = {}
-    for row in rows:
-        if row["bench"] == "inprocess" and row["model"] == model:
-            by_rep.setdefault(row["rep"], {})[row["server"]] = row["throughput"]
-    return [
-        r["dlscale"] / r[reference] for r in by_rep.values() if "dlscale" in r and r.get(reference)
-    ]
+    return paired_ratios(rows, "throughput", "dlscale", reference, bench="inprocess", model=model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,9 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resnet-duration", type=float, default=20.0)
     args = parser.parse_args(argv)
     if args.which in ("all", "plan"):  # the planner against a measured peak (plan_validation.py)
-        from benchmarks import plan_validation
-
-        plan_validation.main(["--repeats", str(args.repeats)])
+        run_script("plan_validation", ["--repeats", str(args.repeats)])
         if args.which == "plan":
             return 0
     repo = WORK / "repo"
@@ -281,11 +235,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n## {bench} (medians of {args.repeats})\n\n{markdown(table)}")
     print(f"\nratios: {json.dumps(summary)}\nraw results: {out}")
     if args.which == "all":
-        from benchmarks import optimize_cpu, serve_grpc
-
         argv = ["all", "--repeats", str(args.repeats), "--duration", str(args.duration)]
-        code = serve_grpc.main([*argv, "--resnet-duration", str(args.resnet_duration)])
-        optimize_cpu.main(["--repeats", str(args.repeats)])
+        code = run_script("serve_grpc", [*argv, "--resnet-duration", str(args.resnet_duration)])
+        run_script("optimize_cpu", ["--repeats", str(args.repeats)])
         return code
     return 0
 

@@ -4,7 +4,8 @@
     python -m benchmarks.serve_grpc [all|peers|resnet] [--repeats 3] [--duration 5]
 
 The benchmarks drive dlscale and Seldon MLServer over gRPC with the same client
-(benchmarks/grpc_client.py): `identity` FP32 [1,16] as raw contents at concurrency 1 and 32,
+(benchmarks/harness/grpc_clients.py): `identity` FP32 [1,16] as raw contents at concurrency 1 and
+32,
 servers alternating within each repetition; and `resnet50` as raw contents at concurrency 16
 against in-process ONNX Runtime at batch 16. The tables give medians over the repetitions.
 """
@@ -22,25 +23,22 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import models, peers
-from benchmarks.client import LoadResult
-from benchmarks.grpc_client import decode_output, grpc_closed_loop, infer_request
-from benchmarks.harness import (
+from benchmarks.harness import models, peers
+from benchmarks.harness.clients import LoadResult
+from benchmarks.harness.grpc_clients import decode_output, grpc_closed_loop, infer_request
+from benchmarks.harness.loads import inprocess_throughput
+from benchmarks.harness.models import IDENTITY, RESNET50, BenchModel
+from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
     ServerProcess,
     announce,
     free_port,
-    inprocess_throughput,
-    machine,
-    markdown,
-    median_table,
-    record,
     start_listening,
     start_mlserver,
 )
-from benchmarks.models import IDENTITY, RESNET50, BenchModel
+from benchmarks.harness.statistics import machine, markdown, median_table, record
 
 # -- the server process ----------------------------------------------------------------------
 

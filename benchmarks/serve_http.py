@@ -15,7 +15,7 @@ from pathlib import Path
 
 import uvloop
 
-from benchmarks.harness import HOST, announce
+from benchmarks.harness.servers import HOST, announce
 from dlscale.frontends.rest.api import RestApi
 from dlscale.server import Server, ServerSettings
 
@@ -57,7 +57,7 @@ async def serve(repo: Path, stack: str, port: int) -> None:
 async def _uvicorn(api: RestApi, port: int, stop: asyncio.Event) -> None:
     import uvicorn
 
-    from benchmarks.stacks import asgi_app
+    from benchmarks.harness.stacks import asgi_app
 
     config = uvicorn.Config(
         asgi_app(api),
@@ -83,7 +83,7 @@ async def _granian(api: RestApi, port: int, stop: asyncio.Event) -> None:
     from granian.constants import Interfaces
     from granian.server.embed import Server as Granian
 
-    from benchmarks.stacks import rsgi_app
+    from benchmarks.harness.stacks import rsgi_app
 
     if port == 0:
         raise SystemExit("granian needs a fixed port")

@@ -19,20 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper
-
-from benchmarks import models, peers
-from benchmarks.harness import HOST, RESULTS, WORK, ServerProcess, free_port, machine, thread_env
+from benchmarks.harness.models import build_image_repository
+from benchmarks.harness.servers import HOST, RESULTS, WORK, start_dlscale, start_triton
+from benchmarks.harness.statistics import machine, median_of, memcpy_gbps, paired_ratios
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
@@ -41,87 +35,6 @@ IMAGE_BYTES = 3 * 224 * 224 * 4
 PATHS = ("rest", "grpc", "system-shm")
 #: model -> (images per request, minimum seconds per run is set from the command line)
 BATCH = {"identity": 32, "resnet50": 8}
-
-
-# -- the models and the servers --------------------------------------------------------------------
-
-
-def build_repository(root: Path, resnet: bool) -> Path:
-    """identity over images, and the zoo's resnet50, with the same knobs Triton gets."""
-    io = [
-        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3, 224, 224])
-        for n in ("input", "output")
-    ]
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["input"], ["output"])], "identity", [io[0]], [io[1]]
-    )
-    path = root / "identity" / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    _config(root, "identity", threads=1)
-    if resnet and models.build_resnet50(root):
-        _config(root, "resnet50", threads=2)
-    return root
-
-
-def _config(root: Path, name: str, threads: int) -> None:
-    (root / name / "config.toml").write_text(
-        f'name = "{name}"\nmax_batch_size = 32\n[batching]\nmax_queue_delay_us = 500\n'
-        f"[backend_options]\nintra_op_threads = {threads}\ninter_op_threads = 1\n"
-    )
-
-
-def start_dlscale(
-    repo: Path, model_names: list[str], extra: tuple[str, ...] = ()
-) -> tuple[ServerProcess, int, int]:
-    """`dlscale serve --allow-client-shm` (plus `extra` flags) on free ports, once every model
-    is ready."""
-    http, grpc = free_port(), free_port()
-    argv = [sys.executable, "-m", "dlscale", "serve", str(repo), "--http-port", str(http)]
-    argv += ["--grpc-port", str(grpc), "--metrics-port", "-1", "--allow-client-shm"]
-    argv += ["--log-level", "WARNING", *extra]
-    proc = subprocess.Popen(argv, env=thread_env(), start_new_session=True, text=True)
-    server = ServerProcess("dlscale", proc, http)
-    _wait_ready(server, model_names)
-    return server, http, grpc
-
-
-def start_triton(repo: Path, model_names: list[str]) -> tuple[ServerProcess, int, int]:
-    """Triton (pytriton) serving the same models on free ports, once every model is ready."""
-    python = peers.ensure_pytriton()
-    http, grpc = free_port(), free_port()
-    argv = [str(python), str(Path(__file__).with_name("pytriton_server.py"))]
-    argv += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(free_port())]
-    if "resnet50" in model_names:
-        argv += ["--resnet", str(models.RESNET50.path(repo))]
-    log = open(WORK / "pytriton.log", "w")  # noqa: SIM115 (the process keeps it open)
-    proc = subprocess.Popen(
-        argv,
-        env=thread_env(**peers.pytriton_env(python)),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-    )
-    server = ServerProcess("triton", proc, http)
-    _wait_ready(server, model_names)
-    return server, http, grpc
-
-
-def _wait_ready(server: ServerProcess, model_names: list[str]) -> None:
-    # Triton says it is ready before its models are: wait for each model's own endpoint.
-    pending = [f"/v2/models/{m}/ready" for m in model_names]
-    deadline = time.monotonic() + 300
-    while pending:
-        if server.proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"{server.name} did not become ready")
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{server.port}{pending[0]}", timeout=2):
-                pending.pop(0)
-                continue
-        except OSError:
-            time.sleep(0.5)
 
 
 # -- the measurements ------------------------------------------------------------------------------
@@ -151,21 +64,9 @@ def measure(url: str, model: str, shared_memory: str, duration: float) -> dict[s
     }
 
 
-def memcpy_gbps(nbytes: int = 32 * IMAGE_BYTES, copies: int = 30) -> float:
-    """One core's copy bandwidth for `nbytes` (numpy copyto, median of `copies`), in GB/s."""
-    src = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
-    dst = np.empty_like(src)
-    times = []
-    for _ in range(copies):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times) / 1e9
-
-
 def run(repeats: int, duration: float, resnet_duration: float, resnet: bool) -> dict[str, Any]:
     """Every (server, model, path), servers alternating within each repetition."""
-    repo = build_repository(WORK / "shm-repo", resnet)
+    repo = build_image_repository(WORK / "shm-repo", resnet)
     names = ["identity"] + (["resnet50"] if (repo / "resnet50").is_dir() else [])
     dlscale, d_http, d_grpc = start_dlscale(repo, names)
     triton, t_http, t_grpc = start_triton(repo, names)
@@ -205,21 +106,13 @@ def table(rows: list[dict[str, Any]], memcpy: list[float]) -> list[dict[str, Any
         for path in PATHS:
             medians = {}
             for server in ("dlscale", "triton"):
-                values = [
-                    r["gbps"]
-                    for r in rows
-                    if (r["model"], r["path"], r["server"]) == (model, path, server)
-                ]
-                medians[server] = statistics.median(values) if values else 0.0
-            ratios = [
-                d["gbps"] / t["gbps"]
-                for d in rows
-                for t in rows
-                if (d["model"], d["path"], d["server"]) == (model, path, "dlscale")
-                and (t["model"], t["path"], t["server"], t["rep"])
-                == (model, path, "triton", d["rep"])
-                and t["gbps"] > 0
-            ]
+                seen = any(
+                    (r["model"], r["path"], r["server"]) == (model, path, server) for r in rows
+                )
+                medians[server] = (
+                    median_of(rows, "gbps", model=model, path=path, server=server) if seen else 0.0
+                )
+            ratios = paired_ratios(rows, "gbps", "dlscale", "triton", model=model, path=path)
             out.append(
                 {
                     "model": model,

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import HOST, RESULTS, WORK
-from benchmarks.shm import start_dlscale
+from benchmarks.harness.servers import HOST, RESULTS, WORK, start_dlscale
 from dlscale.backends.torch.files import write_module_spec
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario

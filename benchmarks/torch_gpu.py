@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.torch_gpu_report import Row, line, markdown, report
-from benchmarks.torch_gpu_runs import (
+from benchmarks.harness.torch_gpu_report import Row, line, markdown, report
+from benchmarks.harness.torch_gpu_runs import (
     images_and_labels,
     pytorch_alone,
     sample_batch,

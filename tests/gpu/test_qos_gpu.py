@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-from benchmarks.interference import tenants
+from tests.toolkit.benchmarks import run_benchmark
 
 from dlscale.bench.tenants import mig_pair
 from dlscale.cli import main
@@ -27,6 +27,14 @@ pytestmark = [
     ),
 ]
 SHORT = ["--rate", "50", "--duration", "3s", "--repeats", "1", "--objective", "20ms"]
+
+
+def tenants(root: Path, device: str) -> Path:
+    """benchmarks/interference.py's two tenants on `device`, written by the script itself."""
+    argv = ["--device", device, "--repo-only", str(root)]
+    done = run_benchmark("interference", *argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def _run(repo: Path, out: Path, *extra: str) -> dict[str, object]:

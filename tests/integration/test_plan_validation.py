@@ -14,14 +14,11 @@ compute in tens of microseconds, so their Server peak is the host's, not the mod
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.plan_validation import Served, predictions
+from tests.toolkit.benchmarks import run_benchmark
 from tests.toolkit.models import heavy_graph, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,22 +43,14 @@ def validation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     argv = ["--repo", str(repo), "--model", "heavy", "--bound", "250ms", "--repeats", "1"]
     argv += ["--queries", "150", "--max-runs", "6", "--min-duration", "2s"]
     argv += ["--profile-seconds", "0.3", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.plan_validation", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_benchmark("plan_validation", *argv, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
 
 
 def test_the_prediction_is_the_planners_answer_for_the_saved_measurements(
-    validation: dict[str, Any],
+    validation: dict[str, Any], tmp_path: Path
 ) -> None:
     # How close the prediction comes to the measured peak depends on the machine's speed during
     # the run, so that is a benchmark's claim (BENCHMARKS.md, benchmarks/plan_validation.py), not
@@ -69,7 +58,12 @@ def test_the_prediction_is_the_planners_answer_for_the_saved_measurements(
     # answers for the measurements saved beside it, and the peak was measured.
     row = validation["rows"][0]
     assert row["measured_qps"] > 0, row["peak"]["runs"]
-    again = predictions(row, Served(**validation["served"]), validation["bound_s"])
+    # `--from` predicts again from a result's saved measurements alone, with no server.
+    (tmp_path / "result.json").write_text(json.dumps(validation))
+    argv = ["--from", str(tmp_path / "result.json"), "--out", str(tmp_path / "again")]
+    done = run_benchmark("plan_validation", *argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = json.loads((tmp_path / "again" / "result.json").read_text())["rows"][0]
     assert again["predicted_qps"] == row["predicted_qps"] > 0
     assert again["predicted_constant_service_qps"] == row["predicted_constant_service_qps"]
 

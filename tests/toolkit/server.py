@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,13 @@ from dlscale.server import ALL_MODELS, ServerSettings, ServerThread
 from dlscale.serving.dataplane import DataPlane
 
 HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A loopback port free now (for servers that cannot be asked for port 0)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
 
 
 def settings_for(root: Path, **changes: Any) -> ServerSettings:

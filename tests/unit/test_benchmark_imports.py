@@ -1,55 +1,78 @@
-"""benchmarks/ imports form no circle, and tests use only its public names."""
+"""benchmarks/ is a harness package and leaf scripts (DESIGN.md): a script imports the dlscale
+package and benchmarks/harness, never another script; the harness imports no script; tests
+import no part of benchmarks/ at all (they run its scripts as `python -m benchmarks.NAME`)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
+HARNESS = "benchmarks.harness"
 
 
-def _benchmark_imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """(module, names imported from it, line) for every import of benchmarks.*, lazy ones too."""
+def benchmark_imports(path: Path) -> list[tuple[str, int]]:
+    """(module, line) for every import of benchmarks or below in the file, lazy ones too;
+    `from benchmarks.harness import servers` names benchmarks.harness.servers."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [a.name for a in node.names]
-            if node.module == "benchmarks":
-                found += [(f"benchmarks.{n}", [], node.lineno) for n in names]
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "benchmarks" or node.module == HARNESS:
+                found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
             elif node.module.startswith("benchmarks."):
-                found.append((node.module, names, node.lineno))
+                found.append((node.module, node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.append((f"(relative) {node.module or ''}", node.lineno))
         elif isinstance(node, ast.Import):
-            modules = [a.name for a in node.names if a.name.startswith("benchmarks.")]
-            found += [(m, [], node.lineno) for m in modules]
+            names = [a.name for a in node.names if a.name.split(".")[0] == "benchmarks"]
+            found += [(name, node.lineno) for name in names]
     return found
 
 
-def test_benchmark_modules_import_each_other_without_a_circle() -> None:
-    graph = {
-        f"benchmarks.{p.stem}": {m for m, _, _ in _benchmark_imports(p)}
-        for p in BENCHMARKS.glob("*.py")
-    }
-    done: set[str] = set()
-
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
-        if module in done:
-            return
-        for imported in sorted(graph.get(module, ())):
-            visit(imported, (*path, module))
-        done.add(module)
-
-    for module in sorted(graph):
-        visit(module, ())
+def breaks(path: Path, root: Path = BENCHMARKS) -> list[str]:
+    """The imports of a benchmarks module that the harness-and-leaves shape forbids."""
+    in_harness = path.relative_to(root).parts[0] == "harness"
+    bad = []
+    for module, line in benchmark_imports(path):
+        if module.startswith("(relative)"):
+            bad.append(f"line {line}: a relative import; name benchmarks.harness.* in full")
+        elif not module.startswith(f"{HARNESS}."):
+            what = "the harness imports a script" if in_harness else "a script imports a script"
+            bad.append(f"line {line}: {what}: {module}")
+    return bad
 
 
-def test_tests_import_no_private_names_from_benchmarks() -> None:
-    private = [
-        f"{path.relative_to(ROOT)}:{line}: {module}.{name}"
+@pytest.mark.parametrize(
+    "path", sorted(BENCHMARKS.rglob("*.py")), ids=lambda p: str(p.relative_to(BENCHMARKS))
+)
+def test_scripts_import_only_dlscale_and_the_harness(path: Path) -> None:
+    bad = breaks(path)
+    assert not bad, f"benchmarks/{path.relative_to(BENCHMARKS)}: {bad}"
+
+
+def test_tests_import_nothing_from_benchmarks() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
         for path in sorted((ROOT / "tests").rglob("*.py"))
-        for module, names, line in _benchmark_imports(path)
-        for name in names
-        if name.startswith("_")
+        for module, line in benchmark_imports(path)
     ]
-    assert private == []
+    assert found == []
+
+
+def test_the_walk_sees_a_script_importing_a_script(tmp_path: Path) -> None:
+    (tmp_path / "harness").mkdir()
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "from benchmarks.harness import servers\nfrom benchmarks.harness.models import IDENTITY\n"
+        "def f() -> None:\n    from benchmarks import run\n"
+    )
+    assert breaks(script, tmp_path) == ["line 4: a script imports a script: benchmarks.run"]
+    helper = tmp_path / "harness" / "probe.py"
+    helper.write_text("import benchmarks.shm\nfrom . import models\n")
+    assert breaks(helper, tmp_path) == [
+        "line 1: the harness imports a script: benchmarks.shm",
+        "line 2: a relative import; name benchmarks.harness.* in full",
+    ]

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dlscale.backends.torch.files import LoadedModel, load_model
 from dlscale.backends.torch.tensors import torch_dtype
 from dlscale.errors import InvalidInput
-from dlscale.models.flops import ModelCost
+from dlscale.models.cost import ModelCost
 from dlscale.types import TensorSpec
 
 

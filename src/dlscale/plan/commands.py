@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 from dlscale.errors import DlscaleError, NotFound, PlanError
@@ -31,22 +30,12 @@ from dlscale.plan.serve import (
     profile_curve,
     roofline_curve,
 )
+from dlscale.plan.tables import table
 from dlscale.plan.train import Cluster, TrainingJob, plan_training, requirement, scaling_curves
 from dlscale.plan.units import human_bytes, human_seconds, parse_duration
 from dlscale.types import Traffic
 
 DEFAULT_SERVE_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4", "T4")
-
-
-def table(headers: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
-    """A plain text table, columns padded to their widest cell; no header line when None."""
-    cells = [list(headers)] if headers else []
-    cells += [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    if headers:
-        lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def catalog_device(name: str) -> DeviceSpec:

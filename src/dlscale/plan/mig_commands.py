@@ -14,7 +14,6 @@ from dlscale.hardware.detect import detect
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.flops import count
 from dlscale.models.locate import onnx_file
-from dlscale.plan.commands import table
 from dlscale.plan.mig import MigLayout, MigTenant, assign, plan_mig
 from dlscale.plan.serve import (
     DEFAULT_EFFICIENCY,
@@ -25,6 +24,7 @@ from dlscale.plan.serve import (
     profile_curve,
     roofline_curve,
 )
+from dlscale.plan.tables import table
 from dlscale.plan.units import human_seconds, parse_duration
 
 _KEYS = ("model", "qps", "p99", "name", "flops", "bytes", "memory", "profile")

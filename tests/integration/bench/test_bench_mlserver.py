@@ -9,52 +9,62 @@ index), they skip and say why.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from benchmarks import peers
-from benchmarks.harness import ServerProcess, free_port, start_mlserver
-from benchmarks.models import IDENTITY, build_identity
+from tests.toolkit.benchmarks import ROOT
 
 from dlscale.cli import main
 
 pytestmark = pytest.mark.peers
+CANNOT_INSTALL = 3  # benchmarks/serve_mlserver.py's exit code when MLServer cannot be installed
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    build_identity(root)
-    return root
-
-
-@pytest.fixture(scope="module")
-def mlserver(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Iterator[tuple[int, int]]:
+def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
+    """MLServer serving identity, started by `python -m benchmarks.serve_mlserver` (which builds
+    the model and lays out MLServer's folder); (HTTP port, gRPC port, identity's model file)."""
+    folder = tmp_path_factory.mktemp("mlserver")
+    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    log = folder / "serve_mlserver.log"  # a file, not a pipe: pip may write much while installing
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.serve_mlserver", str(folder)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     try:
-        peers.ensure_mlserver()
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"MLServer could not be installed into {peers.VENV}: {exc}")
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    folder = peers.mlserver_repository(
-        tmp_path_factory.mktemp("mlserver") / "repo",
-        source,
-        [IDENTITY],
-        http_port,
-        grpc_port,
-        metrics_port,
-    )
-    server: ServerProcess = start_mlserver(folder, http_port, [IDENTITY.name])
-    try:
-        yield http_port, grpc_port
+        assert proc.stdout is not None
+        # Other lines come first when MLServer is installed now ("installing MLServer ...").
+        line = ""
+        for line in proc.stdout:
+            if line.startswith("LISTENING"):
+                break
+        if not line.startswith("LISTENING"):
+            code = proc.wait(60)
+            if code == CANNOT_INSTALL:
+                pytest.skip(log.read_text().strip().splitlines()[-1])
+            raise AssertionError(f"MLServer did not start ({code}): {log.read_text()}")
+        _, http_port, grpc_port, model_file = line.split()
+        yield int(http_port), int(grpc_port), Path(model_file)
     finally:
-        server.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
 
 
 @pytest.mark.parametrize("scheme", ["http", "grpc"])
 def test_bench_measures_mlserver(
-    mlserver: tuple[int, int], source: Path, tmp_path: Path, scheme: str
+    mlserver: tuple[int, int, Path], tmp_path: Path, scheme: str
 ) -> None:
     port = mlserver[0] if scheme == "http" else mlserver[1]
     out = tmp_path / scheme
@@ -62,7 +72,7 @@ def test_bench_measures_mlserver(
     # reads them from the model file it is given, and checks the answers against it too.
     argv = [
         "bench", f"{scheme}://127.0.0.1:{port}", "--model", "identity",
-        "--reference", str(IDENTITY.path(source)), "--accuracy",
+        "--reference", str(mlserver[2]), "--accuracy",
         "--scenario", "offline", "--duration", "1s", "--out", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
@@ -74,6 +84,8 @@ def test_bench_measures_mlserver(
     assert run["accuracy"]["ok"] is True and run["accuracy"]["checked"] > 0, run["accuracy"]
 
 
-def test_a_server_without_tensor_metadata_needs_a_model_file(mlserver: tuple[int, int]) -> None:
+def test_a_server_without_tensor_metadata_needs_a_model_file(
+    mlserver: tuple[int, int, Path],
+) -> None:
     argv = ["bench", f"http://127.0.0.1:{mlserver[0]}", "--model", "identity"]
     assert main(argv) == 1

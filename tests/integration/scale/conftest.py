@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from benchmarks.harness import free_port
 from tests.toolkit.models import write_broken, write_null_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
+from tests.toolkit.server import free_port
 
 from dlscale.cli import parse
 

@@ -176,7 +176,7 @@ def test_tritons_names_in_config_toml_get_a_hint() -> None:
         parse_config({"name": "m", "max_bach_size": 8}, "c.toml")
 
 
-# As benchmarks/peers.py writes one for MLServer (a custom ONNX runtime, the file beside it).
+# As benchmarks/harness/peers.py writes one for MLServer (a custom ONNX runtime, its own file).
 def _settings(tmp_path: Path, **changes: object) -> Path:
     doc = {
         "name": "ident",

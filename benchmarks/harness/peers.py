@@ -16,9 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.models import BenchModel
+from benchmarks.harness.models import BenchModel
 
 VENV = Path(".bench/mlserver-venv")
+#: The runtime MLServer loads from the folder it serves (a file of its own: it imports mlserver).
+RUNTIME = Path(__file__).resolve().parents[1] / "mlserver_runtime.py"
 MLSERVER_VERSION = "1.7.1"
 PACKAGES = [f"mlserver=={MLSERVER_VERSION}", "uvloop<0.22", "onnxruntime", "numpy"]
 
@@ -58,7 +60,7 @@ def mlserver_repository(
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    shutil.copy(Path(__file__).with_name("mlserver_runtime.py"), root / "mlserver_runtime.py")
+    shutil.copy(RUNTIME, root / "mlserver_runtime.py")
     settings = {
         "host": "127.0.0.1",
         "http_port": http_port,

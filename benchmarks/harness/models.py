@@ -2,13 +2,14 @@
 
 `identity` and `mlp` are built here with onnx.helper (small, deterministic); `resnet50` comes from
 the zoo when the zoo is installed. The same model file and the same batching knobs go to dlscale
-(config.toml) and to MLServer (model-settings.json, see peers.py).
+(config.toml) and to MLServer (model-settings.json, see peers.py). The large-tensor benchmarks
+share `build_image_repository` (identity over images) and `build_large_repository`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,28 @@ def write_dlscale_config(root: Path, model: BenchModel) -> None:
         f"intra_op_threads = {model.intra_op_threads}\n"
         "inter_op_threads = 1\n"
     )
+
+
+# -- identity over images: the shared-memory and large-tensor benchmarks --------------------------
+
+#: identity FP32 over [N, 3, 224, 224] (19 MB at 32 rows) and over [N, 16].
+LARGE = BenchModel("identity", "input", "output", (3, 224, 224), 32, 500)
+SMALL = BenchModel("identity16", "input", "output", (16,), 32, 500)
+
+
+def build_image_repository(root: Path, resnet: bool) -> Path:
+    """identity over images, and the zoo's resnet50, with the same knobs Triton gets."""
+    build_identity_like(root, LARGE)
+    write_dlscale_config(root, LARGE)
+    if resnet and build_resnet50(root):
+        # Triton's knobs in benchmarks/pytriton_server.py, not the REST benchmark's RESNET50.
+        write_dlscale_config(root, replace(RESNET50, max_batch_size=32, max_queue_delay_us=500))
+    return root
+
+
+def build_large_repository(root: Path) -> Path:
+    """identity over images (one intra-op thread) and identity over [N, 16]."""
+    build_image_repository(root, resnet=False)
+    build_identity_like(root, SMALL)
+    write_dlscale_config(root, SMALL)
+    return root

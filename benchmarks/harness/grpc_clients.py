@@ -14,8 +14,8 @@ import time
 import grpc
 import numpy as np
 
-from benchmarks.client import LoadResult
-from benchmarks.models import BenchModel
+from benchmarks.harness.clients import LoadResult
+from benchmarks.harness.models import BenchModel
 from dlscale.types import InferenceRequest
 from dlscale.wire.grpc import decode_infer_response, encode_infer_request
 from dlscale.wire.proto.grpc_gen import inference_pb2
