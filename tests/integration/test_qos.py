@@ -77,7 +77,7 @@ async def test_the_protected_model_keeps_its_objective_under_a_flood(tmp_path: P
         await asyncio.gather(*floods)
         neighbor = manager.get("neighbor").qos
         assert neighbor is not None
-        capped = neighbor.devices()[0].tenant.capped
+        capped = neighbor.devices()[0][1].capped
     finally:
         await manager.close()
     service = PROTECTED_US / 1e6

@@ -3,11 +3,16 @@
 tinygrad's null device, for serving: the model's tensors come from config.toml, each output is
 the input at the same position when datatype and shape agree (the same array, no copy) or else
 zeros of its declared shape, and an optional sleep per batch and per row stands in for an
-accelerator with a known service time (docs/backends.md).
+accelerator with a known service time (docs/backends.md). Naming a `simulated_device` makes
+that sleep hold the device exclusively: the batches of every null model naming it, in this
+process, run one at a time in arrival order, as kernels on one accelerator queue (sleeping
+costs no CPU, so the host's noise stays out of the device's time).
 """
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +27,53 @@ from dlscale.types import Datatype, TensorSpec
 
 #: The file a version folder holds for this backend; its contents are not read.
 MARKER_FILE = "model.null"
-#: The keys the null backend takes from [backend_options].
+#: The keys the null backend takes from [backend_options]: microseconds >= 0.
 DELAY_KEYS = ("delay_us", "delay_us_per_row")
+#: The key naming a simulated device: a string (any name; models naming one share it).
+DEVICE_KEY = "simulated_device"
+
+
+class SimulatedDevice:
+    """An accelerator stand-in: holds run one at a time, first come first served.
+
+    A plain lock would not do: the thread that releases it may take it again at once, so one
+    model's instance could keep the device while another's batch waits indefinitely.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._busy = False
+        self._queue: collections.deque[threading.Event] = collections.deque()
+
+    def hold(self, seconds: float) -> None:
+        """Wait for the device, keep it for `seconds` (sleeping), then hand it to the next."""
+        turn = None
+        with self._lock:
+            if self._busy:
+                turn = threading.Event()
+                self._queue.append(turn)
+            self._busy = True
+        if turn is not None:
+            turn.wait()  # the device is handed over: still busy, now ours
+        try:
+            time.sleep(seconds)
+        finally:
+            with self._lock:
+                if self._queue:
+                    self._queue.popleft().set()
+                else:
+                    self._busy = False
+
+
+_devices: dict[str, SimulatedDevice] = {}
+_devices_lock = threading.Lock()
+
+
+def simulated_device(name: str) -> SimulatedDevice:
+    """The process's simulated device named `name` (made on first use, kept for the process)."""
+    with _devices_lock:
+        return _devices.setdefault(name, SimulatedDevice(name))
 
 
 @dataclass(frozen=True)
@@ -41,6 +91,13 @@ class NullBackend:
         self.path = path
         self.options = options
         self.delay_us, self.delay_us_per_row = _delays(path, options)
+        name = options.extra.get(DEVICE_KEY)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(
+                f"{path}: field 'backend_options.{DEVICE_KEY}': expected a device name, "
+                f"got {name!r}"
+            )
+        self.device = simulated_device(name) if name else None
         self._answers: list[_Answer] = []
 
     def load(self) -> None:
@@ -80,11 +137,14 @@ class NullBackend:
         return list(self.options.outputs)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Sleep the configured service time (the GIL is released), then echo or answer zeros."""
+        """Sleep the configured service time (the GIL is released; holding the simulated device
+        when one is named), then echo or answer zeros."""
         first = next(iter(inputs.values()))
         rows = first.shape[0] if self._batch_dims and first.ndim else 1
         seconds = (self.delay_us + self.delay_us_per_row * rows) / 1e6
-        if seconds > 0:
+        if self.device is not None:
+            self.device.hold(seconds)
+        elif seconds > 0:
             time.sleep(seconds)
         return {
             a.spec.name: inputs[a.source] if a.source is not None else _zeros(a.spec, rows)
@@ -107,12 +167,12 @@ def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
 
 
 def _delays(path: Path, options: BackendOptions) -> tuple[float, float]:
-    """delay_us and delay_us_per_row from [backend_options]; any other key is refused."""
-    unknown = sorted(set(options.extra) - set(DELAY_KEYS))
+    """delay_us and delay_us_per_row from [backend_options]; an unknown key is refused."""
+    unknown = sorted(set(options.extra) - {*DELAY_KEYS, DEVICE_KEY})
     if unknown:
         raise ConfigError(
-            f"{path}: backend 'null' takes only {list(DELAY_KEYS)} in [backend_options], "
-            f"got {unknown}"
+            f"{path}: backend 'null' takes only {list(DELAY_KEYS)} and {DEVICE_KEY!r} in "
+            f"[backend_options], got {unknown}"
         )
     values = []
     for key in DELAY_KEYS:

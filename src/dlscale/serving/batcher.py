@@ -8,59 +8,34 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, QueueFull, TimedOut, Unavailable
+from dlscale.serving.batches import Pending, fail, merge, ns, split, within
+from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
-from dlscale.serving.qos.gate import Seat, TenantQos
-from dlscale.serving.qos.scheduler import Demand, Grant
+from dlscale.serving.qos.scheduler import Demand
+from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.slots import InstancePool, Slot, SlotPool
 
 log = logging.getLogger(__name__)
-
-Tensors = dict[str, np.ndarray]
-
-
-@dataclass(eq=False)
-class _Pending:
-    """A request waiting for, or inside, a batch."""
-
-    inputs: Mapping[str, np.ndarray]
-    rows: int
-    key: tuple[object, ...]  # requests merge only when every non-batch shape and dtype agree
-    level: int
-    enqueued: float  # seconds on the batcher's clock
-    future: asyncio.Future[Tensors]
-    times: RequestTimes | None = None  # filled in as the request is queued and computed
-    timer: asyncio.TimerHandle | None = None
-    queued: bool = True
-    #: Called once the batcher no longer reads the inputs (they may be views of shared memory).
-    release: Callable[[], None] | None = None
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """A device slot held for one batch: given back with what the batch took."""
-
-    seat: Seat
-    grant: Grant
-    start: float
-    capped: bool = False
 
 
 class Batcher:
     """Queues requests of one model version and feeds merged batches to its free instances.
 
-    Forming a batch waits for a free instance first: while every instance computes, requests
-    keep arriving and the next batch grows by itself. Then the policy (serving/policy.py)
-    says when the batch goes: at max_batch_size or a preferred size, once the oldest request
-    has waited max_queue_delay_us, or at once when no company is expected.
+    The policy (serving/policy.py) says when a batch would go: at max_batch_size or a
+    preferred size, once the oldest request has waited max_queue_delay_us, or at once when no
+    company is expected. Then the batcher waits once for a slot (serving/slots.py): a free
+    instance, and with `qos` its device's grant, which may cap its rows. It forms the batch
+    once the slot is there: while every instance computes, requests keep arriving and the next
+    batch grows by itself.
 
-    With `qos` (serving/qos/gate.py), requests first pass the model's admission limits, and a
-    ready batch waits for a slot on its instance's device, which may cap its rows.
+    With `qos` (serving/qos/slots.py), requests first pass the model's admission limits, and
+    the slot pool reads the batch to schedule from `demand` when the device decides.
 
     `clock` gives seconds: perf_counter by default, since uvloop's `loop.time()` moves in whole
     milliseconds; a test that runs the loop on a simulated clock passes that clock (and the
@@ -82,16 +57,16 @@ class Batcher:
         self.qos = qos
         self._clock = clock
         self._instances = list(instances)
-        self._queues: list[collections.deque[_Pending]] = [
+        self._queues: list[collections.deque[Pending]] = [
             collections.deque() for _ in range(policy.batching.priority_levels)
         ]
         self._queued = 0
-        # An instance that takes several batches at once (Instance.slots) is queued once per
-        # batch it takes: the next batch forms while the last one computes.
-        self._free: asyncio.Queue[Instance] = asyncio.Queue()
-        for inst in self._instances:
-            for _ in range(inst.slots):
-                self._free.put_nowait(inst)
+        self._pool: SlotPool
+        if qos is not None:
+            qos.attach(self._instances)
+            self._pool = qos
+        else:
+            self._pool = InstancePool(self._instances, policy.max_batch_size)
         self._arrival = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -150,10 +125,10 @@ class Batcher:
             (name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape)
             for name, arr in sorted(inputs.items())
         )
-        item = _Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
+        item = Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
         item.release = release
         if times is not None:
-            times.queue_start = _ns(item.enqueued)
+            times.queue_start = ns(item.enqueued)
         timeout = timeout_us or self.policy.batching.default_timeout_us
         if timeout:
             item.timer = loop.call_later(timeout / 1e6, self._expire, item, timeout)
@@ -181,9 +156,9 @@ class Batcher:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _expire(self, item: _Pending, timeout_us: int) -> None:
+    def _expire(self, item: Pending, timeout_us: int) -> None:
         if item.queued and not item.future.done():
-            waited = _ns(self._clock() - item.enqueued) // 1000
+            waited = ns(self._clock() - item.enqueued) // 1000
             self._unqueue(item)
             self._done_with(item)
             item.future.set_exception(
@@ -192,19 +167,19 @@ class Batcher:
                 )
             )
 
-    def _unqueue(self, item: _Pending) -> None:
+    def _unqueue(self, item: Pending) -> None:
         if item.queued:
             item.queued = False
             self._queues[item.level].remove(item)
             self._queued -= 1
 
     @staticmethod
-    def _done_with(item: _Pending) -> None:
+    def _done_with(item: Pending) -> None:
         release, item.release = item.release, None
         if release is not None:
             release()
 
-    def _forget(self, item: _Pending) -> None:
+    def _forget(self, item: Pending) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
             item.timer.cancel()
@@ -219,25 +194,38 @@ class Batcher:
 
     async def _schedule(self) -> None:
         while True:
-            await self._wait_for_work()
-            instance = await self._free.get()
-            seat = self.qos.seats.get(instance.name) if self.qos is not None else None
-            batch, slot = await self._form_batch(seat)
-            if not batch:
-                if slot is not None:  # every request taken had left meanwhile
-                    slot.seat.release(slot.grant, 0, 0.0)
-                self._free.put_nowait(instance)
+            await self._until_ready()
+            slot = await self._pool.take(self)
+            if not slot.scheduled:  # an instance alone: company may still be worth waiting for
+                await self._until_ready(holding=True)
+            batch, capped = self._form(slot)
+            if not batch:  # every request had left meanwhile
+                slot.done()
                 continue
-            task = asyncio.get_running_loop().create_task(self._run(instance, batch, slot))
+            task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _wait_for_work(self) -> None:
-        while not self._queued:
-            self._arrival.clear()
-            await self._arrival.wait()
+    async def _until_ready(self, holding: bool = False) -> None:
+        """Wait until the policy would send a batch: requests arrive, the oldest's delay ends.
 
-    def _candidates(self) -> list[_Pending]:
+        `holding` a slot, also until no request is left (the slot goes back unused). The
+        policy is asked again once a slot is there, as the planner's simulation asks it when an
+        instance is free: the smoothed gap between arrivals may have changed meanwhile.
+        """
+        while True:
+            now = self._clock()
+            chosen, send, oldest = self._ready(now)
+            if send or (holding and not chosen):
+                return
+            self._arrival.clear()
+            if not chosen:
+                await self._arrival.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
+
+    def _candidates(self) -> list[Pending]:
         """Requests that can join the head's batch: highest priority first, then oldest."""
         head = next((q[0] for q in self._queues if q), None)
         if head is None:
@@ -255,7 +243,7 @@ class Batcher:
                         return chosen
         return chosen
 
-    def _ready(self, now: float) -> tuple[list[_Pending], int, float]:
+    def _ready(self, now: float) -> tuple[list[Pending], int, float]:
         """The candidates, how many the policy sends now (0: wait), and the oldest's arrival."""
         chosen = self._candidates()
         if not chosen:
@@ -263,49 +251,33 @@ class Batcher:
         oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
         return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed), oldest
 
-    def _demand(self, now: float) -> Demand | None:
-        """The next batch's demand for a device slot, when the policy would send it now."""
+    def demand(self, now: float) -> Demand | None:
+        """The batch that would go now (DemandSource): what a device scheduler weighs."""
         chosen, send, oldest = self._ready(now)
-        if not send:
+        if not chosen:
             return None
+        # Waiting for a slot, the batch goes once it comes even where the policy would now
+        # wait (its head left, a younger request leads): all the candidates count.
+        send = send or len(chosen)
         return Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
 
-    async def _form_batch(self, seat: Seat | None) -> tuple[list[_Pending], _Slot | None]:
-        while True:
-            now = self._clock()
-            chosen, send, oldest = self._ready(now)
-            if send and seat is not None and seat.active:
-                demand = Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
-                return await self._granted(seat, demand)
-            if send:
-                slot = _Slot(seat, seat.start_off(), now) if seat is not None else None
-                return self._take(chosen[:send], now), slot
-            if seat is not None:
-                seat.withdraw()  # a slot kept for this model on release is not wanted yet
-            if not chosen:
-                return [], None
-            self._arrival.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
+    def _form(self, slot: Slot) -> tuple[list[Pending], bool]:
+        """The batch to send in `slot`, and whether the slot's rows cut it short.
 
-    async def _granted(self, seat: Seat, demand: Demand) -> tuple[list[_Pending], _Slot | None]:
-        """The batch once the device's scheduler gives it a slot, within the rows granted."""
-        grant = await seat.acquire(demand)
+        Formed once the slot is there: requests kept arriving (or left) while it was awaited.
+        """
         now = self._clock()
-        # Requests kept arriving (or left) while the batch waited: form it again. The slot is
-        # used even where the policy would now wait (the head left, a younger one leads).
         chosen = self._candidates()
         if not chosen:
-            seat.release(grant, 0, 0.0)
-            return [], None
+            return [], False
         oldest, gap = min(i.enqueued for i in chosen), self._gaps.smoothed
         rows = [i.rows for i in chosen]
-        cut = _within(rows, grant.max_rows)
+        cut = within(rows, slot.max_rows)
         send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
         uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
-        return self._take(chosen[:send], now), _Slot(seat, grant, now, cut < uncapped)
+        return self._take(chosen[:send], now), cut < uncapped
 
-    def _take(self, chosen: list[_Pending], now: float) -> list[_Pending]:
+    def _take(self, chosen: list[Pending], now: float) -> list[Pending]:
         waited = self.qos.waited if self.qos is not None else None
         batch = []
         for item in chosen:
@@ -318,52 +290,35 @@ class Batcher:
             batch.append(item)
         return batch
 
-    async def _run(self, instance: Instance, batch: list[_Pending], slot: _Slot | None) -> None:
+    async def _run(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
         try:
-            await self._compute(instance, batch)
+            await self._compute(slot.instance, batch)
         finally:
-            if slot is not None:
-                self._release(slot, batch)
-            self._free.put_nowait(instance)
+            now = self._clock()
+            rows = sum(i.rows for i in batch)
+            slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
                 self._done_with(item)
 
-    def _release(self, slot: _Slot, batch: list[_Pending]) -> None:
-        """Give the device slot back, saying whether this model has its next batch ready.
-
-        Otherwise a model with one instance would never be waiting when its own batch ends:
-        its next batch forms only once the instance is back, after the slot went to another.
-        """
-        now = self._clock()
-        single = self.qos is not None and len(self.qos.devices()) == 1
-        then = self._demand(now) if single and slot.seat.active else None
-        rows = sum(i.rows for i in batch)
-        latencies = [now - i.enqueued for i in batch]
-        slot.seat.release(slot.grant, rows, now - slot.start, slot.capped, then, latencies)
-
-    async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
+    async def _compute(self, instance: Instance, batch: list[Pending]) -> None:
         t0 = self._clock()
         rows = sum(i.rows for i in batch)
-        if len(batch) == 1:
-            merged = dict(batch[0].inputs)
-        else:
-            names = batch[0].inputs.keys()
-            merged = {n: np.concatenate([i.inputs[n] for i in batch]) for n in names}
+        merged = merge(batch)
         t1 = self._clock()
         try:
             outputs = await instance.infer(merged)
             t2 = self._clock()
-            parts = self._split(outputs, batch, rows)
+            parts = split(outputs, batch, rows, self.policy.batched)
         except DlscaleError as exc:
-            self._fail(batch, exc)
+            fail(batch, exc)
             return
         except Exception as exc:  # a backend bug must fail its batch, not the server
             log.exception("instance %s failed a batch of %d rows", instance.name, rows)
-            self._fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
+            fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
             return
         t3 = self._clock()
-        self.stats.record_batch(rows, _ns(t1 - t0), _ns(t2 - t1), _ns(t3 - t2))
-        stamps = (_ns(t0), _ns(t1), _ns(t2), _ns(t3))
+        self.stats.record_batch(rows, ns(t1 - t0), ns(t2 - t1), ns(t3 - t2))
+        stamps = (ns(t0), ns(t1), ns(t2), ns(t3))
         for item, part in zip(batch, parts, strict=True):
             if item.times is not None:
                 times = item.times
@@ -375,39 +330,3 @@ class Batcher:
                 ) = stamps
             if not item.future.done():
                 item.future.set_result(part)
-
-    def _split(self, outputs: Tensors, batch: list[_Pending], rows: int) -> list[Tensors]:
-        if not self.policy.batched:
-            return [outputs]
-        for name, arr in outputs.items():
-            if arr.ndim == 0 or arr.shape[0] != rows:
-                raise BackendError(
-                    f"output {name!r} has shape {list(arr.shape)}, but the batch had {rows} rows"
-                )
-        parts, start = [], 0
-        for item in batch:
-            end = start + item.rows
-            parts.append({n: a[start:end] for n, a in outputs.items()})
-            start = end
-        return parts
-
-    @staticmethod
-    def _fail(batch: list[_Pending], exc: DlscaleError) -> None:
-        for item in batch:
-            if not item.future.done():
-                item.future.set_exception(exc)
-
-
-def _within(rows: Sequence[int], limit: int) -> int:
-    """How many leading requests fit in `limit` rows; the first always (it cannot be split)."""
-    total = 0
-    for n, r in enumerate(rows):
-        total += r
-        if total > limit:
-            return max(n, 1)
-    return len(rows)
-
-
-def _ns(seconds: float) -> int:
-    """Statistics keep nanoseconds, as Triton's do."""
-    return round(seconds * 1e9)

@@ -22,7 +22,8 @@ from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
-from dlscale.serving.qos.gate import DeviceGates, TenantQos
+from dlscale.serving.qos.gate import DeviceGates
+from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.versions import resolve_version
 from dlscale.types import TensorSpec
 
@@ -50,7 +51,7 @@ class ServedVersion:
     stats: ModelStats
     #: Class labels by output, from the config's label files (the classification extension).
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    qos: TenantQos | None = None  # its seats at the device gates (None: QoS turned off)
+    qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
 
     @property
     def config(self) -> ModelConfig:
@@ -279,7 +280,7 @@ class ModelManager:
                     f"model {config.name!r} failed its warm-up at batch size {size}: {exc}"
                 ) from exc
             if qos is not None:  # the device schedulers' first service times (they relearn)
-                qos.seats[instance.name].tenant.service.observe(
+                qos.tenant_of(instance.name).service.observe(
                     max(size, 1), self.gates.clock() - start
                 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,22 @@ def test_the_delay_is_per_batch_plus_per_row() -> None:
     backend.infer({"x": np.zeros((4, 4), np.float32)})
     # A lower bound only: sleeping never takes less than asked.
     assert time.perf_counter() - start >= 0.040
+
+
+def test_models_naming_one_simulated_device_hold_it_one_at_a_time() -> None:
+    """Two models' batches on one simulated device run one after the other: the last of four
+    50 ms batches started together ends no sooner than 200 ms after they started (a lower
+    bound: sleeps never end early, so a loaded machine cannot make this fail)."""
+    first = _backend((X,), (X,), delay_us=50_000, simulated_device="unit-sim")
+    second = _backend((X,), (X,), delay_us=50_000, simulated_device="unit-sim")
+    assert first.device is second.device
+    row = {"x": np.ones((1, 4), np.float32)}
+    start = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda b: b.infer(row), [first, second, first, second]))
+    assert time.perf_counter() - start >= 4 * 0.050
+
+
+def test_a_simulated_device_needs_a_name() -> None:
+    with pytest.raises(ConfigError, match=r"backend_options\.simulated_device"):
+        _backend((X,), (X,), simulated_device=3)

@@ -61,7 +61,7 @@ def _model(
     seats = gates.enrol(f"{name}/1", config, [(device.name, "cpu")])
     assert seats is not None
     for rows in {1, max_batch}:  # what the manager's warm-up teaches the scheduler
-        seats.seats[device.name].tenant.service.observe(rows, service(rows))
+        seats.tenant_of(device.name).service.observe(rows, service(rows))
     batcher = Batcher(BatchPolicy.of(config), [device], ModelStats(name, "1"), gates.clock, seats)  # type: ignore[list-item]
     batcher.start()
     return batcher, device
@@ -106,7 +106,7 @@ def test_the_protected_model_holds_its_objective_beside_a_flood() -> None:
     # the batcher, counts a successful request's inferences from its timestamps)
     done = sum(rows for _, finished, rows in flood_device.batches if finished <= end)
     assert done / end >= 0.8 * alone * (1 - 0.004 * 40)
-    tenant = flood.qos.seats["neighbor-0"].tenant  # type: ignore[union-attr]
+    tenant = flood.qos.tenant_of("neighbor-0")  # type: ignore[union-attr]
     assert tenant.capped > 0 and tenant.decisions["fair"] >= flood.stats.execution_count
     assert guarded.qos.waited.count == len(latencies)  # type: ignore[union-attr]
 
@@ -171,7 +171,8 @@ def test_a_request_that_leaves_while_its_batch_waits_frees_the_slot() -> None:
         await quitter.close()
         await busy.close()
         gate = gates.gates["cpu"]
-        assert gate.scheduler.running == 0 and not gate._waiters
+        waiting = [t for t in gate.scheduler.tenants.values() if t.waiting is not None]
+        assert gate.scheduler.running == 0 and not waiting
 
     _in_virtual_time(main)
 

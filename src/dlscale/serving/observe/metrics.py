@@ -129,7 +129,7 @@ def _le(bound: float) -> str:
 
 
 class QosCollector(Collector):
-    """Reads every served version's seats at the device gates at scrape time."""
+    """Reads every served version's standing at the device gates at scrape time."""
 
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
@@ -198,9 +198,8 @@ def _per_device(served: list[ServedVersion]) -> Iterator[Metric]:
     )
     for v in served:
         assert v.qos is not None
-        for seat in v.qos.devices():
-            tenant = seat.tenant
-            labels = [v.stats.name, v.stats.version, seat.gate.device]
+        for device, tenant in v.qos.devices():
+            labels = [v.stats.name, v.stats.version, device]
             left = tenant.budget()
             if left is not None:
                 budget.add_metric(labels, left)

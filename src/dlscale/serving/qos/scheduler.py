@@ -2,7 +2,8 @@
 
 One scheduler per device (cpu, cuda:N, a MIG UUID) grants execution slots to the models
 (tenants) with instances there. Its decisions are a pure function of its state and the time
-it is given, so tests drive it with a fake clock; serving/qos/gate.py puts it on the event loop.
+it is given, so tests drive it with a fake clock; serving/qos/gate.py puts it on the event loop
+and serving/qos/slots.py hands its grants to the batchers.
 
 The rule, when a slot is free and batches wait (docs/qos.md):
 
@@ -258,11 +259,14 @@ class DeviceScheduler:
             self._with_qos -= tenant.qos
 
     def ask(self, name: str, demand: Demand) -> None:
-        """`name` has a batch ready to go; `decide` will grant it a slot."""
+        """`name` has a batch ready to go (asked again: its batch now); `decide` grants slots."""
         tenant = self.tenants[name]
         # Back from idle, a tenant starts level with the device's clock; a busy one is never
-        # behind it (its clock is the finish tag of a batch that started at or after it).
-        tenant.virtual = max(tenant.virtual, self.virtual)
+        # behind it (its clock is the finish tag of a batch that started at or after it). A
+        # tenant already waiting keeps its clock: asked again, only its batch is brought up to
+        # date (requests arrived or left meanwhile).
+        if tenant.waiting is None:
+            tenant.virtual = max(tenant.virtual, self.virtual)
         tenant.waiting = demand
 
     def withdraw(self, name: str) -> None:

@@ -1,0 +1,79 @@
+"""What the Batcher moves around: a pending request, and how requests merge into a batch and
+the batch's outputs split back into each request's rows."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlscale.errors import BackendError, DlscaleError
+from dlscale.serving.observe.stats import RequestTimes
+
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request waiting for, or inside, a batch."""
+
+    inputs: Mapping[str, np.ndarray]
+    rows: int
+    key: tuple[object, ...]  # requests merge only when every non-batch shape and dtype agree
+    level: int
+    enqueued: float  # seconds on the batcher's clock
+    future: asyncio.Future[Tensors]
+    times: RequestTimes | None = None  # filled in as the request is queued and computed
+    timer: asyncio.TimerHandle | None = None
+    queued: bool = True
+    #: Called once the batcher no longer reads the inputs (they may be views of shared memory).
+    release: Callable[[], None] | None = None
+
+
+def merge(batch: Sequence[Pending]) -> Tensors:
+    """The batch's inputs: each request's rows one after the other (one request: as it came)."""
+    if len(batch) == 1:
+        return dict(batch[0].inputs)
+    names = batch[0].inputs.keys()
+    return {n: np.concatenate([i.inputs[n] for i in batch]) for n in names}
+
+
+def split(outputs: Tensors, batch: Sequence[Pending], rows: int, batched: bool) -> list[Tensors]:
+    """Each request's rows of the outputs (views); BackendError when the rows do not add up."""
+    if not batched:
+        return [outputs]
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != rows:
+            raise BackendError(
+                f"output {name!r} has shape {list(arr.shape)}, but the batch had {rows} rows"
+            )
+    parts, start = [], 0
+    for item in batch:
+        end = start + item.rows
+        parts.append({n: a[start:end] for n, a in outputs.items()})
+        start = end
+    return parts
+
+
+def fail(batch: Sequence[Pending], exc: DlscaleError) -> None:
+    """Deliver `exc` to every request of the batch still waiting."""
+    for item in batch:
+        if not item.future.done():
+            item.future.set_exception(exc)
+
+
+def within(rows: Sequence[int], limit: int) -> int:
+    """How many leading requests fit in `limit` rows; the first always (it cannot be split)."""
+    total = 0
+    for n, r in enumerate(rows):
+        total += r
+        if total > limit:
+            return max(n, 1)
+    return len(rows)
+
+
+def ns(seconds: float) -> int:
+    """Statistics keep nanoseconds, as Triton's do."""
+    return round(seconds * 1e9)

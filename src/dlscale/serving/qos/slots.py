@@ -1,0 +1,123 @@
+"""A model version's QoS slot pool: its instances, admitted to the devices by their schedulers.
+
+The Batcher awaits `take` once per batch. The pool waits until one of its instances is free on
+a device whose scheduler grants it the slot; the gate reads the batch the batcher would send
+when it decides (`DemandSource.demand`), so the batcher never pushes a demand down, and a model
+whose batch just ended competes for the slot that batch frees. `Slot.done` gives the instance
+and the grant back with what the batch took, which teaches the scheduler its service times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from dlscale.models.config import ModelConfig
+from dlscale.serving.instance import Instance
+from dlscale.serving.observe.stats import LATENCY_BUCKETS_S, Histogram
+from dlscale.serving.qos.admission import Admission
+from dlscale.serving.qos.scheduler import Demand, Grant, Tenant
+from dlscale.serving.slots import DemandSource, Slot
+
+if TYPE_CHECKING:
+    from dlscale.serving.qos.gate import DeviceGate
+
+
+class Dispatcher(Protocol):
+    """The server's gates, as a pool sees them (serving/qos/gate.py: DeviceGates)."""
+
+    clock: Callable[[], float]
+
+    def dispatch(self) -> None:
+        """Let every gate grant what it can now."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Where a slot handed out came from: its device, its grant, and when it started."""
+
+    device: str
+    grant: Grant
+    start: float
+
+
+@dataclass(eq=False)
+class TenantQos:
+    """A model version's side of QoS: its admission limits and its slot pool at the devices."""
+
+    name: str
+    config: ModelConfig
+    admission: Admission | None
+    placements: dict[str, str]  # device by instance name
+    tenants: dict[str, Tenant]  # its standing at each device's scheduler, by device
+    gates: dict[str, DeviceGate]
+    dispatcher: Dispatcher
+    #: Seconds each request waited between its arrival and its batch's start.
+    waited: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    _free: dict[str, list[Instance]] = field(default_factory=dict)  # by device
+    _waiter: tuple[asyncio.Future[Slot], DemandSource] | None = None
+    _held: dict[Slot, _Held] = field(default_factory=dict)
+
+    def tenant_of(self, instance: str) -> Tenant:
+        """The Tenant at the device of the instance named `instance`."""
+        return self.tenants[self.placements[instance]]
+
+    def devices(self) -> list[tuple[str, Tenant]]:
+        """Each device with the model's standing there."""
+        return list(self.tenants.items())
+
+    def attach(self, instances: Sequence[Instance]) -> None:
+        """The loaded instances (once per batch each takes at once) become the pool's slots."""
+        for instance in instances:
+            device = self.placements[instance.name]
+            self._free.setdefault(device, []).extend([instance] * instance.slots)
+
+    async def take(self, source: DemandSource) -> Slot:
+        """Wait for a free instance and its device's grant (module docstring)."""
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._waiter = (future, source)
+        self.dispatcher.dispatch()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._waiter is not None and self._waiter[0] is future:
+                self._waiter = None
+                self.dispatcher.dispatch()  # its demand is withdrawn
+            elif future.done() and not future.cancelled():
+                future.result().done()  # granted as it was cancelled: give the slot back
+            raise
+
+    def asking(self, device: str, now: float) -> Demand | None:
+        """The batch this pool would run on `device` now; None unless it waits for a slot and
+        has an instance free there."""
+        if self._waiter is None or self._waiter[0].done() or not self._free.get(device):
+            return None
+        # A batcher that waits has a batch ready; if its requests left since, it gets a slot
+        # all the same, finds nothing to send and gives it back at once.
+        return self._waiter[1].demand(now) or Demand(now, 1)
+
+    def hand(self, device: str, grant: Grant, now: float) -> None:
+        """The gate of `device` grants the waiting batcher a slot (`asking` said it waits)."""
+        assert self._waiter is not None
+        future, _ = self._waiter
+        self._waiter = None
+        scheduled = grant.decision != "off"
+        slot = Slot(self._free[device].pop(), grant.max_rows, self._give_back, scheduled)
+        self._held[slot] = _Held(device, grant, now)
+        future.set_result(slot)
+
+    def _give_back(self, slot: Slot, rows: int, latencies: Sequence[float], capped: bool) -> None:
+        held = self._held.pop(slot)
+        seconds = self.dispatcher.clock() - held.start if rows else 0.0
+        self.gates[held.device].scheduler.finish(held.grant, rows, seconds, capped, latencies)
+        self._free[held.device].append(slot.instance)
+        self.dispatcher.dispatch()
+
+    def leave(self) -> None:
+        """Leave every device (after the batcher has closed)."""
+        for device, tenant in self.tenants.items():
+            self.gates[device].leave(tenant.name)
+        self.dispatcher.dispatch()
