@@ -5,19 +5,21 @@
 Sized for 10 minutes on an H100 host (16 cores); docs/backends.md says how to carry the wheels
 a bare GPU machine lacks. For resnet50 (UINT8 pixels in, normalized on the GPU) and bert-base
 (S=128), at batch 256, it
-1. compiles AOTInductor packages in background processes (FP16; FP8 and INT8 with 1x1 or all
-   convolutions as 8-bit products) while it measures eager + CUDA graphs for each precision;
-2. measures PyTorch alone: torchvision's resnet50 (bert-base: the zoo's module), FP16,
-   channels_last, torch.compile reduce-overhead with inductor freezing, data on the GPU;
-3. serves each package through ModelManager + Batcher (1 and 2 instances, 2 batches in flight
-   each): Offline, every request of 256 queued at once with its inputs in pinned memory, median
-   of --reps runs; and calls the backend directly;
-4. checks 8-bit and FP16 answers against FP32 (resnet50: top-1 agreement on 1,024 images and
-   top-1 on their labels; bert-base: cosine similarity);
-5. loads the FP16 resnet50 package in a fresh process with every batch bucket captured, and
-   for comparison serves the same model compiled at load (torch.compile, as without a package).
+1. compiles AOTInductor packages in background processes (FP16 first; FP8 and INT8 with 1x1
+   or all convolutions as 8-bit products);
+2. for each model, before its first package: PyTorch alone (torchvision's resnet50, bert-base:
+   the zoo's module; FP16, channels_last, torch.compile reduce-overhead with inductor freezing,
+   data on the GPU) and the FP32 answers (eager + CUDA graphs, one instance);
+3. serves each package as soon as it is compiled, FP16 ones first, through ModelManager +
+   Batcher (1 and 2 instances, 2 batches in flight each): Offline, every request of 256 queued
+   at once with its inputs in pinned memory, median of --reps runs; and calls it directly;
+   8-bit and FP16 answers are checked against FP32 (resnet50: top-1 agreement on 1,024 images
+   and top-1 on their labels; bert-base: cosine similarity);
+4. loads the first package (resnet50 FP16) in a fresh process with every batch bucket captured;
+5. then the other eager rows (FP16, BF16, TF32) and the same model compiled at load.
 Steps left when --budget runs out are reported as not run. Writes OUT/torch_gpu.json and
-OUT/torch_gpu.md. A dry run of the pipeline on the CPU:
+OUT/torch_gpu.md after every row (a run stopped keeps what it measured). A dry run of the
+pipeline on the CPU:
 
     PYTHONPATH=src python -m benchmarks.torch_gpu --device cpu --batch 8 --seconds 0.2 \
         --reps 1 --packages mlp:fp32 --eager mlp:fp32 --instances 1 --out /tmp/torch_cpu
