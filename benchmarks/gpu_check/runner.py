@@ -138,13 +138,9 @@ def verdict_table(outcomes: list[Outcome]) -> str:
         for k, f in enumerate(figures):
             verdict = {True: "met", False: "NOT met", None: "-"}[f.met]
             seconds = f"{o.seconds:.0f}" if k == 0 and o.seconds else ""
-            stage = (
-                ""
-                if k
-                else o.stage
-                if o.status == "ok" or not o.figures
-                else f"{o.stage}: {o.status}"
-            )
+            stage = o.stage if k == 0 else ""
+            if k == 0 and o.status != "ok" and o.figures:  # stopped, yet some figures came
+                stage += f": {o.status}"
             lines.append(f"| {stage} | {f.name} | {f.value} | {f.target} | {verdict} | {seconds} |")
     return "\n".join(lines)
 

@@ -126,13 +126,13 @@ def is_device_array(array: object) -> bool:
 def as_cupy(array: Any) -> Any:
     """A device array as a CuPy array over the same memory (PyTorch tensors included).
 
-    CuPy has no bfloat16: a BF16 tensor comes as uint16 over the same bytes (to_host views it
+    CuPy has no bfloat16: a BF16 tensor comes as int16 over the same bytes (to_host views it
     back), not as the void dtype its array interface would give, which no datatype maps.
     """
     if str(getattr(array, "dtype", "")) == "torch.bfloat16":
         import torch  # the tensor is torch's, so torch is here
 
-        return _cupy().asarray(array.view(torch.uint16))
+        return _cupy().asarray(array.view(torch.int16))  # "<i2" in every torch release
     return _cupy().asarray(array)
 
 
