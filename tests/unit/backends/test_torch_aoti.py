@@ -3,7 +3,9 @@
 Inductor and AOTInductor run on the CPU, so the whole path is checked here: the model is built
 as the backend builds it, exported with a dynamic batch dimension, compiled into model.aoti.pt2
 (identity with FP32 inputs, mlp with FP16 inputs, digits with UINT8 pixels normalized inside),
-loaded without compiling, and compared with the ONNX Runtime backend on the zoo's ONNX file.
+loaded without compiling, and compared with the ONNX Runtime backend on the zoo's ONNX file;
+a convolution + BatchNorm model is packaged too (folded under no_grad, which export accepts),
+and a package whose recorded torch release is forged is refused before AOTInductor loads it.
 Compiling the three takes about 1-3 minutes on 2 cores; resnet50 and bert-base are packaged on
 a GPU only (tests/gpu).
 """
