@@ -5,19 +5,21 @@
 Sized for 10 minutes on an H100 host (16 cores); docs/backends.md says how to carry the wheels
 a bare GPU machine lacks. For resnet50 (UINT8 pixels in, normalized on the GPU) and bert-base
 (S=128), at batch 256, it
-1. compiles AOTInductor packages in background processes (FP16; FP8 and INT8 with 1x1 or all
-   convolutions as 8-bit products) while it measures eager + CUDA graphs for each precision;
-2. measures PyTorch alone: torchvision's resnet50 (bert-base: the zoo's module), FP16,
-   channels_last, torch.compile reduce-overhead with inductor freezing, data on the GPU;
-3. serves each package through ModelManager + Batcher (1 and 2 instances, 2 batches in flight
-   each): Offline, every request of 256 queued at once with its inputs in pinned memory, median
-   of --reps runs; and calls the backend directly;
-4. checks 8-bit and FP16 answers against FP32 (resnet50: top-1 agreement on 1,024 images and
-   top-1 on their labels; bert-base: cosine similarity);
-5. loads the FP16 resnet50 package in a fresh process with every batch bucket captured, and
-   for comparison serves the same model compiled at load (torch.compile, as without a package).
+1. compiles AOTInductor packages in background processes (FP16 first; FP8 and INT8 with 1x1
+   or all convolutions as 8-bit products);
+2. for each model, before its first package: PyTorch alone (torchvision's resnet50, bert-base:
+   the zoo's module; FP16, channels_last, torch.compile reduce-overhead with inductor freezing,
+   data on the GPU) and the FP32 answers (eager + CUDA graphs, one instance);
+3. serves each package as soon as it is compiled, FP16 ones first, through ModelManager +
+   Batcher (1 and 2 instances, 2 batches in flight each): Offline, every request of 256 queued
+   at once with its inputs in pinned memory, median of --reps runs; and calls it directly;
+   8-bit and FP16 answers are checked against FP32 (resnet50: top-1 agreement on 1,024 images
+   and top-1 on their labels; bert-base: cosine similarity);
+4. loads the first package (resnet50 FP16) in a fresh process with every batch bucket captured;
+5. then the other eager rows (FP16, BF16, TF32) and the same model compiled at load.
 Steps left when --budget runs out are reported as not run. Writes OUT/torch_gpu.json and
-OUT/torch_gpu.md. A dry run of the pipeline on the CPU:
+OUT/torch_gpu.md after every row (a run stopped keeps what it measured). A dry run of the
+pipeline on the CPU:
 
     PYTHONPATH=src python -m benchmarks.torch_gpu --device cpu --batch 8 --seconds 0.2 \
         --reps 1 --packages mlp:fp32 --eager mlp:fp32 --instances 1 --out /tmp/torch_cpu
@@ -79,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="dlscale-torch-gpu-") as tmp:
-        Run(args, Path(tmp), rows, start).all()
-    data = report(rows, args, time.perf_counter() - start)
-    (args.out / "torch_gpu.json").write_text(json.dumps(data, indent=2))
-    (args.out / "torch_gpu.md").write_text(markdown(data))
+        run = Run(args, Path(tmp), rows, start)
+        run.all()
+    run.save()
     print((args.out / "torch_gpu.md").read_text())
     return 0
 
@@ -180,6 +181,11 @@ class Compiles:
         self.poll()
         return bool(self.running or self.waiting)
 
+    def wait_for(self, spec: str, deadline: float) -> None:
+        """Until the job of `spec` is done or the deadline passes (the job then runs on)."""
+        while spec not in self.done and self.busy and time.perf_counter() < deadline:
+            time.sleep(0.5)
+
     def wait(self, deadline: float) -> None:
         """Until every job is done or the deadline passes (then the rest are stopped)."""
         while self.busy and time.perf_counter() < deadline:
@@ -193,27 +199,50 @@ class Run:
     """The benchmark's steps in order, each skipped once the budget is spent."""
 
     def __init__(self, args: argparse.Namespace, tmp: Path, rows: list[Row], start: float):
-        self.args, self.tmp, self.rows = args, tmp, rows
+        self.args, self.tmp, self.rows, self.start = args, tmp, rows, start
         self.deadline = start + args.budget
         self.compiles = Compiles(args, tmp / "packages")
         self.references: dict[str, dict[str, Any]] = {}  # model -> FP32 outputs and labels
+        self.built: dict[str, Path] = {}  # package spec -> its folder, once measured
 
     def left(self) -> float:
         """Seconds of the budget left."""
         return float(self.deadline - time.perf_counter())
 
+    def save(self) -> None:
+        """OUT/torch_gpu.json and .md with the rows so far: a run killed keeps what it measured."""
+        data = report(self.rows, self.args, time.perf_counter() - self.start)
+        (self.args.out / "torch_gpu.json").write_text(json.dumps(data, indent=2))
+        (self.args.out / "torch_gpu.md").write_text(markdown(data))
+
     def all(self) -> None:
+        """The rows, the headline figures first: each package measured right after its compile.
+
+        Before a model's first package come what it is judged against: PyTorch's own compiled
+        reference and the FP32 answers (one instance). FP16 packages precede the 8-bit ones;
+        the first package's load in a fresh process follows it; the other eager rows come last.
+        """
         self.compiles.poll()
         self._checks_data()
-        for spec in self.args.eager:
-            self._eager(spec)
-        self.compiles.wait(self.deadline - 60)
-        if self.args.reference:
-            for name in dict.fromkeys(s.split(":")[0] for s in self.args.packages):
-                self._pytorch(name)
-        for spec in self.args.packages:
+        eager = list(self.args.eager)
+        judged: set[str] = set()
+        ordered = sorted(self.args.packages, key=lambda spec: spec.split(":")[1] != "fp16")
+        for spec in ordered:
+            name = spec.split(":")[0]
+            if name not in judged:
+                judged.add(name)
+                if self.args.reference:
+                    self._pytorch(name)
+                if f"{name}:fp32" in eager:
+                    eager.remove(f"{name}:fp32")
+                    self._eager(f"{name}:fp32", self.args.instances[:1])
+            self.compiles.wait_for(spec, self.deadline - 30)
             self._package(spec)
-        self._load_in_fresh_process()
+            if spec == ordered[0]:  # resnet50 FP16 by default: its load time is a target
+                self._load_in_fresh_process(spec)
+        self.compiles.wait(time.perf_counter())  # stops what is still compiling
+        for spec in eager:
+            self._eager(spec)
         self._compile_at_load()
 
     # -- steps ---------------------------------------------------------------------------------
@@ -304,14 +333,16 @@ class Run:
         self.rows.append(row)
         if self.left() < 15:
             row.status = "not run: past the budget"
+            self.save()
             return
         try:
             step()
         except Exception as exc:  # reported in its row; the benchmark goes on
             row.status = f"failed: {type(exc).__name__}: {exc}"[:500]
             print(line(row), flush=True)
+        self.save()
 
-    def _eager(self, spec: str) -> None:
+    def _eager(self, spec: str, instances: list[int] | None = None) -> None:
         name, precision, *rest = spec.split(":")
         inputs = rest[0] if rest else gpu_serving(name).input_type
         row = Row(name, f"eager {precision} ({inputs} in)", "eager", precision, inputs)
@@ -321,7 +352,7 @@ class Run:
         def step() -> None:
             folder = self.tmp / "eager" / spec.replace(":", "-")
             torch_entry(ZOO[name], inputs).write(folder / "1" / "model.zoo")  # type: ignore[arg-type]
-            self._measure(row, folder, False, {"compile": False})
+            self._measure(row, folder, False, {"compile": False}, instances)
 
         self._guarded(row, step)
 
@@ -357,18 +388,18 @@ class Run:
                 return
             row.compile_s = job["compile_s"]
             self._measure(row, folder / name, True, {})
-            if serving.precision == "fp16" and name == "resnet50":
-                self.headline = folder
+            self.built[spec] = folder
 
         self._guarded(row, step)
 
-    def _load_in_fresh_process(self) -> None:
-        row = Row("resnet50", "package fp16: load in a fresh process", "package", "fp16", "uint8")
+    def _load_in_fresh_process(self, spec: str) -> None:
+        name, precision = spec.split(":")[:2]
+        row = Row(name, f"package {precision}: load in a fresh process", "package", precision, "")
 
         def step() -> None:
-            folder = getattr(self, "headline", None)
+            folder = self.built.get(spec)
             if folder is None:
-                row.status = "not run: no resnet50 FP16 package"
+                row.status = f"not run: no {spec} package"
                 return
             command = [sys.executable, "-m", "benchmarks.torch_gpu", "load", "--dir", str(folder)]
             command += ["--device", self.args.device, "--batch", str(self.args.batch)]

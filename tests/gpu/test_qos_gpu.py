@@ -16,7 +16,14 @@ import pytest
 from tests.toolkit.benchmarks import run_benchmark
 
 from dlscale.bench.tenants import mig_pair
-from dlscale.cli import main
+
+try:
+    from dlscale.cli import main
+except RuntimeError as exc:  # the committed gRPC stubs refuse a grpcio older than theirs
+    pytest.skip(
+        f"dlscale's gRPC stubs cannot load here ({exc}): carry the wheels of scripts/gpu-wheels",
+        allow_module_level=True,
+    )
 from dlscale.hardware.detect import detect
 
 pytestmark = [

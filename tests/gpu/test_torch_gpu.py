@@ -206,3 +206,18 @@ def test_two_instances_on_one_gpu_serve_through_the_batcher(
 
     for outputs in asyncio.run(serve()):
         assert_close(outputs, expected, "fp16")
+
+
+def test_bf16_device_outputs_reach_the_host_as_bfloat16() -> None:
+    # CuPy has no bfloat16: through its array interface a BF16 tensor was a void dtype, which
+    # no datatype maps, so BF16 outputs to a shared-memory region failed.
+    pytest.importorskip("cupy")
+    import ml_dtypes
+
+    from dlscale.serving.regions import cuda as cuda_memory
+
+    tensor = torch.arange(6, dtype=torch.bfloat16, device="cuda:0").reshape(2, 3) / 4
+    assert cuda_memory.dtype_of(tensor) == np.dtype(ml_dtypes.bfloat16)
+    host = cuda_memory.to_host(tensor)
+    assert host.dtype == np.dtype(ml_dtypes.bfloat16) and host.shape == (2, 3)
+    np.testing.assert_array_equal(host.astype(np.float32), tensor.float().cpu().numpy())

@@ -95,6 +95,17 @@ def test_a_resnet50_package_serves_uint8_pixels_with_cuda_graphs(
     assert_close(got, reference(zoo, "resnet50", inputs), "fp16")
 
 
+def test_the_fp16_batchnorm_package_records_this_torch_and_this_gpu(
+    resnet_package: Packaged,
+) -> None:
+    # resnet50's BatchNorm folded and cast to FP16 on the GPU: every such build once failed
+    # (inference tensors refused by torch.export, tests/unit/backends/test_torch_aoti.py).
+    major, minor = torch.cuda.get_device_capability(0)
+    info = resnet_package.info
+    assert (info.precision, info.device) == ("fp16", "cuda")
+    assert info.torch_version == torch.__version__ and info.capability == f"{major}.{minor}"
+
+
 def test_the_package_runs_every_bucket_with_exactly_the_rows_asked_for(
     resnet_package: Packaged,
 ) -> None:

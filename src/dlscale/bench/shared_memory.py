@@ -89,7 +89,7 @@ class DeviceBuffer:
             raise BenchError(
                 "--shared-memory cuda needs CuPy: pip install 'dlscale[gpu]'"
             ) from None
-        self._rt = cupy.cuda.runtime
+        self._cupy, self._rt = cupy, cupy.cuda.runtime
         self.device_id, self.byte_size = device_id, byte_size
         with cupy.cuda.Device(device_id):
             self._ptr = int(self._rt.malloc(byte_size))
@@ -98,7 +98,11 @@ class DeviceBuffer:
     def write(self, offset: int, array: np.ndarray) -> None:
         """Copy an array's bytes in at `offset` (host to device)."""
         flat = np.ascontiguousarray(array)
-        self._rt.memcpy(self._ptr + offset, flat.ctypes.data, flat.nbytes, 1)
+        with self._cupy.cuda.Device(self.device_id):
+            self._rt.memcpy(self._ptr + offset, flat.ctypes.data, flat.nbytes, 1)
+            # From pageable memory cudaMemcpy may return once the bytes are staged, before they
+            # land; the server (another process) reads them as soon as the request arrives.
+            self._rt.deviceSynchronize()
 
     def read(self, offset: int, placed: RegionTensor) -> np.ndarray:
         """A host copy of a tensor the server wrote at `offset`."""

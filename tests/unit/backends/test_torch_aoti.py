@@ -3,7 +3,9 @@
 Inductor and AOTInductor run on the CPU, so the whole path is checked here: the model is built
 as the backend builds it, exported with a dynamic batch dimension, compiled into model.aoti.pt2
 (identity with FP32 inputs, mlp with FP16 inputs, digits with UINT8 pixels normalized inside),
-loaded without compiling, and compared with the ONNX Runtime backend on the zoo's ONNX file.
+loaded without compiling, and compared with the ONNX Runtime backend on the zoo's ONNX file;
+a convolution + BatchNorm model is packaged too (folded under no_grad, which export accepts),
+and a package whose recorded torch release is forged is refused before AOTInductor loads it.
 Compiling the three takes about 1-3 minutes on 2 cores; resnet50 and bert-base are packaged on
 a GPU only (tests/gpu).
 """
@@ -11,6 +13,8 @@ a GPU only (tests/gpu).
 from __future__ import annotations
 
 import asyncio
+import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +23,15 @@ import tomli_w
 import torch
 
 from dlscale.backends import BackendOptions, create_backend
-from dlscale.backends.torch.aoti import load_package
+from dlscale.backends.torch.aoti import load_package, read_info
+from dlscale.backends.torch.files import write_module_spec
 from dlscale.backends.torch.packaging import Packaged, package_model, served_options
 from dlscale.errors import ConfigError
 from dlscale.models.flops import count, count_file
 from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.inputs import PIXELS, as_input_type, torch_entry
 from dlscale.serving.manager import ModelManager
+from dlscale.types import Datatype, TensorSpec
 
 Arrays = dict[str, np.ndarray]
 MAX_BATCH = 16
@@ -42,6 +48,68 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Packaged]:
         options = BackendOptions(max_batch_size=MAX_BATCH, extra={"compile_mode": "default"})
         out[name] = package_model(source, options, root / name / "model.aoti.pt2")
     return out
+
+
+def make_conv_bn() -> torch.nn.Module:
+    """A convolution, BatchNorm with running statistics away from 0 and 1, ReLU, a linear head."""
+    torch.manual_seed(3)
+    bn = torch.nn.BatchNorm2d(8)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.2, 0.2)
+    head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10))
+    layers = [torch.nn.Conv2d(3, 8, 3, padding=1), bn, torch.nn.ReLU(), torch.nn.AvgPool2d(2)]
+    return torch.nn.Sequential(*layers, head).eval()
+
+
+@pytest.mark.slow
+def test_a_batchnorm_model_packages_and_matches_its_module(tmp_path: Path) -> None:
+    # The build folds BatchNorm and casts weights: made under inference_mode, those tensors
+    # were inference tensors, and torch.export refused every such model outside that mode.
+    source = tmp_path / "convbn" / "model.zoo"
+    source.parent.mkdir()
+    specs = ([TensorSpec("input", Datatype.FP32, (-1, 3, 8, 8))],)
+    specs += ([TensorSpec("output", Datatype.FP32, (-1, 10))],)
+    write_module_spec(source, f"{__name__}:make_conv_bn", {}, *specs)
+    options = BackendOptions(max_batch_size=4, extra={"compile_mode": "default"})
+    packaged = package_model(source, options, tmp_path / "convbn" / "model.aoti.pt2")
+    assert packaged.info.torch_version == torch.__version__ and packaged.info.capability is None
+    images = np.random.default_rng(5).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        expected = make_conv_bn()(torch.from_numpy(images)).numpy()
+    backend = create_backend("torch", packaged.path, BackendOptions(max_batch_size=4))
+    backend.load()
+    try:
+        got = backend.infer({"input": images})["output"]
+    finally:
+        backend.unload()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_package_of_another_torch_release_is_refused(
+    packages: dict[str, Packaged], tmp_path: Path
+) -> None:
+    # AOTInductor only warns on a mismatch, then fails in its kernels: dlscale refuses first.
+    forged = tmp_path / "model.aoti.pt2"
+    with (
+        zipfile.ZipFile(packages["identity"].path) as source,
+        zipfile.ZipFile(forged, "w") as out,
+    ):
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith("_metadata.json") and b"dlscale." in data:
+                metadata = json.loads(data)
+                metadata["dlscale.torch_version"] = json.dumps("2.0.0")
+                data = json.dumps(metadata).encode()
+            out.writestr(item, data)
+    assert read_info(forged).torch_version == "2.0.0"
+    with pytest.raises(ConfigError, match=r"compiled by torch 2\.0\.0, this process runs"):
+        load_package(forged, torch.device("cpu"), single_threaded=True)
+    backend = create_backend("torch", forged, BackendOptions(max_batch_size=MAX_BATCH))
+    with pytest.raises(ConfigError, match="rebuild the package"):
+        backend.load()
 
 
 def _reference(small_repo: Path, name: str, inputs: Arrays) -> Arrays:

@@ -317,18 +317,21 @@ def test_settings_a_model_cannot_take_are_refused_at_load(tmp_path: Path) -> Non
 def test_fp32_and_tf32_claims_exclude_each_other_until_released() -> None:
     # The switches are plain flags, settable without a GPU; the claim logic is what is tested.
     cuda = torch.device("cuda:0")
-    before = torch.backends.cuda.matmul.fp32_precision
+    before = torch.backends.cuda.matmul.allow_tf32
     try:
         with fp32_mode("fp32", cuda), fp32_mode("fp32", cuda):
             assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+            # Both APIs agree: inductor's autotuning reads the old one, which raised on a mix.
+            assert torch.get_float32_matmul_precision() == "highest"
             with pytest.raises(ConfigError, match="process-wide"), fp32_mode("tf32", cuda):
                 pass
             with fp32_mode("bf16", cuda):  # not an FP32 mode: no claim, no conflict
                 pass
         with fp32_mode("tf32", cuda):
             assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            assert torch.get_float32_matmul_precision() == "high"
     finally:
-        torch.backends.cuda.matmul.fp32_precision = before
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_bad_batches_are_refused_with_the_reason(tmp_path: Path) -> None:

@@ -44,6 +44,10 @@ class PackageInfo:
     mode: str = "default"
     freezing: bool = False
     flops_per_sample: float | None = None
+    #: torch.__version__ that compiled it: the runner's ABI is that release's ("" when unknown).
+    torch_version: str = ""
+    #: "9.0" for an H100: the CUDA compute capability its kernels target (None on the CPU).
+    capability: str | None = None
 
     def metadata(self) -> dict[str, str]:
         """The info as AOTInductor metadata (string values only)."""
@@ -57,6 +61,8 @@ class PackageInfo:
             "mode": self.mode,
             "freezing": self.freezing,
             "flops_per_sample": self.flops_per_sample,
+            "torch_version": self.torch_version,
+            "capability": self.capability,
         }
         return {_PREFIX + k: json.dumps(v) for k, v in values.items()}
 
@@ -81,6 +87,8 @@ class PackageInfo:
                 mode=str(raw.get("mode", "default")),
                 freezing=bool(raw.get("freezing", False)),
                 flops_per_sample=raw.get("flops_per_sample"),
+                torch_version=str(raw.get("torch_version", "")),
+                capability=raw.get("capability"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
@@ -137,6 +145,39 @@ def read_info(path: Path) -> PackageInfo:
     )
 
 
+def device_capability(device: torch.device) -> str | None:
+    """The compute capability of a CUDA device as "major.minor"; None for any other device."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
+
+
+def check_compatible(info: PackageInfo, device: torch.device, path: Path) -> None:
+    """Refuse a package built for another device kind, torch release or compute capability.
+
+    AOTInductor itself only warns on a mismatch and then fails in the kernels (or computes
+    wrong answers), so the check comes first, with the fix in the message.
+    """
+    rebuild = "rebuild the package on and for the machine that serves it (dlscale optimize)"
+    if info.device != device.type:
+        raise ConfigError(
+            f"{path}: compiled for {info.device}, asked to run on {device}; {rebuild}"
+        )
+    if info.torch_version != torch.__version__:
+        built = info.torch_version or "an unrecorded torch release"
+        raise ConfigError(
+            f"{path}: compiled by torch {built}, this process runs torch {torch.__version__}; "
+            f"{rebuild}"
+        )
+    here = device_capability(device)
+    if info.capability != here:
+        raise ConfigError(
+            f"{path}: compiled for compute capability {info.capability}, device {device} has "
+            f"{here}; {rebuild}"
+        )
+
+
 def load_package(
     path: Path, device: torch.device, *, single_threaded: bool
 ) -> tuple[Callable[..., list[torch.Tensor]], PackageInfo]:
@@ -148,11 +189,7 @@ def load_package(
     from torch._inductor import aoti_load_package
 
     info = read_info(path)
-    if info.device != device.type:
-        raise ConfigError(
-            f"{path}: compiled for {info.device}, asked to run on {device}; build the package "
-            "on and for the device that serves it"
-        )
+    check_compatible(info, device, path)
     index = device.index if device.type == "cuda" and device.index is not None else -1
     try:
         runner = aoti_load_package(

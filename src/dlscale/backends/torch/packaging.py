@@ -19,7 +19,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.backends.base import BackendOptions
-from dlscale.backends.torch.aoti import PackageInfo, build_package
+from dlscale.backends.torch.aoti import PackageInfo, build_package, device_capability
 from dlscale.backends.torch.boundary import inductor_options
 from dlscale.backends.torch.device import place
 from dlscale.backends.torch.files import load_model
@@ -68,7 +68,9 @@ def package_model(source: Path, options: BackendOptions, out: Path) -> Packaged:
     check_supported(s.precision, device)
     check_fits(source, model, s, options.max_batch_size)
     started = time.perf_counter()
-    with fp32_mode(s.precision, device), torch.inference_mode():
+    # no_grad, not inference_mode: tensors made under inference_mode (folded BatchNorm, cast
+    # weights) are inference tensors, which torch.export refuses outside that mode.
+    with fp32_mode(s.precision, device), torch.no_grad():
         boundary = prepared(model, s, device)
         flops = _flops_per_sample(boundary, model.inputs, device)
     configs = {
@@ -86,6 +88,8 @@ def package_model(source: Path, options: BackendOptions, out: Path) -> Packaged:
         mode=s.compile_mode,
         freezing=bool(s.freezing),
         flops_per_sample=flops,
+        torch_version=torch.__version__,
+        capability=device_capability(device),
     )
     with fp32_mode(s.precision, device):
         build_package(boundary, _example(model.inputs, 2, device), info, out, configs)

@@ -130,8 +130,11 @@ def fp32_mode(precision: Precision, device: torch.device) -> Iterator[None]:
                 "process-wide): serve the two in separate processes or give both one precision"
             )
         _fp32_claims[mode] += 1
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]
+        # Through the legacy switches, which set the new per-backend precisions too: set only
+        # through the new API, torch.get_float32_matmul_precision() (inductor's autotuning
+        # reads it) raises on the mix of the two.
+        torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+        torch.backends.cudnn.allow_tf32 = mode == "tf32"
     try:
         yield
     finally:

@@ -10,6 +10,7 @@ into regions or back to the host by the functions below; nothing else in serving
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
 
 import numpy as np
@@ -31,15 +32,36 @@ def _cupy() -> Any:
 
 @functools.cache
 def device_count() -> int:
-    """CUDA devices this process can use through CuPy; 0 without CuPy or a device."""
+    """NVIDIA GPUs here when CuPy is installed (0 otherwise), counted without starting CUDA.
+
+    NVML, not CuPy: CUDA enumerates its devices once, when it starts, under the
+    CUDA_VISIBLE_DEVICES of that moment, and the server asks this before its models load; a
+    model placed on a MIG instance sets that variable first (backends/torch/device.py).
+    """
+    if importlib.util.find_spec("cupy") is None:
+        return 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # nvidia-ml-py without a driver (NVMLError), or no library at all
+        return 0
+
+
+def _cuda_count() -> int:
+    """CUDA devices this process uses (CUDA starts here: only when a region is opened)."""
     try:
         return int(_cupy().cuda.runtime.getDeviceCount())
-    except Exception:  # ImportError, or CuPy present without a driver or a device
+    except Exception:  # CuPy present without a driver or a device
         return 0
 
 
 def _require(device_id: int) -> Any:
-    count = device_count()
+    count = _cuda_count() if device_count() else 0
     if count == 0:
         raise InvalidInput(
             "CUDA shared memory needs a CUDA device and CuPy (pip install 'dlscale[gpu]'); this "
@@ -102,16 +124,42 @@ def is_device_array(array: object) -> bool:
 
 
 def as_cupy(array: Any) -> Any:
-    """A device array as a CuPy array over the same memory (PyTorch tensors included)."""
+    """A device array as a CuPy array over the same memory (PyTorch tensors included).
+
+    CuPy has no bfloat16: a BF16 tensor comes as int16 over the same bytes (to_host views it
+    back), not as the void dtype its array interface would give, which no datatype maps.
+    """
+    if str(getattr(array, "dtype", "")) == "torch.bfloat16":
+        import torch  # the tensor is torch's, so torch is here
+
+        return _cupy().asarray(array.view(torch.int16))  # "<i2" in every torch release
     return _cupy().asarray(array)
 
 
+def dtype_of(array: Any) -> np.dtype[Any]:
+    """numpy's dtype of a host or device array (CuPy, PyTorch; BF16 as ml_dtypes.bfloat16)."""
+    if not is_device_array(array):
+        return np.asarray(array).dtype
+    if str(getattr(array, "dtype", "")) == "torch.bfloat16":
+        import ml_dtypes
+
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
+    found: np.dtype[Any] = np.dtype(as_cupy(array).dtype)
+    return found
+
+
 def to_host(array: Any) -> np.ndarray:
-    """A host copy of a device array; host arrays are returned as they are."""
+    """A host copy of a device array (BF16 as ml_dtypes.bfloat16); host arrays as they are."""
     if not is_device_array(array):
         return np.asarray(array)
     cp = _cupy()
-    return np.asarray(cp.asnumpy(cp.asarray(array)))
+    host = np.asarray(cp.asnumpy(as_cupy(array)))
+    if str(getattr(array, "dtype", "")) == "torch.bfloat16":
+        import ml_dtypes
+
+        host = host.view(ml_dtypes.bfloat16)
+    return host
 
 
 def write_device(target: Any, array: Any) -> None:
@@ -122,7 +170,7 @@ def write_device(target: Any, array: Any) -> None:
     cp = _cupy()
     with cp.cuda.Device(target.device.id):
         if is_device_array(array):
-            source = cp.ascontiguousarray(cp.asarray(array)).reshape(-1).view(cp.uint8)
+            source = cp.ascontiguousarray(as_cupy(array)).reshape(-1).view(cp.uint8)
             target[...] = source
         else:
             target.set(np.ascontiguousarray(array).reshape(-1).view(np.uint8))

@@ -301,9 +301,7 @@ class Lease:
     def write(self, name: str, array: Any, ref: RegionRef) -> RegionTensor:
         """Write an output into its region; what the answer says of it instead of data."""
         region = next(r for r in self._regions if r.status.name == ref.region)
-        if cuda_memory.is_device_array(array):
-            array = cuda_memory.as_cupy(array)  # numpy's dtypes, whatever made it
-        datatype = Datatype.from_numpy(array.dtype)
+        datatype = Datatype.from_numpy(cuda_memory.dtype_of(array))
         memory = region.memory
         if isinstance(memory, ClientObject):
             raw = write_tensor("output", name, cuda_memory.to_host(array), datatype, Form.RAW).raw
