@@ -33,12 +33,17 @@ def benchmark_imports(path: Path) -> list[tuple[str, int]]:
 
 
 def breaks(path: Path, root: Path = BENCHMARKS) -> list[str]:
-    """The imports of a benchmarks module that the harness-and-leaves shape forbids."""
-    in_harness = path.relative_to(root).parts[0] == "harness"
+    """The imports of a benchmarks module that the harness-and-leaves shape forbids. A script
+    may be a package (benchmarks/NAME/): its own modules may import each other."""
+    parts = path.relative_to(root).parts
+    in_harness = parts[0] == "harness"
+    own = f"benchmarks.{parts[0]}." if len(parts) > 1 and not in_harness else None
     bad = []
     for module, line in benchmark_imports(path):
         if module.startswith("(relative)"):
             bad.append(f"line {line}: a relative import; name benchmarks.harness.* in full")
+        elif own is not None and module.startswith(own):
+            continue
         elif not module.startswith(f"{HARNESS}."):
             what = "the harness imports a script" if in_harness else "a script imports a script"
             bad.append(f"line {line}: {what}: {module}")
@@ -76,3 +81,11 @@ def test_the_walk_sees_a_script_importing_a_script(tmp_path: Path) -> None:
         "line 1: the harness imports a script: benchmarks.shm",
         "line 2: a relative import; name benchmarks.harness.* in full",
     ]
+
+
+def test_a_script_package_may_import_its_own_modules_only(tmp_path: Path) -> None:
+    package = tmp_path / "check"
+    package.mkdir()
+    main = package / "__main__.py"
+    main.write_text("from benchmarks.check.runner import main\nfrom benchmarks.run import x\n")
+    assert breaks(main, tmp_path) == ["line 2: a script imports a script: benchmarks.run"]

@@ -10,19 +10,27 @@ and the grant back with what the batch took, which teaches the scheduler its ser
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from dlscale.models.config import ModelConfig
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import LATENCY_BUCKETS_S, Histogram
 from dlscale.serving.qos.admission import Admission
-from dlscale.serving.qos.scheduler import Demand, Grant, Tenant
+from dlscale.serving.qos.scheduler import Demand, DeviceScheduler, Grant, Tenant
 from dlscale.serving.slots import DemandSource, Slot
 
-if TYPE_CHECKING:
-    from dlscale.serving.qos.gate import DeviceGate
+
+class Gate(Protocol):
+    """One device's gate, as a pool sees it (serving/qos/gate.py: DeviceGate); a protocol, so
+    that the gate, which holds the pools, and the pools do not import each other."""
+
+    scheduler: DeviceScheduler
+
+    def leave(self, name: str) -> None:
+        """The tenant called `name` leaves this device."""
+        ...
 
 
 class Dispatcher(Protocol):
@@ -53,7 +61,7 @@ class TenantQos:
     admission: Admission | None
     placements: dict[str, str]  # device by instance name
     tenants: dict[str, Tenant]  # its standing at each device's scheduler, by device
-    gates: dict[str, DeviceGate]
+    gates: Mapping[str, Gate]
     dispatcher: Dispatcher
     #: Seconds each request waited between its arrival and its batch's start.
     waited: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
