@@ -181,7 +181,6 @@ def _tensors(tensors: Any) -> list[dict[str, Any]]:
     return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in tensors]
 
 
-
 def _as_dict(message: Any) -> dict[str, Any]:
     # Triton's REST documents use the proto field names; 64-bit counts come back as strings,
     # which every reader here passes through int().
