@@ -12,7 +12,7 @@ from rich.table import Table
 
 from dlscale.bench import environment
 from dlscale.bench.interference import InterferenceOptions, Phase, Setup
-from dlscale.bench.report import write_json
+from dlscale.bench.report import make_console, write_json
 
 #: The issue's targets with the scheduler on: the protected p99 at most this times its p99
 #: alone, and the neighbor keeping at least this share of its rate alone, less the protected
@@ -205,7 +205,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """The table of medians on the terminal, and where the report went."""
-    console = console or Console(width=160)
+    console = console or make_console()
     table = Table(title=f"interference: {report['protected']['model']} beside "
                   f"{report['neighbor']['model']} (medians over {report['repeats']})")  # fmt: skip
     for header in HEADERS:

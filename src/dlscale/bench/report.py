@@ -117,11 +117,61 @@ def table(report: dict[str, Any], title: str = "") -> Table:
     return t
 
 
+def make_console() -> Console:
+    """The console every verb prints its tables on: off a terminal (CI logs, pipes) rich would
+    squeeze a table into 80 columns and cut its cells to `tar...`, so it gets 160."""
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def peak_lines(report: dict[str, Any]) -> list[str]:
+    """A find-peak's outcome in one line per search: the peak rate and its p99, or that none met
+    the bound."""
+    out = []
+    for entry in report.get("scenarios", []):
+        if not any(p.get("sweep") == "rate" for p in entry.get("sweep", [])):
+            continue
+        if entry.get("peak_qps") is None or entry.get("result") is None:
+            out.append(f"peak: no rate met the p99 bound ({entry['note']})")
+            continue
+        p99 = entry["result"]["latency_s"].get("p99")
+        out.append(
+            f"peak: {entry['peak_qps']:,.1f} queries/s with p99 {_ms(p99)} ms ({entry['note']})"
+        )
+    return out
+
+
+def sweep_table(report: dict[str, Any]) -> Table | None:
+    """A concurrency sweep's points with each request's latency (the Offline headline's
+    LoadGen latency runs from the one query's issue and says nothing per request)."""
+    points = sweep.sweep_rows([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])
+    if not points:
+        return None
+    t = Table(title="Concurrency sweep (request latency, sending to answer)")
+    for col in ("target", "concurrency", "samples/s", "p50 ms", "p99 ms", "verdict"):
+        t.add_column(col, justify="left" if col in ("target", "verdict") else "right")
+    for p in points:
+        lat = p["request_latency_s"]
+        t.add_row(
+            p["target"],
+            str(p["concurrency"]),
+            _throughput({"throughput": p["throughput_samples_per_s"], **p}),
+            _ms(lat.get("p50")),
+            _ms(lat.get("p99")),
+            "VALID" if p["valid"] else "INVALID",
+        )
+    return t
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """The table, the reasons behind any INVALID, and where the report went."""
     # Off a terminal (CI logs, pipes) rich would squeeze the table into 80 columns.
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console = console or make_console()
     console.print(table(report))
+    swept = sweep_table(report)
+    if swept is not None:
+        console.print(swept)
+    for line in peak_lines(report):
+        console.print(line, style="bold")
     for r in rows(report):
         for reason in r.get("reasons", []):
             console.print(f"[red]{r['scenario']}[/] ({r['target']}): {reason}")

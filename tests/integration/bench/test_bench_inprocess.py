@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dlscale.bench.report import peak_lines
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
@@ -104,6 +105,12 @@ def test_find_peak_records_a_sweep(repo: Path, tmp_path: Path) -> None:
     if entry["peak_qps"] is not None:
         assert any(p["valid"] and p["target_qps"] == entry["peak_qps"] for p in entry["sweep"])
     assert Path(report["files"]["sweep_png"]).is_file()
+    # What a user reads on the console: the peak itself, or that no rate met the bound.
+    (line,) = peak_lines(report)
+    if entry["peak_qps"] is None:
+        assert line.startswith("peak: no rate met the p99 bound")
+    else:
+        assert line.startswith(f"peak: {entry['peak_qps']:,.1f} queries/s with p99 ")
 
 
 def test_cli_unknown_model_is_a_clear_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
