@@ -147,3 +147,20 @@ def test_cli_refuses_two_targets_without_compare(capsys: pytest.CaptureFixture[s
     code = main(["bench", "http://a:1", "http://b:2", "--model", "identity"])
     assert code == 1
     assert "bench compare" in capsys.readouterr().err
+
+
+def test_cli_says_each_long_step_as_it_begins(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A user waited 40-54 s before LoadGen and 20 s after it with nothing on the screen.
+    code = main(
+        ["bench", "--repo", str(repo), "--model", "identity", "--scenario", "offline",
+         "--duration", "0.5s", "--samples", "64", "--out", str(tmp_path)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0
+    steps = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[")]
+    assert steps[0].startswith("in-process") and "opening identity" in steps[0]
+    assert steps[1].startswith("warm-up: ")
+    assert steps[2].startswith("Offline: LoadGen runs")
+    assert steps[-1] == f"writing the report and plots into {tmp_path}"
