@@ -2,8 +2,19 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
-# torch is pinned and installed first: the pin takes the CPU build; anything else pulls CUDA.
-TORCH   := torch==2.13.0
+# torch is pinned and installed first, so that nothing else picks another build. PyPI's torch is
+# the CUDA build (several GB): where no NVIDIA driver answers, take the CPU build from PyTorch's
+# own CPU wheel index, and fall back to pip's usual sources (a local wheel, say) when that index
+# cannot be reached. TORCH_BUILD=cuda or cpu overrides the detection.
+TORCH       := torch==2.13.0
+TORCH_BUILD ?= $(if $(shell nvidia-smi -L 2>/dev/null),cuda,cpu)
+CPU_INDEX   := https://download.pytorch.org/whl/cpu
+CPU_INDEX_UP = $(PY) -c "import urllib.request as u; u.urlopen('$(CPU_INDEX)/torch/', timeout=10)" 2>/dev/null
+define install_torch
+	$(if $(filter cpu,$(TORCH_BUILD)),if $(CPU_INDEX_UP); \
+	then $(PIP) install -q --index-url $(CPU_INDEX) $(TORCH); \
+	else $(PIP) install -q $(TORCH); fi,$(PIP) install -q $(TORCH))
+endef
 
 .PHONY: demo test test-slow test-peers test-gpu gpu-check gpu-wheels coverage lint bench clean venv grpc-stubs
 
@@ -14,12 +25,12 @@ $(PY):
 venv: $(PY)
 
 $(VENV)/.demo-installed: $(PY) pyproject.toml
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[torch]'
+	$(install_torch)
+	$(PIP) install -q -e '.[torch,client]'
 	touch $@
 
 $(VENV)/.dev-installed: $(PY) pyproject.toml
-	$(PIP) install -q $(TORCH)
+	$(install_torch)
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 

@@ -14,7 +14,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dlscale.bench.http_client import HttpClient
-from dlscale.bench.report import print_summary
+from dlscale.bench.report import make_console, print_summary
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
@@ -97,7 +97,7 @@ async def digits_over_rest(url: str, version_dir: Path) -> tuple[int, int]:
 
 def run_demo(root: Path, *, quick: bool = False) -> int:
     """The whole tour: zoo, in-process figures, the server, LoadGen through the server."""
-    console = Console()
+    console = make_console()
     names = list(QUICK_MODELS) if quick else list(ZOO)
     repo = ensure_zoo(root, names, console)
     console.print(in_process_table(repo, names, console))

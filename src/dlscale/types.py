@@ -263,6 +263,12 @@ class ModelConfigView:
     parameters: Mapping[str, str] = field(default_factory=dict)
     #: Output name -> its label file (Triton's label_filename), for outputs that have one.
     label_files: Mapping[str, str] = field(default_factory=dict)
+    #: The model file's name in each version folder (Triton's default_model_filename).
+    default_model_filename: str = ""
+    #: Whether the model may answer a request with 0..N responses (Triton's decoupled).
+    decoupled: bool = False
+    #: Whether identical requests are answered from the response cache.
+    response_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,9 @@ class InferStats:
     compute_input: StatDuration
     compute_infer: StatDuration
     compute_output: StatDuration
+    #: Answers the response cache gave, and lookups it missed (zero where no cache is enabled).
+    cache_hit: StatDuration = StatDuration()
+    cache_miss: StatDuration = StatDuration()
 
 
 @dataclass(frozen=True)

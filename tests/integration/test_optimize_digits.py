@@ -14,6 +14,7 @@ from dlscale.cli import main
 from dlscale.models.config import load_config
 from dlscale.models.repository import ModelRepository
 from dlscale.optimize import OptimizeResult, OptimizeSettings, optimize
+from dlscale.optimize.commands import outcome_lines
 from dlscale.optimize.measure import MeterSettings
 from dlscale.optimize.slo import SloSettings
 from dlscale.optimize.variants import ModelFacts, detect_caps, precision_variants
@@ -167,8 +168,13 @@ def test_the_tuned_config_meets_the_bound_in_a_verification_run(tuned: OptimizeR
         assert attempts[-1]["p99_ms"] <= BOUND_S * 1e3  # LoadGen's VALID means the p99 held
     else:
         assert slo.rate_qps is None and len(attempts) == SHORT_SLO.verify_attempts
-    config = load_config(tuned.version_dir.parent / "config.toml", "digits")
+    config_path = tuned.version_dir.parent / "config.toml"
+    config = load_config(config_path, "digits")
     point = slo.winner.point
+    # What the user reads: the batching written to config.toml, and whether it was confirmed.
+    said = outcome_lines(tuned, config_path)[1]
+    assert said.startswith(f"SLO: wrote batching {point.label} to {config_path}")
+    assert ("verified under the p99 bound" in said) == slo.verified
     assert config.max_batch_size == point.max_batch_size
     assert config.instances[0].count == point.instances
     assert config.batching.max_queue_delay_us == point.max_queue_delay_us

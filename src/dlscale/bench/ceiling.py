@@ -99,7 +99,7 @@ def measure(
     )
     loop = LoopThread()
     try:
-        with null_server(info, batch) as ports:
+        with null_server(info, batch, options.shared_memory != "none") as ports:
             session = Session(f"{scheme}://{ports[scheme]}", calibration, loop)
             try:
                 session.open()
@@ -136,8 +136,9 @@ def null_config(info: ModelInfo, batch: int) -> str:
 
 
 @contextlib.contextmanager
-def null_server(info: ModelInfo, batch: int) -> Iterator[dict[str, str]]:
-    """`dlscale serve` over a null model like `info` on free ports; yields {protocol: HOST:PORT}."""
+def null_server(info: ModelInfo, batch: int, client_shm: bool = False) -> Iterator[dict[str, str]]:
+    """`dlscale serve` over a null model like `info` on free ports; yields {protocol: HOST:PORT}.
+    With `client_shm` it takes clients' shared-memory regions, as the measured run's server."""
     with tempfile.TemporaryDirectory(prefix="dlscale-ceiling-") as tmp:
         root = Path(tmp) / "repo"
         (root / info.name / "1").mkdir(parents=True)
@@ -150,6 +151,8 @@ def null_server(info: ModelInfo, batch: int) -> Iterator[dict[str, str]]:
             "--grpc-port", "0", "--metrics-port", "-1", "--log-level", "INFO",
             "--max-body-mb", str(mib), "--max-grpc-mb", str(mib),
         ]  # fmt: skip
+        if client_shm:
+            command.append("--allow-client-shm")
         with log.open("wb") as sink:
             process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.json_format import MessageToDict
 
 from dlscale.errors import BenchError, InvalidInput
 from dlscale.types import InferenceRequest, InferenceResponse
@@ -89,6 +90,25 @@ class GrpcClient:
             "outputs": _tensors(reply.outputs),
         }
 
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any] | None:
+        """The model's configuration in the REST form (Triton's field names), or None when the
+        server does not offer the extension."""
+        request = pb.ModelConfigRequest(name=model, version=version)
+        try:
+            reply = await self._call("ModelConfig", request)
+        except BenchError:
+            return None
+        return _as_dict(reply.config)
+
+    async def statistics(self, model: str, version: str = "") -> dict[str, Any] | None:
+        """The statistics extension's answer in the REST form, or None when not offered."""
+        request = pb.ModelStatisticsRequest(name=model, version=version)
+        try:
+            reply = await self._call("ModelStatistics", request)
+        except BenchError:
+            return None
+        return _as_dict(reply)
+
     async def infer(
         self, model: str, inputs: dict[str, np.ndarray], version: str = ""
     ) -> dict[str, np.ndarray]:
@@ -159,3 +179,12 @@ def _read_answer(data: bytes) -> Framed:
 
 def _tensors(tensors: Any) -> list[dict[str, Any]]:
     return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in tensors]
+
+
+def _as_dict(message: Any) -> dict[str, Any]:
+    # Triton's REST documents use the proto field names; 64-bit counts come back as strings,
+    # which every reader here passes through int().
+    found: dict[str, Any] = MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return found

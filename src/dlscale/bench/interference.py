@@ -20,6 +20,7 @@ from typing import Any
 from dlscale.bench.flood import FloodLog, flood
 from dlscale.bench.latency import summarize
 from dlscale.bench.loadgen import LoopThread
+from dlscale.bench.progress import Steps
 from dlscale.bench.results import RunResult
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions, Session
@@ -59,6 +60,7 @@ class InterferenceOptions:
     ramp_s: float = 1.0  # the flood runs this long before a measurement starts
     min_queries: int = 100
     alone_only: bool = False  # only the alone phases (to calibrate an objective)
+    progress: bool = True  # each phase said on stderr as it begins
 
     def check(self) -> None:
         """Refuse contradictory settings before anything is loaded."""
@@ -125,11 +127,14 @@ def run_interference(
     """Every repetition's phases (and the rate the protected tenant ran at)."""
     options.check()
     out_dir.mkdir(parents=True, exist_ok=True)
+    say = Steps(options.progress)
     loop = LoopThread()
     with contextlib.ExitStack() as stack:
         stack.callback(loop.close)
+        say("setting up the conditions (scratch repositories, servers where asked)")
         setup = _setup(options, loop, out_dir, stack)
         for tenants in setup.conditions:
+            say(f"condition {tenants.condition}: loading and warming up both tenants")
             for session in (tenants.protected, tenants.neighbor):
                 stack.callback(session.close)
                 session.open()
@@ -138,8 +143,18 @@ def run_interference(
         rate = options.rate or max(1.0, round(base.warmup.throughput / 4, 1))
         phases: list[Phase] = []
         for k in range(options.repeats):
+            say(
+                f"repetition {k + 1}/{options.repeats}: alone, then each condition with the "
+                f"neighbor flooding ({options.duration_s:g} s each, protected at {rate:g}/s)"
+            )
             phases += _repetition(k, setup.conditions, rate, options, out_dir / "loadgen")
+            done = phases[-1]
+            say(f"repetition {k + 1} done: last phase {done.condition}, p99 {_ms(done.p99_s)}")
     return setup, phases, rate
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 # -- conditions --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from dlscale.bench import environment
 from dlscale.bench.interference import InterferenceOptions, Phase, Setup
-from dlscale.bench.report import write_json
+from dlscale.bench.report import make_console, write_json
 
 #: The issue's targets with the scheduler on: the protected p99 at most this times its p99
 #: alone, and the neighbor keeping at least this share of its rate alone, less the protected
@@ -205,7 +205,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """The table of medians on the terminal, and where the report went."""
-    console = console or Console(width=160)
+    console = console or make_console()
     table = Table(title=f"interference: {report['protected']['model']} beside "
                   f"{report['neighbor']['model']} (medians over {report['repeats']})")  # fmt: skip
     for header in HEADERS:
@@ -229,18 +229,35 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
     names = list(dict.fromkeys(p["condition"] for p in phases))
     if not names:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, key, scale, label in (
-        (left, "p99_s", 1e3, "protected p99 (ms)"),
-        (right, "neighbor_rate", 1.0, "neighbor rows/s"),
-    ):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    # Alone and QoS on are a few ms beside QoS off's hundreds: on a linear axis they vanish.
+    left.set_yscale("log")
+    for ax, key, scale, unit in ((left, "p99_s", 1e3, "ms"), (right, "neighbor_rate", 1.0, "/s")):
+        medians: dict[str, float] = {}
         for x, name in enumerate(names):
             values = [p[key] * scale for p in phases if p["condition"] == name and p[key]]
             if values:
-                ax.bar(x, statistics.median(values), color="#9bb7d4")
+                medians[name] = statistics.median(values)
+                ax.bar(x, medians[name], color="#9bb7d4")
                 ax.scatter([x] * len(values), values, color="black", s=12, zorder=3)
+        base = medians.get("alone")
+        for x, name in enumerate(names):
+            if name in medians:
+                # The median's value on its bar, and against alone: the figures a reader wants.
+                text = f"{medians[name]:,.3g} {unit}"
+                if base and name != "alone":
+                    text += f"\n{medians[name] / base:.2g}x alone"
+                ax.annotate(text, (x, medians[name]), ha="center", va="bottom", fontsize=9,
+                            textcoords="offset points", xytext=(0, 4))  # fmt: skip
         ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel(label)
+        if medians:
+            # Room above the tallest bar for its label (a factor on the log axis).
+            top = max(max(medians.values()), *(p[key] * scale for p in phases if p[key]))
+            ax.set_ylim(top=top * (4 if ax is left else 1.25))
+    left.set_ylabel("protected tenant's p99 (ms, log scale)")
+    left.set_title("protected tenant's p99: lower is better")
+    right.set_ylabel("neighbor's rows/s")
+    right.set_title("neighbor's throughput: higher is better")
     rows: list[dict[str, Any]] = report["summary"]["conditions"]
     alone = next((r for r in rows if r["condition"] == "alone"), {})
     if alone.get("protected_p99_s"):
@@ -248,7 +265,9 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
         left.axhline(bound, linestyle="--", color="grey", label="target: 1.2 x alone")
     objective = report["protected"]["objective_s"]
     if objective:
-        left.axhline(objective * 1e3, linestyle=":", color="red", label="objective")
+        left.axhline(
+            objective * 1e3, linestyle=":", color="red", label=f"objective {objective * 1e3:g} ms"
+        )
     left.legend(loc="upper left")
     if alone.get("neighbor_rate") and alone.get("protected_share") is not None:
         rest = alone["neighbor_rate"] * (1 - alone["protected_share"])

@@ -81,3 +81,19 @@ class Progress:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.tick()
+
+
+class Steps:
+    """A long command's steps as whole lines on stderr, with the seconds since it began, so that
+    no phase (loading, warm-up, a server starting, the report) passes in silence."""
+
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self._start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            elapsed = time.perf_counter() - self._start
+            self.stream.write(f"[{elapsed:7.1f} s] {message}\n")
+            self.stream.flush()

@@ -117,11 +117,61 @@ def table(report: dict[str, Any], title: str = "") -> Table:
     return t
 
 
+def make_console() -> Console:
+    """The console every verb prints its tables on: off a terminal (CI logs, pipes) rich would
+    squeeze a table into 80 columns and cut its cells to `tar...`, so it gets 160."""
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def peak_lines(report: dict[str, Any]) -> list[str]:
+    """A find-peak's outcome in one line per search: the peak rate and its p99, or that none met
+    the bound."""
+    out = []
+    for entry in report.get("scenarios", []):
+        if not any(p.get("sweep") == "rate" for p in entry.get("sweep", [])):
+            continue
+        if entry.get("peak_qps") is None or entry.get("result") is None:
+            out.append(f"peak: no rate met the p99 bound ({entry['note']})")
+            continue
+        p99 = entry["result"]["latency_s"].get("p99")
+        out.append(
+            f"peak: {entry['peak_qps']:,.1f} queries/s with p99 {_ms(p99)} ms ({entry['note']})"
+        )
+    return out
+
+
+def sweep_table(report: dict[str, Any]) -> Table | None:
+    """A concurrency sweep's points with each request's latency (the Offline headline's
+    LoadGen latency runs from the one query's issue and says nothing per request)."""
+    points = sweep.sweep_rows([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])
+    if not points:
+        return None
+    t = Table(title="Concurrency sweep (request latency, sending to answer)")
+    for col in ("target", "concurrency", "samples/s", "p50 ms", "p99 ms", "verdict"):
+        t.add_column(col, justify="left" if col in ("target", "verdict") else "right")
+    for p in points:
+        lat = p["request_latency_s"]
+        t.add_row(
+            p["target"],
+            str(p["concurrency"]),
+            _throughput({"throughput": p["throughput_samples_per_s"], **p}),
+            _ms(lat.get("p50")),
+            _ms(lat.get("p99")),
+            "VALID" if p["valid"] else "INVALID",
+        )
+    return t
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """The table, the reasons behind any INVALID, and where the report went."""
     # Off a terminal (CI logs, pipes) rich would squeeze the table into 80 columns.
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console = console or make_console()
     console.print(table(report))
+    swept = sweep_table(report)
+    if swept is not None:
+        console.print(swept)
+    for line in peak_lines(report):
+        console.print(line, style="bold")
     for r in rows(report):
         for reason in r.get("reasons", []):
             console.print(f"[red]{r['scenario']}[/] ({r['target']}): {reason}")
@@ -267,6 +317,7 @@ class SweepSeries:
     """One target's points on the sweep plot, in offered-rate order, and how to draw them."""
 
     target: str
+    offered: list[float]
     throughput: list[float]
     p99_ms: list[float]
     invalid: list[bool]
@@ -285,6 +336,7 @@ def sweep_series(points: Sequence[dict[str, Any]]) -> list[SweepSeries]:
         out.append(
             SweepSeries(
                 target,
+                [p["target_qps"] or p["throughput_samples_per_s"] for p in mine],
                 [p["throughput_samples_per_s"] for p in mine],
                 [p["p99_s"] * 1e3 for p in mine],
                 [not p["valid"] for p in mine],
@@ -295,7 +347,9 @@ def sweep_series(points: Sequence[dict[str, Any]]) -> list[SweepSeries]:
 
 
 def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> Path | None:
-    """Throughput against p99 latency, one colour per target (see sweep_series)."""
+    """p99 latency at each offered rate, one colour per target (see sweep_series): the bound as
+    a line, INVALID runs crossed out, each target's peak (highest VALID rate) starred and
+    labelled with its rate and achieved throughput, so the answer is readable at a glance."""
     series = sweep_series(points)
     if not series:
         return None
@@ -304,22 +358,50 @@ def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 5))
+    crossed = False
     for s in series:
         style = "-" if s.is_curve else "none"
-        line = ax.plot(s.throughput, s.p99_ms, marker="o", linestyle=style, label=s.target)[0]
-        bad = [(x, y) for x, y, b in zip(s.throughput, s.p99_ms, s.invalid, strict=True) if b]
+        line = ax.plot(s.offered, s.p99_ms, marker="o", linestyle=style, label=s.target)[0]
+        bad = [(x, y) for x, y, b in zip(s.offered, s.p99_ms, s.invalid, strict=True) if b]
         if bad:
-            ax.scatter(
-                [b[0] for b in bad], [b[1] for b in bad], marker="x", s=80, color=line.get_color()
-            )
+            crossed = True
+            ax.scatter([b[0] for b in bad], [b[1] for b in bad], marker="x", s=120, color="red")
+        _star_peak(ax, s, line.get_color())
+    if crossed:
+        ax.scatter(
+            [],
+            [],
+            marker="x",
+            s=120,
+            color="red",
+            label="INVALID (p99 over the bound, or too few queries)",
+        )
     ax.axhline(bound_s * 1e3, linestyle="--", color="grey", label=f"p99 bound {bound_s * 1e3:g} ms")
-    ax.set_xlabel("throughput (samples/s)")
-    ax.set_ylabel("p99 latency (ms)")
+    ax.set_xlabel("offered rate (queries/s)")
+    ax.set_ylabel("p99 latency (ms, log scale)")
     ax.set_yscale("log")
-    ax.set_title("throughput against p99 latency (x: INVALID)")
-    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("p99 latency at each offered rate; star: the highest rate that held the bound")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _star_peak(ax: Any, s: SweepSeries, color: Any) -> None:
+    valid = [i for i, bad in enumerate(s.invalid) if not bad]
+    if not valid or not s.is_curve:
+        return
+    i = max(valid, key=lambda k: s.offered[k])
+    ax.scatter([s.offered[i]], [s.p99_ms[i]], marker="*", s=300, color=color, zorder=5)
+    ax.annotate(
+        f"peak {s.offered[i]:,.0f}/s\n({s.throughput[i]:,.0f} samples/s, p99 {s.p99_ms[i]:.3g} ms)",
+        (s.offered[i], s.p99_ms[i]),
+        textcoords="offset points",
+        xytext=(-40, 40),
+        fontsize=9,
+        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.9},
+        arrowprops={"arrowstyle": "->", "color": color},
+    )

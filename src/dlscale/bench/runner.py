@@ -27,7 +27,9 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
         loop.close()
     data = _report([session], results, options)
     if url and options.client_ceiling:
+        session.steps("client ceiling: the same load against a null server in a child process")
         ceiling.mark(data, _ceiling(url, session, out_dir / "loadgen" / "client-ceiling"))
+    session.steps(f"writing the report and plots into {out_dir}")
     headline = max((r.main.throughput or 0 for r in results if r.main), default=0) or None
     data["roofline"] = environment.roofline(
         session.model_file(), data["device"], data["precision"], headline

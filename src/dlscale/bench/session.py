@@ -15,7 +15,7 @@ from dlscale.bench.lglog import read_logs
 from dlscale.bench.loadgen import LoadGenSut, LoopThread, Recorder, SystemUnderTest, run_loadgen
 from dlscale.bench.peak import find_peak
 from dlscale.bench.probe import Probe, probe
-from dlscale.bench.progress import Progress
+from dlscale.bench.progress import Progress, Steps
 from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import MLPERF_MODEL_KEYS, RunSettings, Scenario, latency_bound_for
 from dlscale.bench.shared_memory import KINDS as SHM_KINDS
@@ -127,6 +127,8 @@ class Session:
         self.info: ModelInfo | None = None
         self.samples: SampleSet | None = None
         self.warmup: Probe | None = None
+        #: The long steps said on stderr as they begin (with --progress).
+        self.steps = Steps(options.progress)
         self.bound_s, self.bound_source = latency_bound_for(options.model, options.latency_bound_s)
         self._reference: list[dict[str, np.ndarray]] | None = None
         self._reference_source = ""
@@ -144,17 +146,22 @@ class Session:
     def open(self) -> None:
         """Connect or load, read the model, make samples, warm up."""
         opts = self.options
+        say = self.steps
         if isinstance(self.target, RemoteTarget):
             self._declare_local_signature(self.target)
+        say(f"{self.label}: opening {opts.model} (connect or load)")
         self.info = self.loop.run(self.target.open())
         self.samples = load_samples(self.info, opts.data, opts.sample_count, opts.seed)
         if opts.accuracy:
+            say("reference outputs for the accuracy check")
             self._prepare_reference()
         batch, concurrency = self.offline_shape()
+        say(f"warm-up: {opts.warmup_s:g} s at batch {batch}, concurrency {concurrency}")
         self.warmup = self.loop.run(
             probe(self.target, self.info, self.samples, batch, concurrency, opts.warmup_s)
         )
         if opts.workers:
+            say(f"starting {opts.workers} worker processes")
             self.pool = WorkerPool(self._worker_spec(), opts.workers)
 
     def _worker_spec(self) -> WorkerSpec:
@@ -285,6 +292,7 @@ class Session:
         assert self.warmup is not None
         folder = log_root / scenario.value
         note = ""
+        self.steps(f"{scenario.loadgen_name}: LoadGen runs (each at least {opts.duration_s:g} s)")
         if scenario is Scenario.OFFLINE and opts.concurrency_sweep:
             out = self._concurrency_sweep(folder)
         elif scenario is not Scenario.SERVER:

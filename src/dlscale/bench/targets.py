@@ -191,7 +191,7 @@ class RemoteTarget:
         client = self._client()
         await client.open()
         meta = await client.model_metadata(self.model, self.version)
-        config = await self._http.model_config(self.model, self.version) if self._http else None
+        config = await client.model_config(self.model, self.version)
         inputs = tuple(_spec(t) for t in meta.get("inputs", []))
         outputs = tuple(_spec(t) for t in meta.get("outputs", []))
         if not inputs:
@@ -229,9 +229,7 @@ class RemoteTarget:
 
     async def batch_times(self) -> BatchTimes | None:
         """Per-batch-size compute time from the statistics extension, when the server has it."""
-        if self._http is None:
-            return None
-        stats = await self._http.statistics(self.model, self.version)
+        stats = await self._client().statistics(self.model, self.version)
         entries = (stats or {}).get("model_stats") or []
         if not entries:
             return None

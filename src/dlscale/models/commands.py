@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelRepository
@@ -17,10 +16,8 @@ def zoo_build(args: argparse.Namespace) -> int:
     from dlscale.models.zoo import build_zoo  # the zoo's builders pull in torch
 
     names = [n for n in args.models.split(",") if n] or None
-    start = time.perf_counter()
     # Flushed at once: piped to a log, each model must show when it starts and ends.
-    for path in build_zoo(args.dir, names, seq_len=args.seq_len, progress=_say):
-        _say(f"built {path} ({time.perf_counter() - start:.1f} s so far)")
+    build_zoo(args.dir, names, seq_len=args.seq_len, progress=_say)
     return 0
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from dlscale.bench.scenarios import parse_duration
 from dlscale.errors import OptimizeError
+from dlscale.optimize.quiet import third_party_output_to
+from dlscale.optimize.results import OptimizeResult
 from dlscale.optimize.search import OptimizeSettings
 from dlscale.optimize.search import optimize as run_optimizer
 
@@ -20,21 +23,41 @@ def optimize(args: argparse.Namespace) -> int:
         time_budget_s=parse_duration(args.time_budget),
         only=tuple(p for p in args.only.split(",") if p),
     )
+    log = Path(".dlscale") / "logs" / f"optimize-{args.model}.log"
+    _say(f"third-party output (ONNX Runtime, torch.compile, torchao) goes to {log}")
     # Flushed at once: piped to a log, each step must show when it happens, not at exit.
-    result = run_optimizer(args.repo, args.model, settings, progress=_say)
-    if result.written_version is None:
-        done = f"kept {args.model} version {result.source_version}, wrote no version"
-    else:
-        done = f"wrote {args.model} version {result.written_version}"
-    print(f"{done} ({result.decision}); report: {result.files.get('markdown')}")
-    if result.slo is not None:
-        rate = result.slo.rate_qps
-        print(
-            "SLO: "
-            + (f"{rate:,.0f} qps verified under the bound" if rate else "not verified")
-            + f"; config: {args.repo / args.model / 'config.toml'}"
-        )
+    with third_party_output_to(log):
+        result = run_optimizer(args.repo, args.model, settings, progress=_say)
+    for line in outcome_lines(result, args.repo / args.model / "config.toml"):
+        print(line)
     return 0
+
+
+def outcome_lines(result: OptimizeResult, config: Path) -> list[str]:
+    """What changed on disk, said plainly: the version written (or none), and the SLO tuning's
+    config.toml (written or left as it was), with the decision's grounds."""
+    if result.written_version is None:
+        lines = [f"wrote nothing: {result.model} version {result.source_version} stays"]
+    else:
+        lines = [f"wrote {result.model} version {result.written_version}"]
+    lines[0] += f" ({result.decision}); report: {result.files.get('markdown')}"
+    slo = result.slo
+    if slo is None:
+        return lines
+    if slo.winner is None or not slo.winner.peak_qps:
+        lines.append(f"SLO: {config} left as it was: {slo.note or 'no point held the bound'}")
+    elif slo.verified:
+        lines.append(
+            f"SLO: wrote batching {slo.winner.point.label} to {config}; "
+            f"{slo.rate_qps or 0:,.0f} queries/s verified under the p99 bound"
+        )
+    else:
+        lines.append(
+            f"SLO: wrote batching {slo.winner.point.label} to {config} (peak "
+            f"{slo.winner.peak_qps:,.0f}/s in the search), but the verification run did not "
+            "hold the bound: treat the figure as unconfirmed"
+        )
+    return lines
 
 
 def _fraction(text: str) -> float:

@@ -55,23 +55,38 @@ def decide(trials: list[Trial]) -> Decision:
             best,
             False,
             f"{best.variant.name}: every run faster than FP32's fastest "
-            f"({_runs(best.speed)} vs {_runs(source.speed)} samples/s)",
+            f"({_runs(best.speed)} vs {_runs(source.speed)} samples/s); "
+            f"{confidence(best.speed, source.speed)}",
         )
     return Decision(
         source,
         True,
         f"FP32 kept: the fastest variant, {best.variant.name}, is within the runs' spread "
-        f"({_runs(best.speed)} vs FP32's {_runs(source.speed)} samples/s); nothing to write",
+        f"({_runs(best.speed)} vs FP32's {_runs(source.speed)} samples/s); nothing to write; "
+        f"{confidence(best.speed, source.speed)}",
     )
+
+
+def confidence(candidate: Speed, base: Speed) -> str:
+    """How sure the decision is, in words: the margin between the two sets of runs against the
+    run-to-run spread of each (a margin larger than both spreads is a firm lead)."""
+    margin = min(_all(candidate)) / max(_all(base)) - 1
+    spreads = f"run-to-run spread {candidate.spread:.0%} and FP32's {base.spread:.0%}"
+    if margin <= 0:
+        return f"confidence: none, the runs overlap ({spreads})"
+    firm = margin > max(candidate.spread, base.spread)
+    level = "high" if firm else "moderate"
+    return f"confidence: {level}, slowest run {margin:.0%} above FP32's fastest ({spreads})"
+
+
+def _all(speed: Speed) -> tuple[float, ...]:
+    return tuple(speed.offline_runs or (speed.offline_sps,))
 
 
 def clearly_faster(candidate: Speed, base: Speed) -> bool:
     """Whether the candidate's slowest run beats the base's fastest run."""
-    slowest = min(candidate.offline_runs or (candidate.offline_sps,))
-    fastest_base = max(base.offline_runs or (base.offline_sps,))
-    return slowest > fastest_base
+    return min(_all(candidate)) > max(_all(base))
 
 
 def _runs(speed: Speed) -> str:
-    runs = speed.offline_runs or (speed.offline_sps,)
-    return "/".join(f"{r:,.0f}" for r in runs)
+    return "/".join(f"{r:,.0f}" for r in _all(speed))

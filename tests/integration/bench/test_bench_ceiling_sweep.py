@@ -82,3 +82,8 @@ def test_cli_workers_sweep_and_ceiling_together(http_url: str, tmp_path: Path) -
     assert "batch 32, concurrency 4" in report["client_ceiling"]["method"]
     assert (out / "concurrency.png").is_file()
     assert "client ceiling:" in done.stdout
+    # The console shows each point's request latency, not only the report (a user saw only an
+    # Offline p50 of seconds there), uncut off a terminal.
+    assert "Concurrency sweep" in done.stdout and "tar..." not in done.stdout
+    for point in points:
+        assert f"{point['request_latency_s']['p99'] * 1e3:.3f}" in done.stdout

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dlscale.bench.report import peak_lines
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
@@ -104,6 +105,12 @@ def test_find_peak_records_a_sweep(repo: Path, tmp_path: Path) -> None:
     if entry["peak_qps"] is not None:
         assert any(p["valid"] and p["target_qps"] == entry["peak_qps"] for p in entry["sweep"])
     assert Path(report["files"]["sweep_png"]).is_file()
+    # What a user reads on the console: the peak itself, or that no rate met the bound.
+    (line,) = peak_lines(report)
+    if entry["peak_qps"] is None:
+        assert line.startswith("peak: no rate met the p99 bound")
+    else:
+        assert line.startswith(f"peak: {entry['peak_qps']:,.1f} queries/s with p99 ")
 
 
 def test_cli_unknown_model_is_a_clear_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,3 +147,20 @@ def test_cli_refuses_two_targets_without_compare(capsys: pytest.CaptureFixture[s
     code = main(["bench", "http://a:1", "http://b:2", "--model", "identity"])
     assert code == 1
     assert "bench compare" in capsys.readouterr().err
+
+
+def test_cli_says_each_long_step_as_it_begins(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A user waited 40-54 s before LoadGen and 20 s after it with nothing on the screen.
+    code = main(
+        ["bench", "--repo", str(repo), "--model", "identity", "--scenario", "offline",
+         "--duration", "0.5s", "--samples", "64", "--out", str(tmp_path)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0
+    steps = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[")]
+    assert steps[0].startswith("in-process") and "opening identity" in steps[0]
+    assert steps[1].startswith("warm-up: ")
+    assert steps[2].startswith("Offline: LoadGen runs")
+    assert steps[-1] == f"writing the report and plots into {tmp_path}"

@@ -29,7 +29,7 @@ def _report(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_in_process_qos_off_and_on(tmp_path: Path) -> None:
+def test_in_process_qos_off_and_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo = tenants_repository(tmp_path / "repo")
     out = tmp_path / "out"
     assert main(["bench", "interference", "--repo", str(repo), *NAMES, *SHORT, "--mig",
@@ -43,6 +43,10 @@ def test_in_process_qos_off_and_on(tmp_path: Path) -> None:
     # No MIG here: the MIG phases are said to wait for a device, not silently skipped.
     assert any("MIG" in note for note in report["notes"])
     assert (tmp_path / "repo" / "protected" / "config.toml").read_text().count("[qos]") == 1
+    # It was silent for 379 s once: each condition and repetition is said as it begins.
+    err = capsys.readouterr().err
+    assert "condition off: loading" in err and "condition on: loading" in err
+    assert "repetition 1/1:" in err and "repetition 1 done" in err
 
 
 @pytest.mark.slow

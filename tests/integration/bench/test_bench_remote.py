@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from tests.toolkit.cli import run_cli
+from tests.toolkit.models import identity_graph, write_model
+from tests.toolkit.server import serving
 
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
@@ -98,3 +100,22 @@ def test_bench_compare_alternates_and_gives_ratios(
     # The summary a reader sees names both targets and the ratio.
     assert http_url in done.stdout and grpc_url in done.stdout
     assert f"{other['throughput_ratio']:.3f}" in (out / "report.md").read_text()
+
+
+def test_grpc_reads_the_models_config_and_keeps_to_its_max_batch_size(tmp_path: Path) -> None:
+    # Triton configs often say 8 or 16: the gRPC target must read it as the REST target does
+    # (it used to send 32 rows and get INVALID_ARGUMENT), and take the batch profile too.
+    repo = tmp_path / "repo"
+    write_model(repo, "small", identity_graph(4, "INPUT0", "OUTPUT0"), "max_batch_size = 8\n")
+    with serving(repo, model_control="none") as running:
+        out = tmp_path / "out"
+        done = run_cli(
+            "bench", f"grpc://{running.grpc_url}", "--model", "small", "--scenario", "offline",
+            "--batch-size", "32", "--duration", "0.5s", "--samples", "64", "--out", str(out),
+            "--no-progress",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    _check_valid(report)
+    assert report["profile"] is not None
+    assert max(int(b) for b in report["profile"]["batch_latency_s"]) <= 8

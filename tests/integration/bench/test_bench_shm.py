@@ -43,8 +43,12 @@ def test_bench_through_system_shared_memory(
         batch_size=8,
         **SHORT,
     )
-    res = bench(f"{scheme}://{url}", options, tmp_path)["scenarios"][0]["result"]
+    report = bench(f"{scheme}://{url}", options, tmp_path)
+    res = report["scenarios"][0]["result"]
     assert res["errors"]["count"] == 0 and res["accuracy"]["ok"] is True
+    # The client's ceiling is measured through shared memory too (its null server takes regions).
+    assert report["client_ceiling"]["error"] is None, report["client_ceiling"]
+    assert report["client_ceiling"]["samples_per_s"] > 0
     # Every region was unregistered and every object unlinked at the end.
     assert shm_server.dataplane.shared_memory.status(RegionKind.SYSTEM) == []
     assert _ours() == set()

@@ -55,9 +55,30 @@ def test_model_config(client: th.InferenceServerClient) -> None:
     assert config["max_batch_size"] == 64
     assert config["platform"] == client.get_model_metadata("identity")["platform"]
     assert config["platform"] == "onnxruntime_onnx" and config["backend"] == "onnxruntime"
-    assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [16]}]
+    (tensor,) = config["input"]
+    assert {k: tensor[k] for k in ("name", "data_type", "dims")} == {
+        "name": "input",
+        "data_type": "TYPE_FP32",
+        "dims": [16],
+    }
+    assert tensor["is_shape_tensor"] is False and tensor["format"] == "FORMAT_NONE"
     assert config["instance_group"][0]["kind"] == "KIND_CPU"
     assert client.get_model_config("plus", "1")["version_policy"] == {"all": {}}
+
+
+def test_model_config_has_triton_s_whole_schema(client: th.InferenceServerClient) -> None:
+    # Code written against Triton reads these keys; a subset gave it KeyError.
+    config = client.get_model_config("identity")
+    assert config["model_transaction_policy"] == {"decoupled": False}
+    assert config["response_cache"] == {"enable": False}
+    assert config["default_model_filename"] == "model.onnx"
+    assert config["model_warmup"] == [] and config["batch_input"] == []
+    assert config["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] >= 0
+    assert config["cc_model_filenames"] == {} and config["metric_tags"] == {}
+    stats = client.get_inference_statistics("identity")["model_stats"][0]["inference_stats"]
+    assert stats["cache_hit"] == {"count": 0, "ns": 0}
+    assert stats["cache_miss"] == {"count": 0, "ns": 0}
 
 
 # -- inference -------------------------------------------------------------------------------------

@@ -17,12 +17,23 @@ from dlscale.types import (
 
 def test_config_is_tritons_json() -> None:
     doc = render.model_config(CONFIG)
-    assert doc["input"] == [{"name": "x", "data_type": "TYPE_STRING", "dims": [3]}]
-    assert doc["output"] == [{"name": "y", "data_type": "TYPE_BF16", "dims": [3, 4]}]
+    assert [_core(t) for t in doc["input"]] == [
+        {"name": "x", "data_type": "TYPE_STRING", "dims": [3]}
+    ]
+    assert [_core(t) for t in doc["output"]] == [
+        {"name": "y", "data_type": "TYPE_BF16", "dims": [3, 4]}
+    ]
+    assert doc["output"][0]["label_filename"] == ""  # every field, as Triton prints it
     assert doc["version_policy"] == {"specific": {"versions": [1, 3]}}
     assert doc["dynamic_batching"]["max_queue_delay_microseconds"] == 100
     assert doc["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 10
-    assert doc["instance_group"][0] == {"name": "m_0", "kind": "KIND_GPU", "count": 2, "gpus": [1]}
+    group = doc["instance_group"][0]
+    assert {k: group[k] for k in ("name", "kind", "count", "gpus")} == {
+        "name": "m_0",
+        "kind": "KIND_GPU",
+        "count": 2,
+        "gpus": [1],
+    }
     assert doc["parameters"] == {"owner": {"string_value": "me"}, "rank": {"string_value": "3"}}
     unbatched = ModelConfigView("u", "p", "b", 0, (), (), VersionPolicy(latest=1), None, (), {})
     doc = render.model_config(unbatched)
@@ -51,3 +62,7 @@ def test_metadata_and_statistics() -> None:
             "compute_output": {"count": 2, "ns": 30},
         }
     ]
+
+
+def _core(tensor: dict[str, object]) -> dict[str, object]:
+    return {k: tensor[k] for k in ("name", "data_type", "dims")}

@@ -252,7 +252,16 @@ def test_build_replaces_an_existing_folder(tmp_path: Path) -> None:
     (folder,) = build_zoo(tmp_path, ["identity"], progress=messages.append)
     assert folder == tmp_path / "identity" and not stale.exists()
     assert (folder / "1" / "model.onnx").is_file()
-    assert len(messages) == 1 and "identity" in messages[0]
+    assert messages[0].startswith("building identity") and len(messages) == 2
+    assert messages[1].startswith(f"built {folder} (")
+
+
+def test_each_model_says_built_as_it_ends_not_when_all_have(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    messages: list[str] = []
+    build_zoo(tmp_path, ["identity", "mlp"], progress=messages.append)
+    assert [m.split()[0] for m in messages] == ["building", "built", "building", "built"]
+    assert "identity" in messages[1] and "mlp" in messages[3]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["identity"]  # no staging left
 
 

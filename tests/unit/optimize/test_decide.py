@@ -27,6 +27,8 @@ def test_a_clear_win_replaces_the_source() -> None:
     decision = decide([fp32, int8])
     assert decision.winner is int8 and not decision.keeps_source
     assert "150/149/155" in decision.reason and "100/104/98" in decision.reason
+    # 149 over 104 is a 43% margin, above both spreads (4% and 6%): a firm lead.
+    assert "confidence: high, slowest run 43% above FP32's fastest" in decision.reason
 
 
 def test_a_lead_inside_the_spread_keeps_the_source_and_writes_nothing() -> None:
@@ -36,6 +38,17 @@ def test_a_lead_inside_the_spread_keeps_the_source_and_writes_nothing() -> None:
     decision = decide([fp32, bf16])
     assert decision.winner is fp32 and decision.keeps_source
     assert "within the runs' spread" in decision.reason
+    assert "confidence: none, the runs overlap (run-to-run spread 7% and FP32's 15%)" in (
+        decision.reason
+    )
+
+
+def test_a_lead_smaller_than_the_spread_is_a_moderate_confidence() -> None:
+    # Every run faster, but by less than the runs vary (15-37% was seen on this machine).
+    fp32, int8 = _trial("fp32", 100, 80, 90), _trial("int8", 105, 140, 120)
+    decision = decide([fp32, int8])
+    assert decision.winner is int8
+    assert "confidence: moderate, slowest run 5% above FP32's fastest" in decision.reason
 
 
 def test_fp32_fastest_writes_nothing() -> None:

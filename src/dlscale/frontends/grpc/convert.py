@@ -10,18 +10,15 @@ from typing import Any
 
 from dlscale.errors import InvalidInput
 from dlscale.types import (
-    DynamicBatching,
     InferenceResponse,
-    InstanceGroup,
     ModelConfigView,
     ModelMetadata,
     ModelStatistics,
     RepositoryEntry,
     ServerMetadata,
-    StatDuration,
     TensorSpec,
-    VersionPolicy,
 )
+from dlscale.wire.documents import config_message, statistics_message
 from dlscale.wire.grpc import Framed, frame_infer_response
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
@@ -156,67 +153,7 @@ def _tensor_metadata(spec: TensorSpec) -> Any:
 
 def model_config(view: ModelConfigView) -> Any:
     """ModelConfigResponse in Triton's layout."""
-    message = pb.ModelConfig(
-        name=view.name,
-        platform=view.platform,
-        backend=view.backend,
-        version_policy=_version_policy(view.version_policy),
-        max_batch_size=view.max_batch_size,
-        input=[
-            pb.ModelInput(name=s.name, data_type=_data_type(s), dims=s.shape) for s in view.inputs
-        ],
-        output=[
-            pb.ModelOutput(
-                name=s.name,
-                data_type=_data_type(s),
-                dims=s.shape,
-                label_filename=view.label_files.get(s.name, ""),
-            )
-            for s in view.outputs
-        ],
-        instance_group=[_instance_group(g) for g in view.instance_groups],
-        parameters={k: pb.ModelParameter(string_value=v) for k, v in view.parameters.items()},
-    )
-    if view.dynamic_batching is not None:
-        message.dynamic_batching.CopyFrom(_dynamic_batching(view.dynamic_batching))
-    return pb.ModelConfigResponse(config=message)
-
-
-def _data_type(spec: TensorSpec) -> Any:
-    return pb.DataType.Value(spec.datatype.config_type)
-
-
-def _version_policy(policy: VersionPolicy) -> Any:
-    if policy.all_versions:
-        return pb.ModelVersionPolicy(all=pb.ModelVersionPolicy.All())
-    if policy.specific is not None:
-        return pb.ModelVersionPolicy(
-            specific=pb.ModelVersionPolicy.Specific(versions=policy.specific)
-        )
-    return pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=policy.latest))
-
-
-def _instance_group(group: InstanceGroup) -> Any:
-    return pb.ModelInstanceGroup(
-        name=group.name,
-        count=group.count,
-        kind=pb.ModelInstanceGroup.Kind.Value(group.kind.value),
-        gpus=group.gpus,
-    )
-
-
-def _dynamic_batching(b: DynamicBatching) -> Any:
-    return pb.ModelDynamicBatching(
-        preferred_batch_size=b.preferred_batch_sizes,
-        max_queue_delay_microseconds=b.max_queue_delay_us,
-        priority_levels=b.priority_levels,
-        default_priority_level=b.default_priority_level,
-        default_queue_policy=pb.ModelQueuePolicy(
-            default_timeout_microseconds=b.default_timeout_us,
-            allow_timeout_override=True,
-            max_queue_size=b.max_queue_size,
-        ),
-    )
+    return pb.ModelConfigResponse(config=config_message(view))
 
 
 # -- statistics and repository ------------------------------------------------------------------
@@ -224,39 +161,7 @@ def _dynamic_batching(b: DynamicBatching) -> Any:
 
 def statistics(stats: list[ModelStatistics]) -> Any:
     """ModelStatisticsResponse."""
-    return pb.ModelStatisticsResponse(model_stats=[_model_stats(s) for s in stats])
-
-
-def _model_stats(s: ModelStatistics) -> Any:
-    inference = s.inference_stats
-    return pb.ModelStatistics(
-        name=s.name,
-        version=s.version,
-        last_inference=s.last_inference_ms,
-        inference_count=s.inference_count,
-        execution_count=s.execution_count,
-        inference_stats=pb.InferStatistics(
-            success=_duration(inference.success),
-            fail=_duration(inference.fail),
-            queue=_duration(inference.queue),
-            compute_input=_duration(inference.compute_input),
-            compute_infer=_duration(inference.compute_infer),
-            compute_output=_duration(inference.compute_output),
-        ),
-        batch_stats=[
-            pb.InferBatchStatistics(
-                batch_size=b.batch_size,
-                compute_input=_duration(b.compute_input),
-                compute_infer=_duration(b.compute_infer),
-                compute_output=_duration(b.compute_output),
-            )
-            for b in s.batch_stats
-        ],
-    )
-
-
-def _duration(d: StatDuration) -> Any:
-    return pb.StatisticDuration(count=d.count, ns=d.ns)
+    return statistics_message(stats)
 
 
 def repository_index(rows: list[RepositoryEntry]) -> Any:

@@ -5,17 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.types import (
-    DynamicBatching,
-    InstanceGroup,
     ModelConfigView,
     ModelMetadata,
     ModelStatistics,
     RepositoryEntry,
     ServerMetadata,
-    StatDuration,
-    TensorSpec,
-    VersionPolicy,
 )
+from dlscale.wire.documents import as_document, config_message, statistics_message
 
 
 def server_metadata(meta: ServerMetadata) -> dict[str, Any]:
@@ -36,98 +32,12 @@ def model_metadata(meta: ModelMetadata) -> dict[str, Any]:
 
 def model_config(view: ModelConfigView) -> dict[str, Any]:
     """`GET /v2/models/{m}/config`: the JSON form of Triton's ModelConfig message."""
-    doc: dict[str, Any] = {
-        "name": view.name,
-        "platform": view.platform,
-        "backend": view.backend,
-        "version_policy": _version_policy(view.version_policy),
-        "max_batch_size": view.max_batch_size,
-        "input": [_config_tensor(s) for s in view.inputs],
-        "output": [
-            {**_config_tensor(s), **_label(view.label_files.get(s.name))} for s in view.outputs
-        ],
-        "instance_group": [_instance_group(g) for g in view.instance_groups],
-        "parameters": {k: {"string_value": v} for k, v in view.parameters.items()},
-    }
-    if view.dynamic_batching is not None:
-        doc["dynamic_batching"] = _dynamic_batching(view.dynamic_batching)
-    return doc
-
-
-def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
-    return {"name": spec.name, "data_type": spec.datatype.config_type, "dims": list(spec.shape)}
-
-
-def _label(file: str | None) -> dict[str, str]:
-    return {"label_filename": file} if file else {}
-
-
-def _version_policy(policy: VersionPolicy) -> dict[str, Any]:
-    if policy.all_versions:
-        return {"all": {}}
-    if policy.specific is not None:
-        return {"specific": {"versions": list(policy.specific)}}
-    return {"latest": {"num_versions": policy.latest}}
-
-
-def _instance_group(group: InstanceGroup) -> dict[str, Any]:
-    return {
-        "name": group.name,
-        "kind": group.kind.value,
-        "count": group.count,
-        "gpus": list(group.gpus),
-    }
-
-
-def _dynamic_batching(b: DynamicBatching) -> dict[str, Any]:
-    return {
-        "preferred_batch_size": list(b.preferred_batch_sizes),
-        "max_queue_delay_microseconds": b.max_queue_delay_us,
-        "priority_levels": b.priority_levels,
-        "default_priority_level": b.default_priority_level,
-        "default_queue_policy": {
-            "default_timeout_microseconds": b.default_timeout_us,
-            "allow_timeout_override": True,
-            "max_queue_size": b.max_queue_size,
-        },
-    }
+    return as_document(config_message(view))
 
 
 def statistics(stats: list[ModelStatistics]) -> dict[str, Any]:
     """`GET /v2/models[/{m}]/stats`: Triton's statistics extension."""
-    return {"model_stats": [_model_stats(s) for s in stats]}
-
-
-def _model_stats(s: ModelStatistics) -> dict[str, Any]:
-    inference = s.inference_stats
-    return {
-        "name": s.name,
-        "version": s.version,
-        "last_inference": s.last_inference_ms,
-        "inference_count": s.inference_count,
-        "execution_count": s.execution_count,
-        "inference_stats": {
-            "success": _duration(inference.success),
-            "fail": _duration(inference.fail),
-            "queue": _duration(inference.queue),
-            "compute_input": _duration(inference.compute_input),
-            "compute_infer": _duration(inference.compute_infer),
-            "compute_output": _duration(inference.compute_output),
-        },
-        "batch_stats": [
-            {
-                "batch_size": b.batch_size,
-                "compute_input": _duration(b.compute_input),
-                "compute_infer": _duration(b.compute_infer),
-                "compute_output": _duration(b.compute_output),
-            }
-            for b in s.batch_stats
-        ],
-    }
-
-
-def _duration(d: StatDuration) -> dict[str, int]:
-    return {"count": d.count, "ns": d.ns}
+    return as_document(statistics_message(stats))
 
 
 def repository_index(rows: list[RepositoryEntry]) -> list[dict[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,9 +30,12 @@ def build_zoo(
 ) -> list[Path]:
     """Build the named zoo models (all by default) into repository `root`; returns their folders."""
     models = [get(name) for name in (names if names is not None else list(ZOO))]
+    say = progress or (lambda message: None)
     folders = []
+    start = time.perf_counter()
     for model in models:
-        if progress is not None:
-            progress(f"building {model.name} into {root / model.name}")
+        say(f"building {model.name} into {root / model.name}")
         folders.append(model.build(root, seq_len=seq_len))
+        # Said as each model ends, not when all have: a reader of a log sees which one is slow.
+        say(f"built {folders[-1]} ({time.perf_counter() - start:.1f} s so far)")
     return folders

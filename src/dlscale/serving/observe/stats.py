@@ -99,6 +99,10 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    #: The response cache: lookups that answered (their time), and lookups that missed (with the
+    #: time to insert the computed answer).
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     failures: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     inference_count: int = 0  # rows of successful requests
     execution_count: int = 0  # batches run
@@ -120,6 +124,17 @@ class ModelStats:
         self.compute_output.add(times.compute_end - times.compute_output_start)
         self.inference_count += rows
         self.latency.observe(total / 1e9)
+
+    def record_cache_hit(self, total_ns: int, lookup_ns: int, rows: int) -> None:
+        """A request answered from the response cache: a success that ran no batch."""
+        self.success.add(total_ns)
+        self.cache_hit.add(lookup_ns)
+        self.inference_count += rows
+        self.latency.observe(total_ns / 1e9)
+
+    def record_cache_miss(self, ns: int) -> None:
+        """A lookup that missed, with the time to insert the computed answer."""
+        self.cache_miss.add(ns)
 
     def record_failure(self, reason: str, total_ns: int) -> None:
         """A request that failed, with Triton's reason label (REJECTED, BACKEND, ...)."""
@@ -151,6 +166,8 @@ class ModelStats:
                 compute_input=self.compute_input.snapshot(),
                 compute_infer=self.compute_infer.snapshot(),
                 compute_output=self.compute_output.snapshot(),
+                cache_hit=self.cache_hit.snapshot(),
+                cache_miss=self.cache_miss.snapshot(),
             ),
             batch_stats=tuple(
                 BatchStats(

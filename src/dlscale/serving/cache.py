@@ -1,0 +1,132 @@
+"""Triton's response cache: identical requests answered from memory, bounded by bytes.
+
+A request's key is a digest of what decides its answer: the model and version, each input's
+name, datatype, shape and bytes, and the outputs asked for (with their classification counts).
+Answers are held as read-only copies, least recently used first out when the byte budget is
+spent; an answer larger than the whole budget is not kept. Requests whose tensors live in
+shared-memory regions are not cached: their bytes belong to the client and can change under the
+same region name. One cache serves every model whose config enables it (`response_cache`), as
+Triton's `--cache-config local,size=N` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Bytes the key reserves for each held answer beside its arrays (dict, digest, bookkeeping).
+ENTRY_OVERHEAD = 256
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """The cache as a whole: entries and bytes held, hits, misses and answers evicted."""
+
+    entries: int
+    bytes: int
+    capacity: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+@dataclass(frozen=True)
+class _Entry:
+    model: str
+    outputs: dict[str, np.ndarray]
+    size: int
+
+
+def request_key(
+    model: str,
+    version: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[tuple[str, int]],
+) -> bytes:
+    """The digest that identifies a request's answer: model, version, every input (name,
+    datatype, shape, bytes) in name order, and the (output, class count) pairs asked for."""
+    digest = hashlib.blake2b(digest_size=32)
+    for part in (model, version):
+        digest.update(part.encode() + b"\0")
+    for name in sorted(inputs):
+        array = np.ascontiguousarray(inputs[name])
+        digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+        if array.dtype == object:
+            # BYTES tensors: each element's length, then its bytes (no separator can collide).
+            for item in array.reshape(-1):
+                raw = item if isinstance(item, bytes) else str(item).encode()
+                digest.update(len(raw).to_bytes(8, "little") + raw)
+        else:
+            digest.update(array.data.cast("B"))
+    for name, classes in sorted(outputs):
+        digest.update(f"out\0{name}\0{classes}\0".encode())
+    return digest.digest()
+
+
+class ResponseCache:
+    """An LRU map from request keys to answers, holding at most `capacity` bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"cache size {capacity}: expected >= 0 bytes")
+        self.capacity = capacity
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._bytes = 0
+        self._hits = self._misses = self._evictions = 0
+
+    def get(self, key: bytes) -> dict[str, np.ndarray] | None:
+        """The answer held for `key` (most recently used from now on), or None."""
+        found = self._entries.get(key)
+        if found is None:
+            self._misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self._hits += 1
+        return found.outputs
+
+    def put(self, model: str, key: bytes, outputs: Mapping[str, np.ndarray]) -> bool:
+        """Hold a copy of `model`'s `outputs` under `key`; False when larger than the cache."""
+        size = ENTRY_OVERHEAD + sum(_nbytes(a) for a in outputs.values())
+        if size > self.capacity:
+            return False
+        if key in self._entries:
+            self._drop(key)
+        while self._bytes + size > self.capacity:
+            self._drop(next(iter(self._entries)))
+            self._evictions += 1
+        held = {name: _frozen(array) for name, array in outputs.items()}
+        self._entries[key] = _Entry(model, held, size)
+        self._bytes += size
+        return True
+
+    def forget(self, model: str) -> None:
+        """Drop every answer of `model` (unloaded or reloaded: its answers may change)."""
+        for key in [k for k, entry in self._entries.items() if entry.model == model]:
+            self._drop(key)
+
+    def stats(self) -> CacheStats:
+        """Entries, bytes and counts now."""
+        return CacheStats(
+            len(self._entries), self._bytes, self.capacity, self._hits, self._misses,
+            self._evictions,
+        )  # fmt: skip
+
+    def _drop(self, key: bytes) -> None:
+        self._bytes -= self._entries.pop(key).size
+
+
+def _nbytes(array: np.ndarray) -> int:
+    if array.dtype == object:
+        return sum(len(x) if isinstance(x, bytes) else len(str(x)) for x in array.reshape(-1))
+    return int(array.nbytes)
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    # A copy: the answer's arrays may be views of a batch buffer that is reused.
+    held = np.array(array, copy=True)
+    held.flags.writeable = False
+    return held

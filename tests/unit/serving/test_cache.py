@@ -1,0 +1,70 @@
+"""The response cache: exact-match keys, a byte bound with LRU eviction, frozen copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlscale.serving.cache import ENTRY_OVERHEAD, ResponseCache, request_key
+
+
+def _key(x: np.ndarray, model: str = "m", outputs: tuple[tuple[str, int], ...] = ()) -> bytes:
+    return request_key(model, "1", {"x": x}, list(outputs))
+
+
+def test_the_key_changes_with_anything_that_changes_the_answer() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    base = _key(x)
+    assert _key(x.copy()) == base  # equal bytes, equal key
+    assert _key(x.reshape(3, 2)) != base  # same bytes, another shape
+    assert _key(x.astype(np.int32)) != base  # another datatype
+    assert _key(x + 1) != base
+    assert _key(x, model="other") != base
+    assert _key(x, outputs=(("y", 0),)) != _key(x, outputs=(("y", 3),))  # classification
+    assert request_key("m", "2", {"x": x}, []) != base
+    words = np.array([b"ab", b"c"], dtype=object)
+    assert request_key("m", "1", {"x": words}, []) != request_key(
+        "m", "1", {"x": np.array([b"a", b"bc"], dtype=object)}, []
+    )
+
+
+def test_hits_return_frozen_copies_and_misses_count() -> None:
+    cache = ResponseCache(1 << 20)
+    y = np.ones((2, 3), np.float32)
+    key = _key(y)
+    assert cache.get(key) is None
+    assert cache.put("m", key, {"y": y})
+    y[:] = 7  # the batch buffer is reused: the held answer must not change
+    held = cache.get(key)
+    assert held is not None and float(held["y"].sum()) == 6.0
+    with pytest.raises(ValueError):
+        held["y"][0, 0] = 1  # read-only: no caller can change another's answer
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.entries) == (1, 1, 1)
+
+
+def test_the_byte_bound_evicts_least_recently_used_first() -> None:
+    row = np.zeros(100, np.uint8)
+    cache = ResponseCache(3 * (100 + ENTRY_OVERHEAD))
+    keys = [_key(np.array([i])) for i in range(4)]
+    for key in keys[:3]:
+        cache.put("m", key, {"y": row})
+    cache.get(keys[0])  # now the most recent
+    cache.put("m", keys[3], {"y": row})
+    assert cache.get(keys[1]) is None  # the least recently used went
+    assert cache.get(keys[0]) is not None and cache.get(keys[3]) is not None
+    assert cache.stats().bytes <= cache.capacity and cache.stats().evictions == 1
+    # An answer larger than the whole cache is not kept, and evicts nothing.
+    assert not cache.put("m", _key(np.array([9])), {"y": np.zeros(10_000, np.uint8)})
+    assert cache.stats().entries == 3
+
+
+def test_forget_drops_one_models_answers() -> None:
+    cache = ResponseCache(1 << 20)
+    a, b = _key(np.array([1]), "a"), _key(np.array([1]), "b")
+    cache.put("a", a, {"y": np.ones(1)})
+    cache.put("b", b, {"y": np.ones(1)})
+    cache.forget("a")
+    assert cache.get(a) is None and cache.get(b) is not None
+    with pytest.raises(ValueError):
+        ResponseCache(-1)
