@@ -46,9 +46,12 @@ def test_bench_through_system_shared_memory(
     report = bench(f"{scheme}://{url}", options, tmp_path)
     res = report["scenarios"][0]["result"]
     assert res["errors"]["count"] == 0 and res["accuracy"]["ok"] is True
-    # The client's ceiling is measured through shared memory too (its null server takes regions).
-    assert report["client_ceiling"]["error"] is None, report["client_ceiling"]
-    assert report["client_ceiling"]["samples_per_s"] > 0
+    # The client's ceiling is measured through shared memory too (its null server takes regions;
+    # it refused them once, and the ceiling said "not measured"). A loaded machine may make the
+    # short calibration run INVALID, which the report says beside the figure it still gives.
+    ceiling = report["client_ceiling"]
+    assert ceiling["samples_per_s"] is not None and ceiling["samples_per_s"] > 0, ceiling
+    assert "shared memory" not in (ceiling["error"] or ""), ceiling
     # Every region was unregistered and every object unlinked at the end.
     assert shm_server.dataplane.shared_memory.status(RegionKind.SYSTEM) == []
     assert _ours() == set()
