@@ -16,6 +16,7 @@ from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.loop import new_event_loop
 from dlscale.server_settings import ServerSettings as ServerSettings
 from dlscale.server_settings.flags import settings_from as settings_from
+from dlscale.serving.cache import ResponseCache
 from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
@@ -69,6 +70,7 @@ class Server:
             Tracer(seen.trace_file, TraceSettings(seen.trace_level, seen.trace_rate)),
             LogControl(seen.log_file, seen.log_format),
             strict_readiness=settings.lifecycle.strict_readiness,
+            cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
         )
         self.registry = build_registry(self.manager, seen.telemetry_interval_s)
         self.frontends: dict[str, Frontend] = {}
@@ -140,11 +142,21 @@ class Server:
                 log.error("stopping: a model failed to load and exit_on_error is set")
                 self._stopped.set()
                 return
+        uncached = [n for n in self.manager.ready_names() if self._wants_cache(n)]
+        if uncached and self.dataplane.cache is None:
+            log.warning(
+                "models %s enable response_cache, but the server has no cache: they are answered "
+                "uncached (start with --cache-size BYTES)",
+                ", ".join(uncached),
+            )
         if s.model_control.polls:
             self._poller = RepositoryPoller(self.manager, s.poll_interval_s)
             self._poller.remember_loaded()
             self._poller.start()
         log.info("server %s", "ready" if self.dataplane.ready() else "not ready")
+
+    def _wants_cache(self, name: str) -> bool:
+        return self.manager.get(name).config.response_cache
 
     async def wait_loaded(self) -> None:
         """Wait for the models asked for at start to be tried; with exit_on_error, raise the

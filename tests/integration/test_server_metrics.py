@@ -34,6 +34,11 @@ INFERENCE_COUNTERS = (
     "nv_inference_compute_input_duration_us",
     "nv_inference_compute_infer_duration_us",
     "nv_inference_compute_output_duration_us",
+    # Triton's response-cache counters: zero for models whose config does not enable it.
+    "nv_cache_num_hits_per_model",
+    "nv_cache_num_misses_per_model",
+    "nv_cache_hit_duration_per_model",
+    "nv_cache_miss_duration_per_model",
 )
 GPU_GAUGES = (
     "nv_gpu_utilization",

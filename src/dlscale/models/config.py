@@ -147,6 +147,9 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy()
     backend_options: BackendOptionsConfig = BackendOptionsConfig()
     qos: QosConfig | None = None
+    #: Answer identical requests from the server's response cache (Triton's response_cache;
+    #: the server's --cache-size gives it its bytes).
+    response_cache: bool = False
     metadata: dict[str, str | int | float | bool] = {}
 
     @field_validator("model_file")

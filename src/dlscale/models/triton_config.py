@@ -48,7 +48,7 @@ SUPPORTED = frozenset(
         "dynamic_batching.default_queue_policy.allow_timeout_override",
         "dynamic_batching.default_queue_policy.max_queue_size",
         "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
-        "instance_group.gpus",
+        "instance_group.gpus", "response_cache", "response_cache.enable",
     }
 )  # fmt: skip
 
@@ -98,6 +98,8 @@ def convert(
         data["outputs"] = [_tensor(t, "output", source) for t in message.output]
     if message.HasField("dynamic_batching"):
         data["batching"] = _batching(message.dynamic_batching)
+    if message.HasField("response_cache"):
+        data["response_cache"] = message.response_cache.enable
     if message.instance_group:
         data["instances"] = [
             d for g in message.instance_group for d in _instances(g, data["backend"])

@@ -101,6 +101,14 @@ class Models:
     poll_interval_s: float = setting(
         5.0, "poll mode: seconds", "--poll-interval", "--repository-poll-secs", type=float
     )
+    #: Bytes of the response cache, for the models whose config enables it (0: no cache).
+    cache_bytes: int = setting(
+        0,
+        "bytes the response cache holds for models with response_cache = true (0: no cache)",
+        "--cache-size",
+        "--response-cache-byte-size",
+        type=int,
+    )
     #: False ignores every model's [qos] table: no device scheduler, no limits (docs/qos.md).
     qos: bool = setting(
         True,
@@ -111,6 +119,8 @@ class Models:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
+        if self.cache_bytes < 0:
+            raise ConfigError(f"--cache-size {self.cache_bytes}: 0 or more bytes")
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,30 @@
 """Triton's response cache: identical requests answered from memory, bounded by bytes.
 
-A request's key is a digest of what decides its answer: the model and version, each input's
-name, datatype, shape and bytes, and the outputs asked for (with their classification counts).
-Answers are held as read-only copies, least recently used first out when the byte budget is
-spent; an answer larger than the whole budget is not kept. Requests whose tensors live in
-shared-memory regions are not cached: their bytes belong to the client and can change under the
-same region name. One cache serves every model whose config enables it (`response_cache`), as
+A request's key is a digest of what decides its answer: the model and version, each input's name,
+datatype, shape and bytes, and the outputs asked for (with their classification counts). Answers are
+held as read-only copies, least recently used first out when the byte budget is spent; an answer
+larger than the whole budget is not kept. Requests whose tensors live in shared-memory regions are
+not cached: their bytes belong to the client and can change under the same region name. A key names
+the model's load too: a reloaded model's requests never meet the previous load's answers, which age
+out of the LRU order. One cache serves every model whose config enables it (`response_cache`), as
 Triton's `--cache-config local,size=N` does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from dlscale.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from dlscale.serving.manager import ServedVersion
 
 #: Bytes the key reserves for each held answer beside its arrays (dict, digest, bookkeeping).
 ENTRY_OVERHEAD = 256
@@ -36,7 +44,6 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class _Entry:
-    model: str
     outputs: dict[str, np.ndarray]
     size: int
 
@@ -88,8 +95,8 @@ class ResponseCache:
         self._hits += 1
         return found.outputs
 
-    def put(self, model: str, key: bytes, outputs: Mapping[str, np.ndarray]) -> bool:
-        """Hold a copy of `model`'s `outputs` under `key`; False when larger than the cache."""
+    def put(self, key: bytes, outputs: Mapping[str, np.ndarray]) -> bool:
+        """Hold a copy of `outputs` under `key`; False when it is larger than the whole cache."""
         size = ENTRY_OVERHEAD + sum(_nbytes(a) for a in outputs.values())
         if size > self.capacity:
             return False
@@ -99,14 +106,9 @@ class ResponseCache:
             self._drop(next(iter(self._entries)))
             self._evictions += 1
         held = {name: _frozen(array) for name, array in outputs.items()}
-        self._entries[key] = _Entry(model, held, size)
+        self._entries[key] = _Entry(held, size)
         self._bytes += size
         return True
-
-    def forget(self, model: str) -> None:
-        """Drop every answer of `model` (unloaded or reloaded: its answers may change)."""
-        for key in [k for k, entry in self._entries.items() if entry.model == model]:
-            self._drop(key)
 
     def stats(self) -> CacheStats:
         """Entries, bytes and counts now."""
@@ -130,3 +132,37 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     held = np.array(array, copy=True)
     held.flags.writeable = False
     return held
+
+
+@dataclass
+class CacheLookup:
+    """One request's look into the cache: its key, the answer found (None: a miss), and the
+    nanoseconds spent so far (the lookup; on a miss the insertion is added by `keep`)."""
+
+    cache: ResponseCache
+    served: ServedVersion
+    key: bytes
+    answer: dict[str, np.ndarray] | None
+    ns: int
+
+    @classmethod
+    def find(
+        cls,
+        cache: ResponseCache,
+        served: ServedVersion,
+        request: InferenceRequest,
+        wanted: Mapping[str, int],
+    ) -> CacheLookup:
+        """Look the request up (its key covers the outputs and class counts it asks for)."""
+        start = time.perf_counter_ns()
+        # The load's serial, not only the version: a reloaded model may answer otherwise.
+        version = f"{served.version.version}#{served.serial}"
+        key = request_key(served.version.name, version, request.inputs, list(wanted.items()))
+        answer = cache.get(key)
+        return cls(cache, served, key, answer, time.perf_counter_ns() - start)
+
+    def keep(self, answer: Mapping[str, np.ndarray]) -> None:
+        """A miss: hold the computed answer, and count the miss with the time it took."""
+        start = time.perf_counter_ns()
+        self.cache.put(self.key, answer)
+        self.served.stats.record_cache_miss(self.ns + time.perf_counter_ns() - start)

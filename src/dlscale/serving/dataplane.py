@@ -12,12 +12,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, Unavailable
 from dlscale.serving.batcher import Tensors
+from dlscale.serving.cache import CacheLookup, ResponseCache
 from dlscale.serving.classification import top_classes
 from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager, ServedVersion
@@ -61,9 +63,12 @@ class DataPlane:
         shared_memory: SharedMemoryRegistry | None = None,
         tracer: Tracer | None = None,
         strict_readiness: bool = True,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.manager = manager
         self.strict_readiness = strict_readiness
+        #: Answers of models whose config enables the response cache (None: no cache).
+        self.cache = cache
         #: The shared-memory regions requests may name (off unless the server allows them).
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.tracer = tracer or Tracer()
@@ -176,6 +181,9 @@ class DataPlane:
             if regions is not None:
                 regions.bind(i.backend.capabilities.device_buffers for i in served.instances)
             wanted = validate(served, request)
+            lookup = self._lookup(served, request, regions, wanted)
+            if lookup is not None and lookup.answer is not None:
+                return self._from_cache(served, request, lookup, times, trace)
             outputs = await self._submit(served, request, regions, times)
             placed: dict[str, RegionTensor] = regions.place(outputs) if regions else {}
             answer = {
@@ -183,6 +191,8 @@ class DataPlane:
                 for n, k in wanted.items()
                 if n not in placed
             }
+            if lookup is not None:
+                lookup.keep(answer)
         except DlscaleError as exc:
             times.request_end = time.perf_counter_ns()
             served.stats.record_failure(exc.reason, times.request_end - times.request_start)
@@ -202,6 +212,40 @@ class DataPlane:
             id=request.id,
             outputs=answer,
             in_regions=placed,
+        )
+
+    def _lookup(
+        self,
+        served: ServedVersion,
+        request: InferenceRequest,
+        regions: RequestRegions | None,
+        wanted: dict[str, int],
+    ) -> CacheLookup | None:
+        """The cache's answer for this request, when its model caches and it names no region."""
+        if self.cache is None or not served.config.response_cache or regions is not None:
+            return None
+        return CacheLookup.find(self.cache, served, request, wanted)
+
+    def _from_cache(
+        self,
+        served: ServedVersion,
+        request: InferenceRequest,
+        lookup: CacheLookup,
+        times: RequestTimes,
+        trace: Any,
+    ) -> InferenceResponse:
+        """A request answered by the cache: a success that ran no batch."""
+        assert lookup.answer is not None
+        times.request_end = time.perf_counter_ns()
+        total = times.request_end - times.request_start
+        served.stats.record_cache_hit(total, lookup.ns, rows(served, request))
+        if trace is not None:
+            self.tracer.finish(trace, times)
+        return InferenceResponse(
+            model_name=request.model_name,
+            model_version=str(served.version.version),
+            id=request.id,
+            outputs=dict(lookup.answer),
         )
 
     async def _submit(

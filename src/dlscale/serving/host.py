@@ -6,6 +6,7 @@ from its own module. Nothing is added: the data path and model control stay apar
 
 from __future__ import annotations
 
+from dlscale.serving.cache import ResponseCache
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
@@ -26,7 +27,8 @@ class HostPlane(DataPlane, ControlPlane):
         tracer: Tracer | None = None,
         logs: LogControl | None = None,
         strict_readiness: bool = True,
+        cache: ResponseCache | None = None,
     ) -> None:
         tracer = tracer or Tracer()
         ControlPlane.__init__(self, manager, model_control, tracer, logs)
-        DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness)
+        DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness, cache)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from dlscale.serving.versions import resolve_version
 from dlscale.types import TensorSpec
 
 log = logging.getLogger("dlscale.models")
+_LOADS = itertools.count(1)
 
 
 class ModelState(enum.StrEnum):
@@ -52,6 +54,9 @@ class ServedVersion:
     #: Class labels by output, from the config's label files (the classification extension).
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
+    #: Which load this is: a reload is another serial, so nothing keyed on the old one (the
+    #: response cache's answers) can answer for the new one.
+    serial: int = field(default_factory=lambda: next(_LOADS))
 
     @property
     def config(self) -> ModelConfig:

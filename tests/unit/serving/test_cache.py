@@ -33,7 +33,7 @@ def test_hits_return_frozen_copies_and_misses_count() -> None:
     y = np.ones((2, 3), np.float32)
     key = _key(y)
     assert cache.get(key) is None
-    assert cache.put("m", key, {"y": y})
+    assert cache.put(key, {"y": y})
     y[:] = 7  # the batch buffer is reused: the held answer must not change
     held = cache.get(key)
     assert held is not None and float(held["y"].sum()) == 6.0
@@ -48,23 +48,17 @@ def test_the_byte_bound_evicts_least_recently_used_first() -> None:
     cache = ResponseCache(3 * (100 + ENTRY_OVERHEAD))
     keys = [_key(np.array([i])) for i in range(4)]
     for key in keys[:3]:
-        cache.put("m", key, {"y": row})
+        cache.put(key, {"y": row})
     cache.get(keys[0])  # now the most recent
-    cache.put("m", keys[3], {"y": row})
+    cache.put(keys[3], {"y": row})
     assert cache.get(keys[1]) is None  # the least recently used went
     assert cache.get(keys[0]) is not None and cache.get(keys[3]) is not None
     assert cache.stats().bytes <= cache.capacity and cache.stats().evictions == 1
     # An answer larger than the whole cache is not kept, and evicts nothing.
-    assert not cache.put("m", _key(np.array([9])), {"y": np.zeros(10_000, np.uint8)})
+    assert not cache.put(_key(np.array([9])), {"y": np.zeros(10_000, np.uint8)})
     assert cache.stats().entries == 3
 
 
-def test_forget_drops_one_models_answers() -> None:
-    cache = ResponseCache(1 << 20)
-    a, b = _key(np.array([1]), "a"), _key(np.array([1]), "b")
-    cache.put("a", a, {"y": np.ones(1)})
-    cache.put("b", b, {"y": np.ones(1)})
-    cache.forget("a")
-    assert cache.get(a) is None and cache.get(b) is not None
+def test_a_negative_size_is_refused() -> None:
     with pytest.raises(ValueError):
         ResponseCache(-1)

@@ -72,6 +72,22 @@ class InferenceCollector(Collector):
                 "Cumulative time splitting outputs back to requests, microseconds",
                 lambda s: s.compute_output.ns / 1000,
             ),
+            "nv_cache_num_hits_per_model": (
+                "Requests answered from the response cache",
+                lambda s: s.cache_hit.count,
+            ),
+            "nv_cache_num_misses_per_model": (
+                "Response cache lookups that missed",
+                lambda s: s.cache_miss.count,
+            ),
+            "nv_cache_hit_duration_per_model": (
+                "Cumulative time of cache lookups that answered, microseconds",
+                lambda s: s.cache_hit.ns / 1000,
+            ),
+            "nv_cache_miss_duration_per_model": (
+                "Cumulative time of cache lookups that missed and of inserting, microseconds",
+                lambda s: s.cache_miss.ns / 1000,
+            ),
         }
         for name, (doc, value) in counters.items():
             family = _counter(name, doc)
