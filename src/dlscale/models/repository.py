@@ -86,6 +86,10 @@ class ModelRepository:
         config = source.config
         folder = self._folder(name)
         on_disk = {int(p.name): p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()}
+        if config.is_pipeline:  # no model file: its version folders (Triton's empty 1/) or 1
+            chosen = config.version_policy.select(list(on_disk)) if on_disk else [1]
+            paths = {v: on_disk.get(v, folder) for v in chosen}
+            return [ModelVersion(name, v, p, p, config, source.path) for v, p in paths.items()]
         if not on_disk:
             flat = [f for f in config.model_files() if (folder / f).is_file()]
             if flat:

@@ -179,6 +179,13 @@ def model_config(view: ModelConfigView) -> Any:
     )
     if view.dynamic_batching is not None:
         message.dynamic_batching.CopyFrom(_dynamic_batching(view.dynamic_batching))
+    for step in view.ensemble_steps:
+        message.ensemble_scheduling.step.add(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            input_map=dict(step.input_map),
+            output_map=dict(step.output_map),
+        )
     return pb.ModelConfigResponse(config=message)
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from dlscale.types import (
     DynamicBatching,
+    EnsembleStep,
     InstanceGroup,
     ModelConfigView,
     ModelMetadata,
@@ -51,7 +52,18 @@ def model_config(view: ModelConfigView) -> dict[str, Any]:
     }
     if view.dynamic_batching is not None:
         doc["dynamic_batching"] = _dynamic_batching(view.dynamic_batching)
+    if view.ensemble_steps:
+        doc["ensemble_scheduling"] = {"step": [_step(s) for s in view.ensemble_steps]}
     return doc
+
+
+def _step(step: EnsembleStep) -> dict[str, Any]:
+    return {
+        "model_name": step.model_name,
+        "model_version": step.model_version,
+        "input_map": dict(step.input_map),
+        "output_map": dict(step.output_map),
+    }
 
 
 def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
