@@ -4,6 +4,7 @@ the DAG, errors that name the step, priority and timeout carried through every s
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.toolkit.pipelines import (
 )
 
 from dlscale.errors import BackendError, ConfigError, InvalidInput, TimedOut
+from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager, ModelState
 from dlscale.types import InferenceRequest
@@ -187,3 +189,25 @@ async def test_the_requests_priority_carries_into_every_step(plane: HostPlane) -
     assert done == {high}  # queued last at the slow step, served first
     np.testing.assert_array_equal(high.result().outputs["y"], X[2:3] + 1)
     await asyncio.gather(busy, low)
+
+
+async def test_polling_unloads_a_vanished_pipeline_before_the_step_that_vanished_with_it(
+    tmp_path: Path,
+) -> None:
+    root = pipeline_repository(tmp_path)
+    for name in {p.name for p in root.iterdir()} - {"add_one", "copy", "chain"}:
+        shutil.rmtree(root / name)
+    manager = ModelManager.open(root)
+    await manager.load_all()
+    poller = RepositoryPoller(manager)
+    poller.remember_loaded()
+    for name in ("add_one", "chain"):
+        shutil.rmtree(root / name)
+    await poller.poll_once()
+    states = {e.name: e.state for e in manager.entries()}
+    assert states == {
+        "add_one": ModelState.UNAVAILABLE,
+        "chain": ModelState.UNAVAILABLE,
+        "copy": ModelState.READY,
+    }
+    await manager.close()
