@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.toolkit.models import write_null_model
 from tests.toolkit.pipelines import (
     diamond,
     pipeline_repository,
@@ -211,3 +212,29 @@ async def test_polling_unloads_a_vanished_pipeline_before_the_step_that_vanished
         "copy": ModelState.READY,
     }
     await manager.close()
+
+
+async def test_under_load_each_step_merges_the_pipelines_requests_into_batches(
+    tmp_path: Path,
+) -> None:
+    root = pipeline_repository(tmp_path)
+    tensors = '[[inputs]]\nname = "x"\ndatatype = "FP32"\nshape = [4]\n'
+    tensors += tensors.replace("inputs", "outputs").replace('"x"', '"y"')
+    # 50 ms per batch: while one computes, the pipeline's next requests queue and merge.
+    paused = "max_batch_size = 8\n[backend_options]\ndelay_us = 50000\n"
+    write_null_model(root, "pause", paused + tensors)
+    steps = [
+        step("pause", {"x": "x"}, {"y": "mid"}),
+        step("add_one", {"INPUT0": "mid"}, {"OUTPUT0": "y"}),
+    ]
+    write_pipeline(root, "paced", pipeline_toml(8, ["x"], ["y"], steps))
+    plane = HostPlane(ModelManager.open(root), "explicit")
+    await plane.load_model("paced")
+    answers = await asyncio.gather(
+        *(plane.infer(InferenceRequest("paced", {"x": X[:1] + i})) for i in range(12))
+    )
+    for i, answer in enumerate(answers):
+        np.testing.assert_array_equal(answer.outputs["y"], X[:1] + i + 1)
+    (pause,) = plane.statistics("pause")
+    assert pause.inference_count == 12 and pause.execution_count < 12
+    await plane.manager.close()
