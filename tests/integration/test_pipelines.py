@@ -4,7 +4,6 @@ config.toml pipelines, used with tritonclient over REST and gRPC exactly as agai
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -132,24 +131,20 @@ def test_malformed_inputs_get_400_and_the_good_requests_beside_them_all_succeed(
     http: th.InferenceServerClient,
 ) -> None:
     good = [X + i for i in range(8)]
-
-    def send(i: int) -> Any:
+    sent = []
+    for i in range(16):  # interleaved, all in flight at once (the client's pool of 8)
+        array = good[i // 2] if i % 2 else good[i // 2].astype(np.int32)
+        tensor = th.InferInput("RAW", list(array.shape), "FP32" if i % 2 else "INT32")
+        tensor.set_data_from_numpy(array)
+        sent.append(http.async_infer("diamond", [tensor]))
+    for i, pending in enumerate(sent):
         if i % 2:
-            return _infer(http, "diamond", {"RAW": good[i // 2]})
-        try:
-            _infer(http, "diamond", {"RAW": good[i // 2].astype(np.int32)})
-        except InferenceServerException as exc:
-            return exc
-        return None
-
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(send, range(16)))
-    for i, result in enumerate(results):
-        if i % 2:
-            np.testing.assert_array_equal(result.as_numpy("SUM"), diamond(good[i // 2])["SUM"])
-        else:
-            assert isinstance(result, InferenceServerException) and result.status() == "400"
-            assert "datatype" in str(result) and "'diamond'" in str(result)
+            answer = pending.get_result()
+            np.testing.assert_array_equal(answer.as_numpy("SUM"), diamond(good[i // 2])["SUM"])
+            continue
+        with pytest.raises(InferenceServerException, match="datatype") as refused:
+            pending.get_result()
+        assert refused.value.status() == "400" and "'diamond'" in str(refused.value)
 
 
 def test_a_deadline_that_expires_in_the_second_steps_queue_is_a_timeout(

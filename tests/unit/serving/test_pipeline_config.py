@@ -3,12 +3,20 @@ rules checked before anything loads."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
-from tests.toolkit.pipelines import CHAIN_PBTXT, pipeline_toml, step, write_pipeline
+from tests.toolkit.pipelines import (
+    CHAIN_PBTXT,
+    pipeline_repository,
+    pipeline_toml,
+    step,
+    write_pipeline,
+)
 
 from dlscale.errors import ConfigError
+from dlscale.models.commands import models_check
 from dlscale.models.config import load_config
 from dlscale.models.repository import ModelRepository
 from dlscale.models.triton_config import convert as convert_triton
@@ -80,3 +88,13 @@ def test_tritons_ensemble_scheduling_converts_to_steps() -> None:
         ("add_one", 0, {"OUTPUT0": "plus_one"}),
         ("copy", 0, {"OUTPUT0": "RESULT"}),
     ]
+
+
+def test_models_check_loads_the_steps_runtimes_and_passes_the_pipeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline_repository(tmp_path)
+    models_check(argparse.Namespace(dir=tmp_path, load=True))
+    out = capsys.readouterr().out
+    for name in ("add_one", "chain", "diamond"):
+        assert f"ok     {name} (versions [1])" in out
