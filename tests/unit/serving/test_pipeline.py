@@ -4,6 +4,7 @@ the DAG, errors that name the step, priority and timeout carried through every s
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from dlscale.errors import BackendError, ConfigError, InvalidInput, TimedOut
 from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager, ModelState
+from dlscale.serving.observe.trace import Tracer, TraceSettings
 from dlscale.types import InferenceRequest
 
 X = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -238,3 +240,17 @@ async def test_under_load_each_step_merges_the_pipelines_requests_into_batches(
     (pause,) = plane.statistics("pause")
     assert pause.inference_count == 12 and pause.execution_count < 12
     await plane.manager.close()
+
+
+async def test_a_traced_pipeline_request_leaves_a_trace_per_step(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    tracer = Tracer(path, TraceSettings("TIMESTAMPS", rate=1))
+    manager = ModelManager.open(pipeline_repository(tmp_path / "repo"))
+    plane = HostPlane(manager, "explicit", tracer=tracer)
+    await plane.load_model("chain")
+    await plane.infer(InferenceRequest("chain", {"RAW": X}, id="traced"))
+    tracer.flush()
+    headers = [t for t in json.loads(path.read_text()) if "model_name" in t]
+    assert sorted(t["model_name"] for t in headers) == ["add_one", "chain", "copy"]
+    assert {t["request_id"] for t in headers} == {"traced"}
+    await manager.close()
