@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dlscale.errors import ConfigError, DlscaleError, TimedOut
+from dlscale.errors import ConfigError, DlscaleError, InvalidInput, TimedOut
 from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
 
@@ -39,6 +39,8 @@ class Pipeline:
         self.name = name
         self.config = config
         self.steps: tuple[StepConfig, ...] = tuple(config.steps)
+        #: Each step model's priority levels, as loaded (check() sets them).
+        self.levels: tuple[int, ...] = (1,) * len(self.steps)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -63,6 +65,7 @@ class Pipeline:
                 made[tensor] = (outputs[name].datatype, f"step {i}'s output {name!r}")
         for i, (step, version) in enumerate(zip(self.steps, served, strict=True), 1):
             self._check_inputs(i, step, version, made)
+        self.levels = tuple(v.config.batching.priority_levels for v in served)
         for spec in self._specs("outputs"):
             datatype, origin = made[spec.name]
             if datatype is not spec.datatype:
@@ -124,6 +127,11 @@ class Pipeline:
         The first step to fail stops the run: steps not started never start, and those waiting
         stop waiting (their batchers drop them). Its error names the step and keeps its class.
         """
+        if request.priority > max(self.levels):
+            raise InvalidInput(
+                f"priority {request.priority} is out of range: the steps of pipeline "
+                f"{self.name!r} have priority levels 1..{max(self.levels)} (0 for the default)"
+            )
         loop = asyncio.get_running_loop()
         deadline = _deadline(request)
         tensors: dict[str, asyncio.Future[np.ndarray]] = {}
@@ -158,8 +166,10 @@ class Pipeline:
     ) -> None:
         """Wait for the step's inputs, send it through the DataPlane, publish its outputs."""
         inputs = {name: await tensors[tensor] for name, tensor in step.input_map.items()}
+        # A priority beyond this step's levels is served at its default level, as Triton does.
+        priority = request.priority if request.priority <= self.levels[index - 1] else 0
         try:
-            answer = await serve(_step_request(step, request, inputs, deadline))
+            answer = await serve(_step_request(step, request, inputs, priority, deadline))
         except DlscaleError as exc:
             raise self._failure(index, step, exc) from exc
         for name, tensor in step.output_map.items():
@@ -185,12 +195,13 @@ def _step_request(
     step: StepConfig,
     request: InferenceRequest,
     inputs: dict[str, np.ndarray],
+    priority: int,
     deadline: int | None,
 ) -> InferenceRequest:
-    """The step's request: the pipeline request's id and priority, and its remaining timeout."""
+    """The step's request: the pipeline request's id, the priority and the remaining timeout."""
     parameters: dict[str, int] = {}
-    if request.priority:
-        parameters["priority"] = request.priority
+    if priority:
+        parameters["priority"] = priority
     if deadline is not None:
         left_us = (deadline - time.perf_counter_ns()) // 1000
         if left_us <= 0:

@@ -254,3 +254,16 @@ async def test_a_traced_pipeline_request_leaves_a_trace_per_step(tmp_path: Path)
     assert sorted(t["model_name"] for t in headers) == ["add_one", "chain", "copy"]
     assert {t["request_id"] for t in headers} == {"traced"}
     await manager.close()
+
+
+async def test_a_priority_beyond_a_steps_levels_takes_its_default_and_beyond_all_is_refused(
+    plane: HostPlane,
+) -> None:
+    await plane.load_model("urgent")  # add_one has one priority level, slow two
+    low = InferenceRequest("urgent", {"x": X[:1]}, parameters={"priority": 2})
+    np.testing.assert_array_equal((await plane.infer(low)).outputs["y"], X[:1] + 1)
+    beyond = InferenceRequest("urgent", {"x": X[:1]}, parameters={"priority": 3})
+    with pytest.raises(InvalidInput, match=r"priority 3 is out of range.*levels 1\.\.2"):
+        await plane.infer(beyond)
+    (first,) = plane.statistics("add_one")
+    assert first.inference_stats.success.count == 1  # the refused request ran no step
