@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,9 @@ from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager, ModelState
 from dlscale.serving.observe.trace import Tracer, TraceSettings
-from dlscale.types import InferenceRequest
+from dlscale.serving.regions.registry import SharedMemoryRegistry
+from dlscale.serving.regions.system import shm_path
+from dlscale.types import Datatype, InferenceRequest, RegionRef, RegionTensor
 
 X = np.arange(12, dtype=np.float32).reshape(3, 4)
 
@@ -267,3 +270,22 @@ async def test_a_priority_beyond_a_steps_levels_takes_its_default_and_beyond_all
         await plane.infer(beyond)
     (first,) = plane.statistics("add_one")
     assert first.inference_stats.success.count == 1  # the refused request ran no step
+
+
+async def test_a_pipeline_reads_its_input_from_a_shared_memory_region(tmp_path: Path) -> None:
+    key = f"/dlscale-pipeline-{os.getpid()}"
+    shm_path(key).write_bytes(X.tobytes())
+    regions = SharedMemoryRegistry(enabled=True)
+    manager = ModelManager.open(pipeline_repository(tmp_path))
+    plane = HostPlane(manager, "explicit", shared_memory=regions)
+    try:
+        await plane.load_model("chain")
+        regions.register_system("in", key, 0, X.nbytes)
+        placed = RegionTensor(Datatype.FP32, X.shape, RegionRef("in", X.nbytes, 0))
+        request = InferenceRequest("chain", {}, in_regions={"RAW": placed})
+        answer = await plane.infer(request)
+        np.testing.assert_array_equal(answer.outputs["RESULT"], X + 1)
+    finally:
+        regions.close()
+        shm_path(key).unlink(missing_ok=True)
+        await manager.close()
