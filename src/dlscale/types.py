@@ -238,6 +238,16 @@ class DynamicBatching:
 
 
 @dataclass(frozen=True)
+class EnsembleStep:
+    """One step of a pipeline as Triton's ensemble_scheduling shows it (-1: the newest version)."""
+
+    model_name: str
+    model_version: int
+    input_map: Mapping[str, str]
+    output_map: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class VersionPolicy:
     """Which versions are served: the latest N, all (`all_versions`), or those listed."""
 
@@ -269,6 +279,8 @@ class ModelConfigView:
     decoupled: bool = False
     #: Whether identical requests are answered from the response cache.
     response_cache: bool = False
+    #: A pipeline's steps (Triton's ensemble_scheduling); empty for any other model.
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ def models_check(args: argparse.Namespace) -> int:
         if error is None and args.load:
             try:
                 for mv in repo.versions(result.name):
+                    if mv.config.is_pipeline:  # no runtime of its own: its steps are checked
+                        continue
                     backend = load_for_run(mv)
                     reconcile(mv.config, backend.inputs, backend.outputs, mv.source)
                     backend.unload()

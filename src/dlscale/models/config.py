@@ -130,6 +130,22 @@ class BackendOptionsConfig(_Strict):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
 
 
+class StepConfig(_Strict):
+    """One step of a pipeline: a model, the tensors its inputs read and those its outputs make."""
+
+    model: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: The step model's version; 0: its newest served one (Triton's -1).
+    version: NonNegative = 0
+    #: Step input name -> the pipeline tensor it reads (a pipeline input or an earlier output).
+    input_map: dict[str, str] = Field(min_length=1)
+    #: Step output name -> the pipeline tensor it makes (a pipeline output or an inner tensor).
+    output_map: dict[str, str] = Field(min_length=1)
+
+
+#: Fields a pipeline may not set: it runs no model of its own, and its steps batch.
+_NOT_FOR_PIPELINES = ("backend", "model_file", "batching", "instances", "backend_options", "qos")
+
+
 class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
@@ -151,6 +167,8 @@ class ModelConfig(_Strict):
     #: the server's --cache-size gives it its bytes).
     response_cache: bool = False
     metadata: dict[str, str | int | float | bool] = {}
+    #: A pipeline (Triton's ensemble): the steps that compute it; None for a model of its own.
+    steps: list[StepConfig] | None = None
 
     @field_validator("model_file")
     @classmethod
@@ -172,12 +190,35 @@ class ModelConfig(_Strict):
         labelled = [t.name for t in self.inputs or () if t.label_file]
         if labelled:
             raise ValueError(f"inputs {labelled}: label_file belongs on outputs")
+        if self.steps is not None:
+            self._check_pipeline(self.steps)
         return self
+
+    def _check_pipeline(self, steps: list[StepConfig]) -> None:
+        """A pipeline declares its tensors, sets no runtime field, and its steps form a DAG."""
+        if not steps:
+            raise ValueError("steps: give at least one step")
+        if not self.inputs or not self.outputs:
+            raise ValueError("a pipeline declares its [[inputs]] and [[outputs]]")
+        runtime = [f for f in _NOT_FOR_PIPELINES if f in self.model_fields_set]
+        if runtime:
+            raise ValueError(
+                f"a pipeline runs no model of its own: remove {runtime} (each step model has its "
+                "own batching and instances)"
+            )
+        check_steps([t.name for t in self.inputs], [t.name for t in self.outputs], steps)
 
     @property
     def platform_name(self) -> str:
         """The platform metadata reports: config.toml's, else Triton's name for the backend."""
+        if self.steps is not None:
+            return "ensemble"
         return self.platform or PLATFORMS[self.backend]
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Whether the model is a pipeline of other models' steps (it has no model file)."""
+        return self.steps is not None
 
     @property
     def batched(self) -> bool:
@@ -197,6 +238,33 @@ class ModelConfig(_Strict):
         return [TensorSpec(t.name, t.datatype, (*prefix, *t.shape)) for t in tensors]
 
 
+def check_steps(inputs: list[str], outputs: list[str], steps: list[StepConfig]) -> None:
+    """Each tensor is made once; a step reads only tensors that exist; no step waits on itself."""
+    made: dict[str, int] = {}
+    for i, step in enumerate(steps, 1):
+        for tensor in step.output_map.values():
+            if tensor in inputs or tensor in made:
+                first = "a pipeline input" if tensor in inputs else f"step {made[tensor]}"
+                raise ValueError(f"steps.{i}: tensor {tensor!r} is already made by {first}")
+            made[tensor] = i
+    for i, step in enumerate(steps, 1):
+        unknown = [t for t in step.input_map.values() if t not in made and t not in inputs]
+        if unknown:
+            raise ValueError(f"steps.{i} ({step.model}): no input or step makes {unknown}")
+    missing = [t for t in outputs if t not in made]
+    if missing:
+        raise ValueError(f"no step makes the pipeline outputs {missing}")
+    # Kahn's order: a step is ready once every tensor it reads exists.
+    ready, waiting = set(inputs), list(enumerate(steps, 1))
+    while waiting:
+        runnable = [(i, s) for i, s in waiting if set(s.input_map.values()) <= ready]
+        if not runnable:
+            raise ValueError(f"steps {[i for i, _ in waiting]} wait on each other in a circle")
+        for _, step in runnable:
+            ready |= set(step.output_map.values())
+        waiting = [w for w in waiting if w not in runnable]
+
+
 #: Triton's and MLServer's names for config.toml's fields, for the hint when one is used here.
 PEER_NAMES: dict[str, tuple[str, str]] = {
     "max_queue_delay_microseconds": ("max_queue_delay_us", "Triton"),
@@ -214,6 +282,9 @@ PEER_NAMES: dict[str, tuple[str, str]] = {
     "gpus": ("device", "Triton"),
     "parameters": ("[metadata] or [backend_options]", "Triton"),
     "max_batch_time": ("max_queue_delay_us in [batching]", "MLServer"),
+    "ensemble_scheduling": ("[[steps]]", "Triton"),
+    "model_name": ("model in [[steps]]", "Triton"),
+    "model_version": ("version in [[steps]]", "Triton"),
 }
 
 

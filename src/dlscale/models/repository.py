@@ -86,6 +86,8 @@ class ModelRepository:
         config = source.config
         folder = self._folder(name)
         on_disk = {int(p.name): p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()}
+        if config.is_pipeline and not on_disk:  # no model file, and no version folder: 1
+            return [ModelVersion(name, 1, folder, folder, config, source.path)]
         if not on_disk:
             flat = [f for f in config.model_files() if (folder / f).is_file()]
             if flat:
@@ -99,6 +101,10 @@ class ModelRepository:
                 f"{folder}: field 'version_policy': selects none of the versions "
                 f"on disk {sorted(on_disk)}"
             )
+        if config.is_pipeline:  # Triton's empty version folders: the folder stands for a file
+            return [
+                ModelVersion(name, v, on_disk[v], on_disk[v], config, source.path) for v in chosen
+            ]
         return [self._version(name, v, on_disk[v], source) for v in chosen]
 
     def version(self, name: str, version: int | None = None) -> ModelVersion:

@@ -49,6 +49,9 @@ SUPPORTED = frozenset(
         "dynamic_batching.default_queue_policy.max_queue_size",
         "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
         "instance_group.gpus", "response_cache", "response_cache.enable",
+        "ensemble_scheduling", "ensemble_scheduling.step", "ensemble_scheduling.step.model_name",
+        "ensemble_scheduling.step.model_version", "ensemble_scheduling.step.input_map",
+        "ensemble_scheduling.step.output_map",
     }
 )  # fmt: skip
 
@@ -83,12 +86,12 @@ def convert(
             f"{source}: field 'name': expected the folder's name {expected_name!r}, "
             f"got {message.name!r}"
         )
-    data: dict[str, Any] = {
-        "name": expected_name,
-        "backend": _backend(message, source),
-        "max_batch_size": message.max_batch_size,
-    }
-    if message.platform:
+    data: dict[str, Any] = {"name": expected_name, "max_batch_size": message.max_batch_size}
+    if message.platform == "ensemble":
+        data["steps"] = [_step(s) for s in message.ensemble_scheduling.step]
+    else:
+        data["backend"] = _backend(message, source)
+    if message.platform and message.platform != "ensemble":
         data["platform"] = message.platform
     if message.default_model_filename:
         data["model_file"] = message.default_model_filename
@@ -102,13 +105,14 @@ def convert(
         data["response_cache"] = message.response_cache.enable
     if message.instance_group:
         data["instances"] = [
-            d for g in message.instance_group for d in _instances(g, data["backend"])
+            d for g in message.instance_group for d in _instances(g, data.get("backend", ""))
         ]
     if message.HasField("version_policy"):
         data["version_policy"] = _version_policy(message.version_policy)
     parameters = {k: v.string_value for k, v in message.parameters.items()}
     if parameters:
         data["metadata"] = parameters
+    if parameters and "steps" not in data:
         data["backend_options"] = {
             ORT_PARAMETERS[k]: int(v)
             for k, v in parameters.items()
@@ -151,6 +155,16 @@ def _backend(message: Any, source: Path | str) -> str:
             )
     named = message.platform or message.backend
     return BACKENDS[named] if named else "onnxruntime"
+
+
+def _step(step: Any) -> dict[str, Any]:
+    # Triton's -1 (and 0) mean the newest version, as dlscale's 0 does.
+    return {
+        "model": step.model_name,
+        "version": max(step.model_version, 0),
+        "input_map": dict(step.input_map),
+        "output_map": dict(step.output_map),
+    }
 
 
 def _tensor(tensor: Any, role: str, source: Path | str) -> dict[str, Any]:

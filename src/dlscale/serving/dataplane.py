@@ -172,6 +172,10 @@ class DataPlane:
         """Validate, queue, wait, and answer one request; every outcome is counted."""
         if not self._accepting:
             raise Unavailable("the server is shutting down")
+        return await self._serve(request)
+
+    async def _serve(self, request: InferenceRequest) -> InferenceResponse:
+        """`infer` past the shutdown check: a pipeline admitted before shutdown runs its steps."""
         check_schedule_parameters(request.parameters)
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
@@ -256,6 +260,9 @@ class DataPlane:
         times: RequestTimes,
     ) -> Tensors:
         """Queue the request and wait; the batcher holds the regions while it reads the inputs."""
+        if served.batcher is None:  # a pipeline: each step comes back through `_serve`
+            assert served.pipeline is not None
+            return await served.pipeline.run(request, self._serve)
         release = regions.hold() if regions is not None else None
         try:
             future = served.batcher.submit(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
-from dlscale.models.config import ModelConfig
+from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
@@ -22,6 +22,7 @@ from dlscale.serving.batcher import Batcher
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
+from dlscale.serving.pipeline import Pipeline
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
@@ -43,17 +44,19 @@ class ModelState(enum.StrEnum):
 
 @dataclass
 class ServedVersion:
-    """One loaded version: its signature, instances, batcher and statistics."""
+    """One loaded version: its signature, instances, batcher and statistics; a pipeline has
+    its steps instead of instances and a batcher (each step model has its own)."""
 
     version: ModelVersion
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     instances: list[Instance]
-    batcher: Batcher
+    batcher: Batcher | None
     stats: ModelStats
     #: Class labels by output, from the config's label files (the classification extension).
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
+    pipeline: Pipeline | None = None
     #: Which load this is: a reload is another serial, so nothing keyed on the old one (the
     #: response cache's answers) can answer for the new one.
     serial: int = field(default_factory=lambda: next(_LOADS))
@@ -141,7 +144,10 @@ class ModelManager:
         """Load these models (default: the whole repository) one after another; those that
         failed come back with their error, each recorded UNAVAILABLE with its reason."""
         failed = {}
+        before = set(self.ready_names())
         for name in self.repository.names() if names is None else names:
+            if name not in before and name in self.ready_names():
+                continue  # loaded meanwhile as a step of a pipeline: loading it again is waste
             try:
                 await self.load(name)
             except DlscaleError as exc:
@@ -157,7 +163,18 @@ class ModelManager:
         """Load (or reload) a model; the old versions keep serving until the new ones are ready.
 
         `source` replaces the config the repository has, and `repository` the folder its files
-        are read from (a load request's overrides)."""
+        are read from (a load request's overrides). A pipeline's step models load first when
+        they are not loaded and the repository has them."""
+        await self._load(name, source, repository, ())
+
+    async def _load(
+        self,
+        name: str,
+        source: ModelSource | None,
+        repository: ModelRepository | None,
+        chain: tuple[str, ...],
+    ) -> None:
+        """`load`, with the pipelines whose loading asked for this model (a circle is refused)."""
         async with self._locked(name):
             previous = self._entries.get(name)
             if previous is None or previous.state is not ModelState.READY:
@@ -165,6 +182,8 @@ class ModelManager:
             try:
                 repo = repository or self.repository
                 versions = repo.versions(name, source or repo.source(name))
+                if versions[0].config.steps is not None:
+                    await self._load_steps(name, versions[0].config.steps, (*chain, name))
                 served = {}
                 for mv in versions:
                     served[mv.version] = await self._load_version(mv)
@@ -190,16 +209,33 @@ class ModelManager:
             entry = self._entries.get(name)
             if entry is None:
                 raise NotFound(f"unknown model {name!r}")
+            users = self.pipelines_using(name)
+            if users:  # the safe choice: a pipeline never loses a step while it is READY
+                raise ConfigError(
+                    f"model {name!r} is a step of the loaded pipelines {users}: unload them first"
+                )
             self.required.discard(name)
             self._set(name, ModelState.UNLOADING)
             await self._retire(entry)
             self._set(name, ModelState.UNAVAILABLE, "unloaded")
 
     async def close(self) -> None:
-        """Unload everything (server shutdown): in-flight requests finish first."""
-        await asyncio.gather(
-            *(self.unload(e.name) for e in self.entries() if e.versions), return_exceptions=True
-        )
+        """Unload everything (server shutdown): in-flight requests finish first, and pipelines
+        go before the models they use (as often as pipelines nest)."""
+        while loaded := [e.name for e in self.entries() if e.versions]:
+            free = [n for n in loaded if not self.pipelines_using(n)]
+            await asyncio.gather(*(self.unload(n) for n in free or loaded), return_exceptions=True)
+            if not free:
+                break
+
+    def pipelines_using(self, name: str) -> list[str]:
+        """The loaded pipelines that have `name` as a step model."""
+        return [
+            e.name
+            for e in self.entries()
+            for v in list(e.versions.values())[:1]
+            if v.pipeline is not None and name in v.pipeline.models
+        ]
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -223,8 +259,45 @@ class ModelManager:
         self._entries[name] = ModelEntry(name, state, reason, versions)
         log.info("model %s: %s%s", name, state.value, f" ({reason})" if reason else "")
 
+    async def _load_steps(
+        self, pipeline: str, steps: Iterable[StepConfig], chain: tuple[str, ...]
+    ) -> None:
+        """Load a pipeline's step models that are not loaded, from this manager's repository."""
+        wanted = list(dict.fromkeys(s.model for s in steps))
+        circle = [m for m in wanted if m in chain]
+        if circle:
+            raise ConfigError(
+                f"pipeline {pipeline!r} uses itself: {' -> '.join((*chain, circle[0]))}"
+            )
+        loadable = set(self.repository.names())
+        missing = [m for m in wanted if m not in self.ready_names() and m not in loadable]
+        if missing:
+            raise ConfigError(
+                f"pipeline {pipeline!r} uses models {missing}, which are neither loaded nor in "
+                "the repository"
+            )
+        for model in wanted:
+            if model not in self.ready_names():
+                try:
+                    await self._load(model, None, None, chain)
+                except DlscaleError as exc:
+                    raise ConfigError(
+                        f"pipeline {pipeline!r}: its step model {model!r} failed to load: {exc}"
+                    ) from exc
+
+    def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
+        """A pipeline version: checked against its loaded step models; no instance, no batcher."""
+        pipeline = Pipeline(mv.name, mv.config)
+        pipeline.check(self.get)
+        inputs = mv.config.tensor_specs("inputs") or []
+        outputs = mv.config.tensor_specs("outputs") or []
+        stats = ModelStats(mv.name, str(mv.version))
+        return ServedVersion(mv, inputs, outputs, [], None, stats, pipeline=pipeline)
+
     async def _load_version(self, mv: ModelVersion) -> ServedVersion:
         config = mv.config
+        if config.is_pipeline:
+            return self._pipeline_version(mv)
         opts = config.backend_options
         extra = {k: v for k, v in (opts.model_extra or {}).items()}
         labels = {
@@ -291,7 +364,8 @@ class ModelManager:
 
     async def _retire(self, entry: ModelEntry) -> None:
         for served in entry.versions.values():
-            await served.batcher.close()
+            if served.batcher is not None:
+                await served.batcher.close()
             if served.qos is not None:
                 served.qos.leave()
             await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)

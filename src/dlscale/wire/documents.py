@@ -99,6 +99,13 @@ def config_message(view: ModelConfigView) -> Any:
     )
     if view.dynamic_batching is not None:
         message.dynamic_batching.CopyFrom(_dynamic_batching(view.dynamic_batching))
+    for step in view.ensemble_steps:
+        message.ensemble_scheduling.step.add(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            input_map=dict(step.input_map),
+            output_map=dict(step.output_map),
+        )
     return message
 
 

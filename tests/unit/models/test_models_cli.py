@@ -77,6 +77,7 @@ def test_models_convert_writes_an_equivalent_config_toml(
         'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
         "dynamic_batching { max_queue_delay_microseconds: 300 }\n"
         "response_cache { enable: true }\n"
+        "model_operations { op_library_filename: 'x.so' }\n"
     )
     before = ModelRepository(tmp_path).config("ident")
     assert main(["models", "convert", str(tmp_path), "--dry-run"]) == 0
@@ -85,7 +86,8 @@ def test_models_convert_writes_an_equivalent_config_toml(
     out = capsys.readouterr().out
     assert f"wrote  {folder / 'config.toml'} from config.pbtxt (1 fields not carried over)" in out
     text = (folder / "config.toml").read_text()
-    assert "#   response_cache.enable" in text
+    assert "#   model_operations.op_library_filename" in text
+    assert "response_cache = true" in text  # acted on now: carried over
     assert ModelRepository(tmp_path).source("ident").path.name == "config.toml"
     assert ModelRepository(tmp_path).config("ident") == before
     assert main(["models", "convert", str(tmp_path)]) == 0

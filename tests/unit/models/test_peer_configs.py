@@ -115,7 +115,6 @@ def test_fields_not_acted_on_are_each_named_once() -> None:
         "model_warmup.name",
         "optimization.cuda.graphs",
         "optimization.execution_accelerators.gpu_execution_accelerator.name",
-        "response_cache.enable",
     )
 
 

@@ -59,11 +59,12 @@ def test_one_warning_names_the_fields_not_acted_on(
     save_onnx(identity_graph(4), folder / "1" / "model.onnx")
     (folder / "config.pbtxt").write_text(
         "max_batch_size: 4\nresponse_cache { enable: true }\nmodel_warmup [ { name: 'w' } ]\n"
+        "model_operations { op_library_filename: 'x.so' }\n"
     )
     with caplog.at_level(logging.WARNING, logger="dlscale.models"):
         ModelRepository(tmp_path).versions("m")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        f"{folder / 'config.pbtxt'}: fields dlscale does not act on: model_warmup.name, "
-        "response_cache.enable"
+        f"{folder / 'config.pbtxt'}: fields dlscale does not act on: "
+        "model_operations.op_library_filename, model_warmup.name"
     ]

@@ -61,7 +61,9 @@ class RepositoryPoller:
                 await self.manager.load(name)
             except DlscaleError as exc:
                 log.warning("model %s: not loaded: %s", name, exc)
-        for name in sorted(set(self._seen) - names):
+        # Models a pipeline uses go last: a pipeline that vanished with them unloads first.
+        vanished = set(self._seen) - names
+        for name in sorted(vanished, key=lambda n: (bool(self.manager.pipelines_using(n)), n)):
             del self._seen[name]
             try:
                 await self.manager.unload(name)

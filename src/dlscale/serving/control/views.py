@@ -7,6 +7,7 @@ from dlscale.models.config import VersionPolicy as VersionPolicyConfig
 from dlscale.serving.manager import ServedVersion
 from dlscale.types import (
     DynamicBatching,
+    EnsembleStep,
     InstanceGroup,
     InstanceKind,
     ModelConfigView,
@@ -19,6 +20,8 @@ def config_view(served: ServedVersion) -> ModelConfigView:
     """The config a version is served with; its tensors are the served signature's."""
     config = served.config
     skip = 1 if config.batched else 0  # the protocol's dims leave out the batch dimension
+    if config.is_pipeline:
+        return _pipeline_view(served, skip)
     return ModelConfigView(
         name=config.name,
         platform=config.platform_name,
@@ -35,6 +38,27 @@ def config_view(served: ServedVersion) -> ModelConfigView:
         label_files={t.name: t.label_file for t in config.outputs or () if t.label_file},
         default_model_filename=served.version.model_file.name,
         response_cache=config.response_cache,
+    )
+
+
+def _pipeline_view(served: ServedVersion, skip: int) -> ModelConfigView:
+    """A pipeline as Triton shows an ensemble: no backend, instances or batching of its own."""
+    config = served.config
+    return ModelConfigView(
+        name=config.name,
+        platform=config.platform_name,
+        backend="",
+        max_batch_size=config.max_batch_size,
+        inputs=tuple(_without_batch(s, skip) for s in served.inputs),
+        outputs=tuple(_without_batch(s, skip) for s in served.outputs),
+        version_policy=_version_policy(config.version_policy),
+        dynamic_batching=None,
+        instance_groups=(),
+        parameters={k: str(v) for k, v in config.metadata.items()},
+        ensemble_steps=tuple(
+            EnsembleStep(s.model, s.version or -1, s.input_map, s.output_map)
+            for s in config.steps or ()
+        ),
     )
 
 

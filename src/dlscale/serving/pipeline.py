@@ -1,0 +1,216 @@
+"""Pipelines (Triton's ensembles): a DAG of steps, each a model with its own batcher.
+
+A pipeline runs on the event loop. Each step becomes a typed InferenceRequest that takes the
+same path as a client's (the DataPlane's validation, the step model's batcher, its statistics
+and traces), carrying the pipeline request's priority and what is left of its timeout. A step's
+outputs are handed to the next steps as the same numpy arrays; steps whose inputs exist run at
+once, so parallel branches run concurrently. docs/configuration.md ("Pipelines") says more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlscale.errors import ConfigError, DlscaleError, InvalidInput, TimedOut
+from dlscale.models.config import ModelConfig, StepConfig
+from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
+
+if TYPE_CHECKING:
+    from dlscale.serving.manager import ServedVersion
+
+#: The path a step's request takes: the DataPlane's, less its shutdown check (a pipeline that
+#: was admitted before shutdown finishes all its steps).
+Serve = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
+#: A loaded model version by name and version ("" for the newest): the manager's `get`.
+Lookup = Callable[[str, str], "ServedVersion"]
+
+
+class Pipeline:
+    """One pipeline version: its steps, checked against the loaded step models, and their run."""
+
+    def __init__(self, name: str, config: ModelConfig) -> None:
+        if config.steps is None:
+            raise ValueError(f"model {name!r} is not a pipeline")
+        self.name = name
+        self.config = config
+        self.steps: tuple[StepConfig, ...] = tuple(config.steps)
+        #: Each step model's priority levels, as loaded (check() sets them).
+        self.levels: tuple[int, ...] = (1,) * len(self.steps)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The step models, each once, in step order."""
+        return tuple(dict.fromkeys(s.model for s in self.steps))
+
+    # -- at load -------------------------------------------------------------------------------
+
+    def check(self, lookup: Lookup) -> None:
+        """Refuse, at load, steps that cannot take what the pipeline hands them; errors name
+        the step. Every step model must be loaded already."""
+        made: dict[str, tuple[Datatype, str]] = {
+            s.name: (s.datatype, "the pipeline input") for s in self._specs("inputs")
+        }
+        served = [self._served(i, step, lookup) for i, step in enumerate(self.steps, 1)]
+        for i, (step, version) in enumerate(zip(self.steps, served, strict=True), 1):
+            outputs = {s.name: s for s in version.outputs}
+            unknown = sorted(set(step.output_map) - set(outputs))
+            if unknown:
+                raise self._refusal(i, step, f"has no outputs {unknown} (it has {sorted(outputs)})")
+            for name, tensor in step.output_map.items():
+                made[tensor] = (outputs[name].datatype, f"step {i}'s output {name!r}")
+        for i, (step, version) in enumerate(zip(self.steps, served, strict=True), 1):
+            self._check_inputs(i, step, version, made)
+        self.levels = tuple(v.config.batching.priority_levels for v in served)
+        for spec in self._specs("outputs"):
+            datatype, origin = made[spec.name]
+            if datatype is not spec.datatype:
+                raise ConfigError(
+                    f"pipeline {self.name!r}: output {spec.name!r} is declared "
+                    f"{spec.datatype.value}, but {origin} is {datatype.value}"
+                )
+
+    def _served(self, index: int, step: StepConfig, lookup: Lookup) -> ServedVersion:
+        try:
+            version = lookup(step.model, str(step.version) if step.version else "")
+        except DlscaleError as exc:
+            raise self._refusal(index, step, f"is not loaded: {exc}") from None
+        if version.config.batched and version.config.max_batch_size < self.config.max_batch_size:
+            # Triton's rule: a batching step must take every batch the pipeline accepts.
+            raise self._refusal(
+                index,
+                step,
+                f"has max_batch_size {version.config.max_batch_size}, below the pipeline's "
+                f"{self.config.max_batch_size}",
+            )
+        return version
+
+    def _check_inputs(
+        self,
+        index: int,
+        step: StepConfig,
+        version: ServedVersion,
+        made: dict[str, tuple[Datatype, str]],
+    ) -> None:
+        inputs = {s.name: s for s in version.inputs}
+        unknown = sorted(set(step.input_map) - set(inputs))
+        if unknown:
+            raise self._refusal(index, step, f"has no inputs {unknown} (it has {sorted(inputs)})")
+        unfed = sorted(set(inputs) - set(step.input_map))
+        if unfed:
+            raise self._refusal(index, step, f"needs inputs {unfed}, which input_map leaves out")
+        for name, tensor in step.input_map.items():
+            datatype, origin = made[tensor]
+            if datatype is not inputs[name].datatype:
+                raise self._refusal(
+                    index,
+                    step,
+                    f"takes {inputs[name].datatype.value} as {name!r}, but {origin} "
+                    f"({tensor!r}) is {datatype.value}",
+                )
+
+    def _specs(self, which: str) -> list[TensorSpec]:
+        return self.config.tensor_specs("inputs" if which == "inputs" else "outputs") or []
+
+    def _refusal(self, index: int, step: StepConfig, what: str) -> ConfigError:
+        return ConfigError(f"pipeline {self.name!r}, step {index}: model {step.model!r} {what}")
+
+    # -- per request ---------------------------------------------------------------------------
+
+    async def run(self, request: InferenceRequest, serve: Serve) -> dict[str, np.ndarray]:
+        """Run every step of a validated request; the pipeline's outputs come back.
+
+        The first step to fail stops the run: steps not started never start, and those waiting
+        stop waiting (their batchers drop them). Its error names the step and keeps its class.
+        """
+        if request.priority > max(self.levels):
+            raise InvalidInput(
+                f"priority {request.priority} is out of range: the steps of pipeline "
+                f"{self.name!r} have priority levels 1..{max(self.levels)} (0 for the default)"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = _deadline(request)
+        tensors: dict[str, asyncio.Future[np.ndarray]] = {}
+        for name, array in request.inputs.items():
+            tensors[name] = loop.create_future()
+            # A region's view may be unmapped once the request is answered, while a cancelled
+            # step's batch still reads it: the pipeline keeps its own copy of such inputs.
+            tensors[name].set_result(np.array(array) if name in request.in_regions else array)
+        for step in self.steps:
+            for tensor in step.output_map.values():
+                tensors[tensor] = loop.create_future()
+        runs = [
+            asyncio.ensure_future(self._step(i, step, request, tensors, deadline, serve))
+            for i, step in enumerate(self.steps, 1)
+        ]
+        try:
+            await asyncio.gather(*runs)
+        finally:
+            for run in runs:
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
+        return {spec.name: tensors[spec.name].result() for spec in self._specs("outputs")}
+
+    async def _step(
+        self,
+        index: int,
+        step: StepConfig,
+        request: InferenceRequest,
+        tensors: dict[str, asyncio.Future[np.ndarray]],
+        deadline: int | None,
+        serve: Serve,
+    ) -> None:
+        """Wait for the step's inputs, send it through the DataPlane, publish its outputs."""
+        inputs = {name: await tensors[tensor] for name, tensor in step.input_map.items()}
+        # A priority beyond this step's levels is served at its default level, as Triton does.
+        priority = request.priority if request.priority <= self.levels[index - 1] else 0
+        try:
+            answer = await serve(_step_request(step, request, inputs, priority, deadline))
+        except DlscaleError as exc:
+            raise self._failure(index, step, exc) from exc
+        for name, tensor in step.output_map.items():
+            tensors[tensor].set_result(answer.outputs[name])
+
+    def _failure(self, index: int, step: StepConfig, exc: DlscaleError) -> DlscaleError:
+        """The step's error, of the same class (its HTTP status and gRPC code), naming the step."""
+        message = f"in pipeline {self.name!r}, step {index} (model {step.model!r}): {exc}"
+        try:
+            return type(exc)(message)
+        except TypeError:  # an error class with a constructor of its own
+            return DlscaleError(message)
+
+
+def _deadline(request: InferenceRequest) -> int | None:
+    """When the request's timeout runs out, in perf_counter nanoseconds (None: no timeout)."""
+    if not request.timeout_us:
+        return None
+    return time.perf_counter_ns() + request.timeout_us * 1000
+
+
+def _step_request(
+    step: StepConfig,
+    request: InferenceRequest,
+    inputs: dict[str, np.ndarray],
+    priority: int,
+    deadline: int | None,
+) -> InferenceRequest:
+    """The step's request: the pipeline request's id, the priority and the remaining timeout."""
+    parameters: dict[str, int] = {}
+    if priority:
+        parameters["priority"] = priority
+    if deadline is not None:
+        left_us = (deadline - time.perf_counter_ns()) // 1000
+        if left_us <= 0:
+            raise TimedOut(
+                f"the request's timeout ({request.timeout_us} us) ran out before this step "
+                "could queue"
+            )
+        parameters["timeout"] = left_us
+    version = str(step.version) if step.version else ""
+    return InferenceRequest(
+        step.model, inputs, model_version=version, id=request.id, parameters=dict(parameters)
+    )
