@@ -44,6 +44,7 @@ class PlaneMethod:
 PLANE_METHODS: tuple[PlaneMethod, ...] = (
     PlaneMethod("live", False, "data"),
     PlaneMethod("ready", False, "data"),
+    PlaneMethod("not_ready_reason", False, "data"),
     PlaneMethod("server_metadata", False, "data"),
     PlaneMethod("model_ready", False, "data"),
     PlaneMethod("model_metadata", False, "data"),
@@ -79,6 +80,8 @@ class Plane(Protocol):
     def live(self) -> bool: ...
 
     def ready(self) -> bool: ...
+
+    def not_ready_reason(self) -> str: ...
 
     def server_metadata(self) -> ServerMetadata: ...
 

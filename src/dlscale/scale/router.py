@@ -136,6 +136,13 @@ class Router:
             r.state is not ModelState.LOADING for r in self._routes.values()
         )
 
+    def not_ready_reason(self) -> str:
+        """Why `ready` says no: shutting down, or the models still being deployed."""
+        if not self._accepting:
+            return "shutting down"
+        loading = sorted(n for n, r in self._routes.items() if r.state is ModelState.LOADING)
+        return f"deploying models {', '.join(loading)}" if loading else ""
+
     def server_metadata(self) -> ServerMetadata:
         # Traces and logs are each host's own: not offered behind the ingress.
         extensions = tuple(e for e in EXTENSIONS if e not in ("trace", "logging"))

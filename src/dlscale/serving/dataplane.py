@@ -89,6 +89,20 @@ class DataPlane:
             return False
         return not self.strict_readiness or self.manager.required_ready()
 
+    def not_ready_reason(self) -> str:
+        """Why `ready` says no, in words a person acts on: which models, in which state, why."""
+        if not self._accepting:
+            return "shutting down"
+        if not self._started:
+            return "loading the models it starts with"
+        waiting = self.manager.not_ready() if self.strict_readiness else []
+        if not waiting:
+            return ""
+        return "; ".join(
+            f"model {e.name!r} is {e.state.value}" + (f": {e.reason}" if e.reason else "")
+            for e in waiting
+        )
+
     async def load_initial(self, names: Sequence[str] | None = None) -> dict[str, DlscaleError]:
         """Load the models the server starts with (default: every one); the failed come back.
 

@@ -131,6 +131,15 @@ class ModelManager:
             for n in self.required
         )
 
+    def not_ready(self) -> list[ModelEntry]:
+        """The models the server should be serving that are not READY, with their states."""
+        entries = self._entries
+        return [
+            entries.get(n) or ModelEntry(n, ModelState.UNAVAILABLE, "not loaded")
+            for n in sorted(self.required)
+            if (entry := entries.get(n)) is None or entry.state is not ModelState.READY
+        ]
+
     def expect(self, names: Iterable[str]) -> None:
         """Models the server starts with: required, and LOADING until their turn comes."""
         for name in names:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -329,3 +330,14 @@ def test_expect_continue_and_http10(server: LocalServer) -> None:
         assert status == 200
         assert headers["connection"] == "close"
         assert sock.closed_by_server()  # closed after the answer
+
+
+def test_readiness_says_which_model_failed_and_why_and_polls_are_not_failures(
+    http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It used to say "loading models or shutting down" when a model had failed to load.
+    _expect(http.get("/v2/health/ready"), 503, "model 'broken' is UNAVAILABLE", "max_batch_size")
+    with caplog.at_level(logging.INFO, logger="dlscale.requests"):
+        for _ in range(3):  # a load balancer's readiness probe of a model that is not ready
+            _expect(http.get("/v2/models/broken/ready"), 503, "not ready", "max_batch_size")
+    assert "request failed" not in caplog.text

@@ -23,7 +23,6 @@ from dlscale.errors import (
     DlscaleError,
     InvalidInput,
     PayloadTooLarge,
-    Unavailable,
     UnsupportedMediaType,
     redact_paths,
 )
@@ -240,7 +239,8 @@ class RestApi:
     ) -> RestResponse:
         if await answer(self.dataplane.ready):
             return _EMPTY_OK
-        return error_response(503, "the server is not ready (loading models or shutting down)")
+        why = await answer(self.dataplane.not_ready_reason)
+        return error_response(503, f"the server is not ready: {why or 'it is starting'}")
 
     async def _server_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
@@ -259,9 +259,13 @@ class RestApi:
     ) -> RestResponse:
         if await answer(self.dataplane.model_ready, *args):
             return _EMPTY_OK
-        # Not ready: the metadata call raises the error that says why (unknown, loading, ...).
-        await answer(self.dataplane.model_metadata, *args)
-        raise Unavailable(f"model {args[0]!r} is not ready")
+        # Not ready is an answer, not a failed request (pollers ask often: nothing is logged).
+        # The metadata call raises the error that says why (unknown, loading, ...).
+        try:
+            await answer(self.dataplane.model_metadata, *args)
+        except DlscaleError as exc:
+            return error_response(exc.http_status, str(exc))
+        return error_response(503, f"model {args[0]!r} is not ready")
 
     async def _config(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
