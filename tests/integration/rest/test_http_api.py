@@ -242,6 +242,11 @@ def test_repository_index_load_unload(
     x = np.ones((1, 4), dtype=np.float32)
     client.unload_model("two_inputs")
     assert not client.is_model_ready("two_inputs")
+    # An unloaded model's row still names its version, as Triton's does (code reads the key).
+    rows = [m for m in client.get_model_repository_index() if m["name"] == "two_inputs"]
+    assert rows == [
+        {"name": "two_inputs", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
     with pytest.raises(InferenceServerException, match="not ready") as caught:
         client.infer(
             "two_inputs",

@@ -47,8 +47,19 @@ class ControlPlane:
             if ready_only and state != "READY":
                 continue
             versions = [str(v) for v in sorted(entry.versions)] if entry else []
-            index.extend(RepositoryEntry(name, state, reason, v) for v in versions or [""])
+            index.extend(
+                RepositoryEntry(name, state, reason, v)
+                for v in versions or self._on_disk(name) or [""]
+            )
         return index
+
+    def _on_disk(self, name: str) -> list[str]:
+        """The versions a model not served now would serve (Triton's index names them too);
+        none when its config cannot say (the row's reason tells why)."""
+        try:
+            return [str(v.version) for v in self.manager.repository.versions(name)]
+        except DlscaleError:
+            return []
 
     async def load_model(
         self, name: str, parameters: Mapping[str, str | bytes] | None = None
