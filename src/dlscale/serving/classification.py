@@ -42,28 +42,26 @@ def read_labels(folder: Path, name: str) -> tuple[str, ...]:
 
     Only a regular file inside the folder, at most MAX_LABEL_BYTES, is read: a config (which a
     load request may send) must not read the host's files, block on a FIFO or fill memory."""
-    where = f"label_file {name!r}"
     path = folder / name
     try:
-        inside = path.resolve().is_relative_to(folder.resolve())
-        if not inside:
-            raise ConfigError(f"{where}: must be a file inside the model's folder")
+        if not path.resolve().is_relative_to(folder.resolve()):
+            raise _unreadable(name, "it must be a file inside the model's folder")
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as file:
             info = os.fstat(file.fileno())
             if not stat.S_ISREG(info.st_mode):
-                raise ConfigError(f"{where}: not a regular file")
-            if info.st_size > MAX_LABEL_BYTES:
-                raise ConfigError(
-                    f"{where}: {info.st_size} bytes, above the limit of {MAX_LABEL_BYTES}"
-                )
+                raise _unreadable(name, "not a regular file")
             data = file.read(MAX_LABEL_BYTES + 1)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-        raise ConfigError(f"{where}: cannot be read: {getattr(exc, 'strerror', exc)}") from None
+        raise _unreadable(name, getattr(exc, "strerror", None) or str(exc)) from None
     if len(data) > MAX_LABEL_BYTES:
-        raise ConfigError(f"{where}: above the limit of {MAX_LABEL_BYTES} bytes")
+        raise _unreadable(name, f"larger than the limit of {MAX_LABEL_BYTES} bytes")
     return tuple(data.decode("utf-8", errors="replace").splitlines())
+
+
+def _unreadable(name: str, why: str) -> ConfigError:
+    return ConfigError(f"the output's label_file cannot be read ({name!r}): {why}")
 
 
 def top_classes(
