@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import InvalidInput, Unsupported
+from dlscale.errors import InvalidInput
 
 FORMATS = {
     "default": ("%(asctime)s %(levelname)s %(name)s: %(message)s", None),
@@ -91,7 +91,7 @@ class LogControl:
             raise InvalidInput(f"unknown log settings {unknown}: expected some of {sorted(known)}")
         given = {k: v for k, v in changes.items() if v is not None}
         if "log_file" in given:
-            raise Unsupported(
+            raise InvalidInput(  # a client asking to move a file: 400, not 501
                 "the log file cannot be changed through the protocol: start the server with "
                 "--log-file PATH"
             )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import ConfigError, InvalidInput, Unsupported
+from dlscale.errors import ConfigError, InvalidInput
 from dlscale.serving.observe.stats import RequestTimes
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class Tracer:
         """Change the settings given (None clears a model's own value); answer the result."""
         parsed = {name: _parse(name, value) for name, value in changes.items()}
         if "trace_file" in parsed:
-            raise Unsupported(
+            raise InvalidInput(  # a client asking to move a file: 400, not 501
                 "the trace file cannot be changed through the protocol: start the server with "
                 "--trace-file PATH"
             )
@@ -264,5 +264,5 @@ def _level(value: Any) -> str:
     if levels == ["OFF"] or levels == ["TIMESTAMPS"]:
         return str(levels[0])
     if "TENSORS" in levels:
-        raise Unsupported("trace level TENSORS is not supported: dlscale traces TIMESTAMPS")
+        raise InvalidInput("trace level TENSORS is not supported: dlscale traces TIMESTAMPS")
     raise InvalidInput(f"trace_level must be ['OFF'] or ['TIMESTAMPS'], got {value!r}")
