@@ -13,7 +13,7 @@ from dlscale.errors import ConfigError, InvalidInput, PermissionDenied
 from dlscale.frontends.access import Access, Restriction
 from dlscale.models.config import parse_config
 from dlscale.serving.classification import read_labels
-from dlscale.serving.control.bounds import MAX_BATCH_SIZE, check_override
+from dlscale.serving.control.bounds import MAX_BATCH_SIZE, check_devices, check_override
 from dlscale.serving.observe import trace
 from dlscale.serving.observe.logs import LogControl
 from dlscale.serving.observe.stats import RequestTimes
@@ -124,3 +124,13 @@ def test_trace_and_logging_take_the_key_of_any_restriction() -> None:
     )
     own.check("logging", {"log-key": "other"})
     own.check("trace", {"admin-key": "s3cret"})
+
+
+def test_a_load_config_names_only_the_gpus_the_host_has() -> None:
+    config = parse_config({"name": "m", "instances": [{"device": "cuda:7"}]}, "request")
+    check_devices(config, None)  # NVML cannot tell: the runtime says what it lacks
+    with pytest.raises(InvalidInput, match="has 2 GPU"):
+        check_devices(config, 2)
+    with pytest.raises(InvalidInput, match="no GPU"):
+        check_devices(config, 0)
+    check_devices(parse_config({"name": "m", "instances": [{"device": "cuda:1"}]}, "r"), 2)

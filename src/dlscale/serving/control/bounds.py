@@ -9,10 +9,12 @@ warm-up's memory bound (`check_warm_up`) applies to them.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 from dlscale.errors import ConfigError, InvalidInput
+from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 from dlscale.models.config import ModelConfig
 from dlscale.models.samples import concrete_shape
 from dlscale.types import Datatype, TensorSpec
@@ -38,8 +40,35 @@ def host_memory() -> int:
         return 4 * 2**30
 
 
+@functools.cache
+def gpu_count() -> int | None:
+    """GPUs NVML sees on this host; None without NVML (the runtime then says what it lacks)."""
+    try:
+        nvml = Nvml.open()
+    except NvmlUnavailable:
+        return None
+    try:
+        count = nvml.ask("nvmlDeviceGetCount")
+        return int(count.value) if count.ok else None
+    finally:
+        nvml.close()
+
+
+def check_devices(config: ModelConfig, gpus: int | None) -> None:
+    """InvalidInput when an instance group names a GPU index the host does not have."""
+    for group in config.instances:
+        kind, _, number = group.device.partition(":")
+        if kind == "cuda" and gpus is not None and int(number or 0) >= gpus:
+            raise InvalidInput(
+                f"device {group.device!r}: this host has {gpus} GPU(s) (cuda:0 to cuda:{gpus - 1})"
+                if gpus
+                else f"device {group.device!r}: this host has no GPU"
+            )
+
+
 def check_override(config: ModelConfig) -> None:
     """InvalidInput when a load request's config asks more than the host can give."""
+    check_devices(config, gpu_count())
     if config.max_batch_size > MAX_BATCH_SIZE:
         raise InvalidInput(
             f"max_batch_size {config.max_batch_size} is above the limit of {MAX_BATCH_SIZE} "
