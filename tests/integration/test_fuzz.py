@@ -238,17 +238,22 @@ def test_grpc_answers_any_request_with_a_client_error(
 
 @FUZZ
 @given(
-    method=st.sampled_from(["ModelInfer", "ModelMetadata", "RepositoryIndex", "ModelConfig"]),
+    method=st.sampled_from(
+        ["ModelInfer", "ModelMetadata", "RepositoryIndex", "ModelConfig",
+         "SystemSharedMemoryRegister", "CudaSharedMemoryRegister", "RepositoryModelLoad",
+         "RepositoryModelUnload", "TraceSetting", "LogSettings", "SystemSharedMemoryStatus"]
+    ),
     body=st.binary(max_size=128),
-)
+)  # fmt: skip
 def test_grpc_answers_any_bytes_with_a_client_error(
-    channel: grpc.Channel, method: str, body: bytes
+    server: LocalServer, channel: grpc.Channel, method: str, body: bytes
 ) -> None:
     call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
     try:
         call(body, timeout=30)
     except grpc.RpcError as exc:
         assert exc.code() in CLIENT_CODES, (exc.code(), exc.details())
+    _restore(server)
     _good_grpc(channel)
 
 
@@ -293,20 +298,14 @@ def control_channel(control_server: LocalServer) -> Iterator[grpc.Channel]:
         yield opened
 
 
-def _control_paths(model: str, region: str) -> list[str]:
-    return [
-        f"/v2/systemsharedmemory/region/{region}/register",
-        f"/v2/systemsharedmemory/region/{region}/unregister",
-        "/v2/systemsharedmemory/status",
-        f"/v2/cudasharedmemory/region/{region}/register",
-        f"/v2/cudasharedmemory/region/{region}/unregister",
-        "/v2/repository/index",
-        f"/v2/repository/models/{model}/load",
-        f"/v2/repository/models/{model}/unload",
-        "/v2/trace/setting",
-        f"/v2/models/{model}/trace/setting",
-        "/v2/logging",
-    ]
+#: Every control route; {m} is a model's name, {r} a region's.
+_CONTROL_ROUTES = [
+    "/v2/systemsharedmemory/region/{r}/register", "/v2/systemsharedmemory/region/{r}/unregister",
+    "/v2/cudasharedmemory/region/{r}/register", "/v2/cudasharedmemory/region/{r}/unregister",
+    "/v2/systemsharedmemory/status", "/v2/repository/index", "/v2/repository/models/{m}/load",
+    "/v2/repository/models/{m}/unload", "/v2/trace/setting", "/v2/models/{m}/trace/setting",
+    "/v2/logging",
+]  # fmt: skip
 
 
 def _restore(server: LocalServer) -> None:
@@ -341,7 +340,7 @@ def test_rest_control_endpoints_answer_anything_with_a_client_error(
     data: st.DataObject,
     get: bool,
 ) -> None:
-    route = _control_paths(quote(model, safe=""), quote(region, safe=""))[path]
+    route = _CONTROL_ROUTES[path].format(m=quote(model, safe=""), r=quote(region, safe=""))
     body = doc
     if "setting" in route or "logging" in route:  # names the endpoint knows, mostly
         names = _log_names if "logging" in route else _trace_names
@@ -375,14 +374,10 @@ def test_rest_control_shared_memory_answers_any_key_with_a_client_error(
     _good_rest(control_http)
 
 
-_grpc_settings = st.dictionaries(
-    _setting_names,
-    st.one_of(
-        st.booleans().map(lambda v: ("bool_param", v)),
-        st.integers(0, 2**32 - 1).map(lambda v: ("uint32_param", v)),
-        st.text(max_size=6).map(lambda v: ("string_param", v)),
-    ),
-    max_size=3,
+_log_value = st.one_of(
+    st.booleans().map(lambda v: ("bool_param", v)),
+    st.integers(0, 2**32 - 1).map(lambda v: ("uint32_param", v)),
+    st.text(max_size=6).map(lambda v: ("string_param", v)),
 )
 
 
@@ -398,19 +393,16 @@ def _grpc_control(draw: st.DrawFn) -> tuple[str, Any, Any]:
     )  # fmt: skip
     model = draw(_control_model)
     name = draw(st.sampled_from(["r", ""]) | st.text(max_size=4))
+    size = draw(st.integers(0, 2**64 - 1))
     if method == "SystemSharedMemoryRegister":
+        key, offset = draw(st.text(max_size=10)), draw(st.integers(0, 2**64 - 1))
         message: Any = pb.SystemSharedMemoryRegisterRequest(
-            name=name,
-            key=draw(st.text(max_size=10)),
-            offset=draw(st.integers(0, 2**64 - 1)),
-            byte_size=draw(st.integers(0, 2**64 - 1)),
+            name=name, key=key, offset=offset, byte_size=size
         )
     elif method == "CudaSharedMemoryRegister":
+        handle, device = draw(st.binary(max_size=64)), draw(st.integers(-(2**63), 2**63 - 1))
         message = pb.CudaSharedMemoryRegisterRequest(
-            name=name,
-            raw_handle=draw(st.binary(max_size=64)),
-            device_id=draw(st.integers(-(2**63), 2**63 - 1)),
-            byte_size=draw(st.integers(0, 2**64 - 1)),
+            name=name, raw_handle=handle, device_id=device, byte_size=size
         )
     elif method in ("SystemSharedMemoryUnregister", "SystemSharedMemoryStatus"):
         message = getattr(pb, method + "Request")(name=name)
@@ -419,11 +411,9 @@ def _grpc_control(draw: st.DrawFn) -> tuple[str, Any, Any]:
     elif method in ("RepositoryModelLoad", "RepositoryModelUnload"):
         message = getattr(pb, method + "Request")(model_name=model)
         for key, value in draw(_load_parameters).items():
+            text = json.dumps(value)
             field = "bytes_param" if key.startswith("file:") else "string_param"
-            if field == "bytes_param":
-                setattr(message.parameters[key], field, json.dumps(value).encode())
-            else:
-                setattr(message.parameters[key], field, json.dumps(value))
+            setattr(message.parameters[key], field, text.encode() if "bytes" in field else text)
     elif method == "TraceSetting":
         message = pb.TraceSettingRequest(model_name=draw(st.sampled_from(["", "echo", "ghost"])))
         values = st.lists(st.text(max_size=6), max_size=2)
@@ -431,7 +421,7 @@ def _grpc_control(draw: st.DrawFn) -> tuple[str, Any, Any]:
             message.settings[key].value.extend(given)
     else:
         message = pb.LogSettingsRequest()
-        for key, (field, value) in draw(_grpc_settings).items():
+        for key, (field, value) in draw(st.dictionaries(_setting_names, _log_value)).items():
             setattr(message.settings[key], field, value)
     answer = getattr(pb, method.replace("Request", "") + "Response")
     return method, message, answer
@@ -454,27 +444,3 @@ def test_grpc_control_endpoints_answer_anything_with_a_client_error(
         assert exc.code() in CLIENT_CODES, (method, exc.code(), exc.details())
     _restore(control_server)
     _good_grpc(control_channel)
-
-
-@CONTROL
-@given(
-    method=st.sampled_from(
-        ["SystemSharedMemoryRegister", "CudaSharedMemoryRegister", "RepositoryModelLoad",
-         "RepositoryModelUnload", "TraceSetting", "LogSettings", "SystemSharedMemoryStatus"]
-    ),
-    body=st.binary(max_size=96),
-)  # fmt: skip
-def test_grpc_control_endpoints_answer_any_bytes_with_a_client_error(
-    control_server: LocalServer, control_channel: grpc.Channel, method: str, body: bytes
-) -> None:
-    call = control_channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
-    try:
-        call(body, timeout=30)
-    except grpc.RpcError as exc:
-        assert exc.code() in CLIENT_CODES, (method, exc.code(), exc.details())
-    _restore(control_server)
-    _good_grpc(control_channel)
-
-
-def test_the_control_fuzzed_server_still_serves(control_server: LocalServer) -> None:
-    assert control_server.dataplane.manager.get("echo")
