@@ -348,7 +348,8 @@ def test_rest_control_endpoints_answer_anything_with_a_client_error(
         body = data.draw(st.dictionaries(key, _edge, min_size=1, max_size=2))
     method = "GET" if get and "load" not in route else "POST"
     response = control_http.request(method, route, content=json.dumps(body).encode())
-    assert response.status_code < 500, (route, body, response.text)
+    unloaded = response.status_code == 503 and "is not ready" in response.text  # fuzz unloaded it
+    assert response.status_code < 500 or unloaded, (route, body, response.text)
     _restore(control_server)
     _good_rest(control_http)
 
