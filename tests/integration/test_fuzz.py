@@ -1,7 +1,9 @@
 """Property-based fuzzing of both protocols (hypothesis), bounded to a few seconds.
 
 Whatever a client sends, the server answers it with a 4xx or a gRPC client-error code (never a
-5xx, INTERNAL or UNKNOWN), does not crash, and answers the next good request correctly.
+5xx, INTERNAL or UNKNOWN), does not crash, and answers the next good request correctly. The
+inference endpoints are fuzzed first, then every control endpoint (shared memory, repository,
+trace, logging) on a server of its own.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import httpx
@@ -235,19 +238,210 @@ def test_grpc_answers_any_request_with_a_client_error(
 
 @FUZZ
 @given(
-    method=st.sampled_from(["ModelInfer", "ModelMetadata", "RepositoryIndex", "ModelConfig"]),
+    method=st.sampled_from(
+        ["ModelInfer", "ModelMetadata", "RepositoryIndex", "ModelConfig",
+         "SystemSharedMemoryRegister", "CudaSharedMemoryRegister", "RepositoryModelLoad",
+         "RepositoryModelUnload", "TraceSetting", "LogSettings", "SystemSharedMemoryStatus"]
+    ),
     body=st.binary(max_size=128),
-)
+)  # fmt: skip
 def test_grpc_answers_any_bytes_with_a_client_error(
-    channel: grpc.Channel, method: str, body: bytes
+    server: LocalServer, channel: grpc.Channel, method: str, body: bytes
 ) -> None:
     call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
     try:
         call(body, timeout=30)
     except grpc.RpcError as exc:
         assert exc.code() in CLIENT_CODES, (exc.code(), exc.details())
+    _restore(server)
     _good_grpc(channel)
 
 
 def test_the_fuzzed_server_still_reports_itself_ready(server: LocalServer) -> None:
     assert server.dataplane.ready()
+
+
+# -- control endpoints ----------------------------------------------------------------------------
+
+CONTROL = settings(FUZZ, max_examples=200)
+#: Models the control fuzz may load and unload; `echo` answers the good request in between.
+_control_model = st.sampled_from(["text", "ghost", "echo/../text", ""]) | st.text(max_size=6)
+_load_parameters = st.dictionaries(
+    st.sampled_from(["config", "file:1/model.onnx", "file:1/../../x", "file:1/a\0b", "file:0/m"])
+    | st.text(max_size=8),
+    _json | st.sampled_from(["{}", '{"backend": "null"}', '{"max_batch_size": 2147483647}']),
+    max_size=3,
+)
+_trace_names = ["trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file"]
+_log_names = ["log_info", "log_warning", "log_error", "log_verbose_level", "log_format", "log_file"]
+_setting_names = st.sampled_from(_trace_names + _log_names) | st.text(max_size=6)
+
+
+@pytest.fixture(scope="module")
+def control_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    root = tmp_path_factory.mktemp("control_fuzz")
+    write_null_model(root, "echo", ECHO)
+    write_null_model(root, "text", TEXT)
+    with serving(root, max_body_bytes=2**20, allow_client_shm=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def control_http(control_server: LocalServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"http://{control_server.http_url}", timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def control_channel(control_server: LocalServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(control_server.grpc_url) as opened:
+        yield opened
+
+
+#: Every control route; {m} is a model's name, {r} a region's.
+_CONTROL_ROUTES = [
+    "/v2/systemsharedmemory/region/{r}/register", "/v2/systemsharedmemory/region/{r}/unregister",
+    "/v2/cudasharedmemory/region/{r}/register", "/v2/cudasharedmemory/region/{r}/unregister",
+    "/v2/systemsharedmemory/status", "/v2/repository/index", "/v2/repository/models/{m}/load",
+    "/v2/repository/models/{m}/unload", "/v2/trace/setting", "/v2/models/{m}/trace/setting",
+    "/v2/logging",
+]  # fmt: skip
+
+
+def _restore(server: LocalServer) -> None:
+    """Settings a fuzzed request may change, back to where the next example expects them."""
+    server.dataplane.logs.update({"log_verbose_level": 0, "log_error": True})
+    server.dataplane.tracer.update({"trace_level": "OFF"})
+
+
+#: Values a control setting may be sent, edge cases first: wrong shapes, huge numbers.
+_edges = st.sampled_from(
+    [["default"], {"a": 1}, 10**200, 2**64, 2**32, -1, "\ud800", [], [None], "1", True]
+)
+_edge = st.one_of(_edges, _edges, _json)  # edge cases two times in three
+
+
+@CONTROL
+@given(
+    model=_control_model,
+    region=st.sampled_from(["r", "x" * 80]) | st.text(max_size=4),
+    path=st.sampled_from([8, 9, 10, 10]) | st.integers(0, 10),  # settings more often
+    doc=_json | st.fixed_dictionaries({"parameters": _load_parameters}),
+    data=st.data(),
+    get=st.booleans(),
+)
+def test_rest_control_endpoints_answer_anything_with_a_client_error(
+    control_server: LocalServer,
+    control_http: httpx.Client,
+    model: str,
+    region: str,
+    path: int,
+    doc: Any,
+    data: st.DataObject,
+    get: bool,
+) -> None:
+    route = _CONTROL_ROUTES[path].format(m=quote(model, safe=""), r=quote(region, safe=""))
+    body = doc
+    if "setting" in route or "logging" in route:  # names the endpoint knows, mostly
+        names = _log_names if "logging" in route else _trace_names
+        key = st.sampled_from(names) | _setting_names
+        body = data.draw(st.dictionaries(key, _edge, min_size=1, max_size=2))
+    method = "GET" if get and "load" not in route else "POST"
+    response = control_http.request(method, route, content=json.dumps(body).encode())
+    unloaded = response.status_code == 503 and "is not ready" in response.text  # fuzz unloaded it
+    assert response.status_code < 500 or unloaded, (route, body, response.text)
+    _restore(control_server)
+    _good_rest(control_http)
+
+
+@CONTROL
+@given(
+    kind=st.sampled_from(["system", "cuda"]),
+    key=st.binary(max_size=12),
+    fields=st.dictionaries(
+        st.sampled_from(["offset", "byte_size", "device_id", "raw_handle"]), _edge, max_size=3
+    ),
+    tail=st.binary(max_size=8),
+)
+def test_rest_control_shared_memory_answers_any_key_with_a_client_error(
+    control_http: httpx.Client, kind: str, key: bytes, fields: dict[str, Any], tail: bytes
+) -> None:
+    # The key goes in as raw bytes: not always UTF-8, not always a valid JSON string.
+    rest = json.dumps(fields).encode()[1:]
+    body = b'{"key": "' + key + b'"' + (b", " + rest if fields else b"}") + tail
+    response = control_http.post(f"/v2/{kind}sharedmemory/region/r/register", content=body)
+    assert response.status_code < 500, (body, response.text)
+    control_http.post(f"/v2/{kind}sharedmemory/region/r/unregister")
+    _good_rest(control_http)
+
+
+_log_value = st.one_of(
+    st.booleans().map(lambda v: ("bool_param", v)),
+    st.integers(0, 2**32 - 1).map(lambda v: ("uint32_param", v)),
+    st.text(max_size=6).map(lambda v: ("string_param", v)),
+)
+
+
+def _grpc_control(draw: st.DrawFn) -> tuple[str, Any, Any]:
+    """A control method, its request message and its response type."""
+    pb = service_pb2
+    method = draw(
+        st.sampled_from(
+            ["SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+             "SystemSharedMemoryStatus", "CudaSharedMemoryRegister", "RepositoryIndex",
+             "RepositoryModelLoad", "RepositoryModelUnload", "TraceSetting", "LogSettings"]
+        )
+    )  # fmt: skip
+    model = draw(_control_model)
+    name = draw(st.sampled_from(["r", ""]) | st.text(max_size=4))
+    size = draw(st.integers(0, 2**64 - 1))
+    if method == "SystemSharedMemoryRegister":
+        key, offset = draw(st.text(max_size=10)), draw(st.integers(0, 2**64 - 1))
+        message: Any = pb.SystemSharedMemoryRegisterRequest(
+            name=name, key=key, offset=offset, byte_size=size
+        )
+    elif method == "CudaSharedMemoryRegister":
+        handle, device = draw(st.binary(max_size=64)), draw(st.integers(-(2**63), 2**63 - 1))
+        message = pb.CudaSharedMemoryRegisterRequest(
+            name=name, raw_handle=handle, device_id=device, byte_size=size
+        )
+    elif method in ("SystemSharedMemoryUnregister", "SystemSharedMemoryStatus"):
+        message = getattr(pb, method + "Request")(name=name)
+    elif method == "RepositoryIndex":
+        message = pb.RepositoryIndexRequest(ready=draw(st.booleans()))
+    elif method in ("RepositoryModelLoad", "RepositoryModelUnload"):
+        message = getattr(pb, method + "Request")(model_name=model)
+        for key, value in draw(_load_parameters).items():
+            text = json.dumps(value)
+            field = "bytes_param" if key.startswith("file:") else "string_param"
+            setattr(message.parameters[key], field, text.encode() if "bytes" in field else text)
+    elif method == "TraceSetting":
+        message = pb.TraceSettingRequest(model_name=draw(st.sampled_from(["", "echo", "ghost"])))
+        values = st.lists(st.text(max_size=6), max_size=2)
+        for key, given in draw(st.dictionaries(_setting_names, values, max_size=3)).items():
+            message.settings[key].value.extend(given)
+    else:
+        message = pb.LogSettingsRequest()
+        for key, (field, value) in draw(st.dictionaries(_setting_names, _log_value)).items():
+            setattr(message.settings[key], field, value)
+    answer = getattr(pb, method.replace("Request", "") + "Response")
+    return method, message, answer
+
+
+@CONTROL
+@given(data=st.data())
+def test_grpc_control_endpoints_answer_anything_with_a_client_error(
+    control_server: LocalServer, control_channel: grpc.Channel, data: st.DataObject
+) -> None:
+    method, message, answer = data.draw(st.composite(lambda draw: _grpc_control(draw))())
+    call = control_channel.unary_unary(
+        f"/inference.GRPCInferenceService/{method}",
+        request_serializer=type(message).SerializeToString,
+        response_deserializer=answer.FromString,
+    )
+    try:
+        call(message, timeout=30)
+    except grpc.RpcError as exc:
+        assert exc.code() in CLIENT_CODES, (method, exc.code(), exc.details())
+    _restore(control_server)
+    _good_grpc(control_channel)

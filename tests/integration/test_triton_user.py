@@ -181,6 +181,7 @@ def test_trace_settings_and_trace_files(
         http.infer("simple", inputs, request_id=f"traced-{i}")
     trace_file = server.dataplane.tracer.trace_file
     assert trace_file is not None
+    server.dataplane.tracer.wait()  # files are written by the tracer's thread
     written = json.loads(trace_file.with_name(trace_file.name + ".0").read_text())
     headers = [t for t in written if "model_name" in t]
     assert [(t["model_name"], t["request_id"]) for t in headers] == [

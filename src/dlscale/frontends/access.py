@@ -4,6 +4,11 @@ A group of APIs (model-repository, statistics, ...) may require a header with a 
 so that a deployment exposes inference while keeping its control API to those who hold the key.
 Over gRPC the header is `triton-grpc-protocol-<key>`, as Triton names it, so that the same
 clients work against both servers.
+
+Once any group is restricted, the trace and logging settings are too (DEFAULT_RESTRICTED), with
+the model-repository group's key (else the first restriction's): a deployment that keeps a key
+has control to keep, and these settings can fill memory and disk or turn error logs off.
+Naming them in a restriction of their own gives them another key.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ API_GROUPS = (
     "trace",
     "logging",
 )
+#: Groups restricted by default once any restriction is configured (docs/limits.md).
+DEFAULT_RESTRICTED = ("trace", "logging")
 #: The prefix Triton puts before a gRPC restriction's key.
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
@@ -80,6 +87,10 @@ class Access:
                 if group in self._by_group:
                     raise ValueError(f"API {group!r} cannot be in several restricted groups")
                 self._by_group[group] = restriction
+        if self._by_group:
+            keeper = self._by_group.get("model-repository") or next(iter(self._by_group.values()))
+            for group in DEFAULT_RESTRICTED:
+                self._by_group.setdefault(group, keeper)
 
     def __bool__(self) -> bool:
         return bool(self._by_group)

@@ -43,6 +43,11 @@ class TensorConfig(_Strict):
     #: classification extension answers "score:index:label" with it).
     label_file: str = ""
 
+    @field_validator("label_file")
+    @classmethod
+    def _label_inside_the_folder(cls, value: str) -> str:
+        return inside_the_folder(value)
+
 
 class BatchingConfig(_Strict):
     """Dynamic batching and queue policy (Triton's dynamic_batching and default_queue_policy)."""
@@ -173,10 +178,7 @@ class ModelConfig(_Strict):
     @field_validator("model_file")
     @classmethod
     def _inside_the_folder(cls, value: str) -> str:
-        path = PurePosixPath(value)
-        if path.is_absolute() or ".." in path.parts:
-            raise ValueError(f"{value!r} must be a path inside the model's folder")
-        return value
+        return inside_the_folder(value)
 
     @model_validator(mode="after")
     def _batching_fits(self) -> ModelConfig:
@@ -263,6 +265,14 @@ def check_steps(inputs: list[str], outputs: list[str], steps: list[StepConfig]) 
         for _, step in runnable:
             ready |= set(step.output_map.values())
         waiting = [w for w in waiting if w not in runnable]
+
+
+def inside_the_folder(value: str) -> str:
+    """A relative path that cannot leave the model's folder (no root, no '..', no NUL)."""
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or "\0" in value:
+        raise ValueError(f"{value!r} must be a path inside the model's folder")
+    return value
 
 
 #: Triton's and MLServer's names for config.toml's fields, for the hint when one is used here.

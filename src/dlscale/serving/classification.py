@@ -8,6 +8,8 @@ batch): per row, the k highest values, highest first, each as "<value>:<index>" 
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +21,9 @@ from dlscale.types import RequestedOutput
 PARAMETER = "classification"
 #: Triton refuses to classify more elements per row than this (pathological memory and CPU).
 MAX_ELEMENTS = 1_000_000
+#: The largest label file read: a million labels of a few dozen characters (issue 28: a config
+#: could name any file, and a huge one stalled the server and grew its memory).
+MAX_LABEL_BYTES = 32 * 2**20
 
 
 def class_count(output: RequestedOutput) -> int:
@@ -32,12 +37,31 @@ def class_count(output: RequestedOutput) -> int:
     return value
 
 
-def read_labels(path: Path) -> tuple[str, ...]:
-    """A label file: one class label per line, line n naming class index n."""
+def read_labels(folder: Path, name: str) -> tuple[str, ...]:
+    """A label file in the model's `folder`: one class label per line, line n naming class n.
+
+    Only a regular file inside the folder, at most MAX_LABEL_BYTES, is read: a config (which a
+    load request may send) must not read the host's files, block on a FIFO or fill memory."""
+    path = folder / name
     try:
-        return tuple(path.read_text().splitlines())
-    except OSError as exc:
-        raise ConfigError(f"{path}: the output's label_file cannot be read: {exc}") from None
+        if not path.resolve().is_relative_to(folder.resolve()):
+            raise _unreadable(name, "it must be a file inside the model's folder")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise _unreadable(name, "not a regular file")
+            data = file.read(MAX_LABEL_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise _unreadable(name, getattr(exc, "strerror", None) or str(exc)) from None
+    if len(data) > MAX_LABEL_BYTES:
+        raise _unreadable(name, f"larger than the limit of {MAX_LABEL_BYTES} bytes")
+    return tuple(data.decode("utf-8", errors="replace").splitlines())
+
+
+def _unreadable(name: str, why: str) -> ConfigError:
+    return ConfigError(f"the output's label_file cannot be read ({name!r}): {why}")
 
 
 def top_classes(

@@ -20,6 +20,7 @@ from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.classification import read_labels
+from dlscale.serving.control.bounds import check_warm_up
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.pipeline import Pipeline
@@ -309,8 +310,9 @@ class ModelManager:
             return self._pipeline_version(mv)
         opts = config.backend_options
         extra = {k: v for k, v in (opts.model_extra or {}).items()}
+        # Off the event loop: a label file is read whole (bounded, serving/classification.py).
         labels = {
-            t.name: read_labels(mv.folder / t.label_file)
+            t.name: await asyncio.to_thread(read_labels, mv.folder, t.label_file)
             for t in config.outputs or ()
             if t.label_file
         }
@@ -358,6 +360,8 @@ class ModelManager:
     ) -> None:
         sizes = {1, config.max_batch_size} if config.batched else {0}
         for size in sorted(sizes):
+            for spec in inputs:  # a ConfigError (400), not a MemoryError (500), when too large
+                check_warm_up(config.name, spec, size)
             feed = zero_inputs(inputs, size)
             try:
                 start = self.gates.clock()

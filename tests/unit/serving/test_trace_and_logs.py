@@ -40,6 +40,7 @@ def test_rate_count_and_files(tmp_path: Path) -> None:
     tracer.update({"trace_rate": "1", "trace_count": "3"})
     assert _traced(tracer, "m", 5) == [3, 4, 5]
     assert tracer.settings()["trace_count"] == "0"
+    tracer.wait()  # files are written by the tracer's thread
     assert len(json.loads((tmp_path / "trace.json.0").read_text())) == 6
 
 

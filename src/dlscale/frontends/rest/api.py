@@ -340,10 +340,8 @@ class RestApi:
     async def _load(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        params = _json_object(body, "load").get("parameters", {})
-        if not isinstance(params, dict):
-            raise InvalidInput("field 'parameters' of the load request must be an object")
-        await self.dataplane.load_model(args[0], _load_parameters(params))
+        large = len(body) > 2**18  # a load with files: JSON and base64 decoded in a thread
+        await self.dataplane.load_model(args[0], await off_loop(large, _load_request, body))
         return _EMPTY_OK
 
     async def _unload(
@@ -398,8 +396,11 @@ def _header_length(headers: Mapping[str, str]) -> int | None:
     return value
 
 
-def _load_parameters(params: dict[str, Any]) -> dict[str, str | bytes]:
+def _load_request(body: Buffer) -> dict[str, str | bytes]:
     """A load request's parameters; the files in them travel base64-encoded over REST."""
+    params = _json_object(body, "load").get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput("field 'parameters' of the load request must be an object")
     out: dict[str, str | bytes] = {}
     for key, value in params.items():
         if not key.startswith("file:"):

@@ -82,7 +82,7 @@ def _decode(body: Buffer, kind: type[_Body], what: str) -> _Body:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise InvalidInput(f"invalid {what} request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a string that is not UTF-8
         raise InvalidInput(f"malformed JSON in the {what} request: {exc}") from None
 
 

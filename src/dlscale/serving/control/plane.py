@@ -6,6 +6,7 @@ it records, and none of them sits on an inference's way.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,7 +68,8 @@ class ControlPlane:
         """Load or reload a model, from the repository or with a load request's overrides:
         `config` (JSON ModelConfig) and `file:<version>/<name>` (bytes)."""
         check_model_control(self.model_control)
-        override = self.uploads.override(name, parameters or {})
+        # In a thread: decoding the config and writing the files of a large load takes seconds.
+        override = await asyncio.to_thread(self.uploads.override, name, parameters or {})
         source, files = override or (None, None)
         if files is None and name not in self.manager.repository.names():
             raise NotFound(f"no model {name!r} in the repository")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
@@ -18,6 +19,7 @@ from dlscale.errors import InvalidInput, PayloadTooLarge
 from dlscale.models.repository import ModelRepository
 from dlscale.models.sources import ModelSource
 from dlscale.models.triton_config import convert, parse_json
+from dlscale.serving.control.bounds import check_override
 
 log = logging.getLogger("dlscale.models")
 
@@ -27,11 +29,15 @@ MAX_UPLOAD_BYTES = 4 * 2**30
 
 
 class Uploads:
-    """The server's folders of models loaded from files in a load request."""
+    """The server's folders of models loaded from files in a load request.
+
+    `override` decodes and writes in a worker thread (DataPlane.load_model), so that a large
+    upload does not hold the event loop: the folders change under a lock."""
 
     def __init__(self, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
         self.max_bytes = max_bytes
         self._root: Path | None = None
+        self._lock = threading.Lock()
 
     def override(
         self, name: str, parameters: Mapping[str, str | bytes]
@@ -53,17 +59,20 @@ class Uploads:
             raise InvalidInput("load parameter 'config' must be a string (a JSON ModelConfig)")
         where = f"load request for {name!r}, parameter 'config'"
         config, ignored = convert(parse_json(text, where), name, where)
+        check_override(config)
         source = ModelSource(config, Path(f"<{where}>"), ignored)
         if source.warning():
             log.warning("%s", source.warning())
         if not files:
             return source, None
-        return source, self._write(name, files)
+        with self._lock:
+            return source, self._write(name, files)
 
     def discard(self, name: str) -> None:
         """Delete a model's uploaded folder, if it has one."""
-        if self._root is not None and (self._root / name).exists():
-            shutil.rmtree(self._root / name, ignore_errors=True)
+        with self._lock:
+            if self._root is not None and (self._root / name).exists():
+                shutil.rmtree(self._root / name, ignore_errors=True)
 
     def names(self) -> list[str]:
         """Models whose files came in a load request."""
@@ -85,6 +94,10 @@ class Uploads:
             if not isinstance(data, bytes):
                 raise InvalidInput(f"load parameter 'file:{key}' must carry bytes")
             paths[_relative(key)] = data
+        folders = {parent for path in paths for parent in path.parents}
+        clash = sorted(str(p) for p in paths if p in folders)
+        if clash:
+            raise InvalidInput(f"load files {clash} are named both as files and as folders")
         size = sum(len(d) for d in paths.values())
         used = sum(f.stat().st_size for f in self._folder().rglob("*") if f.is_file())
         used -= sum(f.stat().st_size for f in (self._folder() / name).rglob("*") if f.is_file())
@@ -93,12 +106,16 @@ class Uploads:
                 f"the model files ({size} bytes) would take uploaded models above the server's "
                 f"limit of {self.max_bytes} bytes; unload some first"
             )
-        self.discard(name)
         folder = self._folder() / name
-        for relative, data in paths.items():
-            target = folder / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            for relative, data in paths.items():
+                target = folder / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        except OSError as exc:  # e.g. a name too long for the file system: the client's
+            shutil.rmtree(folder, ignore_errors=True)
+            raise InvalidInput(f"the load files cannot be written: {exc.strerror}") from None
         return ModelRepository(self._folder())
 
     def _folder(self) -> Path:
@@ -110,6 +127,10 @@ class Uploads:
 def _relative(key: str) -> PurePosixPath:
     """`<version>/<name>` as a path that stays inside the model's folder."""
     path = PurePosixPath(key)
+    if any(ord(c) < 32 for c in key):
+        raise InvalidInput(
+            f"load parameter 'file:{key!r}': a file name may not hold control characters"
+        )
     if (
         len(path.parts) < 2
         or not path.parts[0].isdigit()

@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import InvalidInput, Unsupported
+from dlscale.errors import InvalidInput
 
 FORMATS = {
     "default": ("%(asctime)s %(levelname)s %(name)s: %(message)s", None),
     "ISO8601": ("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z"),
 }
+#: The highest verbose level (gRPC carries it as a uint32).
+MAX_VERBOSE = 2**32 - 1
 #: One line per failed request: protocol, model, status and reason.
 requests = logging.getLogger("dlscale.requests")
 #: One line per request when the access log is on (`--access-log`).
@@ -89,7 +91,7 @@ class LogControl:
             raise InvalidInput(f"unknown log settings {unknown}: expected some of {sorted(known)}")
         given = {k: v for k, v in changes.items() if v is not None}
         if "log_file" in given:
-            raise Unsupported(
+            raise InvalidInput(  # a client asking to move a file: 400, not 501
                 "the log file cannot be changed through the protocol: start the server with "
                 "--log-file PATH"
             )
@@ -130,15 +132,18 @@ def _bool(key: str, value: Any) -> bool:
 
 
 def _level(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    # The bound is the protocol's (a uint32 over gRPC); beyond it JSON could not answer it.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_VERBOSE:
+        shown = value if not isinstance(value, int) or value.bit_length() < 64 else "too large"
         raise InvalidInput(
-            f"log setting 'log_verbose_level' must be an integer >= 0, got {value!r}"
+            f"log setting 'log_verbose_level' must be an integer from 0 to {MAX_VERBOSE}, "
+            f"got {shown!r}"
         )
     return value
 
 
 def _format(value: Any) -> str:
-    if value not in FORMATS:
+    if not isinstance(value, str) or value not in FORMATS:  # a list is unhashable
         raise InvalidInput(
             f"log setting 'log_format' must be one of {list(FORMATS)}, got {value!r}"
         )

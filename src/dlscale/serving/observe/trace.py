@@ -6,6 +6,11 @@ file is chosen when the server starts (`--trace-file`); like Triton, the protoco
 it. Each trace is Triton's pair of JSON objects: `{id, model_name, model_version, request_id}`
 and `{id, timestamps: [{name, ns}, ...]}` with REQUEST_START, QUEUE_START, COMPUTE_START,
 COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END and REQUEST_END.
+
+Memory and the event loop stay bounded whatever the settings (issue 28): at most
+MAX_BUFFERED_TRACES wait in memory (more go to an indexed file, as log_frequency would), files
+are written by one worker thread, and while MAX_PENDING_WRITES wait for it further traces are
+dropped (counted in `dropped`, logged once).
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import ConfigError, InvalidInput, Unsupported
+from dlscale.errors import ConfigError, InvalidInput
 from dlscale.serving.observe.stats import RequestTimes
 
 log = logging.getLogger(__name__)
@@ -26,6 +33,12 @@ log = logging.getLogger(__name__)
 #: The settings of the protocol, as Triton names them, and what each holds.
 NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file")
 _LIMITS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}  # smallest value allowed
+#: The largest value of a numeric setting (Triton's are uint32; beyond, JSON cannot carry it).
+MAX_SETTING = 2**32 - 1
+#: Traces kept in memory before they are written out, whatever log_frequency says.
+MAX_BUFFERED_TRACES = 10_000
+#: Files waiting for the writer thread; beyond it, traces are dropped rather than queued.
+MAX_PENDING_WRITES = 8
 _STAMPS = tuple(f.name for f in dataclasses.fields(RequestTimes))
 
 
@@ -63,6 +76,11 @@ class Tracer:
         self._buffer: list[dict[str, Any]] = []
         self._next_id = 1
         self._file_index = 0
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: set[Future[None]] = set()
+        self._pending_lock = threading.Lock()
+        #: Traces dropped because the writer fell behind.
+        self.dropped = 0
 
     # -- settings ----------------------------------------------------------------------------
 
@@ -83,7 +101,7 @@ class Tracer:
         """Change the settings given (None clears a model's own value); answer the result."""
         parsed = {name: _parse(name, value) for name, value in changes.items()}
         if "trace_file" in parsed:
-            raise Unsupported(
+            raise InvalidInput(  # a client asking to move a file: 400, not 501
                 "the trace file cannot be changed through the protocol: start the server with "
                 "--trace-file PATH"
             )
@@ -144,29 +162,70 @@ class Tracer:
         settings = self._effective(trace.model)
         scope = trace.model if trace.model in self._models else ""
         traces = len(self._buffer) // 2
-        if (settings.log_frequency and traces >= settings.log_frequency) or (
-            self._left.get(scope) == 0
+        if (
+            (settings.log_frequency and traces >= settings.log_frequency)
+            or self._left.get(scope) == 0
+            or traces >= MAX_BUFFERED_TRACES
         ):
             self._write(indexed=True)
 
     def flush(self) -> None:
         """Write what is collected (at shutdown): to the trace file itself unless indexed files
-        were written already."""
+        were written already. Waits for the writer thread."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         if self._buffer:
-            self._write(indexed=self._file_index > 0)
+            path = self._path(indexed=self._file_index > 0)
+            if path is not None:
+                _dump(path, self._buffer)
+            self._buffer = []
+
+    def wait(self) -> None:
+        """Block until the files handed to the writer thread are written (tests, shutdown)."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        for future in pending:
+            future.result()
+
+    def _path(self, indexed: bool) -> Path | None:
+        if self.trace_file is None:
+            return None
+        if not indexed:
+            return self.trace_file
+        path = self.trace_file.with_name(f"{self.trace_file.name}.{self._file_index}")
+        self._file_index += 1
+        return path
 
     def _write(self, indexed: bool) -> None:
-        if self.trace_file is None:
+        """Hand the buffer to the writer thread (the event loop never touches the disk)."""
+        buffer, self._buffer = self._buffer, []
+        with self._pending_lock:
+            if len(self._pending) >= MAX_PENDING_WRITES:
+                if not self.dropped:
+                    log.warning("trace files are written slower than traces come: dropping")
+                self.dropped += len(buffer) // 2
+                return
+        path = self._path(indexed)
+        if path is None:
             return
-        path = self.trace_file
-        if indexed:
-            path = path.with_name(f"{path.name}.{self._file_index}")
-            self._file_index += 1
-        try:
-            path.write_text(json.dumps(self._buffer, indent=1))
-        except OSError as exc:
-            log.error("cannot write traces to %s: %s", path, exc)
-        self._buffer = []
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="dlscale-trace")
+        future = self._writer.submit(_dump, path, buffer)
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._written)
+
+    def _written(self, future: Future[None]) -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
+
+
+def _dump(path: Path, traces: list[dict[str, Any]]) -> None:
+    try:
+        path.write_text(json.dumps(traces, indent=1))
+    except OSError as exc:
+        log.error("cannot write traces to %s: %s", path, exc)
 
 
 _FIELD = {
@@ -191,9 +250,11 @@ def _parse(name: str, value: Any) -> Any:
         number = int(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError):
         number = None
-    if number is None or number < _LIMITS[name]:
+    if number is None or not _LIMITS[name] <= number <= MAX_SETTING:
+        shown = repr(value) if number is None or number.bit_length() < 64 else "more"
         raise InvalidInput(
-            f"trace setting {name!r} must be an integer >= {_LIMITS[name]}, got {value!r}"
+            f"trace setting {name!r} must be an integer >= {_LIMITS[name]} (at most "
+            f"{MAX_SETTING}), got {shown}"
         )
     return number
 
@@ -203,5 +264,5 @@ def _level(value: Any) -> str:
     if levels == ["OFF"] or levels == ["TIMESTAMPS"]:
         return str(levels[0])
     if "TENSORS" in levels:
-        raise Unsupported("trace level TENSORS is not supported: dlscale traces TIMESTAMPS")
+        raise InvalidInput("trace level TENSORS is not supported: dlscale traces TIMESTAMPS")
     raise InvalidInput(f"trace_level must be ['OFF'] or ['TIMESTAMPS'], got {value!r}")

@@ -1,0 +1,106 @@
+"""What a load request's config may ask of the host: batch, instances, threads, memory.
+
+A config sent with `POST /v2/repository/models/{m}/load` comes from a client, not from the
+operator who wrote the repository: its sizes are bounded by the host (issue 28: a
+`max_batch_size` of 2^31-1 sized a warm-up allocation and answered 500 MemoryError; instance
+and thread counts had no bound). The repository's own configs are the operator's and only the
+warm-up's memory bound (`check_warm_up`) applies to them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+from dlscale.errors import ConfigError, InvalidInput
+from dlscale.hardware.nvml import Nvml, NvmlUnavailable
+from dlscale.models.config import ModelConfig
+from dlscale.models.samples import concrete_shape
+from dlscale.types import Datatype, TensorSpec
+
+#: The largest max_batch_size a load request may ask for (Triton's models stay far below).
+MAX_BATCH_SIZE = 2**16
+#: Model copies per core a load request may ask for, over all its instance groups.
+INSTANCES_PER_CORE = 4
+#: The share of the host's memory one warm-up batch may take.
+WARM_UP_MEMORY_SHARE = 0.25
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def host_memory() -> int:
+    """Bytes of physical memory on the host."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not POSIX: assume a small host
+        return 4 * 2**30
+
+
+@functools.cache
+def gpu_count() -> int | None:
+    """GPUs NVML sees on this host; None without NVML (the runtime then says what it lacks)."""
+    try:
+        nvml = Nvml.open()
+    except NvmlUnavailable:
+        return None
+    try:
+        count = nvml.ask("nvmlDeviceGetCount")
+        return int(count.value) if count.ok else None
+    finally:
+        nvml.close()
+
+
+def check_devices(config: ModelConfig, gpus: int | None) -> None:
+    """InvalidInput when an instance group names a GPU index the host does not have."""
+    for group in config.instances:
+        kind, _, number = group.device.partition(":")
+        if kind == "cuda" and gpus is not None and int(number or 0) >= gpus:
+            raise InvalidInput(
+                f"device {group.device!r}: this host has {gpus} GPU(s) (cuda:0 to cuda:{gpus - 1})"
+                if gpus
+                else f"device {group.device!r}: this host has no GPU"
+            )
+
+
+def check_override(config: ModelConfig) -> None:
+    """InvalidInput when a load request's config asks more than the host can give."""
+    check_devices(config, gpu_count())
+    if config.max_batch_size > MAX_BATCH_SIZE:
+        raise InvalidInput(
+            f"max_batch_size {config.max_batch_size} is above the limit of {MAX_BATCH_SIZE} "
+            "for a config sent in a load request"
+        )
+    limit = INSTANCES_PER_CORE * cores()
+    count = sum(group.count for group in config.instances)
+    if count > limit:
+        raise InvalidInput(
+            f"the config asks for {count} model instances; a load request may ask for at most "
+            f"{limit} ({INSTANCES_PER_CORE} per core)"
+        )
+    opts = config.backend_options
+    for name, threads in (
+        ("intra_op_threads", opts.intra_op_threads),
+        ("inter_op_threads", opts.inter_op_threads),
+    ):
+        if threads > cores():
+            raise InvalidInput(
+                f"backend option {name} {threads} is above the host's {cores()} cores"
+            )
+    for spec in config.tensor_specs("inputs") or ():
+        check_warm_up(config.name, spec, max(config.max_batch_size, 1))
+
+
+def check_warm_up(model: str, spec: TensorSpec, batch: int) -> None:
+    """ConfigError when a warm-up feed of `batch` rows of `spec` would not fit in memory."""
+    item = 8 if spec.datatype is Datatype.BYTES else spec.datatype.numpy.itemsize
+    size = math.prod(concrete_shape(spec.shape, batch)) * item
+    budget = int(host_memory() * WARM_UP_MEMORY_SHARE)
+    if size > budget:
+        raise ConfigError(
+            f"model {model!r}: a warm-up batch of {batch} for input {spec.name!r} takes "
+            f"{size} bytes, above {budget} ({WARM_UP_MEMORY_SHARE:.0%} of the host's memory)"
+        )
