@@ -8,14 +8,13 @@ batch): per row, the k highest values, highest first, each as "<value>:<index>" 
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from dlscale.errors import ConfigError, InvalidInput
+from dlscale.errors import InvalidInput
+from dlscale.models.confined import read_confined
 from dlscale.types import RequestedOutput
 
 PARAMETER = "classification"
@@ -42,26 +41,8 @@ def read_labels(folder: Path, name: str) -> tuple[str, ...]:
 
     Only a regular file inside the folder, at most MAX_LABEL_BYTES, is read: a config (which a
     load request may send) must not read the host's files, block on a FIFO or fill memory."""
-    path = folder / name
-    try:
-        if not path.resolve().is_relative_to(folder.resolve()):
-            raise _unreadable(name, "it must be a file inside the model's folder")
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as file:
-            info = os.fstat(file.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise _unreadable(name, "not a regular file")
-            data = file.read(MAX_LABEL_BYTES + 1)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-        raise _unreadable(name, getattr(exc, "strerror", None) or str(exc)) from None
-    if len(data) > MAX_LABEL_BYTES:
-        raise _unreadable(name, f"larger than the limit of {MAX_LABEL_BYTES} bytes")
+    data = read_confined(folder, name, MAX_LABEL_BYTES, "output's label_file")
     return tuple(data.decode("utf-8", errors="replace").splitlines())
-
-
-def _unreadable(name: str, why: str) -> ConfigError:
-    return ConfigError(f"the output's label_file cannot be read ({name!r}): {why}")
 
 
 def top_classes(
