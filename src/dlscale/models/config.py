@@ -94,6 +94,30 @@ class QosConfig(_Strict):
     rate_burst: NonNegative = 0
 
 
+class WarmupConfig(_Strict):
+    """One warm-up request sent before the model is ready (Triton's model_warmup): `count`
+    times a batch of `batch_size` rows; each input zeros, random values, or a file."""
+
+    name: str = ""
+    batch_size: NonNegative = 1
+    count: Positive = 1
+    #: Input name -> "zero", "random", or "file:NAME" (raw values of one row, in the model's
+    #: warmup/ folder, as Triton's input_data_file); inputs not named are zeros.
+    inputs: dict[str, str] = {}
+
+    @field_validator("inputs")
+    @classmethod
+    def _kinds(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, kind in value.items():
+            if kind not in ("zero", "random") and not kind.startswith("file:"):
+                raise ValueError(
+                    f"input {name!r}: expected zero, random or file:NAME, got {kind!r}"
+                )
+            if kind.startswith("file:"):
+                inside_the_folder(kind[5:])
+        return value
+
+
 class InstanceConfig(_Strict):
     """`count` copies of the model on one device: cpu, cuda:N or a MIG UUID."""
 
@@ -168,6 +192,8 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy()
     backend_options: BackendOptionsConfig = BackendOptionsConfig()
     qos: QosConfig | None = None
+    #: Warm-up requests before the model is ready; None: one batch of one row of zeros.
+    warmup: list[WarmupConfig] | None = None
     #: Answer identical requests from the server's response cache (Triton's response_cache;
     #: the server's --cache-size gives it its bytes).
     response_cache: bool = False

@@ -49,6 +49,11 @@ SUPPORTED = frozenset(
         "dynamic_batching.default_queue_policy.max_queue_size",
         "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
         "instance_group.gpus", "response_cache", "response_cache.enable",
+        "model_warmup", "model_warmup.name", "model_warmup.batch_size", "model_warmup.count",
+        "model_warmup.inputs", "model_warmup.inputs.key", "model_warmup.inputs.value",
+        "model_warmup.inputs.value.data_type", "model_warmup.inputs.value.dims",
+        "model_warmup.inputs.value.zero_data", "model_warmup.inputs.value.random_data",
+        "model_warmup.inputs.value.input_data_file",
         "ensemble_scheduling", "ensemble_scheduling.step", "ensemble_scheduling.step.model_name",
         "ensemble_scheduling.step.model_version", "ensemble_scheduling.step.input_map",
         "ensemble_scheduling.step.output_map",
@@ -103,6 +108,8 @@ def convert(
         data["batching"] = _batching(message.dynamic_batching)
     if message.HasField("response_cache"):
         data["response_cache"] = message.response_cache.enable
+    if message.model_warmup:
+        data["warmup"] = [_warmup(w) for w in message.model_warmup]
     if message.instance_group:
         data["instances"] = [
             d for g in message.instance_group for d in _instances(g, data.get("backend", ""))
@@ -214,3 +221,20 @@ def _version_policy(policy: Any) -> dict[str, Any]:
     if which == "specific":
         return {"specific": list(policy.specific.versions)}
     return {"latest": policy.latest.num_versions or 1}
+
+
+def _warmup(message: Any) -> dict[str, Any]:
+    """A model_warmup entry as config.toml's [[warmup]]: each input zeros, random or a file."""
+    kinds = {}
+    for name, spec in message.inputs.items():
+        which = spec.WhichOneof("input_data_type")
+        kinds[name] = (
+            f"file:{spec.input_data_file}" if which == "input_data_file"
+            else "random" if which == "random_data" else "zero"
+        )  # fmt: skip
+    return {
+        "name": message.name,
+        "batch_size": message.batch_size or 1,
+        "count": message.count or 1,
+        "inputs": kinds,
+    }

@@ -7,6 +7,7 @@ import contextlib
 import enum
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +16,10 @@ from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
 from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
-from dlscale.models.samples import zero_inputs
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.classification import read_labels
-from dlscale.serving.control.bounds import check_warm_up
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.pipeline import Pipeline
@@ -28,6 +27,7 @@ from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.versions import resolve_version
+from dlscale.serving.warmup import WarmupBatch, warmup_batches
 from dlscale.types import TensorSpec
 
 log = logging.getLogger("dlscale.models")
@@ -151,18 +151,35 @@ class ModelManager:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def load_all(self, names: Iterable[str] | None = None) -> dict[str, DlscaleError]:
-        """Load these models (default: the whole repository) one after another; those that
-        failed come back with their error, each recorded UNAVAILABLE with its reason."""
-        failed = {}
+        """Load these models (default: the whole repository) side by side, a few at a time,
+        pipelines after the models they use; those that failed come back with their error,
+        each recorded UNAVAILABLE with its reason."""
+        wanted = list(self.repository.names() if names is None else names)
+        failed: dict[str, DlscaleError] = {}
         before = set(self.ready_names())
-        for name in self.repository.names() if names is None else names:
+        # Models load in threads (reading, compiling, warming up): a few at once shorten a
+        # start-up that took 22-50 s one model at a time, without oversubscribing the host.
+        gate = asyncio.Semaphore(max(2, min(len(wanted), os.cpu_count() or 2)))
+
+        async def one(name: str) -> None:
             if name not in before and name in self.ready_names():
-                continue  # loaded meanwhile as a step of a pipeline: loading it again is waste
-            try:
-                await self.load(name)
-            except DlscaleError as exc:
-                failed[name] = exc  # the others still load
-        return failed
+                return  # loaded meanwhile as a step of a pipeline: loading it again is waste
+            async with gate:
+                try:
+                    await self.load(name)
+                except DlscaleError as exc:
+                    failed[name] = exc  # the others still load
+
+        pipelines = {n for n in wanted if self._is_pipeline(n)}
+        await asyncio.gather(*(one(n) for n in wanted if n not in pipelines))
+        await asyncio.gather(*(one(n) for n in wanted if n in pipelines))
+        return {n: failed[n] for n in wanted if n in failed}
+
+    def _is_pipeline(self, name: str) -> bool:
+        try:
+            return self.repository.config(name).is_pipeline
+        except DlscaleError:
+            return False  # its load says why
 
     async def load(
         self,
@@ -340,7 +357,8 @@ class ModelManager:
             first = instances[0].backend
             inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
-            await asyncio.gather(*(self._warm(inst, inputs, config, qos) for inst in instances))
+            batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
+            await asyncio.gather(*(self._warm(inst, batches, config, qos) for inst in instances))
         except BaseException:
             if qos is not None:
                 qos.leave()
@@ -354,26 +372,24 @@ class ModelManager:
     async def _warm(
         self,
         instance: Instance,
-        inputs: list[TensorSpec],
+        batches: list[WarmupBatch],
         config: ModelConfig,
         qos: TenantQos | None,
     ) -> None:
-        sizes = {1, config.max_batch_size} if config.batched else {0}
-        for size in sorted(sizes):
-            for spec in inputs:  # a ConfigError (400), not a MemoryError (500), when too large
-                check_warm_up(config.name, spec, size)
-            feed = zero_inputs(inputs, size)
-            try:
-                start = self.gates.clock()
-                await instance.infer(feed)
-            except Exception as exc:
-                raise ConfigError(
-                    f"model {config.name!r} failed its warm-up at batch size {size}: {exc}"
-                ) from exc
-            if qos is not None:  # the device schedulers' first service times (they relearn)
-                qos.tenant_of(instance.name).service.observe(
-                    max(size, 1), self.gates.clock() - start
-                )
+        for batch in batches:
+            for _ in range(batch.count):
+                try:
+                    start = self.gates.clock()
+                    await instance.infer(batch.feed)
+                except Exception as exc:
+                    raise ConfigError(
+                        f"model {config.name!r} failed its warm-up ({batch.label}, batch size "
+                        f"{batch.rows}): {exc}"
+                    ) from exc
+                if qos is not None:  # the device schedulers' first service times (they relearn)
+                    qos.tenant_of(instance.name).service.observe(
+                        max(batch.rows, 1), self.gates.clock() - start
+                    )
 
     async def _retire(self, entry: ModelEntry) -> None:
         for served in entry.versions.values():

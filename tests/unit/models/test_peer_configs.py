@@ -110,12 +110,25 @@ def test_fields_not_acted_on_are_each_named_once() -> None:
         "dynamic_batching.priority_queue_policy",
         "input.reshape.shape",
         "instance_group.kind: KIND_MODEL (placed as KIND_CPU)",
-        "model_warmup.batch_size",
-        "model_warmup.inputs",
-        "model_warmup.name",
         "optimization.cuda.graphs",
         "optimization.execution_accelerators.gpu_execution_accelerator.name",
     )
+
+
+def test_model_warmup_becomes_warmup_entries() -> None:
+    config, _ = _convert(UNSUPPORTED)
+    assert config.warmup is not None and len(config.warmup) == 1
+    (entry,) = config.warmup
+    assert (entry.name, entry.batch_size, entry.count, entry.inputs) == ("w", 1, 1, {"x": "zero"})
+    text = """
+    max_batch_size: 8
+    model_warmup [ { name: "r" batch_size: 8 count: 3 inputs [
+      { key: "a" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } },
+      { key: "b" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "b.raw" } } ] } ]
+    """
+    (entry,) = _convert(text)[0].warmup or []
+    assert (entry.batch_size, entry.count) == (8, 3)
+    assert entry.inputs == {"a": "random", "b": "file:b.raw"}
 
 
 def test_instance_groups_become_devices() -> None:

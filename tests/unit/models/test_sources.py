@@ -66,5 +66,5 @@ def test_one_warning_names_the_fields_not_acted_on(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         f"{folder / 'config.pbtxt'}: fields dlscale does not act on: "
-        "model_operations.op_library_filename, model_warmup.name"
+        "model_operations.op_library_filename"
     ]
