@@ -344,16 +344,22 @@ class Batcher:
     async def _compute(self, instance: Instance, batch: list[_Pending]) -> None:
         t0 = self._clock()
         rows = sum(i.rows for i in batch)
-        if len(batch) == 1:
+        by_request = instance.takes_requests  # the backend sees each request's own inputs
+        if len(batch) == 1 or by_request:
             merged = dict(batch[0].inputs)
         else:
             names = batch[0].inputs.keys()
             merged = {n: np.concatenate([i.inputs[n] for i in batch]) for n in names}
         t1 = self._clock()
+        parts: Sequence[Tensors | DlscaleError]
         try:
-            outputs = await instance.infer(merged)
-            t2 = self._clock()
-            parts = self._split(outputs, batch, rows)
+            if by_request:
+                parts = await instance.infer_requests([i.inputs for i in batch])
+                t2 = self._clock()
+            else:
+                outputs = await instance.infer(merged)
+                t2 = self._clock()
+                parts = self._split(outputs, batch, rows)
         except DlscaleError as exc:
             self._fail(batch, exc)
             return
@@ -373,7 +379,11 @@ class Batcher:
                     times.compute_output_start,
                     times.compute_end,
                 ) = stamps
-            if not item.future.done():
+            if item.future.done():
+                continue
+            if isinstance(part, DlscaleError):  # this request alone failed
+                item.future.set_exception(part)
+            else:
                 item.future.set_result(part)
 
     def _split(self, outputs: Tensors, batch: list[_Pending], rows: int) -> list[Tensors]:

@@ -63,6 +63,7 @@ class DataPlane:
         strict_readiness: bool = True,
     ) -> None:
         self.manager = manager
+        manager.calls = self.infer  # models that call models (BLS) go through this path
         self.strict_readiness = strict_readiness
         #: The shared-memory regions requests may name (off unless the server allows them).
         self.shared_memory = shared_memory or SharedMemoryRegistry()
