@@ -70,6 +70,8 @@ def test_a_triton_python_model_answers_over_both_protocols(
         np.testing.assert_array_equal(over_http.as_numpy("OUTPUT1"), A - B)
         over_grpc = grpc.infer(model, _pair(tg, A, B))
         np.testing.assert_array_equal(over_grpc.as_numpy("OUTPUT0"), A + B)
+    index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+    assert set(index.values()) == {"READY"}, index
     metadata = http.get_model_metadata("add_sub")
     assert metadata["platform"] == "python"
     assert grpc.get_model_config("add_sub").config.backend == "python"
@@ -83,7 +85,7 @@ def test_bls_calls_another_model_of_the_same_server(
         http.infer("bls", _pair(th, A, B)).as_numpy("OUTPUT0"), 2 * (A + B)
     )
     np.testing.assert_array_equal(
-        grpc.infer("bls", _pair(tg, A, B)).as_numpy("OUTPUT0"), 2 * (A + B)
+        grpc.infer("a_bls", _pair(tg, A, B)).as_numpy("OUTPUT0"), 2 * (A + B)
     )
     # The calls went through add_sub's own batcher: its statistics counted them.
     after = http.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]

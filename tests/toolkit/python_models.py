@@ -188,13 +188,16 @@ def triton_config(name: str, outputs: Sequence[str] = ("OUTPUT1",), isolation: s
 
 def python_repository(root: Path) -> Path:
     """A Triton-style repository of Python models: add_sub (a worker process, as Triton runs
-    it), add_sub_inline (the same code in the server process), bls (calls add_sub), fragile
+    it), add_sub_inline (the same code in the server process), bls and a_bls (call add_sub),
+    fragile
     (raises, sleeps, tells its pid), and dlscale's API in process (scale) and in a worker
     (scale_worker)."""
     write_triton_python_model(root, "add_sub", ADD_SUB, triton_config("add_sub"))
     inline = triton_config("add_sub_inline", isolation="thread")
     write_triton_python_model(root, "add_sub_inline", ADD_SUB, inline)
     write_triton_python_model(root, "bls", BLS, triton_config("bls", outputs=()))
+    # Loads before the model it calls (names load in order): it must not be warmed up.
+    write_triton_python_model(root, "a_bls", BLS, triton_config("a_bls", outputs=()))
     write_triton_python_model(root, "fragile", FRAGILE, FRAGILE_CONFIG)
     write_python_model(root, "scale", SCALE, SCALE_CONFIG.format(isolation="thread"))
     write_python_model(root, "scale_worker", SCALE, SCALE_CONFIG.format(isolation="process"))

@@ -282,7 +282,10 @@ class ModelManager:
             first = instances[0].backend
             inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
-            await asyncio.gather(*(self._warm(inst, inputs, config, qos) for inst in instances))
+            # A model that calls models is not warmed up: the models it calls may load after it
+            # (Triton loads such models without a warm-up, too).
+            if not first.capabilities.calls_models:
+                await asyncio.gather(*(self._warm(i, inputs, config, qos) for i in instances))
         except BaseException:
             if qos is not None:
                 qos.leave()
