@@ -96,3 +96,39 @@ def test_a_killed_worker_fails_its_batch_and_is_restarted(
     assert runner.pid not in (None, first)
     assert "worker process restarted" in caplog.text
     backend.unload()
+
+
+#: Calls a model from initialize (BLS) and answers every request with what it got.
+ASKS_AT_START = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        x = pb_utils.Tensor("x", np.ones((1, 4), np.float32))
+        answer = pb_utils.InferenceRequest(model_name="other", inputs=[x]).exec()
+        self.got = pb_utils.get_output_tensor_by_name(answer, "y").as_numpy()
+
+    def execute(self, requests):
+        outputs = [pb_utils.Tensor("OUTPUT0", self.got), pb_utils.Tensor("OUTPUT1", self.got)]
+        return [pb_utils.InferenceResponse(outputs) for _ in requests]
+"""
+
+
+class Doubling:
+    """A ModelCaller standing in for the server: answers y = 2 x for any model."""
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse:
+        return InferenceResponse(request.model_name, {"y": 2 * request.inputs["x"]})
+
+
+def test_a_worker_calls_models_from_initialize_through_the_server(tmp_path: Path) -> None:
+    folder = write_triton_python_model(tmp_path, "asks", ASKS_AT_START, "")
+    options = BackendOptions(inputs=PAIR, outputs=OUTS, caller=Doubling())
+    backend = PythonBackend(folder / "1" / "model.py", options)
+    backend.load()
+    x = np.zeros((1, 4), np.float32)
+    answer = backend.infer({"INPUT0": x, "INPUT1": x})
+    np.testing.assert_array_equal(answer["OUTPUT0"], np.full((1, 4), 2, np.float32))
+    backend.unload()

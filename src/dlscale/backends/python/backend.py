@@ -53,6 +53,7 @@ class PythonBackend:
             (options.inputs, options.outputs),
             _parameters(options.extra),
         )
+        pb.bind_caller(options.caller)  # BLS from initialize or load, in this thread
         try:
             if self.isolation == "process":
                 from dlscale.backends.python.worker import WorkerRunner

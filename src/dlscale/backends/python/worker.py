@@ -65,6 +65,9 @@ class WorkerRunner:
         theirs.close()
         try:
             ready = ours.recv()
+            while isinstance(ready, t.Call):  # BLS from initialize
+                ours.send(self._answer(ready))
+                ready = ours.recv()
         except EOFError:
             process.join()
             raise BackendError(
