@@ -4,6 +4,7 @@ and in worker processes; user-code errors, a killed worker, malformed inputs."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -213,3 +214,28 @@ def test_a_killed_worker_fails_its_batch_and_is_restarted(
     assert int(again.as_numpy("OUTPUT1")[0, 0]) != pid
     logged = [r.getMessage() for r in caplog.records if r.name == "dlscale.python"]
     assert any("restarted" in m for m in logged)
+
+
+def test_a_load_request_may_not_upload_python_code(
+    tmp_path: Path, http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+) -> None:
+    ran = tmp_path / "ran"
+    model = "class Model:\n    def infer(self, inputs):\n        return inputs\n"
+    code = f"open({str(ran)!r}, 'w').close()\n" + model
+    config = {
+        "name": "uploaded",
+        "backend": "python",
+        "max_batch_size": 0,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+    }
+    files = {"file:1/model.py": code.encode()}
+    with pytest.raises(InferenceServerException) as caught:
+        http.load_model("uploaded", config=json.dumps(config), files=files)
+    assert caught.value.status() == "403"
+    assert "may not upload Python code" in str(caught.value)
+    with pytest.raises(InferenceServerException) as over_grpc:
+        grpc.load_model("uploaded", config=json.dumps(config), files=files)
+    assert over_grpc.value.status() == "StatusCode.PERMISSION_DENIED"
+    assert not ran.exists()
+    assert not http.is_model_ready("uploaded")

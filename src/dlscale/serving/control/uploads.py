@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from dlscale.errors import InvalidInput, PayloadTooLarge
+from dlscale.errors import InvalidInput, PayloadTooLarge, PermissionDenied
 from dlscale.models.repository import ModelRepository
 from dlscale.models.sources import ModelSource
 from dlscale.models.triton_config import convert, parse_json
@@ -58,6 +58,12 @@ class Uploads:
             log.warning("%s", source.warning())
         if not files:
             return source, None
+        if config.backend == "python":
+            # A model.py runs with the server's rights: code comes from the repository only.
+            raise PermissionDenied(
+                f"model {name!r}: a load request may not upload Python code (backend 'python'); "
+                "put its model.py in the model repository"
+            )
         return source, self._write(name, files)
 
     def discard(self, name: str) -> None:
