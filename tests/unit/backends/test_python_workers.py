@@ -31,16 +31,25 @@ OUTS = (
 
 
 def test_numeric_tensors_travel_in_shared_memory_not_in_the_message() -> None:
+    arena, reader = t.Arena(), t.Reader()
     big = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
     words = np.array([b"a", b"bc"], dtype=object)
-    packed = t.pack([{"big": big, "words": words}, {"empty": np.zeros((0, 3), np.int8)}])
+    packed = arena.pack([{"big": big, "words": words}, {"empty": np.zeros((0, 3), np.int8)}])
     assert len(pickle.dumps(packed)) < 2048  # the 256 KiB stay out of the pipe
-    first, second = t.unpack(packed)
+    first, second = reader.unpack(packed)
     np.testing.assert_array_equal(first["big"], big)
     assert list(first["words"]) == [b"a", b"bc"]
     assert second["empty"].shape == (0, 3)
-    assert packed.segment is not None
-    assert not Path("/dev/shm", packed.segment).exists()  # unlinked once read
+    # The segment is reused while messages fit, and replaced by a larger one when not.
+    assert arena.pack([{"big": -big}]).segment == packed.segment
+    huge = np.ones(1 << 20, np.float32)
+    bigger = arena.pack([{"huge": huge}])
+    assert bigger.segment != packed.segment and packed.segment is not None
+    assert not Path("/dev/shm", packed.segment).exists()
+    np.testing.assert_array_equal(reader.unpack(bigger)[0]["huge"], huge)
+    reader.close()
+    arena.close()
+    assert bigger.segment is not None and not Path("/dev/shm", bigger.segment).exists()
 
 
 def test_errors_cross_the_pipe_with_their_kind() -> None:

@@ -1,7 +1,7 @@
 """What a worker process and its server exchange: typed messages, tensors in shared memory.
 
-Numeric arrays travel in one shared-memory segment per message (the pipe carries only their
-names, dtypes, shapes and offsets); the receiver copies them out and unlinks the segment. BYTES
+Numeric arrays travel in the sender's shared-memory segment (its `Arena`; the pipe carries only
+their names, dtypes, shapes and offsets), and the receiver copies them out (`Reader`). BYTES
 (object) arrays have no fixed layout and travel pickled.
 """
 
@@ -34,70 +34,98 @@ class Slot:
 
 @dataclass(frozen=True)
 class Packed:
-    """Arrays of several mappings: numeric ones in `segment`, object ones inline."""
+    """Arrays of several mappings: numeric ones in the sender's `segment`, object ones inline."""
 
     segment: str | None
     slots: tuple[tuple[Slot, ...], ...]
     objects: tuple[Arrays, ...]
 
 
-def pack(mappings: Sequence[Mapping[str, np.ndarray]]) -> Packed:
-    """Write the numeric arrays of `mappings` into one new segment (none when all are empty)."""
-    layouts: list[list[tuple[Slot, np.ndarray]]] = []
-    objects: list[Arrays] = []
-    size = 0
-    for arrays in mappings:
-        layout, inline = [], {}
-        for name, array in arrays.items():
-            if array.dtype.hasobject:
-                inline[name] = array
-                continue
-            layout.append((Slot(name, array.dtype.str, array.shape, size), array))
-            size += (array.nbytes + 63) // 64 * 64  # aligned for any dtype
-        layouts.append(layout)
-        objects.append(inline)
-    segment = None
-    if size:
-        shm = shared_memory.SharedMemory(f"dlspy_{secrets.token_hex(8)}", create=True, size=size)
-        try:
-            for layout in layouts:
-                for slot, array in layout:
-                    view = np.ndarray(array.shape, array.dtype, shm.buf, slot.offset)
-                    view[...] = array
-                    del view
-        finally:
+class Arena:
+    """The shared-memory segment one side writes the tensors of its messages into.
+
+    One segment, reused: its pages stay mapped, so a message costs a copy in and a copy out.
+    Reuse is safe because each side waits for the other's reply before it sends again, and a
+    receiver copies the arrays out before it replies. A message larger than the segment gets a
+    new, larger one (the reader attaches to it by its new name).
+    """
+
+    def __init__(self) -> None:
+        self._shm: shared_memory.SharedMemory | None = None
+
+    def pack(self, mappings: Sequence[Mapping[str, np.ndarray]]) -> Packed:
+        """Write the numeric arrays of `mappings` into the segment (grown when too small)."""
+        layouts: list[tuple[Slot, ...]] = []
+        objects: list[Arrays] = []
+        size = 0
+        for arrays in mappings:
+            layout, inline = [], {}
+            for name, array in arrays.items():
+                if array.dtype.hasobject:
+                    inline[name] = array
+                    continue
+                layout.append(Slot(name, array.dtype.str, array.shape, size))
+                size += (array.nbytes + 63) // 64 * 64  # aligned for any dtype
+            layouts.append(tuple(layout))
+            objects.append(inline)
+        if not size:
+            return Packed(None, tuple(layouts), tuple(objects))
+        shm = self._room(size)
+        for arrays, layout in zip(mappings, layouts, strict=True):
+            for slot in layout:
+                array = arrays[slot.name]
+                np.ndarray(array.shape, array.dtype, shm.buf, slot.offset)[...] = array
+        return Packed(shm.name, tuple(layouts), tuple(objects))
+
+    def _room(self, size: int) -> shared_memory.SharedMemory:
+        if self._shm is not None and self._shm.size >= size:
+            return self._shm
+        self.close()
+        grown = max(size, 1 << 20) * 3 // 2
+        self._shm = shared_memory.SharedMemory(
+            f"dlspy_{secrets.token_hex(8)}", create=True, size=grown
+        )
+        return self._shm
+
+    def close(self) -> None:
+        """Unlink the segment (the reader's mapping stays valid until it lets go)."""
+        shm, self._shm = self._shm, None
+        if shm is not None:
             shm.close()
-        segment = shm.name
-    slots = tuple(tuple(s for s, _ in layout) for layout in layouts)
-    return Packed(segment, slots, tuple(objects))
+            with contextlib.suppress(FileNotFoundError):
+                shm.unlink()
 
 
-def unpack(packed: Packed) -> list[Arrays]:
-    """The arrays back, copied out of the segment, which is then unlinked."""
-    if packed.segment is None:
-        return [dict(o) for o in packed.objects]
-    shm = shared_memory.SharedMemory(packed.segment)
-    try:
+class Reader:
+    """The other side's arena, attached once per segment name."""
+
+    def __init__(self) -> None:
+        self._shm: shared_memory.SharedMemory | None = None
+
+    def unpack(self, packed: Packed) -> list[Arrays]:
+        """The arrays of a message, copied out of the other side's segment."""
+        if packed.segment is None:
+            return [dict(o) for o in packed.objects]
+        if self._shm is None or self._shm.name != packed.segment:
+            self.close()
+            self._shm = shared_memory.SharedMemory(packed.segment)
+        buf = self._shm.buf
         out = []
         for slots, inline in zip(packed.slots, packed.objects, strict=True):
             arrays = {
-                s.name: np.ndarray(s.shape, np.dtype(s.dtype), shm.buf, s.offset).copy()
-                for s in slots
+                s.name: np.ndarray(s.shape, np.dtype(s.dtype), buf, s.offset).copy() for s in slots
             }
             out.append({**arrays, **inline})
         return out
-    finally:
-        shm.close()
-        shm.unlink()
 
-
-def discard(packed: Packed) -> None:
-    """Unlink a segment nobody will read (its reader died)."""
-    if packed.segment is not None:
-        with contextlib.suppress(FileNotFoundError):
-            shm = shared_memory.SharedMemory(packed.segment)
+    def close(self, unlink: bool = False) -> None:
+        """Let go of the segment; `unlink` too when its owner died without doing it."""
+        shm, self._shm = self._shm, None
+        if shm is not None:
             shm.close()
-            shm.unlink()
+            if unlink:
+                with contextlib.suppress(FileNotFoundError):
+                    shm.unlink()
 
 
 # -- messages -------------------------------------------------------------------------------------

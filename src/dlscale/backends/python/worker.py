@@ -43,6 +43,8 @@ class WorkerRunner:
         self._broken = ""  # why no worker runs (a restart failed)
         self._process: Any = None
         self._conn: Connection | None = None
+        self._arena = t.Arena()  # the tensors this side sends
+        self._reader = t.Reader()  # the worker's
         self._start()
         self._watchdog = threading.Thread(
             target=self._watch, name=f"{model.name}-watchdog", daemon=True
@@ -86,12 +88,10 @@ class WorkerRunner:
                 self._restart(self._process)  # died between batches, before the watchdog saw
             if self._conn is None:
                 raise Unavailable(f"model {self.model.name!r}: no worker process ({self._broken})")
-            packed = t.pack(requests)
             try:
-                self._conn.send(t.Run(packed))
+                self._conn.send(t.Run(self._arena.pack(requests)))
                 return self._results(self._conn)
             except (EOFError, OSError):
-                t.discard(packed)
                 self._process.join(timeout=5)
                 code = self._process.exitcode
                 log.error(
@@ -115,7 +115,7 @@ class WorkerRunner:
             elif isinstance(message, t.Failed):
                 raise _error(message.error)
             elif isinstance(message, t.Done):
-                outputs = t.unpack(message.outputs)
+                outputs = self._reader.unpack(message.outputs)
                 return [
                     e.error() if e is not None else o
                     for o, e in zip(outputs, message.errors, strict=True)
@@ -123,7 +123,7 @@ class WorkerRunner:
 
     def _answer(self, call: t.Call) -> t.Answer:
         """Run a BLS call of the worker's user code through the server (this thread waits)."""
-        inputs = t.unpack(call.inputs)[0]
+        inputs = self._reader.unpack(call.inputs)[0]
         if self.caller is None:
             return t.Answer(None, error=t.ErrorInfo("Unavailable", "no server to call models"))
         request = call.request
@@ -132,7 +132,7 @@ class WorkerRunner:
             response = self.caller.infer(request)
         except DlscaleError as exc:
             return t.Answer(None, error=t.ErrorInfo.of(exc))
-        outputs = t.pack([response.outputs])
+        outputs = self._arena.pack([response.outputs])
         response.outputs = {}
         return t.Answer(response, outputs)
 
@@ -156,6 +156,7 @@ class WorkerRunner:
         )  # fmt: skip
         if self._conn is not None:
             self._conn.close()
+        self._reader.close(unlink=True)  # the dead worker's segment
         self._process = self._conn = None
         try:
             self._start()
@@ -181,6 +182,8 @@ class WorkerRunner:
                 process.kill()
                 process.join()
             conn.close()
+            self._reader.close(unlink=True)  # the worker unlinks its own; a killed one cannot
+            self._arena.close()
 
 
 def _error(info: t.ErrorInfo) -> DlscaleError:
@@ -197,26 +200,29 @@ def _error(info: t.ErrorInfo) -> DlscaleError:
 class _PipeCaller:
     """BLS from a worker: the call goes to the server over the pipe, which answers it."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, arena: t.Arena, reader: t.Reader) -> None:
         self._conn = conn
+        self._arena = arena
+        self._reader = reader
         self._lock = threading.Lock()
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:
-        packed = t.pack([request.inputs])
-        request.inputs = {}
-        with self._lock:
+        with self._lock:  # one call at a time: the arena and the pipe are shared
+            packed = self._arena.pack([request.inputs])
+            request.inputs = {}
             self._conn.send(t.Call(request, packed))
             answer: t.Answer = self._conn.recv()
-        if answer.error is not None or answer.response is None or answer.outputs is None:
-            raise (answer.error or t.ErrorInfo("BackendError", "no answer")).error()
-        answer.response.outputs = t.unpack(answer.outputs)[0]
+            if answer.error is not None or answer.response is None or answer.outputs is None:
+                raise (answer.error or t.ErrorInfo("BackendError", "no answer")).error()
+            answer.response.outputs = self._reader.unpack(answer.outputs)[0]
         return answer.response
 
 
 def serve(conn: Connection, model: UserModel, api: Api) -> None:
     """The worker's main: load the model, then compute each batch the server sends."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s [worker] %(message)s")
-    pb.bind_caller(_PipeCaller(conn))
+    arena, reader = t.Arena(), t.Reader()
+    pb.bind_caller(_PipeCaller(conn, arena, reader))
     try:
         runner = make_runner(model, api)
     except DlscaleError as exc:
@@ -227,8 +233,10 @@ def serve(conn: Connection, model: UserModel, api: Api) -> None:
         message = conn.recv()
         if isinstance(message, t.Stop):
             runner.close()
+            reader.close()
+            arena.close()
             return
-        requests = t.unpack(message.inputs)
+        requests = reader.unpack(message.inputs)
         try:
             results = runner.run(requests)
         except DlscaleError as exc:
@@ -236,4 +244,4 @@ def serve(conn: Connection, model: UserModel, api: Api) -> None:
             continue
         outputs = [r if not isinstance(r, DlscaleError) else {} for r in results]
         infos = tuple(t.ErrorInfo.of(r) if isinstance(r, DlscaleError) else None for r in results)
-        conn.send(t.Done(t.pack(outputs), infos))
+        conn.send(t.Done(arena.pack(outputs), infos))
