@@ -71,8 +71,8 @@ class Arena:
         if not size:
             return Packed(None, tuple(layouts), tuple(objects))
         shm = self._room(size)
-        for arrays, layout in zip(mappings, layouts, strict=True):
-            for slot in layout:
+        for arrays, placed in zip(mappings, layouts, strict=True):
+            for slot in placed:
                 array = arrays[slot.name]
                 np.ndarray(array.shape, array.dtype, shm.buf, slot.offset)[...] = array
         return Packed(shm.name, tuple(layouts), tuple(objects))
