@@ -23,6 +23,8 @@ from dlscale.backends.python import PythonBackend
 from dlscale.backends.python.loader import UserCodeError, api_of
 from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.models.config import BatchingConfig, ModelConfig, load_config
+from dlscale.models.repository import ModelRepository
+from dlscale.models.runner import load_for_run
 from dlscale.models.triton_config import load_pbtxt
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Instance
@@ -185,3 +187,13 @@ def test_configs_name_the_python_backend(tmp_path: Path) -> None:
     config = load_config(native / "config.toml", "scale")
     assert config.backend == "python" and config.model_files() == ("model.py",)
     assert (config.backend_options.model_extra or {})["isolation"] == "process"
+
+
+def test_models_check_loads_a_python_model_from_its_config(tmp_path: Path) -> None:
+    write_python_model(tmp_path, "scale", SCALE, SCALE_CONFIG.format(isolation="thread"))
+    backend = load_for_run(ModelRepository(tmp_path).version("scale"))
+    try:
+        x = np.ones((2, 4), np.float32)
+        np.testing.assert_array_equal(backend.infer({"x": x})["y"], 3 * x)
+    finally:
+        backend.unload()
