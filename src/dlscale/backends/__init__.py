@@ -13,6 +13,8 @@ MODEL_FILES: dict[str, tuple[str, ...]] = {
     "torch": ("model.aoti.pt2", "model.pt2", "model.pt", "model.zoo"),
     # No model: the tensors come from config.toml; an empty marker keeps version folders alike.
     "null": ("model.null",),
+    # User code: dlscale's `Model` class or Triton's `TritonPythonModel` (docs/backends.md).
+    "python": ("model.py",),
 }
 
 
@@ -41,6 +43,10 @@ def create_backend(kind: str, path: Path, options: BackendOptions) -> Backend:
         from dlscale.backends.null import NullBackend
 
         return NullBackend(path, options)
+    if kind == "python":
+        from dlscale.backends.python import PythonBackend
+
+        return PythonBackend(path, options)
     raise ConfigError(f"unknown backend {kind!r}: expected one of {sorted(MODEL_FILES)}")
 
 

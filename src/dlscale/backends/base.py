@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dlscale.types import TensorSpec
+from dlscale.errors import DlscaleError
+from dlscale.types import InferenceRequest, InferenceResponse, TensorSpec
+
+
+class ModelCaller(Protocol):
+    """Calls another model of the same server, blocking: what a backend whose model calls
+    models (`Capabilities.calls_models`) is given. Called from an instance thread, never from
+    the event loop; the serving core implements it (serving/manager.py)."""
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,9 @@ class BackendOptions:
     #: none; a runtime without a model file to read them from (the null backend) serves these.
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
+    #: How the model calls other models of the server (set by the model manager; None outside
+    #: a server); read by backends that declare `Capabilities.calls_models`.
+    caller: ModelCaller | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,10 @@ class Capabilities:
     streams_answers: bool = False
     #: Whether its model calls other models of the server (pipelines, user code).
     calls_models: bool = False
+    #: Whether it takes a batch as its requests' inputs, one mapping per client request, and
+    #: answers each apart (`RequestsBackend`): Triton's Python models see the requests of a
+    #: batch, not one merged tensor, and may fail one request alone.
+    takes_requests: bool = False
 
 
 @runtime_checkable
@@ -75,3 +91,16 @@ class Backend(Protocol):
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def unload(self) -> None: ...
+
+
+#: One request's answer from `RequestsBackend.infer_requests`: its outputs, or its own error.
+RequestResult = dict[str, np.ndarray] | DlscaleError
+
+
+@runtime_checkable
+class RequestsBackend(Backend, Protocol):
+    """A Backend that also takes a batch request by request (`Capabilities.takes_requests`)."""
+
+    def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
+        """One result per request, in order: its outputs (its own rows) or the error for it."""
+        ...

@@ -24,7 +24,12 @@ from dlscale.types import Datatype, TensorSpec
 
 NonNegative = Annotated[int, Field(ge=0)]
 #: Triton's platform name for each backend, reported when config.toml names none.
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "torch": "pytorch_libtorch", "null": "dlscale_null"}
+PLATFORMS = {
+    "onnxruntime": "onnxruntime_onnx",
+    "torch": "pytorch_libtorch",
+    "null": "dlscale_null",
+    "python": "python",
+}
 Positive = Annotated[int, Field(ge=1)]
 
 
@@ -179,7 +184,7 @@ class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    backend: Literal["onnxruntime", "torch", "null"] = "onnxruntime"
+    backend: Literal["onnxruntime", "torch", "null", "python"] = "onnxruntime"
     platform: str = ""
     #: The model file's name in each version folder (default: the backend's usual names), or
     #: its path in the model's folder when there are no version folders (MLServer's layout).

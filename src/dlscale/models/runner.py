@@ -71,6 +71,9 @@ def load_for_run(version: ModelVersion, device: str = "cpu") -> Backend:
             max_batch_size=version.config.max_batch_size,
             graph_optimization_level=opts.graph_optimization_level,
             extra=dict(opts.model_extra or {}),
+            # Runtimes without a model file to read them from (null, python) serve these.
+            inputs=tuple(version.config.tensor_specs("inputs") or ()),
+            outputs=tuple(version.config.tensor_specs("outputs") or ()),
         ),
     )
     backend.load()

@@ -26,7 +26,10 @@ BACKENDS = {
     "pytorch": "torch",
     "dlscale_null": "null",
     "null": "null",
+    "python": "python",
 }
+#: A config.pbtxt parameter that says where a Python model's code runs (thread or process).
+PYTHON_ISOLATION = "DLSCALE_ISOLATION"
 #: Triton's ONNX Runtime parameters that are dlscale backend options.
 ORT_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
@@ -125,6 +128,10 @@ def convert(
             for k, v in parameters.items()
             if k in ORT_PARAMETERS and v.strip().isdigit()
         }
+        if data["backend"] == "python":  # the model reads them all, as in Triton
+            data["backend_options"] = {"parameters": parameters}
+            if PYTHON_ISOLATION in parameters:
+                data["backend_options"]["isolation"] = parameters[PYTHON_ISOLATION]
     return parse_config(data, source), _ignored(message)
 
 

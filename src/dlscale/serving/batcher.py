@@ -303,12 +303,18 @@ class Batcher:
     async def _compute(self, instance: Instance, batch: list[Pending]) -> None:
         t0 = self._clock()
         rows = sum(i.rows for i in batch)
-        merged = merge(batch)
+        by_request = instance.takes_requests  # the backend sees each request's own inputs
+        merged = {} if by_request else merge(batch)
         t1 = self._clock()
+        parts: Sequence[Tensors | DlscaleError]
         try:
-            outputs = await instance.infer(merged)
-            t2 = self._clock()
-            parts = split(outputs, batch, rows, self.policy.batched)
+            if by_request:
+                parts = await instance.infer_requests([i.inputs for i in batch])
+                t2 = self._clock()
+            else:
+                outputs = await instance.infer(merged)
+                t2 = self._clock()
+                parts = split(outputs, batch, rows, self.policy.batched)
         except DlscaleError as exc:
             fail(batch, exc)
             return
@@ -328,5 +334,9 @@ class Batcher:
                     times.compute_output_start,
                     times.compute_end,
                 ) = stamps
-            if not item.future.done():
+            if item.future.done():
+                continue
+            if isinstance(part, DlscaleError):  # this request alone failed
+                item.future.set_exception(part)
+            else:
                 item.future.set_result(part)

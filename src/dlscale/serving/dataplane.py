@@ -66,6 +66,7 @@ class DataPlane:
         cache: ResponseCache | None = None,
     ) -> None:
         self.manager = manager
+        manager.calls = self.infer  # models that call models (BLS) go through this path
         self.strict_readiness = strict_readiness
         #: Answers of models whose config enables the response cache (None: no cache).
         self.cache = cache

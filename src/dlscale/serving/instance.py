@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 
 from dlscale.backends import Backend
+from dlscale.backends.base import RequestResult, RequestsBackend
 from dlscale.wire import tracing
 
 
@@ -27,6 +29,9 @@ class Instance:
         self.name = name
         #: Batches this instance takes at once (known once loaded).
         self.slots = 1
+        #: Whether the backend takes a batch request by request (known once loaded): Triton's
+        #: Python models see each request of a batch apart.
+        self.takes_requests = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def call(self, func: object, *args: object) -> object:
@@ -37,7 +42,9 @@ class Instance:
     async def load(self) -> None:
         """Load the backend in this instance's thread (slow: files, sessions, compilation)."""
         await self.call(self.backend.load)
-        self.slots = max(1, self.backend.capabilities.concurrency)
+        capabilities = self.backend.capabilities
+        self.slots = max(1, capabilities.concurrency)
+        self.takes_requests = capabilities.takes_requests
         if self.slots > 1:
             old = self._executor
             self._executor = ThreadPoolExecutor(
@@ -54,6 +61,15 @@ class Instance:
         outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
         _trace(tracing.BACKEND_OUT, outputs)
         return outputs
+
+    async def infer_requests(
+        self, requests: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[RequestResult]:
+        """Compute one batch given as its requests' inputs; one result (or error) per request."""
+        # The backend declared `takes_requests`, so it has the method (no probing).
+        backend = cast(RequestsBackend, self.backend)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, backend.infer_requests, requests)
 
     async def close(self) -> None:
         """Unload the backend and stop the thread."""

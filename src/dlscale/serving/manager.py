@@ -8,9 +8,10 @@ import enum
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
@@ -28,7 +29,7 @@ from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.versions import resolve_version
 from dlscale.serving.warmup import WarmupBatch, warmup_batches
-from dlscale.types import TensorSpec
+from dlscale.types import InferenceRequest, InferenceResponse, TensorSpec
 
 log = logging.getLogger("dlscale.models")
 _LOADS = itertools.count(1)
@@ -77,6 +78,33 @@ class ModelEntry:
     versions: dict[int, ServedVersion] = field(default_factory=dict)
 
 
+#: The inference path models call other models through (the DataPlane's `infer`).
+InferCall = Callable[[InferenceRequest], Coroutine[Any, Any, InferenceResponse]]
+
+
+class ServerCaller:
+    """A ModelCaller for backends whose models call models: from an instance thread, the call
+    runs on the server's event loop (validation, batching, statistics as for any request) and
+    the thread waits for its answer."""
+
+    def __init__(self, manager: ModelManager, loop: asyncio.AbstractEventLoop) -> None:
+        self._manager = manager
+        self._loop = loop
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Infer on the server's loop; raises the request's DlscaleError."""
+        call = self._manager.calls
+        if call is None:
+            raise Unavailable("this server has no inference path for models to call")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:  # waiting here would stop the loop that must answer
+            raise Unavailable("a model called another from the event loop; call from a thread")
+        return asyncio.run_coroutine_threadsafe(call(request), self._loop).result()
+
+
 def policy_of(config: ModelConfig) -> BatchPolicy:
     """The batcher's policy from a model's config."""
     return BatchPolicy.of(config)
@@ -99,6 +127,8 @@ class ModelManager:
         #: The models this server should be serving: asked for at start or loaded since, less
         #: those unloaded. Strict readiness wants each of them READY.
         self.required: set[str] = set()
+        #: The inference path models call other models through; the DataPlane sets it.
+        self.calls: InferCall | None = None
 
     @classmethod
     def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
@@ -346,6 +376,8 @@ class ModelManager:
                     extra=extra,
                     inputs=tuple(config.tensor_specs("inputs") or ()),
                     outputs=tuple(config.tensor_specs("outputs") or ()),
+                    # Read by backends whose models call models (Capabilities.calls_models).
+                    caller=ServerCaller(self, asyncio.get_running_loop()),
                 )
                 for i in range(group.count):
                     backend = create_backend(config.backend, mv.model_file, options)
@@ -357,8 +389,11 @@ class ModelManager:
             first = instances[0].backend
             inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
-            batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
-            await asyncio.gather(*(self._warm(inst, batches, config, qos) for inst in instances))
+            # A model that calls models is not warmed up: the models it calls may load after it
+            # (Triton loads such models without a warm-up, too).
+            if not first.capabilities.calls_models:
+                batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
+                await asyncio.gather(*(self._warm(i, batches, config, qos) for i in instances))
         except BaseException:
             if qos is not None:
                 qos.leave()

@@ -78,6 +78,7 @@ class Sleeper:
         self.name = name
         self.service = service
         self.slots = 1
+        self.takes_requests = False
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(inputs["x"])

@@ -30,6 +30,7 @@ class Device:
     when each batch ran."""
 
     slots = 1  # one batch at a time, as an Instance of a one-batch backend
+    takes_requests = False  # merged batches, as most backends take them
 
     def __init__(self, name: str, service: Callable[[int], float]) -> None:
         self.name = name

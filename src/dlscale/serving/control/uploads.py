@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from dlscale.errors import InvalidInput, PayloadTooLarge
+from dlscale.errors import InvalidInput, PayloadTooLarge, PermissionDenied
 from dlscale.models.repository import ModelRepository
 from dlscale.models.sources import ModelSource
 from dlscale.models.triton_config import convert, parse_json
@@ -65,6 +65,12 @@ class Uploads:
             log.warning("%s", source.warning())
         if not files:
             return source, None
+        if config.backend == "python":
+            # A model.py runs with the server's rights: code comes from the repository only.
+            raise PermissionDenied(
+                f"model {name!r}: a load request may not upload Python code (backend 'python'); "
+                "put its model.py in the model repository"
+            )
         with self._lock:
             return source, self._write(name, files)
 

@@ -1,0 +1,7 @@
+"""User Python models: dlscale's `Model` API and Triton's `TritonPythonModel`, in process or not."""
+
+from __future__ import annotations
+
+from dlscale.backends.python.backend import MODEL_FILE, PythonBackend
+
+__all__ = ["MODEL_FILE", "PythonBackend"]

@@ -1,0 +1,138 @@
+"""Finding and importing a user's model.py: which API it speaks, its class, the pb_utils name.
+
+The rule (docs/backends.md): a model.py that defines a class `TritonPythonModel` speaks Triton's
+API; otherwise it must define a class `Model`, dlscale's own API. The API is read from the
+source without running it, so that the server process never imports code meant for a worker.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import logging
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from dlscale.backends.python import triton_python_backend_utils
+from dlscale.errors import BackendError, ConfigError
+from dlscale.types import TensorSpec
+
+log = logging.getLogger("dlscale.python")
+
+#: The class names the rule looks for, by API.
+TRITON_CLASS = "TritonPythonModel"
+NATIVE_CLASS = "Model"
+#: The module name Triton's model.py files import.
+PB_UTILS = "triton_python_backend_utils"
+
+Api = Literal["triton", "native"]
+
+
+@dataclass(frozen=True)
+class UserModel:
+    """What user code is told about its model: everything plain data, so a worker gets it too."""
+
+    path: Path  # the model.py
+    name: str
+    version: int
+    device: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    #: [backend_options] beyond the backend's own keys (native), or Triton's `parameters`.
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def at(
+        cls,
+        path: Path,
+        device: str,
+        max_batch_size: int,
+        tensors: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
+        parameters: dict[str, Any],
+    ) -> UserModel:
+        """The model whose model.py is at `path`: REPO/<name>/<version>/model.py."""
+        folder = path.parent
+        versioned = folder.name.isdigit()
+        name = folder.parent.name if versioned else folder.name
+        version = int(folder.name) if versioned else 1
+        return cls(path, name, version, device, max_batch_size, *tensors, parameters)
+
+    @property
+    def repository(self) -> Path:
+        """The model's folder (Triton's args['model_repository'])."""
+        folder = self.path.parent
+        return folder.parent if folder.name.isdigit() else folder
+
+
+def api_of(path: Path) -> Api:
+    """Which API the model.py at `path` speaks, read from its source (nothing is run)."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the model's Python code: {exc}") from None
+    names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    if TRITON_CLASS in names:
+        return "triton"
+    if NATIVE_CLASS in names:
+        return "native"
+    raise ConfigError(
+        f"{path}: defines neither class {TRITON_CLASS!r} (Triton's Python backend) nor class "
+        f"{NATIVE_CLASS!r} (dlscale's API); see docs/backends.md"
+    )
+
+
+def install_pb_utils() -> None:
+    """Make `import triton_python_backend_utils` give dlscale's module (a name in sys.modules,
+    nothing written to site-packages); the first user model's load does it, once."""
+    sys.modules.setdefault(PB_UTILS, triton_python_backend_utils)
+
+
+def user_class(model: UserModel, api: Api) -> type[Any]:
+    """Import the model.py (under a name of its own) and return its model class."""
+    install_pb_utils()
+    path = model.path
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    module_name = f"dlscale_user_model_{model.name}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path}: not a Python module")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise failure(model, "importing model.py", exc) from None
+    cls = getattr(module, TRITON_CLASS if api == "triton" else NATIVE_CLASS)
+    if not isinstance(cls, type):
+        raise ConfigError(f"{path}: {cls!r} is not a class")
+    return cls
+
+
+class UserCodeError(BackendError):
+    """User code raised: the client gets the message, the server log gets the traceback."""
+
+    def __init__(self, message: str, trace: str = "") -> None:
+        super().__init__(message)
+        self.trace = trace
+
+
+def failure(model: UserModel, where: str, exc: BaseException) -> UserCodeError:
+    """The error for an exception user code raised `where`, its traceback kept for the log."""
+    trace = "".join(traceback.format_exception(exc))
+    return UserCodeError(
+        f"model {model.name!r}: {where} raised {type(exc).__name__}: {exc} "
+        "(the traceback is in the server log)",
+        trace,
+    )
+
+
+def log_failure(error: UserCodeError) -> None:
+    """Write a user-code failure and its traceback to the server log."""
+    log.error("%s\n%s", error, error.trace.rstrip())

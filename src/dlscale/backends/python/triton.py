@@ -1,0 +1,132 @@
+"""Triton's Python-backend API: a `TritonPythonModel` with initialize, execute(requests), finalize.
+
+Each client request of a batch is one pb_utils.InferenceRequest, as in Triton: the batcher hands
+this backend the requests apart (`Capabilities.takes_requests`), nothing is concatenated, and a
+response with an error fails its own request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dlscale.backends.base import RequestResult
+from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
+from dlscale.errors import BackendError, DlscaleError, InvalidInput, NotFound, Unavailable
+from dlscale.types import TensorSpec
+
+log = logging.getLogger("dlscale.python")
+
+#: TritonError codes -> the error a client gets (the rest: a server error).
+_ERRORS: dict[int, type[DlscaleError]] = {
+    pb.TritonError.INVALID_ARG: InvalidInput,
+    pb.TritonError.NOT_FOUND: NotFound,
+    pb.TritonError.UNAVAILABLE: Unavailable,
+}
+
+
+def model_config(model: UserModel) -> dict[str, Any]:
+    """The model's config as Triton's JSON form (args['model_config'] holds it as a string)."""
+    batch = 1 if model.max_batch_size > 0 else 0
+
+    def tensor(spec: TensorSpec) -> dict[str, Any]:
+        dims = list(spec.shape[batch:])
+        return {"name": spec.name, "data_type": spec.datatype.config_type, "dims": dims}
+
+    return {
+        "name": model.name,
+        "backend": "python",
+        "max_batch_size": model.max_batch_size,
+        "input": [tensor(s) for s in model.inputs],
+        "output": [tensor(s) for s in model.outputs],
+        "parameters": {k: {"string_value": str(v)} for k, v in model.parameters.items()},
+    }
+
+
+def initialize_args(model: UserModel, instance: str) -> dict[str, str]:
+    """Triton's `initialize(args)`: every value a string."""
+    gpu = model.device.startswith("cuda")
+    device_id = model.device.partition(":")[2] or "0"
+    return {
+        "model_config": json.dumps(model_config(model)),
+        "model_instance_kind": "GPU" if gpu else "CPU",
+        "model_instance_name": instance,
+        "model_instance_device_id": device_id if gpu else "0",
+        "model_repository": str(model.repository),
+        "model_version": str(model.version),
+        "model_name": model.name,
+    }
+
+
+class TritonRunner:
+    """Runs a `TritonPythonModel`: initialize once, `execute` per batch, finalize at unload."""
+
+    def __init__(self, model: UserModel, instance: str = "") -> None:
+        self.model = model
+        self._user = user_class(model, "triton")()
+        self._outputs = [s.name for s in model.outputs]
+        initialize = getattr(self._user, "initialize", None)
+        if initialize is not None:
+            try:
+                _await(initialize(initialize_args(model, instance or f"{model.name}_0")))
+            except Exception as exc:
+                raise failure(model, "initialize", exc) from None
+
+    def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
+        """`execute` on the batch's requests; one result per request, raises for user bugs."""
+        asked = [
+            pb.InferenceRequest(
+                model_name=self.model.name,
+                requested_output_names=self._outputs,
+                inputs=[pb.Tensor(n, a) for n, a in inputs.items()],
+            )
+            for inputs in requests
+        ]
+        try:
+            responses = _await(self._user.execute(asked))
+        except Exception as exc:
+            raise failure(self.model, "execute", exc) from None
+        if not isinstance(responses, list | tuple) or len(responses) != len(asked):
+            got = f"{len(responses)} items" if isinstance(responses, list | tuple) else responses
+            raise UserCodeError(
+                f"model {self.model.name!r}: execute returned {got!r}; expected a list of "
+                f"{len(asked)} InferenceResponse, one per request"
+            )
+        return [self._result(i, r) for i, r in enumerate(responses)]
+
+    def _result(self, index: int, response: Any) -> RequestResult:
+        name = self.model.name
+        if not isinstance(response, pb.InferenceResponse):
+            return BackendError(
+                f"model {name!r}: execute's answer {index} is {type(response).__name__}, "
+                "not an InferenceResponse"
+            )
+        error = response.error()
+        if error is not None:
+            return _ERRORS.get(error.code(), BackendError)(error.message())
+        outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        missing = [n for n in self._outputs if n not in outputs]
+        if missing:
+            return BackendError(f"model {name!r}: execute's answer {index} lacks outputs {missing}")
+        return outputs
+
+    def close(self) -> None:
+        """Call `finalize`, if the model has one; a failure is logged, not raised."""
+        finalize = getattr(self._user, "finalize", None)
+        if finalize is not None:
+            try:
+                _await(finalize())
+            except Exception:
+                log.exception("model %r: finalize raised", self.model.name)
+
+
+def _await(value: Any) -> Any:
+    """The value, or the coroutine's result for `async def` methods (a loop per call)."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value

@@ -1,0 +1,328 @@
+"""Triton's `triton_python_backend_utils` (pb_utils) for user model.py files, written for dlscale.
+
+A Triton Python model imports it by that name; the python backend makes the name importable
+while it runs user code (backends/python/loader.py). Tensors are numpy arrays on the host; BLS
+calls (`InferenceRequest.exec`) go to the server's DataPlane through the ModelCaller bound to
+the running thread or process (`bind_caller`). What differs from Triton: docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dlscale.backends.base import ModelCaller
+from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.types import Datatype, RequestedOutput
+from dlscale.types import InferenceRequest as CoreRequest
+
+log = logging.getLogger("dlscale.python")
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+#: Triton's TYPE_* config names -> numpy dtypes (BYTES as object arrays).
+_CONFIG_TYPES = {Datatype(d).config_type: Datatype(d).numpy for d in Datatype}
+
+
+class TritonError:
+    """An error a response carries (Triton's pb_utils.TritonError)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, msg: str, code: int = INTERNAL) -> None:
+        self._message = msg
+        self._code = code
+
+    def message(self) -> str:
+        """The error's text."""
+        return self._message
+
+    def code(self) -> int:
+        """One of the class's codes."""
+        return self._code
+
+
+class TritonModelException(Exception):
+    """Raised by user code in initialize, execute or finalize to fail with a message."""
+
+
+class Tensor:
+    """A named host tensor (Triton's pb_utils.Tensor) over a numpy array."""
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        if not isinstance(array, np.ndarray):
+            raise TritonModelException(f"Tensor {name!r}: expected a numpy array, got {array!r}")
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        """The tensor's name."""
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        """The data as a numpy array (BYTES: an object array of bytes)."""
+        return self._array
+
+    def shape(self) -> list[int]:
+        """The tensor's shape."""
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> str:
+        """The datatype's protocol name (FP32, BYTES, ...)."""
+        return Datatype.from_numpy(self._array.dtype).value
+
+    def is_cpu(self) -> bool:
+        """Always True: dlscale hands Python models host arrays."""
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the data (numeric tensors only)."""
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor over an object that speaks DLPack (C-contiguous host memory)."""
+        return Tensor(name, np.from_dlpack(capsule))
+
+
+class InferenceResponse:
+    """One request's answer: output tensors, or an error (Triton's pb_utils.InferenceResponse)."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        self._outputs = list(output_tensors or ())
+        self._error = error
+        self._parameters = parameters if isinstance(parameters, str) else dict(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        """The output tensors."""
+        return self._outputs
+
+    def has_error(self) -> bool:
+        """Whether the response carries an error."""
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        """The error, or None."""
+        return self._error
+
+    def parameters(self) -> str:
+        """The response's parameters as a JSON string."""
+        p = self._parameters
+        return p if isinstance(p, str) else json.dumps(p)
+
+
+class InferenceRequest:
+    """A request: handed to `execute`, or built by user code to call another model (BLS)."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        requested_output_names: Sequence[str] = (),
+        inputs: Sequence[Tensor] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        self._model_name = model_name
+        self._outputs = list(requested_output_names)
+        self._inputs = list(inputs)
+        self._id = request_id
+        self._correlation_id = correlation_id
+        self._version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = json.loads(parameters) if isinstance(parameters, str) else parameters
+        del preferred_memory  # answers are host arrays here
+
+    def inputs(self) -> list[Tensor]:
+        """The input tensors."""
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        """The outputs asked for."""
+        return self._outputs
+
+    def request_id(self) -> str:
+        """The request's id."""
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        """The sequence correlation id (0: none)."""
+        return self._correlation_id
+
+    def model_name(self) -> str:
+        """The model a BLS request calls."""
+        return self._model_name
+
+    def flags(self) -> int:
+        """Sequence flags."""
+        return self._flags
+
+    def timeout(self) -> int:
+        """The request's timeout in microseconds (0: the model's default)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON string."""
+        return json.dumps(dict(self._parameters or {}))
+
+    def is_cancelled(self) -> bool:
+        """Always False: dlscale cancels no request while `execute` holds it."""
+        return False
+
+    def get_response_sender(self) -> Any:
+        """Decoupled (streamed) answers are not supported by dlscale's python backend yet."""
+        raise TritonModelException(
+            "get_response_sender: decoupled Python models are not supported by dlscale yet"
+        )
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Call the model named in this request on the same server and wait for its answer."""
+        if decoupled:
+            raise TritonModelException("exec(decoupled=True) is not supported by dlscale yet")
+        caller = current_caller()
+        if caller is None:
+            return InferenceResponse(
+                error=TritonError("BLS is available only inside execute", TritonError.UNAVAILABLE)
+            )
+        try:
+            answer = caller.infer(self._core_request())
+        except DlscaleError as exc:
+            return InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
+        return InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """`exec` on the loop's default thread pool, as Triton's is."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.exec, decoupled)
+
+    def _core_request(self) -> CoreRequest:
+        params: dict[str, bool | int | float | str] = {
+            k: v for k, v in (self._parameters or {}).items() if isinstance(v, bool | int | str)
+        }
+        if self._timeout:
+            params["timeout"] = int(self._timeout)
+        return CoreRequest(
+            model_name=self._model_name,
+            inputs={t.name(): t.as_numpy() for t in self._inputs},
+            model_version=str(self._version) if self._version >= 0 else "",
+            id=self._id,
+            outputs=[RequestedOutput(n) for n in self._outputs] or None,
+            parameters=params,
+        )
+
+
+def _code_of(exc: DlscaleError) -> int:
+    if isinstance(exc, InvalidInput):
+        return TritonError.INVALID_ARG
+    if isinstance(exc, NotFound):
+        return TritonError.NOT_FOUND
+    if isinstance(exc, Unavailable):
+        return TritonError.UNAVAILABLE
+    if isinstance(exc, Unsupported):
+        return TritonError.UNSUPPORTED
+    return TritonError.INTERNAL
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    """The request's input of that name, or None."""
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output of that name, or None."""
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
+    """The input's entry of a model config dict (json.loads(args["model_config"])), or None."""
+    return _by_name(model_config.get("input", ()), name)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
+    """The output's entry of a model config dict, or None."""
+    return _by_name(model_config.get("output", ()), name)
+
+
+def _by_name(entries: Iterable[Mapping[str, Any]], name: str) -> Any:
+    return next((e for e in entries if e.get("name") == name), None)
+
+
+def triton_string_to_numpy(triton_type: str) -> Any:
+    """The numpy type for a config datatype name ("TYPE_FP32"); BYTES is object."""
+    return _CONFIG_TYPES[triton_type].type
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether the config asks for decoupled answers (never, for models dlscale serves)."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+class Logger:
+    """Triton's pb_utils.Logger, writing to dlscale's log (logger `dlscale.python`)."""
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        """Log at INFO."""
+        log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        """Log at WARNING."""
+        log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        """Log at ERROR."""
+        log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        """Log at DEBUG."""
+        log.debug("%s", message)
+
+
+# -- the caller BLS goes through ------------------------------------------------------------------
+
+_bound = threading.local()
+_fallback: list[ModelCaller] = []  # the last caller bound: for threads user code starts itself
+
+
+def bind_caller(caller: ModelCaller | None) -> None:
+    """Let BLS calls made in this thread (and, failing that, in any thread) use `caller`."""
+    _bound.caller = caller
+    if caller is not None:
+        _fallback[:] = [caller]
+
+
+def current_caller() -> ModelCaller | None:
+    """The caller bound to this thread, else the last one bound, else None."""
+    caller: ModelCaller | None = getattr(_bound, "caller", None)
+    return caller or (_fallback[0] if _fallback else None)

@@ -1,0 +1,247 @@
+"""Worker processes: user code in a process of its own (no GIL shared with the server).
+
+The server side (`WorkerRunner`) starts the worker with the spawn context, sends each batch as a
+`Run` with its tensors in shared memory, answers the worker's BLS `Call`s through the server's
+ModelCaller while it waits, and a watchdog thread restarts a worker that died (logged, with
+"restarted"). The batch a worker died in fails with a server error; the next one is computed
+by the new worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from dlscale.backends.base import ModelCaller, RequestResult
+from dlscale.backends.python import transport as t
+from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_failure
+from dlscale.backends.python.runner import make_runner
+from dlscale.errors import BackendError, DlscaleError, Unavailable
+from dlscale.types import InferenceRequest, InferenceResponse
+
+log = logging.getLogger("dlscale.python")
+
+
+class WorkerRunner:
+    """A user model loaded in a worker process; restarted by a watchdog when it dies."""
+
+    def __init__(self, model: UserModel, api: Api, caller: ModelCaller | None) -> None:
+        self.model = model
+        self.api = api
+        self.caller = caller
+        self._context = get_context("spawn")
+        self._lock = threading.Lock()  # one batch (or restart) at a time
+        self._closing = False
+        self._broken = ""  # why no worker runs (a restart failed)
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._arena = t.Arena()  # the tensors this side sends
+        self._reader = t.Reader()  # the worker's
+        self._start()
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"{model.name}-watchdog", daemon=True
+        )
+        self._watchdog.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (tests kill it)."""
+        return self._process.pid if self._process is not None else None
+
+    def _start(self) -> None:
+        """Start a worker and wait until it loaded the model (raises what its load raised)."""
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(
+            target=serve, args=(theirs, self.model, self.api), name=f"dlscale-{self.model.name}"
+        )
+        process.daemon = True
+        process.start()
+        theirs.close()
+        try:
+            ready = ours.recv()
+            while isinstance(ready, t.Call):  # BLS from initialize
+                ours.send(self._answer(ready))
+                ready = ours.recv()
+        except EOFError:
+            process.join()
+            raise BackendError(
+                f"model {self.model.name!r}: its worker process exited while loading "
+                f"(exit code {process.exitcode})"
+            ) from None
+        if isinstance(ready, t.Ready) and ready.error is not None:
+            process.join()
+            raise _error(ready.error)
+        self._process, self._conn = process, ours
+
+    def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
+        """Send the batch to the worker and wait for its results, answering its BLS calls."""
+        with self._lock:
+            if self._process is not None and not self._process.is_alive():
+                self._restart(self._process)  # died between batches, before the watchdog saw
+            if self._conn is None:
+                raise Unavailable(f"model {self.model.name!r}: no worker process ({self._broken})")
+            try:
+                self._conn.send(t.Run(self._arena.pack(requests)))
+                return self._results(self._conn)
+            except (EOFError, OSError):
+                self._process.join(timeout=5)
+                code = self._process.exitcode
+                log.error(
+                    "model %r: its worker process (pid %s) died with exit code %s during a "
+                    "batch; that batch fails and the worker is restarted",
+                    self.model.name, self._process.pid, code,
+                )  # fmt: skip
+                raise BackendError(
+                    f"model {self.model.name!r}: its worker process died (exit code {code}) "
+                    "while computing this batch; the worker is being restarted"
+                ) from None
+
+    def _results(self, conn: Connection) -> list[RequestResult]:
+        while True:
+            ready = wait([conn, self._process.sentinel])
+            if conn not in ready:
+                raise EOFError
+            message = conn.recv()
+            if isinstance(message, t.Call):
+                conn.send(self._answer(message))
+            elif isinstance(message, t.Failed):
+                raise _error(message.error)
+            elif isinstance(message, t.Done):
+                outputs = self._reader.unpack(message.outputs)
+                return [
+                    e.error() if e is not None else o
+                    for o, e in zip(outputs, message.errors, strict=True)
+                ]
+
+    def _answer(self, call: t.Call) -> t.Answer:
+        """Run a BLS call of the worker's user code through the server (this thread waits)."""
+        inputs = self._reader.unpack(call.inputs)[0]
+        if self.caller is None:
+            return t.Answer(None, error=t.ErrorInfo("Unavailable", "no server to call models"))
+        request = call.request
+        request.inputs = inputs
+        try:
+            response = self.caller.infer(request)
+        except DlscaleError as exc:
+            return t.Answer(None, error=t.ErrorInfo.of(exc))
+        outputs = self._arena.pack([response.outputs])
+        response.outputs = {}
+        return t.Answer(response, outputs)
+
+    def _watch(self) -> None:
+        """Restart the worker each time it dies, until the model unloads."""
+        while not self._closing:
+            process = self._process
+            if process is None:
+                return
+            wait([process.sentinel])
+            with self._lock:
+                if not self._closing and self._process is process:
+                    self._restart(process)
+
+    def _restart(self, process: Any) -> None:
+        """Start a new worker in place of `process`, which died (the lock is held)."""
+        process.join()
+        log.warning(
+            "model %r: worker process (pid %s) exited with code %s; restarting it",
+            self.model.name, process.pid, process.exitcode,
+        )  # fmt: skip
+        if self._conn is not None:
+            self._conn.close()
+        self._reader.close(unlink=True)  # the dead worker's segment
+        self._process = self._conn = None
+        try:
+            self._start()
+        except DlscaleError as exc:
+            self._broken = f"its restart failed: {exc}"
+            log.error("model %r: worker %s", self.model.name, self._broken)
+            return
+        log.warning(
+            "model %r: worker process restarted (pid %s)", self.model.name, self._process.pid
+        )
+
+    def close(self) -> None:
+        """Ask the worker to unload the model and exit; kill it if it does not."""
+        with self._lock:
+            self._closing = True
+            process, conn = self._process, self._conn
+            if process is None or conn is None:
+                return
+            with contextlib.suppress(OSError):
+                conn.send(t.Stop())
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            conn.close()
+            self._reader.close(unlink=True)  # the worker unlinks its own; a killed one cannot
+            self._arena.close()
+
+
+def _error(info: t.ErrorInfo) -> DlscaleError:
+    if info.trace:
+        error = UserCodeError(info.message, info.trace)
+        log_failure(error)
+        return error
+    return info.error()
+
+
+# -- the worker's side -----------------------------------------------------------------------------
+
+
+class _PipeCaller:
+    """BLS from a worker: the call goes to the server over the pipe, which answers it."""
+
+    def __init__(self, conn: Connection, arena: t.Arena, reader: t.Reader) -> None:
+        self._conn = conn
+        self._arena = arena
+        self._reader = reader
+        self._lock = threading.Lock()
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse:
+        with self._lock:  # one call at a time: the arena and the pipe are shared
+            packed = self._arena.pack([request.inputs])
+            request.inputs = {}
+            self._conn.send(t.Call(request, packed))
+            answer: t.Answer = self._conn.recv()
+            if answer.error is not None or answer.response is None or answer.outputs is None:
+                raise (answer.error or t.ErrorInfo("BackendError", "no answer")).error()
+            answer.response.outputs = self._reader.unpack(answer.outputs)[0]
+        return answer.response
+
+
+def serve(conn: Connection, model: UserModel, api: Api) -> None:
+    """The worker's main: load the model, then compute each batch the server sends."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s [worker] %(message)s")
+    arena, reader = t.Arena(), t.Reader()
+    pb.bind_caller(_PipeCaller(conn, arena, reader))
+    try:
+        runner = make_runner(model, api)
+    except DlscaleError as exc:
+        conn.send(t.Ready(t.ErrorInfo.of(exc)))
+        return
+    conn.send(t.Ready())
+    while True:
+        message = conn.recv()
+        if isinstance(message, t.Stop):
+            runner.close()
+            reader.close()
+            arena.close()
+            return
+        requests = reader.unpack(message.inputs)
+        try:
+            results = runner.run(requests)
+        except DlscaleError as exc:
+            conn.send(t.Failed(t.ErrorInfo.of(exc)))
+            continue
+        outputs = [r if not isinstance(r, DlscaleError) else {} for r in results]
+        infos = tuple(t.ErrorInfo.of(r) if isinstance(r, DlscaleError) else None for r in results)
+        conn.send(t.Done(arena.pack(outputs), infos))

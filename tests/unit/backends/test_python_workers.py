@@ -1,0 +1,143 @@
+"""Worker processes of the python backend, and what they exchange: tensors through shared memory
+(numeric arrays never pickled), a killed worker restarted, pb_utils importable by its name."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.toolkit.python_models import ADD_SUB, write_triton_python_model
+
+from dlscale.backends import BackendOptions
+from dlscale.backends.python import PythonBackend
+from dlscale.backends.python import transport as t
+from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.worker import WorkerRunner
+from dlscale.errors import BackendError, InvalidInput, NotFound
+from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
+
+PAIR = (TensorSpec("INPUT0", Datatype.FP32, (-1, 4)), TensorSpec("INPUT1", Datatype.FP32, (-1, 4)))
+OUTS = (
+    TensorSpec("OUTPUT0", Datatype.FP32, (-1, 4)),
+    TensorSpec("OUTPUT1", Datatype.FP32, (-1, 4)),
+)
+
+
+def test_numeric_tensors_travel_in_shared_memory_not_in_the_message() -> None:
+    arena, reader = t.Arena(), t.Reader()
+    big = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
+    words = np.array([b"a", b"bc"], dtype=object)
+    packed = arena.pack([{"big": big, "words": words}, {"empty": np.zeros((0, 3), np.int8)}])
+    assert len(pickle.dumps(packed)) < 2048  # the 256 KiB stay out of the pipe
+    first, second = reader.unpack(packed)
+    np.testing.assert_array_equal(first["big"], big)
+    assert list(first["words"]) == [b"a", b"bc"]
+    assert second["empty"].shape == (0, 3)
+    # The segment is reused while messages fit, and replaced by a larger one when not.
+    assert arena.pack([{"big": -big}]).segment == packed.segment
+    huge = np.ones(1 << 20, np.float32)
+    bigger = arena.pack([{"huge": huge}])
+    assert bigger.segment != packed.segment and packed.segment is not None
+    assert not Path("/dev/shm", packed.segment).exists()
+    np.testing.assert_array_equal(reader.unpack(bigger)[0]["huge"], huge)
+    reader.close()
+    arena.close()
+    assert bigger.segment is not None and not Path("/dev/shm", bigger.segment).exists()
+
+
+def test_errors_cross_the_pipe_with_their_kind() -> None:
+    info = t.ErrorInfo.of(InvalidInput("bad row"))
+    assert isinstance(info.error(), InvalidInput) and str(info.error()) == "bad row"
+    assert isinstance(t.ErrorInfo("NoSuchError", "x").error(), BackendError)
+
+
+def test_pb_utils_is_importable_by_tritons_name_once_a_model_loads(tmp_path: Path) -> None:
+    folder = write_triton_python_model(tmp_path, "pair", ADD_SUB, "")
+    options = BackendOptions(extra={"isolation": "thread"}, inputs=PAIR, outputs=OUTS)
+    backend = PythonBackend(folder / "1" / "model.py", options)
+    backend.load()
+    assert sys.modules["triton_python_backend_utils"] is pb
+    backend.unload()
+
+
+def test_bls_errors_come_back_as_error_responses() -> None:
+    class Refusing:
+        def infer(self, request: InferenceRequest) -> InferenceResponse:
+            raise NotFound(f"unknown model {request.model_name!r}")
+
+    pb.bind_caller(Refusing())
+    try:
+        answer = pb.InferenceRequest(model_name="ghost", inputs=[]).exec()
+    finally:
+        pb.bind_caller(None)
+    error = answer.error()
+    assert answer.has_error() and error is not None
+    assert error.code() == pb.TritonError.NOT_FOUND and "ghost" in error.message()
+
+
+def test_a_killed_worker_fails_its_batch_and_is_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = write_triton_python_model(tmp_path, "pair", ADD_SUB, "")
+    backend = PythonBackend(folder / "1" / "model.py", BackendOptions(inputs=PAIR, outputs=OUTS))
+    backend.load()
+    runner = backend._runner
+    assert isinstance(runner, WorkerRunner)
+    first = runner.pid
+    assert first is not None and first != os.getpid()
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(backend.infer({"INPUT0": x, "INPUT1": x})["OUTPUT0"], 2 * x)
+    with caplog.at_level(logging.WARNING, logger="dlscale.python"):
+        os.kill(first, signal.SIGKILL)
+        for _ in range(1200):  # the watchdog notices and starts a new worker
+            if runner.pid not in (None, first):
+                break
+            time.sleep(0.05)
+        answer = backend.infer({"INPUT0": x, "INPUT1": x})
+    np.testing.assert_array_equal(answer["OUTPUT0"], 2 * x)
+    assert runner.pid not in (None, first)
+    assert "worker process restarted" in caplog.text
+    backend.unload()
+
+
+#: Calls a model from initialize (BLS) and answers every request with what it got.
+ASKS_AT_START = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        x = pb_utils.Tensor("x", np.ones((1, 4), np.float32))
+        answer = pb_utils.InferenceRequest(model_name="other", inputs=[x]).exec()
+        self.got = pb_utils.get_output_tensor_by_name(answer, "y").as_numpy()
+
+    def execute(self, requests):
+        outputs = [pb_utils.Tensor("OUTPUT0", self.got), pb_utils.Tensor("OUTPUT1", self.got)]
+        return [pb_utils.InferenceResponse(outputs) for _ in requests]
+"""
+
+
+class Doubling:
+    """A ModelCaller standing in for the server: answers y = 2 x for any model."""
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse:
+        return InferenceResponse(request.model_name, {"y": 2 * request.inputs["x"]})
+
+
+def test_a_worker_calls_models_from_initialize_through_the_server(tmp_path: Path) -> None:
+    folder = write_triton_python_model(tmp_path, "asks", ASKS_AT_START, "")
+    options = BackendOptions(inputs=PAIR, outputs=OUTS, caller=Doubling())
+    backend = PythonBackend(folder / "1" / "model.py", options)
+    backend.load()
+    x = np.zeros((1, 4), np.float32)
+    answer = backend.infer({"INPUT0": x, "INPUT1": x})
+    np.testing.assert_array_equal(answer["OUTPUT0"], np.full((1, 4), 2, np.float32))
+    backend.unload()
