@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -20,14 +20,24 @@ from dlscale.errors import ConfigError, DlscaleError, InvalidInput, TimedOut
 from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
 
-if TYPE_CHECKING:
-    from dlscale.serving.manager import ServedVersion
+
+class StepModel(Protocol):
+    """A loaded step model, as a pipeline checks it (serving/manager.py: StepModel); a
+    protocol, so that the manager, which builds pipelines, and this module do not import each
+    other."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    @property
+    def config(self) -> ModelConfig: ...
+
 
 #: The path a step's request takes: the DataPlane's, less its shutdown check (a pipeline that
 #: was admitted before shutdown finishes all its steps).
 Serve = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
 #: A loaded model version by name and version ("" for the newest): the manager's `get`.
-Lookup = Callable[[str, str], "ServedVersion"]
+Lookup = Callable[[str, str], StepModel]
 
 
 class Pipeline:
@@ -74,7 +84,7 @@ class Pipeline:
                     f"{spec.datatype.value}, but {origin} is {datatype.value}"
                 )
 
-    def _served(self, index: int, step: StepConfig, lookup: Lookup) -> ServedVersion:
+    def _served(self, index: int, step: StepConfig, lookup: Lookup) -> StepModel:
         try:
             version = lookup(step.model, str(step.version) if step.version else "")
         except DlscaleError as exc:
@@ -93,7 +103,7 @@ class Pipeline:
         self,
         index: int,
         step: StepConfig,
-        version: ServedVersion,
+        version: StepModel,
         made: dict[str, tuple[Datatype, str]],
     ) -> None:
         inputs = {s.name: s for s in version.inputs}

@@ -28,6 +28,59 @@ _DEVICE = [*_LABELS, "device"]
 DECISIONS = ("fair", "urgent", "off")
 
 
+#: Triton's per-model counters: name -> (help, the value read from a model's statistics).
+COUNTERS: dict[str, tuple[str, Callable[[ModelStats], float]]] = {
+    "nv_inference_request_success": (
+        "Number of successful inference requests, all batch sizes",
+        lambda s: s.success.count,
+    ),
+    "nv_inference_count": (
+        "Number of inferences performed (a request of batch size N counts N)",
+        lambda s: s.inference_count,
+    ),
+    "nv_inference_exec_count": (
+        "Number of model executions performed (batches)",
+        lambda s: s.execution_count,
+    ),
+    "nv_inference_request_duration_us": (
+        "Cumulative time of successful requests in the server, microseconds",
+        lambda s: s.success.ns / 1000,
+    ),
+    "nv_inference_queue_duration_us": (
+        "Cumulative time requests waited in the queue, microseconds",
+        lambda s: s.queue.ns / 1000,
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "Cumulative time merging inputs into batches, microseconds",
+        lambda s: s.compute_input.ns / 1000,
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative time computing batches, microseconds",
+        lambda s: s.compute_infer.ns / 1000,
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "Cumulative time splitting outputs back to requests, microseconds",
+        lambda s: s.compute_output.ns / 1000,
+    ),
+    "nv_cache_num_hits_per_model": (
+        "Requests answered from the response cache",
+        lambda s: s.cache_hit.count,
+    ),
+    "nv_cache_num_misses_per_model": (
+        "Response cache lookups that missed",
+        lambda s: s.cache_miss.count,
+    ),
+    "nv_cache_hit_duration_per_model": (
+        "Cumulative time of cache lookups that answered, microseconds",
+        lambda s: s.cache_hit.ns / 1000,
+    ),
+    "nv_cache_miss_duration_per_model": (
+        "Cumulative time of cache lookups that missed and of inserting, microseconds",
+        lambda s: s.cache_miss.ns / 1000,
+    ),
+}
+
+
 class InferenceCollector(Collector):
     """Reads every served version's ModelStats at scrape time; nothing is counted twice."""
 
@@ -39,57 +92,7 @@ class InferenceCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
-        counters: dict[str, tuple[str, Callable[[ModelStats], float]]] = {
-            "nv_inference_request_success": (
-                "Number of successful inference requests, all batch sizes",
-                lambda s: s.success.count,
-            ),
-            "nv_inference_count": (
-                "Number of inferences performed (a request of batch size N counts N)",
-                lambda s: s.inference_count,
-            ),
-            "nv_inference_exec_count": (
-                "Number of model executions performed (batches)",
-                lambda s: s.execution_count,
-            ),
-            "nv_inference_request_duration_us": (
-                "Cumulative time of successful requests in the server, microseconds",
-                lambda s: s.success.ns / 1000,
-            ),
-            "nv_inference_queue_duration_us": (
-                "Cumulative time requests waited in the queue, microseconds",
-                lambda s: s.queue.ns / 1000,
-            ),
-            "nv_inference_compute_input_duration_us": (
-                "Cumulative time merging inputs into batches, microseconds",
-                lambda s: s.compute_input.ns / 1000,
-            ),
-            "nv_inference_compute_infer_duration_us": (
-                "Cumulative time computing batches, microseconds",
-                lambda s: s.compute_infer.ns / 1000,
-            ),
-            "nv_inference_compute_output_duration_us": (
-                "Cumulative time splitting outputs back to requests, microseconds",
-                lambda s: s.compute_output.ns / 1000,
-            ),
-            "nv_cache_num_hits_per_model": (
-                "Requests answered from the response cache",
-                lambda s: s.cache_hit.count,
-            ),
-            "nv_cache_num_misses_per_model": (
-                "Response cache lookups that missed",
-                lambda s: s.cache_miss.count,
-            ),
-            "nv_cache_hit_duration_per_model": (
-                "Cumulative time of cache lookups that answered, microseconds",
-                lambda s: s.cache_hit.ns / 1000,
-            ),
-            "nv_cache_miss_duration_per_model": (
-                "Cumulative time of cache lookups that missed and of inserting, microseconds",
-                lambda s: s.cache_miss.ns / 1000,
-            ),
-        }
-        for name, (doc, value) in counters.items():
+        for name, (doc, value) in COUNTERS.items():
             family = _counter(name, doc)
             for s in stats:
                 family.add_sample(name, {"model": s.name, "version": s.version}, value(s))
