@@ -6,14 +6,16 @@ import argparse
 import logging
 import signal
 import threading
+from dataclasses import replace
 
 import ray
 from ray import serve
 
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
 from dlscale.scale.ingress import deploy_ingress
+from dlscale.scale.placement import fit_cpus, placement_of
 from dlscale.scale.settings import ScaleSettings, ray_values
 from dlscale.server import ALL_MODELS
 from dlscale.server import settings_from as server_settings_from
@@ -69,10 +71,31 @@ def connect(settings: ScaleSettings) -> None:
     )
 
 
+def fit_to_cluster(settings: ScaleSettings, names: list[str]) -> ScaleSettings:
+    """The settings with each replica's CPU ask shrunk to fit the cluster, or a ConfigError
+    with the arithmetic when --cpus-per-replica fixes asks that do not fit."""
+    repository = ModelRepository(settings.repository)
+    asks = {}
+    for name in names:
+        try:
+            config = repository.source(name).config
+            asks[name] = placement_of(config, settings.cpus_per_replica).num_cpus
+        except DlscaleError:
+            continue  # its deployment says why
+    replicas = settings.autoscale[0] if settings.autoscale else settings.replicas
+    cluster = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    fixed = settings.cpus_per_replica is not None
+    share, arithmetic = fit_cpus(asks, replicas, cluster, fixed)
+    if share < 1.0:
+        log.info("replicas ask %.3g of the CPUs they would ask: %s", share, arithmetic)
+    return replace(settings, cpu_share=share)
+
+
 def deploy_repository(settings: ScaleSettings) -> list[str]:
     """Start Serve, deploy the models, then the ingress; returns the models deployed."""
     deploy.start_serve(settings)
     names = models_to_deploy(settings)
+    settings = fit_to_cluster(settings, names)
     failed = deploy.deploy_models(settings, names)
     deploy_ingress(settings, failed)
     host = settings.host

@@ -10,7 +10,7 @@ imports neither, so that the router may import it without a circle.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ray import serve
@@ -63,6 +63,7 @@ def start_serve(settings: ScaleSettings) -> None:
 def model_options(config: ModelConfig, settings: ScaleSettings) -> dict[str, Any]:
     """Ray Serve deployment options of a model: replicas, resources, in-flight requests."""
     placement = placement_of(config, settings.cpus_per_replica, settings.gpus_per_replica)
+    placement = replace(placement, num_cpus=placement.num_cpus * settings.cpu_share)
     instances = sum(g.count for g in config.instances)
     full = instances * max(1, config.max_batch_size)  # one full batch per instance
     options: dict[str, Any] = {

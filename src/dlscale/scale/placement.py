@@ -11,6 +11,7 @@ replica's own numbering before the model loads (`placed_config`).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,3 +108,29 @@ def placed_config(config: ModelConfig) -> ModelConfig:
         for g in config.instances
     ]
     return config.model_copy(update={"instances": instances})
+
+
+def fit_cpus(
+    asks: Mapping[str, float], replicas: int, cluster_cpus: float, fixed: bool
+) -> tuple[float, str]:
+    """The share of its CPU ask each replica gets so that every model's replicas fit the
+    cluster (1.0 when they fit already), and the arithmetic in words.
+
+    Ray schedules a replica only where its CPUs are free: five models asking one CPU each on a
+    two-CPU host left three waiting for ever. A request the user fixed (--cpus-per-replica) is
+    not shrunk: it is refused at once with the figures and what to change.
+    """
+    total = replicas * sum(asks.values())
+    if total <= cluster_cpus or total == 0:
+        return 1.0, f"{total:g} CPUs asked, {cluster_cpus:g} in the cluster"
+    each = " + ".join(f"{name} {cpus:g}" for name, cpus in sorted(asks.items()))
+    arithmetic = (
+        f"{replicas} replica(s) x ({each}) = {total:g} CPUs asked, {cluster_cpus:g} in the cluster"
+    )
+    if fixed:
+        fits = cluster_cpus / (replicas * len(asks))
+        raise ConfigError(
+            f"the models do not fit the cluster: {arithmetic}. Lower --cpus-per-replica (at "
+            f"most {fits:.3g} fits), lower --replicas, or add nodes"
+        )
+    return cluster_cpus / total, arithmetic

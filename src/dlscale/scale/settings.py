@@ -68,6 +68,9 @@ class ScaleSettings:
     max_grpc_message_bytes: int = 64 * 2**20
     #: How often a replica copies its metrics into Ray's metrics export.
     metrics_interval_s: float = 5.0
+    #: The share of its CPU ask each replica gets, so that all fit the cluster (scale/placement.py
+    #: fit_cpus); 1.0 unless they would not fit.
+    cpu_share: float = 1.0
     #: How often the ingress reads the deployments' states from Ray Serve.
     refresh_interval_s: float = 1.0
 

@@ -8,10 +8,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.integration.scale.conftest import RAY_MISSING, Deployed, RayNodes
+from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import NULL_TENSORS
 
 ray = pytest.importorskip("ray", reason=RAY_MISSING)
 
@@ -19,6 +22,8 @@ import tritonclient.http as httpclient  # noqa: E402
 from ray import serve  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+from dlscale.cli import parse  # noqa: E402
+from dlscale.errors import ConfigError  # noqa: E402
 from dlscale.scale import deploy  # noqa: E402
 
 MODEL = "sleeper"
@@ -145,3 +150,23 @@ def test_each_replicas_metrics_reach_rays_export_under_dlscales_names(
     text = _ray_metrics(cluster)
     for name in ("ray_nv_inference_count", "ray_dlscale_batch_size_bucket"):
         assert f"{name}{{" in text, name
+
+
+def test_more_models_than_cpus_fit_the_cluster_they_are_given(
+    cluster: RayNodes, tmp_path: Path
+) -> None:
+    # Ten models asking one CPU each on this four-CPU cluster: each replica asks 0.4.
+    from dlscale.scale.commands import fit_to_cluster, settings_from
+
+    for i in range(10):
+        write_null_model(
+            tmp_path, f"m{i}", NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
+        )
+    settings = settings_from(parse(["serve", str(tmp_path), "--ray", "--address", cluster.address]))
+    fitted = fit_to_cluster(settings, [f"m{i}" for i in range(10)])
+    assert fitted.cpu_share == pytest.approx(0.4)
+    fixed = settings_from(
+        parse(["serve", str(tmp_path), "--ray", "--cpus-per-replica", "1", "--address", "x"])
+    )
+    with pytest.raises(ConfigError, match="10 CPUs asked, 4 in the cluster"):
+        fit_to_cluster(fixed, [f"m{i}" for i in range(10)])

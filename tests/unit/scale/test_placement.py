@@ -9,7 +9,7 @@ import pytest
 
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, parse_config
-from dlscale.scale.placement import Placement, placed_config, placement_of
+from dlscale.scale.placement import Placement, fit_cpus, placed_config, placement_of
 
 
 def _config(instances: str, threads: int = 0) -> ModelConfig:
@@ -76,3 +76,26 @@ def test_gpu_instances_are_renumbered_from_zero_in_order() -> None:
     assert devices == [("cuda:1", 1), ("cpu", 1), ("cuda:0", 2)]
     cpu_only = _config('[{"device": "cpu"}]')
     assert placed_config(cpu_only) is cpu_only
+
+
+def test_asks_that_fit_the_cluster_are_kept() -> None:
+    assert fit_cpus({"a": 1.0, "b": 1.0}, 1, 4.0, fixed=False)[0] == 1.0
+
+
+def test_asks_beyond_the_cluster_shrink_to_fit_and_say_the_arithmetic() -> None:
+    # The README's five models on a two-CPU host: three of them waited for ever.
+    asks = {name: 1.0 for name in "abcde"}
+    share, arithmetic = fit_cpus(asks, 1, 2.0, fixed=False)
+    assert share == pytest.approx(0.4) and share * sum(asks.values()) <= 2.0
+    assert (
+        arithmetic
+        == "1 replica(s) x (a 1 + b 1 + c 1 + d 1 + e 1) = 5 CPUs asked, 2 in the cluster"
+    )
+
+
+def test_fixed_asks_that_do_not_fit_are_refused_at_once_with_the_flag_that_fixes_them() -> None:
+    with pytest.raises(ConfigError) as caught:
+        fit_cpus({"a": 1.0, "b": 1.0}, 2, 2.0, fixed=True)
+    message = str(caught.value)
+    assert "4 CPUs asked, 2 in the cluster" in message
+    assert "--cpus-per-replica (at most 0.5 fits)" in message
