@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from dlscale.errors import DlscaleError
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.types import (
     InferenceRequest,
@@ -42,6 +43,8 @@ class Plane(Protocol):
     def model_config(self, name: str, version: str = "") -> ModelConfigView: ...
 
     def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]: ...
+
+    def refuse_early(self, name: str, version: str = "") -> DlscaleError | None: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from dlscale.errors import Unavailable
+from dlscale.errors import DlscaleError, Unavailable
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
 from dlscale.types import (
@@ -153,6 +153,10 @@ class RemotePlane:
         except ConnectionError:
             raise Unavailable(GONE) from None
         return await future
+
+    def refuse_early(self, name: str, version: str = "") -> DlscaleError | None:
+        """None: a round trip per request would cost more than it saves; the owner refuses."""
+        return None
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Inference in the owner; outputs come back into the body's segment when they fit."""
