@@ -17,7 +17,7 @@ from typing import Any, Protocol, Self, TypeVar
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
 from dlscale.frontends.limits import Limits
-from dlscale.frontends.loop import new_event_loop
+from dlscale.frontends.loop import freeze_survivors, new_event_loop
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.dataplane import DataPlane
@@ -238,6 +238,7 @@ class Server:
         except DlscaleError:
             pass  # logged; the stop below ends the server
         else:
+            freeze_survivors()  # what starting made lives as long as the process: out of gc's way
             if on_ready is not None:
                 on_ready(self)
         await self._stopped.wait()

@@ -29,6 +29,8 @@ def region_of(role: str, name: str, params: Mapping[str, Any]) -> RegionRef | No
     """
     region = params.get(REGION)
     if region is None:
+        if REGION_BYTE_SIZE not in params and REGION_OFFSET not in params:
+            return None  # the common case, without the list below
         stray = [k for k in (REGION_BYTE_SIZE, REGION_OFFSET) if k in params]
         if stray:
             raise InvalidInput(f"{role} {name!r} gives {stray} without {REGION!r}")

@@ -116,7 +116,7 @@ class RestApi:
             if handler is None:
                 return error_response(404, f"no route for {_short(path)!r}")
             self.access.check(group, headers)
-            if method not in allowed.split(", "):
+            if method != allowed and method not in allowed.split(", "):
                 return error_response(
                     405,
                     f"{method} is not allowed on {_short(path)!r}; use {allowed}",

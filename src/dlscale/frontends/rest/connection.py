@@ -10,18 +10,16 @@ import asyncio
 import collections
 import enum
 import typing
-from dataclasses import dataclass
-from http import HTTPStatus
 
 import httptools
 
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
 from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
+from dlscale.frontends.rest.framing import Pending, cut_response, frame
 from dlscale.wire import tracing
 from dlscale.wire.tensors import Buffer
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: Parsed requests a connection may hold while one is answered (pipelining) before it stops reading.
 _MAX_PIPELINED = 32
 #: How long a refused request's unread body is drained before the connection closes.
@@ -38,19 +36,6 @@ class _Phase(enum.Enum):
     IDLE = "idle"
     HEAD = "head"
     BODY = "body"
-
-
-@dataclass(eq=False)
-class _Message:
-    """One parsed request waiting for its turn, or a refusal to send before closing."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Buffer
-    keep_alive: bool
-    refusal: RestResponse | None = None
-    answer: RestResponse | None = None  # known before the body was read: sent, kept alive
 
 
 class Owner(typing.Protocol):
@@ -109,7 +94,7 @@ class Connection(asyncio.BufferedProtocol):
         self._requests = 0
         self._cut: float | None = None  # the grace, once stop() has cut this connection
         self._refusal: RestResponse | None = None
-        self._queue: collections.deque[_Message] = collections.deque()
+        self._queue: collections.deque[Pending] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._writable = asyncio.Event()
         self._writable.set()
@@ -319,7 +304,7 @@ class Connection(asyncio.BufferedProtocol):
         if most and self._requests >= most:
             keep_alive = False  # answered with "connection: close"; the client opens another
             self._done = True
-        message = _Message(self._method, self._path, self._headers, body, keep_alive)
+        message = Pending(self._method, self._path, self._headers, body, keep_alive)
         message.answer = self._early
         self._enqueue(message)
 
@@ -337,9 +322,9 @@ class Connection(asyncio.BufferedProtocol):
     def _refuse(self, response: RestResponse) -> None:
         """Answer `response` once earlier requests are answered, then close; parse no more."""
         self._done = True  # what still arrives is read and dropped (see _finish_refusal)
-        self._enqueue(_Message("", "", {}, b"", False, refusal=response))
+        self._enqueue(Pending("", "", {}, b"", False, refusal=response))
 
-    def _enqueue(self, message: _Message) -> None:
+    def _enqueue(self, message: Pending) -> None:
         self._queue.append(message)
         if len(self._queue) >= _MAX_PIPELINED:
             self._pause_reading()
@@ -365,7 +350,7 @@ class Connection(asyncio.BufferedProtocol):
                         task = asyncio.current_task()
                         if task is not None:
                             task.uncancel()
-                        message.refusal = response = _cut_response(self._cut)
+                        message.refusal = response = cut_response(self._cut)
                 if not self._writable.is_set():
                     await self._writable.wait()
                 if message.refusal is not None:
@@ -388,26 +373,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
         assert self.transport is not None
-        size = sum(len(p) for p in response.parts)
-        parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
-        head = [
-            b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
-            b"content-type: %s\r\ncontent-length: %d\r\n" % (response.content_type.encode(), size),
-        ]
-        for name, value in response.headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        if size < 65536:
-            # One write (one syscall) for the common small response.
-            self.transport.write(b"".join([*head, *parts]))
-        else:
-            chunks = [b"".join(head), *parts]
-            if tracing.on():
-                for chunk in chunks:
-                    tracing.record(tracing.SOCKET_OUT, chunk)
-            self.transport.writelines(chunks)
+        chunks = frame(response, keep_alive, head_only)
+        if len(chunks) == 1:
+            self.transport.write(chunks[0])  # one write (one syscall) for a small response
+            return
+        if tracing.on():
+            for chunk in chunks:
+                tracing.record(tracing.SOCKET_OUT, chunk)
+        self.transport.writelines(chunks)
 
     def _finish_refusal(self) -> None:
         # Closing with unread body bytes in the socket makes the kernel send RST, and the client
@@ -460,18 +433,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._task is not None:
             self._task.cancel()
         elif not self._done:
-            self._refuse(_cut_response(grace_s))
+            self._refuse(cut_response(grace_s))
 
     def abort(self) -> None:
         """Drop the connection at once."""
         if self.transport is not None:
             self.transport.abort()
-
-
-def _cut_response(grace_s: float) -> RestResponse:
-    return error_response(
-        503, f"the server stopped before this request finished, after a grace of {grace_s:g} s"
-    )
 
 
 class _Refused(Exception):
