@@ -314,8 +314,9 @@ class Connection(asyncio.BufferedProtocol):
             self._reserved = 0
 
     def _enter(self, phase: _Phase) -> None:
+        # Parser callbacks run inside buffer_updated, which has just read the clock.
         self._phase = phase
-        self._phase_since = self.loop.time()
+        self._phase_since = self.last_active
 
     # -- answering ---------------------------------------------------------------------------------
 
