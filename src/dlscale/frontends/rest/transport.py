@@ -118,6 +118,7 @@ class HttpFrontend:
                 await asyncio.wait_for(self._all_closed.wait(), DRAIN_AFTER_REFUSAL_S + 1)
         for conn in list(self._connections):
             conn.abort()
+            self._uncount(conn)  # now: the loop may stop before it reports the connection lost
         await self._server.wait_closed()
         self._server = None
         self.bodies.close()
