@@ -13,7 +13,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
-from dlscale.frontends.loop import new_event_loop
+from dlscale.frontends.loop import freeze_survivors, new_event_loop
 from dlscale.server_settings import ServerSettings as ServerSettings
 from dlscale.server_settings.flags import settings_from as settings_from
 from dlscale.serving.cache import ResponseCache
@@ -196,6 +196,7 @@ class Server:
         except DlscaleError:
             pass  # logged; the stop below ends the server
         else:
+            freeze_survivors()  # what starting made lives as long as the process: out of gc's way
             if on_ready is not None:
                 on_ready(self)
         await self._stopped.wait()

@@ -33,6 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     root = tmp_path_factory.mktemp("client_errors")
     write_null_model(root, "echo", ECHO)
     write_null_model(root, "text", TEXT)
+    # Over its rate limit after one request: refused before what it was sent is read.
+    write_null_model(root, "limited", ECHO + "[qos]\nrate_limit = 0.01\nrate_burst = 1\n")
     # A model whose file is not ONNX: the runtime's error names the file by its full path.
     (root / "garbled" / "1").mkdir(parents=True)
     (root / "garbled" / "1" / "model.onnx").write_bytes(b"not onnx")
@@ -69,8 +71,8 @@ def _doc(shape: list[int], data: Any, **params: Any) -> dict[str, Any]:
     return doc
 
 
-def _message(shape: list[int], raw: bytes, **params: Any) -> Any:
-    request = service_pb2.ModelInferRequest(model_name="echo")
+def _message(shape: list[int], raw: bytes, model: str = "echo", **params: Any) -> Any:
+    request = service_pb2.ModelInferRequest(model_name=model)
     request.inputs.add(name="x", datatype="FP32", shape=shape)
     request.raw_input_contents.append(raw)
     for key, value in params.items():
@@ -209,3 +211,16 @@ def test_errors_never_show_the_hosts_absolute_paths(server: LocalServer, stub: A
         assert root not in str(exc.details()) and "garbled" in str(exc.details())
     else:
         raise AssertionError("a model that is not ONNX loaded")
+
+
+def test_a_model_over_its_limits_refuses_before_reading_the_tensors(
+    server: LocalServer, stub: Any
+) -> None:
+    # The rate limit's burst of one goes to the first request; each protocol then gets 429 /
+    # RESOURCE_EXHAUSTED for tensors it would refuse as malformed had it read them.
+    assert _rest(server, _doc([1, 2], [1.0, 2.0]), "limited")[0] in (200, 429)
+    status, message = _rest(server, _doc([1, 2], [1.0]), "limited")
+    assert status == 429 and "rate limit" in message
+    code, message = _grpc(stub, _message([1, 2], b"\x00" * 4, "limited"))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit" in message
+    assert _rest(server, _doc([1, 2], [1.0]))[0] == 400  # not refused: read, and found wrong

@@ -21,8 +21,10 @@ def infer_input(name: str, array: np.ndarray) -> triton.InferInput:
 class RawHttp:
     """One HTTP/1.1 connection on a plain socket, for what real clients never send."""
 
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, source: str = "") -> None:
+        # `source`: another loopback address (127.0.0.2, ...), to be another client (peer).
+        address = (source, 0) if source else None
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout, address)
         self._reader = self.sock.makefile("rb")
 
     def send(self, data: bytes) -> None:

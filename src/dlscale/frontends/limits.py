@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,16 @@ class Limits:
     max_connections: int = _limit(
         1_000, "open connections per protocol; more get 503 (REST) or are refused (gRPC)"
     )
+    max_connections_per_peer: int = _limit(
+        256,
+        "open REST connections one client address may hold; more get 503 (0: no limit; behind a "
+        "proxy every client has the proxy's address)",
+    )
+    reap_idle_s: float = _limit(
+        2.0,
+        "seconds a keep-alive connection must have been idle before it is closed to make room for "
+        "a new client when connections or descriptors run short",
+    )
     max_receiving_bytes: int = _limit(
         1 << 30,
         "REST body bytes received in place at once (declared lengths); over it a body grows as "
@@ -72,6 +83,10 @@ class Limits:
         for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_connections_per_peer < 0:
+            raise ValueError("max_connections_per_peer must be 0 (no limit) or more")
+        if self.reap_idle_s < 0:
+            raise ValueError(f"reap_idle_s must be 0 or more, got {self.reap_idle_s}")
         if self.max_keep_alive_requests < 0:
             raise ValueError("max_keep_alive_requests must be 0 (no limit) or more")
         if not self.max_grpc_message_bytes < 2**31:
@@ -84,6 +99,72 @@ def connection_cap(wanted: int) -> int:
     The soft open-file limit is first raised to the hard one (as Go's runtime does), so that a
     default of 1,024 does not make new clients fail with a reset.
     """
+    room = _descriptor_room()
+    if room < wanted:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        log.warning(
+            "open-file limit %d allows %d REST connections, not %d: raise it (ulimit -n) for more",
+            soft,
+            room,
+            wanted,
+        )
+    return min(wanted, room)
+
+
+class DescriptorBudget:
+    """The file descriptors one serving process lends to clients: connections and regions.
+
+    Every REST connection and every registered shared-memory region holds a descriptor; they
+    draw on this one budget (the open-file limit less FD_RESERVE), so that neither can starve
+    the other. When the budget is short, `acquire` first asks its reapers (the REST frontend
+    closes its longest-idle keep-alive connection) and refuses only when none frees one.
+    """
+
+    def __init__(self, total: int) -> None:
+        if total <= 0:
+            raise ValueError(f"a descriptor budget must be positive, got {total}")
+        self.total = total
+        self.used = 0
+        self._reapers: list[Callable[[], bool]] = []
+
+    @property
+    def free(self) -> int:
+        """Descriptors still to lend."""
+        return self.total - self.used
+
+    def acquire(self) -> bool:
+        """Take one descriptor; False when none is left even after reaping an idle connection."""
+        if self.used >= self.total and not any(reap() for reap in list(self._reapers)):
+            return False
+        self.used += 1
+        return True
+
+    def release(self) -> None:
+        """Give back a descriptor taken with `acquire` (its connection or region closed)."""
+        self.used = max(self.used - 1, 0)
+
+    def add_reaper(self, reap: Callable[[], bool]) -> None:
+        """`reap()` closes one idle holder and releases its descriptor, or returns False."""
+        self._reapers.append(reap)
+
+    def remove_reaper(self, reap: Callable[[], bool]) -> None:
+        """Forget a reaper (its frontend stopped)."""
+        if reap in self._reapers:
+            self._reapers.remove(reap)
+
+
+_PROCESS_BUDGET: list[DescriptorBudget] = []
+
+
+def descriptor_budget() -> DescriptorBudget:
+    """This process's one descriptor budget, made on first use from the open-file limit."""
+    if not _PROCESS_BUDGET:
+        _PROCESS_BUDGET.append(DescriptorBudget(_descriptor_room()))
+    return _PROCESS_BUDGET[0]
+
+
+def _descriptor_room() -> int:
+    """Descriptors beyond the reserve, once the soft open-file limit is raised to the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         try:
@@ -92,13 +173,5 @@ def connection_cap(wanted: int) -> int:
         except (ValueError, OSError):
             pass  # the hard limit is the OS's word; keep the soft one
     if soft == resource.RLIM_INFINITY:
-        return wanted
-    room = max(int(soft) - FD_RESERVE, 1)
-    if room < wanted:
-        log.warning(
-            "open-file limit %d allows %d REST connections, not %d: raise it (ulimit -n) for more",
-            soft,
-            room,
-            wanted,
-        )
-    return min(wanted, room)
+        return 1 << 20
+    return max(int(soft) - FD_RESERVE, 1)

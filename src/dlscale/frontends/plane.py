@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
+from dlscale.errors import DlscaleError
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.types import (
     InferenceRequest,
@@ -39,6 +40,9 @@ class PlaneMethod:
     asynchronous: bool
     #: "data": serving/dataplane.py; "control": serving/control/plane.py.
     room: Literal["data", "control"]
+    #: False: a REST worker answers it itself, without the round trip to the owner (which would
+    #: cost more than the answer saves): its proxy writes that method by hand.
+    forwarded: bool = True
 
 
 PLANE_METHODS: tuple[PlaneMethod, ...] = (
@@ -50,6 +54,7 @@ PLANE_METHODS: tuple[PlaneMethod, ...] = (
     PlaneMethod("model_metadata", False, "data"),
     PlaneMethod("model_config", False, "data"),
     PlaneMethod("single_input", False, "data"),
+    PlaneMethod("refuse_early", False, "data", forwarded=False),
     PlaneMethod("infer", True, "data"),
     PlaneMethod("statistics", False, "data"),
     PlaneMethod("repository_index", False, "control"),
@@ -92,6 +97,8 @@ class Plane(Protocol):
     def model_config(self, name: str, version: str = "") -> ModelConfigView: ...
 
     def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]: ...
+
+    def refuse_early(self, name: str, version: str = "") -> DlscaleError | None: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 

@@ -161,6 +161,10 @@ class Router:
     def model_config(self, name: str, version: str = "") -> ModelConfigView:
         return self._version(name, version)[1].config
 
+    def refuse_early(self, name: str, version: str = "") -> DlscaleError | None:
+        """None: each model deployment's own DataPlane applies its admission limits."""
+        return None
+
     def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]:
         view = self._version(name, version)[1]
         if view.single_input is None:

@@ -91,6 +91,12 @@ class Batcher:
         """Queue one request and wait for its outputs (its own rows of the batch it joined)."""
         return await self.submit(inputs, priority, timeout_us, times=times)
 
+    def refuse_early(self) -> DlscaleError | None:
+        """The refusal `submit` would raise now by the model's [qos] admission, or None."""
+        if self.qos is None or self.qos.admission is None:
+            return None
+        return self.qos.admission.refuse_early(self.stats.pending, self._clock())
+
     def submit(
         self,
         inputs: Mapping[str, np.ndarray],

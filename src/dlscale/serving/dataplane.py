@@ -183,6 +183,23 @@ class DataPlane:
 
     # -- inference -------------------------------------------------------------------------------
 
+    def refuse_early(self, name: str, version: str = "") -> DlscaleError | None:
+        """The refusal a request to this model meets now by its [qos] admission, or None.
+
+        The REST frontend asks before it reads a request's body, so that a flood the model
+        refuses costs no body read or decode; a refusal is counted as `infer` counts it.
+        """
+        try:
+            served = self.manager.get(name, version)
+        except DlscaleError:
+            return None  # the request itself is answered with what is wrong
+        if served.batcher is None:
+            return None  # a pipeline: each step's own admission answers
+        refusal = served.batcher.refuse_early()
+        if refusal is not None:
+            served.stats.record_failure(refusal.reason, 0)
+        return refusal
+
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Validate, queue, wait, and answer one request; every outcome is counted."""
         if not self._accepting:

@@ -33,8 +33,8 @@ from dlscale.types import (
 from dlscale.wire.bounds import MAX_ELEMENTS, check_shape
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 from dlscale.wire.protowire import embedded, field_parts, nbytes, split_field
+from dlscale.wire.regions import REGION, region_of, region_parameters
 from dlscale.wire.tensors import (
-    REGION,
     Buffer,
     Form,
     RawData,
@@ -43,8 +43,6 @@ from dlscale.wire.tensors import (
     Wording,
     parse_datatype,
     read_tensor,
-    region_of,
-    region_parameters,
     write_tensor,
 )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -29,8 +29,22 @@ from dlscale.types import (
     TensorSpec,
 )
 from dlscale.wire.bounds import MAX_ELEMENTS, check_shape
+from dlscale.wire.regions import REGION, region_of, region_parameters
+from dlscale.wire.rest_json import (
+    ANY_JSON as ANY_JSON,
+)
+from dlscale.wire.rest_json import (
+    REQUEST_DOC,
+    RESPONSE_DOC,
+    AnswerTensorDoc,
+    OutputDoc,
+    ParameterValue,
+    TensorDoc,
+)
+from dlscale.wire.rest_json import (
+    decode_json as decode_json,
+)
 from dlscale.wire.tensors import (
-    REGION,
     Buffer,
     Form,
     JsonData,
@@ -39,12 +53,9 @@ from dlscale.wire.tensors import (
     Wording,
     parse_datatype,
     read_tensor,
-    region_of,
-    region_parameters,
     write_tensor,
 )
 
-ParameterValue = bool | int | float | str
 _Doc = TypeVar("_Doc")
 
 #: How REST words binary data that does not fit its tensor.
@@ -63,49 +74,6 @@ REST_WORDS = Wording(
         "bytes of 4-byte lengths and values) holds {count} and {extra} bytes more"
     ),
 )
-
-
-class _Tensor(msgspec.Struct):
-    name: str
-    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
-    datatype: str
-    parameters: dict[str, ParameterValue] = {}
-    data: Any = None
-
-
-class _Output(msgspec.Struct):
-    name: str
-    parameters: dict[str, ParameterValue] = {}
-
-
-class _Request(msgspec.Struct):
-    inputs: list[_Tensor]
-    id: str = ""
-    parameters: dict[str, ParameterValue] = {}
-    outputs: list[_Output] | None = None
-
-
-class _AnswerTensor(msgspec.Struct):
-    # Other servers put more than the protocol's scalars in parameters (MLServer: content types).
-    name: str
-    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
-    datatype: str
-    parameters: dict[str, Any] | None = None
-    data: Any = None
-
-
-class _Response(msgspec.Struct):
-    outputs: list[_AnswerTensor]
-    model_name: str = ""
-    model_version: str = ""
-    id: str = ""
-    parameters: dict[str, Any] | None = None
-
-
-_REQUEST = msgspec.json.Decoder(_Request)
-#: Any JSON value (the repository requests' small bodies).
-ANY_JSON: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
-_RESPONSE = msgspec.json.Decoder(_Response)
 
 
 @dataclass(frozen=True)
@@ -148,7 +116,7 @@ def decode_request(
     No tensor may declare more than `max_elements` elements, nor more than its data carries.
     """
     view = memoryview(body)
-    doc, json_end = _header(_REQUEST, view, header_length, "request")
+    doc, json_end = _header(REQUEST_DOC, view, header_length, "request")
     params = dict(doc.parameters)
     inputs, in_regions = _read_tensors(
         doc.inputs, view, json_end, header_length is not None, "request", None, max_elements
@@ -237,7 +205,7 @@ def decode_response(
     output no data (Triton adds no parameters to them either) reads as that region.
     """
     view = memoryview(payload)
-    doc, json_end = _header(_RESPONSE, view, header_length, "response")
+    doc, json_end = _header(RESPONSE_DOC, view, header_length, "response")
     outputs, in_regions = _read_tensors(
         doc.outputs, view, json_end, header_length is not None, "response", placed or {}
     )
@@ -268,28 +236,8 @@ def _header(
     return decode_json(decoder, view[:json_end], f"inference {what}"), json_end
 
 
-def decode_json(decoder: msgspec.json.Decoder[_Doc], text: Buffer, what: str) -> _Doc:
-    """JSON through a msgspec decoder; any malformed text is InvalidInput naming `what`.
-
-    msgspec raises UnicodeDecodeError for invalid UTF-8 inside strings and RecursionError for
-    nesting deeper than the interpreter allows: both are the client's mistake.
-    """
-    try:
-        return decoder.decode(text)
-    except msgspec.ValidationError as exc:  # a DecodeError too: the JSON is well formed
-        raise InvalidInput(f"invalid {what}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidInput(f"malformed JSON in the {what}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(
-            f"malformed JSON in the {what}: invalid UTF-8 at byte {exc.start} of a string"
-        ) from None
-    except RecursionError:
-        raise InvalidInput(f"malformed JSON in the {what}: nested too deeply") from None
-
-
 def _read_tensors(
-    tensors: list[_Tensor] | list[_AnswerTensor],
+    tensors: list[TensorDoc] | list[AnswerTensorDoc],
     body: memoryview,
     offset: int,
     has_binary: bool,
@@ -317,7 +265,7 @@ def _read_tensors(
 
 
 def _read_tensor(
-    entry: _Tensor | _AnswerTensor,
+    entry: TensorDoc | AnswerTensorDoc,
     body: memoryview,
     offset: int,
     has_binary: bool,
@@ -421,7 +369,7 @@ def _body(doc: dict[str, Any], binaries: list[Buffer]) -> Body:
 
 
 def _requested_outputs(
-    outputs: list[_Output] | None, params: dict[str, ParameterValue]
+    outputs: list[OutputDoc] | None, params: dict[str, ParameterValue]
 ) -> tuple[list[RequestedOutput] | None, OutputFormat]:
     all_binary = _flag(params, "binary_data_output", "request")
     if outputs is None:

@@ -2,9 +2,9 @@
 
 Every Open Inference Protocol encoding of a tensor is read by `read_tensor` and written by
 `write_tensor`, for the REST and gRPC codecs alike and in both directions. A tensor whose
-parameters name a shared-memory region (Triton's extension) carries no data: `region_of` reads
-those parameters into a typed reference, `region_parameters` writes them, and the bytes found in
-the region are read by `read_tensor` like any raw data (REGION_WORDS says what does not fit).
+parameters name a shared-memory region (Triton's extension) carries no data: `regions.py` reads
+and writes those parameters, and the bytes found in the region are read by `read_tensor` like
+any raw data (REGION_WORDS says what does not fit).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dlscale.errors import InvalidInput
-from dlscale.types import Datatype, Parameters, RegionRef
+from dlscale.types import Datatype, Parameters
 from dlscale.wire.bounds import MAX_DIMS, MAX_ELEMENTS, check_shape
 
 Buffer = bytes | bytearray | memoryview
@@ -396,10 +396,6 @@ def _to_json(role: str, name: str, array: np.ndarray, datatype: Datatype) -> Any
 
 # -- shared-memory regions -------------------------------------------------------------------------
 
-REGION = "shared_memory_region"
-REGION_BYTE_SIZE = "shared_memory_byte_size"
-REGION_OFFSET = "shared_memory_offset"
-
 #: How the bytes a region holds for a tensor are worded when they do not fit it.
 REGION_WORDS = Wording(
     size=(
@@ -419,38 +415,3 @@ REGION_WORDS = Wording(
         "({got}) hold {extra} bytes more"
     ),
 )
-
-
-def region_of(role: str, name: str, params: Mapping[str, Any]) -> RegionRef | None:
-    """The region a tensor's parameters place its data in, or None when they name none.
-
-    `shared_memory_region` and `shared_memory_byte_size` go together; `shared_memory_offset`
-    defaults to 0. Whether the region exists and holds those bytes is the registry's to say.
-    """
-    region = params.get(REGION)
-    if region is None:
-        stray = [k for k in (REGION_BYTE_SIZE, REGION_OFFSET) if k in params]
-        if stray:
-            raise InvalidInput(f"{role} {name!r} gives {stray} without {REGION!r}")
-        return None
-    if not isinstance(region, str) or not region:
-        raise InvalidInput(f"{role} {name!r}: {REGION!r} must be a region name, got {region!r}")
-    if REGION_BYTE_SIZE not in params:
-        raise InvalidInput(
-            f"{role} {name!r} gives {REGION!r} but no {REGION_BYTE_SIZE!r}: both are required"
-        )
-    size, offset = params[REGION_BYTE_SIZE], params.get(REGION_OFFSET, 0)
-    for key, value in ((REGION_BYTE_SIZE, size), (REGION_OFFSET, offset)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidInput(
-                f"{role} {name!r}: {key!r} must be a non-negative integer, got {value!r}"
-            )
-    return RegionRef(region, size, offset)
-
-
-def region_parameters(ref: RegionRef) -> Parameters:
-    """The parameters that place a tensor's data in a region (the offset only when not 0)."""
-    params: Parameters = {REGION: ref.region, REGION_BYTE_SIZE: ref.byte_size}
-    if ref.offset:
-        params[REGION_OFFSET] = ref.offset
-    return params

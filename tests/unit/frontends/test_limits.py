@@ -10,7 +10,7 @@ import pytest
 from dlscale.cli import parse
 from dlscale.errors import ConfigError, PermissionDenied
 from dlscale.frontends.access import Access, Restriction, grpc_group, rest_group
-from dlscale.frontends.limits import Limits
+from dlscale.frontends.limits import DescriptorBudget, Limits
 from dlscale.server import settings_from
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "limits.md"
@@ -89,3 +89,34 @@ def test_access_checks_the_header_of_a_restricted_group_only() -> None:
     with pytest.raises(PermissionDenied, match="'admin-key'") as caught:
         access.check("statistics", {"admin-key": "s3cre"})
     assert caught.value.http_status == 403 and caught.value.grpc_code == "PERMISSION_DENIED"
+
+
+def test_the_descriptor_budget_reaps_before_it_refuses() -> None:
+    budget = DescriptorBudget(2)
+    assert budget.acquire() and budget.acquire()
+    assert not budget.acquire()  # full, and nothing to reap
+    idle = [True]
+
+    def reap() -> bool:
+        if not idle:
+            return False
+        idle.pop()
+        budget.release()  # as a reaper does: its connection's descriptor comes back
+        return True
+
+    budget.add_reaper(reap)
+    assert budget.acquire() and budget.used == 2  # one idle holder closed for it
+    assert not budget.acquire()  # no idle holder left
+    budget.remove_reaper(reap)
+    budget.release()
+    assert budget.free == 1 and budget.acquire()
+    with pytest.raises(ValueError):
+        DescriptorBudget(0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_connections_per_peer", -1), ("reap_idle_s", -0.5)]
+)
+def test_connection_limits_refuse_negative_values(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        Limits(**{field: value})

@@ -11,8 +11,8 @@ from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, InferenceResponse, RegionRef, RegionTensor
 from dlscale.wire.grpc import decode_infer_request, decode_infer_response, encode_infer_response
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
+from dlscale.wire.regions import region_of, region_parameters
 from dlscale.wire.rest import decode_request, decode_response, encode_response
-from dlscale.wire.tensors import region_of, region_parameters
 
 
 def test_region_parameters_read_back() -> None:

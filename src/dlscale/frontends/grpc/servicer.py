@@ -156,6 +156,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _infer(self, message: Any) -> Framed:
+        plain = _plain(message)  # a model over its [qos] limits refuses before tensors are read
+        refusal = self.dataplane.refuse_early(plain.model_name, plain.model_version)
+        if refusal is not None:
+            raise refusal
         request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
         response = await self.dataplane.infer(request)
         return convert.infer_response(response, wants_raw(request), self.max_message_bytes)

@@ -115,7 +115,7 @@ class RestApi:
             if handler is None:
                 return error_response(404, f"no route for {_short(path)!r}")
             self.access.check(group, headers)
-            if method not in allowed.split(", "):
+            if method != allowed and method not in allowed.split(", "):
                 return error_response(
                     405,
                     f"{method} is not allowed on {_short(path)!r}; use {allowed}",
@@ -129,6 +129,31 @@ class RestApi:
         except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("%s %s failed", method, path)
             return error_response(500, redact_paths(f"internal error: {exc!r}"))
+
+    def refusal_before_body(
+        self, method: str, path: str, headers: Mapping[str, str]
+    ) -> RestResponse | None:
+        """The answer to an inference request whose model refuses it now (429), or None.
+
+        Asked once the head is read: a flood the model's [qos] limits refuse then costs no body
+        read, decode or task. Anything else about the request is left to `handle`.
+        """
+        if method != "POST" or not path.endswith("/infer"):
+            return None
+        try:
+            handler, args, _, group = self._route(path)
+            if handler != self._infer:
+                return None
+            self.access.check(group, headers)
+        except DlscaleError:
+            return None  # `handle` answers it, with what is wrong
+        refusal = self.dataplane.refuse_early(args[0], args[1])
+        if refusal is None:
+            return None
+        log_failure(
+            "HTTP", args[0], refusal.http_status, refusal.reason, f"{method} {path}: {refusal}"
+        )
+        return error_response(refusal.http_status, refusal.message)
 
     # -- routing -----------------------------------------------------------------------------------
 

@@ -10,24 +10,22 @@ import asyncio
 import collections
 import enum
 import typing
-from dataclasses import dataclass
-from http import HTTPStatus
 
 import httptools
 
-from dlscale.frontends.rest.api import RestResponse, error_response
-from dlscale.frontends.rest.body import HEAD_READ, Body
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
+from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
+from dlscale.frontends.rest.framing import Pending, cut_response, frame
 from dlscale.wire import tracing
 from dlscale.wire.tensors import Buffer
 
-if typing.TYPE_CHECKING:
-    from dlscale.frontends.rest.transport import HttpFrontend
-
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: Parsed requests a connection may hold while one is answered (pipelining) before it stops reading.
 _MAX_PIPELINED = 32
 #: How long a refused request's unread body is drained before the connection closes.
 DRAIN_AFTER_REFUSAL_S = 2.0
+#: The same for a connection refused as it opens: short, as a flood of them holds descriptors.
+DRAIN_AFTER_OPEN_REFUSAL_S = 0.5
 #: Bytes counted for a header line's separators (": " and CRLF).
 _HEADER_OVERHEAD = 4
 
@@ -40,16 +38,24 @@ class _Phase(enum.Enum):
     BODY = "body"
 
 
-@dataclass(eq=False)
-class _Message:
-    """One parsed request waiting for its turn, or a refusal to send before closing."""
+class Owner(typing.Protocol):
+    """What a connection needs of the frontend that accepted it (transport.py's HttpFrontend).
 
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Buffer
-    keep_alive: bool
-    refusal: RestResponse | None = None
+    Declared here so that the connection does not import the transport, which imports it.
+    """
+
+    api: RestApi
+    limits: Limits
+    bodies: BodyBuffers
+    stopping: bool
+
+    def opened(self, conn: Connection) -> str | None: ...
+
+    def closed(self, conn: Connection) -> None: ...
+
+    def reserve(self, size: int) -> bool: ...
+
+    def release(self, size: int) -> None: ...
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -60,7 +66,7 @@ class Connection(asyncio.BufferedProtocol):
     then renewed for the next request, since it never saw those bytes.
     """
 
-    def __init__(self, frontend: HttpFrontend) -> None:
+    def __init__(self, frontend: Owner) -> None:
         self.frontend = frontend
         self.api = frontend.api
         self.loop = asyncio.get_running_loop()
@@ -77,7 +83,9 @@ class Connection(asyncio.BufferedProtocol):
         self._headers: dict[str, str] = {}
         self._header_lines = 0
         self._method = ""
+        self._path = ""
         self._keep_alive = True
+        self._early: RestResponse | None = None  # the answer of a request whose body is skipped
         self._body: Body | None = None
         self._body_size = 0
         self._direct = False  # the socket writes into the body's buffer
@@ -86,27 +94,27 @@ class Connection(asyncio.BufferedProtocol):
         self._requests = 0
         self._cut: float | None = None  # the grace, once stop() has cut this connection
         self._refusal: RestResponse | None = None
-        self._queue: collections.deque[_Message] = collections.deque()
+        self._queue: collections.deque[Pending] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self._reading = True
         self._done = False  # no more requests are read on this connection
+        self._drain_s = DRAIN_AFTER_REFUSAL_S
+        self.peer = ""  # the client's address: connections are capped per peer
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, though they implement it.
         self.transport = typing.cast(asyncio.Transport, transport)
-        if not self.frontend.opened(self):
-            most = self.frontend.max_connections
-            self._refuse(
-                error_response(
-                    503,
-                    f"the server holds its maximum of {most} connections; try again later",
-                    (("retry-after", "1"),),
-                )
-            )
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        refusal = self.frontend.opened(self)
+        if refusal is not None:
+            self._drain_s = DRAIN_AFTER_OPEN_REFUSAL_S
+            retry = (("retry-after", "1"),)
+            self._refuse(error_response(503, f"{refusal}; try again later", retry))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done = True
@@ -184,6 +192,7 @@ class Connection(asyncio.BufferedProtocol):
         self._header_lines = 0
         self._body = None
         self._body_size = 0
+        self._early = None
 
     def on_url(self, url: bytes) -> None:
         self._url_size += len(url)
@@ -236,12 +245,17 @@ class Connection(asyncio.BufferedProtocol):
                 413, f"the request body of {length} bytes exceeds the limit of {limit} bytes"
             )
             raise _Refused
+        # Known now, and needed after a body read in place (when a new parser holds no request).
+        self._method = self.parser.get_method().decode("ascii")
+        self._path = b"".join(self._url).decode("latin-1")
+        self._keep_alive = self.parser.should_keep_alive()
+        early = self.api.refusal_before_body(self._method, self._path, self._headers)
+        if early is not None:
+            self._refuse_before_body(early, length)
+            return
         if self._headers.get("expect", "").lower() == "100-continue" and not self._queue:
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        # Known now, and needed after a body read in place (when a new parser holds no request).
-        self._method = self.parser.get_method().decode("ascii")
-        self._keep_alive = self.parser.should_keep_alive()
         declared = (
             length is not None and length.isdigit() and "transfer-encoding" not in self._headers
         )
@@ -253,6 +267,16 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self._body = Body.chunked()
 
+    def _refuse_before_body(self, answer: RestResponse, length: str | None) -> None:
+        # A small body of known length is skipped as it passes and the connection kept; a
+        # large or unknown one is not waited for: answered now, and the connection closes.
+        small = length is not None and length.isdigit() and int(length) <= HEAD_READ
+        if small and "transfer-encoding" not in self._headers:
+            self._early = answer
+            return
+        self._refusal = answer
+        raise _Refused
+
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
         if self._body_size > self.limits.max_body_bytes:
@@ -260,6 +284,8 @@ class Connection(asyncio.BufferedProtocol):
                 413, f"the request body exceeds the limit of {self.limits.max_body_bytes} bytes"
             )
             raise _Refused
+        if self._early is not None:
+            return  # refused already: its bytes are dropped as they pass
         assert self._body is not None
         self._body.add(body)
 
@@ -278,13 +304,8 @@ class Connection(asyncio.BufferedProtocol):
         if most and self._requests >= most:
             keep_alive = False  # answered with "connection: close"; the client opens another
             self._done = True
-        message = _Message(
-            self._method,
-            b"".join(self._url).decode("latin-1"),
-            self._headers,
-            body,
-            keep_alive,
-        )
+        message = Pending(self._method, self._path, self._headers, body, keep_alive)
+        message.answer = self._early
         self._enqueue(message)
 
     def _release(self) -> None:
@@ -293,17 +314,18 @@ class Connection(asyncio.BufferedProtocol):
             self._reserved = 0
 
     def _enter(self, phase: _Phase) -> None:
+        # Parser callbacks run inside buffer_updated, which has just read the clock.
         self._phase = phase
-        self._phase_since = self.loop.time()
+        self._phase_since = self.last_active
 
     # -- answering ---------------------------------------------------------------------------------
 
     def _refuse(self, response: RestResponse) -> None:
         """Answer `response` once earlier requests are answered, then close; parse no more."""
         self._done = True  # what still arrives is read and dropped (see _finish_refusal)
-        self._enqueue(_Message("", "", {}, b"", False, refusal=response))
+        self._enqueue(Pending("", "", {}, b"", False, refusal=response))
 
-    def _enqueue(self, message: _Message) -> None:
+    def _enqueue(self, message: Pending) -> None:
         self._queue.append(message)
         if len(self._queue) >= _MAX_PIPELINED:
             self._pause_reading()
@@ -316,6 +338,8 @@ class Connection(asyncio.BufferedProtocol):
                 message = self._queue.popleft()
                 if message.refusal is not None:
                     response = message.refusal
+                elif message.answer is not None:
+                    response = message.answer
                 else:
                     try:
                         response = await self.api.handle(
@@ -327,7 +351,7 @@ class Connection(asyncio.BufferedProtocol):
                         task = asyncio.current_task()
                         if task is not None:
                             task.uncancel()
-                        message.refusal = response = _cut_response(self._cut)
+                        message.refusal = response = cut_response(self._cut)
                 if not self._writable.is_set():
                     await self._writable.wait()
                 if message.refusal is not None:
@@ -350,26 +374,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
         assert self.transport is not None
-        size = sum(len(p) for p in response.parts)
-        parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
-        head = [
-            b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
-            b"content-type: %s\r\ncontent-length: %d\r\n" % (response.content_type.encode(), size),
-        ]
-        for name, value in response.headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        if size < 65536:
-            # One write (one syscall) for the common small response.
-            self.transport.write(b"".join([*head, *parts]))
-        else:
-            chunks = [b"".join(head), *parts]
-            if tracing.on():
-                for chunk in chunks:
-                    tracing.record(tracing.SOCKET_OUT, chunk)
-            self.transport.writelines(chunks)
+        chunks = frame(response, keep_alive, head_only)
+        if len(chunks) == 1:
+            self.transport.write(chunks[0])  # one write (one syscall) for a small response
+            return
+        if tracing.on():
+            for chunk in chunks:
+                tracing.record(tracing.SOCKET_OUT, chunk)
+        self.transport.writelines(chunks)
 
     def _finish_refusal(self) -> None:
         # Closing with unread body bytes in the socket makes the kernel send RST, and the client
@@ -377,7 +389,7 @@ class Connection(asyncio.BufferedProtocol):
         assert self.transport is not None
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self.loop.call_later(DRAIN_AFTER_REFUSAL_S, self.transport.close)
+        self.loop.call_later(self._drain_s, self.transport.close)
 
     def _pause_reading(self) -> None:
         if self._reading and self.transport is not None and not self.transport.is_closing():
@@ -400,6 +412,12 @@ class Connection(asyncio.BufferedProtocol):
         elif self._phase is _Phase.IDLE and self.last_active < now - limits.keep_alive_s:
             self.abort()
 
+    def idle_since(self) -> float | None:
+        """When this keep-alive connection went idle, or None while a request is under way."""
+        if self._phase is not _Phase.IDLE or self._task is not None or self._done:
+            return None
+        return self.last_active
+
     def close_if_idle(self) -> None:
         """Close now if no request is being read or answered; refuse one half read with 503."""
         if self._task is not None or self.transport is None or self._done:
@@ -416,18 +434,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._task is not None:
             self._task.cancel()
         elif not self._done:
-            self._refuse(_cut_response(grace_s))
+            self._refuse(cut_response(grace_s))
 
     def abort(self) -> None:
         """Drop the connection at once."""
         if self.transport is not None:
             self.transport.abort()
-
-
-def _cut_response(grace_s: float) -> RestResponse:
-    return error_response(
-        503, f"the server stopped before this request finished, after a grace of {grace_s:g} s"
-    )
 
 
 class _Refused(Exception):

@@ -16,7 +16,7 @@ import ssl
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.access import Access
-from dlscale.frontends.limits import Limits, connection_cap
+from dlscale.frontends.limits import DescriptorBudget, Limits, connection_cap, descriptor_budget
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest.api import RestApi
 from dlscale.frontends.rest.body import BodyBuffers
@@ -39,6 +39,7 @@ class HttpFrontend:
         access: Access | None = None,
         bodies: BodyBuffers | None = None,
         reuse_port: bool = False,
+        descriptors: DescriptorBudget | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.api = RestApi(dataplane, self.limits, access)
@@ -53,7 +54,11 @@ class HttpFrontend:
         self.max_connections = self.limits.max_connections
         self.stopping = False
         self._server: asyncio.Server | None = None
-        self._connections: set[Connection] = set()
+        self._connections: set[Connection] = set()  # every open one, refused ones included
+        self._counted: set[Connection] = set()  # the ones served: within the limits below
+        self._peers: dict[str, int] = {}  # connections served per client address
+        #: The descriptors REST connections share with shared-memory regions (limits.py).
+        self.descriptors = descriptors or descriptor_budget()
         self._all_closed = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -75,6 +80,7 @@ class HttpFrontend:
             address = f"{self.host}:{self.requested_port}"
             raise DlscaleError(f"REST cannot listen on {address}: {exc.strerror or exc}") from exc
         self._sweeper = loop.create_task(self._sweep())
+        self.descriptors.add_reaper(self.reap_idle)
         scheme = "https" if self.tls else "http"
         log.info("REST frontend listening on %s://%s:%d", scheme, self.host, self.port)
 
@@ -91,6 +97,7 @@ class HttpFrontend:
             return
         self.stopping = True
         self._server.close()
+        self.descriptors.remove_reaper(self.reap_idle)
         if self._sweeper is not None:
             self._sweeper.cancel()
         for conn in list(self._connections):
@@ -111,15 +118,55 @@ class HttpFrontend:
                 await asyncio.wait_for(self._all_closed.wait(), DRAIN_AFTER_REFUSAL_S + 1)
         for conn in list(self._connections):
             conn.abort()
+            self._uncount(conn)  # now: the loop may stop before it reports the connection lost
         await self._server.wait_closed()
         self._server = None
         self.bodies.close()
 
-    def opened(self, conn: Connection) -> bool:
-        """Count a new connection; False when the server already holds its maximum."""
-        full = len(self._connections) >= self.max_connections
+    def opened(self, conn: Connection) -> str | None:
+        """Count a new connection; None to serve it, else why it is refused (a 503's message).
+
+        A full server first closes its longest-idle keep-alive connection (idle at least
+        reap_idle_s) to make room, so that idle connections cannot keep new clients out.
+        """
         self._connections.add(conn)
-        return not full
+        limits = self.limits
+        cap, held = limits.max_connections_per_peer, self._peers.get(conn.peer, 0)
+        if cap and held >= cap:
+            return (
+                f"this client ({conn.peer}) holds its maximum of {cap} connections "
+                "(max_connections_per_peer); reuse or close one"
+            )
+        if len(self._counted) >= self.max_connections and not self.reap_idle():
+            return f"the server holds its maximum of {self.max_connections} connections"
+        if not self.descriptors.acquire():
+            return "the server has no file descriptor left for a new connection"
+        self._counted.add(conn)
+        self._peers[conn.peer] = held + 1
+        return None
+
+    def reap_idle(self) -> bool:
+        """Close the longest-idle keep-alive connection (idle at least reap_idle_s), if any."""
+        oldest: Connection | None = None
+        since = asyncio.get_running_loop().time() - self.limits.reap_idle_s
+        for conn in self._counted:
+            idle = conn.idle_since()
+            if idle is not None and idle <= since:
+                oldest, since = conn, idle
+        if oldest is None:
+            return False
+        oldest.abort()  # idle between requests: nothing is lost, the client opens another
+        self._uncount(oldest)
+        return True
+
+    def _uncount(self, conn: Connection) -> None:
+        if conn not in self._counted:
+            return
+        self._counted.discard(conn)
+        self.descriptors.release()
+        left = self._peers.pop(conn.peer) - 1
+        if left:
+            self._peers[conn.peer] = left
 
     def reserve(self, size: int) -> bool:
         """Reserve `size` bytes for a body received in place; False when the bound is reached."""
@@ -134,6 +181,7 @@ class HttpFrontend:
 
     def closed(self, conn: Connection) -> None:
         """Forget a closed connection; the last one wakes a stop waiting for them all."""
+        self._uncount(conn)
         self._connections.discard(conn)
         if not self._connections:
             self._all_closed.set()

@@ -159,6 +159,10 @@ class RemotePlane:
             raise Unavailable(GONE) from None
         return await future
 
+    def refuse_early(self, name: str, version: str = "") -> DlscaleError | None:
+        """None: a round trip per request would cost more than it saves; the owner refuses."""
+        return None
+
     def _space(self, request: InferenceRequest) -> ipc.Descriptor | None:
         """The body segment of a request, where the owner may write its outputs back."""
         for array in request.inputs.values():
@@ -206,4 +210,5 @@ def _forward(method: PlaneMethod) -> Callable[..., Any]:
 
 
 for _method in PLANE_METHODS:
-    setattr(RemotePlane, _method.name, _forward(_method))
+    if _method.forwarded:
+        setattr(RemotePlane, _method.name, _forward(_method))

@@ -32,21 +32,33 @@ class Admission:
 
     def admit(self, in_flight: int, now: float) -> None:
         """Take one request, or raise TooManyRequests; `in_flight`: queued or computing now."""
+        refusal = self.refuse_early(in_flight, now)
+        if refusal is not None:
+            raise refusal
+        if self.rate:
+            self._tokens -= 1
+
+    def refuse_early(self, in_flight: int, now: float) -> TooManyRequests | None:
+        """The refusal `admit` would raise now, counted as it counts; admitting takes no token.
+
+        The REST frontend asks before it reads a request's body, so that a flood refused here
+        costs no body read or decode.
+        """
         if self.max_in_flight and in_flight >= self.max_in_flight:
             self.refused[MAX_IN_FLIGHT] += 1
-            raise TooManyRequests(
+            return TooManyRequests(
                 f"model {self.model!r} has {in_flight} requests in flight, its max_in_flight "
                 f"([qos]); retry when one completes"
             )
         if not self.rate:
-            return
+            return None
         self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
         self._last = now
         if self._tokens < 1:
             self.refused[RATE_LIMIT] += 1
             wait = (1 - self._tokens) / self.rate
-            raise TooManyRequests(
+            return TooManyRequests(
                 f"model {self.model!r} is over its rate limit of {self.rate:g} requests/s "
                 f"(burst {self.burst:g}, [qos]); retry in {wait * 1e3:.1f} ms"
             )
-        self._tokens -= 1
+        return None

@@ -1,0 +1,56 @@
+"""HTTP/1.1 answers as bytes for the socket, and the requests a connection holds until then.
+
+The connection (connection.py) parses and orders; this module only frames: a status line, the
+headers, the body parts, in one buffer when small (one write, one syscall) and as the parts
+themselves when large (no copy of a large body).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from dlscale.frontends.rest.api import RestResponse, error_response
+from dlscale.wire.tensors import Buffer
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+#: Answers shorter than this go out joined with their head, in one write.
+_JOIN_BELOW = 65536
+
+
+@dataclass(eq=False)
+class Pending:
+    """One parsed request waiting for its turn, or a refusal to send before closing."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Buffer
+    keep_alive: bool
+    refusal: RestResponse | None = None
+    answer: RestResponse | None = None  # known before the body was read: sent, kept alive
+
+
+def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> list[Buffer]:
+    """The bytes of `response`: one buffer when small, else its head and then its parts."""
+    size = sum(len(p) for p in response.parts)
+    parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
+    head = [
+        b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
+        b"content-type: %s\r\ncontent-length: %d\r\n" % (response.content_type.encode(), size),
+    ]
+    for name, value in response.headers:
+        head.append(f"{name}: {value}\r\n".encode("latin-1"))
+    if not keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    if size < _JOIN_BELOW:
+        return [b"".join([*head, *parts])]
+    return [b"".join(head), *parts]
+
+
+def cut_response(grace_s: float) -> RestResponse:
+    """The 503 of a request still running when the server's grace ran out."""
+    return error_response(
+        503, f"the server stopped before this request finished, after a grace of {grace_s:g} s"
+    )
