@@ -13,6 +13,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
+from dlscale.frontends.limits import descriptor_budget
 from dlscale.frontends.loop import freeze_survivors, new_event_loop
 from dlscale.server_settings import ServerSettings as ServerSettings
 from dlscale.server_settings.flags import settings_from as settings_from
@@ -62,6 +63,7 @@ class Server:
             # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
             page_lock=shm.allow_client_shm and cuda_memory.device_count() > 0,
             owners=frozenset(shm.shm_owner_uids),
+            descriptors=descriptor_budget(),
         )
         self.dataplane = HostPlane(
             self.manager,

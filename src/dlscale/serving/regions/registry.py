@@ -19,11 +19,11 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from dlscale.errors import InvalidInput, NotFound, Unsupported
+from dlscale.errors import InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.serving.regions import cuda as cuda_memory
 from dlscale.serving.regions.cuda import DeviceRegion
 from dlscale.serving.regions.system import ClientObject, Identity, check_name
@@ -73,6 +73,18 @@ class _Region:
     retiring: bool = False  # unregistered while in use: released when the last user leaves
 
 
+class Descriptors(Protocol):
+    """The process's budget of file descriptors (frontends/limits.py: DescriptorBudget)."""
+
+    def acquire(self) -> bool:
+        """Take one descriptor; False when none is left (after closing idle connections)."""
+        ...
+
+    def release(self) -> None:
+        """Give one back."""
+        ...
+
+
 class SharedMemoryRegistry:
     """The regions of one server; off (every register refused) unless `enabled`.
 
@@ -87,6 +99,7 @@ class SharedMemoryRegistry:
         max_regions: int = 256,
         page_lock: bool = False,
         owners: frozenset[int] = frozenset(),
+        descriptors: Descriptors | None = None,
     ):
         if max_regions < 1:
             raise ValueError(f"max_regions must be at least 1, got {max_regions}")
@@ -99,6 +112,9 @@ class SharedMemoryRegistry:
         #: The server's own shared-memory objects (`reserve`), never registrable.
         self._own: set[Identity] = set()
         self._lock = threading.Lock()
+        #: The process's file descriptors, shared with the frontends' connections: a system
+        #: region holds one open while it is registered.
+        self.descriptors = descriptors
 
     @property
     def cuda_ready(self) -> bool:
@@ -113,7 +129,16 @@ class SharedMemoryRegistry:
         _check_sizes(offset, byte_size)
         with self._lock:
             own = set(self._own)
-        memory = ClientObject(key, offset, byte_size, own, self.owners)
+        if self.descriptors is not None and not self.descriptors.acquire():
+            raise Unavailable(
+                "the server has no file descriptor left for another shared-memory region; "
+                "unregister some, or try again when connections have closed"
+            )
+        try:
+            memory = ClientObject(key, offset, byte_size, own, self.owners)
+        except BaseException:
+            self._give_back(RegionKind.SYSTEM)
+            raise
         status = RegionStatus(name, RegionKind.SYSTEM, byte_size, key=key, offset=offset)
         self._add(_Region(status, memory))
 
@@ -226,7 +251,12 @@ class SharedMemoryRegistry:
 
     def _release(self, region: _Region) -> None:
         region.memory.close()
+        self._give_back(region.status.kind)
         log.info("released %s", region.status)
+
+    def _give_back(self, kind: RegionKind) -> None:
+        if kind is RegionKind.SYSTEM and self.descriptors is not None:
+            self.descriptors.release()
 
     # -- leases ------------------------------------------------------------------------------------
 
