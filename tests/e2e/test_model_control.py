@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 
 ECHO = "max_batch_size = 8\n" + NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
 #: Warm-up runs batches of 1 and max_batch_size: an even max_batch_size fails it with this graph.
-WARM_FAILS = "max_batch_size = 8\n"
+#: A warm-up at 8 rows, an even batch, which the model fails (the default warm-up is one row).
+WARM_FAILS = 'max_batch_size = 8\n[[warmup]]\nname = "full"\nbatch_size = 8\n'
 
 
 def _echo(client: httpclient.InferenceServerClient, model: str, version: str = "") -> np.ndarray:
@@ -129,10 +130,11 @@ def test_a_model_failing_its_warm_up_is_unavailable_and_says_why(explicit_repo: 
     with served(explicit_repo, "--model-control", "explicit", "--load-model", "a") as server:
         client = httpclient.InferenceServerClient(server.http_url)
         message = _load_fails(client, "warm_fails")
-        assert "model 'warm_fails' failed its warm-up at batch size 8" in message
+        assert "model 'warm_fails' failed its warm-up (full, batch size 8)" in message
         row = _index(client)["warm_fails"]
         assert (
-            row["state"] == "UNAVAILABLE" and "failed its warm-up at batch size 8" in row["reason"]
+            row["state"] == "UNAVAILABLE"
+            and "failed its warm-up (full, batch size 8)" in row["reason"]
         )
         _echo(client, "a")
 
@@ -144,7 +146,7 @@ def test_a_failed_reload_keeps_the_old_version_serving(explicit_repo: Path) -> N
 
         # A version 2 whose warm-up fails: the reload fails, version 1 goes on serving.
         write_model(explicit_repo, "m", fails_on_even_batches(), WARM_FAILS, version=2)
-        assert "failed its warm-up at batch size 8" in _load_fails(client, "m")
+        assert "failed its warm-up (full, batch size 8)" in _load_fails(client, "m")
         _reload_failed(server, client)
 
         # A config broken since: the same.
