@@ -1,6 +1,7 @@
 """Large tensors over the socket: dlscale before and after the copy removal, and Triton, one run.
 
     python -m benchmarks.large [--before 5e1d6be] [--after HEAD] [--repeats 3] [--duration 4]
+                               [--only LABEL] [--no-triton]
 
 Three servers, each in its own process with OMP/OPENBLAS/MKL threads at 1: `dlscale serve` of two
 revisions (checked out once under .bench/revisions/, as benchmarks/revisions.py does) and a real
@@ -42,14 +43,17 @@ from benchmarks.harness.statistics import (
 SERVERS = ("before", "after", "triton")
 
 
-def start_all(repo: Path, before: str, after: str) -> dict[str, tuple[ServerProcess, int, int]]:
-    """The three servers, started once and kept for every repetition."""
+def start_all(
+    repo: Path, before: str, after: str, triton: bool = True
+) -> dict[str, tuple[ServerProcess, int, int]]:
+    """The servers (Triton unless `triton` is False), started once and kept for every repetition."""
     names = [LARGE.name, SMALL.name]
     started: dict[str, tuple[ServerProcess, int, int]] = {}
     try:
         for side, revision in (("before", before), ("after", after)):
             started[side] = start_revision(checkout(revision), repo)
-        started["triton"] = start_triton(repo, names)
+        if triton:
+            started["triton"] = start_triton(repo, names)
     except BaseException:
         for server, _, _ in started.values():
             server.stop()
@@ -57,18 +61,21 @@ def start_all(repo: Path, before: str, after: str) -> dict[str, tuple[ServerProc
     return started
 
 
-def run(before: str, after: str, repeats: int, duration: float, only: str) -> dict[str, Any]:
+def run(
+    before: str, after: str, repeats: int, duration: float, only: str, triton: bool = True
+) -> dict[str, Any]:
     """Every (load, server), servers alternating within each repetition."""
     WORK.mkdir(exist_ok=True)
     repo = build_large_repository(WORK / "large-repo")
-    servers = start_all(repo, before, after)
+    servers = start_all(repo, before, after, triton)
     rows: list[dict[str, Any]] = []
     memcpy: list[float] = []
     try:
         for rep in range(repeats):
             memcpy.append(memcpy_gbps())
             print(f"repetition {rep + 1}: memcpy {memcpy[-1]:.2f} GB/s", flush=True)
-            order = list(SERVERS) if rep % 2 == 0 else list(SERVERS)[::-1]
+            sides = [s for s in SERVERS if s in servers]
+            order = sides if rep % 2 == 0 else sides[::-1]
             for label, protocol, model, n, c in LOADS:
                 if only not in label:
                     continue
@@ -93,6 +100,13 @@ def _median(rows: list[dict[str, Any]], side: str, load: str, key: str) -> float
     return median_of(rows, key, server=side, load=load)
 
 
+def _cell(rows: list[dict[str, Any]], side: str, load: str, key: str, spec: str) -> str:
+    """A table cell: the median, or "-" for a server not run (--no-triton)."""
+    if not any(r["server"] == side and r["load"] == load for r in rows):
+        return "-"
+    return format(_median(rows, side, load, key), spec)
+
+
 def _paired(rows: list[dict[str, Any]], a: str, b: str, load: str) -> float:
     """The median over repetitions of a's throughput over b's in the same repetition."""
     return float(statistics.median(paired_ratios(rows, "throughput", a, b, load=load)))
@@ -107,15 +121,17 @@ def markdown(result: dict[str, Any]) -> str:
         "| server CPU ms/req before, after, Triton |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    triton = any(r["server"] == "triton" for r in rows)
     for label in dict.fromkeys(r["load"] for r in rows):
-        b, a, t = (_median(rows, s, label, "throughput") for s in SERVERS)
-        p99 = ", ".join(f"{_median(rows, s, label, 'p99_ms'):.1f}" for s in SERVERS)
-        cpu = ", ".join(f"{_median(rows, s, label, 'server_cpu_ms'):.2f}" for s in SERVERS)
+        b, a, t = (_cell(rows, s, label, "throughput", ",.1f") for s in SERVERS)
+        p99 = ", ".join(_cell(rows, s, label, "p99_ms", ".1f") for s in SERVERS)
+        cpu = ", ".join(_cell(rows, s, label, "server_cpu_ms", ".2f") for s in SERVERS)
         gbps = _median(rows, "after", label, "gbps")
+        vs_triton = f"{_paired(rows, 'after', 'triton', label):.2f}" if triton else "-"
         lines.append(
-            f"| {label} | {b:,.1f} | {a:,.1f} | {t:,.1f} | {gbps:.3f} "
+            f"| {label} | {b} | {a} | {t} | {gbps:.3f} "
             f"| {_paired(rows, 'after', 'before', label):.2f} "
-            f"| {_paired(rows, 'after', 'triton', label):.2f} | {gbps / copy:.1%} | {p99} | {cpu} |"
+            f"| {vs_triton} | {gbps / copy:.1%} | {p99} | {cpu} |"
         )
     lines.append(f"\nOne core's memcpy of 19 MB: {copy:.2f} GB/s (median of the repetitions).")
     return "\n".join(lines)
@@ -128,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per run")
     parser.add_argument("--only", default="", help="only the loads whose label holds this text")
+    parser.add_argument(
+        "--no-triton", action="store_true", help="the two revisions only (no Triton venv needed)"
+    )
     args = parser.parse_args(argv)
-    result = run(args.before, args.after, args.repeats, args.duration, args.only)
+    result = run(
+        args.before, args.after, args.repeats, args.duration, args.only, not args.no_triton
+    )
     text = markdown(result)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"large-{time.strftime('%Y%m%d-%H%M%S')}.json"
