@@ -25,7 +25,10 @@ def third_party_output_to(path: Path) -> Iterator[Path]:
     saved_fd = os.dup(2)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    loggers = [logging.getLogger(name) for name in THIRD_PARTY]
+    # The libraries' own child loggers too: torch configures torch._dynamo and its siblings
+    # with handlers of their own that do not propagate to "torch".
+    known = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in THIRD_PARTY]
+    loggers = [logging.getLogger(name) for name in dict.fromkeys([*THIRD_PARTY, *known])]
     saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
     with path.open("ab") as sink, warnings.catch_warnings():
         os.dup2(sink.fileno(), 2)
