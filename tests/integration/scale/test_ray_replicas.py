@@ -110,7 +110,8 @@ def test_a_replica_killed_under_load_loses_no_answer(
     assert not unclear, unclear[:5]
     assert load.outcomes.count("ok") >= len(load.outcomes) - CLIENTS  # at most one per client
     # Ray Serve starts a replica in the dead one's place, and it serves.
-    _until(lambda: _running_replicas() == 2, "a replacement replica")
+    # Serve's status and the actor list catch up at their own pace: wait for both.
+    _until(lambda: _running_replicas() == 2 and len(_replica_names()) == 2, "a replacement")
     names = _replica_names()
     assert len(names) == 2 and victim not in names
 

@@ -18,6 +18,7 @@ def test_chatter_goes_to_the_file_and_not_at_the_user(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "logs" / "optimize.log"
+    torch_propagates = logging.getLogger("torch").propagate  # whatever an import made it
     # As torch configures it once imported: a handler of its own on stderr, not propagating.
     dynamo = logging.getLogger("torch._dynamo")
     saved = (dynamo.handlers[:], dynamo.propagate)
@@ -35,7 +36,7 @@ def test_chatter_goes_to_the_file_and_not_at_the_user(
     # Afterwards stderr is the terminal's again, and the loggers are as they were.
     os.write(2, b"after\n")
     assert capfd.readouterr().err == "after\n"
-    assert logging.getLogger("torch").propagate is True
+    assert logging.getLogger("torch").propagate is torch_propagates
 
 
 def _chatter(log: Path) -> None:
