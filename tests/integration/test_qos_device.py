@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.toolkit.models import write_null_model
+from tests.toolkit.slow import slow_only
 
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
@@ -91,6 +92,7 @@ async def _served(root: Path, qos: bool) -> tuple[ModelManager, DataPlane]:
 
 
 @pytest.mark.slow
+@slow_only("35 s of flooding a simulated device")
 async def test_qos_holds_the_protected_tail_on_a_shared_simulated_device(tmp_path: Path) -> None:
     root = _repository(tmp_path)
     manager, plane = await _served(root, qos=False)

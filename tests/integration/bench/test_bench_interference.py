@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from tests.toolkit.repositories import OBJECTIVE_US, tenants_repository
 from tests.toolkit.server import serving
+from tests.toolkit.slow import slow_only
 
 from dlscale.cli import main
 
@@ -29,6 +30,7 @@ def _report(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@slow_only("20 s of LoadGen phases")
 def test_in_process_qos_off_and_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo = tenants_repository(tmp_path / "repo")
     out = tmp_path / "out"
@@ -50,6 +52,7 @@ def test_in_process_qos_off_and_on(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.slow
+@slow_only("20 s of LoadGen phases")
 def test_against_servers_with_and_without_qos(tmp_path: Path) -> None:
     repo = tenants_repository(tmp_path / "repo")
     out = tmp_path / "out"
