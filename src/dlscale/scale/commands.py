@@ -92,18 +92,34 @@ def fit_to_cluster(settings: ScaleSettings, names: list[str]) -> ScaleSettings:
 
 
 def deploy_repository(settings: ScaleSettings) -> list[str]:
-    """Start Serve, deploy the models, then the ingress; returns the models deployed."""
+    """Start Serve and the ingress (live at once), then deploy the models; returns those
+    deployed."""
     deploy.start_serve(settings)
     names = models_to_deploy(settings)
     settings = fit_to_cluster(settings, names)
-    failed = deploy.deploy_models(settings, names)
-    deploy_ingress(settings, failed)
+    failed = unservable(settings, names)  # said in the index at once; no application made
+    pending = tuple(n for n in names if n not in failed)
+    deploy_ingress(settings, failed, pending)
     host = settings.host
     log.info("http listening on %s:%d (Ray Serve's proxy)", host, settings.http_port)
     if settings.grpc_port is not None:
         log.info("grpc listening on %s:%d (Ray Serve's proxy)", host, settings.grpc_port)
+    failed.update(deploy.deploy_models(settings, list(pending)))
     log.info("server ready: %d model(s) deployed, %d failed", len(names) - len(failed), len(failed))
     return [n for n in names if n not in failed]
+
+
+def unservable(settings: ScaleSettings, names: list[str]) -> dict[str, str]:
+    """The models whose config or files fail before any deployment, and why."""
+    repository = ModelRepository(settings.repository)
+    failed = {}
+    for name in names:
+        try:
+            repository.versions(name, repository.source(name))
+        except DlscaleError as exc:
+            log.error("model %s: %s", name, exc)
+            failed[name] = str(exc)
+    return failed
 
 
 def serve_on_ray(args: argparse.Namespace) -> int:

@@ -39,10 +39,13 @@ class OipIngress:
 
     # Ray Serve awaits an async constructor on the replica's event loop (see replica.py).
     async def __init__(  # type: ignore[misc]
-        self, settings: ScaleSettings, failed: dict[str, str] | None = None
+        self,
+        settings: ScaleSettings,
+        failed: dict[str, str] | None = None,
+        pending: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
-        self.router = Router(settings, failed)
+        self.router = Router(settings, failed, pending)
         await self.router.refresh()
         self.rest = RestApi(self.router, Limits(max_body_bytes=settings.max_body_bytes))
         self.grpc = InferenceServicer(self.router, settings.max_grpc_message_bytes)
@@ -161,10 +164,13 @@ class _Context:
         raise _Aborted(details)
 
 
-def deploy_ingress(settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
+def deploy_ingress(
+    settings: ScaleSettings, failed: dict[str, str] | None = None, pending: tuple[str, ...] = ()
+) -> None:
     """Deploy the Open Inference Protocol ingress on route `/`; returns once it runs.
 
-    `failed`: models that could not be deployed, and why (the repository index shows it).
+    `failed`: models that could not be deployed, and why (the repository index shows it);
+    `pending`: models deployed after it (the server is live meanwhile, and not ready).
     """
     deployment = serve.deployment(
         name="OipIngress",
@@ -175,6 +181,8 @@ def deploy_ingress(settings: ScaleSettings, failed: dict[str, str] | None = None
         logging_config=QUIET,
     )(OipIngress)
     try:
-        serve.run(deployment.bind(settings, failed or {}), name=INGRESS_APP, route_prefix="/")
+        serve.run(
+            deployment.bind(settings, failed or {}, pending), name=INGRESS_APP, route_prefix="/"
+        )
     except RuntimeError as exc:
         raise Unavailable(f"the ingress failed to deploy on Ray Serve: {exc}") from None

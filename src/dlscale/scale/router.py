@@ -67,7 +67,12 @@ class ModelRoute:
 class Router:
     """Implements the frontends' Plane for the Ray Serve ingress."""
 
-    def __init__(self, settings: ScaleSettings, failed: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ScaleSettings,
+        failed: dict[str, str] | None = None,
+        pending: tuple[str, ...] = (),
+    ) -> None:
         self.settings = settings
         self.repository = ModelRepository(settings.repository.resolve())
         #: `failed`: models the command line could not deploy, and why.
@@ -75,6 +80,10 @@ class Router:
             name: ModelRoute(ModelState.UNAVAILABLE, reason)
             for name, reason in (failed or {}).items()
         }
+        #: `pending`: models the command line deploys after this ingress (LOADING until their
+        #: applications appear: the server is live at once, ready once they run).
+        self._routes.update({name: ModelRoute(ModelState.LOADING) for name in pending})
+        self._pending = set(pending)
         self._handles: dict[str, DeploymentHandle[Any]] = {}
         self._loading: set[str] = set()  # models this ingress is deploying now
         # Off: a client's region is in its own host's memory, which no replica can read.
@@ -100,8 +109,11 @@ class Router:
         for name in sorted(set(states) | set(self._routes)):
             route = self._routes.setdefault(name, ModelRoute(ModelState.LOADING))
             state = states.get(name)
+            if state is not None:
+                self._pending.discard(name)  # its application exists: Ray's state says the rest
             if state is None:
-                if name not in self._loading:  # else its application is not created yet
+                # A model being deployed has no application yet: it is not gone.
+                if name not in self._loading and name not in self._pending:
                     self._forget(name, route.reason or "not deployed")
             elif state.status == "RUNNING":
                 if route.view is None or route.stale:

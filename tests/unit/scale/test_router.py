@@ -96,3 +96,19 @@ def test_the_index_has_one_row_per_served_version(router: Router) -> None:
     rows = [(e.name, e.state, e.version) for e in router.repository_index(ready_only=True)]
     assert rows == [("a", "READY", "1"), ("a", "READY", "3")]
     assert [s.version for s in router.statistics()] == ["1", "3"]
+
+
+def test_models_deployed_after_the_ingress_are_loading_until_their_applications_run(
+    tmp_path: Path,
+) -> None:
+    # The ingress goes first, so that the server is live while the models deploy.
+    router = Router(ScaleSettings(repository=tmp_path), pending=("a",))
+    assert router.live() and not router.ready()
+    assert "deploying models a" in router.not_ready_reason()
+    assert router.apply({}) == []  # no application yet: still loading, not "not deployed"
+    assert not router.ready()
+    assert router.apply({"a": AppState("RUNNING")}) == ["a"]
+    router._routes["a"].describe(_view("a"))
+    assert router.ready()
+    router.apply({})  # its application is gone now: forgotten, as any model's
+    assert router._routes["a"].state.value == "UNAVAILABLE"
