@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dlscale.errors import DlscaleError
-from dlscale.types import InferenceRequest, InferenceResponse, TensorSpec
+from dlscale.types import InferenceRequest, InferenceResponse, Parameter, Parameters, TensorSpec
 
 
 class ModelCaller(Protocol):
@@ -60,6 +60,10 @@ class Capabilities:
     #: answers each apart (`RequestsBackend`): Triton's Python models see the requests of a
     #: batch, not one merged tensor, and may fail one request alone.
     takes_requests: bool = False
+    #: Whether it is a generative engine (`StreamingBackend` whose tensors follow
+    #: backends/generative/contract.py): a plain infer call gets its stream joined into one
+    #: answer, and the server keeps its token metrics.
+    generates_text: bool = False
 
 
 @runtime_checkable
@@ -104,3 +108,30 @@ class RequestsBackend(Backend, Protocol):
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """One result per request, in order: its outputs (its own rows) or the error for it."""
         ...
+
+
+@dataclass
+class StreamPart:
+    """One response of a streamed answer: its outputs (one request's, no batch dim merged with
+    others), its response parameters, and whether it is the request's last."""
+
+    outputs: dict[str, np.ndarray]
+    parameters: Parameters = field(default_factory=dict)
+    final: bool = False
+
+
+@runtime_checkable
+class StreamingBackend(Backend, Protocol):
+    """A Backend that answers one request with 0..N responses (`Capabilities.streams_answers`).
+
+    Generative engines (they batch at the iteration level themselves: the batcher does not
+    re-batch them) and Python models that send several responses. `stream` is called on the
+    server's event loop, once per request; the backend runs its engine in threads or processes
+    of its own and must not block the loop. The last part it yields has `final` set (it may
+    carry no outputs). Closing the iterator early (`aclose()`: the client disconnected or
+    cancelled, or its deadline passed) must free the request's sequence in the engine at once.
+    """
+
+    def stream(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> AsyncIterator[StreamPart]: ...

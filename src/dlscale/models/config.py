@@ -29,6 +29,11 @@ PLATFORMS = {
     "torch": "pytorch_libtorch",
     "null": "dlscale_null",
     "python": "python",
+    "image": "dlscale_image",
+    "tokenizer": "dlscale_tokenizer",
+    "topk": "dlscale_topk",
+    "transformers": "transformers",
+    "vllm": "vllm",
 }
 Positive = Annotated[int, Field(ge=1)]
 
@@ -184,7 +189,17 @@ class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    backend: Literal["onnxruntime", "torch", "null", "python"] = "onnxruntime"
+    backend: Literal[
+        "onnxruntime",
+        "torch",
+        "null",
+        "python",
+        "image",
+        "tokenizer",
+        "topk",
+        "transformers",
+        "vllm",
+    ] = "onnxruntime"
     platform: str = ""
     #: The model file's name in each version folder (default: the backend's usual names), or
     #: its path in the model's folder when there are no version folders (MLServer's layout).

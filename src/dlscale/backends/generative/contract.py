@@ -1,0 +1,227 @@
+"""The tensors and parameters of a generative model, for every engine and every frontend.
+
+A generative model has Triton's vLLM-backend signature, so that Triton users' clients work
+unchanged (shared/reference/generative.md): one BYTES input `text_input` (the prompt, or with
+`input_format = "chat"` a JSON list of OpenAI chat messages the engine renders with the
+model's chat template) and, per streamed response, `text_output` (the new text since the
+previous response), `num_input_tokens`, `num_output_tokens` (generated so far) and, on the
+final response, `finish_reason`. Sampling settings are request parameters (OIP generate puts
+unknown JSON keys there; Triton's vLLM clients may send them as a JSON `sampling_parameters`
+string): `Sampling.from_parameters` reads and bounds them in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlscale.backends.base import StreamPart
+from dlscale.errors import InvalidInput
+from dlscale.types import Datatype, Parameter, TensorSpec
+
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+FINISH_REASON = "finish_reason"
+NUM_INPUT_TOKENS = "num_input_tokens"
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+
+#: The signature every generative model reports (no batch dim: engines batch themselves).
+INPUTS = (TensorSpec(TEXT_INPUT, Datatype.BYTES, (1,)),)
+OUTPUTS = (
+    TensorSpec(TEXT_OUTPUT, Datatype.BYTES, (1,)),
+    TensorSpec(FINISH_REASON, Datatype.BYTES, (1,)),
+    TensorSpec(NUM_INPUT_TOKENS, Datatype.UINT32, (1,)),
+    TensorSpec(NUM_OUTPUT_TOKENS, Datatype.UINT32, (1,)),
+)
+#: Why a sequence ended, in OpenAI's words: its stop string or end token, its max_tokens,
+#: or the server ended it (cancelled, disconnected, deadline).
+FINISH_REASONS = ("stop", "length", "abort")
+
+#: Bounds on what a client may ask, checked before anything reaches an engine.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_TOKENS_DEFAULT = 16
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to generate: the request's sampling settings, validated."""
+
+    max_tokens: int = MAX_TOKENS_DEFAULT
+    #: 0 is greedy decoding.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages.
+    input_format: str = "text"
+    extra: Mapping[str, Parameter] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Parameter]) -> Sampling:
+        """The settings a request's parameters name; InvalidInput naming the field otherwise."""
+        merged: dict[str, object] = dict(parameters)
+        packed = merged.pop("sampling_parameters", None)
+        if packed is not None:
+            merged.update(_unpack(packed))
+        max_tokens = _integer(merged, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
+        temperature = _number(merged, "temperature", 1.0, low=0.0, high=2.0)
+        top_p = _number(merged, "top_p", 1.0, low=0.0, high=1.0)
+        if top_p == 0.0:
+            raise InvalidInput("top_p must be greater than 0 and at most 1")
+        seed = merged.get("seed")
+        if seed is not None:
+            seed = _integer(merged, "seed", 0, low=0, high=MAX_SEED)
+        input_format = str(merged.get("input_format", "text"))
+        if input_format not in ("text", "chat"):
+            raise InvalidInput(f"input_format must be 'text' or 'chat', not {input_format!r}")
+        return cls(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed if isinstance(seed, int) else None,
+            stop=_stop_strings(merged.get("stop")),
+            ignore_eos=_flag(merged, "ignore_eos"),
+            input_format=input_format,
+        )
+
+
+def _unpack(packed: object) -> dict[str, object]:
+    """Triton vLLM clients' `sampling_parameters`: a JSON object in a string parameter."""
+    try:
+        value = json.loads(packed) if isinstance(packed, str | bytes) else None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"sampling_parameters is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("sampling_parameters must be a JSON object")
+    return value
+
+
+def _integer(
+    values: Mapping[str, object], name: str, default: int, low: int, high: int | None = None
+) -> int:
+    value = values.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise InvalidInput(f"{name} must be an integer, not {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise InvalidInput(f"{name} must be {bound}, not {int(value)}")
+    return int(value)
+
+
+def _number(
+    values: Mapping[str, object], name: str, default: float, low: float, high: float
+) -> float:
+    value = values.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{name} must be a number, not {value!r}")
+    if not low <= value <= high:
+        raise InvalidInput(f"{name} must be between {low} and {high}, not {value}")
+    return float(value)
+
+
+def _flag(values: Mapping[str, object], name: str) -> bool:
+    value = values.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be true or false, not {value!r}")
+    return value
+
+
+def _stop_strings(value: object) -> tuple[str, ...]:
+    """`stop`: a string, a JSON list of strings in a string parameter, or a list."""
+    if value is None:
+        return ()
+    if isinstance(value, str) and value.startswith("["):
+        with contextlib.suppress(json.JSONDecodeError):
+            value = json.loads(value)
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
+        raise InvalidInput("stop must be a string or a list of strings")
+    if len(strings) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_CHARS for s in strings):
+        raise InvalidInput(
+            f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters"
+        )
+    return tuple(strings)
+
+
+def prompt_text(inputs: Mapping[str, np.ndarray]) -> str:
+    """The one prompt of a request's `text_input` (UTF-8), InvalidInput otherwise."""
+    array = inputs.get(TEXT_INPUT)
+    if array is None or array.size != 1:
+        raise InvalidInput(f"a generative model takes one {TEXT_INPUT} element per request")
+    value = array.reshape(-1)[0]
+    try:
+        return value.decode() if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{TEXT_INPUT} is not UTF-8") from None
+
+
+def chat_messages(text: str) -> list[dict[str, str]]:
+    """The chat messages `text_input` holds when `input_format = "chat"`."""
+    try:
+        messages = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"chat messages are not JSON: {exc}") from None
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    ):
+        raise InvalidInput("chat messages must be a non-empty list of {role, content} strings")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def part(
+    text: str, input_tokens: int, output_tokens: int, finish_reason: str | None = None
+) -> StreamPart:
+    """One streamed response: the new text and the counts so far; final with a finish reason."""
+    outputs = {
+        TEXT_OUTPUT: np.array([text.encode()], dtype=object),
+        NUM_INPUT_TOKENS: np.array([input_tokens], dtype=np.uint32),
+        NUM_OUTPUT_TOKENS: np.array([output_tokens], dtype=np.uint32),
+    }
+    if finish_reason is not None:
+        outputs[FINISH_REASON] = np.array([finish_reason.encode()], dtype=object)
+    return StreamPart(outputs, final=finish_reason is not None)
+
+
+def join(parts: Iterable[StreamPart]) -> StreamPart:
+    """A whole answer from its streamed parts (text concatenated, last counts and reason)."""
+    text: list[bytes] = []
+    last: StreamPart | None = None
+    for each in parts:
+        if TEXT_OUTPUT in each.outputs:
+            text.append(bytes(each.outputs[TEXT_OUTPUT].reshape(-1)[0]))
+        if NUM_OUTPUT_TOKENS in each.outputs:
+            last = each
+    if last is None:
+        raise InvalidInput("the generation ended before its first token")
+    whole = dict(last.outputs)
+    whole[TEXT_OUTPUT] = np.array([b"".join(text)], dtype=object)
+    return StreamPart(whole, dict(last.parameters), final=True)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What an engine reports for the server's metrics, read when they are scraped."""
+
+    running: int
+    waiting: int
+    #: Share of the KV cache in use, 0 to 1.
+    kv_cache_usage: float
