@@ -17,10 +17,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from dlscale.backends.base import StreamPart
+from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, Parameter, TensorSpec
 
@@ -225,3 +226,11 @@ class EngineStats:
     waiting: int
     #: Share of the KV cache in use, 0 to 1.
     kv_cache_usage: float
+
+
+@runtime_checkable
+class GenerativeBackend(StreamingBackend, Protocol):
+    """A generative engine (`Capabilities.generates_text`): streams by this contract and reports
+    its state for the metrics (running and waiting sequences, KV-cache use)."""
+
+    def engine_stats(self) -> EngineStats: ...
