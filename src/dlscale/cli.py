@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TypeAlias
 
 from dlscale import __version__
-from dlscale.bench.generative import flags as generative_flags
 from dlscale.errors import DlscaleError
 
 #: Each verb group registers its sub-parsers here; the parser's `func` does the work.
@@ -335,8 +334,10 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
-    # The generative bench's flags (--generative ...): declared beside it, parsed here.
-    generative_flags.add_flags(p, _path)
+    # The generative bench's flags (--generative ...), declared beside it; argparse only.
+    from dlscale.bench.generative import flags
+
+    flags.add_flags(p, _path)
 
 
 def _path(text: str) -> Path:
