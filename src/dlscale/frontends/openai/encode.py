@@ -41,6 +41,8 @@ class Piece:
     @classmethod
     def of(cls, response: InferenceResponse) -> Piece:
         outputs = response.outputs
+        if not outputs:  # a final flag alone: the stream's end, after its last text
+            return cls("", None, None, None)
         if TEXT_OUTPUT not in outputs and NUM_OUTPUT_TOKENS not in outputs:
             raise InvalidInput(
                 f"model {response.model_name!r} does not answer {TEXT_OUTPUT}: the OpenAI API "
