@@ -34,7 +34,8 @@ def generative_options(args: argparse.Namespace) -> GenerativeOptions:
         raise BenchError("give the model to benchmark: --model NAME")
     bounds = TokenBounds.choose(args.mlperf_bounds, args.ttft_ms, args.tpot_ms)
     return GenerativeOptions(
-        url=args.targets[0],
+        # host:port alone means plain HTTP, as aiperf's --url takes it.
+        url=args.targets[0] if "://" in args.targets[0] else f"http://{args.targets[0]}",
         kind=Endpoint.parse(args.generative),
         model=args.model,
         isl=Lengths(args.isl, args.isl_stddev),

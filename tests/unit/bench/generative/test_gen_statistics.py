@@ -10,7 +10,9 @@ from dlscale.bench.generative.statistics import Slo, distribution, summarize_run
 MS = 1_000_000
 
 
-def record(sent_ms: float, chunk_ms: list[float], done_ms: float, tokens: int | None) -> StreamRecord:
+def record(
+    sent_ms: float, chunk_ms: list[float], done_ms: float, tokens: int | None
+) -> StreamRecord:
     r = StreamRecord(sent_ns=int(sent_ms * MS))
     r.chunks = [Chunk(int(t * MS), "x") for t in chunk_ms]
     r.done_ns = int(done_ms * MS)
