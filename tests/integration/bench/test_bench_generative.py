@@ -13,17 +13,17 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tests.toolkit.server import LocalServer, serving  # noqa: E402
-from tests.toolkit.slow import slow_only  # noqa: E402
+from tests.toolkit.server import LocalServer, serving
+from tests.toolkit.slow import slow_only
 
-from dlscale.bench.generative.client import StreamClient  # noqa: E402
-from dlscale.bench.generative.endpoints import Endpoint  # noqa: E402
-from dlscale.bench.generative.load import Job, closed_loop, open_loop  # noqa: E402
-from dlscale.bench.generative.prompts import Lengths, PromptMaker, synthetic_asks  # noqa: E402
-from dlscale.bench.generative.tokens import TokenCounter  # noqa: E402
-from dlscale.bench.generative.trace import read_trace, trace_asks  # noqa: E402
-from dlscale.cli import main  # noqa: E402
-from dlscale.models.zoo import build_zoo  # noqa: E402
+from dlscale.bench.generative.client import StreamClient
+from dlscale.bench.generative.endpoints import Endpoint
+from dlscale.bench.generative.load import Job, closed_loop, open_loop
+from dlscale.bench.generative.prompts import Lengths, PromptMaker, synthetic_asks
+from dlscale.bench.generative.tokens import TokenCounter
+from dlscale.bench.generative.trace import read_trace, trace_asks
+from dlscale.cli import main
+from dlscale.models.zoo import build_zoo
 
 MODEL = "llama-tiny"
 OSL = 6
@@ -43,7 +43,7 @@ def llm(folder: Path) -> Iterator[LocalServer]:
         yield running
 
 
-def URL(server: LocalServer) -> str:  # noqa: N802 (reads as the constant it is)
+def URL(server: LocalServer) -> str:
     return f"http://{server.http_url}"
 
 
