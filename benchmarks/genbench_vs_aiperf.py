@@ -1,17 +1,19 @@
 """dlscale's generative bench against NVIDIA's aiperf: the same endpoint, the same load.
 
-    python -m benchmarks.genbench_vs_aiperf [--url http://HOST:PORT --model M --tokenizer DIR]
+    python -m benchmarks.genbench_vs_aiperf [--url http://HOST:PORT --model M[,M] --tokenizer DIR]
         [--kind openai|chat] [--concurrency 4] [--isl 128] [--osl 64] [--requests 64]
         [--rounds 3] [--no-ignore-eos]
 
-Without --url it serves the zoo's llama-tiny with `dlscale serve` (its OpenAI routes) and
-measures that. Each round runs aiperf 0.13.0 (its own venv, .bench/aiperf-venv; offline with
-`--tokenizer <the model's folder>` and the server's token counts) and `dlscale bench
---generative` one after the other, in alternating order, with the same concurrency, ISL/OSL,
-request count and warm-up. It prints the medians over rounds of TTFT (p50, p99), TPOT (p50:
-aiperf's "inter token latency" is the same formula) and output tokens/s for both, with their
-ratio and whether it is within 10%, and writes everything to
-bench-results/genbench_vs_aiperf-DATE.json.
+Without --url it starts `dlscale serve` (its OpenAI routes) on two models and measures each:
+the zoo's llama-tiny on the transformers backend (CPU-bound: on a small host the client's own
+CPU use slows it) and `paced` (benchmarks/harness/paced.py: tokens 20 ms, then every 10 ms,
+asleep in between, so the endpoint's pace does not depend on the client). Each round runs
+aiperf 0.13.0 (its own venv, .bench/aiperf-venv; offline with `--tokenizer <llama-tiny's
+folder>` and the server's token counts) and `dlscale bench --generative` one after the other,
+in alternating order, with the same concurrency, ISL/OSL, request count and warm-up. It prints
+the medians over rounds of TTFT (p50, p99), TPOT (p50: aiperf's "inter token latency" is the
+same formula) and output tokens/s for both, with their ratio and whether it is within 10%, and
+each run's client CPU seconds; everything goes to bench-results/genbench_vs_aiperf-DATE.json.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import aiperf
+from benchmarks.harness.paced import write_paced
 from benchmarks.harness.servers import (
     RESULTS,
     WORK,
@@ -47,6 +50,8 @@ from dlscale.bench.generative.runner import run_generative
 FIGURES = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "output_tokens_per_s")
 AGREEMENT = 0.10
 ZOO_MODEL = "llama-tiny"
+#: A model whose tokens come at a steady pace (benchmarks/harness/paced.py): 20 ms, then 10 ms.
+PACED_MODEL = "paced"
 
 
 def dlscale_run(load: aiperf.TokenLoad, out: Path) -> dict[str, Any]:
@@ -64,7 +69,9 @@ def dlscale_run(load: aiperf.TokenLoad, out: Path) -> dict[str, Any]:
         seed=load.seed,
         ignore_eos=load.ignore_eos,
     )
+    cpu = time.process_time()
     point = run_generative(options, out, say=lambda line: None)["points"][0]
+    cpu = time.process_time() - cpu
     return {
         "ttft_p50_s": point["ttft"]["p50"],
         "ttft_p99_s": point["ttft"]["p99"],
@@ -76,6 +83,7 @@ def dlscale_run(load: aiperf.TokenLoad, out: Path) -> dict[str, Any]:
         "requests_per_s": point["requests_per_s"],
         "output_tokens": point["output_tokens"],
         "requests": point["succeeded"],
+        "client_cpu_s": cpu,
     }
 
 
@@ -111,12 +119,14 @@ def markdown(comparison: list[dict[str, Any]]) -> str:
 
 @contextlib.contextmanager
 def zoo_server() -> Iterator[tuple[str, Path]]:
-    """`dlscale serve` on a repository holding the zoo's llama-tiny: its URL and HF folder."""
+    """`dlscale serve` on a repository holding the zoo's llama-tiny and the paced model: its URL
+    and llama-tiny's Hugging Face folder (both benches' tokenizer)."""
     from dlscale.models.zoo import build_zoo
 
     repo = WORK / "genbench-repo"
     if not (repo / ZOO_MODEL).is_dir():
         build_zoo(repo, (ZOO_MODEL,))
+    write_paced(repo, PACED_MODEL)
     http = free_port()
     proc = subprocess.Popen(
         [*serve_argv(repo, http, free_port()), "--log-level", "WARNING"],
@@ -126,7 +136,7 @@ def zoo_server() -> Iterator[tuple[str, Path]]:
     )
     server = ServerProcess("dlscale", proc, http)
     try:
-        wait_ready(server, [f"/v2/models/{ZOO_MODEL}/ready"])
+        wait_ready(server, [f"/v2/models/{m}/ready" for m in (ZOO_MODEL, PACED_MODEL)])
         yield f"http://127.0.0.1:{http}", repo / ZOO_MODEL / "1"
     finally:
         server.stop()
@@ -148,9 +158,9 @@ def measure(load: aiperf.TokenLoad, rounds: int, work: Path) -> list[dict[str, A
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", help="an OpenAI endpoint (default: dlscale serve on llama-tiny)")
-    p.add_argument("--model", default=ZOO_MODEL)
-    p.add_argument("--tokenizer", type=Path, help="the model's folder (default: the zoo's)")
+    p.add_argument("--url", help="an OpenAI endpoint (default: dlscale serve, the zoo's models)")
+    p.add_argument("--model", help=f"models, comma-separated (default {ZOO_MODEL},{PACED_MODEL})")
+    p.add_argument("--tokenizer", type=Path, help="the model's folder (default: llama-tiny's)")
     p.add_argument("--kind", default="openai", choices=["openai", "chat"])
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--isl", type=int, default=128)
@@ -160,29 +170,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args(argv)
     aiperf.ensure_aiperf()
+    results = []
     with contextlib.ExitStack() as stack:
         url, tokenizer = args.url, args.tokenizer
         if url is None:
             url, tokenizer = stack.enter_context(zoo_server())
         if tokenizer is None:
             p.error("--tokenizer DIR is needed with --url")
-        load = aiperf.TokenLoad(
-            url, args.kind, args.model, tokenizer, args.concurrency, args.isl, args.osl,
-            args.requests, ignore_eos=args.ignore_eos,
-        )  # fmt: skip
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="genbench-")))
-        rows = measure(load, args.rounds, work)
-    comparison = compare(rows)
-    print(markdown(comparison))
+        for model in (args.model or f"{ZOO_MODEL},{PACED_MODEL}").split(","):
+            load = aiperf.TokenLoad(
+                url, args.kind, model, tokenizer, args.concurrency, args.isl, args.osl,
+                args.requests, ignore_eos=args.ignore_eos,
+            )  # fmt: skip
+            print(f"{model}: {args.rounds} rounds of aiperf and dlscale bench", flush=True)
+            rows = measure(load, args.rounds, work / model)
+            comparison = compare(rows)
+            print(markdown(comparison), flush=True)
+            load_doc = {**load.__dict__, "tokenizer": str(load.tokenizer)}
+            results.append({"load": load_doc, "rows": rows, "comparison": comparison})
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"genbench_vs_aiperf-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    summary = {
-        "load": {**load.__dict__, "tokenizer": str(load.tokenizer)},
-        "aiperf_version": aiperf.aiperf_version(),
-        "rows": rows,
-        "comparison": comparison,
-        "machine": machine(),
-    }
+    summary = {"aiperf_version": aiperf.aiperf_version(), "models": results, "machine": machine()}
     path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"written: {path}")
 

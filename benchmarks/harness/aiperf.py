@@ -11,6 +11,7 @@ latency" is (request latency - TTFT) / (output tokens - 1) per request: dlscale'
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -75,8 +76,10 @@ def run_aiperf(load: TokenLoad, out: Path, venv: Path = VENV) -> dict[str, Any]:
     exe = ensure_aiperf(venv)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "aiperf.log"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as f:
         done = subprocess.run(aiperf_argv(exe, load, out), stdout=f, stderr=subprocess.STDOUT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"aiperf failed ({done.returncode}); see {log}")
     doc = json.loads((out / "profile_export_aiperf.json").read_text())
@@ -96,6 +99,8 @@ def run_aiperf(load: TokenLoad, out: Path, venv: Path = VENV) -> dict[str, Any]:
         "requests_per_s": doc["request_throughput"]["avg"],
         "output_tokens": doc.get("total_output_tokens", {}).get("avg"),
         "requests": doc.get("request_count", {}).get("avg"),
+        # The CPU its processes used, start-up included: on a small host the server's loss.
+        "client_cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
     }
 
 
