@@ -36,6 +36,7 @@ class Model:
 """
 
 CONFIG = """backend = "python"
+instances = [{{ count = {seqs}, device = "cpu" }}]
 [backend_options]
 max_num_seqs = {seqs}
 [metadata]
@@ -64,7 +65,7 @@ shape = [1]
 
 
 def write_paced(root: Path, name: str = "paced", first_ms: float = 20.0, pace_ms: float = 10.0,
-                seqs: int = 64) -> Path:  # fmt: skip
+                seqs: int = 16) -> Path:  # fmt: skip
     """REPO/<name>: the paced model (Python, in the server process)."""
     folder = root / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
