@@ -34,7 +34,7 @@ class StreamClient:
         kind: Endpoint,
         model: str,
         *,
-        connections: int = 256,
+        connections: int = 4096,
         timeout_s: float = 600.0,
         counter: TokenCounter | None = None,
     ) -> None:

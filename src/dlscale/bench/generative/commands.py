@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 from pathlib import Path
 
 from dlscale.bench.generative.endpoints import Endpoint
+from dlscale.bench.generative.load import MAX_IN_FLIGHT
 from dlscale.bench.generative.mlperf import TOKEN_SCENARIOS, TokenBounds
 from dlscale.bench.generative.options import GenerativeOptions, parse_list
 from dlscale.bench.generative.prompts import Lengths
@@ -22,7 +24,8 @@ def bench_generative(args: argparse.Namespace) -> int:
     """Run the generative bench the flags describe and print its summary."""
     options = generative_options(args)
     out = args.out or _stamped(options.model)
-    print_summary(run_generative(options, Path(out)))
+    say = _stderr if args.progress else _quiet
+    print_summary(run_generative(options, Path(out), say))
     return 0
 
 
@@ -58,7 +61,9 @@ def generative_options(args: argparse.Namespace) -> GenerativeOptions:
         target_qps=args.target_qps,
         min_queries=args.min_queries,
         seed=args.seed,
-        connections=args.connections,
+        # One connection per stream in flight: a pool smaller than the load would queue
+        # requests in the client and count the wait as TTFT (--connections is the classic's).
+        connections=max(args.connections, MAX_IN_FLIGHT),
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
     )
@@ -81,6 +86,14 @@ def _scenarios(text: str | None) -> tuple[Scenario, ...]:
     if any(s not in TOKEN_SCENARIOS for s in chosen):
         raise BenchError(f"--scenario {text}: a generative bench runs server or offline")
     return chosen
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _quiet(line: str) -> None:
+    """--no-progress: nothing on stderr."""
 
 
 def _stamped(model: str) -> Path:

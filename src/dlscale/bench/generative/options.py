@@ -41,7 +41,7 @@ class GenerativeOptions:
     target_qps: float | None = None
     min_queries: int | None = None
     seed: int = 0
-    connections: int = 256
+    connections: int = 4096
     ignore_eos: bool = True
     temperature: float | None = None
 

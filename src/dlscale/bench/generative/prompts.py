@@ -95,7 +95,7 @@ class PromptMaker:
 
 
 def synthetic_asks(
-    maker: PromptMaker, count: int, isl: Lengths, osl: Lengths, ignore_eos: bool = True
+    maker: PromptMaker, count: int, isl: Lengths, osl: Lengths
 ) -> list[tuple[Ask, int]]:
     """`count` requests with drawn lengths: each Ask and its prompt's token count."""
     if not 1 <= count <= MAX_REQUESTS:
@@ -107,5 +107,5 @@ def synthetic_asks(
     out = []
     for n_in, n_out in zip(inputs, outputs, strict=True):
         text, real = maker.prompt(n_in)
-        out.append((Ask(text, n_out, ignore_eos=ignore_eos), real))
+        out.append((Ask(text, n_out), real))
     return out

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dlscale.bench.generative import report
 from dlscale.bench.generative.client import StreamClient
+from dlscale.bench.generative.endpoints import Ask
 from dlscale.bench.generative.load import Job, closed_loop, open_loop, poisson_offsets
 from dlscale.bench.generative.mlperf import TokenSut, settings_for, token_summary
 from dlscale.bench.generative.options import GenerativeOptions
@@ -41,8 +43,8 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
     """Run every load the options ask for and write the report into `out`."""
     counter = TokenCounter(options.tokenizer) if options.tokenizer else None
     maker = PromptMaker(counter, options.seed)
-    made = synthetic_asks(maker, options.requests, options.isl, options.osl, options.ignore_eos)
-    jobs = [Job(ask, tokens) for ask, tokens in made]
+    made = synthetic_asks(maker, options.requests, options.isl, options.osl)
+    jobs = [Job(_knobs(ask, options), tokens) for ask, tokens in made]
     trace = read_trace(options.trace) if options.trace else None
     loop = LoopThread()
     client = StreamClient(
@@ -55,8 +57,8 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
         if trace is not None:
             say(f"trace replay: {len(trace)} requests from {options.trace}")
             timed = [
-                Job(a, n, t / options.trace_speedup)
-                for a, n, t in trace_asks(trace, maker, options.ignore_eos)
+                Job(_knobs(a, options), n, t / options.trace_speedup)
+                for a, n, t in trace_asks(trace, maker)
             ]
             points.append(_point("trace", None, loop.run(open_loop(client, timed)), options))
         best = max([rate, *(p["requests_per_s"] or 0.0 for p in points)])
@@ -69,6 +71,11 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
         loop.close()
     say("writing the report")
     return report.write(options, points, scenarios, out)
+
+
+def _knobs(ask: Ask, options: GenerativeOptions) -> Ask:
+    """The run's sampling knobs on a request (one place for every load)."""
+    return replace(ask, ignore_eos=options.ignore_eos, temperature=options.temperature)
 
 
 def _warm_up(

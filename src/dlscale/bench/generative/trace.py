@@ -87,17 +87,15 @@ def _length(doc: dict[str, object], key: str, most: int, where: str) -> int:
     return value
 
 
-def trace_asks(
-    entries: list[TraceEntry], maker: PromptMaker, ignore_eos: bool = True
-) -> list[tuple[Ask, int, float]]:
+def trace_asks(entries: list[TraceEntry], maker: PromptMaker) -> list[tuple[Ask, int, float]]:
     """Each entry's request, its prompt's token count, and its offset in seconds."""
     out = []
     for e in entries:
         if e.text is not None:
             count = maker.counter.count(e.text) if maker.counter else 0
-            out.append((Ask(e.text, e.output_length, ignore_eos), count, e.offset_s))
+            out.append((Ask(e.text, e.output_length), count, e.offset_s))
         else:
             assert e.input_length is not None
             text, count = maker.prompt(e.input_length)
-            out.append((Ask(text, e.output_length, ignore_eos), count, e.offset_s))
+            out.append((Ask(text, e.output_length), count, e.offset_s))
     return out
