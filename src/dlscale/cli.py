@@ -273,8 +273,8 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-version", default="", help="model version (default: newest)")
     p.add_argument(
         "--scenario",
-        default="offline",
-        help="singlestream | multistream | server | offline | all (default: offline)",
+        help="singlestream | multistream | server | offline | all (default: offline; "
+        "--generative: LoadGen runs only when given, server or offline)",
     )
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--target-qps", type=float, help="server scenario: arrival rate (queries/s)")
@@ -334,6 +334,10 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
+    # The generative bench's flags (--generative ...), declared beside it; argparse only.
+    from dlscale.bench.generative import flags
+
+    flags.add_flags(p, _path)
 
 
 def _path(text: str) -> Path:

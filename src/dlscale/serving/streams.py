@@ -43,6 +43,8 @@ async def open_stream(
     times = RequestTimes(request_start=time.perf_counter_ns())
     try:
         wanted = validate(served, request)
+        if seats.generative:  # refused before it waits; the engine reads them again
+            contract.Sampling.from_parameters(request.parameters)
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
         served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
