@@ -303,3 +303,29 @@ def test_a_decoupled_model_asked_for_a_worker_process_is_refused_at_load(
     isolated = next(r for r in rows if r["name"] == "isolated")
     assert isolated["state"] == "UNAVAILABLE"
     assert "isolation 'process' is not offered" in isolated["reason"]
+
+
+# -- REST worker processes: streams forwarded over the worker channel ------------------------------
+
+
+def test_streams_cross_the_rest_workers_and_a_disconnect_frees_the_slot(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    repo = streaming_repository(tmp_path_factory.mktemp("streams_workers"))
+    with serving(repo, http_workers=1) as workers:
+        body = {"text_input": "over the channel", "max_tokens": 2}
+        with httpx.stream("POST", _url(workers, "echo", "generate_stream"), json=body) as response:
+            events = _events(response)
+        assert [e["text_output"] for e in events] == ["over", " the"]
+        joined = httpx.post(_url(workers, "echo", "generate"), json=body, timeout=PATIENCE_S)
+        assert joined.json()["text_output"] == "over the"
+        refused = httpx.post(_url(workers, "plain", "generate_stream"), json={"COUNT": 1})
+        assert refused.status_code == 400 and "does not stream" in refused.json()["error"]
+        got: list[Any] = []
+        with _holding(workers):
+            waiting = threading.Thread(target=_collect, args=(workers, {"COUNT": 2}, got))
+            waiting.start()
+            _until(lambda: _seats(workers, "ticker").waiting == 1)
+        waiting.join(PATIENCE_S)
+        assert got == [("", [0, 1])]
+        _until(lambda: _seats(workers, "ticker").running == 0)
