@@ -7,10 +7,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dlscale.errors import NotFound
-from dlscale.models.zoo.catalog import ZOO
+from dlscale.models.zoo.catalog import DECODERS, ZOO
+from dlscale.models.zoo.decoder import DecoderModel
 from dlscale.models.zoo.model import ZooModel
 
-__all__ = ["ZOO", "ZooModel", "build_zoo", "get"]
+__all__ = ["DECODERS", "ZOO", "DecoderModel", "ZooModel", "build_zoo", "get"]
 
 
 def get(name: str) -> ZooModel:
@@ -29,7 +30,7 @@ def build_zoo(
     progress: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Build the named zoo models (all by default) into repository `root`; returns their folders."""
-    models = [get(name) for name in (names if names is not None else list(ZOO))]
+    models = [_buildable(name) for name in (names if names is not None else list(ZOO))]
     say = progress or (lambda message: None)
     folders = []
     start = time.perf_counter()
@@ -39,3 +40,13 @@ def build_zoo(
         # Said as each model ends, not when all have: a reader of a log sees which one is slow.
         say(f"built {folders[-1]} ({time.perf_counter() - start:.1f} s so far)")
     return folders
+
+
+def _buildable(name: str) -> ZooModel | DecoderModel:
+    """A classic zoo model or a generative decoder (built by name only), by name."""
+    if name in DECODERS:
+        return DECODERS[name]
+    if name not in ZOO:
+        every = ", ".join([*ZOO, *DECODERS])
+        raise NotFound(f"no zoo model {name!r}; the zoo has: {every}")
+    return ZOO[name]
