@@ -129,6 +129,33 @@ def test_user_code_that_raises_ends_its_stream_only(server: LocalServer) -> None
     assert answers[0][0].as_numpy("OUT").tolist() == [8] and _final(answers[1][0])
 
 
+def test_malformed_stream_requests_get_their_error_in_stream(server: LocalServer) -> None:
+    client, results = _grpc_stream(server)
+    wrong = _values("NOT_IN", np.array([1], np.int32), "INT32")
+    client.async_stream_infer("repeat", [wrong], request_id="bad-input")
+    client.async_stream_infer("ghost", [wrong], request_id="no-model")
+    floats = _values("IN", np.array([1.5], np.float32), "FP32")
+    client.async_stream_infer("repeat", [floats], request_id="bad-type")
+    errors = sorted(str(results.get(timeout=PATIENCE_S)[1]) for _ in range(3))
+    client.async_stream_infer(
+        "repeat", [_values("IN", np.array([2], np.int32), "INT32")], request_id="good"
+    )
+    result, error = results.get(timeout=PATIENCE_S)
+    client.stop_stream()
+    client.close()
+    assert "datatype INT32" in errors[0] and "unknown model 'ghost'" in errors[2]
+    assert "the request lacks ['IN']" in errors[1]
+    assert error is None and result.as_numpy("OUT").tolist() == [2]
+
+
+def test_a_generate_body_above_the_limit_is_refused_before_it_is_read(
+    server: LocalServer,
+) -> None:
+    body = b'{"text_input": "' + b"x" * (5 * 2**20) + b'"}'
+    response = httpx.post(_url(server, "echo", "generate_stream"), content=body)
+    assert response.status_code == 413 and "exceeds the limit" in response.json()["error"]
+
+
 def test_a_grpc_client_that_cancels_frees_its_sequence(server: LocalServer) -> None:
     client, results = _grpc_stream(server)
     client.async_stream_infer("ticker", [_values("COUNT", np.array([-1], np.int32), "INT32")])
