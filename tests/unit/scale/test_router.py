@@ -8,13 +8,14 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray Serve ingress needs the [ray] extra (ray[serve])")
 
-from dlscale.errors import InvalidInput, NotFound, Unavailable
+from dlscale.errors import InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.scale.deploy import AppState
 from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.router import Router
 from dlscale.scale.settings import ScaleSettings
 from dlscale.types import (
     Datatype,
+    InferenceRequest,
     ModelConfigView,
     ModelMetadata,
     TensorSpec,
@@ -112,3 +113,15 @@ def test_models_deployed_after_the_ingress_are_loading_until_their_applications_
     assert router.ready()
     router.apply({})  # its application is gone now: forgotten, as any model's
     assert router._routes["a"].state.value == "UNAVAILABLE"
+
+
+async def test_streams_are_refused_behind_the_ingress_naming_what_to_do(router: Router) -> None:
+    router.apply({"a": AppState("RUNNING")})
+    router._routes["a"].describe(_view("a"))
+    with pytest.raises(Unsupported, match="not served behind Ray Serve's ingress"):
+        async for _ in router.stream(InferenceRequest("a", {})):
+            pass
+    with pytest.raises(NotFound, match="unknown model 'zzz'"):
+        async for _ in router.stream(InferenceRequest("zzz", {})):
+            pass
+    assert "generate" not in router.server_metadata().extensions
