@@ -193,10 +193,22 @@ def main() -> None:
             ):
                 rows.append({"repeat": repeat, "concurrency": c, **row})
                 print(json.dumps(rows[-1]), flush=True)
-    report(rows, args)
+    report(rows, args, requests)
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def padding_bound(requests: list[Request], batch: int) -> float:
+    """Decode slots static batching computes per token a request wants: each batch runs every
+    row to its longest output. Where a step's cost grows with its rows (a CPU, compute-bound),
+    this bounds what continuous batching can gain; where decoding is bound by memory
+    bandwidth (a GPU), extra rows cost little and the gain comes from running more at once."""
+    computed = sum(
+        len(group) * max(n for _, n in group)
+        for group in (requests[i : i + batch] for i in range(0, len(requests), batch))
+    )
+    return computed / sum(n for _, n in requests)
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, requests: list[Request]) -> None:
     """Medians per side and concurrency, the ratios, and the machine, as a markdown table."""
     keys = ("tokens_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms")
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -210,13 +222,17 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"\n{args.model}, {args.requests} requests, outputs {args.min_output}-"
         f"{args.max_output} tokens, {args.threads} thread(s), medians of {args.repeats}:\n"
     )
-    print("| C | side | output tokens/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms | x static |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print(
+        "| C | side | output tokens/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms | x static "
+        "| padding bound |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for (c, side), m in sorted(medians.items()):
         static = medians[(c, STATIC)]["tokens_per_s"]
         print(
             f"| {c} | {side} | {m['tokens_per_s']:.1f} | {m['tpot_p50_ms']:.1f} | "
-            f"{m['tpot_p99_ms']:.1f} | {m['ttft_p50_ms']:.0f} | {m['tokens_per_s'] / static:.2f} |"
+            f"{m['tpot_p99_ms']:.1f} | {m['ttft_p50_ms']:.0f} | {m['tokens_per_s'] / static:.2f} "
+            f"| {padding_bound(requests, c):.2f} |"
         )
     print(json.dumps(machine()))
     if args.out is not None:
