@@ -84,13 +84,14 @@ class EngineSettings:
         if dtype not in _DTYPES:
             raise ConfigError(f"transformers backend: dtype must be one of {list(_DTYPES)}")
         gib = extra.get("kv_cache_gib", None if on_gpu else CPU_KV_CACHE_GIB)
+        fraction = float(_positive("gpu_memory_fraction", extra.get("gpu_memory_fraction", 0.8)))
+        if fraction > 1:
+            raise ConfigError("transformers backend: gpu_memory_fraction must be at most 1")
         return cls(
             device=options.device,
             dtype=dtype,
             kv_cache_gib=None if gib is None else float(_positive("kv_cache_gib", gib)),
-            gpu_memory_fraction=float(
-                _positive("gpu_memory_fraction", extra.get("gpu_memory_fraction", 0.8))
-            ),
+            gpu_memory_fraction=fraction,
             page_size=int(_positive("page_size", extra.get("page_size", 64))),
             max_batch_tokens=_optional(extra, "max_batch_tokens")
             or (None if on_gpu else CPU_BATCH_TOKENS),
