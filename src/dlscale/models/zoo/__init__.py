@@ -8,9 +8,10 @@ from pathlib import Path
 
 from dlscale.errors import NotFound
 from dlscale.models.zoo.catalog import ZOO
+from dlscale.models.zoo.e2e import PIPELINES, ZooPipeline
 from dlscale.models.zoo.model import ZooModel
 
-__all__ = ["ZOO", "ZooModel", "build_zoo", "get"]
+__all__ = ["PIPELINES", "ZOO", "ZooModel", "ZooPipeline", "build_zoo", "get"]
 
 
 def get(name: str) -> ZooModel:
@@ -18,7 +19,8 @@ def get(name: str) -> ZooModel:
     try:
         return ZOO[name]
     except KeyError:
-        raise NotFound(f"no zoo model {name!r}; the zoo has: {', '.join(ZOO)}") from None
+        known = ", ".join([*ZOO, *PIPELINES])
+        raise NotFound(f"no zoo model {name!r}; the zoo has: {known}") from None
 
 
 def build_zoo(
@@ -28,14 +30,22 @@ def build_zoo(
     seq_len: int = 128,
     progress: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Build the named zoo models (all by default) into repository `root`; returns their folders."""
-    models = [get(name) for name in (names if names is not None else list(ZOO))]
+    """Build the named zoo models (all by default) into repository `root`; returns their folders.
+
+    A name may be an end-to-end pipeline's (PIPELINES): its steps and classifier are built with
+    it. By default only the tensor models are built (the pipelines on request).
+    """
+    wanted = list(names) if names is not None else list(ZOO)
+    models = [PIPELINES[name] if name in PIPELINES else get(name) for name in wanted]
     say = progress or (lambda message: None)
     folders = []
     start = time.perf_counter()
     for model in models:
         say(f"building {model.name} into {root / model.name}")
-        folders.append(model.build(root, seq_len=seq_len))
+        if isinstance(model, ZooPipeline):
+            folders.append(model.build(root))
+        else:
+            folders.append(model.build(root, seq_len=seq_len))
         # Said as each model ends, not when all have: a reader of a log sees which one is slow.
         say(f"built {folders[-1]} ({time.perf_counter() - start:.1f} s so far)")
     return folders
