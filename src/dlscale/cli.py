@@ -98,6 +98,15 @@ def _add_core_verbs(sub: SubParsers) -> None:
     build.add_argument("--models", default="", help="comma-separated names (default: all)")
     build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
     build.set_defaults(func=LazyHandler("dlscale.models.commands", "zoo_build"))
+    listing = zoo.add_parser("list", help="every zoo model: task, tensors, size when built")
+    listing.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
+    listing.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_list"))
+    images = zoo.add_parser("images", help="write the synthetic JPEG set to a folder")
+    images.add_argument("--out", type=Path, required=True, help="folder to write the JPEGs to")
+    images.add_argument("--count", type=int, default=100, help="how many images")
+    images.add_argument("--seed", type=int, default=0, help="the set's seed")
+    images.add_argument("--size", default="500x375", help="WIDTHxHEIGHT in pixels")
+    images.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_images"))
 
     models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
         dest="models_verb", metavar="MODELS_VERB", required=True

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.models.zoo.catalog import RESNET50
+from dlscale.models.zoo.e2e_text import text_pipeline, text_signature
 from dlscale.models.zoo.images import IMAGE_CLASSES, IMAGENET_MEAN, IMAGENET_STD
 from dlscale.models.zoo.model import ZooModel
 from dlscale.models.zoo.samples import imagenet_like
@@ -136,4 +137,14 @@ RESNET50_E2E = ZooPipeline(
     builder=lambda root: image_pipeline(root, "resnet50-e2e", RESNET50, 256, 224),
 )
 
-PIPELINES: dict[str, ZooPipeline] = {p.name: p for p in (SMALLCNN_E2E, RESNET50_E2E)}
+BERT_E2E = ZooPipeline(
+    name="bert-e2e",
+    description="text -> WordPiece tokens (32) -> BERT-base classifier -> its topic",
+    task="text classification",
+    inputs=text_signature()[0],
+    outputs=text_signature()[1],
+    parts=("bert-e2e-tokenizer", "bert-e2e-classifier", "bert-e2e-topk"),
+    builder=lambda root: text_pipeline(root, "bert-e2e"),
+)
+
+PIPELINES: dict[str, ZooPipeline] = {p.name: p for p in (SMALLCNN_E2E, RESNET50_E2E, BERT_E2E)}
