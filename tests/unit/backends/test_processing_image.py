@@ -139,6 +139,7 @@ def test_a_large_batch_decodes_in_threads_as_it_does_alone(
         ({"layout": "CHWN"}, "layout"),
         ({"mean": [0.5, 0.5]}, "mean"),
         ({"crop": [1, 2, 3]}, "crop"),
+        ({"device_output": True}, "needs a CUDA device"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(
