@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from tests.toolkit.cli import run_cli
 from tests.toolkit.images import jpeg_bomb, png, png_bomb, reference_pixels, top_indices
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
+from dlscale.models.repository import ModelRepository
+from dlscale.models.zoo import PIPELINES, ZOO
 from dlscale.models.zoo.e2e import SMALLCNN_E2E
 from dlscale.models.zoo.e2e_text import text_pipeline, tokenize
 from dlscale.models.zoo.jpegs import encode_jpeg, synthetic_pixels
@@ -177,3 +180,23 @@ def test_text_that_is_not_utf8_fails_alone(server: LocalServer) -> None:
         np.concatenate([answers[0].as_numpy("class"), answers[2].as_numpy("class")]),
         together.as_numpy("class"),
     )
+
+
+def test_the_pipeline_is_built_with_its_parts(root: Path) -> None:
+    pipeline = SMALLCNN_E2E
+    for part in (pipeline.name, *pipeline.parts):
+        assert (root / part / "config.toml").is_file(), part
+    assert (root / "smallcnn-e2e-topk" / "1" / "model.topk").is_file()
+    labels = (root / "smallcnn-e2e-topk" / "1" / "labels.txt").read_text().splitlines()
+    assert labels[:2] == ["pattern-00", "pattern-01"] and len(labels) == 32
+    assert all(r.error is None for r in ModelRepository(root).check())
+    assert list(ZOO) == ["identity", "mlp", "digits", "resnet50", "bert-base"]  # unchanged
+
+
+def test_zoo_list_shows_every_entry(root: Path) -> None:
+    listed = run_cli("zoo", "list", "--dir", str(root))
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "│" in line}
+    assert set(ZOO) | set(PIPELINES) <= set(rows)
+    assert "image BYTES [1]" in rows["smallcnn-e2e"] and "labels BYTES [5]" in rows["smallcnn-e2e"]
+    assert "not built" in rows["resnet50"] and "M /" in rows["smallcnn-e2e"]
