@@ -12,10 +12,14 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dlscale.errors import InvalidInput, PayloadTooLarge
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as Picture
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 #: Formats other than JPEG that Pillow may open: lossless ones clients send; never a format
@@ -100,7 +104,7 @@ def _decode_jpeg(data: bytes, geometry: Geometry) -> np.ndarray:
     return pixels
 
 
-def _open_other(data: bytes, geometry: Geometry) -> object:
+def _open_other(data: bytes, geometry: Geometry) -> Picture:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -122,12 +126,11 @@ def _open_other(data: bytes, geometry: Geometry) -> object:
         raise InvalidInput(f"cannot be decoded ({exc})") from None
 
 
-def _resize_and_crop(image: object, geometry: Geometry) -> np.ndarray:
+def _resize_and_crop(image: Picture, geometry: Geometry) -> np.ndarray:
     """The centre crop of the resized image, resampled from its source box in one pass (or,
     without a resize, cut out pixel for pixel)."""
     from PIL import Image
 
-    assert isinstance(image, Image.Image)
     width, height = image.size
     rows, cols = geometry.resized(height, width)
     crop_h, crop_w = geometry.crop
