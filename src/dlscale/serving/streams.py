@@ -54,7 +54,8 @@ async def open_stream(
         served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
         seats.tasks.discard(task)
         raise
-    except BaseException:
+    except BaseException:  # its client left (or the cut came) while it waited
+        served.stats.record_failure("CANCELED", time.perf_counter_ns() - times.request_start)
         seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
