@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
-from dlscale.scale.calls import remote_call
+from dlscale.scale.calls import remote_call, remote_stream
 from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.settings import ScaleSettings
 from dlscale.serving.control.plane import check_model_control
@@ -217,6 +217,30 @@ class Router:
         stats.record_success(times, rows)
         return response
 
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """A model that streams: its responses from a replica as they come (calls.py's
+        `remote_stream`); closing this early cancels the replica's stream."""
+        if not self._accepting:
+            raise Unavailable("the server is shutting down")
+        route, _, number = self._version(request.model_name, request.model_version)
+        stats = route.stats[number]
+        start = time.perf_counter_ns()
+        handle = self._handle(request.model_name)
+        outcome = "CANCELED"  # unless the stream ends or fails: its client left
+        try:
+            async for response in remote_stream(handle, request.model_name, "stream", (request,)):
+                yield response
+            outcome = ""
+        except DlscaleError as exc:
+            outcome = exc.reason
+            raise
+        finally:
+            end = time.perf_counter_ns()
+            if outcome:
+                stats.record_failure(outcome, end - start)
+            else:
+                stats.record_success(RequestTimes(start, end, end, end, end, end, end), 1)
+
     def trace_settings(
         self, model: str = "", changes: Mapping[str, Any] | None = None
     ) -> dict[str, str | list[str]]:
@@ -226,11 +250,15 @@ class Router:
         raise Unsupported("log settings are per host: not served behind Ray Serve's ingress")
 
     async def _call(self, name: str, method: str, *args: Any) -> Any:
+        handle = self._handle(name)
+        return await remote_call(handle, name, method, args, self.settings.request_timeout_s)
+
+    def _handle(self, name: str) -> DeploymentHandle[Any]:
         handle = self._handles.get(name)
         if handle is None:
             handle = serve.get_deployment_handle(name, deploy.model_app(name))
             self._handles[name] = handle
-        return await remote_call(handle, name, method, args, self.settings.request_timeout_s)
+        return handle
 
     # -- repository and statistics ---------------------------------------------------------------
 
