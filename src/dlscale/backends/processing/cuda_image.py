@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from dlscale.backends.processing.decode import (
     JPEG_MAGIC,
@@ -53,11 +51,24 @@ class CudaImages:
         ]
 
     def decode(
-        self, rows: list[object], pool: ThreadPoolExecutor | None
-    ) -> tuple[np.ndarray, list[DlscaleError | None]]:
-        """The batch's pixels (host array: see docs/processing.md, "GPU") and each row's error."""
+        self, rows: list[object], pool: ThreadPoolExecutor | None, on_device: bool
+    ) -> tuple[Any, list[DlscaleError | None]]:
+        """The batch's pixels, on the host or (`on_device`) as a CuPy array over the device
+        tensor, which the next step of a pipeline reads in place; and each row's error."""
+        import torch
+
         pixels, errors = self.decode_on_device(rows, pool)
-        return pixels.cpu().numpy(), errors
+        if not on_device:
+            return pixels.cpu().numpy(), errors
+        # The next step computes on streams of its own: the pixels must be complete first.
+        torch.cuda.current_stream(self.device).synchronize()
+        try:
+            import cupy
+        except ModuleNotFoundError:
+            raise ConfigError(
+                "image step: device_output needs cupy: pip install 'dlscale[gpu]'"
+            ) from None
+        return cupy.asarray(pixels), errors
 
     def decode_on_device(
         self, rows: list[object], pool: ThreadPoolExecutor | None

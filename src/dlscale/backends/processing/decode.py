@@ -12,10 +12,14 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dlscale.errors import InvalidInput, PayloadTooLarge
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as Picture
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 #: Formats other than JPEG that Pillow may open: lossless ones clients send; never a format
@@ -100,7 +104,7 @@ def _decode_jpeg(data: bytes, geometry: Geometry) -> np.ndarray:
     return pixels
 
 
-def _open_other(data: bytes, geometry: Geometry) -> object:
+def _open_other(data: bytes, geometry: Geometry) -> Picture:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -122,19 +126,19 @@ def _open_other(data: bytes, geometry: Geometry) -> object:
         raise InvalidInput(f"cannot be decoded ({exc})") from None
 
 
-def _resize_and_crop(image: object, geometry: Geometry) -> np.ndarray:
-    """The centre crop of the resized image, resampled from its source box in one pass."""
+def _resize_and_crop(image: Picture, geometry: Geometry) -> np.ndarray:
+    """The centre crop of the resized image, resampled from its source box in one pass (or,
+    without a resize, cut out pixel for pixel)."""
     from PIL import Image
 
-    assert isinstance(image, Image.Image)
     width, height = image.size
     rows, cols = geometry.resized(height, width)
     crop_h, crop_w = geometry.crop
+    if (rows, cols) == (height, width):
+        top, left = (height - crop_h) // 2, (width - crop_w) // 2
+        return np.asarray(image.crop((left, top, left + crop_w, top + crop_h)))
     # The crop in resized coordinates, mapped back to the decoded image's.
     sy, sx = height / rows, width / cols
-    top, left = (rows - crop_h) / 2 * sy, (cols - crop_w) / 2 * sx
-    box = (left, top, left + crop_w * sx, top + crop_h * sy)
-    if (crop_w, crop_h) == (width, height):
-        return np.asarray(image)
-    out = image.resize((crop_w, crop_h), Image.Resampling.BILINEAR, box=box)
-    return np.asarray(out)
+    top_f, left_f = (rows - crop_h) / 2 * sy, (cols - crop_w) / 2 * sx
+    box = (left_f, top_f, left_f + crop_w * sx, top_f + crop_h * sy)
+    return np.asarray(image.resize((crop_w, crop_h), Image.Resampling.BILINEAR, box=box))

@@ -48,6 +48,7 @@ class ImageBackend:
         self._check_settings()
         self._inputs = bind(options.inputs, [TensorSpec("image", Datatype.BYTES, (-1, 1))], "input")
         self._outputs = bind(options.outputs, [self._pixel_spec()], "output")
+        self._gain, self._offset = normalization(self.settings)
         self._pool: ThreadPoolExecutor | None = None
         self._device: object | None = None
 
@@ -59,6 +60,10 @@ class ImageBackend:
             raise ConfigError(f"image step: std must be positive, got {s.std}")
         if self.options.max_batch_size < 1:
             raise ConfigError("image step: max_batch_size must be at least 1 (rows are images)")
+        if s.device_output and not self.options.device.startswith("cuda"):
+            raise ConfigError(
+                f"image step: device_output needs a CUDA device, not {self.options.device!r}"
+            )
 
     def _pixel_spec(self) -> TensorSpec:
         h, w = self.geometry.crop
@@ -131,14 +136,14 @@ class ImageBackend:
             from dlscale.backends.processing.cuda_image import CudaImages
 
             assert isinstance(self._device, CudaImages)
-            return self._device.decode(rows, self._pool)
+            return self._device.decode(rows, self._pool, self.settings.device_output)
         spec = self._outputs[0]
         out = np.empty((len(rows), *spec.shape[1:]), spec.datatype.numpy)
         errors: list[DlscaleError | None] = [None] * len(rows)
 
         def one(i: int) -> None:
             try:
-                out[i] = self._arrange(decode_rgb(as_bytes(rows[i]), self.geometry))
+                self._place(decode_rgb(as_bytes(rows[i]), self.geometry), out[i])
             except DlscaleError as exc:
                 errors[i] = exc
 
@@ -149,17 +154,19 @@ class ImageBackend:
             list(self._pool.map(one, range(len(rows))))
         return out, errors
 
-    def _arrange(self, rgb: np.ndarray) -> np.ndarray:
-        """One UINT8 [h, w, 3] RGB crop in the output's channel order, layout and dtype."""
+    def _place(self, rgb: np.ndarray, out: np.ndarray) -> None:
+        """Write one UINT8 [h, w, 3] RGB crop into its row of the batch, in the output's
+        channel order, layout and dtype (normalized in place: a temporary array per image
+        would cost ten times the arithmetic)."""
         s = self.settings
         pixels = rgb[..., ::-1] if s.channel_order == "BGR" else rgb
         if s.layout == "NCHW":
             pixels = pixels.transpose(2, 0, 1)
         if s.dtype == "UINT8":
-            return pixels
-        gain, offset = normalization(s, pixels.ndim)
-        normalized: np.ndarray = pixels * gain + offset
-        return normalized
+            out[...] = pixels
+            return
+        np.multiply(pixels, self._gain, out=out)
+        out += self._offset
 
 
 def _first_decode() -> None:

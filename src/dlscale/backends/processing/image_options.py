@@ -29,6 +29,10 @@ class ImageOptions(StepOptions):
     #: Bounds on each image, checked before decoding: encoded bytes and decoded pixels.
     max_bytes: int = Field(16 * 2**20, ge=1)
     max_pixels: int = Field(40_000_000, ge=1)
+    #: On a CUDA device: hand the pixels to the next step of a pipeline in device memory (a
+    #: CuPy array), for a next step that reads device buffers on the same GPU (the torch
+    #: backend there); false: they come back to the host.
+    device_output: bool = False
     #: Decode threads per instance (0: min(4, CPUs)).
     threads: int = Field(0, ge=0, le=64)
 

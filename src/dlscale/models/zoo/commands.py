@@ -9,6 +9,9 @@ from pathlib import Path
 
 from dlscale.types import TensorSpec
 
+#: The table's width when the output is not a terminal.
+WIDE = 180
+
 
 @dataclass(frozen=True)
 class Size:
@@ -70,6 +73,8 @@ def zoo_list(args: argparse.Namespace) -> int:
         inputs, outputs = _tensors(pipeline.inputs), _tensors(pipeline.outputs)
         table.add_row(pipeline.name, task, inputs, outputs, shown)
     console = Console()
+    if not console.is_terminal:  # piped or logged: one line per model rather than a squeeze
+        console = Console(width=WIDE)
     console.print(table)
     for pipeline in PIPELINES.values():
         console.print(f"{pipeline.name}: {' -> '.join(pipeline.parts)}; {pipeline.description}")

@@ -24,7 +24,7 @@ E2E_BATCH = 64
 TOP_K = 5
 SMALLCNN = ZooModel(
     name="smallcnn",
-    description="3-layer CNN over 64x64 images of the synthetic classes (~3 MFLOP)",
+    description="3-layer CNN over 64x64 images of the synthetic classes (5.7 MFLOP)",
     task="classification",
     max_batch_size=E2E_BATCH,
     signature=lambda _: (
@@ -68,21 +68,28 @@ def _ensure(model: ZooModel, root: Path) -> None:
         model.build(root)
 
 
-def image_pipeline(root: Path, name: str, classifier: ZooModel, resize: int, crop: int) -> None:
-    """JPEG (or PNG) bytes -> `name`-image -> `classifier` -> `name`-topk -> top-5 labels."""
-    _ensure(classifier, root)
-    write_step(
-        root,
-        f"{name}-image",
-        "image",
-        E2E_BATCH,
-        {
-            "resize": resize,
-            "crop": crop,
-            "mean": IMAGENET_MEAN.ravel().tolist(),
-            "std": IMAGENET_STD.ravel().tolist(),
-        },
-    )
+def image_pipeline(
+    root: Path, name: str, classifier: ZooModel, resize: int, crop: int, device: str = "cpu"
+) -> None:
+    """JPEG (or PNG) bytes -> `name`-image -> `classifier` -> `name`-topk -> top-5 labels.
+
+    On a CUDA `device` the image step decodes with nvJPEG and hands its pixels on in device
+    memory to `name`-classifier, the classifier on the torch backend on the same device.
+    """
+    options: dict[str, object] = {
+        "resize": resize,
+        "crop": crop,
+        "mean": IMAGENET_MEAN.ravel().tolist(),
+        "std": IMAGENET_STD.ravel().tolist(),
+    }
+    model = classifier.name
+    if device == "cpu":
+        _ensure(classifier, root)
+    else:
+        options["device_output"] = True
+        model = f"{name}-classifier"
+        _torch_classifier(root, model, classifier, device)
+    write_step(root, f"{name}-image", "image", E2E_BATCH, options, device=device)
     classes = classifier.outputs()[0].shape[0]
     labels = "\n".join(synthetic_labels(classes)) + "\n"
     scores = TensorSpec("scores", Datatype.FP32, (classes,))
@@ -103,11 +110,29 @@ def image_pipeline(root: Path, name: str, classifier: ZooModel, resize: int, cro
         signature,
         [
             (f"{name}-image", {"image": "image"}, {"pixels": "pixels"}),
-            (classifier.name, {"input": "pixels"}, {"output": "scores"}),
+            (model, {"input": "pixels"}, {"output": "scores"}),
             (f"{name}-topk", {"scores": "scores"}, {"labels": "labels"}),
         ],
         {"zoo": "true", "task": "classification", "classifier": classifier.name},
     )
+
+
+def _torch_classifier(root: Path, name: str, classifier: ZooModel, device: str) -> None:
+    """`classifier` served by the torch backend on `device`, built from its code at load."""
+    from dlscale.models.zoo.inputs import torch_entry
+
+    entry = torch_entry(classifier)
+    folder = write_step(
+        root,
+        name,
+        "torch",
+        E2E_BATCH,
+        {},
+        {},  # the module spec is written next
+        (classifier.inputs(), classifier.outputs()),
+        device,
+    )
+    entry.write(folder / "1" / "model.zoo")
 
 
 def image_signature() -> tuple[list[TensorSpec], list[TensorSpec]]:

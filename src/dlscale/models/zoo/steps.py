@@ -19,6 +19,8 @@ from dlscale.types import TensorSpec
 #: What every step waits for company at most: the batcher sends at once when requests arrive
 #: further apart than this (its adaptive delay), so a lone request is not held.
 STEP_QUEUE_DELAY_US = 200
+#: The steps whose version folder holds an empty marker rather than a model file.
+MARKED = ("image", "topk", "null")
 
 
 def write_step(
@@ -29,8 +31,9 @@ def write_step(
     options: Mapping[str, Any],
     files: Mapping[str, bytes] | None = None,
     tensors: tuple[list[TensorSpec], list[TensorSpec]] = ([], []),
+    device: str = "cpu",
 ) -> Path:
-    """REPO/<name>/config.toml and 1/ with the backend's marker (or `files`: name -> bytes).
+    """REPO/<name>/config.toml and 1/ with `files` (name -> bytes) and a step's marker.
 
     `tensors` declares inputs and outputs (names, datatypes, shapes without the batch dim)
     where the step's own defaults are not what the pipeline hands it. Steps whose inputs are
@@ -40,8 +43,8 @@ def write_step(
     folder = root / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     given = dict(files or {})
-    marker = MODEL_FILES[backend][0]
-    given.setdefault(marker, b"")
+    if backend in MARKED:  # the step reads no model file: an empty marker keeps folders alike
+        given.setdefault(MODEL_FILES[backend][0], b"")
     for file, data in given.items():
         (folder / "1" / file).write_bytes(data)
     config: dict[str, Any] = {
@@ -49,7 +52,7 @@ def write_step(
         "backend": backend,
         "max_batch_size": max_batch_size,
         "batching": {"max_queue_delay_us": STEP_QUEUE_DELAY_US},
-        "instances": [{"count": 1, "device": "cpu"}],
+        "instances": [{"count": 1, "device": device}],
         "backend_options": dict(options),
     }
     inputs, outputs = tensors
