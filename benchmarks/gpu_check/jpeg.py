@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64, help="rows per request (<= 64)")
     parser.add_argument("--images", type=int, default=256)

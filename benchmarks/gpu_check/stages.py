@@ -357,7 +357,7 @@ def jpeg_command(ctx: Context) -> list[str]:
     if ctx.cpu:  # smallcnn-e2e, libjpeg-turbo: the path, not a figure
         return [*command, "--device", "cpu", "--seconds", "0.5", "--reps", "1", "--batch", "16",
                 "--images", "32"]  # fmt: skip
-    return [*command, "--device", "cuda:0", "--seconds", "2" if ctx.quick else "5"]
+    return [*command, "--device", "cuda:0", "--seconds", "1" if ctx.quick else "3"]
 
 
 def jpeg_read(ctx: Context) -> list[Figure]:
@@ -427,7 +427,7 @@ STAGES = [
     Stage(
         "jpeg",
         "resnet50-e2e from JPEGs decoded on the device against resnet50 fed tensors",
-        90,
+        60,
         120,
         jpeg_command,
         jpeg_read,
