@@ -53,6 +53,7 @@ from benchmarks.harness.servers import (
 from benchmarks.harness.statistics import machine, markdown, median_table, paired_ratios, record
 from dlscale.bench import steps as per_step
 from dlscale.bench.http_client import HttpClient
+from dlscale.errors import DlscaleError
 from dlscale.models.zoo.e2e import SMALLCNN_E2E
 from dlscale.models.zoo.jpegs import synthetic_jpegs
 from dlscale.serving.manager import ModelManager
@@ -198,23 +199,35 @@ def one_repetition(
     record(rows, bench="alone", rep=rep, **{f"{k}_p50_ms": round(v, 4) for k, v in alone.items()})
     shift = rep % len(names)
     for name in names[shift:] + names[:shift]:
-        server = start(name, repo)
         try:
-            label = first_label(name, server.port, jpegs[0])
-            for c in CONCURRENCY:
-                extra: dict[str, Any] = {}
-                if name == "dlscale" and c == 1:
-                    # The statistics read around the run: the per-step breakdown of `dlscale bench`.
-                    result, found = dlscale_breakdown(
-                        server.port, lambda s=server: load(s, "dlscale", jpegs, 1, duration)
-                    )
-                    extra = {"breakdown": found}
-                else:
-                    result = load(server, name, jpegs, c, duration)
-                record(rows, bench="e2e", server=name, model=PIPELINE, concurrency=c, rep=rep,
-                       top1=label, **result.summary(), **extra)  # fmt: skip
-        finally:
-            server.stop()
+            measure(rep, name, repo, jpegs, duration, rows)
+        except (RuntimeError, OSError, DlscaleError) as exc:
+            # A server that fails to start or dies mid-run (on a shared machine, another job's
+            # `ray stop` ends every Ray cluster) costs its rows of this repetition, not the run.
+            record(rows, bench="failed", server=name, rep=rep, error=f"{type(exc).__name__}: {exc}")
+
+
+def measure(
+    rep: int, name: str, repo: Path, jpegs: list[bytes], duration: float, rows: list[Any]
+) -> None:
+    """One server: started, checked, driven at each concurrency, stopped."""
+    server = start(name, repo)
+    try:
+        label = first_label(name, server.port, jpegs[0])
+        for c in CONCURRENCY:
+            extra: dict[str, Any] = {}
+            if name == "dlscale" and c == 1:
+                # The statistics read around the run: the per-step breakdown of `dlscale bench`.
+                result, found = dlscale_breakdown(
+                    server.port, lambda: load(server, "dlscale", jpegs, 1, duration)
+                )
+                extra = {"breakdown": found}
+            else:
+                result = load(server, name, jpegs, c, duration)
+            record(rows, bench="e2e", server=name, model=PIPELINE, concurrency=c, rep=rep,
+                   top1=label, **result.summary(), **extra)  # fmt: skip
+    finally:
+        server.stop()
 
 
 # -- the verdicts ----------------------------------------------------------------------------------
@@ -240,6 +253,14 @@ def verdicts(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
             f"{best['throughput']:,.1f}/s = {ratio:.2f}x (median of paired ratios), p99 "
             f"{ours['p99_ms']:.2f} vs {best['p99_ms']:.2f} ms: target >= 2x with p99 no worse "
             f"{met}"
+        )
+    failed = [r for r in rows if r["bench"] == "failed"]
+    if failed:
+        out.append(
+            f"{len(failed)} server runs failed: "
+            + "; ".join(
+                f"{r['server']} (repetition {r['rep']}): {r['error'][:160]}" for r in failed
+            )
         )
     alone = [r for r in rows if r["bench"] == "alone"]
     if alone and ("dlscale", 1) in table:
