@@ -18,8 +18,9 @@ cores of convolution. The peers run the same work written the natural way
 
 Each repetition first measures the steps alone, in process (dlscale's own step backends called
 directly on one image: decode, model, top-k), then each server in turn (the order rotates) at
-concurrency 1 and 32 with the same closed-loop client cycling through the same JPEGs. At
-concurrency 1 the server's statistics give dlscale's per-step breakdown (dlscale.bench.steps).
+concurrency 1 and 32 with the same closed-loop client cycling through the same JPEGs. Around
+each of dlscale's runs the server's statistics give its per-step breakdown (dlscale.bench.steps:
+queue and compute per step, the limiting step).
 The pipeline's overhead is dlscale's p50 at concurrency 1 less the steps' own p50s. Results go to
 bench-results/e2e_pipeline-*.json and the markdown tables printed at the end.
 """
@@ -216,10 +217,10 @@ def measure(
         label = first_label(name, server.port, jpegs[0])
         for c in CONCURRENCY:
             extra: dict[str, Any] = {}
-            if name == "dlscale" and c == 1:
+            if name == "dlscale":
                 # The statistics read around the run: the per-step breakdown of `dlscale bench`.
                 result, found = dlscale_breakdown(
-                    server.port, lambda: load(server, "dlscale", jpegs, 1, duration)
+                    server.port, lambda c=c: load(server, "dlscale", jpegs, c, duration)
                 )
                 extra = {"breakdown": found}
             else:
@@ -271,7 +272,8 @@ def verdicts(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
         inside = [
             r["breakdown"]["between_steps_ms"]
             for r in rows
-            if r.get("breakdown", {}).get("between_steps_ms") is not None
+            if r.get("concurrency") == 1
+            and r.get("breakdown", {}).get("between_steps_ms") is not None
         ]
         overhead = p50 - compute
         out.append(
