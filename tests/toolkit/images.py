@@ -57,17 +57,17 @@ def jpeg_bomb(side: int) -> bytes:
     return bytes(data)
 
 
-def reference_pixels(data: bytes) -> np.ndarray:
-    """FP32 [3, CROP, CROP] as a client would prepare them by hand: the full decode
-    (simplejpeg), the shorter side resized to RESIZE (Pillow, bilinear), the centre crop,
+def reference_pixels(data: bytes, resize: int = RESIZE, side: int = CROP) -> np.ndarray:
+    """FP32 [3, side, side] as a client would prepare them by hand: the full decode
+    (simplejpeg), the shorter side resized to `resize` (Pillow, bilinear), the centre crop,
     ImageNet's normalization."""
     rgb = simplejpeg.decode_jpeg(data, colorspace="RGB")
     height, width = rgb.shape[:2]
-    scale = RESIZE / min(height, width)
+    scale = resize / min(height, width)
     size = (round(width * scale), round(height * scale))
     image = Image.fromarray(rgb).resize(size, Image.Resampling.BILINEAR)
-    left, top = (size[0] - CROP) // 2, (size[1] - CROP) // 2
-    crop = np.asarray(image.crop((left, top, left + CROP, top + CROP)), np.float32) / 255
+    left, top = (size[0] - side) // 2, (size[1] - side) // 2
+    crop = np.asarray(image.crop((left, top, left + side, top + side)), np.float32) / 255
     normalized: np.ndarray = (crop.transpose(2, 0, 1) - IMAGENET_MEAN[0]) / IMAGENET_STD[0]
     return normalized.astype(np.float32)
 

@@ -173,3 +173,12 @@ def test_pillow_formats_other_than_png(tmp_path: Path, pictures: np.ndarray) -> 
     Image.fromarray(pictures[0]).save(buffer, "BMP")
     out = step.infer(rows(buffer.getvalue()))["pixels"][0]
     np.testing.assert_array_equal(out, pictures[0][155:219, 218:282])
+
+
+def test_a_request_of_the_wrong_shape_fails_alone(tmp_path: Path, pictures: np.ndarray) -> None:
+    step = image_step(tmp_path, resize=RESIZE, crop=CROP)
+    good = encode_jpeg(pictures[0])
+    two_per_row = {"image": np.array([[good, good]], dtype=object)}
+    results = step.infer_requests([two_per_row, rows(good)])
+    assert isinstance(results[0], InvalidInput) and "one element per row" in str(results[0])
+    assert isinstance(results[1], dict) and results[1]["pixels"].shape == (1, 3, CROP, CROP)

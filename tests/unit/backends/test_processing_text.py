@@ -110,3 +110,8 @@ def test_topk_refusals(tmp_path: Path) -> None:
     wrong = BackendOptions(max_batch_size=8, outputs=(TensorSpec("top", Datatype.FP32, (-1, 5)),))
     with pytest.raises(ConfigError, match="outputs are BYTES"):
         TopKBackend(tmp_path / "model.topk", wrong)
+    few = BackendOptions(
+        max_batch_size=8, extra={"k": 5}, inputs=(TensorSpec("s", Datatype.FP32, (-1, 3)),)
+    )
+    with pytest.raises(ConfigError, match="k = 5 is more than the 3 scores"):
+        TopKBackend(tmp_path / "model.topk", few)

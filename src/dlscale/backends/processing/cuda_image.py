@@ -19,10 +19,11 @@ from dlscale.backends.processing.decode import (
     check_pixels,
     check_size,
     decode_rgb,
+    jpeg_size,
 )
 from dlscale.backends.processing.image_options import ImageOptions, normalization
 from dlscale.backends.processing.options import as_bytes
-from dlscale.errors import ConfigError, DlscaleError, InvalidInput
+from dlscale.errors import ConfigError, DlscaleError
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,7 @@ class CudaImages:
                 data = as_bytes(rows[i])
                 check_size(data, self.geometry)
                 if data.startswith(JPEG_MAGIC):
-                    check_pixels(*_jpeg_size(data), self.geometry)
+                    check_pixels(*jpeg_size(data), self.geometry)
                     jpegs[i] = data
                 else:  # cropped on the CPU already; only arranged on the device
                     rgb = decode_rgb(data, self.geometry)
@@ -131,8 +132,14 @@ class CudaImages:
             try:
                 image = decode_jpeg(tensor, mode=ImageReadMode.RGB, device=self.device)
                 out[i] = self._resize_and_crop(image)
-            except RuntimeError as exc:
-                errors[i] = InvalidInput(f"is not a decodable JPEG ({exc})")
+            except RuntimeError:
+                # What nvJPEG does not take (CMYK, some progressive files) libjpeg-turbo may:
+                # the CPU path decodes it, or says what is wrong with it.
+                try:
+                    rgb = decode_rgb(jpegs[i], self.geometry)
+                    out[i] = torch.from_numpy(rgb).permute(2, 0, 1).to(self.device)
+                except DlscaleError as exc:
+                    errors[i] = exc
         return out
 
     def _resize_and_crop(self, image: torch.Tensor) -> torch.Tensor:
@@ -161,16 +168,6 @@ class CudaImages:
         if self.settings.dtype == "UINT8":
             return pixels
         return (pixels.float() * self.gain + self.offset).to(self.dtype)
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int]:
-    import simplejpeg
-
-    try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError as exc:
-        raise InvalidInput(f"is not a readable JPEG ({exc})") from None
-    return height, width
 
 
 def _each(work: Callable[[int], None], count: int, pool: ThreadPoolExecutor | None) -> None:

@@ -83,13 +83,21 @@ def decode_rgb(data: bytes, geometry: Geometry) -> np.ndarray:
     return _resize_and_crop(_open_other(data, geometry), geometry)
 
 
-def _decode_jpeg(data: bytes, geometry: Geometry) -> np.ndarray:
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """A JPEG's (height, width) from its frame header, without decoding it."""
     import simplejpeg
 
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as exc:
         raise InvalidInput(f"is not a readable JPEG ({exc})") from None
+    return height, width
+
+
+def _decode_jpeg(data: bytes, geometry: Geometry) -> np.ndarray:
+    import simplejpeg
+
+    height, width = jpeg_size(data)
     check_pixels(height, width, geometry)
     rows, cols = geometry.resized(height, width)
     want = (rows, cols) if geometry.resize else (height, width)

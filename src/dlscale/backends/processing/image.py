@@ -103,15 +103,22 @@ class ImageBackend:
         """Every row of every request decoded at once; a request with a bad row fails alone."""
         name = self._inputs[0].name
         rows: list[object] = []
-        counts = []
+        counts: list[int | DlscaleError] = []
         for request in requests:
-            mine = byte_rows(request[name], name)
+            try:
+                mine = byte_rows(request[name], name)
+            except DlscaleError as exc:
+                counts.append(exc)
+                continue
             rows.extend(mine)
             counts.append(len(mine))
         pixels, errors = self._decode(rows)
         results: list[RequestResult] = []
         start = 0
         for count in counts:
+            if isinstance(count, DlscaleError):
+                results.append(count)
+                continue
             failed = next(
                 ((i - start, e) for i in range(start, start + count) if (e := errors[i])), None
             )

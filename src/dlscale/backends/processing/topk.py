@@ -54,6 +54,9 @@ class TopKBackend:
                 "topk step: declare one input of scores, [classes] per row, of "
                 f"{[d.value for d in SCORES]}; got {[(s.name, s.datatype.value) for s in declared]}"
             )
+        classes = declared[0].shape[1]
+        if 0 < classes < self.k:
+            raise ConfigError(f"topk step: k = {self.k} is more than the {classes} scores per row")
         return list(declared)
 
     def _answers(self, declared: tuple[TensorSpec, ...]) -> list[TensorSpec]:
