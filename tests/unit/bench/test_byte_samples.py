@@ -67,6 +67,15 @@ def test_links_hidden_files_and_subfolders_are_left_out(tmp_path: Path) -> None:
         byte_samples.from_folder(folder, IMAGE, 10, 1 << 20)
 
 
+def test_a_file_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes(b"outside the folder")
+    folder = _folder(tmp_path, {})
+    os.symlink(tmp_path / "secret", folder / "photo.jpg")
+    # The read itself refuses links (O_NOFOLLOW), whatever the listing saw before.
+    with pytest.raises(BenchError, match="cannot be read"):
+        byte_samples._read_bounded(folder / "photo.jpg")
+
+
 @pytest.mark.parametrize(
     ("specs", "match"),
     [
