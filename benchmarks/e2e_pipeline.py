@@ -203,8 +203,8 @@ def one_repetition(
         try:
             measure(rep, name, repo, jpegs, duration, rows)
         except (RuntimeError, OSError, DlscaleError) as exc:
-            # A server that fails to start or dies mid-run (on a shared machine, another job's
-            # `ray stop` ends every Ray cluster) costs its rows of this repetition, not the run.
+            # A server that fails to start or dies mid-run (a Ray cluster's controller became
+            # unreachable once here, on the shared machine) costs its rows of this repetition.
             record(rows, bench="failed", server=name, rep=rep, error=f"{type(exc).__name__}: {exc}")
 
 
