@@ -296,7 +296,12 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accuracy", action="store_true", help="also run accuracy mode; check every answer"
     )
-    p.add_argument("--data", type=_path, help="samples: FILE.npy (one input) or FILE.npz (by name)")
+    p.add_argument(
+        "--data",
+        type=_path,
+        help="samples: FILE.npy (one input), FILE.npz (by name), or a folder of files (one BYTES "
+        "element each: JPEGs, texts)",
+    )
     p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
     p.add_argument("--out", type=_path, help="report folder (default: bench-results/MODEL-DATE)")
     p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")
