@@ -16,7 +16,13 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as th
-from tests.toolkit.generative import MAX_MODEL_LEN, greedy_words, write_colours
+from tests.toolkit.generative import (
+    MAX_MODEL_LEN,
+    greedy_words,
+    next_outcome,
+    outcomes,
+    write_colours,
+)
 from tests.toolkit.models import identity_graph, write_model
 from tests.toolkit.server import LocalServer, serving
 
@@ -55,9 +61,11 @@ def test_models_lists_the_generative_ones(client: openai.OpenAI) -> None:
         client.models.retrieve("identity")
 
 
-def test_a_completion_answers_with_usage(client: openai.OpenAI) -> None:
+def test_a_completion_answers_with_usage(client: openai.OpenAI, server: LocalServer) -> None:
     prompt = "one two three"
+    before = outcomes(server.http_url, MODEL)
     answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert next_outcome(server.http_url, MODEL, before) == (1, 0)  # answered, not cancelled
     assert answer.object == "text_completion" and answer.id.startswith("cmpl-")
     choice = answer.choices[0]
     assert choice.text == " ".join(greedy_words(prompt, 4)) and choice.finish_reason == "length"
@@ -79,9 +87,10 @@ def test_a_chat_answers_as_the_assistant(client: openai.OpenAI) -> None:
     assert answer.usage is not None and answer.usage.completion_tokens == 2
 
 
-def test_a_streamed_completion_is_the_same_text(client: openai.OpenAI) -> None:
+def test_a_streamed_completion_is_the_same_text(client: openai.OpenAI, server: LocalServer) -> None:
     prompt = "a b"
     whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
+    before = outcomes(server.http_url, MODEL)
     chunks = list(
         client.completions.create(
             model=MODEL,
@@ -98,6 +107,7 @@ def test_a_streamed_completion_is_the_same_text(client: openai.OpenAI) -> None:
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None and last.usage.total_tokens == 7
     assert all(c.usage is None for c in chunks[:-1])
+    assert next_outcome(server.http_url, MODEL, before) == (1, 0)
 
 
 def test_a_streamed_chat_names_the_role_first(client: openai.OpenAI) -> None:
@@ -224,14 +234,16 @@ def test_a_failure_mid_stream_is_an_error_event_then_done(
 def test_a_client_that_leaves_frees_its_sequence(
     client: openai.OpenAI, server: LocalServer
 ) -> None:
-    # Two seats: two endless generations hold both; when their clients leave, the next
-    # request is answered (it would wait for a seat forever otherwise).
+    # Two seats: two endless generations hold both. Each is recorded as cancelled once its
+    # client leaves, and the next request is answered (it would wait forever otherwise).
     for _ in range(2):
+        before = outcomes(server.http_url, MODEL)
         stream = client.completions.create(
             model=MODEL, prompt="forever", max_tokens=10**6, stream=True
         )
         next(iter(stream))
         stream.close()
+        assert next_outcome(server.http_url, MODEL, before) == (0, 1)
     answer = client.completions.create(
         model=MODEL, prompt="after", max_tokens=2, temperature=0, extra_body={"timeout": 30_000_000}
     )

@@ -121,7 +121,8 @@ class OpenAIApi:
             "created": int(time.time()),
             "owned_by": "dlscale",
         }
-        length = parameters.get("max_model_len", "")
+        # [metadata] max_model_len, as vLLM names it, or the zoo's `context`.
+        length = parameters.get("max_model_len") or parameters.get("context", "")
         if length.isdigit():
             card["max_model_len"] = int(length)
         return card
@@ -154,17 +155,15 @@ class OpenAIApi:
             await aclose(responses)  # the client left, or a bug: the sequence is freed
             raise
         if call.stream:
-            events = _events(reply, piece, first.final, responses, call.include_usage)
+            events = _events(reply, piece, responses, call.include_usage)
             return RestResponse(200, [], SSE, stream=events)
         try:
-            reply.add(piece)
-            done = first.final
-            while not done:
+            while True:
+                reply.add(piece)
                 response = await _next(responses)
                 if response is None:
                     break
-                reply.add(Piece.of(response))
-                done = response.final
+                piece = Piece.of(response)
         except DlscaleError as exc:
             raise _ModelError(call.model, exc) from None
         finally:
@@ -175,11 +174,14 @@ class OpenAIApi:
 async def _events(
     reply: Answer,
     first: Piece,
-    final: bool,
     responses: AsyncIterator[InferenceResponse],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """The `data:` events of a streamed answer; closing it early closes the generation."""
+    """The `data:` events of a streamed answer; closing it early closes the generation.
+
+    The responses are read to their end, past the final one: a stream closed before its end
+    counts as cancelled (its client left), one read to its end as answered.
+    """
     try:
         if reply.chat:
             yield reply.chunk(None, include_usage, first=True)
@@ -188,10 +190,8 @@ async def _events(
             reply.add(piece)
             if piece.text or piece.finish_reason is not None:
                 yield reply.chunk(piece, include_usage)
-            if final:
-                break
             response = await _next(responses)
-            piece, final = (Piece.of(response), response.final) if response else (None, True)
+            piece = Piece.of(response) if response is not None else None
         if include_usage:
             yield reply.usage_chunk()
     except DlscaleError as exc:
