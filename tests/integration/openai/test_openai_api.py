@@ -7,6 +7,7 @@ engine (llama-tiny on transformers) are in test_openai_engine.py.
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -207,6 +208,16 @@ def test_malformed_bodies_are_400(http: httpx.Client, body: bytes, said: str) ->
     assert answer.status_code == 400
     error = answer.json()["error"]
     assert said in error["message"] and error["code"] == 400 and error["type"] == "BadRequestError"
+
+
+def test_a_compressed_body_is_held_to_the_body_limit(http: httpx.Client) -> None:
+    # 8 MiB of prompt in 8 KiB of gzip: inflated no further than the server's 4 MiB limit.
+    body = b'{"model": "colours", "prompt": "' + b"a" * (8 * 2**20) + b'"}'
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    answer = http.post("/v1/completions", content=gzip.compress(body), headers=headers)
+    assert answer.status_code == 413 and "decompressed body" in answer.json()["error"]["message"]
+    unknown = http.post("/v1/completions", content=b"{}", headers={"content-encoding": "br"})
+    assert unknown.status_code == 415 and unknown.json()["error"]["code"] == 415
 
 
 def test_wrong_methods_and_routes(http: httpx.Client) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import orjson
 import pytest
 
 from dlscale.backends.generative.contract import Sampling, part
@@ -22,7 +21,7 @@ from dlscale.types import InferenceResponse
 
 
 def _body(**fields: object) -> bytes:
-    return orjson.dumps({"model": "llm", **fields})
+    return json.dumps({"model": "llm", **fields}).encode()  # orjson stops at 64-bit integers
 
 
 def test_a_completion_becomes_the_contracts_request() -> None:
@@ -83,6 +82,8 @@ def test_priority_and_timeout_are_the_queues() -> None:
         ({"model": 3}, "model"),
         ({"model": ""}, "model"),
         ({"priority": "high"}, "priority"),
+        ({"max_tokens": 10**300}, "max_tokens"),
+        ({"seed": 2**64}, "seed"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_named(fields: dict[str, object], param: str) -> None:
@@ -113,7 +114,14 @@ def test_what_is_not_implemented_is_501(fields: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"{", b"[1]", b'{"model": "llm", "prompt": "\xff"}', b"nul"],
+    [
+        b"{",
+        b"[1]",
+        b'{"model": "llm", "prompt": "\xff"}',
+        b"nul",
+        b"[" * 100_000,
+        b'{"model": "llm", "prompt": "p", "temperature": 1e400}',
+    ],
 )
 def test_malformed_bodies_are_400(body: bytes) -> None:
     with pytest.raises(InvalidInput):
