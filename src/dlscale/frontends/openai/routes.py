@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -54,28 +55,25 @@ class OpenAIApi:
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         """Answer one request under `/v1/`; `headers` has lower-case names."""
-        model = ""
         try:
             handler, args, allowed = self._route(path)
             if handler is None:
                 return _error(404, f"no OpenAI route for {path[:200]!r}")
             self.access.check(GROUP, headers)
             if method != allowed:
-                return _error(405, f"{method} is not allowed here; use {allowed}")
+                message = f"{method} is not allowed here; use {allowed}"
+                return _error(405, message, (("allow", allowed),))
             return await handler(args, headers, self.decoded(headers, body))
         except _ModelError as wrapped:
-            model, exc = wrapped.model, wrapped.cause
-        except DlscaleError as exc_:
-            exc = exc_
-        except Exception as exc_:  # a bug must answer 500, not drop the connection
+            return _failure(f"{method} {path}", wrapped.cause, wrapped.model)
+        except DlscaleError as exc:
+            return _failure(f"{method} {path}", exc)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("%s %s failed", method, path)
-            return _error(500, redact_paths(f"internal error: {exc_!r}"))
-        log_failure("HTTP", model, exc.http_status, exc.reason, f"{method} {path}: {exc}")
-        status, doc = status_and_document(exc, model)
-        return RestResponse(status, [orjson.dumps(doc)])
+            return _error(500, redact_paths(f"internal error: {exc!r}"))
 
     def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = path.split("?", 1)[0].strip("/").split("/")[1:]
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
         match parts:
             case ["models"]:
                 return self._models, [], "GET"
@@ -216,8 +214,15 @@ def _generative(metadata: ModelMetadata) -> bool:
     )
 
 
-def _error(status: int, message: str) -> RestResponse:
-    return RestResponse(status, [orjson.dumps(error_document(status, message))])
+def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> RestResponse:
+    return RestResponse(status, [orjson.dumps(error_document(status, message))], headers=headers)
+
+
+def _failure(what: str, exc: DlscaleError, model: str = "") -> RestResponse:
+    """The answer to a request that failed with `exc`, logged as every failed request is."""
+    log_failure("HTTP", model, exc.http_status, exc.reason, f"{what}: {exc}")
+    status, doc = status_and_document(exc, model)
+    return RestResponse(status, [orjson.dumps(doc)])
 
 
 class _ModelError(Exception):
