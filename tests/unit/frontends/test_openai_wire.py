@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlscale.backends.generative.contract import Sampling, part
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, PermissionDenied, Unsupported
@@ -226,3 +228,29 @@ def test_errors_take_openais_shape(error: DlscaleError, status: int, kind: str) 
     assert got == status and doc["error"]["type"] == kind and doc["error"]["code"] == status
     if status == 404:
         assert doc["error"]["message"] == "The model `x` does not exist."
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_FIELDS = st.sampled_from(
+    [
+        "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+        "top_p", "seed", "stop", "n", "stream", "stream_options", "priority", "timeout",
+        "ignore_eos", "logprobs", "response_format", "echo",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_FIELDS, _JSON, max_size=6), st.booleans())
+def test_any_json_is_read_or_refused_with_a_4xx(fields: dict[str, object], chat: bool) -> None:
+    body = json.dumps(fields).encode()
+    try:
+        (chat_call if chat else completion_call)(body, {})
+    except DlscaleError as exc:
+        assert 400 <= exc.http_status < 500 or exc.http_status == 501
