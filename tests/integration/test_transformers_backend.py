@@ -4,6 +4,7 @@ cancellation, stop strings, chat, bounds; one engine for the module."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -18,7 +19,7 @@ from dlscale.backends import BackendOptions, create_backend  # noqa: E402
 from dlscale.backends.base import StreamPart  # noqa: E402
 from dlscale.backends.generative.contract import GenerativeBackend  # noqa: E402
 from dlscale.backends.generative.transformers_request import prepare  # noqa: E402
-from dlscale.errors import ConfigError, InvalidInput, Unavailable  # noqa: E402
+from dlscale.errors import BackendError, ConfigError, InvalidInput, Unavailable  # noqa: E402
 from dlscale.models.zoo import build_zoo  # noqa: E402
 
 PROMPTS = (
@@ -67,10 +68,18 @@ def last(parts: list[StreamPart], name: str) -> Any:
     return value.decode() if isinstance(value, bytes) else int(value)
 
 
+@functools.cache
+def hf_model(folder: Path) -> tuple[Any, Any]:
+    """transformers' own tokenizer and model on the same folder, loaded once."""
+    return (
+        transformers.AutoTokenizer.from_pretrained(folder),
+        transformers.AutoModelForCausalLM.from_pretrained(folder),
+    )
+
+
 def reference(folder: Path, prompt: str, max_tokens: int) -> tuple[str, int]:
     """transformers' own greedy `generate` on the same weights: (text, tokens)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer, model = hf_model(folder)
     ids = tokenizer(prompt, return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False)[0]
     new = out[ids.input_ids.shape[1] :]
@@ -212,19 +221,15 @@ def test_cpu_runs_fp32_and_unknown_options_are_refused(backend: Any, folder: Pat
         )
 
 
-async def test_unload_frees_the_engine(folder: Path) -> None:
-    own = create_backend(
-        "transformers", folder / "config.json", BackendOptions(extra={"kv_cache_gib": 0.01})
-    )
-    own.load()
-    assert isinstance(own, GenerativeBackend)
-    stream = own.stream("u", text_input("hello"), {"max_tokens": 400, "ignore_eos": True})
+async def test_unload_frees_the_engine(backend: GenerativeBackend) -> None:
+    # Last in the module: it unloads the module's engine (the fixture's unload is then a no-op).
+    stream = backend.stream("u", text_input("hello"), {"max_tokens": 400, "ignore_eos": True})
     await stream.__anext__()  # type: ignore[attr-defined]
-    await asyncio.to_thread(own.unload)
+    await asyncio.to_thread(backend.unload)
     # The running sequence ends with an error instead of hanging on a stopped engine.
-    with pytest.raises(Exception, match="stopped"):
+    with pytest.raises(BackendError, match="stopped"):
         async for _ in stream:
             pass
-    assert own.engine_stats().running == 0
+    assert backend.engine_stats().running == 0
     with pytest.raises(Unavailable, match="not loaded"):
-        await collect(own, "hello", GREEDY)
+        await collect(backend, "hello", GREEDY)

@@ -131,6 +131,10 @@ class DataPlane:
         for future in list(self._inflight):
             if not future.done():
                 future.set_exception(error)
+        for entry in self.manager.entries():  # streams: their tasks, in flight or waiting
+            for served in entry.versions.values():
+                if served.seats is not None:
+                    served.seats.cut()
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and the extensions it offers now."""

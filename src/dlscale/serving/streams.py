@@ -11,6 +11,7 @@ tokens are measured here (TTFT, TPOT, token counts), so that every frontend coun
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -41,6 +42,9 @@ async def open_stream(
             "ask for one answer (POST .../infer or .../generate, gRPC ModelInfer)"
         )
     times = RequestTimes(request_start=time.perf_counter_ns())
+    task = asyncio.current_task()
+    assert task is not None  # an async generator is iterated by a task
+    seats.tasks.add(task)  # ended at the shutdown's cut (Seats.cut) if still running then
     try:
         wanted = validate(served, request)
         if seats.generative:  # refused before it waits; the engine reads them again
@@ -48,6 +52,10 @@ async def open_stream(
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
         served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
+        seats.tasks.discard(task)
+        raise
+    except BaseException:
+        seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
     backend = cast(StreamingBackend, instance.backend)
@@ -74,6 +82,7 @@ async def open_stream(
         with contextlib.suppress(Exception):
             await aclose(parts)  # frees the engine's sequence at once
         seats.leave(instance)
+        seats.tasks.discard(task)
         meter.done()
         times.compute_output_start = times.compute_end = times.request_end = time.perf_counter_ns()
         if outcome:

@@ -9,7 +9,6 @@ other. Settings come from the config's [backend_options] (docs/generative.md).
 
 from __future__ import annotations
 
-import gc
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ OPTION_KEYS = (
     "gpu_memory_fraction",
     "page_size",
     "max_batch_tokens",
-    "max_requests",
+    "max_num_seqs",
     "attn_implementation",
 )
 #: The KV cache a CPU engine takes unless told (the server's memory is shared with others).
@@ -60,7 +59,8 @@ class EngineSettings:
     #: Tokens per KV-cache page (transformers' block).
     page_size: int = 64
     max_batch_tokens: int | None = None
-    max_requests: int | None = None
+    #: Sequences in one step (the seats in front of the engine read the same key).
+    max_num_seqs: int | None = None
     attn_implementation: str = "sdpa"
 
     @classmethod
@@ -87,7 +87,7 @@ class EngineSettings:
             ),
             page_size=int(_positive("page_size", extra.get("page_size", 64))),
             max_batch_tokens=_optional(extra, "max_batch_tokens"),
-            max_requests=_optional(extra, "max_requests"),
+            max_num_seqs=_optional(extra, "max_num_seqs"),
             attn_implementation=str(extra.get("attn_implementation", "sdpa")),
         )
 
@@ -149,7 +149,7 @@ class Engine:
             page_size=settings.page_size,
             num_blocks=num_blocks,
             max_batch_tokens=settings.max_batch_tokens,
-            max_requests_per_batch=settings.max_requests,
+            max_requests_per_batch=settings.max_num_seqs,
             max_memory_percent=settings.gpu_memory_fraction,
         )
 
@@ -220,7 +220,6 @@ class Engine:
         self._closed.set()
         self.manager.stop(block=True, timeout=30, hard_stop=True)
         self._router.join(timeout=5)
+        # The manager's stop already collected garbage and emptied the device's cache; what is
+        # left of the weights goes with the last references.
         del self.manager, self.model
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
