@@ -3,6 +3,8 @@ answers relayed from a replica's stream path."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("ray", reason="Ray Serve tests need the [ray] extra (ray[serve])")
@@ -10,6 +12,8 @@ pytest.importorskip("ray", reason="Ray Serve tests need the [ray] extra (ray[ser
 import openai
 from tests.integration.scale.conftest import Deployed
 from tests.toolkit.generative import greedy_words
+
+from dlscale.errors import ConfigError
 
 
 def _client(deployed: Deployed) -> openai.OpenAI:
@@ -39,3 +43,11 @@ def test_openai_completions_through_the_ingress(deployed: Deployed) -> None:
         assert text == " ".join(greedy_words("a", 2))
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="nope", prompt="p")
+
+
+def test_the_api_key_is_refused_with_ray_whose_ingress_checks_none(tmp_path: Path) -> None:
+    from dlscale.cli import parse
+    from dlscale.scale.commands import settings_from
+
+    with pytest.raises(ConfigError, match="--api-key is not available with --ray"):
+        settings_from(parse(["serve", str(tmp_path), "--ray", "--api-key", "sk-key"]))
