@@ -167,12 +167,15 @@ def test_oip_and_openai_requests_interleave(
     client: openai.OpenAI, server: LocalServer, reference: Any
 ) -> None:
     want, _ = reference(PROMPT, 6)
-    oip = th.InferenceServerClient(server.http_url, concurrency=3)
 
     def by_oip(_: int) -> str:
         text = th.InferInput("text_input", [1], "BYTES")
         text.set_data_from_numpy(np.array([PROMPT.encode()], dtype=object))
-        result = oip.infer(MODEL, [text], parameters={"max_tokens": 6, "temperature": 0})
+        oip = th.InferenceServerClient(server.http_url)  # gevent's: one per thread
+        try:
+            result = oip.infer(MODEL, [text], parameters={"max_tokens": 6, "temperature": 0})
+        finally:
+            oip.close()
         return bytes(result.as_numpy("text_output")[0]).decode()
 
     def by_openai(_: int) -> str:
@@ -182,4 +185,3 @@ def test_oip_and_openai_requests_interleave(
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(f, i) for i in range(3) for f in (by_oip, by_openai)]
         assert [f.result() for f in futures] == [want] * 6
-    oip.close()
