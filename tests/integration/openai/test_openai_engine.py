@@ -6,6 +6,7 @@ One server for the module.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -185,3 +186,12 @@ def test_oip_and_openai_requests_interleave(
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(f, i) for i in range(3) for f in (by_oip, by_openai)]
         assert [f.result() for f in futures] == [want] * 6
+
+
+def test_the_docs_example_runs_as_written(
+    server: LocalServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = Path(__file__).resolve().parents[3] / "docs" / "openai.md"
+    [example] = re.findall(r"```python\n(.*?)```", docs.read_text(), re.S)
+    exec(example.replace("127.0.0.1:8000", server.http_url), {})  # our own docs, as written
+    assert "CompletionUsage(" in capsys.readouterr().out  # the usage chunk, printed last
