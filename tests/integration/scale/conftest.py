@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tests.toolkit.generative import write_colours
 from tests.toolkit.models import write_broken, write_null_model
 from tests.toolkit.python_models import write_python_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
@@ -76,7 +77,7 @@ def cluster() -> Iterator[RayNodes]:
 def ray_repo(small_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """identity, mlp and digits from the zoo; `sleeper`, a null echo model standing in for a
     device with a 20 ms batch; `broken`, whose config is invalid; `ticker`, a Python model that
-    streams, one sequence at a time."""
+    streams, one sequence at a time; `colours`, a generative Python model."""
     root = tmp_path_factory.mktemp("ray_repo")
     for name in ("identity", "mlp", "digits"):
         shutil.copytree(small_repo / name, root / name)
@@ -88,6 +89,7 @@ def ray_repo(small_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     write_null_model(root, "sleeper", sleeper)
     write_broken(root)
     write_python_model(root, "ticker", TICKER, TICKER_TOML)  # streams (test_ray_streams.py)
+    write_colours(root)  # a generative Python model (test_ray_openai.py)
     return root
 
 
