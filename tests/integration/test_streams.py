@@ -251,10 +251,12 @@ def _collect(server: LocalServer, body: dict[str, Any], into: list[Any], tag: st
 
 
 @contextmanager
-def _holding(server: LocalServer) -> Iterator[None]:
-    """The ticker's one sequence slot held by a stream that never ends, until the block ends."""
+def _holding(server: LocalServer, count: int = -1) -> Iterator[None]:
+    """The ticker's one sequence slot held by a stream that never ends (or, with `count`, ticks
+    as fast as it can), until the block ends."""
+    body = {"COUNT": count}
     with httpx.stream(
-        "POST", _url(server, "ticker", "generate_stream"), json={"COUNT": -1}, timeout=PATIENCE_S
+        "POST", _url(server, "ticker", "generate_stream"), json=body, timeout=PATIENCE_S
     ) as held:
         lines = held.iter_lines()  # kept: dropping the iterator would close the connection
         first = next(line for line in lines if line.startswith("data:"))
@@ -356,3 +358,9 @@ def test_streams_cross_the_rest_workers_and_a_disconnect_frees_the_slot(
         waiting.join(PATIENCE_S)
         assert got == [("", [0, 1])]
         _until(lambda: _seats(workers, "ticker").running == 0)
+        # Responses the owner sent after the worker's Cancel are dropped; the channel serves on.
+        for _ in range(3):
+            with _holding(workers, count=10**9):
+                pass
+        again = httpx.post(_url(workers, "echo", "generate"), json=body, timeout=PATIENCE_S)
+        assert again.json()["text_output"] == "over the"
