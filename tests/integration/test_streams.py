@@ -182,6 +182,31 @@ def test_generate_stream_sends_each_token_as_an_event(server: LocalServer) -> No
     assert all(e["model_name"] == "echo" and e["model_version"] == "1" for e in events)
 
 
+def test_a_caller_that_closes_once_it_has_the_final_response_is_a_success(
+    server: LocalServer,
+) -> None:
+    """The OpenAI routes stop reading at the final response: that is an answer, not a cancel."""
+    from dlscale.types import InferenceRequest
+
+    before = server.dataplane.statistics("echo")[0]
+    request = InferenceRequest(
+        "echo", {"text_input": np.array([b"a b"], dtype=object)}, parameters={"max_tokens": 2}
+    )
+
+    async def until_final() -> bool:
+        responses = server.dataplane.stream(request)
+        async for response in responses:
+            if response.final:
+                await responses.aclose()  # type: ignore[attr-defined]
+                return True
+        return False
+
+    assert server.run(until_final())
+    after = server.dataplane.statistics("echo")[0]
+    assert after.inference_stats.success.count == before.inference_stats.success.count + 1
+    assert after.inference_stats.fail.count == before.inference_stats.fail.count
+
+
 def test_generate_joins_a_generative_stream(server: LocalServer) -> None:
     body = {"text_input": "to be or not", "max_tokens": 8}
     answer = httpx.post(_url(server, "echo", "generate"), json=body, timeout=PATIENCE_S).json()
@@ -251,10 +276,12 @@ def _collect(server: LocalServer, body: dict[str, Any], into: list[Any], tag: st
 
 
 @contextmanager
-def _holding(server: LocalServer) -> Iterator[None]:
-    """The ticker's one sequence slot held by a stream that never ends, until the block ends."""
+def _holding(server: LocalServer, count: int = -1) -> Iterator[None]:
+    """The ticker's one sequence slot held by a stream that never ends (or, with `count`, ticks
+    as fast as it can), until the block ends."""
+    body = {"COUNT": count}
     with httpx.stream(
-        "POST", _url(server, "ticker", "generate_stream"), json={"COUNT": -1}, timeout=PATIENCE_S
+        "POST", _url(server, "ticker", "generate_stream"), json=body, timeout=PATIENCE_S
     ) as held:
         lines = held.iter_lines()  # kept: dropping the iterator would close the connection
         first = next(line for line in lines if line.startswith("data:"))
@@ -356,3 +383,9 @@ def test_streams_cross_the_rest_workers_and_a_disconnect_frees_the_slot(
         waiting.join(PATIENCE_S)
         assert got == [("", [0, 1])]
         _until(lambda: _seats(workers, "ticker").running == 0)
+        # Responses the owner sent after the worker's Cancel are dropped; the channel serves on.
+        for _ in range(3):
+            with _holding(workers, count=10**9):
+                pass
+        again = httpx.post(_url(workers, "echo", "generate"), json=body, timeout=PATIENCE_S)
+        assert again.json()["text_output"] == "over the"

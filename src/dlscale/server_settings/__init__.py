@@ -172,8 +172,16 @@ class Security:
         action="append",
         metavar="APIS:KEY=VALUE",
     )
+    #: The OpenAI routes' key, as vLLM's --api-key: a restriction of the "openai" group.
+    api_key: str | None = setting(
+        None, "OpenAI API: require 'Authorization: Bearer KEY' (docs/openai.md)", "--api-key"
+    )
 
     def __post_init__(self) -> None:
+        if self.api_key is not None:
+            bearer = Restriction(frozenset({"openai"}), "authorization", f"Bearer {self.api_key}")
+            if bearer not in self.http_restricted:
+                object.__setattr__(self, "http_restricted", (*self.http_restricted, bearer))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:

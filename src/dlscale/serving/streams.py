@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, cast
 
@@ -46,7 +46,7 @@ async def open_stream(
     assert task is not None  # an async generator is iterated by a task
     seats.tasks.add(task)  # ended at the shutdown's cut (Seats.cut) if still running then
     try:
-        wanted = validate(served, request)
+        wanted = set(validate(served, request))
         if seats.generative:  # refused before it waits; the engine reads them again
             contract.Sampling.from_parameters(request.parameters)
         instance = await seats.enter(request.priority, request.timeout_us, times)
@@ -54,7 +54,8 @@ async def open_stream(
         served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
         seats.tasks.discard(task)
         raise
-    except BaseException:
+    except BaseException:  # its client left (or the cut came) while it waited
+        served.stats.record_failure("CANCELED", time.perf_counter_ns() - times.request_start)
         seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
@@ -65,10 +66,13 @@ async def open_stream(
     try:
         async for part in parts:
             meter.saw(part)
+            if part.final:  # answered in full, even if its caller closes once it has it
+                outcome = ""
             yield _response(served, request, part, wanted)
             if part.final:
                 break
         else:  # the backend ended without a final part: a flag alone ends the stream
+            outcome = ""
             yield _response(served, request, StreamPart({}, final=True), wanted)
         outcome = ""
     except DlscaleError as exc:
@@ -119,14 +123,13 @@ def refuse_unary(served: ServedVersion) -> InvalidInput:
 
 
 def _response(
-    served: ServedVersion, request: InferenceRequest, part: StreamPart, wanted: Iterable[str]
+    served: ServedVersion, request: InferenceRequest, part: StreamPart, wanted: set[str]
 ) -> InferenceResponse:
-    names = set(wanted)
     return InferenceResponse(
         model_name=request.model_name,
         model_version=str(served.version.version),
         id=request.id,
-        outputs={n: a for n, a in part.outputs.items() if n in names},
+        outputs={n: a for n, a in part.outputs.items() if n in wanted},
         parameters=dict(part.parameters),
         final=part.final,
     )

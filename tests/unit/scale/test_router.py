@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray Serve ingress needs the [ray] extra (ray[serve])")
 
-from dlscale.errors import InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.errors import InvalidInput, NotFound, Unavailable
 from dlscale.scale.deploy import AppState
 from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.router import Router
@@ -115,13 +115,14 @@ def test_models_deployed_after_the_ingress_are_loading_until_their_applications_
     assert router._routes["a"].state.value == "UNAVAILABLE"
 
 
-async def test_streams_are_refused_behind_the_ingress_naming_what_to_do(router: Router) -> None:
-    router.apply({"a": AppState("RUNNING")})
-    router._routes["a"].describe(_view("a"))
-    with pytest.raises(Unsupported, match="not served behind Ray Serve's ingress"):
-        async for _ in router.stream(InferenceRequest("a", {})):
-            pass
+async def test_a_stream_to_an_unknown_model_or_while_stopping_is_refused_at_once(
+    router: Router,
+) -> None:
     with pytest.raises(NotFound, match="unknown model 'zzz'"):
         async for _ in router.stream(InferenceRequest("zzz", {})):
             pass
-    assert "generate" not in router.server_metadata().extensions
+    router.stop_accepting()
+    with pytest.raises(Unavailable, match="shutting down"):
+        async for _ in router.stream(InferenceRequest("a", {})):
+            pass
+    assert "generate" in router.server_metadata().extensions

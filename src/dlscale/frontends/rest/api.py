@@ -23,6 +23,7 @@ from dlscale.errors import (
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
+from dlscale.frontends.openai.routes import OpenAIApi
 from dlscale.frontends.plane import Plane, Remote, answer
 from dlscale.frontends.rest import render, shared_memory
 from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
@@ -69,6 +70,7 @@ class RestApi:
         self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
         self.generate = GenerateApi(dataplane, self.limits)
         self._routes: dict[str, _Route] = {}
+        self.openai = OpenAIApi(dataplane, self.access, self._decoded)
 
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
@@ -85,6 +87,8 @@ class RestApi:
     async def _answer(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
+        if path.startswith("/v1/"):  # the OpenAI API, in its own errors' shape (docs/openai.md)
+            return await self.openai.handle(method, path, headers, body)
         args: list[str] = []
         try:
             handler, args, allowed, group = self._route(path)

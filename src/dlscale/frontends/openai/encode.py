@@ -1,0 +1,163 @@
+"""OpenAI answers from dlscale's streamed responses: whole objects, stream chunks, usage.
+
+Each streamed response of a generative model carries the new text and the token counts so far,
+and the final one its finish reason (backends/generative/contract.py); `Piece` reads that, and
+the functions below write it as vLLM's OpenAI server does (shared/reference/generative.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from dlscale.backends.generative.contract import (
+    FINISH_REASON,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    TEXT_OUTPUT,
+)
+from dlscale.errors import InvalidInput
+from dlscale.types import InferenceResponse
+
+#: The end of every stream, after its last chunk (also after an error chunk).
+DONE = b"data: [DONE]\n\n"
+#: What a chat answer's first delta names.
+ASSISTANT = "assistant"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one streamed response says: new text, tokens so far, and why it ended (final)."""
+
+    text: str
+    input_tokens: int | None
+    output_tokens: int | None
+    finish_reason: str | None
+
+    @classmethod
+    def of(cls, response: InferenceResponse) -> Piece:
+        outputs = response.outputs
+        if not outputs:  # a final flag alone: the stream's end, after its last text
+            return cls("", None, None, None)
+        if TEXT_OUTPUT not in outputs and NUM_OUTPUT_TOKENS not in outputs:
+            raise InvalidInput(
+                f"model {response.model_name!r} does not answer {TEXT_OUTPUT}: the OpenAI API "
+                "serves generative models only"
+            )
+        text = _scalar(outputs.get(TEXT_OUTPUT))
+        reason = _scalar(outputs.get(FINISH_REASON))
+        return cls(
+            text=_text(text),
+            input_tokens=_count(outputs.get(NUM_INPUT_TOKENS)),
+            output_tokens=_count(outputs.get(NUM_OUTPUT_TOKENS)),
+            finish_reason=_text(reason) or None,
+        )
+
+
+@dataclass
+class Answer:
+    """One request's answer as its pieces arrive: whole text, last counts, finish reason."""
+
+    id: str
+    model: str
+    chat: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+    texts: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+    def add(self, piece: Piece) -> None:
+        self.texts.append(piece.text)
+        if piece.input_tokens is not None:
+            self.prompt_tokens = piece.input_tokens
+        if piece.output_tokens is not None:
+            self.completion_tokens = piece.output_tokens
+        if piece.finish_reason is not None:
+            self.finish_reason = piece.finish_reason
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def usage(self) -> dict[str, int]:
+        total = self.prompt_tokens + self.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": total,
+        }
+
+    def whole(self) -> dict[str, Any]:
+        """The non-streamed answer: `text_completion` or `chat.completion`, with usage."""
+        text = "".join(self.texts)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
+        if self.chat:
+            choice["message"] = {"role": ASSISTANT, "content": text}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        return {**self._head(self.object), "choices": [choice], "usage": self.usage()}
+
+    def chunk(self, piece: Piece | None, include_usage: bool, first: bool = False) -> bytes:
+        """One `data:` event for a piece (a chat's first names the role: `piece` None)."""
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            delta: dict[str, str] = {"role": ASSISTANT, "content": ""} if first else {}
+            if piece is not None and (piece.text or piece.finish_reason is None):
+                delta["content"] = piece.text
+            choice["delta"] = delta
+        else:
+            choice["text"] = piece.text if piece is not None else ""
+        choice["logprobs"] = None
+        choice["finish_reason"] = piece.finish_reason if piece is not None else None
+        doc = {**self._head(self._chunk_object), "choices": [choice]}
+        if include_usage:
+            doc["usage"] = None  # OpenAI: null on every chunk but the last
+        return event(doc)
+
+    def usage_chunk(self) -> bytes:
+        """stream_options.include_usage: the last chunk, no choices, the request's usage."""
+        return event({**self._head(self._chunk_object), "choices": [], "usage": self.usage()})
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        prefix = "chatcmpl-" if self.chat else "cmpl-"
+        return {
+            "id": prefix + self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+        }
+
+
+def event(doc: dict[str, Any]) -> bytes:
+    """A server-sent event holding one JSON document."""
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def _scalar(array: np.ndarray | None) -> object:
+    if array is None or array.size == 0:
+        return None
+    return array.reshape(-1)[0]
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        # An engine sends whole characters; a split one shows as U+FFFD rather than failing.
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def _count(array: np.ndarray | None) -> int | None:
+    value = _scalar(array)
+    return None if value is None else int(value)  # type: ignore[call-overload]

@@ -1,0 +1,234 @@
+"""The OpenAI routes on the REST port: decode, one Plane call, encode; errors in OpenAI's shape.
+
+Every request of a route under `/v1/` comes here from the REST routes (frontends/rest/api.py):
+the API group "openai" may be restricted (`--http-restricted-api`, `--api-key`), and a refusal
+answers 401 as OpenAI's servers do. A generation is the Plane's `stream`: the model's own queue,
+priorities and deadlines, shared with the Open Inference Protocol. Its first response is awaited
+before the answer's status is sent, so that a request the model refuses (too long a prompt,
+settings out of bounds) gets its 4xx; after that, a failure is an error event, then `[DONE]`.
+Leaving the stream early, a client that disconnected, closes the Plane's iterator, which frees
+the sequence in the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+
+from dlscale.backends.generative.contract import TEXT_INPUT, TEXT_OUTPUT
+from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
+from dlscale.frontends.access import Access
+from dlscale.frontends.openai.decode import Call, chat_call, completion_call
+from dlscale.frontends.openai.encode import DONE, Answer, Piece, event
+from dlscale.frontends.openai.errors import error_document, status_and_document
+from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.rest.responses import RestResponse
+from dlscale.serving.observe.logs import log_failure
+from dlscale.serving.streams import aclose
+from dlscale.types import InferenceResponse, ModelMetadata
+from dlscale.wire.tensors import Buffer
+
+log = logging.getLogger("dlscale.http")
+
+#: The API group of every OpenAI route, for `--http-restricted-api openai:KEY=VALUE`.
+GROUP = "openai"
+SSE = "text/event-stream"
+_Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
+_Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
+
+
+class OpenAIApi:
+    """The `/v1/...` routes over a Plane."""
+
+    def __init__(self, plane: Plane, access: Access, decoded: _Decoder) -> None:
+        self.plane = plane
+        self.access = access
+        #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
+        self.decoded = decoded
+
+    async def handle(
+        self, method: str, path: str, headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """Answer one request under `/v1/`; `headers` has lower-case names."""
+        try:
+            handler, args, allowed = self._route(path)
+            if handler is None:
+                return _error(404, f"no OpenAI route for {path[:200]!r}")
+            self.access.check(GROUP, headers)
+            if method != allowed:
+                message = f"{method} is not allowed here; use {allowed}"
+                return _error(405, message, (("allow", allowed),))
+            return await handler(args, headers, self.decoded(headers, body))
+        except _ModelError as wrapped:
+            return _failure(f"{method} {path}", wrapped.cause, wrapped.model)
+        except DlscaleError as exc:
+            return _failure(f"{method} {path}", exc)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
+            log.exception("%s %s failed", method, path)
+            return _error(500, redact_paths(f"internal error: {exc!r}"))
+
+    def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
+        match parts:
+            case ["models"]:
+                return self._models, [], "GET"
+            case ["models", model]:
+                return self._model, [model], "GET"
+            case ["completions"]:
+                return self._completions, [], "POST"
+            case ["chat", "completions"]:
+                return self._chat, [], "POST"
+        return None, [], ""
+
+    # -- models ------------------------------------------------------------------------------------
+
+    async def _models(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        names = {e.name for e in await answer(self.plane.repository_index, True)}
+        cards = [await self._card(name) for name in sorted(names)]
+        doc = {"object": "list", "data": [c for c in cards if c is not None]}
+        return RestResponse(200, [orjson.dumps(doc)])
+
+    async def _model(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        card = await self._card(args[0])
+        if card is None:
+            raise _ModelError(args[0], NotFound(f"model {args[0]!r} is not generative"))
+        return RestResponse(200, [orjson.dumps(card)])
+
+    async def _card(self, name: str) -> dict[str, Any] | None:
+        """A generative model's `model` object (with max_model_len when its config says it),
+        None for any other model or one that went away meanwhile."""
+        try:
+            metadata = await answer(self.plane.model_metadata, name)
+            if not _generative(metadata):
+                return None
+            parameters = (await answer(self.plane.model_config, name)).parameters
+        except DlscaleError:
+            return None
+        card: dict[str, Any] = {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "dlscale",
+        }
+        # [metadata] max_model_len, as vLLM names it, or the zoo's `context`.
+        length = parameters.get("max_model_len") or parameters.get("context", "")
+        if length.isdigit():
+            card["max_model_len"] = int(length)
+        return card
+
+    # -- generation --------------------------------------------------------------------------------
+
+    async def _completions(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return await self._generate(completion_call(body, headers), chat=False)
+
+    async def _chat(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return await self._generate(chat_call(body, headers), chat=True)
+
+    async def _generate(self, call: Call, chat: bool) -> RestResponse:
+        """One generation: the whole answer, or its chunks once the first response is in."""
+        reply = Answer(call.request.id, call.model, chat)
+        responses = self.plane.stream(call.request)
+        try:
+            first = await _next(responses)
+            if first is None:
+                raise Unavailable(f"model {call.model!r} ended the generation without answering")
+            piece = Piece.of(first)
+        except DlscaleError as exc:
+            await aclose(responses)
+            raise _ModelError(call.model, exc) from None
+        except BaseException:
+            await aclose(responses)  # the client left, or a bug: the sequence is freed
+            raise
+        if call.stream:
+            events = _events(reply, piece, responses, call.include_usage)
+            return RestResponse(200, [], SSE, stream=events)
+        try:
+            while True:
+                reply.add(piece)
+                response = await _next(responses)
+                if response is None:
+                    break
+                piece = Piece.of(response)
+        except DlscaleError as exc:
+            raise _ModelError(call.model, exc) from None
+        finally:
+            await aclose(responses)
+        return RestResponse(200, [orjson.dumps(reply.whole())])
+
+
+async def _events(
+    reply: Answer,
+    first: Piece,
+    responses: AsyncIterator[InferenceResponse],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The `data:` events of a streamed answer; closing it early closes the generation.
+
+    The responses are read to their end, past the final one: a stream closed before its end
+    counts as cancelled (its client left), one read to its end as answered.
+    """
+    try:
+        if reply.chat:
+            yield reply.chunk(None, include_usage, first=True)
+        piece: Piece | None = first
+        while piece is not None:
+            reply.add(piece)
+            if piece.text or piece.finish_reason is not None:
+                yield reply.chunk(piece, include_usage)
+            response = await _next(responses)
+            piece = Piece.of(response) if response is not None else None
+        if include_usage:
+            yield reply.usage_chunk()
+    except DlscaleError as exc:
+        log_failure("HTTP", reply.model, exc.http_status, exc.reason, f"stream: {exc}")
+        yield event(status_and_document(exc, reply.model)[1])
+    finally:
+        await aclose(responses)
+    yield DONE
+
+
+async def _next(responses: AsyncIterator[InferenceResponse]) -> InferenceResponse | None:
+    try:
+        return await anext(responses)
+    except StopAsyncIteration:
+        return None
+
+
+def _generative(metadata: ModelMetadata) -> bool:
+    """Whether a model has the generative contract's signature (text in, text out)."""
+    return any(t.name == TEXT_INPUT for t in metadata.inputs) and any(
+        t.name == TEXT_OUTPUT for t in metadata.outputs
+    )
+
+
+def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> RestResponse:
+    return RestResponse(status, [orjson.dumps(error_document(status, message))], headers=headers)
+
+
+def _failure(what: str, exc: DlscaleError, model: str = "") -> RestResponse:
+    """The answer to a request that failed with `exc`, logged as every failed request is."""
+    log_failure("HTTP", model, exc.http_status, exc.reason, f"{what}: {exc}")
+    status, doc = status_and_document(exc, model)
+    return RestResponse(status, [orjson.dumps(doc)])
+
+
+class _ModelError(Exception):
+    """An error about a named model: its 404 says "The model `x` does not exist."."""
+
+    def __init__(self, model: str, cause: DlscaleError) -> None:
+        super().__init__(str(cause))
+        self.model = model
+        self.cause = cause
