@@ -17,11 +17,14 @@ from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.slow import slow_only
 
 from dlscale.bench.generative.client import StreamClient
-from dlscale.bench.generative.endpoints import Endpoint
+from dlscale.bench.generative.endpoints import Ask, Endpoint
 from dlscale.bench.generative.load import Job, closed_loop, open_loop
+from dlscale.bench.generative.mlperf import TokenBounds, TokenSut, settings_for, token_summary
 from dlscale.bench.generative.prompts import Lengths, PromptMaker, synthetic_asks
 from dlscale.bench.generative.tokens import TokenCounter
 from dlscale.bench.generative.trace import read_trace, trace_asks
+from dlscale.bench.loadgen import LoopThread, run_loadgen
+from dlscale.bench.scenarios import Scenario
 from dlscale.cli import main
 from dlscale.models.zoo import build_zoo
 
@@ -164,3 +167,27 @@ def test_cli_loadgen_server_valid_for_loose_bounds(
     (server,) = report["loadgen"]
     assert server["verdict"] == "VALID", server["reasons"]
     assert "99.00 percentile first token latency (ns)" in server["loadgen"]["token_fields"]
+
+
+def test_loadgen_completes_failed_streams_and_says_why(
+    llm: LocalServer, folder: Path, tmp_path: Path
+) -> None:
+    good = jobs(folder, 1)[0]
+    # Past llama-tiny's 512-token context: the server refuses it with a 400 before streaming.
+    refused = Job(Ask("word " * 2000, OSL), 2000)
+    loop = LoopThread()
+    client = StreamClient(URL(llm), Endpoint.COMPLETIONS, MODEL)
+    try:
+        loop.run(client.__aenter__())
+        sut = TokenSut(client, [good, refused], loop, concurrency=2)
+        bounds = TokenBounds.choose(None, 60000, 30000)
+        settings = settings_for(Scenario.OFFLINE, bounds, duration_s=0.1, min_queries=4,
+                                target_qps=None, expected_qps=4.0, seed=0)  # fmt: skip
+        run_loadgen(sut, 2, settings, tmp_path / "lg")  # returns: every sample was completed
+    finally:
+        loop.run(client.__aexit__(None, None, None))
+        loop.close()
+    failed = [r for r in sut.records if not r.ok]
+    assert failed and all("HTTP 400" in (r.error or "") for r in failed)
+    assert any(r.ok and r.tokens == OSL for r in sut.records)
+    assert token_summary(tmp_path / "lg")["result"] in ("VALID", "INVALID")
