@@ -33,10 +33,10 @@ def test_the_cpu_mode_runs_every_stage_and_ends_with_the_verdict_table(tmp_path:
     data = json.loads((out / "gpu_check.json").read_text())
     stages = {s["stage"]: s for s in data["stages"]}
     assert list(stages) == STAGES and data["device"] == "cpu"
-    for name in STAGES[:4]:
+    for name in STAGES[:5]:
         assert stages[name]["status"] == "ok", (name, stages[name])
         assert (out / name / "log.txt").stat().st_size > 0
-    for name in STAGES[4:]:
+    for name in STAGES[5:]:
         assert stages[name]["status"].startswith("not built yet")
 
     def figures(stage: str) -> dict[str, dict[str, object]]:
@@ -60,6 +60,11 @@ def test_the_cpu_mode_runs_every_stage_and_ends_with_the_verdict_table(tmp_path:
     for qos in ("off", "on"):
         value = figures("tenants")[f"protected p99 with QoS {qos}, of alone"]["value"]
         assert str(value).endswith("x")
+
+    # The JPEG pipeline (smallcnn-e2e here) against its classifier fed the decoded tensors.
+    jpeg = figures("jpeg")["smallcnn from JPEGs (CPU decode), of tensors in process"]
+    assert str(jpeg["value"]).split("x (")[0].replace(".", "").isdigit()
+    assert (out / "jpeg" / "jpeg.json").exists()
 
     # The verdict table is the last thing printed, one row per figure, also in verdict.md.
     lines = done.stdout.rstrip().splitlines()

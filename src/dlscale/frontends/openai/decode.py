@@ -163,6 +163,8 @@ def _field(doc: Mapping[str, Any], name: str, kind: type, prefix: str = "") -> A
         expected = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
         what = expected.get(kind, "an object")
         raise BadField(prefix + name, f"{prefix}{name} must be {what}, not {_shown(value)}")
+    if kind is int and not -(2**63) <= value < 2**63:  # request parameters are 64-bit
+        raise BadField(prefix + name, f"{prefix}{name} is out of range: {_shown(value)}")
     return value
 
 
