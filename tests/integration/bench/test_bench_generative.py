@@ -21,6 +21,7 @@ from dlscale.bench.generative.endpoints import Ask, Endpoint
 from dlscale.bench.generative.load import Job, closed_loop, open_loop
 from dlscale.bench.generative.mlperf import TokenBounds, TokenSut, settings_for, token_summary
 from dlscale.bench.generative.prompts import Lengths, PromptMaker, synthetic_asks
+from dlscale.bench.generative.records import Chunk, StreamRecord
 from dlscale.bench.generative.tokens import TokenCounter
 from dlscale.bench.generative.trace import read_trace, trace_asks
 from dlscale.bench.loadgen import LoopThread, run_loadgen
@@ -191,3 +192,14 @@ def test_loadgen_completes_failed_streams_and_says_why(
     assert failed and all("HTTP 400" in (r.error or "") for r in failed)
     assert any(r.ok and r.tokens == OSL for r in sut.records)
     assert token_summary(tmp_path / "lg")["result"] in ("VALID", "INVALID")
+
+
+def test_without_a_server_count_the_tokenizer_counts_the_output(folder: Path) -> None:
+    counter = TokenCounter(folder / MODEL / "1")
+    text = "GPU memory and the cache"
+    record = StreamRecord(sent_ns=0, chunks=[Chunk(1, text[:9]), Chunk(2, text[9:])], done_ns=3)
+    StreamClient("http://127.0.0.1:1", Endpoint.GENERATE, MODEL, counter=counter)._count(record)
+    assert record.token_source == "tokenizer"
+    assert record.tokens == counter.count(text) > 2
+    StreamClient("http://127.0.0.1:1", Endpoint.GENERATE, MODEL)._count(record)
+    assert record.token_source == "chunks"
