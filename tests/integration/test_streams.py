@@ -182,6 +182,31 @@ def test_generate_stream_sends_each_token_as_an_event(server: LocalServer) -> No
     assert all(e["model_name"] == "echo" and e["model_version"] == "1" for e in events)
 
 
+def test_a_caller_that_closes_once_it_has_the_final_response_is_a_success(
+    server: LocalServer,
+) -> None:
+    """The OpenAI routes stop reading at the final response: that is an answer, not a cancel."""
+    from dlscale.types import InferenceRequest
+
+    before = server.dataplane.statistics("echo")[0]
+    request = InferenceRequest(
+        "echo", {"text_input": np.array([b"a b"], dtype=object)}, parameters={"max_tokens": 2}
+    )
+
+    async def until_final() -> bool:
+        responses = server.dataplane.stream(request)
+        async for response in responses:
+            if response.final:
+                await responses.aclose()  # type: ignore[attr-defined]
+                return True
+        return False
+
+    assert server.run(until_final())
+    after = server.dataplane.statistics("echo")[0]
+    assert after.inference_stats.success.count == before.inference_stats.success.count + 1
+    assert after.inference_stats.fail.count == before.inference_stats.fail.count
+
+
 def test_generate_joins_a_generative_stream(server: LocalServer) -> None:
     body = {"text_input": "to be or not", "max_tokens": 8}
     answer = httpx.post(_url(server, "echo", "generate"), json=body, timeout=PATIENCE_S).json()

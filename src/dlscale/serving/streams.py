@@ -66,10 +66,13 @@ async def open_stream(
     try:
         async for part in parts:
             meter.saw(part)
+            if part.final:  # answered in full, even if its caller closes once it has it
+                outcome = ""
             yield _response(served, request, part, wanted)
             if part.final:
                 break
         else:  # the backend ended without a final part: a flag alone ends the stream
+            outcome = ""
             yield _response(served, request, StreamPart({}, final=True), wanted)
         outcome = ""
     except DlscaleError as exc:
