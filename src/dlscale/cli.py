@@ -280,11 +280,7 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", type=_path, help="model repository (in-process target, or reference)")
     p.add_argument("--model", help="model name")
     p.add_argument("--model-version", default="", help="model version (default: newest)")
-    p.add_argument(
-        "--scenario",
-        default="offline",
-        help="singlestream | multistream | server | offline | all (default: offline)",
-    )
+    p.add_argument("--scenario", help="singlestream|multistream|server|offline|all (offline)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--target-qps", type=float, help="server scenario: arrival rate (queries/s)")
     rate.add_argument(
@@ -348,6 +344,9 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
+    from dlscale.bench.generative import flags  # --generative ...: declared beside that bench
+
+    flags.add_flags(p, _path)
 
 
 def _path(text: str) -> Path:

@@ -22,6 +22,10 @@ def bench_run(args: argparse.Namespace) -> int:
             f"one target per run (got {len(args.targets)}); to compare targets use "
             "`dlscale bench compare TARGET TARGET ...`"
         )
+    if getattr(args, "generative", None):
+        from dlscale.bench.generative.commands import bench_generative
+
+        return bench_generative(args)
     url = args.targets[0] if args.targets else None
     return _verdict(bench(url, bench_options(args), _out(args, "bench")))
 
@@ -43,7 +47,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
     concurrency, concurrency_sweep = parse_concurrency(args.concurrency)
     return BenchOptions(
         model=args.model,
-        scenarios=Scenario.parse(args.scenario),
+        scenarios=Scenario.parse(args.scenario or "offline"),
         repo=args.repo,
         version=args.model_version,
         duration_s=parse_duration(args.duration),

@@ -1,0 +1,187 @@
+"""A generative run's report: JSON (everything), Markdown, PNG plots and the terminal tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dlscale.bench import environment, sweep
+from dlscale.bench.generative import plots
+from dlscale.bench.generative.options import GenerativeOptions
+from dlscale.bench.generative.records import StreamRecord
+from dlscale.bench.report import make_console, write_json
+
+
+def request_row(r: StreamRecord) -> dict[str, Any]:
+    """One request's figures for the JSON (seconds; the send time from the run's clock)."""
+    ttft, tpot, latency = r.ttft_ns, r.tpot_ns, r.latency_ns
+    return {
+        "sent_ns": r.sent_ns,
+        "scheduled_s": r.scheduled_s,
+        "ttft_s": ttft / 1e9 if ttft is not None else None,
+        "tpot_s": tpot / 1e9 if tpot is not None else None,
+        "latency_s": latency / 1e9 if latency is not None else None,
+        "input_tokens": r.server_prompt_tokens or r.input_tokens,
+        "output_tokens": r.tokens if r.ok else 0,
+        "requested_tokens": r.requested_tokens,
+        "token_source": r.token_source,
+        "finish_reason": r.finish_reason,
+        "error": r.error,
+    }
+
+
+def write(
+    options: GenerativeOptions,
+    points: list[dict[str, Any]],
+    scenarios: list[dict[str, Any]],
+    out: Path,
+) -> dict[str, Any]:
+    """report.json, report.md and the plots into `out`; the report as a dict."""
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "kind": "generative",
+        "target": options.url,
+        "endpoint": options.kind.value,
+        "model": options.model,
+        "options": options.to_dict(),
+        "points": points,
+        "loadgen": scenarios,
+        "host": environment.host(),
+        "packages": environment.packages(),
+        "date": environment.now(),
+        "files": {},
+    }
+    files = report["files"]
+    files["tokens_png"] = _name(plots.plot_tokens(points, options, out / "tokens.png"))
+    classic = [_as_sweep_point(options.url, p) for p in points if p["load"] == "concurrency"]
+    files["concurrency_png"] = _name(sweep.plot(classic, None, out / "concurrency.png"))
+    files["distribution_png"] = _name(plots.plot_distributions(points, out / "distribution.png"))
+    files["json"] = str(out / "report.json")
+    write_json(report, out / "report.json")
+    (out / "report.md").write_text(markdown(report))
+    return report
+
+
+def _name(path: Path | None) -> str | None:
+    return str(path) if path else None
+
+
+def _as_sweep_point(target: str, p: dict[str, Any]) -> dict[str, Any]:
+    """A concurrency point in the classic sweep's shape, so its plot draws requests/s against
+    request latency (sweep.plot)."""
+    return {
+        "target": target,
+        "sweep": "concurrency",
+        "concurrency": p["concurrency"],
+        "throughput_samples_per_s": p["requests_per_s"],
+        "request_latency_s": p["latency"] if p["latency"]["p50"] is not None else None,
+    }
+
+
+def label(p: dict[str, Any]) -> str:
+    """A point's name: `c=4`, `4/s`, `trace`."""
+    if p["load"] == "concurrency":
+        return f"c={p['concurrency']}"
+    if p["load"] == "rate":
+        return f"{p['rate']:g}/s"
+    return str(p["load"])
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+COLUMNS = (
+    "load", "ok/failed", "out tok/s", "req/s", "goodput/s",
+    "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99", "ITL p50", "ITL p99",
+)  # fmt: skip
+
+
+def point_cells(p: dict[str, Any]) -> list[str]:
+    """One point's row (times in ms)."""
+    return [
+        label(p),
+        f"{p['succeeded']}/{p['failed']}",
+        _num(p["output_tokens_per_s"]),
+        _num(p["requests_per_s"]),
+        _num(p["goodput_per_s"]),
+        *(_ms(p["ttft"][k]) for k in ("p50", "p90", "p99")),
+        *(_ms(p["tpot"][k]) for k in ("p50", "p90", "p99")),
+        *(_ms(p["itl"][k]) for k in ("p50", "p99")),
+    ]
+
+
+def loadgen_cells(s: dict[str, Any]) -> list[str]:
+    """One LoadGen run's row: verdict, LoadGen's tokens/s and its p99 TTFT and TPOT (ms)."""
+    fields = s["loadgen"]["token_fields"]
+    tps = next((v for k, v in fields.items() if k.lower().endswith("tokens per second")), None)
+    ttft = fields.get("99.00 percentile first token latency (ns)")
+    tpot = fields.get("99.00 percentile time to output token (ns)")
+    return [
+        s["scenario"],
+        s["verdict"],
+        _num(tps),
+        _ms(ttft / 1e9 if ttft is not None else None),
+        _ms(tpot / 1e9 if tpot is not None else None),
+        _num(s["bench"]["output_tokens_per_s"]),
+    ]
+
+
+LOADGEN_COLUMNS = ("scenario", "verdict", "tokens/s", "TTFT p99", "TPOT p99", "bench tok/s")
+
+
+def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
+    """The points' table, LoadGen's verdicts and reasons, where the report went."""
+    console = console or make_console()
+    if report["points"]:
+        t = Table(title=f"dlscale bench {report['endpoint']}: {report['model']} (times in ms)")
+        for col in COLUMNS:
+            t.add_column(col, justify="left" if col == "load" else "right")
+        for p in report["points"]:
+            t.add_row(*point_cells(p))
+        console.print(t)
+    if report["loadgen"]:
+        t = Table(title="MLPerf LoadGen with token latencies (times in ms)")
+        for col in LOADGEN_COLUMNS:
+            t.add_column(col, justify="left" if col in ("scenario", "verdict") else "right")
+        for s in report["loadgen"]:
+            t.add_row(*loadgen_cells(s))
+        console.print(t)
+        for s in report["loadgen"]:
+            for reason in s["reasons"]:
+                console.print(f"[red]{s['scenario']}[/]: {reason}")
+    console.print(f"report: {report['files'].get('json')}")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """report.md: the same tables, the settings, the plots."""
+    o = report["options"]
+    lines = [
+        f"# dlscale bench {report['endpoint']}: {report['model']}",
+        "",
+        f"Target {report['target']}, {report['date']}. ISL {o['isl']}, OSL {o['osl']}, "
+        f"{o['requests']} requests per point, SLO {o['slo']}. Times in ms.",
+        "",
+    ]
+    if report["points"]:
+        lines += [_md_row(COLUMNS), _md_row(["---"] * len(COLUMNS))]
+        lines += [_md_row(point_cells(p)) for p in report["points"]]
+    if report["loadgen"]:
+        lines += ["", _md_row(LOADGEN_COLUMNS), _md_row(["---"] * len(LOADGEN_COLUMNS))]
+        lines += [_md_row(loadgen_cells(s)) for s in report["loadgen"]]
+        lines += [f"- {s['scenario']}: {r}" for s in report["loadgen"] for r in s["reasons"]]
+    for key, path in report["files"].items():
+        if key.endswith("_png") and path:
+            lines += ["", f"![{key}]({Path(path).name})"]
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(cells: Any) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"

@@ -1,0 +1,101 @@
+"""A request trace replayed on its timestamps (JSONL, mooncake-like; docs/bench.md).
+
+One JSON object per line: `timestamp` (milliseconds from the trace's start; the first line
+need not be 0), `input_length` (prompt tokens; a synthetic prompt of that length is made) or
+`text` (the prompt itself), and `output_length` (tokens to generate). Other keys (mooncake's
+`hash_ids`) are ignored. Lines are sorted by timestamp; the replay sends each request at its
+offset from the first, divided by `speedup`. Everything is bounded before use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlscale.bench.generative.endpoints import Ask
+from dlscale.bench.generative.prompts import (
+    MAX_OUTPUT_TOKENS,
+    MAX_REQUESTS,
+    MAX_TOKENS_PER_PROMPT,
+    PromptMaker,
+)
+from dlscale.errors import BenchError
+
+MAX_LINE_BYTES = 1 << 20
+MAX_TRACE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One line of a trace."""
+
+    offset_s: float
+    output_length: int
+    input_length: int | None = None
+    text: str | None = None
+
+
+def read_trace(path: Path) -> list[TraceEntry]:
+    """The trace's entries by time, offsets from the earliest; BenchError names a bad line."""
+    if not path.is_file():
+        raise BenchError(f"--trace {path}: no such file")
+    if path.stat().st_size > MAX_TRACE_BYTES:
+        raise BenchError(f"--trace {path}: larger than {MAX_TRACE_BYTES} bytes")
+    entries: list[tuple[float, TraceEntry]] = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise BenchError(f"--trace {path}:{number}: a line over {MAX_LINE_BYTES} bytes")
+            if raw.strip():
+                entries.append(_entry(raw, f"{path}:{number}"))
+            if len(entries) > MAX_REQUESTS:
+                raise BenchError(f"--trace {path}: more than {MAX_REQUESTS} requests")
+    if not entries:
+        raise BenchError(f"--trace {path}: no requests")
+    entries.sort(key=lambda e: e[0])
+    start = entries[0][0]
+    return [
+        TraceEntry((ms - start) / 1e3, e.output_length, e.input_length, e.text) for ms, e in entries
+    ]
+
+
+def _entry(raw: bytes, where: str) -> tuple[float, TraceEntry]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise BenchError(f"--trace {where}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise BenchError(f"--trace {where}: each line must be a JSON object")
+    stamp = doc.get("timestamp")
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not 0 <= stamp < 1e12:
+        raise BenchError(f"--trace {where}: timestamp must be milliseconds >= 0, not {stamp!r}")
+    out = _length(doc, "output_length", MAX_OUTPUT_TOKENS, where)
+    text = doc.get("text")
+    if text is not None:
+        if not isinstance(text, str) or not text:
+            raise BenchError(f"--trace {where}: text must be a non-empty string")
+        return float(stamp), TraceEntry(0.0, out, None, text)
+    isl = _length(doc, "input_length", MAX_TOKENS_PER_PROMPT, where)
+    return float(stamp), TraceEntry(0.0, out, isl)
+
+
+def _length(doc: dict[str, object], key: str, most: int, where: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise BenchError(f"--trace {where}: {key} must be an integer 1 to {most}, not {value!r}")
+    return value
+
+
+def trace_asks(entries: list[TraceEntry], maker: PromptMaker) -> list[tuple[Ask, int, float]]:
+    """Each entry's request, its prompt's token count, and its offset in seconds."""
+    out = []
+    for e in entries:
+        if e.text is not None:
+            count = maker.counter.count(e.text) if maker.counter else 0
+            out.append((Ask(e.text, e.output_length), count, e.offset_s))
+        else:
+            assert e.input_length is not None
+            text, count = maker.prompt(e.input_length)
+            out.append((Ask(text, e.output_length), count, e.offset_s))
+    return out
