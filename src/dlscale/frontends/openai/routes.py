@@ -20,7 +20,6 @@ from urllib.parse import unquote
 
 import orjson
 
-from dlscale.backends.generative.contract import TEXT_INPUT, TEXT_OUTPUT
 from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.openai.decode import Call, chat_call, completion_call
@@ -31,6 +30,7 @@ from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
 from dlscale.types import InferenceResponse, ModelMetadata
+from dlscale.wire.generative import TEXT_INPUT, TEXT_OUTPUT
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
