@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_check import generative
+
 #: Targets from the issue (shared/reference/gpu-measured.md for the figures measured before).
 RESNET50_FP16 = 25_800.0
 MOONSHOT = 36_730.0
@@ -391,10 +393,11 @@ STAGES = [
     ),
     Stage(
         "generative",
-        "the generative decoder on the GPU",
-        0,
-        0,
-        None,
-        pending="not built yet (the generative issue)",
+        "llama-1b on transformers: tokens/s, TTFT, TPOT against dlscale plan's prediction",
+        150,
+        150,
+        generative.command,
+        generative.read,
+        missing=generative.missing,
     ),
 ]

@@ -246,6 +246,8 @@ def plan_device(
     fits = model.max_sequences(load.context)
     eff = model.efficiency
     basis = f"MBU {eff.mbu:g}, MFU {eff.mfu:g}, {model.shape.precision}"
+    if model.device.source("bandwidth").startswith("measured"):
+        basis += f"; {model.bandwidth / model.efficiency.mbu / 1e9:.3g} GB/s measured here"
     best: OperatingPoint | None = None
     for batch in range(1, min(fits, max_batch) + 1):
         point = operating_point(model, load, batch)

@@ -230,3 +230,13 @@ def test_plan_serve_generative_errors(capsys: pytest.CaptureFixture[str], tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA3_8B, "vocab_size": -1}))
     assert main(["plan", "serve", "--model", str(tmp_path), "--rate", "1"]) == 1
     assert "vocab_size must be an integer" in capsys.readouterr().err
+
+
+def test_the_cpu_gets_its_bandwidth_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "serve", "--model", "llama-tiny", "--rate", "5", "--isl", "32", "--osl", "8"]
+    assert main([*argv, "--devices", "CPU"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-tiny: 0.00105B parameters, float32, 4 layers, KV 2 KiB/token" in out
+    row = next(line for line in out.splitlines() if line.startswith("CPU "))
+    assert row.split()[1].isdigit()  # a device count: the measured bandwidth made a plan
+    assert "GB/s measured here" in row
