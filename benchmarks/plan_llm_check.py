@@ -115,16 +115,20 @@ def measure_model(name: str, folder: Path, args: argparse.Namespace) -> list[Mea
     model = AutoModelForCausalLM.from_pretrained(folder).to(args.device, dtype).eval()
     vocab = model.config.vocab_size
     measure(model, 1, args, vocab)  # warm-up: allocations, kernel choices
+    # Repetitions go round the batches, so that a burst of other work spoils one run of several
+    # batches rather than every run of one.
+    runs: dict[int, list[tuple[float, float]]] = {b: [] for b in args.batches}
+    for rep in range(args.reps):
+        for batch in args.batches:
+            runs[batch].append(measure(model, batch, args, vocab))
+        print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
     rows = []
-    for batch in args.batches:
-        runs = [measure(model, batch, args, vocab) for _ in range(args.reps)]
-        tpots = [t for _, t in runs]
-        rows.append(
-            Measured(name, batch, min(f for f, _ in runs), min(tpots), statistics.median(tpots))
-        )
-        last = rows[-1]
-        took = f"TTFT {last.ttft_s * 1e3:.1f} ms, TPOT {last.tpot_s * 1e3:.2f} ms"
-        print(f"  {name} batch {batch}: {took}", flush=True)
+    for batch, done in runs.items():
+        tpots = [t for _, t in done]
+        row = Measured(name, batch, min(f for f, _ in done), min(tpots), statistics.median(tpots))
+        rows.append(row)
+        took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
+        print(f"  {name} batch {batch}: {took} (TPOT median {row.tpot_median_s * 1e3:.2f} ms)")
     del model
     return rows
 

@@ -1,18 +1,35 @@
 """gpu-check's generative stage: the zoo's ~1B decoder against `dlscale plan`'s prediction.
 
 Its command is benchmarks.plan_llm_check (docs/plan.md, "Generative models"); its reader turns
-that script's JSON into verdict rows. Figure and Context come from stages.py, imported when
-called: stages.py lists this stage among its own.
+that script's JSON into verdict rows, as the fields of stages.Figure (stages.py lists this
+stage and imports this module, so this one does not import it back).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from benchmarks.gpu_check.stages import Context, Figure
+
+class Context(Protocol):
+    """What of stages.Context the stage reads."""
+
+    python: str
+    quick: bool
+    out: Path
+
+    @property
+    def cpu(self) -> bool: ...
+
+
+#: A verdict row: stages.Figure's fields (name, value, target, met).
+Row = dict[str, Any]
+
+
+def _figure(name: str, value: str, target: str = "-", met: bool | None = None) -> Row:
+    return {"name": name, "value": value, "target": target, "met": met}
 
 
 def _count(value: float) -> str:
@@ -33,15 +50,13 @@ def command(ctx: Context) -> list[str]:
             "--isl", "128", "--osl", "64", "--reps", "2"]  # fmt: skip
 
 
-def read(ctx: Context) -> list[Figure]:
+def read(ctx: Context) -> list[Row]:
     """Per batch: measured tokens/s, TTFT and TPOT beside the plan for this device."""
-    from benchmarks.gpu_check.stages import Figure
-
     path = ctx.out / "plan_llm_check.json"
     if not path.exists():
-        return [Figure("generative decoder", "not measured", "a run per batch", False)]
+        return [_figure("generative decoder", "not measured", "a run per batch", False)]
     data = json.loads(path.read_text())
-    figures = []
+    figures: list[Row] = []
     for row in data["rows"]:
         plan, err = row["predicted_default"], row["error_default"]
         value = (
@@ -52,11 +67,11 @@ def read(ctx: Context) -> list[Figure]:
         )
         met = all(abs(e) <= PLAN_TOLERANCE for e in err.values())
         target = f"within {PLAN_TOLERANCE:.0%} of the plan on {data['device']}"
-        figures.append(Figure(f"{row['model']} batch {row['batch']}", value, target, met))
+        figures.append(_figure(f"{row['model']} batch {row['batch']}", value, target, met))
     fitted = data.get("calibrated")
     if fitted:
         implied = f"MBU {fitted['mbu']:.3f}, MFU {fitted['mfu']:.3f} (plan default 0.9, 0.8)"
-        figures.append(Figure("what the engine reached (batch 1)", implied))
+        figures.append(_figure("what the engine reached (batch 1)", implied))
     return figures
 
 
