@@ -175,6 +175,9 @@ class InferenceResponse:
     parameters: Parameters = field(default_factory=dict)
     #: Outputs written into shared-memory regions (the answer carries no data for them).
     in_regions: dict[str, RegionTensor] = field(default_factory=dict)
+    #: Whether this is the request's last response: a stream's responses (Plane.stream) are
+    #: False but its last, which may carry no outputs (a final flag alone); a unary answer True.
+    final: bool = True
 
 
 def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:

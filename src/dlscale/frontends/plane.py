@@ -11,7 +11,7 @@ tests/unit/frontends/test_plane_contract.py checks that all of them agree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
@@ -34,7 +34,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class PlaneMethod:
-    """One operation of the Plane: its name, whether callers await it, which room answers it."""
+    """One operation of the Plane: its name, whether callers await it, which room answers it,
+    and whether it answers with a stream (an async iterator the caller closes when it leaves)."""
 
     name: str
     asynchronous: bool
@@ -43,6 +44,9 @@ class PlaneMethod:
     #: False: a REST worker answers it itself, without the round trip to the owner (which would
     #: cost more than the answer saves): its proxy writes that method by hand.
     forwarded: bool = True
+    #: True: the method returns an async iterator of answers (not awaited: iterated, and closed
+    #: with `aclose()` by a caller that leaves early); `asynchronous` is then False.
+    stream: bool = False
 
 
 PLANE_METHODS: tuple[PlaneMethod, ...] = (
@@ -56,6 +60,7 @@ PLANE_METHODS: tuple[PlaneMethod, ...] = (
     PlaneMethod("single_input", False, "data"),
     PlaneMethod("refuse_early", False, "data", forwarded=False),
     PlaneMethod("infer", True, "data"),
+    PlaneMethod("stream", False, "data", stream=True),
     PlaneMethod("statistics", False, "data"),
     PlaneMethod("repository_index", False, "control"),
     PlaneMethod("load_model", True, "control"),
@@ -101,6 +106,12 @@ class Plane(Protocol):
     def refuse_early(self, name: str, version: str = "") -> DlscaleError | None: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """0..N responses to one request, the last with `final` set; errors (the request's, or
+        one that ends the stream) are raised by the iteration. A caller that leaves early closes
+        the iterator (`aclose()`), which frees the request's sequence at once."""
+        ...
 
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,8 +156,9 @@ class Router:
         return f"deploying models {', '.join(loading)}" if loading else ""
 
     def server_metadata(self) -> ServerMetadata:
-        # Traces and logs are each host's own: not offered behind the ingress.
-        extensions = tuple(e for e in EXTENSIONS if e not in ("trace", "logging"))
+        # Traces and logs are each host's own, and streams are not forwarded (`stream`): not
+        # offered behind the ingress.
+        extensions = tuple(e for e in EXTENSIONS if e not in ("trace", "logging", "generate"))
         return ServerMetadata("dlscale", __version__, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -216,6 +217,17 @@ class Router:
         rows = int(next(iter(request.inputs.values())).shape[0]) if batched else 1
         stats.record_success(times, rows)
         return response
+
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """Refused: streamed answers are not forwarded to Ray Serve replicas yet (serve models
+        that stream with `dlscale serve` on one host; docs/scale.md)."""
+        self._version(request.model_name, request.model_version)  # unknown model: 404 first
+        raise Unsupported(
+            "streamed answers (generate_stream, ModelStreamInfer, OpenAI streams) are not served "
+            "behind Ray Serve's ingress (dlscale serve --ray); serve models that stream with "
+            "dlscale serve on one host"
+        )
+        yield  # type: ignore[unreachable]  # an async generator, as the Plane declares
 
     def trace_settings(
         self, model: str = "", changes: Mapping[str, Any] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.trace import Tracer
 from dlscale.serving.regions.lease import RequestRegions, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
+from dlscale.serving.streams import aclose, joined, open_stream, refuse_unary
 from dlscale.serving.validation import check_schedule_parameters, rows, validate
 from dlscale.types import (
     InferenceRequest,
@@ -51,6 +52,7 @@ EXTENSIONS = (
     "statistics",
     "trace",
     "logging",
+    "generate",
 )
 
 
@@ -193,9 +195,12 @@ class DataPlane:
             served = self.manager.get(name, version)
         except DlscaleError:
             return None  # the request itself is answered with what is wrong
-        if served.batcher is None:
+        if served.seats is not None:
+            refusal = served.seats.refuse_early()
+        elif served.batcher is None:
             return None  # a pipeline: each step's own admission answers
-        refusal = served.batcher.refuse_early()
+        else:
+            refusal = served.batcher.refuse_early()
         if refusal is not None:
             served.stats.record_failure(refusal.reason, 0)
         return refusal
@@ -206,11 +211,30 @@ class DataPlane:
             raise Unavailable("the server is shutting down")
         return await self._serve(request)
 
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """The 0..N responses of a model that streams (serving/streams.py); closing the
+        iterator early (the client left) frees the request's sequence at once."""
+        if not self._accepting:
+            raise Unavailable("the server is shutting down")
+        check_schedule_parameters(request.parameters)
+        served = self.manager.get(request.model_name, request.model_version)
+        responses = open_stream(served, request)
+        try:
+            async for response in responses:
+                yield response
+        finally:
+            await aclose(responses)
+
     async def _serve(self, request: InferenceRequest) -> InferenceResponse:
         """`infer` past the shutdown check: a pipeline admitted before shutdown runs its steps."""
         check_schedule_parameters(request.parameters)
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
+        if served.seats is not None:  # a model that streams: one answer only if generative
+            if served.seats.generative:
+                return await joined(served, request)
+            served.stats.record_failure(InvalidInput.reason, 0)
+            raise refuse_unary(served)
         trace = self.tracer.start(served.version.name, served.version.version, request.id)
         regions = RequestRegions.of(self.shared_memory, request)
         try:

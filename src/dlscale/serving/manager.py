@@ -27,6 +27,7 @@ from dlscale.serving.pipeline import Pipeline
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.seats import Seats
 from dlscale.serving.versions import resolve_version
 from dlscale.serving.warmup import WarmupBatch, warmup_batches
 from dlscale.types import InferenceRequest, InferenceResponse, TensorSpec
@@ -59,6 +60,8 @@ class ServedVersion:
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
     pipeline: Pipeline | None = None
+    #: A model that streams its answers: its sequences in flight and queue (no batcher).
+    seats: Seats | None = None
     #: Which load this is: a reload is another serial, so nothing keyed on the old one (the
     #: response cache's answers) can answer for the new one.
     serial: int = field(default_factory=lambda: next(_LOADS))
@@ -388,6 +391,12 @@ class ModelManager:
                     await instance.load()
             first = instances[0].backend
             inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
+            if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
+                stats = ModelStats(mv.name, str(mv.version))
+                seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
+                return ServedVersion(
+                    mv, inputs, outputs, instances, None, stats, labels, None, seats=seats
+                )
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
             # A model that calls models is not warmed up: the models it calls may load after it
             # (Triton loads such models without a warm-up, too).
@@ -430,6 +439,8 @@ class ModelManager:
         for served in entry.versions.values():
             if served.batcher is not None:
                 await served.batcher.close()
+            if served.seats is not None:
+                await served.seats.close()
             if served.qos is not None:
                 served.qos.leave()
             await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)

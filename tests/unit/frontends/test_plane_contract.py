@@ -17,7 +17,14 @@ import pytest
 from tests.toolkit.models import write_null_model
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends.plane import METHODS, PLANE_METHODS, REGISTRY_METHODS, Plane, answer
+from dlscale.frontends.plane import (
+    METHODS,
+    PLANE_METHODS,
+    REGISTRY_METHODS,
+    Plane,
+    PlaneMethod,
+    answer,
+)
 from dlscale.frontends.workers import messages as ipc
 from dlscale.frontends.workers.host import CALLS, PlaneHost
 from dlscale.frontends.workers.remote import Calls, RemotePlane
@@ -38,10 +45,24 @@ shape = [4]
 """
 
 
-def _methods(cls: type) -> dict[str, bool]:
-    """Public callables of a class, each with whether it is a coroutine function."""
+def _kind(value: object) -> str:
+    """How a method answers: "awaited", "stream" (an async iterator) or "call"."""
+    if inspect.iscoroutinefunction(value):
+        return "awaited"
+    if inspect.isasyncgenfunction(value):
+        return "stream"
+    hints = getattr(value, "__annotations__", {})
+    return "stream" if "AsyncIterator" in str(hints.get("return", "")) else "call"
+
+
+def _declared(method: PlaneMethod) -> str:
+    return "stream" if method.stream else "awaited" if method.asynchronous else "call"
+
+
+def _methods(cls: type) -> dict[str, str]:
+    """Public callables of a class, each with how it answers."""
     return {
-        name: inspect.iscoroutinefunction(value)
+        name: _kind(value)
         for name, value in inspect.getmembers(cls, callable)
         if not name.startswith("_")
     }
@@ -53,11 +74,11 @@ def _implements(cls: type, room: str | None = None) -> None:
         if room is not None and method.room != room:
             continue
         assert method.name in found, f"{cls.__name__} lacks Plane method {method.name}"
-        assert found[method.name] == method.asynchronous, f"{cls.__name__}.{method.name}"
+        assert found[method.name] == _declared(method), f"{cls.__name__}.{method.name}"
 
 
 def test_the_protocol_is_the_declaration() -> None:
-    declared = {m.name: m.asynchronous for m in PLANE_METHODS}
+    declared = {m.name: _declared(m) for m in PLANE_METHODS}
     assert _methods(Plane) == declared
 
 
@@ -80,7 +101,7 @@ def test_the_ray_router_implements_every_declared_method() -> None:
 
 def test_the_owner_whitelist_is_derived_from_the_declaration() -> None:
     registry = {f"registry.{n}" for n in REGISTRY_METHODS}
-    synchronous = {m.name for m in PLANE_METHODS if not m.asynchronous}
+    synchronous = {m.name for m in PLANE_METHODS if not m.asynchronous and not m.stream}
     assert registry | synchronous == CALLS
 
 

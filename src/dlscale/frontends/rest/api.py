@@ -7,12 +7,10 @@ are decoded and encoded by the wire codec (`dlscale.wire.rest`), answers rendere
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -31,10 +29,16 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane, Remote, answer
 from dlscale.frontends.rest import render, shared_memory
+from dlscale.frontends.rest.documents import (
+    HEADER_LENGTH as HEADER_LENGTH,
+)
+from dlscale.frontends.rest.documents import (
+    header_length,
+    json_object,
+    load_request,
+)
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.wire.rest import (
-    ANY_JSON,
-    decode_json,
     decode_raw_request,
     decode_request,
     encode_response,
@@ -45,17 +49,19 @@ log = logging.getLogger("dlscale.http")
 
 JSON = "application/json"
 OCTET = "application/octet-stream"
-HEADER_LENGTH = "inference-header-content-length"
 
 
 @dataclass
 class RestResponse:
-    """A response ready for the wire: status, body parts, content type and extra headers."""
+    """A response ready for the wire: status, body parts, content type and extra headers; or,
+    with `stream`, a body sent chunk by chunk as it is made (server-sent events: `parts` empty;
+    rest/streaming.py writes it and closes it when the client leaves)."""
 
     status: int
     parts: list[Buffer]
     content_type: str = JSON
     headers: tuple[tuple[str, str], ...] = ()
+    stream: AsyncIterator[bytes] | None = None
 
 
 def json_response(doc: Any, status: int = 200) -> RestResponse:
@@ -303,9 +309,9 @@ class RestApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version = args
-        header_length = _header_length(headers)
+        length = header_length(headers)
         most = self.limits.max_tensor_elements
-        if header_length == 0:
+        if length == 0:
             spec, batched = await answer(self.dataplane.single_input, model, version)
             request, fmt = await off_loop(
                 len(body) > OFF_LOOP_BYTES,
@@ -322,7 +328,7 @@ class RestApi:
                 len(body) > OFF_LOOP_BYTES,
                 decode_request,
                 body,
-                header_length,
+                length,
                 model,
                 version,
                 most,
@@ -352,7 +358,7 @@ class RestApi:
     async def _index(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        doc = _json_object(body, "repository index")
+        doc = json_object(body, "repository index")
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidInput(
@@ -366,13 +372,13 @@ class RestApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         large = len(body) > 2**18  # a load with files: JSON and base64 decoded in a thread
-        await self.dataplane.load_model(args[0], await off_loop(large, _load_request, body))
+        await self.dataplane.load_model(args[0], await off_loop(large, load_request, body))
         return _EMPTY_OK
 
     async def _unload(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        _json_object(body, "unload")  # parameters (unload_dependents) have no meaning here
+        json_object(body, "unload")  # parameters (unload_dependents) have no meaning here
         await self.dataplane.unload_model(args[0])
         return _EMPTY_OK
 
@@ -386,13 +392,13 @@ class RestApi:
     async def _trace(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        changes = _json_object(body, "trace setting")
+        changes = json_object(body, "trace setting")
         return json_response(await answer(self.dataplane.trace_settings, args[0], changes))
 
     async def _logging(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        changes = _json_object(body, "log setting")
+        changes = json_object(body, "log setting")
         return json_response(await answer(self.dataplane.log_settings, changes))
 
 
@@ -404,47 +410,3 @@ def _parts(path: str) -> list[str]:
 def _short(path: str) -> str:
     """A path for a message, cut short when a client sent a long one."""
     return path if len(path) <= 200 else path[:197] + "..."
-
-
-def _header_length(headers: Mapping[str, str]) -> int | None:
-    raw = headers.get(HEADER_LENGTH)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InvalidInput(
-            f"Inference-Header-Content-Length must be a non-negative integer, got {raw!r}"
-        )
-    return value
-
-
-def _load_request(body: Buffer) -> dict[str, str | bytes]:
-    """A load request's parameters; the files in them travel base64-encoded over REST."""
-    params = _json_object(body, "load").get("parameters", {})
-    if not isinstance(params, dict):
-        raise InvalidInput("field 'parameters' of the load request must be an object")
-    out: dict[str, str | bytes] = {}
-    for key, value in params.items():
-        if not key.startswith("file:"):
-            out[key] = value
-            continue
-        if not isinstance(value, str):
-            raise InvalidInput(f"load parameter {key!r} must be a base64 string")
-        try:
-            out[key] = base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
-            raise InvalidInput(f"load parameter {key!r} is not valid base64: {exc}") from None
-    return out
-
-
-def _json_object(body: Buffer, what: str) -> dict[str, Any]:
-    """An optional JSON object body (empty means `{}`)."""
-    if not len(body):
-        return {}
-    doc = decode_json(ANY_JSON, body, f"{what} request")
-    if not isinstance(doc, dict):
-        raise InvalidInput(f"the {what} request must be a JSON object")
-    return doc

@@ -17,6 +17,7 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
 from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
 from dlscale.frontends.rest.framing import Pending, cut_response, frame
+from dlscale.frontends.rest.streaming import send_stream
 from dlscale.wire import tracing
 from dlscale.wire.tensors import Buffer
 
@@ -26,8 +27,7 @@ _MAX_PIPELINED = 32
 DRAIN_AFTER_REFUSAL_S = 2.0
 #: The same for a connection refused as it opens: short, as a flood of them holds descriptors.
 DRAIN_AFTER_OPEN_REFUSAL_S = 0.5
-#: Bytes counted for a header line's separators (": " and CRLF).
-_HEADER_OVERHEAD = 4
+_HEADER_OVERHEAD = 4  # bytes counted for a header line's separators (": " and CRLF)
 
 
 class _Phase(enum.Enum):
@@ -359,7 +359,11 @@ class Connection(asyncio.BufferedProtocol):
                     self._finish_refusal()
                     return
                 keep = message.keep_alive and not self.frontend.stopping
-                self._write(response, keep or bool(self._queue), message.method == "HEAD")
+                if response.stream is None:
+                    self._write(response, keep or bool(self._queue), message.method == "HEAD")
+                elif not await send_stream(self.transport, self._writable, response, keep):
+                    self.transport.close()  # a chunked body cut short: its end is the close
+                    return
                 if not keep and not self._queue:
                     self.transport.close()
                     return

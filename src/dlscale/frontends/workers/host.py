@@ -24,6 +24,7 @@ from dlscale.errors import DlscaleError
 from dlscale.frontends.plane import METHODS, PLANE_METHODS, REGISTRY_METHODS, Plane
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.system import SystemRegion, shm_path
+from dlscale.serving.streams import aclose
 
 log = logging.getLogger("dlscale.http")
 
@@ -31,7 +32,7 @@ log = logging.getLogger("dlscale.http")
 #: synchronous Plane methods (a fallback; the frontends ask those over the asynchronous channel).
 CALLS = frozenset(
     {f"registry.{name}" for name in REGISTRY_METHODS}
-    | {m.name for m in PLANE_METHODS if not m.asynchronous}
+    | {m.name for m in PLANE_METHODS if not m.asynchronous and not m.stream}
 )
 _ALIGN = 64
 
@@ -48,6 +49,8 @@ class PlaneHost:
         self.answered = 0
         self._segments: dict[str, SystemRegion] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Streams open for this worker, by their call's ident (a `Cancel` closes one).
+        self._streams: dict[int, asyncio.Task[None]] = {}
 
     async def serve(self, calls: socket.socket, requests: socket.socket) -> None:
         """Serve both channels; returns when the worker is gone (exited or crashed)."""
@@ -60,13 +63,23 @@ class PlaneHost:
                     self.port = message.port
                     self.listening.set()
                     continue
+                if isinstance(message, ipc.Cancel):
+                    if (stream := self._streams.get(message.ident)) is not None:
+                        stream.cancel()  # closes the stream: the sequence is freed
+                    continue
                 call = ipc.expect(ipc.Call, message)
-                task = asyncio.get_running_loop().create_task(self._answer(writer, call))
+                method = METHODS.get(call.method)
+                answer = self._stream if method is not None and method.stream else self._answer
+                task = asyncio.get_running_loop().create_task(answer(writer, call))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                if answer == self._stream:
+                    self._streams[call.ident] = task
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker is gone (or broke the channel)
         finally:
+            for stream in self._streams.values():
+                stream.cancel()  # their clients went with the worker: free their sequences
             calls_task.cancel()
             writer.close()
             # Requests in flight still finish in the DataPlane; their answers have nowhere to go.
@@ -99,6 +112,28 @@ class PlaneHost:
             place = None
         with contextlib.suppress(ConnectionError):
             writer.writelines(ipc.encode(reply, place))
+            await writer.drain()
+
+    async def _stream(self, writer: asyncio.StreamWriter, call: ipc.Call) -> None:
+        """Send each response of a stream as a `Part`, then the `Reply` that ends it."""
+        try:
+            responses = getattr(self.plane, call.method)(*call.args)
+            try:
+                async for response in responses:
+                    writer.writelines(ipc.encode(ipc.Part(call.ident, response)))
+                    await writer.drain()
+            finally:
+                await aclose(responses)
+            reply = ipc.Reply(call.ident, True, None)
+        except asyncio.CancelledError:
+            return  # the worker's client left (Cancel) or the worker is gone: nothing to say
+        except Exception as exc:
+            reply = ipc.Reply(call.ident, False, _portable(exc))
+        finally:
+            self._streams.pop(call.ident, None)
+        self.answered += 1
+        with contextlib.suppress(ConnectionError):
+            writer.writelines(ipc.encode(reply))
             await writer.drain()
 
     async def _serve_calls(self, sock: socket.socket) -> None:

@@ -1,6 +1,7 @@
 """Messages between REST worker processes and the process that owns the models.
 
-The messages are the dataclasses below (`Listening`, `Call`, `Reply`); each is pickled (protocol 5).
+The messages are the dataclasses below (`Listening`, `Call`, `Reply`; `Part` and `Cancel` for
+streams); each is pickled (protocol 5).
 Its large buffers (numpy arrays' data) travel out of band in POSIX shared memory when they already
 lie there: a worker receives large request bodies into shared-memory segments (`Segments`, given to
 the body pool), so an input decoded from a body is sent as (segment key, offset, size) and the owner
@@ -75,6 +76,23 @@ class Reply:
     ident: int
     ok: bool
     value: Any
+
+
+@dataclass(frozen=True)
+class Part:
+    """Owner to worker: one response of the stream that call `ident` opened (a Plane method
+    declared `stream`); the stream ends with the call's `Reply` (ok, or the error that ended it)."""
+
+    ident: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Worker to owner: the client of stream `ident` left; the owner closes the stream, which
+    frees the request's sequence in its engine at once."""
+
+    ident: int
 
 
 def expect(kind: type[M], message: object) -> M:

@@ -13,17 +13,19 @@ REST API runs them off the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import itertools
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from dlscale.errors import DlscaleError, Unavailable
 from dlscale.frontends.plane import METHODS, PLANE_METHODS, Plane, PlaneMethod
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
-from dlscale.types import InferenceRequest
+from dlscale.types import InferenceRequest, InferenceResponse
 
 GONE = "the server is stopping (its model process is gone)"
 
@@ -97,6 +99,8 @@ class RemotePlane:
         self.shared_memory: SharedMemoryRegistry = ForwardedRegistry(calls, allow_shm, max_regions)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        #: Open streams' responses (`ipc.Part`), each ended by its call's `ipc.Reply`.
+        self._streams: dict[int, asyncio.Queue[ipc.Part | ipc.Reply]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         #: Set when the owner closed the channel (it stopped or died): the worker stops too.
@@ -120,7 +124,11 @@ class RemotePlane:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                reply = ipc.expect(ipc.Reply, await ipc.read(reader, self.segments.view))
+                reply = await ipc.read(reader, self.segments.view)
+                if isinstance(reply, ipc.Part | ipc.Reply) and reply.ident in self._streams:
+                    self._streams[reply.ident].put_nowait(reply)
+                    continue
+                reply = ipc.expect(ipc.Reply, reply)
                 future = self._pending.pop(reply.ident, None)
                 if future is None or future.done():
                     continue
@@ -135,6 +143,8 @@ class RemotePlane:
                 if not future.done():
                     future.set_exception(Unavailable(GONE))
             self._pending.clear()
+            for ident, stream in self._streams.items():
+                stream.put_nowait(ipc.Reply(ident, False, Unavailable(GONE)))
             self.gone.set()
 
     async def ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -150,14 +160,46 @@ class RemotePlane:
         ident = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[ident] = future
-        dropped, self.segments.dropped = tuple(self.segments.dropped), []
-        call = ipc.Call(method, args, kwargs, ident, space, dropped)
+        await self._send(ipc.Call(method, args, kwargs, ident, space))
+        return await future
+
+    async def ask_stream(self, method: str, *args: Any) -> AsyncIterator[Any]:
+        """The owner's responses to stream method `method`; closing it early (the client
+        left) tells the owner, which closes its stream and frees the sequence."""
+        if self._writer is None or self.gone.is_set():
+            raise Unavailable(GONE)
+        ident = next(self._ids)
+        stream: asyncio.Queue[ipc.Part | ipc.Reply] = asyncio.Queue()
+        self._streams[ident] = stream
+        ended = False
         try:
-            self._writer.writelines(ipc.encode(call, self.segments.locate))
+            await self._send(ipc.Call(method, args, {}, ident))
+            while True:
+                message = await stream.get()
+                if isinstance(message, ipc.Part):
+                    yield message.value
+                    continue
+                ended = True
+                if not message.ok:
+                    raise message.value
+                return
+        finally:
+            del self._streams[ident]
+            if not ended and not self.gone.is_set():
+                with contextlib.suppress(Unavailable):
+                    await self._send(ipc.Cancel(ident))
+
+    async def _send(self, message: ipc.Call | ipc.Cancel) -> None:
+        """Write one message to the owner; its segments dropped since the last call go along."""
+        assert self._writer is not None
+        if isinstance(message, ipc.Call):
+            dropped, self.segments.dropped = tuple(self.segments.dropped), []
+            message = dataclasses.replace(message, dropped=dropped)
+        try:
+            self._writer.writelines(ipc.encode(message, self.segments.locate))
             await self._writer.drain()
         except ConnectionError:
             raise Unavailable(GONE) from None
-        return await future
 
     def refuse_early(self, name: str, version: str = "") -> DlscaleError | None:
         """None: a round trip per request would cost more than it saves; the owner refuses."""
@@ -189,6 +231,13 @@ def _forward(method: PlaneMethod) -> Callable[..., Any]:
     the blocking channel instead; the frontends never do so.
     """
     name = method.name
+    if method.stream:
+
+        def forward_stream(self: RemotePlane, *args: Any) -> AsyncIterator[InferenceResponse]:
+            return self.ask_stream(name, *args)
+
+        forward_stream.__name__ = name
+        return forward_stream
     if method.asynchronous:
 
         async def forward_async(self: RemotePlane, *args: Any, **kwargs: Any) -> Any:

@@ -44,6 +44,10 @@ class DecoderModel:
     dtype: str = "float32"
     #: Written only when named: too large for a build of the whole zoo or for a CPU.
     on_request: bool = False
+    #: Where config.toml places it, and the KV cache it gives the engine (None: the engine's
+    #: share of the GPU's free memory).
+    device: str = "cpu"
+    kv_cache_gib: float | None = None
 
     @property
     def head_dim(self) -> int:
@@ -133,11 +137,13 @@ class DecoderModel:
 
     def config(self) -> dict[str, Any]:
         """config.toml: the transformers backend on the version folder's Hugging Face files."""
+        options = {} if self.kv_cache_gib is None else {"kv_cache_gib": self.kv_cache_gib}
         return {
             "name": self.name,
             "backend": "transformers",
             "max_batch_size": 0,
-            "instances": [{"count": 1, "device": "cpu"}],
+            "instances": [{"count": 1, "device": self.device}],
+            "backend_options": options,
             "metadata": {
                 "zoo": "true",
                 "task": "text-generation",
@@ -165,6 +171,8 @@ LLAMA_TINY = DecoderModel(
     intermediate_size=384,
     vocab_size=1024,
     max_positions=512,
+    # 2 KiB per token in FP32: 32k tokens, 64 sequences of the whole context.
+    kv_cache_gib=0.0625,
 )
 LLAMA_SMALL = DecoderModel(
     name="llama-small",
@@ -176,6 +184,8 @@ LLAMA_SMALL = DecoderModel(
     intermediate_size=1408,
     vocab_size=4096,
     max_positions=2048,
+    # 16 KiB per token in FP32: 32k tokens.
+    kv_cache_gib=0.5,
 )
 LLAMA_1B = DecoderModel(
     name="llama-1b",
@@ -189,5 +199,6 @@ LLAMA_1B = DecoderModel(
     max_positions=4096,
     dtype="bfloat16",
     on_request=True,
+    device="cuda",
 )
 DECODERS: dict[str, DecoderModel] = {m.name: m for m in (LLAMA_TINY, LLAMA_SMALL, LLAMA_1B)}

@@ -1,0 +1,127 @@
+"""`backend = "transformers"`: Hugging Face transformers' continuous batching as a backend.
+
+The version folder is a Hugging Face folder (config.json, safetensors, tokenizer). The engine
+(transformers_engine.py) batches at the iteration level over a paged KV cache in its own
+thread; each request streams by the generative contract (contract.py): its new text per
+generated token, and the finish reason at the end. Sampling is per request
+(transformers_sampling.py); stop strings and whole characters are kept by
+transformers_text.py. docs/generative.md describes the options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import queue
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
+from dlscale.backends.generative.contract import INPUTS, OUTPUTS, EngineStats, join
+from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
+from dlscale.backends.generative.transformers_request import Job, Parts, prepare
+from dlscale.errors import Unavailable
+from dlscale.types import Parameter, TensorSpec
+
+#: Plain `infer` calls an instance may run at once: each is one sequence the engine batches.
+INFER_CONCURRENCY = 64
+
+
+class TransformersBackend:
+    """A causal language model served by transformers' continuous-batching manager."""
+
+    def __init__(self, path: Path, options: BackendOptions) -> None:
+        self.path = path
+        self.options = options
+        self.settings = EngineSettings.from_options(options)
+        self._engine: Engine | None = None
+        self._ids = itertools.count()
+
+    def load(self) -> None:
+        """Load the weights and tokenizer onto the device and start the engine's thread."""
+        if self.options.intra_op_threads > 0:
+            # Process-wide in PyTorch: the engine's thread computes with this many.
+            torch.set_num_threads(self.options.intra_op_threads)
+        folder = self.path.parent if self.path.is_file() else self.path
+        self._engine = Engine(folder, self.settings)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            concurrency=INFER_CONCURRENCY, streams_answers=True, generates_text=True
+        )
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(INPUTS)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(OUTPUTS)
+
+    def engine_stats(self) -> EngineStats:
+        engine = self._engine
+        return EngineStats(0, 0, 0.0) if engine is None else engine.stats()
+
+    def _prepare(
+        self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> tuple[Engine, Job]:
+        engine = self._engine
+        if engine is None:
+            raise Unavailable("the transformers engine is not loaded")
+        return engine, prepare(engine.tokenizer, engine.context, engine.eos_ids, inputs, parameters)
+
+    async def stream(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> AsyncIterator[StreamPart]:
+        """The request's parts as the engine makes them; closing early cancels the sequence."""
+        engine, job = self._prepare(inputs, parameters)
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[object] = asyncio.Queue()
+
+        def sink(output: object) -> None:  # on the router thread
+            # A closed loop: nobody waits for this sequence any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(arrived.put_nowait, output)
+
+        # The caller's id may repeat (clients choose it); the engine's must not.
+        engine_id = f"{request_id}#{next(self._ids)}"
+        parts = Parts(engine.tokenizer, job)
+        engine.submit(engine_id, job.prompt, job.sampling.max_tokens, job.eos, job.settings, sink)
+        try:
+            while not parts.done:
+                yield parts.next(await arrived.get())  # type: ignore[arg-type]
+        finally:
+            if not parts.engine_done:  # closed early, stopped by a stop string, or failed
+                engine.cancel(engine_id)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One whole answer with the default settings, blocking (from an instance thread)."""
+        engine, job = self._prepare(inputs, {})
+        arrived: queue.SimpleQueue[object] = queue.SimpleQueue()
+        engine_id = f"infer#{next(self._ids)}"
+        parts = Parts(engine.tokenizer, job)
+        engine.submit(
+            engine_id, job.prompt, job.sampling.max_tokens, job.eos, job.settings, arrived.put
+        )
+        answer: list[StreamPart] = []
+        try:
+            while not parts.done:
+                answer.append(parts.next(arrived.get()))  # type: ignore[arg-type]
+        finally:
+            if not parts.engine_done:
+                engine.cancel(engine_id)
+        return join(answer).outputs
+
+    def unload(self) -> None:
+        """Stop the engine and free the model and its KV cache at once."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+
+__all__ = ["TransformersBackend"]

@@ -1,0 +1,225 @@
+"""transformers' continuous-batching manager on one model, its outputs routed to each request.
+
+The manager runs its own generation thread (iteration-level batching over a paged KV cache)
+and puts every request's outputs on one queue. A router thread of ours takes them off and
+hands each to the callback its request registered (the backend's stream turns it into an
+event-loop wake-up), so neither the generation thread nor the event loop ever waits on the
+other. Settings come from the config's [backend_options] (docs/generative.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    ContinuousBatchingConfig,
+    GenerationConfig,
+)
+from transformers.generation.continuous_batching.requests import GenerationOutput
+
+from dlscale.backends.base import BackendOptions
+from dlscale.backends.generative.contract import EngineStats
+from dlscale.backends.generative.transformers_sampling import RequestSampling
+from dlscale.errors import BackendError, ConfigError
+
+#: What a request's callback receives: each output of its sequence, or the engine's failure.
+Sink = Callable[[GenerationOutput | BackendError], None]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The [backend_options] keys this engine reads, beside the common thread counts.
+OPTION_KEYS = (
+    "dtype",
+    "kv_cache_gib",
+    "gpu_memory_fraction",
+    "page_size",
+    "max_batch_tokens",
+    "max_num_seqs",
+    "attn_implementation",
+)
+#: The KV cache a CPU engine takes unless told (the server's memory is shared with others).
+CPU_KV_CACHE_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to run the engine: device, precision and the paged KV cache's size."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    #: KV-cache size in GiB; None on a GPU: `gpu_memory_fraction` of its free memory.
+    kv_cache_gib: float | None = CPU_KV_CACHE_GIB
+    gpu_memory_fraction: float = 0.8
+    #: Tokens per KV-cache page (transformers' block).
+    page_size: int = 64
+    max_batch_tokens: int | None = None
+    #: Sequences in one step (the seats in front of the engine read the same key).
+    max_num_seqs: int | None = None
+    attn_implementation: str = "sdpa"
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> EngineSettings:
+        """The settings [backend_options] name; FP32 on a CPU and BF16 on a GPU by default."""
+        extra = dict(options.extra)
+        unknown = sorted(set(extra) - set(OPTION_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"transformers backend: unknown backend_options {unknown}; "
+                f"it reads {list(OPTION_KEYS)}"
+            )
+        on_gpu = options.device.startswith("cuda")
+        dtype = str(extra.get("dtype", "bfloat16" if on_gpu else "float32"))
+        if dtype not in _DTYPES:
+            raise ConfigError(f"transformers backend: dtype must be one of {list(_DTYPES)}")
+        gib = extra.get("kv_cache_gib", None if on_gpu else CPU_KV_CACHE_GIB)
+        return cls(
+            device=options.device,
+            dtype=dtype,
+            kv_cache_gib=None if gib is None else float(_positive("kv_cache_gib", gib)),
+            gpu_memory_fraction=float(
+                _positive("gpu_memory_fraction", extra.get("gpu_memory_fraction", 0.8))
+            ),
+            page_size=int(_positive("page_size", extra.get("page_size", 64))),
+            max_batch_tokens=_optional(extra, "max_batch_tokens"),
+            max_num_seqs=_optional(extra, "max_num_seqs"),
+            attn_implementation=str(extra.get("attn_implementation", "sdpa")),
+        )
+
+
+def _positive(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"transformers backend: {key} must be a positive number, not {value!r}")
+    return value
+
+
+def _optional(extra: Mapping[str, Any], key: str) -> int | None:
+    return int(_positive(key, extra[key])) if key in extra else None
+
+
+class Engine:
+    """One model, its tokenizer and a running continuous-batching manager."""
+
+    def __init__(self, folder: Path, settings: EngineSettings) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=_DTYPES[settings.dtype], attn_implementation=settings.attn_implementation
+        )
+        self.model = model.to(settings.device).eval()
+        config = self.model.config
+        self.context: int = int(config.max_position_embeddings)
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
+        # Greedy for every sequence: sampling is per request, by RequestSampling's processors.
+        generation = GenerationConfig(  # type: ignore[no-untyped-call]
+            do_sample=False, eos_token_id=list(self.eos_ids), pad_token_id=config.pad_token_id
+        )
+        self.manager = self.model.init_continuous_batching(
+            generation_config=generation, continuous_batching_config=self._cache_config(settings)
+        )
+        # Read by the batch processor when start() builds it: each request's own sampling.
+        self.manager.logit_processor = RequestSampling()
+        self._sinks: dict[str, Sink] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.manager.start()
+        self._router = threading.Thread(target=self._route, name="dlscale-hf-router", daemon=True)
+        self._router.start()
+
+    def _cache_config(self, settings: EngineSettings) -> Any:
+        config = self.model.config
+        num_blocks = None
+        if settings.kv_cache_gib is not None:
+            head_dim = getattr(config, "head_dim", None) or (
+                config.hidden_size // config.num_attention_heads
+            )
+            kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            per_token = (
+                2 * config.num_hidden_layers * kv_heads * head_dim * self.model.dtype.itemsize
+            )
+            num_blocks = max(
+                1, int(settings.kv_cache_gib * 2**30) // (per_token * settings.page_size)
+            )
+        return ContinuousBatchingConfig(
+            page_size=settings.page_size,
+            num_blocks=num_blocks,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_requests_per_batch=settings.max_num_seqs,
+            max_memory_percent=settings.gpu_memory_fraction,
+        )
+
+    def submit(
+        self,
+        engine_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        eos: list[int],
+        sampling: Mapping[str, Any],
+        sink: Sink,
+    ) -> None:
+        """Queue one sequence; `sink` gets its outputs from the router thread."""
+        with self._lock:
+            if self._closed.is_set():
+                raise BackendError("the transformers engine is stopped")
+            self._sinks[engine_id] = sink
+        self.manager.add_request(
+            prompt,
+            request_id=engine_id,
+            max_new_tokens=max_tokens,
+            streaming=True,
+            eos_token_id=eos or [-1],
+            **sampling,
+        )
+
+    def cancel(self, engine_id: str) -> None:
+        """Drop a sequence: its KV-cache blocks are freed at the engine's next step."""
+        with self._lock:
+            known = self._sinks.pop(engine_id, None) is not None
+        if known:
+            self.manager.cancel_request(engine_id)
+
+    def stats(self) -> EngineStats:
+        """Running and waiting sequences and the share of the KV cache in use, read as they are."""
+        processor = self.manager.batch_processor
+        queued = self.manager.input_queue.qsize()
+        if processor is None:
+            return EngineStats(running=0, waiting=queued, kv_cache_usage=0.0)
+        scheduler = processor.scheduler
+        return EngineStats(
+            running=len(scheduler.active_requests),
+            waiting=len(scheduler.waiting_requests) + queued,
+            kv_cache_usage=max(0.0, 1.0 - float(processor.cache.compute_free_capacity())),
+        )
+
+    def _route(self) -> None:
+        while not self._closed.is_set():
+            output = self.manager.get_result(timeout=0.1)
+            if output is None:
+                if not self.manager.is_running():
+                    break
+                continue
+            with self._lock:
+                sink = self._sinks.get(output.request_id)
+                if sink is not None and output.is_finished():
+                    del self._sinks[output.request_id]
+            if sink is not None:
+                sink(output)
+        # The generation thread ended (stopped or failed): no sequence left will finish.
+        with self._lock:
+            left, self._sinks = list(self._sinks.values()), {}
+        for sink in left:
+            sink(BackendError("the transformers engine stopped before the sequence ended"))
+
+    def close(self) -> None:
+        """Stop the engine at once (sequences still running end with an error) and free it."""
+        self._closed.set()
+        self.manager.stop(block=True, timeout=30, hard_stop=True)
+        self._router.join(timeout=5)
+        # The manager's stop already collected garbage and emptied the device's cache; what is
+        # left of the weights goes with the last references.
+        del self.manager, self.model

@@ -1,0 +1,127 @@
+"""Per-request sampling inside transformers' continuous batching: greedy or seeded draws.
+
+The continuous-batching manager takes one `GenerationConfig` for all its requests: greedy or
+sampled for every sequence, and one random generator shared by the whole batch, so that a
+request's draws would depend on which others share its steps. dlscale runs the engine greedy
+(arg-max) and hands it these logits processors, which read each request's own settings
+(`add_request(..., temperature=, top_p=, generator=)`) one row at a time: temperature and
+top-p scale and cut the row, and a draw from the request's own seeded `torch.Generator`
+leaves only the drawn token in it, which the arg-max then picks. A greedy request passes
+through untouched. So greedy equals `generate`'s greedy, and a seeded request draws the same
+tokens whatever else is batched with it (docs/generative.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.generation.continuous_batching.cb_logits_processors import (
+    ContinuousBatchingLogitsProcessor,
+    ContinuousBatchingLogitsProcessorList,
+)
+from transformers.generation.logits_process import LogitsProcessorList
+
+#: The per-request keyword arguments these processors read (`add_request`'s extras).
+TEMPERATURE, TOP_P, GENERATOR = "temperature", "top_p", "generator"
+
+
+def request_settings(temperature: float, top_p: float, seed: int | None) -> dict[str, Any]:
+    """The `add_request` extras for one request; greedy when `temperature` is 0."""
+    if temperature == 0.0:
+        return {TEMPERATURE: 0.0, TOP_P: 1.0}
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()  # a fresh seed from the OS: unseeded requests differ
+    else:
+        generator.manual_seed(seed)
+    return {TEMPERATURE: temperature, TOP_P: top_p, GENERATOR: generator}
+
+
+def _floats(values: list[float]) -> torch.Tensor:
+    # The engine stores every argument as int32; floats travel bit-cast (as its own warpers do).
+    return torch.tensor(values, dtype=torch.float32).view(dtype=torch.int32)
+
+
+class _Temperature(ContinuousBatchingLogitsProcessor):
+    supported_kwargs: dict[str, type] = {TEMPERATURE: float}  # noqa: RUF012  (the base's shape)
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        int32_tensor.copy_(torch.ones_like(int32_tensor, dtype=torch.float32).view(torch.int32))
+
+    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        # A greedy row (0) is left as it is: dividing by 1 keeps its arg-max.
+        temperatures = [
+            r.state.logit_processor_kwargs.get(TEMPERATURE, 0.0) or 1.0
+            for r in requests_with_new_token
+        ]
+        return _floats(temperatures)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        temperatures = tensor_arg[: scores.size(0)].view(dtype=torch.float32)
+        return scores / temperatures.unsqueeze(-1)
+
+
+class _TopP(ContinuousBatchingLogitsProcessor):
+    supported_kwargs: dict[str, type] = {TOP_P: float}  # noqa: RUF012
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        int32_tensor.copy_(torch.ones_like(int32_tensor, dtype=torch.float32).view(torch.int32))
+
+    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        return _floats(
+            [r.state.logit_processor_kwargs.get(TOP_P, 1.0) for r in requests_with_new_token]
+        )
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        top_p = tensor_arg[: scores.size(0)].view(dtype=torch.float32).unsqueeze(-1)
+        ordered, order = torch.sort(scores, descending=True, dim=-1)
+        probabilities = ordered.softmax(dim=-1)
+        before = probabilities.cumsum(dim=-1) - probabilities
+        # Keep the smallest set whose mass reaches top_p: a token goes when the mass before it
+        # already does; the most likely token always stays. top_p = 1 keeps every token.
+        drop = (before >= top_p) & (top_p < 1.0)
+        drop[..., 0] = False
+        return scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+class _Draw(ContinuousBatchingLogitsProcessor):
+    supported_kwargs: dict[str, type] = {GENERATOR: torch.Generator}  # noqa: RUF012
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        int32_tensor.copy_(
+            torch.full_like(int32_tensor, -1.0, dtype=torch.float32).view(torch.int32)
+        )
+
+    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        # One uniform draw per row from the request's own generator; -1 marks a greedy row.
+        draws = []
+        for request in requests_with_new_token:
+            generator = request.state.logit_processor_kwargs.get(GENERATOR)
+            draws.append(-1.0 if generator is None else float(torch.rand(1, generator=generator)))
+        return _floats(draws)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        draws = tensor_arg[: scores.size(0)].view(dtype=torch.float32).unsqueeze(-1)
+        cumulative = scores.softmax(dim=-1).cumsum(dim=-1)
+        # Inverse of the cumulative distribution at the draw: the sampled token.
+        chosen = torch.searchsorted(cumulative, draws * cumulative[:, -1:]).clamp(
+            max=scores.size(-1) - 1
+        )
+        only_chosen = torch.full_like(scores, float("-inf")).scatter(-1, chosen, 0.0)
+        return torch.where(draws >= 0.0, only_chosen, scores)
+
+
+class RequestSampling(ContinuousBatchingLogitsProcessorList):
+    """The engine's logits processing: each request's temperature, top-p and seeded draw."""
+
+    def __init__(self) -> None:
+        super().__init__(LogitsProcessorList(), per_request_processors=False)
+        self.logits_processor = LogitsProcessorList([_Temperature(), _TopP(), _Draw()])
+        # One int32 argument row per processor, filled per step by prepare_tensor_args.
+        self.tensors_required = len(self.logits_processor)
+        self._retrieve_processors_kwargs()
+        self.do_processing = True

@@ -1,0 +1,46 @@
+"""Token-level measures of a generative model: TTFT, TPOT, prompt and generated tokens.
+
+Measured in the serving core (serving/streams.py), where every frontend's requests pass (OIP
+generate and ModelStreamInfer, the OpenAI API, a plain infer joined from its stream), and read by
+the Prometheus collector (serving/observe/metrics.py) at scrape time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dlscale.serving.observe.stats import Histogram
+
+#: Time to first token, seconds: from a request's arrival (its wait for a seat included) to
+#: its first generated token. MLPerf's bounds run from 0.45 s to 6 s (shared/reference/mlperf.md).
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0,
+)  # fmt: skip
+#: Time per output token after the first, seconds (MLPerf's TPOT bounds: 30 to 200 ms).
+TPOT_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+
+
+@dataclass
+class TokenStats:
+    """What one generative model version generated, and how fast."""
+
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
+    tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    def first_token(self, seconds: float) -> None:
+        """A request's first token came `seconds` after it arrived."""
+        self.ttft.observe(seconds)
+
+    def finished(self, prompt: int, generated: int, decode_s: float) -> None:
+        """A request ended with `generated` tokens for a `prompt`-token prompt; `decode_s`: from
+        its first token to its last (TPOT = decode_s / (generated - 1) when more than one)."""
+        self.prompt_tokens += prompt
+        self.generated_tokens += generated
+        if generated > 1:
+            self.tpot.observe(decode_s / (generated - 1))

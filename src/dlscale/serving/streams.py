@@ -1,0 +1,151 @@
+"""The stream path of the DataPlane: one request, 0..N responses, from a model that streams.
+
+A model whose backend streams its answers (`Capabilities.streams_answers`: generative engines,
+decoupled Python models) has `Seats` instead of a batcher (serving/seats.py). A request is
+validated, waits for a seat, and its backend's `stream` is iterated on the event loop; each part
+becomes an `InferenceResponse` (`final` on the last). Whoever stops iterating early (a client
+that disconnected or cancelled) closes the stream, which closes the backend's iterator at once:
+the engine frees the sequence and the seat goes to the next request. A generative model's
+tokens are measured here (TTFT, TPOT, token counts), so that every frontend counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
+from typing import Any, cast
+
+from dlscale.backends.base import StreamingBackend, StreamPart
+from dlscale.backends.generative import contract
+from dlscale.errors import BackendError, DlscaleError, InvalidInput
+from dlscale.serving.manager import ServedVersion
+from dlscale.serving.observe.stats import RequestTimes
+from dlscale.serving.observe.tokens import TokenStats
+from dlscale.serving.validation import validate
+from dlscale.types import InferenceRequest, InferenceResponse
+
+log = logging.getLogger("dlscale.models")
+
+
+async def open_stream(
+    served: ServedVersion, request: InferenceRequest
+) -> AsyncIterator[InferenceResponse]:
+    """The responses to `request` (validated here), as its model's backend sends them."""
+    seats = served.seats
+    if seats is None:
+        raise InvalidInput(
+            f"model {served.version.name!r} does not stream its answers (it is not decoupled): "
+            "ask for one answer (POST .../infer or .../generate, gRPC ModelInfer)"
+        )
+    times = RequestTimes(request_start=time.perf_counter_ns())
+    try:
+        wanted = validate(served, request)
+        instance = await seats.enter(request.priority, request.timeout_us, times)
+    except DlscaleError as exc:
+        served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
+        raise
+    times.compute_start = times.compute_input_end = time.perf_counter_ns()
+    backend = cast(StreamingBackend, instance.backend)
+    meter = _Meter(seats.tokens if backend.capabilities.generates_text else None, times)
+    parts = backend.stream(request.id, request.inputs, request.parameters)
+    outcome = "CANCELED"  # unless the stream ends or fails: its client left
+    try:
+        async for part in parts:
+            meter.saw(part)
+            yield _response(served, request, part, wanted)
+            if part.final:
+                break
+        else:  # the backend ended without a final part: a flag alone ends the stream
+            yield _response(served, request, StreamPart({}, final=True), wanted)
+        outcome = ""
+    except DlscaleError as exc:
+        outcome = exc.reason
+        raise
+    except Exception as exc:  # a backend bug ends its stream, not the server
+        log.exception("model %s failed a stream", served.version.name)
+        outcome = BackendError.reason
+        raise BackendError(f"model {served.version.name!r} failed: {exc!r}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await aclose(parts)  # frees the engine's sequence at once
+        seats.leave(instance)
+        meter.done()
+        times.compute_output_start = times.compute_end = times.request_end = time.perf_counter_ns()
+        if outcome:
+            served.stats.record_failure(outcome, times.request_end - times.request_start)
+        else:
+            served.stats.record_success(times, 1)
+
+
+async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceResponse:
+    """One answer from a generative model's stream (its text joined), for a unary request."""
+    whole = replace(request, outputs=None)  # join reads the counts, asked for or not
+    responses = [r async for r in open_stream(served, whole)]
+    part = contract.join(StreamPart(r.outputs, r.parameters, r.final) for r in responses)
+    names = {o.name for o in request.outputs} if request.outputs is not None else None
+    outputs = {n: a for n, a in part.outputs.items() if names is None or n in names}
+    return InferenceResponse(
+        request.model_name, outputs, str(served.version.version), request.id, part.parameters
+    )
+
+
+async def aclose(iterator: AsyncIterator[Any]) -> None:
+    """Close an async iterator that has `aclose` (an async generator's runs its cleanup)."""
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def refuse_unary(served: ServedVersion) -> InvalidInput:
+    """Why a decoupled model that is not generative answers no unary request (as Triton)."""
+    return InvalidInput(
+        f"model {served.version.name!r} is decoupled (it streams 0..N answers per request): "
+        "ask gRPC ModelStreamInfer or POST .../generate_stream, not ModelInfer or .../infer"
+    )
+
+
+def _response(
+    served: ServedVersion, request: InferenceRequest, part: StreamPart, wanted: Iterable[str]
+) -> InferenceResponse:
+    names = set(wanted)
+    return InferenceResponse(
+        model_name=request.model_name,
+        model_version=str(served.version.version),
+        id=request.id,
+        outputs={n: a for n, a in part.outputs.items() if n in names},
+        parameters=dict(part.parameters),
+        final=part.final,
+    )
+
+
+class _Meter:
+    """A generative request's token times and counts, handed to its model's TokenStats."""
+
+    def __init__(self, tokens: TokenStats | None, times: RequestTimes) -> None:
+        self.tokens = tokens
+        self.start = times.request_start
+        self.first = 0  # when the first token came (perf_counter ns)
+        self.last = 0
+        self.prompt = 0
+        self.generated = 0
+
+    def saw(self, part: StreamPart) -> None:
+        if self.tokens is None:
+            return
+        outputs = part.outputs
+        if contract.NUM_OUTPUT_TOKENS in outputs:
+            self.generated = int(outputs[contract.NUM_OUTPUT_TOKENS].reshape(-1)[0])
+        if contract.NUM_INPUT_TOKENS in outputs:
+            self.prompt = int(outputs[contract.NUM_INPUT_TOKENS].reshape(-1)[0])
+        if self.generated and not self.first:
+            self.first = time.perf_counter_ns()
+            self.tokens.first_token((self.first - self.start) / 1e9)
+        if self.generated:
+            self.last = time.perf_counter_ns()
+
+    def done(self) -> None:
+        if self.tokens is not None:
+            self.tokens.finished(self.prompt, self.generated, (self.last - self.first) / 1e9)
