@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class Measured:
     ttft_s: float
     tpot_s: float
     tpot_median_s: float
+    #: Prompt tokens per request (the backend's count of the text prompt; --isl for forward).
+    isl: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,16 +95,16 @@ def measure(model: Any, batch: int, args: argparse.Namespace, vocab: int) -> tup
         except TypeError:  # transformers before 4.56 takes no config
             cache = DynamicCache()
         sync()
-        start = time.perf_counter()
+        start = args.now()
         out = model(prompts, past_key_values=cache, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         sync()
-        first = time.perf_counter()
+        first = args.now()
         for _ in range(args.osl - 1):
             out = model(token, past_key_values=out.past_key_values, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
         sync()
-        end = time.perf_counter()
+        end = args.now()
     return first - start, (end - first) / max(1, args.osl - 1)
 
 
@@ -125,7 +128,9 @@ def measure_model(name: str, folder: Path, args: argparse.Namespace) -> list[Mea
     rows = []
     for batch, done in runs.items():
         tpots = [t for _, t in done]
-        row = Measured(name, batch, min(f for f, _ in done), min(tpots), statistics.median(tpots))
+        row = Measured(
+            name, batch, min(f for f, _ in done), min(tpots), statistics.median(tpots), args.isl
+        )
         rows.append(row)
         took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
         print(f"  {name} batch {batch}: {took} (TPOT median {row.tpot_median_s * 1e3:.2f} ms)")
@@ -133,14 +138,92 @@ def measure_model(name: str, folder: Path, args: argparse.Namespace) -> list[Mea
     return rows
 
 
-def torch_read_bandwidth(runs: int = 10) -> float:
+def prompt_text(folder: Path, tokens: int, batch: int) -> list[str]:
+    """`batch` prompts of about `tokens` tokens each, cut from the zoo's seeded corpus."""
+    from transformers import AutoTokenizer
+
+    from dlscale.models.zoo.decoder_tokenizer import corpus
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = " ".join(corpus(2 * tokens * batch, 1))
+    ids = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
+    return [tokenizer.decode(ids[i * tokens : (i + 1) * tokens]) for i in range(batch)]
+
+
+async def backend_run(
+    backend: Any, prompts: list[str], osl: int, now: Callable[[], float]
+) -> tuple[float, float, float]:
+    """(TTFT, TPOT, mean prompt tokens) of `prompts` streamed at once through the backend.
+
+    TTFT is the last request's first token (all B prompts prefilled), TPOT the mean over the
+    requests of (last token - first token) / (tokens - 1).
+    """
+    import asyncio
+
+    import numpy as np
+
+    params = {"max_tokens": osl, "ignore_eos": True, "temperature": 0.0}
+
+    async def one(index: int, prompt: str) -> tuple[float, float, int]:
+        inputs = {"text_input": np.array([prompt.encode()], dtype=object)}
+        times, count, prompt_tokens = [], 0, 0
+        async for part in backend.stream(str(index), inputs, params):
+            if "num_output_tokens" in part.outputs:
+                times.append(now())
+                count = int(part.outputs["num_output_tokens"][0])
+                prompt_tokens = int(part.outputs["num_input_tokens"][0])
+        return times[0] - start, (times[-1] - times[0]) / max(1, count - 1), prompt_tokens
+
+    start = now()
+    done = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    ttft = max(d[0] for d in done)
+    return ttft, statistics.mean(d[1] for d in done), statistics.mean(d[2] for d in done)
+
+
+def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[Measured]:
+    """Every batch through dlscale's transformers backend, B requests at once, round-robin."""
+    import asyncio
+
+    from dlscale.backends import BackendOptions, create_backend
+
+    device = "cuda:0" if args.device == "cuda" else "cpu"
+    threads = args.threads if args.device == "cpu" else 0
+    options = BackendOptions(device=device, intra_op_threads=threads)
+    backend = create_backend("transformers", folder / "config.json", options)
+    backend.load()
+    try:
+        warm = prompt_text(folder, args.isl, 1)
+        asyncio.run(backend_run(backend, warm, args.osl, args.now))  # allocations, kernel choices
+        prompts = {b: prompt_text(folder, args.isl, b) for b in args.batches}
+        runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in args.batches}
+        for rep in range(args.reps):
+            for batch in args.batches:
+                run = backend_run(backend, prompts[batch], args.osl, args.now)
+                runs[batch].append(asyncio.run(run))
+            print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
+    finally:
+        backend.unload()
+    rows = []
+    for batch, done in runs.items():
+        tpots = [t for _, t, _ in done]
+        row = Measured(
+            name, batch, min(f for f, _, _ in done), min(tpots), statistics.median(tpots)
+        )
+        row.isl = round(statistics.mean(n for _, _, n in done))
+        rows.append(row)
+        took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
+        print(f"  {name} batch {batch}: {took} (prompts of {row.isl} tokens)", flush=True)
+    return rows
+
+
+def torch_read_bandwidth(now: Callable[[], float], runs: int = 10) -> float:
     """Bytes/s of torch summing 256 MiB on its threads: the reads the engine makes."""
     data = torch.ones(64 << 20, dtype=torch.float32)
     best = float("inf")
     for _ in range(runs):
-        start = time.perf_counter()
+        start = now()
         data.sum()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, now() - start)
     return data.numel() * 4 / best
 
 
@@ -156,9 +239,11 @@ def plan_device(args: argparse.Namespace) -> DeviceSpec:
     info = read_cpu()
     cores = min(args.threads, info.physical_cores)
     spec = cpu_spec(replace(info, physical_cores=cores))
-    bandwidth = torch_read_bandwidth()
+    bandwidth = torch_read_bandwidth(args.now)
     spec = with_bandwidth(spec, bandwidth)
-    how = f"measured: torch sum over 256 MiB on {args.threads} thread(s), best of 10"
+    how = (
+        f"measured: torch sum over 256 MiB on {args.threads} thread(s), best of 10 by {args.clock}"
+    )
     return replace(spec, sources={**spec.sources, "bandwidth": how})
 
 
@@ -166,8 +251,8 @@ def predict(
     on_device: DecoderOnDevice, row: Measured, args: argparse.Namespace
 ) -> dict[str, float]:
     """The plan's TTFT, TPOT and tokens/s for a measured row (decode at the mean context)."""
-    ttft = on_device.prefill_s(args.isl, row.batch)
-    tpot = on_device.decode_step_s(row.batch, args.isl + args.osl / 2)
+    ttft = on_device.prefill_s(row.isl, row.batch)
+    tpot = on_device.decode_step_s(row.batch, row.isl + args.osl / 2)
     return {"ttft_s": ttft, "tpot_s": tpot, "tokens_per_s": row.batch / tpot}
 
 
@@ -181,10 +266,11 @@ def compare(
     """
     reference = next(r for r in rows if r.batch == 1)
     base = DecoderOnDevice(shapes[reference.model], device, Efficiency(1.0, 1.0))
-    context = args.isl + args.osl / 2
+    context = reference.isl + args.osl / 2
+    prefill = (reference.isl, 1, reference.ttft_s)
     fitted: Efficiency | None = None
     try:
-        fitted = calibrate(base, (1, context, reference.tpot_s), (args.isl, 1, reference.ttft_s))
+        fitted = calibrate(base, (1, context, reference.tpot_s), prefill)
         judged_on = f"calibrated on {reference.model} at batch 1"
     except PlanError as exc:
         judged_on = f"the catalog defaults (no calibration: {exc})"
@@ -193,7 +279,7 @@ def compare(
     other = replace(device, kind="gpu" if device.kind == "cpu" else "cpu")
     try:
         alt = DecoderOnDevice(shapes[reference.model], other, Efficiency(1.0, 1.0))
-        other_fit = calibrate(alt, (1, context, reference.tpot_s), (args.isl, 1, reference.ttft_s))
+        other_fit = calibrate(alt, (1, context, reference.tpot_s), prefill)
     except PlanError:
         other_fit = None
     out = []
@@ -248,6 +334,11 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.batches = sorted({1, *args.batches})  # batch 1 is the calibration point
+    clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
+    # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
+    # the core do not count (their traffic on the memory bus still does). A GPU run: the wall.
+    args.now = time.process_time if clock == "cpu" else time.perf_counter
+    args.clock = clock
     if args.device == "cuda" and not torch.cuda.is_available():
         print("plan_llm_check: --device cuda, but torch sees no GPU", file=sys.stderr)
         return 2
@@ -264,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             folder = MODELS[name].write_hf(Path(tmp) / name)
             shapes[name] = read_config(folder, name)  # the planner reads what the engine loads
             print(f"{shapes[name].summary()} (written in {time.perf_counter() - started:.0f} s)")
-            rows += measure_model(name, folder, args)
+            measure_one = measure_backend if args.engine == "backend" else measure_model
+            rows += measure_one(name, folder, args)
     fitted, judged_on, compared = compare(rows, shapes, device, args)
     result = {
         "format": "dlscale-plan-llm-check/1",
@@ -276,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "calibrated": asdict(fitted) if fitted else None,
         "judged_on": judged_on,
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "now")},
         "host": environment.host(),
         "load_average": list(environment_load()),
         "rows": compared,
@@ -309,6 +401,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=lambda s: s.split(","), default=["llama-small", "llama-mid"])
     batches = [1, 2, 4, 8, 16]
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=batches)
+    p.add_argument(
+        "--engine",
+        choices=["backend", "forward"],
+        default="backend",
+        help="dlscale's transformers backend (continuous batching), or the model's forward alone",
+    )
+    p.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        help="time by the process's CPU time (default on the CPU) or the wall (on a GPU)",
+    )
     p.add_argument("--isl", type=int, default=64)
     p.add_argument("--osl", type=int, default=16)
     p.add_argument("--reps", type=int, default=5)
