@@ -138,16 +138,33 @@ def measure_model(name: str, folder: Path, args: argparse.Namespace) -> list[Mea
     return rows
 
 
-def prompt_text(folder: Path, tokens: int, batch: int) -> list[str]:
-    """`batch` prompts of about `tokens` tokens each, cut from the zoo's seeded corpus."""
-    from transformers import AutoTokenizer
+class Prompts:
+    """Prompts of about ISL tokens cut one after another from the zoo's seeded corpus.
 
-    from dlscale.models.zoo.decoder_tokenizer import corpus
+    Never the same text twice: the engine's paged cache would reuse a prompt's prefix and skip
+    its prefill.
+    """
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    text = " ".join(corpus(2 * tokens * batch, 1))
-    ids = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
-    return [tokenizer.decode(ids[i * tokens : (i + 1) * tokens]) for i in range(batch)]
+    def __init__(self, folder: Path, tokens: int, count: int) -> None:
+        from transformers import AutoTokenizer
+
+        from dlscale.models.zoo.decoder_tokenizer import corpus
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        text = " ".join(corpus(2 * tokens * count, 1))
+        self.ids = self.tokenizer(text, add_special_tokens=False, verbose=False).input_ids
+        self.tokens, self.next = tokens, 0
+
+    def take(self, batch: int) -> list[str]:
+        """The next `batch` prompts."""
+        out = []
+        for _ in range(batch):
+            piece = self.ids[self.next : self.next + self.tokens]
+            if len(piece) < self.tokens:
+                raise RuntimeError("the corpus ran out of prompts")
+            out.append(self.tokenizer.decode(piece))
+            self.next += self.tokens
+        return out
 
 
 async def backend_run(
@@ -192,13 +209,13 @@ def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[M
     backend = create_backend("transformers", folder / "config.json", options)
     backend.load()
     try:
-        warm = prompt_text(folder, args.isl, 1)
+        prompts = Prompts(folder, args.isl, 1 + args.reps * sum(args.batches))
+        warm = prompts.take(1)
         asyncio.run(backend_run(backend, warm, args.osl, args.now))  # allocations, kernel choices
-        prompts = {b: prompt_text(folder, args.isl, b) for b in args.batches}
         runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in args.batches}
         for rep in range(args.reps):
             for batch in args.batches:
-                run = backend_run(backend, prompts[batch], args.osl, args.now)
+                run = backend_run(backend, prompts.take(batch), args.osl, args.now)
                 runs[batch].append(asyncio.run(run))
             print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
     finally:
@@ -264,14 +281,19 @@ def compare(
     Rows are judged on the calibrated plan; where no MBU/MFU fits the reference (a model so
     small that the host's per-step work dominates), on the catalog defaults, and it says why.
     """
-    reference = next(r for r in rows if r.batch == 1)
+    first = rows[0].model
+    reference = next(r for r in rows if r.model == first and r.batch == args.calibrate_batch)
+    alone = next(r for r in rows if r.model == first and r.batch == 1)
     base = DecoderOnDevice(shapes[reference.model], device, Efficiency(1.0, 1.0))
     context = reference.isl + args.osl / 2
-    prefill = (reference.isl, 1, reference.ttft_s)
+    decode = (reference.batch, context, reference.tpot_s)
+    prefill = (alone.isl, 1, alone.ttft_s)
     fitted: Efficiency | None = None
     try:
-        fitted = calibrate(base, (1, context, reference.tpot_s), prefill)
-        judged_on = f"calibrated on {reference.model} at batch 1"
+        fitted = calibrate(base, decode, prefill)
+        judged_on = (
+            f"calibrated on {first}'s decode at batch {reference.batch} and prefill of one prompt"
+        )
     except PlanError as exc:
         judged_on = f"the catalog defaults (no calibration: {exc})"
     # The step form not chosen for this device (max on a CPU, sum on a GPU), calibrated alike:
@@ -279,7 +301,7 @@ def compare(
     other = replace(device, kind="gpu" if device.kind == "cpu" else "cpu")
     try:
         alt = DecoderOnDevice(shapes[reference.model], other, Efficiency(1.0, 1.0))
-        other_fit = calibrate(alt, (1, context, reference.tpot_s), prefill)
+        other_fit = calibrate(alt, decode, prefill)
     except PlanError:
         other_fit = None
     out = []
@@ -298,7 +320,7 @@ def compare(
             {
                 **asdict(row),
                 "tokens_per_s": row.tokens_per_s,
-                "calibration_point": fitted is not None and row is reference,
+                "calibration_point": fitted is not None and row in (reference, alone),
                 "predicted": judged,
                 "predicted_default": default,
                 "error": errors,
@@ -333,7 +355,8 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    args.batches = sorted({1, *args.batches})  # batch 1 is the calibration point
+    # Batch 1 gives the prefill of one prompt; --calibrate-batch the reference decode step.
+    args.batches = sorted({1, args.calibrate_batch, *args.batches})
     clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
     # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
     # the core do not count (their traffic on the memory bus still does). A GPU run: the wall.
@@ -416,6 +439,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--osl", type=int, default=16)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="CPU: torch threads (and planned cores)")
+    p.add_argument(
+        "--calibrate-batch", type=int, default=1, help="the first model's decode batch to fit MBU"
+    )
     p.add_argument("--out", type=Path)
     return p
 
