@@ -285,15 +285,13 @@ def compare(
     reference = next(r for r in rows if r.model == first and r.batch == args.calibrate_batch)
     alone = next(r for r in rows if r.model == first and r.batch == 1)
     base = DecoderOnDevice(shapes[reference.model], device, Efficiency(1.0, 1.0))
-    context = reference.isl + args.osl / 2
-    decode = (reference.batch, context, reference.tpot_s)
+    decode = [(r.batch, r.isl + args.osl / 2, r.tpot_s) for r in dict.fromkeys([alone, reference])]
     prefill = (alone.isl, 1, alone.ttft_s)
     fitted: Efficiency | None = None
     try:
         fitted = calibrate(base, decode, prefill)
-        judged_on = (
-            f"calibrated on {first}'s decode at batch {reference.batch} and prefill of one prompt"
-        )
+        at = " and ".join(str(d[0]) for d in decode)
+        judged_on = f"calibrated on {first}: decode at batch {at}, prefill of one prompt"
     except PlanError as exc:
         judged_on = f"the catalog defaults (no calibration: {exc})"
     # The step form not chosen for this device (max on a CPU, sum on a GPU), calibrated alike:
@@ -355,7 +353,9 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # Batch 1 gives the prefill of one prompt; --calibrate-batch the reference decode step.
+    # Batch 1 gives the prefill of one prompt and a decode step; --calibrate-batch (the largest
+    # by default) a second decode step, which tells the host time per token apart.
+    args.calibrate_batch = args.calibrate_batch or max(args.batches)
     args.batches = sorted({1, args.calibrate_batch, *args.batches})
     clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
     # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
@@ -400,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.md").write_text(report(result) + "\n")
     print(f"\n{device.name}: predictions from {judged_on}")
     if fitted:
-        print(f"calibrated MBU {fitted.mbu:.3f}, MFU {fitted.mfu:.3f}")
+        host = fitted.host_s_per_token * 1e6
+        print(f"calibrated MBU {fitted.mbu:.3f}, MFU {fitted.mfu:.3f}, host {host:.0f} us/token")
     print(report(result))
     judged = [r for r in compared if not r["calibration_point"]]
     held = sum(r["within"] for r in judged)
@@ -440,7 +441,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="CPU: torch threads (and planned cores)")
     p.add_argument(
-        "--calibrate-batch", type=int, default=1, help="the first model's decode batch to fit MBU"
+        "--calibrate-batch",
+        type=int,
+        help="the first model's second decode batch to fit (default: the largest; 1: no host term)",
     )
     p.add_argument("--out", type=Path)
     return p

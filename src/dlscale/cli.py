@@ -249,6 +249,7 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s.add_argument("--mbu", type=float, help="generative: share of memory bandwidth (0.9)")
     s.add_argument("--mfu", type=float, help="generative: share of peak compute (0.8)")
     s.add_argument("--reserve", type=float, help="generative: memory share held back (0.1)")
+    s.add_argument("--host-us", type=float, help="generative: host work per output token, us (0)")
     s.set_defaults(func=LazyHandler("dlscale.plan.commands", "plan_serve"))
 
 

@@ -12,7 +12,10 @@ Continuous batching runs B sequences at once; docs/plan.md gives the steady-stat
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from dlscale.errors import PlanError
 from dlscale.hardware.spec import DeviceSpec
@@ -34,15 +37,20 @@ DEFAULT_MAX_BATCH = 256
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Model bandwidth utilisation (decode) and model FLOPs utilisation (prefill), in (0, 1]."""
+    """What an engine reaches: shares of peak bandwidth (MBU) and compute (MFU), in (0, 1],
+    and its host work per generated token (sampling, detokenizing, streaming; 0 by default,
+    the device alone)."""
 
     mbu: float = DEFAULT_MBU
     mfu: float = DEFAULT_MFU
+    host_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in (("MBU", self.mbu), ("MFU", self.mfu)):
             if not 0 < value <= 1:
                 raise PlanError(f"{name} must be in (0, 1], got {value}")
+        if not 0 <= self.host_s_per_token < 1:
+            raise PlanError(f"host time per token must be in [0, 1) s, got {self.host_s_per_token}")
 
 
 @dataclass(frozen=True)
@@ -114,11 +122,13 @@ class DecoderOnDevice:
 
     def decode_step_s(self, batch: int, context: float) -> float:
         """Seconds of one decode step for `batch` sequences whose contexts average `context`."""
-        return self._time(*self.decode_work(batch, context))
+        host = batch * self.efficiency.host_s_per_token
+        return self._time(*self.decode_work(batch, context)) + host
 
     def prefill_s(self, prompt: int, prompts: int = 1) -> float:
-        """Seconds to prefill `prompts` prompts of `prompt` tokens in one pass."""
-        return self._time(*self.prefill_work(prompt, prompts))
+        """Seconds to prefill `prompts` prompts of `prompt` tokens in one pass (first tokens)."""
+        host = prompts * self.efficiency.host_s_per_token
+        return self._time(*self.prefill_work(prompt, prompts)) + host
 
     def max_sequences(self, context: int) -> int:
         """Sequences of `context` tokens whose KV cache fits beside the weights (0: none)."""
@@ -129,45 +139,50 @@ class DecoderOnDevice:
 
 def calibrate(
     model: DecoderOnDevice,
-    decode: tuple[int, float, float],
+    decodes: Sequence[tuple[int, float, float]],
     prefill: tuple[int, int, float],
 ) -> Efficiency:
-    """The MBU and MFU that make `model`'s times equal two measured ones.
+    """The MBU, MFU and host time per token that make `model`'s times equal measured ones.
 
-    `decode` is (batch, mean context, seconds per step), `prefill` (prompt tokens, prompts,
-    seconds). Overlapped (a GPU): MBU from the decode step (memory-bound), MFU from the
-    prefill (compute-bound). Added (a CPU): both from the two equations
-    t = bytes / (bandwidth x MBU) + FLOPs / (peak x MFU).
+    `decodes` holds one or two (batch, mean context, seconds per step), `prefill` is (prompt
+    tokens, prompts, seconds). With one decode step the host time is taken as 0; with two (at
+    different batches) it is solved for too. Each time is bytes / bandwidth x (1 / MBU) +
+    FLOPs / peak x (1 / MFU) + tokens x host on a CPU; on a GPU the decode steps are taken as
+    memory-bound and the prefill as compute-bound (their other term dropped).
     """
     bandwidth = model.bandwidth / model.efficiency.mbu  # the device's peaks
     peak = model.compute / model.efficiency.mfu
-    bytes_d, flops_d = model.decode_work(decode[0], decode[1])
-    bytes_p, flops_p = model.prefill_work(prefill[0], prefill[1])
-    t_d, t_p = decode[2], prefill[2]
-    if model.overlapped:
-        mbu, mfu = bytes_d / (bandwidth * t_d), flops_p / (peak * t_p)
-    else:
-        # [m_d c_d; m_p c_p] [1/MBU; 1/MFU] = [t_d; t_p], m = bytes / bandwidth, c = FLOPs / peak
-        m_d, c_d, m_p, c_p = (
-            bytes_d / bandwidth,
-            flops_d / peak,
-            bytes_p / bandwidth,
-            flops_p / peak,
+    both = not model.overlapped
+    rows, times = [], []
+    for batch, context, seconds in decodes:
+        moved, flops = model.decode_work(batch, context)
+        rows.append([moved / bandwidth, flops / peak if both else 0.0, batch])
+        times.append(seconds)
+    moved, flops = model.prefill_work(prefill[0], prefill[1])
+    rows.append([moved / bandwidth if both else 0.0, flops / peak, prefill[1]])
+    times.append(prefill[2])
+    system = np.array(rows)
+    if len(decodes) == 1:
+        system = system[:, :2]  # no host term
+    try:
+        solved = np.linalg.solve(system, np.array(times))
+    except np.linalg.LinAlgError:
+        raise PlanError(
+            "the measured runs do not tell the terms apart (same batch twice?)"
+        ) from None
+    inv_mbu, inv_mfu, host = (*solved, 0.0)[:3]
+    if inv_mbu <= 0 or inv_mfu <= 0 or host < 0:
+        raise PlanError(
+            f"the measured times {times} fit no positive MBU, MFU and host time: "
+            "measure longer prompts or batches further apart"
         )
-        det = m_d * c_p - c_d * m_p
-        inv_mbu, inv_mfu = (t_d * c_p - c_d * t_p) / det, (m_d * t_p - t_d * m_p) / det
-        if inv_mbu <= 0 or inv_mfu <= 0:
-            raise PlanError(
-                f"the measured times ({t_d:.3g} s decode, {t_p:.3g} s prefill) fit no positive "
-                "MBU and MFU: measure a longer prompt"
-            )
-        mbu, mfu = 1 / inv_mbu, 1 / inv_mfu
+    mbu, mfu = 1 / inv_mbu, 1 / inv_mfu
     if mbu > 1 or mfu > 1:
         raise PlanError(
             f"calibrated MBU {mbu:.3g} / MFU {mfu:.3g} exceed 1: the device's peaks "
             f"({bandwidth / 1e9:.3g} GB/s, {peak / 1e9:.3g} GFLOP/s) understate it"
         )
-    return Efficiency(mbu, mfu)
+    return Efficiency(mbu, mfu, float(host))
 
 
 @dataclass(frozen=True)
@@ -245,7 +260,9 @@ def plan_device(
     """The largest batch meeting both bounds on one device, and the devices the rate needs."""
     fits = model.max_sequences(load.context)
     eff = model.efficiency
-    basis = f"MBU {eff.mbu:g}, MFU {eff.mfu:g}, {model.shape.precision}"
+    basis = f"MBU {eff.mbu:.3g}, MFU {eff.mfu:.3g}, {model.shape.precision}"
+    if eff.host_s_per_token:
+        basis += f", host {eff.host_s_per_token * 1e6:.3g} us/token"
     if model.device.source("bandwidth").startswith("measured"):
         basis += f"; {model.bandwidth / model.efficiency.mbu / 1e9:.3g} GB/s measured here"
     best: OperatingPoint | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,28 +107,33 @@ def test_mixture_of_experts_counts_active_and_touched_experts() -> None:
     assert many - one == pytest.approx(32 * (touched - 2) * expert + 255 * 4096 * 2)
 
 
-def test_calibrate_recovers_the_efficiencies_that_made_the_times() -> None:
-    cpu = load_catalog().get("CPU")
-    cpu = type(cpu)(**{**cpu.__dict__, "memory_bandwidth": 20e9})
+def test_calibrate_recovers_the_figures_that_made_the_times() -> None:
+    cpu = replace(load_catalog().get("CPU"), memory_bandwidth=20e9)
     shape = read_shape_of("llama-small")
     for device in (cpu, H100):
-        truth = DecoderOnDevice(shape, device, Efficiency(0.7, 0.4))
-        decode, prefill = (1, 80.0), (64, 1)
-        measured = calibrate(
-            DecoderOnDevice(shape, device, Efficiency(1.0, 1.0)),
-            (*decode, truth.decode_step_s(*decode)),
-            (*prefill, truth.prefill_s(*prefill)),
-        )
-        assert (measured.mbu, measured.mfu) == pytest.approx((0.7, 0.4), rel=1e-6)
-    # The CPU adds memory and compute time, a GPU takes the larger.
-    on_cpu = DecoderOnDevice(shape, cpu, Efficiency(1.0, 1.0))
+        for truth in (Efficiency(0.7, 0.4), Efficiency(0.7, 0.4, 800e-6)):
+            made = DecoderOnDevice(shape, device, truth)
+            decodes = [(1, 80.0), (16, 80.0)] if truth.host_s_per_token else [(1, 80.0)]
+            measured = calibrate(
+                DecoderOnDevice(shape, device, Efficiency(1.0, 1.0)),
+                [(*d, made.decode_step_s(*d)) for d in decodes],
+                (64, 1, made.prefill_s(64, 1)),
+            )
+            got = (measured.mbu, measured.mfu, measured.host_s_per_token)
+            assert got == pytest.approx((0.7, 0.4, truth.host_s_per_token), rel=1e-6, abs=1e-12)
+    # The CPU adds memory and compute time (and host time per token), a GPU takes the larger.
+    on_cpu = DecoderOnDevice(shape, cpu, Efficiency(1.0, 1.0, 1e-3))
     moved, flops = on_cpu.decode_work(4, 80.0)
-    assert on_cpu.decode_step_s(4, 80.0) == pytest.approx(moved / 20e9 + flops / cpu.dense["fp32"])
-    twice_as_fast = (1, 80.0, on_cpu.decode_step_s(1, 80.0) / 2), (64, 1, on_cpu.prefill_s(64) / 2)
+    alone = moved / 20e9 + flops / cpu.dense["fp32"]
+    assert on_cpu.decode_step_s(4, 80.0) == pytest.approx(alone + 4e-3)
+    ideal = replace(on_cpu, efficiency=Efficiency(1.0, 1.0))
+    fast = [(1, 80.0, ideal.decode_step_s(1, 80.0) / 2)], (64, 1, ideal.prefill_s(64) / 2)
     with pytest.raises(PlanError, match="MBU 2 / MFU 2 exceed 1"):
-        calibrate(on_cpu, *twice_as_fast)
-    with pytest.raises(PlanError, match="fit no positive MBU and MFU"):
-        calibrate(on_cpu, (1, 80.0, 1e-6), (64, 1, 1.0))
+        calibrate(ideal, *fast)
+    with pytest.raises(PlanError, match="fit no positive MBU"):
+        calibrate(ideal, [(1, 80.0, 1e-6)], (64, 1, 1.0))
+    with pytest.raises(PlanError, match="do not tell the terms apart"):
+        calibrate(ideal, [(4, 80.0, 0.01), (4, 80.0, 0.01)], (64, 1, 1.0))
 
 
 def read_shape_of(name: str) -> DecoderShape:
