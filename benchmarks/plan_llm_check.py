@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.harness.decoder_runs import (
+    Measured,
+    measure_backend,
+    measure_model,
+    torch_read_bandwidth,
+)
 from dlscale.bench import environment
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import match
@@ -39,7 +43,7 @@ from dlscale.hardware.cpu import cpu_spec, read_cpu
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.zoo.decoder import DECODERS, DecoderModel
 from dlscale.plan.host_memory import with_bandwidth
-from dlscale.plan.llm import read_config
+from dlscale.plan.llm import from_config, read_config
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency, calibrate
 
 #: The share a prediction may miss by (issue 25: "checked against measured runs within 20%").
@@ -60,191 +64,7 @@ LLAMA_MID = DecoderModel(
 MODELS = {**DECODERS, LLAMA_MID.name: LLAMA_MID}
 
 
-@dataclass
-class Measured:
-    """One model at one batch: seconds to the first token and per later token, fastest rep."""
-
-    model: str
-    batch: int
-    ttft_s: float
-    tpot_s: float
-    tpot_median_s: float
-    #: Prompt tokens per request (the backend's count of the text prompt; --isl for forward).
-    isl: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.batch / self.tpot_s
-
-
-def measure(model: Any, batch: int, args: argparse.Namespace, vocab: int) -> tuple[float, float]:
-    """(TTFT, TPOT) of one run: a prefill of `batch` prompts, then OSL - 1 decode steps."""
-    from transformers import DynamicCache
-
-    device = model.device
-    prompts = torch.randint(0, vocab, (batch, args.isl), generator=torch.Generator().manual_seed(0))
-    prompts = prompts.to(device)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    with torch.inference_mode():
-        try:
-            cache = DynamicCache(config=model.config)
-        except TypeError:  # transformers before 4.56 takes no config
-            cache = DynamicCache()
-        sync()
-        start = args.now()
-        out = model(prompts, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1:].argmax(-1)
-        sync()
-        first = args.now()
-        for _ in range(args.osl - 1):
-            out = model(token, past_key_values=out.past_key_values, use_cache=True)
-            token = out.logits[:, -1:].argmax(-1)
-        sync()
-        end = args.now()
-    return first - start, (end - first) / max(1, args.osl - 1)
-
-
-def measure_model(name: str, folder: Path, args: argparse.Namespace) -> list[Measured]:
-    """Every batch of one model, the fastest of --reps runs each (one warm-up run first)."""
-    from transformers import AutoModelForCausalLM
-
-    # The dtype the folder's config names, set explicitly: transformers 4.x loads FP32 unless
-    # told, 5.x the config's (the GPU image's transformers may be either).
-    dtype = getattr(torch, read_config(folder).dtype)
-    model = AutoModelForCausalLM.from_pretrained(folder).to(args.device, dtype).eval()
-    vocab = model.config.vocab_size
-    measure(model, 1, args, vocab)  # warm-up: allocations, kernel choices
-    # Repetitions go round the batches, so that a burst of other work spoils one run of several
-    # batches rather than every run of one.
-    runs: dict[int, list[tuple[float, float]]] = {b: [] for b in args.batches}
-    for rep in range(args.reps):
-        for batch in args.batches:
-            runs[batch].append(measure(model, batch, args, vocab))
-        print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
-    rows = []
-    for batch, done in runs.items():
-        tpots = [t for _, t in done]
-        row = Measured(
-            name, batch, min(f for f, _ in done), min(tpots), statistics.median(tpots), args.isl
-        )
-        rows.append(row)
-        took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
-        print(f"  {name} batch {batch}: {took} (TPOT median {row.tpot_median_s * 1e3:.2f} ms)")
-    del model
-    return rows
-
-
-class Prompts:
-    """Prompts of about ISL tokens cut one after another from the zoo's seeded corpus.
-
-    Never the same text twice: the engine's paged cache would reuse a prompt's prefix and skip
-    its prefill.
-    """
-
-    def __init__(self, folder: Path, tokens: int, count: int) -> None:
-        from transformers import AutoTokenizer
-
-        from dlscale.models.zoo.decoder_tokenizer import corpus
-
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        text = " ".join(corpus(2 * tokens * count, 1))
-        self.ids = self.tokenizer(text, add_special_tokens=False, verbose=False).input_ids
-        self.tokens, self.next = tokens, 0
-
-    def take(self, batch: int) -> list[str]:
-        """The next `batch` prompts."""
-        out = []
-        for _ in range(batch):
-            piece = self.ids[self.next : self.next + self.tokens]
-            if len(piece) < self.tokens:
-                raise RuntimeError("the corpus ran out of prompts")
-            out.append(self.tokenizer.decode(piece))
-            self.next += self.tokens
-        return out
-
-
-async def backend_run(
-    backend: Any, prompts: list[str], osl: int, now: Callable[[], float]
-) -> tuple[float, float, float]:
-    """(TTFT, TPOT, mean prompt tokens) of `prompts` streamed at once through the backend.
-
-    TTFT is the last request's first token (all B prompts prefilled), TPOT the mean over the
-    requests of (last token - first token) / (tokens - 1).
-    """
-    import asyncio
-
-    import numpy as np
-
-    params = {"max_tokens": osl, "ignore_eos": True, "temperature": 0.0}
-
-    async def one(index: int, prompt: str) -> tuple[float, float, int]:
-        inputs = {"text_input": np.array([prompt.encode()], dtype=object)}
-        times, count, prompt_tokens = [], 0, 0
-        async for part in backend.stream(str(index), inputs, params):
-            if "num_output_tokens" in part.outputs:
-                times.append(now())
-                count = int(part.outputs["num_output_tokens"][0])
-                prompt_tokens = int(part.outputs["num_input_tokens"][0])
-        return times[0] - start, (times[-1] - times[0]) / max(1, count - 1), prompt_tokens
-
-    start = now()
-    done = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    ttft = max(d[0] for d in done)
-    return ttft, statistics.mean(d[1] for d in done), statistics.mean(d[2] for d in done)
-
-
-def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[Measured]:
-    """Every batch through dlscale's transformers backend, B requests at once, round-robin."""
-    import asyncio
-
-    from dlscale.backends import BackendOptions, create_backend
-
-    device = "cuda:0" if args.device == "cuda" else "cpu"
-    threads = args.threads if args.device == "cpu" else 0
-    options = BackendOptions(device=device, intra_op_threads=threads)
-    backend = create_backend("transformers", folder / "config.json", options)
-    backend.load()
-    try:
-        prompts = Prompts(folder, args.isl, 1 + args.reps * sum(args.batches))
-        warm = prompts.take(1)
-        asyncio.run(backend_run(backend, warm, args.osl, args.now))  # allocations, kernel choices
-        runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in args.batches}
-        for rep in range(args.reps):
-            for batch in args.batches:
-                run = backend_run(backend, prompts.take(batch), args.osl, args.now)
-                runs[batch].append(asyncio.run(run))
-            print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
-    finally:
-        backend.unload()
-    rows = []
-    for batch, done in runs.items():
-        tpots = [t for _, t, _ in done]
-        row = Measured(
-            name, batch, min(f for f, _, _ in done), min(tpots), statistics.median(tpots)
-        )
-        row.isl = round(statistics.mean(n for _, _, n in done))
-        rows.append(row)
-        took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
-        print(f"  {name} batch {batch}: {took} (prompts of {row.isl} tokens)", flush=True)
-    return rows
-
-
-def torch_read_bandwidth(now: Callable[[], float], runs: int = 10) -> float:
-    """Bytes/s of torch summing 256 MiB on its threads: the reads the engine makes."""
-    data = torch.ones(64 << 20, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(runs):
-        start = now()
-        data.sum()
-        best = min(best, now() - start)
-    return data.numel() * 4 / best
-
-
-def plan_device(args: argparse.Namespace) -> DeviceSpec:
+def plan_device(args: argparse.Namespace, bandwidth: float | None = None) -> DeviceSpec:
     """The device the plan predicts for: this GPU's catalog entry, or the CPU at --threads."""
     if args.device == "cuda":
         # torch's name of the GPU matched as NVML's is (the catalog's patterns; no NVML needed).
@@ -256,7 +76,8 @@ def plan_device(args: argparse.Namespace) -> DeviceSpec:
     info = read_cpu()
     cores = min(args.threads, info.physical_cores)
     spec = cpu_spec(replace(info, physical_cores=cores))
-    bandwidth = torch_read_bandwidth(args.now)
+    if bandwidth is None:
+        bandwidth = torch_read_bandwidth(args.now)
     spec = with_bandwidth(spec, bandwidth)
     how = (
         f"measured: torch sum over 256 MiB on {args.threads} thread(s), best of 10 by {args.clock}"
@@ -282,10 +103,12 @@ def compare(
     small that the host's per-step work dominates), on the catalog defaults, and it says why.
     """
     first = rows[0].model
-    reference = next(r for r in rows if r.model == first and r.batch == args.calibrate_batch)
+    own = [r for r in rows if r.model == first]
+    reference = next((r for r in own if r.batch == args.calibrate_batch), own[-1])
     alone = next(r for r in rows if r.model == first and r.batch == 1)
     base = DecoderOnDevice(shapes[reference.model], device, Efficiency(1.0, 1.0))
-    decode = [(r.batch, r.isl + args.osl / 2, r.tpot_s) for r in dict.fromkeys([alone, reference])]
+    steps = [alone] if reference is alone else [alone, reference]
+    decode = [(r.batch, r.isl + args.osl / 2, r.tpot_s) for r in steps]
     prefill = (alone.isl, 1, alone.ttft_s)
     fitted: Efficiency | None = None
     try:
@@ -355,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Batch 1 gives the prefill of one prompt and a decode step; --calibrate-batch (the largest
     # by default) a second decode step, which tells the host time per token apart.
-    args.calibrate_batch = args.calibrate_batch or max(args.batches)
-    args.batches = sorted({1, args.calibrate_batch, *args.batches})
+    if args.source is None:
+        args.calibrate_batch = args.calibrate_batch or max(args.batches)
+    args.batches = sorted({1, args.calibrate_batch or 1, *args.batches})
     clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
     # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
     # the core do not count (their traffic on the memory bus still does). A GPU run: the wall.
@@ -369,17 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = args.out or environment_folder()
     out.mkdir(parents=True, exist_ok=True)
-    device = plan_device(args)
-    rows: list[Measured] = []
-    shapes = {}
-    with tempfile.TemporaryDirectory(prefix="plan-llm-") as tmp:
-        for name in args.models:
-            started = time.perf_counter()
-            folder = MODELS[name].write_hf(Path(tmp) / name)
-            shapes[name] = read_config(folder, name)  # the planner reads what the engine loads
-            print(f"{shapes[name].summary()} (written in {time.perf_counter() - started:.0f} s)")
-            measure_one = measure_backend if args.engine == "backend" else measure_model
-            rows += measure_one(name, folder, args)
+    if args.source is not None:  # predict again from an earlier run's measurements
+        kept = json.loads(args.source.read_text())
+        rows = [Measured(**r) for r in kept["rows"]]
+        configs = kept["configs"]
+        device = plan_device(args, kept["bandwidth"])
+    else:
+        device = plan_device(args)
+        rows, configs = measure_all(args)
+        kept = {"rows": [asdict(r) for r in rows], "configs": configs}
+        kept["bandwidth"] = device.memory_bandwidth
+        (out / "measured.json").write_text(json.dumps(kept, indent=1))
+    shapes = {name: from_config(raw, name) for name, raw in configs.items()}
     fitted, judged_on, compared = compare(rows, shapes, device, args)
     result = {
         "format": "dlscale-plan-llm-check/1",
@@ -407,6 +232,22 @@ def main(argv: list[str] | None = None) -> int:
     held = sum(r["within"] for r in judged)
     print(f"\n{held} of {len(judged)} predictions within {TOLERANCE:.0%}; results in {out}/")
     return 0
+
+
+def measure_all(args: argparse.Namespace) -> tuple[list[Measured], dict[str, Any]]:
+    """Every model written, loaded and measured; the rows and each model's config.json."""
+    rows: list[Measured] = []
+    configs = {}
+    with tempfile.TemporaryDirectory(prefix="plan-llm-") as tmp:
+        for name in args.models:
+            started = time.perf_counter()
+            folder = MODELS[name].write_hf(Path(tmp) / name)
+            configs[name] = json.loads((folder / "config.json").read_text())
+            shape = read_config(folder, name)  # the planner reads what the engine loads
+            print(f"{shape.summary()} (written in {time.perf_counter() - started:.0f} s)")
+            measure_one = measure_backend if args.engine == "backend" else measure_model
+            rows += measure_one(name, folder, args)
+    return rows, configs
 
 
 def environment_folder() -> Path:
@@ -445,6 +286,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="the first model's second decode batch to fit (default: the largest; 1: no host term)",
     )
+    p.add_argument("--from", dest="source", type=Path, help="an earlier run's measured.json")
     p.add_argument("--out", type=Path)
     return p
 

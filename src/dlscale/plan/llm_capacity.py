@@ -173,7 +173,8 @@ def calibrate(
     inv_mbu, inv_mfu, host = (*solved, 0.0)[:3]
     if inv_mbu <= 0 or inv_mfu <= 0 or host < 0:
         raise PlanError(
-            f"the measured times {times} fit no positive MBU, MFU and host time: "
+            f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive MBU, MFU and "
+            "host time: "
             "measure longer prompts or batches further apart"
         )
     mbu, mfu = 1 / inv_mbu, 1 / inv_mfu
