@@ -1,22 +1,22 @@
 """Continuous batching against static batching: the transformers backend and a `generate` loop.
 
-    python -m benchmarks.llm_transformers [--model llama-small] [--requests 24] [--concurrency 8]
-        [--repeats 3] [--threads 1] [--max-output 128]
+    python -m benchmarks.llm_transformers [--model llama-small] [--requests 24]
+        [--concurrency 4,8,16] [--repeats 3] [--threads 1] [--max-output 128]
 
 The zoo's decoder (built into --dir on first use), FP32 on the CPU, greedy, the same seeded
 prompts (32 to 128 tokens) and output lengths (log-uniform from --min-output to --max-output,
 reached exactly: ignore_eos) on both sides, alternating in each repetition:
 
-- static: transformers' own `generate` over batches of --concurrency requests in order, padded
+- static: transformers' own `generate` over batches of C requests in order, padded
   on the left, each batch run until its longest output ends (what a server without continuous
   batching does); the steps are timed by a logits processor, which `generate` calls once a step;
 - continuous: the transformers backend behind the serving core's stream path (DataPlane.stream:
-  validation, seats, token metrics; no network), --concurrency requests in flight, a new one as
-  each ends.
+  validation, seats, token metrics; no network), C requests in flight, a new one as
+  each ends;
 
-All requests arrive at the start (MLPerf's Offline scenario). Reported: output tokens/s (each
-request's own tokens over the wall time), TPOT p99 and TTFT p50 over the requests, medians over
-the repetitions, and the ratio of tokens/s.
+for each C of --concurrency. All requests arrive at the start (MLPerf's Offline scenario).
+Reported: output tokens/s (each request's own tokens over the wall time), TPOT p50 and p99 and
+TTFT p50 over the requests, medians over the repetitions, and the ratio of tokens/s.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ import math
 import random
 import statistics
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tomli_w
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 
@@ -44,6 +46,7 @@ from dlscale.serving.manager import ModelManager
 from dlscale.types import InferenceRequest
 
 Request = tuple[str, int]  # (prompt, output tokens)
+STATIC, CONTINUOUS = "static generate", "transformers backend"
 
 
 def workload(tokenizer: Any, count: int, low: int, high: int, seed: int = 0) -> list[Request]:
@@ -97,7 +100,7 @@ def run_static(folder: Path, requests: list[Request], batch: int) -> dict[str, A
             ttft.append(clock.times[0] - start)
             if n > 1:
                 tpot.append((clock.times[n - 1] - clock.times[0]) / (n - 1))
-    return _summary("static generate", tokens, time.perf_counter() - start, ttft, tpot)
+    return _summary(STATIC, tokens, time.perf_counter() - start, ttft, tpot)
 
 
 async def run_continuous(repo: Path, name: str, requests: list[Request], inflight: int) -> Any:
@@ -134,7 +137,7 @@ async def run_continuous(repo: Path, name: str, requests: list[Request], infligh
     await manager.close()
     if sum(counted) != sum(n for _, n in requests):
         raise RuntimeError(f"the engine made {sum(counted)} tokens, not the workload's")
-    return _summary("transformers backend (continuous)", sum(counted), elapsed, ttft, tpot)
+    return _summary(CONTINUOUS, sum(counted), elapsed, ttft, tpot)
 
 
 def _summary(
@@ -151,12 +154,19 @@ def _summary(
     }
 
 
+def use_threads(config: Path, threads: int) -> None:
+    """The engine computes with as many threads as `generate` does (intra_op_threads)."""
+    settings = tomllib.loads(config.read_text())
+    settings.setdefault("backend_options", {})["intra_op_threads"] = threads
+    config.write_text(tomli_w.dumps(settings))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama-small")
     parser.add_argument("--dir", type=Path, default=Path(".dlscale/llm-bench"))
     parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", default="4,8,16", help="comma-separated C values")
     parser.add_argument("--min-output", type=int, default=8)
     parser.add_argument("--max-output", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -168,6 +178,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if not (args.dir / args.model / "config.toml").exists():
         build_zoo(args.dir, [args.model])
+    use_threads(args.dir / args.model / "config.toml", args.threads)
     folder = args.dir / args.model / "1"
     requests = workload(
         AutoTokenizer.from_pretrained(folder), args.requests, args.min_output, args.max_output
@@ -175,37 +186,66 @@ def main() -> None:
     print(f"{args.model}: {len(requests)} requests, {sum(n for _, n in requests)} output tokens")
     rows: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
-        for row in (
-            run_static(folder, requests, args.concurrency),
-            asyncio.run(run_continuous(args.dir, args.model, requests, args.concurrency)),
-        ):
-            rows.append({"repeat": repeat, **row})
-            print(json.dumps(rows[-1]), flush=True)
-    report(rows, args)
+        for c in [int(v) for v in args.concurrency.split(",")]:
+            for row in (
+                run_static(folder, requests, c),
+                asyncio.run(run_continuous(args.dir, args.model, requests, c)),
+            ):
+                rows.append({"repeat": repeat, "concurrency": c, **row})
+                print(json.dumps(rows[-1]), flush=True)
+    report(rows, args, requests)
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """Medians per side, the ratio, and the machine, as a markdown table."""
-    sides = list(dict.fromkeys(r["side"] for r in rows))
+def padding_bound(requests: list[Request], batch: int) -> float:
+    """Decode slots static batching computes per token a request wants: each batch runs every
+    row to its longest output. Where a step's cost grows with its rows (a CPU, compute-bound),
+    this bounds what continuous batching can gain; where decoding is bound by memory
+    bandwidth (a GPU), extra rows cost little and the gain comes from running more at once."""
+    computed = sum(
+        len(group) * max(n for _, n in group)
+        for group in (requests[i : i + batch] for i in range(0, len(requests), batch))
+    )
+    return computed / sum(n for _, n in requests)
+
+
+def paired(rows: list[dict[str, Any]], c: int, side: str) -> float:
+    """The median over repetitions of tokens/s against static's in the same repetition: the
+    two sides of one repetition run back to back, so a busy spell of a shared machine
+    touches both."""
+    mine = {
+        r["repeat"]: r["tokens_per_s"] for r in rows if (r["concurrency"], r["side"]) == (c, side)
+    }
+    static = {
+        r["repeat"]: r["tokens_per_s"] for r in rows if (r["concurrency"], r["side"]) == (c, STATIC)
+    }
+    return statistics.median(mine[k] / static[k] for k in mine)
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, requests: list[Request]) -> None:
+    """Medians per side and concurrency, the ratios, and the machine, as a markdown table."""
     keys = ("tokens_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms")
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["concurrency"], row["side"]), []).append(row)
     medians = {
-        s: {k: statistics.median(r[k] for r in rows if r["side"] == s) for k in keys} for s in sides
+        group: {k: statistics.median(r[k] for r in runs) for k in keys}
+        for group, runs in groups.items()
     }
     print(
-        f"\n{args.model}, {args.requests} requests, concurrency {args.concurrency}, "
-        f"outputs {args.min_output}-{args.max_output}, {args.threads} threads, "
-        f"medians of {args.repeats}:\n"
+        f"\n{args.model}, {args.requests} requests, outputs {args.min_output}-"
+        f"{args.max_output} tokens, {args.threads} thread(s), medians of {args.repeats}:\n"
     )
-    print("| side | output tokens/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms |")
-    print("|---|---:|---:|---:|---:|")
-    for side in sides:
-        m = medians[side]
+    print(
+        "| C | side | output tokens/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms "
+        "| x static (paired) | padding bound |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for (c, side), m in sorted(medians.items()):
         print(
-            f"| {side} | {m['tokens_per_s']:.1f} | {m['tpot_p50_ms']:.2f} | "
-            f"{m['tpot_p99_ms']:.2f} | {m['ttft_p50_ms']:.0f} |"
+            f"| {c} | {side} | {m['tokens_per_s']:.1f} | {m['tpot_p50_ms']:.1f} | "
+            f"{m['tpot_p99_ms']:.1f} | {m['ttft_p50_ms']:.0f} | {paired(rows, c, side):.2f} "
+            f"| {padding_bound(requests, c):.2f} |"
         )
-    static, continuous = (medians[s]["tokens_per_s"] for s in sides)
-    print(f"\ncontinuous / static tokens/s: {continuous / static:.2f}x (target 3x)")
     print(json.dumps(machine()))
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "machine": machine()}, indent=1))

@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks.gpu_check.stages import STAGES, Context, Figure, Stage
 
-#: The GPU stages' budgets, summed: with the wheels' install, under nine minutes on an H100.
+#: The GPU stages' budgets, summed (570 s): with the wheels' install, under ten minutes on an H100.
 BUDGET_S = sum(s.budget("cuda") for s in STAGES)
 
 

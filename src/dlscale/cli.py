@@ -98,6 +98,15 @@ def _add_core_verbs(sub: SubParsers) -> None:
     build.add_argument("--models", default="", help="comma-separated names (default: all)")
     build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
     build.set_defaults(func=LazyHandler("dlscale.models.commands", "zoo_build"))
+    listing = zoo.add_parser("list", help="every zoo model: task, tensors, size when built")
+    listing.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
+    listing.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_list"))
+    images = zoo.add_parser("images", help="write the synthetic JPEG set to a folder")
+    images.add_argument("--out", type=Path, required=True, help="folder to write the JPEGs to")
+    images.add_argument("--count", type=int, default=100, help="how many images")
+    images.add_argument("--seed", type=int, default=0, help="the set's seed")
+    images.add_argument("--size", default="500x375", help="WIDTHxHEIGHT in pixels")
+    images.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_images"))
 
     models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
         dest="models_verb", metavar="MODELS_VERB", required=True
@@ -298,7 +307,12 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accuracy", action="store_true", help="also run accuracy mode; check every answer"
     )
-    p.add_argument("--data", type=_path, help="samples: FILE.npy (one input) or FILE.npz (by name)")
+    p.add_argument(
+        "--data",
+        type=_path,
+        help="samples: FILE.npy (one input), FILE.npz (by name), or a folder of files (one BYTES "
+        "element each: JPEGs, texts)",
+    )
     p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
     p.add_argument("--out", type=_path, help="report folder (default: bench-results/MODEL-DATE)")
     p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")

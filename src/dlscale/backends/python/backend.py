@@ -8,24 +8,38 @@ and "thread" for dlscale's own API. docs/backends.md describes both APIs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from dlscale.backends.base import BackendOptions, Capabilities, RequestResult
+from dlscale.backends.base import BackendOptions, Capabilities, RequestResult, StreamPart
+from dlscale.backends.generative.contract import (
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, api_of, log_failure
+from dlscale.backends.python.native import NativeRunner
 from dlscale.backends.python.runner import Runner, make_runner
+from dlscale.backends.python.streaming import Channel, relay, streams
+from dlscale.backends.python.triton import TritonRunner
 from dlscale.errors import ConfigError, DlscaleError
-from dlscale.types import TensorSpec
+from dlscale.types import Parameter, TensorSpec
 
 #: The file a version folder holds for this backend.
 MODEL_FILE = "model.py"
 ISOLATIONS = ("thread", "process")
 #: The [backend_options] keys this backend reads itself; the others reach the user's code.
-OWN_KEYS = ("isolation", "parameters")
+OWN_KEYS = ("isolation", "parameters", "decoupled", "max_num_seqs")
+#: The config.pbtxt parameter that sets `isolation` (models/triton_config.py reads it).
+ISOLATION_PARAMETER = "DLSCALE_ISOLATION"
+#: The tensors that make a decoupled model generative (backends/generative/contract.py).
+GENERATIVE = frozenset({TEXT_INPUT, TEXT_OUTPUT, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS})
 
 
 class PythonBackend:
@@ -35,8 +49,11 @@ class PythonBackend:
         self.path = path
         self.options = options
         self.api: Api = api_of(path)
-        self.isolation = _isolation(path, options.extra, self.api)
+        #: Whether it answers with streams (decoupled): then it runs in the server process.
+        self.decoupled = streams(path, self.api, options.extra)
+        self.isolation = _isolation(path, options.extra, self.api, self.decoupled)
         self._runner: Runner | None = None
+        self._streams: ThreadPoolExecutor | None = None  # user code of streams runs here
 
     def load(self) -> None:
         """Import model.py and load its model, here or in a worker process."""
@@ -52,6 +69,7 @@ class PythonBackend:
             options.max_batch_size,
             (options.inputs, options.outputs),
             _parameters(options.extra),
+            self.decoupled,
         )
         pb.bind_caller(options.caller)  # BLS from initialize or load, in this thread
         try:
@@ -61,6 +79,8 @@ class PythonBackend:
                 self._runner = WorkerRunner(model, self.api, options.caller)
             else:
                 self._runner = make_runner(model, self.api)
+                if self.decoupled:  # one execute at a time, as a Triton stub process runs it
+                    self._streams = ThreadPoolExecutor(1, thread_name_prefix=f"{model.name}-stream")
         except UserCodeError as exc:
             if self.isolation == "thread":  # a worker's failures are logged as they arrive
                 log_failure(exc)
@@ -68,8 +88,17 @@ class PythonBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Calls other models (BLS); Triton models take a batch request by request."""
-        return Capabilities(calls_models=True, takes_requests=self.api == "triton")
+        """Calls other models (BLS); Triton models take a batch request by request; a decoupled
+        model streams, and one with the generative signature (text_input to text_output and
+        the token counts, backends/generative/contract.py) is served as a generative model."""
+        names = {s.name for s in (*self.options.inputs, *self.options.outputs)}
+        generative = self.decoupled and names >= GENERATIVE
+        return Capabilities(
+            calls_models=True,
+            takes_requests=self.api == "triton",
+            streams_answers=self.decoupled,
+            generates_text=generative,
+        )
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -98,19 +127,49 @@ class PythonBackend:
                 log_failure(exc)
             raise
 
+    def stream(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> AsyncIterator[StreamPart]:
+        """One request's responses, as the user's code sends them from its thread."""
+        runner, executor = self._runner, self._streams
+        if runner is None or executor is None:
+            raise ConfigError(f"{self.path}: the model is not loaded, or does not stream")
+        caller = self.options.caller
+
+        def run(channel: Channel) -> None:
+            pb.bind_caller(caller)  # BLS from this thread
+            try:
+                if isinstance(runner, TritonRunner):
+                    runner.stream(inputs, parameters, request_id, channel)
+                else:
+                    cast(NativeRunner, runner).stream(inputs, parameters, channel)
+            except UserCodeError as exc:
+                log_failure(exc)
+                raise
+
+        return relay(executor, run)
+
     def unload(self) -> None:
         """Call the model's unload (finalize) and stop its worker."""
         runner, self._runner = self._runner, None
         if runner is not None:
             runner.close()
+        if self._streams is not None:
+            self._streams.shutdown(wait=False, cancel_futures=True)
 
 
-def _isolation(path: Path, extra: Mapping[str, Any], api: Api) -> str:
-    value = extra.get("isolation", "process" if api == "triton" else "thread")
+def _isolation(path: Path, extra: Mapping[str, Any], api: Api, decoupled: bool) -> str:
+    value = extra.get("isolation", "process" if api == "triton" and not decoupled else "thread")
     if value not in ISOLATIONS:
         raise ConfigError(
             f"{path}: field 'backend_options.isolation': expected one of {list(ISOLATIONS)}, "
             f"got {value!r}"
+        )
+    if decoupled and value == "process":
+        raise ConfigError(
+            f"{path}: a model that streams its answers (decoupled) runs in the server process: "
+            "isolation 'process' is not offered for it; set isolation = \"thread\" (config.toml "
+            f"[backend_options]) or the config.pbtxt parameter {ISOLATION_PARAMETER}"
         )
     return str(value)
 

@@ -46,6 +46,8 @@ class UserModel:
     outputs: tuple[TensorSpec, ...]
     #: [backend_options] beyond the backend's own keys (native), or Triton's `parameters`.
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: Whether it answers with streams (backends/python/streaming.py).
+    decoupled: bool = False
 
     @classmethod
     def at(
@@ -55,13 +57,14 @@ class UserModel:
         max_batch_size: int,
         tensors: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
         parameters: dict[str, Any],
+        decoupled: bool = False,
     ) -> UserModel:
         """The model whose model.py is at `path`: REPO/<name>/<version>/model.py."""
         folder = path.parent
         versioned = folder.name.isdigit()
         name = folder.parent.name if versioned else folder.name
         version = int(folder.name) if versioned else 1
-        return cls(path, name, version, device, max_batch_size, *tensors, parameters)
+        return cls(path, name, version, device, max_batch_size, *tensors, parameters, decoupled)
 
     @property
     def repository(self) -> Path:

@@ -6,6 +6,7 @@ arrays (batch first when max_batch_size > 0) and returns the outputs by name.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.backends.base import RequestResult
+from dlscale.backends.base import RequestResult, StreamPart
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
+from dlscale.backends.python.streaming import Channel
 from dlscale.backends.python.triton_python_backend_utils import current_caller
 from dlscale.errors import DlscaleError, Unavailable
 from dlscale.types import InferenceRequest, TensorSpec
@@ -81,9 +83,35 @@ class NativeRunner:
             raise  # the user chose the error (InvalidInput: a 400 for the batch)
         except Exception as exc:
             raise failure(self.model, "infer", exc) from None
+        return self._arrays("infer returned", outputs)
+
+    def stream(
+        self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any], channel: Channel
+    ) -> None:
+        """`stream(inputs)` (or `stream(inputs, parameters)`: the request's parameters): each
+        dict it yields is one response, then the final flag; closed at its next yield once the
+        client left."""
+        try:
+            method = self._user.stream
+            takes = len(inspect.signature(method).parameters)
+            generator = (
+                method(dict(inputs), dict(parameters)) if takes > 1 else method(dict(inputs))
+            )
+            for outputs in generator:
+                if channel.cancelled.is_set():
+                    generator.close()
+                    return
+                channel.send(StreamPart(self._arrays("stream yielded", outputs)))
+        except DlscaleError:
+            raise  # the user chose the error; it ends the stream
+        except Exception as exc:
+            raise failure(self.model, "stream", exc) from None
+        channel.send(StreamPart({}, final=True))
+
+    def _arrays(self, what: str, outputs: Any) -> dict[str, np.ndarray]:
         if not isinstance(outputs, Mapping):
             raise UserCodeError(
-                f"model {self.model.name!r}: infer returned {type(outputs).__name__}; "
+                f"model {self.model.name!r}: {what} {type(outputs).__name__}; "
                 "expected a dict of numpy arrays by output name"
             )
         return {str(k): np.asarray(v) for k, v in outputs.items()}

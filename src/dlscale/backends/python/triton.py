@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.backends.base import RequestResult
+from dlscale.backends.base import RequestResult, StreamPart
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
+from dlscale.backends.python.streaming import Channel
 from dlscale.errors import BackendError, DlscaleError, InvalidInput, NotFound, Unavailable
-from dlscale.types import TensorSpec
+from dlscale.types import Parameters, TensorSpec
 
 log = logging.getLogger("dlscale.python")
 
@@ -47,6 +48,7 @@ def model_config(model: UserModel) -> dict[str, Any]:
         "input": [tensor(s) for s in model.inputs],
         "output": [tensor(s) for s in model.outputs],
         "parameters": {k: {"string_value": str(v)} for k, v in model.parameters.items()},
+        "model_transaction_policy": {"decoupled": model.decoupled},
     }
 
 
@@ -117,6 +119,34 @@ class TritonRunner:
             return BackendError(f"model {name!r}: execute's answer {index} lacks outputs {missing}")
         return outputs
 
+    def stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any],
+        ident: str,
+        channel: Channel,
+    ) -> None:
+        """`execute` on one decoupled request, whose sender passes each response to `channel`."""
+        request = pb.InferenceRequest(
+            model_name=self.model.name,
+            requested_output_names=self._outputs,
+            inputs=[pb.Tensor(n, a) for n, a in inputs.items()],
+            request_id=ident,
+            parameters=dict(parameters),
+        )
+        request.attach(
+            pb.InferenceResponseSender(_Deliver(self.model.name, channel)), channel.cancelled.is_set
+        )
+        try:
+            returned = _await(self._user.execute([request]))
+        except Exception as exc:
+            raise failure(self.model, "execute", exc) from None
+        if returned is not None:
+            raise UserCodeError(
+                f"model {self.model.name!r} is decoupled: execute must return None and answer "
+                "through request.get_response_sender()"
+            )
+
     def close(self) -> None:
         """Call `finalize`, if the model has one; a failure is logged, not raised."""
         finalize = getattr(self._user, "finalize", None)
@@ -125,6 +155,38 @@ class TritonRunner:
                 _await(finalize())
             except Exception:
                 log.exception("model %r: finalize raised", self.model.name)
+
+
+class _Deliver:
+    """A decoupled request's responses as stream parts; a response's error ends its stream."""
+
+    def __init__(self, model: str, channel: Channel) -> None:
+        self.model = model
+        self.channel = channel
+
+    def __call__(self, response: pb.InferenceResponse | None, flags: int) -> None:
+        final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None:
+            if final and not self.channel.ended:  # FINAL after an error: the stream ended
+                self.channel.send(StreamPart({}, final=True))
+            return
+        error = response.error()
+        if error is not None:
+            self.channel.send(_ERRORS.get(error.code(), BackendError)(error.message()))
+            return
+        outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        self.channel.send(StreamPart(outputs, _parameters(response.parameters()), final))
+
+
+def _parameters(text: str) -> Parameters:
+    """A response's parameters (pb_utils keeps them as JSON): the protocol's kinds only."""
+    try:
+        values = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(values, dict):
+        return {}
+    return {str(k): v for k, v in values.items() if isinstance(v, bool | int | float | str)}
 
 
 def _await(value: Any) -> Any:

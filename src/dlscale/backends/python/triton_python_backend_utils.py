@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,23 @@ class InferenceResponse:
         return p if isinstance(p, str) else json.dumps(p)
 
 
+class InferenceResponseSender:
+    """Sends a decoupled request's responses: any number, then the FINAL flag (Triton's
+    `request.get_response_sender()`); usable from any thread, also after `execute` returned."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, int], None]) -> None:
+        self._deliver = deliver
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send `response` (None: the flag alone); `flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`
+        ends the request's stream."""
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send: expected an InferenceResponse or None, got {type(response).__name__}"
+            )
+        self._deliver(response, flags)
+
+
 class InferenceRequest:
     """A request: handed to `execute`, or built by user code to call another model (BLS)."""
 
@@ -160,6 +177,8 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = json.loads(parameters) if isinstance(parameters, str) else parameters
         del preferred_memory  # answers are host arrays here
+        self._sender: InferenceResponseSender | None = None
+        self._cancelled: Callable[[], bool] = lambda: False
 
     def inputs(self) -> list[Tensor]:
         """The input tensors."""
@@ -194,14 +213,22 @@ class InferenceRequest:
         return json.dumps(dict(self._parameters or {}))
 
     def is_cancelled(self) -> bool:
-        """Always False: dlscale cancels no request while `execute` holds it."""
-        return False
+        """Whether the client left or cancelled (decoupled requests; others: never)."""
+        return self._cancelled()
 
-    def get_response_sender(self) -> Any:
-        """Decoupled (streamed) answers are not supported by dlscale's python backend yet."""
-        raise TritonModelException(
-            "get_response_sender: decoupled Python models are not supported by dlscale yet"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender of this request's responses (decoupled models: execute returns None)."""
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender: this model is not decoupled (set model_transaction_policy "
+                "{ decoupled: true } in its config.pbtxt)"
+            )
+        return self._sender
+
+    def attach(self, sender: InferenceResponseSender, cancelled: Callable[[], bool]) -> None:
+        """dlscale's: bind the sender and the cancellation flag of a decoupled request."""
+        self._sender = sender
+        self._cancelled = cancelled
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Call the model named in this request on the same server and wait for its answer."""
@@ -281,7 +308,7 @@ def triton_string_to_numpy(triton_type: str) -> Any:
 
 
 def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
-    """Whether the config asks for decoupled answers (never, for models dlscale serves)."""
+    """Whether the config asks for decoupled answers."""
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 

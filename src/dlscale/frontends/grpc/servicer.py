@@ -16,8 +16,9 @@ from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.plane import Plane
+from dlscale.frontends.plane import Plane, answer
 from dlscale.serving.observe.logs import access, log_failure
+from dlscale.serving.streams import aclose
 from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
@@ -28,6 +29,10 @@ _T = TypeVar("_T")
 #: Requests carrying more than this (bytes, or elements declared) are decoded off the loop.
 OFF_LOOP_BYTES = 256 * 2**10
 _Handler = Callable[["InferenceServicer", Any, Any], Awaitable[_T]]
+#: Triton's response parameter on each ModelStreamInfer response: whether it is the last.
+FINAL = "triton_final_response"
+#: The request parameter that asks for a final response even when it carries no outputs.
+EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 def _status(exc: DlscaleError) -> grpc.StatusCode:
@@ -117,22 +122,22 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
-        """Answer each request of the stream as it completes; errors travel in-stream."""
+        """Answer each request of the stream as it completes: 0..N responses for a model that
+        streams (Triton's decoupled models), one for any other; errors travel in-stream."""
         answers: asyncio.Queue[Any] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
         async def answer(message: Any) -> None:
             try:
-                reply = await self._infer(message)
+                await self._answer_stream(message, answers.put_nowait)
             except DlscaleError as exc:
                 log_failure("gRPC", _plain(message).model_name, exc.grpc_code, exc.reason, str(exc))
-                reply = convert.stream_error(exc.message, _plain(message))
+                answers.put_nowait(convert.stream_error(exc.message, _plain(message)))
             except Exception as exc:
                 log.exception("gRPC ModelStreamInfer request failed")
-                reply = convert.stream_error(
-                    redact_paths(f"internal error: {exc!r}"), _plain(message)
+                answers.put_nowait(
+                    convert.stream_error(redact_paths(f"internal error: {exc!r}"), _plain(message))
                 )
-            answers.put_nowait(reply)
 
         async def read() -> None:
             # Requests run concurrently, so that those of one stream can share a batch.
@@ -152,8 +157,37 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 yield reply
             await reader  # re-raises a failure of the request stream itself
         finally:
+            # The client left or cancelled: each request's stream is closed, its sequence freed.
             for task in (reader, *running):
                 task.cancel()
+
+    async def _answer_stream(self, message: Any, send: Callable[[Any], None]) -> None:
+        """One request of ModelStreamInfer: each response flagged `triton_final_response`; a
+        final response with no outputs only if the request sets
+        `triton_enable_empty_final_response` (Triton's decoupled protocol)."""
+        plain = _plain(message)
+        name, version = plain.model_name, plain.model_version
+        config = await answer(self.dataplane.model_config, name, version)
+        if not config.decoupled:
+            reply = await self._infer(message)
+            reply.message.parameters[FINAL].bool_param = True
+            send(reply)
+            return
+        refusal = await answer(self.dataplane.refuse_early, name, version)
+        if refusal is not None:
+            raise refusal
+        request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
+        empty_final = request.parameters.get(EMPTY_FINAL) is True
+        raw = wants_raw(request)
+        responses = self.dataplane.stream(request)
+        try:
+            async for response in responses:
+                if response.final and not response.outputs and not empty_final:
+                    continue
+                response.parameters[FINAL] = response.final
+                send(convert.infer_response(response, raw, self.max_message_bytes))
+        finally:
+            await aclose(responses)
 
     async def _infer(self, message: Any) -> Framed:
         plain = _plain(message)  # a model over its [qos] limits refuses before tensors are read

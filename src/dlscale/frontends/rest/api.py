@@ -10,12 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
-
-import orjson
 
 from dlscale.errors import (
     DlscaleError,
@@ -29,14 +25,12 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane, Remote, answer
 from dlscale.frontends.rest import render, shared_memory
-from dlscale.frontends.rest.documents import (
-    HEADER_LENGTH as HEADER_LENGTH,
-)
-from dlscale.frontends.rest.documents import (
-    header_length,
-    json_object,
-    load_request,
-)
+from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
+from dlscale.frontends.rest.documents import header_length, json_object, load_request
+from dlscale.frontends.rest.generate import GenerateApi
+from dlscale.frontends.rest.responses import RestResponse as RestResponse
+from dlscale.frontends.rest.responses import error_response as error_response
+from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.wire.rest import (
     decode_raw_request,
@@ -49,31 +43,6 @@ log = logging.getLogger("dlscale.http")
 
 JSON = "application/json"
 OCTET = "application/octet-stream"
-
-
-@dataclass
-class RestResponse:
-    """A response ready for the wire: status, body parts, content type and extra headers; or,
-    with `stream`, a body sent chunk by chunk as it is made (server-sent events: `parts` empty;
-    rest/streaming.py writes it and closes it when the client leaves)."""
-
-    status: int
-    parts: list[Buffer]
-    content_type: str = JSON
-    headers: tuple[tuple[str, str], ...] = ()
-    stream: AsyncIterator[bytes] | None = None
-
-
-def json_response(doc: Any, status: int = 200) -> RestResponse:
-    """A JSON body."""
-    return RestResponse(status, [orjson.dumps(doc)])
-
-
-def error_response(
-    status: int, message: str, headers: tuple[tuple[str, str], ...] = ()
-) -> RestResponse:
-    """The protocol's error body: `{"error": "..."}`."""
-    return RestResponse(status, [orjson.dumps({"error": message})], headers=headers)
 
 
 _EMPTY_OK = RestResponse(200, [])
@@ -98,6 +67,7 @@ class RestApi:
         self.max_body_bytes = self.limits.max_body_bytes
         self.access = access or Access()
         self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
+        self.generate = GenerateApi(dataplane, self.limits)
         self._routes: dict[str, _Route] = {}
 
     async def handle(
@@ -144,11 +114,12 @@ class RestApi:
         Asked once the head is read: a flood the model's [qos] limits refuse then costs no body
         read, decode or task. Anything else about the request is left to `handle`.
         """
-        if method != "POST" or not path.endswith("/infer"):
+        if method != "POST" or not path.endswith(("/infer", "/generate", "/generate_stream")):
             return None
         try:
             handler, args, _, group = self._route(path)
-            if handler != self._infer:
+            inference = (self._infer, self.generate.generate, self.generate.generate_stream)
+            if handler not in inference:
                 return None
             self.access.check(group, headers)
         except DlscaleError:
@@ -226,6 +197,10 @@ class RestApi:
                 return self._model_ready, args, "GET"
             case ["infer"]:
                 return self._infer, args, "POST"
+            case ["generate"]:
+                return self.generate.generate, args, "POST"
+            case ["generate_stream"]:
+                return self.generate.generate_stream, args, "POST"
             case ["stats"]:
                 return self._stats, args, "GET"
             case ["config"]:

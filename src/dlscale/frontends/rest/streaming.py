@@ -13,7 +13,7 @@ import asyncio
 import logging
 from http import HTTPStatus
 
-from dlscale.frontends.rest.api import RestResponse
+from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.streams import aclose
 
 log = logging.getLogger("dlscale.http")

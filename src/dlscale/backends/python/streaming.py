@@ -1,0 +1,119 @@
+"""Python models that stream: which ones do, and their responses from user threads to the loop.
+
+A Triton model streams when its config.pbtxt says `model_transaction_policy { decoupled: true }`
+(or config.toml's [backend_options] `decoupled = true`): `execute` gets each request with a
+response sender and returns None. A dlscale `Model` streams when its class defines `stream`, a
+generator of output dicts. Both are read from the files, without running user code. User code
+runs in a thread of the model's own; each response crosses to the event loop through the
+request's `Channel`, and closing the stream (the client left) sets `cancelled`, which the model
+sees (`request.is_cancelled()`, or its generator closed at its next yield).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from dlscale.backends.base import StreamPart
+from dlscale.backends.python.loader import NATIVE_CLASS, Api
+from dlscale.errors import BackendError, ConfigError, DlscaleError
+from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
+
+#: The method of a dlscale `Model` that makes it stream.
+STREAM_METHOD = "stream"
+
+
+def streams(path: Path, api: Api, extra: Mapping[str, Any]) -> bool:
+    """Whether the model.py at `path` answers with streams (see the module's docstring)."""
+    if api == "native":
+        return _defines_stream(path)
+    flag = extra.get("decoupled")
+    if flag is not None:
+        if not isinstance(flag, bool):
+            raise ConfigError(
+                f"field 'backend_options.decoupled': expected true or false, {flag!r}"
+            )
+        return flag
+    folder = path.parent.parent if path.parent.name.isdigit() else path.parent
+    config = folder / "config.pbtxt"
+    if not config.is_file():
+        return False
+    try:
+        message = text_format.Parse(config.read_text(), pb.ModelConfig())
+    except (text_format.ParseError, OSError, UnicodeDecodeError):
+        return False  # the repository's own reading of the file says what is wrong
+    return bool(message.model_transaction_policy.decoupled)
+
+
+def _defines_stream(path: Path) -> bool:
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False  # api_of has said why already
+    return any(
+        isinstance(node, ast.ClassDef)
+        and node.name == NATIVE_CLASS
+        and any(
+            isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name == STREAM_METHOD
+            for f in node.body
+        )
+        for node in tree.body
+    )
+
+
+class Channel:
+    """One request's responses, sent from user threads, read on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[StreamPart | DlscaleError] = asyncio.Queue()
+        #: Set when the stream is closed early (the client left, or its deadline passed).
+        self.cancelled = threading.Event()
+        self.ended = False
+        self._lock = threading.Lock()
+
+    def send(self, item: StreamPart | DlscaleError) -> None:
+        """Pass one response (or the error that ends the stream) to the loop."""
+        with self._lock:
+            if self.ended:
+                raise BackendError("the stream already ended: its final response was sent")
+            self.ended = isinstance(item, DlscaleError) or item.final
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+async def relay(executor: Executor, run: Callable[[Channel], None]) -> AsyncIterator[StreamPart]:
+    """Run `run(channel)` in `executor`, yielding what it sends until the final response."""
+    loop = asyncio.get_running_loop()
+    channel = Channel(loop)
+    loop.run_in_executor(executor, _guarded, run, channel)
+    try:
+        while True:
+            item = await channel.queue.get()
+            if isinstance(item, DlscaleError):
+                raise item
+            yield item
+            if item.final:
+                return
+    finally:
+        channel.cancelled.set()
+
+
+def _guarded(run: Callable[[Channel], None], channel: Channel) -> None:
+    """`run`, whose failure (user code raised) ends the stream with its error."""
+    try:
+        run(channel)
+    except DlscaleError as exc:
+        if not channel.ended:
+            channel.send(exc)
+    except Exception as exc:  # the runners wrap user code: anything else is a bug of ours
+        if not channel.ended:
+            channel.send(BackendError(f"the stream failed: {exc!r}"))

@@ -1,0 +1,93 @@
+"""Prometheus metrics of the models that stream: sequences running and waiting, and for
+generative models TTFT, TPOT, prompt and generated tokens (serving/observe/tokens.py, measured
+in the serving core) and the engine's KV-cache use (`GenerativeBackend.engine_stats()`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from dlscale.backends.generative.contract import GenerativeBackend
+from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.observe.stats import Histogram
+
+_LABELS = ["model", "version"]
+
+
+class StreamCollector(Collector):
+    """Reads every streaming model's seats, token measures and engines at scrape time."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    def _served(self) -> list[ServedVersion]:
+        versions = (v for e in self.manager.entries() for v in e.versions.values())
+        return [v for v in versions if v.seats is not None]
+
+    def collect(self) -> Iterator[Metric]:
+        served = self._served()
+        running = GaugeMetricFamily(
+            "dlscale_sequences_running",
+            "Requests of a model that streams holding a sequence slot now (at most max_num_seqs)",
+            labels=_LABELS,
+        )
+        waiting = GaugeMetricFamily(
+            "dlscale_sequences_waiting",
+            "Requests of a model that streams waiting for a sequence slot now",
+            labels=_LABELS,
+        )
+        for v in served:
+            assert v.seats is not None
+            running.add_metric([v.stats.name, v.stats.version], v.seats.running)
+            waiting.add_metric([v.stats.name, v.stats.version], v.seats.waiting)
+        yield running
+        yield waiting
+        yield from _tokens([v for v in served if v.seats is not None and v.seats.generative])
+
+
+def _tokens(served: list[ServedVersion]) -> Iterator[Metric]:
+    ttft = HistogramMetricFamily(
+        "dlscale_time_to_first_token_seconds",
+        "From a generative request's arrival (its wait for a slot included) to its first token",
+        labels=_LABELS,
+    )
+    tpot = HistogramMetricFamily(
+        "dlscale_time_per_output_token_seconds",
+        "Time per generated token after the first, per request",
+        labels=_LABELS,
+    )
+    # Named with `_total` as given: the exposition types a counter that has no samples yet by
+    # its family's name (serving/observe/exposition.py).
+    prompt = Metric(
+        "dlscale_prompt_tokens_total", "Prompt tokens of generative requests", "counter"
+    )
+    generated = Metric("dlscale_generation_tokens_total", "Tokens generated", "counter")
+    kv_cache = GaugeMetricFamily(
+        "dlscale_kv_cache_usage_ratio",
+        "Share of the engine's KV cache in use (0 to 1; the mean over its instances)",
+        labels=_LABELS,
+    )
+    for v in served:
+        assert v.seats is not None
+        labels, tokens = [v.stats.name, v.stats.version], v.seats.tokens
+        ttft.add_metric(labels, _buckets(tokens.ttft), tokens.ttft.total)
+        tpot.add_metric(labels, _buckets(tokens.tpot), tokens.tpot.total)
+        named = dict(zip(_LABELS, labels, strict=True))
+        prompt.add_sample(prompt.name, named, tokens.prompt_tokens)
+        generated.add_sample(generated.name, named, tokens.generated_tokens)
+        engines = [i.backend for i in v.instances if isinstance(i.backend, GenerativeBackend)]
+        if engines:
+            usage = [e.engine_stats().kv_cache_usage for e in engines]
+            kv_cache.add_metric(labels, sum(usage) / len(usage))
+    yield from (ttft, tpot, prompt, generated, kv_cache)
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in histogram.cumulative()]
