@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_check.generative import command as generative_command
+from benchmarks.gpu_check.generative import missing as generative_missing
+from benchmarks.gpu_check.generative import read as generative_read
+
 #: Targets from the issue (shared/reference/gpu-measured.md for the figures measured before).
 RESNET50_FP16 = 25_800.0
 MOONSHOT = 36_730.0
@@ -435,10 +439,11 @@ STAGES = [
     ),
     Stage(
         "generative",
-        "the generative decoder on the GPU",
-        0,
-        0,
-        None,
-        pending="not built yet (the generative issue)",
+        "llama-1b on transformers: tokens/s, TTFT, TPOT against dlscale plan's prediction",
+        90,
+        150,
+        generative_command,
+        lambda ctx: [Figure(**row) for row in generative_read(ctx)],
+        missing=generative_missing,
     ),
 ]
