@@ -80,9 +80,16 @@ def read(ctx: Context) -> list[Row]:
 
 
 def missing(ctx: Context) -> str | None:
-    """Why the decoder cannot run here: no transformers for this interpreter."""
-    probe = "import transformers, tokenizers, safetensors"
+    """Why the decoder cannot run here: no transformers for this interpreter, or one without
+    the continuous-batching manager the backend drives (transformers 5; the GPU image's own
+    transformers is used, not carried: its dependencies would not fit the wheels' 64 MiB)."""
+    probe = (
+        "import tokenizers, safetensors, transformers as t\n"
+        "from transformers.generation.continuous_batching import ContinuousBatchingManager\n"
+        "print(t.__version__)"
+    )
     found = subprocess.run([ctx.python, "-c", probe], capture_output=True, text=True, check=False)
     if found.returncode == 0:
         return None
-    return "transformers, tokenizers or safetensors is not installed (pip install dlscale[llm])"
+    last = (found.stderr.strip().splitlines() or ["?"])[-1]
+    return f"the transformers engine needs transformers 5 with continuous batching: {last}"

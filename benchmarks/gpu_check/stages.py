@@ -398,7 +398,7 @@ STAGES = [
     Stage(
         "tests",
         "the gpu tests that fit (pytest -m gpu tests/gpu)",
-        90,
+        80,
         120,
         tests_command,
         tests_read,
@@ -406,7 +406,7 @@ STAGES = [
     Stage(
         "torch",
         "resnet50 / bert-base packages through the batcher against PyTorch compiled",
-        250,
+        220,
         240,
         torch_command,
         torch_read,
@@ -414,7 +414,7 @@ STAGES = [
     Stage(
         "served",
         "resnet50 FP16 served: REST, gRPC, system and CUDA shared memory",
-        100,
+        80,
         150,
         served_command,
         served_read,
@@ -422,7 +422,7 @@ STAGES = [
     Stage(
         "tenants",
         "two tenants on the GPU, QoS off and on",
-        70,
+        50,
         120,
         tenants_command,
         tenants_read,
@@ -431,7 +431,7 @@ STAGES = [
     Stage(
         "jpeg",
         "resnet50-e2e from JPEGs decoded on the device against resnet50 fed tensors",
-        60,
+        40,
         120,
         jpeg_command,
         jpeg_read,
@@ -440,7 +440,7 @@ STAGES = [
     Stage(
         "generative",
         "llama-1b on transformers: tokens/s, TTFT, TPOT against dlscale plan's prediction",
-        90,
+        70,
         150,
         generative_command,
         lambda ctx: [Figure(**row) for row in generative_read(ctx)],
