@@ -90,7 +90,7 @@ test-gpu:
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu tests/gpu \
 		--continue-on-collection-errors
 
-# Every GPU proof in one command, under 9 minutes on a bare H100 (docs/testing.md): the wheels
+# Every GPU proof in one command, 540 s of stages on a bare H100, one device call (docs/testing.md): the wheels
 # carried in .whl/ (make gpu-wheels, on a machine with an index) go to a temporary target first.
 # GPU_CHECK_ARGS="--device cpu --quick" is the dry run on a CPU; "--only STAGE" reruns one.
 OUT            ?= gpu-check

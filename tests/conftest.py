@@ -31,3 +31,14 @@ def big_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("big_zoo")
     build_zoo(root, BIG_MODELS)
     return root
+
+
+@pytest.fixture(scope="session")
+def llama_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zoo's llama-tiny (Hugging Face folder under a transformers-backend config), built once
+    for the session; a test that changes its config copies it first."""
+    pytest.importorskip("transformers", reason="llama-tiny needs the [llm] extra")
+    from dlscale.models.zoo import build_zoo
+
+    [model] = build_zoo(tmp_path_factory.mktemp("llm"), ["llama-tiny"])
+    return model

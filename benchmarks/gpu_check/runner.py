@@ -25,7 +25,8 @@ from typing import Any
 
 from benchmarks.gpu_check.stages import STAGES, Context, Figure, Stage
 
-#: The GPU stages' budgets, summed: with the wheels' install, under nine minutes on an H100.
+#: The GPU stages' budgets, summed (540 s): with the wheels' install, one device call of at most
+#: 600 s on an H100 (the device tool's per-call limit), with room for the machine's start.
 BUDGET_S = sum(s.budget("cuda") for s in STAGES)
 
 

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_check.generative import command as generative_command
+from benchmarks.gpu_check.generative import missing as generative_missing
+from benchmarks.gpu_check.generative import read as generative_read
+
 #: Targets from the issue (shared/reference/gpu-measured.md for the figures measured before).
 RESNET50_FP16 = 25_800.0
 MOONSHOT = 36_730.0
@@ -26,6 +30,7 @@ CUDA_SHM_OF_IN_PROCESS = 0.9
 REST_BEFORE = 1_246.0
 REST_FACTOR = 4.0
 P99_WITH_QOS = 1.2
+JPEG_OF_TENSORS = 0.8
 
 
 @dataclass
@@ -347,11 +352,53 @@ def _ort_cuda_missing(ctx: Context) -> str | None:
     )
 
 
+# -- 5. JPEG pipelines ---------------------------------------------------------------------------
+
+
+def jpeg_command(ctx: Context) -> list[str]:
+    """benchmarks.gpu_check.jpeg: resnet50-e2e from JPEGs against resnet50 fed tensors."""
+    command = [ctx.python, "-m", "benchmarks.gpu_check.jpeg", "--out", str(ctx.out)]
+    if ctx.cpu:  # smallcnn-e2e, libjpeg-turbo: the path, not a figure
+        return [*command, "--device", "cpu", "--seconds", "0.5", "--reps", "1", "--batch", "16",
+                "--images", "32"]  # fmt: skip
+    return [*command, "--device", "cuda:0", "--seconds", "1" if ctx.quick else "3"]
+
+
+def jpeg_read(ctx: Context) -> list[Figure]:
+    """The JPEG pipeline's rate as a share of its classifier's fed decoded tensors."""
+    path = ctx.out / "jpeg.json"
+    name = "resnet50 FP16 from JPEGs decoded on the device, of tensors in process"
+    if ctx.cpu:
+        name = "smallcnn from JPEGs (CPU decode), of tensors in process"
+    target = "-" if ctx.cpu else f">= {JPEG_OF_TENSORS}x"
+    if not path.exists():
+        return [Figure(name, "not measured", target, None if ctx.cpu else False)]
+    data = json.loads(path.read_text())
+    value = (
+        f"{data['ratio']:.2f}x ({_fmt(data['jpegs_per_s'])}/s from JPEGs, "
+        f"{_fmt(data['tensors_per_s'])}/s from tensors, batch {data['batch']})"
+    )
+    met = None if ctx.cpu else data["ratio"] >= JPEG_OF_TENSORS
+    return [Figure(name, value, target, met)]
+
+
+def _nvjpeg_missing(ctx: Context) -> str | None:
+    """Why the image step cannot decode on the GPU here: torchvision or the CPU decoders absent."""
+    if ctx.cpu:
+        return None
+    probe = "import torchvision.io, simplejpeg, PIL"
+    found = subprocess.run([ctx.python, "-c", probe], capture_output=True, text=True, check=False)
+    if found.returncode == 0:
+        return None
+    lines = found.stderr.strip().splitlines()
+    return f"the image step needs torchvision (nvJPEG), simplejpeg and Pillow: {lines[-1:]}"
+
+
 STAGES = [
     Stage(
         "tests",
         "the gpu tests that fit (pytest -m gpu tests/gpu)",
-        90,
+        80,
         120,
         tests_command,
         tests_read,
@@ -359,7 +406,7 @@ STAGES = [
     Stage(
         "torch",
         "resnet50 / bert-base packages through the batcher against PyTorch compiled",
-        250,
+        220,
         240,
         torch_command,
         torch_read,
@@ -367,7 +414,7 @@ STAGES = [
     Stage(
         "served",
         "resnet50 FP16 served: REST, gRPC, system and CUDA shared memory",
-        100,
+        80,
         150,
         served_command,
         served_read,
@@ -375,7 +422,7 @@ STAGES = [
     Stage(
         "tenants",
         "two tenants on the GPU, QoS off and on",
-        70,
+        50,
         120,
         tenants_command,
         tenants_read,
@@ -383,18 +430,20 @@ STAGES = [
     ),
     Stage(
         "jpeg",
-        "JPEG pipelines on the GPU",
-        0,
-        0,
-        None,
-        pending="not built yet (the JPEG pipeline issue)",
+        "resnet50-e2e from JPEGs decoded on the device against resnet50 fed tensors",
+        40,
+        120,
+        jpeg_command,
+        jpeg_read,
+        missing=_nvjpeg_missing,
     ),
     Stage(
         "generative",
-        "the generative decoder on the GPU",
-        0,
-        0,
-        None,
-        pending="not built yet (the generative issue)",
+        "llama-1b on transformers: tokens/s, TTFT, TPOT against dlscale plan's prediction",
+        70,
+        150,
+        generative_command,
+        lambda ctx: [Figure(**row) for row in generative_read(ctx)],
+        missing=generative_missing,
     ),
 ]

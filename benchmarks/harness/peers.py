@@ -119,3 +119,18 @@ def pytriton_env(python: Path) -> dict[str, str]:
     libdir = out.stdout.strip()
     previous = os.environ.get("LD_LIBRARY_PATH", "")
     return {"LD_LIBRARY_PATH": f"{libdir}:{previous}" if previous else libdir}
+
+
+#: What the JPEG pipeline's callable needs beside PyTriton: the image step's decoders.
+PYTRITON_E2E_PACKAGES = ["simplejpeg>=1.7", "pillow>=10"]
+
+
+def ensure_pytriton_e2e(venv: Path = PYTRITON_VENV) -> Path:
+    """PyTriton's venv with the decoders the JPEG pipeline's callable uses, installed once."""
+    python = ensure_pytriton(venv)
+    probe = subprocess.run([str(python), "-c", "import simplejpeg, PIL"], capture_output=True)
+    if probe.returncode != 0:
+        print(f"installing {', '.join(PYTRITON_E2E_PACKAGES)} into {venv} (once)", flush=True)
+        pip = [str(python), "-m", "pip", "install", "-q", *PYTRITON_E2E_PACKAGES]
+        subprocess.run(pip, check=True)
+    return python

@@ -79,13 +79,13 @@ def announce(port: int) -> None:
     print(f"LISTENING {port}", flush=True)
 
 
-def start_listening(name: str, argv: list[str]) -> ServerProcess:
+def start_listening(name: str, argv: list[str], **env: str) -> ServerProcess:
     """A Python server process that announces its port; killed if it does not."""
     proc = subprocess.Popen(
         [sys.executable, *argv],
         stdout=subprocess.PIPE,
         text=True,
-        env=thread_env(),
+        env=thread_env(**env),
         start_new_session=True,
     )
     assert proc.stdout is not None
@@ -227,3 +227,34 @@ def run_script(name: str, argv: list[str]) -> int:
     """Another benchmark script, `python -m benchmarks.NAME ARGV`, as a child: scripts never
     import each other."""
     return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *argv]).returncode
+
+
+# -- the JPEG pipeline's peers (benchmarks/e2e_pipeline.py) --------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_pytriton_e2e(repo: Path, model: str) -> ServerProcess:
+    """Triton (pytriton) serving the JPEG pipeline as one Python callable (harness/pytriton_e2e.py),
+    once the model is ready; the checkout's root and src on its path for e2e_apps."""
+    python = peers.ensure_pytriton_e2e()
+    http, grpc = free_port(), free_port()
+    argv = [str(python), str(ROOT / "benchmarks" / "harness" / "pytriton_e2e.py")]
+    argv += ["--repo", str(repo.resolve()), "--http-port", str(http), "--grpc-port", str(grpc)]
+    argv += ["--metrics-port", str(free_port())]
+    log = open(WORK / "pytriton-e2e.log", "w")  # noqa: SIM115 (the process keeps it open)
+    env = thread_env(**peers.pytriton_env(python), PYTHONPATH=f"{ROOT}:{ROOT / 'src'}")
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, text=True
+    )
+    server = ServerProcess("pytriton", proc, http)
+    wait_ready(server, model_paths([model]))
+    return server
+
+
+def start_ray_e2e(repo: Path) -> ServerProcess:
+    """Ray Serve composed deployments of the JPEG pipeline (harness/ray_e2e.py), once it serves."""
+    port = free_port()
+    argv = ["-m", "benchmarks.harness.ray_e2e", "--repo", str(repo), "--port", str(port)]
+    # Ray's worker processes import the deployments' module: the checkout's root on their path.
+    return start_listening("ray-serve", argv, PYTHONPATH=str(ROOT))

@@ -98,6 +98,15 @@ def _add_core_verbs(sub: SubParsers) -> None:
     build.add_argument("--models", default="", help="comma-separated names (default: all)")
     build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
     build.set_defaults(func=LazyHandler("dlscale.models.commands", "zoo_build"))
+    listing = zoo.add_parser("list", help="every zoo model: task, tensors, size when built")
+    listing.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
+    listing.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_list"))
+    images = zoo.add_parser("images", help="write the synthetic JPEG set to a folder")
+    images.add_argument("--out", type=Path, required=True, help="folder to write the JPEGs to")
+    images.add_argument("--count", type=int, default=100, help="how many images")
+    images.add_argument("--seed", type=int, default=0, help="the set's seed")
+    images.add_argument("--size", default="500x375", help="WIDTHxHEIGHT in pixels")
+    images.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_images"))
 
     models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
         dest="models_verb", metavar="MODELS_VERB", required=True
@@ -239,6 +248,17 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s.add_argument("--flops-per-sample", type=float, help="instead of counting --model's graph")
     s.add_argument("--bytes-per-sample", type=float, help="with --flops-per-sample")
     s.add_argument("--json", help="also write the plans to this file")
+    # A generative model (a Hugging Face folder or a zoo decoder): docs/plan.md, "Generative".
+    s.add_argument("--rate", type=float, help="generative: requests per second to serve")
+    s.add_argument("--isl", type=int, help="generative: input (prompt) tokens per request")
+    s.add_argument("--osl", type=int, help="generative: output tokens per request")
+    s.add_argument("--ttft-ms", type=float, help="generative: time-to-first-token bound (2000)")
+    s.add_argument("--tpot-ms", type=float, help="generative: time-per-output-token bound (100)")
+    s.add_argument("--dtype", help="generative: serve in this dtype (bfloat16, float16, ...)")
+    s.add_argument("--mbu", type=float, help="generative: share of memory bandwidth (0.9)")
+    s.add_argument("--mfu", type=float, help="generative: share of peak compute (0.8)")
+    s.add_argument("--reserve", type=float, help="generative: memory share held back (0.1)")
+    s.add_argument("--host-us", type=float, help="generative: host work per output token, us (0)")
     s.set_defaults(func=LazyHandler("dlscale.plan.commands", "plan_serve"))
 
 
@@ -271,11 +291,7 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", type=_path, help="model repository (in-process target, or reference)")
     p.add_argument("--model", help="model name")
     p.add_argument("--model-version", default="", help="model version (default: newest)")
-    p.add_argument(
-        "--scenario",
-        help="singlestream | multistream | server | offline | all (default: offline; "
-        "--generative: LoadGen runs only when given, server or offline)",
-    )
+    p.add_argument("--scenario", help="singlestream|multistream|server|offline|all (offline)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--target-qps", type=float, help="server scenario: arrival rate (queries/s)")
     rate.add_argument(
@@ -287,7 +303,12 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accuracy", action="store_true", help="also run accuracy mode; check every answer"
     )
-    p.add_argument("--data", type=_path, help="samples: FILE.npy (one input) or FILE.npz (by name)")
+    p.add_argument(
+        "--data",
+        type=_path,
+        help="samples: FILE.npy (one input), FILE.npz (by name), or a folder of files (one BYTES "
+        "element each: JPEGs, texts)",
+    )
     p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
     p.add_argument("--out", type=_path, help="report folder (default: bench-results/MODEL-DATE)")
     p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")
@@ -334,8 +355,7 @@ def _add_bench_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
-    # The generative bench's flags (--generative ...), declared beside it; argparse only.
-    from dlscale.bench.generative import flags
+    from dlscale.bench.generative import flags  # --generative ...: declared beside that bench
 
     flags.add_flags(p, _path)
 

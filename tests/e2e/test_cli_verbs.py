@@ -27,20 +27,31 @@ def _number(pattern: str, text: str) -> float:
 
 
 def test_demo_quick_runs_the_tour(small_repo: Path, tmp_path: Path) -> None:
-    # The zoo it needs is built already (the session's small repository): the tour reuses it.
-    done = run_cli("demo", "--quick", "--dir", str(small_repo), cwd=tmp_path)
+    # The zoo it needs is built already (a copy of the session's small repository): the tour
+    # reuses it, and adds the small JPEG pipeline to the copy.
+    zoo = tmp_path / "zoo"
+    shutil.copytree(small_repo, zoo)
+    done = run_cli("demo", "--quick", "--dir", str(zoo), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "building zoo models" not in out
     assert "1. In-process on this CPU" in out
     for model in ("identity", "mlp", "digits"):
         assert re.search(rf"│ {model} +│", out), model
-    assert "2. Serving ['identity', 'mlp', 'digits'] over REST, gRPC" in out
+    assert "2. Serving ['identity', 'mlp', 'digits', 'smallcnn-e2e-image'," in out
     right, total = (
         int(n) for n in re.search(r"digits through REST: (\d+)/(\d+) held-out", out).groups()
     )
     assert total > 0 and right / total >= 0.9  # the zoo's digits scores about 97%
-    assert "3. MLPerf LoadGen through the server: mlp, Offline and Server" in out
+    # One JPEG through the pipeline: its five labels, the first its true class.
+    shown = re.search(
+        r"drawn from class (pattern-\d\d)\) in, its top-5 out in [\d.]+ ms:\n"
+        r"((?: +\S+ +[-\d.]+\n){5})",
+        out,
+    )
+    assert shown, out
+    assert shown.group(2).split()[0] == shown.group(1)
+    assert "4. MLPerf LoadGen through the server: mlp, Offline and Server" in out
     report = json.loads((tmp_path / ".dlscale" / "demo-bench" / "report.json").read_text())
     assert [s["scenario"] for s in report["scenarios"]] == ["Offline", "Server"]
     assert all(s["result"]["errors"]["count"] == 0 for s in report["scenarios"])

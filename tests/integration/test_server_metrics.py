@@ -67,6 +67,14 @@ TYPES = {
     "dlscale_qos_device_seconds": "counter",
     "dlscale_qos_batches": "counter",
     "dlscale_qos_batches_capped": "counter",
+    # Models that stream and generative models (docs/generative.md), exported with none served.
+    "dlscale_sequences_running": "gauge",
+    "dlscale_sequences_waiting": "gauge",
+    "dlscale_time_to_first_token_seconds": "histogram",
+    "dlscale_time_per_output_token_seconds": "histogram",
+    "dlscale_prompt_tokens": "counter",
+    "dlscale_generation_tokens": "counter",
+    "dlscale_kv_cache_usage_ratio": "gauge",
 }
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: The traffic: rows per request to fails_even, which fails batches of an even row count. Sent

@@ -129,6 +129,33 @@ def test_user_code_that_raises_ends_its_stream_only(server: LocalServer) -> None
     assert answers[0][0].as_numpy("OUT").tolist() == [8] and _final(answers[1][0])
 
 
+def test_malformed_stream_requests_get_their_error_in_stream(server: LocalServer) -> None:
+    client, results = _grpc_stream(server)
+    wrong = _values("NOT_IN", np.array([1], np.int32), "INT32")
+    client.async_stream_infer("repeat", [wrong], request_id="bad-input")
+    client.async_stream_infer("ghost", [wrong], request_id="no-model")
+    floats = _values("IN", np.array([1.5], np.float32), "FP32")
+    client.async_stream_infer("repeat", [floats], request_id="bad-type")
+    errors = sorted(str(results.get(timeout=PATIENCE_S)[1]) for _ in range(3))
+    client.async_stream_infer(
+        "repeat", [_values("IN", np.array([2], np.int32), "INT32")], request_id="good"
+    )
+    result, error = results.get(timeout=PATIENCE_S)
+    client.stop_stream()
+    client.close()
+    assert "datatype INT32" in errors[0] and "unknown model 'ghost'" in errors[2]
+    assert "the request lacks ['IN']" in errors[1]
+    assert error is None and result.as_numpy("OUT").tolist() == [2]
+
+
+def test_a_generate_body_above_the_limit_is_refused_before_it_is_read(
+    server: LocalServer,
+) -> None:
+    body = b'{"text_input": "' + b"x" * (5 * 2**20) + b'"}'
+    response = httpx.post(_url(server, "echo", "generate_stream"), content=body)
+    assert response.status_code == 413 and "exceeds the limit" in response.json()["error"]
+
+
 def test_a_grpc_client_that_cancels_frees_its_sequence(server: LocalServer) -> None:
     client, results = _grpc_stream(server)
     client.async_stream_infer("ticker", [_values("COUNT", np.array([-1], np.int32), "INT32")])
@@ -153,6 +180,31 @@ def test_generate_stream_sends_each_token_as_an_event(server: LocalServer) -> No
     assert [e["num_output_tokens"] for e in events] == [1, 2, 3]
     assert events[-1]["finish_reason"] == "length" and events[-1]["id"] == "g1"
     assert all(e["model_name"] == "echo" and e["model_version"] == "1" for e in events)
+
+
+def test_a_caller_that_closes_once_it_has_the_final_response_is_a_success(
+    server: LocalServer,
+) -> None:
+    """The OpenAI routes stop reading at the final response: that is an answer, not a cancel."""
+    from dlscale.types import InferenceRequest
+
+    before = server.dataplane.statistics("echo")[0]
+    request = InferenceRequest(
+        "echo", {"text_input": np.array([b"a b"], dtype=object)}, parameters={"max_tokens": 2}
+    )
+
+    async def until_final() -> bool:
+        responses = server.dataplane.stream(request)
+        async for response in responses:
+            if response.final:
+                await responses.aclose()  # type: ignore[attr-defined]
+                return True
+        return False
+
+    assert server.run(until_final())
+    after = server.dataplane.statistics("echo")[0]
+    assert after.inference_stats.success.count == before.inference_stats.success.count + 1
+    assert after.inference_stats.fail.count == before.inference_stats.fail.count
 
 
 def test_generate_joins_a_generative_stream(server: LocalServer) -> None:
@@ -224,10 +276,12 @@ def _collect(server: LocalServer, body: dict[str, Any], into: list[Any], tag: st
 
 
 @contextmanager
-def _holding(server: LocalServer) -> Iterator[None]:
-    """The ticker's one sequence slot held by a stream that never ends, until the block ends."""
+def _holding(server: LocalServer, count: int = -1) -> Iterator[None]:
+    """The ticker's one sequence slot held by a stream that never ends (or, with `count`, ticks
+    as fast as it can), until the block ends."""
+    body = {"COUNT": count}
     with httpx.stream(
-        "POST", _url(server, "ticker", "generate_stream"), json={"COUNT": -1}, timeout=PATIENCE_S
+        "POST", _url(server, "ticker", "generate_stream"), json=body, timeout=PATIENCE_S
     ) as held:
         lines = held.iter_lines()  # kept: dropping the iterator would close the connection
         first = next(line for line in lines if line.startswith("data:"))
@@ -303,3 +357,35 @@ def test_a_decoupled_model_asked_for_a_worker_process_is_refused_at_load(
     isolated = next(r for r in rows if r["name"] == "isolated")
     assert isolated["state"] == "UNAVAILABLE"
     assert "isolation 'process' is not offered" in isolated["reason"]
+
+
+# -- REST worker processes: streams forwarded over the worker channel ------------------------------
+
+
+def test_streams_cross_the_rest_workers_and_a_disconnect_frees_the_slot(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    repo = streaming_repository(tmp_path_factory.mktemp("streams_workers"))
+    with serving(repo, http_workers=1) as workers:
+        body = {"text_input": "over the channel", "max_tokens": 2}
+        with httpx.stream("POST", _url(workers, "echo", "generate_stream"), json=body) as response:
+            events = _events(response)
+        assert [e["text_output"] for e in events] == ["over", " the"]
+        joined = httpx.post(_url(workers, "echo", "generate"), json=body, timeout=PATIENCE_S)
+        assert joined.json()["text_output"] == "over the"
+        refused = httpx.post(_url(workers, "plain", "generate_stream"), json={"COUNT": 1})
+        assert refused.status_code == 400 and "does not stream" in refused.json()["error"]
+        got: list[Any] = []
+        with _holding(workers):
+            waiting = threading.Thread(target=_collect, args=(workers, {"COUNT": 2}, got))
+            waiting.start()
+            _until(lambda: _seats(workers, "ticker").waiting == 1)
+        waiting.join(PATIENCE_S)
+        assert got == [("", [0, 1])]
+        _until(lambda: _seats(workers, "ticker").running == 0)
+        # Responses the owner sent after the worker's Cancel are dropped; the channel serves on.
+        for _ in range(3):
+            with _holding(workers, count=10**9):
+                pass
+        again = httpx.post(_url(workers, "echo", "generate"), json=body, timeout=PATIENCE_S)
+        assert again.json()["text_output"] == "over the"

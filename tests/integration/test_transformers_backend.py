@@ -233,3 +233,10 @@ async def test_unload_frees_the_engine(backend: GenerativeBackend) -> None:
     assert backend.engine_stats().running == 0
     with pytest.raises(Unavailable, match="not loaded"):
         await collect(backend, "hello", GREEDY)
+
+
+def test_a_folder_transformers_cannot_read_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "vocab_size": "many"}')
+    broken = create_backend("transformers", tmp_path / "config.json", BackendOptions())
+    with pytest.raises(ConfigError, match="cannot load"):
+        broken.load()

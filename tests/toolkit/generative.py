@@ -8,8 +8,10 @@ slowly until the client leaves (max_tokens permitting), `fail` fails after two t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import tritonclient.http as th
 from tests.toolkit.python_models import write_python_model
 
 #: Its context, in words (config [metadata] max_model_len says the same to /v1/models).
@@ -97,3 +99,24 @@ def greedy_words(prompt: str, count: int) -> list[str]:
 def write_colours(root: Path, name: str = "colours") -> Path:
     """REPO/<name>: the colours model (Python, in the server process)."""
     return write_python_model(root, name, COLOURS, COLOURS_TOML)
+
+
+def outcomes(url: str, model: str) -> tuple[int, int]:
+    """(successes, failures) the server's statistics count for `model` (tritonclient)."""
+    client = th.InferenceServerClient(url)
+    try:
+        stats = client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
+    finally:
+        client.close()
+    return int(stats["success"]["count"]), int(stats["fail"]["count"])
+
+
+def next_outcome(url: str, model: str, before: tuple[int, int]) -> tuple[int, int]:
+    """The change in (successes, failures) once one more request of `model` is recorded (polled,
+    up to 60 s: a request is recorded when its stream ends, however it ends)."""
+    for _ in range(3000):
+        now = outcomes(url, model)
+        if sum(now) > sum(before):
+            return now[0] - before[0], now[1] - before[1]
+        time.sleep(0.02)
+    raise AssertionError(f"no request of {model} ended within 60 s")

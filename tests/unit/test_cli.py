@@ -39,7 +39,8 @@ def _all_handlers() -> dict[str, object]:
 def test_every_verb_has_a_lazy_handler_outside_cli() -> None:
     handlers = _all_handlers()
     expected = {
-        "zoo build", "models check", "models convert", "run", "serve", "demo", "catalog",
+        "zoo build", "zoo list", "zoo images", "models check", "models convert", "run", "serve",
+        "demo", "catalog",
         "devices", "roofline",
         "plan train", "plan serve", "bench", "bench compare", "bench allreduce",
         "bench interference", "optimize",

@@ -9,9 +9,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 BASE = {"types", "errors", "__init__"}
-#: Modules every part may import, as it may the vocabulary: the generative contract names the
-#: tensors and parameters the frontends and the bench read of any generative model.
-CONTRACTS = {"dlscale.backends.generative.contract"}
 
 #: Which top-level parts each part may import, besides itself and the base vocabulary.
 ALLOWED: dict[str, set[str]] = {
@@ -62,8 +59,6 @@ def _imported_parts(path: Path, package: Path = PACKAGE) -> set[tuple[str, int]]
             elif node.module:
                 names = [node.module]
         for name in names:
-            if name in CONTRACTS:
-                continue
             parts = name.split(".")
             if parts[0] == "dlscale":
                 found.add((parts[1] if len(parts) > 1 else "__init__", node.lineno))

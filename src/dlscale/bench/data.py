@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlscale.bench import byte_samples
 from dlscale.bench.targets import ModelInfo
 from dlscale.errors import BenchError
 from dlscale.models.samples import concrete_shape, load_arrays, random_inputs, zoo_inputs
@@ -49,6 +50,9 @@ class SampleSet:
 def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) -> SampleSet:
     """Samples for the model: the user's file, validation.npz, the zoo's generator, or random."""
     specs = info.sample_specs()
+    if data is not None and data.is_dir():
+        arrays, source = byte_samples.from_folder(data, specs, count, MEMORY_BUDGET_BYTES)
+        return _check(SampleSet(arrays, None, source), specs, source)
     if data is not None:
         return _check(_from_file(data, specs), specs, str(data))
     if info.model_file is not None:
@@ -59,6 +63,9 @@ def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) 
     stacked = [s.with_batch() for s in specs]
     count = _fit(count, stacked)
     rng = np.random.default_rng(seed)
+    encoded = byte_samples.from_zoo(info.name, specs, count, seed)
+    if encoded is not None:  # images or texts: random strings would not decode
+        return _check(SampleSet(encoded[0], None, encoded[1]), specs, encoded[1])
     zoo = zoo_inputs(info.name, stacked, count, rng)
     if zoo is not None:
         return _check(SampleSet(zoo, None, f"zoo:{info.name}"), specs, f"zoo:{info.name}")

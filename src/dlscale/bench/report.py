@@ -13,7 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dlscale.bench import sweep
+from dlscale.bench import steps, sweep
 from dlscale.bench.results import RunResult
 
 
@@ -177,6 +177,11 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
             console.print(f"[red]{r['scenario']}[/] ({r['target']}): {reason}")
     for line in ceiling_lines(report):
         console.print(line, style="yellow" if "client-bound" in line else None)
+    per_step = steps.table(report)
+    if per_step is not None:
+        console.print(per_step)
+    for line in steps.lines(report):
+        console.print(line, style="bold")
     roof = report.get("roofline") or {}
     if roof.get("share") is not None:
         console.print(
@@ -255,6 +260,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
     if report.get("client_ceiling"):
         lines += ["", "## Client ceiling", ""] + [f"- {line}" for line in ceiling_lines(report)]
     lines += sweep.markdown([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])
+    lines += steps.markdown(report)
     roof = report.get("roofline") or {}
     lines += ["", "## Roofline", ""]
     if roof.get("share") is not None:

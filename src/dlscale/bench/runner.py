@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench import ceiling, environment, report, sweep
+from dlscale.bench import ceiling, environment, report, steps, sweep
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult, sweep_point
 from dlscale.bench.session import BenchOptions, Session
@@ -19,13 +19,18 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
     session = Session(url, options, loop)
     try:
         session.open()
+        pipeline = loop.run(steps.pipeline_steps(session.target, options.model))
         before = loop.run(session.target.batch_times())
+        steps_before = loop.run(steps.snapshot(session.target, options.model, pipeline))
         results = [session.scenario(s, out_dir / "loadgen") for s in options.scenarios]
+        steps_after = loop.run(steps.snapshot(session.target, options.model, pipeline))
         after = loop.run(session.target.batch_times())
     finally:
         session.close()
         loop.close()
     data = _report([session], results, options)
+    # A pipeline: where its time went, step by step (bench/steps.py); None for other models.
+    data["steps"] = steps.breakdown(options.model, pipeline, steps_before, steps_after)
     if url and options.client_ceiling:
         session.steps("client ceiling: the same load against a null server in a child process")
         ceiling.mark(data, _ceiling(url, session, out_dir / "loadgen" / "client-ceiling"))

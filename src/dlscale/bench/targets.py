@@ -19,6 +19,7 @@ from dlscale.models.signature import onnx_signature as read_onnx_signature
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.types import Datatype, InferenceRequest, TensorSpec
+from dlscale.wire.documents import as_document, config_message, statistics_message
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class Target(Protocol):
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     async def batch_times(self) -> BatchTimes | None: ...
+
+    async def model_config(self, model: str) -> dict[str, Any] | None: ...
+
+    async def statistics(self, model: str) -> dict[str, Any] | None: ...
 
     async def close(self) -> None: ...
 
@@ -136,6 +141,24 @@ class InProcessTarget:
             size: (d.compute_infer.count, d.compute_infer.ns)
             for size, d in stats.batch_stats.items()
         }
+
+    async def model_config(self, model: str) -> dict[str, Any] | None:
+        """A loaded model's config as the REST API shows it (None when it is not loaded)."""
+        if self._dataplane is None:
+            return None
+        try:
+            return as_document(config_message(self._dataplane.model_config(model)))
+        except DlscaleError:
+            return None
+
+    async def statistics(self, model: str) -> dict[str, Any] | None:
+        """A loaded model's statistics as the REST API shows them (None when not loaded)."""
+        if self._dataplane is None:
+            return None
+        try:
+            return as_document(statistics_message(self._dataplane.statistics(model)))
+        except DlscaleError:
+            return None
 
     async def close(self) -> None:
         """Unload the model (in-flight requests finish first)."""
@@ -238,6 +261,14 @@ class RemoteTarget:
             infer = row.get("compute_infer", {})
             out[int(row["batch_size"])] = (int(infer.get("count", 0)), int(infer.get("ns", 0)))
         return out
+
+    async def model_config(self, model: str) -> dict[str, Any] | None:
+        """Any model's config from the server, when it offers the extension."""
+        return await self._client().model_config(model)
+
+    async def statistics(self, model: str) -> dict[str, Any] | None:
+        """Any model's statistics from the server, when it offers the extension."""
+        return await self._client().statistics(model)
 
     async def close(self) -> None:
         """Unregister and destroy the regions, then close the connections."""

@@ -62,6 +62,8 @@ SUPPORTED = frozenset(
         "ensemble_scheduling", "ensemble_scheduling.step", "ensemble_scheduling.step.model_name",
         "ensemble_scheduling.step.model_version", "ensemble_scheduling.step.input_map",
         "ensemble_scheduling.step.output_map",
+        # A Python model's (backends/python/streaming.py reads it from the config.pbtxt).
+        "model_transaction_policy", "model_transaction_policy.decoupled",
     }
 )  # fmt: skip
 

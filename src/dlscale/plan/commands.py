@@ -32,7 +32,7 @@ from dlscale.plan.serve import (
 )
 from dlscale.plan.tables import table
 from dlscale.plan.train import Cluster, TrainingJob, plan_training, requirement, scaling_curves
-from dlscale.plan.units import human_bytes, human_seconds, parse_duration
+from dlscale.plan.units import human_bytes, human_seconds, parse_duration, parse_prices
 from dlscale.types import Traffic
 
 DEFAULT_SERVE_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4", "T4")
@@ -126,13 +126,17 @@ def plan_serve(args: argparse.Namespace) -> int:
         from dlscale.plan.mig_commands import plan_serve_mig
 
         return plan_serve_mig(args)
+    from dlscale.plan.llm_commands import decoder_shape, plan_serve_llm
+
+    if args.rate is not None or decoder_shape(args.model, args.repo) is not None:
+        return plan_serve_llm(args)  # a generative model: tokens, TTFT and TPOT
     if args.qps is None or args.p99 is None:
         raise PlanError("give --qps and --p99 (or --mig GPU with --tenant ...)")
     workload = load_workload(args)
     p99 = parse_duration(args.p99)
     names = args.devices.split(",") if args.devices else list(DEFAULT_SERVE_DEVICES)
     devices = [catalog_device(n) for n in names]
-    prices = _prices(args.price)
+    prices = parse_prices(args.price)
     curves: list[ServiceCurve] = []
     if args.profile:
         profile = Profile.load(Path(args.profile))
@@ -179,22 +183,6 @@ def plan_serve(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([p.__dict__ for p in plans], indent=2))
     return 0
-
-
-def _prices(text: str | None) -> dict[str, float]:
-    prices: dict[str, float] = {}
-    for item in (text or "").split(","):
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or price < 0:
-            raise PlanError(f"--price wants DEVICE=DOLLARS_PER_HOUR,..., got {item!r}")
-        prices[catalog_device(name.strip()).name] = price  # aliases to the catalog's name
-    return prices
 
 
 def roofline(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from dlscale.errors import PlanError
+from dlscale.hardware.catalog import load_catalog
 
 # Binary multiples, as nccl-tests reads -b/-e (1K = 1024 bytes).
 _SIZE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -59,3 +60,20 @@ def human_seconds(s: float) -> str:
         if s >= size:
             return f"{s / size:.3g} {unit}"
     return f"{s * 1e6:.3g} us"
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """--price DEVICE=DOLLARS_PER_HOUR,... keyed by the catalog's names."""
+    prices: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or price < 0:
+            raise PlanError(f"--price wants DEVICE=DOLLARS_PER_HOUR,..., got {item!r}")
+        prices[load_catalog().get(name.strip()).name] = price  # aliases to the catalog's name
+    return prices

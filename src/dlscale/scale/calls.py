@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 from dlscale.errors import BackendError, DlscaleError, QueueFull, Unavailable
 
@@ -57,6 +57,39 @@ async def remote_call(
             raise result  # the replica's answer to a request it refused (replica.py)
         return result
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+async def remote_stream(
+    handle: DeploymentHandle[Any], model: str, method: str, args: Sequence[Any]
+) -> AsyncIterator[Any]:
+    """The items of generator `method(*args)` on a replica of `model`'s deployment, as they come.
+
+    Sent once (a retry could repeat responses a client already has); a DlscaleError item is the
+    replica's answer to a request it refused or a stream that failed, raised here. Closing this
+    iterator early (the client left) cancels the replica's generator, which frees the sequence.
+    """
+    options = handle.options(method_name=method, stream=True)
+    responses = cast(DeploymentResponseGenerator[Any], options.remote(*args))
+    ended = False
+    try:
+        async for item in responses:
+            if isinstance(item, DlscaleError):
+                raise item
+            yield item
+        ended = True
+    except RayTaskError as exc:
+        raise replica_error(model, exc) from None
+    except RayActorError as exc:
+        raise Unavailable(
+            f"model {model!r}: the replica holding the stream died: {_first_line(exc)}"
+        ) from None
+    except BackPressureError as exc:
+        raise QueueFull(f"model {model!r}: every replica's queue is full: {exc}") from None
+    except DeploymentUnavailableError as exc:
+        raise Unavailable(f"model {model!r} is unavailable on Ray Serve: {exc}") from None
+    finally:
+        if not ended:
+            responses.cancel()  # type: ignore[no-untyped-call]
 
 
 async def _within(response: DeploymentResponse[Any], timeout_s: float) -> Any:

@@ -36,6 +36,10 @@ def settings_from(args: argparse.Namespace) -> ScaleSettings:
             "--http-workers is not available with --ray: Ray's proxy serves HTTP "
             "(--ingress-replicas adds ingress replicas)"
         )
+    if server.security.api_key is not None:  # the ingress checks no key: refused, not ignored
+        raise ConfigError(
+            "--api-key is not available with --ray: put an authenticating proxy in front"
+        )
     network, models = server.network, server.models
     return ScaleSettings(
         repository=server.repository.resolve(),

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from google.protobuf import message_factory
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from dlscale.errors import Unavailable
 from dlscale.frontends.grpc.servicer import InferenceServicer
@@ -140,6 +140,13 @@ class OipIngress:
 
 
 def _http_response(answer: RestResponse) -> Response:
+    if answer.stream is not None:  # server-sent events: each chunk as the model sends it
+        return StreamingResponse(
+            answer.stream,
+            status_code=answer.status,
+            headers=dict(answer.headers),
+            media_type=answer.content_type,
+        )
     return Response(
         content=b"".join(answer.parts),
         status_code=answer.status,

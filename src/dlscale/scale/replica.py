@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from dlscale.scale.placement import placed_config
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.metrics import InferenceCollector
+from dlscale.serving.streams import aclose
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,
@@ -88,6 +90,21 @@ class ModelReplica:
             return await self.dataplane.infer(request)
         except DlscaleError as exc:
             return exc
+
+    async def stream(
+        self, request: InferenceRequest
+    ) -> AsyncIterator[InferenceResponse | DlscaleError]:
+        """A model that streams: its responses through this replica's DataPlane; an error is
+        the last item (not raised, as `infer` returns it). Ray cancels this generator when the
+        ingress's client left, which closes the stream and frees the sequence."""
+        responses = self.dataplane.stream(request)
+        try:
+            async for response in responses:
+                yield response
+        except DlscaleError as exc:
+            yield exc
+        finally:
+            await aclose(responses)
 
     def describe(self) -> ModelView:
         """Metadata, config and raw-input form of every served version."""

@@ -23,7 +23,7 @@ from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
-from dlscale.scale.calls import remote_call
+from dlscale.scale.calls import remote_call, remote_stream
 from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.settings import ScaleSettings
 from dlscale.serving.control.plane import check_model_control
@@ -156,9 +156,8 @@ class Router:
         return f"deploying models {', '.join(loading)}" if loading else ""
 
     def server_metadata(self) -> ServerMetadata:
-        # Traces and logs are each host's own, and streams are not forwarded (`stream`): not
-        # offered behind the ingress.
-        extensions = tuple(e for e in EXTENSIONS if e not in ("trace", "logging", "generate"))
+        # Traces and logs are each host's own: not offered behind the ingress.
+        extensions = tuple(e for e in EXTENSIONS if e not in ("trace", "logging"))
         return ServerMetadata("dlscale", __version__, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -219,15 +218,28 @@ class Router:
         return response
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        """Refused: streamed answers are not forwarded to Ray Serve replicas yet (serve models
-        that stream with `dlscale serve` on one host; docs/scale.md)."""
-        self._version(request.model_name, request.model_version)  # unknown model: 404 first
-        raise Unsupported(
-            "streamed answers (generate_stream, ModelStreamInfer, OpenAI streams) are not served "
-            "behind Ray Serve's ingress (dlscale serve --ray); serve models that stream with "
-            "dlscale serve on one host"
-        )
-        yield  # type: ignore[unreachable]  # an async generator, as the Plane declares
+        """A model that streams: its responses from a replica as they come (calls.py's
+        `remote_stream`); closing this early cancels the replica's stream."""
+        if not self._accepting:
+            raise Unavailable("the server is shutting down")
+        route, _, number = self._version(request.model_name, request.model_version)
+        stats = route.stats[number]
+        start = time.perf_counter_ns()
+        handle = self._handle(request.model_name)
+        outcome = "CANCELED"  # unless the stream ends or fails: its client left
+        try:
+            async for response in remote_stream(handle, request.model_name, "stream", (request,)):
+                yield response
+            outcome = ""
+        except DlscaleError as exc:
+            outcome = exc.reason
+            raise
+        finally:
+            end = time.perf_counter_ns()
+            if outcome:
+                stats.record_failure(outcome, end - start)
+            else:
+                stats.record_success(RequestTimes(start, end, end, end, end, end, end), 1)
 
     def trace_settings(
         self, model: str = "", changes: Mapping[str, Any] | None = None
@@ -238,11 +250,15 @@ class Router:
         raise Unsupported("log settings are per host: not served behind Ray Serve's ingress")
 
     async def _call(self, name: str, method: str, *args: Any) -> Any:
+        handle = self._handle(name)
+        return await remote_call(handle, name, method, args, self.settings.request_timeout_s)
+
+    def _handle(self, name: str) -> DeploymentHandle[Any]:
         handle = self._handles.get(name)
         if handle is None:
             handle = serve.get_deployment_handle(name, deploy.model_app(name))
             self._handles[name] = handle
-        return await remote_call(handle, name, method, args, self.settings.request_timeout_s)
+        return handle
 
     # -- repository and statistics ---------------------------------------------------------------
 

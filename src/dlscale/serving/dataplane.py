@@ -131,6 +131,10 @@ class DataPlane:
         for future in list(self._inflight):
             if not future.done():
                 future.set_exception(error)
+        for entry in self.manager.entries():  # streams: their tasks, in flight or waiting
+            for served in entry.versions.values():
+                if served.seats is not None:
+                    served.seats.cut()
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and the extensions it offers now."""
@@ -225,8 +229,12 @@ class DataPlane:
         finally:
             await aclose(responses)
 
-    async def _serve(self, request: InferenceRequest) -> InferenceResponse:
-        """`infer` past the shutdown check: a pipeline admitted before shutdown runs its steps."""
+    async def _serve(self, request: InferenceRequest, on_device: bool = False) -> InferenceResponse:
+        """`infer` past the shutdown check: a pipeline admitted before shutdown runs its steps.
+
+        `on_device`: a pipeline's step, whose outputs go to the next step as computed (a step
+        that answers in device memory hands it on); a client's answer is always on the host.
+        """
         check_schedule_parameters(request.parameters)
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
@@ -247,7 +255,7 @@ class DataPlane:
             outputs = await self._submit(served, request, regions, times)
             placed: dict[str, RegionTensor] = regions.place(outputs) if regions else {}
             answer = {
-                n: _answer(served, to_host(outputs[n]), n, k)
+                n: _answer(served, outputs[n] if on_device else to_host(outputs[n]), n, k)
                 for n, k in wanted.items()
                 if n not in placed
             }
@@ -308,6 +316,10 @@ class DataPlane:
             outputs=dict(lookup.answer),
         )
 
+    async def _step(self, request: InferenceRequest) -> InferenceResponse:
+        """One step of a pipeline: served as a client's request, its outputs kept where made."""
+        return await self._serve(request, on_device=True)
+
     async def _submit(
         self,
         served: ServedVersion,
@@ -318,7 +330,7 @@ class DataPlane:
         """Queue the request and wait; the batcher holds the regions while it reads the inputs."""
         if served.batcher is None:  # a pipeline: each step comes back through `_serve`
             assert served.pipeline is not None
-            return await served.pipeline.run(request, self._serve)
+            return await served.pipeline.run(request, self._step)
         release = regions.hold() if regions is not None else None
         try:
             future = served.batcher.submit(

@@ -73,6 +73,8 @@ class Seats:
         self._closing = False
         self._idle = asyncio.Event()
         self._idle.set()
+        #: The tasks of the streams in flight or waiting (cancelled at the shutdown's cut).
+        self.tasks: set[asyncio.Task[Any]] = set()
 
     @classmethod
     def of(
@@ -175,6 +177,11 @@ class Seats:
         self.stats.pending -= 1
         if self.stats.pending == 0:
             self._idle.set()
+
+    def cut(self) -> None:
+        """The shutdown's grace is over: every stream still in flight or waiting is ended."""
+        for task in list(self.tasks):
+            task.cancel()
 
     async def close(self) -> None:
         """Refuse new requests; wait until the sequences in flight and those waiting end."""

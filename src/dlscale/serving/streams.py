@@ -11,10 +11,11 @@ tokens are measured here (TTFT, TPOT, token counts), so that every frontend coun
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, cast
 
@@ -41,13 +42,21 @@ async def open_stream(
             "ask for one answer (POST .../infer or .../generate, gRPC ModelInfer)"
         )
     times = RequestTimes(request_start=time.perf_counter_ns())
+    task = asyncio.current_task()
+    assert task is not None  # an async generator is iterated by a task
+    seats.tasks.add(task)  # ended at the shutdown's cut (Seats.cut) if still running then
     try:
-        wanted = validate(served, request)
+        wanted = set(validate(served, request))
         if seats.generative:  # refused before it waits; the engine reads them again
             contract.Sampling.from_parameters(request.parameters)
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
         served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
+        seats.tasks.discard(task)
+        raise
+    except BaseException:  # its client left (or the cut came) while it waited
+        served.stats.record_failure("CANCELED", time.perf_counter_ns() - times.request_start)
+        seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
     backend = cast(StreamingBackend, instance.backend)
@@ -57,10 +66,13 @@ async def open_stream(
     try:
         async for part in parts:
             meter.saw(part)
+            if part.final:  # answered in full, even if its caller closes once it has it
+                outcome = ""
             yield _response(served, request, part, wanted)
             if part.final:
                 break
         else:  # the backend ended without a final part: a flag alone ends the stream
+            outcome = ""
             yield _response(served, request, StreamPart({}, final=True), wanted)
         outcome = ""
     except DlscaleError as exc:
@@ -74,6 +86,7 @@ async def open_stream(
         with contextlib.suppress(Exception):
             await aclose(parts)  # frees the engine's sequence at once
         seats.leave(instance)
+        seats.tasks.discard(task)
         meter.done()
         times.compute_output_start = times.compute_end = times.request_end = time.perf_counter_ns()
         if outcome:
@@ -110,14 +123,13 @@ def refuse_unary(served: ServedVersion) -> InvalidInput:
 
 
 def _response(
-    served: ServedVersion, request: InferenceRequest, part: StreamPart, wanted: Iterable[str]
+    served: ServedVersion, request: InferenceRequest, part: StreamPart, wanted: set[str]
 ) -> InferenceResponse:
-    names = set(wanted)
     return InferenceResponse(
         model_name=request.model_name,
         model_version=str(served.version.version),
         id=request.id,
-        outputs={n: a for n, a in part.outputs.items() if n in names},
+        outputs={n: a for n, a in part.outputs.items() if n in wanted},
         parameters=dict(part.parameters),
         final=part.final,
     )

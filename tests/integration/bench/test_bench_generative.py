@@ -17,16 +17,20 @@ from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.slow import slow_only
 
 from dlscale.bench.generative.client import StreamClient
-from dlscale.bench.generative.endpoints import Endpoint
+from dlscale.bench.generative.endpoints import Ask, Endpoint
 from dlscale.bench.generative.load import Job, closed_loop, open_loop
+from dlscale.bench.generative.mlperf import TokenBounds, TokenSut, settings_for, token_summary
 from dlscale.bench.generative.prompts import Lengths, PromptMaker, synthetic_asks
+from dlscale.bench.generative.records import Chunk, StreamRecord
 from dlscale.bench.generative.tokens import TokenCounter
 from dlscale.bench.generative.trace import read_trace, trace_asks
+from dlscale.bench.loadgen import LoopThread, run_loadgen
+from dlscale.bench.scenarios import Scenario
 from dlscale.cli import main
 from dlscale.models.zoo import build_zoo
 
 MODEL = "llama-tiny"
-OSL = 6
+OSL = 4
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +62,10 @@ def test_each_endpoint_streams_max_tokens_with_ttft_before_the_end(
 ) -> None:
     async def run() -> list:  # type: ignore[type-arg]
         async with StreamClient(URL(llm), kind, MODEL) as client:
-            return await closed_loop(client, jobs(folder, 3), concurrency=3)
+            return await closed_loop(client, jobs(folder, 2), concurrency=2)
 
     records = asyncio.run(run())
-    assert len(records) == 3
+    assert len(records) == 2
     for r in records:
         assert r.ok, r.error
         # ignore_eos: the server generated exactly what was asked, and said so.
@@ -114,7 +118,7 @@ def test_cli_sweeps_and_loadgen_offline_with_token_latencies(
     code = main(
         ["bench", URL(llm), "--generative", "openai", "--model", MODEL,
          "--tokenizer", str(folder / MODEL / "1"), "--isl", "8", "--osl", "4",
-         "--requests", "4", "--concurrency", "1,2", "--scenario", "offline",
+         "--requests", "3", "--concurrency", "1,2", "--scenario", "offline",
          "--duration", "0.5s", "--ttft-ms", "60000", "--tpot-ms", "30000", "--out", str(out),
          "--warmup-requests", "1"]
     )  # fmt: skip
@@ -126,10 +130,10 @@ def test_cli_sweeps_and_loadgen_offline_with_token_latencies(
         ("concurrency", 2),
     ]
     for p in points:
-        assert (p["succeeded"], p["failed"], p["output_tokens"]) == (4, 0, 16)
+        assert (p["succeeded"], p["failed"], p["output_tokens"]) == (3, 0, 12)
         assert p["ttft"]["p50"] <= p["latency"]["p50"]
         # Loose bounds: every request met them, so goodput is the request rate.
-        assert p["slo_met"] == 4 and p["goodput_per_s"] == pytest.approx(p["requests_per_s"])
+        assert p["slo_met"] == 3 and p["goodput_per_s"] == pytest.approx(p["requests_per_s"])
     (offline,) = report["loadgen"]
     assert offline["scenario"] == "Offline"
     assert offline["verdict"] == "VALID", offline["reasons"]
@@ -164,3 +168,38 @@ def test_cli_loadgen_server_valid_for_loose_bounds(
     (server,) = report["loadgen"]
     assert server["verdict"] == "VALID", server["reasons"]
     assert "99.00 percentile first token latency (ns)" in server["loadgen"]["token_fields"]
+
+
+def test_loadgen_completes_failed_streams_and_says_why(
+    llm: LocalServer, folder: Path, tmp_path: Path
+) -> None:
+    good = jobs(folder, 1)[0]
+    # Past llama-tiny's 512-token context: the server refuses it with a 400 before streaming.
+    refused = Job(Ask("word " * 2000, OSL), 2000)
+    loop = LoopThread()
+    client = StreamClient(URL(llm), Endpoint.COMPLETIONS, MODEL)
+    try:
+        loop.run(client.__aenter__())
+        sut = TokenSut(client, [good, refused], loop, concurrency=2)
+        bounds = TokenBounds.choose(None, 60000, 30000)
+        settings = settings_for(Scenario.OFFLINE, bounds, duration_s=0.1, min_queries=4,
+                                target_qps=None, expected_qps=4.0, seed=0)  # fmt: skip
+        run_loadgen(sut, 2, settings, tmp_path / "lg")  # returns: every sample was completed
+    finally:
+        loop.run(client.__aexit__(None, None, None))
+        loop.close()
+    failed = [r for r in sut.records if not r.ok]
+    assert failed and all("HTTP 400" in (r.error or "") for r in failed)
+    assert any(r.ok and r.tokens == OSL for r in sut.records)
+    assert token_summary(tmp_path / "lg")["result"] in ("VALID", "INVALID")
+
+
+def test_without_a_server_count_the_tokenizer_counts_the_output(folder: Path) -> None:
+    counter = TokenCounter(folder / MODEL / "1")
+    text = "GPU memory and the cache"
+    record = StreamRecord(sent_ns=0, chunks=[Chunk(1, text[:9]), Chunk(2, text[9:])], done_ns=3)
+    StreamClient("http://127.0.0.1:1", Endpoint.GENERATE, MODEL, counter=counter)._count(record)
+    assert record.token_source == "tokenizer"
+    assert record.tokens == counter.count(text) > 2
+    StreamClient("http://127.0.0.1:1", Endpoint.GENERATE, MODEL)._count(record)
+    assert record.token_source == "chunks"

@@ -7,6 +7,7 @@ engine (llama-tiny on transformers) are in test_openai_engine.py.
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,13 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as th
-from tests.toolkit.generative import MAX_MODEL_LEN, greedy_words, write_colours
+from tests.toolkit.generative import (
+    MAX_MODEL_LEN,
+    greedy_words,
+    next_outcome,
+    outcomes,
+    write_colours,
+)
 from tests.toolkit.models import identity_graph, write_model
 from tests.toolkit.server import LocalServer, serving
 
@@ -55,9 +62,11 @@ def test_models_lists_the_generative_ones(client: openai.OpenAI) -> None:
         client.models.retrieve("identity")
 
 
-def test_a_completion_answers_with_usage(client: openai.OpenAI) -> None:
+def test_a_completion_answers_with_usage(client: openai.OpenAI, server: LocalServer) -> None:
     prompt = "one two three"
+    before = outcomes(server.http_url, MODEL)
     answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert next_outcome(server.http_url, MODEL, before) == (1, 0)  # answered, not cancelled
     assert answer.object == "text_completion" and answer.id.startswith("cmpl-")
     choice = answer.choices[0]
     assert choice.text == " ".join(greedy_words(prompt, 4)) and choice.finish_reason == "length"
@@ -79,9 +88,10 @@ def test_a_chat_answers_as_the_assistant(client: openai.OpenAI) -> None:
     assert answer.usage is not None and answer.usage.completion_tokens == 2
 
 
-def test_a_streamed_completion_is_the_same_text(client: openai.OpenAI) -> None:
+def test_a_streamed_completion_is_the_same_text(client: openai.OpenAI, server: LocalServer) -> None:
     prompt = "a b"
     whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
+    before = outcomes(server.http_url, MODEL)
     chunks = list(
         client.completions.create(
             model=MODEL,
@@ -98,6 +108,7 @@ def test_a_streamed_completion_is_the_same_text(client: openai.OpenAI) -> None:
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None and last.usage.total_tokens == 7
     assert all(c.usage is None for c in chunks[:-1])
+    assert next_outcome(server.http_url, MODEL, before) == (1, 0)
 
 
 def test_a_streamed_chat_names_the_role_first(client: openai.OpenAI) -> None:
@@ -199,8 +210,19 @@ def test_malformed_bodies_are_400(http: httpx.Client, body: bytes, said: str) ->
     assert said in error["message"] and error["code"] == 400 and error["type"] == "BadRequestError"
 
 
+def test_a_compressed_body_is_held_to_the_body_limit(http: httpx.Client) -> None:
+    # 8 MiB of prompt in 8 KiB of gzip: inflated no further than the server's 4 MiB limit.
+    body = b'{"model": "colours", "prompt": "' + b"a" * (8 * 2**20) + b'"}'
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    answer = http.post("/v1/completions", content=gzip.compress(body), headers=headers)
+    assert answer.status_code == 413 and "decompressed body" in answer.json()["error"]["message"]
+    unknown = http.post("/v1/completions", content=b"{}", headers={"content-encoding": "br"})
+    assert unknown.status_code == 415 and unknown.json()["error"]["code"] == 415
+
+
 def test_wrong_methods_and_routes(http: httpx.Client) -> None:
-    assert http.get("/v1/completions").status_code == 405
+    wrong = http.get("/v1/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     missing = http.get("/v1/embeddings")
     assert missing.status_code == 404 and "error" in missing.json()
 
@@ -224,14 +246,16 @@ def test_a_failure_mid_stream_is_an_error_event_then_done(
 def test_a_client_that_leaves_frees_its_sequence(
     client: openai.OpenAI, server: LocalServer
 ) -> None:
-    # Two seats: two endless generations hold both; when their clients leave, the next
-    # request is answered (it would wait for a seat forever otherwise).
+    # Two seats: two endless generations hold both. Each is recorded as cancelled once its
+    # client leaves, and the next request is answered (it would wait forever otherwise).
     for _ in range(2):
+        before = outcomes(server.http_url, MODEL)
         stream = client.completions.create(
             model=MODEL, prompt="forever", max_tokens=10**6, stream=True
         )
         next(iter(stream))
         stream.close()
+        assert next_outcome(server.http_url, MODEL, before) == (0, 1)
     answer = client.completions.create(
         model=MODEL, prompt="after", max_tokens=2, temperature=0, extra_body={"timeout": 30_000_000}
     )
@@ -241,12 +265,14 @@ def test_a_client_that_leaves_frees_its_sequence(
 def test_oip_and_openai_requests_share_the_model(
     client: openai.OpenAI, server: LocalServer
 ) -> None:
-    oip = th.InferenceServerClient(server.http_url, concurrency=4)
-
     def by_oip(index: int) -> str:
         text = th.InferInput("text_input", [1], "BYTES")
         text.set_data_from_numpy(np.array([f"w{index}".encode()], dtype=object))
-        result = oip.infer(MODEL, [text], parameters={"max_tokens": 2, "temperature": 0})
+        oip = th.InferenceServerClient(server.http_url)  # gevent's: one per thread
+        try:
+            result = oip.infer(MODEL, [text], parameters={"max_tokens": 2, "temperature": 0})
+        finally:
+            oip.close()
         return bytes(result.as_numpy("text_output")[0]).decode()
 
     def by_openai(index: int) -> str:
@@ -259,7 +285,6 @@ def test_oip_and_openai_requests_share_the_model(
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(f, i) for i in range(4) for f in (by_oip, by_openai)]
         assert [f.result() for f in futures] == [want] * 8
-    oip.close()
 
 
 def test_a_priority_the_model_lacks_is_400(client: openai.OpenAI) -> None:

@@ -212,7 +212,7 @@ def test_errors_through_tritonclient(server: LocalServer) -> None:
 
 
 def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
-    _expect(http.get("/v1/models"), 404, "no route")
+    _expect(http.get("/v9/models"), 404, "no route")  # /v1 is the OpenAI API (docs/openai.md)
     _expect(http.get("/v2/models/identity/versions/1/explain"), 404, "no route")
     _expect(http.get("/v2/health"), 404, "no route")
     r = http.get(IDENTITY)

@@ -21,9 +21,12 @@ from typing import TYPE_CHECKING
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tests.toolkit.generative import write_colours
 from tests.toolkit.models import write_broken, write_null_model
+from tests.toolkit.python_models import write_python_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import free_port
+from tests.toolkit.streaming_models import TICKER, TICKER_TOML
 
 from dlscale.cli import parse
 
@@ -73,7 +76,8 @@ def cluster() -> Iterator[RayNodes]:
 @pytest.fixture(scope="session")
 def ray_repo(small_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """identity, mlp and digits from the zoo; `sleeper`, a null echo model standing in for a
-    device with a 20 ms batch; and `broken`, whose config is invalid."""
+    device with a 20 ms batch; `broken`, whose config is invalid; `ticker`, a Python model that
+    streams, one sequence at a time; `colours`, a generative Python model."""
     root = tmp_path_factory.mktemp("ray_repo")
     for name in ("identity", "mlp", "digits"):
         shutil.copytree(small_repo / name, root / name)
@@ -84,6 +88,8 @@ def ray_repo(small_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     )
     write_null_model(root, "sleeper", sleeper)
     write_broken(root)
+    write_python_model(root, "ticker", TICKER, TICKER_TOML)  # streams (test_ray_streams.py)
+    write_colours(root)  # a generative Python model (test_ray_openai.py)
     return root
 
 

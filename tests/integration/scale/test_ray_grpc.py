@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import queue
+from typing import Any
 
 import numpy as np
 import pytest
-from tests.integration.scale.conftest import RAY_MISSING
+from tests.integration.scale.conftest import RAY_MISSING, Deployed
 from tests.toolkit.clients import infer_input
 
 pytest.importorskip("ray", reason=RAY_MISSING)
@@ -74,3 +75,19 @@ def test_repository_and_statistics_rpcs(grpc: grpcclient.InferenceServerClient) 
     grpc.infer("identity", [infer_input("input", np.ones((1, 16), np.float32))])
     stats = grpc.get_inference_statistics("identity").model_stats[0]
     assert stats.name == "identity" and stats.inference_stats.success.count >= 1
+
+
+def test_model_stream_infer_through_the_ingress(deployed: Deployed) -> None:
+    """A Python model that streams, behind the ingress: 0..N responses, the final flagged."""
+    client = grpcclient.InferenceServerClient(deployed.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([2], np.int32))
+    client.async_stream_infer("ticker", [count], enable_empty_final_response=True)
+    answers = [results.get(timeout=60.0) for _ in range(3)]
+    client.stop_stream()
+    client.close()
+    assert all(error is None for _, error in answers)
+    assert [r.as_numpy("TICK").tolist() for r, _ in answers[:2]] == [[0], [1]]
+    assert answers[2][0].get_response().parameters["triton_final_response"].bool_param

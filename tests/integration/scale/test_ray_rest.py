@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -14,6 +16,7 @@ from tests.integration.scale.conftest import RAY_MISSING, Deployed
 
 pytest.importorskip("ray", reason=RAY_MISSING)
 
+import httpx
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -140,3 +143,40 @@ def test_dlscale_bench_measures_it_unchanged(
     result = json.loads((out / "report.json").read_text())["scenarios"][0]["result"]
     assert result["completed"] > 0 and result["errors"]["count"] == 0
     assert result["accuracy"] is not None
+
+
+# -- streams: REST generate_stream behind the ingress (docs/generative.md) -----------------
+
+#: Long enough for a stream on a loaded machine; a hang fails instead of blocking forever.
+PATIENCE_S = 60.0
+
+
+def _url(deployed: Deployed, route: str) -> str:
+    return f"http://{deployed.http_url}/v2/models/ticker/{route}"
+
+
+def _ticks(deployed: Deployed, count: int, into: list[Any]) -> None:
+    body = {"COUNT": count}
+    with httpx.stream(
+        "POST", _url(deployed, "generate_stream"), json=body, timeout=PATIENCE_S
+    ) as r:
+        into.append([json.loads(x[5:])["TICK"] for x in r.iter_lines() if x.startswith("data:")])
+
+
+def test_generate_stream_through_the_ingress(deployed: Deployed) -> None:
+    got: list[Any] = []
+    _ticks(deployed, 3, got)
+    assert got == [[0, 1, 2]]
+
+
+def test_a_disconnect_behind_the_ingress_frees_the_replicas_slot(deployed: Deployed) -> None:
+    got: list[Any] = []
+    held = httpx.stream("POST", _url(deployed, "generate_stream"), json={"COUNT": -1}, timeout=60)
+    with held as response:
+        lines = response.iter_lines()
+        assert next(x for x in lines if x.startswith("data:"))
+        waiting = threading.Thread(target=_ticks, args=(deployed, 2, got))
+        waiting.start()
+    # The ticker takes one sequence at a time: the second finishes only once the first is gone.
+    waiting.join(PATIENCE_S)
+    assert got == [[0, 1]]

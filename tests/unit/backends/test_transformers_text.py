@@ -46,3 +46,24 @@ def test_without_a_stop_the_tail_is_sent_at_the_end() -> None:
     text = StreamedText(decode, ("never there",))
     sent = stream(text, b"abc")
     assert sent[:2] == ["", ""] and sent[-1] == "abc" and not text.stopped
+
+
+def test_each_step_decodes_only_the_new_tokens_and_their_context() -> None:
+    seen: list[int] = []
+
+    def counting(ids: Sequence[int]) -> str:
+        seen.append(len(ids))
+        return decode(ids)
+
+    data = ("long answer " * 50).encode()
+    sent = stream(StreamedText(counting, ()), data)
+    assert "".join(sent) == data.decode()
+    assert max(seen) <= 5  # never the whole generation
+
+
+def test_a_decoder_that_drops_a_leading_space_keeps_the_spaces_between_steps() -> None:
+    # SentencePiece-like: a decoded text never starts with a space.
+    words = ["▁the", "▁cat", "▁sat"]
+    text = StreamedText(lambda ids: "".join(words[i] for i in ids).replace("▁", " ").lstrip(), ())
+    sent = [text.update([0, 1, 2][: n + 1], finished=n == 2) for n in range(3)]
+    assert "".join(sent) == "the cat sat"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlscale.backends.generative.contract import Sampling, part
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, PermissionDenied, Unsupported
@@ -22,7 +23,7 @@ from dlscale.types import InferenceResponse
 
 
 def _body(**fields: object) -> bytes:
-    return orjson.dumps({"model": "llm", **fields})
+    return json.dumps({"model": "llm", **fields}).encode()  # orjson stops at 64-bit integers
 
 
 def test_a_completion_becomes_the_contracts_request() -> None:
@@ -83,6 +84,8 @@ def test_priority_and_timeout_are_the_queues() -> None:
         ({"model": 3}, "model"),
         ({"model": ""}, "model"),
         ({"priority": "high"}, "priority"),
+        ({"max_tokens": 10**300}, "max_tokens"),
+        ({"seed": 2**64}, "seed"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_named(fields: dict[str, object], param: str) -> None:
@@ -113,7 +116,14 @@ def test_what_is_not_implemented_is_501(fields: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"{", b"[1]", b'{"model": "llm", "prompt": "\xff"}', b"nul"],
+    [
+        b"{",
+        b"[1]",
+        b'{"model": "llm", "prompt": "\xff"}',
+        b"nul",
+        b"[" * 100_000,
+        b'{"model": "llm", "prompt": "p", "temperature": 1e400}',
+    ],
 )
 def test_malformed_bodies_are_400(body: bytes) -> None:
     with pytest.raises(InvalidInput):
@@ -218,3 +228,29 @@ def test_errors_take_openais_shape(error: DlscaleError, status: int, kind: str) 
     assert got == status and doc["error"]["type"] == kind and doc["error"]["code"] == status
     if status == 404:
         assert doc["error"]["message"] == "The model `x` does not exist."
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_FIELDS = st.sampled_from(
+    [
+        "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+        "top_p", "seed", "stop", "n", "stream", "stream_options", "priority", "timeout",
+        "ignore_eos", "logprobs", "response_format", "echo",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_FIELDS, _JSON, max_size=6), st.booleans())
+def test_any_json_is_read_or_refused_with_a_4xx(fields: dict[str, object], chat: bool) -> None:
+    body = json.dumps(fields).encode()
+    try:
+        (chat_call if chat else completion_call)(body, {})
+    except DlscaleError as exc:
+        assert 400 <= exc.http_status < 500 or exc.http_status == 501

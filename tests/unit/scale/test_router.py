@@ -15,6 +15,7 @@ from dlscale.scale.router import Router
 from dlscale.scale.settings import ScaleSettings
 from dlscale.types import (
     Datatype,
+    InferenceRequest,
     ModelConfigView,
     ModelMetadata,
     TensorSpec,
@@ -112,3 +113,16 @@ def test_models_deployed_after_the_ingress_are_loading_until_their_applications_
     assert router.ready()
     router.apply({})  # its application is gone now: forgotten, as any model's
     assert router._routes["a"].state.value == "UNAVAILABLE"
+
+
+async def test_a_stream_to_an_unknown_model_or_while_stopping_is_refused_at_once(
+    router: Router,
+) -> None:
+    with pytest.raises(NotFound, match="unknown model 'zzz'"):
+        async for _ in router.stream(InferenceRequest("zzz", {})):
+            pass
+    router.stop_accepting()
+    with pytest.raises(Unavailable, match="shutting down"):
+        async for _ in router.stream(InferenceRequest("a", {})):
+            pass
+    assert "generate" in router.server_metadata().extensions

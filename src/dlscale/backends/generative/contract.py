@@ -23,25 +23,38 @@ import numpy as np
 
 from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.errors import InvalidInput
-from dlscale.types import Datatype, Parameter, TensorSpec
+from dlscale.types import Parameter
 
-TEXT_INPUT = "text_input"
-TEXT_OUTPUT = "text_output"
-FINISH_REASON = "finish_reason"
-NUM_INPUT_TOKENS = "num_input_tokens"
-NUM_OUTPUT_TOKENS = "num_output_tokens"
-
-#: The signature every generative model reports (no batch dim: engines batch themselves).
-INPUTS = (TensorSpec(TEXT_INPUT, Datatype.BYTES, (1,)),)
-OUTPUTS = (
-    TensorSpec(TEXT_OUTPUT, Datatype.BYTES, (1,)),
-    TensorSpec(FINISH_REASON, Datatype.BYTES, (1,)),
-    TensorSpec(NUM_INPUT_TOKENS, Datatype.UINT32, (1,)),
-    TensorSpec(NUM_OUTPUT_TOKENS, Datatype.UINT32, (1,)),
+# The tensor names live with the wire codec, where frontends and the bench read them too;
+# re-exported here for the engines.
+from dlscale.wire.generative import (
+    FINISH_REASON,
+    FINISH_REASONS,
+    INPUTS,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    OUTPUTS,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
 )
-#: Why a sequence ended, in OpenAI's words: its stop string or end token, its max_tokens,
-#: or the server ended it (cancelled, disconnected, deadline).
-FINISH_REASONS = ("stop", "length", "abort")
+
+__all__ = [
+    "FINISH_REASON",
+    "FINISH_REASONS",
+    "INPUTS",
+    "NUM_INPUT_TOKENS",
+    "NUM_OUTPUT_TOKENS",
+    "OUTPUTS",
+    "TEXT_INPUT",
+    "TEXT_OUTPUT",
+    "EngineStats",
+    "GenerativeBackend",
+    "Sampling",
+    "chat_messages",
+    "join",
+    "part",
+    "prompt_text",
+]
 
 #: Bounds on what a client may ask, checked before anything reaches an engine.
 MAX_STOP_STRINGS = 16

@@ -24,7 +24,7 @@ from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative.contract import INPUTS, OUTPUTS, EngineStats, join
 from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
 from dlscale.backends.generative.transformers_request import Job, Parts, prepare
-from dlscale.errors import Unavailable
+from dlscale.errors import ConfigError, Unavailable
 from dlscale.types import Parameter, TensorSpec
 
 #: Plain `infer` calls an instance may run at once: each is one sequence the engine batches.
@@ -47,7 +47,10 @@ class TransformersBackend:
             # Process-wide in PyTorch: the engine's thread computes with this many.
             torch.set_num_threads(self.options.intra_op_threads)
         folder = self.path.parent if self.path.is_file() else self.path
-        self._engine = Engine(folder, self.settings)
+        try:
+            self._engine = Engine(folder, self.settings)
+        except Exception as exc:  # transformers raises many kinds for a folder it cannot read
+            raise ConfigError(f"transformers backend cannot load {folder.name}: {exc}") from exc
 
     @property
     def capabilities(self) -> Capabilities:

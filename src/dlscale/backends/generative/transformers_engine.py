@@ -22,12 +22,13 @@ from transformers import (
     ContinuousBatchingConfig,
     GenerationConfig,
 )
+from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from dlscale.backends.base import BackendOptions
 from dlscale.backends.generative.contract import EngineStats
 from dlscale.backends.generative.transformers_sampling import RequestSampling
-from dlscale.errors import BackendError, ConfigError
+from dlscale.errors import BackendError, ConfigError, Unavailable
 
 #: What a request's callback receives: each output of its sequence, or the engine's failure.
 Sink = Callable[[GenerationOutput | BackendError], None]
@@ -45,6 +46,9 @@ OPTION_KEYS = (
 )
 #: The KV cache a CPU engine takes unless told (the server's memory is shared with others).
 CPU_KV_CACHE_GIB = 1.0
+#: Tokens in one CPU step unless told. transformers' default (8192) sizes an SDPA attention
+#: mask of 8192 x (8192 + the cache's tokens) floats, GBs, reset in part at every step.
+CPU_BATCH_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class EngineSettings:
     #: Sequences in one step (the seats in front of the engine read the same key).
     max_num_seqs: int | None = None
     attn_implementation: str = "sdpa"
+    #: PyTorch's threads in the engine's thread; 0 leaves PyTorch's default (one per core).
+    threads: int = 0
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> EngineSettings:
@@ -78,17 +84,20 @@ class EngineSettings:
         if dtype not in _DTYPES:
             raise ConfigError(f"transformers backend: dtype must be one of {list(_DTYPES)}")
         gib = extra.get("kv_cache_gib", None if on_gpu else CPU_KV_CACHE_GIB)
+        fraction = float(_positive("gpu_memory_fraction", extra.get("gpu_memory_fraction", 0.8)))
+        if fraction > 1:
+            raise ConfigError("transformers backend: gpu_memory_fraction must be at most 1")
         return cls(
             device=options.device,
             dtype=dtype,
             kv_cache_gib=None if gib is None else float(_positive("kv_cache_gib", gib)),
-            gpu_memory_fraction=float(
-                _positive("gpu_memory_fraction", extra.get("gpu_memory_fraction", 0.8))
-            ),
+            gpu_memory_fraction=fraction,
             page_size=int(_positive("page_size", extra.get("page_size", 64))),
-            max_batch_tokens=_optional(extra, "max_batch_tokens"),
+            max_batch_tokens=_optional(extra, "max_batch_tokens")
+            or (None if on_gpu else CPU_BATCH_TOKENS),
             max_num_seqs=_optional(extra, "max_num_seqs"),
             attn_implementation=str(extra.get("attn_implementation", "sdpa")),
+            threads=options.intra_op_threads,
         )
 
 
@@ -100,6 +109,24 @@ def _positive(key: str, value: object) -> float:
 
 def _optional(extra: Mapping[str, Any], key: str) -> int | None:
     return int(_positive(key, extra[key])) if key in extra else None
+
+
+class _Manager(ContinuousBatchingManager):
+    """transformers' manager with each request's own sampling, computing with our threads."""
+
+    def __init__(self, model: Any, generation: Any, cache: Any, threads: int) -> None:
+        super().__init__(model, generation, cache)
+        # Read by the batch processor that start() builds (instead of the config's processors).
+        self.logit_processor = RequestSampling()
+        self._threads = threads
+
+    def _run_generation_loop(self, use_inference_mode: bool) -> None:
+        # Under OpenMP the thread count belongs to each OS thread, and a new one starts with
+        # one per core whatever the loading thread set: on a shared machine, threads waiting
+        # at a barrier for a descheduled peer slow each step many times over.
+        if self._threads > 0:
+            torch.set_num_threads(self._threads)
+        super()._run_generation_loop(use_inference_mode)
 
 
 class Engine:
@@ -119,14 +146,15 @@ class Engine:
         generation = GenerationConfig(  # type: ignore[no-untyped-call]
             do_sample=False, eos_token_id=list(self.eos_ids), pad_token_id=config.pad_token_id
         )
-        self.manager = self.model.init_continuous_batching(
-            generation_config=generation, continuous_batching_config=self._cache_config(settings)
+        self.manager = _Manager(
+            self.model, generation, self._cache_config(settings), settings.threads
         )
-        # Read by the batch processor when start() builds it: each request's own sampling.
-        self.manager.logit_processor = RequestSampling()
         self._sinks: dict[str, Sink] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        # The cache and the step's buffers are allocated here, so that a loaded model takes
+        # its first request at once (start() would otherwise build them in its thread).
+        self.manager.warmup()
         self.manager.start()
         self._router = threading.Thread(target=self._route, name="dlscale-hf-router", daemon=True)
         self._router.start()
@@ -165,9 +193,9 @@ class Engine:
         """Queue one sequence; `sink` gets its outputs from the router thread."""
         with self._lock:
             if self._closed.is_set():
-                raise BackendError("the transformers engine is stopped")
+                raise Unavailable("the transformers engine is stopped")
             self._sinks[engine_id] = sink
-        self.manager.add_request(
+        queued = self.manager.add_request(
             prompt,
             request_id=engine_id,
             max_new_tokens=max_tokens,
@@ -175,6 +203,10 @@ class Engine:
             eos_token_id=eos or [-1],
             **sampling,
         )
+        if queued is None:  # the manager is stopping or failed: it drops the request
+            with self._lock:
+                self._sinks.pop(engine_id, None)
+            raise Unavailable("the transformers engine takes no new sequences (it stopped)")
 
     def cancel(self, engine_id: str) -> None:
         """Drop a sequence: its KV-cache blocks are freed at the engine's next step."""

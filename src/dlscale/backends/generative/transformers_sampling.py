@@ -77,6 +77,8 @@ class _TopP(ContinuousBatchingLogitsProcessor):
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         top_p = tensor_arg[: scores.size(0)].view(dtype=torch.float32).unsqueeze(-1)
+        if not bool((top_p < 1.0).any()):  # no row cuts: spare the sort over the vocabulary
+            return scores
         ordered, order = torch.sort(scores, descending=True, dim=-1)
         probabilities = ordered.softmax(dim=-1)
         before = probabilities.cumsum(dim=-1) - probabilities

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import time
 from pathlib import Path
 
 from dlscale.bench.generative.endpoints import Endpoint
@@ -88,8 +89,12 @@ def _scenarios(text: str | None) -> tuple[Scenario, ...]:
     return chosen
 
 
+_START = time.monotonic()
+
+
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """Each step as it begins, with the seconds since the command started (as the bench does)."""
+    print(f"[{time.monotonic() - _START:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 
 def _quiet(line: str) -> None:

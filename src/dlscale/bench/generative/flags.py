@@ -14,7 +14,8 @@ def add_flags(p: argparse.ArgumentParser, path: Callable[[str], Path]) -> None:
         "--generative",
         metavar="openai|chat|generate",
         help="token-level bench of an OpenAI /v1/completions (openai), /v1/chat/completions "
-        "(chat) or OIP generate_stream (generate) endpoint",
+        "(chat) or OIP generate_stream (generate) endpoint; MLPerf LoadGen runs only with "
+        "--scenario server, offline or all",
     )
     g.add_argument("--tokenizer", type=path, help="the model's folder (tokenizer.json)")
     g.add_argument("--isl", type=int, default=128, help="input tokens, mean (default 128)")

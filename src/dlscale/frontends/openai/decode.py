@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.backends.generative.contract import TEXT_INPUT
 from dlscale.errors import InvalidInput, Unsupported
 from dlscale.frontends.openai.errors import BadField
 from dlscale.types import InferenceRequest, Parameters
+from dlscale.wire.generative import TEXT_INPUT
 from dlscale.wire.rest import ANY_JSON, decode_json
 from dlscale.wire.tensors import Buffer
 
@@ -163,6 +163,8 @@ def _field(doc: Mapping[str, Any], name: str, kind: type, prefix: str = "") -> A
         expected = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
         what = expected.get(kind, "an object")
         raise BadField(prefix + name, f"{prefix}{name} must be {what}, not {_shown(value)}")
+    if kind is int and not -(2**63) <= value < 2**63:  # request parameters are 64-bit
+        raise BadField(prefix + name, f"{prefix}{name} is out of range: {_shown(value)}")
     return value
 
 

@@ -1,7 +1,7 @@
 """OpenAI answers from dlscale's streamed responses: whole objects, stream chunks, usage.
 
 Each streamed response of a generative model carries the new text and the token counts so far,
-and the final one its finish reason (backends/generative/contract.py); `Piece` reads that, and
+and the final one its finish reason (wire/generative.py); `Piece` reads that, and
 the functions below write it as vLLM's OpenAI server does (shared/reference/generative.md).
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from dlscale.backends.generative.contract import (
+from dlscale.errors import InvalidInput
+from dlscale.types import InferenceResponse
+from dlscale.wire.generative import (
     FINISH_REASON,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
     TEXT_OUTPUT,
 )
-from dlscale.errors import InvalidInput
-from dlscale.types import InferenceResponse
 
 #: The end of every stream, after its last chunk (also after an error chunk).
 DONE = b"data: [DONE]\n\n"

@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
-from dlscale.backends.generative.contract import TEXT_INPUT, TEXT_OUTPUT
 from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.openai.decode import Call, chat_call, completion_call
@@ -30,6 +30,7 @@ from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
 from dlscale.types import InferenceResponse, ModelMetadata
+from dlscale.wire.generative import TEXT_INPUT, TEXT_OUTPUT
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -54,28 +55,25 @@ class OpenAIApi:
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         """Answer one request under `/v1/`; `headers` has lower-case names."""
-        model = ""
         try:
             handler, args, allowed = self._route(path)
             if handler is None:
                 return _error(404, f"no OpenAI route for {path[:200]!r}")
             self.access.check(GROUP, headers)
             if method != allowed:
-                return _error(405, f"{method} is not allowed here; use {allowed}")
+                message = f"{method} is not allowed here; use {allowed}"
+                return _error(405, message, (("allow", allowed),))
             return await handler(args, headers, self.decoded(headers, body))
         except _ModelError as wrapped:
-            model, exc = wrapped.model, wrapped.cause
-        except DlscaleError as exc_:
-            exc = exc_
-        except Exception as exc_:  # a bug must answer 500, not drop the connection
+            return _failure(f"{method} {path}", wrapped.cause, wrapped.model)
+        except DlscaleError as exc:
+            return _failure(f"{method} {path}", exc)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("%s %s failed", method, path)
-            return _error(500, redact_paths(f"internal error: {exc_!r}"))
-        log_failure("HTTP", model, exc.http_status, exc.reason, f"{method} {path}: {exc}")
-        status, doc = status_and_document(exc, model)
-        return RestResponse(status, [orjson.dumps(doc)])
+            return _error(500, redact_paths(f"internal error: {exc!r}"))
 
     def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = path.split("?", 1)[0].strip("/").split("/")[1:]
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
         match parts:
             case ["models"]:
                 return self._models, [], "GET"
@@ -121,7 +119,8 @@ class OpenAIApi:
             "created": int(time.time()),
             "owned_by": "dlscale",
         }
-        length = parameters.get("max_model_len", "")
+        # [metadata] max_model_len, as vLLM names it, or the zoo's `context`.
+        length = parameters.get("max_model_len") or parameters.get("context", "")
         if length.isdigit():
             card["max_model_len"] = int(length)
         return card
@@ -154,17 +153,15 @@ class OpenAIApi:
             await aclose(responses)  # the client left, or a bug: the sequence is freed
             raise
         if call.stream:
-            events = _events(reply, piece, first.final, responses, call.include_usage)
+            events = _events(reply, piece, responses, call.include_usage)
             return RestResponse(200, [], SSE, stream=events)
         try:
-            reply.add(piece)
-            done = first.final
-            while not done:
+            while True:
+                reply.add(piece)
                 response = await _next(responses)
                 if response is None:
                     break
-                reply.add(Piece.of(response))
-                done = response.final
+                piece = Piece.of(response)
         except DlscaleError as exc:
             raise _ModelError(call.model, exc) from None
         finally:
@@ -175,11 +172,14 @@ class OpenAIApi:
 async def _events(
     reply: Answer,
     first: Piece,
-    final: bool,
     responses: AsyncIterator[InferenceResponse],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """The `data:` events of a streamed answer; closing it early closes the generation."""
+    """The `data:` events of a streamed answer; closing it early closes the generation.
+
+    The responses are read to their end, past the final one: a stream closed before its end
+    counts as cancelled (its client left), one read to its end as answered.
+    """
     try:
         if reply.chat:
             yield reply.chunk(None, include_usage, first=True)
@@ -188,10 +188,8 @@ async def _events(
             reply.add(piece)
             if piece.text or piece.finish_reason is not None:
                 yield reply.chunk(piece, include_usage)
-            if final:
-                break
             response = await _next(responses)
-            piece, final = (Piece.of(response), response.final) if response else (None, True)
+            piece = Piece.of(response) if response is not None else None
         if include_usage:
             yield reply.usage_chunk()
     except DlscaleError as exc:
@@ -216,8 +214,15 @@ def _generative(metadata: ModelMetadata) -> bool:
     )
 
 
-def _error(status: int, message: str) -> RestResponse:
-    return RestResponse(status, [orjson.dumps(error_document(status, message))])
+def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> RestResponse:
+    return RestResponse(status, [orjson.dumps(error_document(status, message))], headers=headers)
+
+
+def _failure(what: str, exc: DlscaleError, model: str = "") -> RestResponse:
+    """The answer to a request that failed with `exc`, logged as every failed request is."""
+    log_failure("HTTP", model, exc.http_status, exc.reason, f"{what}: {exc}")
+    status, doc = status_and_document(exc, model)
+    return RestResponse(status, [orjson.dumps(doc)])
 
 
 class _ModelError(Exception):

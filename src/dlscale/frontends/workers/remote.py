@@ -128,6 +128,8 @@ class RemotePlane:
                 if isinstance(reply, ipc.Part | ipc.Reply) and reply.ident in self._streams:
                     self._streams[reply.ident].put_nowait(reply)
                     continue
+                if isinstance(reply, ipc.Part):
+                    continue  # sent before the owner read this worker's Cancel: dropped
                 reply = ipc.expect(ipc.Reply, reply)
                 future = self._pending.pop(reply.ident, None)
                 if future is None or future.done():

@@ -64,6 +64,15 @@ def class_images(labels: np.ndarray, rng: np.random.Generator, size: int = 224) 
     with multi-scale noise on top (coarse blobs, mid-scale texture, fine grain), so that
     neighbouring pixels correlate as in photographs and no two images are alike.
     """
+    img = class_intensities(labels, rng, (size, size))
+    normalized: np.ndarray = (img - IMAGENET_MEAN) / IMAGENET_STD
+    return normalized
+
+
+def class_intensities(
+    labels: np.ndarray, rng: np.random.Generator, size: tuple[int, int]
+) -> np.ndarray:
+    """FP32 [N, 3, height, width] images of the given classes, intensities in [0, 1]."""
     n = len(labels)
     shift = rng.normal(0.0, SHIFT, (n, 2))
     colours, rows, cols = _pattern_terms(labels, shift, size)
@@ -74,21 +83,24 @@ def class_images(labels: np.ndarray, rng: np.random.Generator, size: int = 224) 
     cast = rng.normal(0.0, CAST, (n, 3, 1, 1)).astype(np.float32)
     img = 0.5 + contrast * img + cast + _noise(n, rng, size)
     np.clip(img, 0.0, 1.0, out=img)
-    normalized: np.ndarray = (img - IMAGENET_MEAN) / IMAGENET_STD
-    return normalized
+    intensities: np.ndarray = img
+    return intensities
 
 
 def _pattern_terms(
-    labels: np.ndarray, shift: np.ndarray, size: int
+    labels: np.ndarray, shift: np.ndarray, size: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The classes' patterns as sums of separable terms: colours [n,T,3], rows and cols [n,T,size].
 
     A wave sin(a(x) + b(y)) is sin(a)cos(b) + cos(a)sin(b); a Gaussian blob is a product too.
     """
     p = patterns()
-    grid = (np.arange(size) + 0.5) / size
-    x = grid[None, None, :] - shift[:, 0, None, None]  # [n, 1, size]
-    y = grid[None, None, :] - shift[:, 1, None, None]
+    # The pattern spans the image's width; a taller or shorter image shows more or less of it
+    # vertically, at the same scale (square pixels).
+    height, width = size
+    x = ((np.arange(width) + 0.5) / width)[None, None, :] - shift[:, 0, None, None]  # [n, 1, W]
+    y = ((np.arange(height) + 0.5 - (height - width) / 2) / width)[None, None, :]
+    y = y - shift[:, 1, None, None]
     freq, phase = p.freq[labels], p.phase[labels]  # [n, W, 2], [n, W]
     ax = 2 * np.pi * freq[:, :, 0, None] * x + phase[:, :, None]  # [n, W, size]
     ay = 2 * np.pi * freq[:, :, 1, None] * y
@@ -103,13 +115,15 @@ def _pattern_terms(
     return colours.astype(f32), rows.astype(f32), cols.astype(f32)
 
 
-def _noise(n: int, rng: np.random.Generator, size: int) -> np.ndarray:
-    """Zero-mean noise at three scales: 7x7 cells, 28x28 cells and single pixels."""
-    noise = np.zeros((n, 3, size, size), np.float32)
-    for cells, weight in zip((size // 32, size // 8, size), NOISE, strict=True):
-        cell = weight * (rng.random((n, 3, cells, cells), dtype=np.float32) - 0.5)
-        scale = size // cells
-        noise += cell.repeat(scale, axis=2).repeat(scale, axis=3)
+def _noise(n: int, rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+    """Zero-mean noise at three scales: cells of 32 and 8 pixels (7x7 and 28x28 at 224), and
+    single pixels."""
+    height, width = size
+    noise = np.zeros((n, 3, height, width), np.float32)
+    for scale, weight in zip((32, 8, 1), NOISE, strict=True):
+        cells = (n, 3, -(-height // scale), -(-width // scale))
+        cell = weight * (rng.random(cells, dtype=np.float32) - 0.5)
+        noise += cell.repeat(scale, axis=2).repeat(scale, axis=3)[:, :, :height, :width]
     return noise
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
@@ -64,10 +63,12 @@ def _tokens(served: list[ServedVersion]) -> Iterator[Metric]:
         "Time per generated token after the first, per request",
         labels=_LABELS,
     )
-    prompt = CounterMetricFamily(
-        "dlscale_prompt_tokens", "Prompt tokens of generative requests", labels=_LABELS
+    # Named with `_total` as given: the exposition types a counter that has no samples yet by
+    # its family's name (serving/observe/exposition.py).
+    prompt = Metric(
+        "dlscale_prompt_tokens_total", "Prompt tokens of generative requests", "counter"
     )
-    generated = CounterMetricFamily("dlscale_generation_tokens", "Tokens generated", labels=_LABELS)
+    generated = Metric("dlscale_generation_tokens_total", "Tokens generated", "counter")
     kv_cache = GaugeMetricFamily(
         "dlscale_kv_cache_usage_ratio",
         "Share of the engine's KV cache in use (0 to 1; the mean over its instances)",
@@ -78,8 +79,9 @@ def _tokens(served: list[ServedVersion]) -> Iterator[Metric]:
         labels, tokens = [v.stats.name, v.stats.version], v.seats.tokens
         ttft.add_metric(labels, _buckets(tokens.ttft), tokens.ttft.total)
         tpot.add_metric(labels, _buckets(tokens.tpot), tokens.tpot.total)
-        prompt.add_metric(labels, tokens.prompt_tokens)
-        generated.add_metric(labels, tokens.generated_tokens)
+        named = dict(zip(_LABELS, labels, strict=True))
+        prompt.add_sample(prompt.name, named, tokens.prompt_tokens)
+        generated.add_sample(generated.name, named, tokens.generated_tokens)
         engines = [i.backend for i in v.instances if isinstance(i.backend, GenerativeBackend)]
         if engines:
             usage = [e.engine_stats().kv_cache_usage for e in engines]

@@ -1,0 +1,175 @@
+"""The zoo's end-to-end pipelines: JPEG bytes in, top-5 labels out; text in, a class out.
+
+Each is built by code into a model repository as separate models, the steps and the pipeline
+over them (docs/zoo.md): `<name>-image` or `<name>-tokenizer`, the classifier, `<name>-topk`
+with its labels file, and `<name>` itself. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlscale.models.zoo.catalog import RESNET50
+from dlscale.models.zoo.e2e_text import text_pipeline, text_signature
+from dlscale.models.zoo.images import IMAGE_CLASSES, IMAGENET_MEAN, IMAGENET_STD
+from dlscale.models.zoo.model import ZooModel
+from dlscale.models.zoo.samples import imagenet_like
+from dlscale.models.zoo.steps import write_pipeline, write_step
+from dlscale.types import Datatype, TensorSpec
+
+#: Every e2e pipeline and its steps batch up to this many rows.
+E2E_BATCH = 64
+TOP_K = 5
+SMALLCNN = ZooModel(
+    name="smallcnn",
+    description="3-layer CNN over 64x64 images of the synthetic classes (5.7 MFLOP)",
+    task="classification",
+    max_batch_size=E2E_BATCH,
+    signature=lambda _: (
+        [TensorSpec("input", Datatype.FP32, (3, 64, 64))],
+        [TensorSpec("output", Datatype.FP32, (IMAGE_CLASSES,))],
+    ),
+    sampler=lambda n, rng, _: {"input": imagenet_like(n, rng, 64)},
+    factory="dlscale.models.zoo.nets.smallcnn:make",
+    calibration_size=16,
+    validation_size=32,
+)
+
+
+@dataclass(frozen=True)
+class ZooPipeline:
+    """An end-to-end zoo entry: a pipeline and the models it runs, built together."""
+
+    name: str
+    description: str
+    task: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    #: The models the pipeline runs, in step order (folders beside it in the repository).
+    parts: tuple[str, ...]
+    builder: Callable[[Path], None]
+
+    def build(self, root: Path) -> Path:
+        """Write the pipeline and its parts into `root`; a classifier already there is reused."""
+        root.mkdir(parents=True, exist_ok=True)
+        self.builder(root)
+        return root / self.name
+
+
+def synthetic_labels(count: int) -> list[str]:
+    """Labels of an image classifier's outputs: the synthetic classes by name, then unused."""
+    return [f"pattern-{i:02d}" if i < IMAGE_CLASSES else f"unused-{i:04d}" for i in range(count)]
+
+
+def _ensure(model: ZooModel, root: Path) -> None:
+    if not (root / model.name / "1" / "model.onnx").is_file():
+        model.build(root)
+
+
+def image_pipeline(
+    root: Path, name: str, classifier: ZooModel, resize: int, crop: int, device: str = "cpu"
+) -> None:
+    """JPEG (or PNG) bytes -> `name`-image -> `classifier` -> `name`-topk -> top-5 labels.
+
+    On a CUDA `device` the image step decodes with nvJPEG and hands its pixels on in device
+    memory to `name`-classifier, the classifier on the torch backend on the same device.
+    """
+    options: dict[str, object] = {
+        "resize": resize,
+        "crop": crop,
+        "mean": IMAGENET_MEAN.ravel().tolist(),
+        "std": IMAGENET_STD.ravel().tolist(),
+    }
+    model = classifier.name
+    if device == "cpu":
+        _ensure(classifier, root)
+    else:
+        options["device_output"] = True
+        model = f"{name}-classifier"
+        _torch_classifier(root, model, classifier, device)
+    write_step(root, f"{name}-image", "image", E2E_BATCH, options, device=device)
+    classes = classifier.outputs()[0].shape[0]
+    labels = "\n".join(synthetic_labels(classes)) + "\n"
+    scores = TensorSpec("scores", Datatype.FP32, (classes,))
+    write_step(
+        root,
+        f"{name}-topk",
+        "topk",
+        E2E_BATCH,
+        {"k": TOP_K},
+        {"labels.txt": labels.encode()},
+        ([scores], [TensorSpec("labels", Datatype.BYTES, (TOP_K,))]),
+    )
+    signature = image_signature()
+    write_pipeline(
+        root,
+        name,
+        E2E_BATCH,
+        signature,
+        [
+            (f"{name}-image", {"image": "image"}, {"pixels": "pixels"}),
+            (model, {"input": "pixels"}, {"output": "scores"}),
+            (f"{name}-topk", {"scores": "scores"}, {"labels": "labels"}),
+        ],
+        {"zoo": "true", "task": "classification", "classifier": classifier.name},
+    )
+
+
+def _torch_classifier(root: Path, name: str, classifier: ZooModel, device: str) -> None:
+    """`classifier` served by the torch backend on `device`, built from its code at load."""
+    from dlscale.models.zoo.inputs import torch_entry
+
+    entry = torch_entry(classifier)
+    folder = write_step(
+        root,
+        name,
+        "torch",
+        E2E_BATCH,
+        {},
+        {},  # the module spec is written next
+        (classifier.inputs(), classifier.outputs()),
+        device,
+    )
+    entry.write(folder / "1" / "model.zoo")
+
+
+def image_signature() -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The image pipelines' tensors: one encoded image per row in, its top-5 labels out."""
+    return (
+        [TensorSpec("image", Datatype.BYTES, (1,))],
+        [TensorSpec("labels", Datatype.BYTES, (TOP_K,))],
+    )
+
+
+SMALLCNN_E2E = ZooPipeline(
+    name="smallcnn-e2e",
+    description="JPEG bytes -> decode, resize 73, crop 64 -> smallcnn -> top-5 labels",
+    task="image classification",
+    inputs=image_signature()[0],
+    outputs=image_signature()[1],
+    parts=("smallcnn-e2e-image", "smallcnn", "smallcnn-e2e-topk"),
+    builder=lambda root: image_pipeline(root, "smallcnn-e2e", SMALLCNN, 73, 64),
+)
+RESNET50_E2E = ZooPipeline(
+    name="resnet50-e2e",
+    description="JPEG bytes -> decode, resize 256, crop 224 -> resnet50 -> top-5 labels",
+    task="image classification",
+    inputs=image_signature()[0],
+    outputs=image_signature()[1],
+    parts=("resnet50-e2e-image", "resnet50", "resnet50-e2e-topk"),
+    builder=lambda root: image_pipeline(root, "resnet50-e2e", RESNET50, 256, 224),
+)
+
+BERT_E2E = ZooPipeline(
+    name="bert-e2e",
+    description="text -> WordPiece tokens (32) -> BERT-base classifier -> its topic",
+    task="text classification",
+    inputs=text_signature()[0],
+    outputs=text_signature()[1],
+    parts=("bert-e2e-tokenizer", "bert-e2e-classifier", "bert-e2e-topk"),
+    builder=lambda root: text_pipeline(root, "bert-e2e"),
+)
+
+PIPELINES: dict[str, ZooPipeline] = {p.name: p for p in (SMALLCNN_E2E, RESNET50_E2E, BERT_E2E)}

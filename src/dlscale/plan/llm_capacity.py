@@ -1,0 +1,314 @@
+"""Generative serving capacity: step times, TTFT, TPOT and devices for a token load.
+
+A decode step reads the weights once and every running sequence's KV cache, and computes two
+FLOPs per active parameter per sequence. On a GPU its time is the larger of bytes /
+(bandwidth x MBU) and FLOPs / (peak x MFU), the roofline with an efficiency on each ceiling
+(thousands of threads hide the reads behind the arithmetic); on a CPU it is their sum (a core
+streams the weights and multiplies them in turn). Prefill is the same over a prompt's tokens,
+compute-bound for any prompt of more than a few tokens.
+Continuous batching runs B sequences at once; docs/plan.md gives the steady-state model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlscale.errors import PlanError
+from dlscale.hardware.spec import DeviceSpec
+from dlscale.plan.llm import DecoderShape
+
+#: Shares of the peaks an engine reaches unless told (--mbu, --mfu): the ceilings measured on
+#: one H100 SXM (shared/reference/accelerators.md): a device-to-device copy at ~3.0 of 3.35 TB/s,
+#: a bf16 8192^3 matrix product at ~798 of 989 TFLOP/s. A plan with them is the best a device
+#: allows; benchmarks/plan_llm_check.py measures an engine's own on this host.
+DEFAULT_MBU = 0.9
+DEFAULT_MFU = 0.8
+#: Share of memory left out of weights and KV cache (activations, the runtime, fragmentation):
+#: vLLM's default --gpu-memory-utilization is 0.9 (docs.vllm.ai, engine arguments).
+DEFAULT_RESERVE = 0.1
+#: Largest batch of sequences considered: vLLM's default max_num_seqs on GPUs under 70 GiB and
+#: CPUs is 256 (shared/reference/generative.md, get_batch_defaults).
+DEFAULT_MAX_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What an engine reaches: shares of peak bandwidth (MBU) and compute (MFU), in (0, 1],
+    and its host work per generated token (sampling, detokenizing, streaming; 0 by default,
+    the device alone)."""
+
+    mbu: float = DEFAULT_MBU
+    mfu: float = DEFAULT_MFU
+    host_s_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in (("MBU", self.mbu), ("MFU", self.mfu)):
+            if not 0 < value <= 1:
+                raise PlanError(f"{name} must be in (0, 1], got {value}")
+        if not 0 <= self.host_s_per_token < 1:
+            raise PlanError(f"host time per token must be in [0, 1) s, got {self.host_s_per_token}")
+
+
+@dataclass(frozen=True)
+class DecoderOnDevice:
+    """One decoder on one device: the step times and what fits, from the device's figures."""
+
+    shape: DecoderShape
+    device: DeviceSpec
+    efficiency: Efficiency = Efficiency()
+    reserve: float = DEFAULT_RESERVE
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether memory and compute time overlap (the roofline's max) or add (a CPU)."""
+        return self.device.kind != "cpu"
+
+    def _time(self, moved: float, flops: float) -> float:
+        memory, compute = moved / self.bandwidth, flops / self.compute
+        return max(memory, compute) if self.overlapped else memory + compute
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.reserve < 1:
+            raise PlanError(f"the memory reserve must be in [0, 1), got {self.reserve}")
+        missing = [
+            what
+            for what, value in (
+                ("memory bandwidth", self.device.memory_bandwidth),
+                (f"{self.shape.precision} peak", self._peak_or_none()),
+                ("memory size", self.device.memory_bytes),
+            )
+            if not value
+        ]
+        if missing:
+            raise PlanError(f"{self.device.name} publishes no {' or '.join(missing)}")
+
+    def _peak_or_none(self) -> float | None:
+        return self.device.peak_flops(self.shape.precision)
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s the engine reaches: the device's peak x MBU."""
+        assert self.device.memory_bandwidth is not None  # checked in __post_init__
+        return self.device.memory_bandwidth * self.efficiency.mbu
+
+    @property
+    def compute(self) -> float:
+        """FLOP/s the engine reaches at the shape's precision: the peak x MFU."""
+        peak = self._peak_or_none()
+        assert peak is not None
+        return peak * self.efficiency.mfu
+
+    def decode_work(self, batch: int, context: float) -> tuple[float, float]:
+        """(bytes, FLOPs) of one decode step of `batch` sequences averaging `context` tokens."""
+        kv = batch * context * self.shape.kv_bytes_per_token
+        return self.shape.step_weight_bytes(batch) + kv, batch * self.shape.flops_per_token(context)
+
+    def prefill_work(self, prompt: int, prompts: int = 1) -> tuple[float, float]:
+        """(bytes, FLOPs) of prefilling `prompts` prompts of `prompt` tokens in one pass.
+
+        Token i attends to i tokens (causal), so a prompt's attention sums to n(n+1)/2; the
+        pass reads the weights once and writes each token's K and V.
+        """
+        tokens = prompt * prompts
+        attention = 4.0 * self.shape.layers * self.shape.heads * self.shape.head_dim
+        per_prompt = 2.0 * self.shape.active_parameters * prompt
+        flops = prompts * (per_prompt + attention * prompt * (prompt + 1) / 2)
+        moved = self.shape.step_weight_bytes(tokens) + tokens * self.shape.kv_bytes_per_token
+        return moved, flops
+
+    def decode_step_s(self, batch: int, context: float) -> float:
+        """Seconds of one decode step for `batch` sequences whose contexts average `context`."""
+        host = batch * self.efficiency.host_s_per_token
+        return self._time(*self.decode_work(batch, context)) + host
+
+    def prefill_s(self, prompt: int, prompts: int = 1) -> float:
+        """Seconds to prefill `prompts` prompts of `prompt` tokens in one pass (first tokens)."""
+        host = prompts * self.efficiency.host_s_per_token
+        return self._time(*self.prefill_work(prompt, prompts)) + host
+
+    def max_sequences(self, context: int) -> int:
+        """Sequences of `context` tokens whose KV cache fits beside the weights (0: none)."""
+        assert self.device.memory_bytes is not None
+        free = self.device.memory_bytes * (1 - self.reserve) - self.shape.weight_bytes
+        return max(0, math.floor(free / (context * self.shape.kv_bytes_per_token)))
+
+
+def calibrate(
+    model: DecoderOnDevice,
+    decodes: Sequence[tuple[int, float, float]],
+    prefill: tuple[int, int, float],
+) -> Efficiency:
+    """The MBU, MFU and host time per token that make `model`'s times equal measured ones.
+
+    `decodes` holds one or two (batch, mean context, seconds per step), `prefill` is (prompt
+    tokens, prompts, seconds). With one decode step the host time is taken as 0; with two (at
+    different batches) it is solved for too. Each time is bytes / bandwidth x (1 / MBU) +
+    FLOPs / peak x (1 / MFU) + tokens x host on a CPU; on a GPU the decode steps are taken as
+    memory-bound and the prefill as compute-bound (their other term dropped).
+    """
+    bandwidth = model.bandwidth / model.efficiency.mbu  # the device's peaks
+    peak = model.compute / model.efficiency.mfu
+    both = not model.overlapped
+    rows, times = [], []
+    for batch, context, seconds in decodes:
+        moved, flops = model.decode_work(batch, context)
+        rows.append([moved / bandwidth, flops / peak if both else 0.0, batch])
+        times.append(seconds)
+    moved, flops = model.prefill_work(prefill[0], prefill[1])
+    rows.append([moved / bandwidth if both else 0.0, flops / peak, prefill[1]])
+    times.append(prefill[2])
+    system = np.array(rows)
+    if len(decodes) == 1:
+        system = system[:, :2]  # no host term
+    try:
+        solved = np.linalg.solve(system, np.array(times))
+    except np.linalg.LinAlgError:
+        raise PlanError(
+            "the measured runs do not tell the terms apart (same batch twice?)"
+        ) from None
+    inv_mbu, inv_mfu, host = (*solved, 0.0)[:3]
+    if inv_mbu <= 0 or inv_mfu <= 0 or host < 0:
+        raise PlanError(
+            f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive MBU, MFU and "
+            "host time: "
+            "measure longer prompts or batches further apart"
+        )
+    mbu, mfu = 1 / inv_mbu, 1 / inv_mfu
+    if mbu > 1 or mfu > 1:
+        raise PlanError(
+            f"calibrated MBU {mbu:.3g} / MFU {mfu:.3g} exceed 1: the device's peaks "
+            f"({bandwidth / 1e9:.3g} GB/s, {peak / 1e9:.3g} GFLOP/s) understate it"
+        )
+    return Efficiency(mbu, mfu, float(host))
+
+
+@dataclass(frozen=True)
+class TokenLoad:
+    """Requests/s with ISL prompt and OSL generated tokens each, and the TTFT / TPOT bounds."""
+
+    rate: float
+    isl: int
+    osl: int
+    ttft_s: float
+    tpot_s: float
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0:
+            raise PlanError(f"--rate must be positive, got {self.rate}")
+        if not (1 <= self.isl <= 10_000_000 and 1 <= self.osl <= 10_000_000):
+            raise PlanError(f"--isl and --osl must be in [1, 1e7], got {self.isl}, {self.osl}")
+        if not (self.ttft_s > 0 and self.tpot_s > 0):
+            raise PlanError("--ttft-ms and --tpot-ms must be positive")
+
+    @property
+    def context(self) -> int:
+        """Tokens a sequence holds at its end: what its KV cache must have room for."""
+        return self.isl + self.osl
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One device running `batch` sequences at once, in the steady state."""
+
+    batch: int
+    ttft_s: float
+    tpot_s: float
+
+    def requests_per_s(self, osl: int) -> float:
+        """Little's law: `batch` in flight, each for TTFT + (OSL - 1) x TPOT."""
+        return self.batch / (self.ttft_s + (osl - 1) * self.tpot_s)
+
+
+def operating_point(model: DecoderOnDevice, load: TokenLoad, batch: int) -> OperatingPoint:
+    """TTFT and TPOT with `batch` sequences running, each arriving as another leaves.
+
+    Each step decodes `batch` tokens at the mean context (ISL + OSL / 2) and carries, on
+    average, batch / OSL new prompts' prefill (a sequence lives OSL steps): TPOT is the step
+    with that share of prefill. A new request waits for the running step, then its prefill.
+    """
+    step = model.decode_step_s(batch, load.isl + load.osl / 2)
+    prefill = model.prefill_s(load.isl)
+    return OperatingPoint(batch, prefill + step, step + batch / load.osl * prefill)
+
+
+@dataclass(frozen=True)
+class LlmPlan:
+    """The answer for one device kind; `devices` is None when no batch meets the bounds."""
+
+    device: str
+    devices: int | None
+    batch: int
+    fits: int
+    ttft_s: float
+    tpot_s: float
+    requests_per_s: float
+    tokens_per_s: float
+    power_watts: float | None
+    cost_per_million_tokens: float | None
+    basis: str
+
+
+def plan_device(
+    model: DecoderOnDevice,
+    load: TokenLoad,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    price_per_hour: float | None = None,
+) -> LlmPlan:
+    """The largest batch meeting both bounds on one device, and the devices the rate needs."""
+    fits = model.max_sequences(load.context)
+    eff = model.efficiency
+    basis = f"MBU {eff.mbu:.3g}, MFU {eff.mfu:.3g}, {model.shape.precision}"
+    if eff.host_s_per_token:
+        basis += f", host {eff.host_s_per_token * 1e6:.3g} us/token"
+    if model.device.source("bandwidth").startswith("measured"):
+        basis += f"; {model.bandwidth / model.efficiency.mbu / 1e9:.3g} GB/s measured here"
+    best: OperatingPoint | None = None
+    for batch in range(1, min(fits, max_batch) + 1):
+        point = operating_point(model, load, batch)
+        if point.tpot_s > load.tpot_s or point.ttft_s > load.ttft_s:
+            break  # both grow with the batch
+        best = point
+    if best is None:
+        at_one = operating_point(model, load, 1)
+        why = _why_not(model, load, fits, at_one)
+        return LlmPlan(
+            model.device.name, None, 0, fits, at_one.ttft_s, at_one.tpot_s, 0, 0, None, None, why
+        )
+    per_device = best.requests_per_s(load.osl)
+    devices = math.ceil(load.rate / per_device)
+    tdp = model.device.tdp_watts
+    cost = None
+    if price_per_hour is not None:
+        cost = devices * price_per_hour / (load.rate * load.osl * 3600) * 1e6
+    if best.batch == max_batch and fits > max_batch:
+        basis += f"; batch capped at --max-batch {max_batch}"
+    return LlmPlan(
+        model.device.name,
+        devices,
+        best.batch,
+        fits,
+        best.ttft_s,
+        best.tpot_s,
+        per_device,
+        per_device * load.osl,
+        devices * tdp if tdp is not None else None,
+        cost,
+        basis,
+    )
+
+
+def _why_not(model: DecoderOnDevice, load: TokenLoad, fits: int, at_one: OperatingPoint) -> str:
+    if fits < 1:
+        weights = model.shape.weight_bytes / 1e9
+        return (
+            f"weights {weights:.3g} GB + one {load.context}-token KV cache exceed "
+            f"{1 - model.reserve:.0%} of {model.device.memory_bytes or 0:.3g} B "
+            "(tensor parallelism is not modelled)"
+        )
+    if at_one.tpot_s > load.tpot_s:
+        return f"TPOT {at_one.tpot_s * 1e3:.3g} ms at batch 1 > {load.tpot_s * 1e3:g} ms"
+    return f"TTFT {at_one.ttft_s * 1e3:.3g} ms at batch 1 > {load.ttft_s * 1e3:g} ms"
