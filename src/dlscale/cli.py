@@ -19,9 +19,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: `dlscale VERB ...`."""
-    parser = argparse.ArgumentParser(
-        prog="dlscale", description="Deep-learning inference at scale, measured."
-    )
+    parser = argparse.ArgumentParser(prog="dlscale", description="Inference at scale, measured.")
     parser.add_argument("--version", action="version", version=f"dlscale {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for add in _VERB_GROUPS:
@@ -248,17 +246,9 @@ def _add_plan_verbs(sub: SubParsers) -> None:
     s.add_argument("--flops-per-sample", type=float, help="instead of counting --model's graph")
     s.add_argument("--bytes-per-sample", type=float, help="with --flops-per-sample")
     s.add_argument("--json", help="also write the plans to this file")
-    # A generative model (a Hugging Face folder or a zoo decoder): docs/plan.md, "Generative".
-    s.add_argument("--rate", type=float, help="generative: requests per second to serve")
-    s.add_argument("--isl", type=int, help="generative: input (prompt) tokens per request")
-    s.add_argument("--osl", type=int, help="generative: output tokens per request")
-    s.add_argument("--ttft-ms", type=float, help="generative: time-to-first-token bound (2000)")
-    s.add_argument("--tpot-ms", type=float, help="generative: time-per-output-token bound (100)")
-    s.add_argument("--dtype", help="generative: serve in this dtype (bfloat16, float16, ...)")
-    s.add_argument("--mbu", type=float, help="generative: share of memory bandwidth (0.9)")
-    s.add_argument("--mfu", type=float, help="generative: share of peak compute (0.8)")
-    s.add_argument("--reserve", type=float, help="generative: memory share held back (0.1)")
-    s.add_argument("--host-us", type=float, help="generative: host work per output token, us (0)")
+    from dlscale.plan import llm_flags  # a generative model's flags: declared beside its planner
+
+    llm_flags.add_flags(s)
     s.set_defaults(func=LazyHandler("dlscale.plan.commands", "plan_serve"))
 
 

@@ -1,0 +1,22 @@
+"""`dlscale plan serve`'s flags for a generative model, declared beside its planner (docs/plan.md,
+"Generative"): the CLI adds them to the verb's parser without importing the planner itself."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The load, the bounds and the efficiencies of a generative plan (a Hugging Face folder or a
+    zoo decoder given as --model)."""
+    p = parser
+    p.add_argument("--rate", type=float, help="generative: requests per second to serve")
+    p.add_argument("--isl", type=int, help="generative: input (prompt) tokens per request")
+    p.add_argument("--osl", type=int, help="generative: output tokens per request")
+    p.add_argument("--ttft-ms", type=float, help="generative: time-to-first-token bound (2000)")
+    p.add_argument("--tpot-ms", type=float, help="generative: time-per-output-token bound (100)")
+    p.add_argument("--dtype", help="generative: serve in this dtype (bfloat16, float16, ...)")
+    p.add_argument("--mbu", type=float, help="generative: share of memory bandwidth (0.9)")
+    p.add_argument("--mfu", type=float, help="generative: share of peak compute (0.8)")
+    p.add_argument("--reserve", type=float, help="generative: memory share held back (0.1)")
+    p.add_argument("--host-us", type=float, help="generative: host work per output token, us (0)")
