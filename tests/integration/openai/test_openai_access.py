@@ -98,3 +98,24 @@ def test_the_api_key_is_a_restriction_of_the_openai_group() -> None:
     assert Security(http_restricted=security.http_restricted, api_key=KEY) == security
     with pytest.raises(ConfigError, match="several restricted groups"):
         Security(http_restricted=(Restriction.parse("openai:k=v"),), api_key=KEY)
+
+
+@pytest.mark.parametrize(("key", "answered"), [(KEY, True), (None, False)])
+def test_the_generative_bench_sends_its_api_key(
+    server: LocalServer, key: str | None, answered: bool
+) -> None:
+    """`dlscale bench --generative ... --api-key` measures a server started with --api-key."""
+    import asyncio
+
+    from dlscale.bench.generative.client import StreamClient
+    from dlscale.bench.generative.endpoints import Ask, Endpoint
+
+    async def one() -> tuple[bool, str | None]:
+        url = f"http://{server.http_url}"
+        async with StreamClient(url, Endpoint.parse("chat"), MODEL, api_key=key) as client:
+            record = await client.stream(Ask("q", 2))
+        return record.ok, record.error
+
+    ok, error = asyncio.run(one())
+    assert ok == answered
+    assert answered or "401" in (error or "")

@@ -37,8 +37,11 @@ class StreamClient:
         connections: int = 4096,
         timeout_s: float = 600.0,
         counter: TokenCounter | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.base = url.rstrip("/")
+        #: OpenAI's bearer key, sent with every request (a server started with --api-key).
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.kind = kind
         self.model = model
         self.counter = counter
@@ -49,7 +52,10 @@ class StreamClient:
     async def __aenter__(self) -> StreamClient:
         connector = aiohttp.TCPConnector(limit=self._connections, force_close=False)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, read_bufsize=MAX_EVENT_BYTES
+            connector=connector,
+            timeout=self._timeout,
+            read_bufsize=MAX_EVENT_BYTES,
+            headers=self._headers,
         )
         return self
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,7 @@ def generative_options(args: argparse.Namespace) -> GenerativeOptions:
         connections=max(args.connections, MAX_IN_FLIGHT),
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
+        api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or None,
     )
 
 

@@ -18,6 +18,7 @@ def add_flags(p: argparse.ArgumentParser, path: Callable[[str], Path]) -> None:
         "--scenario server, offline or all",
     )
     g.add_argument("--tokenizer", type=path, help="the model's folder (tokenizer.json)")
+    g.add_argument("--api-key", help="bearer key for a server with one (default: $OPENAI_API_KEY)")
     g.add_argument("--isl", type=int, default=128, help="input tokens, mean (default 128)")
     g.add_argument("--isl-stddev", type=float, default=0.0, help="input tokens, stddev")
     g.add_argument("--osl", type=int, default=128, help="output tokens, mean (default 128)")

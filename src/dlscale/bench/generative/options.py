@@ -44,6 +44,8 @@ class GenerativeOptions:
     connections: int = 4096
     ignore_eos: bool = True
     temperature: float | None = None
+    #: OpenAI's bearer key (`--api-key`, else the OPENAI_API_KEY environment variable).
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

@@ -48,7 +48,12 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
     trace = read_trace(options.trace) if options.trace else None
     loop = LoopThread()
     client = StreamClient(
-        options.url, options.kind, options.model, connections=options.connections, counter=counter
+        options.url,
+        options.kind,
+        options.model,
+        connections=options.connections,
+        counter=counter,
+        api_key=options.api_key,
     )
     try:
         loop.run(client.__aenter__())
