@@ -32,6 +32,8 @@ class Instance:
         #: Whether the backend takes a batch request by request (known once loaded): Triton's
         #: Python models see each request of a batch apart.
         self.takes_requests = False
+        #: Batches of at most this many rows run on the event loop (`Capabilities.inline_rows`).
+        self.inline_rows = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def call(self, func: object, *args: object) -> object:
@@ -45,6 +47,7 @@ class Instance:
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
+        self.inline_rows = max(0, capabilities.inline_rows)
         if self.slots > 1:
             old = self._executor
             self._executor = ThreadPoolExecutor(
@@ -52,13 +55,27 @@ class Instance:
             )
             old.shutdown(wait=False)
 
-    async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Compute one batch."""
-        loop = asyncio.get_running_loop()
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], rows: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Compute one batch (of `rows` rows, when the caller knows them).
+
+        A batch within the backend's `inline_rows` is computed here, on the event loop: the
+        thread hop would cost more than the compute. Its errors reach the caller as from the
+        thread, and the batcher times it the same way.
+        """
+        inline = rows is not None and rows <= self.inline_rows
         if not tracing.on():
+            if inline:
+                return self.backend.infer(inputs)
+            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._executor, self.backend.infer, inputs)
         _trace(tracing.BACKEND_IN, inputs)
-        outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+        if inline:
+            outputs = self.backend.infer(inputs)
+        else:
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
         _trace(tracing.BACKEND_OUT, outputs)
         return outputs
 
