@@ -4,7 +4,8 @@ A pipeline runs on the event loop. Each step becomes a typed InferenceRequest th
 same path as a client's (the DataPlane's validation, the step model's batcher, its statistics
 and traces), carrying the pipeline request's priority and what is left of its timeout. A step's
 outputs are handed to the next steps as the same numpy arrays; steps whose inputs exist run at
-once, so parallel branches run concurrently. docs/configuration.md ("Pipelines") says more.
+once, so parallel branches run concurrently (a chain, where nothing could run at once, runs its
+steps in turn in the request's own task). docs/configuration.md ("Pipelines") says more.
 """
 
 from __future__ import annotations
