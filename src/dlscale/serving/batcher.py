@@ -318,7 +318,7 @@ class Batcher:
                 parts = await instance.infer_requests([i.inputs for i in batch])
                 t2 = self._clock()
             else:
-                outputs = await instance.infer(merged, rows)
+                outputs = await instance.infer(merged)
                 t2 = self._clock()
                 parts = split(outputs, batch, rows, self.policy.batched)
         except DlscaleError as exc:

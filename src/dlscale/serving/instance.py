@@ -55,16 +55,14 @@ class Instance:
             )
             old.shutdown(wait=False)
 
-    async def infer(
-        self, inputs: Mapping[str, np.ndarray], rows: int | None = None
-    ) -> dict[str, np.ndarray]:
-        """Compute one batch (of `rows` rows, when the caller knows them).
+    async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Compute one batch.
 
         A batch within the backend's `inline_rows` is computed here, on the event loop: the
         thread hop would cost more than the compute. Its errors reach the caller as from the
         thread, and the batcher times it the same way.
         """
-        inline = rows is not None and rows <= self.inline_rows
+        inline = self.inline_rows > 0 and _rows(inputs) <= self.inline_rows
         if not tracing.on():
             if inline:
                 return self.backend.infer(inputs)
@@ -92,6 +90,11 @@ class Instance:
         """Unload the backend and stop the thread."""
         await self.call(self.backend.unload)
         self._executor.shutdown(wait=False)
+
+
+def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+    """A batch's rows: its inputs' longest first dimension (a scalar counts as one)."""
+    return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
 
 
 def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:
