@@ -64,6 +64,13 @@ class Capabilities:
     #: backends/generative/contract.py): a plain infer call gets its stream joined into one
     #: answer, and the server keeps its token metrics.
     generates_text: bool = False
+    #: Batches of at most this many rows (their inputs' first dimension) it computes on the
+    #: event loop, not in its instance thread (0: never). For steps whose compute takes
+    #: microseconds (top-k over a few classes): the hand-over to a thread and back (waking the
+    #: thread, taking the GIL, waking the loop) costs them several times their compute in a busy
+    #: server. The backend bounds it so that no batch it takes inline holds the loop for more
+    #: than ~0.1 ms; such an `infer` must not block on I/O.
+    inline_rows: int = 0
 
 
 @runtime_checkable

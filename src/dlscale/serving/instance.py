@@ -32,6 +32,8 @@ class Instance:
         #: Whether the backend takes a batch request by request (known once loaded): Triton's
         #: Python models see each request of a batch apart.
         self.takes_requests = False
+        #: Batches of at most this many rows run on the event loop (`Capabilities.inline_rows`).
+        self.inline_rows = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def call(self, func: object, *args: object) -> object:
@@ -45,6 +47,7 @@ class Instance:
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
+        self.inline_rows = max(0, capabilities.inline_rows)
         if self.slots > 1:
             old = self._executor
             self._executor = ThreadPoolExecutor(
@@ -53,12 +56,24 @@ class Instance:
             old.shutdown(wait=False)
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Compute one batch."""
-        loop = asyncio.get_running_loop()
+        """Compute one batch.
+
+        A batch within the backend's `inline_rows` is computed here, on the event loop: the
+        thread hop would cost more than the compute. Its errors reach the caller as from the
+        thread, and the batcher times it the same way.
+        """
+        inline = self.inline_rows > 0 and _rows(inputs) <= self.inline_rows
         if not tracing.on():
+            if inline:
+                return self.backend.infer(inputs)
+            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._executor, self.backend.infer, inputs)
         _trace(tracing.BACKEND_IN, inputs)
-        outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+        if inline:
+            outputs = self.backend.infer(inputs)
+        else:
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
         _trace(tracing.BACKEND_OUT, outputs)
         return outputs
 
@@ -75,6 +90,11 @@ class Instance:
         """Unload the backend and stop the thread."""
         await self.call(self.backend.unload)
         self._executor.shutdown(wait=False)
+
+
+def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+    """A batch's rows: its inputs' longest first dimension (a scalar counts as one)."""
+    return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
 
 
 def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:

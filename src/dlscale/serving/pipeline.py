@@ -4,7 +4,8 @@ A pipeline runs on the event loop. Each step becomes a typed InferenceRequest th
 same path as a client's (the DataPlane's validation, the step model's batcher, its statistics
 and traces), carrying the pipeline request's priority and what is left of its timeout. A step's
 outputs are handed to the next steps as the same numpy arrays; steps whose inputs exist run at
-once, so parallel branches run concurrently. docs/configuration.md ("Pipelines") says more.
+once, so parallel branches run concurrently (a chain, where nothing could run at once, runs its
+steps in turn in the request's own task). docs/configuration.md ("Pipelines") says more.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class Pipeline:
         self.steps: tuple[StepConfig, ...] = tuple(config.steps)
         #: Each step model's priority levels, as loaded (check() sets them).
         self.levels: tuple[int, ...] = (1,) * len(self.steps)
+        #: Whether the steps form a chain: each waits for the one before it, so that running
+        #: them one after the other in the request's own task loses no concurrency and saves a
+        #: task and a future per step and tensor (`_chain`).
+        self.chained = _is_chain(self.steps, {s.name for s in self._specs("inputs")})
+        self._answers = tuple(s.name for s in self._specs("outputs"))  # read once, not per request
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -142,14 +148,20 @@ class Pipeline:
                 f"priority {request.priority} is out of range: the steps of pipeline "
                 f"{self.name!r} have priority levels 1..{max(self.levels)} (0 for the default)"
             )
-        loop = asyncio.get_running_loop()
         deadline = _deadline(request)
+        # A region's view may be unmapped once the request is answered, while a cancelled
+        # step's batch still reads it: the pipeline keeps its own copy of such inputs.
+        inputs = {
+            name: np.array(array) if name in request.in_regions else array
+            for name, array in request.inputs.items()
+        }
+        if self.chained:
+            return await self._chain(request, inputs, deadline, serve)
+        loop = asyncio.get_running_loop()
         tensors: dict[str, asyncio.Future[np.ndarray]] = {}
-        for name, array in request.inputs.items():
+        for name, array in inputs.items():
             tensors[name] = loop.create_future()
-            # A region's view may be unmapped once the request is answered, while a cancelled
-            # step's batch still reads it: the pipeline keeps its own copy of such inputs.
-            tensors[name].set_result(np.array(array) if name in request.in_regions else array)
+            tensors[name].set_result(array)
         for step in self.steps:
             for tensor in step.output_map.values():
                 tensors[tensor] = loop.create_future()
@@ -163,7 +175,22 @@ class Pipeline:
             for run in runs:
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
-        return {spec.name: tensors[spec.name].result() for spec in self._specs("outputs")}
+        return {name: tensors[name].result() for name in self._answers}
+
+    async def _chain(
+        self,
+        request: InferenceRequest,
+        tensors: dict[str, np.ndarray],
+        deadline: int | None,
+        serve: Serve,
+    ) -> dict[str, np.ndarray]:
+        """`run` for a chain: each step in turn, in this task (a failure stops the rest)."""
+        for index, step in enumerate(self.steps, 1):
+            inputs = {name: tensors[tensor] for name, tensor in step.input_map.items()}
+            answer = await self._serve_step(index, step, request, inputs, deadline, serve)
+            for name, tensor in step.output_map.items():
+                tensors[tensor] = answer.outputs[name]
+        return {name: tensors[name] for name in self._answers}
 
     async def _step(
         self,
@@ -176,14 +203,26 @@ class Pipeline:
     ) -> None:
         """Wait for the step's inputs, send it through the DataPlane, publish its outputs."""
         inputs = {name: await tensors[tensor] for name, tensor in step.input_map.items()}
+        answer = await self._serve_step(index, step, request, inputs, deadline, serve)
+        for name, tensor in step.output_map.items():
+            tensors[tensor].set_result(answer.outputs[name])
+
+    async def _serve_step(
+        self,
+        index: int,
+        step: StepConfig,
+        request: InferenceRequest,
+        inputs: dict[str, np.ndarray],
+        deadline: int | None,
+        serve: Serve,
+    ) -> InferenceResponse:
+        """Send one step's request through the DataPlane; its error names the step."""
         # A priority beyond this step's levels is served at its default level, as Triton does.
         priority = request.priority if request.priority <= self.levels[index - 1] else 0
         try:
-            answer = await serve(_step_request(step, request, inputs, priority, deadline))
+            return await serve(_step_request(step, request, inputs, priority, deadline))
         except DlscaleError as exc:
             raise self._failure(index, step, exc) from exc
-        for name, tensor in step.output_map.items():
-            tensors[tensor].set_result(answer.outputs[name])
 
     def _failure(self, index: int, step: StepConfig, exc: DlscaleError) -> DlscaleError:
         """The step's error, of the same class (its HTTP status and gRPC code), naming the step."""
@@ -192,6 +231,18 @@ class Pipeline:
             return type(exc)(message)
         except TypeError:  # an error class with a constructor of its own
             return DlscaleError(message)
+
+
+def _is_chain(steps: tuple[StepConfig, ...], inputs: set[str]) -> bool:
+    """Whether each step needs only the pipeline's inputs (the first) or reads the step just
+    before it: then no two steps could ever run at once, and in order is as soon as possible."""
+    made: dict[str, int] = {name: 0 for name in inputs}
+    for index, step in enumerate(steps, 1):
+        sources = {made.get(tensor, -1) for tensor in step.input_map.values()}
+        if -1 in sources or index - 1 not in sources:
+            return False  # reads what a later step makes, or could start before its previous
+        made.update((tensor, index) for tensor in step.output_map.values())
+    return True
 
 
 def _deadline(request: InferenceRequest) -> int | None:

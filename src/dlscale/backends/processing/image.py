@@ -50,6 +50,7 @@ class ImageBackend:
         self._outputs = bind(options.outputs, [self._pixel_spec()], "output")
         self._gain, self._offset = normalization(self.settings)
         self._pool: ThreadPoolExecutor | None = None
+        self._threads = 1
         self._device: object | None = None
 
     def _check_settings(self) -> None:
@@ -74,8 +75,8 @@ class ImageBackend:
 
     def load(self) -> None:
         _first_decode()  # imports the decoders and touches their code now, not on a request
-        threads = self.settings.threads or min(DEFAULT_THREADS, os.cpu_count() or 1)
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="image-decode")
+        self._threads = self.settings.threads or min(DEFAULT_THREADS, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="image-decode")
         if self.options.device.startswith("cuda"):
             from dlscale.backends.processing.cuda_image import CudaImages
 
@@ -154,11 +155,21 @@ class ImageBackend:
             except DlscaleError as exc:
                 errors[i] = exc
 
-        if len(rows) < PARALLEL_FROM or self._pool is None:
-            for i in range(len(rows)):
+        def chunk(part: range) -> None:
+            for i in part:
                 one(i)
-        else:
-            list(self._pool.map(one, range(len(rows))))
+
+        if len(rows) < PARALLEL_FROM or self._pool is None:
+            chunk(range(len(rows)))
+            return out, errors
+        # One share of the rows per thread, the calling thread's included: a
+        # hand-over per share, not per row, and no thread idles waiting for the others.
+        shares = min(self._threads, len(rows))
+        parts = [range(k, len(rows), shares) for k in range(shares)]
+        pending = [self._pool.submit(chunk, part) for part in parts[1:]]
+        chunk(parts[0])
+        for future in pending:
+            future.result()
         return out, errors
 
     def _place(self, rgb: np.ndarray, out: np.ndarray) -> None:
