@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.backends.base import BackendOptions, Capabilities, RequestResult
+from dlscale.backends.base import BackendOptions, RequestResult
 from dlscale.backends.processing.decode import decode_rgb
 from dlscale.backends.processing.image_options import ImageOptions, normalization
 from dlscale.backends.processing.options import (
@@ -25,6 +25,7 @@ from dlscale.backends.processing.options import (
     byte_rows,
     read_options,
 )
+from dlscale.backends.processing.step import RowsStep
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.types import Datatype, TensorSpec
 
@@ -37,12 +38,11 @@ DEFAULT_THREADS = 4
 PARALLEL_FROM = 2
 
 
-class ImageBackend:
+class ImageBackend(RowsStep):
     """Decode, resize, crop and normalize a batch of encoded images (docs/processing.md)."""
 
     def __init__(self, path: Path, options: BackendOptions) -> None:
-        self.path = path
-        self.options = options
+        super().__init__(path, options)
         self.settings = read_options(ImageOptions, options.extra, "image")
         self.geometry = self.settings.geometry()
         self._check_settings()
@@ -59,8 +59,7 @@ class ImageBackend:
             raise ConfigError("image step: mean and std apply to FP32 and FP16 outputs, not UINT8")
         if any(v <= 0 for v in s.std):
             raise ConfigError(f"image step: std must be positive, got {s.std}")
-        if self.options.max_batch_size < 1:
-            raise ConfigError("image step: max_batch_size must be at least 1 (rows are images)")
+        self._needs_rows("image", "images")
         if s.device_output and not self.options.device.startswith("cuda"):
             raise ConfigError(
                 f"image step: device_output needs a CUDA device, not {self.options.device!r}"
@@ -81,24 +80,6 @@ class ImageBackend:
             from dlscale.backends.processing.cuda_image import CudaImages
 
             self._device = CudaImages(self.options.device, self.settings, self.geometry)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(takes_requests=True)
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(self._outputs)
-
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        (result,) = self.infer_requests([inputs])
-        if isinstance(result, DlscaleError):
-            raise result
-        return result
 
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """Every row of every request decoded at once; a request with a bad row fails alone."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from dlscale.backends.base import BackendOptions, Capabilities, RequestResult
+from dlscale.backends.base import BackendOptions, RequestResult
 from dlscale.backends.confined import read_confined
 from dlscale.backends.processing.options import (
     StepOptions,
@@ -24,6 +24,7 @@ from dlscale.backends.processing.options import (
     byte_rows,
     read_options,
 )
+from dlscale.backends.processing.step import RowsStep
 from dlscale.errors import ConfigError, DlscaleError, InvalidInput, PayloadTooLarge
 from dlscale.types import Datatype, TensorSpec
 
@@ -46,12 +47,11 @@ class TokenizerOptions(StepOptions):
     pad_token: str = ""
 
 
-class TokenizerBackend:
+class TokenizerBackend(RowsStep):
     """Tokenize a batch of texts to fixed-length INT64 ids with Hugging Face `tokenizers`."""
 
     def __init__(self, path: Path, options: BackendOptions) -> None:
-        self.path = path
-        self.options = options
+        super().__init__(path, options)
         self.settings = read_options(TokenizerOptions, options.extra, "tokenizer")
         length = self.settings.max_length
         names = ["input_ids", "attention_mask"]
@@ -65,8 +65,7 @@ class TokenizerBackend:
     def load(self) -> None:
         from tokenizers import Tokenizer
 
-        if self.options.max_batch_size < 1:
-            raise ConfigError("tokenizer step: max_batch_size must be at least 1 (rows are texts)")
+        self._needs_rows("tokenizer", "texts")
         data = read_confined(self.path.parent, self.path.name, MAX_TOKENIZER_BYTES, "tokenizer")
         try:
             tokenizer = Tokenizer.from_str(data.decode("utf-8"))
@@ -81,24 +80,6 @@ class TokenizerBackend:
         tokenizer.enable_padding(length=length, pad_id=pad_id, pad_token=pad)
         tokenizer.encode_batch(["warm up"])
         self._tokenizer = tokenizer
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(takes_requests=True)
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(self._outputs)
-
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        (result,) = self.infer_requests([inputs])
-        if isinstance(result, DlscaleError):
-            raise result
-        return result
 
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """The texts of every valid request tokenized in one call; a bad text fails its own."""

@@ -17,6 +17,7 @@ from pydantic import Field
 from dlscale.backends.base import BackendOptions, Capabilities
 from dlscale.backends.confined import read_confined
 from dlscale.backends.processing.options import StepOptions, read_options
+from dlscale.backends.processing.step import Step
 from dlscale.errors import ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
 from dlscale.wire.classification import MAX_LABEL_BYTES, parse_labels, top_classes
@@ -39,12 +40,11 @@ class TopKOptions(StepOptions):
     labels: str = "labels.txt"
 
 
-class TopKBackend:
+class TopKBackend(Step):
     """Each row's k highest scores, as Triton's classification strings and as indices."""
 
     def __init__(self, path: Path, options: BackendOptions) -> None:
-        self.path = path
-        self.options = options
+        super().__init__(path, options)
         self.settings = read_options(TopKOptions, options.extra, "topk")
         self.k = self.settings.k
         self._inputs = self._scores(options.inputs)
@@ -84,8 +84,7 @@ class TopKBackend:
         return bound
 
     def load(self) -> None:
-        if self.options.max_batch_size < 1:
-            raise ConfigError("topk step: max_batch_size must be at least 1 (rows are score rows)")
+        self._needs_rows("topk", "score rows")
         name = self.settings.labels
         if name:
             data = read_confined(self.path.parent, name, MAX_LABEL_BYTES, "topk labels file")
@@ -98,14 +97,6 @@ class TopKBackend:
         classes = self._inputs[0].shape[1]
         inline = INLINE_BUDGET // (ROW_COST + classes) if classes > 0 else 0
         return Capabilities(inline_rows=inline)
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(self._outputs)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         name = self._inputs[0].name
