@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlscale.wire.generative import signature_toml
+
 PACED = """
 import time
 
@@ -41,27 +43,7 @@ instances = [{{ count = {seqs}, device = "cpu" }}]
 max_num_seqs = {seqs}
 [metadata]
 max_model_len = 100000
-[[inputs]]
-name = "text_input"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "text_output"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "finish_reason"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "num_input_tokens"
-datatype = "UINT32"
-shape = [1]
-[[outputs]]
-name = "num_output_tokens"
-datatype = "UINT32"
-shape = [1]
-"""
+""" + signature_toml()
 
 
 def write_paced(root: Path, name: str = "paced", first_ms: float = 20.0, pace_ms: float = 10.0,

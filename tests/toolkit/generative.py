@@ -14,6 +14,8 @@ from pathlib import Path
 import tritonclient.http as th
 from tests.toolkit.python_models import write_python_model
 
+from dlscale.wire.generative import signature_toml
+
 #: Its context, in words (config [metadata] max_model_len says the same to /v1/models).
 MAX_MODEL_LEN = 64
 WORDS = ("red", "green", "blue", "cyan", "magenta", "yellow", "black", "white")
@@ -67,27 +69,7 @@ max_num_seqs = 2
 priority_levels = 2
 [metadata]
 max_model_len = {MAX_MODEL_LEN}
-[[inputs]]
-name = "text_input"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "text_output"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "finish_reason"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "num_input_tokens"
-datatype = "UINT32"
-shape = [1]
-[[outputs]]
-name = "num_output_tokens"
-datatype = "UINT32"
-shape = [1]
-"""
+""" + signature_toml()
 
 
 def greedy_words(prompt: str, count: int) -> list[str]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tests.toolkit.python_models import write_python_model, write_triton_python_model
 
+from dlscale.wire.generative import signature_toml
+
 #: Triton's decoupled "repeat": one response per element of IN, then the FINAL flag; a negative
 #: element makes execute raise after the responses before it were sent.
 REPEAT = """
@@ -107,27 +109,7 @@ class Model:
 """
 
 ECHO_TOML = """
-[[inputs]]
-name = "text_input"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "text_output"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "finish_reason"
-datatype = "BYTES"
-shape = [1]
-[[outputs]]
-name = "num_input_tokens"
-datatype = "UINT32"
-shape = [1]
-[[outputs]]
-name = "num_output_tokens"
-datatype = "UINT32"
-shape = [1]
-"""
+""" + signature_toml()
 
 #: A model that answers once (it does not stream).
 PLAIN = """

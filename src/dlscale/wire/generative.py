@@ -27,3 +27,13 @@ OUTPUTS = (
 #: Why a sequence ended, in OpenAI's words: its stop string or end token, its max_tokens,
 #: or the server ended it (cancelled, disconnected, deadline).
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+def signature_toml() -> str:
+    """The generative signature as config.toml's [[inputs]] and [[outputs]] tables, for a
+    Python model that streams by this contract (its config must declare its tensors)."""
+    tables = [("inputs", spec) for spec in INPUTS] + [("outputs", spec) for spec in OUTPUTS]
+    return "".join(
+        f'[[{kind}]]\nname = "{s.name}"\ndatatype = "{s.datatype.value}"\nshape = {list(s.shape)}\n'
+        for kind, s in tables
+    )
