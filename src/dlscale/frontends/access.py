@@ -30,7 +30,7 @@ API_GROUPS = (
     "statistics",
     "trace",
     "logging",
-    "openai",  # dlscale's: the OpenAI API's /v1 routes (frontends/openai/)
+    "openai",  # dlscale's: the OpenAI API's /v1 routes (frontends/rest/openai/)
 )
 #: Groups restricted by default once any restriction is configured (docs/limits.md).
 DEFAULT_RESTRICTED = ("trace", "logging")

@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from dlscale.backends.generative.contract import Sampling, part
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, PermissionDenied, Unsupported
-from dlscale.frontends.openai.decode import (
+from dlscale.frontends.rest.openai.decode import (
     MAX_MESSAGES,
     MAX_PROMPT_BYTES,
     chat_call,
     completion_call,
 )
-from dlscale.frontends.openai.encode import DONE, Answer, Piece
-from dlscale.frontends.openai.errors import BadField, status_and_document
+from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece
+from dlscale.frontends.rest.openai.errors import BadField, status_and_document
 from dlscale.types import InferenceResponse
 
 

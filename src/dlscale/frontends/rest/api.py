@@ -23,12 +23,12 @@ from dlscale.errors import (
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.openai.routes import OpenAIApi
 from dlscale.frontends.plane import Plane, Remote, answer
 from dlscale.frontends.rest import render, shared_memory
 from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
 from dlscale.frontends.rest.documents import header_length, json_object, load_request
 from dlscale.frontends.rest.generate import GenerateApi
+from dlscale.frontends.rest.openai.routes import OpenAIApi
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
 from dlscale.frontends.rest.responses import json_response as json_response

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import InvalidInput, Unsupported
-from dlscale.frontends.openai.errors import BadField
+from dlscale.frontends.rest.openai.errors import BadField
 from dlscale.types import InferenceRequest, Parameters
 from dlscale.wire.generative import TEXT_INPUT
 from dlscale.wire.rest import ANY_JSON, decode_json

@@ -22,10 +22,10 @@ import orjson
 
 from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
 from dlscale.frontends.access import Access
-from dlscale.frontends.openai.decode import Call, chat_call, completion_call
-from dlscale.frontends.openai.encode import DONE, Answer, Piece, event
-from dlscale.frontends.openai.errors import error_document, status_and_document
 from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.rest.openai.decode import Call, chat_call, completion_call
+from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece, event
+from dlscale.frontends.rest.openai.errors import error_document, status_and_document
 from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
