@@ -54,7 +54,8 @@ def zoo_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dlscale.models.zoo import PIPELINES, ZOO
+    from dlscale.models.zoo import DECODERS, PIPELINES, ZOO
+    from dlscale.wire.generative import INPUTS, OUTPUTS
 
     table = Table(title=f"The zoo (sizes of what is built in {args.dir})")
     table.add_column("name", no_wrap=True)
@@ -72,6 +73,13 @@ def zoo_list(args: argparse.Namespace) -> int:
         task = f"{pipeline.task} (pipeline)"
         inputs, outputs = _tensors(pipeline.inputs), _tensors(pipeline.outputs)
         table.add_row(pipeline.name, task, inputs, outputs, shown)
+    for decoder in DECODERS.values():  # their parameters come from their shape
+        folder = args.dir / decoder.name
+        built = (folder / "config.toml").is_file()
+        files = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if built else 0
+        shown = Size(decoder.parameters(), files).show() if built else "not built"
+        inputs, outputs = _tensors(list(INPUTS)), _tensors(list(OUTPUTS))
+        table.add_row(decoder.name, "text generation", inputs, outputs, shown)
     console = Console()
     if not console.is_terminal:  # piped or logged: one line per model rather than a squeeze
         console = Console(width=WIDE)
