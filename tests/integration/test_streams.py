@@ -241,6 +241,15 @@ def test_metadata_lists_generate_and_config_says_decoupled(server: LocalServer) 
         ("plain", "generate_stream", {"COUNT": 1}, 400, "does not stream"),
         ("repeat", "generate", {"IN": [1]}, 400, "generate_stream"),
         ("repeat", "infer", {"inputs": []}, 400, "ModelStreamInfer"),
+        # Found by tests/integration/test_fuzz_generate.py: a 500 before.
+        (
+            "echo",
+            "generate",
+            b'{"text_input": "x", "stop": ["a", 10000000000000000000000]}',
+            400,
+            "64 bits",
+        ),
+        ("echo", "generate", b'{"text_input": "x", "seed": 100000000000000000000000}', 400, "64"),
     ],
 )
 def test_bad_requests_get_a_4xx_that_says_why(

@@ -97,7 +97,7 @@ def decode(
         if key in specs:
             inputs[key] = _tensor(specs[key], value, config.max_batch_size > 0, max_elements)
         else:
-            parameters[key] = _parameter(value)
+            parameters[key] = _parameter(key, value)
     return InferenceRequest(config.name, inputs, version, ident, None, parameters)
 
 
@@ -140,13 +140,19 @@ def _array(spec: TensorSpec, values: list[Any]) -> np.ndarray:
         raise InvalidInput(f"input {name!r}: {exc}") from None
 
 
-def _parameter(value: Any) -> bool | int | float | str:
-    """A request parameter: the protocol's kinds as they are, a list or object as its JSON."""
+def _parameter(key: str, value: Any) -> bool | int | float | str:
+    """A request parameter: the protocol's kinds as they are (an integer within 64 bits, as
+    the protocol carries it), a list or object as its JSON."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise InvalidInput(f"parameter {key!r}: {value} is beyond a 64-bit integer")
     if isinstance(value, bool | int | float | str):
         return value
     if value is None:
-        raise InvalidInput("a generate parameter may not be null")
-    return orjson.dumps(value).decode()
+        raise InvalidInput(f"parameter {key!r} may not be null")
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # orjson refuses what JSON can say but the protocol cannot: big integers
+        raise InvalidInput(f"parameter {key!r} holds an integer beyond 64 bits") from None
 
 
 def document(response: InferenceResponse) -> dict[str, Any]:
