@@ -2,7 +2,9 @@
 
 Whatever JSON a client sends to Triton's generate extension (`/generate`, `/generate_stream`) or
 to the OpenAI routes, the server answers with a 4xx (or, once a stream has begun, an error
-event), never a 5xx, and the next good request is answered correctly. The models are the
+event), never a 5xx; whatever requests a gRPC ModelStreamInfer stream carries, each gets its
+answers or its error in the stream, which ends cleanly; and the next good request is answered
+correctly. The models are the
 streaming Python models of tests/toolkit/streaming_models.py (a generative one, a Triton
 decoupled one, one that answers once).
 """
@@ -13,12 +15,14 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.streaming_models import streaming_repository
+from tritonclient.grpc import service_pb2
 
 #: A couple of hundred examples a route and no per-example deadline: seconds, not minutes.
 FUZZ = settings(
@@ -31,12 +35,22 @@ MODELS = ["echo", "repeat", "plain", "missing"]
 
 
 @pytest.fixture(scope="module")
-def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     repo = streaming_repository(tmp_path_factory.mktemp("fuzz-generate"))
-    with serving(repo, grpc_port=None, max_body_bytes=2**20) as running:
-        server: LocalServer = running
-        with httpx.Client(base_url=f"http://{server.http_url}", timeout=30) as client:
-            yield client
+    with serving(repo, max_body_bytes=2**20) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(server: LocalServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"http://{server.http_url}", timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def channel(server: LocalServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(server.grpc_url) as opened:
+        yield opened
 
 
 _json = st.recursive(
@@ -152,3 +166,70 @@ def test_openai_answers_any_request_with_a_client_error(
 ) -> None:
     _sent(http, route, json.dumps(doc).encode() + tail)
     _good(http)
+
+
+_param = st.one_of(
+    st.booleans().map(lambda v: ("bool_param", v)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda v: ("int64_param", v)),
+    st.text(max_size=12).map(lambda v: ("string_param", v)),
+    st.floats().map(lambda v: ("double_param", v)),
+)
+_stream_request = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(MODELS),
+        "name": st.sampled_from(["text_input", "IN", "COUNT", "x"]),
+        "datatype": st.sampled_from(["BYTES", "INT32", "FP32", "UINT8"]) | st.text(max_size=4),
+        "shape": st.lists(st.integers(-1, 3), max_size=3),
+        "params": st.dictionaries(
+            st.sampled_from(
+                ["max_tokens", "temperature", "stop", "seed", "priority", "timeout",
+                 "triton_enable_empty_final_response", "sampling_parameters"]
+            ),
+            _param,
+            max_size=3,
+        ),
+    },
+    optional={"bytes": st.lists(st.binary(max_size=12), max_size=3), "raw": st.binary(max_size=16)},
+)  # fmt: skip
+
+
+def _stream_message(r: dict[str, Any]) -> Any:
+    message = service_pb2.ModelInferRequest(model_name=r["model"])
+    for key, (field, value) in r["params"].items():
+        setattr(message.parameters[key], field, value)
+    entry = message.inputs.add(name=r["name"], datatype=r["datatype"], shape=r["shape"])
+    entry.contents.bytes_contents.extend(r.get("bytes", []))
+    if "raw" in r:
+        message.raw_input_contents.append(r["raw"])
+    return message
+
+
+def _stream(channel: grpc.Channel, messages: list[Any]) -> list[Any]:
+    call = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+    return list(call(iter(messages), timeout=30))
+
+
+def _good_stream(channel: grpc.Channel) -> None:
+    message = service_pb2.ModelInferRequest(model_name="echo")
+    message.parameters["max_tokens"].int64_param = 2
+    entry = message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    entry.contents.bytes_contents.append(b"one two three")
+    answers = _stream(channel, [message])
+    assert [a.error_message for a in answers] == ["", ""]
+    text = [a.infer_response.outputs[0] for a in answers]
+    assert text and all(t.name for t in text)
+
+
+@FUZZ
+@given(requests=st.lists(_stream_request, min_size=1, max_size=3))
+def test_a_grpc_stream_answers_any_requests_in_the_stream(
+    channel: grpc.Channel, requests: list[dict[str, Any]]
+) -> None:
+    answers = _stream(channel, [_stream_message(r) for r in requests])
+    for answer in answers:  # an error is the request's, said in the stream
+        assert answer.error_message or answer.HasField("infer_response")
+    _good_stream(channel)
