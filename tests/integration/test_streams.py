@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -165,6 +166,23 @@ def test_a_grpc_client_that_cancels_frees_its_sequence(server: LocalServer) -> N
     client.stop_stream(cancel_requests=True)
     client.close()
     _until(lambda: _seats(server, "ticker").running == 0)
+
+
+def test_one_grpc_stream_holds_at_most_its_bound_of_requests(tmp_path: Path) -> None:
+    """A client that pushes request after request into one stream is read no further than
+    --max-stream-requests in flight: the rest wait in its own connection, not the server."""
+    with serving(streaming_repository(tmp_path), max_stream_requests=3) as bounded:
+        client, results = _grpc_stream(bounded)
+        forever = [_values("COUNT", np.array([-1], np.int32), "INT32")]
+        for _ in range(12):  # the first holds ticker's one seat; the others would all wait
+            client.async_stream_infer("ticker", forever)
+        _until(lambda: _seats(bounded, "ticker").waiting == 2)
+        time.sleep(0.3)  # time for requests past the bound to arrive, were they read
+        assert _seats(bounded, "ticker").waiting == 2
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        _until(lambda: _seats(bounded, "ticker").running == 0)
+        assert results.get(timeout=PATIENCE_S)[1] is None
 
 
 # -- REST: the generate extension ----------------------------------------------------------------

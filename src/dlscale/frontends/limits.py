@@ -60,6 +60,11 @@ class Limits:
         "seconds a keep-alive connection must have been idle before it is closed to make room for "
         "a new client when connections or descriptors run short",
     )
+    max_stream_requests: int = _limit(
+        64,
+        "requests one gRPC ModelStreamInfer stream may have in flight; the stream is read no "
+        "further until one of them ends (HTTP/2 flow control then holds the client back)",
+    )
     max_receiving_bytes: int = _limit(
         1 << 30,
         "REST body bytes received in place at once (declared lengths); over it a body grows as "
@@ -76,6 +81,7 @@ class Limits:
             "max_head_bytes",
             "max_headers",
             "max_connections",
+            "max_stream_requests",
             "max_receiving_bytes",
         ):
             if getattr(self, name) <= 0:

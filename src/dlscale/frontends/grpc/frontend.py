@@ -70,7 +70,10 @@ class GrpcFrontend:
             ],
         )
         servicer = InferenceServicer(
-            self.dataplane, self.max_message_bytes, limits.max_tensor_elements
+            self.dataplane,
+            self.max_message_bytes,
+            limits.max_tensor_elements,
+            limits.max_stream_requests,
         )
         handlers = method_handlers(servicer)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -80,11 +80,17 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over one DataPlane; no scheduling or validation here."""
 
     def __init__(
-        self, dataplane: Plane, max_message_bytes: int, max_elements: int = MAX_ELEMENTS
+        self,
+        dataplane: Plane,
+        max_message_bytes: int,
+        max_elements: int = MAX_ELEMENTS,
+        max_stream_requests: int = 64,
     ) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
         self.max_elements = max_elements
+        #: Requests of one ModelStreamInfer stream in flight (frontends/limits.py).
+        self.max_stream_requests = max_stream_requests
         self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
 
     # -- health and metadata ------------------------------------------------------------------
@@ -126,6 +132,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         streams (Triton's decoupled models), one for any other; errors travel in-stream."""
         answers: asyncio.Queue[Any] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        # One stream may carry any number of requests: past this many in flight it is not read
+        # further, so a client cannot make the server hold more than that for it.
+        room = asyncio.Semaphore(self.max_stream_requests)
 
         async def answer(message: Any) -> None:
             try:
@@ -138,11 +147,18 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 answers.put_nowait(
                     convert.stream_error(redact_paths(f"internal error: {exc!r}"), _plain(message))
                 )
+            finally:
+                room.release()
 
         async def read() -> None:
             # Requests run concurrently, so that those of one stream can share a batch.
             try:
-                async for message in requests:
+                while True:
+                    await room.acquire()
+                    message = await anext(requests, None)
+                    if message is None:
+                        room.release()
+                        break
                     task = asyncio.create_task(answer(message))
                     running.add(task)
                     task.add_done_callback(running.discard)
