@@ -17,8 +17,9 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.toolkit.fuzz import JSON_VALUES, bounded
 from tests.toolkit.models import write_null_model
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.grpc import service_pb2
@@ -33,12 +34,7 @@ TEXT = (
 )
 DATATYPES = ["FP32", "FP16", "BF16", "FP64", "INT8", "INT64", "UINT32", "BOOL", "BYTES", "fp32"]
 #: A few hundred examples per protocol and no per-example deadline: seconds, not minutes.
-FUZZ = settings(
-    max_examples=300,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = bounded(300)
 CLIENT_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
@@ -73,17 +69,7 @@ def channel(server: LocalServer) -> Iterator[grpc.Channel]:
 
 # -- strategies --------------------------------------------------------------------------------
 
-_json = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=20,
-)
+_json = JSON_VALUES
 _shape = st.lists(
     st.one_of(st.integers(-2, 4), st.sampled_from([2**31, 2**62, 10**20])), max_size=6
 ) | st.just([1] * 70)
@@ -263,7 +249,7 @@ def test_the_fuzzed_server_still_reports_itself_ready(server: LocalServer) -> No
 
 # -- control endpoints ----------------------------------------------------------------------------
 
-CONTROL = settings(FUZZ, max_examples=200)
+CONTROL = bounded(200)
 #: Models the control fuzz may load and unload; `echo` answers the good request in between.
 _control_model = st.sampled_from(["text", "ghost", "echo/../text", ""]) | st.text(max_size=6)
 _load_parameters = st.dictionaries(

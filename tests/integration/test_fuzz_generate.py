@@ -18,19 +18,15 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.toolkit.fuzz import JSON_VALUES, bounded
 from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.streaming_models import streaming_repository
 from tritonclient.grpc import service_pb2
 
 #: A couple of hundred examples a route and no per-example deadline: seconds, not minutes.
-FUZZ = settings(
-    max_examples=150,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = bounded(150)
 MODELS = ["echo", "repeat", "plain", "missing"]
 
 
@@ -53,17 +49,7 @@ def channel(server: LocalServer) -> Iterator[grpc.Channel]:
         yield opened
 
 
-_json = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=20,
-)
+_json = JSON_VALUES
 #: The sampling settings and Triton's own keys, with any JSON for their values.
 _settings = st.dictionaries(
     st.sampled_from(

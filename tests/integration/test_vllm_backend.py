@@ -158,7 +158,8 @@ async def test_closing_a_stream_aborts_its_sequence_at_once(backend: VllmBackend
     assert backend.engine_stats().running == 2
     await closed.aclose()
     running = [backend.engine_stats().running async for _ in kept]
-    assert 1 in running and 2 not in running[-3:]
+    # The closed sequence left at once: one runs, and the last reads never saw two again.
+    assert running.count(1) > 0 and 2 not in running[-3:]
     assert backend.engine_stats().running == 0
 
 
