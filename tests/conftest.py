@@ -1,10 +1,16 @@
-"""Shared fixtures: model repositories built from the zoo once per test session."""
+"""Shared fixtures: model repositories built from the zoo once per test session, and the real
+tritonclient clients of a module's own `server` fixture (a module that defines `server` gets
+`http` and `grpc` for it; one that defines its own `http` or `grpc` keeps those)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tests.toolkit.server import LocalServer
 
 SMALL_MODELS = ("identity", "mlp", "digits")
 BIG_MODELS = ("resnet50", "bert-base")
@@ -42,3 +48,19 @@ def llama_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     [model] = build_zoo(tmp_path_factory.mktemp("llm"), ["llama-tiny"])
     return model
+
+
+@pytest.fixture
+def http(server: LocalServer) -> Iterator[th.InferenceServerClient]:
+    """tritonclient's REST client of the module's server (8 connections for concurrent calls)."""
+    client = th.InferenceServerClient(server.http_url, concurrency=8)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def grpc(server: LocalServer) -> Iterator[tg.InferenceServerClient]:
+    """tritonclient's gRPC client of the module's server."""
+    client = tg.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()

@@ -37,20 +37,6 @@ def server(root: Path) -> Iterator[LocalServer]:
         yield running
 
 
-@pytest.fixture
-def http(server: LocalServer) -> Iterator[th.InferenceServerClient]:
-    client = th.InferenceServerClient(server.http_url, concurrency=8)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc(server: LocalServer) -> Iterator[tg.InferenceServerClient]:
-    client = tg.InferenceServerClient(server.grpc_url)
-    yield client
-    client.close()
-
-
 Client = th.InferenceServerClient | tg.InferenceServerClient
 
 

@@ -37,20 +37,6 @@ def server(repo: Path) -> Iterator[LocalServer]:
         yield running
 
 
-@pytest.fixture
-def http(server: LocalServer) -> Iterator[th.InferenceServerClient]:
-    client = th.InferenceServerClient(server.http_url, concurrency=8)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc(server: LocalServer) -> Iterator[tg.InferenceServerClient]:
-    client = tg.InferenceServerClient(server.grpc_url)
-    yield client
-    client.close()
-
-
 def infer_input(name: str, array: np.ndarray, module: Any) -> Any:
     """A tritonclient input (of `module`: tritonclient.http or .grpc) holding `array`."""
     inp = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))

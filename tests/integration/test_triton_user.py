@@ -29,20 +29,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
         yield running
 
 
-@pytest.fixture
-def http(server: LocalServer) -> Iterator[th.InferenceServerClient]:
-    client = th.InferenceServerClient(server.http_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc(server: LocalServer) -> Iterator[tg.InferenceServerClient]:
-    client = tg.InferenceServerClient(server.grpc_url)
-    yield client
-    client.close()
-
-
 def _expected_classes(k: int) -> list[list[bytes]]:
     scores = CLASSIFIER.reference(X)
     rows = []

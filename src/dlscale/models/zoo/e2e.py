@@ -143,24 +143,24 @@ def image_signature() -> tuple[list[TensorSpec], list[TensorSpec]]:
     )
 
 
-SMALLCNN_E2E = ZooPipeline(
-    name="smallcnn-e2e",
-    description="JPEG bytes -> decode, resize 73, crop 64 -> smallcnn -> top-5 labels",
-    task="image classification",
-    inputs=image_signature()[0],
-    outputs=image_signature()[1],
-    parts=("smallcnn-e2e-image", "smallcnn", "smallcnn-e2e-topk"),
-    builder=lambda root: image_pipeline(root, "smallcnn-e2e", SMALLCNN, 73, 64),
-)
-RESNET50_E2E = ZooPipeline(
-    name="resnet50-e2e",
-    description="JPEG bytes -> decode, resize 256, crop 224 -> resnet50 -> top-5 labels",
-    task="image classification",
-    inputs=image_signature()[0],
-    outputs=image_signature()[1],
-    parts=("resnet50-e2e-image", "resnet50", "resnet50-e2e-topk"),
-    builder=lambda root: image_pipeline(root, "resnet50-e2e", RESNET50, 256, 224),
-)
+def _image_e2e(name: str, classifier: ZooModel, resize: int, crop: int) -> ZooPipeline:
+    """JPEG bytes -> the image step (resize the shorter side, centre crop) -> classifier ->
+    the top-k step's top-5 labels."""
+    inputs, outputs = image_signature()
+    net = classifier.name
+    return ZooPipeline(
+        name=name,
+        description=f"JPEG bytes -> decode, resize {resize}, crop {crop} -> {net} -> top-5 labels",
+        task="image classification",
+        inputs=inputs,
+        outputs=outputs,
+        parts=(f"{name}-image", net, f"{name}-topk"),
+        builder=lambda root: image_pipeline(root, name, classifier, resize, crop),
+    )
+
+
+SMALLCNN_E2E = _image_e2e("smallcnn-e2e", SMALLCNN, 73, 64)
+RESNET50_E2E = _image_e2e("resnet50-e2e", RESNET50, 256, 224)
 
 BERT_E2E = ZooPipeline(
     name="bert-e2e",
