@@ -196,8 +196,8 @@ UPLOAD = json.dumps(
         ({"file:1/../../escaped": b"x"}, "inside the model's folder"),
         ({"file:1/sub/../../../escaped": b"x"}, "inside the model's folder"),
         ({"file:1/a\0b": b"x"}, "control characters"),
-        ({"file:1/a": b"x", "file:1/a/b": b"y"}, "both as files and as folders"),
-        ({"file:1/" + "n" * 300: b"x"}, "cannot be written"),
+        ({"file:1/a.bin": b"x", "file:1/a.bin/b.bin": b"y"}, "both as files and as folders"),
+        ({"file:1/" + "n" * 300 + ".bin": b"x"}, "cannot be written"),
     ],
 )
 def test_load_files_stay_in_their_folder(

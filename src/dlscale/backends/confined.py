@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from dlscale.errors import ConfigError
 
@@ -35,3 +37,42 @@ def read_confined(folder: Path, name: str, limit: int, what: str) -> bytes:
 
 def _unreadable(what: str, name: str, why: str) -> ConfigError:
     return ConfigError(f"the {what} cannot be read ({name!r}): {why}")
+
+
+def external_data_outside(model: bytes) -> list[str]:
+    """The external-data locations an ONNX model names that would leave its folder.
+
+    ONNX Runtime reads an initializer's `location` relative to the model file; a location that
+    is absolute or climbs out (`..`) would make an uploaded model read the host's files.
+    """
+    import onnx
+
+    try:
+        proto = onnx.load_model_from_string(model)  # from bytes: external data stays unread
+    except Exception as exc:  # protobuf's DecodeError and onnx's own: not an ONNX model
+        raise ConfigError(f"not an ONNX model: {exc}") from None
+    graphs = [proto.graph, *(f for f in proto.functions)]
+    outside = []
+    for tensor in _tensors(graphs):
+        for entry in tensor.external_data:
+            location = entry.value.replace("\\", "/")
+            if entry.key == "location" and (
+                location.startswith("/") or ":" in location or ".." in PurePosixPath(location).parts
+            ):
+                outside.append(entry.value)
+    return outside
+
+
+def _tensors(graphs: list[Any]) -> Iterator[Any]:
+    """Every TensorProto of ONNX graphs (or functions): initializers and node attributes, nested."""
+    while graphs:
+        graph = graphs.pop()
+        yield from getattr(graph, "initializer", ())
+        for sparse in getattr(graph, "sparse_initializer", ()):
+            yield from (sparse.values, sparse.indices)
+        for node in graph.node:
+            for attribute in node.attribute:
+                yield from (attribute.t, *attribute.tensors)
+                graphs.extend(attribute.graphs)
+                if attribute.HasField("g"):
+                    graphs.append(attribute.g)

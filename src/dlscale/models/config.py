@@ -18,23 +18,11 @@ from pydantic import (
     model_validator,
 )
 
-from dlscale.backends import MODEL_FILES
+from dlscale.backends import MODEL_FILES, RUNTIMES
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
 NonNegative = Annotated[int, Field(ge=0)]
-#: Triton's platform name for each backend, reported when config.toml names none.
-PLATFORMS = {
-    "onnxruntime": "onnxruntime_onnx",
-    "torch": "pytorch_libtorch",
-    "null": "dlscale_null",
-    "python": "python",
-    "image": "dlscale_image",
-    "tokenizer": "dlscale_tokenizer",
-    "topk": "dlscale_topk",
-    "transformers": "transformers",
-    "vllm": "vllm",
-}
 Positive = Annotated[int, Field(ge=1)]
 
 
@@ -189,17 +177,8 @@ class ModelConfig(_Strict):
     """Everything config.toml says about one model."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    backend: Literal[
-        "onnxruntime",
-        "torch",
-        "null",
-        "python",
-        "image",
-        "tokenizer",
-        "topk",
-        "transformers",
-        "vllm",
-    ] = "onnxruntime"
+    #: One of the backend table's names (dlscale.backends.RUNTIMES).
+    backend: str = "onnxruntime"
     platform: str = ""
     #: The model file's name in each version folder (default: the backend's usual names), or
     #: its path in the model's folder when there are no version folders (MLServer's layout).
@@ -220,6 +199,13 @@ class ModelConfig(_Strict):
     metadata: dict[str, str | int | float | bool] = {}
     #: A pipeline (Triton's ensemble): the steps that compute it; None for a model of its own.
     steps: list[StepConfig] | None = None
+
+    @field_validator("backend")
+    @classmethod
+    def _a_known_backend(cls, value: str) -> str:
+        if value not in RUNTIMES:
+            raise ValueError(f"unknown backend {value!r}: expected one of {sorted(RUNTIMES)}")
+        return value
 
     @field_validator("model_file")
     @classmethod
@@ -261,7 +247,7 @@ class ModelConfig(_Strict):
         """The platform metadata reports: config.toml's, else Triton's name for the backend."""
         if self.steps is not None:
             return "ensemble"
-        return self.platform or PLATFORMS[self.backend]
+        return self.platform or RUNTIMES[self.backend].platform
 
     @property
     def is_pipeline(self) -> bool:

@@ -14,22 +14,13 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from google.protobuf.message import Message
 
+from dlscale.backends import RUNTIMES
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, parse_config
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
-#: Triton's platform and backend names, and the dlscale backend that runs each.
-BACKENDS = {
-    "onnxruntime_onnx": "onnxruntime",
-    "onnxruntime": "onnxruntime",
-    "pytorch_libtorch": "torch",
-    "pytorch": "torch",
-    "dlscale_null": "null",
-    "null": "null",
-    "python": "python",
-    # Triton's vLLM backend: its version folder's model.json names the engine's arguments.
-    "vllm": "vllm",
-}
+#: Triton's platform and backend names -> dlscale's backend (the backend table's `triton_names`).
+BACKENDS = {alias: name for name, runtime in RUNTIMES.items() for alias in runtime.triton_names}
 #: A config.pbtxt parameter that says where a Python model's code runs (thread or process).
 PYTHON_ISOLATION = "DLSCALE_ISOLATION"
 #: Triton's ONNX Runtime parameters that are dlscale backend options.

@@ -24,12 +24,13 @@ import torch
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch.aoti import load_package, read_info
-from dlscale.backends.torch.files import write_module_spec
+from dlscale.backends.torch.files import ZOO_NETS, write_module_spec
 from dlscale.backends.torch.packaging import Packaged, package_model, served_options
 from dlscale.errors import ConfigError
 from dlscale.models.flops import count, count_file
 from dlscale.models.zoo import ZOO
 from dlscale.models.zoo.inputs import PIXELS, as_input_type, torch_entry
+from dlscale.models.zoo.nets.small import make_conv_bn
 from dlscale.serving.manager import ModelManager
 from dlscale.types import Datatype, TensorSpec
 
@@ -50,21 +51,6 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Packaged]:
     return out
 
 
-def make_conv_bn() -> torch.nn.Module:
-    """A convolution, BatchNorm with running statistics away from 0 and 1, ReLU, a linear head."""
-    torch.manual_seed(3)
-    bn = torch.nn.BatchNorm2d(8)
-    with torch.no_grad():
-        bn.running_mean.uniform_(-0.5, 0.5)
-        bn.running_var.uniform_(0.5, 2.0)
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.uniform_(-0.2, 0.2)
-    head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10))
-    layers = [torch.nn.Conv2d(3, 8, 3, padding=1), bn, torch.nn.ReLU(), torch.nn.AvgPool2d(2)]
-    return torch.nn.Sequential(*layers, head).eval()
-
-
-@pytest.mark.slow
 def test_a_batchnorm_model_packages_and_matches_its_module(tmp_path: Path) -> None:
     # The build folds BatchNorm and casts weights: made under inference_mode, those tensors
     # were inference tensors, and torch.export refused every such model outside that mode.
@@ -72,13 +58,13 @@ def test_a_batchnorm_model_packages_and_matches_its_module(tmp_path: Path) -> No
     source.parent.mkdir()
     specs = ([TensorSpec("input", Datatype.FP32, (-1, 3, 8, 8))],)
     specs += ([TensorSpec("output", Datatype.FP32, (-1, 10))],)
-    write_module_spec(source, f"{__name__}:make_conv_bn", {}, *specs)
+    write_module_spec(source, f"{ZOO_NETS}.small:make_conv_bn", {"seed": 3}, *specs)
     options = BackendOptions(max_batch_size=4, extra={"compile_mode": "default"})
     packaged = package_model(source, options, tmp_path / "convbn" / "model.aoti.pt2")
     assert packaged.info.torch_version == torch.__version__ and packaged.info.capability is None
     images = np.random.default_rng(5).standard_normal((3, 3, 8, 8)).astype(np.float32)
     with torch.no_grad():
-        expected = make_conv_bn()(torch.from_numpy(images)).numpy()
+        expected = make_conv_bn(3)[0](torch.from_numpy(images)).numpy()
     backend = create_backend("torch", packaged.path, BackendOptions(max_batch_size=4))
     backend.load()
     try:

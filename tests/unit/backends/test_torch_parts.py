@@ -288,9 +288,10 @@ def test_a_scripted_file_without_signature_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        ("dlscale.models.zoo.nets.small", "expected 'package.module:function'"),
-        ("dlscale.no_such_module:make", "cannot import"),
-        ("builtins:dict", "returned dict, not a torch.nn.Module"),
+        ("dlscale.models.zoo.nets.small", "is not one of the zoo's factories"),
+        ("dlscale.models.zoo.nets.no_such_module:make", "cannot import"),
+        ("builtins:dict", "is not one of the zoo's factories"),
+        ("dlscale.models.zoo.nets.small:make_missing", "cannot import"),
     ],
 )
 def test_a_bad_factory_is_named_in_the_error(tmp_path: Path, factory: str, message: str) -> None:

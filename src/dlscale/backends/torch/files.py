@@ -3,15 +3,17 @@
 - `model.aoti.pt2`: an AOTInductor package, compiled ahead of time (see aoti.py).
 - `model.pt2`: a torch.export program; its signature is stored inside it (or read off the graph).
 - `model.pt`: a TorchScript module; its signature must be stored inside it.
-- `model.zoo`: TOML naming a Python factory ("package.module:function") that builds the module
-  from its code, with the arguments to call it with and the signature.
+- `model.zoo`: TOML naming one of the zoo's factories (`dlscale.models.zoo.nets.<module>:<name>`)
+  that builds the module from its code, with the arguments to call it with and the signature.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -124,10 +126,7 @@ def _load_module(path: Path, device: torch.device) -> LoadedModel:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     factory = _import_factory(spec.get("factory"), path)
-    kwargs = spec.get("kwargs", {})
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"{path}: field 'kwargs': expected a table of arguments")
-    built = factory(**kwargs)
+    built = _call_factory(factory, spec.get("kwargs", {}), path)
     # The zoo's factories return (module, metadata); a bare module is accepted too.
     module = built[0] if isinstance(built, tuple) else built
     if not isinstance(module, nn.Module):
@@ -139,19 +138,41 @@ def _load_module(path: Path, device: torch.device) -> LoadedModel:
     return LoadedModel(module.eval().to(device), inputs, outputs, "module")
 
 
+#: The package whose factories a model.zoo may name: the `make` and `make_*` functions of the
+#: zoo's own network modules. A model.zoo may come from a client (a load request's upload), so
+#: it may not name any other importable code.
+ZOO_NETS = "dlscale.models.zoo.nets"
+_FACTORY = re.compile(rf"^{re.escape(ZOO_NETS)}\.[a-z][a-z0-9_]*:make(_[a-z0-9_]+)?$")
+
+
 def _import_factory(name: object, path: Path) -> Callable[..., Any]:
-    if not isinstance(name, str) or ":" not in name:
+    """The zoo factory `name` names; ConfigError, before anything is imported, for any other."""
+    if not isinstance(name, str) or not _FACTORY.match(name):
         raise ConfigError(
-            f"{path}: field 'factory': expected 'package.module:function', got {name!r}"
+            f"{path}: field 'factory': {name!r} is not one of the zoo's factories "
+            f"('{ZOO_NETS}.<module>:make...'); serve other code as a model.pt2 from the "
+            "repository or as a Python model"
         )
     module_name, attribute = name.split(":", 1)
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{path}: field 'factory': cannot import {name!r}: {exc}") from None
-    if not callable(factory):
-        raise ConfigError(f"{path}: field 'factory': {name!r} is not callable")
-    return factory  # type: ignore[no-any-return]
+    # A function the zoo module defines, not a name it imported (`torch`, say).
+    if not inspect.isfunction(factory) or factory.__module__ != module_name:
+        raise ConfigError(f"{path}: field 'factory': {name!r} is not a function of the zoo")
+    return factory
+
+
+def _call_factory(factory: Callable[..., Any], kwargs: object, path: Path) -> Any:
+    """The factory called with the file's arguments, which must be ones it takes."""
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{path}: field 'kwargs': expected a table of arguments")
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: field 'kwargs': {exc}") from None
+    return factory(**kwargs)
 
 
 def _parse_signature(text: str, source: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:

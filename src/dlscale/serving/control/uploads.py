@@ -4,18 +4,27 @@
 load. `file:<version>/<name>` parameters carry model files; they are written to a model folder
 the server owns (under a temporary root, within a size bound), which replaces the repository's
 folder for that load and is deleted when the model is unloaded or loaded again without files.
+
+A client may upload only data whose loading runs no code it chose (issue 33: a `model.zoo`
+naming `subprocess:run` ran a shell command): each backend names the files it reads as data
+(`dlscale.backends.RUNTIMES`), anything else is refused before a byte is written, and an ONNX
+model's external data must stay in its folder.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from dlscale.errors import InvalidInput, PayloadTooLarge, PermissionDenied
+from dlscale.backends import RUNTIMES, uploadable
+from dlscale.backends.confined import external_data_outside
+from dlscale.errors import ConfigError, InvalidInput, PayloadTooLarge, PermissionDenied
+from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository
 from dlscale.models.sources import ModelSource
 from dlscale.models.triton_config import convert, parse_json
@@ -24,6 +33,10 @@ from dlscale.serving.control.bounds import check_override
 log = logging.getLogger("dlscale.models")
 
 FILE_PREFIX = "file:"
+#: Names in an uploaded file's path, its version included (a Hugging Face folder nests a few).
+MAX_FILE_DEPTH = 8
+#: A version folder's name: a positive integer in ASCII digits ("¹" is a digit to str.isdigit).
+_VERSION = re.compile(r"[1-9][0-9]{0,8}")
 #: Files all uploaded models may hold together on disk, by default.
 MAX_UPLOAD_BYTES = 4 * 2**30
 
@@ -65,12 +78,9 @@ class Uploads:
             log.warning("%s", source.warning())
         if not files:
             return source, None
-        if config.backend == "python":
-            # A model.py runs with the server's rights: code comes from the repository only.
-            raise PermissionDenied(
-                f"model {name!r}: a load request may not upload Python code (backend 'python'); "
-                "put its model.py in the model repository"
-            )
+        for key in files:
+            _relative(key)
+        check_data_only(name, config, files)
         with self._lock:
             return source, self._write(name, files)
 
@@ -130,22 +140,51 @@ class Uploads:
         return self._root
 
 
+def check_data_only(name: str, config: ModelConfig, files: Mapping[str, str | bytes]) -> None:
+    """PermissionDenied unless every uploaded file is data for the config's backend."""
+    backend = "pipeline" if config.is_pipeline else config.backend
+    refused = sorted(
+        key
+        for key in files
+        if config.is_pipeline or not uploadable(backend, PurePosixPath(key).name)
+    )
+    if refused:
+        allowed = RUNTIMES[backend].uploads if backend in RUNTIMES else ()
+        raise PermissionDenied(
+            f"model {name!r}: a load request may not upload {refused} for backend "
+            f"{backend!r}: a file whose loading could run code (Python, pickles, TorchScript, "
+            "compiled libraries, vLLM engine arguments) comes from the model repository only; "
+            f"this backend takes {list(allowed) or 'no files'} from a load request"
+        )
+    for key, data in files.items():
+        if key.endswith(".onnx") and isinstance(data, bytes):
+            try:
+                outside = external_data_outside(data)
+            except ConfigError as exc:
+                raise InvalidInput(f"load parameter 'file:{key}': {exc}") from None
+            if outside:
+                raise PermissionDenied(
+                    f"load parameter 'file:{key}': the model's external data {outside} would be "
+                    "read from outside its folder; name files uploaded beside it"
+                )
+
+
 def _relative(key: str) -> PurePosixPath:
-    """`<version>/<name>` as a path that stays inside the model's folder."""
+    """`<version>/<name>` as a path that stays inside the model's folder, a few folders deep."""
     path = PurePosixPath(key)
     if any(ord(c) < 32 for c in key):
         raise InvalidInput(
             f"load parameter 'file:{key!r}': a file name may not hold control characters"
         )
     if (
-        len(path.parts) < 2
-        or not path.parts[0].isdigit()
-        or int(path.parts[0]) < 1
+        not 2 <= len(path.parts) <= MAX_FILE_DEPTH
+        or not _VERSION.fullmatch(path.parts[0])
         or path.is_absolute()
         or ".." in path.parts
     ):
         raise InvalidInput(
-            f"load parameter 'file:{key}': expected 'file:<version>/<file name>' with a "
-            "positive version, inside the model's folder"
+            f"load parameter 'file:{key[:200]}': expected 'file:<version>/<file name>' with a "
+            f"positive version in ASCII digits, inside the model's folder, at most "
+            f"{MAX_FILE_DEPTH} names deep"
         )
     return path

@@ -35,3 +35,19 @@ def make_mlp(seed: int) -> tuple[nn.Module, Metadata]:
     with deterministic(seed):
         model = MLP()
     return model.eval(), {}
+
+
+def make_conv_bn(seed: int) -> tuple[nn.Module, Metadata]:
+    """A convolution, BatchNorm with running statistics away from 0 and 1, ReLU, a linear head:
+    the smallest model whose answers change if BatchNorm folding goes wrong (input 3x8x8)."""
+    with deterministic(seed):
+        bn = nn.BatchNorm2d(8)
+        with torch.no_grad():
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.2, 0.2)
+        head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+        layers = [nn.Conv2d(3, 8, 3, padding=1), bn, nn.ReLU(), nn.AvgPool2d(2)]
+        model = nn.Sequential(*layers, head)
+    return model.eval(), {}
