@@ -43,8 +43,9 @@ def make_conv_bn(seed: int) -> tuple[nn.Module, Metadata]:
     with deterministic(seed):
         bn = nn.BatchNorm2d(8)
         with torch.no_grad():
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 2.0)
+            for statistic, low, high in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 2.0)):
+                assert statistic is not None  # track_running_stats, BatchNorm2d's default
+                statistic.uniform_(low, high)
             bn.weight.uniform_(0.5, 1.5)
             bn.bias.uniform_(-0.2, 0.2)
         head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
