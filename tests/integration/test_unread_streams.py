@@ -21,6 +21,7 @@ from tests.toolkit.server import HOST, LocalServer, serving
 
 from dlscale.frontends.grpc.outbox import Outbox
 from dlscale.wire.bounds import MAX_ID_CHARS
+from dlscale.wire.generative import signature_toml
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 #: A safety net for anything here on a loaded machine; a hang fails instead of blocking.
@@ -60,6 +61,29 @@ class Model:
         return {{"OUT": np.zeros({ANSWER_ELEMENTS}, np.int32)}}
 """
 
+#: A generative model (backends/generative/contract.py): max_tokens tokens, each the prompt.
+CHATTER = """
+import numpy as np
+
+
+class Model:
+    def stream(self, inputs, parameters):
+        prompt = inputs["text_input"][0].decode()
+        most = int(parameters.get("max_tokens", 16))
+        for n in range(1, most + 1):
+            out = {
+                "text_output": np.array([prompt.encode()], dtype=object),
+                "num_input_tokens": np.array([1], np.uint32),
+                "num_output_tokens": np.array([n], np.uint32),
+            }
+            if n == most:
+                out["finish_reason"] = np.array([b"length"], dtype=object)
+            yield out
+"""
+
+#: A generative model's seats are its engine's sequences (128 unless it says).
+SEQUENCES = f"[backend_options]\nmax_num_seqs = {SEATS}\n"
+
 TOML = f"""
 [[inputs]]
 name = "COUNT"
@@ -79,6 +103,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     root = tmp_path_factory.mktemp("unread")
     write_python_model(root, "gush", GUSH, TOML)
     write_python_model(root, "big", BIG, TOML)
+    write_python_model(
+        root, "chatter", CHATTER, signature_toml() + TOML[TOML.index("[[instances]]") :] + SEQUENCES
+    )
     bounds = {"max_stream_answers": MAX_ANSWERS, "max_stream_requests": MAX_REQUESTS}
     with serving(root, unread_stream_timeout_s=UNREAD_S, **bounds) as running:
         yield running
@@ -91,8 +118,8 @@ def _until(condition: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
-def _running(server: LocalServer) -> int:
-    seats = server.dataplane.manager.get("gush").seats
+def _running(server: LocalServer, model: str = "gush") -> int:
+    seats = server.dataplane.manager.get(model).seats
     assert seats is not None
     return seats.running
 
@@ -104,13 +131,13 @@ def _generate_url(server: LocalServer) -> str:
 # -- REST --------------------------------------------------------------------------------------
 
 
-def _silent_stream(server: LocalServer, body: bytes) -> socket.socket:
+def _silent_stream(server: LocalServer, body: bytes, path: str) -> socket.socket:
     """A connection with a tiny receive buffer that asks for a stream and never reads it."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
     sock.connect((HOST, int(server.http_url.rpartition(":")[2])))
     head = (
-        "POST /v2/models/gush/generate_stream HTTP/1.1\r\nhost: x\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: x\r\n"
         f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     sock.sendall(head.encode() + body)
@@ -130,13 +157,32 @@ def _closed_by_server(sock: socket.socket) -> bool:
 
 def test_rest_streams_left_unread_are_cut_and_free_their_seats(server: LocalServer) -> None:
     body = json.dumps({"COUNT": MANY, "id": "i" * MAX_ID_CHARS}).encode()
-    silent = [_silent_stream(server, body) for _ in range(SEATS)]
+    path = "/v2/models/gush/generate_stream"
+    silent = [_silent_stream(server, body, path) for _ in range(SEATS)]
     try:
         _until(lambda: _running(server) == SEATS)  # every seat held by a client that does not read
         # A client on a fresh connection is answered: the silent streams are cut, not waited on.
         answer = httpx.post(_generate_url(server), json={"COUNT": 3}, timeout=PATIENCE_S)
         assert answer.status_code == 200 and answer.text.count("data: ") == 3
         _until(lambda: _running(server) == 0)
+        assert all(_closed_by_server(sock) for sock in silent)
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_openai_streams_left_unread_are_cut_and_free_their_seats(server: LocalServer) -> None:
+    asked = {"model": "chatter", "prompt": "x" * 8000, "max_tokens": MANY, "stream": True}
+    body = json.dumps(asked).encode()
+    silent = [_silent_stream(server, body, "/v1/completions") for _ in range(SEATS)]
+    try:
+        _until(lambda: _running(server, "chatter") == SEATS)
+        small = {**asked, "prompt": "hello", "max_tokens": 2}
+        answer = httpx.post(
+            f"http://{server.http_url}/v1/completions", json=small, timeout=PATIENCE_S
+        )
+        assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+        _until(lambda: _running(server, "chatter") == 0)
         assert all(_closed_by_server(sock) for sock in silent)
     finally:
         for sock in silent:
