@@ -65,6 +65,17 @@ class Limits:
         "requests one gRPC ModelStreamInfer stream may have in flight; the stream is read no "
         "further until one of them ends (HTTP/2 flow control then holds the client back)",
     )
+    max_stream_answers: int = _limit(
+        16,
+        "answers of one gRPC ModelStreamInfer stream waiting for the client to read them; past it "
+        "the stream's requests wait to hand on theirs, and it is read no further",
+    )
+    unread_stream_timeout_s: float = _limit(
+        30.0,
+        "seconds a streamed answer (REST generate_stream and OpenAI streams, gRPC "
+        "ModelStreamInfer) may wait for a client that does not read; then the stream is cut, its "
+        "requests cancelled and their seats freed",
+    )
     max_receiving_bytes: int = _limit(
         1 << 30,
         "REST body bytes received in place at once (declared lengths); over it a body grows as "
@@ -82,11 +93,12 @@ class Limits:
             "max_headers",
             "max_connections",
             "max_stream_requests",
+            "max_stream_answers",
             "max_receiving_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s", "unread_stream_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_connections_per_peer < 0:

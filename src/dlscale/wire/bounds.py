@@ -12,6 +12,9 @@ MAX_DIMS = 64
 #: The most elements one tensor may declare unless the server says otherwise
 #: (Limits.max_tensor_elements): 64 Mi, a 64 MiB body of one-byte elements.
 MAX_ELEMENTS = 2**26
+#: The most characters of a request's `id`: it is echoed in every answer, every event of a
+#: stream among them, so a long one would multiply what the server writes and holds.
+MAX_ID_CHARS = 256
 
 
 def check_shape(
@@ -29,6 +32,14 @@ def check_shape(
         raise InvalidInput(
             f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
             "tensor may hold on this server (max_tensor_elements)"
+        )
+
+
+def check_id(ident: str) -> None:
+    """InvalidInput when a request's id is longer than MAX_ID_CHARS characters."""
+    if len(ident) > MAX_ID_CHARS:
+        raise InvalidInput(
+            f"the request id is {len(ident)} characters, above the limit of {MAX_ID_CHARS}"
         )
 
 

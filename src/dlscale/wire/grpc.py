@@ -30,7 +30,7 @@ from dlscale.types import (
     RegionTensor,
     RequestedOutput,
 )
-from dlscale.wire.bounds import MAX_ELEMENTS, check_shape
+from dlscale.wire.bounds import MAX_ELEMENTS, check_id, check_shape
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 from dlscale.wire.protowire import embedded, field_parts, nbytes, split_field
 from dlscale.wire.regions import REGION, region_of, region_parameters
@@ -168,6 +168,7 @@ def decode_infer_request(
     may declare more than `max_elements` elements, nor more than its data carries.
     """
     message, raw = _unframed(message, RAW_INPUT_FIELD)
+    check_id(message.id)
     inputs, in_regions = _read_tensors(message.inputs, raw, "request", max_elements=max_elements)
     outputs = None
     if message.outputs:

@@ -28,7 +28,7 @@ from dlscale.types import (
     RequestedOutput,
     TensorSpec,
 )
-from dlscale.wire.bounds import MAX_ELEMENTS, check_shape
+from dlscale.wire.bounds import MAX_ELEMENTS, check_id, check_shape
 from dlscale.wire.regions import REGION, region_of, region_parameters
 from dlscale.wire.rest_json import (
     ANY_JSON as ANY_JSON,
@@ -121,6 +121,7 @@ def decode_request(
     inputs, in_regions = _read_tensors(
         doc.inputs, view, json_end, header_length is not None, "request", None, max_elements
     )
+    check_id(doc.id)
     outputs, fmt = _requested_outputs(doc.outputs, params)
     request = InferenceRequest(
         model_name=model,

@@ -10,6 +10,7 @@ from dlscale.errors import DlscaleError
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.grpc.guard import Guard
 from dlscale.frontends.grpc.servicer import InferenceServicer
+from dlscale.frontends.grpc.writing import written
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.tls import TlsFiles
@@ -44,6 +45,8 @@ class GrpcFrontend:
         self._requested_port = port
         self._port: int | None = None
         self._server: Any = None
+        #: The servicer, once started (its `outboxes` count what each stream holds).
+        self.servicer: InferenceServicer | None = None
 
     @property
     def port(self) -> int:
@@ -74,8 +77,10 @@ class GrpcFrontend:
             self.max_message_bytes,
             limits.max_tensor_elements,
             limits.max_stream_requests,
+            limits.max_stream_answers,
         )
-        handlers = method_handlers(servicer)
+        self.servicer = servicer
+        handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -100,25 +105,31 @@ class GrpcFrontend:
             self._server = None
 
 
-def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler]:
+def method_handlers(
+    servicer: InferenceServicer, unread_s: float = Limits().unread_stream_timeout_s
+) -> dict[str, grpc.RpcMethodHandler]:
     """Every RPC of the service, each with its messages' protobuf (de)serializers, except that
     ModelInfer and ModelStreamInfer keep raw contents out of protobuf (wire/grpc.py, `Framed`):
-    read as views of the received bytes, written joined once."""
+    read as views of the received bytes, written joined once. ModelStreamInfer's answers are
+    written with a bound on how long a client may leave them unread (`written`)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         name = method.name
         request_of: Any = getattr(pb, method.input_type.name).FromString
         answer_of: Any = getattr(pb, method.output_type.name).SerializeToString
+        behavior: Any = getattr(servicer, name)
         if name in ("ModelInfer", "ModelStreamInfer"):
             request_of = _read_request
             answer_of = write_stream_answer if name == "ModelStreamInfer" else _write_answer
+        if name == "ModelStreamInfer":
+            behavior = written(behavior, unread_s)
         make = (
             grpc.stream_stream_rpc_method_handler
             if method.client_streaming
             else grpc.unary_unary_rpc_method_handler
         )
         handlers[name] = make(
-            getattr(servicer, name), request_deserializer=request_of, response_serializer=answer_of
+            behavior, request_deserializer=request_of, response_serializer=answer_of
         )
     return handlers
 

@@ -101,14 +101,14 @@ def _unary(
 
 
 def _stream(
-    behavior: Callable[[Any, Any], AsyncIterator[Any]],
+    behavior: Callable[[Any, Any], Awaitable[None]],
     check: Callable[[Any], Awaitable[None]] | None,
-) -> Callable[[Any, Any], AsyncIterator[Any]]:
-    async def guarded(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+) -> Callable[[Any, Any], Awaitable[None]]:
+    # A stream's handler writes its own answers (writing.py): it is awaited, not iterated.
+    async def guarded(requests: AsyncIterator[Any], context: Any) -> None:
         if check is not None:
             await check(context)
-        async for reply in behavior(_decoded(requests, context), context):
-            yield reply
+        await behavior(_decoded(requests, context), context)
 
     return guarded
 

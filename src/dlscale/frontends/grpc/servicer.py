@@ -14,6 +14,7 @@ import grpc
 
 from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.grpc import convert
+from dlscale.frontends.grpc.outbox import Outbox
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Plane, answer
@@ -85,12 +86,17 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         max_message_bytes: int,
         max_elements: int = MAX_ELEMENTS,
         max_stream_requests: int = 64,
+        max_stream_answers: int = 16,
     ) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
         self.max_elements = max_elements
         #: Requests of one ModelStreamInfer stream in flight (frontends/limits.py).
         self.max_stream_requests = max_stream_requests
+        #: Answers of one stream waiting for its client to read them (frontends/limits.py).
+        self.max_stream_answers = max_stream_answers
+        #: The outbox of each stream open now: what the server holds for each (its own count).
+        self.outboxes: set[Outbox] = set()
         self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
 
     # -- health and metadata ------------------------------------------------------------------
@@ -130,23 +136,23 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[Any]:
         """Answer each request of the stream as it completes: 0..N responses for a model that
         streams (Triton's decoupled models), one for any other; errors travel in-stream."""
-        answers: asyncio.Queue[Any] = asyncio.Queue()
+        outbox = Outbox(self.max_stream_answers)
         running: set[asyncio.Task[None]] = set()
-        # One stream may carry any number of requests: past this many in flight it is not read
-        # further, so a client cannot make the server hold more than that for it.
+        # One stream may carry any number of requests: past this many in flight, or while its
+        # answers wait at their bound, it is not read further, so that a client cannot make the
+        # server hold more than that for it.
         room = asyncio.Semaphore(self.max_stream_requests)
 
         async def answer(message: Any) -> None:
             try:
-                await self._answer_stream(message, answers.put_nowait)
+                await self._answer_stream(message, outbox.put)
             except DlscaleError as exc:
                 log_failure("gRPC", _plain(message).model_name, exc.grpc_code, exc.reason, str(exc))
-                answers.put_nowait(convert.stream_error(exc.message, _plain(message)))
+                await outbox.put(convert.stream_error(exc.message, _plain(message)))
             except Exception as exc:
                 log.exception("gRPC ModelStreamInfer request failed")
-                answers.put_nowait(
-                    convert.stream_error(redact_paths(f"internal error: {exc!r}"), _plain(message))
-                )
+                text = redact_paths(f"internal error: {exc!r}")
+                await outbox.put(convert.stream_error(text, _plain(message)))
             finally:
                 room.release()
 
@@ -155,6 +161,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 while True:
                     await room.acquire()
+                    await outbox.wait_room()
                     message = await anext(requests, None)
                     if message is None:
                         room.release()
@@ -165,19 +172,22 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 while running:
                     await asyncio.gather(*running)
             finally:
-                answers.put_nowait(None)  # also when reading fails: the stream then ends with it
+                outbox.end()  # also when reading fails: the stream then ends with it
 
         reader = asyncio.create_task(read())
+        self.outboxes.add(outbox)
         try:
-            while (reply := await answers.get()) is not None:
+            while (reply := await outbox.get()) is not None:
                 yield reply
             await reader  # re-raises a failure of the request stream itself
         finally:
-            # The client left or cancelled: each request's stream is closed, its sequence freed.
+            # The client left or cancelled, or was cut for not reading: each request's stream
+            # is closed, its sequence freed.
+            self.outboxes.discard(outbox)
             for task in (reader, *running):
                 task.cancel()
 
-    async def _answer_stream(self, message: Any, send: Callable[[Any], None]) -> None:
+    async def _answer_stream(self, message: Any, send: Callable[[Any], Awaitable[None]]) -> None:
         """One request of ModelStreamInfer: each response flagged `triton_final_response`; a
         final response with no outputs only if the request sets
         `triton_enable_empty_final_response` (Triton's decoupled protocol)."""
@@ -187,7 +197,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         if not config.decoupled:
             reply = await self._infer(message)
             reply.message.parameters[FINAL].bool_param = True
-            send(reply)
+            await send(reply)
             return
         refusal = await answer(self.dataplane.refuse_early, name, version)
         if refusal is not None:
@@ -201,7 +211,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 if response.final and not response.outputs and not empty_final:
                     continue
                 response.parameters[FINAL] = response.final
-                send(convert.infer_response(response, raw, self.max_message_bytes))
+                await send(convert.infer_response(response, raw, self.max_message_bytes))
         finally:
             await aclose(responses)
 

@@ -361,7 +361,13 @@ class Connection(asyncio.BufferedProtocol):
                 keep = message.keep_alive and not self.frontend.stopping
                 if response.stream is None:
                     self._write(response, keep or bool(self._queue), message.method == "HEAD")
-                elif not await send_stream(self.transport, self._writable, response, keep):
+                elif not await send_stream(
+                    self.transport,
+                    self._writable,
+                    response,
+                    keep,
+                    self.limits.unread_stream_timeout_s,
+                ):
                     self.transport.close()  # a chunked body cut short: its end is the close
                     return
                 if not keep and not self._queue:

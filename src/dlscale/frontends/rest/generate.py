@@ -33,6 +33,7 @@ from dlscale.types import (
     Parameters,
     TensorSpec,
 )
+from dlscale.wire.bounds import check_id
 from dlscale.wire.tensors import Buffer
 
 EVENT_STREAM = "text/event-stream"
@@ -89,6 +90,7 @@ def decode(
     ident = doc.get("id", "")
     if not isinstance(ident, str):
         raise InvalidInput(f"field 'id' must be a string, got {ident!r}")
+    check_id(ident)
     specs = {s.name: s for s in config.inputs}
     fields = {**nested, **{k: v for k, v in doc.items() if k not in _OWN_KEYS}}
     inputs: dict[str, np.ndarray] = {}

@@ -41,17 +41,23 @@ async def send_stream(
     writable: asyncio.Event,
     response: RestResponse,
     keep_alive: bool,
+    unread_s: float,
 ) -> bool:
     """Write `response`'s head and each chunk of its stream; whether it ended whole (else the
-    connection must close: the client cannot tell where an unfinished chunked body ends)."""
+    connection must close: the client cannot tell where an unfinished chunked body ends).
+
+    A client that leaves the socket full for `unread_s` (unread_stream_timeout_s) is dropped:
+    its stream is closed first, which frees its sequence and seat at once."""
     assert response.stream is not None
     transport.write(stream_head(response, keep_alive))
+    unread = False
     try:
         async for chunk in response.stream:
             if not chunk:
                 continue  # an empty chunk would end the body
-            if not writable.is_set():
-                await writable.wait()
+            if not writable.is_set() and not await _drained(writable, unread_s):
+                unread = True
+                break
             if transport.is_closing():
                 return False
             transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
@@ -60,5 +66,20 @@ async def send_stream(
         return False
     finally:
         await aclose(response.stream)
+    if unread:
+        log.warning(
+            "a streamed answer was not read for %g s: cut (unread_stream_timeout_s)", unread_s
+        )
+        transport.abort()  # close() would wait to flush what this client does not read
+        return False
     transport.write(_END)
+    return True
+
+
+async def _drained(writable: asyncio.Event, within_s: float) -> bool:
+    """Whether the client read enough for the socket to take more within `within_s`."""
+    try:
+        await asyncio.wait_for(writable.wait(), within_s)
+    except TimeoutError:
+        return False
     return True
