@@ -24,6 +24,7 @@ from dlscale.models.zoo.images import labelled_images
 from dlscale.models.zoo.inputs import as_input_type
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.manager import ModelManager
+from dlscale.serving.runners import BatchRunner
 
 Arrays = dict[str, np.ndarray]
 
@@ -114,16 +115,19 @@ def serve_offline(
         figures = Served(load_s=time.perf_counter() - start)
         try:
             served = manager.get(model)
+            runner = served.runner
+            assert isinstance(runner, BatchRunner), f"{model} is not a model of batched tensors"
+            batcher = runner.batcher
             slots = sum(i.slots for i in served.instances)
-            outputs = [await served.batcher.infer(c) for c in checks or []]
-            await all_answered(served.batcher, inputs, 2 * slots)
+            outputs = [await batcher.infer(c) for c in checks or []]
+            await all_answered(batcher, inputs, 2 * slots)
             backend = served.instances[0].backend
             # Enough requests for `seconds` at a first guess of the rate.
             guess = rate(lambda: backend.infer(inputs), batch, 0.3)
             requests = max(4 * slots, int(guess * len(served.instances) * seconds / batch))
             for _ in range(reps):
                 t0 = time.perf_counter()
-                await all_answered(served.batcher, inputs, requests)
+                await all_answered(batcher, inputs, requests)
                 figures.runs.append(requests * batch / (time.perf_counter() - t0))
             figures.direct = rate(lambda: backend.infer(inputs), batch, seconds)
             return figures, outputs

@@ -199,7 +199,7 @@ def test_two_instances_on_one_gpu_serve_through_the_batcher(
         manager = ModelManager.open(tmp_path)
         await manager.load_all()
         try:
-            batcher = manager.get("resnet50").batcher
+            batcher = manager.get("resnet50").runner.batcher
             return list(await asyncio.gather(*(batcher.infer(inputs) for _ in range(16))))
         finally:
             await manager.close()

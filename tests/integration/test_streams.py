@@ -45,7 +45,7 @@ def _events(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 def _seats(server: LocalServer, model: str) -> Seats:
-    seats = server.dataplane.manager.get(model).seats
+    seats = server.dataplane.manager.get(model).runner.seats
     assert seats is not None
     return seats
 

@@ -80,7 +80,7 @@ def test_streams_over_rest_and_grpc_agree_with_the_joined_answer(server: LocalSe
     with httpx.stream("POST", _url(server, "generate_stream"), json=long, timeout=PATIENCE_S) as r:
         lines = r.iter_lines()
         next(x for x in lines if x.startswith("data:"))
-    seats = server.dataplane.manager.get(MODEL).seats
+    seats = server.dataplane.manager.get(MODEL).runner.seats
     assert seats is not None
     deadline = time.monotonic() + PATIENCE_S
     while (

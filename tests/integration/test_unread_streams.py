@@ -121,7 +121,7 @@ def _until(condition: Callable[[], bool]) -> None:
 
 
 def _running(server: LocalServer, model: str = "gush") -> int:
-    seats = server.dataplane.manager.get(model).seats
+    seats = server.dataplane.manager.get(model).runner.seats
     assert seats is not None
     return seats.running
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from dlscale.errors import BackendError, DlscaleError, QueueFull, TimedOut, Unavailable
+from dlscale.errors import BackendError, DlscaleError, TimedOut
 from dlscale.serving.batches import Pending, fail, merge, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
@@ -19,6 +19,7 @@ from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
 from dlscale.serving.qos.scheduler import Demand
 from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.queue import RequestQueue
 from dlscale.serving.slots import InstancePool, Slot, SlotPool
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,8 @@ class Batcher:
             self._pool = InstancePool(self._instances, policy.max_batch_size)
         self._arrival = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
-        self._closing = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+        #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
+        self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
         self._gaps = ArrivalGaps()  # for the adaptive queue delay
 
@@ -93,9 +93,7 @@ class Batcher:
 
     def refuse_early(self) -> DlscaleError | None:
         """The refusal `submit` would raise now by the model's [qos] admission, or None."""
-        if self.qos is None or self.qos.admission is None:
-            return None
-        return self.qos.admission.refuse_early(self.stats.pending, self._clock())
+        return self.queue.refuse_early()
 
     def submit(
         self,
@@ -112,17 +110,7 @@ class Batcher:
         may be after its future was cancelled). Not called when submit raises. `times`, when
         given, receives the queue and compute timestamps of the request.
         """
-        if self._closing:
-            raise Unavailable("the model is unloading and takes no new requests")
-        level = self.policy.level_of(priority)
-        limit = self.policy.batching.max_queue_size
-        if limit and self._queued >= limit:
-            raise QueueFull(
-                f"the queue is full ({self._queued} requests waiting, max_queue_size "
-                f"{limit}); retry later"
-            )
-        if self.qos is not None and self.qos.admission is not None:
-            self.qos.admission.admit(self.stats.pending, self._clock())
+        level = self.queue.admit(priority, self._queued)
         loop = asyncio.get_running_loop()
         batched = self.policy.batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
@@ -135,13 +123,9 @@ class Batcher:
         item.release = release
         if times is not None:
             times.queue_start = ns(item.enqueued)
-        timeout = timeout_us or self.policy.batching.default_timeout_us
-        if timeout:
-            item.timer = loop.call_later(timeout / 1e6, self._expire, item, timeout)
+        item.timer = self.queue.expire(timeout_us, self._expire, item)
         self._queues[level].append(item)
         self._queued += 1
-        self.stats.pending += 1
-        self._idle.clear()
         self._gaps.note(item.enqueued)
         self._arrival.set()
         item.future.add_done_callback(lambda _: self._forget(item))
@@ -149,8 +133,7 @@ class Batcher:
 
     async def close(self) -> None:
         """Refuse new requests, let queued and running ones finish, then stop scheduling."""
-        self._closing = True
-        await self._idle.wait()
+        await self.queue.close()
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
@@ -192,9 +175,7 @@ class Batcher:
         if item.queued:  # left the queue without a batch: its inputs are read no more
             self._unqueue(item)
             self._done_with(item)
-        self.stats.pending -= 1
-        if self.stats.pending == 0:
-            self._idle.set()
+        self.queue.done()
 
     # -- the scheduler's side ----------------------------------------------------------------------
 

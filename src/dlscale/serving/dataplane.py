@@ -8,7 +8,6 @@ serving/validation.py's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -27,7 +26,8 @@ from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.trace import Tracer
 from dlscale.serving.regions.lease import RequestRegions, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
-from dlscale.serving.streams import aclose, joined, open_stream, refuse_unary
+from dlscale.serving.runners import Submission
+from dlscale.serving.streams import aclose, joined, open_stream
 from dlscale.serving.validation import check_schedule_parameters, rows, validate
 from dlscale.types import (
     InferenceRequest,
@@ -77,7 +77,6 @@ class DataPlane:
         self.tracer = tracer or Tracer()
         self._accepting = True
         self._started = False  # the models asked for at start have each been tried
-        self._inflight: set[asyncio.Future[Tensors]] = set()
 
     # -- health and metadata --------------------------------------------------------------------
 
@@ -128,13 +127,9 @@ class DataPlane:
         error = Unavailable(
             f"the server stopped before this request finished, after a grace of {grace_s:g} s"
         )
-        for future in list(self._inflight):
-            if not future.done():
-                future.set_exception(error)
-        for entry in self.manager.entries():  # streams: their tasks, in flight or waiting
+        for entry in self.manager.entries():
             for served in entry.versions.values():
-                if served.seats is not None:
-                    served.seats.cut()
+                served.runner.cut(error)
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and the extensions it offers now."""
@@ -199,12 +194,7 @@ class DataPlane:
             served = self.manager.get(name, version)
         except DlscaleError:
             return None  # the request itself is answered with what is wrong
-        if served.seats is not None:
-            refusal = served.seats.refuse_early()
-        elif served.batcher is None:
-            return None  # a pipeline: each step's own admission answers
-        else:
-            refusal = served.batcher.refuse_early()
+        refusal = served.runner.refuse_early()
         if refusal is not None:
             served.stats.record_failure(refusal.reason, 0)
         return refusal
@@ -238,11 +228,8 @@ class DataPlane:
         check_schedule_parameters(request.parameters)
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
-        if served.seats is not None:  # a model that streams: one answer only if generative
-            if served.seats.generative:
-                return await joined(served, request)
-            served.stats.record_failure(InvalidInput.reason, 0)
-            raise refuse_unary(served)
+        if served.runner.streams:  # one answer only if generative
+            return await joined(served, request)
         trace = self.tracer.start(served.version.name, served.version.version, request.id)
         regions = RequestRegions.of(self.shared_memory, request)
         try:
@@ -327,22 +314,15 @@ class DataPlane:
         regions: RequestRegions | None,
         times: RequestTimes,
     ) -> Tensors:
-        """Queue the request and wait; the batcher holds the regions while it reads the inputs."""
-        if served.batcher is None:  # a pipeline: each step comes back through `_serve`
-            assert served.pipeline is not None
-            return await served.pipeline.run(request, self._step)
+        """Queue the request and wait; the runner holds the regions while it reads the inputs."""
         release = regions.hold() if regions is not None else None
         try:
-            future = served.batcher.submit(
-                request.inputs, request.priority, request.timeout_us, release, times
-            )
+            answer = served.runner.submit(request, Submission(times, release, self._step))
         except BaseException:
             if release is not None:
                 release()
             raise
-        self._inflight.add(future)  # answered Unavailable if still running at the grace's end
-        future.add_done_callback(self._inflight.discard)
-        return await future
+        return await answer
 
 
 def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from dlscale.serving.pipeline import Pipeline
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.runners import BatchRunner, PipelineRunner, Runner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.versions import resolve_version
 from dlscale.serving.warmup import WarmupBatch, warmup_batches
@@ -47,21 +48,19 @@ class ModelState(enum.StrEnum):
 
 @dataclass
 class ServedVersion:
-    """One loaded version: its signature, instances, batcher and statistics; a pipeline has
-    its steps instead of instances and a batcher (each step model has its own)."""
+    """One loaded version: its signature, instances, runner and statistics; a pipeline has
+    no instance (each of its step models has its own)."""
 
     version: ModelVersion
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     instances: list[Instance]
-    batcher: Batcher | None
+    #: What the core calls to serve it, whatever its kind (serving/runners.py).
+    runner: Runner
     stats: ModelStats
     #: Class labels by output, from the config's label files (the classification extension).
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
-    pipeline: Pipeline | None = None
-    #: A model that streams its answers: its sequences in flight and queue (no batcher).
-    seats: Seats | None = None
     #: Which load this is: a reload is another serial, so nothing keyed on the old one (the
     #: response cache's answers) can answer for the new one.
     serial: int = field(default_factory=lambda: next(_LOADS))
@@ -294,7 +293,7 @@ class ModelManager:
             e.name
             for e in self.entries()
             for v in list(e.versions.values())[:1]
-            if v.pipeline is not None and name in v.pipeline.models
+            if name in v.runner.models
         ]
 
     # -- internals -------------------------------------------------------------------------------
@@ -352,7 +351,7 @@ class ModelManager:
         inputs = mv.config.tensor_specs("inputs") or []
         outputs = mv.config.tensor_specs("outputs") or []
         stats = ModelStats(mv.name, str(mv.version))
-        return ServedVersion(mv, inputs, outputs, [], None, stats, pipeline=pipeline)
+        return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
 
     async def _load_version(self, mv: ModelVersion) -> ServedVersion:
         config = mv.config
@@ -394,9 +393,8 @@ class ModelManager:
             if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
-                return ServedVersion(
-                    mv, inputs, outputs, instances, None, stats, labels, None, seats=seats
-                )
+                runner = StreamRunner(seats)
+                return ServedVersion(mv, inputs, outputs, instances, runner, stats, labels)
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
             # A model that calls models is not warmed up: the models it calls may load after it
             # (Triton loads such models without a warm-up, too).
@@ -411,7 +409,9 @@ class ModelManager:
         stats = ModelStats(mv.name, str(mv.version))
         batcher = Batcher(policy_of(config), instances, stats, self.gates.clock, qos)
         batcher.start()
-        return ServedVersion(mv, inputs, outputs, instances, batcher, stats, labels, qos)
+        return ServedVersion(
+            mv, inputs, outputs, instances, BatchRunner(batcher), stats, labels, qos
+        )
 
     async def _warm(
         self,
@@ -437,10 +437,7 @@ class ModelManager:
 
     async def _retire(self, entry: ModelEntry) -> None:
         for served in entry.versions.values():
-            if served.batcher is not None:
-                await served.batcher.close()
-            if served.seats is not None:
-                await served.seats.close()
+            await served.runner.close()
             if served.qos is not None:
                 served.qos.leave()
             await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)

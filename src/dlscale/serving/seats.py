@@ -18,13 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale.errors import ConfigError, DlscaleError, QueueFull, TimedOut, Unavailable
+from dlscale.errors import ConfigError, DlscaleError, TimedOut
 from dlscale.models.config import ModelConfig
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.admission import Admission
+from dlscale.serving.queue import RequestQueue
 
 #: Sequences a generative engine runs at once unless [backend_options] max_num_seqs says
 #: otherwise: vLLM's default on CPUs (shared/reference/generative.md).
@@ -60,19 +61,16 @@ class Seats:
         self.capacity = capacity
         self.policy = policy
         self.stats = stats
-        self.admission = admission
+        #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
+        self.queue = RequestQueue(policy, stats, admission, clock)
         self.instances = list(instances)
         self.tokens = TokenStats()
         #: Sequences in flight now, and requests waiting for a seat.
         self.running = 0
         self.waiting = 0
-        self._clock = clock
         self._load = [0] * len(self.instances)  # sequences in flight by instance
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
-        self._closing = False
-        self._idle = asyncio.Event()
-        self._idle.set()
         #: The tasks of the streams in flight or waiting (cancelled at the shutdown's cut).
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -96,9 +94,7 @@ class Seats:
 
     def refuse_early(self) -> DlscaleError | None:
         """The refusal `enter` would raise now by the model's [qos] admission, or None."""
-        if self.admission is None:
-            return None
-        return self.admission.refuse_early(self.stats.pending, self._clock())
+        return self.queue.refuse_early()
 
     async def enter(self, priority: int, timeout_us: int, times: RequestTimes) -> Instance:
         """Wait for a seat (by priority, then arrival); the instance that runs the sequence.
@@ -107,28 +103,16 @@ class Seats:
         while it waited); a caller cancelled while waiting leaves the queue. The caller owes one
         `leave` once it returns.
         """
-        if self._closing:
-            raise Unavailable("the model is unloading and takes no new requests")
-        level = self.policy.level_of(priority)
-        limit = self.policy.batching.max_queue_size
         full = self.running >= self.capacity or self.waiting > 0
-        if limit and full and self.waiting >= limit:
-            raise QueueFull(
-                f"the queue is full ({self.waiting} requests waiting, max_queue_size {limit}); "
-                "retry later"
-            )
-        if self.admission is not None:
-            self.admission.admit(self.stats.pending, self._clock())
-        self.stats.pending += 1
-        self._idle.clear()
+        level = self.queue.admit(priority, self.waiting, waits=full)
         times.queue_start = time.perf_counter_ns()
         try:
             if full:
-                await self._wait(level, timeout_us or self.policy.batching.default_timeout_us)
+                await self._wait(level, timeout_us)
             else:
                 self.running += 1
         except BaseException:
-            self._done()
+            self.queue.done()
             raise
         return self._pick()
 
@@ -138,9 +122,7 @@ class Seats:
         waiter = _Waiter(level, next(self._arrivals), loop.create_future())
         heapq.heappush(self._queue, waiter)
         self.waiting += 1
-        timer = None
-        if timeout_us:
-            timer = loop.call_later(timeout_us / 1e6, _expire, waiter.seat, timeout_us)
+        timer = self.queue.expire(timeout_us, _expire, waiter.seat)
         try:
             await waiter.seat
         except BaseException:
@@ -163,7 +145,7 @@ class Seats:
         """A sequence ended (finished, failed, or its client left): its seat goes to the next."""
         self._load[self.instances.index(instance)] -= 1
         self._free()
-        self._done()
+        self.queue.done()
 
     def _free(self) -> None:
         self.running -= 1
@@ -173,11 +155,6 @@ class Seats:
                 self.running += 1
                 waiter.seat.set_result(None)
 
-    def _done(self) -> None:
-        self.stats.pending -= 1
-        if self.stats.pending == 0:
-            self._idle.set()
-
     def cut(self) -> None:
         """The shutdown's grace is over: every stream still in flight or waiting is ended."""
         for task in list(self.tasks):
@@ -185,8 +162,7 @@ class Seats:
 
     async def close(self) -> None:
         """Refuse new requests; wait until the sequences in flight and those waiting end."""
-        self._closing = True
-        await self._idle.wait()
+        await self.queue.close()
 
 
 def _expire(seat: asyncio.Future[None], timeout_us: int) -> None:

@@ -25,6 +25,7 @@ from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.serving.manager import ServedVersion
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
+from dlscale.serving.runners import seats_of
 from dlscale.serving.validation import validate
 from dlscale.types import InferenceRequest, InferenceResponse
 
@@ -35,7 +36,7 @@ async def open_stream(
     served: ServedVersion, request: InferenceRequest
 ) -> AsyncIterator[InferenceResponse]:
     """The responses to `request` (validated here), as its model's backend sends them."""
-    seats = served.seats
+    seats = seats_of(served.runner)
     if seats is None:
         raise InvalidInput(
             f"model {served.version.name!r} does not stream its answers (it is not decoupled): "
@@ -96,7 +97,12 @@ async def open_stream(
 
 
 async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceResponse:
-    """One answer from a generative model's stream (its text joined), for a unary request."""
+    """One answer from a generative model's stream (its text joined), for a unary request;
+    a decoupled model that is not generative answers none (as Triton)."""
+    seats = seats_of(served.runner)
+    if seats is None or not seats.generative:
+        served.stats.record_failure(InvalidInput.reason, 0)
+        raise refuse_unary(served)
     whole = replace(request, outputs=None)  # join reads the counts, asked for or not
     responses = [r async for r in open_stream(served, whole)]
     part = contract.join(StreamPart(r.outputs, r.parameters, r.final) for r in responses)

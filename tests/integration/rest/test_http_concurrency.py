@@ -148,7 +148,7 @@ async def test_graceful_stop_finishes_in_flight_requests(
             # The "queued" model holds a lone request 300 ms for company: it is in flight
             # while the frontend stops.
             pending = asyncio.ensure_future(client.post("/v2/models/queued/infer", json=body))
-            batcher = server.dataplane.manager.get("queued").batcher
+            batcher = server.dataplane.manager.get("queued").runner.batcher
             while not batcher.queued:
                 await asyncio.sleep(0.005)
             stopping = asyncio.get_running_loop().run_in_executor(

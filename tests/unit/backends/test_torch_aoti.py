@@ -187,7 +187,7 @@ async def test_a_package_in_a_version_folder_serves_through_the_batcher(
     manager = ModelManager.open(tmp_path)
     await manager.load_all()
     try:
-        batcher = manager.get("digits").batcher
+        batcher = manager.get("digits").runner.batcher
         halves = await asyncio.gather(
             batcher.infer({"input": inputs["input"][:2]}),
             batcher.infer({"input": inputs["input"][2:]}),

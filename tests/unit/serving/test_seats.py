@@ -121,7 +121,7 @@ async def test_a_full_queue_refuses_at_once() -> None:
 
 async def test_qos_limits_refuse_before_waiting() -> None:
     seats = _seats()
-    seats.admission = Admission("m", QosConfig(max_in_flight=1), 0.0)
+    seats.queue.admission = Admission("m", QosConfig(max_in_flight=1), 0.0)
     held = await _enter(seats)
     assert isinstance(seats.refuse_early(), TooManyRequests)
     with pytest.raises(TooManyRequests, match="max_in_flight"):

@@ -112,7 +112,7 @@ async def test_served_pipelines_say_whether_they_are_chains(tmp_path: Path) -> N
     try:
         for name, chained in (("chain", True), ("breaks", True), ("diamond", False)):
             await plane.load_model(name)
-            pipeline = plane.manager.get(name).pipeline
+            pipeline = plane.manager.get(name).runner.pipeline
             assert pipeline is not None and pipeline.chained is chained, name
     finally:
         await plane.manager.close()

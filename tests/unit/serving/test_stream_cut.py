@@ -33,7 +33,7 @@ async def test_the_cut_ends_the_streams_still_running_and_frees_their_seats(
     while not got:
         await asyncio.sleep(0.01)
     waiting = asyncio.create_task(forever())  # one seat: this one waits
-    seats = manager.get("ticker").seats
+    seats = manager.get("ticker").runner.seats
     assert seats is not None
     while seats.waiting != 1:
         await asyncio.sleep(0.01)

@@ -17,6 +17,8 @@ from prometheus_client.registry import Collector
 from dlscale.backends.generative.contract import GenerativeBackend
 from dlscale.serving.manager import ModelManager, ServedVersion
 from dlscale.serving.observe.stats import Histogram
+from dlscale.serving.runners import seats_of
+from dlscale.serving.seats import Seats
 
 _LABELS = ["model", "version"]
 
@@ -27,9 +29,9 @@ class StreamCollector(Collector):
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
-    def _served(self) -> list[ServedVersion]:
+    def _served(self) -> list[tuple[ServedVersion, Seats]]:
         versions = (v for e in self.manager.entries() for v in e.versions.values())
-        return [v for v in versions if v.seats is not None]
+        return [(v, seats) for v in versions if (seats := seats_of(v.runner)) is not None]
 
     def collect(self) -> Iterator[Metric]:
         served = self._served()
@@ -43,16 +45,15 @@ class StreamCollector(Collector):
             "Requests of a model that streams waiting for a sequence slot now",
             labels=_LABELS,
         )
-        for v in served:
-            assert v.seats is not None
-            running.add_metric([v.stats.name, v.stats.version], v.seats.running)
-            waiting.add_metric([v.stats.name, v.stats.version], v.seats.waiting)
+        for v, seats in served:
+            running.add_metric([v.stats.name, v.stats.version], seats.running)
+            waiting.add_metric([v.stats.name, v.stats.version], seats.waiting)
         yield running
         yield waiting
-        yield from _tokens([v for v in served if v.seats is not None and v.seats.generative])
+        yield from _tokens([(v, seats) for v, seats in served if seats.generative])
 
 
-def _tokens(served: list[ServedVersion]) -> Iterator[Metric]:
+def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
     ttft = HistogramMetricFamily(
         "dlscale_time_to_first_token_seconds",
         "From a generative request's arrival (its wait for a slot included) to its first token",
@@ -74,9 +75,8 @@ def _tokens(served: list[ServedVersion]) -> Iterator[Metric]:
         "Share of the engine's KV cache in use (0 to 1; the mean over its instances)",
         labels=_LABELS,
     )
-    for v in served:
-        assert v.seats is not None
-        labels, tokens = [v.stats.name, v.stats.version], v.seats.tokens
+    for v, seats in served:
+        labels, tokens = [v.stats.name, v.stats.version], seats.tokens
         ttft.add_metric(labels, _buckets(tokens.ttft), tokens.ttft.total)
         tpot.add_metric(labels, _buckets(tokens.tpot), tokens.tpot.total)
         named = dict(zip(_LABELS, labels, strict=True))

@@ -1,0 +1,150 @@
+"""One runner per served version: what the core calls, whatever the model's kind.
+
+A served version is one of three kinds: batched tensors (a `Batcher` over its instances), a
+pipeline (its steps, each a model with a runner of its own), or a model that streams its
+answers (`Seats` in front of a generative engine or a decoupled Python model). The DataPlane,
+the model manager and the metrics call its `Runner` only, never asking which kind it is, so a
+rule for all kinds (refusing early, the shutdown's cut, closing) is written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from dlscale.errors import DlscaleError, InvalidInput
+from dlscale.serving.batcher import Batcher, Tensors
+from dlscale.serving.observe.stats import RequestTimes
+from dlscale.serving.pipeline import Pipeline, Serve
+from dlscale.serving.seats import Seats
+from dlscale.types import InferenceRequest
+
+
+@dataclass
+class Submission:
+    """What a unary request brings to its runner besides itself."""
+
+    times: RequestTimes
+    #: Called once the runner reads the inputs no more (a shared-memory region's lease).
+    release: Callable[[], None] | None = None
+    #: How a pipeline serves its steps: the DataPlane's path, less its shutdown check.
+    step: Serve | None = None
+
+
+class Runner(Protocol):
+    """The calls the core makes of one served version."""
+
+    #: Whether a request gets 0..N responses (Triton's decoupled models): `Seats` hold them.
+    streams: bool
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The other models it calls (a pipeline's steps); none for a model of its own."""
+        ...
+
+    def refuse_early(self) -> DlscaleError | None:
+        """The refusal a request meets now by the model's [qos] admission, or None."""
+        ...
+
+    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
+        """Queue a validated unary request; its outputs, or its DlscaleError, when computed."""
+        ...
+
+    def cut(self, error: DlscaleError) -> None:
+        """The shutdown's grace is over: what it still holds ends now with `error`."""
+        ...
+
+    async def close(self) -> None:
+        """Refuse new requests; return once those it holds have ended."""
+        ...
+
+
+class BatchRunner:
+    """Batched tensors: a request joins a batch of its model's `Batcher`."""
+
+    streams = False
+    models: tuple[str, ...] = ()
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+        self._inflight: set[asyncio.Future[Tensors]] = set()
+
+    def refuse_early(self) -> DlscaleError | None:
+        return self.batcher.refuse_early()
+
+    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
+        future = self.batcher.submit(
+            request.inputs,
+            request.priority,
+            request.timeout_us,
+            submission.release,
+            submission.times,
+        )
+        self._inflight.add(future)
+        future.add_done_callback(self._inflight.discard)
+        return future
+
+    def cut(self, error: DlscaleError) -> None:
+        for future in list(self._inflight):
+            if not future.done():
+                future.set_exception(error)
+
+    async def close(self) -> None:
+        await self.batcher.close()
+
+
+class PipelineRunner:
+    """A pipeline: each step goes back through the DataPlane to its own model's runner."""
+
+    streams = False
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self.pipeline.models
+
+    def refuse_early(self) -> DlscaleError | None:
+        return None  # each step's own admission answers
+
+    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
+        assert submission.step is not None, "a pipeline's request needs the path of its steps"
+        return self.pipeline.run(request, submission.step)
+
+    def cut(self, error: DlscaleError) -> None:
+        """Nothing of its own: its steps' runners are cut."""
+
+    async def close(self) -> None:
+        """Nothing of its own: its steps' runners close with their models."""
+
+
+class StreamRunner:
+    """A model that streams its answers: its `Seats`, and streams.py's path through them."""
+
+    streams = True
+    models: tuple[str, ...] = ()
+
+    def __init__(self, seats: Seats) -> None:
+        self.seats = seats
+
+    def refuse_early(self) -> DlscaleError | None:
+        return self.seats.refuse_early()
+
+    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
+        raise InvalidInput(
+            f"model {self.seats.name!r} streams its answers: its requests take the stream path"
+        )
+
+    def cut(self, error: DlscaleError) -> None:
+        self.seats.cut()
+
+    async def close(self) -> None:
+        await self.seats.close()
+
+
+def seats_of(runner: Runner) -> Seats | None:
+    """The seats of a runner that streams its answers; None for the other kinds."""
+    return runner.seats if isinstance(runner, StreamRunner) else None
