@@ -4,7 +4,9 @@ Whatever JSON a client sends to Triton's generate extension (`/generate`, `/gene
 to the OpenAI routes, the server answers with a 4xx (or, once a stream has begun, an error
 event), never a 5xx; whatever requests a gRPC ModelStreamInfer stream carries, each gets its
 answers or its error in the stream, which ends cleanly; and the next good request is answered
-correctly. The models are the
+correctly. The settings drawn include NaN, infinities, 1e400 and integers beyond 64 bits (in a
+JSON body, in Triton's JSON `sampling_parameters`, as gRPC doubles), and prompts up to twice the
+body limit; explicit cases pin each non-finite value of each numeric setting. The models are the
 streaming Python models of tests/toolkit/streaming_models.py (a generative one, a Triton
 decoupled one, one that answers once).
 """
@@ -12,6 +14,7 @@ decoupled one, one that answers once).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +53,25 @@ def channel(server: LocalServer) -> Iterator[grpc.Channel]:
 
 
 _json = JSON_VALUES
+#: The sampling settings the core reads as numbers.
+NUMERIC = ["max_tokens", "seed", "temperature", "top_p"]
+#: Numbers where a setting is read: non-finite, huge, beyond 64 bits (a REST body's JSON cannot
+#: say NaN or Infinity: those bodies are refused whole).
+_numbers = (
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e308, 2**64, -(2**63) - 1]) | st.floats()
+)
+#: JSON texts of a value, with what Python's json reads and orjson does not: NaN, 1e400.
+_literals = (
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+    | _numbers.map(json.dumps)
+    | _json.map(json.dumps)
+)
+#: Triton's vLLM clients' `sampling_parameters`: a JSON object in a string.
+_packed = st.dictionaries(st.sampled_from(NUMERIC), _literals, max_size=3).map(
+    lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"
+)
+#: Prompts up to twice the fuzz server's body limit, of many words.
+_huge = st.integers(1, 2**21).map(lambda n: "a " * (n // 2) + "a")
 #: The sampling settings and Triton's own keys, with any JSON for their values.
 _settings = st.dictionaries(
     st.sampled_from(
@@ -69,13 +91,13 @@ _settings = st.dictionaries(
             "text_input",
         ]
     ),
-    _json,
+    _json | _numbers,
     max_size=4,
-)
+) | st.fixed_dictionaries({"sampling_parameters": _packed})
 _generate = st.fixed_dictionaries(
     {},
     optional={
-        "text_input": _json | st.text(max_size=40),
+        "text_input": _json | st.text(max_size=40) | _huge,
         "id": _json,
         "parameters": _settings | _json,
         "max_tokens": _json,
@@ -85,19 +107,20 @@ _generate = st.fixed_dictionaries(
 _openai = st.fixed_dictionaries(
     {"model": st.sampled_from(MODELS) | _json},
     optional={
-        "prompt": _json | st.text(max_size=40),
+        "prompt": _json | st.text(max_size=40) | _huge,
         "messages": st.lists(
             st.fixed_dictionaries({"role": _json | st.just("user"), "content": _json}),
             max_size=3,
         )
+        | st.integers(0, 3000).map(lambda n: [{"role": "user", "content": "hi"}] * n)
         | _json,
         "stream": _json,
         "stream_options": _json,
-        "max_tokens": _json,
+        "max_tokens": _json | _numbers,
         "n": _json,
         "stop": _json,
-        "temperature": _json,
-        "seed": _json,
+        "temperature": _json | _numbers,
+        "seed": _json | _numbers,
     },
 )
 
@@ -143,6 +166,21 @@ def test_generate_answers_any_request_with_a_client_error(
 
 @FUZZ
 @given(
+    settings=_settings,
+    route=st.sampled_from(["generate", "generate_stream"]),
+    prompt=st.text(min_size=1, max_size=40) | _huge,
+)
+def test_generate_answers_any_settings_of_a_good_prompt_or_refuses_them(
+    http: httpx.Client, settings: dict[str, Any], route: str, prompt: str
+) -> None:
+    # A prompt the model takes, so that every drawn setting reaches the sampling rules.
+    body = json.dumps({"text_input": prompt, "parameters": settings}).encode()
+    _sent(http, f"/v2/models/echo/{route}", body)
+    _good(http)
+
+
+@FUZZ
+@given(
     doc=_openai,
     route=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
     tail=st.binary(max_size=16),
@@ -158,7 +196,7 @@ _param = st.one_of(
     st.booleans().map(lambda v: ("bool_param", v)),
     st.integers(-(2**63), 2**63 - 1).map(lambda v: ("int64_param", v)),
     st.text(max_size=12).map(lambda v: ("string_param", v)),
-    st.floats().map(lambda v: ("double_param", v)),
+    _numbers.map(lambda v: ("double_param", float(v))),
 )
 _stream_request = st.fixed_dictionaries(
     {
@@ -168,7 +206,7 @@ _stream_request = st.fixed_dictionaries(
         "shape": st.lists(st.integers(-1, 3), max_size=3),
         "params": st.dictionaries(
             st.sampled_from(
-                ["max_tokens", "temperature", "stop", "seed", "priority", "timeout",
+                ["max_tokens", "temperature", "top_p", "stop", "seed", "priority", "timeout",
                  "triton_enable_empty_final_response", "sampling_parameters"]
             ),
             _param,
@@ -218,4 +256,82 @@ def test_a_grpc_stream_answers_any_requests_in_the_stream(
     answers = _stream(channel, [_stream_message(r) for r in requests])
     for answer in answers:  # an error is the request's, said in the stream
         assert answer.error_message or answer.HasField("infer_response")
+        assert not answer.error_message.startswith("internal error"), answer.error_message
+    _good_stream(channel)
+
+
+def _infer(channel: grpc.Channel, message: Any) -> Any:
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelInferResponse.FromString,
+    )
+    return call(message, timeout=30)
+
+
+@FUZZ
+@given(params=st.dictionaries(st.sampled_from(NUMERIC), _param, min_size=1, max_size=3))
+def test_grpc_infer_answers_any_settings_or_refuses_them_as_invalid(
+    channel: grpc.Channel, params: dict[str, tuple[str, Any]]
+) -> None:
+    message = _stream_message(
+        {"model": "echo", "name": "text_input", "datatype": "BYTES", "shape": [1],
+         "params": params, "bytes": [b"one two"]}
+    )  # fmt: skip
+    try:
+        _infer(channel, message)
+    except grpc.RpcError as refused:
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
+    _good_stream(channel)
+
+
+#: Non-finite and huge numbers as a JSON text says them (Python's json reads them all).
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400"]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("name", NUMERIC)
+def test_non_finite_settings_in_sampling_parameters_are_a_400_naming_them(
+    http: httpx.Client, name: str, value: str
+) -> None:
+    # Before: max_tokens and seed answered 500 "cannot convert float NaN to integer".
+    body = {
+        "text_input": "one two",
+        "parameters": {"sampling_parameters": f'{{"{name}": {value}}}'},
+    }
+    for route in ("generate", "generate_stream"):
+        response = http.post(f"/v2/models/echo/{route}", json=body)
+        assert response.status_code == 400, response.text
+        assert name in response.json()["error"]
+    _good(http)
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("name", NUMERIC)
+def test_non_finite_settings_in_a_json_body_are_a_400(
+    http: httpx.Client, name: str, value: str
+) -> None:
+    # JSON itself has no NaN nor Infinity, and 1e400 is beyond a double: the body is refused.
+    body = f'{{"text_input": "one two", "{name}": {value}}}'
+    response = http.post("/v2/models/echo/generate", content=body.encode())
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("name", NUMERIC)
+def test_non_finite_settings_as_grpc_doubles_are_invalid_naming_them(
+    channel: grpc.Channel, name: str, value: str
+) -> None:
+    # Before: max_tokens and seed answered INTERNAL "cannot convert float NaN to integer".
+    message = service_pb2.ModelInferRequest(model_name="echo")
+    message.parameters[name].double_param = float(value)
+    entry = message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    entry.contents.bytes_contents.append(b"one two")
+    with pytest.raises(grpc.RpcError) as refused:
+        _infer(channel, message)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert name in str(refused.value.details())
+    [answer] = _stream(channel, [message])  # the same in a stream: its error, in the stream
+    assert name in answer.error_message
     _good_stream(channel)

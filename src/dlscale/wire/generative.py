@@ -4,10 +4,12 @@ Triton's vLLM-backend signature (shared/reference/generative.md), so that Triton
 clients work unchanged: one BYTES input `text_input`, and per streamed response `text_output`
 (the new text), `num_input_tokens`, `num_output_tokens` (generated so far) and, on the final
 response, `finish_reason`. What the engines do with them is backends/generative/contract.py.
+The bounds on a prompt that every route shares live here too (the OpenAI frontend reads them).
 """
 
 from __future__ import annotations
 
+from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, TensorSpec
 
 TEXT_INPUT = "text_input"
@@ -27,6 +29,28 @@ OUTPUTS = (
 #: Why a sequence ended, in OpenAI's words: its stop string or end token, its max_tokens,
 #: or the server ended it (cancelled, disconnected, deadline).
 FINISH_REASONS = ("stop", "length", "abort")
+
+#: The most bytes of text this server lets one token stand for, on average over a prompt. Text
+#: averages about 4 UTF-8 bytes a token; only a prompt made of a vocabulary's very longest tokens
+#: (runs of spaces) could average more, and such a prompt is refused. So a prompt (or a chat's
+#: messages, as the JSON that carries them) of more than `context * MAX_BYTES_PER_TOKEN` bytes
+#: cannot fit in the model's context, and is refused before it is rendered or tokenized.
+MAX_BYTES_PER_TOKEN = 32
+#: Chat messages one request may hold, on every route that takes them (OpenAI's and OIP's).
+MAX_MESSAGES = 1024
+
+
+def check_prompt_bytes(size: int, context: int) -> None:
+    """Refuse (InvalidInput, the context-length error) a prompt of `size` UTF-8 bytes that
+    cannot fit in `context` tokens: the one byte bound every route shares, checked before any
+    tokenizing, so that a huge prompt costs no more than reading it."""
+    most = context * MAX_BYTES_PER_TOKEN
+    if size > most:
+        raise InvalidInput(
+            f"the prompt is {size} bytes; this model's context is {context} tokens and this "
+            f"server counts at most {MAX_BYTES_PER_TOKEN} bytes a token, so a prompt may have at "
+            f"most {most} bytes (max_bytes_per_token): refused before tokenizing"
+        )
 
 
 def signature_toml() -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from dlscale.backends.generative.contract import (
     FINISH_REASON,
+    MAX_MESSAGES,
     NUM_OUTPUT_TOKENS,
     TEXT_INPUT,
     TEXT_OUTPUT,
@@ -17,6 +20,7 @@ from dlscale.backends.generative.contract import (
     prompt_text,
 )
 from dlscale.errors import InvalidInput
+from dlscale.wire.generative import MAX_BYTES_PER_TOKEN
 
 
 def test_defaults_and_settings_from_parameters() -> None:
@@ -50,6 +54,33 @@ def test_triton_vllm_sampling_parameters_are_unpacked() -> None:
 def test_bad_settings_name_the_field(parameters: dict[str, object], named: str) -> None:
     with pytest.raises(InvalidInput, match=named):
         Sampling.from_parameters(parameters)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "seed", "temperature", "top_p"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_non_finite_and_huge_settings_name_the_field(name: str, value: str) -> None:
+    # As gRPC double parameters and as Triton's JSON sampling_parameters (which reads NaN,
+    # Infinity and 1e400, an infinity) carry them; int() of any of them used to raise.
+    packed = f'{{"{name}": {value}}}'
+    for parameters in ({name: float(value)}, {"sampling_parameters": packed}):
+        with pytest.raises(InvalidInput, match=name):
+            Sampling.from_parameters(parameters)
+
+
+def test_a_prompt_too_long_in_bytes_for_the_context_is_refused_unread() -> None:
+    context = 16
+    fits = "a" * (context * MAX_BYTES_PER_TOKEN)
+    assert prompt_text({TEXT_INPUT: np.array([fits.encode()], dtype=object)}, context) == fits
+    beyond = np.array([(fits + "é").encode()], dtype=object)  # 2 bytes, one character
+    with pytest.raises(InvalidInput, match=f"at most {context * MAX_BYTES_PER_TOKEN} bytes"):
+        prompt_text({TEXT_INPUT: beyond}, context)
+
+
+def test_a_chat_has_at_most_max_messages() -> None:
+    message = {"role": "user", "content": ""}
+    assert len(chat_messages(json.dumps([message] * MAX_MESSAGES))) == MAX_MESSAGES
+    with pytest.raises(InvalidInput, match=f"at most {MAX_MESSAGES} messages"):
+        chat_messages(json.dumps([message] * (MAX_MESSAGES + 1)))
 
 
 def test_prompt_and_chat_messages() -> None:

@@ -31,17 +31,20 @@ from dlscale.wire.generative import (
     FINISH_REASON,
     FINISH_REASONS,
     INPUTS,
+    MAX_MESSAGES,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
     OUTPUTS,
     TEXT_INPUT,
     TEXT_OUTPUT,
+    check_prompt_bytes,
 )
 
 __all__ = [
     "FINISH_REASON",
     "FINISH_REASONS",
     "INPUTS",
+    "MAX_MESSAGES",
     "NUM_INPUT_TOKENS",
     "NUM_OUTPUT_TOKENS",
     "OUTPUTS",
@@ -126,12 +129,15 @@ def _integer(
     values: Mapping[str, object], name: str, default: int, low: int, high: int | None = None
 ) -> int:
     value = values.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    # NaN and the infinities (JSON's 1e400 reads as one) are no integer: int() would raise.
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"{name} must be an integer, not {value!r}")
     if value < low or (high is not None and value > high):
         bound = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise InvalidInput(f"{name} must be {bound}, not {int(value)}")
-    return int(value)
+        raise InvalidInput(f"{name} must be {bound}, not {value}")
+    return value
 
 
 def _number(
@@ -169,12 +175,17 @@ def _stop_strings(value: object) -> tuple[str, ...]:
     return tuple(strings)
 
 
-def prompt_text(inputs: Mapping[str, np.ndarray]) -> str:
-    """The one prompt of a request's `text_input` (UTF-8), InvalidInput otherwise."""
+def prompt_text(inputs: Mapping[str, np.ndarray], context: int | None = None) -> str:
+    """The one prompt of a request's `text_input` (UTF-8), InvalidInput otherwise; with the
+    model's `context` (tokens), refused unread if it has more bytes than can fit in it."""
     array = inputs.get(TEXT_INPUT)
     if array is None or array.size != 1:
         raise InvalidInput(f"a generative model takes one {TEXT_INPUT} element per request")
     value = array.reshape(-1)[0]
+    if context is not None:
+        check_prompt_bytes(
+            len(value) if isinstance(value, bytes) else len(str(value).encode()), context
+        )
     try:
         return value.decode() if isinstance(value, bytes) else str(value)
     except UnicodeDecodeError:
@@ -182,11 +193,13 @@ def prompt_text(inputs: Mapping[str, np.ndarray]) -> str:
 
 
 def chat_messages(text: str) -> list[dict[str, str]]:
-    """The chat messages `text_input` holds when `input_format = "chat"`."""
+    """The chat messages `text_input` holds when `input_format = "chat"`, at most MAX_MESSAGES."""
     try:
         messages = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"chat messages are not JSON: {exc}") from None
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise InvalidInput(f"a chat may have at most {MAX_MESSAGES} messages, not {len(messages)}")
     if (
         not isinstance(messages, list)
         or not messages

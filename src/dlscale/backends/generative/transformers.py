@@ -82,7 +82,9 @@ class TransformersBackend:
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
     ) -> AsyncIterator[StreamPart]:
         """The request's parts as the engine makes them; closing early cancels the sequence."""
-        engine, job = self._prepare(inputs, parameters)
+        # Chat templates and the tokenizer take time in proportion to the prompt: in a thread,
+        # so that the event loop keeps answering every other request meanwhile.
+        engine, job = await asyncio.to_thread(self._prepare, inputs, parameters)
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[object] = asyncio.Queue()
 

@@ -36,9 +36,11 @@ def prepare(
     inputs: Mapping[str, np.ndarray],
     parameters: Mapping[str, Parameter],
 ) -> Job:
-    """The request as the engine takes it; InvalidInput naming what is wrong otherwise."""
+    """The request as the engine takes it; InvalidInput naming what is wrong otherwise.
+    Rendering and tokenizing take time in proportion to the prompt: the caller runs this off
+    the event loop, and a prompt too long in bytes for the context is refused before either."""
     sampling = Sampling.from_parameters(parameters)
-    text = prompt_text(inputs)
+    text = prompt_text(inputs, context)
     if sampling.input_format == "chat":
         messages = chat_messages(text)
         try:

@@ -108,7 +108,7 @@ class VllmBackend:
         if self._engine is None:
             raise Unsupported("the vLLM engine is not loaded")
         sampling = Sampling.from_parameters(parameters)
-        text = contract.prompt_text(inputs)
+        text = contract.prompt_text(inputs, self._max_model_len)  # refused unread if too long
         if len(text) > _TOKENIZE_INLINE_CHARS:
             ids = await asyncio.to_thread(self._prompt_ids, text, sampling)
         else:

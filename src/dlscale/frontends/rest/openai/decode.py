@@ -23,14 +23,13 @@ import numpy as np
 from dlscale.errors import InvalidInput, Unsupported
 from dlscale.frontends.rest.openai.errors import BadField
 from dlscale.types import InferenceRequest, Parameters
-from dlscale.wire.generative import TEXT_INPUT
+from dlscale.wire.generative import MAX_MESSAGES, TEXT_INPUT
 from dlscale.wire.rest import ANY_JSON, decode_json
 from dlscale.wire.tensors import Buffer
 
 #: A prompt, or the text of all chat messages together, in UTF-8 bytes: the engine holds it
 #: to its max_model_len in tokens, this bounds the text it must tokenize to learn that.
 MAX_PROMPT_BYTES = 2 * 2**20
-MAX_MESSAGES = 1024
 #: Roles a chat message may have (OpenAI's; "developer" is its newer "system").
 ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Request ids a client may set (X-Request-Id) are kept to this many characters.
