@@ -21,9 +21,9 @@ from dlscale.serving.cache import ResponseCache
 from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.observe.exposition import MetricsServer
+from dlscale.serving.metrics.collectors import build_registry
+from dlscale.serving.metrics.exposition import MetricsServer
 from dlscale.serving.observe.logs import LogControl
-from dlscale.serving.observe.metrics import build_registry
 from dlscale.serving.observe.trace import Tracer, TraceSettings
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.regions import cuda as cuda_memory

@@ -23,7 +23,7 @@ from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
 #: Triton's counters go out typed as counters under their bare names
-#: (serving/observe/exposition.py).
+#: (serving/metrics/exposition.py).
 COUNTER = "counter"
 INFERENCE_COUNTERS = (
     "nv_inference_request_success",

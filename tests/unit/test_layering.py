@@ -104,3 +104,62 @@ def test_the_walk_sees_a_forbidden_edge(tmp_path: Path) -> None:
     allowed.parent.mkdir()
     allowed.write_text("from dlscale.hardware import cpu\nfrom ..wire import tensors\n")
     assert _breaks(allowed, package) == []
+
+
+# -- the rooms of serving/ ---------------------------------------------------------------------
+
+#: serving/'s rooms, lowest first: a room imports only rooms of lower layers (issue 39: nine of
+#: them imported each other). Recording (observe) is at the bottom, exposition (metrics) above
+#: the models it reads; the slots hold `Demand`, which the QoS scheduler above them weighs.
+SERVING_LAYERS: list[set[str]] = [
+    {"__init__", "observe", "policy", "classification", "versions", "instance", "regions"},
+    {"slots", "warmup"},
+    {"qos"},
+    {"queue", "batches"},
+    {"batcher", "seats", "pipeline"},
+    {"runners"},
+    {"manager"},
+    {"cache", "validation", "control"},
+    {"streams"},
+    {"dataplane", "metrics"},
+    {"host"},
+]
+SERVING = PACKAGE / "serving"
+
+
+def _room(module_path: Path) -> str:
+    return module_path.relative_to(SERVING).parts[0].removesuffix(".py")
+
+
+def _rooms_imported(path: Path) -> set[tuple[str, int]]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            parts = node.module.split(".")
+            if parts[:2] == ["dlscale", "serving"] and len(parts) > 2:
+                found.add((parts[2], node.lineno))
+    return found
+
+
+def _layer(room: str) -> int:
+    layer = next((i for i, rooms in enumerate(SERVING_LAYERS) if room in rooms), None)
+    assert layer is not None, f"serving/{room} is a new room: give it a layer in SERVING_LAYERS"
+    return layer
+
+
+@pytest.mark.parametrize(
+    "path", sorted(SERVING.rglob("*.py")), ids=lambda p: str(p.relative_to(SERVING))
+)
+def test_serving_rooms_import_only_lower_layers(path: Path) -> None:
+    room = _room(path)
+    bad = [
+        f"line {line}: imports serving.{target}"
+        for target, line in sorted(_rooms_imported(path))
+        if target != room and _layer(target) >= _layer(room)
+    ]
+    assert not bad, f"serving/{path.relative_to(SERVING)} ({room}) reaches up or sideways: {bad}"
+
+
+def test_every_serving_room_has_a_layer() -> None:
+    rooms = {_room(p) for p in SERVING.rglob("*.py")}
+    assert rooms == set().union(*SERVING_LAYERS)

@@ -1,6 +1,6 @@
 """A replica's Prometheus metrics copied into Ray's metrics export, under dlscale's names.
 
-The replica keeps the serving core's collector (`serving.observe.metrics.InferenceCollector`,
+The replica keeps the serving core's collector (`serving.metrics.collectors.InferenceCollector`,
 Triton's names); every few seconds each of its samples is set on a Ray Serve gauge of the same name
 and labels, to which Ray adds the deployment, replica and application. Ray's exporter puts its
 namespace in front (`ray_nv_inference_count`), and exports every value as a gauge: counters stay

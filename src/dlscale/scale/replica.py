@@ -23,7 +23,7 @@ from dlscale.scale.metrics import RayMetricsMirror
 from dlscale.scale.placement import placed_config
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.observe.metrics import InferenceCollector
+from dlscale.serving.metrics.collectors import InferenceCollector
 from dlscale.serving.streams import aclose
 from dlscale.types import (
     InferenceRequest,

@@ -17,10 +17,9 @@ from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as 
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
-from dlscale.serving.qos.scheduler import Demand
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.queue import RequestQueue
-from dlscale.serving.slots import InstancePool, Slot, SlotPool
+from dlscale.serving.slots import Demand, InstancePool, Slot, SlotPool
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dlscale.serving.instance import Instance
-from dlscale.serving.qos.scheduler import Demand
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A tenant's batch waiting for a slot: its oldest request's arrival and its rows."""
+
+    head: float  # seconds, on the scheduler's clock
+    rows: int
+    head_rows: int = 1  # the head request's own rows: the least a batch can hold
 
 
 class DemandSource(Protocol):

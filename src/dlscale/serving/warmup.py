@@ -8,6 +8,8 @@ took 32 s at 64 rows). A runtime with compiled buckets or CUDA graphs captures t
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +20,14 @@ from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, WarmupConfig
 from dlscale.models.confined import read_confined
 from dlscale.models.samples import concrete_shape, random_tensor, zero_inputs
-from dlscale.serving.control.bounds import check_warm_up
 from dlscale.types import Datatype, TensorSpec
 
 #: Triton's folder for warm-up files, beside the version folders.
 WARMUP_FOLDER = "warmup"
 #: The most a warm-up file may hold (one row of an input).
 MAX_WARMUP_FILE = 256 * 2**20
+#: The share of the host's memory one warm-up batch may take.
+WARM_UP_MEMORY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,23 @@ def _row(model: str, spec: TensorSpec, batched: bool, folder: Path, name: str) -
             f"bytes; one row of {list(shape)} {spec.datatype.value} is {expected}"
         )
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def host_memory() -> int:
+    """Bytes of physical memory on the host."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not POSIX: assume a small host
+        return 4 * 2**30
+
+
+def check_warm_up(model: str, spec: TensorSpec, batch: int) -> None:
+    """ConfigError when a warm-up feed of `batch` rows of `spec` would not fit in memory."""
+    item = 8 if spec.datatype is Datatype.BYTES else spec.datatype.numpy.itemsize
+    size = math.prod(concrete_shape(spec.shape, batch)) * item
+    budget = int(host_memory() * WARM_UP_MEMORY_SHARE)
+    if size > budget:
+        raise ConfigError(
+            f"model {model!r}: a warm-up batch of {batch} for input {spec.name!r} takes "
+            f"{size} bytes, above {budget} ({WARM_UP_MEMORY_SHARE:.0%} of the host's memory)"
+        )

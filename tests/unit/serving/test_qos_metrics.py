@@ -12,7 +12,7 @@ from tests.toolkit.models import identity_graph, write_model
 from dlscale.errors import TooManyRequests
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.observe.metrics import DECISIONS, QosCollector
+from dlscale.serving.metrics.collectors import DECISIONS, QosCollector
 from dlscale.types import InferenceRequest
 
 FAST = "max_batch_size = 8\n[qos]\nlatency_objective_us = 50000\n"

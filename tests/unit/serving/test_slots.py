@@ -12,8 +12,7 @@ from dlscale.serving.batcher import Batcher
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
-from dlscale.serving.qos.scheduler import Demand
-from dlscale.serving.slots import InstancePool
+from dlscale.serving.slots import Demand, InstancePool
 
 
 class Ready:

@@ -14,8 +14,8 @@ from tests.toolkit.models import write_null_model
 from dlscale.errors import InvalidInput
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.observe.exposition import render
-from dlscale.serving.observe.metrics import InferenceCollector
+from dlscale.serving.metrics.collectors import InferenceCollector
+from dlscale.serving.metrics.exposition import render
 from dlscale.types import InferenceRequest
 
 # Each batch holds the one instance 50 ms, so requests sent meanwhile share the next batch.

@@ -4,40 +4,28 @@ A config sent with `POST /v2/repository/models/{m}/load` comes from a client, no
 operator who wrote the repository: its sizes are bounded by the host (issue 28: a
 `max_batch_size` of 2^31-1 sized a warm-up allocation and answered 500 MemoryError; instance
 and thread counts had no bound). The repository's own configs are the operator's and only the
-warm-up's memory bound (`check_warm_up`) applies to them.
+warm-up's memory bound (serving/warmup.py `check_warm_up`) applies to them.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 
-from dlscale.errors import ConfigError, InvalidInput
+from dlscale.errors import InvalidInput
 from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 from dlscale.models.config import ModelConfig
-from dlscale.models.samples import concrete_shape
-from dlscale.types import Datatype, TensorSpec
+from dlscale.serving.warmup import check_warm_up
 
 #: The largest max_batch_size a load request may ask for (Triton's models stay far below).
 MAX_BATCH_SIZE = 2**16
 #: Model copies per core a load request may ask for, over all its instance groups.
 INSTANCES_PER_CORE = 4
-#: The share of the host's memory one warm-up batch may take.
-WARM_UP_MEMORY_SHARE = 0.25
 
 
 def cores() -> int:
     """Cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def host_memory() -> int:
-    """Bytes of physical memory on the host."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not POSIX: assume a small host
-        return 4 * 2**30
 
 
 @functools.cache
@@ -92,15 +80,3 @@ def check_override(config: ModelConfig) -> None:
             )
     for spec in config.tensor_specs("inputs") or ():
         check_warm_up(config.name, spec, max(config.max_batch_size, 1))
-
-
-def check_warm_up(model: str, spec: TensorSpec, batch: int) -> None:
-    """ConfigError when a warm-up feed of `batch` rows of `spec` would not fit in memory."""
-    item = 8 if spec.datatype is Datatype.BYTES else spec.datatype.numpy.itemsize
-    size = math.prod(concrete_shape(spec.shape, batch)) * item
-    budget = int(host_memory() * WARM_UP_MEMORY_SHARE)
-    if size > budget:
-        raise ConfigError(
-            f"model {model!r}: a warm-up batch of {batch} for input {spec.name!r} takes "
-            f"{size} bytes, above {budget} ({WARM_UP_MEMORY_SHARE:.0%} of the host's memory)"
-        )

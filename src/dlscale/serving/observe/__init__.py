@@ -1,1 +1,1 @@
-"""Observation: statistics, Prometheus metrics and exposition, traces and logs."""
+"""Recording: statistics, token measures, traces and logs (read by the metrics room above)."""

@@ -2,7 +2,7 @@
 
 Measured in the serving core (serving/streams.py), where every frontend's requests pass (OIP
 generate and ModelStreamInfer, the OpenAI API, a plain infer joined from its stream), and read by
-the Prometheus collector (serving/observe/metrics.py) at scrape time.
+the Prometheus collector (serving/metrics/collectors.py) at scrape time.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dlscale.serving.slots import Demand
+
 #: Weight of the newest batch in the running mean and deviation of a batch size's time.
 SERVICE_WEIGHT = 0.2
 #: Deviations above the mean that a batch may take when it would block another tenant.
@@ -164,15 +166,6 @@ class Tail:
             return 0.0
         ordered = sorted(self.recent)
         return ordered[min(len(ordered) - 1, int(TAIL_PERCENTILE * len(ordered)))]
-
-
-@dataclass(frozen=True)
-class Demand:
-    """A tenant's batch waiting for a slot: its oldest request's arrival and its rows."""
-
-    head: float  # seconds, on the scheduler's clock
-    rows: int
-    head_rows: int = 1  # the head request's own rows: the least a batch can hold
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from dlscale.models.config import ModelConfig
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import LATENCY_BUCKETS_S, Histogram
 from dlscale.serving.qos.admission import Admission
-from dlscale.serving.qos.scheduler import Demand, DeviceScheduler, Grant, Tenant
-from dlscale.serving.slots import DemandSource, Slot
+from dlscale.serving.qos.scheduler import DeviceScheduler, Grant, Tenant
+from dlscale.serving.slots import Demand, DemandSource, Slot
 
 
 class Gate(Protocol):

@@ -65,7 +65,7 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
         labels=_LABELS,
     )
     # Named with `_total` as given: the exposition types a counter that has no samples yet by
-    # its family's name (serving/observe/exposition.py).
+    # its family's name (serving/metrics/exposition.py).
     prompt = Metric(
         "dlscale_prompt_tokens_total", "Prompt tokens of generative requests", "counter"
     )

@@ -1,7 +1,7 @@
 """Prometheus metrics under Triton's names, read from the ModelStats behind the statistics API,
 and the device schedulers' (QoS).
 
-Counters keep Triton's exact names (no `_total`): serve them with `serving/observe/exposition.py`.
+Counters keep Triton's exact names (no `_total`): serve them with `serving/metrics/exposition.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from dlscale.hardware.metrics import TelemetryCollector
 from dlscale.serving.manager import ModelManager, ServedVersion
-from dlscale.serving.observe.generative import StreamCollector
+from dlscale.serving.metrics.streams import StreamCollector
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.qos.admission import MAX_IN_FLIGHT, RATE_LIMIT
 
@@ -140,7 +140,7 @@ class InferenceCollector(Collector):
 
 def _counter(name: str, doc: str) -> Metric:
     # A plain Metric keeps the name as given (CounterMetricFamily would add `_total`); the
-    # exposition in serving/observe/exposition.py writes it so.
+    # exposition in serving/metrics/exposition.py writes it so.
     return Metric(name, doc, "counter")
 
 

@@ -1,0 +1,1 @@
+"""Exposition: the Prometheus collectors that read the served models, and the metrics port."""
