@@ -147,10 +147,18 @@ class Batcher:
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
-    async def close(self) -> None:
-        """Refuse new requests, let queued and running ones finish, then stop scheduling."""
+    async def close(self, grace_s: float | None = None) -> None:
+        """Refuse new requests, let queued and running ones finish, then stop scheduling.
+
+        With `grace_s`, wait that long at most: the requests still queued are then answered
+        Unavailable, and batches still running are left to their instances' close (which stops
+        a hung model's batch).
+        """
         self._closing = True
-        await self._idle.wait()
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            self._drop_queued(grace_s or 0.0)
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
@@ -172,6 +180,17 @@ class Batcher:
                     f"request timed out in the queue after {waited} us (timeout {timeout_us} us)"
                 )
             )
+
+    def _drop_queued(self, grace_s: float) -> None:
+        error = Unavailable(
+            f"the model unloaded before this request was computed (grace {grace_s:g} s)"
+        )
+        for queue in self._queues:
+            for item in list(queue):
+                self._unqueue(item)
+                self._done_with(item)
+                if not item.future.done():
+                    item.future.set_exception(error)
 
     def _unqueue(self, item: Pending) -> None:
         if item.queued:

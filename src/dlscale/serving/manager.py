@@ -120,9 +120,18 @@ class ModelManager:
     (`gates`, serving/qos/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
     """
 
-    def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        gates: DeviceGates | None = None,
+        grace_s: float | None = None,
+    ) -> None:
         self.repository = repository
         self.gates = gates or DeviceGates()
+        #: How long an unload waits for the model's queued and running requests before it
+        #: answers the queued Unavailable and stops what runs (a hung Python model's worker is
+        #: killed); None: as long as they take.
+        self.grace_s = grace_s
         self._entries: dict[str, ModelEntry] = {}
         # A lock per name while someone holds or waits for it, and how many do: no name
         # leaves a lock behind (an unload of a name that never existed made one, kept).
@@ -134,9 +143,11 @@ class ModelManager:
         self.calls: InferCall | None = None
 
     @classmethod
-    def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
+    def open(
+        cls, root: Path, gates: DeviceGates | None = None, grace_s: float | None = None
+    ) -> ModelManager:
         """A manager over the repository folder at `root` (nothing loaded yet)."""
-        return cls(ModelRepository(root), gates)
+        return cls(ModelRepository(root), gates, grace_s)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -259,10 +270,11 @@ class ModelManager:
             self.required.add(name)
             log.info("model %s: READY (versions %s)", name, sorted(served))
             if previous is not None and previous.versions:
-                await self._retire(previous)
+                await self._retire(previous, self.grace_s)
 
-    async def unload(self, name: str) -> None:
-        """Stop taking requests, finish those in flight, then free the model."""
+    async def unload(self, name: str, grace_s: float | None = None) -> None:
+        """Stop taking requests, finish those in flight (within the grace: `grace_s`, else the
+        manager's), then free the model."""
         if name not in self._entries:
             raise NotFound(f"unknown model {name!r}")
         async with self._locked(name):
@@ -276,15 +288,17 @@ class ModelManager:
                 )
             self.required.discard(name)
             self._set(name, ModelState.UNLOADING)
-            await self._retire(entry)
+            await self._retire(entry, self.grace_s if grace_s is None else grace_s)
             self._set(name, ModelState.UNAVAILABLE, "unloaded")
 
-    async def close(self) -> None:
-        """Unload everything (server shutdown): in-flight requests finish first, and pipelines
-        go before the models they use (as often as pipelines nest)."""
+    async def close(self, grace_s: float | None = None) -> None:
+        """Unload everything (server shutdown): in-flight requests finish first (within
+        `grace_s`, else the manager's grace), and pipelines go before the models they use (as
+        often as pipelines nest)."""
         while loaded := [e.name for e in self.entries() if e.versions]:
             free = [n for n in loaded if not self.pipelines_using(n)]
-            await asyncio.gather(*(self.unload(n) for n in free or loaded), return_exceptions=True)
+            unloads = (self.unload(n, grace_s) for n in free or loaded)
+            await asyncio.gather(*unloads, return_exceptions=True)
             if not free:
                 break
 
@@ -435,12 +449,17 @@ class ModelManager:
                         max(batch.rows, 1), self.gates.clock() - start
                     )
 
-    async def _retire(self, entry: ModelEntry) -> None:
+    async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
+        # One grace for the whole unload: what the batchers waited, the instances do not again.
+        loop = asyncio.get_running_loop()
+        deadline = None if grace_s is None else loop.time() + grace_s
         for served in entry.versions.values():
             if served.batcher is not None:
-                await served.batcher.close()
+                await served.batcher.close(grace_s)
             if served.seats is not None:
                 await served.seats.close()
             if served.qos is not None:
                 served.qos.leave()
-            await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            closing = (i.close(left) for i in served.instances)
+            await asyncio.gather(*closing, return_exceptions=True)

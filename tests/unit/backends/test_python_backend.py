@@ -139,9 +139,13 @@ def test_execute_must_answer_every_request(tmp_path: Path) -> None:
     lazy = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     backend = _triton(tmp_path, lazy)
     backend.load()
-    with pytest.raises(UserCodeError, match="expected a list of 2 InferenceResponse"):
-        x = np.zeros((1, 4), np.float32)
-        backend.infer_requests([{"INPUT0": x, "INPUT1": x}] * 2)
+    x = np.zeros((1, 4), np.float32)
+    with pytest.raises(UserCodeError, match="expected a list of 1 InferenceResponse"):
+        backend.infer_requests([{"INPUT0": x, "INPUT1": x}])
+    # In a batch, each request is tried again alone: each gets the error of its own.
+    for result in backend.infer_requests([{"INPUT0": x, "INPUT1": x}] * 2):
+        assert isinstance(result, UserCodeError)
+        assert "expected a list of 1 InferenceResponse" in str(result)
 
 
 def test_a_batch_reaches_execute_as_its_requests_and_errors_stay_apart(tmp_path: Path) -> None:
