@@ -56,11 +56,8 @@ class Server:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         models, shm, seen = settings.models, settings.shared_memory, settings.observation
-        self.manager = ModelManager.open(
-            settings.repository,
-            DeviceGates(enabled=models.qos),
-            grace_s=settings.lifecycle.grace_s,
-        )
+        self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=models.qos))
+        self.manager.grace_s = settings.lifecycle.grace_s  # an unload's wait for its requests
         self.shared_memory = SharedMemoryRegistry(
             shm.allow_client_shm,
             shm.max_shm_regions,

@@ -25,6 +25,8 @@ from dlscale.wire.segments import RESERVED_PREFIX, SHM_DIR
 
 #: The unload grace of this module's server (--grace-s).
 GRACE_S = 2.0
+#: The victim's requests during the attack (each waits up to the model's 0.2 s batching delay).
+REQUESTS = 40
 #: Seconds of execute that means "for ever" to the fragile model (x / 1000).
 FOREVER = 1e12
 
@@ -83,7 +85,7 @@ def test_no_segment_of_the_python_workers_can_be_registered(server: LocalServer)
     def victim() -> None:
         client = th.InferenceServerClient(server.http_url)
         try:
-            for _ in range(150):
+            for _ in range(REQUESTS):
                 x = rng.random((2, 4), dtype=np.float32)  # x[0, 0] < 1: an honest request
                 y = client.infer("wrong", [_input(th, "INPUT0", x)]).as_numpy("OUTPUT0")
                 wrong.append(int(not np.array_equal(y, 2 * x)))
@@ -121,7 +123,7 @@ def test_no_segment_of_the_python_workers_can_be_registered(server: LocalServer)
         thread.join()
         attacker.close()
     assert tried > 0, "the workers' segments were there to attack"
-    assert len(wrong) == 150 and sum(wrong) == 0
+    assert len(wrong) == REQUESTS and sum(wrong) == 0
 
 
 @pytest.mark.parametrize(

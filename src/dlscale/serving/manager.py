@@ -120,18 +120,11 @@ class ModelManager:
     (`gates`, serving/qos/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
     """
 
-    def __init__(
-        self,
-        repository: ModelRepository,
-        gates: DeviceGates | None = None,
-        grace_s: float | None = None,
-    ) -> None:
+    def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
         self.repository = repository
         self.gates = gates or DeviceGates()
-        #: How long an unload waits for the model's queued and running requests before it
-        #: answers the queued Unavailable and stops what runs (a hung Python model's worker is
-        #: killed); None: as long as they take.
-        self.grace_s = grace_s
+        #: An unload's wait for its requests before it stops them (None: no limit).
+        self.grace_s: float | None = None
         self._entries: dict[str, ModelEntry] = {}
         # A lock per name while someone holds or waits for it, and how many do: no name
         # leaves a lock behind (an unload of a name that never existed made one, kept).
@@ -143,11 +136,9 @@ class ModelManager:
         self.calls: InferCall | None = None
 
     @classmethod
-    def open(
-        cls, root: Path, gates: DeviceGates | None = None, grace_s: float | None = None
-    ) -> ModelManager:
+    def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
         """A manager over the repository folder at `root` (nothing loaded yet)."""
-        return cls(ModelRepository(root), gates, grace_s)
+        return cls(ModelRepository(root), gates)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -273,8 +264,7 @@ class ModelManager:
                 await self._retire(previous, self.grace_s)
 
     async def unload(self, name: str, grace_s: float | None = None) -> None:
-        """Stop taking requests, finish those in flight (within the grace: `grace_s`, else the
-        manager's), then free the model."""
+        """Stop taking requests, finish those in flight within the grace, then free the model."""
         if name not in self._entries:
             raise NotFound(f"unknown model {name!r}")
         async with self._locked(name):
@@ -292,9 +282,7 @@ class ModelManager:
             self._set(name, ModelState.UNAVAILABLE, "unloaded")
 
     async def close(self, grace_s: float | None = None) -> None:
-        """Unload everything (server shutdown): in-flight requests finish first (within
-        `grace_s`, else the manager's grace), and pipelines go before the models they use (as
-        often as pipelines nest)."""
+        """Unload everything (shutdown): requests finish within the grace; pipelines go first."""
         while loaded := [e.name for e in self.entries() if e.versions]:
             free = [n for n in loaded if not self.pipelines_using(n)]
             unloads = (self.unload(n, grace_s) for n in free or loaded)
@@ -450,9 +438,6 @@ class ModelManager:
                     )
 
     async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
-        # One grace for the whole unload: what the batchers waited, the instances do not again.
-        loop = asyncio.get_running_loop()
-        deadline = None if grace_s is None else loop.time() + grace_s
         for served in entry.versions.values():
             if served.batcher is not None:
                 await served.batcher.close(grace_s)
@@ -460,6 +445,6 @@ class ModelManager:
                 await served.seats.close()
             if served.qos is not None:
                 served.qos.leave()
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            closing = (i.close(left) for i in served.instances)
-            await asyncio.gather(*closing, return_exceptions=True)
+            # The batcher waited the grace: a batch still running now is stopped at once.
+            left = None if grace_s is None else 0.0
+            await asyncio.gather(*(i.close(left) for i in served.instances), return_exceptions=True)

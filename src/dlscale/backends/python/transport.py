@@ -2,7 +2,9 @@
 
 Numeric arrays travel in the sender's shared-memory segment (its `Arena`; the pipe carries only
 their names, dtypes, shapes and offsets), and the receiver copies them out (`Reader`). BYTES
-(object) arrays have no fixed layout and travel pickled.
+(object) arrays have no fixed layout and travel pickled. Segments are named by the server's one
+rule (wire/segments.py), so that no client can register them as regions, and each one this
+process makes or attaches is recorded as the server's (`segments.OWN`) whatever its name.
 """
 
 from __future__ import annotations
@@ -130,16 +132,13 @@ class Reader:
             out.append({**arrays, **inline})
         return out
 
-    def close(self, unlink: bool = False) -> None:
-        """Let go of the segment; `unlink` too when its owner died without doing it."""
+    def close(self) -> None:
+        """Let go of the segment (its owner unlinks it, or the server sweeps a dead worker's)."""
         shm, self._shm = self._shm, None
         _disown(self._identity)
         self._identity = None
         if shm is not None:
             shm.close()
-            if unlink:
-                with contextlib.suppress(FileNotFoundError):
-                    shm.unlink()
 
 
 def _own(name: str) -> segments.Identity:

@@ -4,7 +4,9 @@ The server side (`WorkerRunner`) starts the worker with the spawn context, sends
 `Run` with its tensors in shared memory, answers the worker's BLS `Call`s through the server's
 ModelCaller while it waits, and a watchdog thread restarts a worker that died (logged, with
 "restarted"). The batch a worker died in fails with a server error; the next one is computed
-by the new worker.
+by the new worker. A worker over its memory bound is replaced after its batch, and an unload
+that finds a batch still running (its grace is over: a hung model) kills the worker at once;
+the owner sweeps what a dead worker left in shared memory (its names' prefix).
 """
 
 from __future__ import annotations
@@ -142,8 +144,10 @@ class WorkerRunner:
 
     def _bound_memory(self) -> None:
         """Restart the worker when its resident memory is over the bound (the lock is held)."""
+        if not self.max_memory_mb:
+            return
         used = _resident_mb(self._process.pid)
-        if not self.max_memory_mb or used <= self.max_memory_mb:
+        if used <= self.max_memory_mb:
             return
         log.warning(
             "model %r: worker process (pid %s) holds %d MB, over its bound of %d MB "
