@@ -201,3 +201,16 @@ def test_models_check_loads_a_python_model_from_its_config(tmp_path: Path) -> No
         np.testing.assert_array_equal(backend.infer({"x": x})["y"], 3 * x)
     finally:
         backend.unload()
+
+
+def test_a_worker_memory_bound_comes_from_config_pbtxt_and_must_be_a_number(
+    tmp_path: Path,
+) -> None:
+    bound = 'parameters { key: "DLSCALE_MAX_WORKER_MEMORY_MB" value: { string_value: "512" } }'
+    folder = write_triton_python_model(tmp_path, "pair", ADD_SUB, triton_config("pair") + bound)
+    config, _ = load_pbtxt(folder / "config.pbtxt", "pair")
+    assert (config.backend_options.model_extra or {})["max_worker_memory_mb"] == 512
+    with pytest.raises(ConfigError, match=r"'backend_options\.max_worker_memory_mb'"):
+        extra = {"isolation": "thread", "max_worker_memory_mb": "lots"}
+        options = BackendOptions(max_batch_size=8, extra=extra, inputs=PAIR, outputs=OUTS)
+        PythonBackend(folder / "1" / "model.py", options).load()

@@ -77,12 +77,12 @@ class PythonBackend:
             self.decoupled,
         )
         self.name = model.name
+        bound = _memory_bound(self.path, options.extra)  # checked whatever the isolation
         pb.bind_caller(options.caller)  # BLS from initialize or load, in this thread
         try:
             if self.isolation == "process":
                 from dlscale.backends.python.worker import WorkerRunner
 
-                bound = _memory_bound(self.path, options.extra)
                 self._runner = WorkerRunner(model, self.api, options.caller, bound)
             else:
                 self._runner = make_runner(model, self.api)
