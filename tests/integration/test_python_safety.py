@@ -210,6 +210,9 @@ def test_a_hung_model_unloads_after_its_grace_and_loads_again(
     before = {p.name for p in SHM_DIR.glob(f"{RESERVED_PREFIX}{os.getpid()}.py*")}
     hung = np.full((1, 4), FOREVER, np.float32)
     ok = np.ones((1, 4), np.float32)
+    http.infer("fragile", [_input(th, "INPUT0", ok)])  # each side has its segment now
+    made = {p.name for p in SHM_DIR.glob(f"{RESERVED_PREFIX}{os.getpid()}.py*")} - before
+    assert any(name.split(".")[2].endswith("w") for name in made), "the worker's own segment"
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(_fragile, server, hung)
         _wait_for(marker)
