@@ -57,6 +57,7 @@ class Server:
         self.settings = settings
         models, shm, seen = settings.models, settings.shared_memory, settings.observation
         self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=models.qos))
+        self.manager.grace_s = settings.lifecycle.grace_s  # an unload's wait for its requests
         self.shared_memory = SharedMemoryRegistry(
             shm.allow_client_shm,
             shm.max_shm_regions,
@@ -226,7 +227,8 @@ class Server:
             return_exceptions=True,
         )
         cut.cancel()
-        await self.manager.close()
+        # The requests had their grace: what still runs now is stopped (a hung model's worker).
+        await self.manager.close(CUT_MARGIN_S)
         self.dataplane.tracer.flush()
         self.dataplane.uploads.close()
         self.shared_memory.close()

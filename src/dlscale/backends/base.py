@@ -71,6 +71,11 @@ class Capabilities:
     #: server. The backend bounds it so that no batch it takes inline holds the loop for more
     #: than ~0.1 ms; such an `infer` must not block on I/O.
     inline_rows: int = 0
+    #: Whether `unload` may be called from another thread while a batch runs, and then stops
+    #: that batch (the python backend kills its worker process): an Instance does so once the
+    #: unload's grace is over, so that a hung model can be unloaded. Other backends' batches
+    #: are waited for.
+    stops_batches: bool = False
 
 
 @runtime_checkable

@@ -23,6 +23,8 @@ from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 BACKENDS = {alias: name for name, runtime in RUNTIMES.items() for alias in runtime.triton_names}
 #: A config.pbtxt parameter that says where a Python model's code runs (thread or process).
 PYTHON_ISOLATION = "DLSCALE_ISOLATION"
+#: A config.pbtxt parameter that bounds a Python model's worker memory (max_worker_memory_mb).
+PYTHON_MEMORY = "DLSCALE_MAX_WORKER_MEMORY_MB"
 #: Triton's ONNX Runtime parameters that are dlscale backend options.
 ORT_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
@@ -127,6 +129,11 @@ def convert(
             data["backend_options"] = {"parameters": parameters}
             if PYTHON_ISOLATION in parameters:
                 data["backend_options"]["isolation"] = parameters[PYTHON_ISOLATION]
+            if PYTHON_MEMORY in parameters:
+                bound = parameters[PYTHON_MEMORY].strip()
+                data["backend_options"]["max_worker_memory_mb"] = (
+                    int(bound) if bound.isdigit() else bound  # the backend refuses a non-number
+                )
     return parse_config(data, source), _ignored(message)
 
 

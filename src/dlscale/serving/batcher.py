@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from dlscale.errors import BackendError, DlscaleError, TimedOut
+from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
 from dlscale.serving.batches import Pending, fail, merge, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
@@ -130,9 +130,15 @@ class Batcher:
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
-    async def close(self) -> None:
-        """Refuse new requests, let queued and running ones finish, then stop scheduling."""
-        await self.queue.close()
+    async def close(self, grace_s: float | None = None) -> None:
+        """Refuse new requests, let queued and running ones finish, then stop scheduling.
+
+        With `grace_s`, wait that long at most: the requests still queued are then answered
+        Unavailable, and batches still running are left to their instances' close (which stops
+        a hung model's batch).
+        """
+        if not await self.queue.close(grace_s):
+            self._drop_queued(grace_s or 0.0)
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
@@ -154,6 +160,17 @@ class Batcher:
                     f"request timed out in the queue after {waited} us (timeout {timeout_us} us)"
                 )
             )
+
+    def _drop_queued(self, grace_s: float) -> None:
+        error = Unavailable(
+            f"the model unloaded before this request was computed (grace {grace_s:g} s)"
+        )
+        for queue in self._queues:
+            for item in list(queue):
+                self._unqueue(item)
+                self._done_with(item)
+                if not item.future.done():
+                    item.future.set_exception(error)
 
     def _unqueue(self, item: Pending) -> None:
         if item.queued:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
@@ -12,6 +13,8 @@ import numpy as np
 from dlscale.backends import Backend
 from dlscale.backends.base import RequestResult, RequestsBackend
 from dlscale.wire import tracing
+
+log = logging.getLogger("dlscale.serving")
 
 
 class Instance:
@@ -34,6 +37,8 @@ class Instance:
         self.takes_requests = False
         #: Batches of at most this many rows run on the event loop (`Capabilities.inline_rows`).
         self.inline_rows = 0
+        #: Whether its backend's unload stops a running batch (known once loaded).
+        self.stops_batches = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def call(self, func: object, *args: object) -> object:
@@ -48,6 +53,7 @@ class Instance:
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
         self.inline_rows = max(0, capabilities.inline_rows)
+        self.stops_batches = capabilities.stops_batches
         if self.slots > 1:
             old = self._executor
             self._executor = ThreadPoolExecutor(
@@ -86,10 +92,29 @@ class Instance:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, backend.infer_requests, requests)
 
-    async def close(self) -> None:
-        """Unload the backend and stop the thread."""
+    async def close(self, grace_s: float | None = None) -> None:
+        """Unload the backend and stop the thread.
+
+        The unload runs in the instance's thread, after the batch running there. When the
+        backend can stop a batch (`stops_batches`) and that batch outlives `grace_s`, the unload
+        is called at once from another thread: a hung model's worker is killed, and its batch
+        fails. The unload itself (a model's finalize) is never cut short by the grace.
+        """
+        drained = asyncio.ensure_future(self.call(_nothing))
+        if grace_s is not None and self.stops_batches:
+            done, _ = await asyncio.wait([drained], timeout=grace_s)
+            if not done:
+                log.warning(
+                    "instance %s: a batch outlived the unload's grace: stopping it", self.name
+                )
+                await asyncio.to_thread(self.backend.unload)
+        await drained
         await self.call(self.backend.unload)
         self._executor.shutdown(wait=False)
+
+
+def _nothing() -> None:
+    """A call that returns once the instance's thread has finished what came before it."""
 
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:

@@ -122,6 +122,8 @@ class ModelManager:
     def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
         self.repository = repository
         self.gates = gates or DeviceGates()
+        #: An unload's wait for its requests before it stops them (None: no limit).
+        self.grace_s: float | None = None
         self._entries: dict[str, ModelEntry] = {}
         # A lock per name while someone holds or waits for it, and how many do: no name
         # leaves a lock behind (an unload of a name that never existed made one, kept).
@@ -258,10 +260,10 @@ class ModelManager:
             self.required.add(name)
             log.info("model %s: READY (versions %s)", name, sorted(served))
             if previous is not None and previous.versions:
-                await self._retire(previous)
+                await self._retire(previous, self.grace_s)
 
-    async def unload(self, name: str) -> None:
-        """Stop taking requests, finish those in flight, then free the model."""
+    async def unload(self, name: str, grace_s: float | None = None) -> None:
+        """Stop taking requests, finish those in flight within the grace, then free the model."""
         if name not in self._entries:
             raise NotFound(f"unknown model {name!r}")
         async with self._locked(name):
@@ -275,15 +277,15 @@ class ModelManager:
                 )
             self.required.discard(name)
             self._set(name, ModelState.UNLOADING)
-            await self._retire(entry)
+            await self._retire(entry, self.grace_s if grace_s is None else grace_s)
             self._set(name, ModelState.UNAVAILABLE, "unloaded")
 
-    async def close(self) -> None:
-        """Unload everything (server shutdown): in-flight requests finish first, and pipelines
-        go before the models they use (as often as pipelines nest)."""
+    async def close(self, grace_s: float | None = None) -> None:
+        """Unload everything (shutdown): requests finish within the grace; pipelines go first."""
         while loaded := [e.name for e in self.entries() if e.versions]:
             free = [n for n in loaded if not self.pipelines_using(n)]
-            await asyncio.gather(*(self.unload(n) for n in free or loaded), return_exceptions=True)
+            unloads = (self.unload(n, grace_s) for n in free or loaded)
+            await asyncio.gather(*unloads, return_exceptions=True)
             if not free:
                 break
 
@@ -435,9 +437,11 @@ class ModelManager:
                         max(batch.rows, 1), self.gates.clock() - start
                     )
 
-    async def _retire(self, entry: ModelEntry) -> None:
+    async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
         for served in entry.versions.values():
-            await served.runner.close()
+            await served.runner.close(grace_s)
             if served.qos is not None:
                 served.qos.leave()
-            await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)
+            # The batcher waited the grace: a batch still running now is stopped at once.
+            left = None if grace_s is None else 0.0
+            await asyncio.gather(*(i.close(left) for i in served.instances), return_exceptions=True)

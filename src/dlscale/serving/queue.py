@@ -86,7 +86,12 @@ class RequestQueue:
             timeout / 1e6, lambda: callback(*args, timeout)
         )
 
-    async def close(self) -> None:
-        """Refuse new requests; return once every request taken in has left."""
+    async def close(self, grace_s: float | None = None) -> bool:
+        """Refuse new requests; wait until every request taken in has left, at most `grace_s`
+        seconds when given. Whether none is left."""
         self.closing = True
-        await self._idle.wait()
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            return False
+        return True

@@ -56,8 +56,9 @@ class Runner(Protocol):
         """The shutdown's grace is over: what it still holds ends now with `error`."""
         ...
 
-    async def close(self) -> None:
-        """Refuse new requests; return once those it holds have ended."""
+    async def close(self, grace_s: float | None = None) -> None:
+        """Refuse new requests; return once those it holds have ended (or, with `grace_s`, at
+        most that many seconds later, ending those still queued)."""
         ...
 
 
@@ -91,8 +92,8 @@ class BatchRunner:
             if not future.done():
                 future.set_exception(error)
 
-    async def close(self) -> None:
-        await self.batcher.close()
+    async def close(self, grace_s: float | None = None) -> None:
+        await self.batcher.close(grace_s)
 
 
 class PipelineRunner:
@@ -117,7 +118,7 @@ class PipelineRunner:
     def cut(self, error: DlscaleError) -> None:
         """Nothing of its own: its steps' runners are cut."""
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float | None = None) -> None:
         """Nothing of its own: its steps' runners close with their models."""
 
 
@@ -141,8 +142,8 @@ class StreamRunner:
     def cut(self, error: DlscaleError) -> None:
         self.seats.cut()
 
-    async def close(self) -> None:
-        await self.seats.close()
+    async def close(self, grace_s: float | None = None) -> None:
+        await self.seats.close()  # its streams end by the shutdown's cut
 
 
 def seats_of(runner: Runner) -> Seats | None:

@@ -139,9 +139,13 @@ def test_execute_must_answer_every_request(tmp_path: Path) -> None:
     lazy = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     backend = _triton(tmp_path, lazy)
     backend.load()
-    with pytest.raises(UserCodeError, match="expected a list of 2 InferenceResponse"):
-        x = np.zeros((1, 4), np.float32)
-        backend.infer_requests([{"INPUT0": x, "INPUT1": x}] * 2)
+    x = np.zeros((1, 4), np.float32)
+    with pytest.raises(UserCodeError, match="expected a list of 1 InferenceResponse"):
+        backend.infer_requests([{"INPUT0": x, "INPUT1": x}])
+    # In a batch, each request is tried again alone: each gets the error of its own.
+    for result in backend.infer_requests([{"INPUT0": x, "INPUT1": x}] * 2):
+        assert isinstance(result, UserCodeError)
+        assert "expected a list of 1 InferenceResponse" in str(result)
 
 
 def test_a_batch_reaches_execute_as_its_requests_and_errors_stay_apart(tmp_path: Path) -> None:
@@ -197,3 +201,16 @@ def test_models_check_loads_a_python_model_from_its_config(tmp_path: Path) -> No
         np.testing.assert_array_equal(backend.infer({"x": x})["y"], 3 * x)
     finally:
         backend.unload()
+
+
+def test_a_worker_memory_bound_comes_from_config_pbtxt_and_must_be_a_number(
+    tmp_path: Path,
+) -> None:
+    bound = 'parameters { key: "DLSCALE_MAX_WORKER_MEMORY_MB" value: { string_value: "512" } }'
+    folder = write_triton_python_model(tmp_path, "pair", ADD_SUB, triton_config("pair") + bound)
+    config, _ = load_pbtxt(folder / "config.pbtxt", "pair")
+    assert (config.backend_options.model_extra or {})["max_worker_memory_mb"] == 512
+    with pytest.raises(ConfigError, match=r"'backend_options\.max_worker_memory_mb'"):
+        extra = {"isolation": "thread", "max_worker_memory_mb": "lots"}
+        options = BackendOptions(max_batch_size=8, extra=extra, inputs=PAIR, outputs=OUTS)
+        PythonBackend(folder / "1" / "model.py", options).load()

@@ -22,6 +22,7 @@ from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.worker import WorkerRunner
 from dlscale.errors import BackendError, InvalidInput, NotFound
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
+from dlscale.wire.segments import scope_prefix
 
 PAIR = (TensorSpec("INPUT0", Datatype.FP32, (-1, 4)), TensorSpec("INPUT1", Datatype.FP32, (-1, 4)))
 OUTS = (
@@ -31,7 +32,7 @@ OUTS = (
 
 
 def test_numeric_tensors_travel_in_shared_memory_not_in_the_message() -> None:
-    arena, reader = t.Arena(), t.Reader()
+    arena, reader = t.Arena(scope_prefix("test-arena")), t.Reader()
     big = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
     words = np.array([b"a", b"bc"], dtype=object)
     packed = arena.pack([{"big": big, "words": words}, {"empty": np.zeros((0, 3), np.int8)}])

@@ -25,6 +25,7 @@ from dlscale.backends.generative.contract import (
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, api_of, log_failure
 from dlscale.backends.python.native import NativeRunner
+from dlscale.backends.python.outputs import check_outputs
 from dlscale.backends.python.runner import Runner, make_runner
 from dlscale.backends.python.streaming import Channel, relay, streams
 from dlscale.backends.python.triton import TritonRunner
@@ -35,7 +36,9 @@ from dlscale.types import Parameter, TensorSpec
 MODEL_FILE = "model.py"
 ISOLATIONS = ("thread", "process")
 #: The [backend_options] keys this backend reads itself; the others reach the user's code.
-OWN_KEYS = ("isolation", "parameters", "decoupled", "max_num_seqs")
+OWN_KEYS = ("isolation", "parameters", "decoupled", "max_num_seqs", "max_worker_memory_mb")
+#: The default bound on a worker process's resident memory, in MB (worker.py says why RSS).
+MAX_WORKER_MEMORY_MB = 8192
 #: The config.pbtxt parameter that sets `isolation` (models/triton_config.py reads it).
 ISOLATION_PARAMETER = "DLSCALE_ISOLATION"
 #: The tensors that make a decoupled model generative (backends/generative/contract.py).
@@ -52,6 +55,8 @@ class PythonBackend:
         #: Whether it answers with streams (decoupled): then it runs in the server process.
         self.decoupled = streams(path, self.api, options.extra)
         self.isolation = _isolation(path, options.extra, self.api, self.decoupled)
+        #: The model's name (known once loaded), for errors about what its code returned.
+        self.name = path.name
         self._runner: Runner | None = None
         self._streams: ThreadPoolExecutor | None = None  # user code of streams runs here
 
@@ -71,12 +76,14 @@ class PythonBackend:
             _parameters(options.extra),
             self.decoupled,
         )
+        self.name = model.name
+        bound = _memory_bound(self.path, options.extra)  # checked whatever the isolation
         pb.bind_caller(options.caller)  # BLS from initialize or load, in this thread
         try:
             if self.isolation == "process":
                 from dlscale.backends.python.worker import WorkerRunner
 
-                self._runner = WorkerRunner(model, self.api, options.caller)
+                self._runner = WorkerRunner(model, self.api, options.caller, bound)
             else:
                 self._runner = make_runner(model, self.api)
                 if self.decoupled:  # one execute at a time, as a Triton stub process runs it
@@ -98,6 +105,7 @@ class PythonBackend:
             takes_requests=self.api == "triton",
             streams_answers=self.decoupled,
             generates_text=generative,
+            stops_batches=self.isolation == "process",
         )
 
     @property
@@ -116,16 +124,46 @@ class PythonBackend:
         return result
 
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
-        """The batch's requests, each answered apart; a user-code failure fails them all."""
-        if self._runner is None:
+        """The batch's requests, each answered apart, each output checked against the config.
+
+        When user code raises for the whole batch, each request is run again alone, so that
+        only the request that makes it raise fails (Triton's models answer an error per
+        request; one that raises instead would otherwise fail its good neighbours).
+        """
+        runner = self._runner
+        if runner is None:
             raise ConfigError(f"{self.path}: the model is not loaded")
         pb.bind_caller(self.options.caller)  # BLS from this instance thread
         try:
-            return self._runner.run(requests)
+            results = self._run(runner, requests)
+        except UserCodeError:
+            if len(requests) == 1:
+                raise
+            results = [self._alone(runner, request) for request in requests]
+        return [self._checked(i, r) for i, r in zip(requests, results, strict=True)]
+
+    def _run(
+        self, runner: Runner, requests: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[RequestResult]:
+        try:
+            return runner.run(requests)
         except UserCodeError as exc:
-            if self.isolation == "thread":
+            if self.isolation == "thread":  # a worker's failures are logged as they arrive
                 log_failure(exc)
             raise
+
+    def _alone(self, runner: Runner, request: Mapping[str, np.ndarray]) -> RequestResult:
+        try:
+            return self._run(runner, [request])[0]
+        except UserCodeError as exc:
+            return exc
+
+    def _checked(self, inputs: Mapping[str, np.ndarray], result: RequestResult) -> RequestResult:
+        if isinstance(result, DlscaleError):
+            return result
+        batched = self.options.max_batch_size > 0
+        error = check_outputs(self.name, self.options.outputs, batched, inputs, result)
+        return result if error is None else error
 
     def stream(
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
@@ -172,6 +210,16 @@ def _isolation(path: Path, extra: Mapping[str, Any], api: Api, decoupled: bool) 
             f"[backend_options]) or the config.pbtxt parameter {ISOLATION_PARAMETER}"
         )
     return str(value)
+
+
+def _memory_bound(path: Path, extra: Mapping[str, Any]) -> int:
+    value = extra.get("max_worker_memory_mb", MAX_WORKER_MEMORY_MB)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"{path}: field 'backend_options.max_worker_memory_mb': expected a whole number of "
+            f"MB, 0 for no bound; got {value!r}"
+        )
+    return value
 
 
 def _parameters(extra: Mapping[str, Any]) -> dict[str, Any]:

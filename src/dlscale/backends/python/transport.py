@@ -2,13 +2,15 @@
 
 Numeric arrays travel in the sender's shared-memory segment (its `Arena`; the pipe carries only
 their names, dtypes, shapes and offsets), and the receiver copies them out (`Reader`). BYTES
-(object) arrays have no fixed layout and travel pickled.
+(object) arrays have no fixed layout and travel pickled. Segments are named by the server's one
+rule (wire/segments.py), so that no client can register them as regions, and each one this
+process makes or attaches is recorded as the server's (`segments.OWN`) whatever its name.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
@@ -18,6 +20,7 @@ import numpy as np
 from dlscale import errors
 from dlscale.errors import BackendError, DlscaleError
 from dlscale.types import InferenceRequest, InferenceResponse
+from dlscale.wire import segments
 
 Arrays = dict[str, np.ndarray]
 
@@ -50,8 +53,12 @@ class Arena:
     new, larger one (the reader attaches to it by its new name).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str) -> None:
+        #: Names start with it (wire/segments.py): the region registry refuses them, and the
+        #: server removes what a crashed worker left (`segments.sweep`).
+        self.prefix = prefix
         self._shm: shared_memory.SharedMemory | None = None
+        self._identity: segments.Identity | None = None
 
     def pack(self, mappings: Sequence[Mapping[str, np.ndarray]]) -> Packed:
         """Write the numeric arrays of `mappings` into the segment (grown when too small)."""
@@ -83,13 +90,16 @@ class Arena:
         self.close()
         grown = max(size, 1 << 20) * 3 // 2
         self._shm = shared_memory.SharedMemory(
-            f"dlspy_{secrets.token_hex(8)}", create=True, size=grown
+            segments.new_name(self.prefix), create=True, size=grown
         )
+        self._identity = _own(self._shm.name)
         return self._shm
 
     def close(self) -> None:
         """Unlink the segment (the reader's mapping stays valid until it lets go)."""
         shm, self._shm = self._shm, None
+        _disown(self._identity)
+        self._identity = None
         if shm is not None:
             shm.close()
             with contextlib.suppress(FileNotFoundError):
@@ -101,6 +111,7 @@ class Reader:
 
     def __init__(self) -> None:
         self._shm: shared_memory.SharedMemory | None = None
+        self._identity: segments.Identity | None = None
 
     def unpack(self, packed: Packed) -> list[Arrays]:
         """The arrays of a message, copied out of the other side's segment."""
@@ -108,7 +119,10 @@ class Reader:
             return [dict(o) for o in packed.objects]
         if self._shm is None or self._shm.name != packed.segment:
             self.close()
+            if not packed.segment.startswith(segments.RESERVED_PREFIX):
+                raise BackendError(f"a segment outside the server's names: {packed.segment!r}")
             self._shm = shared_memory.SharedMemory(packed.segment)
+            self._identity = _own(self._shm.name)
         buf = self._shm.buf
         out = []
         for slots, inline in zip(packed.slots, packed.objects, strict=True):
@@ -118,14 +132,26 @@ class Reader:
             out.append({**arrays, **inline})
         return out
 
-    def close(self, unlink: bool = False) -> None:
-        """Let go of the segment; `unlink` too when its owner died without doing it."""
+    def close(self) -> None:
+        """Let go of the segment (its owner unlinks it, or the server sweeps a dead worker's)."""
         shm, self._shm = self._shm, None
+        _disown(self._identity)
+        self._identity = None
         if shm is not None:
             shm.close()
-            if unlink:
-                with contextlib.suppress(FileNotFoundError):
-                    shm.unlink()
+
+
+def _own(name: str) -> segments.Identity:
+    """Record a segment this process made or attached as the server's (never a region)."""
+    info = os.stat(segments.SHM_DIR / name, follow_symlinks=False)
+    identity = (info.st_dev, info.st_ino)
+    segments.OWN.add(identity)
+    return identity
+
+
+def _disown(identity: segments.Identity | None) -> None:
+    if identity is not None:
+        segments.OWN.discard(identity)
 
 
 # -- messages -------------------------------------------------------------------------------------

@@ -4,17 +4,22 @@ The server side (`WorkerRunner`) starts the worker with the spawn context, sends
 `Run` with its tensors in shared memory, answers the worker's BLS `Call`s through the server's
 ModelCaller while it waits, and a watchdog thread restarts a worker that died (logged, with
 "restarted"). The batch a worker died in fails with a server error; the next one is computed
-by the new worker.
+by the new worker. A worker over its memory bound is replaced after its batch, and an unload
+that finds a batch still running (its grace is over: a hung model) kills the worker at once;
+the owner sweeps what a dead worker left in shared memory (its names' prefix).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,24 +31,44 @@ from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_fa
 from dlscale.backends.python.runner import make_runner
 from dlscale.errors import BackendError, DlscaleError, Unavailable
 from dlscale.types import InferenceRequest, InferenceResponse
+from dlscale.wire import segments
 
 log = logging.getLogger("dlscale.python")
+#: How often an unload waiting for a running batch kills the worker again (a restart may
+#: have started a new one meanwhile).
+KILL_POLL_S = 0.5
+#: How long a worker asked to stop may take to run the model's finalize before it is killed.
+STOP_TIMEOUT_S = 10.0
 
 
 class WorkerRunner:
-    """A user model loaded in a worker process; restarted by a watchdog when it dies."""
+    """A user model loaded in a worker process; restarted by a watchdog when it dies.
 
-    def __init__(self, model: UserModel, api: Api, caller: ModelCaller | None) -> None:
+    `max_memory_mb` bounds the worker's resident memory: checked after each batch, a worker
+    over it is restarted (0: no bound). Resident memory, not an address-space limit
+    (RLIMIT_AS): numpy, torch and CUDA reserve far more address space than they touch, so an
+    RLIMIT_AS low enough to catch a leak fails healthy models at import or allocation, in
+    their code, where nothing can recover; the resident size counts what the model keeps.
+    """
+
+    def __init__(
+        self, model: UserModel, api: Api, caller: ModelCaller | None, max_memory_mb: int = 0
+    ) -> None:
         self.model = model
         self.api = api
         self.caller = caller
+        self.max_memory_mb = max_memory_mb
         self._context = get_context("spawn")
         self._lock = threading.Lock()  # one batch (or restart) at a time
         self._closing = False
         self._broken = ""  # why no worker runs (a restart failed)
         self._process: Any = None
         self._conn: Connection | None = None
-        self._arena = t.Arena()  # the tensors this side sends
+        # The server's naming rule (wire/segments.py): the registry refuses these segments,
+        # and what a dead worker left under its prefix is swept.
+        scope = f"py{secrets.token_hex(4)}"
+        self._worker_prefix = segments.scope_prefix(f"{scope}w")
+        self._arena = t.Arena(segments.scope_prefix(f"{scope}s"))  # the tensors this side sends
         self._reader = t.Reader()  # the worker's
         self._start()
         self._watchdog = threading.Thread(
@@ -60,7 +85,9 @@ class WorkerRunner:
         """Start a worker and wait until it loaded the model (raises what its load raised)."""
         ours, theirs = self._context.Pipe()
         process = self._context.Process(
-            target=serve, args=(theirs, self.model, self.api), name=f"dlscale-{self.model.name}"
+            target=serve,
+            args=(theirs, self.model, self.api, self._worker_prefix),
+            name=f"dlscale-{self.model.name}",
         )
         process.daemon = True
         process.start()
@@ -90,19 +117,46 @@ class WorkerRunner:
                 raise Unavailable(f"model {self.model.name!r}: no worker process ({self._broken})")
             try:
                 self._conn.send(t.Run(self._arena.pack(requests)))
-                return self._results(self._conn)
+                results = self._results(self._conn)
             except (EOFError, OSError):
-                self._process.join(timeout=5)
-                code = self._process.exitcode
-                log.error(
-                    "model %r: its worker process (pid %s) died with exit code %s during a "
-                    "batch; that batch fails and the worker is restarted",
-                    self.model.name, self._process.pid, code,
-                )  # fmt: skip
-                raise BackendError(
-                    f"model {self.model.name!r}: its worker process died (exit code {code}) "
-                    "while computing this batch; the worker is being restarted"
-                ) from None
+                raise self._died() from None
+            self._bound_memory()
+            return results
+
+    def _died(self) -> DlscaleError:
+        """The error of the batch the worker died (or was killed) in."""
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        if self._closing:
+            return Unavailable(
+                f"model {self.model.name!r}: unloaded while computing this batch (its worker "
+                "process was stopped after the unload's grace)"
+            )
+        log.error(
+            "model %r: its worker process (pid %s) died with exit code %s during a "
+            "batch; that batch fails and the worker is restarted",
+            self.model.name, self._process.pid, code,
+        )  # fmt: skip
+        return BackendError(
+            f"model {self.model.name!r}: its worker process died (exit code {code}) "
+            "while computing this batch; the worker is being restarted"
+        )
+
+    def _bound_memory(self) -> None:
+        """Restart the worker when its resident memory is over the bound (the lock is held)."""
+        if not self.max_memory_mb:
+            return
+        used = _resident_mb(self._process.pid)
+        if used <= self.max_memory_mb:
+            return
+        log.warning(
+            "model %r: worker process (pid %s) holds %d MB, over its bound of %d MB "
+            "(backend option max_worker_memory_mb); restarting it",
+            self.model.name, self._process.pid, used, self.max_memory_mb,
+        )  # fmt: skip
+        process = self._process
+        self._stop_worker()
+        self._restart(process)
 
     def _results(self, conn: Connection) -> list[RequestResult]:
         while True:
@@ -156,7 +210,8 @@ class WorkerRunner:
         )  # fmt: skip
         if self._conn is not None:
             self._conn.close()
-        self._reader.close(unlink=True)  # the dead worker's segment
+        self._reader.close()
+        segments.sweep(self._worker_prefix)  # what the dead worker could not unlink
         self._process = self._conn = None
         try:
             self._start()
@@ -169,21 +224,50 @@ class WorkerRunner:
         )
 
     def close(self) -> None:
-        """Ask the worker to unload the model and exit; kill it if it does not."""
-        with self._lock:
-            self._closing = True
-            process, conn = self._process, self._conn
-            if process is None or conn is None:
-                return
-            with contextlib.suppress(OSError):
-                conn.send(t.Stop())
-            process.join(timeout=10)
-            if process.is_alive():
+        """Ask the worker to unload the model and exit; kill it if it does not.
+
+        Called while a batch still runs (the instance's unload grace is over: a hung model), it
+        kills the worker at once, whatever it holds: the batch fails and the lock comes free.
+        """
+        self._closing = True
+        while not self._lock.acquire(timeout=KILL_POLL_S):
+            process = self._process
+            if process is not None and process.is_alive():
+                log.warning(
+                    "model %r: its worker process (pid %s) is still computing at unload: killed",
+                    self.model.name, process.pid,
+                )  # fmt: skip
                 process.kill()
-                process.join()
-            conn.close()
-            self._reader.close(unlink=True)  # the worker unlinks its own; a killed one cannot
+        try:
+            self._stop_worker()
             self._arena.close()
+        finally:
+            self._lock.release()
+
+    def _stop_worker(self) -> None:
+        """Stop the worker (Stop, then a kill when it lingers) and sweep its segments."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if process is None or conn is None:
+            return
+        with contextlib.suppress(OSError):
+            conn.send(t.Stop())
+        process.join(timeout=STOP_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        conn.close()
+        self._reader.close()
+        segments.sweep(self._worker_prefix)  # the worker unlinks its own; a killed one cannot
+
+
+def _resident_mb(pid: int) -> int:
+    """The resident memory of process `pid`, in MB (0 when it is gone)."""
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
 def _error(info: t.ErrorInfo) -> DlscaleError:
@@ -218,10 +302,11 @@ class _PipeCaller:
         return answer.response
 
 
-def serve(conn: Connection, model: UserModel, api: Api) -> None:
-    """The worker's main: load the model, then compute each batch the server sends."""
+def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
+    """The worker's main: load the model, then compute each batch the server sends; its
+    segments are named under `prefix` (the server's rule, wire/segments.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s [worker] %(message)s")
-    arena, reader = t.Arena(), t.Reader()
+    arena, reader = t.Arena(prefix), t.Reader()
     pb.bind_caller(_PipeCaller(conn, arena, reader))
     try:
         runner = make_runner(model, api)

@@ -14,12 +14,10 @@ own processes over a socketpair, so unpickling trusts its peer as the process tr
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import mmap
 import os
 import pickle
-import secrets
 import socket
 import struct
 import weakref
@@ -30,7 +28,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dlscale.serving.regions.system import SHM_DIR, shm_path
+from dlscale.serving.regions.system import shm_path
+from dlscale.wire import segments
 
 log = logging.getLogger("dlscale.http")
 
@@ -172,7 +171,6 @@ class Segments:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._count = itertools.count()
         #: key -> (first address, size, the segment's array, weakly)
         self._live: dict[str, tuple[int, int, weakref.ref[np.ndarray]]] = {}
         #: Keys dropped since the owner was last told (it unmaps them).
@@ -181,7 +179,7 @@ class Segments:
     def allocate(self, size: int) -> np.ndarray:
         """A new segment of `size` bytes as a writable uint8 array."""
         # A random token makes the name unguessable: no other process can name it in a region.
-        key = f"{self.prefix}{secrets.token_hex(12)}-{next(self._count)}"
+        key = segments.new_name(self.prefix)
         path = shm_path(key)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -229,10 +227,5 @@ class Segments:
             shm_path(key).unlink(missing_ok=True)
 
 
-def sweep(prefix: str) -> int:
-    """Unlink the shared-memory objects whose names start with `prefix`; how many were."""
-    count = 0
-    for path in SHM_DIR.glob(f"{prefix}*"):
-        path.unlink(missing_ok=True)
-        count += 1
-    return count
+#: Unlink the segments under a prefix (what a crashed worker left); the one rule's.
+sweep = segments.sweep

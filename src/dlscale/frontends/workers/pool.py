@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -23,9 +22,9 @@ from dataclasses import dataclass, field, replace
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.plane import Plane
-from dlscale.frontends.workers import messages as ipc
 from dlscale.frontends.workers.host import PlaneHost
 from dlscale.frontends.workers.process import WorkerConfig
+from dlscale.wire import segments
 
 log = logging.getLogger("dlscale.http")
 #: Seconds a worker gets to listen after it started.
@@ -51,7 +50,7 @@ class HttpWorkers:
         self.plane = plane
         self.config = config
         self.count = count
-        self.prefix = f"dlscale.{os.getpid()}.{id(self):x}."
+        self.prefix = segments.scope_prefix(f"http{id(self):x}")
         self.workers: dict[int, _Worker] = {}
         self.restarts = 0
         self._reserved: socket.socket | None = None
@@ -106,7 +105,7 @@ class HttpWorkers:
             await worker.host.serve(calls, requests)
         finally:
             code = await asyncio.to_thread(worker.process.wait)
-            ipc.sweep(f"{self.prefix}{worker.index}.")
+            segments.sweep(f"{self.prefix}{worker.index}.")
         if self._stopping:
             return
         log.error("REST worker %d exited with %s: starting it again", worker.index, code)
@@ -131,7 +130,7 @@ class HttpWorkers:
                     with contextlib.suppress(ProcessLookupError):
                         worker.process.kill()
             await asyncio.gather(*tasks, return_exceptions=True)
-        ipc.sweep(self.prefix)
+        segments.sweep(self.prefix)
         if self._reserved is not None:
             self._reserved.close()
 

@@ -28,6 +28,7 @@ from dlscale.serving.regions import cuda as cuda_memory
 from dlscale.serving.regions.cuda import DeviceRegion
 from dlscale.serving.regions.system import ClientObject, Identity, check_name
 from dlscale.types import Datatype, RegionRef, RegionTensor
+from dlscale.wire import segments
 from dlscale.wire.tensors import (
     REGION_WORDS,
     Form,
@@ -109,8 +110,6 @@ class SharedMemoryRegistry:
         #: The users whose objects may be registered.
         self.owners = owners | {os.geteuid()}
         self._regions: dict[str, _Region] = {}
-        #: The server's own shared-memory objects (`reserve`), never registrable.
-        self._own: set[Identity] = set()
         self._lock = threading.Lock()
         #: The process's file descriptors, shared with the frontends' connections: a system
         #: region holds one open while it is registered.
@@ -127,15 +126,13 @@ class SharedMemoryRegistry:
         """Register `byte_size` bytes at `offset` of the client's object `key` as `name`."""
         self._check_new(name)
         _check_sizes(offset, byte_size)
-        with self._lock:
-            own = set(self._own)
         if self.descriptors is not None and not self.descriptors.acquire():
             raise Unavailable(
                 "the server has no file descriptor left for another shared-memory region; "
                 "unregister some, or try again when connections have closed"
             )
         try:
-            memory = ClientObject(key, offset, byte_size, own, self.owners)
+            memory = ClientObject(key, offset, byte_size, segments.OWN, self.owners)
         except BaseException:
             self._give_back(RegionKind.SYSTEM)
             raise
@@ -151,14 +148,15 @@ class SharedMemoryRegistry:
         self._add(_Region(status, memory))
 
     def reserve(self, identity: Identity) -> None:
-        """Declare a shared-memory object the server made (device, inode): never a region."""
-        with self._lock:
-            self._own.add(identity)
+        """Declare a shared-memory object the server made (device, inode): never a region.
+
+        Kept in the process's one record (wire/segments.py: OWN), which the Python backend's
+        worker segments join too, so that every server object is refused, by any transport."""
+        segments.OWN.add(identity)
 
     def unreserve(self, identity: Identity) -> None:
         """The server is done with an object it reserved (its inode may be reused)."""
-        with self._lock:
-            self._own.discard(identity)
+        segments.OWN.discard(identity)
 
     def _check_new(self, name: str) -> None:
         if not self.enabled:

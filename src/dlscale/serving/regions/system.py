@@ -13,16 +13,15 @@ import mmap
 import os
 import re
 import stat
+from collections.abc import Container
 from pathlib import Path
 
 import numpy as np
 
 from dlscale.errors import InvalidInput, PermissionDenied
+from dlscale.wire.segments import RESERVED_PREFIX, SHM_DIR, Identity
 
-SHM_DIR = Path("/dev/shm")
-#: The server's own shared-memory objects start with this (frontends/workers' body segments);
-#: no client may register a key in it.
-RESERVED_PREFIX = "dlscale."
+__all__ = ["RESERVED_PREFIX", "SHM_DIR", "ClientObject", "Identity", "SystemRegion", "shm_path"]
 #: Region names and keys: printable, no path separators, at most 128 characters.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+\-]{0,127}")
 
@@ -46,10 +45,6 @@ def shm_path(key: str) -> Path:
             "_ . : @ + - (the name given to shm_open)"
         )
     return SHM_DIR / bare
-
-
-#: (device, inode): which object a descriptor or a name leads to, whatever the name.
-Identity = tuple[int, int]
 
 
 class SystemRegion:
@@ -105,7 +100,12 @@ class ClientObject:
     """
 
     def __init__(
-        self, key: str, offset: int, byte_size: int, own: set[Identity], owners: frozenset[int]
+        self,
+        key: str,
+        offset: int,
+        byte_size: int,
+        own: Container[Identity],
+        owners: frozenset[int],
     ) -> None:
         path = shm_path(key)
         if path.name.startswith(RESERVED_PREFIX):
@@ -189,7 +189,7 @@ def _check_object(
     key: str,
     info: os.stat_result,
     window: tuple[int, int],
-    own: set[Identity],
+    own: Container[Identity],
     owners: frozenset[int],
 ) -> None:
     """Refuse what a client may not register (the trust model of docs/shared-memory.md)."""
