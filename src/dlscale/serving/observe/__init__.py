@@ -1,1 +1,7 @@
 """Observation: statistics, Prometheus metrics and exposition, traces and logs."""
+
+# Defaults that `dlscale serve`'s settings share with the modules here live in this light module,
+# so that `dlscale -h` reads them without importing numpy.
+
+#: One in this many requests is traced, unless told otherwise (`--trace-rate`, `trace_rate`).
+TRACE_RATE = 1000
