@@ -47,8 +47,9 @@ STAGES: list[tuple[str, str, tuple[str, ...]]] = [
     ("queue/batch", "dlscale/serving/", ()),
     ("queue/batch", "concurrent/futures/", ()),  # an instance's thread and its answer
     ("queue/batch", "asyncio/futures.py", ()),
-    ("parse", "frontends/rest/connection.py", ("on_url", "on_header", "on_message_begin",
-                                               "on_headers_complete", "_feed")),
+    ("parse", "frontends/rest/reading.py", ("on_url", "on_header", "on_message_begin",
+                                            "on_headers_complete")),
+    ("parse", "frontends/rest/connection.py", ("_feed",)),
     ("parse", "frontends/rest/api.py", ("_route", "_resolve", "_decoded", "_json_object")),
     ("receive", "frontends/rest/", ("get_buffer", "buffer_updated", "_body_in_place",
                                     "on_body", "take", "space", "received", "finish")),

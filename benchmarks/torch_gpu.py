@@ -18,8 +18,9 @@ a bare GPU machine lacks. For resnet50 (UINT8 pixels in, normalized on the GPU) 
 4. loads the first package (resnet50 FP16) in a fresh process with every batch bucket captured;
 5. then the other eager rows (FP16, BF16, TF32) and the same model compiled at load.
 Steps left when --budget runs out are reported as not run. Writes OUT/torch_gpu.json and
-OUT/torch_gpu.md after every row (a run stopped keeps what it measured). A dry run of the
-pipeline on the CPU:
+OUT/torch_gpu.md after every row (a run stopped keeps what it measured); `judge --out OUT`
+judges a saved OUT/torch_gpu.json's rows again, by today's targets. A dry run of the pipeline
+on the CPU:
 
     PYTHONPATH=src python -m benchmarks.torch_gpu --device cpu --batch 8 --seconds 0.2 \
         --reps 1 --packages mlp:fp32 --eager mlp:fp32 --instances 1 --out /tmp/torch_cpu
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.harness.torch_gpu_report import Row, line, markdown, report
+from benchmarks.harness.torch_gpu_report import Row, judge_again, line, markdown, report
 from benchmarks.harness.torch_gpu_runs import (
     images_and_labels,
     pytorch_alone,
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return _package_job(args)
     if args.verb == "load":
         return _load_job(args)
+    if args.verb == "judge":
+        print(judge_again(args.out))
+        return 0
     if args.device != "cpu" and not torch.cuda.is_available():
         print("torch_gpu: no CUDA device (--device cpu runs a dry run)", file=sys.stderr)
         return 2
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("verb", nargs="?", default="run", choices=["run", "package", "load"])
+    p.add_argument("verb", nargs="?", default="run", choices=["run", "package", "load", "judge"])
     p.add_argument("--out", type=Path, default=Path("results/torch_gpu"))
     p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
     p.add_argument("--batch", type=int, default=256)

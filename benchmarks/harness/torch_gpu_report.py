@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,8 +69,32 @@ def report(rows: list[Row], args: argparse.Namespace, seconds: float) -> dict[st
         "targets": TARGETS,
         "mlperf_h100_resnet50_offline": MLPERF_H100_RESNET50,
         "verdicts": verdicts(rows),
-        "rows": [asdict(r) | {"best": r.best} for r in rows],
+        "rows": _saved(rows),
     }
+
+
+def _saved(rows: list[Row]) -> list[dict[str, Any]]:
+    return [asdict(r) | {"best": r.best} for r in rows]
+
+
+def judge_again(out: Path) -> str:
+    """OUT/torch_gpu.json's rows judged by today's targets: the report (.json, .md) rewritten
+    with the new verdicts, and its Markdown returned. The rows are read as they were saved."""
+    path = out / "torch_gpu.json"
+    saved = json.loads(path.read_text())
+    rows = [_row(r) for r in saved["rows"]]
+    data = saved | {"targets": TARGETS, "verdicts": verdicts(rows), "rows": _saved(rows)}
+    path.write_text(json.dumps(data, indent=2))
+    (out / "torch_gpu.md").write_text(markdown(data))
+    return markdown(data)
+
+
+def _row(saved: dict[str, Any]) -> Row:
+    """A Row from its JSON: the instance counts, keys there, are numbers again."""
+    row = Row(**{f.name: saved[f.name] for f in dataclasses.fields(Row) if f.name in saved})
+    row.offline = {int(k): v for k, v in row.offline.items()}
+    row.runs = {int(k): v for k, v in row.runs.items()}
+    return row
 
 
 def verdicts(rows: list[Row]) -> list[str]:

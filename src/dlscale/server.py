@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.errors import DlscaleError
+from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.limits import descriptor_budget
 from dlscale.frontends.loop import freeze_survivors, new_event_loop
@@ -47,7 +48,7 @@ class Frontend(Protocol):
 
     async def start(self) -> None: ...
 
-    async def stop(self, grace_s: float = 10.0) -> None: ...
+    async def stop(self, grace_s: float = GRACE_S) -> None: ...
 
 
 class Server:

@@ -7,26 +7,26 @@ host runs goes through serving, checking and reporting, and that the verdicts re
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-from tests.toolkit.benchmarks import ROOT, run_benchmark
+from tests.toolkit.benchmarks import run_benchmark
 
-# The verdicts are read from the report module in a child, as the script's own process would:
-# tests never import benchmarks/ (DESIGN.md). The figures are the ones the test asserts on.
-VERDICTS = """
-import json
-from benchmarks.harness.torch_gpu_report import TARGETS, Row, verdicts
-fast = Row("resnet50", "package fp16", "package", "fp16", "uint8", offline={1: 30_000.0})
-eight = Row("resnet50", "package fp8", "package", "fp8", "uint8", offline={2: 40_000.0})
-eight.agreement = 0.98
-print(json.dumps({"said": verdicts([fast, eight]), "targets": TARGETS}))
-"""
+#: A saved report, as the script writes it, less what judging does not read: its rows are the
+#: figures the test asserts on (JSON keys are text: the instance counts too).
+SAVED = {
+    "device": "test", "torch": "-", "cuda": None, "batch": 256, "reps": 3,
+    "seconds_per_run": 2.0, "took_s": 1.0,
+    "rows": [
+        {"model": "resnet50", "variant": "package fp16", "kind": "package", "precision": "fp16",
+         "inputs": "uint8", "offline": {"1": 30_000.0}},
+        {"model": "resnet50", "variant": "package fp8", "kind": "package", "precision": "fp8",
+         "inputs": "uint8", "offline": {"2": 40_000.0}, "agreement": 0.98},
+    ],
+}  # fmt: skip
 
 
 def test_the_dry_run_serves_checks_and_reports(tmp_path: Path) -> None:
@@ -47,14 +47,19 @@ def test_the_dry_run_serves_checks_and_reports(tmp_path: Path) -> None:
     assert "| mlp | eager bf16 (fp32 in) |" in markdown and "## Targets" in markdown
 
 
-def test_targets_are_judged_on_what_was_measured() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", VERDICTS], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+def test_targets_are_judged_on_what_was_measured(tmp_path: Path) -> None:
+    # The verdicts of a saved report, judged again as a user does (`torch_gpu judge`): tests run
+    # benchmarks/ as commands and never import it (DESIGN.md).
+    (tmp_path / "torch_gpu.json").write_text(json.dumps(SAVED))
+    done = run_benchmark("torch_gpu", "judge", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    answer = json.loads(done.stdout)
-    said, TARGETS = answer["said"], answer["targets"]
+    answer = json.loads((tmp_path / "torch_gpu.json").read_text())
+    said, TARGETS = answer["verdicts"], answer["targets"]
     assert said[0].startswith("resnet50 FP16 through the batcher: 30,000/s") and "(met)" in said[0]
     assert "not measured in this run" in said[1]  # no bert-base row
     assert "40,000/s" in said[2] and "not met" in said[2]  # 98% agreement < 99%
     assert TARGETS["bert-base"] == 15_600
+    assert [r["best"] for r in answer["rows"]] == [30_000.0, 40_000.0]
+    assert (
+        f"- {said[0]}" in done.stdout and f"- {said[0]}" in (tmp_path / "torch_gpu.md").read_text()
+    )

@@ -5,6 +5,7 @@ import no part of benchmarks/ at all (they run its scripts as `python -m benchma
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,20 @@ def benchmark_imports(path: Path) -> list[tuple[str, int]]:
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names if a.name.split(".")[0] == "benchmarks"]
             found += [(name, node.lineno) for name in names]
+    return found
+
+
+#: An import statement at the start of a line of a string: code a test would run in a child.
+_IMPORT_IN_TEXT = re.compile(r"^\s*(?:from|import)\s+(benchmarks(?:\.\w+)*)", re.MULTILINE)
+
+
+def imports_in_strings(path: Path) -> list[tuple[str, int]]:
+    """(module, line) for every import of benchmarks written in a string of the file: code run
+    in a child (`python -c`) imports what the walk above cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [(m.group(1), node.lineno) for m in _IMPORT_IN_TEXT.finditer(node.value)]
     return found
 
 
@@ -65,6 +80,27 @@ def test_tests_import_nothing_from_benchmarks() -> None:
         for module, line in benchmark_imports(path)
     ]
     assert found == []
+
+
+def test_tests_run_no_benchmarks_code_in_a_child() -> None:
+    # A test runs a script as its user does (`python -m benchmarks.NAME`), never code of it in a
+    # string. This file's own probes are written to files for the walk, not run.
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if path != Path(__file__).resolve()
+        for module, line in imports_in_strings(path)
+    ]
+    assert found == []
+
+
+def test_the_walk_sees_an_import_in_a_string(tmp_path: Path) -> None:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(
+        'CODE = """\nimport json\nfrom benchmarks.harness.torch_gpu_report import TARGETS\n"""\n'
+        'ARGV = ["-m", "benchmarks.torch_gpu", "judge"]  # a command: no import\n'
+    )
+    assert imports_in_strings(probe) == [("benchmarks.harness.torch_gpu_report", 1)]
 
 
 def test_the_walk_sees_a_script_importing_a_script(tmp_path: Path) -> None:

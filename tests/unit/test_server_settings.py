@@ -38,3 +38,22 @@ def test_each_group_checks_its_own_fields() -> None:
         ServerSettings.build(Path("r"), model_control="sometimes")
     files = ServerSettings.build(Path("r"), tls_cert=Path("c"), tls_key=Path("k")).security.tls
     assert files == TlsFiles(Path("c"), Path("k"))
+
+
+def test_the_settings_defaults_are_those_of_the_parts_they_set() -> None:
+    # Each default is written once, where the part that uses it can read it; the settings and
+    # the parts' own defaults (used by code and tests that build a part alone) agree.
+    import inspect
+
+    from dlscale.frontends.grpc.frontend import GrpcFrontend
+    from dlscale.frontends.rest.transport import HttpFrontend
+    from dlscale.frontends.workers.pool import HttpWorkers
+    from dlscale.serving.observe.trace import TraceSettings
+    from dlscale.serving.regions.registry import SharedMemoryRegistry
+
+    settings = ServerSettings(Path("r"))
+    assert settings.observation.trace_rate == TraceSettings().rate
+    assert settings.shared_memory.max_shm_regions == SharedMemoryRegistry().max_regions
+    for frontend in (GrpcFrontend, HttpFrontend, HttpWorkers):
+        grace = inspect.signature(frontend.stop).parameters["grace_s"].default
+        assert settings.lifecycle.grace_s == grace, frontend

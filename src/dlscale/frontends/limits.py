@@ -22,16 +22,35 @@ FD_RESERVE = 128
 
 
 def _limit(default: Any, help: str) -> Any:
-    """A field with its default and the one description the docs and `dlscale serve -h` show."""
-    return field(default=default, metadata={"help": help})
+    """A field with its default and the one description the docs and `dlscale serve -h` show.
+
+    Its flag, `--NAME N` after the field, comes from the generator of every setting group's
+    flags (server_settings/flags.py): the metadata has the shape of server_settings' `setting`.
+    """
+    arg = {"type": type(default), "metavar": "N"}
+    metadata = {"help": help, "flags": (), "convert": None, "arg": arg, "shown": f"{default:,}"}
+    return field(default=default, metadata=metadata)
+
+
+def _in_mib(mib: int, help: str, flag: str) -> Any:
+    """A size in bytes whose flag takes MiB (`--max-body-mb 64`): the flag's default is in MiB."""
+    arg = {"type": float, "default": float(mib)}
+    metadata = {"help": help, "flags": (flag,), "convert": _bytes, "arg": arg, "shown": f"{mib:g}"}
+    return field(default=mib * 2**20, metadata=metadata)
+
+
+def _bytes(mib: float) -> int:
+    return int(mib * 2**20)
 
 
 @dataclass(frozen=True)
 class Limits:
     """What one client may send and hold; a request over a limit gets a 4xx that names it."""
 
-    max_body_bytes: int = _limit(64 * 2**20, "REST body, before and after Content-Encoding (413)")
-    max_grpc_message_bytes: int = _limit(64 * 2**20, "gRPC message, each way (RESOURCE_EXHAUSTED)")
+    #: REST body, before and after Content-Encoding (413).
+    max_body_bytes: int = _in_mib(64, "REST body size limit in MiB", "--max-body-mb")
+    #: gRPC message, each way (RESOURCE_EXHAUSTED).
+    max_grpc_message_bytes: int = _in_mib(64, "gRPC message size limit in MiB", "--max-grpc-mb")
     max_tensor_elements: int = _limit(
         MAX_ELEMENTS, "elements one tensor may declare, whatever its bytes carry (400)"
     )

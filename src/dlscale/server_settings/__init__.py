@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any, Self
 
 from dlscale.errors import ConfigError
+from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import Access, Restriction
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.control.mode import ModelControl
+from dlscale.serving.observe import TRACE_RATE
+from dlscale.serving.regions import MAX_REGIONS
 
 
 def setting(
@@ -137,7 +140,7 @@ class Lifecycle:
     )  # fmt: skip
     #: Requests still running after the grace are answered 503 / UNAVAILABLE.
     grace_s: float = setting(
-        10.0,
+        GRACE_S,
         "seconds requests in flight get at shutdown; then 503 / UNAVAILABLE",
         "--grace-s",
         "--exit-timeout-secs",
@@ -210,7 +213,7 @@ class SharedMemory:
         action="store_true",
     )
     max_shm_regions: int = setting(
-        256, "most shared-memory regions at once", "--max-shm-regions", type=int
+        MAX_REGIONS, "most shared-memory regions at once", "--max-shm-regions", type=int
     )
     #: Users besides the server's own whose shared-memory objects clients may register.
     shm_owner_uids: tuple[int, ...] = setting(
@@ -247,7 +250,7 @@ class Observation:
         "OFF", "trace sampled requests from the start", "--trace-level",
         choices=("OFF", "TIMESTAMPS"),
     )  # fmt: skip
-    trace_rate: int = setting(1000, "trace one in N requests", "--trace-rate", type=int)
+    trace_rate: int = setting(TRACE_RATE, "trace one in N requests", "--trace-rate", type=int)
     telemetry_interval_s: float = 1.0
 
 

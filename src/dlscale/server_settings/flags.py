@@ -1,4 +1,10 @@
-"""`dlscale serve`'s flags, generated from the settings' fields and read back into them."""
+"""`dlscale serve`'s flags, generated from the settings' fields and read back into them.
+
+Every group's fields say what their flag is in their metadata (server_settings' `setting`, and
+frontends/limits.py's fields in the same shape): `help`; `flags` (none: `--NAME` after the
+field); `convert`, from the flag's value to the field's; `arg`, argparse's other arguments, with
+`default` where the flag's unit is not the field's (MiB); `shown`, the default as -h writes it.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import ConfigError
-from dlscale.frontends.limits import Limits
 from dlscale.server_settings import GROUPS, ServerSettings
 from dlscale.server_settings.triton import add_triton_flags
 
 
 def _flagged(kind: type[Any]) -> Iterator[dataclasses.Field[Any]]:
-    return (f for f in dataclasses.fields(kind) if f.metadata.get("flags"))
+    return (f for f in dataclasses.fields(kind) if "flags" in f.metadata)
 
 
 def add_serve_flags(serve: argparse.ArgumentParser) -> None:
@@ -30,51 +35,27 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     )
     for kind, title in GROUPS.values():
         group = serve.add_argument_group(title)
-        if kind is Limits:
-            _add_limit_flags(group)
-            continue
         for item in _flagged(kind):
-            arg = dict(item.metadata["arg"])
-            default: Any = item.default
-            if arg.get("action") == "append":  # argparse appends to a copy of a list
-                default = list(default)
-            shown = str(default).lower() if isinstance(default, bool) else default
-            text = item.metadata["help"]
-            if default not in (None, [], "") and "default" not in text:
-                text = f"{text} (default {shown})"
-            flags = item.metadata["flags"]
-            if arg.get("action", "append") == "append" and not {"choices", "metavar"} & arg.keys():
-                # named as the flag, not as the field
-                arg["metavar"] = flags[0][2:].upper().replace("-", "_")
-            group.add_argument(*flags, dest=item.name, default=default, help=text, **arg)
+            _add_flag(group, item)
     add_triton_flags(serve)
 
 
-def _add_limit_flags(group: argparse._ArgumentGroup) -> None:
-    """One flag per limit, each described once, in dlscale.frontends.limits.Limits."""
-    defaults = Limits()
-    for dest, (name, text) in _MIB_FLAGS.items():
-        mib = getattr(defaults, name) / 2**20
-        group.add_argument(
-            "--" + dest.replace("_", "-"), type=float, default=mib, help=f"{text} (default {mib:g})"
-        )
-    for item in dataclasses.fields(Limits):
-        if item.name in (name for name, _ in _MIB_FLAGS.values()):
-            continue  # set in MiB by the two flags above
-        group.add_argument(
-            "--" + item.name.replace("_", "-"),
-            type=type(item.default),
-            default=None,
-            metavar="N",
-            help=f"{item.metadata['help']} (default {item.default:,})",
-        )
-
-
-#: The Limits set in MiB: the flag's dest -> (the Limits field, the flag's help).
-_MIB_FLAGS = {
-    "max_body_mb": ("max_body_bytes", "REST body size limit in MiB"),
-    "max_grpc_mb": ("max_grpc_message_bytes", "gRPC message size limit in MiB"),
-}
+def _add_flag(group: argparse._ArgumentGroup, item: dataclasses.Field[Any]) -> None:
+    """The flag of one field, as its metadata says (see the module's docstring)."""
+    arg = dict(item.metadata["arg"])
+    default: Any = arg.pop("default", item.default)
+    if arg.get("action") == "append":  # argparse appends to a copy of a list
+        default = list(default)
+    shown = str(default).lower() if isinstance(default, bool) else default
+    shown = item.metadata.get("shown", shown)
+    text = item.metadata["help"]
+    if default not in (None, [], "") and "default" not in text:
+        text = f"{text} (default {shown})"
+    flags = item.metadata["flags"] or ("--" + item.name.replace("_", "-"),)
+    if arg.get("action", "append") == "append" and not {"choices", "metavar"} & arg.keys():
+        # named as the flag, not as the field
+        arg["metavar"] = flags[0][2:].upper().replace("-", "_")
+    group.add_argument(*flags, dest=item.name, default=default, help=text, **arg)
 
 
 def settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -82,7 +63,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     groups: dict[str, Any] = {}
     try:
         for name, (kind, _) in GROUPS.items():
-            groups[name] = _limits_from(args) if kind is Limits else _group_from(kind, args)
+            groups[name] = _group_from(kind, args)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return ServerSettings(repository_from(args), **groups)
@@ -91,22 +72,12 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 def _group_from(kind: type[Any], args: argparse.Namespace) -> Any:
     values = {}
     for item in _flagged(kind):
-        value = getattr(args, item.name, item.default)
+        if not hasattr(args, item.name):
+            continue  # not parsed with these flags: the field's default
+        value = getattr(args, item.name)
         convert = item.metadata["convert"]
         values[item.name] = convert(value) if convert is not None else value
     return kind(**values)
-
-
-def _limits_from(args: argparse.Namespace) -> Limits:
-    given = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(Limits)
-        if getattr(args, f.name, None) is not None
-    }
-    for dest, (name, _) in _MIB_FLAGS.items():
-        if getattr(args, dest, None) is not None:
-            given[name] = int(getattr(args, dest) * 2**20)
-    return Limits(**given)
 
 
 #: Files that make a folder a model (its configuration), not a repository.

@@ -29,6 +29,17 @@ def test_every_limit_is_documented_with_its_flag_and_default() -> None:
         assert f"| {default:,} |" in rows[f"`{flag}`"], (flag, default)
 
 
+@pytest.mark.parametrize("item", dataclasses.fields(Limits), ids=lambda f: f.name)
+def test_every_limit_is_set_by_its_flag(item: dataclasses.Field[int | float]) -> None:
+    # The flags come from the one generator of every setting group's flags: a new limit gets its
+    # flag from its field, and the sizes in MiB are read back in bytes.
+    flag = IN_MIB.get(item.name, "--" + item.name.replace("_", "-"))
+    given = 3 if item.name in IN_MIB else item.default + 1
+    limits = settings_from(parse(["serve", "repo", flag, str(given)])).limits
+    assert getattr(limits, item.name) == (given * 2**20 if item.name in IN_MIB else given)
+    assert limits == Limits(**{item.name: getattr(limits, item.name)})  # the others unchanged
+
+
 def test_serve_flags_become_the_settings() -> None:
     args = parse(
         [

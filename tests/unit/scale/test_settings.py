@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.cli import LazyHandler, parse
+from dlscale.cli import parse
+from dlscale.cli_verbs import LazyHandler
 from dlscale.errors import ConfigError
 from dlscale.scale.settings import ScaleSettings, parse_autoscale
 

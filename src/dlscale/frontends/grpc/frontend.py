@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 
 from dlscale.errors import DlscaleError
+from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.grpc.guard import Guard
 from dlscale.frontends.grpc.servicer import InferenceServicer
@@ -98,7 +99,7 @@ class GrpcFrontend:
         self._server = server
         self._port = port
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = GRACE_S) -> None:
         """Refuse new calls, give those in flight up to grace_s to finish, then close."""
         if self._server is not None:
             await self._server.stop(grace_s)

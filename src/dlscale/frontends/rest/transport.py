@@ -15,6 +15,7 @@ import logging
 import ssl
 
 from dlscale.errors import DlscaleError
+from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import DescriptorBudget, Limits, connection_cap, descriptor_budget
 from dlscale.frontends.plane import Plane
@@ -91,7 +92,7 @@ class HttpFrontend:
             raise RuntimeError("the HTTP frontend is not started")
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = GRACE_S) -> None:
         """Stop accepting; answer what was received; close; cut what outlasts `grace_s` with 503."""
         if self._server is None:
             return

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from dlscale.errors import DlscaleError
+from dlscale.frontends import GRACE_S
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.workers.host import PlaneHost
 from dlscale.frontends.workers.process import WorkerConfig
@@ -114,7 +115,7 @@ class HttpWorkers:
         if not self._stopping:
             self._spawn(worker.index)
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = GRACE_S) -> None:
         """SIGTERM every worker; each finishes its requests within `grace_s`; kill the late."""
         self._stopping = True
         workers = list(self.workers.values())

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import ConfigError, InvalidInput
+from dlscale.serving.observe import TRACE_RATE
 from dlscale.serving.observe.stats import RequestTimes
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class TraceSettings:
     """One scope's settings: the level is OFF or TIMESTAMPS; count -1 means no limit."""
 
     level: str = "OFF"
-    rate: int = 1000
+    rate: int = TRACE_RATE
     count: int = -1
     log_frequency: int = 0
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from dlscale.errors import InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.serving.regions import MAX_REGIONS
 from dlscale.serving.regions import cuda as cuda_memory
 from dlscale.serving.regions.cuda import DeviceRegion
 from dlscale.serving.regions.system import ClientObject, Identity, check_name
@@ -97,7 +98,7 @@ class SharedMemoryRegistry:
     def __init__(
         self,
         enabled: bool = False,
-        max_regions: int = 256,
+        max_regions: int = MAX_REGIONS,
         page_lock: bool = False,
         owners: frozenset[int] = frozenset(),
         descriptors: Descriptors | None = None,

@@ -1,0 +1,58 @@
+"""`dlscale zoo`, `models`, `run` and `demo`: their arguments (handlers: dlscale.models, demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlscale.cli_verbs import LazyHandler, SubParsers
+
+
+def add_verbs(sub: SubParsers) -> None:
+    """zoo, models and run."""
+    zoo = sub.add_parser("zoo", help="build the built-in models").add_subparsers(
+        dest="zoo_verb", metavar="ZOO_VERB", required=True
+    )
+    build = zoo.add_parser("build", help="build zoo models into a model repository")
+    build.add_argument("dir", type=Path, help="repository folder to write")
+    build.add_argument("--models", default="", help="comma-separated names (default: all)")
+    build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
+    build.set_defaults(func=LazyHandler("dlscale.models.commands", "zoo_build"))
+    listing = zoo.add_parser("list", help="every zoo model: task, tensors, size when built")
+    listing.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
+    listing.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_list"))
+    images = zoo.add_parser("images", help="write the synthetic JPEG set to a folder")
+    images.add_argument("--out", type=Path, required=True, help="folder to write the JPEGs to")
+    images.add_argument("--count", type=int, default=100, help="how many images")
+    images.add_argument("--seed", type=int, default=0, help="the set's seed")
+    images.add_argument("--size", default="500x375", help="WIDTHxHEIGHT in pixels")
+    images.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_images"))
+
+    models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
+        dest="models_verb", metavar="MODELS_VERB", required=True
+    )
+    check = models.add_parser("check", help="validate every model's config and files")
+    check.add_argument("dir", type=Path, help="model repository")
+    check.add_argument("--load", action="store_true", help="also load each model's runtime")
+    check.set_defaults(func=LazyHandler("dlscale.models.commands", "models_check"))
+    convert = models.add_parser(
+        "convert", help="write config.toml for models configured by config.pbtxt or MLServer"
+    )
+    convert.add_argument("dir", type=Path, help="model repository")
+    convert.add_argument("models", nargs="*", help="model names (default: every model)")
+    convert.add_argument("--dry-run", action="store_true", help="print the TOML, write nothing")
+    convert.set_defaults(func=LazyHandler("dlscale.models.commands", "models_convert"))
+
+    run = sub.add_parser("run", help="in-process latency and throughput of one model")
+    run.add_argument("dir", type=Path, help="model repository")
+    run.add_argument("model", help="model name")
+    run.add_argument("--batch", type=int, default=32, help="batch size for throughput")
+    run.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
+    run.set_defaults(func=LazyHandler("dlscale.models.commands", "run"))
+
+
+def add_demo(sub: SubParsers) -> None:
+    """demo: builds the zoo and shows what dlscale does with it."""
+    demo = sub.add_parser("demo", help="build the zoo and show what dlscale does with it")
+    demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
+    demo.add_argument("--quick", action="store_true", help="small models only")
+    demo.set_defaults(func=LazyHandler("dlscale.demo", "demo"))

@@ -1,0 +1,217 @@
+"""Reading one HTTP/1.1 request of a REST connection: httptools' callbacks, which hold the
+request to the client limits (request target, header lines, head, body; frontends/limits.py),
+find its body a buffer and queue it, once read in full, for the connection to answer.
+
+`RequestReader` is the part of `Connection` (connection.py) that these callbacks make up; the
+connection's `__init__` sets the state declared here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import typing
+
+import httptools
+
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
+from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
+from dlscale.frontends.rest.framing import Pending
+from dlscale.wire.tensors import Buffer
+
+_HEADER_OVERHEAD = 4  # bytes counted for a header line's separators (": " and CRLF)
+
+
+class _Phase(enum.Enum):
+    """Where a connection is in reading a request; the timeouts apply to HEAD and BODY."""
+
+    IDLE = "idle"
+    HEAD = "head"
+    BODY = "body"
+
+
+class BodyOwner(typing.Protocol):
+    """What reading a request needs of the frontend: body buffers, and memory reserved for them."""
+
+    bodies: BodyBuffers
+
+    def reserve(self, size: int) -> bool: ...
+
+    def release(self, size: int) -> None: ...
+
+
+class RequestReader:
+    """httptools' callbacks for one connection: each request is read within the limits, then
+    queued with `_enqueue`; a request over a limit raises `_Refused` with `_refusal` set."""
+
+    frontend: BodyOwner
+    api: RestApi
+    parser: httptools.HttpRequestParser
+    transport: asyncio.Transport | None
+    limits: Limits
+    last_active: float
+    _phase: _Phase
+    _phase_since: float
+    _head_seen: int
+    _url: list[bytes]
+    _url_size: int
+    _head_size: int
+    _headers: dict[str, str]
+    _header_lines: int
+    _method: str
+    _path: str
+    _keep_alive: bool
+    _early: RestResponse | None
+    _body: Body | None
+    _body_size: int
+    _reserved: int
+    _requests: int
+    _refusal: RestResponse | None
+    _queue: collections.deque[Pending]
+    _done: bool
+
+    def _enqueue(self, message: Pending) -> None:
+        """Queue a request read in full; the connection answers its requests in order."""
+        raise NotImplementedError
+
+    def on_message_begin(self) -> None:
+        self._enter(_Phase.HEAD)
+        self._head_seen = 0
+        self._url = []
+        self._url_size = 0
+        self._head_size = 0
+        self._headers = {}
+        self._header_lines = 0
+        self._body = None
+        self._body_size = 0
+        self._early = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url_size += len(url)
+        if self._url_size > self.limits.max_url_bytes:
+            self._refusal = error_response(
+                414,
+                f"the request target exceeds the limit of {self.limits.max_url_bytes} bytes "
+                "(max_url_bytes)",
+            )
+            raise _Refused
+        self._url.append(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value)
+        self._header_lines += 1
+        self._head_size += size + _HEADER_OVERHEAD
+        limits = self.limits
+        if size > limits.max_header_bytes:
+            shown = name[:64].decode("latin-1")
+            self._refusal = error_response(
+                431,
+                f"header {shown!r} is {size} bytes, above the limit of {limits.max_header_bytes} "
+                "bytes per header line (max_header_bytes)",
+            )
+            raise _Refused
+        if self._header_lines > limits.max_headers:
+            self._refusal = error_response(
+                431, f"more than {limits.max_headers} header lines (max_headers)"
+            )
+            raise _Refused
+        if self._head_size + self._url_size > limits.max_head_bytes:
+            self._refusal = self._head_too_large()
+            raise _Refused
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def _head_too_large(self) -> RestResponse:
+        return error_response(
+            431,
+            f"the request head exceeds the limit of {self.limits.max_head_bytes} bytes "
+            "(max_head_bytes)",
+        )
+
+    def on_headers_complete(self) -> None:
+        self._enter(_Phase.BODY)
+        length = self._headers.get("content-length")
+        limit = self.limits.max_body_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            # Refused before the body is read: the connection closes after this answer.
+            self._refusal = error_response(
+                413, f"the request body of {length} bytes exceeds the limit of {limit} bytes"
+            )
+            raise _Refused
+        # Known now, and needed after a body read in place (when a new parser holds no request).
+        self._method = self.parser.get_method().decode("ascii")
+        self._path = b"".join(self._url).decode("latin-1")
+        self._keep_alive = self.parser.should_keep_alive()
+        early = self.api.refusal_before_body(self._method, self._path, self._headers)
+        if early is not None:
+            self._refuse_before_body(early, length)
+            return
+        if self._headers.get("expect", "").lower() == "100-continue" and not self._queue:
+            assert self.transport is not None
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        declared = (
+            length is not None and length.isdigit() and "transfer-encoding" not in self._headers
+        )
+        if declared and self.frontend.reserve(int(length or 0)):
+            # A buffer of the declared size before the bytes came: reserved within a bound, so
+            # that clients declaring bodies they never send cannot make the server hold memory.
+            self._reserved = int(length or 0)
+            self._body = Body.declared(self.frontend.bodies, self._reserved)
+        else:
+            self._body = Body.chunked()
+
+    def _refuse_before_body(self, answer: RestResponse, length: str | None) -> None:
+        # A small body of known length is skipped as it passes and the connection kept; a
+        # large or unknown one is not waited for: answered now, and the connection closes.
+        small = length is not None and length.isdigit() and int(length) <= HEAD_READ
+        if small and "transfer-encoding" not in self._headers:
+            self._early = answer
+            return
+        self._refusal = answer
+        raise _Refused
+
+    def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > self.limits.max_body_bytes:
+            self._refusal = error_response(
+                413, f"the request body exceeds the limit of {self.limits.max_body_bytes} bytes"
+            )
+            raise _Refused
+        if self._early is not None:
+            return  # refused already: its bytes are dropped as they pass
+        assert self._body is not None
+        self._body.add(body)
+
+    def on_message_complete(self) -> None:
+        self._enter(_Phase.IDLE)
+        if self._done:
+            return  # pipelined behind the connection's last request: left unanswered, as closed
+        body: Buffer = b""
+        if self._body is not None:
+            body = self._body.finish()
+            self._body = None
+        self._release()
+        keep_alive = self._keep_alive
+        self._requests += 1
+        most = self.limits.max_keep_alive_requests
+        if most and self._requests >= most:
+            keep_alive = False  # answered with "connection: close"; the client opens another
+            self._done = True
+        message = Pending(self._method, self._path, self._headers, body, keep_alive)
+        message.answer = self._early
+        self._enqueue(message)
+
+    def _release(self) -> None:
+        if self._reserved:
+            self.frontend.release(self._reserved)
+            self._reserved = 0
+
+    def _enter(self, phase: _Phase) -> None:
+        # Parser callbacks run inside buffer_updated, which has just read the clock.
+        self._phase = phase
+        self._phase_since = self.last_active
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that is refused."""
