@@ -200,6 +200,25 @@ class ServerMetadata:
     extensions: tuple[str, ...]
 
 
+class ModelKind(enum.StrEnum):
+    """How a model answers a request: the one place its kind is decided is its runner."""
+
+    #: One answer of tensors, computed in batches.
+    TENSORS = "tensors"
+    #: One answer of tensors, computed by a pipeline of other models.
+    PIPELINE = "pipeline"
+    #: 0..N answers per request (Triton's decoupled models).
+    STREAMS = "streams"
+    #: A stream by the generative contract (text in, text out): the OpenAI routes serve it, and a
+    #: unary request gets the stream joined.
+    GENERATIVE = "generative"
+
+    @property
+    def streams(self) -> bool:
+        """Whether a request gets its answers as a stream."""
+        return self in (ModelKind.STREAMS, ModelKind.GENERATIVE)
+
+
 @dataclass(frozen=True)
 class ModelMetadata:
     """A model's versions, platform and signature (shapes include the batch dim as -1)."""
@@ -209,6 +228,8 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    #: How it answers, decided once when it loads (dlscale's; the protocol's metadata omits it).
+    kind: ModelKind = ModelKind.TENSORS
 
 
 class InstanceKind(enum.StrEnum):

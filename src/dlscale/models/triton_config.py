@@ -134,6 +134,9 @@ def convert(
                 data["backend_options"]["max_worker_memory_mb"] = (
                     int(bound) if bound.isdigit() else bound  # the backend refuses a non-number
                 )
+    if message.model_transaction_policy.decoupled and data.get("backend") == "python":
+        # Read here once: the backend takes it from its options, as a config.toml gives it.
+        data.setdefault("backend_options", {})["decoupled"] = True
     return parse_config(data, source), _ignored(message)
 
 

@@ -158,6 +158,7 @@ class DataPlane:
             platform=served.config.platform_name,
             inputs=tuple(served.inputs),
             outputs=tuple(served.outputs),
+            kind=served.runner.kind,
         )
 
     def model_config(self, name: str, version: str = "") -> ModelConfigView:
@@ -228,7 +229,7 @@ class DataPlane:
         check_schedule_parameters(request.parameters)
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
-        if served.runner.streams:  # one answer only if generative
+        if served.runner.kind.streams:  # one answer only if generative
             return await joined(served, request)
         trace = self.tracer.start(served.version.name, served.version.version, request.id)
         regions = RequestRegions.of(self.shared_memory, request)

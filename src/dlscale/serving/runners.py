@@ -19,7 +19,7 @@ from dlscale.serving.batcher import Batcher, Tensors
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.pipeline import Pipeline, Serve
 from dlscale.serving.seats import Seats
-from dlscale.types import InferenceRequest
+from dlscale.types import InferenceRequest, ModelKind
 
 
 @dataclass
@@ -36,8 +36,8 @@ class Submission:
 class Runner(Protocol):
     """The calls the core makes of one served version."""
 
-    #: Whether a request gets 0..N responses (Triton's decoupled models): `Seats` hold them.
-    streams: bool
+    #: How the model answers (its metadata carries it to the frontends).
+    kind: ModelKind
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -65,7 +65,7 @@ class Runner(Protocol):
 class BatchRunner:
     """Batched tensors: a request joins a batch of its model's `Batcher`."""
 
-    streams = False
+    kind = ModelKind.TENSORS
     models: tuple[str, ...] = ()
 
     def __init__(self, batcher: Batcher) -> None:
@@ -99,7 +99,7 @@ class BatchRunner:
 class PipelineRunner:
     """A pipeline: each step goes back through the DataPlane to its own model's runner."""
 
-    streams = False
+    kind = ModelKind.PIPELINE
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
@@ -125,11 +125,11 @@ class PipelineRunner:
 class StreamRunner:
     """A model that streams its answers: its `Seats`, and streams.py's path through them."""
 
-    streams = True
     models: tuple[str, ...] = ()
 
     def __init__(self, seats: Seats) -> None:
         self.seats = seats
+        self.kind = ModelKind.GENERATIVE if seats.generative else ModelKind.STREAMS
 
     def refuse_early(self) -> DlscaleError | None:
         return self.seats.refuse_early()

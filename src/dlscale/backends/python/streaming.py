@@ -20,37 +20,24 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
-
 from dlscale.backends.base import StreamPart
 from dlscale.backends.python.loader import NATIVE_CLASS, Api
 from dlscale.errors import BackendError, ConfigError, DlscaleError
-from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 #: The method of a dlscale `Model` that makes it stream.
 STREAM_METHOD = "stream"
 
 
 def streams(path: Path, api: Api, extra: Mapping[str, Any]) -> bool:
-    """Whether the model.py at `path` answers with streams (see the module's docstring)."""
+    """Whether the model.py at `path` answers with streams (see the module's docstring): a
+    native model that defines `stream`, a Triton model whose config says it is decoupled
+    (config.pbtxt's `model_transaction_policy`, read into `backend_options.decoupled`)."""
     if api == "native":
         return _defines_stream(path)
-    flag = extra.get("decoupled")
-    if flag is not None:
-        if not isinstance(flag, bool):
-            raise ConfigError(
-                f"field 'backend_options.decoupled': expected true or false, {flag!r}"
-            )
-        return flag
-    folder = path.parent.parent if path.parent.name.isdigit() else path.parent
-    config = folder / "config.pbtxt"
-    if not config.is_file():
-        return False
-    try:
-        message = text_format.Parse(config.read_text(), pb.ModelConfig())
-    except (text_format.ParseError, OSError, UnicodeDecodeError):
-        return False  # the repository's own reading of the file says what is wrong
-    return bool(message.model_transaction_policy.decoupled)
+    flag = extra.get("decoupled", False)
+    if not isinstance(flag, bool):
+        raise ConfigError(f"field 'backend_options.decoupled': expected true or false, {flag!r}")
+    return flag
 
 
 def _defines_stream(path: Path) -> bool:

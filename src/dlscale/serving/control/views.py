@@ -37,7 +37,7 @@ def config_view(served: ServedVersion) -> ModelConfigView:
         parameters={k: str(v) for k, v in config.metadata.items()},
         label_files={t.name: t.label_file for t in config.outputs or () if t.label_file},
         default_model_filename=served.version.model_file.name,
-        decoupled=served.runner.streams,
+        decoupled=served.runner.kind.streams,
         response_cache=config.response_cache,
     )
 

@@ -29,8 +29,7 @@ from dlscale.frontends.rest.openai.errors import error_document, status_and_docu
 from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
-from dlscale.types import InferenceResponse, ModelMetadata
-from dlscale.wire.generative import TEXT_INPUT, TEXT_OUTPUT
+from dlscale.types import InferenceResponse, ModelKind
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -108,7 +107,7 @@ class OpenAIApi:
         None for any other model or one that went away meanwhile."""
         try:
             metadata = await answer(self.plane.model_metadata, name)
-            if not _generative(metadata):
+            if metadata.kind is not ModelKind.GENERATIVE:
                 return None
             parameters = (await answer(self.plane.model_config, name)).parameters
         except DlscaleError:
@@ -205,13 +204,6 @@ async def _next(responses: AsyncIterator[InferenceResponse]) -> InferenceRespons
         return await anext(responses)
     except StopAsyncIteration:
         return None
-
-
-def _generative(metadata: ModelMetadata) -> bool:
-    """Whether a model has the generative contract's signature (text in, text out)."""
-    return any(t.name == TEXT_INPUT for t in metadata.inputs) and any(
-        t.name == TEXT_OUTPUT for t in metadata.outputs
-    )
 
 
 def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> RestResponse:
