@@ -70,6 +70,10 @@ class Batcher:
         self._arrival = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
+        #: Why new requests are refused once closing (a dead backend names its cause).
+        self._refusal: DlscaleError = Unavailable(
+            "the model is unloading and takes no new requests"
+        )
         self._idle = asyncio.Event()
         self._idle.set()
         self._scheduler: asyncio.Task[None] | None = None
@@ -113,7 +117,7 @@ class Batcher:
         given, receives the queue and compute timestamps of the request.
         """
         if self._closing:
-            raise Unavailable("the model is unloading and takes no new requests")
+            raise self._refusal
         level = self.policy.level_of(priority)
         limit = self.policy.batching.max_queue_size
         if limit and self._queued >= limit:
@@ -146,6 +150,16 @@ class Batcher:
         self._arrival.set()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
+
+    def fail(self, error: DlscaleError) -> None:
+        """Its model can serve no more: refuse new requests and fail the queued ones at once
+        with `error` (batches running end by their own outcome); `close` still follows."""
+        self._closing = True
+        self._refusal = error
+        for queue in self._queues:
+            for item in list(queue):
+                if not item.future.done():
+                    item.future.set_exception(error)
 
     async def close(self) -> None:
         """Refuse new requests, let queued and running ones finish, then stop scheduling."""

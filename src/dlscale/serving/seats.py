@@ -71,6 +71,10 @@ class Seats:
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
         self._closing = False
+        #: Why new requests are refused once closing (a dead engine names its cause).
+        self._refusal: DlscaleError = Unavailable(
+            "the model is unloading and takes no new requests"
+        )
         self._idle = asyncio.Event()
         self._idle.set()
         #: The tasks of the streams in flight or waiting (cancelled at the shutdown's cut).
@@ -108,7 +112,7 @@ class Seats:
         `leave` once it returns.
         """
         if self._closing:
-            raise Unavailable("the model is unloading and takes no new requests")
+            raise self._refusal
         level = self.policy.level_of(priority)
         limit = self.policy.batching.max_queue_size
         full = self.running >= self.capacity or self.waiting > 0
@@ -182,6 +186,15 @@ class Seats:
         """The shutdown's grace is over: every stream still in flight or waiting is ended."""
         for task in list(self.tasks):
             task.cancel()
+
+    def fail(self, error: DlscaleError) -> None:
+        """Its engine can serve no more: refuse new requests and fail those waiting for a seat
+        at once with `error` (the engine fails the sequences it holds); `close` still follows."""
+        self._closing = True
+        self._refusal = error
+        for waiter in self._queue:
+            if not waiter.seat.done():
+                waiter.seat.set_exception(error)
 
     async def close(self) -> None:
         """Refuse new requests; wait until the sequences in flight and those waiting end."""
