@@ -21,7 +21,7 @@ from dlscale.serving.caller import InferCall, ServerCaller
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
-from dlscale.serving.pipeline import Pipeline
+from dlscale.serving.pipeline import Pipeline, check_nesting
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
@@ -298,12 +298,16 @@ class ModelManager:
             )
         for model in wanted:
             if model not in self.ready_names():
+                if self._is_pipeline(model):  # refused before loading deeper: bounded recursion
+                    check_nesting((*chain, model))
                 try:
                     await self._load(model, None, None, chain)
                 except DlscaleError as exc:
+                    # The cause only, not each nested pipeline's words for it again.
+                    cause = _root_cause(exc)
                     raise ConfigError(
-                        f"pipeline {pipeline!r}: its step model {model!r} failed to load: {exc}"
-                    ) from exc
+                        f"pipeline {pipeline!r}: its step model {model!r} failed to load: {cause}"
+                    ) from cause
 
     def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
         """A pipeline version: checked against its loaded step models; no instance, no batcher."""
@@ -418,3 +422,10 @@ class ModelManager:
             if served.qos is not None:
                 served.qos.leave()
             await asyncio.gather(*(i.close() for i in served.instances), return_exceptions=True)
+
+
+def _root_cause(error: DlscaleError) -> DlscaleError:
+    """The innermost DlscaleError a chain of wrapped errors comes from."""
+    while isinstance(error.__cause__, DlscaleError):
+        error = error.__cause__
+    return error
