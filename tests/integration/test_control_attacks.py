@@ -27,6 +27,7 @@ from tritonclient.grpc import service_pb2
 
 from dlscale.frontends.access import Restriction
 from dlscale.serving.classification import MAX_LABEL_BYTES
+from dlscale.serving.observe.trace import MAX_TRACE_FILES
 from dlscale.serving.pipeline import MAX_NESTING
 
 LOAD = "/v2/repository/models/classifier/load"
@@ -385,3 +386,22 @@ def test_pipelines_nested_beyond_the_limit_are_refused_at_load(tmp_path: Path) -
         assert index[deepest]["state"] == "READY"
         doc = {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [1.0] * 4}]}
         assert client.post(f"/v2/models/{deepest}/infer", json=doc).status_code == 200
+
+
+def test_a_trace_file_per_request_stays_within_a_bounded_number_of_files(
+    root: Path, tmp_path: Path
+) -> None:
+    # Issue 33: `log_frequency 1` from any client wrote one more file for each request.
+    trace_file = tmp_path / "trace.json"
+    with (
+        serving(root, trace_file=trace_file) as running,
+        httpx.Client(base_url=f"http://{running.http_url}", timeout=60) as client,
+    ):
+        every = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1"}
+        assert client.post("/v2/trace/setting", json=every).status_code == 200
+        for _ in range(MAX_TRACE_FILES + 16):
+            _still_serving(client)
+        running.dataplane.tracer.wait()
+        written = sorted(tmp_path.glob("trace.json.*"))
+        assert 0 < len(written) <= MAX_TRACE_FILES
+        assert all(json.loads(path.read_text()) for path in written)
