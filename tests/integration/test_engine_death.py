@@ -9,6 +9,7 @@ once (503, naming the cause) rather than wait for its timeout, and the other mod
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -45,7 +46,9 @@ def generate(http: httpx.Client, model: str, prompt: str) -> httpx.Response:
     return http.post(f"/v2/models/{model}/generate", json=body)
 
 
-def test_a_dead_engine_makes_its_model_unavailable_with_the_cause(server: LocalServer) -> None:
+def test_a_dead_engine_makes_its_model_unavailable_with_the_cause(
+    server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
     # A safety net only: the engine's death must be reported long before this.
     with httpx.Client(base_url=f"http://{server.http_url}", timeout=120) as http:
         assert http.get(f"/v2/models/{STARVED}/ready").status_code == 200
@@ -54,9 +57,10 @@ def test_a_dead_engine_makes_its_model_unavailable_with_the_cause(server: LocalS
         assert CAUSE in killing.json()["error"]
 
         index = {m["name"]: m for m in http.post("/v2/repository/index").json()}
-        for _ in range(200):  # the report reaches the event loop from the engine's thread
+        for _ in range(600):  # the report reaches the event loop from the engine's threads
             if index[STARVED]["state"] != "READY":
                 break
+            time.sleep(0.05)  # a safety net of 30 s, not a timing figure
             index = {m["name"]: m for m in http.post("/v2/repository/index").json()}
         assert index[STARVED]["state"] == "UNAVAILABLE"
         assert CAUSE in index[STARVED]["reason"]
@@ -65,6 +69,9 @@ def test_a_dead_engine_makes_its_model_unavailable_with_the_cause(server: LocalS
         refused = generate(http, STARVED, "hello")  # at once: no engine, no wait
         assert refused.status_code == 503
         assert CAUSE in refused.json()["error"]
+
+        died = [r for r in caplog.records if r.levelname == "ERROR" and STARVED in r.getMessage()]
+        assert any(CAUSE in r.getMessage() for r in died)  # the log names model and cause
 
         healthy = generate(http, HEALTHY, "hello")
         assert healthy.status_code == 200, healthy.text

@@ -259,16 +259,20 @@ class Engine:
                 if sink is not None and output.is_finished():
                     del self._sinks[output.request_id]
             if sink is not None:
-                failed = output.status == RequestStatus.FAILED
-                sink((failed and self._death()) or output)
+                sink(self._death(output) or output)
         self._ended()
 
-    def _death(self) -> Unavailable | None:
-        """The engine's death as a sequence's error, once its thread failed (None before):
-        transformers fails every sequence it holds with the cause, which is the engine's and
-        not the request's, so it reaches the client as UNAVAILABLE naming the cause."""
-        reason = self.manager.failure()
-        return Unavailable(f"the transformers engine died: {reason}") if reason else None
+    def _death(self, output: GenerationOutput) -> Unavailable | None:
+        """A failed sequence's error when the engine is dying (None otherwise): transformers
+        asks its loop for a hard stop, then fails every sequence it holds with the cause (and
+        only then records it), which is the engine's and not the request's, so it reaches the
+        client as UNAVAILABLE naming the cause. A stop we asked for (close) is no death."""
+        if output.status != RequestStatus.FAILED or self._closed.is_set():
+            return None
+        status = self.manager.background_thread_status
+        if status.fatal_error is None and status.local_status < status.HARD_STOP:
+            return None  # this sequence's own failure: the engine goes on
+        return Unavailable(f"the transformers engine died: {output.error or 'it stopped'}")
 
     def _ended(self) -> None:
         """The generation thread ended: no sequence left will finish. Unless we stopped it,
