@@ -19,12 +19,16 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+from tests.toolkit.models import write_null_model
+from tests.toolkit.pipelines import pipeline_toml, step, write_pipeline
 from tests.toolkit.repositories import triton_repository
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.grpc import service_pb2
 
 from dlscale.frontends.access import Restriction
 from dlscale.serving.classification import MAX_LABEL_BYTES
+from dlscale.serving.observe.trace import MAX_TRACE_FILES
+from dlscale.serving.pipeline import MAX_NESTING
 
 LOAD = "/v2/repository/models/classifier/load"
 ADMIN = Restriction.parse("model-repository:admin-key=s3cret")
@@ -312,3 +316,92 @@ def test_trace_and_logging_are_restricted_once_a_key_is_kept(root: Path) -> None
         keyed = client.post("/v2/logging", json={"log_info": True}, headers={"admin-key": "s3cret"})
         assert keyed.status_code == 200, keyed.text
         assert client.post("/v2/models/simple/infer", json={}).status_code == 400  # still open
+
+
+# -- issue 33: what a load request may name and nest ----------------------------------------------
+
+
+def _grpc_load(channel: grpc.Channel, name: str, parameters: dict[str, str]) -> grpc.RpcError:
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/RepositoryModelLoad",
+        request_serializer=service_pb2.RepositoryModelLoadRequest.SerializeToString,
+        response_deserializer=service_pb2.RepositoryModelLoadResponse.FromString,
+    )
+    message = service_pb2.RepositoryModelLoadRequest(model_name=name)
+    for key, value in parameters.items():
+        message.parameters[key].string_param = value
+    with pytest.raises(grpc.RpcError) as caught:
+        call(message, timeout=60)
+    return caught.value
+
+
+def test_a_load_request_out_of_bounds_is_a_client_error_naming_it(
+    http: httpx.Client, channel: grpc.Channel, classifier_config: dict[str, Any]
+) -> None:
+    long = "m" * 300
+    threads = {"intra_op_thread_count": {"string_value": "9" * 5000}}
+    deep = '{"name": "classifier", "parameters": ' + "[" * 2000 + "]" * 2000 + "}"
+    cases: list[tuple[str, dict[str, str], str]] = [
+        (long, {}, "has 300 characters: the limit is 255"),
+        (long, {"config": json.dumps({**classifier_config, "name": long})}, "the limit is 255"),
+        (
+            "classifier",
+            {"config": json.dumps({**classifier_config, "parameters": threads})},
+            "'intra_op_thread_count' must be a decimal count of at most 9 ASCII digits",
+        ),
+        ("classifier", {"config": deep}, "not a valid Triton model configuration"),
+    ]
+    for name, parameters, fragment in cases:
+        load = f"/v2/repository/models/{name}/load"
+        _expect(http.post(load, json={"parameters": parameters}), 400, fragment)
+        refused = _grpc_load(channel, name, parameters)
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused
+        assert fragment in str(refused.details())
+    # A file parameter's base64 with characters beyond ASCII (REST carries files as base64).
+    bad = {"config": json.dumps(classifier_config), "file:1/model.onnx": "ÿÿÿÿ"}
+    _expect(http.post(LOAD, json={"parameters": bad}), 400, "is not valid base64")
+    _still_serving(http)
+
+
+def test_pipelines_nested_beyond_the_limit_are_refused_at_load(tmp_path: Path) -> None:
+    # A chain of pipelines deep_0 -> deep_1 -> ... -> leaf: 400 deep answered every request
+    # 500 (RecursionError). Each deep_i is 20 - i pipelines deep.
+    write_null_model(tmp_path, "leaf", pipeline_toml(0, ["x"], ["y"], []))
+    for i in range(20):
+        model = f"deep_{i + 1}" if i < 19 else "leaf"
+        config = pipeline_toml(0, ["x"], ["y"], [step(model, {"x": "x"}, {"y": "y"})])
+        write_pipeline(tmp_path, f"deep_{i}", config)
+    limit = f"deeper than the limit of {MAX_NESTING}"
+    with (
+        serving(tmp_path) as running,
+        httpx.Client(base_url=f"http://{running.http_url}", timeout=60) as client,
+    ):
+        index = {m["name"]: m for m in client.post("/v2/repository/index").json()}
+        too_deep = [f"deep_{i}" for i in range(20 - MAX_NESTING)]
+        for name in too_deep:
+            assert index[name]["state"] == "UNAVAILABLE"
+            assert limit in index[name]["reason"]
+        _expect(client.post("/v2/repository/models/deep_0/load"), 400, "deep_0", limit, " -> ")
+        deepest = f"deep_{20 - MAX_NESTING}"  # exactly at the limit: loaded and answering
+        assert index[deepest]["state"] == "READY"
+        doc = {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [1.0] * 4}]}
+        assert client.post(f"/v2/models/{deepest}/infer", json=doc).status_code == 200
+
+
+def test_a_trace_file_per_request_stays_within_a_bounded_number_of_files(
+    root: Path, tmp_path: Path
+) -> None:
+    # Issue 33: `log_frequency 1` from any client wrote one more file for each request.
+    trace_file = tmp_path / "trace.json"
+    with (
+        serving(root, trace_file=trace_file) as running,
+        httpx.Client(base_url=f"http://{running.http_url}", timeout=60) as client,
+    ):
+        every = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1"}
+        assert client.post("/v2/trace/setting", json=every).status_code == 200
+        for _ in range(MAX_TRACE_FILES + 16):
+            _still_serving(client)
+        running.dataplane.tracer.wait()
+        written = sorted(tmp_path.glob("trace.json.*"))
+        assert 0 < len(written) <= MAX_TRACE_FILES
+        assert all(json.loads(path.read_text()) for path in written)

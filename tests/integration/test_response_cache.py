@@ -3,6 +3,7 @@ config.pbtxt, `--cache-size` on the server; hits and misses in the statistics an
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tests.toolkit.models import add_graph, save_onnx
+from tests.toolkit.python_models import write_triton_python_model
 from tests.toolkit.server import LocalServer, serving
 
 CACHED = """name: "cached"
@@ -22,6 +24,68 @@ output [ { name: "output" data_type: TYPE_FP32 dims: [ 4 ] } ]
 response_cache { enable: true }
 """
 
+#: A step whose answer its config decides: `input` times the config's parameter `factor`.
+SCALER = """
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.factor = float(parameters["factor"]["string_value"])
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+                "output", pb_utils.get_input_tensor_by_name(r, "input").as_numpy() * self.factor
+            )])
+            for r in requests
+        ]
+"""
+SCALER_CONFIG = CACHED.replace('"cached"', '"scaler"').replace(
+    'backend: "onnxruntime"', 'backend: "python"'
+).replace("response_cache { enable: true }", "") + (
+    'parameters { key: "DLSCALE_ISOLATION" value: { string_value: "thread" } }\n'
+    'parameters { key: "factor" value: { string_value: "2" } }\n'
+)
+#: A cached pipeline of one step, scaler (Triton's ensemble).
+SCALED = (
+    CACHED.replace('"cached"', '"scaled"').replace('backend: "onnxruntime"', 'platform: "ensemble"')
+    + """ensemble_scheduling { step [ {
+  model_name: "scaler" model_version: -1
+  input_map { key: "input" value: "input" } output_map { key: "output" value: "output" }
+} ] }
+"""
+)
+#: A cached Python model that calls scaler (Triton's BLS) for its answer.
+CALLS_SCALER = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="scaler", requested_output_names=["output"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "input")],
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            out = pb_utils.get_output_tensor_by_name(answer, "output")
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+CALLS_SCALER_CONFIG = (
+    CACHED.replace('"cached"', '"calls_scaler"').replace(
+        'backend: "onnxruntime"', 'backend: "python"'
+    )
+    + 'parameters { key: "DLSCALE_ISOLATION" value: { string_value: "thread" } }\n'
+)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
@@ -30,6 +94,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
         save_onnx(add_graph(1.0), root / name / "1" / "model.onnx")
         text = config if name == "cached" else config.replace("response_cache { enable: true }", "")
         (root / name / "config.pbtxt").write_text(text)
+    write_triton_python_model(root, "scaler", SCALER, SCALER_CONFIG)
+    write_triton_python_model(root, "calls_scaler", CALLS_SCALER, CALLS_SCALER_CONFIG)
+    (root / "scaled" / "1").mkdir(parents=True)
+    (root / "scaled" / "config.pbtxt").write_text(SCALED)
     with serving(root, cache_bytes=1 << 20, metrics_port=0) as running:
         yield running
 
@@ -93,6 +161,28 @@ def test_a_reloaded_model_never_answers_from_the_previous_loads_answers(
     client.load_model("cached")
     np.testing.assert_array_equal(_infer(client, "cached", x), x + 1)
     assert _cache_stats(client, "cached") == (0, 1)  # computed again after the reload
+
+
+@pytest.mark.parametrize("model", ["scaled", "calls_scaler"])
+def test_reloading_a_model_that_computes_the_answer_changes_the_cached_answer(
+    server: LocalServer, model: str
+) -> None:
+    # Issue 33: a pipeline (or a model that calls others) kept its cached answer after a step
+    # it uses was reloaded to answer otherwise: 2.0 where 6.0 was now right.
+    client = httpclient.InferenceServerClient(server.http_url)
+    x = np.ones((1, 4), np.float32)
+    # Three times: a model's first call of another is only known once it made it.
+    for _ in range(3):
+        np.testing.assert_array_equal(_infer(client, model, x), x * 2)
+    assert _cache_stats(client, model)[0] >= 1  # the answer is held
+    config = client.get_model_config("scaler")
+    config["parameters"]["factor"]["string_value"] = "6"
+    client.load_model("scaler", config=json.dumps(config))
+    try:
+        np.testing.assert_array_equal(_infer(client, model, x), x * 6)
+    finally:
+        client.load_model("scaler")  # the repository's factor again, for the next case
+    np.testing.assert_array_equal(_infer(client, model, x), x * 2)
 
 
 def test_a_server_without_cache_serves_the_model_uncached_and_says_so(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -19,6 +19,12 @@ class ModelCaller(Protocol):
     the event loop; the serving core implements it (serving/manager.py)."""
 
     def infer(self, request: InferenceRequest) -> InferenceResponse: ...
+
+
+#: How a backend says that it can no longer serve (its engine's thread died): the reason, in
+#: words a person acts on. Callable from any thread; the serving core makes the model not ready
+#: with that reason and fails the requests it holds at once (serving/manager.py).
+FailureReport = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,10 @@ class BackendOptions:
     #: How the model calls other models of the server (set by the model manager; None outside
     #: a server); read by backends that declare `Capabilities.calls_models`.
     caller: ModelCaller | None = None
+    #: Called by a backend that can no longer serve (set by the model manager; None outside a
+    #: server): a backend whose engine runs in threads of its own calls it when they die, rather
+    #: than leave its model READY with every request waiting for its timeout.
+    report_failure: FailureReport | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, parse_config
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
+#: Digits a count in a config parameter may have (thread counts; the host bounds the value).
+MAX_COUNT_DIGITS = 9
+
 #: Triton's platform and backend names -> dlscale's backend (the backend table's `triton_names`).
 BACKENDS = {alias: name for name, runtime in RUNTIMES.items() for alias in runtime.triton_names}
 #: A config.pbtxt parameter that says where a Python model's code runs (thread or process).
@@ -121,7 +124,7 @@ def convert(
         data["metadata"] = parameters
     if parameters and "steps" not in data:
         data["backend_options"] = {
-            ORT_PARAMETERS[k]: int(v)
+            ORT_PARAMETERS[k]: _count(source, k, v)
             for k, v in parameters.items()
             if k in ORT_PARAMETERS and v.strip().isdigit()
         }
@@ -138,6 +141,19 @@ def convert(
         # Read here once: the backend takes it from its options, as a config.toml gives it.
         data.setdefault("backend_options", {})["decoupled"] = True
     return parse_config(data, source), _ignored(message)
+
+
+def _count(source: Path | str, key: str, value: str) -> int:
+    """A parameter's thread count: plain decimal digits, few enough to be a count (a client's
+    5,000-digit or superscript "digits" are its mistake, not the server's)."""
+    digits = value.strip()
+    if not digits.isascii() or len(digits) > MAX_COUNT_DIGITS:
+        shown = digits if len(digits) <= 20 else f"{digits[:20]}... ({len(digits)} characters)"
+        raise ConfigError(
+            f"{source}: parameter {key!r} must be a decimal count of at most "
+            f"{MAX_COUNT_DIGITS} ASCII digits, not {shown!r}"
+        )
+    return int(digits)
 
 
 def _ignored(message: Any) -> tuple[str, ...]:

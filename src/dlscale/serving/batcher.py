@@ -130,6 +130,12 @@ class Batcher:
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
+    def fail(self, error: DlscaleError) -> None:
+        """Its model can serve no more: refuse new requests and fail the queued ones at once
+        with `error` (batches running end by their own outcome); `close` still follows."""
+        self.queue.refuse(error)
+        self._fail_queued(error)
+
     async def close(self, grace_s: float | None = None) -> None:
         """Refuse new requests, let queued and running ones finish, then stop scheduling.
 
@@ -138,7 +144,11 @@ class Batcher:
         a hung model's batch).
         """
         if not await self.queue.close(grace_s):
-            self._drop_queued(grace_s or 0.0)
+            self._fail_queued(
+                Unavailable(
+                    f"the model unloaded before this request was computed (grace {grace_s:g} s)"
+                )
+            )
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
@@ -161,14 +171,10 @@ class Batcher:
                 )
             )
 
-    def _drop_queued(self, grace_s: float) -> None:
-        error = Unavailable(
-            f"the model unloaded before this request was computed (grace {grace_s:g} s)"
-        )
+    def _fail_queued(self, error: DlscaleError) -> None:
+        """Every request still queued fails with `error` (its future's callback unqueues it)."""
         for queue in self._queues:
             for item in list(queue):
-                self._unqueue(item)
-                self._done_with(item)
                 if not item.future.done():
                     item.future.set_exception(error)
 

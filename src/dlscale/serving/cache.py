@@ -5,9 +5,11 @@ datatype, shape and bytes, and the outputs asked for (with their classification 
 held as read-only copies, least recently used first out when the byte budget is spent; an answer
 larger than the whole budget is not kept. Requests whose tensors live in shared-memory regions are
 not cached: their bytes belong to the client and can change under the same region name. A key names
-the model's load too: a reloaded model's requests never meet the previous load's answers, which age
-out of the LRU order. One cache serves every model whose config enables it (`response_cache`), as
-Triton's `--cache-config local,size=N` does.
+the loads that compute the answer too: the model's, and those of every model it uses (a pipeline's
+steps, nested pipelines' steps, the models a Python model called), so that reloading any of them
+keeps the previous loads' answers from answering again; they age out of the LRU order. One cache
+serves every model whose config enables it (`response_cache`), as Triton's `--cache-config
+local,size=N` does.
 """
 
 from __future__ import annotations
@@ -15,17 +17,20 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dlscale.errors import DlscaleError
 from dlscale.types import InferenceRequest
 
 if TYPE_CHECKING:
     from dlscale.serving.manager import ServedVersion
 
+#: A loaded version by name and version ("" for the newest): the model manager's `get`.
+Lookup = Callable[[str, str], "ServedVersion"]
 #: Bytes the key reserves for each held answer beside its arrays (dict, digest, bookkeeping).
 ENTRY_OVERHEAD = 256
 
@@ -72,6 +77,28 @@ def request_key(
     for name, classes in sorted(outputs):
         digest.update(f"out\0{name}\0{classes}\0".encode())
     return digest.digest()
+
+
+def load_marks(served: ServedVersion, lookup: Lookup) -> str:
+    """The loads that compute a model's answers, as text: its own and, transitively, those of
+    the models it uses (a pipeline's steps, the models its code has called), each once."""
+    marks: set[str] = set()
+    seen: set[int] = set()
+    pending = [served]
+    while pending:
+        current = pending.pop()
+        if current.serial in seen:  # a model used twice, or models that call each other
+            continue
+        seen.add(current.serial)
+        marks.add(f"{current.version.name}/{current.version.version}#{current.serial}")
+        steps = current.pipeline.steps if current.pipeline is not None else ()
+        used = {(s.model, str(s.version) if s.version else "") for s in steps}
+        for name, version in used | set(current.called):
+            try:
+                pending.append(lookup(name, version))
+            except DlscaleError:  # not served now: its answers cannot be this one's anyway
+                marks.add(f"{name}/{version}#-")
+    return ";".join(sorted(marks))
 
 
 class ResponseCache:
@@ -152,12 +179,14 @@ class CacheLookup:
         served: ServedVersion,
         request: InferenceRequest,
         wanted: Mapping[str, int],
+        lookup: Lookup,
     ) -> CacheLookup:
-        """Look the request up (its key covers the outputs and class counts it asks for)."""
+        """Look the request up (its key covers the outputs and class counts it asks for, and
+        the loads that compute them)."""
         start = time.perf_counter_ns()
-        # The load's serial, not only the version: a reloaded model may answer otherwise.
-        version = f"{served.version.version}#{served.serial}"
-        key = request_key(served.version.name, version, request.inputs, list(wanted.items()))
+        # The loads' serials, not only the version: a reloaded model may answer otherwise.
+        loads = load_marks(served, lookup)
+        key = request_key(served.version.name, loads, request.inputs, list(wanted.items()))
         answer = cache.get(key)
         return cls(cache, served, key, answer, time.perf_counter_ns() - start)
 

@@ -280,7 +280,7 @@ class DataPlane:
         """The cache's answer for this request, when its model caches and it names no region."""
         if self.cache is None or not served.config.response_cache or regions is not None:
             return None
-        return CacheLookup.find(self.cache, served, request, wanted)
+        return CacheLookup.find(self.cache, served, request, wanted, self.manager.get)
 
     def _from_cache(
         self,

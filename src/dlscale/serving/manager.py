@@ -4,112 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Any
 
 from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends.base import FailureReport
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
 from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.caller import InferCall, ServerCaller
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
-from dlscale.serving.pipeline import Pipeline
+from dlscale.serving.pipeline import Pipeline, check_nesting
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
-from dlscale.serving.runners import BatchRunner, PipelineRunner, Runner, StreamRunner
+from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
 from dlscale.serving.seats import Seats
+from dlscale.serving.served import ModelEntry, ModelState, ServedVersion, next_serial
 from dlscale.serving.versions import resolve_version
 from dlscale.serving.warmup import WarmupBatch, warmup_batches
-from dlscale.types import InferenceRequest, InferenceResponse, TensorSpec
 
 log = logging.getLogger("dlscale.models")
-_LOADS = itertools.count(1)
-
-
-class ModelState(enum.StrEnum):
-    """Where a model is in its life (the repository index reports these)."""
-
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass
-class ServedVersion:
-    """One loaded version: its signature, instances, runner and statistics; a pipeline has
-    no instance (each of its step models has its own)."""
-
-    version: ModelVersion
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    instances: list[Instance]
-    #: What the core calls to serve it, whatever its kind (serving/runners.py).
-    runner: Runner
-    stats: ModelStats
-    #: Class labels by output, from the config's label files (the classification extension).
-    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
-    #: Which load this is: a reload is another serial, so nothing keyed on the old one (the
-    #: response cache's answers) can answer for the new one.
-    serial: int = field(default_factory=lambda: next(_LOADS))
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.version.config
-
-
-@dataclass
-class ModelEntry:
-    """A model's state and, while ready, its served versions."""
-
-    name: str
-    state: ModelState
-    reason: str = ""
-    versions: dict[int, ServedVersion] = field(default_factory=dict)
-
-
-#: The inference path models call other models through (the DataPlane's `infer`).
-InferCall = Callable[[InferenceRequest], Coroutine[Any, Any, InferenceResponse]]
-
-
-class ServerCaller:
-    """A ModelCaller for backends whose models call models: from an instance thread, the call
-    runs on the server's event loop (validation, batching, statistics as for any request) and
-    the thread waits for its answer."""
-
-    def __init__(self, manager: ModelManager, loop: asyncio.AbstractEventLoop) -> None:
-        self._manager = manager
-        self._loop = loop
-
-    def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Infer on the server's loop; raises the request's DlscaleError."""
-        call = self._manager.calls
-        if call is None:
-            raise Unavailable("this server has no inference path for models to call")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:  # waiting here would stop the loop that must answer
-            raise Unavailable("a model called another from the event loop; call from a thread")
-        return asyncio.run_coroutine_threadsafe(call(request), self._loop).result()
 
 
 def policy_of(config: ModelConfig) -> BatchPolicy:
     """The batcher's policy from a model's config."""
     return BatchPolicy.of(config)
+
+
+__all__ = ["ModelEntry", "ModelManager", "ModelState", "ServedVersion", "policy_of"]
 
 
 class ModelManager:
@@ -133,6 +63,7 @@ class ModelManager:
         self.required: set[str] = set()
         #: The inference path models call other models through; the DataPlane sets it.
         self.calls: InferCall | None = None
+        self._failing: set[asyncio.Task[None]] = set()  # backends' deaths being handled
 
     @classmethod
     def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
@@ -298,6 +229,37 @@ class ModelManager:
             if name in v.runner.models
         ]
 
+    def _reporter(self, name: str, serial: int) -> FailureReport:
+        """How the backends of one load report that they can no longer serve (from any thread):
+        the report is handled on the event loop, as `_fail`."""
+        loop = asyncio.get_running_loop()
+
+        def on_loop(reason: str) -> None:
+            task = loop.create_task(self._fail(name, serial, reason))
+            self._failing.add(task)
+            task.add_done_callback(self._failing.discard)
+
+        def report(reason: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                loop.call_soon_threadsafe(on_loop, reason)
+
+        return report
+
+    async def _fail(self, name: str, serial: int, reason: str) -> None:
+        """A backend of load `serial` died: its model turns UNAVAILABLE with the reason (the
+        index and readiness say it), what it holds fails at once, and the load is freed. A
+        reload or an unload that came first has nothing left to fail."""
+        async with self._locked(name):
+            entry = self._entries.get(name)
+            if entry is None or all(v.serial != serial for v in entry.versions.values()):
+                return
+            log.error("model %s can no longer serve: %s", name, reason)
+            self._set(name, ModelState.UNAVAILABLE, reason)
+            error = Unavailable(f"model {name!r} can no longer serve: {reason}")
+            for served in entry.versions.values():
+                served.runner.fail(error)
+            await self._retire(entry)
+
     # -- internals -------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -339,12 +301,16 @@ class ModelManager:
             )
         for model in wanted:
             if model not in self.ready_names():
+                if self._is_pipeline(model):  # refused before loading deeper: bounded recursion
+                    check_nesting((*chain, model))
                 try:
                     await self._load(model, None, None, chain)
                 except DlscaleError as exc:
+                    # The cause only, not each nested pipeline's words for it again.
+                    cause = _root_cause(exc)
                     raise ConfigError(
-                        f"pipeline {pipeline!r}: its step model {model!r} failed to load: {exc}"
-                    ) from exc
+                        f"pipeline {pipeline!r}: its step model {model!r} failed to load: {cause}"
+                    ) from cause
 
     def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
         """A pipeline version: checked against its loaded step models; no instance, no batcher."""
@@ -369,6 +335,7 @@ class ModelManager:
         }
         instances, placements = [], []
         qos: TenantQos | None = None
+        serial, called = next_serial(), set[tuple[str, str]]()
         try:
             for group in config.instances:
                 options = BackendOptions(
@@ -381,7 +348,8 @@ class ModelManager:
                     inputs=tuple(config.tensor_specs("inputs") or ()),
                     outputs=tuple(config.tensor_specs("outputs") or ()),
                     # Read by backends whose models call models (Capabilities.calls_models).
-                    caller=ServerCaller(self, asyncio.get_running_loop()),
+                    caller=ServerCaller(lambda: self.calls, asyncio.get_running_loop(), called),
+                    report_failure=self._reporter(mv.name, serial),
                 )
                 for i in range(group.count):
                     backend = create_backend(config.backend, mv.model_file, options)
@@ -396,7 +364,17 @@ class ModelManager:
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
                 runner = StreamRunner(seats)
-                return ServedVersion(mv, inputs, outputs, instances, runner, stats, labels)
+                return ServedVersion(
+                    mv,
+                    inputs,
+                    outputs,
+                    instances,
+                    runner,
+                    stats,
+                    labels,
+                    serial=serial,
+                    called=called,
+                )
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
             # A model that calls models is not warmed up: the models it calls may load after it
             # (Triton loads such models without a warm-up, too).
@@ -412,7 +390,16 @@ class ModelManager:
         batcher = Batcher(policy_of(config), instances, stats, self.gates.clock, qos)
         batcher.start()
         return ServedVersion(
-            mv, inputs, outputs, instances, BatchRunner(batcher), stats, labels, qos
+            mv,
+            inputs,
+            outputs,
+            instances,
+            BatchRunner(batcher),
+            stats,
+            labels,
+            qos,
+            serial=serial,
+            called=called,
         )
 
     async def _warm(
@@ -445,3 +432,10 @@ class ModelManager:
             # The batcher waited the grace: a batch still running now is stopped at once.
             left = None if grace_s is None else 0.0
             await asyncio.gather(*(i.close(left) for i in served.instances), return_exceptions=True)
+
+
+def _root_cause(error: DlscaleError) -> DlscaleError:
+    """The innermost DlscaleError a chain of wrapped errors comes from."""
+    while isinstance(error.__cause__, DlscaleError):
+        error = error.__cause__
+    return error

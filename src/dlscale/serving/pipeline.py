@@ -21,6 +21,11 @@ from dlscale.errors import ConfigError, DlscaleError, InvalidInput, TimedOut
 from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
 
+#: How deep pipelines may nest (a pipeline whose step is a pipeline is 2 deep): each level
+#: adds frames to a request's stack, and a 400-deep chain answered every request 500 with a
+#: RecursionError (issue 33). Triton's nested ensembles stay a few levels deep.
+MAX_NESTING = 16
+
 
 class StepModel(Protocol):
     """A loaded step model, as a pipeline checks it (serving/manager.py: StepModel); a
@@ -32,6 +37,9 @@ class StepModel(Protocol):
 
     @property
     def config(self) -> ModelConfig: ...
+
+    @property
+    def pipeline(self) -> Pipeline | None: ...
 
 
 #: The path a step's request takes: the DataPlane's, less its shutdown check (a pipeline that
@@ -57,6 +65,8 @@ class Pipeline:
         #: task and a future per step and tensor (`_chain`).
         self.chained = _is_chain(self.steps, {s.name for s in self._specs("inputs")})
         self._answers = tuple(s.name for s in self._specs("outputs"))  # read once, not per request
+        #: The deepest chain of pipelines this one heads, itself first (check() sets it).
+        self.nesting: tuple[str, ...] = (name,)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -72,6 +82,7 @@ class Pipeline:
             s.name: (s.datatype, "the pipeline input") for s in self._specs("inputs")
         }
         served = [self._served(i, step, lookup) for i, step in enumerate(self.steps, 1)]
+        self._check_nesting(served)
         for i, (step, version) in enumerate(zip(self.steps, served, strict=True), 1):
             outputs = {s.name: s for s in version.outputs}
             unknown = sorted(set(step.output_map) - set(outputs))
@@ -89,6 +100,11 @@ class Pipeline:
                     f"pipeline {self.name!r}: output {spec.name!r} is declared "
                     f"{spec.datatype.value}, but {origin} is {datatype.value}"
                 )
+
+    def _check_nesting(self, served: list[StepModel]) -> None:
+        inner = max((v.pipeline.nesting for v in served if v.pipeline), key=len, default=())
+        self.nesting = (self.name, *inner)
+        check_nesting(self.nesting)
 
     def _served(self, index: int, step: StepConfig, lookup: Lookup) -> StepModel:
         try:
@@ -231,6 +247,15 @@ class Pipeline:
             return type(exc)(message)
         except TypeError:  # an error class with a constructor of its own
             return DlscaleError(message)
+
+
+def check_nesting(chain: tuple[str, ...]) -> None:
+    """Refuse pipelines nested deeper than MAX_NESTING; the error names the chain."""
+    if len(chain) > MAX_NESTING:
+        shown = " -> ".join(chain if len(chain) <= 8 else (*chain[:4], "...", *chain[-3:]))
+        raise ConfigError(
+            f"pipeline {chain[0]!r} nests pipelines deeper than the limit of {MAX_NESTING}: {shown}"
+        )
 
 
 def _is_chain(steps: tuple[StepConfig, ...], inputs: set[str]) -> bool:

@@ -36,6 +36,8 @@ class RequestQueue:
         self.admission = admission
         self.clock = clock
         self.closing = False
+        #: Why new requests are refused once closing (a dead backend names its cause).
+        self.refusal: DlscaleError = Unavailable("the model is unloading and takes no new requests")
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -54,7 +56,7 @@ class RequestQueue:
         `done` when the request leaves, whatever the outcome.
         """
         if self.closing:
-            raise Unavailable("the model is unloading and takes no new requests")
+            raise self.refusal
         level = self.policy.level_of(priority)
         limit = self.policy.batching.max_queue_size
         if limit and waits and waiting >= limit:
@@ -85,6 +87,11 @@ class RequestQueue:
         return asyncio.get_running_loop().call_later(
             timeout / 1e6, lambda: callback(*args, timeout)
         )
+
+    def refuse(self, error: DlscaleError) -> None:
+        """Its model can serve no more: every new request is refused with `error`."""
+        self.closing = True
+        self.refusal = error
 
     async def close(self, grace_s: float | None = None) -> bool:
         """Refuse new requests; wait until every request taken in has left, at most `grace_s`

@@ -56,6 +56,10 @@ class Runner(Protocol):
         """The shutdown's grace is over: what it still holds ends now with `error`."""
         ...
 
+    def fail(self, error: DlscaleError) -> None:
+        """Its backend can serve no more: new requests are refused, those waiting fail now."""
+        ...
+
     async def close(self, grace_s: float | None = None) -> None:
         """Refuse new requests; return once those it holds have ended (or, with `grace_s`, at
         most that many seconds later, ending those still queued)."""
@@ -92,6 +96,9 @@ class BatchRunner:
             if not future.done():
                 future.set_exception(error)
 
+    def fail(self, error: DlscaleError) -> None:
+        self.batcher.fail(error)
+
     async def close(self, grace_s: float | None = None) -> None:
         await self.batcher.close(grace_s)
 
@@ -118,6 +125,9 @@ class PipelineRunner:
     def cut(self, error: DlscaleError) -> None:
         """Nothing of its own: its steps' runners are cut."""
 
+    def fail(self, error: DlscaleError) -> None:
+        """Nothing of its own: a step whose backend died fails its own requests."""
+
     async def close(self, grace_s: float | None = None) -> None:
         """Nothing of its own: its steps' runners close with their models."""
 
@@ -141,6 +151,9 @@ class StreamRunner:
 
     def cut(self, error: DlscaleError) -> None:
         self.seats.cut()
+
+    def fail(self, error: DlscaleError) -> None:
+        self.seats.fail(error)
 
     async def close(self, grace_s: float | None = None) -> None:
         await self.seats.close()  # its streams end by the shutdown's cut

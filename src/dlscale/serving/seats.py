@@ -160,6 +160,14 @@ class Seats:
         for task in list(self.tasks):
             task.cancel()
 
+    def fail(self, error: DlscaleError) -> None:
+        """Its engine can serve no more: refuse new requests and fail those waiting for a seat
+        at once with `error` (the engine fails the sequences it holds); `close` still follows."""
+        self.queue.refuse(error)
+        for waiter in self._queue:
+            if not waiter.seat.done():
+                waiter.seat.set_exception(error)
+
     async def close(self) -> None:
         """Refuse new requests; wait until the sequences in flight and those waiting end."""
         await self.queue.close()

@@ -48,7 +48,7 @@ class TransformersBackend:
             torch.set_num_threads(self.options.intra_op_threads)
         folder = self.path.parent if self.path.is_file() else self.path
         try:
-            self._engine = Engine(folder, self.settings)
+            self._engine = Engine(folder, self.settings, self.options.report_failure)
         except Exception as exc:  # transformers raises many kinds for a folder it cannot read
             raise ConfigError(f"transformers backend cannot load {folder.name}: {exc}") from exc
 

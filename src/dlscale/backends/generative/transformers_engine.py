@@ -23,15 +23,15 @@ from transformers import (
     GenerationConfig,
 )
 from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
-from transformers.generation.continuous_batching.requests import GenerationOutput
+from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
-from dlscale.backends.base import BackendOptions
+from dlscale.backends.base import BackendOptions, FailureReport
 from dlscale.backends.generative.contract import EngineStats
 from dlscale.backends.generative.transformers_sampling import RequestSampling
-from dlscale.errors import BackendError, ConfigError, Unavailable
+from dlscale.errors import BackendError, ConfigError, DlscaleError, Unavailable
 
 #: What a request's callback receives: each output of its sequence, or the engine's failure.
-Sink = Callable[[GenerationOutput | BackendError], None]
+Sink = Callable[[GenerationOutput | DlscaleError], None]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: The [backend_options] keys this engine reads, beside the common thread counts.
@@ -119,20 +119,34 @@ class _Manager(ContinuousBatchingManager):
         # Read by the batch processor that start() builds (instead of the config's processors).
         self.logit_processor = RequestSampling()
         self._threads = threads
+        #: What ended the generation thread when transformers did not catch it itself (an
+        #: unsupported release's TypeError at start): None while it runs or after a stop.
+        self.crash: BaseException | None = None
 
     def _run_generation_loop(self, use_inference_mode: bool) -> None:
-        # Under OpenMP the thread count belongs to each OS thread, and a new one starts with
-        # one per core whatever the loading thread set: on a shared machine, threads waiting
-        # at a barrier for a descheduled peer slow each step many times over.
-        if self._threads > 0:
-            torch.set_num_threads(self._threads)
-        super()._run_generation_loop(use_inference_mode)
+        try:
+            # Under OpenMP the thread count belongs to each OS thread, and a new one starts
+            # with one per core whatever the loading thread set: on a shared machine, threads
+            # waiting at a barrier for a descheduled peer slow each step many times over.
+            if self._threads > 0:
+                torch.set_num_threads(self._threads)
+            super()._run_generation_loop(use_inference_mode)
+        except BaseException as exc:  # the thread ends: the router reads why and says so
+            self.crash = exc
+            raise
+
+    def failure(self) -> str:
+        """Why the generation thread ended, in words ("" when nothing failed)."""
+        fatal = self.crash or self.background_thread_status.fatal_error
+        return "" if fatal is None else f"{type(fatal).__name__}: {fatal}"
 
 
 class Engine:
     """One model, its tokenizer and a running continuous-batching manager."""
 
-    def __init__(self, folder: Path, settings: EngineSettings) -> None:
+    def __init__(
+        self, folder: Path, settings: EngineSettings, on_failure: FailureReport | None = None
+    ) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         model: Any = AutoModelForCausalLM.from_pretrained(
             folder, dtype=_DTYPES[settings.dtype], attn_implementation=settings.attn_implementation
@@ -152,6 +166,9 @@ class Engine:
         self._sinks: dict[str, Sink] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._on_failure = on_failure
+        #: Why the engine can no longer serve ("" while it can): its thread died.
+        self.failed = ""
         # The cache and the step's buffers are allocated here, so that a loaded model takes
         # its first request at once (start() would otherwise build them in its thread).
         self.manager.warmup()
@@ -192,6 +209,8 @@ class Engine:
     ) -> None:
         """Queue one sequence; `sink` gets its outputs from the router thread."""
         with self._lock:
+            if self.failed:
+                raise Unavailable(f"the transformers engine died: {self.failed}")
             if self._closed.is_set():
                 raise Unavailable("the transformers engine is stopped")
             self._sinks[engine_id] = sink
@@ -240,12 +259,38 @@ class Engine:
                 if sink is not None and output.is_finished():
                     del self._sinks[output.request_id]
             if sink is not None:
-                sink(output)
-        # The generation thread ended (stopped or failed): no sequence left will finish.
+                sink(self._death(output) or output)
+        self._ended()
+
+    def _death(self, output: GenerationOutput) -> Unavailable | None:
+        """A failed sequence's error when the engine is dying (None otherwise): transformers
+        asks its loop for a hard stop, then fails every sequence it holds with the cause (and
+        only then records it), which is the engine's and not the request's, so it reaches the
+        client as UNAVAILABLE naming the cause. A stop we asked for (close) is no death."""
+        if output.status != RequestStatus.FAILED or self._closed.is_set():
+            return None
+        status = self.manager.background_thread_status
+        if status.fatal_error is None and status.local_status < status.HARD_STOP:
+            return None  # this sequence's own failure: the engine goes on
+        return Unavailable(f"the transformers engine died: {output.error or 'it stopped'}")
+
+    def _ended(self) -> None:
+        """The generation thread ended: no sequence left will finish. Unless we stopped it,
+        the engine died: it refuses what comes, and says so to whoever loaded it."""
+        died = not self._closed.is_set()
+        reason = (self.manager.failure() or "its generation thread ended") if died else ""
         with self._lock:
+            self.failed = reason
             left, self._sinks = list(self._sinks.values()), {}
+        error: DlscaleError = (
+            Unavailable(f"the transformers engine died: {reason}")
+            if died
+            else BackendError("the transformers engine stopped before the sequence ended")
+        )
         for sink in left:
-            sink(BackendError("the transformers engine stopped before the sequence ended"))
+            sink(error)
+        if died and self._on_failure is not None:
+            self._on_failure(f"the transformers engine died: {reason}")
 
     def close(self) -> None:
         """Stop the engine at once (sequences still running end with an error) and free it."""

@@ -13,7 +13,7 @@ from dlscale.backends.base import StreamPart
 from dlscale.backends.generative.contract import Sampling, chat_messages, part, prompt_text
 from dlscale.backends.generative.transformers_sampling import request_settings
 from dlscale.backends.generative.transformers_text import StreamedText
-from dlscale.errors import BackendError, InvalidInput
+from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.types import Parameter
 
 
@@ -80,9 +80,9 @@ class Parts:
         self.engine_done = False
         self.done = False
 
-    def next(self, output: GenerationOutput | BackendError) -> StreamPart:
+    def next(self, output: GenerationOutput | DlscaleError) -> StreamPart:
         """The part an engine output makes; the final one has a finish reason."""
-        if isinstance(output, BackendError):
+        if isinstance(output, DlscaleError):
             self.engine_done = True
             raise output
         if output.status == RequestStatus.FAILED:

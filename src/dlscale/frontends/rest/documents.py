@@ -44,7 +44,7 @@ def load_request(body: Buffer) -> dict[str, str | bytes]:
             raise InvalidInput(f"load parameter {key!r} must be a base64 string")
         try:
             out[key] = base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
+        except (binascii.Error, ValueError) as exc:  # ValueError: characters beyond ASCII
             raise InvalidInput(f"load parameter {key!r} is not valid base64: {exc}") from None
     return out
 

@@ -17,10 +17,20 @@ from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 from dlscale.models.config import ModelConfig
 from dlscale.serving.warmup import check_warm_up
 
+#: The longest model name a load request may carry: a folder name on common file systems.
+MAX_NAME_CHARS = 255
 #: The largest max_batch_size a load request may ask for (Triton's models stay far below).
 MAX_BATCH_SIZE = 2**16
 #: Model copies per core a load request may ask for, over all its instance groups.
 INSTANCES_PER_CORE = 4
+
+
+def check_name(name: str) -> None:
+    """A load request's model name: at most MAX_NAME_CHARS characters (it names a folder)."""
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidInput(
+            f"model name {name[:20]!r}... has {len(name)} characters: the limit is {MAX_NAME_CHARS}"
+        )
 
 
 def cores() -> int:

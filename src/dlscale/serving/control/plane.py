@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlscale.errors import DlscaleError, NotFound, Unsupported, redact_paths
+from dlscale.serving.control.bounds import check_name
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.uploads import Uploads
 from dlscale.serving.manager import ModelManager
@@ -68,6 +69,7 @@ class ControlPlane:
         """Load or reload a model, from the repository or with a load request's overrides:
         `config` (JSON ModelConfig) and `file:<version>/<name>` (bytes)."""
         check_model_control(self.model_control)
+        check_name(name)
         # In a thread: decoding the config and writing the files of a large load takes seconds.
         override = await asyncio.to_thread(self.uploads.override, name, parameters or {})
         source, files = override or (None, None)

@@ -10,7 +10,9 @@ COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END and REQUEST_END.
 Memory and the event loop stay bounded whatever the settings (issue 28): at most
 MAX_BUFFERED_TRACES wait in memory (more go to an indexed file, as log_frequency would), files
 are written by one worker thread, and while MAX_PENDING_WRITES wait for it further traces are
-dropped (counted in `dropped`, logged once).
+dropped (counted in `dropped`, logged once). Disk stays bounded too (issue 33: `log_frequency 1`
+wrote a file per request): the indexed files `<trace_file>.N` take at most MAX_TRACE_FILES
+indexes, reused in turn, so the newest traces overwrite the oldest file.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ _LIMITS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}  # smallest v
 MAX_SETTING = 2**32 - 1
 #: Traces kept in memory before they are written out, whatever log_frequency says.
 MAX_BUFFERED_TRACES = 10_000
+#: Indexed trace files kept (`<trace_file>.0` .. `.{MAX_TRACE_FILES - 1}`), reused in turn.
+MAX_TRACE_FILES = 64
 #: Files waiting for the writer thread; beyond it, traces are dropped rather than queued.
 MAX_PENDING_WRITES = 8
 _STAMPS = tuple(f.name for f in dataclasses.fields(RequestTimes))
@@ -194,7 +198,8 @@ class Tracer:
             return None
         if not indexed:
             return self.trace_file
-        path = self.trace_file.with_name(f"{self.trace_file.name}.{self._file_index}")
+        index = self._file_index % MAX_TRACE_FILES  # the oldest file goes: disk stays bounded
+        path = self.trace_file.with_name(f"{self.trace_file.name}.{index}")
         self._file_index += 1
         return path
 
