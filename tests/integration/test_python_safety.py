@@ -217,7 +217,7 @@ def test_a_hung_model_unloads_after_its_grace_and_loads_again(
         running = pool.submit(_fragile, server, hung)
         _wait_for(marker)
         queued = pool.submit(_fragile, server, ok)  # waits behind the hung batch
-        batcher = server.server.manager.get("fragile").batcher
+        batcher = server.server.manager.get("fragile").runner.batcher
         assert batcher is not None
         _wait_until(lambda: batcher.queued == 1)
         http.unload_model("fragile")  # answers once the grace is over
