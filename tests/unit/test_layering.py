@@ -120,6 +120,7 @@ SERVING_LAYERS: list[set[str]] = [
     {"queue", "batches"},
     {"batcher", "seats", "pipeline"},
     {"runners"},
+    {"served", "caller"},
     {"manager"},
     {"cache", "validation", "control"},
     {"streams"},
