@@ -68,7 +68,12 @@ class Network:
         8001, "gRPC port; -1 turns it off", "--grpc-port", convert=_port, type=int
     )
     metrics_port: int | None = setting(
-        8002, "-1 turns metrics off", "--metrics-port", convert=_port, type=int
+        8002,
+        "Prometheus port; -1 turns it off; no TLS; with --api-key (scope all) a scrape needs "
+        "the key, else keep it private",
+        "--metrics-port",
+        convert=_port,
+        type=int,
     )
     #: REST worker processes sharing the port (0: REST on this process); docs/serving-rest.md.
     http_workers: int = setting(
@@ -179,12 +184,13 @@ class Security:
         "require 'Authorization: Bearer KEY' (gRPC: metadata 'authorization'), else 401 / "
         "UNAUTHENTICATED; see --api-key-scope (docs/openai.md)",
         "--api-key",
+        metavar="KEY",
     )
     api_key_scope: str = setting(
         "all",
         "what --api-key guards; all: every REST and gRPC route and the metrics port, except "
-        "/v2/health/* and gRPC ServerLive/ServerReady/ModelReady; openai: the /v1 routes (and "
-        "trace/logging settings) only",
+        "/v2/health/*, /v2/models/M/ready and gRPC ServerLive/ServerReady/ModelReady; openai: "
+        "the /v1 routes (and trace/logging settings) only",
         "--api-key-scope",
         choices=SCOPES,
     )
