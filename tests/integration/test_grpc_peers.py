@@ -131,12 +131,13 @@ def _stream(channel: grpc.Channel) -> tuple[_Requests, Iterator[pb.ModelStreamIn
 def test_streams_of_one_address_beyond_its_share_are_refused(
     server: LocalServer, other: Relay
 ) -> None:
-    channel = grpc.insecure_channel(server.grpc_url)
-    held = [_stream(channel) for _ in range(SHARE)]
+    first = grpc.insecure_channel(server.grpc_url)  # one connection, with its share of streams
+    second = grpc.insecure_channel(server.grpc_url, options=[("grpc.use_local_subchannel_pool", 1)])
+    held = [_stream(first) for _ in range(SHARE)]
     try:
         for _, answers in held:  # each stream answered: each is running on the server
             assert not next(answers).error_message
-        _, answers = _stream(channel)
+        _, answers = _stream(second)  # another connection from the same address
         with pytest.raises(grpc.RpcError) as refused:
             next(answers)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
@@ -144,8 +145,15 @@ def test_streams_of_one_address_beyond_its_share_are_refused(
         assert not _served(server.grpc_url)  # unary calls count too
         assert _served(other.url)  # another address is not held back
         assert tg.InferenceServerClient(server.grpc_url).is_server_live()  # nor are probes
+        # One more on the first connection waits for a stream of its own to end (HTTP/2's
+        # concurrent streams), instead of being refused.
+        requests, waiting = _stream(first)
+        held[0][0].put(None)
+        assert not next(waiting).error_message
+        requests.put(None)
     finally:
         for requests, _ in held:
             requests.put(None)
-        channel.close()
+        first.close()
+        second.close()
     _until(lambda: _served(server.grpc_url))  # its streams ended: 127.0.0.1 is served again

@@ -72,6 +72,9 @@ class GrpcFrontend:
                 ("grpc.max_allowed_incoming_connections", limits.max_connections),
                 ("grpc.max_connection_idle_ms", int(limits.keep_alive_s * 1000)),
                 ("grpc.server_handshake_timeout_ms", int(limits.head_timeout_s * 1000)),
+                # One connection's calls at once: a client's channel holds more back itself
+                # (HTTP/2), so a single channel never reaches the per-address refusal.
+                *_streams_per_connection(limits.max_connections_per_peer),
             ],
         )
         servicer = InferenceServicer(
@@ -110,6 +113,10 @@ class GrpcFrontend:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+
+
+def _streams_per_connection(cap: int) -> list[tuple[str, int]]:
+    return [("grpc.max_concurrent_streams", cap)] if cap else []
 
 
 def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler]:

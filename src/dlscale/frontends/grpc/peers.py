@@ -7,11 +7,13 @@ cap (`max_connections_per_peer`):
 
 - `PeerCalls`: the calls (unary calls and open streams) one address has in flight; one more is
   refused RESOURCE_EXHAUSTED before it runs. `context.peer()` names the address.
-- `ConnectionTrimmer`: a thread that, once a second, lists this process's sockets accepted on
-  the gRPC port (Linux: /proc/self/fd), groups them by client address and shuts down those of
-  an address beyond its cap. gRPC sees the end of each and closes it, which frees its slot in
-  the server-wide count. Each socket is examined through a duplicate of its descriptor, so a
-  descriptor closed and reused meanwhile is examined afresh and never mistaken for another.
+- `ConnectionTrimmer`: a thread that, once a second, reads the kernel's table of established
+  TCP connections (/proc/net/tcp and tcp6: one read, no per-socket call), counts those on the
+  gRPC port by client address and, only for an address beyond its cap, finds the newest of its
+  sockets among this process's descriptors (/proc/self/fd) and shuts them down. gRPC sees the
+  end of each and closes it, which frees its slot in the server-wide count. A socket is shut
+  through a duplicate of its descriptor, checked again first, so a descriptor closed and reused
+  meanwhile is never mistaken for another.
 
 The trimmer acts after the fact: a client that opens connections faster than it trims can
 still fill the server-wide limit for a moment; docs/limits.md says what to put in front then.
@@ -19,6 +21,7 @@ still fill the server-wide limit for a moment; docs/limits.md says what to put i
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -29,6 +32,8 @@ log = logging.getLogger("dlscale.grpc")
 #: Seconds between two trims: a flood of idle connections is cut within about this long.
 TRIM_INTERVAL_S = 1.0
 _FDS = "/proc/self/fd"
+#: The state column of an established connection in /proc/net/tcp.
+_ESTABLISHED = "01"
 
 
 def peer_address(peer: str) -> str:
@@ -80,8 +85,8 @@ class ConnectionTrimmer:
 
     @staticmethod
     def available() -> bool:
-        """Whether this system lists a process's descriptors (Linux does)."""
-        return os.path.isdir(_FDS)
+        """Whether this system lists connections and descriptors as Linux does."""
+        return os.path.isdir(_FDS) and os.path.exists("/proc/net/tcp")
 
     def start(self) -> None:
         """Trim in the background until `stop`."""
@@ -102,73 +107,80 @@ class ConnectionTrimmer:
 
     def trim(self) -> int:
         """One pass: how many connections it shut down."""
-        by_peer = self._accepted()
-        shut = 0
-        try:
-            for peer, held in by_peer.items():
-                for sock in held[self.cap :]:
-                    shut += _shut(sock)
-                if len(held) > self.cap:
-                    log.warning(
-                        "gRPC client %s held %d connections; closed those beyond its "
-                        "max_connections_per_peer of %d",
-                        peer,
-                        len(held),
-                        self.cap,
-                    )
-        finally:
-            for held in by_peer.values():
-                for sock in held:
-                    sock.close()  # the duplicate only: gRPC's descriptor stays its own
-        return shut
+        if len(os.listdir(_FDS)) <= self.cap:
+            return 0  # fewer descriptors than the cap: no address can hold more connections
+        over = {
+            peer: inodes[self.cap :]
+            for peer, inodes in established(self.port).items()
+            if len(inodes) > self.cap
+        }
+        if not over:
+            return 0  # the common case: one read of the kernel's table
+        for peer, extra in over.items():
+            log.warning(
+                "gRPC client %s held %d connections; closing those beyond its "
+                "max_connections_per_peer of %d",
+                peer,
+                self.cap + len(extra),
+                self.cap,
+            )
+        doomed = {inode for extra in over.values() for inode in extra}
+        return sum(self._shut(fd) for fd in _descriptors_of(doomed))
 
-    def _accepted(self) -> dict[str, list[socket.socket]]:
-        """Duplicates of the connections accepted on the port, by client address, oldest
-        descriptor number first (the lowest numbers were mostly taken first)."""
-        by_peer: dict[str, list[socket.socket]] = defaultdict(list)
-        for name in sorted(os.listdir(_FDS), key=int):
-            sock = _duplicate(int(name))
-            if sock is None:
-                continue
-            peer = self._peer_of(sock)
-            if peer is None:
-                sock.close()
-            else:
-                by_peer[peer].append(sock)
-        return by_peer
-
-    def _peer_of(self, sock: socket.socket) -> str | None:
+    def _shut(self, fd: int) -> int:
         try:
-            local, remote = sock.getsockname(), sock.getpeername()
+            sock = socket.socket(fileno=os.dup(fd))
         except OSError:
-            return None  # the listening socket, or one already gone
-        if not isinstance(local, tuple) or local[1] != self.port:
-            return None  # another port's, or this process's own client side
-        return str(remote[0])
+            return 0  # closed meanwhile, or no socket now
+        with sock:  # the duplicate only: gRPC's descriptor stays its own
+            try:
+                if sock.getsockname()[1] != self.port:
+                    return 0  # the descriptor was reused meanwhile
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                return 0  # it ended meanwhile
+        return 1
 
 
-def _duplicate(fd: int) -> socket.socket | None:
-    """A socket object on a duplicate of `fd`, or None when `fd` is no TCP socket (now)."""
-    try:
-        if not os.readlink(f"{_FDS}/{fd}").startswith("socket:"):
-            return None
-        copy = os.dup(fd)
-    except OSError:
-        return None
-    try:
-        sock = socket.socket(fileno=copy)
-    except OSError:
-        os.close(copy)
-        return None
-    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
-        sock.close()
-        return None
-    return sock
+def established(port: int) -> dict[str, list[int]]:
+    """The established TCP connections on local `port`, by client address: their socket
+    inodes, oldest first (inodes are numbered as sockets are made)."""
+    by_peer: dict[str, list[int]] = defaultdict(list)
+    mark = f":{port:04X} "
+    for table, decode in (("tcp", _ipv4), ("tcp6", _ipv6)):
+        try:
+            with open(f"/proc/net/{table}") as rows:
+                next(rows, None)  # the heading
+                for row in rows:
+                    if mark not in row:
+                        continue  # neither end on the port: not split, as most rows
+                    fields = row.split()
+                    local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                    if state == _ESTABLISHED and int(local.rpartition(":")[2], 16) == port:
+                        by_peer[decode(remote.rpartition(":")[0])].append(int(inode))
+        except (OSError, IndexError, ValueError):
+            continue  # no such table (no IPv6), or a row of another form
+    return {peer: sorted(inodes) for peer, inodes in by_peer.items()}
 
 
-def _shut(sock: socket.socket) -> int:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        return 0  # it ended meanwhile
-    return 1
+def _descriptors_of(inodes: set[int]) -> list[int]:
+    """This process's descriptors of the sockets with these inodes."""
+    found = []
+    for name in os.listdir(_FDS):
+        try:
+            target = os.readlink(f"{_FDS}/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:[") and int(target[8:-1]) in inodes:
+            found.append(int(name))
+    return found
+
+
+def _ipv4(text: str) -> str:
+    return socket.inet_ntop(socket.AF_INET, bytes.fromhex(text)[::-1])
+
+
+def _ipv6(text: str) -> str:
+    raw = bytes.fromhex(text)  # four 32-bit words, each in host (little-endian) order
+    address = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
+    return str(address.ipv4_mapped or address)
