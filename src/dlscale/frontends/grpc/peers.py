@@ -6,7 +6,9 @@ address made it close every other client's new connection. Two rules give gRPC R
 cap (`max_connections_per_peer`):
 
 - `PeerCalls`: the calls (unary calls and open streams) one address has in flight; one more is
-  refused RESOURCE_EXHAUSTED before it runs. `context.peer()` names the address.
+  refused RESOURCE_EXHAUSTED before it runs. `context.peer()` names the address. One connection
+  takes as many calls at once (`grpc.max_concurrent_streams`, frontend.py), so a client on a
+  single channel is held back by HTTP/2 and never reaches the refusal.
 - `ConnectionTrimmer`: a thread that, once a second, reads the kernel's table of established
   TCP connections (/proc/net/tcp and tcp6: one read, no per-socket call), counts those on the
   gRPC port by client address and, only for an address beyond its cap, finds the newest of its
