@@ -14,8 +14,8 @@ cap (`max_connections_per_peer`):
   gRPC port by client address and, only for an address beyond its cap, finds the newest of its
   sockets among this process's descriptors (/proc/self/fd) and shuts them down. gRPC sees the
   end of each and closes it, which frees its slot in the server-wide count. A socket is shut
-  through a duplicate of its descriptor, checked again first, so a descriptor closed and reused
-  meanwhile is never mistaken for another.
+  through a duplicate of its descriptor whose inode is checked first, so a descriptor closed
+  and reused meanwhile is never mistaken for another.
 
 The trimmer acts after the fact: a client that opens connections faster than it trims can
 still fill the server-wide limit for a moment; docs/limits.md says what to put in front then.
@@ -127,20 +127,25 @@ class ConnectionTrimmer:
                 self.cap,
             )
         doomed = {inode for extra in over.values() for inode in extra}
-        return sum(self._shut(fd) for fd in _descriptors_of(doomed))
+        return sum(self._shut(fd, inode) for fd, inode in _descriptors_of(doomed))
 
-    def _shut(self, fd: int) -> int:
+    @staticmethod
+    def _shut(fd: int, inode: int) -> int:
         try:
-            sock = socket.socket(fileno=os.dup(fd))
+            copy = os.dup(fd)
         except OSError:
-            return 0  # closed meanwhile, or no socket now
-        with sock:  # the duplicate only: gRPC's descriptor stays its own
-            try:
-                if sock.getsockname()[1] != self.port:
-                    return 0  # the descriptor was reused meanwhile
+            return 0  # closed meanwhile
+        try:
+            if os.fstat(copy).st_ino != inode:
+                return 0  # the descriptor was reused meanwhile: another socket or file
+            with socket.socket(fileno=copy) as sock:  # closes the duplicate only
+                copy = -1
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                return 0  # it ended meanwhile
+        except OSError:
+            return 0  # it ended meanwhile
+        finally:
+            if copy >= 0:
+                os.close(copy)
         return 1
 
 
@@ -165,8 +170,8 @@ def established(port: int) -> dict[str, list[int]]:
     return {peer: sorted(inodes) for peer, inodes in by_peer.items()}
 
 
-def _descriptors_of(inodes: set[int]) -> list[int]:
-    """This process's descriptors of the sockets with these inodes."""
+def _descriptors_of(inodes: set[int]) -> list[tuple[int, int]]:
+    """This process's descriptors of the sockets with these inodes, with their inodes."""
     found = []
     for name in os.listdir(_FDS):
         try:
@@ -174,7 +179,7 @@ def _descriptors_of(inodes: set[int]) -> list[int]:
         except OSError:
             continue  # closed meanwhile
         if target.startswith("socket:[") and int(target[8:-1]) in inodes:
-            found.append(int(name))
+            found.append((int(name), int(target[8:-1])))
     return found
 
 
