@@ -99,6 +99,14 @@ class PermissionDenied(DlscaleError):
     reason = "REJECTED"
 
 
+class Unauthenticated(DlscaleError):
+    """A request without the server's API key, or with a wrong one (`--api-key`)."""
+
+    http_status = 401
+    grpc_code = "UNAUTHENTICATED"
+    reason = "REJECTED"
+
+
 class TooManyRequests(DlscaleError):
     """A model's own limit refused the request at once: its rate limit or its max in flight.
 

@@ -7,13 +7,13 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
-from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
+from dlscale.frontends.api_key import METRICS
 from dlscale.frontends.limits import descriptor_budget
 from dlscale.frontends.loop import freeze_survivors, new_event_loop
 from dlscale.server_settings import ServerSettings as ServerSettings
@@ -117,7 +117,7 @@ class Server:
                 s.http_port,
                 limits=limits,
                 tls=tls.server_context() if tls else None,
-                access=Access(security.http_restricted),
+                access=security.http_access(),
                 # Page-locked body buffers let a CUDA backend copy inputs by DMA from the body.
                 bodies=BodyBuffers(page_lock=cuda_memory.device_count() > 0),
             )
@@ -130,7 +130,7 @@ class Server:
                 s.grpc_port,
                 limits=limits,
                 tls=tls,
-                access=Access(security.grpc_restricted, GRPC_HEADER_PREFIX),
+                access=security.grpc_access(),
             )
         return frontends
 
@@ -172,13 +172,18 @@ class Server:
 
     def _start_metrics(self, host: str, port: int) -> None:
         try:
-            server = MetricsServer(self.registry, host, port)
+            server = MetricsServer(self.registry, host, port, self._metrics_guard())
         except OSError as exc:
             raise DlscaleError(f"metrics cannot listen on {host}:{port}: {exc.strerror}") from exc
         server.start()
         self._metrics_server = server
         self.metrics_port = server.port
         log.info("metrics listening on %s:%d", host, self.metrics_port)
+
+    def _metrics_guard(self) -> Callable[[Mapping[str, str]], None] | None:
+        """The API key's check on scrapes, where its scope covers the metrics port."""
+        key = self.settings.security.key
+        return key.check if key is not None and key.guards(METRICS) else None
 
     @property
     def ports(self) -> dict[str, int]:
@@ -247,7 +252,7 @@ def _http_workers(dataplane: HostPlane, s: ServerSettings) -> Frontend:
         port=s.network.http_port or 0,
         limits=s.limits,
         tls=s.security.tls,
-        restricted=s.security.http_restricted,
+        access=s.security.http_access(),
         allow_shm=s.shared_memory.allow_client_shm,
         max_shm_regions=s.shared_memory.max_shm_regions,
         grace_s=s.lifecycle.grace_s,

@@ -83,21 +83,25 @@ def write_colours(root: Path, name: str = "colours") -> Path:
     return write_python_model(root, name, COLOURS, COLOURS_TOML)
 
 
-def outcomes(url: str, model: str) -> tuple[int, int]:
-    """(successes, failures) the server's statistics count for `model` (tritonclient)."""
+def outcomes(url: str, model: str, headers: dict[str, str] | None = None) -> tuple[int, int]:
+    """(successes, failures) the server's statistics count for `model` (tritonclient; `headers`
+    for a server with an API key)."""
     client = th.InferenceServerClient(url)
     try:
-        stats = client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
+        stats = client.get_inference_statistics(model, headers=dict(headers or {}))
+        stats = stats["model_stats"][0]["inference_stats"]
     finally:
         client.close()
     return int(stats["success"]["count"]), int(stats["fail"]["count"])
 
 
-def next_outcome(url: str, model: str, before: tuple[int, int]) -> tuple[int, int]:
+def next_outcome(
+    url: str, model: str, before: tuple[int, int], headers: dict[str, str] | None = None
+) -> tuple[int, int]:
     """The change in (successes, failures) once one more request of `model` is recorded (polled,
     up to 60 s: a request is recorded when its stream ends, however it ends)."""
     for _ in range(3000):
-        now = outcomes(url, model)
+        now = outcomes(url, model, headers)
         if sum(now) > sum(before):
             return now[0] - before[0], now[1] - before[1]
         time.sleep(0.02)

@@ -51,7 +51,7 @@ def _error_classes() -> list[type[errors.DlscaleError]]:
 
 GRPC_CODES = {
     "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
-    "UNIMPLEMENTED", "INTERNAL", "PERMISSION_DENIED",
+    "UNIMPLEMENTED", "INTERNAL", "PERMISSION_DENIED", "UNAUTHENTICATED",
 }  # fmt: skip
 
 
@@ -72,6 +72,8 @@ def test_specific_mappings() -> None:
     too_many = errors.TooManyRequests
     assert too_many.http_status == 429 and too_many.grpc_code == "RESOURCE_EXHAUSTED"
     assert errors.BackendError.reason == "BACKEND"
+    unauthenticated = errors.Unauthenticated
+    assert unauthenticated.http_status == 401 and unauthenticated.grpc_code == "UNAUTHENTICATED"
 
 
 def test_config_type_names_follow_triton() -> None:

@@ -9,6 +9,10 @@ Once any group is restricted, the trace and logging settings are too (DEFAULT_RE
 the model-repository group's key (else the first restriction's): a deployment that keeps a key
 has control to keep, and these settings can fill memory and disk or turn error logs off.
 Naming them in a restriction of their own gives them another key.
+
+The server's API key (frontends/api_key.py) is checked first: without it a guarded call is
+unauthenticated (401 / UNAUTHENTICATED) whatever restrictions say; with it, a restricted group
+still wants its own header (403 / PERMISSION_DENIED).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dlscale.errors import PermissionDenied
+from dlscale.frontends.api_key import ApiKey
 
 #: The API groups Triton recognizes, in its words.
 API_GROUPS = (
@@ -80,9 +85,15 @@ class Restriction:
 class Access:
     """Which header each restricted group needs; one group belongs to at most one restriction."""
 
-    def __init__(self, restrictions: Iterable[Restriction] = (), header_prefix: str = "") -> None:
+    def __init__(
+        self,
+        restrictions: Iterable[Restriction] = (),
+        header_prefix: str = "",
+        api_key: ApiKey | None = None,
+    ) -> None:
         self._by_group: dict[str, Restriction] = {}
         self._prefix = header_prefix
+        self.api_key = api_key
         for restriction in restrictions:
             for group in restriction.groups:
                 if group in self._by_group:
@@ -94,10 +105,13 @@ class Access:
                 self._by_group.setdefault(group, keeper)
 
     def __bool__(self) -> bool:
-        return bool(self._by_group)
+        return bool(self._by_group) or self.api_key is not None
 
     def check(self, group: str, headers: Mapping[str, str]) -> None:
-        """PermissionDenied unless `group` is open or `headers` (lower-case names) hold its key."""
+        """Unauthenticated without the server's API key where it guards `group`; then
+        PermissionDenied unless `group` is open or `headers` (lower-case names) hold its key."""
+        if self.api_key is not None and self.api_key.guards(group):
+            self.api_key.check(headers)
         restriction = self._by_group.get(group)
         if restriction is None:
             return

@@ -71,8 +71,10 @@ class Limits:
     )
     max_connections_per_peer: int = _limit(
         256,
-        "open REST connections one client address may hold; more get 503 (0: no limit; behind a "
-        "proxy every client has the proxy's address)",
+        "open connections one client address may hold, per protocol; more get 503 (REST) or are "
+        "closed (gRPC, within a second); also the gRPC calls and streams it may have in flight, "
+        "more are RESOURCE_EXHAUSTED (0: no limit; behind a proxy every client has the proxy's "
+        "address)",
     )
     reap_idle_s: float = _limit(
         2.0,

@@ -17,7 +17,8 @@ from typing import Any, Self
 
 from dlscale.errors import ConfigError
 from dlscale.frontends import GRACE_S
-from dlscale.frontends.access import Access, Restriction
+from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
+from dlscale.frontends.api_key import SCOPES, ApiKey
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.control.mode import ModelControl
@@ -70,7 +71,12 @@ class Network:
         8001, "gRPC port; -1 turns it off", "--grpc-port", convert=_port, type=int
     )
     metrics_port: int | None = setting(
-        8002, "-1 turns metrics off", "--metrics-port", convert=_port, type=int
+        8002,
+        "Prometheus port; -1 turns it off; no TLS; with --api-key (scope all) a scrape needs "
+        "the key, else keep it private",
+        "--metrics-port",
+        convert=_port,
+        type=int,
     )
     #: REST worker processes sharing the port (0: REST on this process); docs/serving-rest.md.
     http_workers: int = setting(
@@ -150,7 +156,7 @@ class Lifecycle:
 
 @dataclass(frozen=True)
 class Security:
-    """TLS for REST and gRPC, and restricted API groups (docs/limits.md)."""
+    """TLS for REST and gRPC, the API key and restricted API groups (docs/limits.md)."""
 
     tls_cert: Path | None = setting(
         None, "PEM certificate chain: REST and gRPC on TLS", "--tls-cert", type=Path
@@ -175,16 +181,29 @@ class Security:
         action="append",
         metavar="APIS:KEY=VALUE",
     )
-    #: The OpenAI routes' key, as vLLM's --api-key: a restriction of the "openai" group.
+    #: vLLM's --api-key, over every route that generates or controls (frontends/api_key.py).
     api_key: str | None = setting(
-        None, "OpenAI API: require 'Authorization: Bearer KEY' (docs/openai.md)", "--api-key"
+        None,
+        "require 'Authorization: Bearer KEY' (gRPC: metadata 'authorization'), else 401 / "
+        "UNAUTHENTICATED; see --api-key-scope (docs/openai.md)",
+        "--api-key",
+        metavar="KEY",
+    )
+    api_key_scope: str = setting(
+        "all",
+        "what --api-key guards; all: every REST and gRPC route and the metrics port, except "
+        "/v2/health/*, /v2/models/M/ready and gRPC ServerLive/ServerReady/ModelReady; openai: "
+        "the /v1 routes (and trace/logging settings) only",
+        "--api-key-scope",
+        choices=SCOPES,
     )
 
     def __post_init__(self) -> None:
         if self.api_key is not None:
-            bearer = Restriction(frozenset({"openai"}), "authorization", f"Bearer {self.api_key}")
-            if bearer not in self.http_restricted:
-                object.__setattr__(self, "http_restricted", (*self.http_restricted, bearer))
+            try:
+                ApiKey(self.api_key, self.api_key_scope)
+            except ValueError as exc:
+                raise ConfigError(f"--api-key: {exc}") from None
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -193,6 +212,19 @@ class Security:
             Access(self.http_restricted), Access(self.grpc_restricted)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    @property
+    def key(self) -> ApiKey | None:
+        """The API key every frontend checks (None: no key asked)."""
+        return None if self.api_key is None else ApiKey(self.api_key, self.api_key_scope)
+
+    def http_access(self) -> Access:
+        """Who may call what over REST: the API key, then the restricted groups."""
+        return Access(self.http_restricted, api_key=self.key)
+
+    def grpc_access(self) -> Access:
+        """Who may call what over gRPC: the API key, then the restricted groups (prefixed)."""
+        return Access(self.grpc_restricted, GRPC_HEADER_PREFIX, self.key)
 
     @property
     def tls(self) -> TlsFiles | None:

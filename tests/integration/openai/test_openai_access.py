@@ -15,13 +15,16 @@ import pytest
 import tritonclient.http as th
 from tests.toolkit.generative import greedy_words, next_outcome, outcomes, write_colours
 from tests.toolkit.server import LocalServer, serving
+from tritonclient.utils import InferenceServerException
 
 from dlscale.errors import ConfigError
 from dlscale.frontends.access import Restriction
+from dlscale.frontends.api_key import ApiKey
 from dlscale.server_settings import Security
 
 MODEL = "colours"
 KEY = "sk-test-key"
+BEARER = {"authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def test_without_the_key_the_openai_routes_answer_401(server: LocalServer) -> No
         with pytest.raises(openai.AuthenticationError):
             client.completions.create(model=MODEL, prompt="p")
     answer = httpx.post(f"http://{server.http_url}/v1/completions", json={"model": MODEL})
-    assert answer.status_code == 401 and "authorization" in answer.json()["error"]["message"]
+    assert answer.status_code == 401 and "Authorization" in answer.json()["error"]["message"]
 
 
 def test_with_the_key_a_worker_streams_the_answer(server: LocalServer) -> None:
@@ -69,35 +72,44 @@ def test_with_the_key_a_worker_streams_the_answer(server: LocalServer) -> None:
 
 
 def test_a_client_that_leaves_a_worker_ends_its_generation(server: LocalServer) -> None:
-    before = outcomes(server.http_url, MODEL)
+    before = outcomes(server.http_url, MODEL, BEARER)
     with _client(server, KEY) as client:
         stream = client.completions.create(
             model=MODEL, prompt="forever", max_tokens=10**6, stream=True
         )
         next(iter(stream))
         stream.close()
-    assert next_outcome(server.http_url, MODEL, before) == (0, 1)
+    assert next_outcome(server.http_url, MODEL, before, BEARER) == (0, 1)
 
 
-def test_the_oip_routes_stay_open(server: LocalServer) -> None:
+def test_a_worker_holds_the_oip_routes_to_the_key_too(server: LocalServer) -> None:
+    """--api-key's default scope is every route: a REST worker process applies it as well."""
     client = th.InferenceServerClient(server.http_url)
+    text = th.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"w"], dtype=object))
+    parameters = {"max_tokens": 2, "temperature": 0}
     try:
-        text = th.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b"w"], dtype=object))
-        result = client.infer(MODEL, [text], parameters={"max_tokens": 2, "temperature": 0})
+        with pytest.raises(InferenceServerException, match="no Authorization header") as caught:
+            client.infer(MODEL, [text], parameters=parameters)
+        assert caught.value.status() == "401"
+        result = client.infer(MODEL, [text], parameters=parameters, headers=dict(BEARER))
         assert bytes(result.as_numpy("text_output")[0]).decode() == " ".join(greedy_words("w", 2))
+        assert client.is_server_ready()  # readiness stays open
     finally:
         client.close()
+    url = f"http://{server.http_url}/v2/models/{MODEL}/generate_stream"
+    wrong = httpx.post(url, json={"text_input": "w"}, headers={"authorization": "Bearer no"})
+    assert wrong.status_code == 401 and "not this server's key" in wrong.json()["error"]
 
 
-def test_the_api_key_is_a_restriction_of_the_openai_group() -> None:
+def test_the_api_key_is_no_restriction_and_goes_with_one() -> None:
+    """The key is checked before any restricted group: a group may still have its own header."""
     security = Security(api_key=KEY)
-    bearer = Restriction(frozenset({"openai"}), "authorization", f"Bearer {KEY}")
-    assert security.http_restricted == (bearer,)
-    # Settings are copied when changed: the key's restriction is not added twice.
-    assert Security(http_restricted=security.http_restricted, api_key=KEY) == security
-    with pytest.raises(ConfigError, match="several restricted groups"):
-        Security(http_restricted=(Restriction.parse("openai:k=v"),), api_key=KEY)
+    assert security.http_restricted == () and security.key == ApiKey(KEY)
+    admin = Restriction.parse("openai,model-repository:admin-key=a")
+    assert Security(http_restricted=(admin,), api_key=KEY).http_access()
+    with pytest.raises(ConfigError, match="scope"):
+        Security(api_key=KEY, api_key_scope="grpc")
 
 
 @pytest.mark.parametrize(("key", "answered"), [(KEY, True), (None, False)])

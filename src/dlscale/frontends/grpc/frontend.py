@@ -10,6 +10,7 @@ from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.grpc.guard import Guard
+from dlscale.frontends.grpc.peers import ConnectionTrimmer, PeerCalls
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.frontends.grpc.writing import written
 from dlscale.frontends.limits import Limits
@@ -45,9 +46,12 @@ class GrpcFrontend:
         self.access = access or Access(header_prefix=GRPC_HEADER_PREFIX)
         self._requested_port = port
         self._port: int | None = None
+        #: Calls in flight per client address, held to max_connections_per_peer (peers.py).
+        self.peers = PeerCalls(self.limits.max_connections_per_peer)
         self._server: Any = None
         #: The servicer, once started (its `outboxes` count what each stream holds).
         self.servicer: InferenceServicer | None = None
+        self._trimmer: ConnectionTrimmer | None = None
 
     @property
     def port(self) -> int:
@@ -60,17 +64,21 @@ class GrpcFrontend:
         """Bind and start serving; raises DlscaleError when the address cannot be bound."""
         limits = self.limits
         server = grpc.aio.server(
-            interceptors=[Guard(self.access)],
+            interceptors=[Guard(self.access, self.peers)],
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind
                 # silently and share its traffic instead of failing.
                 ("grpc.so_reuseport", 0),
-                # The same bounds as REST: connections held, idle time, time to say hello.
+                # The same bounds as REST: connections held, idle time, time to say hello;
+                # per client address, peers.py holds calls and connections.
                 ("grpc.max_allowed_incoming_connections", limits.max_connections),
                 ("grpc.max_connection_idle_ms", int(limits.keep_alive_s * 1000)),
                 ("grpc.server_handshake_timeout_ms", int(limits.head_timeout_s * 1000)),
+                # One connection's calls at once: a client's channel holds more back itself
+                # (HTTP/2), so a single channel never reaches the per-address refusal.
+                *_streams_per_connection(limits.max_connections_per_peer),
             ],
         )
         servicer = InferenceServicer(
@@ -98,12 +106,23 @@ class GrpcFrontend:
         await server.start()
         self._server = server
         self._port = port
+        cap = limits.max_connections_per_peer
+        if cap and ConnectionTrimmer.available():
+            self._trimmer = ConnectionTrimmer(port, cap)
+            self._trimmer.start()
 
     async def stop(self, grace_s: float = GRACE_S) -> None:
         """Refuse new calls, give those in flight up to grace_s to finish, then close."""
+        if self._trimmer is not None:
+            self._trimmer.stop()
+            self._trimmer = None
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+
+
+def _streams_per_connection(cap: int) -> list[tuple[str, int]]:
+    return [("grpc.max_concurrent_streams", cap)] if cap else []
 
 
 def method_handlers(

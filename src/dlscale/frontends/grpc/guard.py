@@ -1,9 +1,12 @@
-"""The gate every gRPC call passes: restricted API groups, and messages that cannot be decoded.
+"""The gate every gRPC call passes: the API key, restricted groups, the calls one client may
+have in flight, and messages that cannot be decoded.
 
 gRPC decodes a request before the servicer sees it and answers UNKNOWN when it cannot; this
-interceptor makes that the client's mistake (INVALID_ARGUMENT, with what failed) and checks
-Triton's restricted-protocol header (PERMISSION_DENIED). Each method's wrapped handler is
-made once and reused, so a call pays one dictionary lookup here.
+interceptor makes that the client's mistake (INVALID_ARGUMENT, with what failed), checks the
+API key (`authorization: Bearer KEY` metadata, UNAUTHENTICATED) and Triton's restricted-protocol
+header (PERMISSION_DENIED), and holds each client address to its calls in flight (peers.py,
+RESOURCE_EXHAUSTED; health calls are never held back). Each method's wrapped handler is made
+once and reused, so a call pays one dictionary lookup here.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ from typing import Any
 
 import grpc
 
-from dlscale.errors import PermissionDenied
+from dlscale.errors import DlscaleError
 from dlscale.frontends.access import Access, grpc_group
+from dlscale.frontends.grpc.peers import PeerCalls, peer_address
+
+#: Checks a call's context before it runs; aborts the call to refuse it.
+_Check = Callable[[Any], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -26,10 +33,11 @@ class Undecodable:
 
 
 class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Wraps each method's handler: decode errors and restricted groups answered here."""
+    """Wraps each method's handler: decode errors, access and per-client calls answered here."""
 
-    def __init__(self, access: Access) -> None:
+    def __init__(self, access: Access, peers: PeerCalls | None = None) -> None:
         self.access = access
+        self.peers = peers or PeerCalls(0)
         self._handlers: dict[str, Any] = {}
 
     async def intercept_service(
@@ -49,18 +57,19 @@ class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         name = method.rpartition("/")[2]
         group = grpc_group(method)
         check = self._checker(group)
+        peers = None if group == "health" or not self.peers.cap else self.peers
         changes: dict[str, Any] = {
             "request_deserializer": _safe(handler.request_deserializer, name)
         }
         if handler.unary_unary is not None:
-            changes["unary_unary"] = _unary(handler.unary_unary, check)
+            changes["unary_unary"] = _unary(handler.unary_unary, check, peers)
         elif handler.stream_stream is not None:
-            changes["stream_stream"] = _stream(handler.stream_stream, check)
+            changes["stream_stream"] = _stream(handler.stream_stream, check, peers)
         else:
             return handler  # the service has no other kinds; leave any new one as it is
         return handler._replace(**changes)
 
-    def _checker(self, group: str) -> Callable[[Any], Awaitable[None]] | None:
+    def _checker(self, group: str) -> _Check | None:
         if not self.access:
             return None
         access = self.access
@@ -69,8 +78,9 @@ class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             headers = {k.lower(): v for k, v in context.invocation_metadata() or ()}
             try:
                 access.check(group, headers)
-            except PermissionDenied as exc:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
+            except DlscaleError as exc:  # UNAUTHENTICATED or PERMISSION_DENIED
+                code = getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.PERMISSION_DENIED)
+                await context.abort(code, exc.message)
 
         return check
 
@@ -88,29 +98,50 @@ def _safe(deserialize: Callable[[bytes], Any] | None, name: str) -> Callable[[by
 
 
 def _unary(
-    behavior: Callable[[Any, Any], Awaitable[Any]], check: Callable[[Any], Awaitable[None]] | None
+    behavior: Callable[[Any, Any], Awaitable[Any]], check: _Check | None, peers: PeerCalls | None
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     async def guarded(request: Any, context: Any) -> Any:
         if check is not None:
             await check(context)
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
-        return await behavior(request, context)
+        if peers is None:
+            return await behavior(request, context)
+        peer = await _enter(peers, context)
+        try:
+            return await behavior(request, context)
+        finally:
+            peers.leave(peer)
 
     return guarded
 
 
 def _stream(
     behavior: Callable[[Any, Any], Awaitable[None]],
-    check: Callable[[Any], Awaitable[None]] | None,
+    check: _Check | None,
+    peers: PeerCalls | None,
 ) -> Callable[[Any, Any], Awaitable[None]]:
     # A stream's handler writes its own answers (writing.py): it is awaited, not iterated.
     async def guarded(requests: AsyncIterator[Any], context: Any) -> None:
         if check is not None:
             await check(context)
-        await behavior(_decoded(requests, context), context)
+        peer = None if peers is None else await _enter(peers, context)
+        try:
+            await behavior(_decoded(requests, context), context)
+        finally:
+            if peers is not None and peer is not None:
+                peers.leave(peer)
 
     return guarded
+
+
+async def _enter(peers: PeerCalls, context: Any) -> str:
+    """Count the call in for its client address, or refuse it RESOURCE_EXHAUSTED."""
+    peer = peer_address(context.peer() or "")
+    refusal = peers.enter(peer)
+    if refusal is not None:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+    return peer
 
 
 async def _decoded(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:

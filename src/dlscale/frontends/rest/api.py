@@ -113,21 +113,26 @@ class RestApi:
     def refusal_before_body(
         self, method: str, path: str, headers: Mapping[str, str]
     ) -> RestResponse | None:
-        """The answer to an inference request whose model refuses it now (429), or None.
+        """The answer to a request refused before its body is read, or None.
 
-        Asked once the head is read: a flood the model's [qos] limits refuse then costs no body
-        read, decode or task. Anything else about the request is left to `handle`.
+        Asked once the head is read: a caller without the API key or a restricted group's
+        header (401 / 403), and an inference request whose model refuses it now (429), cost no
+        body read, decode or task. Anything else about the request is left to `handle`.
         """
-        if method != "POST" or not path.endswith(("/infer", "/generate", "/generate_stream")):
-            return None
+        if path.startswith("/v1/"):
+            return self.openai.refusal_before_body(method, path, headers)
+        handler, args, _, group = self._route(path)
+        if handler is None:
+            return None  # `handle` answers 404
         try:
-            handler, args, _, group = self._route(path)
-            inference = (self._infer, self.generate.generate, self.generate.generate_stream)
-            if handler not in inference:
-                return None
             self.access.check(group, headers)
-        except DlscaleError:
-            return None  # `handle` answers it, with what is wrong
+        except DlscaleError as exc:
+            log_failure("HTTP", "", exc.http_status, exc.reason, f"{method} {path}: {exc}")
+            challenge = (("www-authenticate", "Bearer"),) if exc.http_status == 401 else ()
+            return error_response(exc.http_status, exc.message, challenge)
+        inference = (self._infer, self.generate.generate, self.generate.generate_stream)
+        if method != "POST" or handler not in inference:
+            return None
         refusal = self.dataplane.refuse_early(args[0], args[1])
         if refusal is None:
             return None

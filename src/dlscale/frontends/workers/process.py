@@ -21,7 +21,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from dlscale.frontends.access import Access, Restriction
+from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.loop import new_event_loop
 from dlscale.frontends.rest.body import BodyBuffers
@@ -42,7 +42,8 @@ class WorkerConfig:
     port: int
     limits: Limits
     tls: TlsFiles | None
-    restricted: tuple[Restriction, ...]
+    #: Who may call what: the API key and restricted groups, as the owner's REST has them.
+    access: Access
     allow_shm: bool
     max_shm_regions: int
     grace_s: float
@@ -67,7 +68,7 @@ async def serve(config: WorkerConfig, calls: socket.socket, requests: socket.soc
         config.port,
         limits=config.limits,
         tls=config.tls.server_context() if config.tls else None,
-        access=Access(config.restricted),
+        access=config.access,
         bodies=BodyBuffers(allocate=segments.allocate),
         reuse_port=True,
     )

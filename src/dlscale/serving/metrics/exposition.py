@@ -3,15 +3,25 @@
 prometheus_client's exposition renames every counter `<name>_total`; dashboards built for Triton
 query `nv_inference_request_success` and its siblings, which Triton exports as counters without
 the suffix. This writer keeps each sample's name and types the family as it is typed.
+
+The server may hand the port a guard (`--api-key` in scope all): a scrape without the key is
+answered 401, as the REST routes answer it; Prometheus sends the key with `authorization:
+{credentials: KEY}` in its scrape config (docs/limits.md).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client.registry import Collector
+
+from dlscale.errors import DlscaleError
+
+#: Checks a scrape's headers (lower-case names); raises a DlscaleError to refuse it.
+Guard = Callable[[Mapping[str, str]], None]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: OpenMetrics types that the 0.0.4 text format calls otherwise.
@@ -54,15 +64,33 @@ def _escape(value: str) -> str:
 class MetricsServer:
     """`GET /metrics` (any path, as prometheus_client answers) on its own thread."""
 
-    def __init__(self, registry: Collector, host: str, port: int) -> None:
+    def __init__(
+        self, registry: Collector, host: str, port: int, guard: Guard | None = None
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if guard is not None and not self._allowed(guard):
+                    return
                 body = render(registry)
                 self.send_response(200)
                 self.send_header("Content-Type", CONTENT_TYPE)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _allowed(self, check: Guard) -> bool:
+                try:
+                    check({k.lower(): v for k, v in self.headers.items()})
+                except DlscaleError as exc:
+                    text = exc.message.encode() + b"\n"
+                    self.send_response(exc.http_status)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("WWW-Authenticate", "Bearer")
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
+                    return False
+                return True
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape every few seconds is not news

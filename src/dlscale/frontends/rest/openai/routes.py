@@ -1,9 +1,10 @@
 """The OpenAI routes on the REST port: decode, one Plane call, encode; errors in OpenAI's shape.
 
 Every request of a route under `/v1/` comes here from the REST routes (frontends/rest/api.py):
-the API group "openai" may be restricted (`--http-restricted-api`, `--api-key`), and a refusal
-answers 401 as OpenAI's servers do. A generation is the Plane's `stream`: the model's own queue,
-priorities and deadlines, shared with the Open Inference Protocol. Its first response is awaited
+the API group "openai" may need the API key (`--api-key`) or be restricted
+(`--http-restricted-api`), and a refusal answers 401 as OpenAI's servers do. A generation is
+the Plane's `stream`: the model's own queue, priorities and deadlines, shared with the Open
+Inference Protocol. Its first response is awaited
 before the answer's status is sent, so that a request the model refuses (too long a prompt,
 settings out of bounds) gets its 4xx; after that, a failure is an error event, then `[DONE]`.
 Leaving the stream early, a client that disconnected, closes the Plane's iterator, which frees
@@ -70,6 +71,18 @@ class OpenAIApi:
         except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("%s %s failed", method, path)
             return _error(500, redact_paths(f"internal error: {exc!r}"))
+
+    def refusal_before_body(
+        self, method: str, path: str, headers: Mapping[str, str]
+    ) -> RestResponse | None:
+        """The 401 of a caller without the key, in OpenAI's shape, before its body is read."""
+        if self._route(path)[0] is None:
+            return None  # `handle` answers 404
+        try:
+            self.access.check(GROUP, headers)
+        except DlscaleError as exc:
+            return _failure(f"{method} {path}", exc)
+        return None
 
     def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
         parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
