@@ -1,16 +1,19 @@
 """What a frontend needs of the data plane: declared once, here, for every process that serves it.
 
-`PLANE_METHODS` is the one list of the Plane's methods (name, synchronous or not, data or control
-room); `Plane` is their typed signatures. The REST routes and the gRPC servicer call only these,
+`Plane` declares the Plane's methods once: their typed signatures, each marked with its room
+(`@data`, `@control`); `PLANE_METHODS`, the list the workers' forwards are built from, is read
+off the marks. The REST routes and the gRPC servicer call only these,
 so the same frontends serve a host's `serving.host.HostPlane` (`dlscale serve`), the worker
 processes' proxy (frontends/workers/remote.py, whose forwards and whose owner's whitelist are
-built from this list) and the Ray Serve ingress's router (`dlscale.scale`). Adding a method: one
-entry in `PLANE_METHODS`, its signature in `Plane`, its implementation in each plane;
+built from this list) and the Ray Serve ingress's router (`dlscale.scale`). Adding a method: its
+marked signature in `Plane`, its implementation in each plane;
 tests/unit/frontends/test_plane_contract.py checks that all of them agree.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
@@ -49,27 +52,26 @@ class PlaneMethod:
     stream: bool = False
 
 
-PLANE_METHODS: tuple[PlaneMethod, ...] = (
-    PlaneMethod("live", False, "data"),
-    PlaneMethod("ready", False, "data"),
-    PlaneMethod("not_ready_reason", False, "data"),
-    PlaneMethod("server_metadata", False, "data"),
-    PlaneMethod("model_ready", False, "data"),
-    PlaneMethod("model_metadata", False, "data"),
-    PlaneMethod("model_config", False, "data"),
-    PlaneMethod("single_input", False, "data"),
-    PlaneMethod("refuse_early", False, "data", forwarded=False),
-    PlaneMethod("infer", True, "data"),
-    PlaneMethod("stream", False, "data", stream=True),
-    PlaneMethod("statistics", False, "data"),
-    PlaneMethod("repository_index", False, "control"),
-    PlaneMethod("load_model", True, "control"),
-    PlaneMethod("unload_model", True, "control"),
-    PlaneMethod("trace_settings", False, "control"),
-    PlaneMethod("log_settings", False, "control"),
-)
-#: The declaration by name.
-METHODS: dict[str, PlaneMethod] = {m.name: m for m in PLANE_METHODS}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _room(
+    room: Literal["data", "control"], *, forwarded: bool = True, stream: bool = False
+) -> Callable[[F], F]:
+    """Mark a method of `Plane` as one of its operations: `PLANE_METHODS` is read off them."""
+
+    def mark(method: F) -> F:
+        setattr(method, _MARK, (room, forwarded, stream))
+        return method
+
+    return mark
+
+
+_MARK = "__plane_method__"
+data = functools.partial(_room, "data")
+control = functools.partial(_room, "control")
+
+
 #: The shared-memory registry's operations the extensions' routes make (all synchronous).
 REGISTRY_METHODS: tuple[str, ...] = (
     "register_system",
@@ -82,54 +84,82 @@ REGISTRY_METHODS: tuple[str, ...] = (
 
 
 class Plane(Protocol):
-    """The protocol-agnostic operations behind every REST route and gRPC method."""
+    """The protocol-agnostic operations behind every REST route and gRPC method; each is marked
+    with its room (`data` or `control`), and `PLANE_METHODS` is read off the marks."""
 
     #: The shared-memory regions clients registered (the extensions' routes and RPCs use it).
     shared_memory: SharedMemoryRegistry
 
+    @data()
     def live(self) -> bool: ...
 
+    @data()
     def ready(self) -> bool: ...
 
+    @data()
     def not_ready_reason(self) -> str: ...
 
+    @data()
     def server_metadata(self) -> ServerMetadata: ...
 
+    @data()
     def model_ready(self, name: str, version: str = "") -> bool: ...
 
+    @data()
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
 
+    @data()
     def model_config(self, name: str, version: str = "") -> ModelConfigView: ...
 
+    @data()
     def single_input(self, name: str, version: str = "") -> tuple[TensorSpec, bool]: ...
 
+    @data(forwarded=False)
     def refuse_early(self, name: str, version: str = "") -> DlscaleError | None: ...
 
+    @data()
     async def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 
+    @data(stream=True)
     def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """0..N responses to one request, the last with `final` set; errors (the request's, or
         one that ends the stream) are raised by the iteration. A caller that leaves early closes
         the iterator (`aclose()`), which frees the request's sequence at once."""
         ...
 
+    @data()
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
 
+    @control()
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]: ...
 
+    @control()
     async def load_model(
         self, name: str, parameters: Mapping[str, str | bytes] | None = None
     ) -> None: ...
 
+    @control()
     async def unload_model(self, name: str) -> None: ...
 
+    @control()
     def trace_settings(
         self, model: str = "", changes: Mapping[str, Any] | None = None
     ) -> dict[str, str | list[str]]: ...
 
+    @control()
     def log_settings(
         self, changes: Mapping[str, Any] | None = None
     ) -> dict[str, str | bool | int]: ...
+
+
+#: The Plane's operations, in declaration order, as its methods' marks say.
+PLANE_METHODS: tuple[PlaneMethod, ...] = tuple(
+    PlaneMethod(name, inspect.iscoroutinefunction(member), *getattr(member, _MARK))
+    for name, member in vars(Plane).items()
+    if hasattr(member, _MARK)
+)
+#: The declaration by name.
+METHODS: dict[str, PlaneMethod] = {m.name: m for m in PLANE_METHODS}
 
 
 @runtime_checkable
