@@ -63,9 +63,8 @@ class Context:
 class Stage:
     """One proof: its name, its budget on a GPU and on the CPU, its command and its reader.
 
-    The CPU budgets are generous: the CPU run checks that the command works, not how fast, on
-    machines shared with other work (each at least 6 times what its stage took with 2 cores
-    loaded 7-10 deep, the torch stage's compile 3 times).
+    The CPU budgets are generous (6x what each stage took at load 7-10, the torch compile 3x):
+    the CPU run checks that the command works, not how fast, on machines shared with other work.
     """
 
     name: str
