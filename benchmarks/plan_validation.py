@@ -1,6 +1,6 @@
 """Validate `plan serve`: the queueing model's peak rate against a measured LoadGen Server peak.
 
-    python -m benchmarks.plan_validation [--model resnet50] [--bound 1s] [--repeats 3]
+    python -m benchmarks.plan_validation [--model resnet50] [--bound 1s | 50x] [--repeats 3]
 
 On this machine, for one model served as its config.toml says (max batch, queue delay, adaptive
 delay, instances), each repetition:
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -36,6 +37,7 @@ from dlscale.bench.peak import find_peak
 from dlscale.bench.results import RunResult
 from dlscale.bench.scenarios import Scenario, parse_duration
 from dlscale.bench.session import BenchOptions, Session
+from dlscale.errors import BenchError
 from dlscale.models.config import ModelConfig
 from dlscale.models.locate import onnx_file
 from dlscale.models.repository import ModelRepository, ModelVersion
@@ -72,6 +74,39 @@ class Served:
 
 #: Seconds of every timed run, per batch size.
 Samples = dict[int, tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The p99 bound: seconds, or a multiple of the batch-1 service time profiled first.
+
+    A multiple (`--bound 50x`) moves with the machine's speed: on a loaded machine the model
+    and the host both slow down, and a bound in seconds that a quiet machine holds at half
+    its peak may hold at no rate at all (the test on a shared machine uses it).
+    """
+
+    seconds: float | None = None
+    services: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Bound:
+        """`1s`, `250ms`, ... (parse_duration), or `50x`."""
+        if not text.strip().lower().endswith("x"):
+            return cls(seconds=parse_duration(text))
+        try:
+            services = float(text.strip()[:-1])
+        except ValueError:
+            services = math.nan
+        if not (math.isfinite(services) and services > 0):
+            raise BenchError(f"{text!r}: a multiple of the service time must be positive (50x)")
+        return cls(services=services)
+
+    def resolve(self, first: Samples) -> float:
+        """The bound in seconds, given the first profile."""
+        if self.seconds is not None:
+            return self.seconds
+        assert self.services is not None
+        return self.services * statistics.fmean(first[1])
 
 
 def measure_profile(
@@ -237,7 +272,7 @@ def mean_table(*profiles: Samples) -> dict[int, float]:
 def validate(
     repo: Path,
     model: str,
-    bound_s: float,
+    bound: Bound,
     repeats: int,
     out_dir: Path,
     search: Search = Search(),
@@ -247,7 +282,11 @@ def validate(
     version = ModelRepository(repo).version(model)
     served = Served.of(version.config)
     rows: list[dict[str, Any]] = []
-    profiles = [measure_profile(version, bound_s, profile_seconds)]
+    # A bound in service times is known once the first profile is: that one runs to the max
+    # batch size (its stop at twice the bound waits for the bound).
+    first_bound = math.inf if bound.seconds is None else bound.seconds
+    profiles = [measure_profile(version, first_bound, profile_seconds)]
+    bound_s = bound.resolve(profiles[0])
     print(f"profile: {_ms(mean_table(profiles[-1]))}", flush=True)
     for r in range(repeats):
         peak = measure_peak(repo, model, bound_s, out_dir, search, seed=r)
@@ -265,6 +304,7 @@ def validate(
     return {
         "model": model,
         "bound_s": bound_s,
+        "bound_services": bound.services,
         "served": asdict(served),
         "search": asdict(search),
         "profile": "backend timed alone (models.runner.time_backend), mean per batch size",
@@ -326,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50", help="a zoo model (built once)")
     parser.add_argument("--repo", type=Path, help="a repository holding --model instead")
-    parser.add_argument("--bound", default="1s", help="p99 latency bound (default 1s)")
+    parser.add_argument(
+        "--bound",
+        default="1s",
+        help="p99 latency bound (default 1s), or a multiple of batch 1's profiled time (50x)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--queries", type=int, default=150, help="LoadGen queries per run")
     parser.add_argument("--max-runs", type=int, default=6, help="LoadGen runs per peak search")
@@ -350,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result["summary"], indent=1))
         return 0
     repo = args.repo or onnx_file(args.model).parents[2]
-    bound = parse_duration(args.bound)
+    bound = Bound.parse(args.bound)
     out = args.out or RESULTS / f"plan-validation-{time.strftime('%Y%m%d-%H%M%S')}"
     result = validate(
         repo,

@@ -1,8 +1,12 @@
 """The planner's predicted Server peak beside a measured LoadGen peak, on a small model.
 
 A sanity test of the whole pipeline (profile -> queueing model -> LoadGen find-peak), run as
-`make bench` runs it: `python -m benchmarks.plan_validation`. The 20% claim is the benchmark's
-(BENCHMARKS.md); here a factor of 2 either way, on a noisy shared machine.
+`make bench` runs it: `python -m benchmarks.plan_validation`. How close the prediction comes is
+the benchmark's claim (BENCHMARKS.md, docs/plan.md); the test holds what any machine speed
+keeps. Its bound is 50 batch-1 service times, as profiled at the start of the run (`--bound
+50x`): a bound in seconds held at half the peak on a quiet machine (250 ms, 80 service times)
+held at no rate at all with the 2 cores loaded 15-29 deep, where each service time took 10-30
+times longer; in service times the search's rates and the bound move together.
 
 The model is compute-bound on purpose: each row costs about 3 ms of matrix products on one
 core (the other is left to LoadGen and the event loop), above the host work per request
@@ -23,6 +27,13 @@ from tests.toolkit.models import heavy_graph, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, WIDTH, LAYERS = 64, 512, 8
+#: The p99 bound in batch-1 service times (about 150 ms on a quiet machine).
+BOUND_SERVICES = 50
+#: A net under the search, not a figure: 25 s on a quiet machine; its runs last longer as the
+#: machine slows (fewer queries per second), 2.5 min with the 2 cores loaded 18 deep.
+SEARCH_TIMEOUT_S = 420
+# The module's fixture runs the search inside the first test, which pytest's 300 s would cut.
+pytestmark = pytest.mark.timeout(SEARCH_TIMEOUT_S + 60)
 
 
 def write_heavy_model(repo: Path, max_batch_size: int = 8) -> None:
@@ -40,10 +51,11 @@ def validation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     repo = tmp_path_factory.mktemp("plan-repo")
     write_heavy_model(repo)
     out = tmp_path_factory.mktemp("plan-out")
-    argv = ["--repo", str(repo), "--model", "heavy", "--bound", "250ms", "--repeats", "1"]
-    argv += ["--queries", "150", "--max-runs", "6", "--min-duration", "2s"]
+    argv = ["--repo", str(repo), "--model", "heavy", "--bound", f"{BOUND_SERVICES}x"]
+    argv += ["--repeats", "1"]
+    argv += ["--queries", "100", "--max-runs", "6", "--min-duration", "2s"]
     argv += ["--profile-seconds", "0.3", "--out", str(out)]
-    done = run_benchmark("plan_validation", *argv, timeout=240)
+    done = run_benchmark("plan_validation", *argv, timeout=SEARCH_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
@@ -76,6 +88,9 @@ def test_the_result_says_what_was_compared(validation: dict[str, Any]) -> None:
         "instances": 1,
     }
     row = validation["rows"][0]
+    first = row["profile_runs_s"][0]["1"]  # the batch-1 runs of the profile taken first
+    assert validation["bound_services"] == BOUND_SERVICES
+    assert validation["bound_s"] == pytest.approx(BOUND_SERVICES * sum(first) / len(first))
     profile = {int(b): t for b, t in row["profile_s"].items()}
     assert sorted(profile)[0] == 1 and all(t > 0 for t in profile.values())
     runs = row["peak"]["runs"]

@@ -1,14 +1,19 @@
-"""Two models sharing this CPU under [qos]: the protected one keeps its objective under a flood
-from the other, which gets the rest of the device; the limits answer 429 / RESOURCE_EXHAUSTED.
+"""Two models sharing this CPU under [qos]: the protected one's objective keeps it from waiting
+behind a flood from the other, which gets the rest of the device; the limits answer 429 /
+RESOURCE_EXHAUSTED.
 
 Service times are null-backend sleeps (tests/toolkit/repositories.py), so the assertions are
-in units of them, with margins for a busy machine, not in absolute milliseconds.
+in units of them, and each latency is compared with one measured in the same test: a busy
+machine adds its stalls to both runs, never a neighbor batch's worth of sleep to one alone.
+Whether the objective itself (80 ms) holds depends on the machine's speed: that is
+benchmarks/qos_device.py's claim (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -19,7 +24,6 @@ from tests.toolkit.repositories import (
     NEIGHBOR_BATCH,
     NEIGHBOR_ROW_US,
     NEIGHBOR_US,
-    OBJECTIVE_US,
     PROTECTED_US,
     tenants_repository,
 )
@@ -32,7 +36,10 @@ from dlscale.types import InferenceRequest
 
 ROW = np.ones((1, 4), np.float32)
 PROTECTED_RATE = 20.0  # requests/s: 20% of the device
+PROTECTED_COUNT = 120  # requests a run: 6 s
 FLOOD_IN_FLIGHT = 2 * NEIGHBOR_BATCH
+SERVICE_S = PROTECTED_US / 1e6
+FULL_BATCH_S = (NEIGHBOR_US + NEIGHBOR_ROW_US * NEIGHBOR_BATCH) / 1e6  # 386 ms
 
 
 async def _flood(plane: DataPlane, stop: asyncio.Event, rows: list[int]) -> None:
@@ -56,9 +63,18 @@ async def _protected(plane: DataPlane, count: int) -> list[float]:
     return list(await asyncio.gather(*(one(k) for k in range(count))))
 
 
-@pytest.mark.slow
-async def test_the_protected_model_keeps_its_objective_under_a_flood(tmp_path: Path) -> None:
-    manager = ModelManager.open(tenants_repository(tmp_path))
+class Flooded(NamedTuple):
+    """One run beside the flood: the protected latencies (s), the neighbor's rows/s meanwhile,
+    and how many of the neighbor's batches the scheduler capped."""
+
+    latencies: list[float]
+    neighbor: float
+    capped: int
+
+
+async def _beside_a_flood(repository: Path) -> Flooded:
+    """Flood the neighbor, then send the protected requests beside it."""
+    manager = ModelManager.open(repository)
     await manager.load_all()
     plane = DataPlane(manager)
     loop = asyncio.get_running_loop()
@@ -68,32 +84,45 @@ async def test_the_protected_model_keeps_its_objective_under_a_flood(tmp_path: P
         floods = [loop.create_task(_flood(plane, stop, rows)) for _ in range(FLOOD_IN_FLIGHT)]
         await asyncio.sleep(0.5)  # the flood reaches full batches
         before, start = rows[0], loop.time()
-        await asyncio.sleep(3.0)  # the neighbor alone
-        alone = (rows[0] - before) / (loop.time() - start)
-        before, start = rows[0], loop.time()
-        latencies = await _protected(plane, 200)
-        together = (rows[0] - before) / (loop.time() - start)
+        latencies = await _protected(plane, PROTECTED_COUNT)
+        neighbor_rate = (rows[0] - before) / (loop.time() - start)
         stop.set()
         await asyncio.gather(*floods)
-        neighbor = manager.get("neighbor").qos
-        assert neighbor is not None
-        capped = neighbor.devices()[0][1].capped
+        qos = manager.get("neighbor").qos
+        assert qos is not None
+        capped = qos.devices()[0][1].capped
     finally:
         await manager.close()
-    service = PROTECTED_US / 1e6
-    full_batch = (NEIGHBOR_US + NEIGHBOR_ROW_US * NEIGHBOR_BATCH) / 1e6
-    p90, p99 = np.percentile(latencies, [90, 99])
-    # Without the scheduler's cap, a request arriving as a full neighbor batch starts waits all
-    # of it: 39 service times, then its own. With it nine in ten requests hold the objective (8
-    # service times), and the p99 stays far from the uncapped wait: a busy machine's stalls
-    # (single requests of 20 service times were seen at load 6 on 2 cores) are not the cap's.
-    objective = OBJECTIVE_US / 1e6
-    assert p90 <= objective
-    assert p99 <= (objective + full_batch + service) / 2
-    assert capped > 0
-    # The neighbor gets the rest: at least 80% of its rate alone (measured just before), less
-    # the protected model's share of the device.
-    assert together >= 0.8 * alone * (1 - service * PROTECTED_RATE)
+    return Flooded(latencies, neighbor_rate, capped)
+
+
+@pytest.mark.slow
+async def test_the_objective_keeps_the_protected_model_out_of_the_floods_batches(
+    tmp_path: Path,
+) -> None:
+    kept = await _beside_a_flood(tenants_repository(tmp_path / "objective"))
+    # The same flood, the protected model best effort: the scheduler still runs one batch at a
+    # time (fair share sends a waiting protected request next), but caps no neighbor batch.
+    best_effort = tenants_repository(tmp_path / "best-effort", objective_us=0)
+    waited = await _beside_a_flood(best_effort)
+    p50, p90, p99 = np.percentile(kept.latencies, [50, 90, 99])
+    w50, w90, w99 = np.percentile(waited.latencies, [50, 90, 99])
+    # Best effort, a request arriving during a full neighbor batch waits for the rest of it
+    # (nine in ten more than half of it); a stall only adds to that.
+    assert w90 > SERVICE_S + FULL_BATCH_S / 2 and waited.capped == 0
+    # With the objective the neighbor's batches are capped (to about 11 rows, 68 ms, on a quiet
+    # machine), so the protected requests wait for a small part of a batch: a third of a full
+    # batch (129 ms of sleep) below best effort at the p90, on any machine (about 300 ms
+    # below on a quiet one), and lower at the median and the p99.
+    assert kept.capped > 0
+    assert p90 + FULL_BATCH_S / 3 <= w90
+    assert p50 < w50 and p99 < w99
+    # The neighbor is still served beside it. How much of the rest of the device it keeps is
+    # the host's speed as much as the scheduler's: capped batches cost it the host's work per
+    # batch (it kept 95% of its rate alone on a quiet machine, about half with the 2 cores
+    # loaded 13-18 deep). That share is checked in virtual time
+    # (tests/unit/serving/test_device_gate.py) and measured by benchmarks/qos_device.py.
+    assert kept.neighbor > 0
 
 
 def test_limits_answer_429_over_rest_and_resource_exhausted_over_grpc(tmp_path: Path) -> None:

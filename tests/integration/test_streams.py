@@ -328,20 +328,47 @@ def test_a_client_that_disconnects_frees_its_slot_for_the_next(server: LocalServ
     _until(lambda: _seats(server, "ticker").running == 0)
 
 
+def _seated_then_held(
+    server: LocalServer, priority: int, tag: str, seated: queue.Queue[str], go: threading.Event
+) -> None:
+    """A ticker stream that never ends: its tag goes to `seated` at its first tick (it holds
+    the one slot from then on), and it leaves once `go` is set."""
+    body = {"COUNT": -1, "parameters": {"priority": priority}}
+    with httpx.stream(
+        "POST", _url(server, "ticker", "generate_stream"), json=body, timeout=PATIENCE_S
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        seated.put(tag)
+        go.wait(PATIENCE_S)
+
+
 def test_priorities_order_the_waiting_requests(server: LocalServer) -> None:
-    done: list[Any] = []
+    # Each waiting request, once seated, holds the one slot until released, so the order the
+    # server seats them in is the order their first ticks arrive, whatever the client threads'
+    # scheduling (the order in which two short streams' clients finish reading is not).
+    seated: queue.Queue[str] = queue.Queue()
+    leave = {"low": threading.Event(), "high": threading.Event()}
     threads = []
     with _holding(server):
         for tag, priority in (("low", 2), ("high", 1)):
-            body = {"COUNT": 1, "parameters": {"priority": priority}}
-            thread = threading.Thread(target=_collect, args=(server, body, done, tag))
-            thread.start()
-            threads.append(thread)
-            seated = len(threads)
-            _until(lambda n=seated: _seats(server, "ticker").waiting == n)  # type: ignore[misc]
-    for thread in threads:
-        thread.join(PATIENCE_S)
-    assert done == [("high", [0]), ("low", [0])]  # one slot: the second waited for the first
+            args = (server, priority, tag, seated, leave[tag])
+            threads.append(threading.Thread(target=_seated_then_held, args=args))
+            threads[-1].start()
+            waiting = len(threads)
+            _until(lambda n=waiting: _seats(server, "ticker").waiting == n)  # type: ignore[misc]
+    try:
+        assert seated.get(timeout=PATIENCE_S) == "high"  # arrived last, seated first
+        assert _seats(server, "ticker").waiting == 1 and seated.empty()  # low still waits
+        leave["high"].set()
+        assert seated.get(timeout=PATIENCE_S) == "low"
+    finally:
+        for event in leave.values():
+            event.set()
+        for thread in threads:
+            thread.join(PATIENCE_S)
+    _until(lambda: _seats(server, "ticker").running == 0)
 
 
 def test_a_request_whose_timeout_passes_while_it_waits_is_dropped(server: LocalServer) -> None:

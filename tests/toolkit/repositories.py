@@ -291,10 +291,12 @@ PROTECTED_US, NEIGHBOR_US, NEIGHBOR_ROW_US, NEIGHBOR_BATCH = 10_000, 2000, 6000,
 OBJECTIVE_US = 80_000
 
 
-def tenants_repository(root: Path, rate_limit: float = 0.0) -> Path:
-    """Two null models sharing the CPU under [qos]: `protected` (objective OBJECTIVE_US, one
-    request a batch) and `neighbor` (best effort, batches of up to 64); `rate_limit` (req/s,
-    burst 2) on the neighbor when given."""
+def tenants_repository(
+    root: Path, rate_limit: float = 0.0, objective_us: int = OBJECTIVE_US
+) -> Path:
+    """Two null models sharing the CPU under [qos]: `protected` (objective `objective_us`, one
+    request a batch; 0: best effort too) and `neighbor` (best effort, batches of up to 64);
+    `rate_limit` (req/s, burst 2) on the neighbor when given."""
     tensors = NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
     write_null_model(
         root,
@@ -302,7 +304,7 @@ def tenants_repository(root: Path, rate_limit: float = 0.0) -> Path:
         "max_batch_size = 1\n"
         + tensors
         + f"[backend_options]\ndelay_us = {PROTECTED_US}\n"
-        + f"[qos]\nlatency_objective_us = {OBJECTIVE_US}\n",
+        + f"[qos]\nlatency_objective_us = {objective_us}\n",
     )
     limit = f"rate_limit = {rate_limit}\nrate_burst = 2\n" if rate_limit else ""
     write_null_model(
