@@ -26,6 +26,12 @@ from dlscale.errors import BackendError, ConfigError, DlscaleError
 
 #: The method of a dlscale `Model` that makes it stream.
 STREAM_METHOD = "stream"
+#: Responses of one stream waiting for the event loop, at most: a model that answers faster than
+#: its client reads waits in `send` (in its own thread) instead of piling answers up in memory
+#: until the unread-stream bound cuts the stream (issue 33).
+MAX_WAITING = 64
+#: How often a sender waiting for room looks whether its stream was closed meanwhile.
+_CHECK_S = 0.1
 
 
 def streams(path: Path, api: Api, extra: Mapping[str, Any]) -> bool:
@@ -61,20 +67,35 @@ class Channel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self.queue: asyncio.Queue[StreamPart | DlscaleError] = asyncio.Queue()
+        self._loop_thread = threading.get_ident()  # made on the loop, by `relay`
+        #: Each response, and whether it holds one of the MAX_WAITING places (`taken` frees it).
+        self.queue: asyncio.Queue[tuple[StreamPart | DlscaleError, bool]] = asyncio.Queue()
         #: Set when the stream is closed early (the client left, or its deadline passed).
         self.cancelled = threading.Event()
         self.ended = False
         self._lock = threading.Lock()
+        self._room = threading.Semaphore(MAX_WAITING)
 
     def send(self, item: StreamPart | DlscaleError) -> None:
-        """Pass one response (or the error that ends the stream) to the loop."""
+        """Pass one response (or the error that ends the stream) to the loop; wait while
+        MAX_WAITING responses wait there already, until the loop takes one or the stream ends."""
         with self._lock:
             if self.ended:
                 raise BackendError("the stream already ended: its final response was sent")
             self.ended = isinstance(item, DlscaleError) or item.final
+        held = threading.get_ident() != self._loop_thread  # the loop itself never waits here
+        while held and not self._room.acquire(timeout=_CHECK_S):
+            if self.cancelled.is_set():
+                return  # nobody reads this stream any more
         with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, (item, held))
+
+    async def take(self) -> StreamPart | DlscaleError:
+        """The next response, on the loop; a sender waiting for its place may go on."""
+        item, held = await self.queue.get()
+        if held:
+            self._room.release()
+        return item
 
 
 async def relay(executor: Executor, run: Callable[[Channel], None]) -> AsyncIterator[StreamPart]:
@@ -84,7 +105,7 @@ async def relay(executor: Executor, run: Callable[[Channel], None]) -> AsyncIter
     loop.run_in_executor(executor, _guarded, run, channel)
     try:
         while True:
-            item = await channel.queue.get()
+            item = await channel.take()
             if isinstance(item, DlscaleError):
                 raise item
             yield item
