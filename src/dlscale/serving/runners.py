@@ -4,7 +4,8 @@ A served version is one of three kinds: batched tensors (a `Batcher` over its in
 pipeline (its steps, each a model with a runner of its own), or a model that streams its
 answers (`Seats` in front of a generative engine or a decoupled Python model). The DataPlane,
 the model manager and the metrics call its `Runner` only, never asking which kind it is, so a
-rule for all kinds (refusing early, the shutdown's cut, closing) is written once.
+rule for all kinds (refusing early, the shutdown's cut, a dead backend's failure, closing with a
+grace) is written once.
 """
 
 from __future__ import annotations
