@@ -38,6 +38,14 @@ RAY_MISSING = "Ray Serve tests need the [ray] extra (ray[serve])"
 HOST = "127.0.0.1"
 #: The null model's stand-in for a device: every batch takes this long.
 SLEEPER_DELAY_US = 20_000
+#: Ray Serve's checks of its proxy, in seconds (5 and 10 by default), for the test cluster: on
+#: the 2 shared cores loaded many times over, a proxy took longer than 5 s to answer its first
+#: check, was marked unhealthy and killed, and every test here failed at setup. Set while the
+#: nodes start, whose processes (the Serve controller's among them) inherit them.
+PROXY_CHECKS_S = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+}
 
 
 @dataclass(frozen=True)
@@ -62,9 +70,16 @@ def cluster() -> Iterator[RayNodes]:
         "metrics_export_port": ports[0],
         "_system_config": {"metrics_report_interval_ms": 1000},
     }
-    nodes = Cluster(initialize_head=True, head_node_args=head)
+    with pytest.MonkeyPatch.context() as env:  # the nodes' processes start with these
+        for name, value in PROXY_CHECKS_S.items():
+            env.setenv(name, value)
+        nodes = Cluster(initialize_head=True, head_node_args=head)
+        try:
+            nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
+        except BaseException:
+            nodes.shutdown()
+            raise
     try:
-        nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
         ray.init(address=nodes.address, logging_level="WARNING")
         yield RayNodes(nodes.address, ports)
     finally:
