@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import queue
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -20,6 +19,7 @@ import tritonclient.grpc as tg
 from tests.toolkit.models import write_null_model
 from tests.toolkit.relay import Relay
 from tests.toolkit.server import LocalServer, serving
+from tests.toolkit.waiting import until
 from tritonclient.utils import InferenceServerException
 
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
@@ -54,13 +54,6 @@ def other(server: LocalServer) -> Iterator[Relay]:
     host, port = server.grpc_url.split(":")
     with Relay((host, int(port)), "127.0.0.2") as relay:
         yield relay
-
-
-def _until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + PATIENCE_S
-    while not condition():
-        assert time.monotonic() < deadline, "the server never reached the state awaited"
-        time.sleep(0.05)
 
 
 def _served(url: str) -> bool:
@@ -102,8 +95,8 @@ def test_idle_connections_of_one_address_leave_room_for_another(
             sock.sendall(PREFACE)
             if sock.recv(65536):  # the server's SETTINGS (none: it closed this one at once)
                 sock.sendall(SETTINGS_ACK)
-        _until(lambda: _served(other.url))
-        _until(lambda: sum(_open(s) for s in flood) <= SHARE)
+        until(lambda: _served(other.url))
+        until(lambda: sum(_open(s) for s in flood) <= SHARE)
     finally:
         for sock in flood:
             sock.close()
@@ -156,4 +149,4 @@ def test_streams_of_one_address_beyond_its_share_are_refused(
             requests.put(None)
         first.close()
         second.close()
-    _until(lambda: _served(server.grpc_url))  # its streams ended: 127.0.0.1 is served again
+    until(lambda: _served(server.grpc_url))  # its streams ended: 127.0.0.1 is served again

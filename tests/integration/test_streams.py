@@ -10,7 +10,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import pytest
 import tritonclient.grpc as tg
 from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.streaming_models import streaming_repository
+from tests.toolkit.waiting import until
 
 from dlscale.serving.seats import Seats
 
@@ -48,13 +49,6 @@ def _seats(server: LocalServer, model: str) -> Seats:
     seats = server.dataplane.manager.get(model).runner.seats
     assert seats is not None
     return seats
-
-
-def _until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + PATIENCE_S
-    while not condition():
-        assert time.monotonic() < deadline, "the server never reached the state awaited"
-        time.sleep(0.01)
 
 
 # -- gRPC: ModelStreamInfer --------------------------------------------------------------------
@@ -165,7 +159,7 @@ def test_a_grpc_client_that_cancels_frees_its_sequence(server: LocalServer) -> N
     assert _seats(server, "ticker").running == 1
     client.stop_stream(cancel_requests=True)
     client.close()
-    _until(lambda: _seats(server, "ticker").running == 0)
+    until(lambda: _seats(server, "ticker").running == 0)
 
 
 def test_one_grpc_stream_holds_at_most_its_bound_of_requests(tmp_path: Path) -> None:
@@ -176,12 +170,12 @@ def test_one_grpc_stream_holds_at_most_its_bound_of_requests(tmp_path: Path) -> 
         forever = [_values("COUNT", np.array([-1], np.int32), "INT32")]
         for _ in range(12):  # the first holds ticker's one seat; the others would all wait
             client.async_stream_infer("ticker", forever)
-        _until(lambda: _seats(bounded, "ticker").waiting == 2)
+        until(lambda: _seats(bounded, "ticker").waiting == 2)
         time.sleep(0.3)  # time for requests past the bound to arrive, were they read
         assert _seats(bounded, "ticker").waiting == 2
         client.stop_stream(cancel_requests=True)
         client.close()
-        _until(lambda: _seats(bounded, "ticker").running == 0)
+        until(lambda: _seats(bounded, "ticker").running == 0)
         assert results.get(timeout=PATIENCE_S)[1] is None
 
 
@@ -322,10 +316,10 @@ def test_a_client_that_disconnects_frees_its_slot_for_the_next(server: LocalServ
     with _holding(server):
         waiting = threading.Thread(target=_collect, args=(server, {"COUNT": 2}, got))
         waiting.start()
-        _until(lambda: _seats(server, "ticker").waiting == 1)
+        until(lambda: _seats(server, "ticker").waiting == 1)
     waiting.join(PATIENCE_S)
     assert got == [("", [0, 1])]
-    _until(lambda: _seats(server, "ticker").running == 0)
+    until(lambda: _seats(server, "ticker").running == 0)
 
 
 def _seated_then_held(
@@ -357,7 +351,7 @@ def test_priorities_order_the_waiting_requests(server: LocalServer) -> None:
             threads.append(threading.Thread(target=_seated_then_held, args=args))
             threads[-1].start()
             waiting = len(threads)
-            _until(lambda n=waiting: _seats(server, "ticker").waiting == n)  # type: ignore[misc]
+            until(lambda n=waiting: _seats(server, "ticker").waiting == n)  # type: ignore[misc]
     try:
         assert seated.get(timeout=PATIENCE_S) == "high"  # arrived last, seated first
         assert _seats(server, "ticker").waiting == 1 and seated.empty()  # low still waits
@@ -368,7 +362,7 @@ def test_priorities_order_the_waiting_requests(server: LocalServer) -> None:
             event.set()
         for thread in threads:
             thread.join(PATIENCE_S)
-    _until(lambda: _seats(server, "ticker").running == 0)
+    until(lambda: _seats(server, "ticker").running == 0)
 
 
 def test_a_request_whose_timeout_passes_while_it_waits_is_dropped(server: LocalServer) -> None:
@@ -433,10 +427,10 @@ def test_streams_cross_the_rest_workers_and_a_disconnect_frees_the_slot(
         with _holding(workers):
             waiting = threading.Thread(target=_collect, args=(workers, {"COUNT": 2}, got))
             waiting.start()
-            _until(lambda: _seats(workers, "ticker").waiting == 1)
+            until(lambda: _seats(workers, "ticker").waiting == 1)
         waiting.join(PATIENCE_S)
         assert got == [("", [0, 1])]
-        _until(lambda: _seats(workers, "ticker").running == 0)
+        until(lambda: _seats(workers, "ticker").running == 0)
         # Responses the owner sent after the worker's Cancel are dropped; the channel serves on.
         for _ in range(3):
             with _holding(workers, count=10**9):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as tg
 from tests.toolkit.python_models import write_python_model
 from tests.toolkit.server import HOST, LocalServer, serving
+from tests.toolkit.waiting import until
 
 from dlscale.frontends.grpc.outbox import Outbox
 from dlscale.wire.bounds import MAX_ID_CHARS
@@ -113,13 +114,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
         yield running
 
 
-def _until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + PATIENCE_S
-    while not condition():
-        assert time.monotonic() < deadline, "the server never reached the state awaited"
-        time.sleep(0.01)
-
-
 def _running(server: LocalServer, model: str = "gush") -> int:
     seats = server.dataplane.manager.get(model).runner.seats
     assert seats is not None
@@ -162,11 +156,11 @@ def test_rest_streams_left_unread_are_cut_and_free_their_seats(server: LocalServ
     path = "/v2/models/gush/generate_stream"
     silent = [_silent_stream(server, body, path) for _ in range(SEATS)]
     try:
-        _until(lambda: _running(server) == SEATS)  # every seat held by a client that does not read
+        until(lambda: _running(server) == SEATS)  # every seat held by a client that does not read
         # A client on a fresh connection is answered: the silent streams are cut, not waited on.
         answer = httpx.post(_generate_url(server), json={"COUNT": 3}, timeout=PATIENCE_S)
         assert answer.status_code == 200 and answer.text.count("data: ") == 3
-        _until(lambda: _running(server) == 0)
+        until(lambda: _running(server) == 0)
         for sock in silent:
             _read_until_closed(sock)
     finally:
@@ -179,13 +173,13 @@ def test_openai_streams_left_unread_are_cut_and_free_their_seats(server: LocalSe
     body = json.dumps(asked).encode()
     silent = [_silent_stream(server, body, "/v1/completions") for _ in range(SEATS)]
     try:
-        _until(lambda: _running(server, "chatter") == SEATS)
+        until(lambda: _running(server, "chatter") == SEATS)
         small = {**asked, "prompt": "hello", "max_tokens": 2}
         answer = httpx.post(
             f"http://{server.http_url}/v1/completions", json=small, timeout=PATIENCE_S
         )
         assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
-        _until(lambda: _running(server, "chatter") == 0)
+        until(lambda: _running(server, "chatter") == 0)
         for sock in silent:
             _read_until_closed(sock)
     finally:
@@ -256,9 +250,9 @@ def _served(server: LocalServer) -> None:
 
 def test_grpc_streams_left_unread_are_cut_and_free_their_seats(server: LocalServer) -> None:
     silent = [_SilentStream(server, [_request("gush", MANY)]) for _ in range(SEATS)]
-    _until(lambda: _running(server) == SEATS)
+    until(lambda: _running(server) == SEATS)
     _served(server)
-    _until(lambda: _running(server) == 0)
+    until(lambda: _running(server) == 0)
     for stream in silent:
         _cut_for_not_reading(stream)
 
@@ -279,16 +273,16 @@ def test_the_answers_an_unread_grpc_stream_holds_are_bounded(server: LocalServer
     before = set(_outboxes(server))
     answered = _answered(server)
     stream = _SilentStream(server, [_request("big", 1) for _ in range(SENT)])
-    _until(lambda: len(_outboxes(server) - before) == 1)
+    until(lambda: len(_outboxes(server) - before) == 1)
     (outbox,) = _outboxes(server) - before
-    _until(lambda: outbox.queued == MAX_ANSWERS)  # full: the client reads nothing
+    until(lambda: outbox.queued == MAX_ANSWERS)  # full: the client reads nothing
     time.sleep(0.3)  # time for requests past the bounds to be read and answered, were they
     # Those answered: the ones gRPC took (the client's window), the queued, the ones in hand.
     assert _answered(server) - answered < SENT // 4
     _served(server)
     assert outbox.queued <= MAX_ANSWERS
     assert outbox.most_held <= MAX_ANSWERS + MAX_REQUESTS
-    _until(lambda: outbox not in _outboxes(server))  # cut, still unread
+    until(lambda: outbox not in _outboxes(server))  # cut, still unread
     assert outbox.most_held <= MAX_ANSWERS + MAX_REQUESTS
     _cut_for_not_reading(stream)
 
@@ -300,6 +294,6 @@ def test_a_grpc_request_id_above_the_bound_gets_its_error_in_stream(server: Loca
         tensor = tg.InferInput("COUNT", [1], "INT32")
         tensor.set_data_from_numpy(np.array([1], np.int32))
         client.async_stream_infer("big", [tensor], request_id="i" * (MAX_ID_CHARS + 1))
-        _until(lambda: bool(results))
+        until(lambda: bool(results))
         client.stop_stream()
     assert results[0] is not None and "above the limit of" in str(results[0])
