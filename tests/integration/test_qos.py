@@ -1,12 +1,9 @@
-"""Two models sharing this CPU under [qos]: the protected one's objective keeps it from waiting
-behind a flood from the other, which gets the rest of the device; the limits answer 429 /
-RESOURCE_EXHAUSTED.
+"""Two models sharing this CPU under [qos]: the protected one's objective caps the batches of a
+flood from the other, which is still served; the limits answer 429 / RESOURCE_EXHAUSTED.
 
-Service times are null-backend sleeps (tests/toolkit/repositories.py), so the assertions are
-in units of them, and each latency is compared with one measured in the same test: a busy
-machine adds its stalls to both runs, never a neighbor batch's worth of sleep to one alone.
-Whether the objective itself (80 ms) holds depends on the machine's speed: that is
-benchmarks/qos_device.py's claim (BENCHMARKS.md).
+Service times are null-backend sleeps (tests/toolkit/repositories.py). The tests assert what
+the scheduler decides, counted in batches and rows; what that does to the protected latencies
+depends on the machine's speed, and is benchmarks/qos_device.py's claim (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -22,9 +19,6 @@ import tritonclient.http as httpclient
 from tests.toolkit.clients import infer_input
 from tests.toolkit.repositories import (
     NEIGHBOR_BATCH,
-    NEIGHBOR_ROW_US,
-    NEIGHBOR_US,
-    PROTECTED_US,
     tenants_repository,
 )
 from tests.toolkit.server import serving
@@ -36,10 +30,8 @@ from dlscale.types import InferenceRequest
 
 ROW = np.ones((1, 4), np.float32)
 PROTECTED_RATE = 20.0  # requests/s: 20% of the device
-PROTECTED_COUNT = 120  # requests a run: 6 s
+PROTECTED_COUNT = 60  # requests a run: 3 s
 FLOOD_IN_FLIGHT = 2 * NEIGHBOR_BATCH
-SERVICE_S = PROTECTED_US / 1e6
-FULL_BATCH_S = (NEIGHBOR_US + NEIGHBOR_ROW_US * NEIGHBOR_BATCH) / 1e6  # 386 ms
 
 
 async def _flood(plane: DataPlane, stop: asyncio.Event, rows: list[int]) -> None:
@@ -65,11 +57,13 @@ async def _protected(plane: DataPlane, count: int) -> list[float]:
 
 class Flooded(NamedTuple):
     """One run beside the flood: the protected latencies (s), the neighbor's rows/s meanwhile,
-    and how many of the neighbor's batches the scheduler capped."""
+    how many of the neighbor's batches the scheduler capped, and the neighbor's median batch
+    size (rows, by batches run: Triton's statistics extension)."""
 
     latencies: list[float]
     neighbor: float
     capped: int
+    median_batch: float
 
 
 async def _beside_a_flood(repository: Path) -> Flooded:
@@ -88,41 +82,40 @@ async def _beside_a_flood(repository: Path) -> Flooded:
         neighbor_rate = (rows[0] - before) / (loop.time() - start)
         stop.set()
         await asyncio.gather(*floods)
-        qos = manager.get("neighbor").qos
-        assert qos is not None
-        capped = qos.devices()[0][1].capped
+        neighbor = manager.get("neighbor")
+        assert neighbor.qos is not None
+        capped = neighbor.qos.devices()[0][1].capped
+        sizes = neighbor.stats.batch_stats
+        batches = np.repeat(list(sizes), [d.compute_infer.count for d in sizes.values()])
     finally:
         await manager.close()
-    return Flooded(latencies, neighbor_rate, capped)
+    return Flooded(latencies, neighbor_rate, capped, float(np.median(batches)))
 
 
 @pytest.mark.slow
-async def test_the_objective_keeps_the_protected_model_out_of_the_floods_batches(
+async def test_the_objective_caps_the_floods_batches_and_best_effort_does_not(
     tmp_path: Path,
 ) -> None:
+    """What the scheduler decides, counted in rows: how long the protected requests then wait
+    is the host's speed as much as the scheduler's, so that is benchmarks/qos_device.py's claim
+    (BENCHMARKS.md), on a simulated device where the host's stalls stay out of it."""
     kept = await _beside_a_flood(tenants_repository(tmp_path / "objective"))
     # The same flood, the protected model best effort: the scheduler still runs one batch at a
     # time (fair share sends a waiting protected request next), but caps no neighbor batch.
-    best_effort = tenants_repository(tmp_path / "best-effort", objective_us=0)
-    waited = await _beside_a_flood(best_effort)
-    p50, p90, p99 = np.percentile(kept.latencies, [50, 90, 99])
-    w50, w90, w99 = np.percentile(waited.latencies, [50, 90, 99])
-    # Best effort, a request arriving during a full neighbor batch waits for the rest of it
-    # (nine in ten more than half of it); a stall only adds to that.
-    assert w90 > SERVICE_S + FULL_BATCH_S / 2 and waited.capped == 0
-    # With the objective the neighbor's batches are capped (to about 11 rows, 68 ms, on a quiet
-    # machine), so the protected requests wait for a small part of a batch: a third of a full
-    # batch (129 ms of sleep) below best effort at the p90, on any machine (about 300 ms
-    # below on a quiet one), and lower at the median and the p99.
+    waited = await _beside_a_flood(tenants_repository(tmp_path / "best-effort", objective_us=0))
+    # With the objective, a neighbor batch may run only as long as the protected model's slack
+    # (80 ms less its own 10 ms): at most 11 rows of 6 ms, fewer on a busy machine (the cap reads
+    # the measured times, which a busy machine stretches).
     assert kept.capped > 0
-    assert p90 + FULL_BATCH_S / 3 <= w90
-    assert p50 < w50 and p99 < w99
-    # The neighbor is still served beside it. How much of the rest of the device it keeps is
-    # the host's speed as much as the scheduler's: capped batches cost it the host's work per
-    # batch (it kept 95% of its rate alone on a quiet machine, about half with the 2 cores
-    # loaded 13-18 deep). That share is checked in virtual time
-    # (tests/unit/serving/test_device_gate.py) and measured by benchmarks/qos_device.py.
-    assert kept.neighbor > 0
+    assert kept.median_batch < NEIGHBOR_BATCH / 4
+    # Best effort, nothing cuts the flood's batches: two batches of clients are in flight, so a
+    # full batch waits whenever one finishes.
+    assert waited.capped == 0
+    assert waited.median_batch > NEIGHBOR_BATCH / 2
+    # Every protected request is answered beside the flood, which is still served.
+    for run in (kept, waited):
+        assert len(run.latencies) == PROTECTED_COUNT
+        assert run.neighbor > 0
 
 
 def test_limits_answer_429_over_rest_and_resource_exhausted_over_grpc(tmp_path: Path) -> None:
