@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
 import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +21,11 @@ from dlscale.backends import BackendOptions
 from dlscale.backends.python import PythonBackend
 from dlscale.backends.python import transport as t
 from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.loader import UserCodeError
 from dlscale.backends.python.worker import WorkerRunner
-from dlscale.errors import BackendError, InvalidInput, NotFound
+from dlscale.errors import BackendError, DlscaleError, InvalidInput, NotFound
 from dlscale.types import Datatype, InferenceRequest, InferenceResponse, TensorSpec
+from dlscale.wire import channel
 from dlscale.wire.segments import scope_prefix
 
 PAIR = (TensorSpec("INPUT0", Datatype.FP32, (-1, 4)), TensorSpec("INPUT1", Datatype.FP32, (-1, 4)))
@@ -32,31 +36,69 @@ OUTS = (
 
 
 def test_numeric_tensors_travel_in_shared_memory_not_in_the_message() -> None:
-    arena, reader = t.Arena(scope_prefix("test-arena")), t.Reader()
+    ours, theirs = multiprocessing.Pipe()
+    server, worker = (
+        t.Pipe(ours, scope_prefix("test-arena-s")),
+        t.Pipe(theirs, scope_prefix("test-arena-w")),
+    )
     big = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
     words = np.array([b"a", b"bc"], dtype=object)
-    packed = arena.pack([{"big": big, "words": words}, {"empty": np.zeros((0, 3), np.int8)}])
-    assert len(pickle.dumps(packed)) < 2048  # the 256 KiB stay out of the pipe
-    first, second = reader.unpack(packed)
+    requests = [{"big": big, "words": words}, {"empty": np.zeros((0, 3), np.int8)}]
+    server.send(t.Run(requests), *requests)
+    assert theirs.poll(5)
+    frame = theirs.recv_bytes()
+    assert len(frame) < 2048  # the 256 KiB stay out of the pipe
+    arena = _segment_of(frame)
+    ours.send_bytes(frame)  # back into the pipe for the worker's side to read
+    first, second = channel.expect(t.Run, worker.receive()).requests
     np.testing.assert_array_equal(first["big"], big)
+    assert first["big"].flags.writeable and first["big"].flags.aligned
     assert list(first["words"]) == [b"a", b"bc"]
     assert second["empty"].shape == (0, 3)
     # The segment is reused while messages fit, and replaced by a larger one when not.
-    assert arena.pack([{"big": -big}]).segment == packed.segment
-    huge = np.ones(1 << 20, np.float32)
-    bigger = arena.pack([{"huge": huge}])
-    assert bigger.segment != packed.segment and packed.segment is not None
-    assert not Path("/dev/shm", packed.segment).exists()
-    np.testing.assert_array_equal(reader.unpack(bigger)[0]["huge"], huge)
-    reader.close()
-    arena.close()
-    assert bigger.segment is not None and not Path("/dev/shm", bigger.segment).exists()
+    server.send(t.Run([{"big": -big}]), {"big": -big})
+    assert _segment_of(theirs.recv_bytes()) == arena
+    huge = {"huge": np.ones(1 << 20, np.float32)}
+    server.send(t.Run([huge]), huge)
+    frame = theirs.recv_bytes()
+    assert _segment_of(frame) != arena and not Path("/dev/shm", arena).exists()
+    ours.send_bytes(frame)
+    np.testing.assert_array_equal(worker.receive().requests[0]["huge"], huge["huge"])
+    worker.close()
+    server.close()
+    assert not Path("/dev/shm", _segment_of(frame)).exists()
 
 
-def test_errors_cross_the_pipe_with_their_kind() -> None:
-    info = t.ErrorInfo.of(InvalidInput("bad row"))
-    assert isinstance(info.error(), InvalidInput) and str(info.error()) == "bad row"
-    assert isinstance(t.ErrorInfo("NoSuchError", "x").error(), BackendError)
+def _sides(ours: Connection, theirs: Connection) -> tuple[t.Pipe, t.Pipe]:
+    """The server's and the worker's side of a pipe, as a worker and its server hold them."""
+    return t.Pipe(ours, scope_prefix("test-pipe-s")), t.Pipe(theirs, scope_prefix("test-pipe-w"))
+
+
+def _segment_of(frame: bytes) -> str:
+    """The segment a frame's first out-of-band tensor lies in."""
+    _, meta_size = channel.FRAME.unpack_from(frame)
+    descriptors = pickle.loads(frame[channel.FRAME.size : channel.FRAME.size + meta_size])
+    return str(descriptors[0][0])
+
+
+def test_errors_cross_the_pipe_with_their_kind_and_trace() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    server, worker = (
+        t.Pipe(ours, scope_prefix("test-err-s")),
+        t.Pipe(theirs, scope_prefix("test-err-w")),
+    )
+    worker.send(t.Done([InvalidInput("bad row"), UserCodeError("raised", "Traceback ...")]))
+    bad, raised = channel.expect(t.Done, server.receive()).results
+    assert isinstance(bad, InvalidInput) and str(bad) == "bad row"
+    assert isinstance(raised, UserCodeError) and raised.trace == "Traceback ..."
+
+    class Unpicklable(BackendError):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a} {b}")
+
+    assert type(channel.portable(Unpicklable(1, 2))) is DlscaleError
+    worker.close()
+    server.close()
 
 
 def test_pb_utils_is_importable_by_tritons_name_once_a_model_loads(tmp_path: Path) -> None:

@@ -32,6 +32,8 @@ from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
+from dlscale.wire import channel
+from dlscale.wire.segments import Segments
 
 TENSORS = """
 [[inputs]]
@@ -116,7 +118,7 @@ async def linked(tmp_path: Path) -> AsyncIterator[tuple[RemotePlane, socket.sock
     requests_worker, requests_owner = socket.socketpair()
     host = PlaneHost(plane)
     served = asyncio.get_running_loop().create_task(host.serve(calls_owner, requests_owner))
-    segments = ipc.Segments(f"dlscale-test-plane.{os.getpid()}.")
+    segments = Segments(f"dlscale-test-plane.{os.getpid()}.")
     remote = RemotePlane(Calls(calls_worker), segments, False, 8)
     # A blocking call from this loop can never be answered: fail, rather than hang, if one is made.
     calls_worker.settimeout(10)
@@ -153,7 +155,7 @@ async def test_the_owner_refuses_a_method_the_plane_does_not_declare(
     remote._pending[ident] = future
     assert remote._writer is not None
     # A worker that asks the owner to stop serving: refused, and the owner keeps serving.
-    remote._writer.writelines(ipc.encode(ipc.Call("stop_accepting", (), {}, ident)))
+    remote._writer.writelines(channel.encode(ipc.PlaneCall("stop_accepting", (), {}, ident)))
     with pytest.raises(DlscaleError, match="a worker asked for 'stop_accepting'"):
         await asyncio.wait_for(future, 30)
     assert plane.ready()
@@ -164,10 +166,10 @@ async def test_the_owner_refuses_a_registry_operation_not_declared(
 ) -> None:
     _, calls_worker, _ = linked
     # `close` would unmap every client's region: not a registry operation a worker may call.
-    calls = ipc.encode(ipc.Call("registry.close"))
+    calls = channel.encode(ipc.PlaneCall("registry.close"))
     loop = asyncio.get_running_loop()
     await loop.sock_sendall(calls_worker, b"".join(calls))
-    reply = await loop.run_in_executor(None, ipc.read_blocking, calls_worker)
+    reply = await loop.run_in_executor(None, channel.read_blocking, calls_worker)
     assert isinstance(reply, ipc.Reply) and not reply.ok
     assert "registry.close" in str(reply.value)
 
@@ -177,5 +179,5 @@ async def test_a_bare_tuple_breaks_the_channel(
 ) -> None:
     remote, _, _ = linked
     assert remote._writer is not None
-    remote._writer.writelines(ipc.encode(("infer", ())))
+    remote._writer.writelines(channel.encode(("infer", ())))
     await asyncio.wait_for(remote.gone.wait(), 30)  # the owner hung up on the untyped message

@@ -31,7 +31,7 @@ from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_fa
 from dlscale.backends.python.runner import make_runner
 from dlscale.errors import BackendError, DlscaleError, Unavailable
 from dlscale.types import InferenceRequest, InferenceResponse
-from dlscale.wire import segments
+from dlscale.wire import channel, segments
 
 log = logging.getLogger("dlscale.python")
 #: How often an unload waiting for a running batch kills the worker again (a restart may
@@ -63,13 +63,12 @@ class WorkerRunner:
         self._closing = False
         self._broken = ""  # why no worker runs (a restart failed)
         self._process: Any = None
-        self._conn: Connection | None = None
+        self._pipe: t.Pipe | None = None
         # The server's naming rule (wire/segments.py): the registry refuses these segments,
         # and what a dead worker left under its prefix is swept.
         scope = f"py{secrets.token_hex(4)}"
         self._worker_prefix = segments.scope_prefix(f"{scope}w")
-        self._arena = t.Arena(segments.scope_prefix(f"{scope}s"))  # the tensors this side sends
-        self._reader = t.Reader()  # the worker's
+        self._server_prefix = segments.scope_prefix(f"{scope}s")
         self._start()
         self._watchdog = threading.Thread(
             target=self._watch, name=f"{model.name}-watchdog", daemon=True
@@ -92,32 +91,36 @@ class WorkerRunner:
         process.daemon = True
         process.start()
         theirs.close()
+        pipe = t.Pipe(ours, self._server_prefix)
         try:
-            ready = ours.recv()
-            while isinstance(ready, t.Call):  # BLS from initialize
-                ours.send(self._answer(ready))
-                ready = ours.recv()
+            ready = pipe.receive()
+            while isinstance(ready, t.BlsCall):  # BLS from initialize
+                self._answer(pipe, ready)
+                ready = pipe.receive()
         except EOFError:
             process.join()
+            pipe.close()
             raise BackendError(
                 f"model {self.model.name!r}: its worker process exited while loading "
                 f"(exit code {process.exitcode})"
             ) from None
         if isinstance(ready, t.Ready) and ready.error is not None:
             process.join()
+            pipe.close()
             raise _error(ready.error)
-        self._process, self._conn = process, ours
+        self._process, self._pipe = process, pipe
 
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """Send the batch to the worker and wait for its results, answering its BLS calls."""
         with self._lock:
             if self._process is not None and not self._process.is_alive():
                 self._restart(self._process)  # died between batches, before the watchdog saw
-            if self._conn is None:
+            if self._pipe is None:
                 raise Unavailable(f"model {self.model.name!r}: no worker process ({self._broken})")
             try:
-                self._conn.send(t.Run(self._arena.pack(requests)))
-                results = self._results(self._conn)
+                arrays = [dict(r) for r in requests]
+                self._pipe.send(t.Run(arrays), *arrays)
+                results = self._results(self._pipe)
             except (EOFError, OSError):
                 raise self._died() from None
             self._bound_memory()
@@ -158,37 +161,30 @@ class WorkerRunner:
         self._stop_worker()
         self._restart(process)
 
-    def _results(self, conn: Connection) -> list[RequestResult]:
+    def _results(self, pipe: t.Pipe) -> list[RequestResult]:
         while True:
-            ready = wait([conn, self._process.sentinel])
-            if conn not in ready:
+            ready = wait([pipe.conn, self._process.sentinel])
+            if pipe.conn not in ready:
                 raise EOFError
-            message = conn.recv()
-            if isinstance(message, t.Call):
-                conn.send(self._answer(message))
+            message = pipe.receive()
+            if isinstance(message, t.BlsCall):
+                self._answer(pipe, message)
             elif isinstance(message, t.Failed):
                 raise _error(message.error)
             elif isinstance(message, t.Done):
-                outputs = self._reader.unpack(message.outputs)
-                return [
-                    e.error() if e is not None else o
-                    for o, e in zip(outputs, message.errors, strict=True)
-                ]
+                return [_error(r) if isinstance(r, DlscaleError) else r for r in message.results]
 
-    def _answer(self, call: t.Call) -> t.Answer:
+    def _answer(self, pipe: t.Pipe, call: t.BlsCall) -> None:
         """Run a BLS call of the worker's user code through the server (this thread waits)."""
-        inputs = self._reader.unpack(call.inputs)[0]
         if self.caller is None:
-            return t.Answer(None, error=t.ErrorInfo("Unavailable", "no server to call models"))
-        request = call.request
-        request.inputs = inputs
+            pipe.send(t.Answer(None, Unavailable("no server to call models")))
+            return
         try:
-            response = self.caller.infer(request)
+            response = self.caller.infer(call.request)
         except DlscaleError as exc:
-            return t.Answer(None, error=t.ErrorInfo.of(exc))
-        outputs = self._arena.pack([response.outputs])
-        response.outputs = {}
-        return t.Answer(response, outputs)
+            pipe.send(t.Answer(None, exc))
+            return
+        pipe.send(t.Answer(response), response.outputs)
 
     def _watch(self) -> None:
         """Restart the worker each time it dies, until the model unloads."""
@@ -208,11 +204,9 @@ class WorkerRunner:
             "model %r: worker process (pid %s) exited with code %s; restarting it",
             self.model.name, process.pid, process.exitcode,
         )  # fmt: skip
-        if self._conn is not None:
-            self._conn.close()
-        self._reader.close()
+        self._close_pipe()
         segments.sweep(self._worker_prefix)  # what the dead worker could not unlink
-        self._process = self._conn = None
+        self._process = None
         try:
             self._start()
         except DlscaleError as exc:
@@ -240,25 +234,29 @@ class WorkerRunner:
                 process.kill()
         try:
             self._stop_worker()
-            self._arena.close()
         finally:
             self._lock.release()
 
     def _stop_worker(self) -> None:
         """Stop the worker (Stop, then a kill when it lingers) and sweep its segments."""
-        process, conn = self._process, self._conn
-        self._process = self._conn = None
-        if process is None or conn is None:
+        process, pipe = self._process, self._pipe
+        self._process = None
+        if process is None or pipe is None:
             return
         with contextlib.suppress(OSError):
-            conn.send(t.Stop())
+            pipe.send(t.Stop())
         process.join(timeout=STOP_TIMEOUT_S)
         if process.is_alive():
             process.kill()
             process.join()
-        conn.close()
-        self._reader.close()
+        self._close_pipe()
         segments.sweep(self._worker_prefix)  # the worker unlinks its own; a killed one cannot
+
+    def _close_pipe(self) -> None:
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.conn.close()
+            pipe.close()
 
 
 def _resident_mb(pid: int) -> int:
@@ -270,12 +268,11 @@ def _resident_mb(pid: int) -> int:
     return pages * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
-def _error(info: t.ErrorInfo) -> DlscaleError:
-    if info.trace:
-        error = UserCodeError(info.message, info.trace)
+def _error(error: DlscaleError) -> DlscaleError:
+    """A worker's error, its user traceback (if any) written to this process's log."""
+    if isinstance(error, UserCodeError) and error.trace:
         log_failure(error)
-        return error
-    return info.error()
+    return error
 
 
 # -- the worker's side -----------------------------------------------------------------------------
@@ -284,21 +281,18 @@ def _error(info: t.ErrorInfo) -> DlscaleError:
 class _PipeCaller:
     """BLS from a worker: the call goes to the server over the pipe, which answers it."""
 
-    def __init__(self, conn: Connection, arena: t.Arena, reader: t.Reader) -> None:
-        self._conn = conn
-        self._arena = arena
-        self._reader = reader
+    def __init__(self, pipe: t.Pipe) -> None:
+        self._pipe = pipe
         self._lock = threading.Lock()
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:
         with self._lock:  # one call at a time: the arena and the pipe are shared
-            packed = self._arena.pack([request.inputs])
-            request.inputs = {}
-            self._conn.send(t.Call(request, packed))
-            answer: t.Answer = self._conn.recv()
-            if answer.error is not None or answer.response is None or answer.outputs is None:
-                raise (answer.error or t.ErrorInfo("BackendError", "no answer")).error()
-            answer.response.outputs = self._reader.unpack(answer.outputs)[0]
+            self._pipe.send(t.BlsCall(request), request.inputs)
+            answer = channel.expect(t.Answer, self._pipe.receive())
+        if answer.error is not None:
+            raise answer.error
+        if answer.response is None:
+            raise BackendError("the server sent no answer to a model's call")
         return answer.response
 
 
@@ -306,27 +300,30 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
     """The worker's main: load the model, then compute each batch the server sends; its
     segments are named under `prefix` (the server's rule, wire/segments.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s [worker] %(message)s")
-    arena, reader = t.Arena(prefix), t.Reader()
-    pb.bind_caller(_PipeCaller(conn, arena, reader))
+    pipe = t.Pipe(conn, prefix)
+    pb.bind_caller(_PipeCaller(pipe))
     try:
         runner = make_runner(model, api)
     except DlscaleError as exc:
-        conn.send(t.Ready(t.ErrorInfo.of(exc)))
+        pipe.send(t.Ready(_portable(exc)))
         return
-    conn.send(t.Ready())
+    pipe.send(t.Ready())
     while True:
-        message = conn.recv()
+        message = pipe.receive()
         if isinstance(message, t.Stop):
             runner.close()
-            reader.close()
-            arena.close()
+            pipe.close()
             return
-        requests = reader.unpack(message.inputs)
         try:
-            results = runner.run(requests)
+            results = runner.run(channel.expect(t.Run, message).requests)
         except DlscaleError as exc:
-            conn.send(t.Failed(t.ErrorInfo.of(exc)))
+            pipe.send(t.Failed(_portable(exc)))
             continue
-        outputs = [r if not isinstance(r, DlscaleError) else {} for r in results]
-        infos = tuple(t.ErrorInfo.of(r) if isinstance(r, DlscaleError) else None for r in results)
-        conn.send(t.Done(arena.pack(outputs), infos))
+        done = [_portable(r) if isinstance(r, DlscaleError) else r for r in results]
+        pipe.send(t.Done(done), *(r for r in done if not isinstance(r, DlscaleError)))
+
+
+def _portable(exc: DlscaleError) -> DlscaleError:
+    """The error as it can cross the pipe (a DlscaleError of its text when it cannot)."""
+    crossing = channel.portable(exc)
+    return crossing if isinstance(crossing, DlscaleError) else DlscaleError(str(exc))

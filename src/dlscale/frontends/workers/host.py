@@ -14,17 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import pickle
 import socket
 from typing import Any
-
-import numpy as np
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.plane import METHODS, PLANE_METHODS, REGISTRY_METHODS, Plane
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.system import SystemRegion, shm_path
 from dlscale.serving.streams import aclose
+from dlscale.wire import channel
+from dlscale.wire.segments import filling
 
 log = logging.getLogger("dlscale.http")
 
@@ -34,7 +33,6 @@ CALLS = frozenset(
     {f"registry.{name}" for name in REGISTRY_METHODS}
     | {m.name for m in PLANE_METHODS if not m.asynchronous and not m.stream}
 )
-_ALIGN = 64
 
 
 class PlaneHost:
@@ -58,7 +56,7 @@ class PlaneHost:
         calls_task = asyncio.get_running_loop().create_task(self._serve_calls(calls))
         try:
             while True:
-                message = await ipc.read(reader, self._resolve)
+                message = await channel.read(reader, self._resolve)
                 if isinstance(message, ipc.Listening):
                     self.port = message.port
                     self.listening.set()
@@ -67,7 +65,7 @@ class PlaneHost:
                     if (stream := self._streams.get(message.ident)) is not None:
                         stream.cancel()  # closes the stream: the sequence is freed
                     continue
-                call = ipc.expect(ipc.Call, message)
+                call = channel.expect(ipc.PlaneCall, message)
                 method = METHODS.get(call.method)
                 answer = self._stream if method is not None and method.stream else self._answer
                 task = asyncio.get_running_loop().create_task(answer(writer, call))
@@ -87,7 +85,7 @@ class PlaneHost:
                 self.plane.shared_memory.unreserve(segment.identity)
             self._segments.clear()
 
-    async def _answer(self, writer: asyncio.StreamWriter, call: ipc.Call) -> None:
+    async def _answer(self, writer: asyncio.StreamWriter, call: ipc.PlaneCall) -> None:
         for key in call.dropped:
             if (segment := self._segments.pop(key, None)) is not None:
                 self.plane.shared_memory.unreserve(segment.identity)
@@ -100,27 +98,27 @@ class PlaneHost:
                 value = await value
             reply = ipc.Reply(call.ident, True, value)
         except Exception as exc:  # the worker's REST API maps it as it would here
-            reply = ipc.Reply(call.ident, False, _portable(exc))
+            reply = ipc.Reply(call.ident, False, channel.portable(exc))
         if method is not None and method.asynchronous:
             self.answered += 1
         if writer.is_closing():
             return  # the worker is gone (its segments with it): the answer has nowhere to go
         space = call.space
         try:
-            place = _writer(self._region(space[0]), space[0], space[2]) if space else None
+            place = filling(self._region(space[0]).view(0, space[2]), space[0]) if space else None
         except (OSError, DlscaleError):  # the segment went with its worker: answer in band
             place = None
         with contextlib.suppress(ConnectionError):
-            writer.writelines(ipc.encode(reply, place))
+            writer.writelines(channel.encode(reply, place))
             await writer.drain()
 
-    async def _stream(self, writer: asyncio.StreamWriter, call: ipc.Call) -> None:
+    async def _stream(self, writer: asyncio.StreamWriter, call: ipc.PlaneCall) -> None:
         """Send each response of a stream as a `Part`, then the `Reply` that ends it."""
         try:
             responses = getattr(self.plane, call.method)(*call.args)
             try:
                 async for response in responses:
-                    writer.writelines(ipc.encode(ipc.Part(call.ident, response)))
+                    writer.writelines(channel.encode(ipc.Part(call.ident, response)))
                     await writer.drain()
             finally:
                 await aclose(responses)
@@ -128,24 +126,24 @@ class PlaneHost:
         except asyncio.CancelledError:
             return  # the worker's client left (Cancel) or the worker is gone: nothing to say
         except Exception as exc:
-            reply = ipc.Reply(call.ident, False, _portable(exc))
+            reply = ipc.Reply(call.ident, False, channel.portable(exc))
         finally:
             self._streams.pop(call.ident, None)
         self.answered += 1
         with contextlib.suppress(ConnectionError):
-            writer.writelines(ipc.encode(reply))
+            writer.writelines(channel.encode(reply))
             await writer.drain()
 
     async def _serve_calls(self, sock: socket.socket) -> None:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         try:
             while True:
-                call = ipc.expect(ipc.Call, await ipc.read(reader))
+                call = channel.expect(ipc.PlaneCall, await channel.read(reader))
                 try:
                     reply = ipc.Reply(call.ident, True, self._call(call.method, call.args))
                 except Exception as exc:
-                    reply = ipc.Reply(call.ident, False, _portable(exc))
-                writer.writelines(ipc.encode(reply))
+                    reply = ipc.Reply(call.ident, False, channel.portable(exc))
+                writer.writelines(channel.encode(reply))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -168,33 +166,6 @@ class PlaneHost:
             self.plane.shared_memory.reserve(region.identity)  # never a client's region
         return region
 
-    def _resolve(self, spot: ipc.Descriptor) -> memoryview:
+    def _resolve(self, spot: channel.Descriptor) -> memoryview:
         key, offset, size = spot
         return self._region(key).view(offset, size)
-
-
-def _writer(region: SystemRegion, key: str, size: int) -> ipc.Place:
-    """Place large outputs one after another in a request's segment, while they fit."""
-    cursor = 0
-
-    def place(buffer: memoryview) -> ipc.Descriptor | None:
-        nonlocal cursor
-        start = -(-cursor // _ALIGN) * _ALIGN
-        if start + buffer.nbytes > size:
-            return None
-        target = np.frombuffer(region.view(start, buffer.nbytes), np.uint8)
-        # copyto handles an output that overlaps its place (a view of an input in this segment).
-        np.copyto(target, np.frombuffer(buffer, np.uint8))
-        cursor = start + buffer.nbytes
-        return key, start, buffer.nbytes
-
-    return place
-
-
-def _portable(exc: Exception) -> Exception:
-    """The error itself when it survives pickling, else a DlscaleError with its text."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return DlscaleError(str(exc))
-    return exc

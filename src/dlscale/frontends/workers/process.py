@@ -27,8 +27,8 @@ from dlscale.frontends.loop import new_event_loop
 from dlscale.frontends.rest.body import BodyBuffers
 from dlscale.frontends.rest.transport import HttpFrontend
 from dlscale.frontends.tls import TlsFiles
-from dlscale.frontends.workers import messages as ipc
 from dlscale.frontends.workers.remote import Calls, RemotePlane
+from dlscale.wire.segments import Segments
 
 log = logging.getLogger("dlscale.http")
 _PR_SET_PDEATHSIG = 1
@@ -59,7 +59,7 @@ class WorkerConfig:
 
 async def serve(config: WorkerConfig, calls: socket.socket, requests: socket.socket) -> None:
     """Listen and serve until SIGTERM or until the owner is gone."""
-    segments = ipc.Segments(config.segment_prefix)
+    segments = Segments(config.segment_prefix)
     plane = RemotePlane(Calls(calls), segments, config.allow_shm, config.max_shm_regions)
     await plane.connect(requests)
     frontend = HttpFrontend(

@@ -4,7 +4,7 @@ The owner answers with its own plane (frontends/workers/host.py), so health, met
 statistics, the repository and the shared-memory registry read the same whichever process a client
 reached. Every Plane method is forwarded over the asynchronous channel (`RemotePlane.ask`, which
 frontends/plane.py's `answer` uses for the synchronous ones), with inputs that lie in this worker's
-shared-memory segments sent in place (frontends/workers/messages.py); the event loop never waits
+shared-memory segments sent in place (wire/channel.py); the event loop never waits
 on the owner. The forwards are built from `PLANE_METHODS`, not written per method. The registry's
 operations, synchronous in the extensions' routes, go over their own blocking channel, and the
 REST API runs them off the event loop.
@@ -26,6 +26,8 @@ from dlscale.frontends.plane import METHODS, PLANE_METHODS, Plane, PlaneMethod
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
 from dlscale.types import InferenceRequest, InferenceResponse
+from dlscale.wire import channel
+from dlscale.wire.segments import Segments
 
 GONE = "the server is stopping (its model process is gone)"
 
@@ -42,8 +44,8 @@ class Calls:
         """The owner's answer to `method(*args)`, or its error raised here."""
         with self._lock:
             try:
-                self._sock.sendall(b"".join(ipc.encode(ipc.Call(method, args))))
-                reply = ipc.expect(ipc.Reply, ipc.read_blocking(self._sock))
+                self._sock.sendall(b"".join(channel.encode(ipc.PlaneCall(method, args))))
+                reply = channel.expect(ipc.Reply, channel.read_blocking(self._sock))
             except OSError:
                 raise Unavailable(GONE) from None
         if not reply.ok:
@@ -91,9 +93,7 @@ class ForwardedRegistry(SharedMemoryRegistry):
 class RemotePlane:
     """A Plane whose every call the owner answers (see the module's docstring)."""
 
-    def __init__(
-        self, calls: Calls, segments: ipc.Segments, allow_shm: bool, max_regions: int
-    ) -> None:
+    def __init__(self, calls: Calls, segments: Segments, allow_shm: bool, max_regions: int) -> None:
         self._calls = calls
         self.segments = segments
         self.shared_memory: SharedMemoryRegistry = ForwardedRegistry(calls, allow_shm, max_regions)
@@ -118,19 +118,19 @@ class RemotePlane:
     async def announce(self, port: int) -> None:
         """Tell the owner this worker listens (on `port`)."""
         assert self._writer is not None
-        self._writer.writelines(ipc.encode(ipc.Listening(port)))
+        self._writer.writelines(channel.encode(ipc.Listening(port)))
         await self._writer.drain()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                reply = await ipc.read(reader, self.segments.view)
+                reply = await channel.read(reader, self.segments.view)
                 if isinstance(reply, ipc.Part | ipc.Reply) and reply.ident in self._streams:
                     self._streams[reply.ident].put_nowait(reply)
                     continue
                 if isinstance(reply, ipc.Part):
                     continue  # sent before the owner read this worker's Cancel: dropped
-                reply = ipc.expect(ipc.Reply, reply)
+                reply = channel.expect(ipc.Reply, reply)
                 future = self._pending.pop(reply.ident, None)
                 if future is None or future.done():
                     continue
@@ -162,7 +162,7 @@ class RemotePlane:
         ident = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[ident] = future
-        await self._send(ipc.Call(method, args, kwargs, ident, space))
+        await self._send(ipc.PlaneCall(method, args, kwargs, ident, space))
         return await future
 
     async def ask_stream(self, method: str, *args: Any) -> AsyncIterator[Any]:
@@ -175,7 +175,7 @@ class RemotePlane:
         self._streams[ident] = stream
         ended = False
         try:
-            await self._send(ipc.Call(method, args, {}, ident))
+            await self._send(ipc.PlaneCall(method, args, {}, ident))
             while True:
                 message = await stream.get()
                 if isinstance(message, ipc.Part):
@@ -191,14 +191,14 @@ class RemotePlane:
                 with contextlib.suppress(Unavailable):
                     await self._send(ipc.Cancel(ident))
 
-    async def _send(self, message: ipc.Call | ipc.Cancel) -> None:
+    async def _send(self, message: ipc.PlaneCall | ipc.Cancel) -> None:
         """Write one message to the owner; its segments dropped since the last call go along."""
         assert self._writer is not None
-        if isinstance(message, ipc.Call):
+        if isinstance(message, ipc.PlaneCall):
             dropped, self.segments.dropped = tuple(self.segments.dropped), []
             message = dataclasses.replace(message, dropped=dropped)
         try:
-            self._writer.writelines(ipc.encode(message, self.segments.locate))
+            self._writer.writelines(channel.encode(message, self.segments.locate))
             await self._writer.drain()
         except ConnectionError:
             raise Unavailable(GONE) from None
@@ -207,10 +207,10 @@ class RemotePlane:
         """None: a round trip per request would cost more than it saves; the owner refuses."""
         return None
 
-    def _space(self, request: InferenceRequest) -> ipc.Descriptor | None:
+    def _space(self, request: InferenceRequest) -> channel.Descriptor | None:
         """The body segment of a request, where the owner may write its outputs back."""
         for array in request.inputs.values():
-            if array.nbytes >= ipc.OUT_OF_BAND_BYTES and array.dtype != object:
+            if array.nbytes >= channel.OUT_OF_BAND_BYTES and array.dtype != object:
                 spot = self.segments.locate(array)
                 segment = self.segments.segment(spot[0]) if spot is not None else None
                 if segment is not None and spot is not None:

@@ -1,4 +1,5 @@
-"""The worker/owner message codec: large buffers in shared-memory segments, the rest in band."""
+"""The one transport between the server's processes, as the REST workers use it: large
+buffers in shared-memory segments, the rest in band."""
 
 from __future__ import annotations
 
@@ -9,33 +10,33 @@ import numpy as np
 import pytest
 
 from dlscale.frontends.rest.body import POOLED_FROM, BodyBuffers
-from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.system import SHM_DIR, SystemRegion
 from dlscale.types import InferenceRequest
-from dlscale.wire.segments import scope_prefix
+from dlscale.wire import channel
+from dlscale.wire.segments import Segments, scope_prefix, sweep
 
 
 @pytest.fixture
-def segments() -> Iterator[ipc.Segments]:
-    made = ipc.Segments(scope_prefix("test-ipc"))
+def segments() -> Iterator[Segments]:
+    made = Segments(scope_prefix("test-ipc"))
     yield made
     made.close()
-    ipc.sweep(made.prefix)
+    sweep(made.prefix)
 
 
-def _owner_side(spot: ipc.Descriptor) -> memoryview:
+def _owner_side(spot: channel.Descriptor) -> memoryview:
     key, offset, size = spot
     return SystemRegion(key, 0, (SHM_DIR / key).stat().st_size).view(offset, size)
 
 
-def _round_trip(message: object, segments: ipc.Segments) -> tuple[object, list[bytes]]:
-    frame = ipc.encode(message, segments.locate)
-    size, meta_size = ipc.FRAME.unpack(frame[0])
+def _round_trip(message: object, segments: Segments) -> tuple[object, list[bytes]]:
+    frame = channel.encode(message, segments.locate)
+    size, meta_size = channel.FRAME.unpack(frame[0])
     assert (len(frame[2]), len(frame[1])) == (size, meta_size)
-    return ipc.decode(frame[1], frame[2], _owner_side), frame
+    return channel.decode(frame[1], frame[2], _owner_side), frame
 
 
-def test_a_tensor_in_a_segment_is_read_in_place(segments: ipc.Segments) -> None:
+def test_a_tensor_in_a_segment_is_read_in_place(segments: Segments) -> None:
     body = segments.allocate(1 << 20)
     x = body[4096 : 4096 + 4 * 65536].view(np.float32).reshape(256, 256)
     x[:] = np.arange(65536, dtype=np.float32).reshape(256, 256)
@@ -49,18 +50,18 @@ def test_a_tensor_in_a_segment_is_read_in_place(segments: ipc.Segments) -> None:
     assert got.priority == 1
 
 
-def test_small_and_private_buffers_travel_in_band(segments: ipc.Segments) -> None:
+def test_small_and_private_buffers_travel_in_band(segments: Segments) -> None:
     segments.allocate(1 << 20)
     small = np.arange(16, dtype=np.float32)
-    private = np.ones(ipc.OUT_OF_BAND_BYTES, np.uint8)  # large, but not in a segment
+    private = np.ones(channel.OUT_OF_BAND_BYTES, np.uint8)  # large, but not in a segment
     got, frame = _round_trip({"small": small, "private": private}, segments)
     assert isinstance(got, dict)
     np.testing.assert_array_equal(got["small"], small)
     np.testing.assert_array_equal(got["private"], private)
-    assert len(frame[2]) > ipc.OUT_OF_BAND_BYTES
+    assert len(frame[2]) > channel.OUT_OF_BAND_BYTES
 
 
-def test_a_dropped_segment_is_unlinked_and_reported(segments: ipc.Segments) -> None:
+def test_a_dropped_segment_is_unlinked_and_reported(segments: Segments) -> None:
     body = segments.allocate(1 << 20)
     spot = segments.locate(body[10:20])
     assert spot is not None and spot[1:] == (10, 10)
@@ -72,15 +73,15 @@ def test_a_dropped_segment_is_unlinked_and_reported(segments: ipc.Segments) -> N
     assert segments.dropped == [spot[0]]
 
 
-def test_sweep_removes_what_a_prefix_names(segments: ipc.Segments) -> None:
+def test_sweep_removes_what_a_prefix_names(segments: Segments) -> None:
     kept = segments.allocate(4096)
-    assert ipc.sweep(segments.prefix) == 1
+    assert sweep(segments.prefix) == 1
     assert not list(SHM_DIR.glob(f"{segments.prefix}*"))
     del kept
 
 
 def test_body_pool_in_segments_trims_an_idle_buffer_behind_a_busy_one(
-    segments: ipc.Segments,
+    segments: Segments,
 ) -> None:
     pool = BodyBuffers(allocate=segments.allocate)
     busy = pool.take(POOLED_FROM * 4)
@@ -92,7 +93,7 @@ def test_body_pool_in_segments_trims_an_idle_buffer_behind_a_busy_one(
     assert busy.size == POOLED_FROM * 4
 
 
-def test_segment_names_hold_a_random_token(segments: ipc.Segments) -> None:
+def test_segment_names_hold_a_random_token(segments: Segments) -> None:
     # A name another process could guess is one it could register as a region, to read or
     # overwrite the bodies of other clients' requests: the names carry 96 random bits.
     first, second = segments.allocate(4096), segments.allocate(4096)
