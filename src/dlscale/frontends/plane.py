@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from dlscale.errors import DlscaleError
 from dlscale.serving.regions.registry import SharedMemoryRegistry
@@ -180,3 +180,52 @@ async def answer(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         name = getattr(call, "__name__", "")
         return cast(T, await owner.ask(name, *args, **kwargs))
     return call(*args, **kwargs)
+
+
+def _asked(
+    method: Callable[Concatenate[Any, P], T],
+) -> Callable[Concatenate[Asked, P], Coroutine[Any, Any, T]]:
+    """The view's form of a synchronous Plane method: awaited, typed as the declaration."""
+    name = method.__name__
+
+    async def ask(view: Asked, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await answer(getattr(view.plane, name), *args, **kwargs)
+
+    ask.__name__ = ask.__qualname__ = name
+    return ask
+
+
+class Asked:
+    """The frontends' view of a Plane: every forwarded method awaited, so that no call from a
+    frontend can block its event loop (a REST worker's proxy asks its owner over the
+    asynchronous channel). The synchronous methods are read off the declaration, one line each;
+    tests/unit/frontends/test_plane_contract.py checks that the view has every method of
+    `PLANE_METHODS`, each awaited but `refuse_early` (answered in place) and `stream`."""
+
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+        self.shared_memory = plane.shared_memory
+        self.infer = plane.infer
+        self.stream = plane.stream
+        self.load_model = plane.load_model
+        self.unload_model = plane.unload_model
+        #: Answered in the caller's own process by every plane (`forwarded=False`).
+        self.refuse_early = plane.refuse_early
+
+    @property
+    def remote(self) -> bool:
+        """Whether the answers come from another process."""
+        return isinstance(self.plane, Remote)
+
+    live = _asked(Plane.live)
+    ready = _asked(Plane.ready)
+    not_ready_reason = _asked(Plane.not_ready_reason)
+    server_metadata = _asked(Plane.server_metadata)
+    model_ready = _asked(Plane.model_ready)
+    model_metadata = _asked(Plane.model_metadata)
+    model_config = _asked(Plane.model_config)
+    single_input = _asked(Plane.single_input)
+    statistics = _asked(Plane.statistics)
+    repository_index = _asked(Plane.repository_index)
+    trace_settings = _asked(Plane.trace_settings)
+    log_settings = _asked(Plane.log_settings)

@@ -21,9 +21,9 @@ from dlscale.frontends.plane import (
     METHODS,
     PLANE_METHODS,
     REGISTRY_METHODS,
+    Asked,
     Plane,
     PlaneMethod,
-    answer,
 )
 from dlscale.frontends.workers import messages as ipc
 from dlscale.frontends.workers.host import CALLS, PlaneHost
@@ -101,6 +101,20 @@ def test_the_ray_router_implements_every_declared_method() -> None:
     _implements(Router)
 
 
+def test_the_frontends_view_awaits_every_method_but_the_local_one(tmp_path: Path) -> None:
+    view = Asked(HostPlane(ModelManager.open(tmp_path)))
+    for method in PLANE_METHODS:
+        found = getattr(view, method.name)
+        if not method.forwarded:  # answered in the caller's own process
+            assert _kind(found) == "call", method.name
+        elif method.stream:
+            assert _kind(found) == "stream", method.name
+        else:
+            assert inspect.iscoroutinefunction(found), f"the view does not await {method.name}"
+    public = {n for n in dir(view) if not n.startswith("_")}
+    assert public - set(METHODS) == {"plane", "remote", "shared_memory"}
+
+
 def test_the_owner_whitelist_is_derived_from_the_declaration() -> None:
     registry = {f"registry.{n}" for n in REGISTRY_METHODS}
     synchronous = {m.name for m in PLANE_METHODS if not m.asynchronous and not m.stream}
@@ -136,13 +150,14 @@ async def test_synchronous_methods_are_awaited_over_the_asynchronous_channel(
     remote, _, _ = linked
     # The owner answers on this same loop: a blocking call from here would never be answered,
     # so an answer proves that the loop was free while it waited.
-    plane = remote.as_plane()
-    meta = await asyncio.wait_for(answer(plane.model_metadata, "echo"), 30)
+    plane = Asked(remote.as_plane())
+    assert plane.remote
+    meta = await asyncio.wait_for(plane.model_metadata("echo"), 30)
     assert meta.name == "echo"
-    assert await asyncio.wait_for(answer(plane.ready), 30)
-    assert [s.name for s in await answer(plane.statistics, "echo")] == ["echo"]
+    assert await asyncio.wait_for(plane.ready(), 30)
+    assert [s.name for s in await plane.statistics("echo")] == ["echo"]
     with pytest.raises(DlscaleError, match="unknown model"):
-        await answer(plane.model_config, "ghost")
+        await plane.model_config("ghost")
 
 
 async def test_the_owner_refuses_a_method_the_plane_does_not_declare(

@@ -17,7 +17,7 @@ from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.outbox import Outbox
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.serving.streams import aclose
 from dlscale.wire.bounds import MAX_ELEMENTS
@@ -88,7 +88,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         max_stream_requests: int = 64,
         max_stream_answers: int = 16,
     ) -> None:
-        self.dataplane = dataplane
+        self.dataplane = Asked(dataplane)
         self.max_message_bytes = max_message_bytes
         self.max_elements = max_elements
         #: Requests of one ModelStreamInfer stream in flight (frontends/limits.py).
@@ -103,27 +103,31 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def ServerLive(self, request: Any, context: Any) -> Any:
-        return convert.server_live(self.dataplane.live())
+        return convert.server_live(await self.dataplane.live())
 
     @_unary
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return convert.server_ready(self.dataplane.ready())
+        return convert.server_ready(await self.dataplane.ready())
 
     @_unary
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        return convert.model_ready(self.dataplane.model_ready(*convert.name_version(request)))
+        return convert.model_ready(await self.dataplane.model_ready(*convert.name_version(request)))
 
     @_unary
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return convert.server_metadata(self.dataplane.server_metadata())
+        return convert.server_metadata(await self.dataplane.server_metadata())
 
     @_unary
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        return convert.model_metadata(self.dataplane.model_metadata(*convert.name_version(request)))
+        return convert.model_metadata(
+            await self.dataplane.model_metadata(*convert.name_version(request))
+        )
 
     @_unary
     async def ModelConfig(self, request: Any, context: Any) -> Any:
-        return convert.model_config(self.dataplane.model_config(*convert.name_version(request)))
+        return convert.model_config(
+            await self.dataplane.model_config(*convert.name_version(request))
+        )
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -193,13 +197,13 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         `triton_enable_empty_final_response` (Triton's decoupled protocol)."""
         plain = _plain(message)
         name, version = plain.model_name, plain.model_version
-        config = await answer(self.dataplane.model_config, name, version)
+        config = await self.dataplane.model_config(name, version)
         if not config.decoupled:
             reply = await self._infer(message)
             reply.message.parameters[FINAL].bool_param = True
             await send(reply)
             return
-        refusal = await answer(self.dataplane.refuse_early, name, version)
+        refusal = self.dataplane.refuse_early(name, version)
         if refusal is not None:
             raise refusal
         request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
@@ -228,12 +232,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return convert.statistics(self.dataplane.statistics(*convert.name_version(request)))
+        return convert.statistics(await self.dataplane.statistics(*convert.name_version(request)))
 
     @_unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         return convert.repository_index(
-            self.dataplane.repository_index(convert.ready_only(request))
+            await self.dataplane.repository_index(convert.ready_only(request))
         )
 
     @_unary
@@ -252,12 +256,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     @_unary
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         model, changes = convert.trace_changes(request)
-        return convert.trace_settings(self.dataplane.trace_settings(model, changes))
+        return convert.trace_settings(await self.dataplane.trace_settings(model, changes))
 
     @_unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
         changes = convert.log_changes(request)
-        return convert.log_settings(self.dataplane.log_settings(changes))
+        return convert.log_settings(await self.dataplane.log_settings(changes))
 
     # -- shared memory (the RPCs of frontends/grpc/shared_memory.py) -------------------------------
 

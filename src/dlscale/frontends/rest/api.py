@@ -23,7 +23,7 @@ from dlscale.errors import (
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.plane import Plane, Remote, answer
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import render, shared_memory
 from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
 from dlscale.frontends.rest.documents import header_length, json_object, load_request
@@ -63,7 +63,7 @@ class RestApi:
     def __init__(
         self, dataplane: Plane, limits: Limits | None = None, access: Access | None = None
     ) -> None:
-        self.dataplane = dataplane
+        self.dataplane = Asked(dataplane)
         self.limits = limits or Limits()
         self.max_body_bytes = self.limits.max_body_bytes
         self.access = access or Access()
@@ -245,39 +245,37 @@ class RestApi:
     ) -> RestResponse:
         return (
             _EMPTY_OK
-            if await answer(self.dataplane.live)
+            if await self.dataplane.live()
             else error_response(503, "the server is not live")
         )
 
     async def _ready(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if await answer(self.dataplane.ready):
+        if await self.dataplane.ready():
             return _EMPTY_OK
-        why = await answer(self.dataplane.not_ready_reason)
+        why = await self.dataplane.not_ready_reason()
         return error_response(503, f"the server is not ready: {why or 'it is starting'}")
 
     async def _server_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.server_metadata(await answer(self.dataplane.server_metadata)))
+        return json_response(render.server_metadata(await self.dataplane.server_metadata()))
 
     async def _model_metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(
-            render.model_metadata(await answer(self.dataplane.model_metadata, *args))
-        )
+        return json_response(render.model_metadata(await self.dataplane.model_metadata(*args)))
 
     async def _model_ready(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if await answer(self.dataplane.model_ready, *args):
+        if await self.dataplane.model_ready(*args):
             return _EMPTY_OK
         # Not ready is an answer, not a failed request (pollers ask often: nothing is logged).
         # The metadata call raises the error that says why (unknown, loading, ...).
         try:
-            await answer(self.dataplane.model_metadata, *args)
+            await self.dataplane.model_metadata(*args)
         except DlscaleError as exc:
             return error_response(exc.http_status, str(exc))
         return error_response(503, f"model {args[0]!r} is not ready")
@@ -285,7 +283,7 @@ class RestApi:
     async def _config(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.model_config(await answer(self.dataplane.model_config, *args)))
+        return json_response(render.model_config(await self.dataplane.model_config(*args)))
 
     # -- inference ---------------------------------------------------------------------------------
 
@@ -296,7 +294,7 @@ class RestApi:
         length = header_length(headers)
         most = self.limits.max_tensor_elements
         if length == 0:
-            spec, batched = await answer(self.dataplane.single_input, model, version)
+            spec, batched = await self.dataplane.single_input(model, version)
             request, fmt = await off_loop(
                 len(body) > OFF_LOOP_BYTES,
                 decode_raw_request,
@@ -333,7 +331,7 @@ class RestApi:
     async def _shm(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
         kind, name, action = args
         # A worker's registry is the owner's, behind a blocking channel: off the event loop.
-        remote = isinstance(self.dataplane, Remote)
+        remote = self.dataplane.remote
         doc = await off_loop(remote, self.shared_memory.handle, kind, name, action, body)
         return _EMPTY_OK if doc is None else json_response(doc)
 
@@ -348,9 +346,7 @@ class RestApi:
             raise InvalidInput(
                 f"field 'ready' of the index request must be true or false, got {ready!r}"
             )
-        return json_response(
-            render.repository_index(await answer(self.dataplane.repository_index, ready))
-        )
+        return json_response(render.repository_index(await self.dataplane.repository_index(ready)))
 
     async def _load(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
@@ -369,7 +365,7 @@ class RestApi:
     async def _stats(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return json_response(render.statistics(await answer(self.dataplane.statistics, *args)))
+        return json_response(render.statistics(await self.dataplane.statistics(*args)))
 
     # -- trace and log settings -----------------------------------------------------------------
 
@@ -377,13 +373,13 @@ class RestApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         changes = json_object(body, "trace setting")
-        return json_response(await answer(self.dataplane.trace_settings, args[0], changes))
+        return json_response(await self.dataplane.trace_settings(args[0], changes))
 
     async def _logging(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         changes = json_object(body, "log setting")
-        return json_response(await answer(self.dataplane.log_settings, changes))
+        return json_response(await self.dataplane.log_settings(changes))
 
 
 def _parts(path: str) -> list[str]:

@@ -20,7 +20,7 @@ import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge
 from dlscale.frontends.limits import Limits
-from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest.documents import json_object
 from dlscale.frontends.rest.responses import RestResponse, json_response
 from dlscale.serving.observe.logs import log_failure
@@ -45,7 +45,7 @@ class GenerateApi:
     """The generate routes over one Plane (the REST API routes to these two handlers)."""
 
     def __init__(self, plane: Plane, limits: Limits) -> None:
-        self.plane = plane
+        self.plane = Asked(plane)
         self.limits = limits
 
     async def generate(
@@ -76,7 +76,7 @@ class GenerateApi:
     async def _request(self, args: list[str], body: Buffer) -> InferenceRequest:
         model, version = args
         doc = json_object(body, "generate")
-        config = await answer(self.plane.model_config, model, version)
+        config = await self.plane.model_config(model, version)
         return decode(doc, config, version, self.limits.max_tensor_elements)
 
 

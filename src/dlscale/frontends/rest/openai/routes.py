@@ -23,7 +23,7 @@ import orjson
 
 from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
 from dlscale.frontends.access import Access
-from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest.openai.decode import Call, chat_call, completion_call
 from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece, event
 from dlscale.frontends.rest.openai.errors import error_document, status_and_document
@@ -46,7 +46,7 @@ class OpenAIApi:
     """The `/v1/...` routes over a Plane."""
 
     def __init__(self, plane: Plane, access: Access, decoded: _Decoder) -> None:
-        self.plane = plane
+        self.plane = Asked(plane)
         self.access = access
         #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
@@ -102,7 +102,7 @@ class OpenAIApi:
     async def _models(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        names = {e.name for e in await answer(self.plane.repository_index, True)}
+        names = {e.name for e in await self.plane.repository_index(True)}
         cards = [await self._card(name) for name in sorted(names)]
         doc = {"object": "list", "data": [c for c in cards if c is not None]}
         return RestResponse(200, [orjson.dumps(doc)])
@@ -119,10 +119,10 @@ class OpenAIApi:
         """A generative model's `model` object (with max_model_len when its config says it),
         None for any other model or one that went away meanwhile."""
         try:
-            metadata = await answer(self.plane.model_metadata, name)
+            metadata = await self.plane.model_metadata(name)
             if metadata.kind is not ModelKind.GENERATIVE:
                 return None
-            parameters = (await answer(self.plane.model_config, name)).parameters
+            parameters = (await self.plane.model_config(name)).parameters
         except DlscaleError:
             return None
         card: dict[str, Any] = {
