@@ -11,7 +11,7 @@ that is the limit of these tests, not pytest's 300 s (`timeout` below is only th
 the runner's budgets). The torch stage, an AOTInductor compile of 2-3 minutes on 2 cores, runs
 in `make test-slow`; the default run keeps the compile itself
 (tests/unit/optimize/test_torch_build.py) and benchmarks/torch_gpu.py's serve-check-report
-path on the CPU (tests/integration/test_torch_gpu_benchmark.py).
+path on the CPU (tests/integration/optimize/test_torch_gpu_benchmark.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`dlscale bench interference` on two null models: in process (QoS off and on) and against a
 server with QoS and one started --no-qos. Short runs: these check the verb and its report;
-tests/integration/test_qos.py checks what the scheduler holds."""
+tests/integration/qos/test_qos.py checks what the scheduler holds."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import pytest
 
 from dlscale.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 MANIFESTS = sorted((DEPLOY / "kserve").glob("*.yaml"))
 CHECKER = Path(__file__).with_name("kserve_schema.py")

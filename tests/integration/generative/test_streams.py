@@ -253,7 +253,7 @@ def test_metadata_lists_generate_and_config_says_decoupled(server: LocalServer) 
         ("plain", "generate_stream", {"COUNT": 1}, 400, "does not stream"),
         ("repeat", "generate", {"IN": [1]}, 400, "generate_stream"),
         ("repeat", "infer", {"inputs": []}, 400, "ModelStreamInfer"),
-        # Found by tests/integration/test_fuzz_generate.py: a 500 before.
+        # Found by tests/integration/generative/test_fuzz_generate.py: a 500 before.
         (
             "echo",
             "generate",

@@ -25,7 +25,7 @@ import pytest
 from tests.toolkit.benchmarks import run_benchmark
 from tests.toolkit.models import heavy_graph, write_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ROWS, WIDTH, LAYERS = 64, 512, 8
 #: The p99 bound in batch-1 service times (about 150 ms on a quiet machine).
 BOUND_SERVICES = 50

@@ -15,7 +15,7 @@ from tests.toolkit.repositories import serving_repository
 from tests.toolkit.server import serving
 from tritonclient.utils import InferenceServerException
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dlscale.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "dlscale.json"
 #: PromQL's functions, aggregations and keywords: the names in an expression that are no metric.
 PROMQL = {
     "sum", "avg", "min", "max", "count", "rate", "irate", "increase", "histogram_quantile",
