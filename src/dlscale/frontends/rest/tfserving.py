@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
-from dlscale.errors import DlscaleError
+from dlscale.errors import DlscaleError, NotFound
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
@@ -68,6 +68,8 @@ class TfServingApi:
             parts[-1], verb = head, tail
         model, rest = parts[1], parts[2:]
         version = ""
+        if rest[:1] == ["labels"] and len(rest) >= 2:
+            return self._no_label, [model, rest[1]], "POST" if verb else "GET", "metadata"
         if rest[:1] == ["versions"] and len(rest) >= 2:
             version, rest = rest[1], rest[2:]
         if verb:
@@ -101,14 +103,14 @@ class TfServingApi:
         self, route: Route, method: str, headers: Mapping[str, str]
     ) -> DlscaleError | None:
         """A caller without the group's key, or a model that refuses an inference now."""
-        _, args, allowed, group = route
+        _, args, _, group = route
         if self._shared(route):
             return None  # OpenAI's or ours: `handle` tells which, and checks that group's key
         try:
             self.access.check(group, headers)
         except DlscaleError as exc:
             return exc
-        if method != "POST" or allowed != "POST":
+        if method != "POST" or group != "inference":
             return None
         return self.plane.refuse_early(args[0], args[1])
 
@@ -168,6 +170,14 @@ class TfServingApi:
             config = await answer(self.plane.model_config, meta.name, version)
             other = config.parameters.get(SIGNATURE_PARAMETER, "")
         check_signature(name, meta, other)
+
+    async def _no_label(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        raise NotFound(
+            f"model {args[0]!r} has no version labels ({args[1][:100]!r}): dlscale serves "
+            "versions by number, /v1/models/NAME/versions/N"
+        )
 
     # -- status and metadata -----------------------------------------------------------------------
 

@@ -63,11 +63,11 @@ def _strings(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if depth < len(shape):
-            if not isinstance(item, list) or len(item) != shape[depth]:
+        if depth < len(shape) or isinstance(item, list):
+            if depth >= len(shape) or not isinstance(item, list) or len(item) != shape[depth]:
                 raise InvalidInput(
-                    f"the value of input {name!r} is ragged: each list at depth {depth} must "
-                    f"hold {shape[depth]} elements, as the first does"
+                    f"the value of input {name!r} is ragged: it must nest as its first element "
+                    f"does, shape {list(shape)}"
                 )
             stack.extend((x, depth + 1) for x in reversed(item))
         else:
