@@ -15,7 +15,7 @@ from dlscale.errors import DlscaleError, NotFound
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.plane import Plane, Remote, answer
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import RestResponse, error_response, json_response
 from dlscale.frontends.tfserving import methods
@@ -35,6 +35,8 @@ _Fallback = Callable[[str, str, Mapping[str, str], Buffer], Awaitable[RestRespon
 #: A route: handler, path arguments (model, version), the one method, its API group.
 Route = tuple[_Handler, list[str], str, str]
 VERBS = ("predict", "classify", "regress")
+#: Paths whose route is remembered (the OIP routes' bound).
+ROUTE_CACHE_SIZE = 1024
 #: Bodies larger than this are decoded off the event loop (the OIP routes' bound).
 OFF_LOOP_BYTES = 256 * 2**10
 
@@ -51,6 +53,9 @@ class TfServingApi:
         self.fallback = fallback
         #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
+        #: An in-process plane answers its metadata at once; a worker's proxy is awaited.
+        self._local = not isinstance(plane, Remote)
+        self._routes: dict[str, Route] = {}
         self._handlers: dict[str, _Handler] = {
             "predict": self._predict,
             "classify": self._examples,
@@ -59,6 +64,17 @@ class TfServingApi:
 
     def route(self, path: str) -> Route | None:
         """The route of a `/v1/` path, or None when it is not TensorFlow Serving's."""
+        # Clients repeat a few paths, asked twice each (before the body, then to answer).
+        found = self._routes.get(path)
+        if found is None:
+            found = self._resolve(path)
+            if found is not None:
+                if len(self._routes) >= ROUTE_CACHE_SIZE:
+                    self._routes.clear()
+                self._routes[path] = found
+        return found
+
+    def _resolve(self, path: str) -> Route | None:
         parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
         if len(parts) < 2 or parts[0] != "models":
             return None
@@ -118,10 +134,15 @@ class TfServingApi:
         """Whether the route is `GET /v1/models/NAME`, which OpenAI's API has too."""
         return route[0] == self._status and not route[1][1]
 
+    async def _model(self, name: str, version: str = "") -> ModelMetadata:
+        if self._local:  # `answer` would ask whether the plane is remote at every request
+            return self.plane.model_metadata(name, version)
+        return await answer(self.plane.model_metadata, name, version)
+
     async def _openai_model(self, name: str) -> bool:
         """Whether `GET /v1/models/NAME` is OpenAI's: a generative model, or none served."""
         try:
-            meta = await answer(self.plane.model_metadata, name)
+            meta = await self._model(name)
         except DlscaleError:
             return True
         return meta.kind is ModelKind.GENERATIVE
@@ -132,7 +153,7 @@ class TfServingApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version, _ = args
-        meta = await answer(self.plane.model_metadata, model, version)
+        meta = await self._model(model, version)
         decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_predict, body, meta)
         await self._check_signature(decoded.signature, meta, version)
         response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
@@ -146,7 +167,7 @@ class TfServingApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version, verb = args
-        meta = await answer(self.plane.model_metadata, model, version)
+        meta = await self._model(model, version)
         # Which outputs answer is known from the metadata: a model that cannot is refused first.
         plan = methods.classify_plan(meta) if verb == "classify" else None
         regress = methods.regress_output(meta) if plan is None else ""
@@ -190,5 +211,5 @@ class TfServingApi:
     async def _metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        meta = await answer(self.plane.model_metadata, args[0], args[1])
+        meta = await self._model(args[0], args[1])
         return json_response(documents.metadata_document(meta, args[1]))
