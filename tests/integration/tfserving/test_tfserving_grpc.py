@@ -6,7 +6,9 @@ each malformed request gets its status code and reason, and the server keeps ser
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -105,6 +107,32 @@ def test_strings_travel_as_bytes(stub: prediction_service_pb2_grpc.PredictionSer
     assert tf.make_ndarray(answer.outputs["blob_bytes"]).tolist() == blob.tolist()
 
 
+def test_typed_fields_and_half_floats(
+    stub: prediction_service_pb2_grpc.PredictionServiceStub,
+) -> None:
+    half = np.array([[1.5, -2.25]], np.float16)
+    request = _predict("half", x=half)
+    given = request.inputs["x"]
+    given.ClearField("tensor_content")
+    given.half_val.extend(half.view(np.uint16).ravel().tolist())  # bit patterns, as TF's protos
+    answer = tf.make_ndarray(stub.Predict(request, timeout=30).outputs["y"])
+    assert answer.dtype == np.float16 and np.array_equal(answer, half)
+    filled = _predict("add", input=ROWS)
+    filled.inputs["input"].ClearField("tensor_content")
+    filled.inputs["input"].float_val.append(0.5)  # one value fills the shape
+    got = tf.make_ndarray(stub.Predict(filled, timeout=30).outputs["output"])
+    assert np.array_equal(got, np.full(ROWS.shape, 0.5 + ADDEND, np.float32))
+
+
+def test_the_docs_python_example_runs(
+    server: LocalServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "tfserving.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    exec(example.replace("127.0.0.1:8001", server.grpc_url), {})
+    assert capsys.readouterr().out == f"{np.ones((2, 16), np.float32)}\n"
+
+
 def test_classify_and_regress(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None:
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name = "labeled"
@@ -153,6 +181,23 @@ def _bad_content() -> Any:
     return request
 
 
+def _filtered(output: str) -> Any:
+    request = _predict("add", input=ROWS)
+    request.output_filter.append(output)
+    return request
+
+
+def _typed(field: str, count: int) -> Any:
+    request = _predict("half", input=np.zeros((1, 2), np.float16))
+    request.inputs.clear()
+    x = request.inputs["x"]
+    x.dtype = tf.float16.as_datatype_enum
+    x.tensor_shape.dim.add(size=1)
+    x.tensor_shape.dim.add(size=2)
+    getattr(x, field).extend([0] * count)
+    return request
+
+
 def _label() -> Any:
     request = _predict("add", input=ROWS)
     request.model_spec.version_label = "stable"
@@ -187,6 +232,8 @@ BAD: list[tuple[str, Any, grpc.StatusCode, str]] = [
     ("Predict", _predict("add", other=ROWS), grpc.StatusCode.INVALID_ARGUMENT, "no input 'other'"),
     ("Predict", _bad_content(), grpc.StatusCode.INVALID_ARGUMENT, "tensor_content has 5"),
     ("Predict", _label(), grpc.StatusCode.NOT_FOUND, "no version label"),
+    ("Predict", _filtered("nope"), grpc.StatusCode.INVALID_ARGUMENT, "nope"),
+    ("Predict", _typed("half_val", 3), grpc.StatusCode.INVALID_ARGUMENT, "3 values in half_val"),
     ("Predict", _signature(), grpc.StatusCode.INVALID_ARGUMENT, "no signature 'train'"),
     ("Predict", _predict("add", input=ROWS[:, :2]), grpc.StatusCode.INVALID_ARGUMENT, "shape"),
     ("Classify", _classify("sumdiff"), grpc.StatusCode.INVALID_ARGUMENT, "cannot classify"),

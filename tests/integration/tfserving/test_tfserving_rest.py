@@ -7,6 +7,8 @@ server keeps serving.
 from __future__ import annotations
 
 import base64
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 from tests.toolkit.clients import RawHttp
-from tests.toolkit.server import LocalServer
+from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.tfserving import ADDEND
 
 ROWS = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]]
@@ -82,6 +84,35 @@ def test_strings_travel_as_text_and_b64(http: httpx.Client) -> None:
     (answer,) = _ok(http, "/words:predict", {"instances": [row]})["predictions"]
     # text_out goes back as text; blob_bytes, named so, as {"b64": ...} (TF Serving's rule).
     assert answer == {"text_out": ["héllo", "raw"], "blob_bytes": [{"b64": encoded}]}
+
+
+def test_half_floats_travel_as_json_numbers(http: httpx.Client) -> None:
+    assert _ok(http, "/half:predict", {"instances": [[1.5, -2.25]]}) == {
+        "predictions": [[1.5, -2.25]]
+    }
+
+
+def test_bytes_that_are_not_utf8_come_back_as_b64(http: httpx.Client) -> None:
+    raw = {"b64": base64.b64encode(b"\xff\xfe").decode()}
+    row = {"text": [raw, "ok"], "blob": ["x"]}
+    (answer,) = _ok(http, "/words:predict", {"instances": [row]})["predictions"]
+    assert answer["text_out"] == [raw, "ok"]
+
+
+def _doc_calls() -> list[tuple[str, str | None]]:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "tfserving.md").read_text()
+    found = re.findall(r"curl -s localhost:8000(\S+)(?: -d '(.*?)')?\n", text)
+    return [(path, body or None) for path, body in found]
+
+
+def test_the_docs_curl_examples_answer(server: LocalServer) -> None:
+    calls = _doc_calls()
+    assert len(calls) == 4
+    for path, body in calls:
+        url = f"http://{server.http_url}{path}"
+        response = httpx.post(url, content=body) if body else httpx.get(url)
+        assert response.status_code == 200, (path, response.text)
+        assert "error" not in response.json()
 
 
 def test_classify_names_classes_by_index_or_by_the_classes_output(http: httpx.Client) -> None:
@@ -212,3 +243,17 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(
         status, _, body = raw.response()
     assert status == 413 and b"exceeds the limit" in body
     assert _ok(http, "/add:predict", {"instances": ROWS})["predictions"]
+
+
+def test_rest_worker_processes_answer_the_same(repo: Path, http: httpx.Client) -> None:
+    # Behind --http-workers the routes run in other processes, over the model process's plane.
+    here = _ok(http, "/sumdiff:predict", {"instances": [{"a": [1, 2, 3, 4], "b": [4, 3, 2, 1]}]})
+    with serving(repo, http_workers=1, grpc_port=None) as workers:
+        base = f"http://{workers.http_url}/v1/models"
+        with httpx.Client(base_url=base, timeout=60) as there:
+            body = {"instances": [{"a": [1, 2, 3, 4], "b": [4, 3, 2, 1]}]}
+            assert _ok(there, "/sumdiff:predict", body) == here
+            assert there.get("/sumdiff").json()["model_version_status"][0]["state"] == "AVAILABLE"
+            assert "serving_default" in there.get("/sumdiff/metadata").text
+            refused = there.post("/sumdiff:predict", json={"instances": [[1] * 4]})
+            assert refused.status_code == 400 and "has 2 inputs" in refused.json()["error"]
