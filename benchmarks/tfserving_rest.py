@@ -7,7 +7,8 @@ One `dlscale serve` process serves `identity` (FP32 [1, 16] per request) and `ml
 the same numbers as OIP JSON (`POST /v2/models/M/infer`, `data`) and as TensorFlow Serving's row
 format (`POST /v1/models/M:predict`, `instances`), the two routes alternating within each
 repetition. The answers are compared once before measuring. Printed: medians, and the median of
-the per-repetition ratios TF Serving / OIP (BENCHMARKS.md's target: within 10%). Results go to
+the per-repetition ratios TF Serving / OIP of throughput (BENCHMARKS.md's target: within 10%)
+and of the server's CPU time per answered request (steadier on a busy machine). Results go to
 bench-results/tfserving-rest-*.json.
 """
 
@@ -34,7 +35,7 @@ from benchmarks.harness.models import (
     build_mlp,
     write_dlscale_config,
 )
-from benchmarks.harness.servers import HOST, RESULTS, start_dlscale
+from benchmarks.harness.servers import HOST, RESULTS, ServerProcess, cpu_seconds, start_dlscale
 from benchmarks.harness.statistics import machine, median_table, paired_ratios, record
 
 #: model -> rows per request
@@ -69,14 +70,24 @@ def answers_agree(port: int, model: BenchModel, rows: int) -> None:
         raise RuntimeError(f"{model.name}: the two routes answered different arrays")
 
 
-def measure(port: int, rep: int, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    """Both routes on every model, the route order turned each repetition."""
+def measure(
+    server: ServerProcess, rep: int, args: argparse.Namespace, rows: list[dict[str, Any]]
+) -> None:
+    """Both routes on every model, the route order turned each repetition; the server's CPU
+    time per answered request is taken over the measured window alone (no warm-up in it)."""
+    port = server.port
     for model, n in LOADS:
         requests = bodies(model, n)
         for route in ROUTES if rep % 2 == 0 else ROUTES[::-1]:
             path, body = requests[route]
             wire = build_request(HOST, port, path, body)
-            result = uvloop.run(closed_loop(HOST, port, wire, args.concurrency, args.duration))
+            uvloop.run(closed_loop(HOST, port, wire, args.concurrency, 1.0, warmup_s=0.0))
+            before = cpu_seconds(server.proc.pid)
+            result = uvloop.run(
+                closed_loop(HOST, port, wire, args.concurrency, args.duration, warmup_s=0.0)
+            )
+            cpu = cpu_seconds(server.proc.pid) - before
+            answered = len(result.latencies_s)
             record(
                 rows,
                 bench="tfserving-rest",
@@ -84,6 +95,7 @@ def measure(port: int, rep: int, args: argparse.Namespace, rows: list[dict[str, 
                 server=route,
                 model=f"{model.name} x{n}",
                 concurrency=args.concurrency,
+                cpu_us=round(1e6 * cpu / answered, 1) if answered else 0.0,
                 **result.summary(),
             )
 
@@ -108,7 +120,7 @@ def main() -> None:
                 answers_agree(port, model, n)
             for rep in range(args.repeats):
                 print(f"repetition {rep + 1}/{args.repeats}", flush=True)
-                measure(port, rep, args, rows)
+                measure(server, rep, args, rows)
         finally:
             server.stop()
     table = median_table(rows, "tfserving-rest")
@@ -116,11 +128,13 @@ def main() -> None:
         print(json.dumps(row))
     for model, n in LOADS:
         label = f"{model.name} x{n}"
-        ratios = paired_ratios(rows, "throughput", "tfserving", "oip", model=label)
-        print(
-            f"{label}: TF Serving / OIP throughput, median of {len(ratios)}: "
-            f"{float(np.median(ratios)):.3f} (each: {', '.join(f'{r:.3f}' for r in ratios)})"
-        )
+        for key in ("throughput", "cpu_us"):
+            ratios = paired_ratios(rows, key, "tfserving", "oip", model=label)
+            each = ", ".join(f"{r:.3f}" for r in ratios)
+            print(
+                f"{label}: TF Serving / OIP {key}, median of {len(ratios)}: "
+                f"{float(np.median(ratios)):.3f} (each: {each})"
+            )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"tfserving-rest-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"machine": machine(), "rows": rows, "medians": table}, indent=1))
