@@ -8,10 +8,11 @@ serve, is OpenAI's `retrieve`, answered by the OpenAI routes as before (docs/tfs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
-from dlscale.errors import DlscaleError, NotFound
+from dlscale.errors import DlscaleError, NotFound, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
@@ -29,6 +30,7 @@ from dlscale.serving.observe.logs import log_failure
 from dlscale.types import InferenceRequest, ModelKind, ModelMetadata
 from dlscale.wire.tensors import Buffer
 
+log = logging.getLogger("dlscale.http")
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 _Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Fallback = Callable[[str, str, Mapping[str, str], Buffer], Awaitable[RestResponse]]
@@ -114,6 +116,9 @@ class TfServingApi:
         except DlscaleError as exc:
             log_failure("HTTP", args[0], exc.http_status, exc.reason, f"{method} {path}: {exc}")
             return error_response(exc.http_status, exc.message)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
+            log.exception("%s %s failed", method, path)
+            return error_response(500, redact_paths(f"internal error: {exc!r}"))
 
     def refusal_before_body(
         self, route: Route, method: str, headers: Mapping[str, str]
