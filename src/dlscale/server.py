@@ -131,6 +131,7 @@ class Server:
                 limits=limits,
                 tls=tls,
                 access=security.grpc_access(),
+                tfserving=s.grpc_tfserving,
             )
         return frontends
 

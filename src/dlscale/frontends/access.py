@@ -57,6 +57,14 @@ _GRPC_GROUPS = {
     "RepositoryModelUnload": "model-repository",
     "TraceSetting": "trace",
     "LogSettings": "logging",
+    # TensorFlow Serving's services (frontends/grpc/tfserving.py)
+    "Predict": "inference",
+    "Classify": "inference",
+    "Regress": "inference",
+    "MultiInference": "inference",
+    "GetModelMetadata": "metadata",
+    "GetModelStatus": "health",
+    "HandleReloadConfigRequest": "model-repository",
 }
 
 

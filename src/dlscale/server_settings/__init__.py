@@ -70,6 +70,14 @@ class Network:
     grpc_port: int | None = setting(
         8001, "gRPC port; -1 turns it off", "--grpc-port", convert=_port, type=int
     )
+    #: TensorFlow Serving's gRPC services beside OIP's; they load TensorFlow (docs/tfserving.md).
+    grpc_tfserving: bool = setting(
+        False,
+        "serve TensorFlow Serving's gRPC API (PredictionService, ModelService) on the gRPC port; "
+        "needs tensorflow-serving-api, and loads TensorFlow",
+        "--grpc-tfserving",
+        **_BOOL,
+    )
     metrics_port: int | None = setting(
         8002,
         "Prometheus port; -1 turns it off; no TLS; with --api-key (scope all) a scrape needs "

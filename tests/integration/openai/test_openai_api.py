@@ -59,7 +59,15 @@ def test_models_lists_the_generative_ones(client: openai.OpenAI) -> None:
     assert models[0].object == "model" and models[0].model_extra == {"max_model_len": MAX_MODEL_LEN}
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("identity")
+        client.models.retrieve("absent")
+
+
+def test_a_classic_model_answers_tf_serving_status_on_the_shared_path(http: httpx.Client) -> None:
+    # GET /v1/models/NAME is OpenAI's retrieve and TensorFlow Serving's model status: a model
+    # that is not generative answers the latter (docs/tfserving.md).
+    status = http.get("/v1/models/identity").json()["model_version_status"]
+    assert [(s["version"], s["state"]) for s in status] == [("1", "AVAILABLE")]
+    assert http.get(f"/v1/models/{MODEL}").json()["object"] == "model"
 
 
 def test_a_completion_answers_with_usage(client: openai.OpenAI, server: LocalServer) -> None:

@@ -56,8 +56,11 @@ GUARDED = [
     ("GET", "/v2/systemsharedmemory/status", None),
     ("GET", "/v1/models", None),
     ("POST", "/v1/completions", {"model": "colours", "prompt": "w", "max_tokens": 2}),
+    ("POST", "/v1/models/echo:predict", {"instances": [[1, 2]]}),  # TensorFlow Serving's
+    ("GET", "/v1/models/echo/metadata", None),
 ]  # fmt: skip
-OPEN = ["/v2/health/live", "/v2/health/ready", "/v2/models/echo/ready"]
+#: TensorFlow Serving's model status is a readiness probe too (docs/tfserving.md).
+OPEN = ["/v2/health/live", "/v2/health/ready", "/v2/models/echo/ready", "/v1/models/echo"]
 
 
 @pytest.fixture(scope="module")

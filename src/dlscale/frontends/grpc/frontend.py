@@ -9,6 +9,7 @@ import grpc
 from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
+from dlscale.frontends.grpc import tfserving
 from dlscale.frontends.grpc.guard import Guard
 from dlscale.frontends.grpc.peers import ConnectionTrimmer, PeerCalls
 from dlscale.frontends.grpc.servicer import InferenceServicer
@@ -35,6 +36,7 @@ class GrpcFrontend:
         limits: Limits | None = None,
         tls: TlsFiles | None = None,
         access: Access | None = None,
+        tfserving: bool = False,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"gRPC port {port} is outside 0..65535")
@@ -45,6 +47,9 @@ class GrpcFrontend:
         self.tls = tls
         self.access = access or Access(header_prefix=GRPC_HEADER_PREFIX)
         self._requested_port = port
+        #: Whether TensorFlow Serving's services are asked for (tfserving.py), and then served.
+        self.tfserving = tfserving
+        self.tfserving_served = False
         self._port: int | None = None
         #: Calls in flight per client address, held to max_connections_per_peer (peers.py).
         self.peers = PeerCalls(self.limits.max_connections_per_peer)
@@ -92,6 +97,10 @@ class GrpcFrontend:
         handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)
+        if self.tfserving:
+            self.tfserving_served = tfserving.register(
+                server, self.dataplane, limits.max_tensor_elements
+            )
         host = f"[{self.host}]" if ":" in self.host else self.host
         address = f"{host}:{self._requested_port}"
         try:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 #: Requests carrying more than this (bytes, or elements declared) are decoded off the loop.
 OFF_LOOP_BYTES = 256 * 2**10
-_Handler = Callable[["InferenceServicer", Any, Any], Awaitable[_T]]
+_Handler = Callable[[Any, Any, Any], Awaitable[_T]]
 #: Triton's response parameter on each ModelStreamInfer response: whether it is the last.
 FINAL = "triton_final_response"
 #: The request parameter that asks for a final response even when it carries no outputs.
@@ -44,7 +44,7 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
     """Map the error tree to gRPC status codes; anything else is INTERNAL and logged."""
 
     @functools.wraps(handler)
-    async def wrapped(self: InferenceServicer, request: Any, context: Any) -> _T:
+    async def wrapped(self: Any, request: Any, context: Any) -> _T:
         start = time.perf_counter()
         code = "OK"
         try:
@@ -68,10 +68,15 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
     return wrapped
 
 
+#: The same mapping for the TensorFlow Serving servicers (tfserving_rpcs.py).
+unary = _unary
+
+
 def _model_of(request: Any) -> str:
     """The model a request is about, whichever field names it."""
+    spec = getattr(request, "model_spec", None)  # TensorFlow Serving's requests
     for field in ("model_name", "name"):
-        value = getattr(request, field, "")
+        value = getattr(request if spec is None else spec, field, "")
         if isinstance(value, str) and value:
             return value
     return ""

@@ -32,6 +32,7 @@ from dlscale.frontends.rest.openai.routes import OpenAIApi
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
 from dlscale.frontends.rest.responses import json_response as json_response
+from dlscale.frontends.rest.tfserving import TfServingApi
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.wire.rest import (
     decode_raw_request,
@@ -71,6 +72,9 @@ class RestApi:
         self.generate = GenerateApi(dataplane, self.limits)
         self._routes: dict[str, _Route] = {}
         self.openai = OpenAIApi(dataplane, self.access, self._decoded)
+        self.tfserving = TfServingApi(
+            dataplane, self.limits, self.access, self.openai.handle, self._decoded
+        )
 
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
@@ -87,8 +91,11 @@ class RestApi:
     async def _answer(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if path.startswith("/v1/"):  # the OpenAI API, in its own errors' shape (docs/openai.md)
-            return await self.openai.handle(method, path, headers, body)
+        if path.startswith("/v1/"):  # TensorFlow Serving's API, and the OpenAI API's
+            tfserving = self.tfserving.route(path)
+            if tfserving is None:  # in its own errors' shape (docs/openai.md)
+                return await self.openai.handle(method, path, headers, body)
+            return await self.tfserving.handle(tfserving, method, path, headers, body)
         args: list[str] = []
         try:
             handler, args, allowed, group = self._route(path)
@@ -120,7 +127,17 @@ class RestApi:
         body read, decode or task. Anything else about the request is left to `handle`.
         """
         if path.startswith("/v1/"):
-            return self.openai.refusal_before_body(method, path, headers)
+            tfserving = self.tfserving.route(path)
+            if tfserving is None:
+                return self.openai.refusal_before_body(method, path, headers)
+            refusal = self.tfserving.refusal_before_body(tfserving, method, headers)
+            if refusal is None:
+                return None
+            log_failure(
+                "HTTP", "", refusal.http_status, refusal.reason, f"{method} {path}: {refusal}"
+            )
+            challenge = (("www-authenticate", "Bearer"),) if refusal.http_status == 401 else ()
+            return error_response(refusal.http_status, refusal.message, challenge)
         handler, args, _, group = self._route(path)
         if handler is None:
             return None  # `handle` answers 404

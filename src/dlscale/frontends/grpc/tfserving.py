@@ -1,0 +1,39 @@
+"""TensorFlow Serving's gRPC services on the gRPC port, when asked for (`--grpc-tfserving`).
+
+They need the `tensorflow-serving-api` package, whose generated modules import TensorFlow's
+protos and with them TensorFlow itself (seconds and hundreds of MB at start), so they are off
+unless the flag turns them on. When the package is missing they are not registered, and the
+server says so once in its log; the REST routes need no TensorFlow at all (docs/tfserving.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from dlscale.frontends.plane import Plane
+
+log = logging.getLogger("dlscale.grpc")
+#: The services registered (their full names), for the log and the tests.
+SERVICES = ("tensorflow.serving.PredictionService", "tensorflow.serving.ModelService")
+_told = False
+
+
+def register(server: grpc.aio.Server, plane: Plane, max_elements: int) -> bool:
+    """Add TensorFlow Serving's services to `server`; False when the package is not installed."""
+    global _told
+    try:
+        from dlscale.frontends.grpc import tfserving_rpcs
+    except ImportError as exc:
+        if not _told:
+            _told = True
+            log.warning(
+                "TensorFlow Serving's gRPC services are not served: %s (pip install "
+                "tensorflow-serving-api; docs/tfserving.md)",
+                exc,
+            )
+        return False
+    tfserving_rpcs.add_to(server, plane, max_elements)
+    log.info("gRPC serves %s", ", ".join(SERVICES))
+    return True

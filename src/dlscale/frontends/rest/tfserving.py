@@ -1,0 +1,220 @@
+"""TensorFlow Serving's REST API on the REST port, for every model: decode, one Plane call, encode.
+
+`/v1/models/NAME[/versions/N]:predict|:classify|:regress`, `GET /v1/models/NAME[/versions/N]`
+(status) and `.../metadata`; errors in its shape, `{"error": "..."}`. The OpenAI API shares the
+`/v1/` prefix: `GET /v1/models/NAME` of a generative model, or of a name the server does not
+serve, is OpenAI's `retrieve`, answered by the OpenAI routes as before (docs/tfserving.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from urllib.parse import unquote
+
+from dlscale.errors import DlscaleError, NotFound, redact_paths
+from dlscale.frontends.access import Access
+from dlscale.frontends.limits import Limits
+from dlscale.frontends.offload import off_loop
+from dlscale.frontends.plane import Plane, Remote, answer
+from dlscale.frontends.rest import tfserving_documents as documents
+from dlscale.frontends.rest.responses import RestResponse, error_response, json_response
+from dlscale.frontends.tfserving import methods
+from dlscale.frontends.tfserving.signature import (
+    SERVING_DEFAULT,
+    SIGNATURE_PARAMETER,
+    check_signature,
+    statuses,
+)
+from dlscale.serving.observe.logs import log_failure
+from dlscale.types import InferenceRequest, ModelKind, ModelMetadata
+from dlscale.wire.tensors import Buffer
+
+log = logging.getLogger("dlscale.http")
+_Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
+_Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
+_Fallback = Callable[[str, str, Mapping[str, str], Buffer], Awaitable[RestResponse]]
+#: A route: handler, path arguments (model, version), the one method, its API group.
+Route = tuple[_Handler, list[str], str, str]
+VERBS = ("predict", "classify", "regress")
+#: Paths whose route is remembered (the OIP routes' bound).
+ROUTE_CACHE_SIZE = 1024
+#: Bodies larger than this are decoded off the event loop (the OIP routes' bound).
+OFF_LOOP_BYTES = 256 * 2**10
+
+
+class TfServingApi:
+    """The TensorFlow Serving routes over a Plane; `fallback` answers OpenAI's `/v1/` requests."""
+
+    def __init__(
+        self, plane: Plane, limits: Limits, access: Access, fallback: _Fallback, decoded: _Decoder
+    ) -> None:
+        self.plane = plane
+        self.limits = limits
+        self.access = access
+        self.fallback = fallback
+        #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
+        self.decoded = decoded
+        #: An in-process plane answers its metadata at once; a worker's proxy is awaited.
+        self._local = not isinstance(plane, Remote)
+        self._routes: dict[str, Route] = {}
+        self._handlers: dict[str, _Handler] = {
+            "predict": self._predict,
+            "classify": self._examples,
+            "regress": self._examples,
+        }
+
+    def route(self, path: str) -> Route | None:
+        """The route of a `/v1/` path, or None when it is not TensorFlow Serving's."""
+        # Clients repeat a few paths, asked twice each (before the body, then to answer).
+        found = self._routes.get(path)
+        if found is None:
+            found = self._resolve(path)
+            if found is not None:
+                if len(self._routes) >= ROUTE_CACHE_SIZE:
+                    self._routes.clear()
+                self._routes[path] = found
+        return found
+
+    def _resolve(self, path: str) -> Route | None:
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
+        if len(parts) < 2 or parts[0] != "models":
+            return None
+        name, verb = parts[-1], ""
+        head, colon, tail = name.rpartition(":")
+        if colon and tail in VERBS:
+            parts[-1], verb = head, tail
+        model, rest = parts[1], parts[2:]
+        version = ""
+        if rest[:1] == ["labels"] and len(rest) >= 2:
+            return self._no_label, [model, rest[1]], "POST" if verb else "GET", "metadata"
+        if rest[:1] == ["versions"] and len(rest) >= 2:
+            version, rest = rest[1], rest[2:]
+        if verb:
+            if rest:
+                return None
+            return self._handlers[verb], [model, version, verb], "POST", "inference"
+        if rest == ["metadata"]:
+            return self._metadata, [model, version], "GET", "metadata"
+        if rest:
+            return None
+        return self._status, [model, version], "GET", "health"
+
+    async def handle(
+        self, route: Route, method: str, path: str, headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """Answer one request of `route`; errors as `{"error": ...}` with their status."""
+        handler, args, allowed, group = route
+        try:
+            if self._shared(route) and await self._openai_model(args[0]):
+                return await self.fallback(method, path, headers, body)
+            self.access.check(group, headers)
+            if method != allowed:
+                message = f"{method} is not allowed on {path[:200]!r}; use {allowed}"
+                return error_response(405, message, (("allow", allowed),))
+            return await handler(args, headers, self.decoded(headers, body))
+        except DlscaleError as exc:
+            log_failure("HTTP", args[0], exc.http_status, exc.reason, f"{method} {path}: {exc}")
+            return error_response(exc.http_status, exc.message)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
+            log.exception("%s %s failed", method, path)
+            return error_response(500, redact_paths(f"internal error: {exc!r}"))
+
+    def refusal_before_body(
+        self, route: Route, method: str, headers: Mapping[str, str]
+    ) -> DlscaleError | None:
+        """A caller without the group's key, or a model that refuses an inference now."""
+        _, args, _, group = route
+        if self._shared(route):
+            return None  # OpenAI's or ours: `handle` tells which, and checks that group's key
+        try:
+            self.access.check(group, headers)
+        except DlscaleError as exc:
+            return exc
+        if method != "POST" or group != "inference":
+            return None
+        return self.plane.refuse_early(args[0], args[1])
+
+    def _shared(self, route: Route) -> bool:
+        """Whether the route is `GET /v1/models/NAME`, which OpenAI's API has too."""
+        return route[0] == self._status and not route[1][1]
+
+    async def _model(self, name: str, version: str = "") -> ModelMetadata:
+        if self._local:  # `answer` would ask whether the plane is remote at every request
+            return self.plane.model_metadata(name, version)
+        return await answer(self.plane.model_metadata, name, version)
+
+    async def _openai_model(self, name: str) -> bool:
+        """Whether `GET /v1/models/NAME` is OpenAI's: a generative model, or none served."""
+        try:
+            meta = await self._model(name)
+        except DlscaleError:
+            return True
+        return meta.kind is ModelKind.GENERATIVE
+
+    # -- inference ---------------------------------------------------------------------------------
+
+    async def _predict(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        model, version, _ = args
+        meta = await self._model(model, version)
+        decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_predict, body, meta)
+        await self._check_signature(decoded.signature, meta, version)
+        response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
+        return RestResponse(200, [documents.predict_answer(response, decoded.rows)])
+
+    def _read_predict(self, body: Buffer, meta: ModelMetadata) -> documents.Decoded:
+        doc = documents.read_document(body, "predict")
+        return documents.predict_arrays(doc, meta, self.limits.max_tensor_elements)
+
+    async def _examples(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        model, version, verb = args
+        meta = await self._model(model, version)
+        # Which outputs answer is known from the metadata: a model that cannot is refused first.
+        plan = methods.classify_plan(meta) if verb == "classify" else None
+        regress = methods.regress_output(meta) if plan is None else ""
+        decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_examples, body, meta, verb)
+        await self._check_signature(decoded.signature, meta, version)
+        response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
+        rows = decoded.rows or 0
+        if plan is not None:
+            text = documents.classify_answer(methods.classifications(response, plan, rows))
+        else:
+            text = documents.regress_answer(methods.regressions(response, regress, rows))
+        return RestResponse(200, [text])
+
+    def _read_examples(self, body: Buffer, meta: ModelMetadata, verb: str) -> documents.Decoded:
+        doc = documents.read_document(body, verb)
+        return documents.example_arrays(doc, meta, self.limits.max_tensor_elements)
+
+    async def _check_signature(self, name: str, meta: ModelMetadata, version: str) -> None:
+        other = ""
+        if name not in ("", SERVING_DEFAULT):  # another name: the model's config may give it
+            config = await answer(self.plane.model_config, meta.name, version)
+            other = config.parameters.get(SIGNATURE_PARAMETER, "")
+        check_signature(name, meta, other)
+
+    async def _no_label(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        raise NotFound(
+            f"model {args[0]!r} has no version labels ({args[1][:100]!r}): dlscale serves "
+            "versions by number, /v1/models/NAME/versions/N"
+        )
+
+    # -- status and metadata -----------------------------------------------------------------------
+
+    async def _status(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        rows = await answer(self.plane.repository_index, False)
+        return json_response(documents.status_document(statuses(args[0], args[1], rows)))
+
+    async def _metadata(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        meta = await self._model(args[0], args[1])
+        return json_response(documents.metadata_document(meta, args[1]))
