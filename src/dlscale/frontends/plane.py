@@ -169,19 +169,6 @@ class Remote(Protocol):
     async def ask(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
 
 
-async def answer(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """The answer of a synchronous Plane method, without blocking the event loop.
-
-    In process, the method answers at once; a remote plane's (a REST worker's proxy) is asked of
-    its owner over the asynchronous channel and awaited.
-    """
-    owner = getattr(call, "__self__", None)
-    if isinstance(owner, Remote):
-        name = getattr(call, "__name__", "")
-        return cast(T, await owner.ask(name, *args, **kwargs))
-    return call(*args, **kwargs)
-
-
 def _asked(
     method: Callable[Concatenate[Any, P], T],
 ) -> Callable[Concatenate[Asked, P], Coroutine[Any, Any, T]]:
@@ -189,7 +176,9 @@ def _asked(
     name = method.__name__
 
     async def ask(view: Asked, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await answer(getattr(view.plane, name), *args, **kwargs)
+        if view.owner is not None:  # a REST worker's proxy: asked of its owner, awaited
+            return cast(T, await view.owner.ask(name, *args, **kwargs))
+        return cast(T, getattr(view.plane, name)(*args, **kwargs))  # answers at once
 
     ask.__name__ = ask.__qualname__ = name
     return ask
@@ -204,6 +193,8 @@ class Asked:
 
     def __init__(self, plane: Plane) -> None:
         self.plane = plane
+        #: The plane whose answers come from another process (decided once, not per call).
+        self.owner = plane if isinstance(plane, Remote) else None
         self.shared_memory = plane.shared_memory
         self.infer = plane.infer
         self.stream = plane.stream
@@ -215,7 +206,7 @@ class Asked:
     @property
     def remote(self) -> bool:
         """Whether the answers come from another process."""
-        return isinstance(self.plane, Remote)
+        return self.owner is not None
 
     live = _asked(Plane.live)
     ready = _asked(Plane.ready)

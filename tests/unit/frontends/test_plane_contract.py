@@ -112,7 +112,7 @@ def test_the_frontends_view_awaits_every_method_but_the_local_one(tmp_path: Path
         else:
             assert inspect.iscoroutinefunction(found), f"the view does not await {method.name}"
     public = {n for n in dir(view) if not n.startswith("_")}
-    assert public - set(METHODS) == {"plane", "remote", "shared_memory"}
+    assert public - set(METHODS) == {"owner", "plane", "remote", "shared_memory"}
 
 
 def test_the_owner_whitelist_is_derived_from_the_declaration() -> None:

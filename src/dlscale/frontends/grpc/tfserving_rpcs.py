@@ -16,7 +16,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_p
 from dlscale.errors import Unsupported
 from dlscale.frontends.grpc import tfserving_convert as convert
 from dlscale.frontends.grpc.servicer import unary
-from dlscale.frontends.plane import Plane, answer
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.tfserving import inputs, methods
 from dlscale.frontends.tfserving.signature import (
     SERVING_DEFAULT,
@@ -31,7 +31,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """tensorflow.serving.PredictionService over a Plane."""
 
     def __init__(self, plane: Plane, max_elements: int) -> None:
-        self.plane = plane
+        self.plane = Asked(plane)
         self.max_elements = max_elements
 
     @unary
@@ -68,14 +68,14 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     async def GetModelMetadata(self, request: Any, context: Any) -> Any:
         name, version, _ = convert.model_spec(request)
         convert.metadata_fields(request)
-        meta = await answer(self.plane.model_metadata, name, version)
+        meta = await self.plane.model_metadata(name, version)
         return convert.metadata_response(meta, version)
 
     async def _model(self, name: str, version: str, signature: str) -> ModelMetadata:
-        meta = await answer(self.plane.model_metadata, name, version)
+        meta = await self.plane.model_metadata(name, version)
         other = ""
         if signature not in ("", SERVING_DEFAULT):  # another name: the model's config may give it
-            config = await answer(self.plane.model_config, name, version)
+            config = await self.plane.model_config(name, version)
             other = config.parameters.get(SIGNATURE_PARAMETER, "")
         check_signature(signature, meta, other)
         return meta
@@ -91,12 +91,12 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignor
     """tensorflow.serving.ModelService's GetModelStatus over a Plane (no config reloads)."""
 
     def __init__(self, plane: Plane) -> None:
-        self.plane = plane
+        self.plane = Asked(plane)
 
     @unary
     async def GetModelStatus(self, request: Any, context: Any) -> Any:
         name, version, _ = convert.model_spec(request)
-        rows = await answer(self.plane.repository_index, False)
+        rows = await self.plane.repository_index(False)
         return convert.status_response(statuses(name, version, rows))
 
     @unary

@@ -16,7 +16,7 @@ from dlscale.errors import DlscaleError, NotFound, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
-from dlscale.frontends.plane import Plane, Remote, answer
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import RestResponse, error_response, json_response
 from dlscale.frontends.tfserving import methods
@@ -49,14 +49,12 @@ class TfServingApi:
     def __init__(
         self, plane: Plane, limits: Limits, access: Access, fallback: _Fallback, decoded: _Decoder
     ) -> None:
-        self.plane = plane
+        self.plane = Asked(plane)
         self.limits = limits
         self.access = access
         self.fallback = fallback
         #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
-        #: An in-process plane answers its metadata at once; a worker's proxy is awaited.
-        self._local = not isinstance(plane, Remote)
         self._routes: dict[str, Route] = {}
         self._handlers: dict[str, _Handler] = {
             "predict": self._predict,
@@ -139,15 +137,10 @@ class TfServingApi:
         """Whether the route is `GET /v1/models/NAME`, which OpenAI's API has too."""
         return route[0] == self._status and not route[1][1]
 
-    async def _model(self, name: str, version: str = "") -> ModelMetadata:
-        if self._local:  # `answer` would ask whether the plane is remote at every request
-            return self.plane.model_metadata(name, version)
-        return await answer(self.plane.model_metadata, name, version)
-
     async def _openai_model(self, name: str) -> bool:
         """Whether `GET /v1/models/NAME` is OpenAI's: a generative model, or none served."""
         try:
-            meta = await self._model(name)
+            meta = await self.plane.model_metadata(name)
         except DlscaleError:
             return True
         return meta.kind is ModelKind.GENERATIVE
@@ -158,7 +151,7 @@ class TfServingApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version, _ = args
-        meta = await self._model(model, version)
+        meta = await self.plane.model_metadata(model, version)
         decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_predict, body, meta)
         await self._check_signature(decoded.signature, meta, version)
         response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
@@ -172,7 +165,7 @@ class TfServingApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version, verb = args
-        meta = await self._model(model, version)
+        meta = await self.plane.model_metadata(model, version)
         # Which outputs answer is known from the metadata: a model that cannot is refused first.
         plan = methods.classify_plan(meta) if verb == "classify" else None
         regress = methods.regress_output(meta) if plan is None else ""
@@ -193,7 +186,7 @@ class TfServingApi:
     async def _check_signature(self, name: str, meta: ModelMetadata, version: str) -> None:
         other = ""
         if name not in ("", SERVING_DEFAULT):  # another name: the model's config may give it
-            config = await answer(self.plane.model_config, meta.name, version)
+            config = await self.plane.model_config(meta.name, version)
             other = config.parameters.get(SIGNATURE_PARAMETER, "")
         check_signature(name, meta, other)
 
@@ -210,11 +203,11 @@ class TfServingApi:
     async def _status(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        rows = await answer(self.plane.repository_index, False)
+        rows = await self.plane.repository_index(False)
         return json_response(documents.status_document(statuses(args[0], args[1], rows)))
 
     async def _metadata(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        meta = await self._model(args[0], args[1])
+        meta = await self.plane.model_metadata(args[0], args[1])
         return json_response(documents.metadata_document(meta, args[1]))
