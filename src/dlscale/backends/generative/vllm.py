@@ -142,12 +142,10 @@ class VllmBackend:
             ids = list(self._tokenizer.encode(text))
         if not ids:
             raise InvalidInput(f"{contract.TEXT_INPUT} is empty")
-        if len(ids) >= self._max_model_len:
-            raise InvalidInput(
-                f"the prompt is {len(ids)} tokens long; this model's context is "
-                f"{self._max_model_len} tokens, so a prompt may have at most "
-                f"{self._max_model_len - 1}"
-            )
+        # vLLM's own check would say the same, but only once the engine has it.
+        contract.check_context(
+            len(ids), sampling.max_tokens, self._max_model_len, sampling.input_format
+        )
         return ids
 
     def engine_stats(self) -> EngineStats:

@@ -57,6 +57,13 @@ class Piece:
             finish_reason=_text(reason) or None,
         )
 
+    @property
+    def carries_news(self) -> bool:
+        """Whether it makes a chunk: one per generated token, as vLLM sends (a token whose
+        text is held back, part of a character or of a stop string, has an empty chunk), and
+        the end; a final flag alone is no chunk."""
+        return bool(self.text) or self.output_tokens is not None or self.finish_reason is not None
+
 
 @dataclass
 class Answer:

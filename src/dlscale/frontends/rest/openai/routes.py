@@ -198,7 +198,7 @@ async def _events(
         piece: Piece | None = first
         while piece is not None:
             reply.add(piece)
-            if piece.text or piece.finish_reason is not None:
+            if piece.carries_news:
                 yield reply.chunk(piece, include_usage)
             response = await _next(responses)
             piece = Piece.of(response) if response is not None else None
