@@ -163,7 +163,7 @@ async def test_chat_messages_go_through_the_chat_template(
 
 def test_ignore_eos_leaves_only_max_tokens_to_end_a_sequence(backend: Any) -> None:
     engine = backend._engine
-    bounds = Bounds(engine.context, engine.cache_tokens)
+    bounds = Bounds(engine.context, engine.cache_tokens, engine.vocabulary)
     args = (engine.tokenizer, bounds, engine.eos_ids, text_input("hi"))
     assert prepare(*args, {}).eos == list(engine.eos_ids) != []
     assert prepare(*args, {"ignore_eos": True}).eos == []

@@ -58,6 +58,7 @@ __all__ = [
     "join",
     "part",
     "prompt_text",
+    "prompt_tokens",
 ]
 
 #: Bounds on what a client may ask, checked before anything reaches an engine.
@@ -65,6 +66,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_TOKENS_DEFAULT = 16
 MAX_SEED = 2**63 - 1
+#: What `text_input` holds: the prompt, chat messages (JSON), or the prompt's token ids (JSON).
+INPUT_FORMATS = ("text", "chat", "tokens")
 #: Triton vLLM clients' settings: a JSON object in one string (a parameter or a BYTES input).
 PACKED = "sampling_parameters"
 
@@ -80,7 +83,8 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages.
+    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages;
+    #: "tokens": a JSON list of the prompt's token ids (OpenAI's `prompt: [1, 2, 3]`).
     input_format: str = "text"
     extra: Mapping[str, Parameter] = field(default_factory=dict)
 
@@ -104,9 +108,10 @@ class Sampling:
         if seed is not None:
             seed = _integer(merged, "seed", 0, low=0, high=MAX_SEED)
         input_format = str(merged.get("input_format", "text"))
-        if input_format not in ("text", "chat"):
+        if input_format not in INPUT_FORMATS:
             raise InvalidInput(
-                f"input_format must be 'text' or 'chat', not {input_format!r}", "input_format"
+                f"input_format must be one of {', '.join(INPUT_FORMATS)}, not {input_format!r}",
+                "input_format",
             )
         return cls(
             max_tokens=max_tokens,
@@ -207,6 +212,23 @@ def prompt_text(inputs: Mapping[str, np.ndarray], context: int | None = None) ->
         return value.decode() if isinstance(value, bytes) else str(value)
     except UnicodeDecodeError:
         raise InvalidInput(f"{TEXT_INPUT} is not UTF-8") from None
+
+
+def prompt_tokens(text: str, vocabulary: int) -> list[int]:
+    """The token ids `text_input` holds when `input_format = "tokens"`: a JSON list of ids,
+    each one of the model's `vocabulary`; InvalidInput naming the prompt otherwise."""
+    try:
+        ids = json.loads(text)
+    except json.JSONDecodeError:
+        ids = None
+    if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+        raise InvalidInput("a token-id prompt is a non-empty list of integers", "prompt")
+    wrong = next((i for i in ids if not 0 <= i < vocabulary), None)
+    if wrong is not None:
+        raise InvalidInput(
+            f"token id {wrong} is out of this model's vocabulary (0 to {vocabulary - 1})", "prompt"
+        )
+    return ids
 
 
 def check_context(prompt: int, max_tokens: int, context: int, input_format: str) -> None:

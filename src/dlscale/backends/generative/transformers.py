@@ -76,7 +76,7 @@ class TransformersBackend:
         engine = self._engine
         if engine is None:
             raise Unavailable("the transformers engine is not loaded")
-        bounds = Bounds(engine.context, engine.cache_tokens)
+        bounds = Bounds(engine.context, engine.cache_tokens, engine.vocabulary)
         return engine, prepare(engine.tokenizer, bounds, engine.eos_ids, inputs, parameters)
 
     async def stream(

@@ -191,6 +191,7 @@ class Engine:
         )
         self.model = model.to(settings.device).eval()
         config = self.model.config
+        self.vocabulary: int = int(config.vocab_size)
         self.context: int = _context(int(config.max_position_embeddings), settings.max_model_len)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])

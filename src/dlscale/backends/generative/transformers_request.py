@@ -16,6 +16,7 @@ from dlscale.backends.generative.contract import (
     check_context,
     part,
     prompt_text,
+    prompt_tokens,
 )
 from dlscale.backends.generative.transformers_sampling import request_settings
 from dlscale.backends.generative.transformers_text import StreamedText
@@ -41,6 +42,8 @@ class Bounds:
 
     context: int
     cache_tokens: int
+    #: Token ids the model embeds (a token-id prompt's ids are below it).
+    vocabulary: int
 
 
 def prepare(
@@ -55,7 +58,9 @@ def prepare(
     the event loop, and a prompt too long in bytes for the context is refused before either."""
     sampling = Sampling.from_parameters(parameters)
     text = prompt_text(inputs, bounds.context)
-    if sampling.input_format == "chat":
+    if sampling.input_format == "tokens":
+        prompt = prompt_tokens(text, bounds.vocabulary)
+    elif sampling.input_format == "chat":
         messages = chat_messages(text)
         try:
             text = tokenizer.apply_chat_template(
