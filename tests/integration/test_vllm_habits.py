@@ -12,6 +12,7 @@ a sequence may fit the context but not the cache.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 from collections.abc import Iterator
 from functools import partial
@@ -273,3 +274,16 @@ def test_rest_generate_takes_the_same_fields(server: LocalServer, client: openai
     assert [d["text_output"] for d in datas] == [PROMPT + want]
     bad = httpx.post(f"{url}/generate", json={**body, "sampling_parameters": "[1]"}, timeout=60)
     assert bad.status_code == 400 and "sampling_parameters must be a JSON object" in bad.text
+
+
+def test_a_path_without_models_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: `dlscale serve DIR` on a folder of weights, or an empty one, said it was ready
+    # with nothing to serve and nothing else.
+    settings = settings_from(parse(["serve", str(tmp_path)])).replace(
+        host=HOST, http_port=0, grpc_port=None, metrics_port=None
+    )
+    with caplog.at_level(logging.WARNING, logger="dlscale.server"), LocalServer(settings):
+        pass
+    assert f"{tmp_path} holds no models" in caplog.text
