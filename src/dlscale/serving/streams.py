@@ -66,7 +66,11 @@ async def open_stream(
 def _lifted(served: ServedVersion, request: InferenceRequest) -> InferenceRequest:
     """A generative request with Triton vLLM clients' optional inputs as its parameters."""
     declared = {spec.name for spec in served.inputs}
-    inputs, parameters = lift_optional_inputs(request.inputs, request.parameters, declared)
+    try:
+        inputs, parameters = lift_optional_inputs(request.inputs, request.parameters, declared)
+    except DlscaleError as exc:
+        served.stats.record_failure(exc.reason, 0)
+        raise
     return replace(request, inputs=inputs, parameters=parameters)
 
 
@@ -76,13 +80,14 @@ async def _with_prompt(
     """The responses, the prompt before the first text when `exclude_input_in_output` is
     false (Triton's vLLM clients' way to ask for prompt and completion in one text)."""
     prompt = request.inputs.get(contract.TEXT_INPUT)
-    pending = request.parameters.get(EXCLUDE_INPUT_IN_OUTPUT) is False and prompt is not None
+    plain = request.parameters.get("input_format", "text") == "text"  # not a chat's JSON
+    pending = request.parameters.get(EXCLUDE_INPUT_IN_OUTPUT) is False and plain
     try:
         async for response in responses:
             text = response.outputs.get(contract.TEXT_OUTPUT)
             if pending and text is not None and prompt is not None:
                 pending = False
-                joined = bytes(_as_bytes(prompt)) + bytes(_as_bytes(text))
+                joined = _as_bytes(prompt) + _as_bytes(text)
                 outputs = {**response.outputs, contract.TEXT_OUTPUT: np.array([joined], object)}
                 response = replace(response, outputs=outputs)
             yield response
