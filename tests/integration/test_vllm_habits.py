@@ -142,14 +142,15 @@ def test_a_stream_sends_one_chunk_per_token(client: openai.OpenAI) -> None:
         ({"seed": -4}, "seed must be between", "seed"),
         ({"prompt": [3, 99999]}, "token id 99999 is out of this model's vocabulary", "prompt"),
         ({"prompt": [[1, 2], "mixed"]}, "all of one kind", "prompt"),
+        ({"priority": -1}, "parameter 'priority' must be a non-negative integer", "priority"),
     ],
 )
 def test_refusals_are_400s_naming_their_field(
     client: openai.OpenAI, fields: dict[str, Any], said: str, param: str
 ) -> None:
-    request: dict[str, Any] = {"model": NAME, "prompt": "hi", **fields}
+    body = dict(fields)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(**request)
+        client.completions.create(model=NAME, prompt=body.pop("prompt", "hi"), extra_body=body)
     assert refused.value.status_code == 400 and said in refused.value.message
     assert refused.value.param == param
 
