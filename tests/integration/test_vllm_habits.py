@@ -40,10 +40,17 @@ KV_BYTES = CACHE_TOKENS * 2048
 PROMPT = "Once upon a time, the cat"
 
 
+#: A chat template of the server's own (--chat-template), instead of the tokenizer's.
+TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+
+
 @pytest.fixture(scope="module")
-def server(llama_tiny: Path) -> Iterator[LocalServer]:
+def server(llama_tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template.write_text(TEMPLATE)
     argv = ["serve", str(llama_tiny / "1"), "--served-model-name", NAME]
     argv += ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(KV_BYTES)]
+    argv += ["--chat-template", str(template)]
     settings = settings_from(parse(argv)).replace(
         host=HOST, http_port=0, grpc_port=0, metrics_port=None, grace_s=5.0
     )
@@ -76,6 +83,22 @@ def test_the_folder_is_one_model_named_by_served_model_name(client: openai.OpenA
     [card] = client.models.list().data
     assert card.id == NAME and card.model_extra == {"max_model_len": MAX_MODEL_LEN}
     assert greedy(client, PROMPT)
+
+
+def test_chat_template_replaces_the_tokenizers(client: openai.OpenAI, tokenizer: Any) -> None:
+    answer = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "hi there"}], max_tokens=2
+    )
+    rendered = "<user>hi there<assistant>"
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == len(
+        tokenizer(rendered, add_special_tokens=False).input_ids
+    )
+    default = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi there"}], add_generation_prompt=True, tokenize=False
+    )
+    # The tokenizer's own template would have counted otherwise.
+    assert len(tokenizer(default, add_special_tokens=False).input_ids) != answer.usage.prompt_tokens
 
 
 # -- item 7: one chunk per token ------------------------------------------------------------------
