@@ -56,6 +56,11 @@ class InvalidInput(DlscaleError):
     grpc_code = "INVALID_ARGUMENT"
     reason = "REJECTED"
 
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        #: The request field at fault, when there is one (OpenAI's error names it in `param`).
+        self.param = param
+
 
 class UnsupportedMediaType(InvalidInput):
     """A body in an encoding or media type the server does not read (RFC 9110: 415)."""

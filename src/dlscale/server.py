@@ -154,6 +154,13 @@ class Server:
                 "uncached (start with --cache-size BYTES)",
                 ", ".join(uncached),
             )
+        if not self.manager.repository.names() and not s.model_control.api_loads:
+            log.warning(
+                "%s holds no models (no model folders, and no config.json of a Hugging Face "
+                "folder): nothing is served; give a repository (REPO/MODEL/config.toml and "
+                "REPO/MODEL/1/...) or a Hugging Face folder (docs/generative.md)",
+                self.settings.repository,
+            )
         if s.model_control.polls:
             self._poller = RepositoryPoller(self.manager, s.poll_interval_s)
             self._poller.remember_loaded()

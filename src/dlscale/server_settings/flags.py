@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import ConfigError
-from dlscale.server_settings import GROUPS, ServerSettings
+from dlscale.server_settings import GROUPS, Generative, ServerSettings
+from dlscale.server_settings.hf_folder import is_hf_folder, one_model_repository
 from dlscale.server_settings.triton import add_triton_flags
 
 
@@ -25,13 +26,20 @@ def _flagged(kind: type[Any]) -> Iterator[dataclasses.Field[Any]]:
 
 def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     """`dlscale serve`'s flags, generated from the groups' fields; Triton's spellings beside."""
-    serve.add_argument("repo", type=Path, nargs="?", help="model repository")
+    serve.add_argument(
+        "repo", type=Path, nargs="?", help="model repository, or a Hugging Face folder"
+    )
     serve.add_argument(
         "--model-repository",
         "--model-store",
         type=Path,
         metavar="REPO",
         help="the model repository, as Triton takes it (instead of REPO)",
+    )
+    # vLLM's older `--model DIR`; named in full, so that it is no longer an ambiguous prefix
+    # of --model-repository, --model-control and the others.
+    serve.add_argument(
+        "--model", type=Path, metavar="DIR", help="REPO, as vLLM takes it (instead of REPO)"
     )
     for kind, title in GROUPS.values():
         group = serve.add_argument_group(title)
@@ -66,7 +74,17 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             groups[name] = _group_from(kind, args)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return ServerSettings(repository_from(args), **groups)
+    path = repository_from(args)
+    generative: Generative = groups["generative"]
+    if is_hf_folder(path):
+        return ServerSettings(one_model_repository(path, generative), **groups)
+    if generative.given():
+        raise ConfigError(
+            f"{', '.join(generative.given())}: these set how a Hugging Face folder is served, "
+            f"and {path} is a model repository (no config.json): set each model's own in its "
+            "config.toml [backend_options] (docs/generative.md)"
+        )
+    return ServerSettings(path, **groups)
 
 
 def _group_from(kind: type[Any], args: argparse.Namespace) -> Any:
@@ -85,13 +103,19 @@ MODEL_FILES = ("config.toml", "config.pbtxt", "model-settings.json")
 
 
 def repository_from(args: argparse.Namespace) -> Path:
-    """The repository: REPO or Triton's --model-repository; a model folder is refused."""
-    given = [p for p in (args.repo, getattr(args, "model_repository", None)) if p is not None]
+    """The repository (or Hugging Face folder): REPO, Triton's --model-repository or vLLM's
+    --model; a model folder is refused."""
+    named = {"REPO": args.repo}
+    named["--model-repository"] = getattr(args, "model_repository", None)
+    named["--model"] = getattr(args, "model", None)
+    given = {flag: Path(p) for flag, p in named.items() if p is not None}
     if not given:
         raise ConfigError("which model repository? dlscale serve REPO (or --model-repository)")
-    if len(given) == 2 and given[0] != given[1]:
-        raise ConfigError(f"two repositories: REPO {given[0]} and --model-repository {given[1]}")
-    path = Path(given[0])
+    if len(set(given.values())) > 1:
+        raise ConfigError("two repositories: " + " and ".join(f"{f} {p}" for f, p in given.items()))
+    path = next(iter(given.values()))
+    if is_hf_folder(path):
+        return path
     versions = path.is_dir() and any(c.name.isdigit() and c.is_dir() for c in path.iterdir())
     configs = [name for name in MODEL_FILES if (path / name).is_file()]
     if versions or configs:

@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, cast
 
+import numpy as np
+
 from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
@@ -26,8 +28,10 @@ from dlscale.serving.manager import ServedVersion
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.runners import seats_of
+from dlscale.serving.seats import Seats
 from dlscale.serving.validation import validate
 from dlscale.types import InferenceRequest, InferenceResponse
+from dlscale.wire.generative import EXCLUDE_INPUT_IN_OUTPUT, STREAM, lift_optional_inputs
 
 log = logging.getLogger("dlscale.models")
 
@@ -35,13 +39,71 @@ log = logging.getLogger("dlscale.models")
 async def open_stream(
     served: ServedVersion, request: InferenceRequest
 ) -> AsyncIterator[InferenceResponse]:
-    """The responses to `request` (validated here), as its model's backend sends them."""
+    """The responses to `request` (validated here), as its model's backend sends them; a
+    generative request with `stream` false gets one response, its text joined (Triton's vLLM
+    backend does the same)."""
     seats = seats_of(served.runner)
     if seats is None:
         raise InvalidInput(
             f"model {served.version.name!r} does not stream its answers (it is not decoupled): "
             "ask for one answer (POST .../infer or .../generate, gRPC ModelInfer)"
         )
+    if seats.generative:
+        request = _lifted(served, request)
+        if request.parameters.get(STREAM) is False:
+            yield await _joined(served, request, seats)
+            return
+        responses = _with_prompt(request, _open(served, request, seats))
+    else:
+        responses = _open(served, request, seats)
+    try:
+        async for response in responses:
+            yield response
+    finally:
+        await aclose(responses)
+
+
+def _lifted(served: ServedVersion, request: InferenceRequest) -> InferenceRequest:
+    """A generative request with Triton vLLM clients' optional inputs as its parameters."""
+    declared = {spec.name for spec in served.inputs}
+    try:
+        inputs, parameters = lift_optional_inputs(request.inputs, request.parameters, declared)
+    except DlscaleError as exc:
+        served.stats.record_failure(exc.reason, 0)
+        raise
+    return replace(request, inputs=inputs, parameters=parameters)
+
+
+async def _with_prompt(
+    request: InferenceRequest, responses: AsyncIterator[InferenceResponse]
+) -> AsyncIterator[InferenceResponse]:
+    """The responses, the prompt before the first text when `exclude_input_in_output` is
+    false (Triton's vLLM clients' way to ask for prompt and completion in one text)."""
+    prompt = request.inputs.get(contract.TEXT_INPUT)
+    plain = request.parameters.get("input_format", "text") == "text"  # not a chat's JSON
+    pending = request.parameters.get(EXCLUDE_INPUT_IN_OUTPUT) is False and plain
+    try:
+        async for response in responses:
+            text = response.outputs.get(contract.TEXT_OUTPUT)
+            if pending and text is not None and prompt is not None:
+                pending = False
+                joined = _as_bytes(prompt) + _as_bytes(text)
+                outputs = {**response.outputs, contract.TEXT_OUTPUT: np.array([joined], object)}
+                response = replace(response, outputs=outputs)
+            yield response
+    finally:
+        await aclose(responses)
+
+
+def _as_bytes(array: np.ndarray) -> bytes:
+    value = array.reshape(-1)[0]
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+async def _open(
+    served: ServedVersion, request: InferenceRequest, seats: Seats
+) -> AsyncIterator[InferenceResponse]:
+    """The stream path proper: validated, seated, the backend's parts as responses."""
     times = RequestTimes(request_start=time.perf_counter_ns())
     task = asyncio.current_task()
     assert task is not None  # an async generator is iterated by a task
@@ -103,8 +165,18 @@ async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceR
     if seats is None or not seats.generative:
         served.stats.record_failure(InvalidInput.reason, 0)
         raise refuse_unary(served)
+    return await _joined(served, _lifted(served, request), seats)
+
+
+async def _joined(
+    served: ServedVersion, request: InferenceRequest, seats: Seats
+) -> InferenceResponse:
     whole = replace(request, outputs=None)  # join reads the counts, asked for or not
-    responses = [r async for r in open_stream(served, whole)]
+    stream = _with_prompt(whole, _open(served, whole, seats))
+    try:
+        responses = [r async for r in stream]
+    finally:
+        await aclose(stream)
     part = contract.join(StreamPart(r.outputs, r.parameters, r.final) for r in responses)
     names = {o.name for o in request.outputs} if request.outputs is not None else None
     outputs = {n: a for n, a in part.outputs.items() if names is None or n in names}

@@ -50,7 +50,8 @@ def check_schedule_parameters(params: Parameters) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidInput(
                 f"parameter {key!r} must be a non-negative integer, got {value!r}"
-                + (" (microseconds)" if key == "timeout" else "")
+                + (" (microseconds)" if key == "timeout" else ""),
+                key,
             )
 
 

@@ -9,8 +9,12 @@ The bounds on a prompt that every route shares live here too (the OpenAI fronten
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set
+
+import numpy as np
+
 from dlscale.errors import InvalidInput
-from dlscale.types import Datatype, TensorSpec
+from dlscale.types import Datatype, Parameter, TensorSpec
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -25,6 +29,18 @@ OUTPUTS = (
     TensorSpec(FINISH_REASON, Datatype.BYTES, (1,)),
     TensorSpec(NUM_INPUT_TOKENS, Datatype.UINT32, (1,)),
     TensorSpec(NUM_OUTPUT_TOKENS, Datatype.UINT32, (1,)),
+)
+#: Inputs of Triton vLLM-backend clients beside `text_input` (its tutorial's client sends all
+#: three): whether to stream, the sampling settings as one JSON object, and whether to leave the
+#: prompt out of the text. Each is optional and means the request parameter of its name, so a
+#: generative model takes them whatever its engine (lifted before the request is validated).
+STREAM = "stream"
+SAMPLING_PARAMETERS = "sampling_parameters"
+EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
+OPTIONAL_INPUTS = (
+    TensorSpec(STREAM, Datatype.BOOL, (1,)),
+    TensorSpec(SAMPLING_PARAMETERS, Datatype.BYTES, (1,)),
+    TensorSpec(EXCLUDE_INPUT_IN_OUTPUT, Datatype.BOOL, (1,)),
 )
 #: Why a sequence ended, in OpenAI's words: its stop string or end token, its max_tokens,
 #: or the server ended it (cancelled, disconnected, deadline).
@@ -61,3 +77,32 @@ def signature_toml() -> str:
         f'[[{kind}]]\nname = "{s.name}"\ndatatype = "{s.datatype.value}"\nshape = {list(s.shape)}\n'
         for kind, s in tables
     )
+
+
+def lift_optional_inputs(
+    inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter], declared: Set[str]
+) -> tuple[dict[str, np.ndarray], dict[str, Parameter]]:
+    """The request with each optional input (OPTIONAL_INPUTS) the model does not declare
+    itself turned into the request parameter of its name (the tensor wins over a parameter of
+    the same name); InvalidInput naming the input when it is not one element of its type."""
+    kept, lifted = dict(inputs), dict(parameters)
+    for spec in OPTIONAL_INPUTS:
+        array = kept.get(spec.name)
+        if array is None or spec.name in declared:
+            continue
+        del kept[spec.name]
+        if array.size != 1 or Datatype.from_numpy(array.dtype) is not spec.datatype:
+            raise InvalidInput(
+                f"input {spec.name!r} is one {spec.datatype.value} element, not "
+                f"{array.size} of {Datatype.from_numpy(array.dtype).value}",
+                spec.name,
+            )
+        value = array.reshape(-1)[0]
+        if spec.datatype is Datatype.BOOL:
+            lifted[spec.name] = bool(value)
+        else:
+            try:
+                lifted[spec.name] = value.decode() if isinstance(value, bytes) else str(value)
+            except UnicodeDecodeError:
+                raise InvalidInput(f"input {spec.name!r} is not UTF-8", spec.name) from None
+    return kept, lifted

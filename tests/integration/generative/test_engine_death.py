@@ -1,9 +1,11 @@
 """Issue 33: a generative engine whose thread dies makes its model not ready, with the cause.
 
-The engine dies for real: llama-tiny with a KV cache of one page, and a prompt longer than that
-page, makes transformers' generation thread raise ("No requests can be scheduled") and end. The
-model must then be UNAVAILABLE with the cause in the index and readiness, a request must fail at
-once (503, naming the cause) rather than wait for its timeout, and the other models keep serving.
+A prompt longer than the KV cache used to kill the engine (transformers' "No requests can be
+scheduled"); since issue 37 it is refused alone (400) and the model stays READY. The engine's
+generation thread is then ended the way a crash ends it, by transformers' own hard stop
+without dlscale asking: the model must be UNAVAILABLE with the cause in the index and
+readiness, a request must fail at once (503, naming the cause) rather than wait for its timeout,
+and the other models keep serving.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,8 +25,8 @@ from tests.toolkit.server import LocalServer, serving
 from dlscale.models.zoo import build_zoo
 
 HEALTHY, STARVED = "llama-tiny", "llama-starved"
-#: The engine's own words for a sequence that no KV cache page can take.
-CAUSE = "No requests can be scheduled"
+#: What the model's reason and the refusals say once its engine's thread ended unasked.
+CAUSE = "the transformers engine died"
 #: More tokens than one KV-cache page (64) holds.
 LONG_PROMPT = " ".join(["a story about the cache"] * 40)
 
@@ -52,9 +55,15 @@ def test_a_dead_engine_makes_its_model_unavailable_with_the_cause(
     # A safety net only: the engine's death must be reported long before this.
     with httpx.Client(base_url=f"http://{server.http_url}", timeout=120) as http:
         assert http.get(f"/v2/models/{STARVED}/ready").status_code == 200
-        killing = generate(http, STARVED, LONG_PROMPT)
-        assert killing.status_code == 503, killing.text
-        assert CAUSE in killing.json()["error"]
+        too_long = generate(http, STARVED, LONG_PROMPT)
+        assert too_long.status_code == 400 and "KV cache" in too_long.json()["error"]
+        assert http.get(f"/v2/models/{STARVED}/ready").status_code == 200
+        assert generate(http, STARVED, "hello").status_code == 200
+
+        # The generation thread ends as a crash would end it: dlscale did not ask.
+        backend: Any = server.server.manager.get(STARVED).instances[0].backend
+        engine = backend._engine
+        engine.manager.stop(block=True, timeout=30, hard_stop=True)
 
         index = {m["name"]: m for m in http.post("/v2/repository/index").json()}
         for _ in range(600):  # the report reaches the event loop from the engine's threads

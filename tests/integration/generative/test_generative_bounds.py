@@ -220,4 +220,5 @@ def test_prompts_around_the_bound_are_answered_or_refused_by_their_size(
     error = answer.json()["error"]
     message = error if isinstance(error, str) else error["message"]
     # Beyond the bound: refused by its bytes; within it, only by its tokens.
-    assert (BY_BYTES if len(prompt.encode()) > BOUND else "context is 512 tokens") in message
+    by_tokens = "maximum context length is 512 tokens"
+    assert (BY_BYTES if len(prompt.encode()) > BOUND else by_tokens) in message

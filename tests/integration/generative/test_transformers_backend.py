@@ -21,7 +21,7 @@ from dlscale.backends.generative.contract import (  # noqa: E402
     MAX_TOKENS_DEFAULT,
     GenerativeBackend,
 )
-from dlscale.backends.generative.transformers_request import prepare  # noqa: E402
+from dlscale.backends.generative.transformers_request import Bounds, prepare  # noqa: E402
 from dlscale.errors import BackendError, ConfigError, InvalidInput, Unavailable  # noqa: E402
 from dlscale.models.zoo import build_zoo  # noqa: E402
 
@@ -163,7 +163,8 @@ async def test_chat_messages_go_through_the_chat_template(
 
 def test_ignore_eos_leaves_only_max_tokens_to_end_a_sequence(backend: Any) -> None:
     engine = backend._engine
-    args = (engine.tokenizer, engine.context, engine.eos_ids, text_input("hi"))
+    bounds = Bounds(engine.context, engine.cache_tokens, engine.vocabulary)
+    args = (engine.tokenizer, bounds, engine.eos_ids, text_input("hi"))
     assert prepare(*args, {}).eos == list(engine.eos_ids) != []
     assert prepare(*args, {"ignore_eos": True}).eos == []
 
@@ -172,7 +173,11 @@ BAD = [
     ({"max_tokens": 0}, "max_tokens must be at least 1"),
     ({"max_tokens": -5}, "max_tokens must be at least 1"),
     ({"max_tokens": 1.5}, "max_tokens must be an integer"),
-    ({"max_tokens": 510}, "context is 512 tokens: the prompt has 4 tokens and max_tokens is 510"),
+    (
+        {"max_tokens": 510},
+        r"maximum context length is 512 tokens\. However, you requested 514 tokens "
+        r"\(4 in the prompt, 510 in the completion\)",
+    ),
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
@@ -196,7 +201,9 @@ async def test_bad_settings_are_refused_and_lose_nothing_else(
 
 
 async def test_too_long_a_prompt_names_its_length(backend: GenerativeBackend) -> None:
-    with pytest.raises(InvalidInput, match=r"context is 512 tokens: the prompt has \d{3,} tokens"):
+    with pytest.raises(
+        InvalidInput, match=r"maximum context length is 512 tokens\. However, you requested \d{3,} "
+    ):
         await collect(backend, " the" * 600, {"max_tokens": 1})
 
 

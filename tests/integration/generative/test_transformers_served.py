@@ -88,7 +88,7 @@ def test_grpc_infer_with_a_seed_repeats(server: LocalServer) -> None:
     ("parameters", "reason"),
     [
         ({"max_tokens": -1}, "max_tokens must be at least 1"),
-        ({"max_tokens": 100_000}, "context is 512 tokens"),
+        ({"max_tokens": 100_000}, "maximum context length is 512 tokens"),
         ({"top_p": 0}, "top_p"),
     ],
 )

@@ -166,7 +166,7 @@ async def test_closing_a_stream_aborts_its_sequence_at_once(backend: VllmBackend
 @pytest.mark.parametrize(
     ("text", "parameters", "why"),
     [
-        ("word " * 300, {}, "at most 255"),
+        ("word " * 300, {}, "maximum context length is 256 tokens"),
         ("fine", {"max_tokens": -1}, "max_tokens"),
         ("fine", {"temperature": 3}, "temperature"),
         ("[{]", {"input_format": "chat"}, "not JSON"),

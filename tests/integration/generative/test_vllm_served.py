@@ -110,5 +110,5 @@ def test_too_long_a_prompt_is_a_400_naming_the_context(server: LocalServer) -> N
     with pytest.raises(tritonclient_http.InferenceServerException) as caught:
         ask(server, "llama-tiny", "word " * 300)
     assert caught.value.status() == "400"
-    assert "context is 256 tokens" in caught.value.message()
+    assert "maximum context length is 256 tokens" in caught.value.message()
     assert ask(server, "llama-tiny", PROMPT, max_tokens=2, ignore_eos=True)["tokens"] == 2

@@ -136,7 +136,7 @@ def test_max_tokens_ends_with_length(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("fields", "said"),
     [
-        ({"prompt": " the" * 600, "max_tokens": 1}, "context is 512 tokens"),
+        ({"prompt": " the" * 600, "max_tokens": 1}, "maximum context length is 512 tokens"),
         ({"max_tokens": -3}, "max_tokens must be at least 1"),
         ({"top_p": 0}, "top_p"),
     ],

@@ -79,8 +79,10 @@ def test_priority_and_timeout_are_the_queues() -> None:
         ({"n": 2}, "n"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
-        ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": ["a", [1, 2]]}, "prompt"),  # strings and token ids mixed
+        ({"prompt": [1.5, 2]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["a"] * 65}, "prompt"),  # more than MAX_PROMPTS
         ({"model": 3}, "model"),
         ({"model": ""}, "model"),
         ({"priority": "high"}, "priority"),
@@ -254,3 +256,14 @@ def test_any_json_is_read_or_refused_with_a_4xx(fields: dict[str, object], chat:
         (chat_call if chat else completion_call)(body, {})
     except DlscaleError as exc:
         assert 400 <= exc.http_status < 500 or exc.http_status == 501
+
+
+def test_prompts_as_vllm_takes_them_are_one_request_each() -> None:
+    texts = completion_call(_body(prompt=["a", "b"]), {}).requests
+    assert [bytes(r.inputs["text_input"][0]) for r in texts] == [b"a", b"b"]
+    assert {r.parameters["input_format"] for r in texts} == {"text"}
+    [ids] = completion_call(_body(prompt=[1, 2, 3]), {}).requests
+    assert bytes(ids.inputs["text_input"][0]) == b"[1, 2, 3]"
+    assert ids.parameters["input_format"] == "tokens"
+    lists = completion_call(_body(prompt=[[1], [2, 3]]), {}).requests
+    assert [r.parameters["input_format"] for r in lists] == ["tokens", "tokens"]

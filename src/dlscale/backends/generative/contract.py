@@ -54,9 +54,11 @@ __all__ = [
     "GenerativeBackend",
     "Sampling",
     "chat_messages",
+    "check_context",
     "join",
     "part",
     "prompt_text",
+    "prompt_tokens",
 ]
 
 #: Bounds on what a client may ask, checked before anything reaches an engine.
@@ -64,6 +66,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_TOKENS_DEFAULT = 16
 MAX_SEED = 2**63 - 1
+#: What `text_input` holds: the prompt, chat messages (JSON), or the prompt's token ids (JSON).
+INPUT_FORMATS = ("text", "chat", "tokens")
+#: Triton vLLM clients' settings: a JSON object in one string (a parameter or a BYTES input).
+PACKED = "sampling_parameters"
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,8 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages.
+    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages;
+    #: "tokens": a JSON list of the prompt's token ids (OpenAI's `prompt: [1, 2, 3]`).
     input_format: str = "text"
     extra: Mapping[str, Parameter] = field(default_factory=dict)
 
@@ -89,20 +96,23 @@ class Sampling:
     def from_parameters(cls, parameters: Mapping[str, Parameter]) -> Sampling:
         """The settings a request's parameters name; InvalidInput naming the field otherwise."""
         merged: dict[str, object] = dict(parameters)
-        packed = merged.pop("sampling_parameters", None)
+        packed = merged.pop(PACKED, None)
         if packed is not None:
             merged.update(_unpack(packed))
         max_tokens = _integer(merged, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
         temperature = _number(merged, "temperature", 1.0, low=0.0, high=2.0)
         top_p = _number(merged, "top_p", 1.0, low=0.0, high=1.0)
         if top_p == 0.0:
-            raise InvalidInput("top_p must be greater than 0 and at most 1")
+            raise InvalidInput("top_p must be greater than 0 and at most 1", "top_p")
         seed = merged.get("seed")
         if seed is not None:
             seed = _integer(merged, "seed", 0, low=0, high=MAX_SEED)
         input_format = str(merged.get("input_format", "text"))
-        if input_format not in ("text", "chat"):
-            raise InvalidInput(f"input_format must be 'text' or 'chat', not {input_format!r}")
+        if input_format not in INPUT_FORMATS:
+            raise InvalidInput(
+                f"input_format must be one of {', '.join(INPUT_FORMATS)}, not {input_format!r}",
+                "input_format",
+            )
         return cls(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -119,42 +129,53 @@ def _unpack(packed: object) -> dict[str, object]:
     try:
         value = json.loads(packed) if isinstance(packed, str | bytes) else None
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"sampling_parameters is not JSON: {exc}") from None
+        raise InvalidInput(f"sampling_parameters is not JSON: {exc}", PACKED) from None
     if not isinstance(value, dict):
-        raise InvalidInput("sampling_parameters must be a JSON object")
+        raise InvalidInput("sampling_parameters must be a JSON object", PACKED)
+    return value
+
+
+def _from_text(value: object, kind: type[int] | type[float]) -> object:
+    """A number written as a string, as Triton's vLLM clients send every setting
+    (`{"max_tokens": "100"}`, parameters of type string): read as its number."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return kind(value.strip())
     return value
 
 
 def _integer(
     values: Mapping[str, object], name: str, default: int, low: int, high: int | None = None
 ) -> int:
-    value = values.get(name, default)
+    value = _from_text(values.get(name, default), int)
     # NaN and the infinities (JSON's 1e400 reads as one) are no integer: int() would raise.
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{name} must be an integer, not {value!r}")
+        raise InvalidInput(f"{name} must be an integer, not {value!r}", name)
     if value < low or (high is not None and value > high):
         bound = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise InvalidInput(f"{name} must be {bound}, not {value}")
+        raise InvalidInput(f"{name} must be {bound}, not {value}", name)
     return value
 
 
 def _number(
     values: Mapping[str, object], name: str, default: float, low: float, high: float
 ) -> float:
-    value = values.get(name, default)
+    value = _from_text(values.get(name, default), float)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"{name} must be a number, not {value!r}")
+        raise InvalidInput(f"{name} must be a number, not {value!r}", name)
     if not low <= value <= high:
-        raise InvalidInput(f"{name} must be between {low} and {high}, not {value}")
+        raise InvalidInput(f"{name} must be between {low} and {high}, not {value}", name)
     return float(value)
 
 
 def _flag(values: Mapping[str, object], name: str) -> bool:
     value = values.get(name, False)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"  # a Triton vLLM client's string
     if not isinstance(value, bool):
-        raise InvalidInput(f"{name} must be true or false, not {value!r}")
+        raise InvalidInput(f"{name} must be true or false, not {value!r}", name)
     return value
 
 
@@ -167,10 +188,11 @@ def _stop_strings(value: object) -> tuple[str, ...]:
             value = json.loads(value)
     strings = [value] if isinstance(value, str) else value
     if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-        raise InvalidInput("stop must be a string or a list of strings")
+        raise InvalidInput("stop must be a string or a list of strings", "stop")
     if len(strings) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_CHARS for s in strings):
         raise InvalidInput(
-            f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters"
+            f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters",
+            "stop",
         )
     return tuple(strings)
 
@@ -190,6 +212,43 @@ def prompt_text(inputs: Mapping[str, np.ndarray], context: int | None = None) ->
         return value.decode() if isinstance(value, bytes) else str(value)
     except UnicodeDecodeError:
         raise InvalidInput(f"{TEXT_INPUT} is not UTF-8") from None
+
+
+def prompt_tokens(text: str, vocabulary: int) -> list[int]:
+    """The token ids `text_input` holds when `input_format = "tokens"`: a JSON list of ids,
+    each one of the model's `vocabulary`; InvalidInput naming the prompt otherwise."""
+    try:
+        ids = json.loads(text)
+    except json.JSONDecodeError:
+        ids = None
+    if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+        raise InvalidInput("a token-id prompt is a non-empty list of integers", "prompt")
+    wrong = next((i for i in ids if not 0 <= i < vocabulary), None)
+    if wrong is not None:
+        raise InvalidInput(
+            f"token id {wrong} is out of this model's vocabulary (0 to {vocabulary - 1})", "prompt"
+        )
+    return ids
+
+
+def check_context(prompt: int, max_tokens: int, context: int, input_format: str) -> None:
+    """Refuse a request whose prompt and max_tokens (tokens) do not fit in the model's
+    `context` (its max_model_len), in the words of vLLM's OpenAI server, naming the field at
+    fault: the prompt (or messages) when it alone fills the context, else max_tokens."""
+    where = "messages" if input_format == "chat" else "prompt"
+    if prompt >= context:
+        raise InvalidInput(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt} tokens in the {where}. Please reduce the length of the {where}.",
+            where,
+        )
+    if prompt + max_tokens > context:
+        raise InvalidInput(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt + max_tokens} tokens ({prompt} in the {where}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {where} or completion.",
+            "max_tokens",
+        )
 
 
 def chat_messages(text: str) -> list[dict[str, str]]:

@@ -23,7 +23,7 @@ import torch
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative.contract import INPUTS, OUTPUTS, EngineStats, join
 from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
-from dlscale.backends.generative.transformers_request import Job, Parts, prepare
+from dlscale.backends.generative.transformers_request import Bounds, Job, Parts, prepare
 from dlscale.errors import ConfigError, Unavailable
 from dlscale.types import Parameter, TensorSpec
 
@@ -76,7 +76,8 @@ class TransformersBackend:
         engine = self._engine
         if engine is None:
             raise Unavailable("the transformers engine is not loaded")
-        return engine, prepare(engine.tokenizer, engine.context, engine.eos_ids, inputs, parameters)
+        bounds = Bounds(engine.context, engine.cache_tokens, engine.vocabulary)
+        return engine, prepare(engine.tokenizer, bounds, engine.eos_ids, inputs, parameters)
 
     async def stream(
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]

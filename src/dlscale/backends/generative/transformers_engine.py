@@ -43,6 +43,8 @@ OPTION_KEYS = (
     "max_batch_tokens",
     "max_num_seqs",
     "attn_implementation",
+    "max_model_len",
+    "chat_template",
 )
 #: The KV cache a CPU engine takes unless told (the server's memory is shared with others).
 CPU_KV_CACHE_GIB = 1.0
@@ -68,6 +70,11 @@ class EngineSettings:
     attn_implementation: str = "sdpa"
     #: PyTorch's threads in the engine's thread; 0 leaves PyTorch's default (one per core).
     threads: int = 0
+    #: Prompt plus generated tokens a sequence may hold (vLLM's name); None: the model's own
+    #: max_position_embeddings.
+    max_model_len: int | None = None
+    #: A Jinja chat template file that replaces the tokenizer's (vLLM's --chat-template).
+    chat_template: Path | None = None
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> EngineSettings:
@@ -98,6 +105,8 @@ class EngineSettings:
             max_num_seqs=_optional(extra, "max_num_seqs"),
             attn_implementation=str(extra.get("attn_implementation", "sdpa")),
             threads=options.intra_op_threads,
+            max_model_len=_optional(extra, "max_model_len"),
+            chat_template=_template(extra.get("chat_template")),
         )
 
 
@@ -109,6 +118,14 @@ def _positive(key: str, value: object) -> float:
 
 def _optional(extra: Mapping[str, Any], key: str) -> int | None:
     return int(_positive(key, extra[key])) if key in extra else None
+
+
+def _template(value: object) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not Path(value).is_file():
+        raise ConfigError(f"transformers backend: chat_template {value!r} is not a file")
+    return Path(value)
 
 
 class _Manager(ContinuousBatchingManager):
@@ -141,6 +158,25 @@ class _Manager(ContinuousBatchingManager):
         return "" if fatal is None else f"{type(fatal).__name__}: {fatal}"
 
 
+def _context(positions: int, max_model_len: int | None) -> int:
+    """The tokens a sequence may hold: max_model_len, at most the model's positions."""
+    if max_model_len is None:
+        return positions
+    if max_model_len > positions:
+        raise ConfigError(
+            f"transformers backend: max_model_len {max_model_len} is above the model's "
+            f"max_position_embeddings ({positions})"
+        )
+    return max_model_len
+
+
+def _cache_tokens(manager: Any, page_size: int, context: int) -> int:
+    """The tokens the paged cache holds, as warmup sized it (the context when unknown)."""
+    processor = manager.batch_processor
+    blocks = getattr(getattr(processor, "cache", None), "num_blocks", None)
+    return int(blocks) * page_size if isinstance(blocks, int) else context
+
+
 class Engine:
     """One model, its tokenizer and a running continuous-batching manager."""
 
@@ -148,12 +184,15 @@ class Engine:
         self, folder: Path, settings: EngineSettings, on_failure: FailureReport | None = None
     ) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        if settings.chat_template is not None:
+            self.tokenizer.chat_template = settings.chat_template.read_text()
         model: Any = AutoModelForCausalLM.from_pretrained(
             folder, dtype=_DTYPES[settings.dtype], attn_implementation=settings.attn_implementation
         )
         self.model = model.to(settings.device).eval()
         config = self.model.config
-        self.context: int = int(config.max_position_embeddings)
+        self.vocabulary: int = int(config.vocab_size)
+        self.context: int = _context(int(config.max_position_embeddings), settings.max_model_len)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
         # Greedy for every sequence: sampling is per request, by RequestSampling's processors.
@@ -172,6 +211,9 @@ class Engine:
         # The cache and the step's buffers are allocated here, so that a loaded model takes
         # its first request at once (start() would otherwise build them in its thread).
         self.manager.warmup()
+        #: Tokens the KV cache holds: a sequence that needs more would stop the engine (its
+        #: scheduler can neither place nor offload it), so it is refused first.
+        self.cache_tokens: int = _cache_tokens(self.manager, settings.page_size, self.context)
         self.manager.start()
         self._router = threading.Thread(target=self._route, name="dlscale-hf-router", daemon=True)
         self._router.start()

@@ -10,7 +10,14 @@ import numpy as np
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from dlscale.backends.base import StreamPart
-from dlscale.backends.generative.contract import Sampling, chat_messages, part, prompt_text
+from dlscale.backends.generative.contract import (
+    Sampling,
+    chat_messages,
+    check_context,
+    part,
+    prompt_text,
+    prompt_tokens,
+)
 from dlscale.backends.generative.transformers_sampling import request_settings
 from dlscale.backends.generative.transformers_text import StreamedText
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
@@ -29,9 +36,19 @@ class Job:
     settings: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What one sequence may hold: the context (max_model_len) and the KV cache's tokens."""
+
+    context: int
+    cache_tokens: int
+    #: Token ids the model embeds (a token-id prompt's ids are below it).
+    vocabulary: int
+
+
 def prepare(
     tokenizer: Any,
-    context: int,
+    bounds: Bounds,
     eos_ids: tuple[int, ...],
     inputs: Mapping[str, np.ndarray],
     parameters: Mapping[str, Parameter],
@@ -40,8 +57,10 @@ def prepare(
     Rendering and tokenizing take time in proportion to the prompt: the caller runs this off
     the event loop, and a prompt too long in bytes for the context is refused before either."""
     sampling = Sampling.from_parameters(parameters)
-    text = prompt_text(inputs, context)
-    if sampling.input_format == "chat":
+    text = prompt_text(inputs, bounds.context)
+    if sampling.input_format == "tokens":
+        prompt = prompt_tokens(text, bounds.vocabulary)
+    elif sampling.input_format == "chat":
         messages = chat_messages(text)
         try:
             text = tokenizer.apply_chat_template(
@@ -55,10 +74,13 @@ def prepare(
         prompt = list(tokenizer(text).input_ids)
     if not prompt:
         raise InvalidInput("the prompt is empty")
-    if len(prompt) + sampling.max_tokens > context:
+    check_context(len(prompt), sampling.max_tokens, bounds.context, sampling.input_format)
+    if len(prompt) + sampling.max_tokens > bounds.cache_tokens:
         raise InvalidInput(
-            f"this model's context is {context} tokens: the prompt has {len(prompt)} tokens "
-            f"and max_tokens is {sampling.max_tokens}, {len(prompt) + sampling.max_tokens} in all"
+            f"the prompt ({len(prompt)} tokens) and max_tokens ({sampling.max_tokens}) need "
+            f"{len(prompt) + sampling.max_tokens} tokens of KV cache; this engine's cache holds "
+            f"{bounds.cache_tokens} (kv_cache_gib): ask for fewer tokens",
+            "max_tokens",
         )
     return Job(
         prompt=prompt,

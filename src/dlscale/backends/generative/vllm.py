@@ -62,6 +62,7 @@ class VllmBackend:
         self.settings: EngineSettings = engine_settings(path, options.extra, options.device)
         self._engine: Any = None
         self._tokenizer: Any = None
+        self._chat_template: str | None = None
         self._max_model_len = 0
         self._stats = _LatestStats()
         self._serial = itertools.count()
@@ -82,6 +83,8 @@ class VllmBackend:
         with _environment(self.settings.env):
             self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.logger])
         self._tokenizer = self._engine.get_tokenizer()
+        template = self.settings.chat_template
+        self._chat_template = template.read_text() if template is not None else None
         self._max_model_len = int(self._engine.model_config.max_model_len)
 
     @property
@@ -129,11 +132,16 @@ class VllmBackend:
 
     def _prompt_ids(self, text: str, sampling: Sampling) -> list[int]:
         """The prompt's token ids (chat messages through the model's chat template), bounded."""
-        if sampling.input_format == "chat":
+        if sampling.input_format == "tokens":
+            ids = contract.prompt_tokens(text, len(self._tokenizer))
+        elif sampling.input_format == "chat":
             messages = contract.chat_messages(text)
             try:
                 text = self._tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
+                    messages,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    chat_template=self._chat_template,
                 )
             except ValueError as exc:  # no chat template, or one that refuses these messages
                 raise InvalidInput(f"chat messages: {exc}") from None
@@ -142,12 +150,10 @@ class VllmBackend:
             ids = list(self._tokenizer.encode(text))
         if not ids:
             raise InvalidInput(f"{contract.TEXT_INPUT} is empty")
-        if len(ids) >= self._max_model_len:
-            raise InvalidInput(
-                f"the prompt is {len(ids)} tokens long; this model's context is "
-                f"{self._max_model_len} tokens, so a prompt may have at most "
-                f"{self._max_model_len - 1}"
-            )
+        # vLLM's own check would say the same, but only once the engine has it.
+        contract.check_context(
+            len(ids), sampling.max_tokens, self._max_model_len, sampling.input_format
+        )
         return ids
 
     def engine_stats(self) -> EngineStats:

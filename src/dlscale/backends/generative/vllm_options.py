@@ -41,6 +41,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: KV-cache size in GiB: vLLM's `kv_cache_memory_bytes` (on CPUs it replaces
 #: VLLM_CPU_KVCACHE_SPACE, whose default is 4 GiB).
 KV_CACHE_KEY = "kv_cache_gib"
+#: A Jinja chat template file that replaces the tokenizer's (vLLM's --chat-template); dlscale
+#: renders chat messages itself, so it is no engine argument.
+CHAT_TEMPLATE_KEY = "chat_template"
 #: vLLM's CPU thread settings, environment variables of its engine processes:
 #: cores to bind its OpenMP threads to ("auto", "nobind", "0-3", ranks split by "|"), and
 #: cores left to the server when binding automatically.
@@ -59,6 +62,7 @@ class EngineSettings:
     folder: Path
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    chat_template: Path | None = None
 
     @property
     def max_num_seqs(self) -> int | None:
@@ -76,11 +80,19 @@ def engine_settings(model_file: Path, options: Mapping[str, Any], device: str) -
         folder = model_file.parent
     args.update(_engine_args(options))
     env = _environment(options, device)
-    return EngineSettings(folder, args, env)
+    return EngineSettings(folder, args, env, _chat_template(options.get(CHAT_TEMPLATE_KEY)))
+
+
+def _chat_template(value: object) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not Path(value).is_file():
+        raise ConfigError(f"backend_options.{CHAT_TEMPLATE_KEY} {value!r} is not a file")
+    return Path(value)
 
 
 def _engine_args(options: Mapping[str, Any]) -> dict[str, Any]:
-    known = {*ENGINE_KEYS, KV_CACHE_KEY, *ENV_KEYS}
+    known = {*ENGINE_KEYS, KV_CACHE_KEY, CHAT_TEMPLATE_KEY, *ENV_KEYS}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigError(

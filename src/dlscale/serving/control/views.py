@@ -34,12 +34,22 @@ def config_view(served: ServedVersion) -> ModelConfigView:
         instance_groups=tuple(
             _instance_group(config.name, i, group) for i, group in enumerate(config.instances)
         ),
-        parameters={k: str(v) for k, v in config.metadata.items()},
+        parameters=_parameters(config),
         label_files={t.name: t.label_file for t in config.outputs or () if t.label_file},
         default_model_filename=served.version.model_file.name,
         decoupled=served.runner.kind.streams,
         response_cache=config.response_cache,
     )
+
+
+def _parameters(config: ModelConfig) -> dict[str, str]:
+    """[metadata], and the engine's max_model_len where [backend_options] sets it: the
+    context a generative model serves, as /v1/models reports it."""
+    parameters = {k: str(v) for k, v in config.metadata.items()}
+    length = (config.backend_options.model_extra or {}).get("max_model_len")
+    if length is not None:
+        parameters["max_model_len"] = str(length)
+    return parameters
 
 
 def _pipeline_view(served: ServedVersion, skip: int) -> ModelConfigView:

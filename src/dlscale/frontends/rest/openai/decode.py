@@ -32,6 +32,8 @@ from dlscale.wire.tensors import Buffer
 MAX_PROMPT_BYTES = 2 * 2**20
 #: Roles a chat message may have (OpenAI's; "developer" is its newer "system").
 ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Prompts one /v1/completions request may hold (each is a sequence in the engine).
+MAX_PROMPTS = 64
 #: Request ids a client may set (X-Request-Id) are kept to this many characters.
 MAX_ID_CHARS = 128
 #: Fields this server does not implement, with the value that means "not used".
@@ -51,12 +53,18 @@ _UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
 
 @dataclass(frozen=True)
 class Call:
-    """A decoded OpenAI request: the InferenceRequest and how its answer is to be sent."""
+    """A decoded OpenAI request: one InferenceRequest per prompt (choice `index` i answers
+    the i-th), and how the answer is to be sent."""
 
-    request: InferenceRequest
+    requests: tuple[InferenceRequest, ...]
     stream: bool
     #: stream_options.include_usage: a last chunk with `usage` (and `usage: null` on the others).
     include_usage: bool
+
+    @property
+    def request(self) -> InferenceRequest:
+        """The first prompt's request (a chat has one)."""
+        return self.requests[0]
 
     @property
     def model(self) -> str:
@@ -64,17 +72,38 @@ class Call:
 
 
 def completion_call(body: Buffer, headers: Mapping[str, str]) -> Call:
-    """A `POST /v1/completions` body as a Call."""
+    """A `POST /v1/completions` body as a Call: one prompt or several, each a string or a
+    list of token ids, as vLLM takes them."""
     doc = _document(body)
-    prompt = doc.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        raise BadField("prompt", "one prompt per request: a list of several is not supported")
-    if not isinstance(prompt, str):
-        raise BadField("prompt", "prompt must be a string (token-id prompts are not supported)")
-    _bounded("prompt", len(prompt.encode()))
-    return _call(doc, headers, prompt, "text", max_tokens=_field(doc, "max_tokens", int))
+    prompts = _prompts(doc.get("prompt"))
+    _bounded("prompt", sum(len(text.encode()) for text, _ in prompts))
+    max_tokens = _field(doc, "max_tokens", int)
+    calls = [_call(doc, headers, text, kind, max_tokens) for text, kind in prompts]
+    first = calls[0]
+    return Call(tuple(c.request for c in calls), first.stream, first.include_usage)
+
+
+def _prompts(value: object) -> list[tuple[str, str]]:
+    """The prompts of `prompt`, each as `text_input` and its input_format ("text" or
+    "tokens": a JSON list of ids); BadField naming `prompt` otherwise."""
+    if isinstance(value, str):
+        return [(value, "text")]
+    if _is_ids(value):
+        return [(json.dumps(value), "tokens")]
+    if isinstance(value, list) and value and len(value) <= MAX_PROMPTS:
+        if all(isinstance(p, str) for p in value):
+            return [(p, "text") for p in value]
+        if all(_is_ids(p) for p in value):
+            return [(json.dumps(p), "tokens") for p in value]
+    raise BadField(
+        "prompt",
+        "prompt must be a string, a list of token ids, or a list of 1 to "
+        f"{MAX_PROMPTS} of either (all of one kind)",
+    )
+
+
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(i) is int for i in value)
 
 
 def chat_call(body: Buffer, headers: Mapping[str, str]) -> Call:
@@ -122,7 +151,7 @@ def _call(
     parameters = _parameters(doc, input_format, max_tokens)
     inputs = {TEXT_INPUT: np.array([text.encode()], dtype=object)}
     request = InferenceRequest(model, inputs, id=_request_id(headers), parameters=parameters)
-    return Call(request, stream, include_usage)
+    return Call((request,), stream, include_usage)
 
 
 def _parameters(doc: dict[str, Any], input_format: str, max_tokens: int | None) -> Parameters:

@@ -57,15 +57,18 @@ class Piece:
             finish_reason=_text(reason) or None,
         )
 
+    @property
+    def carries_news(self) -> bool:
+        """Whether it makes a chunk: one per generated token, as vLLM sends (a token whose
+        text is held back, part of a character or of a stop string, has an empty chunk), and
+        the end; a final flag alone is no chunk."""
+        return bool(self.text) or self.output_tokens is not None or self.finish_reason is not None
+
 
 @dataclass
-class Answer:
-    """One request's answer as its pieces arrive: whole text, last counts, finish reason."""
+class Choice:
+    """One choice's answer as its pieces arrive: whole text, last counts, finish reason."""
 
-    id: str
-    model: str
-    chat: bool
-    created: int = field(default_factory=lambda: int(time.time()))
     texts: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -80,32 +83,53 @@ class Answer:
         if piece.finish_reason is not None:
             self.finish_reason = piece.finish_reason
 
+
+@dataclass
+class Answer:
+    """One request's answer: a choice per prompt (index i answers the i-th), usage summed."""
+
+    id: str
+    model: str
+    chat: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+    choices: list[Choice] = field(default_factory=lambda: [Choice()])
+
+    def add(self, piece: Piece, index: int = 0) -> None:
+        self.choices[index].add(piece)
+
     @property
     def object(self) -> str:
         return "chat.completion" if self.chat else "text_completion"
 
     def usage(self) -> dict[str, int]:
-        total = self.prompt_tokens + self.completion_tokens
+        prompt = sum(c.prompt_tokens for c in self.choices)
+        completion = sum(c.completion_tokens for c in self.choices)
         return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": total,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
         }
 
     def whole(self) -> dict[str, Any]:
         """The non-streamed answer: `text_completion` or `chat.completion`, with usage."""
-        text = "".join(self.texts)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
-        if self.chat:
-            choice["message"] = {"role": ASSISTANT, "content": text}
-        else:
-            choice["text"] = text
-        choice["logprobs"] = None
-        return {**self._head(self.object), "choices": [choice], "usage": self.usage()}
+        choices = [self._whole_choice(i, c) for i, c in enumerate(self.choices)]
+        return {**self._head(self.object), "choices": choices, "usage": self.usage()}
 
-    def chunk(self, piece: Piece | None, include_usage: bool, first: bool = False) -> bytes:
+    def _whole_choice(self, index: int, choice: Choice) -> dict[str, Any]:
+        text = "".join(choice.texts)
+        out: dict[str, Any] = {"index": index, "finish_reason": choice.finish_reason}
+        if self.chat:
+            out["message"] = {"role": ASSISTANT, "content": text}
+        else:
+            out["text"] = text
+        out["logprobs"] = None
+        return out
+
+    def chunk(
+        self, piece: Piece | None, include_usage: bool, first: bool = False, index: int = 0
+    ) -> bytes:
         """One `data:` event for a piece (a chat's first names the role: `piece` None)."""
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta: dict[str, str] = {"role": ASSISTANT, "content": ""} if first else {}
             if piece is not None and (piece.text or piece.finish_reason is None):

@@ -32,8 +32,7 @@ class BadField(InvalidInput):
     """A request field with the wrong type or value: OpenAI's error names it in `param`."""
 
     def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 def error_document(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -52,5 +51,5 @@ def status_and_document(exc: DlscaleError, model: str = "") -> tuple[int, dict[s
         return 401, error_document(401, exc.message)
     if isinstance(exc, NotFound) and model:  # no version is asked: only the model is missing
         return 404, error_document(404, f"The model `{model}` does not exist.", "model")
-    param = exc.param if isinstance(exc, BadField) else None
+    param = exc.param if isinstance(exc, InvalidInput) else None
     return exc.http_status, error_document(exc.http_status, exc.message, param)

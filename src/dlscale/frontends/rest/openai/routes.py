@@ -13,6 +13,7 @@ the sequence in the engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -25,7 +26,7 @@ from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest.openai.decode import Call, chat_call, completion_call
-from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece, event
+from dlscale.frontends.rest.openai.encode import DONE, Answer, Choice, Piece, event
 from dlscale.frontends.rest.openai.errors import error_document, status_and_document
 from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
@@ -150,65 +151,126 @@ class OpenAIApi:
         return await self._generate(chat_call(body, headers), chat=True)
 
     async def _generate(self, call: Call, chat: bool) -> RestResponse:
-        """One generation: the whole answer, or its chunks once the first response is in."""
-        reply = Answer(call.request.id, call.model, chat)
-        responses = self.plane.stream(call.request)
+        """One generation per prompt: the whole answer, or its chunks once every prompt's
+        first response is in."""
+        choices = [Choice() for _ in call.requests]
+        reply = Answer(call.request.id, call.model, chat, choices=choices)
+        streams = [self.plane.stream(request) for request in call.requests]
         try:
-            first = await _next(responses)
-            if first is None:
-                raise Unavailable(f"model {call.model!r} ended the generation without answering")
-            piece = Piece.of(first)
-        except DlscaleError as exc:
-            await aclose(responses)
-            raise _ModelError(call.model, exc) from None
+            firsts = await _firsts(call.model, streams)
         except BaseException:
-            await aclose(responses)  # the client left, or a bug: the sequence is freed
+            await _close_all(streams)  # the client left, a refusal, or a bug: all are freed
             raise
         if call.stream:
-            events = _events(reply, piece, responses, call.include_usage)
+            events = _events(reply, firsts, streams, call.include_usage)
             return RestResponse(200, [], SSE, stream=events)
+        pieces = _merged(firsts, streams)
         try:
-            while True:
-                reply.add(piece)
-                response = await _next(responses)
-                if response is None:
-                    break
-                piece = Piece.of(response)
+            async for index, piece in pieces:
+                reply.add(piece, index)
         except DlscaleError as exc:
             raise _ModelError(call.model, exc) from None
         finally:
-            await aclose(responses)
+            await aclose(pieces)
+            await _close_all(streams)
         return RestResponse(200, [orjson.dumps(reply.whole())])
+
+
+async def _firsts(model: str, streams: list[AsyncIterator[InferenceResponse]]) -> list[Piece]:
+    """Each stream's first piece, awaited together (a refusal answers the request's status)."""
+
+    async def first(responses: AsyncIterator[InferenceResponse]) -> Piece:
+        response = await _next(responses)
+        if response is None:
+            raise Unavailable(f"model {model!r} ended the generation without answering")
+        return Piece.of(response)
+
+    if len(streams) == 1:
+        try:
+            return [await first(streams[0])]
+        except DlscaleError as exc:
+            raise _ModelError(model, exc) from None
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(first(s)) for s in streams]
+    except* DlscaleError as failed:
+        raise _ModelError(model, failed.exceptions[0]) from None  # type: ignore[arg-type]
+    return [t.result() for t in tasks]
+
+
+async def _merged(
+    firsts: list[Piece], streams: list[AsyncIterator[InferenceResponse]]
+) -> AsyncIterator[tuple[int, Piece]]:
+    """(choice index, piece) of every stream as they come, each stream's first piece first."""
+    if len(streams) == 1:
+        piece: Piece | None = firsts[0]
+        while piece is not None:
+            yield 0, piece
+            response = await _next(streams[0])
+            piece = Piece.of(response) if response is not None else None
+        return
+    arrived: asyncio.Queue[tuple[int, Piece | DlscaleError | None]] = asyncio.Queue()
+    for index, first in enumerate(firsts):
+        arrived.put_nowait((index, first))
+
+    async def pump(index: int) -> None:
+        try:
+            while (response := await _next(streams[index])) is not None:
+                arrived.put_nowait((index, Piece.of(response)))
+        except DlscaleError as exc:
+            arrived.put_nowait((index, exc))
+            return
+        arrived.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    try:
+        running = len(streams)
+        while running:
+            index, item = await arrived.get()
+            if isinstance(item, DlscaleError):
+                raise item
+            if item is None:
+                running -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close_all(streams: list[AsyncIterator[InferenceResponse]]) -> None:
+    for responses in streams:
+        await aclose(responses)
 
 
 async def _events(
     reply: Answer,
-    first: Piece,
-    responses: AsyncIterator[InferenceResponse],
+    firsts: list[Piece],
+    streams: list[AsyncIterator[InferenceResponse]],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """The `data:` events of a streamed answer; closing it early closes the generation.
+    """The `data:` events of a streamed answer; closing it early closes the generations.
 
     The responses are read to their end, past the final one: a stream closed before its end
     counts as cancelled (its client left), one read to its end as answered.
     """
+    pieces = _merged(firsts, streams)
     try:
         if reply.chat:
             yield reply.chunk(None, include_usage, first=True)
-        piece: Piece | None = first
-        while piece is not None:
-            reply.add(piece)
-            if piece.text or piece.finish_reason is not None:
-                yield reply.chunk(piece, include_usage)
-            response = await _next(responses)
-            piece = Piece.of(response) if response is not None else None
+        async for index, piece in pieces:
+            reply.add(piece, index)
+            if piece.carries_news:
+                yield reply.chunk(piece, include_usage, index=index)
         if include_usage:
             yield reply.usage_chunk()
     except DlscaleError as exc:
         log_failure("HTTP", reply.model, exc.http_status, exc.reason, f"stream: {exc}")
         yield event(status_and_document(exc, reply.model)[1])
     finally:
-        await aclose(responses)
+        await aclose(pieces)
+        await _close_all(streams)
     yield DONE
 
 
