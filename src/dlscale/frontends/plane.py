@@ -130,6 +130,11 @@ class Plane(Protocol):
     @data()
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
 
+    @data()
+    def metrics_text(self) -> bytes:
+        """The models' Prometheus metrics in the text format (the REST port's /metrics)."""
+        ...
+
     @control()
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,9 @@ class DataPlane:
         self.tracer = tracer or Tracer()
         self._accepting = True
         self._started = False  # the models asked for at start have each been tried
+        #: The models' metrics in Prometheus' text format; the host plane above the metrics
+        #: room gives it (this room may not import the exposition that reads it).
+        self.exposition: Callable[[], bytes] = bytes
 
     # -- health and metadata --------------------------------------------------------------------
 
@@ -182,6 +185,11 @@ class DataPlane:
         else:
             served = [v for e in self.manager.entries() for v in e.versions.values()]
         return [s.stats.snapshot() for s in served]
+
+    def metrics_text(self) -> bytes:
+        """The models' metrics (Triton's, dlscale's and vLLM's names), as the metrics port
+        writes them, for the REST port's /metrics (where vLLM's dashboard looks)."""
+        return self.exposition()
 
     # -- inference -------------------------------------------------------------------------------
 

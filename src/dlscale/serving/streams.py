@@ -88,8 +88,8 @@ async def open_stream(
             await aclose(parts)  # frees the engine's sequence at once
         seats.leave(instance)
         seats.tasks.discard(task)
-        meter.done()
         times.compute_output_start = times.compute_end = times.request_end = time.perf_counter_ns()
+        meter.done(times, outcome)
         if outcome:
             served.stats.record_failure(outcome, times.request_end - times.request_start)
         else:
@@ -151,21 +151,51 @@ class _Meter:
         self.last = 0
         self.prompt = 0
         self.generated = 0
+        self.reason = ""  # the engine's finish reason, on the last part
 
     def saw(self, part: StreamPart) -> None:
         if self.tokens is None:
             return
         outputs = part.outputs
+        before = self.generated
         if contract.NUM_OUTPUT_TOKENS in outputs:
             self.generated = int(outputs[contract.NUM_OUTPUT_TOKENS].reshape(-1)[0])
         if contract.NUM_INPUT_TOKENS in outputs:
             self.prompt = int(outputs[contract.NUM_INPUT_TOKENS].reshape(-1)[0])
-        if self.generated and not self.first:
-            self.first = time.perf_counter_ns()
+        if contract.FINISH_REASON in outputs:
+            self.reason = _text(outputs[contract.FINISH_REASON])
+        if self.generated <= before:
+            return
+        now = time.perf_counter_ns()
+        if not self.first:
+            self.first = now
             self.tokens.first_token((self.first - self.start) / 1e9)
-        if self.generated:
-            self.last = time.perf_counter_ns()
+        else:  # a part may carry several tokens: each waited its share of the gap
+            self.tokens.next_tokens((now - self.last) / 1e9, self.generated - before)
+        self.last = now
 
-    def done(self) -> None:
-        if self.tokens is not None:
-            self.tokens.finished(self.prompt, self.generated, (self.last - self.first) / 1e9)
+    def done(self, times: RequestTimes, outcome: str) -> None:
+        """The request ended: `outcome` "" when answered in full, else Triton's reason."""
+        if self.tokens is None:
+            return
+        self.tokens.finished(self.prompt, self.generated, (self.last - self.first) / 1e9)
+        if outcome == "CANCELED":  # its client left: vLLM counts it as aborted
+            self.tokens.ended("abort")
+        if outcome:
+            return
+        self.tokens.ended(self.reason or "stop")
+        end = times.request_end
+        seated = times.compute_start or end
+        first = self.first or end
+        last = self.last or first
+        self.tokens.phases(
+            (seated - times.queue_start) / 1e9,
+            (first - seated) / 1e9,
+            (last - first) / 1e9,
+            (end - times.request_start) / 1e9,
+        )
+
+
+def _text(array: Any) -> str:
+    value = array.reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
