@@ -343,6 +343,7 @@ class Batcher:
                     times.compute_output_start,
                     times.compute_end,
                 ) = stamps
+                times.batch_rows = rows
             if item.future.done():
                 continue
             if isinstance(part, DlscaleError):  # this request alone failed

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.serving.manager import ServedVersion
+from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.runners import seats_of
@@ -32,10 +33,16 @@ from dlscale.types import InferenceRequest, InferenceResponse
 log = logging.getLogger("dlscale.models")
 
 
+#: Told how a stream ended, for its trace: its times, its tokens' (a generative model's), and
+#: whether it was answered in full.
+OnEnd = Callable[[RequestTimes, TokenTimes | None, bool], None]
+
+
 async def open_stream(
-    served: ServedVersion, request: InferenceRequest
+    served: ServedVersion, request: InferenceRequest, on_end: OnEnd | None = None
 ) -> AsyncIterator[InferenceResponse]:
-    """The responses to `request` (validated here), as its model's backend sends them."""
+    """The responses to `request` (validated here), as its model's backend sends them;
+    `on_end` is told how the stream ended."""
     seats = seats_of(served.runner)
     if seats is None:
         raise InvalidInput(
@@ -52,11 +59,11 @@ async def open_stream(
             contract.Sampling.from_parameters(request.parameters)
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
-        served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
+        served.stats.record_failure(exc.reason, _ended(times, on_end))
         seats.tasks.discard(task)
         raise
     except BaseException:  # its client left (or the cut came) while it waited
-        served.stats.record_failure("CANCELED", time.perf_counter_ns() - times.request_start)
+        served.stats.record_failure("CANCELED", _ended(times, on_end))
         seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
@@ -90,13 +97,17 @@ async def open_stream(
         seats.tasks.discard(task)
         times.compute_output_start = times.compute_end = times.request_end = time.perf_counter_ns()
         meter.done(times, outcome)
+        if on_end is not None:
+            on_end(times, meter.token_times(), not outcome)
         if outcome:
             served.stats.record_failure(outcome, times.request_end - times.request_start)
         else:
             served.stats.record_success(times, 1)
 
 
-async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceResponse:
+async def joined(
+    served: ServedVersion, request: InferenceRequest, on_end: OnEnd | None = None
+) -> InferenceResponse:
     """One answer from a generative model's stream (its text joined), for a unary request;
     a decoupled model that is not generative answers none (as Triton)."""
     seats = seats_of(served.runner)
@@ -104,7 +115,7 @@ async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceR
         served.stats.record_failure(InvalidInput.reason, 0)
         raise refuse_unary(served)
     whole = replace(request, outputs=None)  # join reads the counts, asked for or not
-    responses = [r async for r in open_stream(served, whole)]
+    responses = [r async for r in open_stream(served, whole, on_end)]
     part = contract.join(StreamPart(r.outputs, r.parameters, r.final) for r in responses)
     names = {o.name for o in request.outputs} if request.outputs is not None else None
     outputs = {n: a for n, a in part.outputs.items() if names is None or n in names}
@@ -174,6 +185,10 @@ class _Meter:
             self.tokens.next_tokens((now - self.last) / 1e9, self.generated - before)
         self.last = now
 
+    def token_times(self) -> TokenTimes | None:
+        """When the first and last tokens came (None: not a generative model)."""
+        return None if self.tokens is None else TokenTimes(self.first, self.last)
+
     def done(self, times: RequestTimes, outcome: str) -> None:
         """The request ended: `outcome` "" when answered in full, else Triton's reason."""
         if self.tokens is None:
@@ -194,6 +209,14 @@ class _Meter:
             (last - first) / 1e9,
             (end - times.request_start) / 1e9,
         )
+
+
+def _ended(times: RequestTimes, on_end: OnEnd | None) -> int:
+    """A stream refused or left before its seat: its time in the server (its trace told)."""
+    times.request_end = time.perf_counter_ns()
+    if on_end is not None:
+        on_end(times, None, False)
+    return times.request_end - times.request_start
 
 
 def _text(array: Any) -> str:

@@ -34,6 +34,7 @@ from dlscale.frontends.rest.responses import error_response as error_response
 from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.serving.metrics.exposition import CONTENT_TYPE as METRICS_TYPE
 from dlscale.serving.observe.logs import access, log_failure
+from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.wire.rest import (
     decode_raw_request,
     decode_request,
@@ -327,6 +328,7 @@ class RestApi:
                 version,
                 most,
             )
+        request.traceparent = headers.get(TRACEPARENT, "")
         response = await self.dataplane.infer(request)
         encoded = encode_response(response, fmt)
         if encoded.header_length is None:

@@ -72,6 +72,8 @@ class RequestTimes:
     compute_output_start: int = 0
     compute_end: int = 0
     request_end: int = 0
+    #: Rows of the batch the request ran in (an OTLP span's attribute; not a timestamp).
+    batch_rows: int = 0
 
 
 @dataclass
