@@ -19,6 +19,12 @@ from tests.toolkit.generative import write_colours
 from tests.toolkit.models import add_graph, identity_graph, save_onnx
 from tests.toolkit.otlp import ReceivedSpan, Receiver, receiving
 from tests.toolkit.pipelines import CHAIN_PBTXT, STEP_BATCH, write_pipeline
+from tests.toolkit.python_models import (
+    ADD_SUB,
+    BLS,
+    triton_config,
+    write_triton_python_model,
+)
 from tests.toolkit.server import LocalServer, free_port, serving
 from tritonclient.utils import InferenceServerException
 
@@ -38,6 +44,11 @@ def _repository(folder: Path) -> None:
     (folder / "copy" / "config.pbtxt").write_text(_STEP.format(mbs=STEP_BATCH))
     write_pipeline(folder, "chain", CHAIN_PBTXT, "config.pbtxt")
     write_colours(folder)
+    # Triton's BLS: `bls` calls `add_sub` from its execute (both in the server's process).
+    add_sub = triton_config("add_sub", isolation="thread")
+    write_triton_python_model(folder, "add_sub", ADD_SUB, add_sub)
+    bls = triton_config("bls", outputs=(), isolation="thread")
+    write_triton_python_model(folder, "bls", BLS, bls)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +133,30 @@ def test_a_grpc_request_continues_the_trace_of_its_metadata(
     phases = _children(spans, root)
     assert [p.name for p in phases] == PHASES
     assert phases[2].attributes["batch_size"] == 2
+
+
+def test_a_bls_call_is_a_child_of_the_request_whose_batch_made_it(
+    server: LocalServer, receiver: Receiver
+) -> None:
+    trace, caller = "7d1e7a5f8a3c4b2e9f0a1b2c3d4e5f60", "a1a2a3a4a5a6a7a8"
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        tensors.append(tensor)
+    result = client.infer("bls", tensors, headers={"traceparent": _parent(trace, caller)})
+    assert np.allclose(result.as_numpy("OUTPUT0"), 4.0)
+
+    spans = _spans(server, receiver, trace)
+    [root] = [s for s in spans if s.name == "request"]
+    assert root.parent_id == caller and root.attributes["model"] == "bls"
+    children = _children(spans, root)
+    [call] = [s for s in children if s.name == "model call"]
+    assert call.attributes["model"] == "add_sub"
+    [compute] = [s for s in children if s.name == "compute"]
+    assert _within(call, compute)  # made by the model while its batch computed
+    assert [p.name for p in _children(spans, call)] == PHASES
 
 
 def test_a_generative_request_has_prefill_and_decode(
