@@ -330,10 +330,17 @@ class Batcher:
         parts: Sequence[Tensors | DlscaleError]
         try:
             if by_request:
-                parts = await instance.infer_requests([i.inputs for i in batch], context)
+                requests = [i.inputs for i in batch]
+                parts = await (
+                    instance.infer_requests(requests)
+                    if context is None
+                    else instance.infer_requests(requests, context)
+                )
                 t2 = self._clock()
             else:
-                outputs = await instance.infer(merged, context)
+                outputs = await (
+                    instance.infer(merged) if context is None else instance.infer(merged, context)
+                )
                 t2 = self._clock()
                 parts = split(outputs, batch, rows, self.policy.batched)
         except DlscaleError as exc:
