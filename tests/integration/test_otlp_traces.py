@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tests.toolkit.generative import write_colours
 from tests.toolkit.models import add_graph, identity_graph, save_onnx
-from tests.toolkit.otlp import ReceivedSpan, Receiver, receiving
+from tests.toolkit.otlp import ReceivedSpan, Receiver, receiving, receiving_grpc
 from tests.toolkit.pipelines import CHAIN_PBTXT, STEP_BATCH, write_pipeline
 from tests.toolkit.python_models import (
     ADD_SUB,
@@ -28,7 +28,8 @@ from tests.toolkit.python_models import (
 from tests.toolkit.server import LocalServer, free_port, serving
 from tritonclient.utils import InferenceServerException
 
-from dlscale.serving.observe.otel import OtlpSink
+from dlscale.errors import ConfigError
+from dlscale.serving.observe.otel import OtlpSink, traces_url
 
 _STEP = """max_batch_size: {mbs}
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
@@ -244,3 +245,40 @@ def test_the_span_queue_is_bounded_while_the_collector_is_down() -> None:
         assert sink.drops.count > 0  # dropped, counted, warned of once
     finally:
         sink.shutdown(wait_s=0.5)
+
+
+def test_a_grpc_collector_gets_the_spans(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("grpc-collector")
+    _repository(root)
+    trace, caller = "8a3c60f7d188f8fa79d48a391a778fa6", "53995c3f42cd8ad8"
+    with (
+        receiving_grpc() as receiver,
+        serving(root, otlp_traces_endpoint=receiver.endpoint, trace_rate=1) as running,
+    ):
+        client = httpclient.InferenceServerClient(running.http_url)
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        client.infer("add_one", [x], headers={"traceparent": _parent(trace, caller)})
+        spans = _spans(running, receiver, trace)
+    [root_span] = [s for s in spans if s.name == "request"]
+    assert root_span.parent_id == caller
+    assert [p.name for p in _children(spans, root_span)] == PHASES
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "url"),
+    [
+        ("collector:4318", "http://collector:4318/v1/traces"),
+        ("http://collector:4318", "http://collector:4318/v1/traces"),
+        ("https://c.example/otlp/v1/traces", "https://c.example/otlp/v1/traces"),
+        ("grpc://collector:4317", "grpc://collector:4317"),
+    ],
+)
+def test_endpoints_name_the_collector_as_otlp_names_it(endpoint: str, url: str) -> None:
+    assert traces_url(endpoint) == url
+
+
+@pytest.mark.parametrize("endpoint", ["ftp://collector:21", "http://", "grpc:///x"])
+def test_a_bad_endpoint_is_refused_at_start(endpoint: str) -> None:
+    with pytest.raises(ConfigError, match="OTLP traces endpoint"):
+        traces_url(endpoint)

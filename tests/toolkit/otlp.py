@@ -1,15 +1,19 @@
-"""A real OTLP/HTTP receiver for the tests: `POST /v1/traces` on 127.0.0.1 port 0, each body an
-ExportTraceServiceRequest (protobuf, opentelemetry-proto) decoded into the spans it carries."""
+"""Real OTLP receivers for the tests, on 127.0.0.1 port 0: over HTTP (`POST /v1/traces`, each
+body an ExportTraceServiceRequest) and over gRPC (the collector's TraceService); both decode
+the spans with opentelemetry-proto."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -44,7 +48,9 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}"
 
     def take(self, body: bytes) -> None:
-        request = ExportTraceServiceRequest.FromString(body)
+        self.take_request(ExportTraceServiceRequest.FromString(body))
+
+    def take_request(self, request: ExportTraceServiceRequest) -> None:
         got = [
             _span(span)
             for resource in request.resource_spans
@@ -117,3 +123,35 @@ def receiving() -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+
+    def Export(self, request: ExportTraceServiceRequest, context: Any) -> Any:
+        self.receiver.take_request(request)
+        return ExportTraceServiceResponse()
+
+
+@contextmanager
+def receiving_grpc() -> Iterator[Receiver]:
+    """A gRPC collector (OTLP's TraceService) listening until the block ends; its `endpoint`
+    is `grpc://127.0.0.1:PORT`."""
+    receiver = GrpcReceiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(receiver), server)
+    receiver.port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield receiver
+    finally:
+        server.stop(grace=None)
+
+
+class GrpcReceiver(Receiver):
+    """A Receiver reached over gRPC."""
+
+    @property
+    def endpoint(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"

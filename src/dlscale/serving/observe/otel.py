@@ -11,7 +11,7 @@ are written then as child spans with the times the statistics are taken from (Re
 The exporter never holds the event loop: a span ends into the SDK's BatchSpanProcessor, a queue
 of at most QUEUE_SIZE spans that one thread of the SDK sends; when the collector is down or slow
 the queue fills and further spans are dropped (memory stays bounded), requests are not slowed.
-Needs the `[otel]` extra (opentelemetry-sdk and its OTLP/HTTP exporter).
+Needs the `[otel]` extra (opentelemetry-sdk and its OTLP exporters, HTTP and gRPC).
 """
 
 from __future__ import annotations
@@ -75,9 +75,7 @@ class OtlpSink:
             ) from exc
         self.endpoint = traces_url(endpoint)
         if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=self.endpoint, timeout=EXPORT_TIMEOUT_MS / 1000)
+            exporter = _exporter(self.endpoint)
         self.provider = TracerProvider(resource=Resource.create({"service.name": "dlscale"}))
         self.processor = BatchSpanProcessor(
             exporter,
@@ -186,16 +184,33 @@ def _phases(
 
 
 def traces_url(endpoint: str) -> str:
-    """The OTLP/HTTP traces URL of an endpoint: `host:port` or a base URL gets `/v1/traces`,
-    as OTEL_EXPORTER_OTLP_ENDPOINT does; a URL with a path is kept."""
+    """Where spans go: `grpc://host:port` (OTLP over gRPC, plain text) as given; otherwise
+    OTLP over HTTP, where `host:port` or a base URL gets `/v1/traces` (as
+    OTEL_EXPORTER_OTLP_ENDPOINT does) and a URL with a path is kept."""
     url = endpoint if "://" in endpoint else f"http://{endpoint}"
     scheme, _, rest = url.partition("://")
-    if scheme not in ("http", "https"):
+    if scheme not in ("http", "https", "grpc"):
         raise ConfigError(
-            f"OTLP traces endpoint {endpoint!r}: dlscale exports OTLP over HTTP (http:// or "
-            "https://); a gRPC collector listens on 4317, its HTTP receiver on 4318"
+            f"OTLP traces endpoint {endpoint!r}: expected http://, https:// (OTLP over HTTP, "
+            "a collector's port 4318) or grpc:// (OTLP over gRPC, port 4317)"
         )
     host, slash, path = rest.partition("/")
     if not host:
         raise ConfigError(f"OTLP traces endpoint {endpoint!r} has no host")
+    if scheme == "grpc":
+        return f"grpc://{host}"
     return url if slash and path else f"{scheme}://{host}/v1/traces"
+
+
+def _exporter(url: str) -> SpanExporter:
+    """The SDK's OTLP exporter for `url` (traces_url's form)."""
+    timeout = EXPORT_TIMEOUT_MS / 1000
+    if url.startswith("grpc://"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return GrpcExporter(endpoint=url.removeprefix("grpc://"), insecure=True, timeout=timeout)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=url, timeout=timeout)
