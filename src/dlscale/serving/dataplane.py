@@ -268,6 +268,11 @@ class DataPlane:
             if trace is not None:
                 self.tracer.finish(trace, times, ok=False)
             raise
+        except BaseException:  # its caller left (cancelled): its span still ends
+            if trace is not None:
+                times.request_end = time.perf_counter_ns()
+                self.tracer.finish(trace, times, ok=False)
+            raise
         finally:
             if regions is not None:
                 regions.release()
