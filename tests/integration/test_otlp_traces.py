@@ -203,6 +203,26 @@ def test_requests_are_sampled_by_the_trace_rate(server: LocalServer, receiver: R
         httpx.post(url, json={"trace_rate": "1"})
 
 
+def test_a_trace_count_stops_tracing_after_that_many(
+    server: LocalServer, receiver: Receiver
+) -> None:
+    url = f"http://{server.http_url}/v2/models/add_one/trace/setting"
+    httpx.post(url, json={"trace_count": "2", "trace_rate": "1"}).raise_for_status()
+    try:
+        receiver.clear()
+        client = httpclient.InferenceServerClient(server.http_url)
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        for _ in range(5):
+            client.infer("add_one", [x])
+        sink = server.dataplane.tracer.otlp
+        assert sink is not None and sink.flush()
+        assert sum(s.name == "request" for s in receiver.spans) == 2
+        assert httpx.get(url).json()["trace_count"] == "0"
+    finally:
+        httpx.post(url, json={"trace_count": None, "trace_rate": None})
+
+
 def test_a_failed_request_is_marked_as_an_error(server: LocalServer, receiver: Receiver) -> None:
     trace = "6e0c63257de34c926f9efcd03899a5a2"
     client = httpclient.InferenceServerClient(server.http_url)
