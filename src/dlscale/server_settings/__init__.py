@@ -295,8 +295,8 @@ class Observation:
         "triton", "where traces go: the trace file (triton) or OTLP spans (opentelemetry)",
         "--trace-mode", choices=TRACE_MODES,
     )  # fmt: skip
-    #: An OTLP/HTTP collector (vLLM's flag; Triton's --trace-config opentelemetry,url=URL):
-    #: traced requests go there as spans (docs/observability.md).
+    #: An OTLP collector, over HTTP (or gRPC: grpc://) (vLLM's flag; Triton's --trace-config
+    #: opentelemetry,url=URL): traced requests go there as spans (docs/observability.md).
     otlp_traces_endpoint: str | None = setting(
         None, "send traces as OTLP spans to this collector (host:port or URL)",
         "--otlp-traces-endpoint",
@@ -313,11 +313,6 @@ class Observation:
             raise ValueError(f"trace level {self.trace_level!r}: expected OFF or TIMESTAMPS")
         if self.trace_rate < 1 or self.trace_count < -1:
             raise ValueError("--trace-rate must be >= 1 and --trace-count >= -1")
-
-    @property
-    def otlp(self) -> bool:
-        """Whether traced requests go out as OTLP spans (a collector is named)."""
-        return bool(self.otlp_traces_endpoint)
 
 
 #: The groups of ServerSettings, by field name, with the title of their flags in -h.
