@@ -16,6 +16,7 @@ from dlscale.frontends import GRACE_S
 from dlscale.frontends.api_key import METRICS
 from dlscale.frontends.limits import descriptor_budget
 from dlscale.frontends.loop import freeze_survivors, new_event_loop
+from dlscale.server_settings import Observation
 from dlscale.server_settings import ServerSettings as ServerSettings
 from dlscale.server_settings.flags import settings_from as settings_from
 from dlscale.serving.cache import ResponseCache
@@ -25,6 +26,7 @@ from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics.collectors import build_registry
 from dlscale.serving.metrics.exposition import MetricsServer
 from dlscale.serving.observe.logs import LogControl
+from dlscale.serving.observe.otel import OtlpSink
 from dlscale.serving.observe.trace import Tracer, TraceSettings
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.regions import cuda as cuda_memory
@@ -71,7 +73,7 @@ class Server:
             self.manager,
             models.model_control,
             self.shared_memory,
-            Tracer(seen.trace_file, TraceSettings(seen.trace_level, seen.trace_rate)),
+            _tracer(seen),
             LogControl(seen.log_file, seen.log_format),
             strict_readiness=settings.lifecycle.strict_readiness,
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
@@ -249,6 +251,15 @@ class Server:
         if self._metrics_server is not None:
             self._metrics_server.stop()
         log.info("stopped")
+
+
+def _tracer(seen: Observation) -> Tracer:
+    """The trace file's tracer (Triton's), or with a collector named, OTLP's; a collector alone
+    traces (at the rate) without a --trace-level, as vLLM's flag does."""
+    otlp = OtlpSink(seen.otlp_traces_endpoint) if seen.otlp_traces_endpoint else None
+    level = "TIMESTAMPS" if otlp is not None and seen.trace_level == "OFF" else seen.trace_level
+    settings = TraceSettings(level, seen.trace_rate, seen.trace_count)
+    return Tracer(seen.trace_file, settings, otlp)
 
 
 def _http_workers(dataplane: HostPlane, s: ServerSettings) -> Frontend:

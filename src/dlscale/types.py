@@ -152,6 +152,9 @@ class InferenceRequest:
     parameters: Parameters = field(default_factory=dict)
     #: Inputs whose data lies in shared-memory regions; the DataPlane maps them into `inputs`.
     in_regions: dict[str, RegionTensor] = field(default_factory=dict)
+    #: The caller's W3C trace context (REST header / gRPC metadata `traceparent`), continued
+    #: by an OTLP trace of this request ("" when none was sent).
+    traceparent: str = ""
 
     @property
     def priority(self) -> int:

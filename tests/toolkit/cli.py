@@ -131,7 +131,7 @@ class ServeProcess:
         for family in text_string_to_metric_families(self.metrics()):
             for found in family.samples:
                 # The parser names a typed counter's samples NAME_total; the server sends Triton's
-                # bare names (checked in tests/integration/lifecycle/test_server_metrics.py).
+                # bare names (checked in tests/integration/observe/test_server_metrics.py).
                 if found.name in (sample, f"{sample}_total") and found.labels == labels:
                     return float(found.value)
         return None

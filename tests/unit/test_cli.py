@@ -149,6 +149,22 @@ def test_serve_flags_default_to_the_settings_fields() -> None:
         (["repo", "--allow-metrics", "0"], "metrics_port", None),
         (["repo", "--http-port=9000", "--allow-http=true"], "http_port", 9000),
         (["repo", "--load-model=a", "--load-model=b"], "load_models", ("a", "b")),
+        (["repo", "--trace-config", "rate=10"], "trace_rate", 10),
+        (["repo", "--trace-config", "count=5"], "trace_count", 5),
+        (["repo", "--trace-config", "level=timestamps"], "trace_level", "TIMESTAMPS"),
+        (["repo", "--trace-config", "triton,file=t.json"], "trace_file", Path("t.json")),
+        (
+            [
+                "repo",
+                "--trace-config",
+                "mode=opentelemetry",
+                "--trace-config",
+                "opentelemetry,url=http://h:4318",
+            ],
+            "otlp_traces_endpoint",
+            "http://h:4318",
+        ),
+        (["repo", "--otlp-traces-endpoint", "h:4318"], "otlp_traces_endpoint", "h:4318"),
     ],
 )
 def test_tritons_spellings_set_the_same_settings(
@@ -182,3 +198,30 @@ def test_model_control_is_compared_through_the_enum() -> None:
     assert ModelControl.EXPLICIT.loads_named and ModelControl.POLL.polls
     with pytest.raises(ValueError, match="expected one of none, explicit, poll"):
         ModelControl.of("sometimes")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace-config", "mode=opentelemetry"], "needs a collector"),
+        (["--trace-config", "level=TENSORS"], "expected OFF or TIMESTAMPS"),
+        (["--trace-config", "rate=0"], "--trace-rate must be >= 1"),
+    ],
+)
+def test_tritons_trace_config_is_checked(argv: list[str], message: str) -> None:
+    from dlscale.cli import parse
+    from dlscale.server_settings.flags import settings_from
+
+    with pytest.raises(ConfigError, match=message):
+        settings_from(parse(["serve", "repo", *argv]))
+
+
+@pytest.mark.parametrize("value", ["log-frequency=3", "opentelemetry,resource=a=b", "rate"])
+def test_a_trace_config_dlscale_does_not_read_is_refused_by_name(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dlscale.cli import parse
+
+    with pytest.raises(SystemExit):
+        parse(["serve", "repo", "--trace-config", value])
+    assert f"{value!r} is not a setting dlscale reads" in capsys.readouterr().err

@@ -130,6 +130,11 @@ class Plane(Protocol):
     @data()
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]: ...
 
+    @data()
+    def metrics_text(self) -> bytes:
+        """The models' Prometheus metrics in the text format (the REST port's /metrics)."""
+        ...
+
     @control()
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]: ...
 
@@ -220,3 +225,4 @@ class Asked:
     repository_index = _asked(Plane.repository_index)
     trace_settings = _asked(Plane.trace_settings)
     log_settings = _asked(Plane.log_settings)
+    metrics_text = _asked(Plane.metrics_text)

@@ -318,6 +318,10 @@ class Router:
         ready = [r for _, r in sorted(self._routes.items()) if r.state is ModelState.READY]
         return [s.snapshot() for r in ready for _, s in sorted(r.stats.items())]
 
+    def metrics_text(self) -> bytes:
+        """None here: each replica's ports serve its models' metrics (Ray scrapes them)."""
+        return b""
+
 
 def _last_line(message: str, limit: int = 500) -> str:
     """The last line of Ray Serve's message (a traceback ends with the error itself)."""

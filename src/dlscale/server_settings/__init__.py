@@ -271,6 +271,10 @@ class SharedMemory:
     )
 
 
+#: Where traces go (Triton's --trace-config mode=...).
+TRACE_MODES = ("triton", "opentelemetry")
+
+
 @dataclass(frozen=True)
 class Observation:
     """Logs, request traces and telemetry."""
@@ -296,7 +300,32 @@ class Observation:
         choices=("OFF", "TIMESTAMPS"),
     )  # fmt: skip
     trace_rate: int = setting(TRACE_RATE, "trace one in N requests", "--trace-rate", type=int)
+    trace_count: int = setting(
+        -1, "trace at most N requests, then stop (-1: no limit)", "--trace-count", type=int
+    )
+    #: Where traced requests go: Triton's JSON file, or OTLP spans (Triton's mode=opentelemetry).
+    trace_mode: str = setting(
+        "triton", "where traces go: the trace file (triton) or OTLP spans (opentelemetry)",
+        "--trace-mode", choices=TRACE_MODES,
+    )  # fmt: skip
+    #: An OTLP collector, over HTTP (or gRPC: grpc://) (vLLM's flag; Triton's --trace-config
+    #: opentelemetry,url=URL): traced requests go there as spans (docs/observability.md).
+    otlp_traces_endpoint: str | None = setting(
+        None, "send traces as OTLP spans to this collector (host:port or URL)",
+        "--otlp-traces-endpoint",
+    )  # fmt: skip
     telemetry_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.trace_mode == "opentelemetry" and not self.otlp_traces_endpoint:
+            raise ValueError(
+                "trace mode opentelemetry needs a collector: --otlp-traces-endpoint URL (or "
+                "--trace-config opentelemetry,url=URL)"
+            )
+        if self.trace_level not in ("OFF", "TIMESTAMPS"):
+            raise ValueError(f"trace level {self.trace_level!r}: expected OFF or TIMESTAMPS")
+        if self.trace_rate < 1 or self.trace_count < -1:
+            raise ValueError("--trace-rate must be >= 1 and --trace-count >= -1")
 
 
 #: Where vLLM's `--dtype` names differ from the engines' (dlscale's [backend_options].dtype).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dlscale.server_settings import boolean
@@ -74,7 +75,6 @@ TRITON_REFUSED: dict[str, str] = {
     "--log-info": "--log-level (INFO, WARNING or ERROR)",
     "--log-warning": "--log-level (INFO, WARNING or ERROR)",
     "--log-error": "--log-level (INFO, WARNING or ERROR)",
-    "--trace-config": "--trace-file, --trace-level and --trace-rate",
     "--http-thread-count": "--http-workers N (REST in N processes; each one is an event loop)",
     "--rate-limit": "a [qos] table in each model's config.toml (docs/qos.md)",
     "--backend-config": "the parameters of each model's config.toml or config.pbtxt",
@@ -94,6 +94,44 @@ TRITON_REFUSED: dict[str, str] = {
 }
 
 
+#: Triton's --trace-config keys -> the dlscale field each sets (a `mode,` prefix names the
+#: mode a key belongs to: `triton,file=F`, `opentelemetry,url=U`).
+TRACE_CONFIG = {
+    "mode": "trace_mode",
+    "level": "trace_level",
+    "rate": "trace_rate",
+    "count": "trace_count",
+    "triton,file": "trace_file",
+    "file": "trace_file",
+    "opentelemetry,url": "otlp_traces_endpoint",
+}
+_TRACE_VALUES: dict[str, Callable[[str], Any]] = {
+    "trace_rate": int,
+    "trace_count": int,
+    "trace_file": Path,
+    "trace_level": str.upper,
+    "trace_mode": str.lower,
+}
+
+
+class _TraceConfig(argparse.Action):
+    """Triton's `--trace-config [MODE,]KEY=VALUE`, repeated: each sets one dlscale field."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: str | None = None) -> None:
+        key, equals, text = str(value).partition("=")
+        field = TRACE_CONFIG.get(key.strip().lower()) if equals else None
+        if field is None:
+            parser.error(
+                f"argument {option}: {value!r} is not a setting dlscale reads; it reads "
+                f"{', '.join(k + '=...' for k in TRACE_CONFIG)} (docs/observability.md)"
+            )
+            return
+        try:
+            setattr(namespace, field, _TRACE_VALUES.get(field, str)(text.strip()))
+        except ValueError:
+            parser.error(f"argument {option}: invalid value {value!r}")
+
+
 def add_triton_flags(serve: argparse.ArgumentParser) -> None:
     """Triton's flags whose values differ in form from dlscale's, and those dlscale lacks."""
     group = serve.add_argument_group("Triton's flags of another form (docs/configuration.md)")
@@ -103,5 +141,10 @@ def add_triton_flags(serve: argparse.ArgumentParser) -> None:
             flag, dest=dest, action=_Translate, translate=translate, nargs="?", help=text,
             metavar=metavar,
         )  # fmt: skip
+    group.add_argument(
+        "--trace-config", action=_TraceConfig, metavar="[MODE,]KEY=VALUE",
+        help="Triton's trace settings: mode=triton|opentelemetry, level=, rate=, count=, "
+        "triton,file=PATH, opentelemetry,url=URL (repeat the flag)",
+    )  # fmt: skip
     for flag, advice in TRITON_REFUSED.items():
         serve.add_argument(flag, dest=f"triton_{flag[2:]}", action=_Refuse, advice=advice)

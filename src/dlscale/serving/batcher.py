@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
 from dlscale.serving.batches import Pending, fail, merge, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
+from dlscale.serving.observe.otel import CURRENT
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy
 from dlscale.serving.qos.slots import TenantQos
@@ -120,6 +122,7 @@ class Batcher:
         )
         item = Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
         item.release = release
+        item.span = CURRENT.get()
         if times is not None:
             times.queue_start = ns(item.enqueued)
         item.timer = self.queue.expire(timeout_us, self._expire, item)
@@ -300,8 +303,15 @@ class Batcher:
         return batch
 
     async def _run(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
+        # This task's context: with a traced request in the batch, the instance runs in it, so
+        # that a model call the batch makes (BLS) is that request's child span.
+        traced = next((i.span for i in batch if i.span is not None), None)
+        context = None
+        if traced is not None:
+            CURRENT.set(traced)
+            context = contextvars.copy_context()
         try:
-            await self._compute(slot.instance, batch)
+            await self._compute(slot.instance, batch, context)
         finally:
             now = self._clock()
             rows = sum(i.rows for i in batch)
@@ -309,7 +319,9 @@ class Batcher:
             for item in batch:
                 self._done_with(item)
 
-    async def _compute(self, instance: Instance, batch: list[Pending]) -> None:
+    async def _compute(
+        self, instance: Instance, batch: list[Pending], context: contextvars.Context | None
+    ) -> None:
         t0 = self._clock()
         rows = sum(i.rows for i in batch)
         by_request = instance.takes_requests  # the backend sees each request's own inputs
@@ -318,10 +330,17 @@ class Batcher:
         parts: Sequence[Tensors | DlscaleError]
         try:
             if by_request:
-                parts = await instance.infer_requests([i.inputs for i in batch])
+                requests = [i.inputs for i in batch]
+                parts = await (
+                    instance.infer_requests(requests)
+                    if context is None
+                    else instance.infer_requests(requests, context)
+                )
                 t2 = self._clock()
             else:
-                outputs = await instance.infer(merged)
+                outputs = await (
+                    instance.infer(merged) if context is None else instance.infer(merged, context)
+                )
                 t2 = self._clock()
                 parts = split(outputs, batch, rows, self.policy.batched)
         except DlscaleError as exc:
@@ -343,6 +362,7 @@ class Batcher:
                     times.compute_output_start,
                     times.compute_end,
                 ) = stamps
+                times.batch_rows = rows
             if item.future.done():
                 continue
             if isinstance(part, DlscaleError):  # this request alone failed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,9 @@ class Pending:
     queued: bool = True
     #: Called once the batcher no longer reads the inputs (they may be views of shared memory).
     release: Callable[[], None] | None = None
+    #: The OTLP span of the traced request that sent it (None: not traced): the model calls
+    #: its batch makes are that request's children (serving/observe/otel.py).
+    span: Any = None
 
 
 def merge(batch: Sequence[Pending]) -> Tensors:

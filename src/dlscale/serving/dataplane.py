@@ -8,9 +8,10 @@ serving/validation.py's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,13 @@ from dlscale.serving.cache import CacheLookup, ResponseCache
 from dlscale.serving.classification import top_classes
 from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
-from dlscale.serving.observe.trace import Tracer
+from dlscale.serving.observe.trace import Trace, Tracer
 from dlscale.serving.regions.lease import RequestRegions, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.serving.runners import Submission
-from dlscale.serving.streams import aclose, joined, open_stream
+from dlscale.serving.streams import OnEnd, aclose, joined, open_stream
 from dlscale.serving.validation import check_schedule_parameters, rows, validate
 from dlscale.types import (
     InferenceRequest,
@@ -77,6 +79,9 @@ class DataPlane:
         self.tracer = tracer or Tracer()
         self._accepting = True
         self._started = False  # the models asked for at start have each been tried
+        #: The models' metrics in Prometheus' text format; the host plane above the metrics
+        #: room gives it (this room may not import the exposition that reads it).
+        self.exposition: Callable[[], bytes] = bytes
 
     # -- health and metadata --------------------------------------------------------------------
 
@@ -183,6 +188,11 @@ class DataPlane:
             served = [v for e in self.manager.entries() for v in e.versions.values()]
         return [s.stats.snapshot() for s in served]
 
+    def metrics_text(self) -> bytes:
+        """The models' metrics (Triton's, dlscale's and vLLM's names), as the metrics port
+        writes them, for the REST port's /metrics (where vLLM's dashboard looks)."""
+        return self.exposition()
+
     # -- inference -------------------------------------------------------------------------------
 
     def refuse_early(self, name: str, version: str = "") -> DlscaleError | None:
@@ -213,7 +223,7 @@ class DataPlane:
             raise Unavailable("the server is shutting down")
         check_schedule_parameters(request.parameters)
         served = self.manager.get(request.model_name, request.model_version)
-        responses = open_stream(served, request)
+        responses = open_stream(served, request, self._stream_trace(served, request))
         try:
             async for response in responses:
                 yield response
@@ -230,8 +240,11 @@ class DataPlane:
         times = RequestTimes(request_start=time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
         if served.runner.kind.streams:  # one answer only if generative
-            return await joined(served, request)
-        trace = self.tracer.start(served.version.name, served.version.version, request.id)
+            return await joined(served, request, self._stream_trace(served, request))
+        kind = "pipeline step" if on_device else "model call"
+        trace = self.tracer.start(
+            served.version.name, served.version.version, request.id, request.traceparent, kind
+        )
         regions = RequestRegions.of(self.shared_memory, request)
         try:
             if regions is not None:
@@ -253,7 +266,12 @@ class DataPlane:
             times.request_end = time.perf_counter_ns()
             served.stats.record_failure(exc.reason, times.request_end - times.request_start)
             if trace is not None:
-                self.tracer.finish(trace, times)
+                self.tracer.finish(trace, times, ok=False)
+            raise
+        except BaseException:  # its caller left (cancelled): its span still ends
+            if trace is not None:
+                times.request_end = time.perf_counter_ns()
+                self.tracer.finish(trace, times, ok=False)
             raise
         finally:
             if regions is not None:
@@ -269,6 +287,20 @@ class DataPlane:
             outputs=answer,
             in_regions=placed,
         )
+
+    def _stream_trace(self, served: ServedVersion, request: InferenceRequest) -> OnEnd | None:
+        """What ends a stream's trace when its request is traced (its span stays out of the
+        context: a stream's iteration runs in its consumer's)."""
+        trace = self.tracer.start(
+            served.version.name,
+            served.version.version,
+            request.id,
+            request.traceparent,
+            nests=False,
+        )
+        if trace is None:
+            return None
+        return functools.partial(_end_stream_trace, self.tracer, trace)
 
     def _lookup(
         self,
@@ -332,3 +364,9 @@ def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -
         return array
     labels = served.labels.get(name, ())
     return top_classes(array, classes, labels, served.config.batched, name)
+
+
+def _end_stream_trace(
+    tracer: Tracer, trace: Trace, times: RequestTimes, tokens: TokenTimes | None, ok: bool
+) -> None:
+    tracer.finish(trace, times, tokens, ok)

@@ -1,16 +1,21 @@
 """The Plane of one host: its DataPlane and its ControlPlane over one ModelManager, as one object.
 
 The frontends make one kind of call (frontends/plane.py's `Plane`); here both rooms answer it, each
-from its own module. Nothing is added: the data path and model control stay apart.
+from its own module. Nothing is added but the models' metrics text (the REST port's /metrics),
+which the DataPlane may not import: the data path and model control stay apart.
 """
 
 from __future__ import annotations
+
+import functools
 
 from dlscale.serving.cache import ResponseCache
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
+from dlscale.serving.metrics.collectors import models_registry
+from dlscale.serving.metrics.exposition import render
 from dlscale.serving.observe.logs import LogControl
 from dlscale.serving.observe.trace import Tracer
 from dlscale.serving.regions.registry import SharedMemoryRegistry
@@ -32,3 +37,4 @@ class HostPlane(DataPlane, ControlPlane):
         tracer = tracer or Tracer()
         ControlPlane.__init__(self, manager, model_control, tracer, logs)
         DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness, cache)
+        self.exposition = functools.partial(render, models_registry(manager))

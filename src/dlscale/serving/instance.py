@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -15,6 +17,8 @@ from dlscale.backends.base import RequestResult, RequestsBackend
 from dlscale.wire import tracing
 
 log = logging.getLogger("dlscale.serving")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Instance:
@@ -61,8 +65,10 @@ class Instance:
             )
             old.shutdown(wait=False)
 
-    async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Compute one batch.
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], context: contextvars.Context | None = None
+    ) -> dict[str, np.ndarray]:
+        """Compute one batch (in `context`, when given: a traced request's, see `_within`).
 
         A batch within the backend's `inline_rows` is computed here, on the event loop: the
         thread hop would cost more than the compute. Its errors reach the caller as from the
@@ -73,24 +79,31 @@ class Instance:
             if inline:
                 return self.backend.infer(inputs)
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+            return await loop.run_in_executor(
+                self._executor, _within(context, self.backend.infer), inputs
+            )
         _trace(tracing.BACKEND_IN, inputs)
         if inline:
             outputs = self.backend.infer(inputs)
         else:
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(self._executor, self.backend.infer, inputs)
+            outputs = await loop.run_in_executor(
+                self._executor, _within(context, self.backend.infer), inputs
+            )
         _trace(tracing.BACKEND_OUT, outputs)
         return outputs
 
     async def infer_requests(
-        self, requests: Sequence[Mapping[str, np.ndarray]]
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        context: contextvars.Context | None = None,
     ) -> list[RequestResult]:
         """Compute one batch given as its requests' inputs; one result (or error) per request."""
         # The backend declared `takes_requests`, so it has the method (no probing).
         backend = cast(RequestsBackend, self.backend)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, backend.infer_requests, requests)
+        call = _within(context, backend.infer_requests)
+        return await loop.run_in_executor(self._executor, call, requests)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Unload the backend and stop the thread.
@@ -126,3 +139,16 @@ def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:
     for array in arrays.values():
         if isinstance(array, np.ndarray) and array.dtype != object:
             tracing.record(stage, array)
+
+
+def _within(context: contextvars.Context | None, func: Callable[[T], R]) -> Callable[[T], R]:
+    """`func`, run in `context` when given: a thread of the executor has a context of its own
+    (run_in_executor does not carry the caller's), and a traced request's batch passes its
+    own, so that the model calls made from the instance thread (BLS) continue its trace."""
+    if context is None:
+        return func
+    return functools.partial(_run_in, context, func)
+
+
+def _run_in(context: contextvars.Context, func: Callable[[T], R], arg: T) -> R:
+    return context.run(func, arg)

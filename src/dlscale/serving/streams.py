@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.serving.manager import ServedVersion
+from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.runners import seats_of
@@ -36,12 +37,17 @@ from dlscale.wire.generative import EXCLUDE_INPUT_IN_OUTPUT, STREAM, lift_option
 log = logging.getLogger("dlscale.models")
 
 
+#: Told how a stream ended, for its trace: its times, its tokens' (a generative model's), and
+#: whether it was answered in full.
+OnEnd = Callable[[RequestTimes, TokenTimes | None, bool], None]
+
+
 async def open_stream(
-    served: ServedVersion, request: InferenceRequest
+    served: ServedVersion, request: InferenceRequest, on_end: OnEnd | None = None
 ) -> AsyncIterator[InferenceResponse]:
     """The responses to `request` (validated here), as its model's backend sends them; a
     generative request with `stream` false gets one response, its text joined (Triton's vLLM
-    backend does the same)."""
+    backend does the same); `on_end` is told how the stream ended."""
     seats = seats_of(served.runner)
     if seats is None:
         raise InvalidInput(
@@ -51,11 +57,11 @@ async def open_stream(
     if seats.generative:
         request = _lifted(served, request)
         if request.parameters.get(STREAM) is False:
-            yield await _joined(served, request, seats)
+            yield await _joined(served, request, seats, on_end)
             return
-        responses = _with_prompt(request, _open(served, request, seats))
+        responses = _with_prompt(request, _open(served, request, seats, on_end))
     else:
-        responses = _open(served, request, seats)
+        responses = _open(served, request, seats, on_end)
     try:
         async for response in responses:
             yield response
@@ -101,7 +107,7 @@ def _as_bytes(array: np.ndarray) -> bytes:
 
 
 async def _open(
-    served: ServedVersion, request: InferenceRequest, seats: Seats
+    served: ServedVersion, request: InferenceRequest, seats: Seats, on_end: OnEnd | None
 ) -> AsyncIterator[InferenceResponse]:
     """The stream path proper: validated, seated, the backend's parts as responses."""
     times = RequestTimes(request_start=time.perf_counter_ns())
@@ -114,11 +120,11 @@ async def _open(
             contract.Sampling.from_parameters(request.parameters)
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
-        served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
+        served.stats.record_failure(exc.reason, _ended(times, on_end))
         seats.tasks.discard(task)
         raise
     except BaseException:  # its client left (or the cut came) while it waited
-        served.stats.record_failure("CANCELED", time.perf_counter_ns() - times.request_start)
+        served.stats.record_failure("CANCELED", _ended(times, on_end))
         seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
@@ -150,29 +156,33 @@ async def _open(
             await aclose(parts)  # frees the engine's sequence at once
         seats.leave(instance)
         seats.tasks.discard(task)
-        meter.done()
         times.compute_output_start = times.compute_end = times.request_end = time.perf_counter_ns()
+        meter.done(times, outcome)
+        if on_end is not None:
+            on_end(times, meter.token_times(), not outcome)
         if outcome:
             served.stats.record_failure(outcome, times.request_end - times.request_start)
         else:
             served.stats.record_success(times, 1)
 
 
-async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceResponse:
+async def joined(
+    served: ServedVersion, request: InferenceRequest, on_end: OnEnd | None = None
+) -> InferenceResponse:
     """One answer from a generative model's stream (its text joined), for a unary request;
     a decoupled model that is not generative answers none (as Triton)."""
     seats = seats_of(served.runner)
     if seats is None or not seats.generative:
         served.stats.record_failure(InvalidInput.reason, 0)
         raise refuse_unary(served)
-    return await _joined(served, _lifted(served, request), seats)
+    return await _joined(served, _lifted(served, request), seats, on_end)
 
 
 async def _joined(
-    served: ServedVersion, request: InferenceRequest, seats: Seats
+    served: ServedVersion, request: InferenceRequest, seats: Seats, on_end: OnEnd | None
 ) -> InferenceResponse:
     whole = replace(request, outputs=None)  # join reads the counts, asked for or not
-    stream = _with_prompt(whole, _open(served, whole, seats))
+    stream = _with_prompt(whole, _open(served, whole, seats, on_end))
     try:
         responses = [r async for r in stream]
     finally:
@@ -223,21 +233,63 @@ class _Meter:
         self.last = 0
         self.prompt = 0
         self.generated = 0
+        self.reason = ""  # the engine's finish reason, on the last part
 
     def saw(self, part: StreamPart) -> None:
         if self.tokens is None:
             return
         outputs = part.outputs
+        before = self.generated
         if contract.NUM_OUTPUT_TOKENS in outputs:
             self.generated = int(outputs[contract.NUM_OUTPUT_TOKENS].reshape(-1)[0])
         if contract.NUM_INPUT_TOKENS in outputs:
             self.prompt = int(outputs[contract.NUM_INPUT_TOKENS].reshape(-1)[0])
-        if self.generated and not self.first:
-            self.first = time.perf_counter_ns()
+        if contract.FINISH_REASON in outputs:
+            self.reason = _text(outputs[contract.FINISH_REASON])
+        if self.generated <= before:
+            return
+        now = time.perf_counter_ns()
+        if not self.first:
+            self.first = now
             self.tokens.first_token((self.first - self.start) / 1e9)
-        if self.generated:
-            self.last = time.perf_counter_ns()
+        else:  # a part may carry several tokens: each waited its share of the gap
+            self.tokens.next_tokens((now - self.last) / 1e9, self.generated - before)
+        self.last = now
 
-    def done(self) -> None:
-        if self.tokens is not None:
-            self.tokens.finished(self.prompt, self.generated, (self.last - self.first) / 1e9)
+    def token_times(self) -> TokenTimes | None:
+        """When the first and last tokens came (None: not a generative model)."""
+        return None if self.tokens is None else TokenTimes(self.first, self.last)
+
+    def done(self, times: RequestTimes, outcome: str) -> None:
+        """The request ended: `outcome` "" when answered in full, else Triton's reason."""
+        if self.tokens is None:
+            return
+        self.tokens.finished(self.prompt, self.generated, (self.last - self.first) / 1e9)
+        if outcome == "CANCELED":  # its client left: vLLM counts it as aborted
+            self.tokens.ended("abort")
+        if outcome:
+            return
+        self.tokens.ended(self.reason or "stop")
+        end = times.request_end
+        seated = times.compute_start or end
+        first = self.first or end
+        last = self.last or first
+        self.tokens.phases(
+            (seated - times.queue_start) / 1e9,
+            (first - seated) / 1e9,
+            (last - first) / 1e9,
+            (end - times.request_start) / 1e9,
+        )
+
+
+def _ended(times: RequestTimes, on_end: OnEnd | None) -> int:
+    """A stream refused or left before its seat: its time in the server (its trace told)."""
+    times.request_end = time.perf_counter_ns()
+    if on_end is not None:
+        on_end(times, None, False)
+    return times.request_end - times.request_start
+
+
+def _text(array: Any) -> str:
+    value = array.reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -138,6 +138,28 @@ async def test_closing_the_stream_frees_the_sequence(backend: GenerativeBackend)
     assert backend.engine_stats().kv_cache_usage == 0
 
 
+async def test_an_idle_engine_uses_no_kv_cache_after_long_prompts(
+    backend: GenerativeBackend,
+) -> None:
+    # Prompts longer than a page (64 tokens) leave complete blocks that transformers keeps for
+    # prefix matches once their sequence ends: cached, free to evict, not in use (issue 37:
+    # they were counted as used, so an idle server read 0.63 after a bench).
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 10)  # ~240 tokens
+    await asyncio.gather(*(collect(backend, f"{i} {long}", GREEDY) for i in range(3)))
+    assert await wait_idle(backend) == 0
+    stats = backend.engine_stats()
+    assert stats.kv_cache_usage == 0
+    assert stats.kv_cache_cached > 0
+    # A prompt that shares the prefix takes its blocks back from the cache while it runs.
+    held = {"max_tokens": 250, "ignore_eos": True}  # within the context of 512 tokens
+    stream = backend.stream("p", text_input(f"0 {long}"), held)
+    await stream.__anext__()  # type: ignore[attr-defined]
+    assert backend.engine_stats().kv_cache_usage > 0
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert await wait_idle(backend) == 0
+    assert backend.engine_stats().kv_cache_usage == 0
+
+
 async def test_a_stop_string_ends_the_answer_before_it(
     backend: GenerativeBackend, folder: Path
 ) -> None:

@@ -309,8 +309,15 @@ class EngineStats:
 
     running: int
     waiting: int
-    #: Share of the KV cache in use, 0 to 1.
+    #: Share of the KV cache that sequences hold now, 0 to 1 (blocks kept only for a later
+    #: prefix match are not in use: the engine evicts them when it needs the room).
     kv_cache_usage: float
+    #: Share of the KV cache kept for prefix matches that no sequence holds, 0 to 1.
+    kv_cache_cached: float = 0.0
+    #: Prompt tokens looked up in the prefix cache, and those found, since the engine started
+    #: (None: the engine does not report them).
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
 
 
 @runtime_checkable

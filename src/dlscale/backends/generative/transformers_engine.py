@@ -110,6 +110,17 @@ class EngineSettings:
         )
 
 
+def _cached_share(cache: Any) -> float:
+    """The share of the paged cache in blocks that no sequence holds but that are kept for a
+    later prefix match. transformers' free capacity leaves them out (they are not in the pool
+    until evicted), so an idle engine after a run of long prompts read as 0.63 used (issue 37)."""
+    total = cache.num_sectors * cache.bytes_per_sector
+    kept = sum(
+        len(a.ledger.cached_blocks) * a.bytes_per_block for a in cache.cache_allocators.values()
+    )
+    return kept / total if total else 0.0
+
+
 def _positive(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"transformers backend: {key} must be a positive number, not {value!r}")
@@ -283,10 +294,13 @@ class Engine:
         if processor is None:
             return EngineStats(running=0, waiting=queued, kv_cache_usage=0.0)
         scheduler = processor.scheduler
+        free = float(processor.cache.compute_free_capacity())
+        cached = _cached_share(processor.cache)
         return EngineStats(
             running=len(scheduler.active_requests),
             waiting=len(scheduler.waiting_requests) + queued,
-            kv_cache_usage=max(0.0, 1.0 - float(processor.cache.compute_free_capacity())),
+            kv_cache_usage=max(0.0, 1.0 - free - cached),
+            kv_cache_cached=cached,
         )
 
     def _route(self) -> None:

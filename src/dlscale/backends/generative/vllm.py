@@ -206,11 +206,18 @@ class _StatLogger(StatLoggerBase):  # type: ignore[misc]
         engine_idx: int = 0,
     ) -> None:
         if scheduler_stats is not None:
+            before = self.holder.latest
+            # Each step's prefix-cache stats count that step's lookups: summed here.
+            prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+            queries = (before.prefix_cache_queries or 0) + int(getattr(prefix, "queries", 0))
+            hits = (before.prefix_cache_hits or 0) + int(getattr(prefix, "hits", 0))
             self.holder.latest = EngineStats(
                 running=int(scheduler_stats.num_running_reqs),
                 waiting=int(scheduler_stats.num_waiting_reqs)
                 + int(getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)),
                 kv_cache_usage=float(scheduler_stats.kv_cache_usage),
+                prefix_cache_queries=queries if prefix is not None else None,
+                prefix_cache_hits=hits if prefix is not None else None,
             )
 
     def log_engine_initialized(self) -> None:

@@ -19,6 +19,7 @@ from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.serving.observe.logs import access, log_failure
+from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.serving.streams import aclose
 from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
@@ -138,7 +139,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_unary
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._infer(request)
+        return await self._infer(request, _traceparent(context))
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -151,10 +152,11 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         # answers wait at their bound, it is not read further, so that a client cannot make the
         # server hold more than that for it.
         room = asyncio.Semaphore(self.max_stream_requests)
+        traceparent = _traceparent(context)  # the stream's; each request continues it
 
         async def answer(message: Any) -> None:
             try:
-                await self._answer_stream(message, outbox.put)
+                await self._answer_stream(message, outbox.put, traceparent)
             except DlscaleError as exc:
                 log_failure("gRPC", _plain(message).model_name, exc.grpc_code, exc.reason, str(exc))
                 await outbox.put(convert.stream_error(exc.message, _plain(message)))
@@ -196,7 +198,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    async def _answer_stream(self, message: Any, send: Callable[[Any], Awaitable[None]]) -> None:
+    async def _answer_stream(
+        self, message: Any, send: Callable[[Any], Awaitable[None]], traceparent: str = ""
+    ) -> None:
         """One request of ModelStreamInfer: each response flagged `triton_final_response`; a
         final response with no outputs only if the request sets
         `triton_enable_empty_final_response` (Triton's decoupled protocol)."""
@@ -204,7 +208,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         name, version = plain.model_name, plain.model_version
         config = await self.dataplane.model_config(name, version)
         if not config.decoupled:
-            reply = await self._infer(message)
+            reply = await self._infer(message, traceparent)
             reply.message.parameters[FINAL].bool_param = True
             await send(reply)
             return
@@ -212,6 +216,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         if refusal is not None:
             raise refusal
         request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
+        request.traceparent = traceparent
         empty_final = request.parameters.get(EMPTY_FINAL) is True
         raw = wants_raw(request)
         responses = self.dataplane.stream(request)
@@ -224,12 +229,13 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             await aclose(responses)
 
-    async def _infer(self, message: Any) -> Framed:
+    async def _infer(self, message: Any, traceparent: str = "") -> Framed:
         plain = _plain(message)  # a model over its [qos] limits refuses before tensors are read
         refusal = self.dataplane.refuse_early(plain.model_name, plain.model_version)
         if refusal is not None:
             raise refusal
         request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
+        request.traceparent = traceparent
         response = await self.dataplane.infer(request)
         return convert.infer_response(response, wants_raw(request), self.max_message_bytes)
 
@@ -308,3 +314,11 @@ def _large(message: Any) -> bool:
 def _plain(message: Any) -> Any:
     """The ModelInferRequest itself, whether its raw contents travel beside it or inside."""
     return message.message if isinstance(message, Framed) else message
+
+
+def _traceparent(context: Any) -> str:
+    """The caller's W3C `traceparent` metadata ("" when none), continued by an OTLP trace."""
+    for key, value in context.invocation_metadata() or ():
+        if key == TRACEPARENT:
+            return str(value)
+    return ""

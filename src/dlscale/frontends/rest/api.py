@@ -33,7 +33,9 @@ from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
 from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.frontends.rest.tfserving import TfServingApi
+from dlscale.serving.metrics.exposition import CONTENT_TYPE as METRICS_TYPE
 from dlscale.serving.observe.logs import access, log_failure
+from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.wire.rest import (
     decode_raw_request,
     decode_request,
@@ -171,7 +173,9 @@ class RestApi:
         found = self._routes.get(path)
         if found is None:
             handler, args, allowed = self._resolve(path)
-            found = (handler, args, allowed, rest_group(_parts(path)[1:]))
+            # /metrics shows what the statistics extension shows: it is guarded as that.
+            group = "statistics" if handler == self._metrics else rest_group(_parts(path)[1:])
+            found = (handler, args, allowed, group)
             if handler is not None:
                 if len(self._routes) >= _ROUTE_CACHE_SIZE:
                     self._routes.clear()
@@ -180,6 +184,8 @@ class RestApi:
 
     def _resolve(self, path: str) -> tuple[_Handler | None, list[str], str]:
         parts = _parts(path)
+        if parts == ["metrics"]:  # vLLM's API port serves its metrics here
+            return self._metrics, [], "GET"
         if not parts or parts[0] != "v2":
             return None, [], ""
         rest = parts[1:]
@@ -266,6 +272,11 @@ class RestApi:
             else error_response(503, "the server is not live")
         )
 
+    async def _metrics(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        return RestResponse(200, [await self.dataplane.metrics_text()], METRICS_TYPE)
+
     async def _ready(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
@@ -332,6 +343,7 @@ class RestApi:
                 version,
                 most,
             )
+        request.traceparent = headers.get(TRACEPARENT, "")
         response = await self.dataplane.infer(request)
         encoded = encode_response(response, fmt)
         if encoded.header_length is None:

@@ -24,6 +24,7 @@ from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest.documents import json_object
 from dlscale.frontends.rest.responses import RestResponse, json_response
 from dlscale.serving.observe.logs import log_failure
+from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.serving.streams import aclose
 from dlscale.types import (
     Datatype,
@@ -52,7 +53,7 @@ class GenerateApi:
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         """One answer: a generative model's stream joined, or any model's one answer."""
-        request = await self._request(args, body)
+        request = await self._request(args, headers, body)
         return json_response(document(await self.plane.infer(request)))
 
     async def generate_stream(
@@ -61,7 +62,7 @@ class GenerateApi:
         """Server-sent events, one per response; the first awaited before the status is sent,
         so that a request refused (unknown model, bad input, a model that does not stream)
         gets its 4xx."""
-        request = await self._request(args, body)
+        request = await self._request(args, headers, body)
         responses = self.plane.stream(request)
         try:
             first = await anext(responses)
@@ -73,11 +74,15 @@ class GenerateApi:
         events = _events(first, responses, request.model_name)
         return RestResponse(200, [], EVENT_STREAM, stream=events)
 
-    async def _request(self, args: list[str], body: Buffer) -> InferenceRequest:
+    async def _request(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> InferenceRequest:
         model, version = args
         doc = json_object(body, "generate")
         config = await self.plane.model_config(model, version)
-        return decode(doc, config, version, self.limits.max_tensor_elements)
+        request = decode(doc, config, version, self.limits.max_tensor_elements)
+        request.traceparent = headers.get(TRACEPARENT, "")
+        return request
 
 
 def decode(

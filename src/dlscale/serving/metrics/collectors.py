@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from dlscale.hardware.metrics import TelemetryCollector
 from dlscale.serving.manager import ModelManager, ServedVersion
 from dlscale.serving.metrics.streams import StreamCollector
+from dlscale.serving.metrics.vllm import VllmCollector
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.qos.admission import MAX_IN_FLIGHT, RATE_LIMIT
 
@@ -233,9 +234,17 @@ def _per_device(served: list[ServedVersion]) -> Iterator[Metric]:
 
 def build_registry(manager: ModelManager, telemetry_interval_s: float = 1.0) -> CollectorRegistry:
     """A registry with the inference metrics and the GPU/CPU telemetry (Triton's nv_gpu_* names)."""
+    registry = models_registry(manager)
+    TelemetryCollector(interval_s=telemetry_interval_s).register(registry)
+    return registry
+
+
+def models_registry(manager: ModelManager) -> CollectorRegistry:
+    """The models' metrics alone (Triton's, dlscale's and vLLM's names), read at scrape time:
+    what the REST port's /metrics serves, as vLLM's API port does."""
     registry = CollectorRegistry()
     registry.register(InferenceCollector(manager))
     registry.register(QosCollector(manager))
     registry.register(StreamCollector(manager))
-    TelemetryCollector(interval_s=telemetry_interval_s).register(registry)
+    registry.register(VllmCollector(manager))
     return registry

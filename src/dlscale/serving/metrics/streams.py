@@ -75,6 +75,12 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
         "Share of the engine's KV cache in use (0 to 1; the mean over its instances)",
         labels=_LABELS,
     )
+    cached = GaugeMetricFamily(
+        "dlscale_kv_cache_cached_ratio",
+        "Share of the engine's KV cache kept for prefix matches that no sequence holds (free to "
+        "evict; the mean over its instances)",
+        labels=_LABELS,
+    )
     for v, seats in served:
         labels, tokens = [v.stats.name, v.stats.version], seats.tokens
         ttft.add_metric(labels, _buckets(tokens.ttft), tokens.ttft.total)
@@ -84,9 +90,10 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
         generated.add_sample(generated.name, named, tokens.generated_tokens)
         engines = [i.backend for i in v.instances if isinstance(i.backend, GenerativeBackend)]
         if engines:
-            usage = [e.engine_stats().kv_cache_usage for e in engines]
-            kv_cache.add_metric(labels, sum(usage) / len(usage))
-    yield from (ttft, tpot, prompt, generated, kv_cache)
+            stats = [e.engine_stats() for e in engines]
+            kv_cache.add_metric(labels, sum(s.kv_cache_usage for s in stats) / len(stats))
+            cached.add_metric(labels, sum(s.kv_cache_cached for s in stats) / len(stats))
+    yield from (ttft, tpot, prompt, generated, kv_cache, cached)
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:

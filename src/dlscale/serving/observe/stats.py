@@ -29,10 +29,11 @@ class Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * (len(self.bounds) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
+    def observe(self, value: float, times: int = 1) -> None:
+        """Count `value` (`times` times over: a gap shared by several tokens)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
+        self.count += times
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, count at or below) pairs, ending with +Inf."""
@@ -71,6 +72,8 @@ class RequestTimes:
     compute_output_start: int = 0
     compute_end: int = 0
     request_end: int = 0
+    #: Rows of the batch the request ran in (an OTLP span's attribute; not a timestamp).
+    batch_rows: int = 0
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Token-level measures of a generative model: TTFT, TPOT, prompt and generated tokens.
+"""Token-level measures of a generative model: TTFT, TPOT and the gap between tokens, the
+phases of a request (queue, prefill, decode, end to end), prompt and generated tokens, and how
+requests finished (the measures vLLM's metrics name, docs/observability.md).
 
 Measured in the serving core (serving/streams.py), where every frontend's requests pass (OIP
 generate and ModelStreamInfer, the OpenAI API, a plain infer joined from its stream), and read by
@@ -24,14 +26,48 @@ TPOT_BUCKETS_S = (
 )  # fmt: skip
 
 
+#: Seconds of a whole request or one of its phases (queue, prefill, decode).
+PHASE_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0,
+    640.0,
+)  # fmt: skip
+
+
+def _phase() -> Histogram:
+    return Histogram(PHASE_BUCKETS_S)
+
+
 @dataclass
 class TokenStats:
     """What one generative model version generated, and how fast."""
 
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
+    #: The gap before each token after the first, one observation per token.
+    inter_token: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
+    queue: Histogram = field(default_factory=_phase)
+    prefill: Histogram = field(default_factory=_phase)
+    decode: Histogram = field(default_factory=_phase)
+    end_to_end: Histogram = field(default_factory=_phase)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    #: Requests that ran to their end, by why they ended (stop, length, abort).
+    finished_by: dict[str, int] = field(default_factory=dict)
+
+    def next_tokens(self, gap_s: float, count: int) -> None:
+        """`count` tokens came `gap_s` after the previous ones: each token waited its share."""
+        self.inter_token.observe(gap_s / count, count)
+
+    def phases(self, queue_s: float, prefill_s: float, decode_s: float, total_s: float) -> None:
+        """A request's time waiting for a seat, to its first token, to its last, in all."""
+        self.queue.observe(queue_s)
+        self.prefill.observe(prefill_s)
+        self.decode.observe(decode_s)
+        self.end_to_end.observe(total_s)
+
+    def ended(self, reason: str) -> None:
+        """A request ended for `reason` (the engine's finish reason, or abort)."""
+        self.finished_by[reason] = self.finished_by.get(reason, 0) + 1
 
     def first_token(self, seconds: float) -> None:
         """A request's first token came `seconds` after it arrived."""

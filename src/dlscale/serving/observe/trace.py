@@ -10,17 +10,22 @@ COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END and REQUEST_END.
 Memory and the event loop stay bounded whatever the settings (issue 28): at most
 MAX_BUFFERED_TRACES wait in memory (more go to an indexed file, as log_frequency would), files
 are written by one worker thread, and while MAX_PENDING_WRITES wait for it further traces are
-dropped (counted in `dropped`, logged once). Disk stays bounded too (issue 33: `log_frequency 1`
-wrote a file per request): the indexed files `<trace_file>.N` take at most MAX_TRACE_FILES
-indexes, reused in turn, so the newest traces overwrite the oldest file.
+dropped (counted in `dropped`, logged once). With an OTLP sink (Triton's `--trace-config
+mode=opentelemetry`, vLLM's `--otlp-traces-endpoint`) the sampled requests go out as spans
+instead (otel.py); the settings sample them the same way. Disk stays bounded too (issue 33:
+`log_frequency 1` wrote a file per request): the indexed files `<trace_file>.N` take at most
+MAX_TRACE_FILES indexes, reused in turn, so the newest traces overwrite the oldest file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +34,7 @@ from typing import Any
 
 from dlscale.errors import ConfigError, InvalidInput
 from dlscale.serving.observe import TRACE_RATE
+from dlscale.serving.observe.otel import CURRENT, OtlpSink, TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 
 log = logging.getLogger(__name__)
@@ -44,7 +50,7 @@ MAX_BUFFERED_TRACES = 10_000
 MAX_TRACE_FILES = 64
 #: Files waiting for the writer thread; beyond it, traces are dropped rather than queued.
 MAX_PENDING_WRITES = 8
-_STAMPS = tuple(f.name for f in dataclasses.fields(RequestTimes))
+_STAMPS = tuple(f.name for f in dataclasses.fields(RequestTimes) if f.name != "batch_rows")
 
 
 @dataclass(frozen=True)
@@ -59,21 +65,34 @@ class TraceSettings:
 
 @dataclass
 class Trace:
-    """A request being traced: its id and what it is."""
+    """A request being traced: its id and what it is (and its span, when traced by OTLP)."""
 
     id: int
     model: str
     version: int
     request_id: str
+    span: Any = None
+    #: The context variable's token that made `span` current for the request's own calls.
+    token: contextvars.Token[Any] | None = None
 
 
 class Tracer:
     """Samples requests per the settings of their model and writes their timestamps."""
 
-    def __init__(self, trace_file: Path | None = None, settings: TraceSettings | None = None):
-        if settings is not None and settings.level != "OFF" and trace_file is None:
-            raise ConfigError(f"trace level {settings.level} needs a trace file (--trace-file)")
+    def __init__(
+        self,
+        trace_file: Path | None = None,
+        settings: TraceSettings | None = None,
+        otlp: OtlpSink | None = None,
+    ):
+        if settings is not None and settings.level != "OFF" and trace_file is None and not otlp:
+            raise ConfigError(
+                f"trace level {settings.level} needs a trace file (--trace-file) or an OTLP "
+                "endpoint (--otlp-traces-endpoint)"
+            )
         self.trace_file = trace_file
+        #: Where traced requests go as spans, instead of the file (None: the file, Triton's).
+        self.otlp = otlp
         self._global = settings or TraceSettings()
         self._models: dict[str, dict[str, Any]] = {}  # per-model overrides, by setting
         self._seen: dict[str, int] = {}  # requests seen per scope, for the sampling rate
@@ -99,7 +118,7 @@ class Tracer:
             "trace_count": str(left),
             "log_frequency": str(s.log_frequency),
             "trace_file": str(self.trace_file or ""),
-            "trace_mode": "triton",
+            "trace_mode": "opentelemetry" if self.otlp else "triton",
         }
 
     def update(self, changes: Mapping[str, Any], model: str = "") -> dict[str, str | list[str]]:
@@ -110,8 +129,11 @@ class Tracer:
                 "the trace file cannot be changed through the protocol: start the server with "
                 "--trace-file PATH"
             )
-        if parsed.get("trace_level", "OFF") != "OFF" and self.trace_file is None:
-            raise InvalidInput("tracing needs a trace file: start the server with --trace-file")
+        if parsed.get("trace_level", "OFF") != "OFF" and self.trace_file is None and not self.otlp:
+            raise InvalidInput(
+                "tracing needs a trace file or an OTLP endpoint: start the server with "
+                "--trace-file or --otlp-traces-endpoint"
+            )
         if model:
             own = self._models.setdefault(model, {})
             for name, value in parsed.items():
@@ -134,10 +156,49 @@ class Tracer:
 
     # -- tracing ------------------------------------------------------------------------------
 
-    def start(self, model: str, version: int, request_id: str) -> Trace | None:
-        """A trace for this request when its scope samples it, else None (the common case)."""
+    def start(
+        self,
+        model: str,
+        version: int,
+        request_id: str,
+        traceparent: str = "",
+        kind: str = "",
+        nests: bool = True,
+    ) -> Trace | None:
+        """A trace for this request when its scope samples it, else None (the common case).
+
+        With OTLP, a request made while a traced one is served (its pipeline step, its model
+        call: `kind`) is traced too, as a child span; `traceparent` is the caller's W3C header;
+        `nests`: the calls this task makes next are the request's (not a stream's iteration).
+        """
         # The common case first, at the cost of two lookups per request: nothing to trace.
+        if self.otlp is not None:
+            return self._start_span(model, version, request_id, traceparent, kind, nests)
         if self.trace_file is None or (not self._models and self._global.level == "OFF"):
+            return None
+        return self._sample(model, version, request_id)
+
+    def _start_span(
+        self, model: str, version: int, request_id: str, traceparent: str, kind: str, nests: bool
+    ) -> Trace | None:
+        assert self.otlp is not None
+        nested = CURRENT.get() is not None
+        trace = self._sample(model, version, request_id) if not nested else None
+        if trace is None and not nested:
+            return None
+        if trace is None:
+            trace = Trace(0, model, version, request_id)
+        attributes: dict[str, Any] = {"model": model, "model_version": version}
+        if request_id:
+            attributes["request_id"] = request_id
+        name = kind if nested and kind else "request"
+        trace.span = self.otlp.begin(name, attributes, traceparent, time.perf_counter_ns())
+        if nests:
+            trace.token = CURRENT.set(trace.span)
+        return trace
+
+    def _sample(self, model: str, version: int, request_id: str) -> Trace | None:
+        if not self._models and self._global.level == "OFF":
             return None
         settings = self._effective(model)
         if settings.level == "OFF":
@@ -153,8 +214,22 @@ class Tracer:
         self._next_id += 1
         return trace
 
-    def finish(self, trace: Trace, times: RequestTimes) -> None:
-        """Record a traced request's timestamps; write them out when the settings say so."""
+    def finish(
+        self,
+        trace: Trace,
+        times: RequestTimes,
+        tokens: TokenTimes | None = None,
+        ok: bool = True,
+    ) -> None:
+        """Record a traced request's timestamps; write them out when the settings say so (or
+        end its span; `tokens`: a generative request's, `ok`: whether it was answered)."""
+        if trace.span is not None:
+            assert self.otlp is not None
+            if trace.token is not None:
+                with contextlib.suppress(ValueError):  # ended in another context (a stream)
+                    CURRENT.reset(trace.token)
+            self.otlp.end(trace.span, times, tokens, ok)
+            return
         header = {"id": trace.id, "model_name": trace.model, "model_version": trace.version}
         if trace.request_id:
             header["request_id"] = trace.request_id
@@ -176,7 +251,9 @@ class Tracer:
 
     def flush(self) -> None:
         """Write what is collected (at shutdown): to the trace file itself unless indexed files
-        were written already. Waits for the writer thread."""
+        were written already. Waits for the writer thread (and the OTLP exporter's)."""
+        if self.otlp is not None:
+            self.otlp.shutdown()
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None

@@ -151,6 +151,7 @@ def _call(
     parameters = _parameters(doc, input_format, max_tokens)
     inputs = {TEXT_INPUT: np.array([text.encode()], dtype=object)}
     request = InferenceRequest(model, inputs, id=_request_id(headers), parameters=parameters)
+    request.traceparent = headers.get("traceparent", "")  # continued by an OTLP trace
     return Call((request,), stream, include_usage)
 
 

@@ -75,6 +75,22 @@ TYPES = {
     "dlscale_prompt_tokens": "counter",
     "dlscale_generation_tokens": "counter",
     "dlscale_kv_cache_usage_ratio": "gauge",
+    "dlscale_kv_cache_cached_ratio": "gauge",
+    # vLLM's names for the same measures (serving/metrics/vllm.py), exported with none served.
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
 }
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: The traffic: rows per request to fails_even, which fails batches of an even row count. Sent
