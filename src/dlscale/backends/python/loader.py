@@ -98,10 +98,22 @@ def install_pb_utils() -> None:
 
 def user_class(model: UserModel, api: Api) -> type[Any]:
     """Import the model.py (under a name of its own) and return its model class."""
-    install_pb_utils()
     path = model.path
+    try:
+        module = load_module(path, model.name)
+    except Exception as exc:
+        raise failure(model, "importing model.py", exc) from None
+    cls = getattr(module, TRITON_CLASS if api == "triton" else NATIVE_CLASS)
+    if not isinstance(cls, type):
+        raise ConfigError(f"{path}: {cls!r} is not a class")
+    return cls
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import the model.py at `path` under a module name of its own (raises what it raises)."""
+    install_pb_utils()
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    module_name = f"dlscale_user_model_{model.name}_{digest}"
+    module_name = f"dlscale_user_model_{name}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path}: not a Python module")
@@ -109,13 +121,10 @@ def user_class(model: UserModel, api: Api) -> type[Any]:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException:
         sys.modules.pop(module_name, None)
-        raise failure(model, "importing model.py", exc) from None
-    cls = getattr(module, TRITON_CLASS if api == "triton" else NATIVE_CLASS)
-    if not isinstance(cls, type):
-        raise ConfigError(f"{path}: {cls!r} is not a class")
-    return cls
+        raise
+    return module
 
 
 class UserCodeError(BackendError):

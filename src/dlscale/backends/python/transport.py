@@ -18,6 +18,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from dlscale import errors
+from dlscale.backends.python.custom_metrics import SeriesState
 from dlscale.errors import BackendError, DlscaleError
 from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire import segments
@@ -183,6 +184,7 @@ class Ready:
     """The worker loaded the model (error: it could not)."""
 
     error: ErrorInfo | None = None
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ class Done:
 
     outputs: Packed
     errors: tuple[ErrorInfo | None, ...]
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ class Failed:
     """The whole batch failed (user code raised)."""
 
     error: ErrorInfo
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ class Call:
 
     request: InferenceRequest
     inputs: Packed
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.base import ModelCaller
+from dlscale.backends.python import custom_metrics as metrics
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.types import Datatype, RequestedOutput
 from dlscale.types import InferenceRequest as CoreRequest
@@ -156,9 +157,9 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
-        requested_output_names: Sequence[str] = (),
-        inputs: Sequence[Tensor] = (),
+        model_name: str | bytes = "",
+        requested_output_names: Iterable[str | bytes] = (),
+        inputs: Iterable[Tensor] = (),
         request_id: str = "",
         correlation_id: int | str = 0,
         model_version: int = -1,
@@ -166,17 +167,25 @@ class InferenceRequest:
         timeout: int = 0,
         preferred_memory: Any = None,
         parameters: Mapping[str, Any] | str | None = None,
+        trace: Any = None,
     ) -> None:
-        self._model_name = model_name
-        self._outputs = list(requested_output_names)
+        # Triton's examples pass names read from BYTES tensors (`as_numpy()[0]`: bytes, or a
+        # numpy bytes/str scalar): its stub takes them as strings, and so does this.
+        self._model_name = _text(model_name)
+        self._outputs = [_text(n) for n in requested_output_names]
         self._inputs = list(inputs)
-        self._id = request_id
+        bad = [t for t in self._inputs if not isinstance(t, Tensor)]
+        if bad:
+            raise TritonModelException(
+                f"InferenceRequest: inputs must be pb_utils.Tensor, got {type(bad[0]).__name__}"
+            )
+        self._id = _text(request_id)
         self._correlation_id = correlation_id
-        self._version = model_version
+        self._version = int(model_version)
         self._flags = flags
         self._timeout = timeout
         self._parameters = json.loads(parameters) if isinstance(parameters, str) else parameters
-        del preferred_memory  # answers are host arrays here
+        del preferred_memory, trace  # answers are host arrays here; traces are the server's
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Callable[[], bool] = lambda: False
 
@@ -230,10 +239,14 @@ class InferenceRequest:
         self._sender = sender
         self._cancelled = cancelled
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Call the model named in this request on the same server and wait for its answer."""
-        if decoupled:
-            raise TritonModelException("exec(decoupled=True) is not supported by dlscale yet")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Call the model named in this request on the same server and wait for its answer;
+        `decoupled=True`: an iterator of its responses (here one: models that stream their
+        answers cannot be called by BLS yet, docs/backends.md)."""
+        response = self._call()
+        return iter([response]) if decoupled else response
+
+    def _call(self) -> InferenceResponse:
         caller = current_caller()
         if caller is None:
             return InferenceResponse(
@@ -245,7 +258,7 @@ class InferenceRequest:
             return InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
         return InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` on the loop's default thread pool, as Triton's is."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.exec, decoupled)
@@ -264,6 +277,20 @@ class InferenceRequest:
             outputs=[RequestedOutput(n) for n in self._outputs] or None,
             parameters=params,
         )
+
+
+def _text(value: Any) -> str:
+    """A name given as str, bytes or a numpy scalar of either, as a str."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise TritonModelException(f"name {value!r} is not UTF-8 text") from None
+    if not isinstance(value, str):
+        raise TritonModelException(f"expected a name (str or bytes), got {value!r}")
+    return value
 
 
 def _code_of(exc: DlscaleError) -> int:
@@ -336,10 +363,141 @@ class Logger:
         log.debug("%s", message)
 
 
+class ModelConfig:
+    """The config `auto_complete_config` completes (Triton's pb_utils.ModelConfig), in
+    Triton's JSON form; each setter refuses a value that contradicts the config.pbtxt."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config: dict[str, Any] = json.loads(json.dumps(dict(config)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as it stands."""
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Set max_batch_size (a config.pbtxt's non-zero value must agree)."""
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int):
+            raise ValueError(f"set_max_batch_size: expected an int, got {max_batch_size!r}")
+        if max_batch_size < 0:
+            raise ValueError(f"set_max_batch_size: must not be negative, got {max_batch_size}")
+        given = int(self._config.get("max_batch_size", 0) or 0)
+        if given and given != max_batch_size:
+            raise ValueError(
+                f"set_max_batch_size({max_batch_size}): the config sets max_batch_size {given}"
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        """Turn dynamic batching on (kept as the config gives it, if it does)."""
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, policy: Mapping[str, Any]) -> None:
+        """Set the transaction policy ({"decoupled": bool})."""
+        unknown = set(policy) - {"decoupled"}
+        if unknown:
+            raise ValueError(f"set_model_transaction_policy: unknown keys {sorted(unknown)}")
+        self._config["model_transaction_policy"] = {"decoupled": bool(policy.get("decoupled"))}
+
+    def add_input(self, input: Mapping[str, Any]) -> None:
+        """Add an input ({name, data_type, dims[, optional]}), or fill in the one of its name."""
+        self._add("input", input)
+
+    def add_output(self, output: Mapping[str, Any]) -> None:
+        """Add an output ({name, data_type, dims}), or fill in the one of its name."""
+        self._add("output", output)
+
+    def _add(self, role: str, tensor: Mapping[str, Any]) -> None:
+        if not isinstance(tensor, Mapping) or not isinstance(tensor.get("name"), str):
+            raise ValueError(f"add_{role}: expected a dict with a 'name', got {tensor!r}")
+        entries = self._config.setdefault(role, [])
+        found = _by_name(entries, tensor["name"])
+        if found is None:
+            entries.append(dict(tensor))
+            return
+        for key, value in tensor.items():
+            mine = found.get(key)
+            if key == "dims" and mine is not None:
+                mine = [int(d) for d in mine]
+            if mine not in (None, [], "", "TYPE_INVALID") and mine != value:
+                raise ValueError(
+                    f"add_{role}({tensor['name']!r}): {key} {value!r} contradicts the config's "
+                    f"{mine!r}"
+                )
+            found[key] = value
+
+
+class MetricFamily:
+    """A family of custom metrics, exported on the server's /metrics (Triton's
+    pb_utils.MetricFamily); the family of that name is shared when kinds agree."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        kinds = {self.COUNTER: metrics.COUNTER, self.GAUGE: metrics.GAUGE}
+        kinds[self.HISTOGRAM] = metrics.HISTOGRAM
+        self._name = name
+        self._model = current_model()
+        _metric_call(metrics.STORE.family, name, description, kinds.get(kind, ""), self._model)
+
+    def Metric(
+        self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None
+    ) -> Metric:
+        """The series of these labels (a histogram's needs its bucket bounds)."""
+        key = _metric_call(
+            metrics.STORE.series, self._name, dict(labels or {}), self._model, tuple(buckets or ())
+        )
+        return Metric(self._name, key)
+
+
+class Metric:
+    """One series of a MetricFamily: increment, set (gauges), observe (histograms), value."""
+
+    def __init__(self, family: str, key: metrics.Labels) -> None:
+        self._family = family
+        self._key = key
+
+    def increment(self, value: float) -> None:
+        """Add `value` (a counter's must not be negative)."""
+        _metric_call(metrics.STORE.update, self._family, self._key, "increment", value)
+
+    def set(self, value: float) -> None:
+        """Set a gauge."""
+        _metric_call(metrics.STORE.update, self._family, self._key, "set", value)
+
+    def observe(self, value: float) -> None:
+        """Count an observation in a histogram."""
+        _metric_call(metrics.STORE.update, self._family, self._key, "observe", value)
+
+    def value(self) -> float:
+        """A counter's or gauge's value (a histogram's: its count of observations)."""
+        return float(metrics.STORE.value(self._family, self._key))
+
+
+def _metric_call(method: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return method(*args)
+    except (metrics.MetricError, TypeError, ValueError) as exc:
+        raise TritonModelException(str(exc)) from None
+
+
 # -- the caller BLS goes through ------------------------------------------------------------------
 
 _bound = threading.local()
 _fallback: list[ModelCaller] = []  # the last caller bound: for threads user code starts itself
+_models: list[str] = []  # the last model bound: for threads user code starts itself
+
+
+def bind_model(name: str) -> None:
+    """Say which model the code this thread runs is (custom metrics count against it)."""
+    _bound.model = name
+    _models[:] = [name]
+
+
+def current_model() -> str:
+    """The model bound to this thread, else the last one bound."""
+    return str(getattr(_bound, "model", None) or (_models[0] if _models else ""))
 
 
 def bind_caller(caller: ModelCaller | None) -> None:

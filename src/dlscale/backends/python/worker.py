@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.base import ModelCaller, RequestResult
+from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import transport as t
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_failure
@@ -93,10 +94,10 @@ class WorkerRunner:
         process.start()
         theirs.close()
         try:
-            ready = ours.recv()
+            ready = _received(ours)
             while isinstance(ready, t.Call):  # BLS from initialize
                 ours.send(self._answer(ready))
-                ready = ours.recv()
+                ready = _received(ours)
         except EOFError:
             process.join()
             raise BackendError(
@@ -163,7 +164,7 @@ class WorkerRunner:
             ready = wait([conn, self._process.sentinel])
             if conn not in ready:
                 raise EOFError
-            message = conn.recv()
+            message = _received(conn)
             if isinstance(message, t.Call):
                 conn.send(self._answer(message))
             elif isinstance(message, t.Failed):
@@ -243,6 +244,7 @@ class WorkerRunner:
             self._arena.close()
         finally:
             self._lock.release()
+            metrics.STORE.drop(self.model.name)
 
     def _stop_worker(self) -> None:
         """Stop the worker (Stop, then a kill when it lingers) and sweep its segments."""
@@ -270,6 +272,15 @@ def _resident_mb(pid: int) -> int:
     return pages * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
+def _received(conn: Connection) -> Any:
+    """The worker's next message; the custom metrics it carries join the server's."""
+    message = conn.recv()
+    changed = getattr(message, "metrics", ())
+    if changed:
+        metrics.STORE.merge(changed)
+    return message
+
+
 def _error(info: t.ErrorInfo) -> DlscaleError:
     if info.trace:
         error = UserCodeError(info.message, info.trace)
@@ -294,7 +305,7 @@ class _PipeCaller:
         with self._lock:  # one call at a time: the arena and the pipe are shared
             packed = self._arena.pack([request.inputs])
             request.inputs = {}
-            self._conn.send(t.Call(request, packed))
+            self._conn.send(t.Call(request, packed, metrics.STORE.take_changes()))
             answer: t.Answer = self._conn.recv()
             if answer.error is not None or answer.response is None or answer.outputs is None:
                 raise (answer.error or t.ErrorInfo("BackendError", "no answer")).error()
@@ -313,7 +324,7 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
     except DlscaleError as exc:
         conn.send(t.Ready(t.ErrorInfo.of(exc)))
         return
-    conn.send(t.Ready())
+    conn.send(t.Ready(metrics=metrics.STORE.take_changes()))
     while True:
         message = conn.recv()
         if isinstance(message, t.Stop):
@@ -325,8 +336,8 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
         try:
             results = runner.run(requests)
         except DlscaleError as exc:
-            conn.send(t.Failed(t.ErrorInfo.of(exc)))
+            conn.send(t.Failed(t.ErrorInfo.of(exc), metrics.STORE.take_changes()))
             continue
         outputs = [r if not isinstance(r, DlscaleError) else {} for r in results]
         infos = tuple(t.ErrorInfo.of(r) if isinstance(r, DlscaleError) else None for r in results)
-        conn.send(t.Done(arena.pack(outputs), infos))
+        conn.send(t.Done(arena.pack(outputs), infos, metrics.STORE.take_changes()))

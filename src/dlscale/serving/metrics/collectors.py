@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from dlscale.hardware.metrics import TelemetryCollector
 from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.metrics.custom import CustomCollector
 from dlscale.serving.metrics.streams import StreamCollector
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.qos.admission import MAX_IN_FLIGHT, RATE_LIMIT
@@ -237,5 +238,6 @@ def build_registry(manager: ModelManager, telemetry_interval_s: float = 1.0) -> 
     registry.register(InferenceCollector(manager))
     registry.register(QosCollector(manager))
     registry.register(StreamCollector(manager))
+    registry.register(CustomCollector())
     TelemetryCollector(interval_s=telemetry_interval_s).register(registry)
     return registry
