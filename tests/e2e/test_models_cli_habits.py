@@ -4,10 +4,12 @@ without loading; convert takes --dry-run before or after the model names."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from tests.toolkit.cli import run_cli
+from tests.toolkit.cli import child_env, dlscale_command, run_cli
 from tests.toolkit.python_models import ADD_SUB, triton_config, write_triton_python_model
 
 BROKEN_SYNTAX = ADD_SUB.replace("def execute(self, requests):", "def execute(self, requests)")
@@ -50,3 +52,35 @@ def test_convert_dry_run_before_or_after_the_names(repo: Path, order: str) -> No
     assert "# Converted from config.pbtxt" in done.stdout
     assert "syntax" not in done.stdout  # only the model named
     assert not (repo / "good" / "config.toml").exists()  # a dry run writes nothing
+
+
+#: A sitecustomize that makes these packages absent, as on a machine where `make demo` alone
+#: ran (the [llm] extra not installed): found by neither import nor importlib.util.find_spec.
+HIDE = """
+import sys
+
+class _Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {hidden!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Absent())
+"""
+
+
+def test_zoo_build_of_a_decoder_without_the_llm_extra_names_it(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HIDE.format(hidden={"transformers"}))
+    paths = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    done = subprocess.run(
+        [*dlscale_command(), "zoo", "build", str(tmp_path / "models"), "--models", "llama-tiny"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env=child_env(PYTHONPATH=os.pathsep.join(paths)),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "ModuleNotFoundError" not in done.stderr
+    assert "zoo model 'llama-tiny' needs transformers, from dlscale's [llm] extra" in done.stderr
+    assert "pip install 'dlscale[llm]'" in done.stderr
+    assert not (tmp_path / "models" / "llama-tiny").exists()  # nothing half-built
