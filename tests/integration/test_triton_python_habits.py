@@ -168,6 +168,35 @@ class TritonPythonModel:
         return None
 """
 
+#: A model whose initialize makes series until the bound stops it (a label per request id is
+#: the classic mistake); execute answers what the bound said.
+FLOOD = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        family = pb_utils.MetricFamily("flood_series", "One per id", pb_utils.MetricFamily.GAUGE)
+        self.refused = "nothing refused"
+        for i in range(1100):
+            try:
+                family.Metric(labels={"id": str(i)}).set(i)
+            except pb_utils.TritonModelException as exc:
+                self.refused = str(exc)
+                break
+
+    def execute(self, requests):
+        said = np.array([self.refused.encode()], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("REFUSED", said)]) for _ in requests]
+"""
+FLOOD_CONFIG = """
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "REFUSED" data_type: TYPE_STRING dims: [ 1 ] } ]
+parameters { key: "DLSCALE_ISOLATION" value: { string_value: "thread" } }
+"""
+
 TENSORS = """
 input [
   {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
@@ -181,7 +210,9 @@ output [
 NAME_INPUT = ',\n  { name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }'
 THREAD = 'parameters { key: "DLSCALE_ISOLATION" value: { string_value: "thread" } }\n'
 STREAMED = 'parameters { key: "STREAMED" value: { string_value: "yes" } }\n'
-LOADED = ("add_sub", "bls_sync", "bls_streamed", "bls_async", "auto", "auto_stream")
+LOADED = ("add_sub", "bls_sync", "bls_streamed", "bls_async", "auto", "auto_stream", "flood")
+#: auto_complete_config that contradicts its config.pbtxt (max_batch_size 4 there, 8 in AUTO).
+CLASH_CONFIG = 'backend: "python"\nmax_batch_size: 4\n' + THREAD
 
 A = np.arange(16, dtype=np.float32)
 B = np.full(16, 2.0, np.float32)
@@ -204,6 +235,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     write_triton_python_model(root, "bls_async", BLS_ASYNC, _config("bls_async", extra=THREAD))
     write_triton_python_model(root, "auto", AUTO, 'backend: "python"\n' + THREAD)
     write_triton_python_model(root, "auto_stream", AUTO_STREAM, 'backend: "python"\n' + THREAD)
+    write_triton_python_model(root, "flood", FLOOD, FLOOD_CONFIG)
+    write_triton_python_model(root, "auto_clash", AUTO, CLASH_CONFIG)
     with serving(root, load_models=LOADED, metrics_port=0) as running:
         yield running
 
@@ -318,3 +351,33 @@ def test_an_auto_completed_decoupled_model_streams(grpc: tg.InferenceServerClien
         grpc.stop_stream()  # waits for the stream's end
     values = [int(r.as_numpy("I")[0]) for r in got if r.as_numpy("I") is not None]  # type: ignore[union-attr]
     assert values == [0, 1, 2], got
+
+
+def test_auto_complete_config_that_contradicts_the_config_fails_the_load(
+    http: th.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException) as refused:
+        http.load_model("auto_clash")
+    said = str(refused.value)
+    assert "auto_complete_config failed" in said
+    assert "set_max_batch_size(8): the config sets max_batch_size 4" in said
+    assert not http.is_model_ready("auto_clash") and http.is_server_live()
+
+
+def _flood_series(server: LocalServer) -> int:
+    text = httpx.get(f"http://127.0.0.1:{server.server.ports['metrics']}/metrics").text
+    return sum(1 for line in text.splitlines() if line.startswith("flood_series{"))
+
+
+def test_a_model_cannot_grow_metrics_past_its_bound(
+    server: LocalServer, grpc: tg.InferenceServerClient
+) -> None:
+    x = tg.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    refused = grpc.infer("flood", [x]).as_numpy("REFUSED")[0].decode()
+    assert "has 1000 metric series (label sets), the most one model may have" in refused
+    assert _flood_series(server) == 1000
+    grpc.load_model("flood")  # a reload: the new copy's series stay, the old copy's go
+    assert _flood_series(server) == 1000
+    grpc.unload_model("flood")  # the last copy: its series leave /metrics
+    assert _flood_series(server) == 0

@@ -71,6 +71,23 @@ class MetricStore:
         self._lock = threading.Lock()
         self._families: dict[str, FamilyState] = {}
         self._dirty: dict[tuple[str, Labels], SeriesState] = {}
+        self._holders: dict[str, int] = {}  # loaded copies of each model (instances, versions)
+
+    def hold(self, model: str) -> None:
+        """A copy of `model` loaded: its series stay until every copy is released."""
+        with self._lock:
+            self._holders[model] = self._holders.get(model, 0) + 1
+
+    def release(self, model: str) -> None:
+        """A copy of `model` unloaded; the last one takes its series off (a reload's new copy
+        holds before the old one releases, so they stay across it)."""
+        with self._lock:
+            left = self._holders.get(model, 0) - 1
+            if left > 0:
+                self._holders[model] = left
+                return
+            self._holders.pop(model, None)
+            self._drop(model)
 
     def family(self, name: str, description: str, kind: str, model: str) -> None:
         """Make the family, or check that the one of that name has the same kind."""
@@ -120,15 +137,22 @@ class MetricStore:
     def update(self, name: str, key: Labels, how: str, amount: float) -> None:
         """Apply `how` (increment, set, observe) to the series."""
         with self._lock:
-            state = self._families[name].series[key]
+            state = self._series(name, key)
             _apply(state, how, float(amount))
             self._dirty[(name, key)] = state
 
     def value(self, name: str, key: Labels) -> float:
         """A counter's or gauge's value; a histogram's count of observations."""
         with self._lock:
-            state = self._families[name].series[key]
+            state = self._series(name, key)
             return float(state.count) if state.kind == HISTOGRAM else state.value
+
+    def _series(self, name: str, key: Labels) -> SeriesState:
+        family = self._families.get(name)
+        state = family.series.get(key) if family is not None else None
+        if state is None:  # kept by user code past its model's unload
+            raise MetricError(f"metric {name!r}{dict(key)}: its model was unloaded")
+        return state
 
     def take_changes(self) -> tuple[SeriesState, ...]:
         """Copies of the series changed since the last call (what a worker ships)."""
@@ -147,13 +171,13 @@ class MetricStore:
                 if family.kind == state.kind:
                     family.series[state.labels] = state
 
-    def drop(self, model: str) -> None:
-        """Forget the series `model` made, and its families left empty (at its unload)."""
-        with self._lock:
-            for name, family in list(self._families.items()):
-                family.series = {k: s for k, s in family.series.items() if s.model != model}
-                if not family.series and family.model == model:
-                    del self._families[name]
+    def _drop(self, model: str) -> None:
+        """Forget the series `model` made, and its families left empty (the lock is held)."""
+        for name, family in list(self._families.items()):
+            family.series = {k: s for k, s in family.series.items() if s.model != model}
+            if not family.series and family.model == model:
+                del self._families[name]
+        self._dirty = {k: s for k, s in self._dirty.items() if s.model != model}
 
     def snapshot(self) -> list[FamilyState]:
         """Copies of every family and its series (what a scrape reads)."""

@@ -74,14 +74,22 @@ class TritonRunner:
     def __init__(self, model: UserModel, instance: str = "") -> None:
         self.model = model
         pb.bind_model(model.name)  # custom metrics made in initialize count against it
-        self._user = user_class(model, "triton")()
+        metrics.STORE.hold(model.name)
+        try:
+            self._user = user_class(model, "triton")()
+            self._initialize(instance)
+        except BaseException:
+            metrics.STORE.release(model.name)
+            raise
         self._outputs = [s.name for s in model.outputs]
+
+    def _initialize(self, instance: str) -> None:
         initialize = getattr(self._user, "initialize", None)
         if initialize is not None:
             try:
-                _await(initialize(initialize_args(model, instance or f"{model.name}_0")))
+                _await(initialize(initialize_args(self.model, instance or f"{self.model.name}_0")))
             except Exception as exc:
-                raise failure(model, "initialize", exc) from None
+                raise failure(self.model, "initialize", exc) from None
 
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """`execute` on the batch's requests; one result per request, raises for user bugs."""
@@ -160,7 +168,7 @@ class TritonRunner:
                 _await(finalize())
             except Exception:
                 log.exception("model %r: finalize raised", self.model.name)
-        metrics.STORE.drop(self.model.name)
+        metrics.STORE.release(self.model.name)
 
 
 class _Deliver:

@@ -71,7 +71,12 @@ class WorkerRunner:
         self._worker_prefix = segments.scope_prefix(f"{scope}w")
         self._arena = t.Arena(segments.scope_prefix(f"{scope}s"))  # the tensors this side sends
         self._reader = t.Reader()  # the worker's
-        self._start()
+        metrics.STORE.hold(model.name)  # the worker's custom metrics join the server's
+        try:
+            self._start()
+        except BaseException:
+            metrics.STORE.release(model.name)
+            raise
         self._watchdog = threading.Thread(
             target=self._watch, name=f"{model.name}-watchdog", daemon=True
         )
@@ -244,7 +249,7 @@ class WorkerRunner:
             self._arena.close()
         finally:
             self._lock.release()
-            metrics.STORE.drop(self.model.name)
+            metrics.STORE.release(self.model.name)
 
     def _stop_worker(self) -> None:
         """Stop the worker (Stop, then a kill when it lingers) and sweep its segments."""
