@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.base import FailureReport
-from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable, known_names
+from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
 from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
@@ -28,7 +28,7 @@ from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion, next_serial
-from dlscale.serving.versions import resolve_version
+from dlscale.serving.versions import resolve_version, unknown_model
 from dlscale.serving.warmup import WarmupBatch, warmup_batches
 
 log = logging.getLogger("dlscale.models")
@@ -76,25 +76,11 @@ class ModelManager:
         """The served version a request goes to (the newest when `version` is empty)."""
         entry = self._entries.get(name)
         if entry is None:
-            raise self._unknown(name)
+            raise unknown_model(name, self.repository.names, self.ready_names())
         if entry.state is not ModelState.READY:
             detail = f": {entry.reason}" if entry.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
         return entry.versions[resolve_version(name, version, entry.versions)]
-
-    def _unknown(self, name: str) -> DlscaleError:
-        """A request for a model with no entry: in the repository but not loaded, or unknown
-        (with the closest name and the loaded ones)."""
-        try:
-            in_repository = name in self.repository.names()
-        except OSError:
-            in_repository = False
-        if in_repository:
-            return NotFound(
-                f"model {name!r} is in the repository but not loaded (load it: POST "
-                f"/v2/repository/models/{name}/load, or start the server with --load-model)"
-            )
-        return NotFound(f"unknown model {name!r}" + known_names(name, self.ready_names(), "loaded"))
 
     def entries(self) -> list[ModelEntry]:
         """Every model this manager knows of, in name order."""

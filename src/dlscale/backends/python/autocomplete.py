@@ -80,13 +80,13 @@ def _run(path: Path, given: str) -> dict[str, Any]:
 
 def _main(path: str) -> None:
     """The child: complete the config read from stdin with the model.py at `path`."""
-    from dlscale.backends.python import triton_python_backend_utils as pb
     from dlscale.backends.python.loader import load_module
+    from dlscale.backends.python.pb_config import ModelConfig
 
     module = load_module(Path(path), "autocomplete")
-    config = pb.ModelConfig(json.loads(sys.stdin.read()))
+    config = ModelConfig(json.loads(sys.stdin.read()))
     returned = getattr(module, CLASS).auto_complete_config(config)
-    if not isinstance(returned, pb.ModelConfig):
+    if not isinstance(returned, ModelConfig):
         raise SystemExit(f"it returned {type(returned).__name__}, not the ModelConfig it was given")
     sys.stdout.write("\n" + json.dumps(returned.as_dict()) + "\n")
 
