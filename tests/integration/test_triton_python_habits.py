@@ -168,6 +168,37 @@ class TritonPythonModel:
         return None
 """
 
+#: Decoupled BLS: exec(decoupled=True) to auto_stream, its responses summed and counted.
+BLS_STREAM = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            n = pb_utils.get_input_tensor_by_name(request, "N")
+            call = pb_utils.InferenceRequest(
+                model_name="auto_stream", requested_output_names=["I"], inputs=[n]
+            )
+            seen = []
+            for answer in call.exec(decoupled=True):
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+                out = pb_utils.get_output_tensor_by_name(answer, "I")
+                if out is not None:  # Triton's last response may be empty
+                    seen.append(int(out.as_numpy()[0]))
+            summary = np.array([sum(seen), len(seen)], np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", summary)]))
+        return responses
+"""
+BLS_STREAM_CONFIG = """
+backend: "python"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SEEN" data_type: TYPE_INT32 dims: [ 2 ] } ]
+"""
+
 #: A model whose initialize makes series until the bound stops it (a label per request id is
 #: the classic mistake); execute answers what the bound said.
 FLOOD = """
@@ -210,7 +241,8 @@ output [
 NAME_INPUT = ',\n  { name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }'
 THREAD = 'parameters { key: "DLSCALE_ISOLATION" value: { string_value: "thread" } }\n'
 STREAMED = 'parameters { key: "STREAMED" value: { string_value: "yes" } }\n'
-LOADED = ("add_sub", "bls_sync", "bls_streamed", "bls_async", "auto", "auto_stream", "flood")
+LOADED = ("add_sub", "bls_sync", "bls_streamed", "bls_async", "auto", "auto_stream", "flood",
+          "bls_stream", "bls_stream_inline")  # fmt: skip
 #: auto_complete_config that contradicts its config.pbtxt (max_batch_size 4 there, 8 in AUTO).
 CLASH_CONFIG = 'backend: "python"\nmax_batch_size: 4\n' + THREAD
 
@@ -236,6 +268,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     write_triton_python_model(root, "auto", AUTO, 'backend: "python"\n' + THREAD)
     write_triton_python_model(root, "auto_stream", AUTO_STREAM, 'backend: "python"\n' + THREAD)
     write_triton_python_model(root, "flood", FLOOD, FLOOD_CONFIG)
+    write_triton_python_model(root, "bls_stream", BLS_STREAM, BLS_STREAM_CONFIG)  # a worker
+    write_triton_python_model(root, "bls_stream_inline", BLS_STREAM, BLS_STREAM_CONFIG + THREAD)
     write_triton_python_model(root, "auto_clash", AUTO, CLASH_CONFIG)
     with serving(root, load_models=LOADED, metrics_port=0) as running:
         yield running
@@ -381,3 +415,13 @@ def test_a_model_cannot_grow_metrics_past_its_bound(
     assert _flood_series(server) == 1000
     grpc.unload_model("flood")  # the last copy: its series leave /metrics
     assert _flood_series(server) == 0
+
+
+@pytest.mark.parametrize("model", ["bls_stream", "bls_stream_inline"])
+def test_decoupled_bls_iterates_a_streaming_models_responses(
+    grpc: tg.InferenceServerClient, model: str
+) -> None:
+    n = tg.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([4], np.int32))
+    total, count = grpc.infer(model, [n]).as_numpy("SEEN")
+    assert (total, count) == (0 + 1 + 2 + 3, 4)

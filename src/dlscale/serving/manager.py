@@ -17,7 +17,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
-from dlscale.serving.caller import InferCall, ServerCaller
+from dlscale.serving.caller import InferCall, ServerCaller, StreamCall
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
@@ -63,6 +63,7 @@ class ModelManager:
         self.required: set[str] = set()
         #: The inference path models call other models through; the DataPlane sets it.
         self.calls: InferCall | None = None
+        self.streams: StreamCall | None = None  # and those that stream (the DataPlane's)
         self._failing: set[asyncio.Task[None]] = set()  # backends' deaths being handled
 
     @classmethod
@@ -321,6 +322,11 @@ class ModelManager:
         stats = ModelStats(mv.name, str(mv.version))
         return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
 
+    def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
+        """How a version's models call models (BLS): the server's paths, on the running loop."""
+        loop = asyncio.get_running_loop()
+        return ServerCaller(lambda: self.calls, loop, called, lambda: self.streams)
+
     async def _load_version(self, mv: ModelVersion) -> ServedVersion:
         config = mv.config
         if config.is_pipeline:
@@ -348,7 +354,7 @@ class ModelManager:
                     inputs=tuple(config.tensor_specs("inputs") or ()),
                     outputs=tuple(config.tensor_specs("outputs") or ()),
                     # Read by backends whose models call models (Capabilities.calls_models).
-                    caller=ServerCaller(lambda: self.calls, asyncio.get_running_loop(), called),
+                    caller=self._caller(called),
                     report_failure=self._reporter(mv.name, serial),
                 )
                 for i in range(group.count):

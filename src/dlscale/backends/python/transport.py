@@ -213,20 +213,24 @@ class Failed:
 
 @dataclass(frozen=True)
 class Call:
-    """A BLS call from user code: the request without its inputs, which are packed."""
+    """A BLS call from user code: the request without its inputs, which are packed; `stream`:
+    every response of the model is wanted (Triton's `exec(decoupled=True)`)."""
 
     request: InferenceRequest
     inputs: Packed
     metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
+    stream: bool = False
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The server's answer to a Call: the response without its outputs, or the error."""
+    """The server's answer to a Call: the response without its outputs, or the error; a
+    streamed call's responses (`more`, outputs packed in their order)."""
 
     response: InferenceResponse | None
     outputs: Packed | None = None
     error: ErrorInfo | None = None
+    more: tuple[InferenceResponse, ...] = ()
 
 
 @dataclass(frozen=True)

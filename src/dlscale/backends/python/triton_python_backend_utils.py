@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from dlscale.backends.base import ModelCaller
 from dlscale.backends.python import custom_metrics as metrics
+from dlscale.backends.python.binding import bind_caller as bind_caller  # the backend's
+from dlscale.backends.python.binding import bind_model as bind_model
+from dlscale.backends.python.binding import current_caller, current_model
 from dlscale.backends.python.pb_config import ModelConfig as ModelConfig  # Triton's name
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.types import Datatype, RequestedOutput
@@ -242,10 +243,20 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> Any:
         """Call the model named in this request on the same server and wait for its answer;
-        `decoupled=True`: an iterator of its responses (here one: models that stream their
-        answers cannot be called by BLS yet, docs/backends.md)."""
-        response = self._call()
-        return iter([response]) if decoupled else response
+        `decoupled=True`: an iterator of its responses as they come (one, from a model that
+        does not stream)."""
+        return self._stream() if decoupled else self._call()
+
+    def _stream(self) -> Iterator[InferenceResponse]:
+        caller = current_caller()
+        if caller is None:
+            yield InferenceResponse(error=TritonError("BLS is available only inside execute"))
+            return
+        try:
+            for answer in caller.stream(self._core_request()):
+                yield InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
+        except DlscaleError as exc:
+            yield InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
 
     def _call(self) -> InferenceResponse:
         caller = current_caller()
@@ -417,34 +428,3 @@ def _metric_call(method: Callable[..., Any], *args: Any) -> Any:
         return method(*args)
     except (metrics.MetricError, TypeError, ValueError) as exc:
         raise TritonModelException(str(exc)) from None
-
-
-# -- the caller BLS goes through ------------------------------------------------------------------
-
-_bound = threading.local()
-_fallback: list[ModelCaller] = []  # the last caller bound: for threads user code starts itself
-_models: list[str] = []  # the last model bound: for threads user code starts itself
-
-
-def bind_model(name: str) -> None:
-    """Say which model the code this thread runs is (custom metrics count against it)."""
-    _bound.model = name
-    _models[:] = [name]
-
-
-def current_model() -> str:
-    """The model bound to this thread, else the last one bound."""
-    return str(getattr(_bound, "model", None) or (_models[0] if _models else ""))
-
-
-def bind_caller(caller: ModelCaller | None) -> None:
-    """Let BLS calls made in this thread (and, failing that, in any thread) use `caller`."""
-    _bound.caller = caller
-    if caller is not None:
-        _fallback[:] = [caller]
-
-
-def current_caller() -> ModelCaller | None:
-    """The caller bound to this thread, else the last one bound, else None."""
-    caller: ModelCaller | None = getattr(_bound, "caller", None)
-    return caller or (_fallback[0] if _fallback else None)

@@ -12,11 +12,12 @@ the owner sweeps what a dead worker left in shared memory (its names' prefix).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -38,6 +39,8 @@ log = logging.getLogger("dlscale.python")
 #: How often an unload waiting for a running batch kills the worker again (a restart may
 #: have started a new one meanwhile).
 KILL_POLL_S = 0.5
+#: The most responses a streamed BLS call (`exec(decoupled=True)`) returns to a worker.
+MAX_STREAMED = 4096
 #: How long a worker asked to stop may take to run the model's finalize before it is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -189,12 +192,28 @@ class WorkerRunner:
         request = call.request
         request.inputs = inputs
         try:
+            if call.stream:
+                return self._streamed(self.caller, request)
             response = self.caller.infer(request)
         except DlscaleError as exc:
             return t.Answer(None, error=t.ErrorInfo.of(exc))
         outputs = self._arena.pack([response.outputs])
         response.outputs = {}
         return t.Answer(response, outputs)
+
+    def _streamed(self, caller: ModelCaller, request: InferenceRequest) -> t.Answer:
+        """A streamed call's responses, all of them in one answer (a worker takes one message
+        per call), at most MAX_STREAMED of them."""
+        responses = list(itertools.islice(caller.stream(request), MAX_STREAMED + 1))
+        if len(responses) > MAX_STREAMED:
+            raise Unavailable(
+                f"model {request.model_name!r} streamed more than {MAX_STREAMED} responses to a "
+                'model in a worker process; run the caller with isolation "thread"'
+            )
+        outputs = self._arena.pack([r.outputs for r in responses])
+        for r in responses:
+            r.outputs = {}
+        return t.Answer(None, outputs, more=tuple(responses))
 
     def _watch(self) -> None:
         """Restart the worker each time it dies, until the model unloads."""
@@ -308,14 +327,28 @@ class _PipeCaller:
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:
         with self._lock:  # one call at a time: the arena and the pipe are shared
-            packed = self._arena.pack([request.inputs])
-            request.inputs = {}
-            self._conn.send(t.Call(request, packed, metrics.STORE.take_changes()))
-            answer: t.Answer = self._conn.recv()
-            if answer.error is not None or answer.response is None or answer.outputs is None:
-                raise (answer.error or t.ErrorInfo("BackendError", "no answer")).error()
+            answer = self._call(request, stream=False)
+            if answer.response is None or answer.outputs is None:
+                raise BackendError("no answer")
             answer.response.outputs = self._reader.unpack(answer.outputs)[0]
         return answer.response
+
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
+        with self._lock:
+            answer = self._call(request, stream=True)
+            outputs = self._reader.unpack(answer.outputs) if answer.outputs else []
+        for response, arrays in zip(answer.more, outputs, strict=True):
+            response.outputs = arrays
+        return iter(answer.more)
+
+    def _call(self, request: InferenceRequest, stream: bool) -> t.Answer:
+        packed = self._arena.pack([request.inputs])
+        request.inputs = {}
+        self._conn.send(t.Call(request, packed, metrics.STORE.take_changes(), stream))
+        answer: t.Answer = self._conn.recv()
+        if answer.error is not None:
+            raise answer.error.error()
+        return answer
 
 
 def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
