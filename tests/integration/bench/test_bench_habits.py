@@ -41,6 +41,7 @@ def test_without_the_key_the_bench_says_how_to_pass_it(server: LocalServer, tmp_
     code, said = _bench(server, tmp_path / "none")
     assert code == 1, said
     assert "HTTP 401" in said and "pass --api-key KEY, or set OPENAI_API_KEY" in said
+    assert "no Authorization header was sent" in said  # missing, told apart from wrong
     assert "Traceback" not in said
     code, said = _bench(server, tmp_path / "wrong", "--api-key", "sk-guess")
     assert code == 1, said
