@@ -332,6 +332,11 @@ def test_unknown_names_get_the_closest_and_the_list(
         with pytest.raises(InferenceServerException) as wrong_input:
             client.infer("add_sub", misspelt)
         assert "sent 'INPUT_1' (did you mean 'INPUT1'?)" in str(wrong_input.value)
+    with pytest.raises(InferenceServerException) as load:
+        grpc.load_model("add_sbu")
+    assert "no model 'add_sbu' in the repository (did you mean 'add_sub'? it has:" in str(
+        load.value
+    )
     url = f"http://{server.http_url}/v2/models/add_sbu/infer"
     assert httpx.post(url, json={"inputs": []}).status_code == 404
 
