@@ -27,8 +27,9 @@ def _say(message: str) -> None:
 
 #: What `models check` without --load checks, and what it leaves to --load (said after the list).
 CHECKED = (
-    "checked without loading: each config, its version folders and model files, and a Python "
-    "model.py's syntax, model class and top-level imports"
+    "checked without loading: each config (completed by a Triton model.py's "
+    "auto_complete_config, run in a child process), its version folders and model files, and a "
+    "Python model.py's syntax, model class and top-level imports"
 )
 NOT_CHECKED = (
     "not checked: that each runtime loads its model, that the tensors match the file, what a "
