@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Iterable
 from typing import ClassVar
 
 #: An absolute POSIX path not inside a URL or a longer word: '/' and what follows to a delimiter.
@@ -170,3 +171,27 @@ class PlanError(DlscaleError):
 
 class OptimizeError(DlscaleError):
     """An optimization that cannot run (no data to check accuracy on, a bad tolerance)."""
+
+
+#: How many known names an error lists (a repository may hold thousands).
+LISTED_NAMES = 20
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name `name` most resembles (a misspelling's target), or None."""
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return close[0] if close else None
+
+
+def known_names(name: str, known: Iterable[str], what: str) -> str:
+    """' (did you mean 'x'? <what>: a, b, ...)' for an unknown `name`: the closest match, then
+    the known names, at most LISTED_NAMES of them (the count of the rest said)."""
+    names = sorted(known)
+    match = closest(name, names)
+    hint = f"did you mean {match!r}? " if match else ""
+    shown = ", ".join(repr(n) for n in names[:LISTED_NAMES])
+    rest = f", and {len(names) - LISTED_NAMES} more" if len(names) > LISTED_NAMES else ""
+    listed = f"{what}: {shown}{rest}" if names else f"no {what}"
+    return f" ({hint}{listed})"

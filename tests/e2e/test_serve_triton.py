@@ -27,7 +27,7 @@ def test_a_triton_command_line_serves(repo: Path) -> None:
     triton = [
         f"--model-repository={repo}", "--model-control-mode=explicit", "--load-model=second",
         "--strict-readiness=true", "--exit-on-error=false", "--exit-timeout-secs=5",
-        "--log-verbose=1", "--allow-grpc=true",
+        "--log-verbose=1", "--allow-grpc=true", "--strict-model-config=false",
     ]  # fmt: skip
     with served(None, *triton) as server:
         client = httpclient.InferenceServerClient(server.http_url)
@@ -70,3 +70,10 @@ def test_a_triton_flag_dlscale_lacks_names_its_equivalent(
     flag = triton[0].split("=")[0]
     assert f"{flag} is Triton's flag, which dlscale does not have" in done.stderr
     assert advice in done.stderr and "Traceback" not in done.stderr
+
+
+def test_strict_model_config_true_is_refused_with_the_reason(repo: Path) -> None:
+    done = run_cli("serve", str(repo), "--strict-model-config=true", timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--strict-model-config=true is not offered by dlscale" in done.stderr
+    assert "always completed from the model file" in done.stderr

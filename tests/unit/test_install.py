@@ -46,3 +46,18 @@ def test_make_demo_installs_the_client_the_readme_snippet_imports(tmp_path: Path
     client = extras["optional-dependencies"]["client"]
     assert any(req.startswith("tritonclient[http,grpc]") for req in client)
     assert "tritonclient.http" in (ROOT / "README.md").read_text()
+
+
+def test_make_demo_installs_openai_and_the_readme_names_the_llm_extra(tmp_path: Path) -> None:
+    # The README's tour imports `openai` and builds llama-tiny: the first comes with `make
+    # demo` (the [client] extra), the second needs [llm], which the README says how to install.
+    assert "-e '.[torch,client]'" in _demo_steps(tmp_path, "cpu")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(req.startswith("openai") for req in extras["optional-dependencies"]["client"])
+    readme = (ROOT / "README.md").read_text()
+    assert "from openai import OpenAI" in readme
+    tour = readme[readme.index("--models llama-tiny") - 400 :]
+    assert "pip install -e '.[llm]'" in tour
+    bench = next(ln for ln in readme.splitlines() if "--tokenizer models/llama-tiny/1" in ln)
+    following = readme.splitlines()[readme.splitlines().index(bench) + 1]
+    assert "--api-key KEY" in bench + following  # the server of the line above has a key

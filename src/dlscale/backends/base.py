@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -19,6 +19,10 @@ class ModelCaller(Protocol):
     the event loop; the serving core implements it (serving/manager.py)."""
 
     def infer(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
+        """The responses of a model that streams, as they come (Triton's decoupled BLS)."""
+        ...
 
 
 #: How a backend says that it can no longer serve (its engine's thread died): the reason, in

@@ -97,3 +97,73 @@ class Steps:
             elapsed = time.perf_counter() - self._start
             self.stream.write(f"[{elapsed:7.1f} s] {message}\n")
             self.stream.flush()
+
+
+class Countdown:
+    """A load point's requests as they end, with an ETA, on stderr while the point lasts (a
+    context manager): a generative point may take minutes, and must not pass in silence.
+
+    A line every `interval_s` (live on a terminal: rewritten), and one when the point ends.
+    `done()` is called as each request ends, from any thread.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        stream: TextIO | None = None,
+        interval_s: float | None = None,
+    ) -> None:
+        self.label = label
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.interval_s = interval_s if interval_s is not None else (1.0 if self.live else 10.0)
+        self.finished = 0
+        self.failed = 0
+        self._start = time.perf_counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-countdown", daemon=True)
+
+    def done(self, ok: bool = True) -> None:
+        """One request ended (`ok`: it streamed an answer)."""
+        with self._lock:
+            self.finished += 1
+            self.failed += 0 if ok else 1
+
+    def line(self) -> str:
+        """Where the point stands: requests ended of all, failures, elapsed, ETA."""
+        with self._lock:
+            finished, failed = self.finished, self.failed
+        elapsed = time.perf_counter() - self._start
+        left = self.total - finished
+        eta = f"ETA {elapsed / finished * left:.0f} s" if finished else "ETA -"
+        failures = f", {failed} failed" if failed else ""
+        return f"{self.label}: {finished}/{self.total} requests{failures}, {elapsed:.0f} s, {eta}"
+
+    def __enter__(self) -> Countdown:
+        self._start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._write(self.line(), final=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._write(self.line())
+
+    def _write(self, line: str, final: bool = False) -> None:
+        if self.live:
+            self.stream.write("\r\x1b[2K" + line + ("\n" if final else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()

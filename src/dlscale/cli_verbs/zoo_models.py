@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 from dlscale.cli_verbs import LazyHandler, SubParsers
 
@@ -38,8 +40,11 @@ def add_verbs(sub: SubParsers) -> None:
         "convert", help="write config.toml for models configured by config.pbtxt or MLServer"
     )
     convert.add_argument("dir", type=Path, help="model repository")
-    convert.add_argument("models", nargs="*", help="model names (default: every model)")
     convert.add_argument("--dry-run", action="store_true", help="print the TOML, write nothing")
+    convert.add_argument(
+        "models", nargs=argparse.REMAINDER, action=_NamesAndFlags, metavar="MODEL",
+        help="model names (default: every model); --dry-run may come before or after them",
+    )  # fmt: skip
     convert.set_defaults(func=LazyHandler("dlscale.models.commands", "models_convert"))
 
     run = sub.add_parser("run", help="in-process latency and throughput of one model")
@@ -48,6 +53,24 @@ def add_verbs(sub: SubParsers) -> None:
     run.add_argument("--batch", type=int, default=32, help="batch size for throughput")
     run.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
     run.set_defaults(func=LazyHandler("dlscale.models.commands", "run"))
+
+
+class _NamesAndFlags(argparse.Action):
+    """Model names with --dry-run anywhere among them: argparse alone takes a flag only before
+    a list of names (`convert REPO --dry-run a b` would refuse a and b)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
+        if {"-h", "--help"} & set(values):
+            parser.print_help()
+            parser.exit()
+        rest = argparse.ArgumentParser(prog=parser.prog, add_help=False)
+        rest.add_argument("models", nargs="*")
+        rest.add_argument("--dry-run", action="store_true")
+        parsed, unknown = rest.parse_known_intermixed_args(values)
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        namespace.models = parsed.models
+        namespace.dry_run = bool(getattr(namespace, "dry_run", False) or parsed.dry_run)
 
 
 def add_demo(sub: SubParsers) -> None:

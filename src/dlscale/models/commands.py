@@ -25,28 +25,53 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
+#: What `models check` without --load checks, and what it leaves to --load (said after the list).
+CHECKED = (
+    "checked without loading: each config (completed by a Triton model.py's "
+    "auto_complete_config, run in a child process), its version folders and model files, and a "
+    "Python model.py's syntax, model class and top-level imports"
+)
+NOT_CHECKED = (
+    "not checked: that each runtime loads its model, that the tensors match the file, what a "
+    "model.py does when run (add --load to check these)"
+)
+
+
 def models_check(args: argparse.Namespace) -> int:
     """`dlscale models check`: each model's config and files, and with --load its runtime."""
     repo = ModelRepository(args.dir)
     failed = 0
     for result in repo.check():
         error = result.error
-        if error is None and args.load:
-            try:
-                for mv in repo.versions(result.name):
-                    if mv.config.is_pipeline:  # no runtime of its own: its steps are checked
-                        continue
-                    backend = load_for_run(mv)
-                    reconcile(mv.config, backend.inputs, backend.outputs, mv.source)
-                    backend.unload()
-            except DlscaleError as exc:
-                error = str(exc)
+        if error is None:
+            error = _checked(repo, result.name, args.load)
         if error is None:
             print(f"ok     {result.name} (versions {list(result.versions)})")
         else:
             failed += 1
             print(f"FAILED {result.name}: {error}")
+    if not args.load:
+        print(f"\n{CHECKED};\n{NOT_CHECKED}.")
     return 1 if failed else 0
+
+
+def _checked(repo: ModelRepository, name: str, load: bool) -> str | None:
+    """What stops the model's versions: their code (always), their runtimes (with `load`)."""
+    try:
+        for mv in repo.versions(name):
+            if mv.config.is_pipeline:  # no runtime of its own: its steps are checked
+                continue
+            if mv.config.backend == "python":
+                from dlscale.backends.python.loader import check_code
+
+                check_code(mv.model_file)
+            if load:
+                backend = load_for_run(mv)
+                reconcile(mv.config, backend.inputs, backend.outputs, mv.source)
+                backend.unload()
+    except DlscaleError as exc:
+        return str(exc)
+    return None
 
 
 def models_convert(args: argparse.Namespace) -> int:

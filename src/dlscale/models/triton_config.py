@@ -15,6 +15,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.message import Message
 
 from dlscale.backends import RUNTIMES
+from dlscale.backends.python.autocomplete import auto_complete, defines_auto_complete
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, parse_config
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
@@ -81,8 +82,34 @@ def parse_json(text: str | bytes, source: str) -> Any:
 
 
 def load_pbtxt(path: Path, expected_name: str) -> tuple[ModelConfig, tuple[str, ...]]:
-    """Read REPO/<model>/config.pbtxt as dlscale's config, and the fields it leaves aside."""
-    return convert(parse_pbtxt(path.read_text(), path), expected_name, path)
+    """Read REPO/<model>/config.pbtxt as dlscale's config, and the fields it leaves aside; a
+    Python model's `auto_complete_config` completes it first, as in Triton."""
+    message = auto_completed(parse_pbtxt(path.read_text(), path), path.parent)
+    return convert(message, expected_name, path)
+
+
+def auto_completed(message: Any, folder: Path) -> Any:
+    """The message as the model's `auto_complete_config` completes it (backends/python/
+    autocomplete.py), or as it is when the model is not Python or defines none."""
+    if message.backend != "python":
+        return message
+    code = _newest(folder, message.default_model_filename or "model.py")
+    if code is None or not defines_auto_complete(code):
+        return message
+    given = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    for tensor in (*given.get("input", ()), *given.get("output", ())):
+        tensor["dims"] = [int(d) for d in tensor.get("dims", ())]  # int64s print as strings
+    try:
+        return json_format.ParseDict(auto_complete(code, given), pb.ModelConfig())
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{code}: auto_complete_config made an invalid config: {exc}") from None
+
+
+def _newest(folder: Path, file_name: str) -> Path | None:
+    """The file in the newest version folder that has it."""
+    versions = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
+                      key=lambda p: int(p.name), reverse=True)  # fmt: skip
+    return next((v / file_name for v in versions if (v / file_name).is_file()), None)
 
 
 def convert(

@@ -20,7 +20,14 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from dlscale import __version__
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.errors import (
+    DlscaleError,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    Unsupported,
+    known_names,
+)
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
 from dlscale.scale.calls import remote_call, remote_stream
@@ -187,7 +194,8 @@ class Router:
         """The route and served version a request goes to (the newest when `version` is empty)."""
         route = self._routes.get(name)
         if route is None:
-            raise NotFound(f"unknown model {name!r}")
+            ready = [n for n, r in self._routes.items() if r.state is ModelState.READY]
+            raise NotFound(f"unknown model {name!r}" + known_names(name, ready, "loaded"))
         if route.state is not ModelState.READY or route.view is None:
             detail = f": {route.reason}" if route.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({route.state.value}{detail})")

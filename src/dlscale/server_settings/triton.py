@@ -42,6 +42,19 @@ class _Refuse(argparse.Action):
         parser.error(f"{option} is Triton's flag, which dlscale does not have: {self.advice}")
 
 
+class _AcceptFalse(_Refuse):
+    """A Triton flag whose `false` is what dlscale always does (accepted, nothing to set);
+    its `true` asks for what dlscale does not do (refused, with the advice)."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: str | None = None) -> None:
+        try:
+            asked = boolean("true" if value is None else str(value))
+        except (ValueError, argparse.ArgumentTypeError):
+            parser.error(f"argument {option}: invalid value {value!r} (expected true or false)")
+        if asked:
+            parser.error(f"{option}=true is not offered by dlscale: {self.advice}")
+
+
 def _verbose(text: str) -> str:
     return "DEBUG" if int(text) > 0 else "INFO"
 
@@ -62,6 +75,14 @@ TRITON_TRANSLATED: dict[str, tuple[str, Callable[[str], Any], str]] = {
 
 _TLS = "--tls-cert, --tls-key and --tls-client-ca (TLS for REST and gRPC together)"
 _ADDRESS = "--host (one address for REST, gRPC and metrics)"
+#: Triton flags whose `false` is dlscale's behaviour -> why their `true` is refused.
+TRITON_FALSE_ONLY: dict[str, str] = {
+    "--strict-model-config": (
+        "configs are always completed from the model file (ONNX signatures, a Python model's "
+        "auto_complete_config); `dlscale models check` shows the completed configs"
+    ),
+}
+
 #: Triton flags dlscale lacks -> what to use instead (or why there is nothing to set).
 TRITON_REFUSED: dict[str, str] = {
     "--http-address": _ADDRESS,
@@ -79,7 +100,6 @@ TRITON_REFUSED: dict[str, str] = {
     "--rate-limit": "a [qos] table in each model's config.toml (docs/qos.md)",
     "--backend-config": "the parameters of each model's config.toml or config.pbtxt",
     "--backend-directory": "none: runtimes are Python packages (dlscale.backends)",
-    "--strict-model-config": "none: configs are completed from the model (dlscale models check)",
     "--disable-auto-complete-config": "none: configs are completed from the model",
     "--model-load-thread-count": "none: models load in parallel, each off the event loop",
     "--pinned-memory-pool-byte-size": "none: buffers are page-locked as needed on a CUDA host",
@@ -146,5 +166,7 @@ def add_triton_flags(serve: argparse.ArgumentParser) -> None:
         help="Triton's trace settings: mode=triton|opentelemetry, level=, rate=, count=, "
         "triton,file=PATH, opentelemetry,url=URL (repeat the flag)",
     )  # fmt: skip
+    for flag, advice in TRITON_FALSE_ONLY.items():
+        serve.add_argument(flag, dest=f"triton_{flag[2:]}", action=_AcceptFalse, advice=advice)
     for flag, advice in TRITON_REFUSED.items():
         serve.add_argument(flag, dest=f"triton_{flag[2:]}", action=_Refuse, advice=advice)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
+import queue
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, cast
 
-from dlscale.errors import Unavailable
+from dlscale.errors import BackendError, DlscaleError, Unavailable
 from dlscale.types import InferenceRequest, InferenceResponse
 
 #: The inference path models call other models through (the DataPlane's `infer`).
 InferCall = Callable[[InferenceRequest], Coroutine[Any, Any, InferenceResponse]]
+#: The path of models that stream their answers (the DataPlane's `stream`).
+StreamCall = Callable[[InferenceRequest], AsyncIterator[InferenceResponse]]
+#: Responses of a called stream that may wait for the calling thread to take them.
+STREAM_BUFFER = 64
+_END = object()
 
 
 class ServerCaller:
@@ -24,8 +30,10 @@ class ServerCaller:
         path: Callable[[], InferCall | None],
         loop: asyncio.AbstractEventLoop,
         called: set[tuple[str, str]],
+        streams: Callable[[], StreamCall | None] = lambda: None,
     ) -> None:
         self._path = path
+        self._streams = streams
         self._loop = loop
         self._called = called
 
@@ -34,6 +42,41 @@ class ServerCaller:
         call = self._path()
         if call is None:
             raise Unavailable("this server has no inference path for models to call")
+        self._check_thread(request)
+        return asyncio.run_coroutine_threadsafe(call(request), self._loop).result()
+
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
+        """The responses of a model that streams, as it sends them (Triton's
+        `exec(decoupled=True)`); leaving the iterator early ends the called stream."""
+        call = self._streams()
+        if call is None:
+            raise Unavailable("this server has no stream path for models to call")
+        self._check_thread(request)
+        handed: queue.Queue[object] = queue.Queue(STREAM_BUFFER)
+
+        async def pump() -> None:
+            end: object = _END
+            try:
+                async for response in call(request):
+                    await asyncio.to_thread(handed.put, response)  # waits for the taker
+            except DlscaleError as exc:
+                end = exc
+            except Exception as exc:  # the taker must hear of any end
+                end = BackendError(f"the stream of model {request.model_name!r} failed: {exc}")
+            await asyncio.to_thread(handed.put, end)
+
+        running = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := handed.get()) is not _END:
+                if isinstance(item, DlscaleError):
+                    raise item
+                yield cast(InferenceResponse, item)
+        finally:
+            running.cancel()  # the caller left early: the called stream is closed
+            while not handed.empty():  # frees a put waiting for room, so its thread ends
+                handed.get_nowait()
+
+    def _check_thread(self, request: InferenceRequest) -> None:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -42,4 +85,3 @@ class ServerCaller:
             raise Unavailable("a model called another from the event loop; call from a thread")
         # Noted before the call: an answer computed from it is never keyed without it.
         self._called.add((request.model_name, request.model_version))
-        return asyncio.run_coroutine_threadsafe(call(request), self._loop).result()

@@ -71,6 +71,7 @@ class DataPlane:
     ) -> None:
         self.manager = manager
         manager.calls = self.infer  # models that call models (BLS) go through this path
+        manager.streams = self._answers  # and this one, for Triton's decoupled BLS
         self.strict_readiness = strict_readiness
         #: Answers of models whose config enables the response cache (None: no cache).
         self.cache = cache
@@ -229,6 +230,16 @@ class DataPlane:
                 yield response
         finally:
             await aclose(responses)
+
+    async def _answers(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """Every response of the model: its stream, or its one answer (what a model's
+        `exec(decoupled=True)` iterates, whichever kind it calls)."""
+        served = self.manager.get(request.model_name, request.model_version)
+        if served.runner.kind.streams:
+            async for response in self.stream(request):
+                yield response
+        else:
+            yield await self.infer(request)
 
     async def _serve(self, request: InferenceRequest, on_device: bool = False) -> InferenceResponse:
         """`infer` past the shutdown check: a pipeline admitted before shutdown runs its steps.

@@ -17,7 +17,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
-from dlscale.serving.caller import InferCall, ServerCaller
+from dlscale.serving.caller import InferCall, ServerCaller, StreamCall
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
@@ -28,7 +28,7 @@ from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion, next_serial
-from dlscale.serving.versions import resolve_version
+from dlscale.serving.versions import resolve_version, unknown_model
 from dlscale.serving.warmup import WarmupBatch, warmup_batches
 
 log = logging.getLogger("dlscale.models")
@@ -63,6 +63,7 @@ class ModelManager:
         self.required: set[str] = set()
         #: The inference path models call other models through; the DataPlane sets it.
         self.calls: InferCall | None = None
+        self.streams: StreamCall | None = None  # and those that stream (the DataPlane's)
         self._failing: set[asyncio.Task[None]] = set()  # backends' deaths being handled
 
     @classmethod
@@ -76,7 +77,7 @@ class ModelManager:
         """The served version a request goes to (the newest when `version` is empty)."""
         entry = self._entries.get(name)
         if entry is None:
-            raise NotFound(f"unknown model {name!r}")
+            raise unknown_model(name, self.repository.names, self.ready_names())
         if entry.state is not ModelState.READY:
             detail = f": {entry.reason}" if entry.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
@@ -321,6 +322,11 @@ class ModelManager:
         stats = ModelStats(mv.name, str(mv.version))
         return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
 
+    def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
+        """How a version's models call models (BLS): the server's paths, on the running loop."""
+        loop = asyncio.get_running_loop()
+        return ServerCaller(lambda: self.calls, loop, called, lambda: self.streams)
+
     async def _load_version(self, mv: ModelVersion) -> ServedVersion:
         config = mv.config
         if config.is_pipeline:
@@ -348,7 +354,7 @@ class ModelManager:
                     inputs=tuple(config.tensor_specs("inputs") or ()),
                     outputs=tuple(config.tensor_specs("outputs") or ()),
                     # Read by backends whose models call models (Capabilities.calls_models).
-                    caller=ServerCaller(lambda: self.calls, asyncio.get_running_loop(), called),
+                    caller=self._caller(called),
                     report_failure=self._reporter(mv.name, serial),
                 )
                 for i in range(group.count):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlscale.errors import InvalidInput
+from dlscale.errors import InvalidInput, closest, known_names
 from dlscale.serving.classification import class_count
 from dlscale.serving.manager import ServedVersion
 from dlscale.types import Datatype, InferenceRequest, Parameters, TensorSpec
@@ -16,14 +16,18 @@ def validate(served: ServedVersion, request: InferenceRequest) -> dict[str, int]
     model = served.version.name
     expected = {s.name: s for s in served.inputs}
     missing = [n for n in expected if n not in request.inputs]
+    extra = [n for n in request.inputs if n not in expected]
     if missing:
+        # A misspelt name is both missing and extra: say which of the missing it resembles.
+        match = closest(extra[0], missing) if extra else None
         raise InvalidInput(
             f"model {model!r} expects inputs {sorted(expected)}; the request lacks {missing}"
+            + (f" and sent {extra[0]!r} (did you mean {match!r}?)" if match else "")
         )
-    extra = [n for n in request.inputs if n not in expected]
     if extra:
         raise InvalidInput(
-            f"unexpected inputs {extra} for model {model!r} (it takes {sorted(expected)})"
+            f"unexpected inputs {extra} for model {model!r}"
+            + known_names(extra[0], list(expected), "it takes")
         )
     for name, array in request.inputs.items():
         _check_input(model, expected[name], array)
@@ -35,7 +39,8 @@ def validate(served: ServedVersion, request: InferenceRequest) -> dict[str, int]
     unknown = [o.name for o in request.outputs if o.name not in names]
     if unknown:
         raise InvalidInput(
-            f"unknown outputs {unknown} requested from model {model!r} (it has {names})"
+            f"unknown outputs {unknown} requested from model {model!r}"
+            + known_names(unknown[0], names, "it has")
         )
     return {o.name: class_count(o) for o in request.outputs}
 

@@ -85,6 +85,8 @@ def test_lookups_fail_as_on_one_host(router: Router) -> None:
     router._routes["a"].describe(_view("a", single=False))
     with pytest.raises(NotFound, match="unknown model 'zzz'"):
         router.model_config("zzz")
+    with pytest.raises(NotFound, match=r"unknown model 'aa' \(did you mean 'a'\? loaded: 'a'\)"):
+        router.model_config("aa")
     with pytest.raises(NotFound, match="no version '7'"):
         router.model_config("a", "7")
     with pytest.raises(InvalidInput, match="one input"):

@@ -22,6 +22,7 @@ import torch
 
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative.contract import INPUTS, OUTPUTS, EngineStats, join
+from dlscale.backends.generative.quiet import third_party_to_file
 from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
 from dlscale.backends.generative.transformers_request import Bounds, Job, Parts, prepare
 from dlscale.errors import ConfigError, Unavailable
@@ -47,8 +48,10 @@ class TransformersBackend:
             # Process-wide in PyTorch: the engine's thread computes with this many.
             torch.set_num_threads(self.options.intra_op_threads)
         folder = self.path.parent if self.path.is_file() else self.path
+        model = folder.parent.name if folder.name.isdigit() else folder.name
         try:
-            self._engine = Engine(folder, self.settings, self.options.report_failure)
+            with third_party_to_file(model):
+                self._engine = Engine(folder, self.settings, self.options.report_failure)
         except Exception as exc:  # transformers raises many kinds for a folder it cannot read
             raise ConfigError(f"transformers backend cannot load {folder.name}: {exc}") from exc
 

@@ -90,6 +90,37 @@ def api_of(path: Path) -> Api:
     )
 
 
+def check_code(path: Path) -> None:
+    """What can be known of a model.py without running it: it compiles, defines a model class,
+    and each module it imports at its top level is installed (found, not imported)."""
+    api_of(path)
+    source = path.read_text()
+    try:
+        compile(source, str(path), "exec")  # compiled, not run: errors ast.parse lets through
+    except (SyntaxError, ValueError) as exc:
+        raise ConfigError(f"{path}: does not compile: {exc}") from None
+    tree = ast.parse(source, str(path))
+    for name in sorted(_top_imports(tree)):
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ConfigError(f"{path}: imports {name!r}, which is not installed here")
+
+
+def _top_imports(tree: ast.Module) -> set[str]:
+    """The packages the module's own body imports (absolute imports, not those in functions or
+    in try blocks, which may be optional), pb_utils aside."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(a.name.partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names - {PB_UTILS}
+
+
 def install_pb_utils() -> None:
     """Make `import triton_python_backend_utils` give dlscale's module (a name in sys.modules,
     nothing written to site-packages); the first user model's load does it, once."""
@@ -98,10 +129,22 @@ def install_pb_utils() -> None:
 
 def user_class(model: UserModel, api: Api) -> type[Any]:
     """Import the model.py (under a name of its own) and return its model class."""
-    install_pb_utils()
     path = model.path
+    try:
+        module = load_module(path, model.name)
+    except Exception as exc:
+        raise failure(model, "importing model.py", exc) from None
+    cls = getattr(module, TRITON_CLASS if api == "triton" else NATIVE_CLASS)
+    if not isinstance(cls, type):
+        raise ConfigError(f"{path}: {cls!r} is not a class")
+    return cls
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import the model.py at `path` under a module name of its own (raises what it raises)."""
+    install_pb_utils()
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    module_name = f"dlscale_user_model_{model.name}_{digest}"
+    module_name = f"dlscale_user_model_{name}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path}: not a Python module")
@@ -109,13 +152,10 @@ def user_class(model: UserModel, api: Api) -> type[Any]:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException:
         sys.modules.pop(module_name, None)
-        raise failure(model, "importing model.py", exc) from None
-    cls = getattr(module, TRITON_CLASS if api == "triton" else NATIVE_CLASS)
-    if not isinstance(cls, type):
-        raise ConfigError(f"{path}: {cls!r} is not a class")
-    return cls
+        raise
+    return module
 
 
 class UserCodeError(BackendError):

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.base import RequestResult, StreamPart
+from dlscale.backends.python.binding import current_caller
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
 from dlscale.backends.python.streaming import Channel
-from dlscale.backends.python.triton_python_backend_utils import current_caller
 from dlscale.errors import DlscaleError, Unavailable
 from dlscale.types import InferenceRequest, TensorSpec
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.backends.python.custom_metrics import SeriesState
 from dlscale.errors import DlscaleError
 from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire import channel
@@ -28,6 +29,7 @@ class Ready:
     """The worker loaded the model (error: it could not)."""
 
     error: DlscaleError | None = None
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Done:
     """The batch's results: each request's outputs, or its error."""
 
     results: list[Arrays | DlscaleError]
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)
@@ -49,21 +52,27 @@ class Failed:
     """The whole batch failed (user code raised)."""
 
     error: DlscaleError
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
 
 
 @dataclass(frozen=True)
 class BlsCall:
-    """A call of another model from user code (Triton's BLS)."""
+    """A call of another model from user code (Triton's BLS); `stream`: every response of the
+    model is wanted (Triton's `exec(decoupled=True)`)."""
 
     request: InferenceRequest
+    metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
+    stream: bool = False
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The server's answer to a BlsCall: the response, or the error."""
+    """The server's answer to a BlsCall: the response, or the error; a streamed call's
+    responses (`more`, in their order)."""
 
     response: InferenceResponse | None
     error: DlscaleError | None = None
+    more: tuple[InferenceResponse, ...] = ()
 
 
 @dataclass(frozen=True)

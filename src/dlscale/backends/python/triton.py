@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.base import RequestResult, StreamPart
+from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
 from dlscale.backends.python.streaming import Channel
@@ -72,14 +73,23 @@ class TritonRunner:
 
     def __init__(self, model: UserModel, instance: str = "") -> None:
         self.model = model
-        self._user = user_class(model, "triton")()
+        pb.bind_model(model.name)  # custom metrics made in initialize count against it
+        metrics.STORE.hold(model.name)
+        try:
+            self._user = user_class(model, "triton")()
+            self._initialize(instance)
+        except BaseException:
+            metrics.STORE.release(model.name)
+            raise
         self._outputs = [s.name for s in model.outputs]
+
+    def _initialize(self, instance: str) -> None:
         initialize = getattr(self._user, "initialize", None)
         if initialize is not None:
             try:
-                _await(initialize(initialize_args(model, instance or f"{model.name}_0")))
+                _await(initialize(initialize_args(self.model, instance or f"{self.model.name}_0")))
             except Exception as exc:
-                raise failure(model, "initialize", exc) from None
+                raise failure(self.model, "initialize", exc) from None
 
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """`execute` on the batch's requests; one result per request, raises for user bugs."""
@@ -91,6 +101,7 @@ class TritonRunner:
             )
             for inputs in requests
         ]
+        pb.bind_model(self.model.name)
         try:
             responses = _await(self._user.execute(asked))
         except Exception as exc:
@@ -137,6 +148,7 @@ class TritonRunner:
         request.attach(
             pb.InferenceResponseSender(_Deliver(self.model.name, channel)), channel.cancelled.is_set
         )
+        pb.bind_model(self.model.name)
         try:
             returned = _await(self._user.execute([request]))
         except Exception as exc:
@@ -148,13 +160,15 @@ class TritonRunner:
             )
 
     def close(self) -> None:
-        """Call `finalize`, if the model has one; a failure is logged, not raised."""
+        """Call `finalize`, if the model has one (a failure is logged, not raised); its custom
+        metrics leave /metrics."""
         finalize = getattr(self._user, "finalize", None)
         if finalize is not None:
             try:
                 _await(finalize())
             except Exception:
                 log.exception("model %r: finalize raised", self.model.name)
+        metrics.STORE.release(self.model.name)
 
 
 class _Deliver:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from dlscale.backends.base import ModelCaller
+from dlscale.backends.python import custom_metrics as metrics
+from dlscale.backends.python.binding import bind_caller as bind_caller  # the backend's
+from dlscale.backends.python.binding import bind_model as bind_model
+from dlscale.backends.python.binding import current_caller, current_model
+from dlscale.backends.python.pb_config import ModelConfig as ModelConfig  # Triton's name
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.types import Datatype, RequestedOutput
 from dlscale.types import InferenceRequest as CoreRequest
@@ -156,9 +159,9 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
-        requested_output_names: Sequence[str] = (),
-        inputs: Sequence[Tensor] = (),
+        model_name: str | bytes = "",
+        requested_output_names: Iterable[str | bytes] = (),
+        inputs: Iterable[Tensor] = (),
         request_id: str = "",
         correlation_id: int | str = 0,
         model_version: int = -1,
@@ -166,17 +169,25 @@ class InferenceRequest:
         timeout: int = 0,
         preferred_memory: Any = None,
         parameters: Mapping[str, Any] | str | None = None,
+        trace: Any = None,
     ) -> None:
-        self._model_name = model_name
-        self._outputs = list(requested_output_names)
+        # Triton's examples pass names read from BYTES tensors (`as_numpy()[0]`: bytes, or a
+        # numpy bytes/str scalar): its stub takes them as strings, and so does this.
+        self._model_name = _text(model_name)
+        self._outputs = [_text(n) for n in requested_output_names]
         self._inputs = list(inputs)
-        self._id = request_id
+        bad = [t for t in self._inputs if not isinstance(t, Tensor)]
+        if bad:
+            raise TritonModelException(
+                f"InferenceRequest: inputs must be pb_utils.Tensor, got {type(bad[0]).__name__}"
+            )
+        self._id = _text(request_id)
         self._correlation_id = correlation_id
-        self._version = model_version
+        self._version = int(model_version)
         self._flags = flags
         self._timeout = timeout
         self._parameters = json.loads(parameters) if isinstance(parameters, str) else parameters
-        del preferred_memory  # answers are host arrays here
+        del preferred_memory, trace  # answers are host arrays here; traces are the server's
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Callable[[], bool] = lambda: False
 
@@ -230,10 +241,24 @@ class InferenceRequest:
         self._sender = sender
         self._cancelled = cancelled
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Call the model named in this request on the same server and wait for its answer."""
-        if decoupled:
-            raise TritonModelException("exec(decoupled=True) is not supported by dlscale yet")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Call the model named in this request on the same server and wait for its answer;
+        `decoupled=True`: an iterator of its responses as they come (one, from a model that
+        does not stream)."""
+        return self._stream() if decoupled else self._call()
+
+    def _stream(self) -> Iterator[InferenceResponse]:
+        caller = current_caller()
+        if caller is None:
+            yield InferenceResponse(error=TritonError("BLS is available only inside execute"))
+            return
+        try:
+            for answer in caller.stream(self._core_request()):
+                yield InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
+        except DlscaleError as exc:
+            yield InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
+
+    def _call(self) -> InferenceResponse:
         caller = current_caller()
         if caller is None:
             return InferenceResponse(
@@ -245,7 +270,7 @@ class InferenceRequest:
             return InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
         return InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` on the loop's default thread pool, as Triton's is."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.exec, decoupled)
@@ -264,6 +289,20 @@ class InferenceRequest:
             outputs=[RequestedOutput(n) for n in self._outputs] or None,
             parameters=params,
         )
+
+
+def _text(value: Any) -> str:
+    """A name given as str, bytes or a numpy scalar of either, as a str."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise TritonModelException(f"name {value!r} is not UTF-8 text") from None
+    if not isinstance(value, str):
+        raise TritonModelException(f"expected a name (str or bytes), got {value!r}")
+    return value
 
 
 def _code_of(exc: DlscaleError) -> int:
@@ -336,20 +375,56 @@ class Logger:
         log.debug("%s", message)
 
 
-# -- the caller BLS goes through ------------------------------------------------------------------
+class MetricFamily:
+    """A family of custom metrics, exported on the server's /metrics (Triton's
+    pb_utils.MetricFamily); the family of that name is shared when kinds agree."""
 
-_bound = threading.local()
-_fallback: list[ModelCaller] = []  # the last caller bound: for threads user code starts itself
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        kinds = dict(zip((self.COUNTER, self.GAUGE, self.HISTOGRAM), metrics.KINDS, strict=True))
+        self._name = name
+        self._model = current_model()
+        _metric_call(metrics.STORE.family, name, description, kinds.get(kind, ""), self._model)
+
+    def Metric(
+        self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None
+    ) -> Metric:
+        """The series of these labels (a histogram's needs its bucket bounds)."""
+        key = _metric_call(
+            metrics.STORE.series, self._name, dict(labels or {}), self._model, tuple(buckets or ())
+        )
+        return Metric(self._name, key)
 
 
-def bind_caller(caller: ModelCaller | None) -> None:
-    """Let BLS calls made in this thread (and, failing that, in any thread) use `caller`."""
-    _bound.caller = caller
-    if caller is not None:
-        _fallback[:] = [caller]
+class Metric:
+    """One series of a MetricFamily: increment, set (gauges), observe (histograms), value."""
+
+    def __init__(self, family: str, key: metrics.Labels) -> None:
+        self._family = family
+        self._key = key
+
+    def increment(self, value: float) -> None:
+        """Add `value` (a counter's must not be negative)."""
+        _metric_call(metrics.STORE.update, self._family, self._key, "increment", value)
+
+    def set(self, value: float) -> None:
+        """Set a gauge."""
+        _metric_call(metrics.STORE.update, self._family, self._key, "set", value)
+
+    def observe(self, value: float) -> None:
+        """Count an observation in a histogram."""
+        _metric_call(metrics.STORE.update, self._family, self._key, "observe", value)
+
+    def value(self) -> float:
+        """A counter's or gauge's value (a histogram's: its count of observations)."""
+        return float(metrics.STORE.value(self._family, self._key))
 
 
-def current_caller() -> ModelCaller | None:
-    """The caller bound to this thread, else the last one bound, else None."""
-    caller: ModelCaller | None = getattr(_bound, "caller", None)
-    return caller or (_fallback[0] if _fallback else None)
+def _metric_call(method: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return method(*args)
+    except (metrics.MetricError, TypeError, ValueError) as exc:
+        raise TritonModelException(str(exc)) from None

@@ -12,11 +12,12 @@ the owner sweeps what a dead worker left in shared memory (its names' prefix).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.base import ModelCaller, RequestResult
+from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import transport as t
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_failure
@@ -37,6 +39,8 @@ log = logging.getLogger("dlscale.python")
 #: How often an unload waiting for a running batch kills the worker again (a restart may
 #: have started a new one meanwhile).
 KILL_POLL_S = 0.5
+#: The most responses a streamed BLS call (`exec(decoupled=True)`) returns to a worker.
+MAX_STREAMED = 4096
 #: How long a worker asked to stop may take to run the model's finalize before it is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -69,7 +73,12 @@ class WorkerRunner:
         scope = f"py{secrets.token_hex(4)}"
         self._worker_prefix = segments.scope_prefix(f"{scope}w")
         self._server_prefix = segments.scope_prefix(f"{scope}s")
-        self._start()
+        metrics.STORE.hold(model.name)  # the worker's custom metrics join the server's
+        try:
+            self._start()
+        except BaseException:
+            metrics.STORE.release(model.name)
+            raise
         self._watchdog = threading.Thread(
             target=self._watch, name=f"{model.name}-watchdog", daemon=True
         )
@@ -93,10 +102,10 @@ class WorkerRunner:
         theirs.close()
         pipe = t.Pipe(ours, self._server_prefix)
         try:
-            ready = pipe.receive()
+            ready = _received(pipe)
             while isinstance(ready, t.BlsCall):  # BLS from initialize
                 self._answer(pipe, ready)
-                ready = pipe.receive()
+                ready = _received(pipe)
         except EOFError:
             process.join()
             pipe.close()
@@ -166,7 +175,7 @@ class WorkerRunner:
             ready = wait([pipe.conn, self._process.sentinel])
             if pipe.conn not in ready:
                 raise EOFError
-            message = pipe.receive()
+            message = _received(pipe)
             if isinstance(message, t.BlsCall):
                 self._answer(pipe, message)
             elif isinstance(message, t.Failed):
@@ -180,11 +189,25 @@ class WorkerRunner:
             pipe.send(t.Answer(None, Unavailable("no server to call models")))
             return
         try:
+            if call.stream:
+                self._streamed(pipe, self.caller, call.request)
+                return
             response = self.caller.infer(call.request)
         except DlscaleError as exc:
             pipe.send(t.Answer(None, exc))
             return
         pipe.send(t.Answer(response), response.outputs)
+
+    def _streamed(self, pipe: t.Pipe, caller: ModelCaller, request: InferenceRequest) -> None:
+        """A streamed call's responses, all of them in one answer (a worker takes one message
+        per call), at most MAX_STREAMED of them."""
+        responses = list(itertools.islice(caller.stream(request), MAX_STREAMED + 1))
+        if len(responses) > MAX_STREAMED:
+            raise Unavailable(
+                f"model {request.model_name!r} streamed more than {MAX_STREAMED} responses to a "
+                'model in a worker process; run the caller with isolation "thread"'
+            )
+        pipe.send(t.Answer(None, more=tuple(responses)), *(r.outputs for r in responses))
 
     def _watch(self) -> None:
         """Restart the worker each time it dies, until the model unloads."""
@@ -236,6 +259,7 @@ class WorkerRunner:
             self._stop_worker()
         finally:
             self._lock.release()
+            metrics.STORE.release(self.model.name)
 
     def _stop_worker(self) -> None:
         """Stop the worker (Stop, then a kill when it lingers) and sweep its segments."""
@@ -268,6 +292,15 @@ def _resident_mb(pid: int) -> int:
     return pages * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
+def _received(pipe: t.Pipe) -> Any:
+    """The worker's next message; the custom metrics it carries join the server's."""
+    message = pipe.receive()
+    changed = getattr(message, "metrics", ())
+    if changed:
+        metrics.STORE.merge(changed)
+    return message
+
+
 def _error(error: DlscaleError) -> DlscaleError:
     """A worker's error, its user traceback (if any) written to this process's log."""
     if isinstance(error, UserCodeError) and error.trace:
@@ -286,14 +319,22 @@ class _PipeCaller:
         self._lock = threading.Lock()
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:
-        with self._lock:  # one call at a time: the arena and the pipe are shared
-            self._pipe.send(t.BlsCall(request), request.inputs)
-            answer = channel.expect(t.Answer, self._pipe.receive())
-        if answer.error is not None:
-            raise answer.error
+        answer = self._call(request, stream=False)
         if answer.response is None:
             raise BackendError("the server sent no answer to a model's call")
         return answer.response
+
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
+        return iter(self._call(request, stream=True).more)
+
+    def _call(self, request: InferenceRequest, stream: bool) -> t.Answer:
+        with self._lock:  # one call at a time: the arena and the pipe are shared
+            call = t.BlsCall(request, metrics.STORE.take_changes(), stream)
+            self._pipe.send(call, request.inputs)
+            answer = channel.expect(t.Answer, self._pipe.receive())
+        if answer.error is not None:
+            raise answer.error
+        return answer
 
 
 def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
@@ -307,7 +348,7 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
     except DlscaleError as exc:
         pipe.send(t.Ready(_portable(exc)))
         return
-    pipe.send(t.Ready())
+    pipe.send(t.Ready(metrics=metrics.STORE.take_changes()))
     while True:
         message = pipe.receive()
         if isinstance(message, t.Stop):
@@ -317,10 +358,11 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
         try:
             results = runner.run(channel.expect(t.Run, message).requests)
         except DlscaleError as exc:
-            pipe.send(t.Failed(_portable(exc)))
+            pipe.send(t.Failed(_portable(exc), metrics.STORE.take_changes()))
             continue
         done = [_portable(r) if isinstance(r, DlscaleError) else r for r in results]
-        pipe.send(t.Done(done), *(r for r in done if not isinstance(r, DlscaleError)))
+        outputs = (r for r in done if not isinstance(r, DlscaleError))
+        pipe.send(t.Done(done, metrics.STORE.take_changes()), *outputs)
 
 
 def _portable(exc: DlscaleError) -> DlscaleError:

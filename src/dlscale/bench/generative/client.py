@@ -83,7 +83,7 @@ class StreamClient:
             async with self._session.post(self.base + self.kind.path(self.model), json=body) as r:
                 if r.status != 200:
                     text = (await r.content.read(MAX_ERROR_BYTES)).decode(errors="replace")
-                    record.error = f"HTTP {r.status}: {text.strip()[:300]}"
+                    record.error = f"HTTP {r.status}: {text.strip()[:300]}{self._hint(r.status)}"
                 else:
                     await self._read(r, record, on_first)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -94,6 +94,14 @@ class StreamClient:
         elif record.error is None:
             record.error = "the stream ended without output text"
         return record
+
+    def _hint(self, status: int) -> str:
+        """What to do about a 401: pass the key, or check the one passed."""
+        if status != 401:
+            return ""
+        if self._headers:
+            return " (the key given with --api-key or $OPENAI_API_KEY was refused)"
+        return " (the server wants an API key: pass --api-key KEY, or set OPENAI_API_KEY)"
 
     async def _read(
         self,

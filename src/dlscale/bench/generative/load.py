@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,14 +33,20 @@ class Job:
     offset_s: float | None = None
 
 
-async def _one(client: StreamClient, job: Job) -> StreamRecord:
+#: Told of each request as it ends (the bench's progress line).
+OnDone = Callable[[StreamRecord], None]
+
+
+async def _one(client: StreamClient, job: Job, on_done: OnDone | None = None) -> StreamRecord:
     record = await client.stream(job.ask, scheduled_s=job.offset_s)
     record.input_tokens = job.input_tokens
+    if on_done is not None:
+        on_done(record)
     return record
 
 
 async def closed_loop(
-    client: StreamClient, jobs: Sequence[Job], concurrency: int
+    client: StreamClient, jobs: Sequence[Job], concurrency: int, on_done: OnDone | None = None
 ) -> list[StreamRecord]:
     """Every job, `concurrency` streams in flight; records in the order they were sent."""
     if concurrency < 1:
@@ -51,13 +57,15 @@ async def closed_loop(
     async def worker() -> None:
         while pending:
             job = pending.pop()
-            records.append(await _one(client, job))
+            records.append(await _one(client, job, on_done))
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(jobs)))))
     return sorted(records, key=lambda r: r.sent_ns)
 
 
-async def open_loop(client: StreamClient, jobs: Sequence[Job]) -> list[StreamRecord]:
+async def open_loop(
+    client: StreamClient, jobs: Sequence[Job], on_done: OnDone | None = None
+) -> list[StreamRecord]:
     """Each job sent at its `offset_s` from now, in offset order; records in sending order."""
     ordered = sorted(jobs, key=lambda j: j.offset_s or 0.0)
     limit = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -66,7 +74,7 @@ async def open_loop(client: StreamClient, jobs: Sequence[Job]) -> list[StreamRec
 
     async def send(job: Job) -> StreamRecord:
         async with limit:
-            return await _one(client, job)
+            return await _one(client, job, on_done)
 
     for job in ordered:
         delay = start + (job.offset_s or 0.0) - time.perf_counter()

@@ -7,7 +7,8 @@ classic bench does), so that LoadGen can block the calling thread while streams 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from dlscale.bench.generative.statistics import summarize_run
 from dlscale.bench.generative.tokens import TokenCounter
 from dlscale.bench.generative.trace import read_trace, trace_asks
 from dlscale.bench.loadgen import LoopThread, run_loadgen
+from dlscale.bench.progress import Countdown
 from dlscale.bench.scenarios import Scenario
 from dlscale.errors import BenchError
 
@@ -65,7 +67,9 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
                 Job(_knobs(a, options), n, t / options.trace_speedup)
                 for a, n, t in trace_asks(trace, maker)
             ]
-            points.append(_point("trace", None, loop.run(open_loop(client, timed)), options))
+            with _counted("trace replay", len(timed)) as counted:
+                records = loop.run(open_loop(client, timed, counted))
+            points.append(_point("trace", None, records, options))
         best = max([rate, *(p["requests_per_s"] or 0.0 for p in points)])
         scenarios = [
             _loadgen(loop, client, jobs, options, scenario, best, out, say)
@@ -119,14 +123,25 @@ def _sweep(
     points = []
     for concurrency in options.loads:
         say(f"concurrency {concurrency}: {len(jobs)} requests")
-        records = loop.run(closed_loop(client, jobs, concurrency))
+        with _counted(f"concurrency {concurrency}", len(jobs)) as counted:
+            records = loop.run(closed_loop(client, jobs, concurrency, counted))
         points.append(_point("concurrency", concurrency, records, options))
     for i, rate in enumerate(options.rates):
         say(f"rate {rate:g}/s: {len(jobs)} requests, Poisson arrivals")
         offsets = poisson_offsets(len(jobs), rate, options.seed + i)
         timed = [Job(j.ask, j.input_tokens, t) for j, t in zip(jobs, offsets, strict=True)]
-        points.append(_point("rate", rate, loop.run(open_loop(client, timed)), options))
+        with _counted(f"rate {rate:g}/s", len(timed)) as counted:
+            records = loop.run(open_loop(client, timed, counted))
+        points.append(_point("rate", rate, records, options))
     return points
+
+
+@contextmanager
+def _counted(label: str, total: int) -> Iterator[Callable[[StreamRecord], None]]:
+    """A progress line with an ETA on stderr while a point runs; yields what each request's
+    end is told to."""
+    with Countdown(label, total) as countdown:
+        yield lambda record: countdown.done(record.ok)
 
 
 def _point(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dlscale.errors import NotFound
+from dlscale.errors import ConfigError, NotFound
 from dlscale.models.zoo.catalog import DECODERS, ZOO
 from dlscale.models.zoo.decoder import DecoderModel
 from dlscale.models.zoo.e2e import PIPELINES, ZooPipeline
@@ -46,6 +47,8 @@ def build_zoo(
     it; or a generative decoder's (DECODERS). By default only the tensor models are built.
     """
     models = [_buildable(name) for name in (names if names is not None else list(ZOO))]
+    for model in models:  # all before any is built: a missing extra is told at once
+        _check_extra(model)
     say = progress or (lambda message: None)
     folders = []
     start = time.perf_counter()
@@ -58,6 +61,34 @@ def build_zoo(
         # Said as each model ends, not when all have: a reader of a log sees which one is slow.
         say(f"built {folders[-1]} ({time.perf_counter() - start:.1f} s so far)")
     return folders
+
+
+#: What building each kind of zoo model imports, and the extra of dlscale that installs it.
+EXTRAS: dict[type, tuple[str, tuple[str, ...]]] = {
+    DecoderModel: ("llm", ("torch", "transformers", "tokenizers", "safetensors")),
+    ZooModel: ("torch", ("torch", "onnxscript")),
+    ZooPipeline: ("torch", ("torch", "onnxscript")),
+}
+
+
+def _check_extra(model: ZooModel | ZooPipeline | DecoderModel) -> None:
+    """A ConfigError naming the extra and its install command when a module it needs is absent
+    (found, not imported: torch's import alone takes seconds)."""
+    extra, modules = next(v for kind, v in EXTRAS.items() if isinstance(model, kind))
+    missing = [m for m in modules if not _installed(m)]
+    if missing:
+        raise ConfigError(
+            f"zoo model {model.name!r} needs {', '.join(missing)}, from dlscale's [{extra}] "
+            f"extra, which is not installed: pip install 'dlscale[{extra}]' (in a checkout: "
+            f"pip install -e '.[{extra}]')"
+        )
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or half-removed package is not installed
+        return False
 
 
 def _buildable(name: str) -> ZooModel | ZooPipeline | DecoderModel:

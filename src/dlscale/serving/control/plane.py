@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from dlscale.errors import DlscaleError, NotFound, Unsupported, redact_paths
+from dlscale.errors import DlscaleError, NotFound, Unsupported, known_names, redact_paths
 from dlscale.serving.control.bounds import check_name
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.uploads import Uploads
@@ -73,8 +73,11 @@ class ControlPlane:
         # In a thread: decoding the config and writing the files of a large load takes seconds.
         override = await asyncio.to_thread(self.uploads.override, name, parameters or {})
         source, files = override or (None, None)
-        if files is None and name not in self.manager.repository.names():
-            raise NotFound(f"no model {name!r} in the repository")
+        names = self.manager.repository.names() if files is None else []
+        if files is None and name not in names:
+            raise NotFound(
+                f"no model {name!r} in the repository" + known_names(name, names, "it has")
+            )
         try:
             await self.manager.load(name, source, files)
         except DlscaleError:

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from dlscale.hardware.metrics import TelemetryCollector
 from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.metrics.custom import CustomCollector
 from dlscale.serving.metrics.streams import StreamCollector
 from dlscale.serving.metrics.vllm import VllmCollector
 from dlscale.serving.observe.stats import ModelStats
@@ -247,4 +248,5 @@ def models_registry(manager: ModelManager) -> CollectorRegistry:
     registry.register(QosCollector(manager))
     registry.register(StreamCollector(manager))
     registry.register(VllmCollector(manager))
+    registry.register(CustomCollector())  # Python models' own (pb_utils.MetricFamily)
     return registry
