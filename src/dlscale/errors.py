@@ -57,6 +57,18 @@ class InvalidInput(DlscaleError):
     reason = "REJECTED"
 
 
+class InvalidField(InvalidInput):
+    """A request field with a wrong type or value: `param` names it (OpenAI's errors do)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self) -> tuple[type[InvalidField], tuple[str, str]]:
+        # Pickled between processes (REST workers): both arguments, not Exception's one.
+        return type(self), (self.param, str(self))
+
+
 class UnsupportedMediaType(InvalidInput):
     """A body in an encoding or media type the server does not read (RFC 9110: 415)."""
 

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from dlscale.errors import InvalidInput
+from dlscale.sampling import Sampling
 
 #: A model or request parameter as the Open Inference Protocol carries it (bool, int64 or string).
 Parameter = bool | int | float | str
@@ -152,6 +153,9 @@ class InferenceRequest:
     parameters: Parameters = field(default_factory=dict)
     #: Inputs whose data lies in shared-memory regions; the DataPlane maps them into `inputs`.
     in_regions: dict[str, RegionTensor] = field(default_factory=dict)
+    #: A generative request's settings, typed by the frontend that read them (OpenAI's); None
+    #: when they are in `parameters` (the Open Inference Protocol's), read once by the core.
+    sampling: Sampling | None = None
 
     @property
     def priority(self) -> int:

@@ -22,6 +22,7 @@ from typing import Any, cast
 from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
+from dlscale.sampling import Sampling
 from dlscale.serving.manager import ServedVersion
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
@@ -48,8 +49,8 @@ async def open_stream(
     seats.tasks.add(task)  # ended at the shutdown's cut (Seats.cut) if still running then
     try:
         wanted = set(validate(served, request))
-        if seats.generative:  # refused before it waits; the engine reads them again
-            contract.Sampling.from_parameters(request.parameters)
+        # Read once, and refused before it waits: the engine is given it typed.
+        sampling = _sampling(request) if seats.generative else None
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
         served.stats.record_failure(exc.reason, time.perf_counter_ns() - times.request_start)
@@ -62,7 +63,7 @@ async def open_stream(
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
     backend = cast(StreamingBackend, instance.backend)
     meter = _Meter(seats.tokens if backend.capabilities.generates_text else None, times)
-    parts = backend.stream(request.id, request.inputs, request.parameters)
+    parts = _open(backend, request, sampling)
     outcome = "CANCELED"  # unless the stream ends or fails: its client left
     try:
         async for part in parts:
@@ -94,6 +95,25 @@ async def open_stream(
             served.stats.record_failure(outcome, times.request_end - times.request_start)
         else:
             served.stats.record_success(times, 1)
+
+
+def _sampling(request: InferenceRequest) -> Sampling:
+    """The request's generation settings: as its frontend typed them, or read from its
+    parameters (the one place an OIP request's settings are read)."""
+    return request.sampling or Sampling.from_parameters(request.parameters)
+
+
+def _open(
+    backend: StreamingBackend, request: InferenceRequest, sampling: Sampling | None
+) -> AsyncIterator[StreamPart]:
+    """The backend's parts: an engine takes the settings typed; a Python model (Triton's
+    contract) reads its parameters, so the typed settings are written back into them."""
+    if sampling is not None and isinstance(backend, contract.GenerativeBackend):
+        return backend.generate(request.id, request.inputs, sampling)
+    parameters = request.parameters
+    if request.sampling is not None:
+        parameters = {**parameters, **request.sampling.as_parameters()}
+    return backend.stream(request.id, request.inputs, parameters)
 
 
 async def joined(served: ServedVersion, request: InferenceRequest) -> InferenceResponse:

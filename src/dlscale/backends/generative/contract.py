@@ -7,23 +7,22 @@ model's chat template) and, per streamed response, `text_output` (the new text s
 previous response), `num_input_tokens`, `num_output_tokens` (generated so far) and, on the
 final response, `finish_reason`. Sampling settings are request parameters (OIP generate puts
 unknown JSON keys there; Triton's vLLM clients may send them as a JSON `sampling_parameters`
-string): `Sampling.from_parameters` reads and bounds them in one place.
+string): the core reads them once into a typed `Sampling` (dlscale/sampling.py), which an
+engine's `generate` takes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.errors import InvalidInput
-from dlscale.types import Parameter
+from dlscale.sampling import Sampling
 
 # The tensor names live with the wire codec, where frontends and the bench read them too;
 # re-exported here for the engines.
@@ -31,6 +30,7 @@ from dlscale.wire.generative import (
     FINISH_REASON,
     FINISH_REASONS,
     INPUTS,
+    LOGPROBS,
     MAX_MESSAGES,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
@@ -44,6 +44,7 @@ __all__ = [
     "FINISH_REASON",
     "FINISH_REASONS",
     "INPUTS",
+    "LOGPROBS",
     "MAX_MESSAGES",
     "NUM_INPUT_TOKENS",
     "NUM_OUTPUT_TOKENS",
@@ -58,121 +59,6 @@ __all__ = [
     "part",
     "prompt_text",
 ]
-
-#: Bounds on what a client may ask, checked before anything reaches an engine.
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
-MAX_TOKENS_DEFAULT = 16
-MAX_SEED = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to generate: the request's sampling settings, validated."""
-
-    max_tokens: int = MAX_TOKENS_DEFAULT
-    #: 0 is greedy decoding.
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages.
-    input_format: str = "text"
-    extra: Mapping[str, Parameter] = field(default_factory=dict)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Parameter]) -> Sampling:
-        """The settings a request's parameters name; InvalidInput naming the field otherwise."""
-        merged: dict[str, object] = dict(parameters)
-        packed = merged.pop("sampling_parameters", None)
-        if packed is not None:
-            merged.update(_unpack(packed))
-        max_tokens = _integer(merged, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
-        temperature = _number(merged, "temperature", 1.0, low=0.0, high=2.0)
-        top_p = _number(merged, "top_p", 1.0, low=0.0, high=1.0)
-        if top_p == 0.0:
-            raise InvalidInput("top_p must be greater than 0 and at most 1")
-        seed = merged.get("seed")
-        if seed is not None:
-            seed = _integer(merged, "seed", 0, low=0, high=MAX_SEED)
-        input_format = str(merged.get("input_format", "text"))
-        if input_format not in ("text", "chat"):
-            raise InvalidInput(f"input_format must be 'text' or 'chat', not {input_format!r}")
-        return cls(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed if isinstance(seed, int) else None,
-            stop=_stop_strings(merged.get("stop")),
-            ignore_eos=_flag(merged, "ignore_eos"),
-            input_format=input_format,
-        )
-
-
-def _unpack(packed: object) -> dict[str, object]:
-    """Triton vLLM clients' `sampling_parameters`: a JSON object in a string parameter."""
-    try:
-        value = json.loads(packed) if isinstance(packed, str | bytes) else None
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"sampling_parameters is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidInput("sampling_parameters must be a JSON object")
-    return value
-
-
-def _integer(
-    values: Mapping[str, object], name: str, default: int, low: int, high: int | None = None
-) -> int:
-    value = values.get(name, default)
-    # NaN and the infinities (JSON's 1e400 reads as one) are no integer: int() would raise.
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{name} must be an integer, not {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise InvalidInput(f"{name} must be {bound}, not {value}")
-    return value
-
-
-def _number(
-    values: Mapping[str, object], name: str, default: float, low: float, high: float
-) -> float:
-    value = values.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"{name} must be a number, not {value!r}")
-    if not low <= value <= high:
-        raise InvalidInput(f"{name} must be between {low} and {high}, not {value}")
-    return float(value)
-
-
-def _flag(values: Mapping[str, object], name: str) -> bool:
-    value = values.get(name, False)
-    if not isinstance(value, bool):
-        raise InvalidInput(f"{name} must be true or false, not {value!r}")
-    return value
-
-
-def _stop_strings(value: object) -> tuple[str, ...]:
-    """`stop`: a string, a JSON list of strings in a string parameter, or a list."""
-    if value is None:
-        return ()
-    if isinstance(value, str) and value.startswith("["):
-        with contextlib.suppress(json.JSONDecodeError):
-            value = json.loads(value)
-    strings = [value] if isinstance(value, str) else value
-    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-        raise InvalidInput("stop must be a string or a list of strings")
-    if len(strings) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_CHARS for s in strings):
-        raise InvalidInput(
-            f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters"
-        )
-    return tuple(strings)
 
 
 def prompt_text(inputs: Mapping[str, np.ndarray], context: int | None = None) -> str:
@@ -192,7 +78,7 @@ def prompt_text(inputs: Mapping[str, np.ndarray], context: int | None = None) ->
         raise InvalidInput(f"{TEXT_INPUT} is not UTF-8") from None
 
 
-def chat_messages(text: str) -> list[dict[str, str]]:
+def chat_messages(text: str) -> list[dict[str, object]]:
     """The chat messages `text_input` holds when `input_format = "chat"`, at most MAX_MESSAGES."""
     try:
         messages = json.loads(text)
@@ -211,11 +97,26 @@ def chat_messages(text: str) -> list[dict[str, str]]:
         )
     ):
         raise InvalidInput("chat messages must be a non-empty list of {role, content} strings")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return [_message(m) for m in messages]
+
+
+def _message(message: dict[str, object]) -> dict[str, object]:
+    """A message as the chat template reads it: role and content, and the tool calls an
+    assistant made or the id of the call a tool answers (OpenAI's fields)."""
+    kept: dict[str, object] = {"role": message["role"], "content": message["content"]}
+    if isinstance(message.get("tool_calls"), list):
+        kept["tool_calls"] = message["tool_calls"]
+    if isinstance(message.get("tool_call_id"), str):
+        kept["tool_call_id"] = message["tool_call_id"]
+    return kept
 
 
 def part(
-    text: str, input_tokens: int, output_tokens: int, finish_reason: str | None = None
+    text: str,
+    input_tokens: int,
+    output_tokens: int,
+    finish_reason: str | None = None,
+    logprobs: str = "",
 ) -> StreamPart:
     """One streamed response: the new text and the counts so far; final with a finish reason."""
     outputs = {
@@ -225,23 +126,29 @@ def part(
     }
     if finish_reason is not None:
         outputs[FINISH_REASON] = np.array([finish_reason.encode()], dtype=object)
-    return StreamPart(outputs, final=finish_reason is not None)
+    parameters: dict[str, bool | int | float | str] = {LOGPROBS: logprobs} if logprobs else {}
+    return StreamPart(outputs, parameters, final=finish_reason is not None)
 
 
 def join(parts: Iterable[StreamPart]) -> StreamPart:
     """A whole answer from its streamed parts (text concatenated, last counts and reason)."""
     text: list[bytes] = []
+    logprobs: list[object] = []
     last: StreamPart | None = None
     for each in parts:
         if TEXT_OUTPUT in each.outputs:
             text.append(bytes(each.outputs[TEXT_OUTPUT].reshape(-1)[0]))
         if NUM_OUTPUT_TOKENS in each.outputs:
             last = each
+        logprobs.extend(json.loads(str(each.parameters.get(LOGPROBS, "[]"))))
     if last is None:
         raise InvalidInput("the generation ended before its first token")
     whole = dict(last.outputs)
     whole[TEXT_OUTPUT] = np.array([b"".join(text)], dtype=object)
-    return StreamPart(whole, dict(last.parameters), final=True)
+    parameters = dict(last.parameters)
+    if logprobs:
+        parameters[LOGPROBS] = json.dumps(logprobs)
+    return StreamPart(whole, parameters, final=True)
 
 
 @dataclass(frozen=True)
@@ -257,6 +164,12 @@ class EngineStats:
 @runtime_checkable
 class GenerativeBackend(StreamingBackend, Protocol):
     """A generative engine (`Capabilities.generates_text`): streams by this contract and reports
-    its state for the metrics (running and waiting sequences, KV-cache use)."""
+    its state for the metrics (running and waiting sequences, KV-cache use). The core calls
+    `generate` with the request's settings typed, read once; `stream` (the protocol's, with
+    parameters) is for callers that hold only a dict."""
 
     def engine_stats(self) -> EngineStats: ...
+
+    def generate(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], sampling: Sampling
+    ) -> AsyncIterator[StreamPart]: ...

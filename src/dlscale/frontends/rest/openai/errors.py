@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, PermissionDenied
+from dlscale.errors import DlscaleError, InvalidField, NotFound, PermissionDenied
 
 #: The `type` of each status, as the `openai` client's exception classes are named.
 _TYPES = {
@@ -28,12 +28,8 @@ _TYPES = {
 }
 
 
-class BadField(InvalidInput):
+class BadField(InvalidField):
     """A request field with the wrong type or value: OpenAI's error names it in `param`."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def error_document(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -52,5 +48,5 @@ def status_and_document(exc: DlscaleError, model: str = "") -> tuple[int, dict[s
         return 401, error_document(401, exc.message)
     if isinstance(exc, NotFound) and model:  # no version is asked: only the model is missing
         return 404, error_document(404, f"The model `{model}` does not exist.", "model")
-    param = exc.param if isinstance(exc, BadField) else None
+    param = exc.param if isinstance(exc, InvalidField) else None
     return exc.http_status, error_document(exc.http_status, exc.message, param)

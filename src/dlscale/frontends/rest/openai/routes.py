@@ -151,7 +151,7 @@ class OpenAIApi:
 
     async def _generate(self, call: Call, chat: bool) -> RestResponse:
         """One generation: the whole answer, or its chunks once the first response is in."""
-        reply = Answer(call.request.id, call.model, chat)
+        reply = Answer(call.request.id, call.model, chat, logprobs=call.logprobs, tools=call.tools)
         responses = self.plane.stream(call.request)
         try:
             first = await _next(responses)
@@ -196,12 +196,15 @@ async def _events(
         if reply.chat:
             yield reply.chunk(None, include_usage, first=True)
         piece: Piece | None = first
+        held = reply.tools.parsed  # a tool call is known at its end: one chunk, then
         while piece is not None:
             reply.add(piece)
-            if piece.text or piece.finish_reason is not None:
+            if not held and (piece.text or piece.finish_reason is not None):
                 yield reply.chunk(piece, include_usage)
             response = await _next(responses)
             piece = Piece.of(response) if response is not None else None
+        if held:
+            yield reply.held_chunk(include_usage)
         if include_usage:
             yield reply.usage_chunk()
     except DlscaleError as exc:
