@@ -87,7 +87,7 @@ class RestApi:
     async def _answer(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if path.startswith("/v1/"):  # the OpenAI API, in its own errors' shape (docs/openai.md)
+        if self.openai.serves(path):  # the OpenAI API, in its own errors' shape (docs/openai.md)
             return await self.openai.handle(method, path, headers, body)
         args: list[str] = []
         try:
@@ -119,7 +119,7 @@ class RestApi:
         header (401 / 403), and an inference request whose model refuses it now (429), cost no
         body read, decode or task. Anything else about the request is left to `handle`.
         """
-        if path.startswith("/v1/"):
+        if self.openai.serves(path):
             return self.openai.refusal_before_body(method, path, headers)
         handler, args, _, group = self._route(path)
         if handler is None:

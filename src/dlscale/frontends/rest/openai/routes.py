@@ -38,6 +38,8 @@ log = logging.getLogger("dlscale.http")
 #: The API group of every OpenAI route, for `--http-restricted-api openai:KEY=VALUE`.
 GROUP = "openai"
 SSE = "text/event-stream"
+#: vLLM's routes at the root of its API port, served here too (docs/openai.md).
+ROOT_PATHS = ("/health", "/version")
 _Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 
@@ -51,15 +53,20 @@ class OpenAIApi:
         #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
 
+    @staticmethod
+    def serves(path: str) -> bool:
+        """Whether `path` is this API's: under `/v1/`, or one of vLLM's at the root."""
+        return path.startswith("/v1/") or path.split("?", 1)[0] in ROOT_PATHS
+
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        """Answer one request under `/v1/`; `headers` has lower-case names."""
+        """Answer one request of this API (`serves`); `headers` has lower-case names."""
         try:
             handler, args, allowed = self._route(path)
             if handler is None:
                 return _error(404, f"no OpenAI route for {path[:200]!r}")
-            self.access.check(GROUP, headers)
+            self.access.check(_group(path), headers)
             if method != allowed:
                 message = f"{method} is not allowed here; use {allowed}"
                 return _error(405, message, (("allow", allowed),))
@@ -79,14 +86,21 @@ class OpenAIApi:
         if self._route(path)[0] is None:
             return None  # `handle` answers 404
         try:
-            self.access.check(GROUP, headers)
+            self.access.check(_group(path), headers)
         except DlscaleError as exc:
             return _failure(f"{method} {path}", exc)
         return None
 
     def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
         match parts:
+            case ["health"]:
+                return self._health, [], "GET"
+            case ["version"]:
+                return self._version, [], "GET"
+        if parts[:1] != ["v1"]:
+            return None, [], ""
+        match parts[1:]:
             case ["models"]:
                 return self._models, [], "GET"
             case ["models", model]:
@@ -96,6 +110,24 @@ class OpenAIApi:
             case ["chat", "completions"]:
                 return self._chat, [], "POST"
         return None, [], ""
+
+    # -- vLLM's routes at the root -----------------------------------------------------------------
+
+    async def _health(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/health`: 200 with no body while the server can serve, else 503."""
+        if await answer(self.plane.ready):
+            return RestResponse(200, [])
+        reason = await answer(self.plane.not_ready_reason)
+        return _error(503, f"the server is not ready: {reason}")
+
+    async def _version(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/version`: `{"version": ...}`, the server's (dlscale's) version."""
+        metadata = await answer(self.plane.server_metadata)
+        return RestResponse(200, [orjson.dumps({"version": metadata.version})])
 
     # -- models ------------------------------------------------------------------------------------
 
@@ -231,6 +263,12 @@ def _failure(what: str, exc: DlscaleError, model: str = "") -> RestResponse:
     log_failure("HTTP", model, exc.http_status, exc.reason, f"{what}: {exc}")
     status, doc = status_and_document(exc, model)
     return RestResponse(status, [orjson.dumps(doc)])
+
+
+def _group(path: str) -> str:
+    """The API group that guards `path`: vLLM's `/health` is health's (open to probes, as
+    `/v2/health/*` are, whatever `--api-key` says); every other route is the OpenAI API's."""
+    return "health" if path.split("?", 1)[0] == "/health" else GROUP
 
 
 class _ModelError(Exception):
