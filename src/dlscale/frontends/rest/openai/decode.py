@@ -82,7 +82,7 @@ class Call:
 
 def completion_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     """A `POST /v1/completions` body as a Call."""
-    doc = _document(body)
+    doc = document(body)
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -103,7 +103,7 @@ def completion_call(body: Buffer, headers: Mapping[str, str]) -> Call:
 
 def chat_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     """A `POST /v1/chat/completions` body as a Call; the engine renders the messages."""
-    doc = _document(body)
+    doc = document(body)
     messages = _messages(doc.get("messages"))
     text = json.dumps(messages, ensure_ascii=False)
     # max_completion_tokens is OpenAI's newer name; it wins where a client sends both.
@@ -133,7 +133,8 @@ def _chat_logprobs(doc: dict[str, Any]) -> int | None:
         raise BadField("top_logprobs", str(exc).replace("logprobs", "top_logprobs")) from None
 
 
-def _document(body: Buffer) -> dict[str, Any]:
+def document(body: Buffer) -> dict[str, Any]:
+    """The body as a JSON object; InvalidInput otherwise."""
     doc = decode_json(ANY_JSON, body, "OpenAI request")
     if not isinstance(doc, dict):
         raise InvalidInput("the request body must be a JSON object")
@@ -196,7 +197,7 @@ def _call(
             parameters[name] = value
     inputs = {TEXT_INPUT: np.array([text.encode()], dtype=object)}
     request = InferenceRequest(
-        model, inputs, id=_request_id(headers), parameters=parameters, sampling=sampling
+        model, inputs, id=request_id(headers), parameters=parameters, sampling=sampling
     )
     return Call(request, stream, include_usage, use)
 
@@ -272,7 +273,7 @@ def _bounded(param: str, size: int) -> None:
         )
 
 
-def _request_id(headers: Mapping[str, str]) -> str:
+def request_id(headers: Mapping[str, str]) -> str:
     """The client's X-Request-Id (cut to MAX_ID_CHARS), else a new one."""
     given = headers.get("x-request-id", "").strip()
     return given[:MAX_ID_CHARS] if given else uuid.uuid4().hex

@@ -24,9 +24,21 @@ import orjson
 from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.plane import Plane, answer
-from dlscale.frontends.rest.openai.decode import Call, chat_call, completion_call
+from dlscale.frontends.rest.openai.decode import (
+    Call,
+    chat_call,
+    completion_call,
+    document,
+    request_id,
+)
+from dlscale.frontends.rest.openai.embeddings import (
+    embedding_call,
+    embeddings_document,
+    encoder_inputs,
+    encoder_request,
+)
 from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece, event
-from dlscale.frontends.rest.openai.errors import error_document, status_and_document
+from dlscale.frontends.rest.openai.errors import BadField, error_document, status_and_document
 from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
@@ -109,6 +121,8 @@ class OpenAIApi:
                 return self._completions, [], "POST"
             case ["chat", "completions"]:
                 return self._chat, [], "POST"
+            case ["embeddings"]:
+                return self._embeddings, [], "POST"
         return None, [], ""
 
     # -- vLLM's routes at the root -----------------------------------------------------------------
@@ -168,6 +182,26 @@ class OpenAIApi:
         if length.isdigit():
             card["max_model_len"] = int(length)
         return card
+
+    # -- embeddings --------------------------------------------------------------------------------
+
+    async def _embeddings(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """One batch through the encoder's own queue; its vectors in OpenAI's list."""
+        call = embedding_call(document(body))
+        try:
+            ids = encoder_inputs(await answer(self.plane.model_metadata, call.model))
+            if ids is None:
+                raise BadField(
+                    "model",
+                    f"model {call.model!r} is no embedding model (inputs input_ids and "
+                    "attention_mask, output pooler_output or last_hidden_state)",
+                )
+            response = await self.plane.infer(encoder_request(call, ids, request_id(headers)))
+        except DlscaleError as exc:
+            raise _ModelError(call.model, exc) from None
+        return RestResponse(200, [orjson.dumps(embeddings_document(call, response))])
 
     # -- generation --------------------------------------------------------------------------------
 
