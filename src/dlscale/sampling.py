@@ -28,6 +28,9 @@ MAX_SEED = 2**63 - 1
 MAX_LOGPROBS = 20
 #: vLLM takes any positive penalty; above this one a model says nothing useful.
 MAX_REPETITION_PENALTY = 10.0
+#: What a request asks of a generative model: text, or its prompt's token ids (vLLM's
+#: `/tokenize`), or the text of token ids (`/detokenize`), without a generation step.
+TASKS = ("generate", "tokenize", "detokenize")
 #: The kinds of structured output (OpenAI's response_format types besides "text").
 GUIDE_KINDS = ("json_object", "json_schema")
 
@@ -76,6 +79,8 @@ class Sampling:
     guide: Guide | None = None
     #: OpenAI's `tools` as JSON, for the chat template to render ("" for none).
     tools: str = ""
+    #: One of TASKS.
+    task: str = "generate"
 
     def __post_init__(self) -> None:
         _bounded("max_tokens", self.max_tokens, 1)
@@ -94,6 +99,8 @@ class Sampling:
             _bounded("seed", self.seed, 0, MAX_SEED)
         if self.logprobs is not None:
             _bounded("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.task not in TASKS:
+            raise InvalidField("task", f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
         if self.input_format not in ("text", "chat"):
             raise InvalidField(
                 "input_format", f"input_format must be 'text' or 'chat', not {self.input_format!r}"
@@ -132,6 +139,7 @@ class Sampling:
             stop=_stop_strings(merged.get("stop")),
             ignore_eos=_flag(merged, "ignore_eos"),
             input_format=str(merged.get("input_format", "text")),
+            task=str(merged.get("task", "generate")),
             logprobs=None if logprobs is None else _integer(merged, "logprobs", 0),
         )
 

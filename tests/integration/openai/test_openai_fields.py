@@ -310,3 +310,45 @@ def test_no_field_is_a_501(llama_server: LocalServer) -> None:
     body = {"model": LLAMA, "prompt": "a", "max_tokens": 1, "suffix": "b"}
     answer = httpx.post(f"http://{llama_server.http_url}/v1/completions", json=body, timeout=60)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "suffix"
+
+
+# -- tokenize and detokenize (vLLM's routes) -----------------------------------------------------
+
+
+def test_tokenize_and_detokenize_are_the_models_tokenizer(
+    llama_server: LocalServer, llama_tiny: Path
+) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_tiny / "1")
+    base = f"http://{llama_server.http_url}"
+    prompt = "Once upon a time, the cat"
+    said = httpx.post(f"{base}/tokenize", json={"model": LLAMA, "prompt": prompt}).json()
+    want = tokenizer(prompt).input_ids
+    assert said == {"count": len(want), "tokens": want, "max_model_len": 512}
+    chat = httpx.post(f"{base}/tokenize", json={"model": LLAMA, "messages": HI}).json()
+    rendered = tokenizer.apply_chat_template(HI, add_generation_prompt=True, tokenize=False)
+    assert chat["tokens"] == tokenizer(rendered, add_special_tokens=False).input_ids
+    text = httpx.post(f"{base}/detokenize", json={"model": LLAMA, "tokens": want}).json()
+    assert text == {"prompt": tokenizer.decode(want)} and text["prompt"].endswith(prompt)
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ("/detokenize", {"tokens": "1 2 3"}, "tokens"),
+        ("/detokenize", {"tokens": [1, -2]}, "tokens"),
+        ("/detokenize", {"tokens": [1, 5000]}, "tokens"),  # past the vocabulary (1024)
+        ("/detokenize", {"tokens": [2**40]}, "tokens"),
+        ("/detokenize", {"model": "nope", "tokens": [1]}, "model"),
+    ],
+)
+def test_bad_tokenize_requests_are_400_or_404(
+    llama_server: LocalServer, route: str, fields: dict[str, Any], param: str
+) -> None:
+    base = f"http://{llama_server.http_url}"
+    answer = httpx.post(base + route, json={"model": LLAMA, **fields}, timeout=60)
+    assert answer.status_code == (404 if fields.get("model") == "nope" else 400)
+    assert answer.json()["error"]["param"] == param
+    ok = httpx.post(f"{base}/detokenize", json={"model": LLAMA, "tokens": [10]}, timeout=60)
+    assert ok.status_code == 200

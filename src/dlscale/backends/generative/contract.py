@@ -14,14 +14,14 @@ engine's `generate` takes.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from dlscale.backends.base import StreamingBackend, StreamPart
-from dlscale.errors import InvalidInput
+from dlscale.errors import InvalidField, InvalidInput
 from dlscale.sampling import Sampling
 
 # The tensor names live with the wire codec, where frontends and the bench read them too;
@@ -40,6 +40,9 @@ from dlscale.wire.generative import (
     check_prompt_bytes,
 )
 
+#: A tokenizer's decode: token ids to text.
+Decode = Callable[[Sequence[int]], str]
+
 __all__ = [
     "FINISH_REASON",
     "FINISH_REASONS",
@@ -55,6 +58,7 @@ __all__ = [
     "GenerativeBackend",
     "Sampling",
     "chat_messages",
+    "converted",
     "join",
     "part",
     "prompt_text",
@@ -109,6 +113,37 @@ def _message(message: dict[str, object]) -> dict[str, object]:
     if isinstance(message.get("tool_call_id"), str):
         kept["tool_call_id"] = message["tool_call_id"]
     return kept
+
+
+def converted(
+    sampling: Sampling,
+    text: str,
+    tokenize: Callable[[str], list[int]],
+    decode: Decode,
+    vocab_size: int,
+) -> StreamPart:
+    """The one part of a tokenize or detokenize request (no generation step): the prompt's
+    token ids as a JSON list, or the text of the JSON list of ids `text` holds."""
+    if sampling.task == "tokenize":
+        ids = tokenize(text)
+        return part(json.dumps(ids), len(ids), 0, "stop")
+    try:
+        listed: object = json.loads(text)
+    except json.JSONDecodeError:
+        listed = None
+    if not isinstance(listed, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in listed
+    ):
+        raise InvalidField("tokens", "tokens must be a list of token ids (integers >= 0)")
+    unknown = [i for i in listed if i >= vocab_size]
+    if unknown:  # a tokenizer decodes them as nothing, silently
+        raise InvalidField(
+            "tokens", f"token id {unknown[0]} is not in this model's vocabulary of {vocab_size}"
+        )
+    try:
+        return part(decode(listed), len(listed), 0, "stop")
+    except (IndexError, OverflowError, TypeError, ValueError) as exc:
+        raise InvalidField("tokens", f"tokens are not this model's: {exc}") from None
 
 
 def part(

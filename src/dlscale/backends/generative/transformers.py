@@ -21,9 +21,16 @@ import numpy as np
 import torch
 
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
-from dlscale.backends.generative.contract import INPUTS, OUTPUTS, EngineStats, join
+from dlscale.backends.generative.contract import (
+    INPUTS,
+    OUTPUTS,
+    EngineStats,
+    converted,
+    join,
+    prompt_text,
+)
 from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
-from dlscale.backends.generative.transformers_request import Job, Model, Parts, prepare
+from dlscale.backends.generative.transformers_request import Job, Model, Parts, prepare, tokens
 from dlscale.errors import ConfigError, Unavailable
 from dlscale.sampling import Sampling
 from dlscale.types import Parameter, TensorSpec
@@ -78,6 +85,19 @@ class TransformersBackend:
         model = Model(engine.tokenizer, engine.context, engine.eos_ids, engine.grammars)
         return engine, prepare(model, inputs, sampling)
 
+    def _convert(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> StreamPart:
+        engine = self._engine
+        if engine is None:
+            raise Unavailable("the transformers engine is not loaded")
+        tokenizer = engine.tokenizer
+        return converted(
+            sampling,
+            prompt_text(inputs, engine.context),
+            lambda text: tokens(tokenizer, text, sampling),
+            lambda ids: str(tokenizer.decode(list(ids))),
+            len(tokenizer),
+        )
+
     def stream(
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
     ) -> AsyncIterator[StreamPart]:
@@ -90,6 +110,9 @@ class TransformersBackend:
         """The request's parts as the engine makes them; closing early cancels the sequence."""
         # Chat templates and the tokenizer take time in proportion to the prompt: in a thread,
         # so that the event loop keeps answering every other request meanwhile.
+        if sampling.task != "generate":
+            yield await asyncio.to_thread(self._convert, inputs, sampling)
+            return
         engine, job = await asyncio.to_thread(self._prepare, inputs, sampling)
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[object] = asyncio.Queue()

@@ -52,7 +52,7 @@ def prepare(model: Model, inputs: Mapping[str, np.ndarray], sampling: Sampling) 
     Rendering and tokenizing take time in proportion to the prompt: the caller runs this off
     the event loop, and a prompt too long in bytes for the context is refused before either."""
     text = prompt_text(inputs, model.context)
-    prompt = _tokens(model.tokenizer, text, sampling)
+    prompt = tokens(model.tokenizer, text, sampling)
     if not prompt:
         raise InvalidInput("the prompt is empty")
     if len(prompt) + sampling.max_tokens > model.context:
@@ -73,7 +73,8 @@ def prepare(model: Model, inputs: Mapping[str, np.ndarray], sampling: Sampling) 
     return Job(prompt, sampling, eos, request_settings(sampling, rows), rows)
 
 
-def _tokens(tokenizer: Any, text: str, sampling: Sampling) -> list[int]:
+def tokens(tokenizer: Any, text: str, sampling: Sampling) -> list[int]:
+    """The prompt's token ids: its text, or its chat messages through the chat template."""
     if sampling.input_format != "chat":
         return list(tokenizer(text).input_ids)
     messages = chat_messages(text)

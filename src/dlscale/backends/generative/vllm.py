@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -126,6 +127,11 @@ class VllmBackend:
         if self._engine is None:
             raise Unsupported("the vLLM engine is not loaded")
         text = contract.prompt_text(inputs, self._max_model_len)  # refused unread if too long
+        if sampling.task != "generate":
+            tokenize = functools.partial(self._prompt_ids, sampling=sampling)
+            decode, size = self._tokenizer.decode, len(self._tokenizer)
+            yield contract.converted(sampling, text, tokenize, decode, size)
+            return
         if len(text) > _TOKENIZE_INLINE_CHARS:
             ids = await asyncio.to_thread(self._prompt_ids, text, sampling)
         else:

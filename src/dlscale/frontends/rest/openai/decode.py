@@ -119,6 +119,36 @@ def chat_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     return _call(doc, headers, text, sampling, use)
 
 
+def tokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
+    """vLLM's `POST /tokenize`: a `prompt`, or chat `messages` (and `tools`) as the chat
+    template renders them with the assistant's header last."""
+    doc = document(body)
+    if doc.get("messages") is not None:
+        text = json.dumps(_messages(doc["messages"]), ensure_ascii=False)
+        tools, _, _ = tool_use(doc.get("tools"), "none")
+        sampling = Sampling(task="tokenize", input_format="chat", tools=tools)
+    else:
+        prompt = doc.get("prompt")
+        if not isinstance(prompt, str):
+            raise BadField("prompt", "prompt must be a string (or send chat messages)")
+        _bounded("prompt", len(prompt.encode()))
+        text, sampling = prompt, Sampling(task="tokenize")
+    return _call(doc, headers, text, sampling, ToolUse())
+
+
+def detokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
+    """vLLM's `POST /detokenize`: `tokens`, a list of token ids, to their text."""
+    doc = document(body)
+    tokens = doc.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in tokens
+    ):
+        raise BadField("tokens", "tokens must be a list of token ids (integers >= 0)")
+    text = json.dumps(tokens)
+    _bounded("tokens", len(text))
+    return _call(doc, headers, text, Sampling(task="detokenize"), ToolUse())
+
+
 def _chat_logprobs(doc: dict[str, Any]) -> int | None:
     """Chat's `logprobs` (true/false) and `top_logprobs` (alternatives) as one count."""
     wanted = _field(doc, "logprobs", bool)

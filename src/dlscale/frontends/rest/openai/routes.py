@@ -28,8 +28,10 @@ from dlscale.frontends.rest.openai.decode import (
     Call,
     chat_call,
     completion_call,
+    detokenize_call,
     document,
     request_id,
+    tokenize_call,
 )
 from dlscale.frontends.rest.openai.embeddings import (
     embedding_call,
@@ -51,7 +53,10 @@ log = logging.getLogger("dlscale.http")
 GROUP = "openai"
 SSE = "text/event-stream"
 #: vLLM's routes at the root of its API port, served here too (docs/openai.md).
-ROOT_PATHS = ("/health", "/version")
+ROOT_PATHS = ("/health", "/version", "/tokenize", "/detokenize")
+#: The backends that tokenize without generating (the generative engines; a Python model
+#: generates whatever it is asked).
+TOKENIZERS = ("transformers", "vllm")
 _Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 
@@ -110,6 +115,10 @@ class OpenAIApi:
                 return self._health, [], "GET"
             case ["version"]:
                 return self._version, [], "GET"
+            case ["tokenize"]:
+                return self._tokenize, [], "POST"
+            case ["detokenize"]:
+                return self._detokenize, [], "POST"
         if parts[:1] != ["v1"]:
             return None, [], ""
         match parts[1:]:
@@ -142,6 +151,44 @@ class OpenAIApi:
         """vLLM's `/version`: `{"version": ...}`, the server's (dlscale's) version."""
         metadata = await answer(self.plane.server_metadata)
         return RestResponse(200, [orjson.dumps({"version": metadata.version})])
+
+    async def _tokenize(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/tokenize`: the prompt's token ids, their count and the model's context."""
+        call = tokenize_call(body, headers)
+        ids = orjson.loads(await self._converted(call))
+        doc: dict[str, Any] = {"count": len(ids), "tokens": ids}
+        card = await self._card(call.model)
+        if card is not None and "max_model_len" in card:
+            doc["max_model_len"] = card["max_model_len"]
+        return RestResponse(200, [orjson.dumps(doc)])
+
+    async def _detokenize(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/detokenize`: the text of token ids."""
+        text = await self._converted(detokenize_call(body, headers))
+        return RestResponse(200, [orjson.dumps({"prompt": text})])
+
+    async def _converted(self, call: Call) -> str:
+        """The text of a tokenize or detokenize request's one answer (no generation step)."""
+        try:
+            config = await answer(self.plane.model_config, call.model)
+            if config.backend not in TOKENIZERS:
+                raise BadField(
+                    "model",
+                    f"model {call.model!r} ({config.backend}) does not tokenize; the "
+                    f"{' and '.join(TOKENIZERS)} engines do",
+                )
+            responses = self.plane.stream(call.request)
+            try:
+                texts = [Piece.of(r).text async for r in responses]
+            finally:
+                await aclose(responses)
+        except DlscaleError as exc:
+            raise _ModelError(call.model, exc) from None
+        return "".join(texts)
 
     # -- models ------------------------------------------------------------------------------------
 
