@@ -312,7 +312,9 @@ async def _events(
         held = reply.tools.parsed  # a tool call is known at its end: one chunk, then
         while piece is not None:
             reply.add(piece)
-            if not held and (piece.text or piece.finish_reason is not None):
+            # A token whose text is held back (a split character, a possible stop string)
+            # still sends its logprobs now.
+            if not held and (piece.text or piece.logprobs or piece.finish_reason is not None):
                 yield reply.chunk(piece, include_usage)
             response = await _next(responses)
             piece = Piece.of(response) if response is not None else None
