@@ -63,6 +63,18 @@ class InvalidInput(DlscaleError):
         self.param = param
 
 
+class InvalidField(InvalidInput):
+    """A request field with a wrong type or value, named first: `InvalidInput(message, param)`
+    said the other way round, for code that checks one field after another."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message, param)
+
+    def __reduce__(self) -> tuple[type[InvalidField], tuple[str, str]]:
+        # Pickled between processes (REST workers): both arguments, not Exception's one.
+        return type(self), (self.param or "", str(self))
+
+
 class UnsupportedMediaType(InvalidInput):
     """A body in an encoding or media type the server does not read (RFC 9110: 415)."""
 

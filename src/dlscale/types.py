@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from dlscale.errors import InvalidInput
+from dlscale.sampling import Sampling
 
 #: A model or request parameter as the Open Inference Protocol carries it (bool, int64 or string).
 Parameter = bool | int | float | str
@@ -155,6 +156,9 @@ class InferenceRequest:
     #: The caller's W3C trace context (REST header / gRPC metadata `traceparent`), continued
     #: by an OTLP trace of this request ("" when none was sent).
     traceparent: str = ""
+    #: A generative request's settings, typed by the frontend that read them (OpenAI's); None
+    #: when they are in `parameters` (the Open Inference Protocol's), read once by the core.
+    sampling: Sampling | None = None
 
     @property
     def priority(self) -> int:

@@ -80,3 +80,38 @@ def test_the_1b_decoder_runs_bf16_with_its_cache_from_free_memory(tmp_path: Path
         assert backend.engine_stats().running == 0
     finally:
         backend.unload()
+
+
+def test_the_row_processors_run_on_the_gpu(tmp_path: Path) -> None:
+    """Logprobs, a repetition penalty, min_tokens and a JSON-schema grammar read each row's
+    Python state at every step: on CUDA tensors too (written on the CPU path, awaits a GPU)."""
+    import json
+
+    from dlscale.sampling import Guide, Sampling
+
+    folder = build_zoo(tmp_path, ["llama-tiny"])[0] / "1"
+    backend = loaded(folder, dtype="float32", kv_cache_gib=0.25)
+    schema = (
+        '{"type": "object", "properties": {"c": {"enum": ["red", "green"]}}, "required": ["c"]}'
+    )
+    typed = Sampling(
+        max_tokens=24,
+        temperature=0.0,
+        logprobs=2,
+        repetition_penalty=1.3,
+        min_tokens=2,
+        guide=Guide("json_schema", schema),
+    )
+    inputs = {"text_input": np.array([b"Hello"], dtype=object)}
+
+    async def run() -> list[Any]:
+        return [p async for p in backend.generate("g", inputs, typed)]
+
+    try:
+        parts = asyncio.run(run())
+    finally:
+        backend.unload()
+    text = "".join(bytes(p.outputs["text_output"][0]).decode() for p in parts)
+    assert json.loads(text)["c"] in ("red", "green")
+    rows = [r for p in parts for r in json.loads(str(p.parameters.get("logprobs", "[]")))]
+    assert rows and all(len(top) == 2 and lp <= 0 for _, lp, top in rows)

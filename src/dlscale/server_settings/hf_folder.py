@@ -20,7 +20,7 @@ from typing import Any
 import tomli_w
 
 from dlscale.errors import ConfigError
-from dlscale.server_settings import DTYPE_NAMES, Generative
+from dlscale.server_settings.generative import DTYPE_NAMES, Generative
 from dlscale.serving.regions import cuda
 
 #: The file that makes a folder a Hugging Face model (and not a repository).

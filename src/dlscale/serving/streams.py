@@ -24,6 +24,7 @@ import numpy as np
 from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
+from dlscale.sampling import Sampling
 from dlscale.serving.manager import ServedVersion
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
@@ -116,8 +117,8 @@ async def _open(
     seats.tasks.add(task)  # ended at the shutdown's cut (Seats.cut) if still running then
     try:
         wanted = set(validate(served, request))
-        if seats.generative:  # refused before it waits; the engine reads them again
-            contract.Sampling.from_parameters(request.parameters)
+        # Read once, and refused before it waits: the engine is given it typed.
+        sampling = _sampling(request) if seats.generative else None
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
         served.stats.record_failure(exc.reason, _ended(times, on_end))
@@ -130,7 +131,7 @@ async def _open(
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
     backend = cast(StreamingBackend, instance.backend)
     meter = _Meter(seats.tokens if backend.capabilities.generates_text else None, times)
-    parts = backend.stream(request.id, request.inputs, request.parameters)
+    parts = _parts(backend, request, sampling)
     outcome = "CANCELED"  # unless the stream ends or fails: its client left
     try:
         async for part in parts:
@@ -164,6 +165,25 @@ async def _open(
             served.stats.record_failure(outcome, times.request_end - times.request_start)
         else:
             served.stats.record_success(times, 1)
+
+
+def _sampling(request: InferenceRequest) -> Sampling:
+    """The request's generation settings: as its frontend typed them, or read from its
+    parameters (the one place an OIP request's settings are read)."""
+    return request.sampling or Sampling.from_parameters(request.parameters)
+
+
+def _parts(
+    backend: StreamingBackend, request: InferenceRequest, sampling: Sampling | None
+) -> AsyncIterator[StreamPart]:
+    """The backend's parts: an engine takes the settings typed; a Python model (Triton's
+    contract) reads its parameters, so the typed settings are written back into them."""
+    if sampling is not None and isinstance(backend, contract.GenerativeBackend):
+        return backend.generate(request.id, request.inputs, sampling)
+    parameters = request.parameters
+    if request.sampling is not None:
+        parameters = {**parameters, **request.sampling.as_parameters()}
+    return backend.stream(request.id, request.inputs, parameters)
 
 
 async def joined(

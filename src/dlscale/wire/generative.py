@@ -21,6 +21,9 @@ TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 NUM_INPUT_TOKENS = "num_input_tokens"
 NUM_OUTPUT_TOKENS = "num_output_tokens"
+#: The response parameter that holds the new tokens' log-probabilities, when they were asked
+#: for: a JSON list of `[token, logprob, [[alternative, logprob], ...]]`, one per token.
+LOGPROBS = "logprobs"
 
 #: The signature every generative model reports (no batch dim: engines batch themselves).
 INPUTS = (TensorSpec(TEXT_INPUT, Datatype.BYTES, (1,)),)

@@ -161,7 +161,7 @@ def test_a_stream_sends_one_chunk_per_token(client: openai.OpenAI) -> None:
         ),
         ({"max_tokens": -1}, "max_tokens must be at least 1", "max_tokens"),
         ({"temperature": 5}, "temperature must be between", "temperature"),
-        ({"top_p": 2}, "top_p must be between", "top_p"),
+        ({"top_p": 2}, "top_p must be above 0", "top_p"),
         ({"seed": -4}, "seed must be between", "seed"),
         ({"prompt": [3, 99999]}, "token id 99999 is out of this model's vocabulary", "prompt"),
         ({"prompt": [[1, 2], "mixed"]}, "all of one kind", "prompt"),

@@ -211,3 +211,36 @@ def test_a_gpu_instance_on_the_cpu_build_is_refused_with_the_reason(folder: Path
         pytest.skip("vLLM's GPU build serves cuda instances")
     with pytest.raises(ConfigError, match="CPU build"):
         VllmBackend(folder / "config.json", BackendOptions(device="cuda:0")).load()
+
+
+def test_the_typed_settings_map_to_vllms_sampling_params() -> None:
+    from dlscale.backends.generative.vllm import sampling_params
+    from dlscale.sampling import Guide, Sampling
+
+    typed = Sampling(
+        max_tokens=9,
+        top_k=3,
+        min_tokens=2,
+        repetition_penalty=1.3,
+        logprobs=4,
+        guide=Guide("json_schema", '{"type": "object"}'),
+    )
+    params = sampling_params(typed)
+    assert (params.max_tokens, params.top_k, params.min_tokens) == (9, 3, 2)
+    assert (params.repetition_penalty, params.logprobs) == (1.3, 4)
+    guided = getattr(params, "structured_outputs", None) or params.guided_decoding
+    assert guided.json == {"type": "object"}
+    assert sampling_params(Sampling()).top_k in (0, -1)  # every token, in vLLM's words
+
+
+async def test_logprobs_come_in_the_contracts_shape(backend: VllmBackend) -> None:
+    from dlscale.backends.generative.contract import LOGPROBS
+    from dlscale.sampling import Sampling
+
+    typed = Sampling(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=2)
+    got = [p async for p in backend.generate("lp", text_input("Once upon"), typed)]
+    rows = [row for p in got for row in json.loads(str(p.parameters.get(LOGPROBS, "[]")))]
+    assert len(rows) == 3
+    for token, logprob, top in rows:
+        assert isinstance(token, str) and logprob <= 0 and len(top) == 2
+        assert logprob == pytest.approx(top[0][1])  # greedy: the best one

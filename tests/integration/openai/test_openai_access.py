@@ -131,3 +131,23 @@ def test_the_generative_bench_sends_its_api_key(
     ok, error = asyncio.run(one())
     assert ok == answered
     assert answered or "401" in (error or "")
+
+
+def test_vllms_health_is_open_and_its_version_needs_the_key(server: LocalServer) -> None:
+    base = f"http://{server.http_url}"
+    health = httpx.get(f"{base}/health")  # no key: probes need none, as on /v2/health/*
+    assert health.status_code == 200 and health.content == b""
+    refused = httpx.get(f"{base}/version")
+    assert refused.status_code == 401 and refused.json()["error"]["type"] == "AuthenticationError"
+    version = httpx.get(f"{base}/version", headers=BEARER)
+    assert version.status_code == 200 and version.json()["version"]
+    wrong = httpx.post(f"{base}/health")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+
+
+def test_tokenize_needs_the_key_and_a_tokenizing_engine(server: LocalServer) -> None:
+    url = f"http://{server.http_url}/tokenize"
+    body = {"model": MODEL, "prompt": "red"}
+    assert httpx.post(url, json=body).status_code == 401
+    answer = httpx.post(url, json=body, headers=BEARER)  # a Python model: no tokenizer
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"

@@ -231,7 +231,7 @@ def test_a_compressed_body_is_held_to_the_body_limit(http: httpx.Client) -> None
 def test_wrong_methods_and_routes(http: httpx.Client) -> None:
     wrong = http.get("/v1/completions")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
-    missing = http.get("/v1/embeddings")
+    missing = http.get("/v1/responses")
     assert missing.status_code == 404 and "error" in missing.json()
 
 

@@ -1,13 +1,12 @@
 """The OpenAI API over a real engine: the zoo's llama-tiny on the transformers backend, served,
 with the real `openai` client; greedy answers equal transformers' own `generate`.
 
-One server for the module.
+One server, shared with test_openai_fields.py (conftest.py).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +17,7 @@ import openai
 import pytest
 import tritonclient.http as th
 from tests.toolkit.generative import next_outcome, outcomes
-from tests.toolkit.server import LocalServer, serving
+from tests.toolkit.server import LocalServer
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,11 +26,8 @@ PROMPT = "Once upon a time, the cat"
 
 
 @pytest.fixture(scope="module")
-def server(llama_tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    root = tmp_path_factory.mktemp("repo")
-    shutil.copytree(llama_tiny, root / MODEL)
-    with serving(root, grpc_port=None) as running:
-        yield running
+def server(llama_server: LocalServer) -> LocalServer:
+    return llama_server  # the folder's one engine server (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,22 @@ model's chat template) and, per streamed response, `text_output` (the new text s
 previous response), `num_input_tokens`, `num_output_tokens` (generated so far) and, on the
 final response, `finish_reason`. Sampling settings are request parameters (OIP generate puts
 unknown JSON keys there; Triton's vLLM clients may send them as a JSON `sampling_parameters`
-string): `Sampling.from_parameters` reads and bounds them in one place.
+string): the core reads them once into a typed `Sampling` (dlscale/sampling.py), which an
+engine's `generate` takes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from dlscale.backends.base import StreamingBackend, StreamPart
-from dlscale.errors import InvalidInput
-from dlscale.types import Parameter
+from dlscale.errors import InvalidField, InvalidInput
+from dlscale.sampling import Sampling
 
 # The tensor names live with the wire codec, where frontends and the bench read them too;
 # re-exported here for the engines.
@@ -31,6 +30,7 @@ from dlscale.wire.generative import (
     FINISH_REASON,
     FINISH_REASONS,
     INPUTS,
+    LOGPROBS,
     MAX_MESSAGES,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
@@ -40,10 +40,14 @@ from dlscale.wire.generative import (
     check_prompt_bytes,
 )
 
+#: A tokenizer's decode: token ids to text.
+Decode = Callable[[Sequence[int]], str]
+
 __all__ = [
     "FINISH_REASON",
     "FINISH_REASONS",
     "INPUTS",
+    "LOGPROBS",
     "MAX_MESSAGES",
     "NUM_INPUT_TOKENS",
     "NUM_OUTPUT_TOKENS",
@@ -55,146 +59,12 @@ __all__ = [
     "Sampling",
     "chat_messages",
     "check_context",
+    "converted",
     "join",
     "part",
     "prompt_text",
     "prompt_tokens",
 ]
-
-#: Bounds on what a client may ask, checked before anything reaches an engine.
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
-MAX_TOKENS_DEFAULT = 16
-MAX_SEED = 2**63 - 1
-#: What `text_input` holds: the prompt, chat messages (JSON), or the prompt's token ids (JSON).
-INPUT_FORMATS = ("text", "chat", "tokens")
-#: Triton vLLM clients' settings: a JSON object in one string (a parameter or a BYTES input).
-PACKED = "sampling_parameters"
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to generate: the request's sampling settings, validated."""
-
-    max_tokens: int = MAX_TOKENS_DEFAULT
-    #: 0 is greedy decoding.
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    #: "text": `text_input` is the prompt; "chat": a JSON list of {role, content} messages;
-    #: "tokens": a JSON list of the prompt's token ids (OpenAI's `prompt: [1, 2, 3]`).
-    input_format: str = "text"
-    extra: Mapping[str, Parameter] = field(default_factory=dict)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Parameter]) -> Sampling:
-        """The settings a request's parameters name; InvalidInput naming the field otherwise."""
-        merged: dict[str, object] = dict(parameters)
-        packed = merged.pop(PACKED, None)
-        if packed is not None:
-            merged.update(_unpack(packed))
-        max_tokens = _integer(merged, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
-        temperature = _number(merged, "temperature", 1.0, low=0.0, high=2.0)
-        top_p = _number(merged, "top_p", 1.0, low=0.0, high=1.0)
-        if top_p == 0.0:
-            raise InvalidInput("top_p must be greater than 0 and at most 1", "top_p")
-        seed = merged.get("seed")
-        if seed is not None:
-            seed = _integer(merged, "seed", 0, low=0, high=MAX_SEED)
-        input_format = str(merged.get("input_format", "text"))
-        if input_format not in INPUT_FORMATS:
-            raise InvalidInput(
-                f"input_format must be one of {', '.join(INPUT_FORMATS)}, not {input_format!r}",
-                "input_format",
-            )
-        return cls(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed if isinstance(seed, int) else None,
-            stop=_stop_strings(merged.get("stop")),
-            ignore_eos=_flag(merged, "ignore_eos"),
-            input_format=input_format,
-        )
-
-
-def _unpack(packed: object) -> dict[str, object]:
-    """Triton vLLM clients' `sampling_parameters`: a JSON object in a string parameter."""
-    try:
-        value = json.loads(packed) if isinstance(packed, str | bytes) else None
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"sampling_parameters is not JSON: {exc}", PACKED) from None
-    if not isinstance(value, dict):
-        raise InvalidInput("sampling_parameters must be a JSON object", PACKED)
-    return value
-
-
-def _from_text(value: object, kind: type[int] | type[float]) -> object:
-    """A number written as a string, as Triton's vLLM clients send every setting
-    (`{"max_tokens": "100"}`, parameters of type string): read as its number."""
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return kind(value.strip())
-    return value
-
-
-def _integer(
-    values: Mapping[str, object], name: str, default: int, low: int, high: int | None = None
-) -> int:
-    value = _from_text(values.get(name, default), int)
-    # NaN and the infinities (JSON's 1e400 reads as one) are no integer: int() would raise.
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{name} must be an integer, not {value!r}", name)
-    if value < low or (high is not None and value > high):
-        bound = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise InvalidInput(f"{name} must be {bound}, not {value}", name)
-    return value
-
-
-def _number(
-    values: Mapping[str, object], name: str, default: float, low: float, high: float
-) -> float:
-    value = _from_text(values.get(name, default), float)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"{name} must be a number, not {value!r}", name)
-    if not low <= value <= high:
-        raise InvalidInput(f"{name} must be between {low} and {high}, not {value}", name)
-    return float(value)
-
-
-def _flag(values: Mapping[str, object], name: str) -> bool:
-    value = values.get(name, False)
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"  # a Triton vLLM client's string
-    if not isinstance(value, bool):
-        raise InvalidInput(f"{name} must be true or false, not {value!r}", name)
-    return value
-
-
-def _stop_strings(value: object) -> tuple[str, ...]:
-    """`stop`: a string, a JSON list of strings in a string parameter, or a list."""
-    if value is None:
-        return ()
-    if isinstance(value, str) and value.startswith("["):
-        with contextlib.suppress(json.JSONDecodeError):
-            value = json.loads(value)
-    strings = [value] if isinstance(value, str) else value
-    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-        raise InvalidInput("stop must be a string or a list of strings", "stop")
-    if len(strings) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_CHARS for s in strings):
-        raise InvalidInput(
-            f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters",
-            "stop",
-        )
-    return tuple(strings)
 
 
 def prompt_text(inputs: Mapping[str, np.ndarray], context: int | None = None) -> str:
@@ -251,7 +121,7 @@ def check_context(prompt: int, max_tokens: int, context: int, input_format: str)
         )
 
 
-def chat_messages(text: str) -> list[dict[str, str]]:
+def chat_messages(text: str) -> list[dict[str, object]]:
     """The chat messages `text_input` holds when `input_format = "chat"`, at most MAX_MESSAGES."""
     try:
         messages = json.loads(text)
@@ -270,11 +140,57 @@ def chat_messages(text: str) -> list[dict[str, str]]:
         )
     ):
         raise InvalidInput("chat messages must be a non-empty list of {role, content} strings")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return [_message(m) for m in messages]
+
+
+def _message(message: dict[str, object]) -> dict[str, object]:
+    """A message as the chat template reads it: role and content, and the tool calls an
+    assistant made or the id of the call a tool answers (OpenAI's fields)."""
+    kept: dict[str, object] = {"role": message["role"], "content": message["content"]}
+    if isinstance(message.get("tool_calls"), list):
+        kept["tool_calls"] = message["tool_calls"]
+    if isinstance(message.get("tool_call_id"), str):
+        kept["tool_call_id"] = message["tool_call_id"]
+    return kept
+
+
+def converted(
+    sampling: Sampling,
+    text: str,
+    tokenize: Callable[[str], list[int]],
+    decode: Decode,
+    vocab_size: int,
+) -> StreamPart:
+    """The one part of a tokenize or detokenize request (no generation step): the prompt's
+    token ids as a JSON list, or the text of the JSON list of ids `text` holds."""
+    if sampling.task == "tokenize":
+        ids = tokenize(text)
+        return part(json.dumps(ids), len(ids), 0, "stop")
+    try:
+        listed: object = json.loads(text)
+    except json.JSONDecodeError:
+        listed = None
+    if not isinstance(listed, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in listed
+    ):
+        raise InvalidField("tokens", "tokens must be a list of token ids (integers >= 0)")
+    unknown = [i for i in listed if i >= vocab_size]
+    if unknown:  # a tokenizer decodes them as nothing, silently
+        raise InvalidField(
+            "tokens", f"token id {unknown[0]} is not in this model's vocabulary of {vocab_size}"
+        )
+    try:
+        return part(decode(listed), len(listed), 0, "stop")
+    except (IndexError, OverflowError, TypeError, ValueError) as exc:
+        raise InvalidField("tokens", f"tokens are not this model's: {exc}") from None
 
 
 def part(
-    text: str, input_tokens: int, output_tokens: int, finish_reason: str | None = None
+    text: str,
+    input_tokens: int,
+    output_tokens: int,
+    finish_reason: str | None = None,
+    logprobs: str = "",
 ) -> StreamPart:
     """One streamed response: the new text and the counts so far; final with a finish reason."""
     outputs = {
@@ -284,23 +200,29 @@ def part(
     }
     if finish_reason is not None:
         outputs[FINISH_REASON] = np.array([finish_reason.encode()], dtype=object)
-    return StreamPart(outputs, final=finish_reason is not None)
+    parameters: dict[str, bool | int | float | str] = {LOGPROBS: logprobs} if logprobs else {}
+    return StreamPart(outputs, parameters, final=finish_reason is not None)
 
 
 def join(parts: Iterable[StreamPart]) -> StreamPart:
     """A whole answer from its streamed parts (text concatenated, last counts and reason)."""
     text: list[bytes] = []
+    logprobs: list[object] = []
     last: StreamPart | None = None
     for each in parts:
         if TEXT_OUTPUT in each.outputs:
             text.append(bytes(each.outputs[TEXT_OUTPUT].reshape(-1)[0]))
         if NUM_OUTPUT_TOKENS in each.outputs:
             last = each
+        logprobs.extend(json.loads(str(each.parameters.get(LOGPROBS, "[]"))))
     if last is None:
         raise InvalidInput("the generation ended before its first token")
     whole = dict(last.outputs)
     whole[TEXT_OUTPUT] = np.array([b"".join(text)], dtype=object)
-    return StreamPart(whole, dict(last.parameters), final=True)
+    parameters = dict(last.parameters)
+    if logprobs:
+        parameters[LOGPROBS] = json.dumps(logprobs)
+    return StreamPart(whole, parameters, final=True)
 
 
 @dataclass(frozen=True)
@@ -323,6 +245,12 @@ class EngineStats:
 @runtime_checkable
 class GenerativeBackend(StreamingBackend, Protocol):
     """A generative engine (`Capabilities.generates_text`): streams by this contract and reports
-    its state for the metrics (running and waiting sequences, KV-cache use)."""
+    its state for the metrics (running and waiting sequences, KV-cache use). The core calls
+    `generate` with the request's settings typed, read once; `stream` (the protocol's, with
+    parameters) is for callers that hold only a dict."""
 
     def engine_stats(self) -> EngineStats: ...
+
+    def generate(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], sampling: Sampling
+    ) -> AsyncIterator[StreamPart]: ...

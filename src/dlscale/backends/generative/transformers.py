@@ -21,11 +21,19 @@ import numpy as np
 import torch
 
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
-from dlscale.backends.generative.contract import INPUTS, OUTPUTS, EngineStats, join
+from dlscale.backends.generative.contract import (
+    INPUTS,
+    OUTPUTS,
+    EngineStats,
+    converted,
+    join,
+    prompt_text,
+)
 from dlscale.backends.generative.quiet import third_party_to_file
 from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
-from dlscale.backends.generative.transformers_request import Bounds, Job, Parts, prepare
+from dlscale.backends.generative.transformers_request import Job, Model, Parts, prepare, tokens
 from dlscale.errors import ConfigError, Unavailable
+from dlscale.sampling import Sampling
 from dlscale.types import Parameter, TensorSpec
 
 #: Plain `infer` calls an instance may run at once: each is one sequence the engine batches.
@@ -73,22 +81,41 @@ class TransformersBackend:
         engine = self._engine
         return EngineStats(0, 0, 0.0) if engine is None else engine.stats()
 
-    def _prepare(
-        self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
-    ) -> tuple[Engine, Job]:
+    def _prepare(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> tuple[Engine, Job]:
         engine = self._engine
         if engine is None:
             raise Unavailable("the transformers engine is not loaded")
-        bounds = Bounds(engine.context, engine.cache_tokens, engine.vocabulary)
-        return engine, prepare(engine.tokenizer, bounds, engine.eos_ids, inputs, parameters)
+        return engine, prepare(model_of(engine), inputs, sampling)
 
-    async def stream(
+    def _convert(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> StreamPart:
+        engine = self._engine
+        if engine is None:
+            raise Unavailable("the transformers engine is not loaded")
+        tokenizer, model = engine.tokenizer, model_of(engine)
+        return converted(
+            sampling,
+            prompt_text(inputs, engine.context),
+            lambda text: tokens(model, text, sampling),
+            lambda ids: str(tokenizer.decode(list(ids))),
+            len(tokenizer),
+        )
+
+    def stream(
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> AsyncIterator[StreamPart]:
+        """`generate` for a caller that holds the settings as request parameters."""
+        return self.generate(request_id, inputs, Sampling.from_parameters(parameters))
+
+    async def generate(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], sampling: Sampling
     ) -> AsyncIterator[StreamPart]:
         """The request's parts as the engine makes them; closing early cancels the sequence."""
         # Chat templates and the tokenizer take time in proportion to the prompt: in a thread,
         # so that the event loop keeps answering every other request meanwhile.
-        engine, job = await asyncio.to_thread(self._prepare, inputs, parameters)
+        if sampling.task != "generate":
+            yield await asyncio.to_thread(self._convert, inputs, sampling)
+            return
+        engine, job = await asyncio.to_thread(self._prepare, inputs, sampling)
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[object] = asyncio.Queue()
 
@@ -110,7 +137,7 @@ class TransformersBackend:
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One whole answer with the default settings, blocking (from an instance thread)."""
-        engine, job = self._prepare(inputs, {})
+        engine, job = self._prepare(inputs, Sampling())
         arrived: queue.SimpleQueue[object] = queue.SimpleQueue()
         engine_id = f"infer#{next(self._ids)}"
         parts = Parts(engine.tokenizer, job)
@@ -134,3 +161,15 @@ class TransformersBackend:
 
 
 __all__ = ["TransformersBackend"]
+
+
+def model_of(engine: Engine) -> Model:
+    """What a request is prepared against, read off the loaded engine."""
+    return Model(
+        engine.tokenizer,
+        engine.context,
+        engine.cache_tokens,
+        engine.vocabulary,
+        engine.eos_ids,
+        engine.grammars,
+    )

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import (
@@ -29,6 +29,9 @@ from dlscale.backends.base import BackendOptions, FailureReport
 from dlscale.backends.generative.contract import EngineStats
 from dlscale.backends.generative.transformers_sampling import RequestSampling
 from dlscale.errors import BackendError, ConfigError, DlscaleError, Unavailable
+
+if TYPE_CHECKING:
+    from dlscale.backends.generative.transformers_grammar import Grammars
 
 #: What a request's callback receives: each output of its sequence, or the engine's failure.
 Sink = Callable[[GenerationOutput | DlscaleError], None]
@@ -188,6 +191,15 @@ def _cache_tokens(manager: Any, page_size: int, context: int) -> int:
     return int(blocks) * page_size if isinstance(blocks, int) else context
 
 
+def _grammars(tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> Grammars | None:
+    """The model's grammar compiler, None where xgrammar (the [llm] extra's) is missing."""
+    try:
+        from dlscale.backends.generative.transformers_grammar import Grammars
+    except ImportError:
+        return None
+    return Grammars(tokenizer, vocab_size, eos_ids)
+
+
 class Engine:
     """One model, its tokenizer and a running continuous-batching manager."""
 
@@ -206,6 +218,7 @@ class Engine:
         self.context: int = _context(int(config.max_position_embeddings), settings.max_model_len)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
+        self.grammars = _grammars(self.tokenizer, int(config.vocab_size), self.eos_ids)
         # Greedy for every sequence: sampling is per request, by RequestSampling's processors.
         generation = GenerationConfig(  # type: ignore[no-untyped-call]
             do_sample=False, eos_token_id=list(self.eos_ids), pad_token_id=config.pad_token_id
@@ -249,6 +262,11 @@ class Engine:
             max_batch_tokens=settings.max_batch_tokens,
             max_requests_per_batch=settings.max_num_seqs,
             max_memory_percent=settings.gpu_memory_fraction,
+            # The row processors (transformers_rows.py) read each request's Python state at
+            # every step: a CUDA graph would replay the first step's, and double buffering
+            # would run a step before the last one's tokens are in that state.
+            use_cuda_graph=False,
+            use_async_batching=False,
         )
 
     def submit(

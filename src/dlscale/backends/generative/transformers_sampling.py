@@ -8,7 +8,9 @@ request's draws would depend on which others share its steps. dlscale runs the e
 top-p scale and cut the row, and a draw from the request's own seeded `torch.Generator`
 leaves only the drawn token in it, which the arg-max then picks. A greedy request passes
 through untouched. So greedy equals `generate`'s greedy, and a seeded request draws the same
-tokens whatever else is batched with it (docs/generative.md).
+tokens whatever else is batched with it (docs/generative.md). Top-k cuts a row as top-p does.
+Settings that need each request's history (penalties, min_tokens, grammars, logprobs) are
+in transformers_rows.py; this chain runs them first and last.
 """
 
 from __future__ import annotations
@@ -22,20 +24,30 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.logits_process import LogitsProcessorList
 
+from dlscale.backends.generative.transformers_rows import ROWS, After, Before, RowState
+from dlscale.sampling import Sampling
+
 #: The per-request keyword arguments these processors read (`add_request`'s extras).
-TEMPERATURE, TOP_P, GENERATOR = "temperature", "top_p", "generator"
+TEMPERATURE, TOP_P, TOP_K, GENERATOR = "temperature", "top_p", "top_k", "generator"
 
 
-def request_settings(temperature: float, top_p: float, seed: int | None) -> dict[str, Any]:
-    """The `add_request` extras for one request; greedy when `temperature` is 0."""
-    if temperature == 0.0:
-        return {TEMPERATURE: 0.0, TOP_P: 1.0}
+def request_settings(sampling: Sampling, rows: RowState) -> dict[str, Any]:
+    """The `add_request` extras for one request; greedy when its temperature is 0."""
+    settings: dict[str, Any] = {ROWS: rows} if rows.needed else {}
+    if sampling.temperature == 0.0:
+        return {**settings, TEMPERATURE: 0.0, TOP_P: 1.0}
     generator = torch.Generator()
-    if seed is None:
+    if sampling.seed is None:
         generator.seed()  # a fresh seed from the OS: unseeded requests differ
     else:
-        generator.manual_seed(seed)
-    return {TEMPERATURE: temperature, TOP_P: top_p, GENERATOR: generator}
+        generator.manual_seed(sampling.seed)
+    return {
+        **settings,
+        TEMPERATURE: sampling.temperature,
+        TOP_P: sampling.top_p,
+        TOP_K: sampling.top_k,
+        GENERATOR: generator,
+    }
 
 
 def _floats(values: list[float]) -> torch.Tensor:
@@ -89,6 +101,29 @@ class _TopP(ContinuousBatchingLogitsProcessor):
         return scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
+class _TopK(ContinuousBatchingLogitsProcessor):
+    supported_kwargs: dict[str, type] = {TOP_K: int}  # noqa: RUF012
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        int32_tensor.fill_(0)
+
+    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        return torch.tensor(
+            [r.state.logit_processor_kwargs.get(TOP_K, 0) for r in requests_with_new_token],
+            dtype=torch.int32,
+        )
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        top_k = tensor_arg[: scores.size(0)].unsqueeze(-1)
+        if not bool((top_k > 0).any()):  # no row cuts (0 keeps every token)
+            return scores
+        ordered = torch.sort(scores, descending=True, dim=-1)[0]
+        kth = ordered.gather(-1, (top_k.clamp(1, scores.size(-1)) - 1).long())
+        # Ties with the k-th score stay, as in transformers' own top-k.
+        return scores.masked_fill((top_k > 0) & (scores < kth), float("-inf"))
+
+
 class _Draw(ContinuousBatchingLogitsProcessor):
     supported_kwargs: dict[str, type] = {GENERATOR: torch.Generator}  # noqa: RUF012
     ignored_kwargs: tuple[str, ...] = ()
@@ -118,11 +153,14 @@ class _Draw(ContinuousBatchingLogitsProcessor):
 
 
 class RequestSampling(ContinuousBatchingLogitsProcessorList):
-    """The engine's logits processing: each request's temperature, top-p and seeded draw."""
+    """The engine's logits processing: each request's penalties, masks and logprobs (on the raw
+    scores), temperature, top-k, top-p and seeded draw, then the chosen token's logprob."""
 
     def __init__(self) -> None:
         super().__init__(LogitsProcessorList(), per_request_processors=False)
-        self.logits_processor = LogitsProcessorList([_Temperature(), _TopP(), _Draw()])
+        self.logits_processor = LogitsProcessorList(
+            [Before(), _Temperature(), _TopK(), _TopP(), _Draw(), After()]
+        )
         # One int32 argument row per processor, filled per step by prepare_tensor_args.
         self.tensors_required = len(self.logits_processor)
         self._retrieve_processors_kwargs()

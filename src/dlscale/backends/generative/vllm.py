@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
+import json
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -30,15 +32,26 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative import contract
-from dlscale.backends.generative.contract import EngineStats, Sampling
+from dlscale.backends.generative.contract import EngineStats
 from dlscale.backends.generative.vllm_options import EngineSettings, engine_settings
 from dlscale.errors import ConfigError, InvalidInput, Unsupported
+from dlscale.sampling import Guide, Sampling
 from dlscale.types import Parameter, TensorSpec
 
 try:  # vLLM >= 0.11 tells a client's mistake from its own failures
     from vllm.exceptions import VLLMClientError as _ClientError
 except ImportError:  # pragma: no cover - older vLLM raised ValueError for bad requests
     _ClientError = ValueError
+_StructuredOutputs: Any = None
+_GuidedDecoding: Any = None
+try:  # vLLM >= 0.10.2 names structured output `structured_outputs`
+    from vllm.sampling_params import StructuredOutputsParams
+
+    _StructuredOutputs = StructuredOutputsParams
+except ImportError:  # pragma: no cover - older vLLM: guided decoding
+    from vllm.sampling_params import GuidedDecodingParams
+
+    _GuidedDecoding = GuidedDecodingParams
 try:  # vLLM >= 0.30 takes prompts as rendered engine inputs
     from vllm.inputs import tokens_input as _tokens
 except ImportError:  # pragma: no cover - older vLLM: a TokensPrompt dict
@@ -104,14 +117,24 @@ class VllmBackend:
             "a vLLM model answers through its stream (the server joins it for one answer)"
         )
 
-    async def stream(
+    def stream(
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
+    ) -> AsyncIterator[StreamPart]:
+        """`generate` for a caller that holds the settings as request parameters."""
+        return self.generate(request_id, inputs, Sampling.from_parameters(parameters))
+
+    async def generate(
+        self, request_id: str, inputs: Mapping[str, np.ndarray], sampling: Sampling
     ) -> AsyncIterator[StreamPart]:
         """The request's token deltas as the engine makes them; the last part is final."""
         if self._engine is None:
             raise Unsupported("the vLLM engine is not loaded")
-        sampling = Sampling.from_parameters(parameters)
         text = contract.prompt_text(inputs, self._max_model_len)  # refused unread if too long
+        if sampling.task != "generate":
+            tokenize = functools.partial(self._prompt_ids, sampling=sampling)
+            decode, size = self._tokenizer.decode, len(self._tokenizer)
+            yield contract.converted(sampling, text, tokenize, decode, size)
+            return
         if len(text) > _TOKENIZE_INLINE_CHARS:
             ids = await asyncio.to_thread(self._prompt_ids, text, sampling)
         else:
@@ -119,16 +142,37 @@ class VllmBackend:
         # vLLM keys its sequences by id: the client's may be empty or repeated.
         engine_id = f"{request_id}#{next(self._serial)}"
         generated = 0
-        outputs = self._engine.generate(_tokens(ids), _sampling_params(sampling), engine_id)
+        outputs = self._engine.generate(_tokens(ids), sampling_params(sampling), engine_id)
         try:
             async with contextlib.aclosing(outputs):  # closing it aborts the sequence
                 async for output in outputs:
                     delta = output.outputs[0]
                     generated += len(delta.token_ids)
                     reason = _finish_reason(delta.finish_reason) if output.finished else None
-                    yield contract.part(delta.text, len(ids), generated, reason)
+                    logprobs = self._logprobs(delta, sampling.logprobs)
+                    yield contract.part(delta.text, len(ids), generated, reason, logprobs)
         except _ClientError as exc:  # what vLLM refuses in a request is the client's mistake
             raise InvalidInput(str(exc)) from None
+
+    def _logprobs(self, delta: Any, wanted: int | None) -> str:
+        """vLLM's per-token logprobs ({token id: Logprob(logprob, rank, decoded_token)}) as
+        the contract's JSON: the chosen token's, then the `wanted` best by rank."""
+        if wanted is None or not delta.logprobs:
+            return ""
+        rows = []
+        for token, ranked in zip(delta.token_ids, delta.logprobs, strict=False):
+            best = sorted(
+                ((p.rank, i, p) for i, p in ranked.items() if p.rank is not None),
+                key=lambda each: each[0],
+            )[:wanted]
+            top = [[self._text_of(i, p), p.logprob] for _, i, p in best]
+            chosen = ranked[token]
+            rows.append([self._text_of(token, chosen), chosen.logprob, top])
+        return json.dumps(rows)
+
+    def _text_of(self, token: int, logprob: Any) -> str:
+        text = logprob.decoded_token
+        return str(text) if text is not None else str(self._tokenizer.decode([token]))
 
     def _prompt_ids(self, text: str, sampling: Sampling) -> list[int]:
         """The prompt's token ids (chat messages through the model's chat template), bounded."""
@@ -139,6 +183,7 @@ class VllmBackend:
             try:
                 text = self._tokenizer.apply_chat_template(
                     messages,
+                    tools=json.loads(sampling.tools) if sampling.tools else None,
                     tokenize=False,
                     add_generation_prompt=True,
                     chat_template=self._chat_template,
@@ -166,17 +211,37 @@ class VllmBackend:
             self._engine = None
 
 
-def _sampling_params(sampling: Sampling) -> Any:
+def sampling_params(sampling: Sampling) -> Any:
+    """vLLM's SamplingParams for a request's settings (vLLM's documented fields)."""
     return SamplingParams(
         n=1,
         max_tokens=sampling.max_tokens,
+        min_tokens=sampling.min_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k or -1,  # vLLM's "every token" (0 too in later releases)
+        repetition_penalty=sampling.repetition_penalty,
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
+        logprobs=sampling.logprobs,
         output_kind=RequestOutputKind.DELTA,
+        **_structured(sampling.guide),
     )
+
+
+def _structured(guide: Guide | None) -> dict[str, Any]:
+    """Structured output: `structured_outputs` since vLLM 0.10.2, `guided_decoding` before."""
+    if guide is None:
+        return {}
+    schema = json.loads(guide.json_schema)
+    if _StructuredOutputs is not None:
+        if guide.kind == "json_object":
+            return {"structured_outputs": _StructuredOutputs(json_object=True)}
+        return {"structured_outputs": _StructuredOutputs(json=schema)}
+    if guide.kind == "json_object":
+        return {"guided_decoding": _GuidedDecoding(json_object=True)}
+    return {"guided_decoding": _GuidedDecoding(json=schema)}
 
 
 def _finish_reason(reason: str | None) -> str:

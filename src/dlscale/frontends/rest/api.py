@@ -93,8 +93,8 @@ class RestApi:
     async def _answer(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if path.startswith("/v1/"):  # TensorFlow Serving's API, and the OpenAI API's
-            tfserving = self.tfserving.route(path)
+        if self.openai.serves(path):  # the OpenAI API's (and TensorFlow Serving's, under /v1/)
+            tfserving = self.tfserving.route(path) if path.startswith("/v1/") else None
             if tfserving is None:  # in its own errors' shape (docs/openai.md)
                 return await self.openai.handle(method, path, headers, body)
             return await self.tfserving.handle(tfserving, method, path, headers, body)
@@ -128,8 +128,8 @@ class RestApi:
         header (401 / 403), and an inference request whose model refuses it now (429), cost no
         body read, decode or task. Anything else about the request is left to `handle`.
         """
-        if path.startswith("/v1/"):
-            tfserving = self.tfserving.route(path)
+        if self.openai.serves(path):
+            tfserving = self.tfserving.route(path) if path.startswith("/v1/") else None
             if tfserving is None:
                 return self.openai.refusal_before_body(method, path, headers)
             refusal = self.tfserving.refusal_before_body(tfserving, method, headers)

@@ -19,11 +19,28 @@ ROLE_START, ROLE_END, TURN_END = "<|start_header_id|>", "<|end_header_id|>", "<|
 SPECIAL_TOKENS = (BOS, EOS, PAD, ROLE_START, ROLE_END, TURN_END)
 #: Llama 3's chat layout, in Jinja as transformers and vLLM render it (bos first, one header per
 #: message, the assistant's header last when a generation prompt is asked for).
+#: With `tools`, a system turn lists them (as JSON) and says how to call one: Hermes's
+#: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, which the OpenAI frontend reads
+#: back; an assistant turn that called tools is spelt the same way.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{ 'You may call these tools. To call one, answer <tool_call>"
+    '{"name": NAME, "arguments": ARGUMENTS}'
+    "</tool_call>.\\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
+    "{{ '<|eot_id|>' }}"
+    "{% endif %}"
     "{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
-    "{{ message['content'] }}{{ '<|eot_id|>' }}"
+    "{% if message.tool_calls %}"
+    "{% for call in message.tool_calls %}"
+    '{{ \'<tool_call>{"name": "\' + call.function.name + \'", "arguments": \' }}'
+    "{{ call.function.arguments }}{{ '}</tool_call>' }}"
+    "{% endfor %}"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{{ '<|eot_id|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{% endif %}"

@@ -1,12 +1,12 @@
 """OpenAI requests read into dlscale's: one InferenceRequest by the generative contract.
 
 The prompt (or the chat messages, as JSON, with `input_format = "chat"`) becomes `text_input`;
-the sampling settings become request parameters, which the contract's `Sampling` bounds in one
-place (backends/generative/contract.py); `priority` and `timeout` are the Open Inference
-Protocol's, so that an OpenAI request waits in the model's one queue by the same rules.
-Fields are checked for their types here, each refusal naming its field; fields this server
-does not implement are refused when set to anything but their default (501), and fields it
-does not know are ignored, as vLLM does.
+the sampling settings become the request's typed `Sampling` (dlscale/sampling.py), read here
+once and bounded there; `priority` and `timeout` are the Open Inference Protocol's, so that an
+OpenAI request waits in the model's one queue by the same rules. Fields are checked for their
+types here, each refusal naming its field in `param`; fields this server does not implement
+are refused (400) when set to anything but their default, and fields it does not know are
+ignored, as vLLM does.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import json
 import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from dlscale.errors import InvalidInput, Unsupported
+from dlscale.errors import InvalidField, InvalidInput
 from dlscale.frontends.rest.openai.errors import BadField
+from dlscale.frontends.rest.openai.tools import ToolUse, response_guide, tool_use
+from dlscale.sampling import MAX_TOKENS_DEFAULT, Guide, Sampling
 from dlscale.types import InferenceRequest, Parameters
 from dlscale.wire.generative import MAX_MESSAGES, TEXT_INPUT
 from dlscale.wire.rest import ANY_JSON, decode_json
@@ -32,23 +34,30 @@ from dlscale.wire.tensors import Buffer
 MAX_PROMPT_BYTES = 2 * 2**20
 #: Roles a chat message may have (OpenAI's; "developer" is its newer "system").
 ROLES = ("system", "developer", "user", "assistant", "tool")
-#: Prompts one /v1/completions request may hold (each is a sequence in the engine).
+#: Prompts one completions request may hold (a list of prompts: a choice each).
 MAX_PROMPTS = 64
 #: Request ids a client may set (X-Request-Id) are kept to this many characters.
 MAX_ID_CHARS = 128
 #: Fields this server does not implement, with the value that means "not used".
 _UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
-    "tools": (None, []),
     "functions": (None, []),
 }
+#: Sampling fields read as they are named, with their JSON types.
+_SAMPLING_FIELDS: tuple[tuple[str, type], ...] = (
+    ("temperature", float),
+    ("top_p", float),
+    ("top_k", int),
+    ("min_tokens", int),
+    ("repetition_penalty", float),
+    ("seed", int),
+    ("ignore_eos", bool),
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class Call:
     stream: bool
     #: stream_options.include_usage: a last chunk with `usage` (and `usage: null` on the others).
     include_usage: bool
+    #: How the answer may call tools (chat), read back from its text by encode.py.
+    tools: ToolUse = field(default_factory=ToolUse)
 
     @property
     def request(self) -> InferenceRequest:
@@ -70,15 +81,26 @@ class Call:
     def model(self) -> str:
         return self.request.model_name
 
+    @property
+    def logprobs(self) -> bool:
+        """Whether the answer carries log-probabilities."""
+        sampling = self.request.sampling
+        return sampling is not None and sampling.logprobs is not None
+
 
 def completion_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     """A `POST /v1/completions` body as a Call: one prompt or several, each a string or a
     list of token ids, as vLLM takes them."""
-    doc = _document(body)
+    doc = document(body)
     prompts = _prompts(doc.get("prompt"))
     _bounded("prompt", sum(len(text.encode()) for text, _ in prompts))
     max_tokens = _field(doc, "max_tokens", int)
-    calls = [_call(doc, headers, text, kind, max_tokens) for text, kind in prompts]
+    logprobs = _field(doc, "logprobs", int)
+    guide = response_guide(doc.get("response_format"))
+    calls = [
+        _call(doc, headers, text, _sampling(doc, kind, max_tokens, logprobs=logprobs, guide=guide))
+        for text, kind in prompts
+    ]
     first = calls[0]
     return Call(tuple(c.request for c in calls), first.stream, first.include_usage)
 
@@ -108,74 +130,138 @@ def _is_ids(value: object) -> bool:
 
 def chat_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     """A `POST /v1/chat/completions` body as a Call; the engine renders the messages."""
-    doc = _document(body)
+    doc = document(body)
     messages = _messages(doc.get("messages"))
     text = json.dumps(messages, ensure_ascii=False)
     # max_completion_tokens is OpenAI's newer name; it wins where a client sends both.
     newer = _field(doc, "max_completion_tokens", int)
     most = newer if newer is not None else _field(doc, "max_tokens", int)
-    return _call(doc, headers, text, "chat", max_tokens=most)
+    tools, use, forced = tool_use(doc.get("tools"), doc.get("tool_choice"))
+    guide = response_guide(doc.get("response_format"))
+    if forced is not None and guide is not None:
+        raise BadField("response_format", "response_format and a forced tool_choice conflict")
+    sampling = _sampling(
+        doc, "chat", most, logprobs=_chat_logprobs(doc), tools=tools, guide=forced or guide
+    )
+    return _call(doc, headers, text, sampling, use)
 
 
-def _document(body: Buffer) -> dict[str, Any]:
+def tokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
+    """vLLM's `POST /tokenize`: a `prompt`, or chat `messages` (and `tools`) as the chat
+    template renders them with the assistant's header last."""
+    doc = document(body)
+    if doc.get("messages") is not None:
+        text = json.dumps(_messages(doc["messages"]), ensure_ascii=False)
+        tools, _, _ = tool_use(doc.get("tools"), "none")
+        sampling = Sampling(task="tokenize", input_format="chat", tools=tools)
+    else:
+        prompt = doc.get("prompt")
+        if not isinstance(prompt, str):
+            raise BadField("prompt", "prompt must be a string (or send chat messages)")
+        _bounded("prompt", len(prompt.encode()))
+        text, sampling = prompt, Sampling(task="tokenize")
+    return _call(doc, headers, text, sampling)
+
+
+def detokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
+    """vLLM's `POST /detokenize`: `tokens`, a list of token ids, to their text."""
+    doc = document(body)
+    tokens = doc.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in tokens
+    ):
+        raise BadField("tokens", "tokens must be a list of token ids (integers >= 0)")
+    text = json.dumps(tokens)
+    _bounded("tokens", len(text))
+    return _call(doc, headers, text, Sampling(task="detokenize"))
+
+
+def _chat_logprobs(doc: dict[str, Any]) -> int | None:
+    """Chat's `logprobs` (true/false) and `top_logprobs` (alternatives) as one count."""
+    wanted = _field(doc, "logprobs", bool)
+    top = _field(doc, "top_logprobs", int)
+    if top is not None and not wanted:
+        raise BadField("top_logprobs", "top_logprobs needs logprobs set to true")
+    if not wanted:
+        return None
+    try:
+        return Sampling(logprobs=top or 0).logprobs  # bounded where every bound is
+    except InvalidField as exc:
+        raise BadField("top_logprobs", str(exc).replace("logprobs", "top_logprobs")) from None
+
+
+def document(body: Buffer) -> dict[str, Any]:
+    """The body as a JSON object; InvalidInput otherwise."""
     doc = decode_json(ANY_JSON, body, "OpenAI request")
     if not isinstance(doc, dict):
         raise InvalidInput("the request body must be a JSON object")
     return doc
 
 
+def _sampling(
+    doc: dict[str, Any],
+    input_format: str,
+    max_tokens: int | None,
+    *,
+    logprobs: int | None = None,
+    tools: str = "",
+    guide: Guide | None = None,
+) -> Sampling:
+    """The request's typed settings; Sampling checks their bounds (InvalidField naming one)."""
+    for name, unused in _UNIMPLEMENTED.items():
+        if doc.get(name) not in unused:
+            raise BadField(name, f"{name} is not supported by this server; leave it out")
+    settings = {name: _field(doc, name, kind) for name, kind in _SAMPLING_FIELDS}
+    n = _field(doc, "n", int)
+    if n not in (None, 1):
+        raise BadField("n", f"n must be 1: one choice per request is supported, not {n}")
+    return Sampling(
+        max_tokens=MAX_TOKENS_DEFAULT if max_tokens is None else max_tokens,
+        stop=_stop(doc.get("stop")),
+        input_format=input_format,
+        logprobs=logprobs,
+        tools=tools,
+        guide=guide,
+        **{k: v for k, v in settings.items() if v is not None},
+    )
+
+
+def _stop(stop: object) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise BadField("stop", "stop must be a string or a list of strings")
+
+
 def _call(
     doc: dict[str, Any],
     headers: Mapping[str, str],
     text: str,
-    input_format: str,
-    max_tokens: int | None,
+    sampling: Sampling,
+    use: ToolUse | None = None,
 ) -> Call:
     model = _field(doc, "model", str)
     if not model:
         raise BadField("model", "model is required: the name of a served generative model")
-    for name, unused in _UNIMPLEMENTED.items():
-        if doc.get(name) not in unused:
-            raise Unsupported(f"{name} is not supported by this server; leave it out")
-    response_format = _field(doc, "response_format", dict)
-    if response_format is not None and response_format.get("type") != "text":
-        raise Unsupported('response_format: only {"type": "text"} is supported')
-    n = _field(doc, "n", int)
-    if n not in (None, 1):
-        raise BadField("n", f"n must be 1: one choice per request is supported, not {n}")
     stream = bool(_field(doc, "stream", bool))
     options = _field(doc, "stream_options", dict)
     if options is not None and not stream:
         raise BadField("stream_options", "stream_options is only allowed when stream is true")
     include_usage = bool(_field(options or {}, "include_usage", bool, "stream_options."))
-    parameters = _parameters(doc, input_format, max_tokens)
+    parameters: Parameters = {}
+    for name in ("priority", "timeout"):  # the queue's, as the Open Inference Protocol's
+        value = _field(doc, name, int)
+        if value is not None:
+            parameters[name] = value
     inputs = {TEXT_INPUT: np.array([text.encode()], dtype=object)}
-    request = InferenceRequest(model, inputs, id=_request_id(headers), parameters=parameters)
+    request = InferenceRequest(
+        model, inputs, id=request_id(headers), parameters=parameters, sampling=sampling
+    )
     request.traceparent = headers.get("traceparent", "")  # continued by an OTLP trace
-    return Call((request,), stream, include_usage)
-
-
-def _parameters(doc: dict[str, Any], input_format: str, max_tokens: int | None) -> Parameters:
-    """The request parameters: sampling settings by the contract's names, and the queue's."""
-    parameters: Parameters = {"input_format": input_format}
-    if max_tokens is not None:
-        parameters["max_tokens"] = max_tokens
-    for name in ("temperature", "top_p"):
-        value = _field(doc, name, float)
-        if value is not None:
-            parameters[name] = value
-    for name, kind in (("seed", int), ("priority", int), ("timeout", int), ("ignore_eos", bool)):
-        value = _field(doc, name, kind)
-        if value is not None:
-            parameters[name] = value
-    stop = doc.get("stop")
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        parameters["stop"] = json.dumps(stop)  # the contract reads a JSON list in a string
-    elif isinstance(stop, str):
-        parameters["stop"] = json.dumps([stop])
-    elif stop is not None:
-        raise BadField("stop", "stop must be a string or a list of strings")
-    return parameters
+    return Call((request,), stream, include_usage, use or ToolUse())
 
 
 def _field(doc: Mapping[str, Any], name: str, kind: type, prefix: str = "") -> Any:
@@ -197,13 +283,14 @@ def _field(doc: Mapping[str, Any], name: str, kind: type, prefix: str = "") -> A
     return value
 
 
-def _messages(value: object) -> list[dict[str, str]]:
-    """Chat messages as {role, content} strings; text parts of a content list are joined."""
+def _messages(value: object) -> list[dict[str, Any]]:
+    """Chat messages as {role, content} strings (text parts of a content list joined), with an
+    assistant's `tool_calls` and a tool's `tool_call_id` kept for the chat template."""
     if not isinstance(value, list) or not value:
         raise BadField("messages", "messages must be a non-empty list of {role, content}")
     if len(value) > MAX_MESSAGES:
         raise BadField("messages", f"at most {MAX_MESSAGES} messages, not {len(value)}")
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     total = 0
     for index, message in enumerate(value):
         where = f"messages[{index}]"
@@ -213,8 +300,12 @@ def _messages(value: object) -> list[dict[str, str]]:
         if role not in ROLES:
             raise BadField(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}")
         content = _content(message.get("content"), f"{where}.content")
-        total += len(content.encode())
-        out.append({"role": str(role), "content": content})
+        kept: dict[str, Any] = {"role": str(role), "content": content}
+        for name, kind in (("tool_calls", list), ("tool_call_id", str)):
+            if message.get(name) is not None:
+                kept[name] = _field(message, name, kind, f"{where}.")
+        total += len(json.dumps(kept).encode())
+        out.append(kept)
     _bounded("messages", total)
     return out
 
@@ -228,7 +319,7 @@ def _content(value: object, where: str) -> str:
         texts = []
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text":
-                raise Unsupported(f"{where}: only text parts are supported")
+                raise BadField(where, f"{where}: only text parts are supported")
             text = part.get("text")
             if not isinstance(text, str):
                 raise BadField(where, f"{where}: a text part's text must be a string")
@@ -244,7 +335,7 @@ def _bounded(param: str, size: int) -> None:
         )
 
 
-def _request_id(headers: Mapping[str, str]) -> str:
+def request_id(headers: Mapping[str, str]) -> str:
     """The client's X-Request-Id (cut to MAX_ID_CHARS), else a new one."""
     given = headers.get("x-request-id", "").strip()
     return given[:MAX_ID_CHARS] if given else uuid.uuid4().hex

@@ -13,25 +13,45 @@ the sequence in the engine.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
 
-from dlscale.errors import DlscaleError, NotFound, Unavailable, redact_paths
+from dlscale.errors import DlscaleError, NotFound, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.plane import Asked, Plane
-from dlscale.frontends.rest.openai.decode import Call, chat_call, completion_call
-from dlscale.frontends.rest.openai.encode import DONE, Answer, Choice, Piece, event
-from dlscale.frontends.rest.openai.errors import error_document, status_and_document
+from dlscale.frontends.rest.openai.decode import (
+    Call,
+    chat_call,
+    completion_call,
+    detokenize_call,
+    document,
+    request_id,
+    tokenize_call,
+)
+from dlscale.frontends.rest.openai.embeddings import (
+    embedding_call,
+    embeddings_document,
+    encoder_inputs,
+    encoder_request,
+)
+from dlscale.frontends.rest.openai.encode import Answer, Choice, Piece
+from dlscale.frontends.rest.openai.errors import BadField, error_document, status_and_document
+from dlscale.frontends.rest.openai.generation import (
+    ModelError,
+    close_all,
+    events,
+    firsts,
+    merged,
+)
 from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
-from dlscale.types import InferenceResponse, ModelKind
+from dlscale.types import ModelKind
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -39,6 +59,11 @@ log = logging.getLogger("dlscale.http")
 #: The API group of every OpenAI route, for `--http-restricted-api openai:KEY=VALUE`.
 GROUP = "openai"
 SSE = "text/event-stream"
+#: vLLM's routes at the root of its API port, served here too (docs/openai.md).
+ROOT_PATHS = ("/health", "/version", "/tokenize", "/detokenize")
+#: The backends that tokenize without generating (the generative engines; a Python model
+#: generates whatever it is asked).
+TOKENIZERS = ("transformers", "vllm")
 _Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 
@@ -52,20 +77,25 @@ class OpenAIApi:
         #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
 
+    @staticmethod
+    def serves(path: str) -> bool:
+        """Whether `path` is this API's: under `/v1/`, or one of vLLM's at the root."""
+        return path.startswith("/v1/") or path.split("?", 1)[0] in ROOT_PATHS
+
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        """Answer one request under `/v1/`; `headers` has lower-case names."""
+        """Answer one request of this API (`serves`); `headers` has lower-case names."""
         try:
             handler, args, allowed = self._route(path)
             if handler is None:
                 return _error(404, f"no OpenAI route for {path[:200]!r}")
-            self.access.check(GROUP, headers)
+            self.access.check(_group(path), headers)
             if method != allowed:
                 message = f"{method} is not allowed here; use {allowed}"
                 return _error(405, message, (("allow", allowed),))
             return await handler(args, headers, self.decoded(headers, body))
-        except _ModelError as wrapped:
+        except ModelError as wrapped:
             return _failure(f"{method} {path}", wrapped.cause, wrapped.model)
         except DlscaleError as exc:
             return _failure(f"{method} {path}", exc)
@@ -80,14 +110,25 @@ class OpenAIApi:
         if self._route(path)[0] is None:
             return None  # `handle` answers 404
         try:
-            self.access.check(GROUP, headers)
+            self.access.check(_group(path), headers)
         except DlscaleError as exc:
             return _failure(f"{method} {path}", exc)
         return None
 
     def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
+        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
         match parts:
+            case ["health"]:
+                return self._health, [], "GET"
+            case ["version"]:
+                return self._version, [], "GET"
+            case ["tokenize"]:
+                return self._tokenize, [], "POST"
+            case ["detokenize"]:
+                return self._detokenize, [], "POST"
+        if parts[:1] != ["v1"]:
+            return None, [], ""
+        match parts[1:]:
             case ["models"]:
                 return self._models, [], "GET"
             case ["models", model]:
@@ -96,7 +137,65 @@ class OpenAIApi:
                 return self._completions, [], "POST"
             case ["chat", "completions"]:
                 return self._chat, [], "POST"
+            case ["embeddings"]:
+                return self._embeddings, [], "POST"
         return None, [], ""
+
+    # -- vLLM's routes at the root -----------------------------------------------------------------
+
+    async def _health(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/health`: 200 with no body while the server can serve, else 503."""
+        if await self.plane.ready():
+            return RestResponse(200, [])
+        reason = await self.plane.not_ready_reason()
+        return _error(503, f"the server is not ready: {reason}")
+
+    async def _version(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/version`: `{"version": ...}`, the server's (dlscale's) version."""
+        metadata = await self.plane.server_metadata()
+        return RestResponse(200, [orjson.dumps({"version": metadata.version})])
+
+    async def _tokenize(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/tokenize`: the prompt's token ids, their count and the model's context."""
+        call = tokenize_call(body, headers)
+        ids = orjson.loads(await self._converted(call))
+        doc: dict[str, Any] = {"count": len(ids), "tokens": ids}
+        card = await self._card(call.model)
+        if card is not None and "max_model_len" in card:
+            doc["max_model_len"] = card["max_model_len"]
+        return RestResponse(200, [orjson.dumps(doc)])
+
+    async def _detokenize(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """vLLM's `/detokenize`: the text of token ids."""
+        text = await self._converted(detokenize_call(body, headers))
+        return RestResponse(200, [orjson.dumps({"prompt": text})])
+
+    async def _converted(self, call: Call) -> str:
+        """The text of a tokenize or detokenize request's one answer (no generation step)."""
+        try:
+            config = await self.plane.model_config(call.model)
+            if config.backend not in TOKENIZERS:
+                raise BadField(
+                    "model",
+                    f"model {call.model!r} ({config.backend}) does not tokenize; the "
+                    f"{' and '.join(TOKENIZERS)} engines do",
+                )
+            responses = self.plane.stream(call.request)
+            try:
+                texts = [Piece.of(r).text async for r in responses]
+            finally:
+                await aclose(responses)
+        except DlscaleError as exc:
+            raise ModelError(call.model, exc) from None
+        return "".join(texts)
 
     # -- models ------------------------------------------------------------------------------------
 
@@ -113,7 +212,7 @@ class OpenAIApi:
     ) -> RestResponse:
         card = await self._card(args[0])
         if card is None:
-            raise _ModelError(args[0], NotFound(f"model {args[0]!r} is not generative"))
+            raise ModelError(args[0], NotFound(f"model {args[0]!r} is not generative"))
         return RestResponse(200, [orjson.dumps(card)])
 
     async def _card(self, name: str) -> dict[str, Any] | None:
@@ -138,6 +237,26 @@ class OpenAIApi:
             card["max_model_len"] = int(length)
         return card
 
+    # -- embeddings --------------------------------------------------------------------------------
+
+    async def _embeddings(
+        self, args: list[str], headers: Mapping[str, str], body: Buffer
+    ) -> RestResponse:
+        """One batch through the encoder's own queue; its vectors in OpenAI's list."""
+        call = embedding_call(document(body))
+        try:
+            ids = encoder_inputs(await self.plane.model_metadata(call.model))
+            if ids is None:
+                raise BadField(
+                    "model",
+                    f"model {call.model!r} is no embedding model (inputs input_ids and "
+                    "attention_mask, output pooler_output or last_hidden_state)",
+                )
+            response = await self.plane.infer(encoder_request(call, ids, request_id(headers)))
+        except DlscaleError as exc:
+            raise ModelError(call.model, exc) from None
+        return RestResponse(200, [orjson.dumps(embeddings_document(call, response))])
+
     # -- generation --------------------------------------------------------------------------------
 
     async def _completions(
@@ -154,131 +273,33 @@ class OpenAIApi:
         """One generation per prompt: the whole answer, or its chunks once every prompt's
         first response is in."""
         choices = [Choice() for _ in call.requests]
-        reply = Answer(call.request.id, call.model, chat, choices=choices)
+        reply = Answer(
+            call.request.id,
+            call.model,
+            chat,
+            choices=choices,
+            logprobs=call.logprobs,
+            tools=call.tools,
+        )
         streams = [self.plane.stream(request) for request in call.requests]
         try:
-            firsts = await _firsts(call.model, streams)
+            first = await firsts(call.model, streams)
         except BaseException:
-            await _close_all(streams)  # the client left, a refusal, or a bug: all are freed
+            await close_all(streams)  # the client left, a refusal, or a bug: all are freed
             raise
         if call.stream:
-            events = _events(reply, firsts, streams, call.include_usage)
-            return RestResponse(200, [], SSE, stream=events)
-        pieces = _merged(firsts, streams)
+            chunks = events(reply, first, streams, call.include_usage)
+            return RestResponse(200, [], SSE, stream=chunks)
+        pieces = merged(first, streams)
         try:
             async for index, piece in pieces:
                 reply.add(piece, index)
         except DlscaleError as exc:
-            raise _ModelError(call.model, exc) from None
+            raise ModelError(call.model, exc) from None
         finally:
             await aclose(pieces)
-            await _close_all(streams)
+            await close_all(streams)
         return RestResponse(200, [orjson.dumps(reply.whole())])
-
-
-async def _firsts(model: str, streams: list[AsyncIterator[InferenceResponse]]) -> list[Piece]:
-    """Each stream's first piece, awaited together (a refusal answers the request's status)."""
-
-    async def first(responses: AsyncIterator[InferenceResponse]) -> Piece:
-        response = await _next(responses)
-        if response is None:
-            raise Unavailable(f"model {model!r} ended the generation without answering")
-        return Piece.of(response)
-
-    if len(streams) == 1:
-        try:
-            return [await first(streams[0])]
-        except DlscaleError as exc:
-            raise _ModelError(model, exc) from None
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(first(s)) for s in streams]
-    except* DlscaleError as failed:
-        raise _ModelError(model, failed.exceptions[0]) from None  # type: ignore[arg-type]
-    return [t.result() for t in tasks]
-
-
-async def _merged(
-    firsts: list[Piece], streams: list[AsyncIterator[InferenceResponse]]
-) -> AsyncIterator[tuple[int, Piece]]:
-    """(choice index, piece) of every stream as they come, each stream's first piece first."""
-    if len(streams) == 1:
-        piece: Piece | None = firsts[0]
-        while piece is not None:
-            yield 0, piece
-            response = await _next(streams[0])
-            piece = Piece.of(response) if response is not None else None
-        return
-    arrived: asyncio.Queue[tuple[int, Piece | DlscaleError | None]] = asyncio.Queue()
-    for index, first in enumerate(firsts):
-        arrived.put_nowait((index, first))
-
-    async def pump(index: int) -> None:
-        try:
-            while (response := await _next(streams[index])) is not None:
-                arrived.put_nowait((index, Piece.of(response)))
-        except DlscaleError as exc:
-            arrived.put_nowait((index, exc))
-            return
-        arrived.put_nowait((index, None))
-
-    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
-    try:
-        running = len(streams)
-        while running:
-            index, item = await arrived.get()
-            if isinstance(item, DlscaleError):
-                raise item
-            if item is None:
-                running -= 1
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _close_all(streams: list[AsyncIterator[InferenceResponse]]) -> None:
-    for responses in streams:
-        await aclose(responses)
-
-
-async def _events(
-    reply: Answer,
-    firsts: list[Piece],
-    streams: list[AsyncIterator[InferenceResponse]],
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    """The `data:` events of a streamed answer; closing it early closes the generations.
-
-    The responses are read to their end, past the final one: a stream closed before its end
-    counts as cancelled (its client left), one read to its end as answered.
-    """
-    pieces = _merged(firsts, streams)
-    try:
-        if reply.chat:
-            yield reply.chunk(None, include_usage, first=True)
-        async for index, piece in pieces:
-            reply.add(piece, index)
-            if piece.carries_news:
-                yield reply.chunk(piece, include_usage, index=index)
-        if include_usage:
-            yield reply.usage_chunk()
-    except DlscaleError as exc:
-        log_failure("HTTP", reply.model, exc.http_status, exc.reason, f"stream: {exc}")
-        yield event(status_and_document(exc, reply.model)[1])
-    finally:
-        await aclose(pieces)
-        await _close_all(streams)
-    yield DONE
-
-
-async def _next(responses: AsyncIterator[InferenceResponse]) -> InferenceResponse | None:
-    try:
-        return await anext(responses)
-    except StopAsyncIteration:
-        return None
 
 
 def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> RestResponse:
@@ -292,10 +313,7 @@ def _failure(what: str, exc: DlscaleError, model: str = "") -> RestResponse:
     return RestResponse(status, [orjson.dumps(doc)])
 
 
-class _ModelError(Exception):
-    """An error about a named model: its 404 says "The model `x` does not exist."."""
-
-    def __init__(self, model: str, cause: DlscaleError) -> None:
-        super().__init__(str(cause))
-        self.model = model
-        self.cause = cause
+def _group(path: str) -> str:
+    """The API group that guards `path`: vLLM's `/health` is health's (open to probes, as
+    `/v2/health/*` are, whatever `--api-key` says); every other route is the OpenAI API's."""
+    return "health" if path.split("?", 1)[0] == "/health" else GROUP

@@ -1,0 +1,27 @@
+"""A setting's field: its default, help and flags in one place (flags.py makes the flags)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import field
+from typing import Any
+
+
+def setting(
+    default: Any, help: str, *flags: str, convert: Callable[[Any], Any] | None = None, **arg: Any
+) -> Any:
+    """A field: its default, its help, its flags (dlscale's spelling first, then Triton's),
+    how a parsed value becomes the field's (`convert`) and argparse's other arguments (`arg`)."""
+    metadata = {"help": help, "flags": flags, "convert": convert, "arg": arg}
+    return field(default=default, metadata=metadata)
+
+
+def boolean(text: str) -> bool:
+    """true/false, yes/no, 1/0, as Triton's flags take them."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
