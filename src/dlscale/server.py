@@ -24,6 +24,7 @@ from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics.collectors import build_registry
 from dlscale.serving.metrics.exposition import MetricsServer
+from dlscale.serving.metrics.memory import MemoryCollector
 from dlscale.serving.observe.logs import LogControl
 from dlscale.serving.observe.trace import Tracer, TraceSettings
 from dlscale.serving.qos.gate import DeviceGates
@@ -59,6 +60,7 @@ class Server:
         models, shm, seen = settings.models, settings.shared_memory, settings.observation
         self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=models.qos))
         self.manager.grace_s = settings.lifecycle.grace_s  # an unload's wait for its requests
+        self.manager.memory.budget = dict(models.memory_budget)
         self.shared_memory = SharedMemoryRegistry(
             shm.allow_client_shm,
             shm.max_shm_regions,
@@ -77,6 +79,7 @@ class Server:
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
         )
         self.registry = build_registry(self.manager, seen.telemetry_interval_s)
+        self.registry.register(MemoryCollector(self.manager, lambda: self.dataplane.demand))
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
         #: The models that failed to load at start, with their errors.

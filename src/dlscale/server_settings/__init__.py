@@ -22,6 +22,7 @@ from dlscale.frontends.api_key import SCOPES, ApiKey
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
 from dlscale.serving.control.mode import ModelControl
+from dlscale.serving.memory.sizes import parse_budget
 from dlscale.serving.observe import TRACE_RATE
 from dlscale.serving.regions import MAX_REGIONS
 
@@ -97,7 +98,8 @@ class Models:
 
     model_control: ModelControl = setting(
         ModelControl.NONE,
-        "none: load all, no API loads; explicit: load via API; poll: follow the folder",
+        "none: load all, no API loads; explicit: load via API; poll: follow the folder; "
+        "on-demand: explicit, and a request loads its model (docs/memory.md)",
         "--model-control",
         "--model-control-mode",
         convert=ModelControl.of,
@@ -124,6 +126,16 @@ class Models:
         "schedule models sharing a device by their [qos] (default); --no-qos ignores it",
         "--qos",
         action=argparse.BooleanOptionalAction,
+    )
+
+    #: Bytes each device may hold of loaded models, by device key (docs/memory.md).
+    memory_budget: tuple[tuple[str, int], ...] = setting(
+        (),
+        "e.g. cpu=8GiB,gpu0=60GiB: loads evict the least recently used idle models to fit, or "
+        "are refused (docs/memory.md)",
+        "--memory-budget",
+        convert=lambda text: tuple(parse_budget(text).items()),
+        metavar="DEV=SIZE,...",
     )
 
     def __post_init__(self) -> None:

@@ -48,11 +48,17 @@ class ControlPlane:
             reason = redact_paths(entry.reason) if entry else "not loaded"
             if ready_only and state != "READY":
                 continue
-            versions = [str(v) for v in sorted(entry.versions)] if entry else []
+            served = entry.versions if entry else {}
             index.extend(
-                RepositoryEntry(name, state, reason, v)
-                for v in versions or self._on_disk(name) or [""]
+                RepositoryEntry(
+                    name, state, reason, str(v), tuple(sorted(served[v].memory.items()))
+                )
+                for v in sorted(served)
             )
+            if not served:
+                index.extend(
+                    RepositoryEntry(name, state, reason, v) for v in self._on_disk(name) or [""]
+                )
         return index
 
     def _on_disk(self, name: str) -> list[str]:

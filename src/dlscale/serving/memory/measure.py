@@ -1,0 +1,73 @@
+"""What a load adds to host and device memory: RSS growth on the host, NVML's count on GPUs.
+
+The figures are differences taken around one load while no other load runs on the same devices
+(the ledger serializes loads per device), so that each is the model's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+from dlscale.hardware.nvml import Nvml, NvmlUnavailable
+
+#: The most files of a model folder summed for an estimate (a folder of a million files is not
+#: read through at each load).
+MAX_FILES = 10_000
+
+
+def host_bytes() -> int:
+    """Resident bytes of this process and its children (Python model workers hold models too)."""
+    me = psutil.Process()
+    total = int(me.memory_info().rss)
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a worker that just ended holds nothing
+            total += int(child.memory_info().rss)
+    return total
+
+
+@functools.cache
+def _nvml() -> Nvml | None:
+    try:
+        return Nvml.open()
+    except NvmlUnavailable:
+        return None
+
+
+def device_bytes(key: str) -> int | None:
+    """Bytes in use on GPU `gpuN` as NVML counts them (every allocator: ONNX Runtime's arena,
+    PyTorch's caching allocator, CUDA contexts); None without NVML or for another key."""
+    if not key.startswith("gpu") or not key[3:].isdigit():
+        return None
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    handle = nvml.value("nvmlDeviceGetHandleByIndex", int(key[3:]))
+    info = nvml.value("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
+    return int(info.used) if info is not None else None
+
+
+def read(keys: Iterable[str]) -> dict[str, int]:
+    """The bytes each device key holds now (host: `cpu`); keys it cannot read are left out."""
+    out: dict[str, int] = {}
+    for key in keys:
+        size = host_bytes() if key == "cpu" else device_bytes(key)
+        if size is not None:
+            out[key] = size
+    return out
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files in a model's version folder (the least a loaded copy holds)."""
+    total = 0
+    for count, path in enumerate(folder.rglob("*")):
+        if count >= MAX_FILES:
+            break
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
