@@ -77,6 +77,7 @@ class Server:
             LogControl(seen.log_file, seen.log_format),
             strict_readiness=settings.lifecycle.strict_readiness,
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
+            cold_loads=models.max_cold_loads,
         )
         self.registry = build_registry(self.manager, seen.telemetry_interval_s)
         self.registry.register(MemoryCollector(self.manager, lambda: self.dataplane.demand))

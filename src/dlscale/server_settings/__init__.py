@@ -21,6 +21,7 @@ from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access, Restriction
 from dlscale.frontends.api_key import SCOPES, ApiKey
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
+from dlscale.serving.control.demand import WAITING_LOADS
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.memory.sizes import parse_budget
 from dlscale.serving.observe import TRACE_RATE
@@ -138,8 +139,18 @@ class Models:
         metavar="DEV=SIZE,...",
     )
 
+    max_cold_loads: int = setting(
+        WAITING_LOADS,
+        "on-demand: cold models that may wait for their load at once; a request for one more "
+        "is refused (503)",
+        "--max-cold-loads",
+        type=int,
+    )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
+        if self.max_cold_loads < 1:
+            raise ConfigError(f"--max-cold-loads {self.max_cold_loads}: 1 or more")
         if self.cache_bytes < 0:
             raise ConfigError(f"--cache-size {self.cache_bytes}: 0 or more bytes")
 

@@ -7,7 +7,7 @@ from its own module. Nothing is added: the data path and model control stay apar
 from __future__ import annotations
 
 from dlscale.serving.cache import ResponseCache
-from dlscale.serving.control.demand import OnDemand
+from dlscale.serving.control.demand import WAITING_LOADS, OnDemand
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
@@ -29,9 +29,10 @@ class HostPlane(DataPlane, ControlPlane):
         logs: LogControl | None = None,
         strict_readiness: bool = True,
         cache: ResponseCache | None = None,
+        cold_loads: int = WAITING_LOADS,
     ) -> None:
         tracer = tracer or Tracer()
         ControlPlane.__init__(self, manager, model_control, tracer, logs)
         DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness, cache)
         if self.model_control.on_demand:
-            self.demand = OnDemand(manager)
+            self.demand = OnDemand(manager, waiting=cold_loads)

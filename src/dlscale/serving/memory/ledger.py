@@ -124,15 +124,15 @@ class MemoryLedger:
         devices = sorted({device_key(g.device) for g in mv.config.instances} | {"cpu"})
         limit = {k: parse_size(v) for k, v in mv.config.memory.limit.items()}
         async with self._devices(devices):
-            floor = _files(mv)
-            need = self._known.get(_stamp(mv)) or {**floor, **limit}
+            floor, known = _files(mv), self._known.get(_stamp(mv), {})
+            need = known or {**floor, **limit}
             await self._make_room(mv.name, need)
             before = await asyncio.to_thread(measure.read, devices)
             start = self.clock()
             served = await load()
             seconds = self.clock() - start
             after = await asyncio.to_thread(measure.read, devices)
-            size = _growth(devices, before, after, floor)
+            size = _growth(devices, before, after, floor, known)
             try:
                 _check_limit(mv, size, limit)
                 await self._make_room(mv.name, size)
@@ -203,13 +203,22 @@ def _files(mv: ModelVersion) -> Footprint:
     return out
 
 
-def _growth(devices: list[str], before: Footprint, after: Footprint, floor: Footprint) -> Footprint:
-    """The growth measured on each device, never below the files (an allocator that reuses
-    memory freed by an earlier unload shows less growth than the model holds)."""
+def _growth(
+    devices: list[str], before: Footprint, after: Footprint, floor: Footprint, known: Footprint
+) -> Footprint:
+    """The growth measured on each device, never below the files.
+
+    An allocator that reuses memory freed by an earlier unload shows less growth than the model
+    holds: a growth at or below the files keeps the size measured at an earlier load of the same
+    file. A larger growth replaces a larger earlier one (the first load in a process also paid
+    the runtime's one-time set-up)."""
     out: Footprint = {}
     for d in devices:
         grown = after[d] - before[d] if d in before and d in after else 0
-        out[d] = max(grown, floor.get(d, 0))
+        if grown <= floor.get(d, 0):
+            out[d] = max(known.get(d, 0), floor.get(d, 0))
+        else:
+            out[d] = min(grown, known[d]) if d in known else grown
     return out
 
 

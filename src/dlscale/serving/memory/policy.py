@@ -87,6 +87,16 @@ def make_room(
         short = {d: s for d, s in short.items() if s > 0}
     if short:
         raise MemoryFull(refusal(model, need, budget, resident))
+    return _spare(victims, shortfall(need, budget, totals(resident)))
+
+
+def _spare(victims: list[Resident], short: Footprint) -> list[Resident]:
+    """Victims the later ones made needless are spared (the most recently used first): a model
+    that freed a little of a short device stays when the next one freed enough."""
+    for r in sorted(victims, key=lambda r: -r.last_used):
+        rest = [v for v in victims if v is not r]
+        if all(sum(v.footprint.get(d, 0) for v in rest) >= s for d, s in short.items()):
+            victims = rest
     return victims
 
 
