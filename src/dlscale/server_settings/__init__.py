@@ -56,6 +56,11 @@ def _restrictions(texts: list[str]) -> tuple[Restriction, ...]:
     return tuple(Restriction.parse(t) for t in texts)
 
 
+def _budget(text: str | tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """--memory-budget's text as (device, bytes) pairs (the default is already pairs)."""
+    return text if isinstance(text, tuple) else tuple(parse_budget(text).items())
+
+
 #: A BOOL flag as Triton takes it: `--flag`, `--flag=true`, `--flag false`.
 _BOOL: dict[str, Any] = {"type": boolean, "nargs": "?", "const": True, "metavar": "BOOL"}
 
@@ -135,7 +140,7 @@ class Models:
         "e.g. cpu=8GiB,gpu0=60GiB: loads evict the least recently used idle models to fit, or "
         "are refused (docs/memory.md)",
         "--memory-budget",
-        convert=lambda text: tuple(parse_budget(text).items()),
+        convert=_budget,
         metavar="DEV=SIZE,...",
     )
 
