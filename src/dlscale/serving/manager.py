@@ -87,6 +87,11 @@ class ModelManager:
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
         return entry.versions[resolve_version(name, version, entry.versions)]
 
+    def state(self, name: str) -> ModelState | None:
+        """A model's state now, in one lookup (None: never loaded); the request path asks it."""
+        entry = self._entries.get(name)
+        return entry.state if entry is not None else None
+
     def entries(self) -> list[ModelEntry]:
         """Every model this manager knows of, in name order."""
         return [self._entries[n] for n in sorted(self._entries)]

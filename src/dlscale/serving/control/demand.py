@@ -47,8 +47,7 @@ class OnDemand:
     async def resident(self, name: str, timeout_us: int = 0) -> None:
         """Return once `name` is READY, loading it if it is a repository model not loaded; a
         model the repository lacks returns at once (the request is answered NotFound)."""
-        entry = next((e for e in self.manager.entries() if e.name == name), None)
-        if entry is not None and entry.state is ModelState.READY:
+        if self.manager.state(name) is ModelState.READY:
             return
         if name not in self.manager.repository.names():
             return
