@@ -57,6 +57,7 @@ class MemoryLedger:
         self.evictions = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
         self._last: dict[str, float] = {}
+        self._names: Counter[str] = Counter()  # loaded versions by model name
         self._in_use: Counter[str] = Counter()
         self._known: dict[tuple[str, int, int, int], Footprint] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -87,8 +88,10 @@ class MemoryLedger:
         return totals(self.resident())
 
     def touch(self, name: str) -> None:
-        """A model was used now (the eviction rule takes the least recently used first)."""
-        self._last[name] = self.clock()
+        """A model was used now (the eviction rule takes the least recently used first); names
+        of no loaded model are not kept (requests may name anything)."""
+        if name in self._names:
+            self._last[name] = self.clock()
 
     @contextlib.contextmanager
     def using(self, name: str) -> Iterator[None]:
@@ -106,8 +109,11 @@ class MemoryLedger:
     def release(self, serial: int) -> None:
         """A loaded version was freed: its bytes leave the ledger."""
         name, _ = self._held.pop(serial, ("", {}))
-        if name and all(n != name for n, _ in self._held.values()):
-            self._last.pop(name, None)
+        if name:
+            self._names[name] -= 1
+            if not self._names[name]:
+                del self._names[name]
+                self._last.pop(name, None)
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -141,6 +147,7 @@ class MemoryLedger:
                 raise
             self._known[_stamp(mv)] = served.memory = size
             self._held[served.serial] = (mv.name, size)
+            self._names[mv.name] += 1
             self.touch(mv.name)
             self.load_seconds.observe(seconds)
         log.info(
@@ -161,15 +168,23 @@ class MemoryLedger:
             victims = make_room(model, need, self.budget, resident) if self.budget else []
             if not victims:
                 return
+            evicted = self.evictions
             for victim in victims:
                 if self.evict is None:
                     raise MemoryFull(f"model {model!r} does not fit and nothing may be evicted")
+                if self.held(victim.name) or self._in_use[victim.name]:
+                    # Taken meanwhile (an earlier eviction awaited): a load that holds its name
+                    # may be waiting for this load's device, so it is not waited for.
+                    failed.add(victim.name)
+                    continue
                 try:
                     await self.evict(victim.name, f"least recently used, room for {model!r}")
                     self.evictions += 1
                 except DlscaleError as exc:
                     log.warning("model %s: not evicted: %s", victim.name, exc)
                     failed.add(victim.name)
+            if self.evictions > evicted:
+                await asyncio.to_thread(measure.trim)
         resident = [r for r in self.resident() if r.name not in failed]
         if make_room(model, need, self.budget, resident):
             raise MemoryFull(refusal(model, need, self.budget, self.resident()))
