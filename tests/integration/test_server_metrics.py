@@ -75,6 +75,12 @@ TYPES = {
     "dlscale_prompt_tokens": "counter",
     "dlscale_generation_tokens": "counter",
     "dlscale_kv_cache_usage_ratio": "gauge",
+    # Model memory (docs/memory.md), exported with no budget; the loads on demand with one.
+    "dlscale_model_memory_bytes": "gauge",
+    "dlscale_memory_budget_bytes": "gauge",
+    "dlscale_memory_resident_bytes": "gauge",
+    "dlscale_model_load_seconds": "histogram",
+    "dlscale_model_evictions": "counter",
 }
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: The traffic: rows per request to fails_even, which fails batches of an even row count. Sent
