@@ -249,3 +249,38 @@ def test_memory_and_loads_are_metrics(tmp_path: Path, client: Any) -> None:
             "dlscale_model_loads_waiting 0.0",
         ):
             assert line in lines, (line, text)
+
+
+def test_requests_waiting_for_a_cold_load_keep_their_qos_share_and_timeouts(
+    tmp_path: Path, client: Any
+) -> None:
+    # Each load takes a 1 s warm-up: requests arriving meanwhile wait for it.
+    slow_load = null_config(delay_us=1_000_000).replace("warmup = []", "")
+    padded(tmp_path, "limited", 1, slow_load + "[qos]\nmax_in_flight = 2\n")
+    padded(tmp_path, "patient", 1, slow_load)
+    with serving(
+        tmp_path, model_control="on-demand", load_models=(), memory_budget=(("cpu", 8 * MiB),)
+    ) as server:
+        c = client(server)
+
+        def one(args: tuple[str, int]) -> str:
+            model, timeout_us = args
+            with triton.InferenceServerClient(server.http_url, network_timeout=120) as own:
+                x = triton.InferInput("x", [1, 2], "FP32")
+                x.set_data_from_numpy(np.ones((1, 2), np.float32))
+                try:
+                    own.infer(model, [x], timeout=timeout_us or None)
+                except InferenceServerException as exc:
+                    return f"{exc.status()}: {exc.message()}"
+            return "ok"
+
+        with ThreadPoolExecutor(5) as pool:
+            outcomes = list(pool.map(one, [("limited", 0)] * 4 + [("patient", 1000)]))
+        limited, patient = outcomes[:4], outcomes[4]
+        refused = [o for o in limited if o != "ok"]
+        assert limited.count("ok") >= 2, outcomes  # [qos] max_in_flight = 2 wait for the load
+        assert refused and all(
+            o.startswith("429: ") and "max_in_flight is 2" in o for o in refused
+        ), outcomes
+        assert patient.startswith("503: ") and "still loading" in patient, patient
+        until(lambda: "patient" in ready(c))  # its load went on without the request
