@@ -9,6 +9,7 @@ either side). A load is a model turning READY between two samples.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Mapping
@@ -81,6 +82,7 @@ class IndexSampler:
         self.start = time.monotonic()
 
     def latest(self) -> Sample | None:
+        """The last sample taken (None before the first)."""
         return self.samples[-1] if self.samples else None
 
     def __enter__(self) -> IndexSampler:
@@ -181,6 +183,6 @@ class Phase:
     def loads(self) -> list[tuple[float, str]]:
         """(when, model) of each model that turned READY between two samples."""
         out: list[tuple[float, str]] = []
-        for before, after in zip(self.samples, self.samples[1:], strict=False):
+        for before, after in itertools.pairwise(self.samples):
             out.extend((after.at, m) for m in sorted(after.ready - before.ready))
         return out

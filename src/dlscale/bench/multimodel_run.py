@@ -39,10 +39,12 @@ class RepoServer(TenantServer):
         return [*line, *self.flags]
 
     def metrics_url(self) -> str | None:
+        """Where its metrics are served, read from its log (None before it says)."""
         found = _METRICS.search(self.log.read_text(errors="replace"))
         return f"http://{found.group(1)}:{found.group(2)}" if found else None
 
     def wait_ready(self, timeout_s: float = 600) -> None:
+        """Return once the server is ready (its start's models loaded)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if httpx.get(f"{self.url}/v2/health/ready", timeout=10).status_code == 200:
@@ -52,6 +54,7 @@ class RepoServer(TenantServer):
 
     @property
     def pid(self) -> int | None:
+        """The server process's id (its RSS is sampled)."""
         return self._process.pid if self._process is not None else None
 
 

@@ -3,6 +3,7 @@ of the same requests under a budget and all resident."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
@@ -16,10 +17,10 @@ def test_the_mix_follows_zipf_and_the_rate() -> None:
     schedule = mix.schedule()
     assert schedule == mix.schedule()  # the same seed, the same requests: phases compare
     assert 9000 < len(schedule) < 11000
-    assert all(a < b for (a, _), (b, _) in zip(schedule, schedule[1:], strict=False))
+    assert all(a < b for (a, _), (b, _) in itertools.pairwise(schedule))
     counts = Counter(model for _, model in schedule)
     # Zipf(1.1): the first model is asked 2^1.1 = 2.14 times as often as the second.
-    assert counts["m0"] / counts["m1"] == pytest.approx(2 ** 1.1, rel=0.15)
+    assert counts["m0"] / counts["m1"] == pytest.approx(2**1.1, rel=0.15)
     assert counts["m0"] > counts["m9"] > counts["m99"]
 
 
@@ -35,8 +36,11 @@ def test_the_same_requests_are_compared_and_cold_first_answers_found() -> None:
     budget = Phase(
         "budget",
         _sent([0.5, 0.6, 0.02, 0.7, 0.9, 0.03], [True, True, False, True, True, False], models),
-        [Sample(0.0, frozenset(), 0), Sample(0.1, frozenset({"a"}), 10), Sample(0.2,
-         frozenset({"a", "b"}), 20)],  # fmt: skip
+        [
+            Sample(0.0, frozenset(), 0),
+            Sample(0.1, frozenset({"a"}), 10),
+            Sample(0.2, frozenset({"a", "b"}), 20),
+        ],
         budget_bytes=15,
         load_s=[0.4],
     )
