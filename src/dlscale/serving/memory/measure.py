@@ -10,8 +10,10 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -48,9 +50,23 @@ def device_bytes(key: str) -> int | None:
     nvml = _nvml()
     if nvml is None:
         return None
-    handle = nvml.value("nvmlDeviceGetHandleByIndex", int(key[3:]))
+    handle = _handle(nvml, int(key[3:]))
     info = nvml.value("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
     return int(info.used) if info is not None else None
+
+
+def _handle(nvml: Nvml, index: int) -> Any:
+    """NVML's handle of the process's CUDA device `index`: CUDA numbers the devices that
+    CUDA_VISIBLE_DEVICES lists (indices or UUIDs), NVML every device of the host."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    if not visible:
+        return nvml.value("nvmlDeviceGetHandleByIndex", index)
+    if index >= len(visible):
+        return None
+    named = visible[index]
+    if named.isdigit():
+        return nvml.value("nvmlDeviceGetHandleByIndex", int(named))
+    return nvml.value("nvmlDeviceGetHandleByUUID", named)
 
 
 def read(keys: Iterable[str]) -> dict[str, int]:

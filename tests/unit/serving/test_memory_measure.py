@@ -1,0 +1,60 @@
+"""What a load is measured with: the process's RSS, a model folder's files, NVML's device for a
+CUDA index (NVML does not run here: a stand-in library answers its two calls)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlscale.hardware.nvml import Nvml
+from dlscale.serving.memory import measure
+
+MiB = 2**20
+
+
+def test_host_bytes_grow_with_what_the_process_holds() -> None:
+    before = measure.host_bytes()
+    held = np.ones(64 * MiB, np.uint8)  # written: resident, not only reserved
+    assert measure.host_bytes() - before >= 48 * MiB
+    del held
+    measure.trim()  # hands freed memory back where the C library can; never fails
+
+
+def test_a_folder_counts_its_files(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.onnx").write_bytes(b"x" * 1000)
+    with open(tmp_path / "1" / "weights.bin", "wb") as sparse:
+        sparse.truncate(5 * MiB)
+    assert measure.folder_bytes(tmp_path) == 1000 + 5 * MiB
+    assert measure.read(["cpu", "tpu"]).keys() == {"cpu"}
+
+
+class _Lib:
+    """The two NVML calls a device's handle comes from."""
+
+    NVMLError = RuntimeError
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return f"index {index}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        return f"uuid {uuid}"
+
+
+@pytest.mark.parametrize(
+    ("visible", "index", "handle"),
+    [
+        ("", 1, "index 1"),
+        ("2,3", 1, "index 3"),
+        ("GPU-abc", 0, "uuid GPU-abc"),
+        ("2", 1, None),
+    ],
+)
+def test_a_cuda_index_is_the_visible_devices_one(
+    monkeypatch: pytest.MonkeyPatch, visible: str, index: int, handle: str | None
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert measure._handle(Nvml(_Lib()), index) == handle
