@@ -3,6 +3,8 @@ CUDA index (NVML does not run here: a stand-in library answers its two calls).""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,19 @@ def test_host_bytes_grow_with_what_the_process_holds() -> None:
     assert measure.host_bytes() - before >= 48 * MiB
     del held
     measure.trim()  # hands freed memory back where the C library can; never fails
+
+
+def test_host_bytes_count_child_processes() -> None:
+    before = measure.host_bytes()
+    hold = "import sys; x = bytearray(64 * 2**20); print('held', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "held\n"
+        assert measure.host_bytes() - before >= 48 * MiB
+    finally:
+        child.communicate("", timeout=30)
 
 
 def test_a_folder_counts_its_files(tmp_path: Path) -> None:
