@@ -284,3 +284,14 @@ def test_requests_waiting_for_a_cold_load_keep_their_qos_share_and_timeouts(
         ), outcomes
         assert patient.startswith("503: ") and "still loading" in patient, patient
         until(lambda: "patient" in ready(c))  # its load went on without the request
+
+
+def test_a_model_above_its_own_limit_is_refused_and_freed(tmp_path: Path, client: Any) -> None:
+    padded(tmp_path, "greedy", 16, null_config(extra='[memory]\nlimit = { cpu = "8MiB" }'))
+    with serving(tmp_path, load_models=()) as server:  # no budget: the model's own bound
+        c = client(server)
+        with pytest.raises(InferenceServerException, match="above its config's memory") as e:
+            c.load_model("greedy")
+        assert e.value.status() == "400" and "holds cpu 16.0 MiB once loaded" in str(e.value)
+        assert index(c)["greedy"]["state"] == "UNAVAILABLE"
+        assert server.server.manager.memory.used() == {}  # nothing of it stays in the ledger

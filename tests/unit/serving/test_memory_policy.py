@@ -7,7 +7,7 @@ import pytest
 
 from dlscale.errors import ConfigError
 from dlscale.serving.memory.policy import MemoryFull, Resident, TooLarge, make_room
-from dlscale.serving.memory.sizes import device_key, parse_budget, parse_size, show
+from dlscale.serving.memory.sizes import device_key, parse_budget, parse_limit, parse_size, show
 
 MiB = 2**20
 
@@ -40,6 +40,14 @@ def test_sizes_and_budgets_parse_as_written() -> None:
 def test_a_bad_budget_says_what_is_wrong(text: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         parse_budget(text)
+
+
+def test_a_models_limit_names_its_devices() -> None:
+    assert parse_limit("m", {"cpu": "1MiB", "cuda:0": 5}) == {"cpu": MiB, "gpu0": 5}
+    with pytest.raises(ConfigError, match="model 'm': \\[memory\\] limit names device 'gpu'"):
+        parse_limit("m", {"gpu": "1GiB"})
+    with pytest.raises(ConfigError, match="model 'm': \\[memory\\] limit: memory size 'big'"):
+        parse_limit("m", {"cpu": "big"})
 
 
 def test_it_fits_without_evicting() -> None:

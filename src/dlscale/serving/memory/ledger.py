@@ -26,7 +26,7 @@ from dlscale.serving.memory.policy import (
     refusal,
     totals,
 )
-from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_size, show_all
+from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.served import ServedVersion
 
@@ -128,7 +128,7 @@ class MemoryLedger:
         if mv.config.is_pipeline:
             return await load()  # no instance of its own: its steps are measured as they load
         devices = sorted({device_key(g.device) for g in mv.config.instances} | {"cpu"})
-        limit = {k: parse_size(v) for k, v in mv.config.memory.limit.items()}
+        limit = parse_limit(mv.name, mv.config.memory.limit)
         async with self._devices(devices):
             floor, known = _files(mv), self._known.get(_stamp(mv), {})
             need = known or {**floor, **limit}

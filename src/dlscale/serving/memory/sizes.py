@@ -60,6 +60,22 @@ def parse_budget(text: str) -> Budget:
     return budget
 
 
+def parse_limit(model: str, limit: Mapping[str, str | int]) -> Footprint:
+    """A model's `[memory] limit` as {device key: bytes}; a ConfigError names the model."""
+    out: Footprint = {}
+    for key, size in limit.items():
+        device = device_key(key)
+        if not _DEVICE.fullmatch(device):
+            raise ConfigError(
+                f"model {model!r}: [memory] limit names device {key!r}: expected cpu or gpuN"
+            )
+        try:
+            out[device] = parse_size(size)
+        except ConfigError as exc:
+            raise ConfigError(f"model {model!r}: [memory] limit: {exc}") from None
+    return out
+
+
 def device_key(device: str) -> str:
     """The budget's name of an instance's device: cpu, cuda:N -> gpuN (cuda -> gpu0); a MIG
     instance counts on its own key (its UUID)."""
