@@ -45,7 +45,7 @@ def test_every_verb_has_a_lazy_handler_outside_cli() -> None:
         "demo", "catalog",
         "devices", "roofline",
         "plan train", "plan serve", "bench", "bench compare", "bench allreduce",
-        "bench interference", "optimize",
+        "bench interference", "bench multimodel", "optimize",
     }  # fmt: skip
     assert set(handlers) == expected
     for path, handler in handlers.items():
