@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dlscale.hardware.nvml import Nvml
-from dlscale.serving.memory import measure
+from dlscale.serving.memory import ledger, measure
 
 MiB = 2**20
 
@@ -73,3 +73,21 @@ def test_a_cuda_index_is_the_visible_devices_one(
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert measure._handle(Nvml(_Lib()), index) == handle
+
+
+@pytest.mark.parametrize(
+    ("grown", "known", "expected"),
+    [
+        (30, {}, 30),  # measured: the growth
+        (2, {}, 10),  # less than the files (an allocator reusing freed memory): the files
+        (2, {"cpu": 25}, 25),  # ... or what the same file measured before
+        (20, {"cpu": 33}, 20),  # a smaller real growth replaces the first load's set-up
+        (40, {"cpu": 33}, 33),  # a larger one is noise beside the earlier figure
+    ],
+)
+def test_a_loads_figure_is_its_growth_corrected(
+    grown: int, known: dict[str, int], expected: int
+) -> None:
+    floor = {"cpu": 10}
+    size = ledger._growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
+    assert size == {"cpu": expected, "gpu0": 0}  # gpu0 unreadable and no files there
