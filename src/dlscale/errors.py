@@ -207,3 +207,10 @@ def known_names(name: str, known: Iterable[str], what: str) -> str:
     rest = f", and {len(names) - LISTED_NAMES} more" if len(names) > LISTED_NAMES else ""
     listed = f"{what}: {shown}{rest}" if names else f"no {what}"
     return f" ({hint}{listed})"
+
+
+def root_cause(error: DlscaleError) -> DlscaleError:
+    """The innermost DlscaleError a chain of wrapped errors comes from."""
+    while isinstance(error.__cause__, DlscaleError):
+        error = error.__cause__
+    return error

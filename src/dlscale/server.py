@@ -25,6 +25,7 @@ from dlscale.serving.host import HostPlane
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics.collectors import build_registry
 from dlscale.serving.metrics.exposition import MetricsServer
+from dlscale.serving.metrics.memory import MemoryCollector
 from dlscale.serving.observe.logs import LogControl
 from dlscale.serving.observe.otel import OtlpSink
 from dlscale.serving.observe.trace import Tracer, TraceSettings
@@ -61,6 +62,7 @@ class Server:
         models, shm, seen = settings.models, settings.shared_memory, settings.observation
         self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=models.qos))
         self.manager.grace_s = settings.lifecycle.grace_s  # an unload's wait for its requests
+        self.manager.memory.budget = dict(models.memory_budget)
         self.shared_memory = SharedMemoryRegistry(
             shm.allow_client_shm,
             shm.max_shm_regions,
@@ -77,8 +79,10 @@ class Server:
             LogControl(seen.log_file, seen.log_format),
             strict_readiness=settings.lifecycle.strict_readiness,
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
+            cold_loads=models.max_cold_loads,
         )
         self.registry = build_registry(self.manager, seen.telemetry_interval_s)
+        self.registry.register(MemoryCollector(self.manager, lambda: self.dataplane.demand))
         self.frontends: dict[str, Frontend] = {}
         self.metrics_port: int | None = None
         #: The models that failed to load at start, with their errors.

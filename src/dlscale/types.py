@@ -368,6 +368,8 @@ class RepositoryEntry:
     state: str
     reason: str
     version: str = ""
+    #: Bytes a loaded version holds, by device key (cpu, gpu0, ...), measured at its load.
+    memory: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

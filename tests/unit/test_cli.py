@@ -45,7 +45,7 @@ def test_every_verb_has_a_lazy_handler_outside_cli() -> None:
         "demo", "catalog",
         "devices", "roofline",
         "plan train", "plan serve", "bench", "bench compare", "bench allreduce",
-        "bench interference", "optimize",
+        "bench interference", "bench multimodel", "optimize",
     }  # fmt: skip
     assert set(handlers) == expected
     for path, handler in handlers.items():
@@ -194,9 +194,11 @@ def test_serve_needs_one_repository(argv: list[str], message: str) -> None:
 
 
 def test_model_control_is_compared_through_the_enum() -> None:
-    assert [m for m in ModelControl if m.api_loads] == [ModelControl.EXPLICIT, ModelControl.POLL]
+    loads = [m for m in ModelControl if m.api_loads]
+    assert loads == [ModelControl.EXPLICIT, ModelControl.POLL, ModelControl.ON_DEMAND]
     assert ModelControl.EXPLICIT.loads_named and ModelControl.POLL.polls
-    with pytest.raises(ValueError, match="expected one of none, explicit, poll"):
+    assert ModelControl.ON_DEMAND.loads_named and ModelControl.ON_DEMAND.on_demand
+    with pytest.raises(ValueError, match="expected one of none, explicit, poll, on-demand"):
         ModelControl.of("sometimes")
 
 

@@ -123,6 +123,7 @@ SERVING_LAYERS: list[set[str]] = [
     {"batcher", "seats", "pipeline"},
     {"runners"},
     {"served", "caller"},
+    {"memory"},
     {"manager"},
     {"cache", "validation", "control"},
     {"streams"},

@@ -130,6 +130,30 @@ def _add_bench_interference(sub: SubParsers) -> None:
     p.set_defaults(func=LazyHandler("dlscale.bench.commands", "bench_interference"))
 
 
+def _add_bench_multimodel(sub: SubParsers) -> None:
+    """`dlscale bench multimodel --repo REPO --memory-budget ...`."""
+    p = sub.add_parser(
+        "multimodel",
+        help="a Zipf mix over many models, under a memory budget and all resident",
+        description=(
+            "A Zipf mix of requests over every model of --repo (or --copies N of --model): "
+            "against `dlscale serve --model-control on-demand --memory-budget B`, and the same "
+            "requests against a server holding every model; hit rate, loads, load time, latency "
+            "of resident and cold requests, memory sampled every 100 ms. docs/memory.md."
+        ),
+    )
+    p.add_argument("--repo", type=_path, required=True, help="model repository")
+    p.add_argument("--model", help="with --copies: the model to serve under N names")
+    p.add_argument("--copies", type=int, default=0, help="serve N copies of --model")
+    p.add_argument("--memory-budget", required=True, help="e.g. cpu=64MiB (dlscale serve's)")
+    p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent (default 1.1)")
+    p.add_argument("--rate", type=float, default=50.0, help="requests/s, Poisson (default 50)")
+    p.add_argument("--duration", default="30s", help="each phase's duration (default 30s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=_path, help="report folder (default: bench-results/...)")
+    p.set_defaults(func=LazyHandler("dlscale.bench.multimodel_run", "bench_multimodel"))
+
+
 def add_verbs(sub: SubParsers) -> None:
     """`dlscale bench [TARGET] ...` and its sub-verbs (`compare`, and those others register)."""
     p = sub.add_parser(
@@ -158,4 +182,5 @@ SUBVERBS: dict[str, Callable[[SubParsers], None]] = {
     "compare": _add_bench_compare,
     "allreduce": add_bench_allreduce,
     "interference": _add_bench_interference,
+    "multimodel": _add_bench_multimodel,
 }

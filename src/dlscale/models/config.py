@@ -92,6 +92,16 @@ class QosConfig(_Strict):
     rate_burst: NonNegative = 0
 
 
+class MemoryConfig(_Strict):
+    """A model's place under the server's memory budget (docs/memory.md)."""
+
+    #: Never evicted to make room for another model, when loaded at the server's start.
+    pinned: bool = False
+    #: The most each device may hold of this model, e.g. {cpu = "512MiB", gpu0 = "4GiB"}: a
+    #: load measured above it is refused, and before its first load it is the expected size.
+    limit: dict[str, str | Annotated[int, Field(ge=0)]] = {}
+
+
 class WarmupConfig(_Strict):
     """One warm-up request sent before the model is ready (Triton's model_warmup): `count`
     times a batch of `batch_size` rows; each input zeros, random values, or a file."""
@@ -191,6 +201,7 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy()
     backend_options: BackendOptionsConfig = BackendOptionsConfig()
     qos: QosConfig | None = None
+    memory: MemoryConfig = MemoryConfig()
     #: Warm-up requests before the model is ready; None: one batch of one row of zeros.
     warmup: list[WarmupConfig] | None = None
     #: Answer identical requests from the server's response cache (Triton's response_cache;

@@ -23,7 +23,9 @@ from dlscale.frontends.tls import TlsFiles
 from dlscale.server_settings.fields import boolean as boolean
 from dlscale.server_settings.fields import setting as setting
 from dlscale.server_settings.generative import Generative as Generative
+from dlscale.serving.control.demand import WAITING_LOADS
 from dlscale.serving.control.mode import ModelControl
+from dlscale.serving.memory.sizes import parse_budget
 from dlscale.serving.observe import TRACE_RATE
 from dlscale.serving.regions import MAX_REGIONS
 
@@ -35,6 +37,11 @@ def _port(value: int) -> int | None:
 
 def _restrictions(texts: list[str]) -> tuple[Restriction, ...]:
     return tuple(Restriction.parse(t) for t in texts)
+
+
+def _budget(text: str | tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """--memory-budget's text as (device, bytes) pairs (the default is already pairs)."""
+    return text if isinstance(text, tuple) else tuple(parse_budget(text).items())
 
 
 #: A BOOL flag as Triton takes it: `--flag`, `--flag=true`, `--flag false`.
@@ -93,7 +100,8 @@ class Models:
 
     model_control: ModelControl = setting(
         ModelControl.NONE,
-        "none: load all, no API loads; explicit: load via API; poll: follow the folder",
+        "none: load all, no API loads; explicit: load via API; poll: follow the folder; "
+        "on-demand: explicit, and a request loads its model (docs/memory.md)",
         "--model-control",
         "--model-control-mode",
         convert=ModelControl.of,
@@ -122,8 +130,28 @@ class Models:
         action=argparse.BooleanOptionalAction,
     )
 
+    #: Bytes each device may hold of loaded models, by device key (docs/memory.md).
+    memory_budget: tuple[tuple[str, int], ...] = setting(
+        (),
+        "e.g. cpu=8GiB,gpu0=60GiB: loads evict the least recently used idle models to fit, or "
+        "are refused (docs/memory.md)",
+        "--memory-budget",
+        convert=_budget,
+        metavar="DEV=SIZE,...",
+    )
+
+    max_cold_loads: int = setting(
+        WAITING_LOADS,
+        "on-demand: cold models that may wait for their load at once; a request for one more "
+        "is refused (503)",
+        "--max-cold-loads",
+        type=int,
+    )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
+        if self.max_cold_loads < 1:
+            raise ConfigError(f"--max-cold-loads {self.max_cold_loads}: 1 or more")
         if self.cache_bytes < 0:
             raise ConfigError(f"--cache-size {self.cache_bytes}: 0 or more bytes")
 

@@ -21,6 +21,7 @@ from dlscale.errors import DlscaleError, InvalidInput, Unavailable
 from dlscale.serving.batcher import Tensors
 from dlscale.serving.cache import CacheLookup, ResponseCache
 from dlscale.serving.classification import top_classes
+from dlscale.serving.control.demand import OnDemand
 from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager, ServedVersion
 from dlscale.serving.observe.otel import TokenTimes
@@ -78,6 +79,8 @@ class DataPlane:
         #: The shared-memory regions requests may name (off unless the server allows them).
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.tracer = tracer or Tracer()
+        #: Loads the models requests name that are not loaded (--model-control on-demand).
+        self.demand: OnDemand | None = None
         self._accepting = True
         self._started = False  # the models asked for at start have each been tried
         #: The models' metrics in Prometheus' text format; the host plane above the metrics
@@ -215,7 +218,16 @@ class DataPlane:
         """Validate, queue, wait, and answer one request; every outcome is counted."""
         if not self._accepting:
             raise Unavailable("the server is shutting down")
-        return await self._serve(request)
+        # In use from here: neither evicted under the request nor while it waits for its load.
+        with self.manager.memory.using(request.model_name):
+            await self._resident(request)
+            return await self._serve(request)
+
+    async def _resident(self, request: InferenceRequest) -> None:
+        """Load the request's model first when it is not loaded and the server loads on demand."""
+        if self.demand is not None:
+            check_schedule_parameters(request.parameters)
+            await self.demand.resident(request.model_name, request.timeout_us)
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """The 0..N responses of a model that streams (serving/streams.py); closing the
@@ -223,13 +235,15 @@ class DataPlane:
         if not self._accepting:
             raise Unavailable("the server is shutting down")
         check_schedule_parameters(request.parameters)
-        served = self.manager.get(request.model_name, request.model_version)
-        responses = open_stream(served, request, self._stream_trace(served, request))
-        try:
-            async for response in responses:
-                yield response
-        finally:
-            await aclose(responses)
+        with self.manager.memory.using(request.model_name):
+            await self._resident(request)
+            served = self.manager.get(request.model_name, request.model_version)
+            responses = open_stream(served, request, self._stream_trace(served, request))
+            try:
+                async for response in responses:
+                    yield response
+            finally:
+                await aclose(responses)
 
     async def _answers(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Every response of the model: its stream, or its one answer (what a model's

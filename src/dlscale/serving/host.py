@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from dlscale.serving.cache import ResponseCache
+from dlscale.serving.control.demand import WAITING_LOADS, OnDemand
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
@@ -33,8 +34,11 @@ class HostPlane(DataPlane, ControlPlane):
         logs: LogControl | None = None,
         strict_readiness: bool = True,
         cache: ResponseCache | None = None,
+        cold_loads: int = WAITING_LOADS,
     ) -> None:
         tracer = tracer or Tracer()
         ControlPlane.__init__(self, manager, model_control, tracer, logs)
         DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness, cache)
         self.exposition = functools.partial(render, models_registry(manager))
+        if self.model_control.on_demand:
+            self.demand = OnDemand(manager, waiting=cold_loads)

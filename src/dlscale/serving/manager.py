@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Iterable
@@ -11,8 +12,8 @@ from pathlib import Path
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.base import FailureReport
-from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
-from dlscale.models.config import ModelConfig, StepConfig
+from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable, root_cause
+from dlscale.models.config import StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
@@ -20,6 +21,7 @@ from dlscale.serving.batcher import Batcher
 from dlscale.serving.caller import InferCall, ServerCaller, StreamCall
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
+from dlscale.serving.memory.ledger import MemoryLedger
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.pipeline import Pipeline, check_nesting
 from dlscale.serving.policy import BatchPolicy
@@ -29,17 +31,12 @@ from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion, next_serial
 from dlscale.serving.versions import resolve_version, unknown_model
-from dlscale.serving.warmup import WarmupBatch, warmup_batches
+from dlscale.serving.warmup import warm, warmup_batches
 
 log = logging.getLogger("dlscale.models")
 
 
-def policy_of(config: ModelConfig) -> BatchPolicy:
-    """The batcher's policy from a model's config."""
-    return BatchPolicy.of(config)
-
-
-__all__ = ["ModelEntry", "ModelManager", "ModelState", "ServedVersion", "policy_of"]
+__all__ = ["ModelEntry", "ModelManager", "ModelState", "ServedVersion"]
 
 
 class ModelManager:
@@ -52,6 +49,9 @@ class ModelManager:
     def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
         self.repository = repository
         self.gates = gates or DeviceGates()
+        #: What each loaded model holds, and the budget every load fits (docs/memory.md).
+        self.memory = MemoryLedger()
+        self.memory.evict, self.memory.held = self._evict, self._held
         #: An unload's wait for its requests before it stops them (None: no limit).
         self.grace_s: float | None = None
         self._entries: dict[str, ModelEntry] = {}
@@ -82,6 +82,11 @@ class ModelManager:
             detail = f": {entry.reason}" if entry.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
         return entry.versions[resolve_version(name, version, entry.versions)]
+
+    def state(self, name: str) -> ModelState | None:
+        """A model's state now, in one lookup (None: never loaded); the request path asks it."""
+        entry = self._entries.get(name)
+        return entry.state if entry is not None else None
 
     def entries(self) -> list[ModelEntry]:
         """Every model this manager knows of, in name order."""
@@ -137,15 +142,23 @@ class ModelManager:
                     failed[name] = exc  # the others still load
 
         pipelines = {n for n in wanted if self._is_pipeline(n)}
+        # Pinned only when the server starts with it: the API cannot pin the device full.
+        self.memory.pinned.update(n for n in wanted if self._config_says(n, "pinned"))
         await asyncio.gather(*(one(n) for n in wanted if n not in pipelines))
         await asyncio.gather(*(one(n) for n in wanted if n in pipelines))
         return {n: failed[n] for n in wanted if n in failed}
 
     def _is_pipeline(self, name: str) -> bool:
+        return self._config_says(name, "is_pipeline")
+
+    def _config_says(self, name: str, what: str) -> bool:
+        """Whether the repository's config of `name` is a pipeline or pinned (False: unreadable,
+        and its load says why)."""
         try:
-            return self.repository.config(name).is_pipeline
+            config = self.repository.config(name)
         except DlscaleError:
-            return False  # its load says why
+            return False
+        return bool(config.is_pipeline if what == "is_pipeline" else config.memory.pinned)
 
     async def load(
         self,
@@ -179,7 +192,8 @@ class ModelManager:
                     await self._load_steps(name, versions[0].config.steps, (*chain, name))
                 served = {}
                 for mv in versions:
-                    served[mv.version] = await self._load_version(mv)
+                    load = functools.partial(self._load_version, mv)
+                    served[mv.version] = await self.memory.load(mv, load, self._free)
             except DlscaleError as exc:
                 if previous is None or previous.state is not ModelState.READY:
                     self._set(name, ModelState.UNAVAILABLE, str(exc))
@@ -194,7 +208,9 @@ class ModelManager:
             if previous is not None and previous.versions:
                 await self._retire(previous, self.grace_s)
 
-    async def unload(self, name: str, grace_s: float | None = None) -> None:
+    async def unload(
+        self, name: str, grace_s: float | None = None, reason: str = "unloaded"
+    ) -> None:
         """Stop taking requests, finish those in flight within the grace, then free the model."""
         if name not in self._entries:
             raise NotFound(f"unknown model {name!r}")
@@ -208,9 +224,23 @@ class ModelManager:
                     f"model {name!r} is a step of the loaded pipelines {users}: unload them first"
                 )
             self.required.discard(name)
+            self.memory.pinned.discard(name)
             self._set(name, ModelState.UNLOADING)
             await self._retire(entry, self.grace_s if grace_s is None else grace_s)
-            self._set(name, ModelState.UNAVAILABLE, "unloaded")
+            self._set(name, ModelState.UNAVAILABLE, reason)
+
+    async def _evict(self, name: str, why: str) -> None:
+        """Unload a model to make room for another (the memory ledger's choice)."""
+        await self.unload(name, reason=f"evicted ({why})")
+
+    def _held(self, name: str) -> bool:
+        """Whether something other than requests holds a model: a loaded pipeline uses it, or
+        it is loading or unloading (the ledger evicts none of these)."""
+        return name in self._locks or bool(self.pipelines_using(name))
+
+    async def _free(self, served: ServedVersion) -> None:
+        """Free a version that loaded but may not stay (the memory budget refused it)."""
+        await self._retire(ModelEntry(served.version.name, ModelState.READY, "", {0: served}), 0.0)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Unload everything (shutdown): requests finish within the grace; pipelines go first."""
@@ -308,7 +338,7 @@ class ModelManager:
                     await self._load(model, None, None, chain)
                 except DlscaleError as exc:
                     # The cause only, not each nested pipeline's words for it again.
-                    cause = _root_cause(exc)
+                    cause = root_cause(exc)
                     raise ConfigError(
                         f"pipeline {pipeline!r}: its step model {model!r} failed to load: {cause}"
                     ) from cause
@@ -386,62 +416,29 @@ class ModelManager:
             # (Triton loads such models without a warm-up, too).
             if not first.capabilities.calls_models:
                 batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
-                await asyncio.gather(*(self._warm(i, batches, config, qos) for i in instances))
+                observe = qos.observe if qos is not None else None
+                await asyncio.gather(
+                    *(warm(i, batches, config.name, self.gates.clock, observe) for i in instances)
+                )
         except BaseException:
             if qos is not None:
                 qos.leave()
             await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
             raise
         stats = ModelStats(mv.name, str(mv.version))
-        batcher = Batcher(policy_of(config), instances, stats, self.gates.clock, qos)
+        batcher = Batcher(BatchPolicy.of(config), instances, stats, self.gates.clock, qos)
         batcher.start()
+        batched = BatchRunner(batcher)
         return ServedVersion(
-            mv,
-            inputs,
-            outputs,
-            instances,
-            BatchRunner(batcher),
-            stats,
-            labels,
-            qos,
-            serial=serial,
-            called=called,
+            mv, inputs, outputs, instances, batched, stats, labels, qos, serial, called
         )
-
-    async def _warm(
-        self,
-        instance: Instance,
-        batches: list[WarmupBatch],
-        config: ModelConfig,
-        qos: TenantQos | None,
-    ) -> None:
-        for batch in batches:
-            for _ in range(batch.count):
-                try:
-                    start = self.gates.clock()
-                    await instance.infer(batch.feed)
-                except Exception as exc:
-                    raise ConfigError(
-                        f"model {config.name!r} failed its warm-up ({batch.label}, batch size "
-                        f"{batch.rows}): {exc}"
-                    ) from exc
-                if qos is not None:  # the device schedulers' first service times (they relearn)
-                    qos.tenant_of(instance.name).service.observe(
-                        max(batch.rows, 1), self.gates.clock() - start
-                    )
 
     async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
         for served in entry.versions.values():
+            self.memory.release(served.serial)
             await served.runner.close(grace_s)
             if served.qos is not None:
                 served.qos.leave()
             # The batcher waited the grace: a batch still running now is stopped at once.
             left = None if grace_s is None else 0.0
             await asyncio.gather(*(i.close(left) for i in served.instances), return_exceptions=True)
-
-
-def _root_cause(error: DlscaleError) -> DlscaleError:
-    """The innermost DlscaleError a chain of wrapped errors comes from."""
-    while isinstance(error.__cause__, DlscaleError):
-        error = error.__cause__
-    return error

@@ -53,6 +53,8 @@ class ServedVersion:
     #: The (model, version) pairs its backends have called (models that call models, BLS),
     #: filled as they call: the response cache's key names their loads too.
     called: set[tuple[str, str]] = field(default_factory=set)
+    #: Bytes it holds by device key (cpu, gpu0, ...), measured at its load (docs/memory.md).
+    memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def config(self) -> ModelConfig:

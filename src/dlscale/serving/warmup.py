@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, WarmupConfig
 from dlscale.models.confined import read_confined
 from dlscale.models.samples import concrete_shape, random_tensor, zero_inputs
+from dlscale.serving.instance import Instance
 from dlscale.types import Datatype, TensorSpec
 
 #: Triton's folder for warm-up files, beside the version folders.
@@ -101,3 +102,26 @@ def check_warm_up(model: str, spec: TensorSpec, batch: int) -> None:
             f"model {model!r}: a warm-up batch of {batch} for input {spec.name!r} takes "
             f"{size} bytes, above {budget} ({WARM_UP_MEMORY_SHARE:.0%} of the host's memory)"
         )
+
+
+async def warm(
+    instance: Instance,
+    batches: list[WarmupBatch],
+    model: str,
+    clock: Callable[[], float],
+    observe: Callable[[str, int, float], None] | None = None,
+) -> None:
+    """Run the warm-up batches on one instance; `observe(instance, rows, seconds)` hands each
+    batch's time to the device schedulers as their first service times (they relearn)."""
+    for batch in batches:
+        for _ in range(batch.count):
+            try:
+                start = clock()
+                await instance.infer(batch.feed)
+            except Exception as exc:
+                raise ConfigError(
+                    f"model {model!r} failed its warm-up ({batch.label}, batch size "
+                    f"{batch.rows}): {exc}"
+                ) from exc
+            if observe is not None:
+                observe(instance.name, max(batch.rows, 1), clock() - start)

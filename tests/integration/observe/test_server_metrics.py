@@ -91,6 +91,12 @@ TYPES = {
     "vllm:request_queue_time_seconds": "histogram",
     "vllm:request_prefill_time_seconds": "histogram",
     "vllm:request_decode_time_seconds": "histogram",
+    # Model memory (docs/memory.md), exported with no budget; the loads on demand with one.
+    "dlscale_model_memory_bytes": "gauge",
+    "dlscale_memory_budget_bytes": "gauge",
+    "dlscale_memory_resident_bytes": "gauge",
+    "dlscale_model_load_seconds": "histogram",
+    "dlscale_model_evictions": "counter",
 }
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: The traffic: rows per request to fails_even, which fails batches of an even row count. Sent

@@ -40,12 +40,15 @@ def statistics(stats: list[ModelStatistics]) -> dict[str, Any]:
     return as_document(statistics_message(stats))
 
 
-def repository_index(rows: list[RepositoryEntry]) -> list[dict[str, str]]:
-    """`POST /v2/repository/index`: one row per version; no `version` for a model with none."""
+def repository_index(rows: list[RepositoryEntry]) -> list[dict[str, Any]]:
+    """`POST /v2/repository/index`: one row per version; no `version` for a model with none;
+    a loaded version's `memory`, bytes by device (dlscale's addition, docs/memory.md)."""
     out = []
     for row in rows:
-        doc = {"name": row.name, "state": row.state, "reason": row.reason}
+        doc: dict[str, Any] = {"name": row.name, "state": row.state, "reason": row.reason}
         if row.version:
             doc["version"] = row.version
+        if row.memory:
+            doc["memory"] = dict(row.memory)
         out.append(doc)
     return out

@@ -6,11 +6,13 @@ from enum import StrEnum
 
 
 class ModelControl(StrEnum):
-    """none: every model, fixed; explicit: load and unload over the API; poll: follow the disk."""
+    """none: every model, fixed; explicit: load and unload over the API; poll: follow the disk;
+    on-demand: explicit, and a request for a repository model not loaded loads it."""
 
     NONE = "none"
     EXPLICIT = "explicit"
     POLL = "poll"
+    ON_DEMAND = "on-demand"
 
     @property
     def api_loads(self) -> bool:
@@ -20,7 +22,12 @@ class ModelControl(StrEnum):
     @property
     def loads_named(self) -> bool:
         """Whether only the models named at start (--load-model) are loaded then."""
-        return self is ModelControl.EXPLICIT
+        return self in (ModelControl.EXPLICIT, ModelControl.ON_DEMAND)
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether a request for a repository model that is not loaded loads it."""
+        return self is ModelControl.ON_DEMAND
 
     @property
     def polls(self) -> bool:

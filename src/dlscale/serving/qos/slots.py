@@ -73,6 +73,10 @@ class TenantQos:
         """The Tenant at the device of the instance named `instance`."""
         return self.tenants[self.placements[instance]]
 
+    def observe(self, instance: str, rows: int, seconds: float) -> None:
+        """A batch of `rows` took `seconds` on the instance named `instance` (warm-up)."""
+        self.tenant_of(instance).service.observe(rows, seconds)
+
     def devices(self) -> list[tuple[str, Tenant]]:
         """Each device with the model's standing there."""
         return list(self.tenants.items())

@@ -1,0 +1,103 @@
+"""Load on demand (--model-control on-demand): a request for a model that is not loaded loads it.
+
+Requests for the same cold model wait for one load, each within its own timeout; requests for
+resident models never wait here. Loads run a few at a time (`parallel`) and only so many cold
+models may wait for theirs (`waiting`): beyond, a request is refused at once (503), so that a
+flood of requests naming cold models cannot queue without bound nor evict every model. A
+model's waiting requests count against its [qos] max_in_flight, as its queued ones do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+
+from dlscale.errors import DlscaleError, TimedOut, TooManyRequests
+from dlscale.serving.manager import ModelManager, ModelState
+from dlscale.serving.memory.policy import MemoryFull
+
+log = logging.getLogger("dlscale.models")
+
+#: Loads on demand that run at once (on one device they take turns: serving/memory/ledger.py).
+PARALLEL_LOADS = 2
+#: Cold models that may wait for their load at once; a request for one more is refused (503).
+WAITING_LOADS = 8
+
+
+class OnDemand:
+    """Loads the models requests name when they are in the repository and not loaded."""
+
+    def __init__(
+        self, manager: ModelManager, parallel: int = PARALLEL_LOADS, waiting: int = WAITING_LOADS
+    ) -> None:
+        self.manager = manager
+        self.waiting = waiting
+        self._gate = asyncio.Semaphore(parallel)
+        self._loads: dict[str, asyncio.Task[None]] = {}
+        self._waiters: Counter[str] = Counter()
+        #: Loads started by requests, and requests refused because too many were waiting.
+        self.loads = 0
+        self.refused = 0
+
+    def loading(self) -> list[str]:
+        """The cold models whose load requests wait for now."""
+        return sorted(self._loads)
+
+    async def resident(self, name: str, timeout_us: int = 0) -> None:
+        """Return once `name` is READY, loading it if it is a repository model not loaded; a
+        model the repository lacks returns at once (the request is answered NotFound)."""
+        if self.manager.state(name) is ModelState.READY:
+            return
+        if name not in self.manager.repository.names():
+            return
+        self._admit(name)
+        task = self._loads.get(name) or self._start(name)
+        self._waiters[name] += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_us / 1e6 if timeout_us else None)
+        except TimeoutError:
+            raise TimedOut(
+                f"model {name!r} was still loading when the request's timeout of {timeout_us} us "
+                "expired"
+            ) from None
+        finally:
+            self._waiters[name] -= 1
+            if not self._waiters[name]:
+                del self._waiters[name]
+
+    def _admit(self, name: str) -> None:
+        """Refuse a request that would wait beyond the bounds: cold models, or its [qos]."""
+        if name not in self._loads and len(self._loads) >= self.waiting:
+            self.refused += 1
+            raise MemoryFull(
+                f"model {name!r} is not loaded and {len(self._loads)} other models are waiting "
+                f"to load (the most at once is {self.waiting}); retry later"
+            )
+        try:
+            qos = self.manager.repository.config(name).qos
+        except DlscaleError:
+            return  # its load says why
+        if qos is not None and qos.max_in_flight and self._waiters[name] >= qos.max_in_flight:
+            raise TooManyRequests(
+                f"model {name!r} is loading and {self._waiters[name]} requests already wait for "
+                f"it: its [qos] max_in_flight is {qos.max_in_flight}"
+            )
+
+    def _start(self, name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._load(name))
+        self._loads[name] = task
+        task.add_done_callback(lambda t: self._done(name, t))
+        return task
+
+    def _done(self, name: str, task: asyncio.Task[None]) -> None:
+        self._loads.pop(name, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("model %s: load on demand failed: %s", name, task.exception())
+
+    async def _load(self, name: str) -> None:
+        async with self._gate:
+            if name in self.manager.ready_names():
+                return  # loaded meanwhile (by the API, or a pipeline that uses it)
+            self.loads += 1
+            await self.manager.load(name)

@@ -1,0 +1,246 @@
+"""The memory ledger: what each loaded model holds, the budget, and the loads that must fit it.
+
+Every load of a model version passes through `MemoryLedger.load`: it waits for the devices the
+model goes to (one load per device at a time, so that the growth measured is this model's),
+makes room by the eviction rule (serving/memory/policy.py) for the size it expects, loads,
+measures, and checks the measured size against the budget and the model's own limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+from dlscale.errors import DlscaleError
+from dlscale.models.repository import ModelVersion
+from dlscale.serving.memory import measure
+from dlscale.serving.memory.policy import (
+    MemoryFull,
+    Resident,
+    TooLarge,
+    make_room,
+    refusal,
+    totals,
+)
+from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
+from dlscale.serving.observe.stats import Histogram
+from dlscale.serving.served import ServedVersion
+
+log = logging.getLogger("dlscale.models")
+
+#: Load-time buckets in seconds: a small ONNX model to a large engine.
+LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: Rounds of eviction a load tries before it gives up (an eviction can fail: a pipeline that
+#: loaded meanwhile holds its step).
+ROUNDS = 3
+
+Evict = Callable[[str, str], Awaitable[None]]
+
+
+class MemoryLedger:
+    """The bytes each loaded model holds by device, its last use, and the per-device budget."""
+
+    def __init__(self, budget: Budget | None = None, clock: Callable[[], float] = time.monotonic):
+        self.budget: Budget = dict(budget or {})
+        self.clock = clock
+        #: Models never evicted (those marked `pinned` that the server loaded at its start).
+        self.pinned: set[str] = set()
+        #: Set by the manager: unload a model to make room (name, why); whether something else
+        #: holds a model now (a loaded pipeline uses it, or it is loading or unloading).
+        self.evict: Evict | None = None
+        self.held: Callable[[str], bool] = lambda name: False
+        self.load_seconds = Histogram(LOAD_BUCKETS_S)
+        self.evictions = 0
+        self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
+        self._last: dict[str, float] = {}
+        self._names: Counter[str] = Counter()  # loaded versions by model name
+        self._in_use: Counter[str] = Counter()
+        self._known: dict[tuple[str, int, int, int], Footprint] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- what is resident ------------------------------------------------------------------------
+
+    def resident(self) -> list[Resident]:
+        """Every loaded model as the eviction rule sees it."""
+        sizes: dict[str, Footprint] = {}
+        for name, size in self._held.values():
+            held = sizes.setdefault(name, {})
+            for device, bytes_ in size.items():
+                held[device] = held.get(device, 0) + bytes_
+        return [
+            Resident(
+                name,
+                size,
+                self._last.get(name, 0.0),
+                name in self.pinned,
+                self._in_use[name],
+                self.held(name),
+            )
+            for name, size in sorted(sizes.items())
+        ]
+
+    def used(self) -> Footprint:
+        """Bytes the loaded models hold on each device, by their measured sizes."""
+        return totals(self.resident())
+
+    def touch(self, name: str) -> None:
+        """A model was used now (the eviction rule takes the least recently used first); names
+        of no loaded model are not kept (requests may name anything)."""
+        if name in self._names:
+            self._last[name] = self.clock()
+
+    @contextlib.contextmanager
+    def using(self, name: str) -> Iterator[None]:
+        """A request of `name` is in the server: the model is not evicted under it."""
+        self._in_use[name] += 1
+        self.touch(name)
+        try:
+            yield
+        finally:
+            self._in_use[name] -= 1
+            if not self._in_use[name]:
+                del self._in_use[name]
+            self.touch(name)
+
+    def release(self, serial: int) -> None:
+        """A loaded version was freed: its bytes leave the ledger."""
+        name, _ = self._held.pop(serial, ("", {}))
+        if name:
+            self._names[name] -= 1
+            if not self._names[name]:
+                del self._names[name]
+                self._last.pop(name, None)
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    async def load(
+        self,
+        mv: ModelVersion,
+        load: Callable[[], Awaitable[ServedVersion]],
+        close: Callable[[ServedVersion], Awaitable[None]],
+    ) -> ServedVersion:
+        """Load a version within the budget: room made before for the size expected, and after
+        for the size measured; a load that cannot fit is freed and refused with the figures."""
+        if mv.config.is_pipeline:
+            return await load()  # no instance of its own: its steps are measured as they load
+        devices = sorted({device_key(g.device) for g in mv.config.instances} | {"cpu"})
+        limit = parse_limit(mv.name, mv.config.memory.limit)
+        async with self._devices(devices):
+            floor, known = _files(mv), self._known.get(_stamp(mv), {})
+            need = known or {**floor, **limit}
+            await self._make_room(mv.name, need)
+            before = await asyncio.to_thread(measure.read, devices)
+            start = self.clock()
+            served = await load()
+            seconds = self.clock() - start
+            after = await asyncio.to_thread(measure.read, devices)
+            size = _growth(devices, before, after, floor, known)
+            try:
+                _check_limit(mv, size, limit)
+                await self._make_room(mv.name, size)
+            except DlscaleError:
+                await close(served)
+                raise
+            self._known[_stamp(mv)] = served.memory = size
+            self._held[served.serial] = (mv.name, size)
+            self._names[mv.name] += 1
+            self.touch(mv.name)
+            self.load_seconds.observe(seconds)
+        log.info(
+            "model %s v%d: loaded in %.3f s, holding %s (resident %s, budget %s)",
+            mv.name, mv.version, seconds, show_all(size), show_all(self.used()),
+            show_all(self.budget) if self.budget else "none",
+        )  # fmt: skip
+        return served
+
+    async def _make_room(self, model: str, need: Footprint) -> None:
+        """Evict the least recently used idle models until `need` fits; the refusal's figures
+        when it cannot."""
+        failed: set[str] = set()
+        for _ in range(ROUNDS):
+            resident = self.resident()
+            for r in resident:
+                r.held = r.held or r.name in failed
+            victims = make_room(model, need, self.budget, resident) if self.budget else []
+            if not victims:
+                return
+            evicted = self.evictions
+            for victim in victims:
+                if self.evict is None:
+                    raise MemoryFull(f"model {model!r} does not fit and nothing may be evicted")
+                if self.held(victim.name) or self._in_use[victim.name]:
+                    # Taken meanwhile (an earlier eviction awaited): a load that holds its name
+                    # may be waiting for this load's device, so it is not waited for.
+                    failed.add(victim.name)
+                    continue
+                try:
+                    await self.evict(victim.name, f"least recently used, room for {model!r}")
+                    self.evictions += 1
+                except DlscaleError as exc:
+                    log.warning("model %s: not evicted: %s", victim.name, exc)
+                    failed.add(victim.name)
+            if self.evictions > evicted:
+                await asyncio.to_thread(measure.trim)
+        resident = [r for r in self.resident() if r.name not in failed]
+        if make_room(model, need, self.budget, resident):
+            raise MemoryFull(refusal(model, need, self.budget, self.resident()))
+
+    @contextlib.asynccontextmanager
+    async def _devices(self, devices: list[str]) -> AsyncIterator[None]:
+        """One load per device at a time; locks taken in name order, so two loads never wait
+        for each other's."""
+        async with contextlib.AsyncExitStack() as stack:
+            for device in devices:
+                await stack.enter_async_context(self._locks.setdefault(device, asyncio.Lock()))
+            yield
+
+
+def _stamp(mv: ModelVersion) -> tuple[str, int, int, int]:
+    """What a remembered size belongs to: the version and its model file as it is now."""
+    try:
+        stat = mv.model_file.stat()
+    except OSError:
+        return (mv.name, mv.version, 0, 0)
+    return (mv.name, mv.version, stat.st_size, stat.st_mtime_ns)
+
+
+def _files(mv: ModelVersion) -> Footprint:
+    """The least a load holds: the version's files, once per instance, on each device."""
+    size = measure.folder_bytes(mv.path)
+    out: Footprint = {}
+    for group in mv.config.instances:
+        key = device_key(group.device)
+        out[key] = out.get(key, 0) + size * group.count
+    return out
+
+
+def _growth(
+    devices: list[str], before: Footprint, after: Footprint, floor: Footprint, known: Footprint
+) -> Footprint:
+    """The growth measured on each device, never below the files.
+
+    An allocator that reuses memory freed by an earlier unload shows less growth than the model
+    holds: a growth at or below the files keeps the size measured at an earlier load of the same
+    file. A larger growth replaces a larger earlier one (the first load in a process also paid
+    the runtime's one-time set-up)."""
+    out: Footprint = {}
+    for d in devices:
+        grown = after[d] - before[d] if d in before and d in after else 0
+        if grown <= floor.get(d, 0):
+            out[d] = max(known.get(d, 0), floor.get(d, 0))
+        else:
+            out[d] = min(grown, known[d]) if d in known else grown
+    return out
+
+
+def _check_limit(mv: ModelVersion, size: Footprint, limit: Footprint) -> None:
+    over = {d: size.get(d, 0) for d, cap in limit.items() if size.get(d, 0) > cap}
+    if over:
+        raise TooLarge(
+            f"model {mv.name!r} version {mv.version} holds {show_all(over)} once loaded, above "
+            f"its config's memory limit of {show_all({d: limit[d] for d in over})}"
+        )

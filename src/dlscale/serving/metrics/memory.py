@@ -1,0 +1,88 @@
+"""Prometheus metrics of model memory: each loaded version's bytes, the budget, what is resident,
+loads, their times, and evictions (docs/memory.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from dlscale.serving.control.demand import OnDemand
+from dlscale.serving.manager import ModelManager
+
+
+class MemoryCollector(Collector):
+    """Reads the manager's memory ledger (and the on-demand loader, if any) at scrape time."""
+
+    def __init__(
+        self, manager: ModelManager, demand: Callable[[], OnDemand | None] = lambda: None
+    ) -> None:
+        self.manager = manager
+        self.demand = demand
+
+    def collect(self) -> Iterator[Metric]:
+        ledger = self.manager.memory
+        model = GaugeMetricFamily(
+            "dlscale_model_memory_bytes",
+            "Bytes a loaded model version holds on a device, measured at its load",
+            labels=["model", "version", "device"],
+        )
+        for entry in self.manager.entries():
+            for version, served in entry.versions.items():
+                for device, size in served.memory.items():
+                    model.add_metric([entry.name, str(version), device], size)
+        yield model
+        budget = GaugeMetricFamily(
+            "dlscale_memory_budget_bytes", "The memory budget of a device", labels=["device"]
+        )
+        for device, size in sorted(ledger.budget.items()):
+            budget.add_metric([device], size)
+        yield budget
+        resident = GaugeMetricFamily(
+            "dlscale_memory_resident_bytes",
+            "Bytes the loaded models hold on a device together, by their measured sizes",
+            labels=["device"],
+        )
+        for device, size in sorted(ledger.used().items()):
+            resident.add_metric([device], size)
+        yield resident
+        seconds = HistogramMetricFamily(
+            "dlscale_model_load_seconds", "Time each model version took to load (and warm up)"
+        )
+        hist = ledger.load_seconds
+        seconds.add_metric([], [(_le(b), n) for b, n in hist.cumulative()], hist.total)
+        yield seconds
+        yield from self._counts()
+
+    def _counts(self) -> Iterator[Metric]:
+        ledger, demand = self.manager.memory, self.demand()
+        evictions = CounterMetricFamily(
+            "dlscale_model_evictions", "Models unloaded to make room for another"
+        )
+        evictions.add_metric([], ledger.evictions)
+        yield evictions
+        if demand is not None:
+            loads = CounterMetricFamily(
+                "dlscale_model_loads_on_demand", "Loads started by a request for a cold model"
+            )
+            loads.add_metric([], demand.loads)
+            refused = CounterMetricFamily(
+                "dlscale_model_loads_refused",
+                "Requests for cold models refused because too many models were waiting to load",
+            )
+            refused.add_metric([], demand.refused)
+            waiting = GaugeMetricFamily(
+                "dlscale_model_loads_waiting", "Cold models whose load requests wait for now"
+            )
+            waiting.add_metric([], len(demand.loading()))
+            yield from (loads, refused, waiting)
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))

@@ -1,0 +1,93 @@
+"""What a load is measured with: the process's RSS, a model folder's files, NVML's device for a
+CUDA index (NVML does not run here: a stand-in library answers its two calls)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dlscale.hardware.nvml import Nvml
+from dlscale.serving.memory import ledger, measure
+
+MiB = 2**20
+
+
+def test_host_bytes_grow_with_what_the_process_holds() -> None:
+    before = measure.host_bytes()
+    held = np.ones(64 * MiB, np.uint8)  # written: resident, not only reserved
+    assert measure.host_bytes() - before >= 48 * MiB
+    del held
+    measure.trim()  # hands freed memory back where the C library can; never fails
+
+
+def test_host_bytes_count_child_processes() -> None:
+    before = measure.host_bytes()
+    hold = "import sys; x = bytearray(64 * 2**20); print('held', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "held\n"
+        assert measure.host_bytes() - before >= 48 * MiB
+    finally:
+        child.communicate("", timeout=30)
+
+
+def test_a_folder_counts_its_files(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.onnx").write_bytes(b"x" * 1000)
+    with open(tmp_path / "1" / "weights.bin", "wb") as sparse:
+        sparse.truncate(5 * MiB)
+    assert measure.folder_bytes(tmp_path) == 1000 + 5 * MiB
+    assert measure.read(["cpu", "tpu"]).keys() == {"cpu"}
+
+
+class _Lib:
+    """The two NVML calls a device's handle comes from."""
+
+    NVMLError = RuntimeError
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return f"index {index}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        return f"uuid {uuid}"
+
+
+@pytest.mark.parametrize(
+    ("visible", "index", "handle"),
+    [
+        ("", 1, "index 1"),
+        ("2,3", 1, "index 3"),
+        ("GPU-abc", 0, "uuid GPU-abc"),
+        ("2", 1, None),
+    ],
+)
+def test_a_cuda_index_is_the_visible_devices_one(
+    monkeypatch: pytest.MonkeyPatch, visible: str, index: int, handle: str | None
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert measure._handle(Nvml(_Lib()), index) == handle
+
+
+@pytest.mark.parametrize(
+    ("grown", "known", "expected"),
+    [
+        (30, {}, 30),  # measured: the growth
+        (2, {}, 10),  # less than the files (an allocator reusing freed memory): the files
+        (2, {"cpu": 25}, 25),  # ... or what the same file measured before
+        (20, {"cpu": 33}, 20),  # a smaller real growth replaces the first load's set-up
+        (40, {"cpu": 33}, 33),  # a larger one is noise beside the earlier figure
+    ],
+)
+def test_a_loads_figure_is_its_growth_corrected(
+    grown: int, known: dict[str, int], expected: int
+) -> None:
+    floor = {"cpu": 10}
+    size = ledger._growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
+    assert size == {"cpu": expected, "gpu0": 0}  # gpu0 unreadable and no files there
