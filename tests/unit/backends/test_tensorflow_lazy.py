@@ -1,0 +1,27 @@
+"""Importing dlscale, its server and its CLI imports no TensorFlow: only a TF model's load does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dlscale.backends import RUNTIMES, uploadable
+
+
+def test_importing_dlscale_does_not_import_tensorflow() -> None:
+    code = (
+        "import sys, dlscale, dlscale.server, dlscale.cli, dlscale.backends, "
+        "dlscale.serving.control.uploads, dlscale.optimize.search, dlscale.plan.allreduce_bench\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras'))\n"
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_tensorflow_uploads_are_named_data_files_only() -> None:
+    runtime = RUNTIMES["tensorflow"]
+    assert runtime.triton_names == ("tensorflow_savedmodel", "tensorflow")
+    for name in ("saved_model.pb", "variables.index", "variables.data-00000-of-00001", "m.keras"):
+        assert uploadable("tensorflow", name), name
+    for name in ("_ops.so", "model.py", "keras_metadata.pb.py", "saved_model.pbtxt", "x.h5"):
+        assert not uploadable("tensorflow", name), name
