@@ -18,14 +18,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tests.toolkit.server import LocalServer, serving
 
-tf_models = pytest.importorskip("tests.toolkit.tf_models", reason="needs the [tensorflow] extra")
-
-import tritonclient.grpc as tg  # noqa: E402
-import tritonclient.http as th  # noqa: E402
-from tests.toolkit.server import LocalServer, serving  # noqa: E402
-
-FEATURES = tf_models.FEATURES
+#: The toolkit's dense models' width (tests/toolkit/tf_models.py).
+FEATURES = 16
 BATCHED_PBTXT = (
     'platform: "tensorflow_savedmodel"\nmax_batch_size: 8\n'
     "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
@@ -40,7 +38,14 @@ def _version(root: Path, name: str, config: tuple[str, str]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def tf_models() -> Any:
+    """The toolkit's TensorFlow builders, imported only where a test of this module runs (not at
+    collection: TensorFlow takes seconds and memory in every worker that imports it)."""
+    return pytest.importorskip("tests.toolkit.tf_models", reason="needs the [tensorflow] extra")
+
+
+@pytest.fixture(scope="module")
+def repo(tf_models: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("tf")
     models = {
         "dense": tf_models.write_dense_savedmodel(
@@ -105,7 +110,10 @@ def test_a_savedmodel_without_a_config_of_tensors_is_described_from_its_signatur
 
 
 def test_a_savedmodel_answers_as_tensorflow_in_process(
-    server: LocalServer, http: th.InferenceServerClient, repo: tuple[Path, dict[str, Any]]
+    tf_models: Any,
+    server: LocalServer,
+    http: th.InferenceServerClient,
+    repo: tuple[Path, dict[str, Any]],
 ) -> None:
     x = np.random.default_rng(0).standard_normal((5, FEATURES)).astype(np.float32)
     want = tf_models.reference(repo[1]["dense"], x)
@@ -116,7 +124,7 @@ def test_a_savedmodel_answers_as_tensorflow_in_process(
 
 
 def test_concurrent_rows_are_batched_and_each_gets_its_own_answer(
-    http: th.InferenceServerClient, repo: tuple[Path, dict[str, Any]]
+    tf_models: Any, http: th.InferenceServerClient, repo: tuple[Path, dict[str, Any]]
 ) -> None:
     rows = np.random.default_rng(1).standard_normal((24, 1, FEATURES)).astype(np.float32)
     pending = []
@@ -132,7 +140,7 @@ def test_concurrent_rows_are_batched_and_each_gets_its_own_answer(
 
 
 def test_a_keras_file_answers_as_keras_in_process(
-    http: th.InferenceServerClient, repo: tuple[Path, dict[str, Any]]
+    tf_models: Any, http: th.InferenceServerClient, repo: tuple[Path, dict[str, Any]]
 ) -> None:
     meta = http.get_model_metadata("tf-keras")
     assert meta["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, 4]}]
@@ -197,7 +205,7 @@ def _refused(response: httpx.Response, status: int, *fragments: str) -> None:
 
 
 def test_an_uploaded_savedmodel_loads_and_answers(
-    rest: httpx.Client, http: th.InferenceServerClient, tmp_path: Path
+    tf_models: Any, rest: httpx.Client, http: th.InferenceServerClient, tmp_path: Path
 ) -> None:
     model = tf_models.write_dense_savedmodel(tmp_path / "m", seed=3)
     response = _load(
@@ -211,7 +219,7 @@ def test_an_uploaded_savedmodel_loads_and_answers(
 
 
 def test_an_uploaded_savedmodel_that_writes_a_file_is_refused(
-    rest: httpx.Client, server: LocalServer, tmp_path: Path
+    tf_models: Any, rest: httpx.Client, server: LocalServer, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
     tf_models.write_file_writing_savedmodel(tmp_path / "m", marker)
@@ -222,7 +230,7 @@ def test_an_uploaded_savedmodel_that_writes_a_file_is_refused(
 
 
 def test_an_uploaded_savedmodel_with_a_custom_op_is_refused(
-    rest: httpx.Client, tmp_path: Path
+    tf_models: Any, rest: httpx.Client, tmp_path: Path
 ) -> None:
     tf_models.write_dense_savedmodel(tmp_path / "m")
     tf_models.rename_op(tmp_path / "m", "MatMul", "DlscaleSecretMatMul")
@@ -231,7 +239,7 @@ def test_an_uploaded_savedmodel_with_a_custom_op_is_refused(
 
 
 def test_an_uploaded_keras_lambda_is_refused_and_never_runs(
-    rest: httpx.Client, tmp_path: Path
+    tf_models: Any, rest: httpx.Client, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
     tf_models.write_lambda_keras(tmp_path / "model.keras", marker)

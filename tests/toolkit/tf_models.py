@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import keras
 import numpy as np
-import tensorflow as tf
+
+# Through dlscale's package: it loads Triton before TensorFlow (a torch.compile later in the
+# same test process would abort otherwise).
+from dlscale.backends.tensorflow.imports import keras, tf
 
 #: The dense classifier's widths: 16 features in, 4 scores out.
 FEATURES, CLASSES = 16, 4

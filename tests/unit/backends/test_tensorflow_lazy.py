@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+
+import pytest
 
 from dlscale.backends import RUNTIMES, uploadable
 
@@ -25,3 +28,14 @@ def test_tensorflow_uploads_are_named_data_files_only() -> None:
         assert uploadable("tensorflow", name), name
     for name in ("_ops.so", "model.py", "keras_metadata.pb.py", "saved_model.pbtxt", "x.h5"):
         assert not uploadable("tensorflow", name), name
+
+
+def test_torch_compile_after_the_tensorflow_backend_does_not_abort() -> None:
+    # Both bundle LLVM: TensorFlow loaded before Triton aborted the process (issue 38).
+    # Looked up, not imported: importing TensorFlow here would set up the very abort.
+    for module in ("tensorflow", "triton"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"needs {module}")
+    code = "import dlscale.backends.tensorflow, torch._inductor, triton.runtime; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
