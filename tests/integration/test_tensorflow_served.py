@@ -69,6 +69,10 @@ def repo(tf_models: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     tf_models.write_dense_savedmodel(
         _version(root, "bad-shape", ("config.toml", wrong)) / "model.savedmodel"
     )
+    option = TOML + "[backend_options]\nxla = true\n"
+    tf_models.write_dense_keras(
+        _version(root, "bad-option", ("config.toml", option)) / "model.keras"
+    )
     return root, models
 
 
@@ -176,6 +180,7 @@ def test_a_wrong_dtype_or_shape_is_refused_before_tensorflow(rest: httpx.Client)
         ("bad-signature", "no signature 'nope' (it has ['serve', 'serving_default'])"),
         ("bad-custom-op", "ops TensorFlow does not have: ['DlscaleSecretMatMul']"),
         ("bad-shape", "inputs.x.shape"),
+        ("bad-option", "backend_options ['xla']: the tensorflow backend reads"),
     ],
 )
 def test_a_bad_savedmodel_is_refused_at_load_with_its_reason(
@@ -192,8 +197,11 @@ def test_a_bad_savedmodel_is_refused_at_load_with_its_reason(
 UPLOAD_CONFIG = {"platform": "tensorflow_savedmodel", "max_batch_size": 8}
 
 
-def _load(rest: httpx.Client, name: str, files: dict[str, bytes]) -> httpx.Response:
-    params = {"config": json.dumps(UPLOAD_CONFIG | {"name": name})}
+def _load(
+    rest: httpx.Client, name: str, files: dict[str, bytes], backend: str = ""
+) -> httpx.Response:
+    config = {"backend": backend, "max_batch_size": 8} if backend else UPLOAD_CONFIG
+    params = {"config": json.dumps(config | {"name": name})}
     params |= {f"file:{k}": base64.b64encode(v).decode() for k, v in files.items()}
     return rest.post(f"/v2/repository/models/{name}/load", json={"parameters": params})
 
@@ -246,6 +254,31 @@ def test_an_uploaded_keras_lambda_is_refused_and_never_runs(
     files = {"1/model.keras": (tmp_path / "model.keras").read_bytes()}
     _refused(_load(rest, "tf-lambda", files), 403, "Lambda", "model repository only")
     assert not marker.exists()
+
+
+def test_an_uploaded_keras_file_loads_and_answers(
+    tf_models: Any, rest: httpx.Client, http: th.InferenceServerClient, tmp_path: Path
+) -> None:
+    model = tf_models.write_dense_keras(tmp_path / "model.keras", seed=4)
+    files = {"1/model.keras": (tmp_path / "model.keras").read_bytes()}
+    response = _load(rest, "tf-keras-upload", files, backend="tensorflow")
+    assert response.status_code == 200, response.text
+    x = np.ones((2, FEATURES), np.float32)
+    got = _infer(http, th, "tf-keras-upload", x, "scores")
+    np.testing.assert_allclose(got, tf_models.reference(model, x), rtol=1e-5)
+    http.unload_model("tf-keras-upload")
+
+
+def test_uploaded_keras_weights_stored_in_a_host_file_are_refused(
+    tf_models: Any, rest: httpx.Client, tmp_path: Path
+) -> None:
+    # An HDF5 external dataset: h5py would read the host file as the weights, and the model's
+    # answers would carry its bytes back. Keras 3.15 refuses it at load too (a 400 after the
+    # files are written); the upload check refuses it before a byte is written, whatever Keras.
+    tf_models.write_dense_keras(tmp_path / "model.keras")
+    data = tf_models.with_external_weights(tmp_path / "model.keras", tmp_path / "secret")
+    response = _load(rest, "tf-h5", {"1/model.keras": data}, backend="tensorflow")
+    _refused(response, 403, "stored in or linked to other files")
 
 
 def test_an_uploaded_shared_library_is_refused_by_name(rest: httpx.Client) -> None:

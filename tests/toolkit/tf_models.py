@@ -110,3 +110,30 @@ def folder_files(folder: Path, prefix: str) -> dict[str, bytes]:
 def reference(model: Any, x: np.ndarray) -> np.ndarray:
     """The Keras model's own answer, in process."""
     return np.asarray(model(x, training=False))
+
+
+def with_external_weights(keras_file: Path, secret: Path) -> bytes:
+    """The .keras file with its first weight stored in `secret` (an HDF5 external dataset):
+    what an attacker sends to read a host file into the model's weights, and out as answers."""
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(keras_file) as archive:
+        members = {n: archive.read(n) for n in archive.namelist()}
+    buffer = io.BytesIO(members["model.weights.h5"])
+    with h5py.File(buffer, "r+") as weights:
+        found: list[str] = []
+        weights.visititems(lambda n, o: found.append(n) if isinstance(o, h5py.Dataset) else None)
+        shape, dtype = weights[found[0]].shape, weights[found[0]].dtype
+        secret.write_bytes(np.ones(shape, dtype).tobytes())
+        del weights[found[0]]
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        weights.create_dataset(found[0], shape, dtype, external=[(str(secret), 0, nbytes)])
+    members["model.weights.h5"] = buffer.getvalue()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return out.getvalue()
