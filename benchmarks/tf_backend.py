@@ -3,21 +3,26 @@
 
     python -m benchmarks.tf_backend [--repeats 3] [--duration 10] [--skip-optimize]
 
-The model is a SavedModel built from code (seeded Keras MLP, 512-1024-1024-10, FP32). Served:
-`dlscale serve` (max batch 32, queue delay 500 µs, TensorFlow's threads as configured) under a
+The model is a SavedModel built from code (seeded Keras MLP, 2048-4096-4096-1000, FP32: ~59
+MFLOP a row, so that a row's compute outweighs what serving a request costs). Served: `dlscale
+serve` (max batch 32, queue delay 500 µs, one intra- and one inter-op TensorFlow thread: on 2
+cores TensorFlow's pools at their default size spin against the server's own threads) under a
 closed loop of 32 REST clients with binary tensors (benchmarks/harness/clients.py); then, with
 the server stopped, the same SavedModel's signature called in a child process in batches of the
-mean batch the server formed, and of 32, with the same thread counts. Targets: served >= 0.8x
-in process; the optimize winner >= 1.5x `tf-fp32`. JSON goes to bench-results/tf_backend.json.
+mean batch the server formed and of 32, with 1 and with 2 threads; the best of these is the
+reference. Targets: served >= 0.8x in process; the optimize winner >= 1.5x `tf-fp32` (run on a
+copy of the repository). JSON goes to bench-results/tf_backend.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,13 @@ from benchmarks.harness.models import BenchModel
 from benchmarks.harness.servers import RESULTS, WORK, start_dlscale
 from benchmarks.harness.statistics import machine
 
-MODEL = BenchModel("tf-mlp", "x", "output_0", (512,), 32, 500)
-THREADS = 2
+MODEL = BenchModel("tf-mlp", "x", "output_0", (2048,), 32, 500)
+THREADS = 1
 REPO = WORK / "tf-backend"
 CONFIG = (
     'backend = "tensorflow"\nmax_batch_size = 32\n[batching]\nmax_queue_delay_us = 500\n'
     f"[backend_options]\nintra_op_threads = {THREADS}\ninter_op_threads = {THREADS}\n"
+    '[[instances]]\ncount = {instances}\ndevice = "cpu"\n'
 )
 
 #: Builds the SavedModel (argv: folder), or times its signature in batches (argv: folder,
@@ -44,16 +50,16 @@ import keras, numpy as np, tensorflow as tf
 path = sys.argv[1]
 if len(sys.argv) == 2:
     keras.utils.set_random_seed(0)
-    x = keras.Input((512,), name="x")
-    h = keras.layers.Dense(1024, activation="relu")(x)
-    h = keras.layers.Dense(1024, activation="relu")(h)
-    keras.Model(x, keras.layers.Dense(10)(h)).export(path, verbose=False)
+    x = keras.Input((2048,), name="x")
+    h = keras.layers.Dense(4096, activation="relu")(x)
+    h = keras.layers.Dense(4096, activation="relu")(h)
+    keras.Model(x, keras.layers.Dense(1000)(h)).export(path, verbose=False)
     sys.exit()
 batch, seconds, threads = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 tf.config.threading.set_intra_op_parallelism_threads(threads)
 tf.config.threading.set_inter_op_parallelism_threads(threads)
 call = tf.saved_model.load(path).signatures["serving_default"]
-rows = np.random.default_rng(0).standard_normal((batch, 512)).astype(np.float32)
+rows = np.random.default_rng(0).standard_normal((batch, 2048)).astype(np.float32)
 for _ in range(5):
     call(x=tf.constant(rows))
 runs, start = 0, time.perf_counter()
@@ -71,13 +77,16 @@ def _child(*argv: str) -> str:
     return done.stdout.strip()
 
 
-def build() -> Path:
+def build(instances: int = 1) -> Path:
     """The repository: tf-mlp/config.toml and tf-mlp/1/model.savedmodel."""
     saved = REPO / MODEL.name / "1" / "model.savedmodel"
+    for old in (REPO / MODEL.name).glob("[0-9]*"):
+        if old.name != "1":  # a version an earlier optimize run wrote
+            shutil.rmtree(old)
     if not saved.exists():
         saved.parent.mkdir(parents=True, exist_ok=True)
         _child(str(saved))
-    (REPO / MODEL.name / "config.toml").write_text(CONFIG)
+    (REPO / MODEL.name / "config.toml").write_text(CONFIG.format(instances=instances))
     return saved
 
 
@@ -98,9 +107,9 @@ def served_against_inprocess(saved: Path, repeats: int, duration: float) -> list
             batch = _mean_batch(server.port)
         finally:
             server.stop()
-        near = max(1, round(batch))
-        at_batch = float(_child(str(saved), str(near), str(duration), str(THREADS)))
-        at_max = float(_child(str(saved), "32", str(duration), str(THREADS)))
+        near = str(max(1, round(batch)))
+        at_batch = max(float(_child(str(saved), near, str(duration), t)) for t in ("1", "2"))
+        at_max = max(float(_child(str(saved), "32", str(duration), t)) for t in ("1", "2"))
         row = {
             "repeat": rep,
             "served_rps": load.throughput,
@@ -129,7 +138,10 @@ def optimized(seconds: float) -> dict[str, Any]:
         meter=MeterSettings(seconds=seconds, repeats=3, singlestream=False),
         time_budget_s=1800,
     )
-    result = optimize(REPO, MODEL.name, settings, progress=lambda m: print("  " + m, flush=True))
+    with tempfile.TemporaryDirectory(prefix="tf-optimize-", dir=WORK) as scratch:
+        shutil.copytree(REPO, Path(scratch) / "repo")
+        say = lambda m: print("  " + m, flush=True)  # noqa: E731
+        result = optimize(Path(scratch) / "repo", MODEL.name, settings, progress=say)
     speeds = {t.variant.name: t.speed.offline_sps for t in result.trials if t.speed}
     status = {t.variant.name: t.status for t in result.trials}
     base = speeds.get("tf-fp32", 0.0)
@@ -150,18 +162,20 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--optimize-seconds", type=float, default=3.0)
     parser.add_argument("--skip-optimize", action="store_true")
+    parser.add_argument("--instances", type=int, default=1, help="served instances (1 thread each)")
     args = parser.parse_args()
-    saved = build()
+    saved = build(args.instances)
     rows = served_against_inprocess(saved, args.repeats, args.duration)
     ratios = [r["ratio_at_mean_batch"] for r in rows]
-    report: dict[str, Any] = {"machine": machine(), "rest": rows}
+    report: dict[str, Any] = {"machine": machine(), "instances": args.instances, "rest": rows}
     report["rest_ratio_median"] = statistics.median(ratios)
     print(f"served / in process (at the mean batch): median {statistics.median(ratios):.2f}")
     if not args.skip_optimize:
         report["optimize"] = optimized(args.optimize_seconds)
         print(f"optimize: {json.dumps(report['optimize'])}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tf_backend.json").write_text(json.dumps(report, indent=2))
+    name = "tf_backend.json" if args.instances == 1 else f"tf_backend-{args.instances}.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
