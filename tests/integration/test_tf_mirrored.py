@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.toolkit.slow import slow_only
 
 from dlscale.cli import main
 
@@ -37,6 +38,7 @@ def test_bench_allreduce_on_tf_mirrored(capsys: pytest.CaptureFixture[str], tmp_
     assert "reduced values checked" in capsys.readouterr().out
 
 
+@slow_only("a second TensorFlow child process training on 1 and 2 replicas: ~20 s on 2 cores")
 def test_plan_train_sets_a_measured_mirrored_step_beside_its_prediction(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
