@@ -32,6 +32,8 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml
 $(VENV)/.dev-installed: $(PY) pyproject.toml
 	$(install_torch)
 	$(PIP) install -q -e '.[dev]'
+	# --no-deps: it requires `tensorflow` (the CUDA build); tensorflow-cpu has the same modules.
+	$(PIP) install -q --no-deps tensorflow-serving-api==2.21.0
 	touch $@
 
 demo: $(VENV)/.demo-installed

@@ -51,6 +51,10 @@ class Runtime:
     #: Names (glob patterns) of the files a load request may upload for it: data whose loading
     #: runs no code the client chose (docs/limits.md). Empty: it takes no uploaded files.
     uploads: tuple[str, ...] = ()
+    #: "module:function" that checks an uploaded file's bytes, `(file_name, data) -> None`,
+    #: raising PermissionDenied for one whose loading would reach past its data (imported only
+    #: when such a file is uploaded); "" when its names say enough.
+    upload_check: str = ""
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -75,6 +79,26 @@ RUNTIMES: dict[str, Runtime] = {
         extra="torch",
         triton_names=("pytorch_libtorch", "pytorch"),
         uploads=("*.zoo", "*.txt"),
+    ),
+    # A SavedModel folder (Triton's name for it) or a Keras 3 file. Uploads: the SavedModel's
+    # graph, variables and text assets, checked to run no file, Python or custom op; a .keras
+    # file checked to hold no Lambda and no HDF5 link out (tensorflow/uploads.py).
+    "tensorflow": Runtime(
+        "dlscale.backends.tensorflow",
+        "TensorflowBackend",
+        ("model.savedmodel", "model.keras"),
+        "tensorflow_savedmodel",
+        extra="tensorflow",
+        triton_names=("tensorflow_savedmodel", "tensorflow"),
+        uploads=(
+            "saved_model.pb",
+            "fingerprint.pb",
+            "variables.index",
+            "variables.data-*-of-*",
+            "*.keras",
+            "*.txt",
+        ),
+        upload_check="dlscale.backends.tensorflow.uploads:check_upload",
     ),
     # No model: the tensors come from config.toml; an empty marker keeps version folders alike.
     "null": Runtime(
@@ -153,6 +177,15 @@ def uploadable(backend: str, file_name: str) -> bool:
     )
 
 
+def check_upload(backend: str, file_name: str, data: bytes) -> None:
+    """Run the backend's check of an uploaded file's bytes, where it has one (`upload_check`)."""
+    runtime = RUNTIMES.get(backend)
+    if runtime is None or not runtime.upload_check:
+        return
+    module, function = runtime.upload_check.split(":")
+    getattr(importlib.import_module(module), function)(file_name, data)
+
+
 def create_backend(kind: str, path: Path, options: BackendOptions) -> Backend:
     """A backend of the named kind for the model file at `path`, not yet loaded.
 
@@ -183,6 +216,7 @@ __all__ = [
     "BackendOptions",
     "Capabilities",
     "Runtime",
+    "check_upload",
     "create_backend",
     "uploadable",
 ]

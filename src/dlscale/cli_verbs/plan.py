@@ -34,6 +34,13 @@ def add_verbs(sub: SubParsers) -> None:
     t.add_argument("--algo", default="auto", help="ring, tree, hierarchical, in-network, auto")
     t.add_argument("--deadline", help="also show what finishing in this time needs, e.g. 8h")
     t.add_argument("--plot", help="write scaling curves (time, efficiency vs GPUs) to this PNG")
+    t.add_argument(
+        "--tf-mirrored",
+        type=int,
+        metavar="N",
+        help="also train a small model with TensorFlow MirroredStrategy on N virtual CPU "
+        "devices and set the planner's data-parallel prediction beside it",
+    )
     t.set_defaults(func=LazyHandler("dlscale.plan.commands", "plan_train"))
 
     s = verbs.add_parser("serve", help="fewest devices of each kind that hold a p99 SLO")
@@ -66,7 +73,12 @@ def add_bench_allreduce(sub: SubParsers) -> None:
     """`dlscale bench allreduce`: register under whichever `bench` parser owns the verb."""
     a = sub.add_parser("allreduce", help="time torch.distributed all-reduce beside the model")
     a.add_argument("--nproc", type=int, default=2, help="processes (GPUs with nccl)")
-    a.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    a.add_argument(
+        "--backend",
+        choices=("gloo", "nccl", "tf-mirrored"),
+        default="gloo",
+        help="tf-mirrored: TensorFlow MirroredStrategy over --nproc virtual CPU devices",
+    )
     a.add_argument("--sizes", help="LO:HI bytes, doubling (default 1K:64M gloo, 1K:1G nccl)")
     a.add_argument("--iters", type=int, default=20)
     a.add_argument("--warmup", type=int, default=5)

@@ -89,7 +89,7 @@ class ModelRepository:
         if config.is_pipeline and not on_disk:  # no model file, and no version folder: 1
             return [ModelVersion(name, 1, folder, folder, config, source.path)]
         if not on_disk:
-            flat = [f for f in config.model_files() if (folder / f).is_file()]
+            flat = [f for f in config.model_files() if _is_model(folder / f)]
             if flat:
                 return [ModelVersion(name, 1, folder, folder / flat[0], config, source.path)]
             raise ConfigError(
@@ -139,9 +139,14 @@ class ModelRepository:
     def _version(self, name: str, version: int, path: Path, source: ModelSource) -> ModelVersion:
         config = source.config
         for file_name in config.model_files():
-            if (path / file_name).is_file():
+            if _is_model(path / file_name):
                 return ModelVersion(name, version, path, path / file_name, config, source.path)
         raise ConfigError(
             f"{path}: no model file for backend {config.backend!r} "
             f"(expected one of {list(config.model_files())})"
         )
+
+
+def _is_model(path: Path) -> bool:
+    """A model file, or a model folder (a TensorFlow SavedModel: `model.savedmodel/`)."""
+    return path.is_file() or (path.suffix == ".savedmodel" and path.is_dir())

@@ -16,6 +16,14 @@ from dlscale.optimize.results import Trial
 
 #: The variant that is the source itself (the FP32 ONNX file, its settings unchanged).
 SOURCE_VARIANT = "fp32"
+#: The source variant of a TensorFlow model (optimize/tf_variants.py): the model as served.
+TF_SOURCE_VARIANT = "tf-fp32"
+
+
+def source_name(trials: list[Trial]) -> str:
+    """The name of the trials' source variant: a TensorFlow model's, or the ONNX file's."""
+    names = {t.variant.name for t in trials}
+    return TF_SOURCE_VARIANT if TF_SOURCE_VARIANT in names else SOURCE_VARIANT
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ def decide(trials: list[Trial]) -> Decision:
     """The fastest accepted variant if it clearly beats the FP32 source, else the source."""
     best = fastest(trials)
     source = next(
-        (t for t in trials if t.variant.name == SOURCE_VARIANT and t.accepted and t.speed),
+        (t for t in trials if t.variant.name == source_name(trials) and t.accepted and t.speed),
         None,
     )
     if source is None or source.speed is None:

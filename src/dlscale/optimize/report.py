@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import __version__
+from dlscale.optimize.decide import source_name
 from dlscale.optimize.results import OptimizeResult, Trial
 
 JSON_NAME, MARKDOWN_NAME, PNG_NAME = "optimize_report.json", "optimize_report.md", "optimize.png"
@@ -72,8 +73,9 @@ def _speedup(trial: Trial, base: float | None) -> str:
 
 def markdown(result: OptimizeResult, data: dict[str, Any]) -> str:
     """The report as Markdown: the decision first, then every variant, then the SLO tuning."""
+    source = source_name(result.trials)
     base = next(
-        (t.speed.offline_sps for t in result.trials if t.variant.name == "fp32" and t.speed), None
+        (t.speed.offline_sps for t in result.trials if t.variant.name == source and t.speed), None
     )
     if result.written_version is None:
         outcome = f"Version {result.source_version} **kept**, no version written"

@@ -19,7 +19,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.optimize.accuracy import choose_metric, compare, run_outputs
 from dlscale.optimize.data import DataSets, load_datasets
-from dlscale.optimize.decide import decide, fastest
+from dlscale.optimize.decide import SOURCE_VARIANT, TF_SOURCE_VARIANT, decide, fastest
 from dlscale.optimize.measure import MeterSettings, measure
 from dlscale.optimize.onnx_variants import build_file
 from dlscale.optimize.report import write_report
@@ -31,6 +31,13 @@ from dlscale.optimize.staging import (
     derived_config,
     folder_name,
     stage,
+)
+from dlscale.optimize.tf_variants import (
+    ONNX_PREFIX,
+    as_converted,
+    convert,
+    copy_model,
+    tensorflow_variants,
 )
 from dlscale.optimize.torch_build import TorchBuilder, TorchSource, torch_source
 from dlscale.optimize.torch_variants import (
@@ -59,6 +66,8 @@ Arrays = dict[str, np.ndarray]
 GUARD_BATCH = 64
 #: Share of the time budget the variant search may use when SLO tuning follows.
 VARIANT_SHARE_WITH_SLO = 0.6
+#: The backends a source version may run on: an FP32 ONNX file, or a TensorFlow model.
+SOURCE_BACKENDS = ("onnxruntime", "tensorflow")
 
 
 @dataclass(frozen=True)
@@ -107,11 +116,12 @@ def optimize(
     deadline = started + settings.time_budget_s * budget_share
     repo = ModelRepository(repo_root)
     source = repo.version(model)
-    if source.config.backend != "onnxruntime":
+    if source.config.backend not in SOURCE_BACKENDS:
         raise OptimizeError(
             f"{model} version {source.version} runs on {source.config.backend!r}; optimize "
-            "starts from an FP32 ONNX version (backend = 'onnxruntime'). Point config.toml "
-            "back at one (backend and version_policy) to optimize again"
+            "starts from an FP32 ONNX version (backend = 'onnxruntime') or a TensorFlow model "
+            "(backend = 'tensorflow'). Point config.toml back at one (backend and "
+            "version_policy) to optimize again"
         )
     caps = detect_caps(settings.device)
     with tempfile.TemporaryDirectory(prefix=f".optimize-{model}-", dir=repo.root) as tmp:
@@ -183,17 +193,31 @@ class _Search:
         self.settings = settings
         self.scratch = scratch
         self.say = say
-        self.facts: ModelFacts = model_facts(source.model_file)
-        backend = self._load(source.model_file, _options_of(source.config, caps.device))
+        kind = source.config.backend
+        #: The variant that is the source as served: its trial always runs, others must beat it.
+        self.source_variant = TF_SOURCE_VARIANT if kind == "tensorflow" else SOURCE_VARIANT
+        backend = self._load(source.model_file, _options_of(source.config, caps.device), kind)
         try:
-            inputs, _ = reconcile(source.config, backend.inputs, backend.outputs, source.source)
+            inputs, outputs = reconcile(
+                source.config, backend.inputs, backend.outputs, source.source
+            )
             self.datasets: DataSets = load_datasets(source, inputs)
             self.reference = self._outputs(backend)
         finally:
             backend.unload()
+        #: The FP32 ONNX file the ONNX variants are made from (a TensorFlow model's conversion).
+        self.onnx_file: Path | None = source.model_file
+        self.onnx_absent = ""
+        if kind == "tensorflow":
+            self.onnx_file, self.onnx_absent = self._converted([o.name for o in outputs])
+        self.facts: ModelFacts = (
+            model_facts(self.onnx_file) if self.onnx_file else ModelFacts({}, False, False)
+        )
         self.torch: TorchSource | None = None
         self.torch_absent = ""
-        if not caps.torch:
+        if kind == "tensorflow":
+            self.torch_absent = "PyTorch variants are made for ONNX sources of the zoo"
+        elif not caps.torch:
             self.torch_absent = "PyTorch is not installed (pip install 'dlscale[torch]')"
         else:
             self.torch, self.torch_absent = torch_source(source)
@@ -205,6 +229,27 @@ class _Search:
             outputs=self.reference,
             task=task,
         )
+
+    def _converted(self, outputs: list[str]) -> tuple[Path | None, str]:
+        """A TensorFlow source as ONNX (tf2onnx), or None and why it could not be converted."""
+        signature = (self.source.config.backend_options.model_extra or {}).get("signature")
+        self.say("converting to ONNX (tf2onnx)")
+        try:
+            target = self.scratch / "tf2onnx" / MODEL_FILE
+            return convert(
+                self.source.model_file, signature or "serving_default", outputs, target
+            ), ""
+        except OptimizeError as exc:
+            return None, str(exc)
+
+    def _tensorflow_first(
+        self, onnx: list[Variant], skipped: list[Skipped]
+    ) -> tuple[list[Variant], list[Skipped]]:
+        """TensorFlow's own variants first, then the converted model's ONNX variants."""
+        if self.onnx_file is None:
+            return tensorflow_variants(), [Skipped(f"{ONNX_PREFIX}*", self.onnx_absent)]
+        renamed = [Skipped(ONNX_PREFIX + s.name, s.reason) for s in skipped]
+        return tensorflow_variants() + as_converted(onnx), renamed
 
     def data_summary(self) -> dict[str, Any]:
         d = self.datasets
@@ -218,6 +263,8 @@ class _Search:
     def run(self, deadline: float) -> tuple[list[Trial], list[Skipped]]:
         has_calibration = self.datasets.calibration is not None
         first, skipped = precision_variants(self.facts, self.caps, has_calibration=has_calibration)
+        if self.source.config.backend == "tensorflow":
+            first, skipped = self._tensorflow_first(first, skipped)
         if self.torch is not None:
             more_first, more = torch_precision_variants(
                 self.facts, self.caps, has_calibration=has_calibration
@@ -226,10 +273,11 @@ class _Search:
         else:
             skipped.append(Skipped(f"{TORCH_PREFIX}*", self.torch_absent))
         first = [v for v in [*first, *self.settings.extra_variants] if self._wanted(v)]
-        trials = [self._try(v, 1, deadline, always=v.name == "fp32") for v in first]
-        if self.settings.runtime_stage:
+        trials = [self._try(v, 1, deadline, always=v.name == self.source_variant) for v in first]
+        onnx = [t for t in trials if t.variant.runtime == "onnxruntime" and t.accepted]
+        if self.settings.runtime_stage and onnx:
             # Runtime settings are the runtime's own: each runtime's best file gets its own.
-            best = fastest([t for t in trials if t.variant.runtime == "onnxruntime"])
+            best = fastest(onnx)
             second, more = runtime_variants(best.variant, self.facts, self.caps)
             accepted_torch = [t for t in trials if t.variant.runtime == "torch" and t.accepted]
             if accepted_torch:
@@ -247,7 +295,7 @@ class _Search:
 
     def _wanted(self, variant: Variant) -> bool:
         only = self.settings.only
-        return variant.name == "fp32" or not only or variant.name.startswith(only)
+        return variant.name == self.source_variant or not only or variant.name.startswith(only)
 
     def _try(self, variant: Variant, stage_no: int, deadline: float, always: bool = False) -> Trial:
         trial = Trial(variant, stage_no)
@@ -295,6 +343,7 @@ class _Search:
                 self.source.config, variant.backend_options, variant.runtime
             ),
             instances=[{"count": 1, "device": self.caps.device}],
+            **({} if variant.runtime == self.source.config.backend else {"platform": ""}),
         )
         backend = self._load(built, _options_of(config, self.caps.device), variant.runtime)
         try:
@@ -311,14 +360,14 @@ class _Search:
 
     def _build(self, variant: Variant, folder: Path) -> Path:
         """The variant's model file in `folder`, made from the FP32 ONNX file or the zoo."""
+        if variant.runtime == "tensorflow":
+            return copy_model(self.source.model_file, folder)
         if variant.runtime == "onnxruntime":
+            if self.onnx_file is None:
+                raise OptimizeError(f"variant {variant.name}: {self.onnx_absent}")
             built = folder / MODEL_FILE
             build_file(
-                variant.recipe,
-                variant.params,
-                self.source.model_file,
-                built,
-                self.datasets.calibration,
+                variant.recipe, variant.params, self.onnx_file, built, self.datasets.calibration
             )
             return built
         if variant.runtime != "torch":

@@ -17,7 +17,7 @@ from dlscale.optimize.variants import Variant
 def staged_model_file(folder: Path, runtime: str) -> Path:
     """The model file of a variant staged at `folder` (folder/1/model.onnx, .pt2, .zoo ...)."""
     for name in MODEL_FILES.get(runtime, ()):
-        if (folder / "1" / name).is_file():
+        if (folder / "1" / name).exists():  # a file, or a SavedModel folder
             return folder / "1" / name
     raise OptimizeError(f"{folder}/1 holds no model file for backend {runtime!r}")
 
@@ -37,7 +37,10 @@ def write_version(
     target = folder / str(version)
     target.mkdir()
     model_file = staged_model_file(staged, variant.runtime)
-    shutil.copyfile(model_file, target / model_file.name)
+    if model_file.is_dir():
+        shutil.copytree(model_file, target / model_file.name)
+    else:
+        shutil.copyfile(model_file, target / model_file.name)
     for data in ("validation.npz", "calibration.npz"):
         if (source.path / data).is_file():
             shutil.copyfile(source.path / data, target / data)
@@ -53,6 +56,7 @@ def write_version(
     }
     policy = config.version_policy
     if variant.runtime != config.backend:
+        data_.pop("platform", None)  # Triton's name for the old runtime (tensorflow_savedmodel)
         if policy.all or policy.specific is not None or (policy.latest or 1) > 1:
             data_["version_policy"] = {"specific": [version]}
     elif policy.specific is not None:

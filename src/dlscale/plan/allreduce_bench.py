@@ -195,13 +195,14 @@ def run(
             raise PlanError(f"all-reduce benchmark failed: {last}") from None
         raw = json.loads(Path(store + ".result").read_text())
     topology = Topology(gpus_per_node=nproc, nodes=1, intra=assumed)
-    rows = [_row(r["nbytes"], r["times"], topology) for r in raw["rows"]]
+    rows = [bench_row(r["nbytes"], r["times"], topology) for r in raw["rows"]]
     return BenchReport(
         backend, nproc, iters, assumed.name, _fabric_note(assumed), rows, raw["checked"]
     )
 
 
-def _row(nbytes: int, times: list[float], topology: Topology) -> BenchRow:
+def bench_row(nbytes: int, times: list[float], topology: Topology) -> BenchRow:
+    """One size's measured times as a row, the cost model's prediction beside them."""
     median = statistics.median(times)
     model: Estimate = allreduce(nbytes, topology)
     algbw = nbytes / median

@@ -104,7 +104,25 @@ def plan_train(args: argparse.Namespace) -> int:
         curves = scaling_curves(job, cluster, algos)
         title = f"{device_name}, {args.intra}" + (f" + {args.inter}" if args.inter else "")
         print(f"scaling curves: {plot_scaling(curves, Path(args.plot), title)}")
+    if args.tf_mirrored:
+        _tf_mirrored_check(args.tf_mirrored)
     return 0
+
+
+def _tf_mirrored_check(replicas: int) -> None:
+    """A measured data-parallel step (TensorFlow, virtual CPU devices) beside the planner's."""
+    from dlscale.plan.tf_mirrored import check_training
+
+    c = check_training(replicas)
+    print(
+        f"\nTensorFlow MirroredStrategy, {c.replicas} virtual CPU devices, dense model of "
+        f"{c.params:,} parameters, batch {c.batch_per_replica} per replica:\n"
+        f"  measured step {human_seconds(c.step_many_s)} (1 replica: {human_seconds(c.step_one_s)},"
+        f" the planner's compute)\n"
+        f"  planner predicts {human_seconds(c.predicted_s)} (all-reduce "
+        f"{human_seconds(c.predicted_comm_s)}); measured / predicted {c.ratio:.2f}\n"
+        f"  model: {c.fabric_note}"
+    )
 
 
 def load_workload(args: argparse.Namespace) -> Workload:
@@ -227,7 +245,14 @@ def bench_allreduce(args: argparse.Namespace) -> int:
     default = "1K:1G" if args.backend == "nccl" else "1K:64M"
     sizes = parse_size_range(args.sizes or default)
     fabric = collective.fabric(args.fabric) if args.fabric else None
-    report = allreduce_bench.run(args.nproc, args.backend, sizes, args.iters, args.warmup, fabric)
+    if args.backend == "tf-mirrored":
+        from dlscale.plan import tf_mirrored
+
+        report = tf_mirrored.run_allreduce(args.nproc, sizes, args.iters, args.warmup)
+    else:
+        report = allreduce_bench.run(
+            args.nproc, args.backend, sizes, args.iters, args.warmup, fabric
+        )
     print(f"all-reduce, {args.nproc} x {args.backend}, median of {args.iters} calls")
     print(f"model: {report.fabric_note}")
     rows = [

@@ -71,7 +71,7 @@ def test_name_defaults_to_the_folder_and_write_round_trips(tmp_path: Path) -> No
 BROKEN = [
     ("max_batch_size = -1", "field 'max_batch_size': Input should be greater than or equal to 0"),
     ('max_batch_size = "eight"', "field 'max_batch_size': Input should be a valid integer"),
-    ('backend = "tensorflow"', "field 'backend': Value error, unknown backend 'tensorflow'"),
+    ('backend = "openvino"', "field 'backend': Value error, unknown backend 'openvino'"),
     ("max_bach_size = 8", "field 'max_bach_size': Extra inputs are not permitted"),
     ("[batching]\nmax_queue_delay_us = -5", "field 'batching.max_queue_delay_us'"),
     ("[batching]\npriority_levels = 0", "field 'batching.priority_levels'"),

@@ -154,7 +154,7 @@ def test_instance_groups_become_devices() -> None:
     ("text", "message"),
     [
         ('platform: "tensorrt_plan"', "field 'platform': 'tensorrt_plan' is not a runtime"),
-        ('backend: "tensorflow"', "field 'backend': 'tensorflow' is not a runtime dlscale has"),
+        ('backend: "openvino"', "field 'backend': 'openvino' is not a runtime dlscale has"),
         ('name: "other"', "expected the folder's name 'simple', got 'other'"),
         ('input [ { name: "x" dims: [ 1 ] } ]', "field 'input.x.data_type': missing"),
         ("max_batch_size: 8\ninput [ { name: x } ]", "config.pbtxt: not a valid Triton model"),

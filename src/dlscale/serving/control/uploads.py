@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from dlscale.backends import RUNTIMES, uploadable
+from dlscale.backends import RUNTIMES, check_upload, uploadable
 from dlscale.backends.confined import external_data_outside
 from dlscale.errors import ConfigError, InvalidInput, PayloadTooLarge, PermissionDenied
 from dlscale.models.config import ModelConfig
@@ -157,6 +157,8 @@ def check_data_only(name: str, config: ModelConfig, files: Mapping[str, str | by
             f"this backend takes {list(allowed) or 'no files'} from a load request"
         )
     for key, data in files.items():
+        if isinstance(data, bytes):
+            check_upload(backend, PurePosixPath(key).name, data)
         if key.endswith(".onnx") and isinstance(data, bytes):
             try:
                 outside = external_data_outside(data)
