@@ -69,18 +69,24 @@ sys.meta_path.insert(0, _Absent())
 """
 
 
-def test_zoo_build_of_a_decoder_without_the_llm_extra_names_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("model", "module", "extra"),
+    [("llama-tiny", "transformers", "llm"), ("tf-image-e2e", "tensorflow", "tensorflow")],
+)
+def test_zoo_build_without_its_extra_names_it(
+    tmp_path: Path, model: str, module: str, extra: str
+) -> None:
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(HIDE.format(hidden={"transformers"}))
+    (site / "sitecustomize.py").write_text(HIDE.format(hidden={module}))
     paths = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     done = subprocess.run(
-        [*dlscale_command(), "zoo", "build", str(tmp_path / "models"), "--models", "llama-tiny"],
+        [*dlscale_command(), "zoo", "build", str(tmp_path / "models"), "--models", model],
         capture_output=True, text=True, timeout=300, check=False,
         env=child_env(PYTHONPATH=os.pathsep.join(paths)),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "ModuleNotFoundError" not in done.stderr
-    assert "zoo model 'llama-tiny' needs transformers, from dlscale's [llm] extra" in done.stderr
-    assert "pip install 'dlscale[llm]'" in done.stderr
-    assert not (tmp_path / "models" / "llama-tiny").exists()  # nothing half-built
+    assert f"zoo model {model!r} needs {module}, from dlscale's [{extra}] extra" in done.stderr
+    assert f"pip install 'dlscale[{extra}]'" in done.stderr
+    assert not (tmp_path / "models" / model).exists()  # nothing half-built

@@ -19,7 +19,7 @@ from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
 from dlscale.models.repository import ModelRepository
-from dlscale.models.zoo import DECODERS, PIPELINES, ZOO
+from dlscale.models.zoo import DECODERS, PIPELINES, TF_MODELS, ZOO
 from dlscale.models.zoo.e2e import SMALLCNN_E2E
 from dlscale.models.zoo.e2e_text import text_pipeline, tokenize
 from dlscale.models.zoo.jpegs import encode_jpeg, synthetic_pixels
@@ -197,7 +197,8 @@ def test_zoo_list_shows_every_entry(root: Path) -> None:
     listed = run_cli("zoo", "list", "--dir", str(root))
     assert listed.returncode == 0, listed.stderr
     rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "│" in line}
-    assert set(ZOO) | set(PIPELINES) | set(DECODERS) <= set(rows)
+    assert set(ZOO) | set(PIPELINES) | set(DECODERS) | set(TF_MODELS) <= set(rows)
+    assert "(tensorflow)" in rows["tf-text"] and "input_ids INT64 [32]" in rows["tf-text"]
     assert "image BYTES [1]" in rows["smallcnn-e2e"] and "labels BYTES [5]" in rows["smallcnn-e2e"]
     assert "not built" in rows["resnet50"] and "M /" in rows["smallcnn-e2e"]
     assert "text generation" in rows["llama-tiny"] and "text_input BYTES [1]" in rows["llama-tiny"]

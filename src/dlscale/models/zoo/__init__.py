@@ -1,4 +1,5 @@
-"""The built-in model zoo: models defined in PyTorch, built into ONNX with seeded weights."""
+"""The built-in model zoo: models defined in PyTorch (built into ONNX) or Keras (TensorFlow
+files), with seeded weights."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ from pathlib import Path
 from dlscale.errors import ConfigError, NotFound
 from dlscale.models.zoo.catalog import DECODERS, ZOO
 from dlscale.models.zoo.decoder import DecoderModel
-from dlscale.models.zoo.e2e import PIPELINES, ZooPipeline
+from dlscale.models.zoo.e2e import PIPELINES, TFPipeline, ZooPipeline
 from dlscale.models.zoo.model import ZooModel
+from dlscale.models.zoo.tf_zoo import TF_MODELS, TFZooModel
 
 __all__ = [
     "DECODERS",
     "PIPELINES",
+    "TF_MODELS",
     "ZOO",
     "DecoderModel",
+    "TFZooModel",
     "ZooModel",
     "ZooPipeline",
     "build_zoo",
@@ -25,12 +29,16 @@ __all__ = [
 ]
 
 
+#: What `build_zoo` builds by name.
+Buildable = ZooModel | ZooPipeline | DecoderModel | TFZooModel
+
+
 def get(name: str) -> ZooModel:
     """The zoo model called `name`; raises NotFound naming the models there are."""
     try:
         return ZOO[name]
     except KeyError:
-        known = ", ".join([*ZOO, *PIPELINES, *DECODERS])
+        known = ", ".join([*ZOO, *PIPELINES, *DECODERS, *TF_MODELS])
         raise NotFound(f"no zoo model {name!r}; the zoo has: {known}") from None
 
 
@@ -44,9 +52,12 @@ def build_zoo(
     """Build the named zoo models (all by default) into repository `root`; returns their folders.
 
     A name may be an end-to-end pipeline's (PIPELINES): its steps and classifier are built with
-    it; or a generative decoder's (DECODERS). By default only the tensor models are built.
+    it; a generative decoder's (DECODERS); or a TensorFlow model's (TF_MODELS). By default only
+    the tensor models are built.
     """
-    models = [_buildable(name) for name in (names if names is not None else list(ZOO))]
+    models: list[Buildable] = [
+        _buildable(name) for name in (names if names is not None else list(ZOO))
+    ]
     for model in models:  # all before any is built: a missing extra is told at once
         _check_extra(model)
     say = progress or (lambda message: None)
@@ -54,7 +65,7 @@ def build_zoo(
     start = time.perf_counter()
     for model in models:
         say(f"building {model.name} into {root / model.name}")
-        if isinstance(model, ZooPipeline):
+        if isinstance(model, ZooPipeline | TFZooModel):
             folders.append(model.build(root))
         else:
             folders.append(model.build(root, seq_len=seq_len))
@@ -64,14 +75,17 @@ def build_zoo(
 
 
 #: What building each kind of zoo model imports, and the extra of dlscale that installs it.
+#: The first kind a model is an instance of counts (a TFPipeline is a ZooPipeline too).
 EXTRAS: dict[type, tuple[str, tuple[str, ...]]] = {
+    TFZooModel: ("tensorflow", ("tensorflow", "keras")),
+    TFPipeline: ("tensorflow", ("tensorflow", "keras")),
     DecoderModel: ("llm", ("torch", "transformers", "tokenizers", "safetensors")),
     ZooModel: ("torch", ("torch", "onnxscript")),
     ZooPipeline: ("torch", ("torch", "onnxscript")),
 }
 
 
-def _check_extra(model: ZooModel | ZooPipeline | DecoderModel) -> None:
+def _check_extra(model: Buildable) -> None:
     """A ConfigError naming the extra and its install command when a module it needs is absent
     (found, not imported: torch's import alone takes seconds)."""
     extra, modules = next(v for kind, v in EXTRAS.items() if isinstance(model, kind))
@@ -91,13 +105,15 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _buildable(name: str) -> ZooModel | ZooPipeline | DecoderModel:
+def _buildable(name: str) -> Buildable:
     """A classic zoo model, an end-to-end pipeline or a generative decoder (by name only)."""
     if name in DECODERS:
         return DECODERS[name]
+    if name in TF_MODELS:
+        return TF_MODELS[name]
     if name in PIPELINES:
         return PIPELINES[name]
     if name not in ZOO:
-        every = ", ".join([*ZOO, *PIPELINES, *DECODERS])
+        every = ", ".join([*ZOO, *PIPELINES, *DECODERS, *TF_MODELS])
         raise NotFound(f"no zoo model {name!r}; the zoo has: {every}")
     return ZOO[name]

@@ -54,7 +54,7 @@ def zoo_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dlscale.models.zoo import DECODERS, PIPELINES, ZOO
+    from dlscale.models.zoo import DECODERS, PIPELINES, TF_MODELS, ZOO
     from dlscale.wire.generative import INPUTS, OUTPUTS
 
     table = Table(title=f"The zoo (sizes of what is built in {args.dir})")
@@ -73,6 +73,11 @@ def zoo_list(args: argparse.Namespace) -> int:
         task = f"{pipeline.task} (pipeline)"
         inputs, outputs = _tensors(pipeline.inputs), _tensors(pipeline.outputs)
         table.add_row(pipeline.name, task, inputs, outputs, shown)
+    for net in TF_MODELS.values():  # TensorFlow files: bytes only (no ONNX initializers)
+        size = folder_size(args.dir / net.name)
+        shown = f"{size.bytes / 2**20:,.1f} MiB" if size else "not built"
+        inputs, outputs = _tensors(list(net.inputs)), _tensors(list(net.outputs))
+        table.add_row(net.name, f"{net.task} (tensorflow)", inputs, outputs, shown)
     for decoder in DECODERS.values():  # their parameters come from their shape
         folder = args.dir / decoder.name
         built = (folder / "config.toml").is_file()

@@ -17,6 +17,7 @@ from dlscale.models.zoo.images import IMAGE_CLASSES, IMAGENET_MEAN, IMAGENET_STD
 from dlscale.models.zoo.model import ZooModel
 from dlscale.models.zoo.samples import imagenet_like
 from dlscale.models.zoo.steps import write_pipeline, write_step
+from dlscale.models.zoo.tf_zoo import TF_IMAGE
 from dlscale.types import Datatype, TensorSpec
 
 #: Every e2e pipeline and its steps batch up to this many rows.
@@ -172,4 +173,65 @@ BERT_E2E = ZooPipeline(
     builder=lambda root: text_pipeline(root, "bert-e2e"),
 )
 
-PIPELINES: dict[str, ZooPipeline] = {p.name: p for p in (SMALLCNN_E2E, RESNET50_E2E, BERT_E2E)}
+
+class TFPipeline(ZooPipeline):
+    """A pipeline whose classifier is a TensorFlow model: built with the [tensorflow] extra."""
+
+
+def tf_image_pipeline(root: Path, name: str) -> None:
+    """JPEG bytes -> `name`-image (NHWC, ImageNet normalization) -> tf-image -> `name`-topk;
+    the pipeline answers the scores and the top-5 labels. tf-image already there is reused."""
+    if not (root / TF_IMAGE.name / "1" / TF_IMAGE.file / "saved_model.pb").is_file():
+        TF_IMAGE.build(root)
+    options = {
+        "resize": 73,  # as smallcnn-e2e: the crop of tf-image's side from a shorter side of 73
+        "crop": TF_IMAGE.inputs[0].shape[0],
+        "layout": "NHWC",  # TensorFlow's own layout: what tf-image's convolutions take
+        "mean": IMAGENET_MEAN.ravel().tolist(),
+        "std": IMAGENET_STD.ravel().tolist(),
+    }
+    write_step(root, f"{name}-image", "image", E2E_BATCH, options)
+    labels = "\n".join(synthetic_labels(IMAGE_CLASSES)) + "\n"
+    scores, top = tf_image_signature()[1]
+    write_step(
+        root, f"{name}-topk", "topk", E2E_BATCH, {"k": TOP_K}, {"labels.txt": labels.encode()},
+        ([scores], [top]),
+    )  # fmt: skip
+    write_pipeline(
+        root,
+        name,
+        E2E_BATCH,
+        tf_image_signature(),
+        [
+            (f"{name}-image", {"image": "image"}, {"pixels": "pixels"}),
+            (TF_IMAGE.name, {"input": "pixels"}, {"scores": "scores"}),
+            (f"{name}-topk", {"scores": "scores"}, {"labels": "labels"}),
+        ],
+        {"zoo": "true", "task": "classification", "classifier": TF_IMAGE.name},
+    )
+
+
+def tf_image_signature() -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """tf-image-e2e's tensors: one encoded image per row in; its scores and top-5 labels out."""
+    return (
+        [TensorSpec("image", Datatype.BYTES, (1,))],
+        [
+            TensorSpec("scores", Datatype.FP32, (IMAGE_CLASSES,)),
+            TensorSpec("labels", Datatype.BYTES, (TOP_K,)),
+        ],
+    )
+
+
+TF_IMAGE_E2E = TFPipeline(
+    name="tf-image-e2e",
+    description="JPEG bytes -> decode, resize 73, crop 64, NHWC -> tf-image -> scores, top-5",
+    task="image classification",
+    inputs=tf_image_signature()[0],
+    outputs=tf_image_signature()[1],
+    parts=("tf-image-e2e-image", TF_IMAGE.name, "tf-image-e2e-topk"),
+    builder=lambda root: tf_image_pipeline(root, "tf-image-e2e"),
+)
+
+PIPELINES: dict[str, ZooPipeline] = {
+    p.name: p for p in (SMALLCNN_E2E, RESNET50_E2E, BERT_E2E, TF_IMAGE_E2E)
+}
