@@ -12,6 +12,12 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tests.toolkit.server import LocalServer
 
+from dlscale.native import before_tensorflow
+
+# Test modules that load TensorFlow at collection (TensorFlow Serving's stubs) are collected by
+# every worker, before any test compiles a torch model: Triton first (dlscale/native.py).
+before_tensorflow()
+
 SMALL_MODELS = ("identity", "mlp", "digits")
 BIG_MODELS = ("resnet50", "bert-base")
 

@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dlscale"
-# `sampling` is vocabulary too: the typed generation settings every layer passes on.
-BASE = {"types", "errors", "sampling", "__init__"}
+# `sampling` is vocabulary too: the typed generation settings every layer passes on; `native`
+# the one rule on native libraries' load order (Triton before TensorFlow).
+BASE = {"types", "errors", "sampling", "native", "__init__"}
 
 #: Which top-level parts each part may import, besides itself and the base vocabulary.
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "errors": set(),
     "sampling": set(),
+    "native": set(),
     "__init__": set(),
     "config": set(),
     "hardware": set(),

@@ -30,12 +30,20 @@ def test_tensorflow_uploads_are_named_data_files_only() -> None:
         assert not uploadable("tensorflow", name), name
 
 
-def test_torch_compile_after_the_tensorflow_backend_does_not_abort() -> None:
+@pytest.mark.parametrize(
+    "loads_tensorflow",
+    [
+        "import dlscale.backends.tensorflow",
+        # TensorFlow Serving's gRPC stubs load TensorFlow too (--grpc-tfserving).
+        "from dlscale.frontends.grpc.tfserving import services; assert services()",
+    ],
+)
+def test_torch_compile_after_tensorflow_is_loaded_does_not_abort(loads_tensorflow: str) -> None:
     # Both bundle LLVM: TensorFlow loaded before Triton aborted the process (issue 38).
     # Looked up, not imported: importing TensorFlow here would set up the very abort.
-    for module in ("tensorflow", "triton"):
+    for module in ("tensorflow", "tensorflow_serving", "triton"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"needs {module}")
-    code = "import dlscale.backends.tensorflow, torch._inductor, triton.runtime; print('ok')"
+    code = f"{loads_tensorflow}; import torch._inductor, triton.runtime; print('ok')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]

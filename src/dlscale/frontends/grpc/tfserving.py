@@ -9,10 +9,12 @@ server says so once in its log; the REST routes need no TensorFlow at all (docs/
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 import grpc
 
 from dlscale.frontends.plane import Plane
+from dlscale.native import before_tensorflow
 
 log = logging.getLogger("dlscale.grpc")
 #: The services registered (their full names), for the log and the tests.
@@ -22,7 +24,19 @@ _told = False
 
 def register(server: grpc.aio.Server, plane: Plane, max_elements: int) -> bool:
     """Add TensorFlow Serving's services to `server`; False when the package is not installed."""
+    rpcs = services()
+    if rpcs is None:
+        return False
+    rpcs.add_to(server, plane, max_elements)
+    log.info("gRPC serves %s", ", ".join(SERVICES))
+    return True
+
+
+def services() -> ModuleType | None:
+    """The services' module, TensorFlow loaded after Triton (dlscale/native.py); None, logged
+    once, when tensorflow-serving-api is not installed."""
     global _told
+    before_tensorflow()
     try:
         from dlscale.frontends.grpc import tfserving_rpcs
     except ImportError as exc:
@@ -33,7 +47,5 @@ def register(server: grpc.aio.Server, plane: Plane, max_elements: int) -> bool:
                 "tensorflow-serving-api; docs/tfserving.md)",
                 exc,
             )
-        return False
-    tfserving_rpcs.add_to(server, plane, max_elements)
-    log.info("gRPC serves %s", ", ".join(SERVICES))
-    return True
+        return None
+    return tfserving_rpcs
