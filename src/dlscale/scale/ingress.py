@@ -170,6 +170,10 @@ class _Context:
         self.context.set_details(details)
         raise _Aborted(details)
 
+    def invocation_metadata(self) -> Any:
+        """The caller's metadata (its `traceparent` continues an OTLP trace)."""
+        return self.context.invocation_metadata()
+
 
 def deploy_ingress(
     settings: ScaleSettings, failed: dict[str, str] | None = None, pending: tuple[str, ...] = ()
