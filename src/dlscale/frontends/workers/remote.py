@@ -3,11 +3,11 @@
 The owner answers with its own plane (frontends/workers/host.py), so health, metadata,
 statistics, the repository and the shared-memory registry read the same whichever process a client
 reached. Every Plane method is forwarded over the asynchronous channel (`RemotePlane.ask`, which
-frontends/plane.py's `answer` uses for the synchronous ones), with inputs that lie in this worker's
-shared-memory segments sent in place (wire/channel.py); the event loop never waits
-on the owner. The forwards are built from `PLANE_METHODS`, not written per method. The registry's
-operations, synchronous in the extensions' routes, go over their own blocking channel, and the
-REST API runs them off the event loop.
+the frontends' view, frontends/plane.py's `Asked`, uses for the synchronous ones), with inputs
+that lie in this worker's shared-memory segments sent in place (wire/channel.py); the event
+loop never waits on the owner. The forwards are built from `PLANE_METHODS`, not written per
+method. The registry's operations, synchronous in the extensions' routes, go over their own
+blocking channel, and the REST API runs them off the event loop.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class RemotePlane:
 def _forward(method: PlaneMethod) -> Callable[..., Any]:
     """RemotePlane's method `method`: awaited over the asynchronous channel.
 
-    A synchronous method called directly (not through frontends/plane.py's `answer`) goes over
+    A synchronous method called directly (not through frontends/plane.py's `Asked`) goes over
     the blocking channel instead; the frontends never do so.
     """
     name = method.name
