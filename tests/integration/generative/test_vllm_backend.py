@@ -244,3 +244,41 @@ async def test_logprobs_come_in_the_contracts_shape(backend: VllmBackend) -> Non
     for token, logprob, top in rows:
         assert isinstance(token, str) and logprob <= 0 and len(top) == 2
         assert logprob == pytest.approx(top[0][1])  # greedy: the best one
+
+
+async def test_a_token_id_prompt_answers_as_its_text(
+    backend: VllmBackend, reference: tuple[Any, Any]
+) -> None:
+    from dlscale.sampling import Sampling
+
+    _, tokenizer = reference
+    ids = list(tokenizer("the quick brown fox").input_ids)
+    greedy = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    by_text = [
+        p
+        async for p in backend.generate(
+            "t1", text_input(tokenizer.decode(ids, skip_special_tokens=True)), Sampling(**greedy)
+        )
+    ]
+    by_ids = [
+        p
+        async for p in backend.generate(
+            "t2", text_input(json.dumps(ids)), Sampling(input_format="tokens", **greedy)
+        )
+    ]
+    assert joined(by_ids) == joined(by_text) != ""
+
+
+async def test_a_json_schema_holds_the_answer_to_its_enum(backend: VllmBackend) -> None:
+    from dlscale.sampling import Guide, Sampling
+
+    schema = json.dumps({"type": "string", "enum": ["red", "green", "blue"]})
+    typed = Sampling(max_tokens=16, temperature=0.0, guide=Guide("json_schema", schema))
+    got = [p async for p in backend.generate("js", text_input("My favourite colour is"), typed)]
+    assert json.loads(joined(got)) in ("red", "green", "blue")
+
+
+def joined(got: list[StreamPart]) -> str:
+    """The text of a stream's parts."""
+    texts = [p.outputs[TEXT_OUTPUT][0] for p in got if TEXT_OUTPUT in p.outputs]
+    return "".join(bytes(t).decode() for t in texts)
