@@ -282,3 +282,21 @@ def joined(got: list[StreamPart]) -> str:
     """The text of a stream's parts."""
     texts = [p.outputs[TEXT_OUTPUT][0] for p in got if TEXT_OUTPUT in p.outputs]
     return "".join(bytes(t).decode() for t in texts)
+
+
+async def test_tools_are_rendered_by_the_chat_template(backend: VllmBackend) -> None:
+    from dlscale.sampling import Sampling
+
+    messages = text_input(json.dumps([{"role": "user", "content": "What is the weather?"}]))
+    tool = {
+        "type": "function",
+        "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}},
+    }
+
+    async def prompt_tokens(tools: str) -> int:
+        typed = Sampling(max_tokens=1, temperature=0.0, input_format="chat", tools=tools)
+        got = [p async for p in backend.generate("tools", messages, typed)]
+        counts = [int(p.outputs[NUM_INPUT_TOKENS][0]) for p in got if NUM_INPUT_TOKENS in p.outputs]
+        return counts[-1]
+
+    assert await prompt_tokens(json.dumps([tool])) > await prompt_tokens("")
