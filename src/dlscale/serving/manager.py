@@ -27,6 +27,7 @@ from dlscale.serving.pipeline import Pipeline, check_nesting
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.qos.steps import pace_engines
 from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion, next_serial
@@ -399,6 +400,9 @@ class ModelManager:
             if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
+                # Its engine's steps take the device's slots, beside the batchers' batches.
+                tag = f"{mv.name}/{mv.version}"
+                qos = pace_engines(self.gates, tag, seats, placements, config)
                 runner = StreamRunner(seats)
                 return ServedVersion(
                     mv,
@@ -408,6 +412,7 @@ class ModelManager:
                     runner,
                     stats,
                     labels,
+                    qos,
                     serial=serial,
                     called=called,
                 )
