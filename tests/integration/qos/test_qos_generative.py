@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,13 +17,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import tritonclient.http as httpclient  # noqa: E402
-from tests.toolkit.models import write_null_model  # noqa: E402
-from tests.toolkit.repositories import NULL_TENSORS  # noqa: E402
-from tests.toolkit.server import LocalServer, serving  # noqa: E402
+import tritonclient.http as httpclient
+from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import NULL_TENSORS
+from tests.toolkit.server import LocalServer, serving
 
-from dlscale.models.zoo import build_zoo  # noqa: E402
-from dlscale.serving.metrics.collectors import DECISIONS  # noqa: E402
+from dlscale.models.zoo import build_zoo
+from dlscale.serving.metrics.collectors import DECISIONS
 
 ENGINE = "llama-tiny"
 FLOOD = {"temperature": 0.0, "max_tokens": 48, "ignore_eos": True}

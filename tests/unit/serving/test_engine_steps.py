@@ -39,6 +39,8 @@ class Engine:
     steps: EngineSteps
     service: Callable[[int], float] = step_time
     ran: list[tuple[float, float]] = field(default_factory=list)  # start, end of each step
+    #: Each step's time from its ask to its end: what it adds between two tokens.
+    token_gaps: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:  # the instance name its pool places
@@ -57,6 +59,7 @@ class Engine:
             start = loop.time()
             await asyncio.sleep(self.service(SEQUENCES))
             self.ran.append((start, loop.time()))
+            self.token_gaps.append(loop.time() - asked)
             held = functools.partial(slot.done, SEQUENCES, [loop.time() - asked], False)
         if held is not None:
             held()
@@ -133,6 +136,31 @@ def test_a_busy_engine_and_a_busy_classic_model_share_the_device_by_weight(
 
     engine_s, flood_s = _in_virtual_time(main)
     assert engine_s / flood_s == pytest.approx(engine_weight, rel=0.1)
+
+
+def test_an_engine_with_an_objective_caps_a_classic_floods_batches() -> None:
+    """The objective of a generative model holds per step (the time between two tokens): the
+    flood's batches (up to 66 ms) are cut to what fits the engine's slack."""
+
+    async def main() -> tuple[Engine, TenantQos]:
+        loop = asyncio.get_running_loop()
+        gates = DeviceGates(clock=loop.time)
+        engine, _ = _engine(gates, latency_objective_us=20_000)
+        flood, _ = _model(gates, "neighbor", 64, lambda rows: 0.002 + 0.001 * rows, weight=1.0)
+
+        async def flooding() -> None:
+            while loop.time() < 3.0:
+                await asyncio.gather(*(flood.infer(ROW) for _ in range(64)))
+
+        await asyncio.gather(engine.run(until=3.0), flooding(), flooding())
+        await flood.close()
+        assert flood.qos is not None
+        return engine, flood.qos
+
+    engine, flood = _in_virtual_time(main)
+    assert max(engine.token_gaps) <= 0.020 + 1e-9
+    neighbor = flood.tenants["cpu"]
+    assert neighbor.capped > 0 and sum(neighbor.decisions.values()) > 100  # cut, still served
 
 
 class _Batch:

@@ -185,13 +185,12 @@ class _Manager(ContinuousBatchingManager):
                 self.gate.rest()
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
-        try:
-            return bool(super()._generation_loop_body(batch_processor, bootstrapping))
-        finally:
-            # Its last sequences ended (or left): the device's slot goes back now, not when
-            # a next step asks for it.
-            if self.gate is not None and not batch_processor.has_pending_requests():
-                self.gate.rest()
+        going = bool(super()._generation_loop_body(batch_processor, bootstrapping))
+        # Its last sequences ended (or left): the device's slot goes back now, not when a next
+        # step asks for it (a failure ends the loop, whose `finally` gives it back).
+        if self.gate is not None and not batch_processor.has_pending_requests():
+            self.gate.rest()
+        return going
 
     def failure(self) -> str:
         """Why the generation thread ended, in words ("" when nothing failed)."""
