@@ -401,8 +401,15 @@ class ModelManager:
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
                 # Its engine's steps take the device's slots, beside the batchers' batches.
-                tag = f"{mv.name}/{mv.version}"
-                qos = pace_engines(self.gates, tag, seats, placements, config)
+                qos = pace_engines(
+                    self.gates,
+                    f"{mv.name}/{mv.version}",
+                    config,
+                    placements,
+                    instances,
+                    rows=seats.capacity,
+                    admission=seats.queue.admission,
+                )
                 runner = StreamRunner(seats)
                 return ServedVersion(
                     mv,

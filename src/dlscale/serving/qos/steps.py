@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 from dlscale.backends.generative.contract import PacedBackend
 from dlscale.models.config import ModelConfig
+from dlscale.serving.instance import Instance
+from dlscale.serving.qos.admission import Admission
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
-from dlscale.serving.seats import Seats
 from dlscale.serving.slots import Demand, Slot
 
 #: Seconds between the engine thread's checks that the event loop still runs while its step
@@ -153,22 +154,25 @@ class DeviceSteps:
 def pace_engines(
     gates: DeviceGates,
     name: str,
-    seats: Seats,
-    placements: Sequence[tuple[str, str]],
     config: ModelConfig,
+    placements: Sequence[tuple[str, str]],
+    engines: Sequence[Instance],
+    *,
+    rows: int,
+    admission: Admission | None,
 ) -> TenantQos | None:
     """Enrol a generative model whose engines pace their steps (`Capabilities.paces_steps`) at
-    its devices' gates, and pace them; its pool, or None (QoS off, or engines that cannot)."""
-    instances = seats.instances
-    if not instances[0].backend.capabilities.paces_steps:
+    its devices' gates, and pace them; `rows`: the sequences a step may hold (its seats'
+    capacity), `admission`: its seats'. Its pool, or None (QoS off, or engines that cannot)."""
+    if not engines[0].backend.capabilities.paces_steps:
         return None
-    pool = gates.enrol(name, config, placements, seats.capacity, seats.queue.admission)
+    pool = gates.enrol(name, config, placements, rows, admission)
     if pool is None:
         return None
-    pool.attach(instances, each=1)  # one step at a time per engine
+    pool.attach(engines, each=1)  # one step at a time per engine
     steps = EngineSteps(pool, asyncio.get_running_loop())
-    for instance in instances:
-        backend = instance.backend
+    for engine in engines:
+        backend = engine.backend
         assert isinstance(backend, PacedBackend)
-        backend.pace(steps.gate(instance.name))
+        backend.pace(steps.gate(engine.name))
     return pool
