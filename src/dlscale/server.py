@@ -346,12 +346,18 @@ class ServerThread:
 
 def serve(args: argparse.Namespace) -> int:
     """`dlscale serve REPO`: the server with the parsed flags, until SIGINT or SIGTERM."""
-    settings = settings_from(args)
+    return serve_settings(settings_from(args))
+
+
+def serve_settings(
+    settings: ServerSettings, on_ready: Callable[[Server], object] | None = None
+) -> int:
+    """Serve with these settings until SIGINT or SIGTERM; `on_ready` once the models are loaded."""
     server = Server(settings)
     seen = settings.observation
     server.dataplane.logs.install(seen.log_level, access_log=seen.access_log)
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            return runner.run(server.serve_forever())
+            return runner.run(server.serve_forever(on_ready))
     finally:
         server.dataplane.logs.uninstall()
