@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.errors import ConfigError, DlscaleError
+from dlscale.frontends.sockets import bind
 from dlscale.native import die_with_parent
 
 log = logging.getLogger("dlscale.scale")
@@ -207,18 +208,8 @@ def _enable(slot: int, member: Member, sockets: dict[str, socket.socket]) -> lis
 
 def _listen(host: str, port: int, proto: str) -> socket.socket:
     """A listening socket for HAProxy to inherit (bound here, so port 0 picks a known port)."""
-    try:
-        family, kind, number, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, number)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(4096)
-    except OSError as exc:
-        raise DlscaleError(
-            f"the router cannot listen for {proto} on {host}:{port}: {exc.strerror or exc}"
-        ) from exc
+    sock = bind(host, port, f"the router's {proto} frontend")
+    sock.listen(4096)
     sock.set_inheritable(True)
     return sock
 
@@ -300,4 +291,3 @@ def _write_errors(workdir: Path) -> None:
             "\r\n"
             f"{body}"
         )
-
