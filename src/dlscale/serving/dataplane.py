@@ -20,6 +20,7 @@ from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, Unavailable
 from dlscale.serving.batcher import Tensors
 from dlscale.serving.cache import CacheLookup, ResponseCache
+from dlscale.serving.caller import CallPaths
 from dlscale.serving.classification import top_classes
 from dlscale.serving.control.demand import OnDemand
 from dlscale.serving.control.views import config_view
@@ -71,8 +72,6 @@ class DataPlane:
         cache: ResponseCache | None = None,
     ) -> None:
         self.manager = manager
-        manager.calls = self.infer  # models that call models (BLS) go through this path
-        manager.streams = self._answers  # and this one, for Triton's decoupled BLS
         self.strict_readiness = strict_readiness
         #: Answers of models whose config enables the response cache (None: no cache).
         self.cache = cache
@@ -244,6 +243,11 @@ class DataPlane:
                     yield response
             finally:
                 await aclose(responses)
+
+    def call_paths(self) -> CallPaths:
+        """This plane's paths for models that call models, for the composition root to connect
+        to the manager's route (`manager.calls.connect(plane.call_paths())`)."""
+        return CallPaths(self.infer, self._answers)
 
     async def _answers(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Every response of the model: its stream, or its one answer (what a model's

@@ -18,7 +18,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
 from dlscale.serving.batcher import Batcher
-from dlscale.serving.caller import InferCall, ServerCaller, StreamCall
+from dlscale.serving.caller import CallRoute, ServerCaller
 from dlscale.serving.classification import read_labels
 from dlscale.serving.instance import Instance
 from dlscale.serving.memory.ledger import MemoryLedger
@@ -44,11 +44,20 @@ class ModelManager:
 
     Models whose instances share a device take turns on it through one gate per device
     (`gates`, serving/qos/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
+    Models that call models send their calls down `calls` (serving/caller.py), which the
+    composition root connects to the plane it builds over this manager.
     """
 
-    def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        gates: DeviceGates | None = None,
+        calls: CallRoute | None = None,
+    ) -> None:
         self.repository = repository
         self.gates = gates or DeviceGates()
+        #: Where models' calls to models go (Triton's BLS); unconnected, they are refused.
+        self.calls = calls or CallRoute()
         #: What each loaded model holds, and the budget every load fits (docs/memory.md).
         self.memory = MemoryLedger()
         self.memory.evict, self.memory.held = self._evict, self._held
@@ -61,15 +70,14 @@ class ModelManager:
         #: The models this server should be serving: asked for at start or loaded since, less
         #: those unloaded. Strict readiness wants each of them READY.
         self.required: set[str] = set()
-        #: The inference path models call other models through; the DataPlane sets it.
-        self.calls: InferCall | None = None
-        self.streams: StreamCall | None = None  # and those that stream (the DataPlane's)
         self._failing: set[asyncio.Task[None]] = set()  # backends' deaths being handled
 
     @classmethod
-    def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
+    def open(
+        cls, root: Path, gates: DeviceGates | None = None, calls: CallRoute | None = None
+    ) -> ModelManager:
         """A manager over the repository folder at `root` (nothing loaded yet)."""
-        return cls(ModelRepository(root), gates)
+        return cls(ModelRepository(root), gates, calls)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -355,7 +363,7 @@ class ModelManager:
     def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
         """How a version's models call models (BLS): the server's paths, on the running loop."""
         loop = asyncio.get_running_loop()
-        return ServerCaller(lambda: self.calls, loop, called, lambda: self.streams)
+        return ServerCaller(self.calls, loop, called)
 
     async def _load_version(self, mv: ModelVersion) -> ServedVersion:
         config = mv.config
