@@ -24,13 +24,14 @@ from dlscale.serving.caller import CallPaths
 from dlscale.serving.classification import top_classes
 from dlscale.serving.control.demand import OnDemand
 from dlscale.serving.control.views import config_view
-from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.trace import Trace, Tracer
 from dlscale.serving.regions.lease import RequestRegions, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.serving.runners import Submission
+from dlscale.serving.served import ServedVersion
 from dlscale.serving.streams import OnEnd, aclose, joined, open_stream
 from dlscale.serving.validation import check_schedule_parameters, rows, validate
 from dlscale.types import (
