@@ -127,7 +127,9 @@ def test_the_walk_sees_a_forbidden_edge(tmp_path: Path) -> None:
 
 #: serving/'s rooms, lowest first: a room imports only rooms of lower layers (issue 39: nine of
 #: them imported each other). Recording (observe) is at the bottom, exposition (metrics) above
-#: the models it reads; the slots hold `Demand`, which the QoS scheduler above them weighs.
+#: the models it reads; the slots hold `Demand`, which the QoS scheduler above them weighs;
+#: loading a version sits below the manager, which keeps the models' states. The one rule:
+#: docs/architecture.md shows this table, and a test below holds it to this one.
 SERVING_LAYERS: list[set[str]] = [
     {"__init__", "observe", "policy", "classification", "versions", "instance", "regions"},
     {"slots", "warmup"},
@@ -180,6 +182,18 @@ def test_serving_rooms_import_only_lower_layers(path: Path) -> None:
 def test_every_serving_room_has_a_layer() -> None:
     rooms = {_room(p) for p in SERVING.rglob("*.py")}
     assert rooms == set().union(*SERVING_LAYERS)
+
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+
+
+def test_the_docs_show_the_serving_layers_as_the_rule_holds_them() -> None:
+    # The table's rows are `| layer | rooms | what they hold |`, rooms in backquotes.
+    section = ARCHITECTURE.read_text().split("### The rooms of serving/, lowest first", 1)[1]
+    text = section.split("\n#", 1)[0]
+    rows = [line.split("|") for line in text.splitlines() if line[:3].strip("| ").isdigit()]
+    shown = [{r.strip("`/ ") for r in row[2].split(",")} for row in rows]
+    assert shown == SERVING_LAYERS
 
 
 def _dotted(path: Path, package: Path) -> str:
