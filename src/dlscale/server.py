@@ -81,6 +81,8 @@ class Server:
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
             cold_loads=models.max_cold_loads,
         )
+        # Models that call models (Triton's BLS) go through the host's data path.
+        self.manager.calls.connect(self.dataplane.call_paths())
         self.registry = build_registry(self.manager, seen.telemetry_interval_s)
         self.registry.register(MemoryCollector(self.manager, lambda: self.dataplane.demand))
         self.frontends: dict[str, Frontend] = {}
