@@ -28,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +131,17 @@ class HaproxyRouter:
             self.members[key] = member
             commands += _enable(slot, member, self._sockets)
             log.info("router: replica %s at %s:%d", key, member.host, member.http_port)
+        if commands:
+            self.command(*commands)
+
+    def weigh(self, weights: Mapping[str, int]) -> None:
+        """Set members' weights (1-256; scale/weights.py): leastconn divides by them."""
+        commands = [
+            f"set server {proto}/r{self._slots[key]} weight {weight}"
+            for key, weight in weights.items()
+            if key in self._slots
+            for proto in self._sockets
+        ]
         if commands:
             self.command(*commands)
 

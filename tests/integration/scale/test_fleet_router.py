@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.waiting import until
 
 from dlscale.errors import DlscaleError
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
+from dlscale.scale.weights import Weigher, read_work
 from dlscale.server import ServerSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
@@ -72,20 +75,15 @@ def test_both_protocols_reach_the_children_through_one_address(fleet) -> None:  
     assert grpc.is_server_ready(client_timeout=30)
 
 
-def test_the_router_spreads_requests_over_the_children(fleet, small_repo: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_router_spreads_requests_over_the_children(fleet) -> None:  # type: ignore[no-untyped-def]
     router, _, endpoints = fleet
-    before = [_served(e) for e in endpoints]
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: _rest_infer(router.ports["http"], float(i)), range(64)))
-    served = [_served(e) - b for e, b in zip(endpoints, before, strict=True)]
+
+    def load() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: _rest_infer(router.ports["http"], float(i)), range(64)))
+
+    served = _served(endpoints, load)
     assert sum(served) == 64 and min(served) > 0, served
-
-
-def _served(endpoint: Endpoint) -> int:
-    stats = th.InferenceServerClient(f"{HOST}:{endpoint.http_port}").get_inference_statistics(
-        "identity"
-    )
-    return int(stats["model_stats"][0]["inference_count"])
 
 
 def test_a_killed_child_leaves_rotation_and_loses_no_request(small_repo: Path) -> None:
@@ -161,3 +159,65 @@ def _running(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _sleeper_repo(root: Path, delay_us: int) -> Path:
+    """A null model that holds its (simulated) device `delay_us` per batch of up to 4 rows."""
+    config = (
+        BATCHED.format(max_batch=4, delay=0)
+        + NULL_TENSORS.format(inp="input", out="output", width=16, out_width=16)
+        + f'[backend_options]\ndelay_us = {delay_us}\nsimulated_device = "sim0"\n'
+    )
+    write_null_model(root, "sleeper", config)
+    return root
+
+
+def _sleeper_infer(port: int, value: float) -> float:
+    client = th.InferenceServerClient(f"{HOST}:{port}", network_timeout=60)
+    tensor = th.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 16), value, np.float32))
+    return float(client.infer("sleeper", [tensor]).as_numpy("output")[0, 0])
+
+
+def test_weights_from_measured_work_send_the_faster_replica_more(tmp_path: Path) -> None:
+    """Two replicas whose devices take 10 ms and 40 ms a batch: weighed by the compute time
+    each measured per row, the router sends the slow one less of the same load than before."""
+    repos = [_sleeper_repo(tmp_path / "fast", 10_000), _sleeper_repo(tmp_path / "slow", 40_000)]
+    children = [ServerChild(_settings(repo)) for repo in repos]
+    router = HaproxyRouter(HOST, 0, None)
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        members = [_member(i, e) for i, e in enumerate(endpoints)]
+        router.sync(members)
+        until(lambda: set(router.states().values()) == {"UP"})
+        weigher = Weigher()
+        weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        port = router.ports["http"]
+        unweighted = _served(endpoints, lambda: _load(port, 160))  # each replica measured
+        weights = weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        assert weights["child0"] > 2 * weights["child1"], weights  # 4x slower: about a quarter
+        router.weigh(weights)
+        weighted = _served(endpoints, lambda: _load(port, 160))
+        # Fewest requests in flight alone already favours the fast replica (the slow one holds
+        # its requests longer); divided by the weights, the slow one is sent fewer still.
+        assert sum(unweighted) == sum(weighted) == 160
+        assert weighted[1] < unweighted[1], (unweighted, weighted, weights)
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def _served(endpoints: list[Endpoint], load: Callable[[], None]) -> list[int]:
+    """The rows each replica computed while `load` ran."""
+    before = [read_work(e.host, e.http_port).rows for e in endpoints]
+    load()
+    return [read_work(e.host, e.http_port).rows - b for e, b in zip(endpoints, before, strict=True)]
+
+
+def _load(port: int, count: int) -> None:
+    """`count` requests from 8 closed-loop clients, each answered with its own rows."""
+    with ThreadPoolExecutor(8) as pool:
+        values = list(pool.map(lambda i: _sleeper_infer(port, float(i)), range(count)))
+    assert values == [float(i) for i in range(count)]
