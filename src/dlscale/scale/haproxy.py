@@ -300,4 +300,3 @@ def _write_errors(workdir: Path) -> None:
             "\r\n"
             f"{body}"
         )
-
