@@ -1,4 +1,4 @@
-"""`dlscale serve REPO --device-workers N`: N server processes behind one port, run as a user runs it.
+"""`dlscale serve REPO --device-workers N`: N server processes behind one port, as users run it.
 
 The repository's model is a null echo on a simulated device (its batches hold the device 20 ms,
 one at a time per process), so each worker is one device. Requests go through the router with
