@@ -41,6 +41,9 @@ LOOPBACK = "127.0.0.1"
 WATCH_S = 0.1
 #: Seconds a worker that fails to start again waits before the next try (doubling up to the max).
 RETRY_S, RETRY_MAX_S = 1.0, 30.0
+#: A worker that dies sooner than this after it was ready is in a crash loop: it waits as one that
+#: failed to start does, instead of being spawned again at once.
+STABLE_S = 5.0
 #: Seconds a worker's metrics port gets to answer a scrape of the fleet's.
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -97,6 +100,8 @@ class Worker:
     #: When (monotonic seconds) a worker that is down may be spawned again, and the wait after.
     next_try: float = 0.0
     wait_s: float = RETRY_S
+    #: When (monotonic seconds) it was last ready.
+    ready_at: float = 0.0
 
 
 class LocalFleet:
@@ -133,7 +138,7 @@ class LocalFleet:
             with ThreadPoolExecutor(len(self.workers)) as pool:
                 ends = list(pool.map(lambda w: w.child.ready(timeout_s), self.workers))
             for worker, end in zip(self.workers, ends, strict=True):
-                worker.endpoint = end
+                worker.endpoint, worker.ready_at = end, time.monotonic()
             self._sync()
             self._serve_metrics()
         except BaseException:
@@ -170,7 +175,10 @@ class LocalFleet:
                 "worker %s (pid %s) exited with %s: starting it again",
                 worker.device.name, worker.child.pid, code,
             )  # fmt: skip
-            worker.next_try, worker.wait_s = 0.0, RETRY_S
+            if time.monotonic() - worker.ready_at < STABLE_S:
+                self._defer(worker)
+            else:
+                worker.next_try, worker.wait_s = 0.0, RETRY_S
         if time.monotonic() < worker.next_try:
             return
         worker.child = ServerChild(worker.child.settings, worker.child.env)
@@ -186,15 +194,21 @@ class LocalFleet:
         except DlscaleError as exc:
             log.error("worker %s did not start again: %s", worker.device.name, exc)
             with self._lock:
-                worker.next_try = time.monotonic() + worker.wait_s
-                worker.wait_s = min(2 * worker.wait_s, RETRY_MAX_S)
+                self._defer(worker)
                 worker.starting = False
             return
         with self._lock:
             worker.endpoint, worker.starting = endpoint, False
+            worker.ready_at = time.monotonic()
         self._sync()
         log.info("worker %s is back (restart %d): %s", worker.device.name, worker.restarts,
                  _described(worker))  # fmt: skip
+
+    @staticmethod
+    def _defer(worker: Worker) -> None:
+        """Spawn it again after its wait, and wait twice as long the next time (up to a max)."""
+        worker.next_try = time.monotonic() + worker.wait_s
+        worker.wait_s = min(2 * worker.wait_s, RETRY_MAX_S)
 
     def _sync(self) -> None:
         with self._lock:

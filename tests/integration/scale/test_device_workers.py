@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +30,10 @@ import tritonclient.http as th
 from tests.toolkit.models import write_null_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import free_port
+from tests.toolkit.slow import slow_only
 from tests.toolkit.waiting import until
+
+from dlscale.scale.local_fleet import STABLE_S
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
 HOST = "127.0.0.1"
@@ -178,6 +183,39 @@ def test_a_killed_worker_loses_no_request_and_comes_back(repo: Path) -> None:
         fleet.process.send_signal(signal.SIGTERM)
         assert fleet.process.wait(120) == 0
     until(lambda: not any(_running(pid) for pid in survivor.values()))
+
+
+@pytest.mark.slow
+@slow_only("twenty restarts under load take minutes on 2 cores")
+def test_twenty_kills_under_load_lose_no_request(repo: Path) -> None:
+    """The issue's fault target: kills alternate between the workers while 8 clients keep
+    sending (REST and gRPC); every request is answered once, with its own rows."""
+    with running(repo, 2) as fleet:
+        stop, answered, failed = threading.Event(), [], []
+
+        def client(first: int) -> None:
+            i = first
+            while not stop.is_set():
+                try:
+                    answered.append((i, either_infer(fleet, i)))
+                except Exception as exc:  # a lost request: kept to be reported
+                    failed.append((i, repr(exc)))
+                i += 8
+
+        with ThreadPoolExecutor(8) as pool:
+            clients = [pool.submit(client, k) for k in range(8)]
+            for kill in range(20):
+                until(lambda: len(fleet.pids()) == 2, START_PATIENCE_S)
+                time.sleep(STABLE_S)  # else its quick death counts as a crash loop (slower)
+                os.kill(fleet.pids()[f"cpu{kill % 2}"], signal.SIGKILL)
+            until(lambda: len(fleet.pids()) == 2, START_PATIENCE_S)
+            stop.set()
+            for done in clients:
+                done.result()
+        assert failed == []
+        assert answered and all(i == value for i, value in answered)
+        restarts = fleet.by_device("dlscale_device_worker_restarts_total")
+        assert restarts == {"cpu0": 10, "cpu1": 10}
 
 
 def _served_after(fleet: Fleet, before: float) -> bool:
