@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -183,6 +184,17 @@ def test_a_killed_worker_loses_no_request_and_comes_back(repo: Path) -> None:
         fleet.process.send_signal(signal.SIGTERM)
         assert fleet.process.wait(120) == 0
     until(lambda: not any(_running(pid) for pid in survivor.values()))
+
+
+def test_with_an_api_key_the_merged_metrics_ask_for_it_and_the_workers_get_it(repo: Path) -> None:
+    with running(repo, 1, "--api-key", "sekret") as fleet:
+        url = f"http://{HOST}:{fleet.metrics}/metrics"
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(url, timeout=30)
+        keyed = urllib.request.Request(url, headers={"Authorization": "Bearer sekret"})
+        with urllib.request.urlopen(keyed, timeout=30) as answer:
+            text = answer.read().decode()
+        assert set(fleet.by_device(SUCCESS, text)) == {"cpu0"}  # the worker let the fleet in
 
 
 @pytest.mark.slow
