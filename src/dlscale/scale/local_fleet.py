@@ -334,11 +334,13 @@ def serve_on_devices(args: argparse.Namespace, detect: Callable[[], Host]) -> in
     settings = settings_from(args)
     spec = settings.network.device_workers
     assert spec is not None
+    fleet = LocalFleet(settings, devices_for(spec, detect()))  # refusals before anything starts
+    seen = settings.observation
     logging.basicConfig(
-        level=settings.observation.log_level.upper(),
+        level=seen.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        filename=seen.log_file,  # the workers append there too; None: stderr
     )
-    fleet = LocalFleet(settings, devices_for(spec, detect()))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
