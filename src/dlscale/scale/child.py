@@ -53,6 +53,16 @@ class ServerChild:
 
     def start(self, timeout_s: float = 300.0) -> Endpoint:
         """Start the child and return once its models are loaded (or raise with why not)."""
+        self.spawn()
+        return self.ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the child's process and hand it its settings; `ready` waits for it.
+
+        The child stops when the *thread* that spawned it ends (PR_SET_PDEATHSIG follows the
+        thread), so a supervisor spawns from a thread that lives as long as it does, and may
+        wait for readiness in another.
+        """
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dlscale.scale.child"],
             stdin=subprocess.PIPE,
@@ -63,6 +73,10 @@ class ServerChild:
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(pickle.dumps(self.settings))
         self.process.stdin.close()
+
+    def ready(self, timeout_s: float = 300.0) -> Endpoint:
+        """Wait for the spawned child's ports (its models loaded), or stop it and raise."""
+        assert self.process is not None and self.process.stdout is not None
         line = _read_line(self.process.stdout, timeout_s)
         if not line:
             with contextlib.suppress(subprocess.TimeoutExpired):
