@@ -35,6 +35,7 @@ from pathlib import Path
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
 from dlscale.native import die_with_parent
+from dlscale.scale.weights import MAX_WEIGHT
 
 log = logging.getLogger("dlscale.scale")
 #: The most replicas one router holds (slots of the server template, per protocol).
@@ -80,6 +81,7 @@ class HaproxyRouter:
         #: Slot number (1-based) of each member's key, and the members themselves.
         self._slots: dict[str, int] = {}
         self.members: dict[str, Member] = {}
+        self._weights: dict[str, int] = {}
 
     @property
     def ports(self) -> dict[str, int]:
@@ -121,6 +123,7 @@ class HaproxyRouter:
         for key in [k for k in self.members if k not in wanted]:
             slot = self._slots.pop(key)
             del self.members[key]
+            self._weights.pop(key, None)
             commands += [f"set server {p}/r{slot} state maint" for p in self._sockets]
             log.info("router: replica %s out of rotation", key)
         for key, member in wanted.items():
@@ -136,14 +139,19 @@ class HaproxyRouter:
 
     def weigh(self, weights: Mapping[str, int]) -> None:
         """Set members' weights (1-256; scale/weights.py): leastconn divides by them."""
+        changed = {
+            key: weight
+            for key, weight in weights.items()
+            if key in self._slots and self._weights.get(key) != weight
+        }
         commands = [
             f"set server {proto}/r{self._slots[key]} weight {weight}"
-            for key, weight in weights.items()
-            if key in self._slots
+            for key, weight in changed.items()
             for proto in self._sockets
         ]
         if commands:
             self.command(*commands)
+            self._weights.update(changed)
 
     def _free_slot(self) -> int:
         taken = set(self._slots.values())
@@ -212,6 +220,8 @@ def _enable(slot: int, member: Member, sockets: dict[str, socket.socket]) -> lis
             continue
         commands += [
             f"set server {server} addr {member.host} port {port}",
+            # A slot keeps its last weight: a new replica starts at the most, to be measured.
+            f"set server {server} weight {MAX_WEIGHT}",
             f"set server {server} state ready",
         ]
     return commands

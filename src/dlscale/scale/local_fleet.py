@@ -31,6 +31,7 @@ from dlscale.frontends.api_key import METRICS
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.devices import Device, Host, devices_for
 from dlscale.scale.haproxy import HaproxyRouter, Member
+from dlscale.scale.weights import Weigher, read_work
 from dlscale.server import ServerSettings, settings_from
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.metrics.exposition import MetricsServer
@@ -44,6 +45,8 @@ RETRY_S, RETRY_MAX_S = 1.0, 30.0
 #: A worker that dies sooner than this after it was ready is in a crash loop: it waits as one that
 #: failed to start does, instead of being spawned again at once.
 STABLE_S = 5.0
+#: Seconds between two readings of the workers' measured work, which set their weights.
+WEIGH_S = 2.0
 #: Seconds a worker's metrics port gets to answer a scrape of the fleet's.
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -128,6 +131,10 @@ class LocalFleet:
         self.metrics: MetricsServer | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self.weigher = Weigher()
+        key = settings.security.key
+        #: What the supervisor sends to its workers' guarded routes (the API key, if any).
+        self._headers = {} if key is None else {"Authorization": f"Bearer {key.value}"}
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Start the router and every worker (at once); raise, all stopped, if one cannot."""
@@ -157,10 +164,26 @@ class LocalFleet:
         return found
 
     def watch(self, stop: threading.Event) -> None:
-        """Until `stop` is set: take a dead worker out of the router and start it again."""
+        """Until `stop` is set: take a dead worker out of the router and start it again, and
+        weigh the live ones by the work they measured (scale/weights.py)."""
+        weighed = time.monotonic()
         while not stop.wait(WATCH_S):
             for worker in self.workers:
                 self._look_after(worker)
+            if time.monotonic() - weighed >= WEIGH_S:
+                weighed = time.monotonic()
+                self._weigh()
+
+    def _weigh(self) -> None:
+        readings = {}
+        for worker, end in self.live():
+            try:
+                readings[worker.device.name] = read_work(end.host, end.http_port, self._headers)
+            except OSError:  # dying, or busy past the timeout: its weight stays
+                continue
+        with self._lock:
+            if not self._stopping.is_set():
+                self.router.weigh(self.weigher.weights(readings))
 
     def _look_after(self, worker: Worker) -> None:
         with self._lock:
@@ -222,9 +245,8 @@ class LocalFleet:
             return
         key = self.settings.security.key
         guard = key.check if key is not None and key.guards(METRICS) else None
-        headers = {} if key is None else {"Authorization": f"Bearer {key.value}"}
         self.metrics = MetricsServer(
-            FleetMetrics(self, headers), self.settings.network.host, port, guard
+            FleetMetrics(self, self._headers), self.settings.network.host, port, guard
         )
         self.metrics.start()
 

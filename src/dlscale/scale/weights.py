@@ -30,10 +30,13 @@ class Work:
     compute_ns: int
 
 
-def read_work(host: str, http_port: int, timeout_s: float = 2.0) -> Work:
+def read_work(
+    host: str, http_port: int, headers: Mapping[str, str] | None = None, timeout_s: float = 2.0
+) -> Work:
     """A replica's totals from its statistics endpoint (every model, every version)."""
     url = f"http://{host}:{http_port}/v2/models/stats"
-    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
         stats = json.load(answer)
     rows = compute = 0
     for model in stats.get("model_stats", []):
