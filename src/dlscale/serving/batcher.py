@@ -18,7 +18,7 @@ from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as 
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.otel import CURRENT
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
-from dlscale.serving.policy import ArrivalGaps, BatchPolicy
+from dlscale.serving.policy import ArrivalGaps, BatchPolicy, Company
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.queue import RequestQueue
 from dlscale.serving.slots import Demand, InstancePool, Slot, SlotPool
@@ -31,8 +31,9 @@ class Batcher:
 
     The policy (serving/policy.py) says when a batch would go: at max_batch_size or a
     preferred size, once the oldest request has waited max_queue_delay_us, or at once when no
-    company is expected. Then the batcher waits once for a slot (serving/slots.py): a free
-    instance, and with `qos` its device's grant, which may cap its rows. It forms the batch
+    company is expected (arrivals further apart than the delay, or a request alone in flight
+    after a lone batch: `Company`). Then the batcher waits once for a slot (serving/slots.py):
+    a free instance, and with `qos` its device's grant, which may cap its rows. It forms the batch
     once the slot is there: while every instance computes, requests keep arriving and the next
     batch grows by itself.
 
@@ -69,12 +70,15 @@ class Batcher:
             self._pool = qos
         else:
             self._pool = InstancePool(self._instances, policy.max_batch_size)
-        self._arrival = asyncio.Event()
+        #: Set on each arrival and each batch's end: what the policy decides by has changed.
+        self._changed = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
         self._gaps = ArrivalGaps()  # for the adaptive queue delay
+        self._company = Company()  # likewise
+        self._computing = 0  # requests in batches sent and not yet finished
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -129,7 +133,7 @@ class Batcher:
         self._queues[level].append(item)
         self._queued += 1
         self._gaps.note(item.enqueued)
-        self._arrival.set()
+        self._changed.set()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
@@ -214,6 +218,8 @@ class Batcher:
             if not batch:  # every request had left meanwhile
                 slot.done()
                 continue
+            self._company.sent(len(batch), self._queued + self._computing)
+            self._computing += len(batch)
             task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -230,12 +236,12 @@ class Batcher:
             chosen, send, oldest = self._ready(now)
             if send or (holding and not chosen):
                 return
-            self._arrival.clear()
+            self._changed.clear()
             if not chosen:
-                await self._arrival.wait()
+                await self._changed.wait()
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
+                await asyncio.wait_for(self._changed.wait(), self.policy.close_by(oldest) - now)
 
     def _candidates(self) -> list[Pending]:
         """Requests that can join the head's batch: highest priority first, then oldest."""
@@ -261,7 +267,8 @@ class Batcher:
         if not chosen:
             return [], 0, now
         oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
-        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed), oldest
+        alone = self._company.alone(self._queued + self._computing)
+        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone), oldest
 
     def demand(self, now: float) -> Demand | None:
         """The batch that would go now (DemandSource): what a device scheduler weighs."""
@@ -315,6 +322,9 @@ class Batcher:
         finally:
             now = self._clock()
             rows = sum(i.rows for i in batch)
+            # Before the slot goes back: the scheduler, woken by it, must see the model idle.
+            self._computing -= len(batch)
+            self._changed.set()  # a request waiting may now be alone (Company)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
                 self._done_with(item)

@@ -39,6 +39,34 @@ class ArrivalGaps:
         self.last = now
 
 
+@dataclass
+class Company:
+    """Whether a request can expect company: read from what was in flight, not from the clock.
+
+    A closed-loop client sends its next request only once it has its answer. So a request
+    that finds no other request in flight (none queued, none computing) cannot be joined by
+    its own client, and waiting its delay only delays the answer that the next request waits
+    on. Idle alone is not enough, though: at 32 clients in flight the first request of each
+    wave finds the model idle too, with 31 requests about to come. What tells the two apart is
+    the batch before: when it went out with others in flight (or held several requests),
+    company came then and is expected again; when it went out alone, nobody else was there.
+    One lone batch after a busy spell turns the rule on, one request that meets company turns
+    it off. The Batcher and the planner's simulation (plan/queueing.py) both keep one.
+    """
+
+    #: Whether the last batch sent held the only request in flight (a fresh model: yes).
+    last_alone: bool = True
+
+    def alone(self, in_flight: int) -> bool:
+        """Whether the one request `in_flight` (queued or computing, itself included) waits
+        for no one: the model is otherwise idle and its last batch was alone too."""
+        return in_flight == 1 and self.last_alone
+
+    def sent(self, size: int, others: int) -> None:
+        """A batch of `size` requests went out with `others` still queued or computing."""
+        self.last_alone = size == 1 and others == 0
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     """How one model's requests are queued and merged: its max_batch_size and its [batching]."""
@@ -94,15 +122,20 @@ class BatchPolicy:
         """When a batch whose oldest request arrived at `oldest` goes at the latest."""
         return oldest + self.max_queue_delay_s
 
-    def worth_waiting(self, gap: float) -> bool:
-        """Whether company is expected within the delay, given the smoothed gap between arrivals.
+    def worth_waiting(self, gap: float, alone: bool = False) -> bool:
+        """Whether company is expected within the delay: the smoothed gap between arrivals is
+        within it, and the request is not `alone` (`Company.alone`).
 
         With adaptive_queue_delay a lone client would otherwise pay the whole delay on every
         request; without it the batch always waits, as Triton's does.
         """
-        return not self.batching.adaptive_queue_delay or gap <= self.max_queue_delay_s
+        if not self.batching.adaptive_queue_delay:
+            return True
+        return not alone and gap <= self.max_queue_delay_s
 
-    def to_send(self, rows: Sequence[int], oldest: float, now: float, gap: float) -> int:
+    def to_send(
+        self, rows: Sequence[int], oldest: float, now: float, gap: float, alone: bool = False
+    ) -> int:
         """How many of the candidates to send now; 0: wait for another arrival or the delay.
 
         A prefix that closes a batch (full or preferred) goes first; failing that, all of them
@@ -111,6 +144,6 @@ class BatchPolicy:
         ready = self.closing_prefix(rows)
         if ready:
             return ready
-        if now >= self.close_by(oldest) or not self.worth_waiting(gap):
+        if now >= self.close_by(oldest) or not self.worth_waiting(gap, alone):
             return len(rows)
         return 0
