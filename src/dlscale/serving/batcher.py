@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import logging
 import time
@@ -70,8 +69,9 @@ class Batcher:
             self._pool = qos
         else:
             self._pool = InstancePool(self._instances, policy.max_batch_size)
-        #: Set on each arrival and each batch's end: what the policy decides by has changed.
-        self._changed = asyncio.Event()
+        #: What the scheduler awaits while it waits: resolved by an arrival or a batch's end
+        #: (what the policy decides by has changed), or by the oldest request's delay.
+        self._wake: asyncio.Future[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
@@ -133,7 +133,7 @@ class Batcher:
         self._queues[level].append(item)
         self._queued += 1
         self._gaps.note(item.enqueued)
-        self._changed.set()
+        self._poke()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
@@ -236,12 +236,27 @@ class Batcher:
             chosen, send, oldest = self._ready(now)
             if send or (holding and not chosen):
                 return
-            self._changed.clear()
-            if not chosen:
-                await self._changed.wait()
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.policy.close_by(oldest) - now)
+            await self._sleep(self.policy.close_by(oldest) - now if chosen else None)
+
+    async def _sleep(self, timeout: float | None) -> None:
+        """Until `_poke` or `timeout` seconds. A future and a timer, not `wait_for` on an
+        Event (a task per wait): the scheduler sleeps up to once per arrival. Nothing changes
+        between the policy's answer and this wait (one thread), so no wake can be missed."""
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, wake)
+        try:
+            await wake
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    def _poke(self) -> None:
+        """Wake the scheduler if it sleeps: what the policy decides by has changed."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def _candidates(self) -> list[Pending]:
         """Requests that can join the head's batch: highest priority first, then oldest."""
@@ -324,7 +339,7 @@ class Batcher:
             rows = sum(i.rows for i in batch)
             # Before the slot goes back: the scheduler, woken by it, must see the model idle.
             self._computing -= len(batch)
-            self._changed.set()  # a request waiting may now be alone (Company)
+            self._poke()  # a request waiting may now be alone (Company)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
                 self._done_with(item)
@@ -379,3 +394,8 @@ class Batcher:
                 item.future.set_exception(part)
             else:
                 item.future.set_result(part)
+
+
+def _resolve(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)

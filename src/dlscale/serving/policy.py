@@ -111,6 +111,10 @@ class BatchPolicy:
 
     def closing_prefix(self, rows: Sequence[int]) -> int:
         """The longest run of leading candidates (their rows) whose batch goes at once, or 0."""
+        if not self._preferred:
+            # Only a full batch closes (any batch, unbatched), and candidates never pass
+            # max_batch_size: all of them or none, without a walk (asked at every arrival).
+            return len(rows) if not self.batched or sum(rows) >= self.max_batch_size else 0
         best, total = 0, 0
         for n, r in enumerate(rows, start=1):
             total += r
