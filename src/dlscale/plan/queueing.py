@@ -52,8 +52,8 @@ class BatchingServer:
     The batcher is dlscale's, with `policy` (serving/policy.py): when an instance is free it
     takes the oldest requests and sends them once they fill a batch or a preferred size, once
     the oldest has waited the queue delay, or at once when the adaptive delay expects no
-    company (the smoothed gap between arrivals is longer than the delay, or the request is
-    alone in flight after a lone batch: `Company`). Instances on one
+    company (the smoothed gap between arrivals is longer than the delay, or the request
+    arrived alone in flight after a lone batch: `Company`). Instances on one
     device share it, so a batch takes `instances_per_device` times its lone service time: more
     instances overlap work, they do not add compute. With `service_spread` (measured times
     divided by their mean, e.g. from repeated runs) each batch takes its mean time times one of
@@ -205,8 +205,8 @@ def _batches(
     Each step is one batch, decided as `BatchPolicy.to_send` decides: at the moment an
     instance is free (`start`), the waiting requests that close a batch go; otherwise the batch
     waits for the arrival that completes a closing size, the delay, or (adaptive) the first
-    arrival after which no company is expected or the moment it is left alone in flight,
-    whichever comes first.
+    arrival after which no company is expected, whichever comes first; a request that arrives
+    alone (`Company`) goes as it arrives.
     """
     policy, cost = server.policy, server.batch_times
     at_once, above = server.sent_at_once, server.next_closing
@@ -239,8 +239,8 @@ def _batches(
             if gaps_matter and deadline > start:
                 deadline = _stop_waiting(policy, arrivals, smoothed, scale, i, start, deadline)
             close = start if start > deadline else deadline
-            if gaps_matter:
-                close = _alone_at(policy, company, arrivals, free, i, close)
+            if gaps_matter and _arrives_alone(policy, company, arrivals, free, i):
+                close = head  # every instance is free: the batch starts as it arrives
             j = bisect_right(arrivals, close, i, n)
             j = i + target if j > i + target else j
         took = cost[j - i]
@@ -286,26 +286,14 @@ def _stop_waiting(
     return deadline
 
 
-def _alone_at(
-    policy: BatchPolicy,
-    company: Company,
-    arrivals: list[float],
-    free: list[float],
-    head: int,
-    close: float,
-) -> float:
-    """`close`, or earlier if the head is left alone in flight (`Company`) before it.
-
-    That is at its arrival when no instance computes, else when the last batch computing ends
-    (the Batcher asks the policy again at each batch's end), unless another request came by
-    then. Every request before the head is in a batch already.
-    """
-    idle = max(max(free), arrivals[head])
-    if idle >= close or policy.worth_waiting(0.0, company.alone(1)):
-        return close
-    if head + 1 < len(arrivals) and arrivals[head + 1] <= idle:
-        return close
-    return idle
+def _arrives_alone(
+    policy: BatchPolicy, company: Company, arrivals: list[float], free: list[float], head: int
+) -> bool:
+    """Whether the head goes as it arrives, alone in flight (`Company`): every batch before
+    it has ended (each request before it is in one) and none arrives with it."""
+    if max(free) > arrivals[head] or policy.worth_waiting(0.0, company.arrives_alone(0)):
+        return False
+    return head + 1 == len(arrivals) or arrivals[head + 1] > arrivals[head]
 
 
 def peak_rate(

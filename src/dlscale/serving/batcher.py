@@ -30,11 +30,11 @@ class Batcher:
 
     The policy (serving/policy.py) says when a batch would go: at max_batch_size or a
     preferred size, once the oldest request has waited max_queue_delay_us, or at once when no
-    company is expected (arrivals further apart than the delay, or a request alone in flight
-    after a lone batch: `Company`). Then the batcher waits once for a slot (serving/slots.py):
-    a free instance, and with `qos` its device's grant, which may cap its rows. It forms the batch
-    once the slot is there: while every instance computes, requests keep arriving and the next
-    batch grows by itself.
+    company is expected (arrivals further apart than the delay, or a request that arrived
+    alone in flight after a lone batch and is still alone: `Company`). Then the batcher waits
+    once for a slot (serving/slots.py): a free instance, and with `qos` its device's grant,
+    which may cap its rows. It forms the batch once the slot is there: while every instance
+    computes, requests keep arriving and the next batch grows by itself.
 
     With `qos` (serving/qos/slots.py), requests first pass the model's admission limits, and
     the slot pool reads the batch to schedule from `demand` when the device decides.
@@ -69,8 +69,8 @@ class Batcher:
             self._pool = qos
         else:
             self._pool = InstancePool(self._instances, policy.max_batch_size)
-        #: What the scheduler awaits while it waits: resolved by an arrival or a batch's end
-        #: (what the policy decides by has changed), or by the oldest request's delay.
+        #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
+        #: decides by has changed) or by the oldest request's delay.
         self._wake: asyncio.Future[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
@@ -130,6 +130,7 @@ class Batcher:
         if times is not None:
             times.queue_start = ns(item.enqueued)
         item.timer = self.queue.expire(timeout_us, self._expire, item)
+        item.alone = self._company.arrives_alone(self._queued + self._computing)
         self._queues[level].append(item)
         self._queued += 1
         self._gaps.note(item.enqueued)
@@ -282,7 +283,7 @@ class Batcher:
         if not chosen:
             return [], 0, now
         oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
-        alone = self._company.alone(self._queued + self._computing)
+        alone = chosen[0].alone and self._queued + self._computing == 1
         return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone), oldest
 
     def demand(self, now: float) -> Demand | None:
@@ -337,9 +338,8 @@ class Batcher:
         finally:
             now = self._clock()
             rows = sum(i.rows for i in batch)
-            # Before the slot goes back: the scheduler, woken by it, must see the model idle.
+            # Before the slot goes back: a request that arrives next must see the model idle.
             self._computing -= len(batch)
-            self._poke()  # a request waiting may now be alone (Company)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
                 self._done_with(item)

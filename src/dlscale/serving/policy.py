@@ -41,26 +41,30 @@ class ArrivalGaps:
 
 @dataclass
 class Company:
-    """Whether a request can expect company: read from what was in flight, not from the clock.
+    """Whether a request can expect company: read from what is in flight, not from the clock.
 
     A closed-loop client sends its next request only once it has its answer. So a request
-    that finds no other request in flight (none queued, none computing) cannot be joined by
+    that arrives while no other is in flight (none queued, none computing) cannot be joined by
     its own client, and waiting its delay only delays the answer that the next request waits
-    on. Idle alone is not enough, though: at 32 clients in flight the first request of each
-    wave finds the model idle too, with 31 requests about to come. What tells the two apart is
-    the batch before: when it went out with others in flight (or held several requests),
-    company came then and is expected again; when it went out alone, nobody else was there.
-    One lone batch after a busy spell turns the rule on, one request that meets company turns
-    it off. The Batcher and the planner's simulation (plan/queueing.py) both keep one.
+    on. Arriving at an idle model is not enough, though: at 32 clients in flight the first
+    request of each wave finds the model idle too, with 31 requests about to come. What tells
+    the two apart is the batch before: when it went out with others in flight (or held several
+    requests), company came then and is expected again; when it went out alone, nobody else
+    was there. A request that arrives while another computes has company, whatever comes
+    after (a batch's end does not make it alone: at many clients whose requests trickle in,
+    each would then go alone). One lone batch after a busy spell turns the rule on, one request
+    that meets company turns it off. The Batcher and the planner's simulation
+    (plan/queueing.py) both keep one.
     """
 
     #: Whether the last batch sent held the only request in flight (a fresh model: yes).
     last_alone: bool = True
 
-    def alone(self, in_flight: int) -> bool:
-        """Whether the one request `in_flight` (queued or computing, itself included) waits
-        for no one: the model is otherwise idle and its last batch was alone too."""
-        return in_flight == 1 and self.last_alone
+    def arrives_alone(self, others: int) -> bool:
+        """Whether a request arriving now, with `others` queued or computing, waits for no
+        one: the model is idle and its last batch went alone too. It stays alone while no
+        other request arrives."""
+        return others == 0 and self.last_alone
 
     def sent(self, size: int, others: int) -> None:
         """A batch of `size` requests went out with `others` still queued or computing."""

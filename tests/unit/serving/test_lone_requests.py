@@ -101,3 +101,20 @@ def test_a_closed_loop_of_many_clients_keeps_full_batches() -> None:
     # the batch before had company.
     assert {size for size, _ in served} == {8}
     assert max(wait for _, wait in served) < DELAY_US / 1e6
+
+
+def test_requests_that_trickle_in_while_a_batch_computes_wait_for_company() -> None:
+    async def main(batcher: Batcher) -> list[tuple[int, float]]:
+        # Eight clients whose requests come 0.2 ms apart, each while the one before computes
+        # (a batch takes 1.1 ms or more): none of them is alone, though each would be by the
+        # time the batch before it ends.
+        async def client(k: int) -> list[tuple[int, float]]:
+            await asyncio.sleep(2e-4 * k)
+            return await _client(batcher, 5)
+
+        runs = await asyncio.gather(*(client(k) for k in range(8)))
+        return [served for run in runs for served in run]
+
+    sizes = [size for size, _ in _in_virtual_time(main)]
+    # The first goes alone (a fresh, idle model); the others wait for company and fill batches.
+    assert sizes.count(1) == 1 and sizes.count(7) + sizes.count(8) == len(sizes) - 1

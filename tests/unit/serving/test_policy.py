@@ -63,14 +63,16 @@ def test_a_request_alone_in_flight_goes_at_once_after_a_lone_batch() -> None:
     policy = BatchPolicy(8, BatchingConfig(max_queue_delay_us=500))
     busy = 1e-6  # by the gap between arrivals, company is expected
     company = Company()
-    assert company.alone(1) and not company.alone(2)  # a fresh model: nothing says otherwise
-    assert policy.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=company.alone(1)) == 1
+    assert company.arrives_alone(0) and not company.arrives_alone(1)  # a fresh model
+    alone = company.arrives_alone(0)
+    assert policy.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=alone) == 1
     company.sent(3, others=0)  # a batch that had company
-    assert not company.alone(1)
-    assert policy.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=company.alone(1)) == 0
+    assert not company.arrives_alone(0)
+    alone = company.arrives_alone(0)
+    assert policy.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=alone) == 0
     company.sent(1, others=2)  # alone in its batch, but others were in flight
-    assert not company.alone(1)
+    assert not company.arrives_alone(0)
     company.sent(1, others=0)
-    assert company.alone(1)
+    assert company.arrives_alone(0)
     strict = BatchPolicy(8, BatchingConfig(max_queue_delay_us=500, adaptive_queue_delay=False))
     assert strict.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=True) == 0  # as asked
