@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import models
+from benchmarks.harness.clients import LoadResult
 from benchmarks.harness.loads import rest_load
 from benchmarks.harness.models import IDENTITY
 from benchmarks.harness.revisions import checkout, start_revision
@@ -76,13 +77,22 @@ def run(
             order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
             for c in CONCURRENCY:
                 for side in order:
-                    r = rest_load(servers[side], IDENTITY, False, c, duration)
+                    r = _load(servers[side], c, duration)
                     record(rows, server=side, concurrency=c, rep=rep, **r.summary())
             print(f"repetition {rep + 1} done", flush=True)
     finally:
         for server in servers.values():
             server.stop()
     return rows
+
+
+def _load(server: ServerProcess, concurrency: int, duration: float) -> LoadResult:
+    """One run; once more if the server closed a connection mid-run (said, not hidden)."""
+    try:
+        return rest_load(server, IDENTITY, False, concurrency, duration)
+    except ConnectionError as exc:
+        print(f"  {server.name} at c={concurrency}: {exc}; run again", flush=True)
+        return rest_load(server, IDENTITY, False, concurrency, duration)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
