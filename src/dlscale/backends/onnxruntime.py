@@ -148,8 +148,7 @@ class OptimizedGraphs:
                 return None
             out = self._made_folder() / f"{digest[:40]}-{len(self._files)}-{self.misses}.onnx"
             self.misses += 1
-        job = _OPTIMIZER.submit(_optimize, path, level, providers, out, self.max_bytes // 4)
-        made = job.result()
+        made = _optimize(path, level, providers, out, self.max_bytes // 4)
         if not made:
             out.unlink(missing_ok=True)
         self._keep(key, out if made else None)
@@ -210,11 +209,11 @@ def _lower_priority() -> None:
 
 
 # Loads must not slow the models that serve meanwhile (under a memory budget, loads happen all
-# the time): the optimizer, the heavy part of a load, runs in one thread niced below them, its
-# sessions with one intra-op thread. The serving session is then built from the optimized file
-# in the instance's own thread at normal priority: threads inherit their creator's nice, and
-# that session's intra-op threads serve requests.
-_OPTIMIZER = ThreadPoolExecutor(1, "ort-optimize", initializer=_lower_priority)
+# the time): ONNX Runtime's part of a load on the CPU runs in one thread niced below the threads
+# that serve, and the optimizer's sessions use one intra-op thread. A thread inherits its
+# creator's nice, so a serving session whose intra-op threads serve requests is built in the
+# instance's own thread, at normal priority, from the graph optimized in the niced one.
+_LOADER = ThreadPoolExecutor(1, "ort-load", initializer=_lower_priority)
 #: The process's optimized graphs (a graph is the runtime's, the same for every server in it).
 GRAPHS = OptimizedGraphs()
 
@@ -318,22 +317,35 @@ class OnnxRuntimeBackend:
         # steals the cores other instances compute on.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = providers_for(self.options.device, self.options.extra)
-        level = self.options.graph_optimization_level
-        # Untested on GPUs: their providers' optimized graphs are not kept (yet).
-        graph = GRAPHS.graph(self.path, level, providers) if self._keeps_graph() else None
-        session = _from_kept(graph, so, providers) if graph is not None else None
-        try:
-            if session is None:
-                session = ort.InferenceSession(str(self.path), so, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
-            raise ConfigError(f"{self.path}: onnxruntime cannot load it: {exc}") from exc
+        if not self._keeps_graph():
+            session = self._open(None, so, providers)
+        elif self.options.intra_op_threads == 1:  # no intra-op thread inherits the nice
+            session = _LOADER.submit(self._open_optimized, so, providers).result()
+        else:
+            level = self.options.graph_optimization_level
+            graph = _LOADER.submit(GRAPHS.graph, self.path, level, providers).result()
+            session = self._open(graph, so, providers)
         self._session = session
         self._inputs = [_spec(a) for a in self._session.get_inputs()]
         self._outputs = [_spec(a) for a in self._session.get_outputs()]
         log.debug("loaded %s with providers %s", self.path, self._session.get_providers())
 
     def _keeps_graph(self) -> bool:
+        """Whether its optimized graph is kept: on the CPU (GPU providers' graphs are untested
+        yet), at an optimization level that optimizes."""
         return self.options.device == "cpu" and self.options.graph_optimization_level != "disable"
+
+    def _open_optimized(self, so: ort.SessionOptions, providers: list[Any]) -> Any:
+        graph = GRAPHS.graph(self.path, self.options.graph_optimization_level, providers)
+        return self._open(graph, so, providers)
+
+    def _open(self, graph: Path | None, so: ort.SessionOptions, providers: list[Any]) -> Any:
+        """A session from the kept optimized graph, else from the model file."""
+        session = _from_kept(graph, so, providers) if graph is not None else None
+        try:
+            return session or ort.InferenceSession(str(self.path), so, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
+            raise ConfigError(f"{self.path}: onnxruntime cannot load it: {exc}") from exc
 
     @property
     def capabilities(self) -> Capabilities:
