@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -12,7 +11,6 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +78,6 @@ GRAPH_CACHE_BYTES = 1 << 30
 MAX_REMEMBERED = 10_000
 #: A file changed less than this long ago is hashed again at each load (see `_digest`).
 RACY_S = 2.0
-#: How much lower than inference the optimizer thread runs (Linux nice, 0 to 19).
-OPTIMIZER_NICENESS = 10
 
 Key = tuple[str, str, str, str]
 
@@ -200,20 +196,6 @@ class OptimizedGraphs:
                 held -= size
 
 
-def _lower_priority() -> None:
-    """Run this thread below the threads that serve requests (Linux nices threads apart)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), OPTIMIZER_NICENESS)
-    except (AttributeError, OSError):  # not Linux, or not allowed: it runs at normal priority
-        log.debug("the graph optimizer thread keeps its priority")
-
-
-# Loads must not slow the models that serve meanwhile (under a memory budget, loads happen all
-# the time): ONNX Runtime's part of a load on the CPU runs in one thread niced below the threads
-# that serve, and the optimizer's sessions use one intra-op thread. A thread inherits its
-# creator's nice, so a serving session whose intra-op threads serve requests is built in the
-# instance's own thread, at normal priority, from the graph optimized in the niced one.
-_LOADER = ThreadPoolExecutor(1, "ort-load", initializer=_lower_priority)
 #: The process's optimized graphs (a graph is the runtime's, the same for every server in it).
 GRAPHS = OptimizedGraphs()
 
@@ -223,6 +205,7 @@ def _optimize(path: Path, level: str, providers: list[Any], out: Path, most: int
     weights in other files (not in the key), or the graph is larger than `most` bytes."""
     so = ort.SessionOptions()
     so.graph_optimization_level = _OPT_LEVELS[level]
+    # One core for a load's optimizer, not the pool of every core that serving sessions share.
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     so.optimized_model_filepath = str(out)
     # Its warning that a graph optimized at level "all" may hold host-specific kernels does
@@ -317,15 +300,12 @@ class OnnxRuntimeBackend:
         # steals the cores other instances compute on.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = providers_for(self.options.device, self.options.extra)
-        if not self._keeps_graph():
-            session = self._open(None, so, providers)
-        elif self.options.intra_op_threads == 1:  # no intra-op thread inherits the nice
-            session = _LOADER.submit(self._open_optimized, so, providers).result()
-        else:
-            level = self.options.graph_optimization_level
-            graph = _LOADER.submit(GRAPHS.graph, self.path, level, providers).result()
-            session = self._open(graph, so, providers)
-        self._session = session
+        # A load runs in its instance's thread at the normal priority. A thread niced below the
+        # serving ones made resident requests slower, not faster (docs/memory.md): it holds the
+        # GIL at times, and while the OS keeps it waiting, so does every thread of the server.
+        level = self.options.graph_optimization_level
+        graph = GRAPHS.graph(self.path, level, providers) if self._keeps_graph() else None
+        self._session = self._open(graph, so, providers)
         self._inputs = [_spec(a) for a in self._session.get_inputs()]
         self._outputs = [_spec(a) for a in self._session.get_outputs()]
         log.debug("loaded %s with providers %s", self.path, self._session.get_providers())
@@ -334,10 +314,6 @@ class OnnxRuntimeBackend:
         """Whether its optimized graph is kept: on the CPU (GPU providers' graphs are untested
         yet), at an optimization level that optimizes."""
         return self.options.device == "cpu" and self.options.graph_optimization_level != "disable"
-
-    def _open_optimized(self, so: ort.SessionOptions, providers: list[Any]) -> Any:
-        graph = GRAPHS.graph(self.path, self.options.graph_optimization_level, providers)
-        return self._open(graph, so, providers)
 
     def _open(self, graph: Path | None, so: ort.SessionOptions, providers: list[Any]) -> Any:
         """A session from the kept optimized graph, else from the model file."""

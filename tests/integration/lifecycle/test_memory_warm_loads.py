@@ -9,11 +9,9 @@ cache's hit count, its files), never a time.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ import tritonclient.http as triton
 from tests.toolkit.models import Mlp, save_onnx, write_model
 from tests.toolkit.server import LocalServer, serving
 
-from dlscale.backends.onnxruntime import GRAPHS, OPTIMIZER_NICENESS, OptimizedGraphs
+from dlscale.backends.onnxruntime import GRAPHS, OptimizedGraphs
 
 MiB = 2**20
 WIDTHS = (16, 32, 4)
@@ -79,12 +77,6 @@ def test_an_evicted_model_reloads_from_its_kept_graph(
     again = ask(client, "a")  # loaded on demand again: from the graph kept at its first load
     assert GRAPHS.hits > hits
     np.testing.assert_array_equal(again, first)
-    # ONNX Runtime's part of a load ran in a thread niced below the instance that serves.
-    threads = {t.name: t.native_id for t in threading.enumerate() if t.native_id}
-    loader = next(i for n, i in threads.items() if n.startswith("ort-load"))
-    serving_a = next(i for n, i in threads.items() if n.startswith("a-v1-cpu-0"))
-    assert os.getpriority(os.PRIO_PROCESS, loader) == OPTIMIZER_NICENESS
-    assert os.getpriority(os.PRIO_PROCESS, serving_a) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_a_changed_model_file_loads_its_new_graph(
