@@ -4,13 +4,14 @@
                                    [--scaling-duration 15]
 
 overhead: identity and mlp (benchmarks/harness/models.py, the REST benchmark's files and knobs)
-served by
-`dlscale serve` and by `dlscale serve --ray` (a Ray cluster started by the command, one replica
-per model), alternating within each repetition, driven by the same closed-loop client
-(benchmarks/harness/clients.py) at concurrency 1 and 32.
+served by `dlscale serve` and by `dlscale serve --ray` (a Ray cluster started by the command,
+one replica: a whole `dlscale serve` behind the fleet's HAProxy router), alternating within each
+repetition, driven by the same closed-loop client (benchmarks/harness/clients.py) at
+concurrency 1 and 32. Ray Serve's own fast path (its HAProxy ingress) was measured with the
+previous design; docs/decisions.md has its figures.
 
 scaling: a null-backend model that sleeps 500 ms per batch of up to 8 rows, a stand-in for a
-remote accelerator (the sleep holds no CPU), deployed on Ray Serve with 1, 2, 4 and 8 replicas
+remote accelerator (the sleep holds no CPU), served by a Ray fleet of 1, 2, 4 and 8 replicas
 in one Ray cluster on this machine, each driven by 16 closed-loop streams per replica. The same
 model's profile is taken in process (`dlscale bench --repo`), and `dlscale plan serve --profile`
 predicts each replica count's throughput from it (replicas = devices).
@@ -67,7 +68,6 @@ def run_overhead(repeats: int, duration: float, rows: list[dict[str, Any]]) -> N
     starters = {
         "dlscale": lambda: start_rest_stack(repo),
         "ray-serve": lambda: start_ray(repo),
-        "ray-serve-tuned": lambda: start_ray(repo, tuned=True),
     }
     order = list(starters)
     for rep in range(repeats):
@@ -130,28 +130,31 @@ def run_scaling(repeats: int, duration: float, rows: list[dict[str, Any]]) -> di
     """1, 2, 4, 8 replicas in one Ray cluster (scaled in place), 16 streams per replica."""
     import ray
 
+    from dlscale.cli import parse
     from dlscale.scale import deploy
-    from dlscale.scale.commands import deploy_repository
-    from dlscale.scale.settings import ScaleSettings
+    from dlscale.scale.commands import deploy_fleet, settings_from
 
     repo = sleeper_repository()
     profile = profile_in_process(repo)
     per_replica = planned_rate(profile)
     port = free_port()
-    settings = ScaleSettings(repository=repo.resolve(), http_port=port, grpc_port=None,
-                             metrics_port=None, cpus_per_replica=0.0)  # fmt: skip
+    settings = settings_from(parse([
+        "serve", str(repo), "--ray", "--http-port", str(port), "--grpc-port", "-1",
+        "--metrics-port", "-1", "--cpus-per-replica", "0", "--log-level", "warning",
+    ]))  # fmt: skip
     ray.init(logging_level=logging.WARNING, include_dashboard=False)
     try:
-        deploy_repository(settings)
+        router = deploy_fleet(settings)
         body = SLEEPER.json_body()
         wire = build_request(HOST, port, f"/v2/models/{SLEEPER.name}/infer", body)
         for rep in range(repeats):
             for n in REPLICAS:
-                deploy.deploy_model(dataclasses.replace(settings, replicas=n), SLEEPER.name)
+                deploy_fleet(dataclasses.replace(settings, replicas=n))
                 streams = STREAMS_PER_REPLICA * n
                 r = uvloop.run(closed_loop(HOST, port, wire, streams, duration, warmup_s=4.0))
                 record(rows, bench="scaling", server="ray-serve", model=SLEEPER.name,
                        concurrency=streams, replicas=n, rep=rep, **r.summary())  # fmt: skip
+        deploy.undeploy(router)
     finally:
         ray.shutdown()
     return {

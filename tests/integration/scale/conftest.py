@@ -3,7 +3,8 @@
 Fixtures build on each other: cluster (ray.cluster_utils.Cluster: a head and a worker node, two
 logical CPUs each, this process connected as a driver) -> repo (the zoo's small models, a null
 model that waits 20 ms per batch, a broken one) -> deployed (`dlscale serve REPO --ray
---address ... --detach` run as a user runs it) -> http / grpc (tritonclient).
+--address ... --detach` run as a user runs it: a replica of the whole server, and the fleet's
+router actor running HAProxy on the ports asked) -> http / grpc (tritonclient, through HAProxy).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -96,9 +97,24 @@ def cluster() -> Iterator[RayNodes]:
         ray.init(address=nodes.address, logging_level="WARNING")
         yield RayNodes(nodes.address, ports)
     finally:
+        _stop_fleet(ray)
         serve.shutdown()
         ray.shutdown()
         nodes.shutdown()
+
+
+def _stop_fleet(ray: Any) -> None:
+    """Stop the detached router actor (its HAProxy holds the test's ports)."""
+    from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
+
+    try:
+        router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
+    except ValueError:  # no fleet was deployed
+        return
+    try:
+        ray.get(router.stop.remote(), timeout=30)
+    finally:
+        ray.kill(router)
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +144,8 @@ class Deployed:
     settings: ScaleSettings
     http_url: str
     grpc_url: str
+    #: The fleet's metrics page and its JSON view (`/dlscale/fleet`).
+    metrics_url: str
 
 
 @pytest.fixture(scope="session")
@@ -135,12 +153,13 @@ def deployed(cluster: RayNodes, ray_repo: Path) -> Deployed:
     """`dlscale serve REPO --ray --address ... --detach`, run as a user runs it."""
     from dlscale.scale.commands import settings_from
 
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     argv = [
         "serve", str(ray_repo), "--ray", "--address", cluster.address,
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
         "--model-control", "explicit", "--load-model", "*",
-        "--cpus-per-replica", "0.5", "--request-timeout", "30", "--detach",
+        "--cpus-per-replica", "0.5", "--detach",
     ]  # fmt: skip
     command = [str(Path(sys.executable).parent / "dlscale"), *argv]
     done = subprocess.run(
@@ -152,7 +171,15 @@ def deployed(cluster: RayNodes, ray_repo: Path) -> Deployed:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    deployed = Deployed(settings_from(parse(argv)), f"{HOST}:{http_port}", f"{HOST}:{grpc_port}")
+    said = done.stdout + done.stderr  # the ports as tests and benchmarks read them
+    assert f"http listening on {HOST}:{http_port}" in said, said
+    assert f"grpc listening on {HOST}:{grpc_port}" in said, said
+    deployed = Deployed(
+        settings_from(parse(argv)),
+        f"{HOST}:{http_port}",
+        f"{HOST}:{grpc_port}",
+        f"{HOST}:{metrics_port}",
+    )
     _wait_ready(deployed.http_url)
     return deployed
 
@@ -166,12 +193,12 @@ def _wait_ready(url: str, attempts: int = 120) -> None:
         except Exception:  # the proxy may still be starting
             pass
         time.sleep(0.5)
-    raise AssertionError(f"the Ray Serve ingress at {url} did not become ready")
+    raise AssertionError(f"the fleet's router at {url} did not become ready")
 
 
 @pytest.fixture
 def http(deployed: Deployed) -> Iterator[httpclient.InferenceServerClient]:
-    """tritonclient's REST client against the ingress, through Ray Serve's HTTP proxy."""
+    """tritonclient's REST client against the fleet, through its router (HAProxy)."""
     client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=60)
     yield client
     client.close()
@@ -179,7 +206,7 @@ def http(deployed: Deployed) -> Iterator[httpclient.InferenceServerClient]:
 
 @pytest.fixture
 def grpc(deployed: Deployed) -> Iterator[grpcclient.InferenceServerClient]:
-    """tritonclient's gRPC client against the ingress, through Ray Serve's gRPC proxy."""
+    """tritonclient's gRPC client against the fleet, through its router (HAProxy)."""
     client = grpcclient.InferenceServerClient(deployed.grpc_url)
     yield client
     client.close()

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol over gRPC on Ray Serve: tritonclient through Ray's gRPC proxy."""
+"""The Open Inference Protocol over gRPC on a Ray fleet: tritonclient through its router."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_repository_and_statistics_rpcs(grpc: grpcclient.InferenceServerClient) 
     assert stats.name == "identity" and stats.inference_stats.success.count >= 1
 
 
-def test_model_stream_infer_through_the_ingress(deployed: Deployed) -> None:
-    """A Python model that streams, behind the ingress: 0..N responses, the final flagged."""
+def test_model_stream_infer_through_the_router(deployed: Deployed) -> None:
+    """A Python model that streams, behind the router: 0..N responses, the final flagged."""
     client = grpcclient.InferenceServerClient(deployed.grpc_url)
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
