@@ -39,6 +39,11 @@ def settings_from(args: argparse.Namespace) -> ScaleSettings:
             "--api-key is not available with --ray: put an authenticating proxy in front"
         )
     network, models = server.network, server.models
+    if args.autoscale is not None and network.metrics_port is None:
+        raise ConfigError(
+            "--autoscale needs the replicas' metrics (their requests in flight): drop "
+            "--metrics-port -1"
+        )
     if network.http_port is None:
         raise ConfigError("--http-port -1 is not available with --ray: the router serves REST")
     replica_server = server.replace(
@@ -112,6 +117,20 @@ def replica_placement(settings: ScaleSettings, names: list[str]) -> Placement:
     return Placement(cpus * settings.cpu_share, gpus, dict.fromkeys(migs, 1.0), env)
 
 
+def autoscale_target(settings: ScaleSettings, names: list[str]) -> float:
+    """Requests in flight per replica the autoscaler aims at: a full batch per instance of
+    every model the replica serves."""
+    repository = ModelRepository(settings.repository)
+    total = 0
+    for name in names:
+        try:
+            config = repository.source(name).config
+        except DlscaleError:
+            continue
+        total += sum(g.count for g in config.instances) * max(1, config.max_batch_size)
+    return float(max(1, total))
+
+
 def fit_to_cluster(settings: ScaleSettings, names: list[str]) -> ScaleSettings:
     """The settings with each replica's CPU ask shrunk to fit the cluster, or a ConfigError
     with the arithmetic when --cpus-per-replica fixes an ask that does not fit."""
@@ -140,7 +159,8 @@ def deploy_fleet(settings: ScaleSettings) -> object:
         log.info("metrics listening on %s:%d (every replica's)", host, ports["metrics"])
     names = models_to_deploy(settings)
     settings = fit_to_cluster(settings, names)
-    deploy.deploy_replicas(settings, replica_placement(settings, names))
+    placement = replica_placement(settings, names)
+    deploy.deploy_replicas(settings, placement, autoscale_target(settings, names))
     log.info("server ready: %d replica(s) of %d model(s)", settings.replicas, len(names))
     return router
 

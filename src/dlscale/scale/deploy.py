@@ -16,6 +16,7 @@ from ray import serve
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dlscale.errors import ConfigError, DlscaleError
+from dlscale.scale.autoscale import autoscaling_config
 from dlscale.scale.placement import Placement
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
 from dlscale.scale.settings import ScaleSettings
@@ -71,8 +72,11 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
     return actor, ports
 
 
-def replica_options(settings: ScaleSettings, placement: Placement) -> dict[str, Any]:
-    """Ray Serve deployment options of the replicas: count, resources, health checks."""
+def replica_options(
+    settings: ScaleSettings, placement: Placement, target: float = 1.0
+) -> dict[str, Any]:
+    """Ray Serve deployment options of the replicas: count (or autoscaling to `target`
+    requests in flight per replica), resources, health checks."""
     options: dict[str, Any] = {
         "name": DEPLOYMENT,
         "ray_actor_options": placement.actor_options(),
@@ -82,26 +86,28 @@ def replica_options(settings: ScaleSettings, placement: Placement) -> dict[str, 
         "logging_config": QUIET,
     }
     if settings.autoscale is not None:
-        raise ConfigError(
-            "--autoscale is not available with --ray yet: requests do not pass through Ray "
-            "Serve, whose autoscaler counts them; give --replicas N"
-        )
-    options["num_replicas"] = settings.replicas
+        options["autoscaling_config"] = autoscaling_config(*settings.autoscale, target)
+    else:
+        options["num_replicas"] = settings.replicas
     return options
 
 
-def deploy_replicas(settings: ScaleSettings, placement: Placement) -> None:
+def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float = 1.0) -> None:
     """Deploy (or update in place: Ray rolls the replicas) the fleet's replicas; returns once
     they serve."""
     from dlscale.scale.fleet import FleetReplica
 
     assert settings.server is not None
-    deployment = serve.deployment(**replica_options(settings, placement))(FleetReplica)
+    deployment = serve.deployment(**replica_options(settings, placement, target))(FleetReplica)
     try:
         serve.run(deployment.bind(settings.server), name=APP, route_prefix=None)
     except RuntimeError as exc:  # serve.run's report of a deployment that failed
         raise ConfigError(f"the replicas failed to deploy on Ray Serve: {exc}") from None
-    log.info("replicas: %d deployed", settings.replicas)
+    if settings.autoscale is None:
+        log.info("replicas: %d deployed", settings.replicas)
+    else:
+        low, high = settings.autoscale
+        log.info("replicas: autoscaling %d..%d, %g requests in flight each", low, high, target)
 
 
 def undeploy(router: Any) -> None:

@@ -21,6 +21,7 @@ import ray
 from ray import serve
 
 from dlscale.scale import control
+from dlscale.scale.autoscale import IN_FLIGHT, in_flight
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.control import Entry
 from dlscale.scale.registry import HEARTBEAT_S
@@ -90,6 +91,15 @@ class FleetReplica:
             ready = await client.get(url)
         if ready.status_code != 200:
             raise RuntimeError(f"replica {self.key}: its server is not ready ({ready.status_code})")
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """The autoscaler's measure (scale/autoscale.py): the requests the child holds now."""
+        e = self.endpoint
+        if e.metrics_port is None:  # refused with --autoscale (scale/commands.py)
+            return {IN_FLIGHT: 0.0}
+        async with httpx.AsyncClient(timeout=READY_CHECK_S) as client:
+            page = await client.get(f"http://{e.host}:{e.metrics_port}/metrics")
+        return {IN_FLIGHT: in_flight(page.text)}
 
     async def __del__(self) -> None:
         """Ray Serve's graceful stop: out of rotation, then the child finishes its requests."""

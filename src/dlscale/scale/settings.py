@@ -83,8 +83,9 @@ class ScaleSettings:
             raise ConfigError("replicas must be at least 1")
         if self.autoscale is not None:
             low, high = self.autoscale
-            if not 0 <= low <= high or high < 1:
-                raise ConfigError(f"autoscale {low}:{high}: expected 0 <= MIN <= MAX, MAX >= 1")
+            if not 1 <= low <= high:
+                # Requests do not pass through Ray: nothing would wake a fleet at zero.
+                raise ConfigError(f"autoscale {low}:{high}: expected 1 <= MIN <= MAX")
 
 
 def _flagged() -> list[dataclasses.Field[Any]]:

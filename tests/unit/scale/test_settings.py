@@ -46,7 +46,7 @@ def test_autoscale_must_be_min_colon_max(text: str) -> None:
         ({"model_control": "poll"}, "not supported with --ray"),
         ({"replicas": 0}, "at least 1"),
         ({"autoscale": (3, 2)}, "MIN <= MAX"),
-        ({"autoscale": (0, 0)}, "MAX >= 1"),
+        ({"autoscale": (0, 2)}, "1 <= MIN"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(changes: dict[str, object], words: str) -> None:
