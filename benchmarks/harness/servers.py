@@ -192,12 +192,13 @@ def dlscale_exe() -> str:
     return str(Path(sys.executable).parent / "dlscale")
 
 
-def start_ray(repo: Path, replicas: int = 1) -> ServerProcess:
-    """`dlscale serve REPO --ray` (its own Ray cluster); returns once the fleet's router answers
-    ready (a replica serves)."""
+def start_ray(repo: Path, replicas: int = 1, grpc_port: int | None = None) -> ServerProcess:
+    """`dlscale serve REPO --ray` (its own Ray cluster; gRPC on `grpc_port` when given);
+    returns once the fleet's router answers ready (a replica serves)."""
     port = free_port()
+    grpc = "-1" if grpc_port is None else str(grpc_port)
     argv = [dlscale_exe(), "serve", str(repo), "--ray", "--http-port", str(port),
-            "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING",
+            "--grpc-port", grpc, "--metrics-port", "-1", "--log-level", "WARNING",
             "--replicas", str(replicas)]  # fmt: skip
     proc = subprocess.Popen(
         argv,
