@@ -103,7 +103,9 @@ class FleetReplica:
 
     async def __del__(self) -> None:
         """Ray Serve's graceful stop: out of rotation, then the child finishes its requests."""
-        self._beat.cancel()
-        with contextlib.suppress(Exception):
-            await self._call("leave", self.key)
+        beat = getattr(self, "_beat", None)  # None when the constructor failed before it
+        if beat is not None:
+            beat.cancel()
+            with contextlib.suppress(Exception):
+                await self._call("leave", self.key)
         await asyncio.to_thread(self.child.stop)
