@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import grpc
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -146,10 +147,8 @@ class _Servers:
             started.set()
 
     async def _start(self) -> None:
-        import uvicorn
-
         app = Starlette(routes=self._routes())
-        rest = await self._http(uvicorn, app, LOOPBACK, 0)
+        rest = await self._http(app, LOOPBACK, 0)
         grpc_port = None
         if self.with_grpc:
             server = grpc.aio.server()
@@ -159,10 +158,10 @@ class _Servers:
             self._keep.append(server)
         self.control_ports = (rest, grpc_port)
         if self.asked_metrics_port is not None:
-            self.metrics_port = await self._http(uvicorn, app, self.host, self.asked_metrics_port)
+            self.metrics_port = await self._http(app, self.host, self.asked_metrics_port)
         self._keep.append(asyncio.get_running_loop().create_task(self.sweep_forever()))
 
-    async def _http(self, uvicorn: Any, app: Starlette, host: str, port: int) -> int:
+    async def _http(self, app: Starlette, host: str, port: int) -> int:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
