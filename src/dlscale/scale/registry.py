@@ -22,8 +22,9 @@ log = logging.getLogger("dlscale.scale")
 
 #: Seconds between two heartbeats of a replica.
 HEARTBEAT_S = 0.5
-#: Seconds without a heartbeat after which a replica is taken out of rotation.
-STALE_S = 3.0
+#: Seconds without a heartbeat after which a replica is taken out of rotation (ten beats: a
+#: busy event loop may delay a few; HAProxy's own check takes a dead server out sooner).
+STALE_S = 5.0
 
 
 @dataclass
