@@ -8,6 +8,7 @@ proxies are turned off (no request goes through Ray).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -92,6 +93,12 @@ def replica_options(
     return options
 
 
+def replica_version(settings: ScaleSettings, placement: Placement) -> str:
+    """What a replica is: its server's settings and its resources (not how many there are)."""
+    what = repr((settings.server, placement))
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
 def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float = 1.0) -> None:
     """Deploy (or update in place: Ray rolls the replicas) the fleet's replicas; returns once
     they serve."""
@@ -99,6 +106,12 @@ def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float
 
     assert settings.server is not None
     deployment = serve.deployment(**replica_options(settings, placement, target))(FleetReplica)
+    # Ray 2.60 took `version` out of the public options: without one, `serve.run` gives each
+    # deploy a random version (serve/_private/client.py) and replaces every running replica,
+    # so a new --replicas would restart the fleet. With the same version a new count only adds
+    # or removes replicas (pinned Ray; test_ray_replicas.py checks the running one is kept).
+    version = replica_version(settings, placement)
+    deployment = deployment.options(version=version, _internal=True)
     try:
         serve.run(deployment.bind(settings.server), name=APP, route_prefix=None)
     except RuntimeError as exc:  # serve.run's report of a deployment that failed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import grpc
+import ray
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -83,8 +85,10 @@ class FleetRouter:
         return found
 
     def view(self) -> dict[str, Any]:
-        """The fleet: each replica (and HAProxy's state of it), the models loaded or unloaded."""
-        return {"replicas": self.registry.view(), "models": self.log.wanted()}
+        """The fleet: each replica (and HAProxy's state of it), the models loaded or unloaded,
+        and the router's own process (a restart shows as a new pid)."""
+        router = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+        return {"replicas": self.registry.view(), "models": self.log.wanted(), "router": router}
 
     def stop(self) -> None:
         """Stop HAProxy and the control endpoint (the fleet is being deleted)."""

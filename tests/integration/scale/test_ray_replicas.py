@@ -74,11 +74,13 @@ def two_replicas(deployed: Deployed) -> Iterator[dict[str, dict[str, Any]]]:
     are those of the one replica that answers)."""
     from dlscale.scale.commands import deploy_fleet
 
-    assert len(_up(deployed)) == 1
+    first = set(_up(deployed))
+    assert len(first) == 1
     client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=120)
     client.unload_model("digits")
     deploy_fleet(dataclasses.replace(deployed.settings, replicas=2))
     _until(lambda: len(_up(deployed)) == 2, "two replicas in rotation")
+    assert first < set(_up(deployed))  # the running replica is kept: one is added
     yield _up(deployed)
     client.load_model("digits")
     deploy_fleet(deployed.settings)
@@ -165,10 +167,12 @@ def test_a_replicas_server_killed_under_load_loses_no_request(
 def test_the_router_actor_killed_is_restarted_and_serves_again(
     deployed: Deployed, two_replicas: dict[str, dict[str, Any]]
 ) -> None:
-    wanted = _fleet(deployed)["models"]
+    before = _fleet(deployed)
+    wanted, pid = before["models"], before["router"]["pid"]
     ray.kill(ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE), no_restart=False)
     # Ray starts it again on the same ports; the replicas' heartbeats tell it the fleet again,
     # and the loads and unloads it had recorded.
+    _until(lambda: _fleet(deployed)["router"]["pid"] != pid, "a new router process")
     _until(lambda: len(_up(deployed)) == 2, "the restarted router routing to both replicas")
     _until(lambda: _fleet(deployed)["models"] == wanted, "the wanted models handed back")
     x = np.full((1, 4), 7.0, np.float32)
