@@ -12,8 +12,10 @@ actor's environment: CUDA_VISIBLE_DEVICES, set by Ray for a replica given GPUs, 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import threading
 from typing import Any
 
 import httpx
@@ -46,7 +48,8 @@ class FleetReplica:
         self.node = ray.get_runtime_context().get_node_id()
         host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.child = ServerChild(settings.replace(host=host))
-        self.endpoint: Endpoint = await asyncio.to_thread(self.child.start, CHILD_START_S)
+        self._stopping = threading.Event()
+        self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
         self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
         self.ready = False
         self.entries: list[Entry] = await self._call("join", self.key, self.node, self.endpoint)
@@ -56,6 +59,26 @@ class FleetReplica:
         await self._call("ready", self.key)
         self.ready = True
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+
+    def _start_child(self) -> concurrent.futures.Future[Endpoint]:
+        """Start the child from a thread that lives as long as this replica.
+
+        The child dies with its parent (PR_SET_PDEATHSIG), and Linux reads "parent" as the
+        *thread* that started it: a child started from a pool's thread was killed when that
+        thread ended (seen when a redeploy reached the replica).
+        """
+        started: concurrent.futures.Future[Endpoint] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                started.set_result(self.child.start(CHILD_START_S))
+            except BaseException as exc:  # said to the constructor, which raises it
+                started.set_exception(exc)
+                return
+            self._stopping.wait()
+
+        threading.Thread(target=run, name="dlscale-child", daemon=True).start()
+        return started
 
     async def _call(self, method: str, *args: Any) -> Any:
         return await asyncio.wait_for(
@@ -109,3 +132,4 @@ class FleetReplica:
             with contextlib.suppress(Exception):
                 await self._call("leave", self.key)
         await asyncio.to_thread(self.child.stop)
+        self._stopping.set()
