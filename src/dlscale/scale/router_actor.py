@@ -42,8 +42,8 @@ from dlscale.scale.registry import HEARTBEAT_S, Registry
 log = logging.getLogger("dlscale.scale")
 ROUTER_NAME, ROUTER_NAMESPACE = "dlscale-router", "dlscale"
 LOOPBACK = "127.0.0.1"
-#: Seconds the control thread gets to bind its ports.
-START_TIMEOUT_S = 30.0
+#: Seconds the router's thread gets to bind its ports, and HAProxy to start.
+START_TIMEOUT_S, ROUTER_START_S = 30.0, 30.0
 
 
 class FleetRouter:
@@ -54,25 +54,34 @@ class FleetRouter:
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.log = ControlLog()
+        self.host = host
         self._loop = asyncio.new_event_loop()
         self._servers = _Servers(self, host, metrics_port, grpc_port is not None)
+        self._error: BaseException | None = None
         started = threading.Event()
-        threading.Thread(target=self._run, args=(started,), daemon=True).start()
-        if not started.wait(START_TIMEOUT_S) or self._servers.error is not None:
-            raise DlscaleError(
-                f"the router's control endpoint did not start: {self._servers.error}"
-            )
-        where = Control(LOOPBACK, *self._servers.control_ports)
-        self.haproxy = HaproxyRouter(host, http_port, grpc_port, where)
-        self.haproxy.start()
-        self.registry = Registry(self.haproxy)
-        self.host = host
+        asked = (http_port, grpc_port)
+        threading.Thread(target=self._run, args=(started, asked), daemon=True).start()
+        if not started.wait(START_TIMEOUT_S + ROUTER_START_S) or self._error is not None:
+            raise DlscaleError(f"the router did not start: {self._error or 'timed out'}")
         for proto, port in self.haproxy.ports.items():
             log.info("router: %s listening on %s:%d", proto, host, port)
 
-    def _run(self, started: threading.Event) -> None:
+    def _run(self, started: threading.Event, asked: tuple[int, int | None]) -> None:
+        """The router's own thread, for the actor's life: its servers' loop, and HAProxy's
+        parent (HAProxy dies with the *thread* that started it, PR_SET_PDEATHSIG, so not a
+        thread of Ray's that may end)."""
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._servers.start(started))
+        try:
+            self._loop.run_until_complete(self._servers.start())
+            where = Control(LOOPBACK, *self._servers.control_ports)
+            self.haproxy = HaproxyRouter(self.host, *asked, where)
+            self.haproxy.start()
+            self.registry = Registry(self.haproxy)
+        except BaseException as exc:  # said to __init__, which raises it
+            self._error = exc
+            return
+        finally:
+            started.set()
         self._loop.run_forever()
 
     # -- what the command line asks -----------------------------------------------------------
@@ -139,18 +148,10 @@ class _Servers:
         self.with_grpc = with_grpc
         self.control_ports: tuple[int, int | None] = (0, None)
         self.metrics_port: int | None = None
-        self.error: BaseException | None = None
         self._keep: list[Any] = []
 
-    async def start(self, started: threading.Event) -> None:
-        try:
-            await self._start()
-        except BaseException as exc:  # said to __init__, which raises it
-            self.error = exc
-        finally:
-            started.set()
-
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Start the control endpoint (REST, gRPC), the metrics page and the sweeper."""
         app = Starlette(routes=self._routes())
         rest = await self._http(app, LOOPBACK, 0)
         grpc_port = None
