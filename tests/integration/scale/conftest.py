@@ -39,18 +39,10 @@ RAY_MISSING = "Ray Serve tests need the [ray] extra (ray[serve])"
 HOST = "127.0.0.1"
 #: The null model's stand-in for a device: every batch takes this long.
 SLEEPER_DELAY_US = 20_000
-#: Ray Serve's checks of its proxy, in seconds (5 and 10 by default), for the test cluster: on
-#: the 2 shared cores loaded many times over, a proxy took longer than 5 s to answer its first
-#: check, was marked unhealthy and killed, and every test here failed at setup. Set while the
-#: nodes start, whose processes (the Serve controller's among them) inherit them.
-PROXY_CHECKS_S = {
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
-    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
-}
 #: The deploy's own limit, and each test's here (pytest-timeout counts the setup of the session
-#: fixtures in the first test that asks for them): two nodes, a Serve controller, two proxies
-#: and a replica a model start in 1-2 minutes on 2 quiet cores, and took over 240 s (the old
-#: limit) with two CPU-burning processes beside the suite. These are nets, not claims.
+#: fixtures in the first test that asks for them): two nodes, a Serve controller, the router and
+#: a replica start in well under a minute on 2 quiet cores, and the ingress design once took over
+#: 240 s with two CPU-burning processes beside the suite. These are nets, not claims.
 DEPLOY_TIMEOUT_S, TEST_TIMEOUT_S = 600, 900
 
 
@@ -84,15 +76,12 @@ def cluster() -> Iterator[RayNodes]:
         "metrics_export_port": ports[0],
         "_system_config": {"metrics_report_interval_ms": 1000},
     }
-    with pytest.MonkeyPatch.context() as env:  # the nodes' processes start with these
-        for name, value in PROXY_CHECKS_S.items():
-            env.setenv(name, value)
-        nodes = Cluster(initialize_head=True, head_node_args=head)
-        try:
-            nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
-        except BaseException:
-            nodes.shutdown()
-            raise
+    nodes = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
+    except BaseException:
+        nodes.shutdown()
+        raise
     try:
         ray.init(address=nodes.address, logging_level="WARNING")
         yield RayNodes(nodes.address, ports)

@@ -68,3 +68,12 @@ def test_http_workers_are_refused_on_ray(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="add replicas instead"):
         settings_from(parse(["serve", str(tmp_path), "--ray", "--http-workers", "2"]))
+
+
+def test_autoscaling_without_the_replicas_metrics_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
+    from dlscale.scale.commands import settings_from
+
+    argv = ["serve", str(tmp_path), "--ray", "--autoscale", "1:4", "--metrics-port", "-1"]
+    with pytest.raises(ConfigError, match="--autoscale needs the replicas' metrics"):
+        settings_from(parse(argv))
