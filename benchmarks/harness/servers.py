@@ -187,30 +187,28 @@ def start_triton(repo: Path, model_names: list[str]) -> tuple[ServerProcess, int
     return server, http, grpc
 
 
-#: Ray Serve's own switch for throughput (no separate user-code thread, gRPC between handles,
-#: direct ingress); measured beside the default, since dlscale does not set it for users.
-TUNED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-
-
 def dlscale_exe() -> str:
     """The `dlscale` console script beside this Python."""
     return str(Path(sys.executable).parent / "dlscale")
 
 
-def start_ray(repo: Path, tuned: bool = False) -> ServerProcess:
-    """`dlscale serve REPO --ray` (its own Ray cluster); returns once the ingress is ready."""
+def start_ray(repo: Path, replicas: int = 1, grpc_port: int | None = None) -> ServerProcess:
+    """`dlscale serve REPO --ray` (its own Ray cluster; gRPC on `grpc_port` when given);
+    returns once the fleet's router answers ready (a replica serves)."""
     port = free_port()
+    grpc = "-1" if grpc_port is None else str(grpc_port)
     argv = [dlscale_exe(), "serve", str(repo), "--ray", "--http-port", str(port),
-            "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING"]  # fmt: skip
+            "--grpc-port", grpc, "--metrics-port", "-1", "--log-level", "WARNING",
+            "--replicas", str(replicas)]  # fmt: skip
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=thread_env(**(TUNED if tuned else {})),
+        env=thread_env(),
         start_new_session=True,
     )
-    server = ServerProcess("ray-serve-tuned" if tuned else "ray-serve", proc, port)
+    server = ServerProcess("ray-serve", proc, port)
     wait_ready(server, every_s=1)
     return server
 

@@ -1,1 +1,1 @@
-"""Scale-out on Ray Serve: each model a deployment of the serving core, the OIP ingress in front."""
+"""Scale-out on Ray: replicas of the whole server placed by Ray Serve, HAProxy in front."""

@@ -1,4 +1,4 @@
-"""`dlscale serve REPO --ray`: deploy a repository on Ray Serve and serve until stopped."""
+"""`dlscale serve REPO --ray`: a fleet of whole servers on a Ray cluster, behind one router."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import threading
 from dataclasses import replace
 
 import ray
-from ray import serve
 
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
-from dlscale.scale.ingress import deploy_ingress
-from dlscale.scale.placement import fit_cpus, placement_of
+from dlscale.scale.placement import Placement, fit_cpus, placement_of
 from dlscale.scale.settings import ScaleSettings, ray_values
 from dlscale.server import ALL_MODELS
 from dlscale.server import settings_from as server_settings_from
@@ -24,7 +22,8 @@ log = logging.getLogger("dlscale.scale")
 
 
 def settings_from(args: argparse.Namespace) -> ScaleSettings:
-    """The parsed `dlscale serve` flags as ScaleSettings."""
+    """The parsed `dlscale serve` flags as ScaleSettings (each replica's server from the same
+    flags, on ports of its own)."""
     server = server_settings_from(args)
     if server.shared_memory.allow_client_shm:
         raise ConfigError(
@@ -33,25 +32,38 @@ def settings_from(args: argparse.Namespace) -> ScaleSettings:
         )
     if server.network.http_workers:
         raise ConfigError(
-            "--http-workers is not available with --ray: Ray's proxy serves HTTP "
-            "(--ingress-replicas adds ingress replicas)"
+            "--http-workers is not available with --ray: add replicas instead (--replicas N)"
         )
-    if server.security.api_key is not None:  # the ingress checks no key: refused, not ignored
+    if server.security.api_key is not None:  # the router and its control endpoint check none
         raise ConfigError(
             "--api-key is not available with --ray: put an authenticating proxy in front"
         )
     network, models = server.network, server.models
+    if args.autoscale is not None and network.metrics_port is None:
+        raise ConfigError(
+            "--autoscale needs the replicas' metrics (their requests in flight): drop "
+            "--metrics-port -1"
+        )
+    if network.http_port is None:
+        raise ConfigError("--http-port -1 is not available with --ray: the router serves REST")
+    replica_server = server.replace(
+        repository=server.repository.resolve(),
+        http_port=0,
+        grpc_port=None if network.grpc_port is None else 0,
+        metrics_port=None if network.metrics_port is None else 0,
+        # A replica is routed to while it is ready: one model that fails to load must not take
+        # every replica out of rotation (the index says which failed, and why).
+        strict_readiness=False,
+    )
     return ScaleSettings(
         repository=server.repository.resolve(),
         host=network.host,
-        # -1 is passed on as it was given: Ray's proxy always serves HTTP.
-        http_port=-1 if network.http_port is None else network.http_port,
+        http_port=network.http_port,
         grpc_port=network.grpc_port,
         metrics_port=network.metrics_port,
         model_control=models.model_control,
         load_models=models.load_models,
-        max_body_bytes=server.limits.max_body_bytes,
-        max_grpc_message_bytes=server.limits.max_grpc_message_bytes,
+        server=replica_server,
         **ray_values(args),
     )
 
@@ -69,61 +81,88 @@ def connect(settings: ScaleSettings) -> None:
     if settings.address is not None:
         ray.init(address=settings.address, logging_level=logging.WARNING)
         return
-    ray.init(
-        logging_level=logging.WARNING,
-        _metrics_export_port=settings.metrics_port,
-    )
+    ray.init(logging_level=logging.WARNING, include_dashboard=False)
+
+
+def placements(settings: ScaleSettings, names: list[str]) -> dict[str, Placement]:
+    """What each model's instances ask for (a model whose config fails is left to its replica's
+    server to report)."""
+    repository = ModelRepository(settings.repository)
+    found = {}
+    for name in names:
+        try:
+            found[name] = placement_of(repository.source(name).config)
+        except DlscaleError:
+            continue
+    return found
+
+
+def replica_placement(settings: ScaleSettings, names: list[str]) -> Placement:
+    """What one replica asks Ray for: its models' CPUs added up, the most GPUs one of them
+    names, a MIG instance if one names it; --cpus/--gpus-per-replica override."""
+    asked = placements(settings, names).values()
+    migs = {k for p in asked for k in p.resources}
+    if len(migs) > 1:
+        raise ConfigError(
+            f"the models name MIG instances {sorted(migs)}: a replica is one process, and CUDA "
+            "shows a process one MIG instance; serve them from separate repositories"
+        )
+    cpus = sum(p.num_cpus for p in asked)
+    if settings.cpus_per_replica is not None:
+        cpus = settings.cpus_per_replica
+    gpus = max((p.num_gpus for p in asked), default=0.0)
+    if settings.gpus_per_replica is not None:
+        gpus = settings.gpus_per_replica
+    env = {k: v for p in asked for k, v in p.env.items()}
+    return Placement(cpus * settings.cpu_share, gpus, dict.fromkeys(migs, 1.0), env)
+
+
+def autoscale_target(settings: ScaleSettings, names: list[str]) -> float:
+    """Requests in flight per replica the autoscaler aims at: a full batch per instance of
+    every model the replica serves."""
+    repository = ModelRepository(settings.repository)
+    total = 0
+    for name in names:
+        try:
+            config = repository.source(name).config
+        except DlscaleError:
+            continue
+        total += sum(g.count for g in config.instances) * max(1, config.max_batch_size)
+    return float(max(1, total))
 
 
 def fit_to_cluster(settings: ScaleSettings, names: list[str]) -> ScaleSettings:
     """The settings with each replica's CPU ask shrunk to fit the cluster, or a ConfigError
-    with the arithmetic when --cpus-per-replica fixes asks that do not fit."""
-    repository = ModelRepository(settings.repository)
-    asks = {}
-    for name in names:
-        try:
-            config = repository.source(name).config
-            asks[name] = placement_of(config, settings.cpus_per_replica).num_cpus
-        except DlscaleError:
-            continue  # its deployment says why
+    with the arithmetic when --cpus-per-replica fixes an ask that does not fit."""
+    fixed = settings.cpus_per_replica is not None
+    if fixed:
+        asks = {"each replica": float(settings.cpus_per_replica or 0.0)}
+    else:
+        asks = {name: p.num_cpus for name, p in placements(settings, names).items()}
     replicas = settings.autoscale[0] if settings.autoscale else settings.replicas
     cluster = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
-    fixed = settings.cpus_per_replica is not None
     share, arithmetic = fit_cpus(asks, replicas, cluster, fixed)
     if share < 1.0:
         log.info("replicas ask %.3g of the CPUs they would ask: %s", share, arithmetic)
     return replace(settings, cpu_share=share)
 
 
-def deploy_repository(settings: ScaleSettings) -> list[str]:
-    """Start Serve and the ingress (live at once), then deploy the models; returns those
-    deployed."""
-    deploy.start_serve(settings)
+def deploy_fleet(settings: ScaleSettings) -> object:
+    """Start the router (live at once), then the replicas; returns the router actor."""
+    deploy.start_serve()
+    router, ports = deploy.start_router(settings)
+    host = settings.host
+    log.info("http listening on %s:%d (the fleet's router)", host, ports["http"])
+    if "grpc" in ports:
+        log.info("grpc listening on %s:%d (the fleet's router)", host, ports["grpc"])
+    if "metrics" in ports:
+        log.info("metrics listening on %s:%d (every replica's)", host, ports["metrics"])
     names = models_to_deploy(settings)
     settings = fit_to_cluster(settings, names)
-    failed = unservable(settings, names)  # said in the index at once; no application made
-    pending = tuple(n for n in names if n not in failed)
-    deploy_ingress(settings, failed, pending)
-    host = settings.host
-    log.info("http listening on %s:%d (Ray Serve's proxy)", host, settings.http_port)
-    if settings.grpc_port is not None:
-        log.info("grpc listening on %s:%d (Ray Serve's proxy)", host, settings.grpc_port)
-    failed.update(deploy.deploy_models(settings, list(pending)))
-    log.info("server ready: %d model(s) deployed, %d failed", len(names) - len(failed), len(failed))
-    return [n for n in names if n not in failed]
-
-
-def unservable(settings: ScaleSettings, names: list[str]) -> dict[str, str]:
-    """The models whose config or files fail before any deployment, and why."""
-    repository = ModelRepository(settings.repository)
-    failed = {}
-    for name in names:
-        try:
-            repository.versions(name, repository.source(name))
-        except DlscaleError as exc:
-            log.error("model %s: %s", name, exc)
-            failed[name] = str(exc)
-    return failed
+    placement = replica_placement(settings, names)
+    deploy.deploy_replicas(settings, placement, autoscale_target(settings, names))
+    log.info("server ready: %d replica(s) of %d model(s)", settings.replicas, len(names))
+    return router
 
 
 def serve_on_ray(args: argparse.Namespace) -> int:
@@ -138,15 +177,13 @@ def serve_on_ray(args: argparse.Namespace) -> int:
         )
     connect(settings)
     try:
-        deployed = deploy_repository(settings)
+        router = deploy_fleet(settings)
         if args.detach:
-            log.info("detached: the deployments keep serving on the cluster (`serve shutdown`)")
+            log.info("detached: the fleet keeps serving on the cluster (`serve shutdown`)")
             return 0
         _wait_for_signal()
-        log.info("stopping: deleting the deployments (requests in flight finish)")
-        deploy.undeploy(deployed)
-        if settings.address is None:
-            serve.shutdown()  # type: ignore[no-untyped-call]
+        log.info("stopping: deleting the replicas (requests in flight finish)")
+        deploy.undeploy(router)
     finally:
         ray.shutdown()
     return 0

@@ -1,148 +1,138 @@
-"""Ray Serve applications of a repository: one per model (the ingress's is in ingress.py).
+"""A fleet on Ray: its router actor, and its replicas as one Ray Serve deployment.
 
-Each model is its own application (`dlscale-model-<name>`, no HTTP route), so that it is
-deployed, scaled and deleted on its own; the ingress (`dlscale`, route `/`) is the only
-application the HTTP and gRPC proxies route to. Both the command line and the ingress's router
-(for the repository API's load and unload) deploy models through these functions; this module
-imports neither, so that the router may import it without a circle.
+The router actor (router_actor.py) is started first, on the node of `--host`: the replicas tell
+it where they listen. The replicas (fleet.py) are one deployment of application `dlscale`, with
+no HTTP route: Ray Serve places, health-checks, restarts, scales and rolls them out, and its own
+proxies are turned off (no request goes through Ray).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from dataclasses import dataclass, replace
 from typing import Any
 
+import ray
 from ray import serve
-from ray.serve.config import HTTPOptions, gRPCOptions
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dlscale.errors import ConfigError, DlscaleError
-from dlscale.models.config import ModelConfig
-from dlscale.models.repository import ModelRepository
-from dlscale.scale.placement import placement_of
+from dlscale.scale.autoscale import autoscaling_config
+from dlscale.scale.placement import Placement
+from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
 from dlscale.scale.settings import ScaleSettings
 
 log = logging.getLogger("dlscale.scale")
 
-INGRESS_APP = "dlscale"
-MODEL_APP_PREFIX = "dlscale-model-"
-#: The gRPC proxy imports this to serve the Open Inference Protocol's service.
-GRPC_SERVICER = (
-    "dlscale.wire.proto.grpc_gen.inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
-)
-#: Per-request access logs in every replica cost more than a small model's compute.
+APP, DEPLOYMENT = "dlscale", "FleetReplica"
+#: Per-request access logs of Ray Serve: none pass through it, but its own stay quiet.
 QUIET = {"enable_access_log": False, "log_level": "WARNING"}
+#: Seconds between Ray Serve's health checks of a replica, and how long one may take.
+HEALTH_CHECK_S, HEALTH_TIMEOUT_S = 1.0, 30.0
+#: Seconds a stopping replica's child gets to finish its requests.
+GRACE_S = 30.0
+#: Seconds the router actor gets to start HAProxy.
+ROUTER_START_S = 120.0
 
 
-def model_app(name: str) -> str:
-    """The Ray Serve application of a model."""
-    return MODEL_APP_PREFIX + name
+def start_serve() -> None:
+    """Start Ray Serve's controller, its proxies off: the router is HAProxy."""
+    serve.start(proxy_location="Disabled", logging_config=QUIET)
 
 
-@dataclass(frozen=True)
-class AppState:
-    """A model application's state in Ray Serve: RUNNING, DEPLOYING, DEPLOY_FAILED, ..."""
+def _router_node(host: str) -> str:
+    """The node that has `host` (the driver's node for loopback or a wildcard address)."""
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node.get("Alive") and node.get("NodeManagerAddress") == host:
+            return str(node["NodeID"])
+    return ray.get_runtime_context().get_node_id()
 
-    status: str
-    message: str = ""
 
-
-def start_serve(settings: ScaleSettings) -> None:
-    """Start Ray Serve's controller and proxies (HTTP on every node; gRPC where asked)."""
-    grpc = None
-    if settings.grpc_port is not None:
-        grpc = gRPCOptions(port=settings.grpc_port, grpc_servicer_functions=[GRPC_SERVICER])
-    serve.start(
-        proxy_location="EveryNode",
-        http_options=HTTPOptions(host=settings.host, port=settings.http_port),
-        grpc_options=grpc,
-        logging_config=QUIET,
+def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
+    """The fleet's router actor (the running one if a fleet is deployed); its ports."""
+    strategy = NodeAffinitySchedulingStrategy(_router_node(settings.host), soft=False)
+    actor: Any = (
+        ray.remote(FleetRouter)
+        .options(
+            name=ROUTER_NAME,
+            namespace=ROUTER_NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            # Replicas call it from many threads; HAProxy's runtime API answers quickly.
+            max_concurrency=64,
+            num_cpus=0,
+            scheduling_strategy=strategy,
+        )
+        .remote(settings.host, settings.http_port, settings.grpc_port, settings.metrics_port)
     )
+    try:
+        ports: dict[str, int] = ray.get(actor.ports.remote(), timeout=ROUTER_START_S)
+    except ray.exceptions.RayActorError as exc:
+        raise DlscaleError(f"the fleet's router did not start: {exc}") from None
+    return actor, ports
 
 
-def model_options(config: ModelConfig, settings: ScaleSettings) -> dict[str, Any]:
-    """Ray Serve deployment options of a model: replicas, resources, in-flight requests."""
-    placement = placement_of(config, settings.cpus_per_replica, settings.gpus_per_replica)
-    placement = replace(placement, num_cpus=placement.num_cpus * settings.cpu_share)
-    instances = sum(g.count for g in config.instances)
-    full = instances * max(1, config.max_batch_size)  # one full batch per instance
+def replica_options(
+    settings: ScaleSettings, placement: Placement, target: float = 1.0
+) -> dict[str, Any]:
+    """Ray Serve deployment options of the replicas: count (or autoscaling to `target`
+    requests in flight per replica), resources, health checks."""
     options: dict[str, Any] = {
-        "name": config.name,
+        "name": DEPLOYMENT,
         "ray_actor_options": placement.actor_options(),
-        # Enough requests in a replica for its batcher to form full batches while the
-        # previous ones compute; Ray Serve's default (5) would cap every batch at 5.
-        "max_ongoing_requests": max(16, 2 * full),
-        "health_check_period_s": 2.0,
+        "health_check_period_s": HEALTH_CHECK_S,
+        "health_check_timeout_s": HEALTH_TIMEOUT_S,
+        "graceful_shutdown_timeout_s": GRACE_S + 10.0,
         "logging_config": QUIET,
     }
     if settings.autoscale is not None:
-        low, high = settings.autoscale
-        options["autoscaling_config"] = {
-            "min_replicas": low,
-            "max_replicas": high,
-            "target_ongoing_requests": full,
-        }
+        options["autoscaling_config"] = autoscaling_config(*settings.autoscale, target)
     else:
         options["num_replicas"] = settings.replicas
     return options
 
 
-def deploy_model(settings: ScaleSettings, name: str) -> None:
-    """Deploy (or update in place) one model's application; returns once it runs.
+def replica_version(settings: ScaleSettings, placement: Placement) -> str:
+    """What a replica is: its server's settings and its resources (not how many there are)."""
+    what = repr((settings.server, placement))
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
 
-    Blocking: from an event loop, run it in a thread.
-    """
-    from dlscale.scale.replica import ModelReplica
 
-    repository = ModelRepository(settings.repository.resolve())
-    source = repository.source(name)
-    config = source.config
-    repository.versions(name, source)  # fails here, fast, rather than in every replica
-    deployment = serve.deployment(**model_options(config, settings))(ModelReplica)
-    app = deployment.bind(str(repository.root), name, settings.metrics_interval_s)
+def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float = 1.0) -> None:
+    """Deploy (or update in place: Ray rolls the replicas) the fleet's replicas; returns once
+    they serve."""
+    from dlscale.scale.fleet import FleetReplica
+
+    assert settings.server is not None
+    deployment = serve.deployment(**replica_options(settings, placement, target))(FleetReplica)
+    # Ray 2.60 took `version` out of the public options: without one, `serve.run` gives each
+    # deploy a random version (serve/_private/client.py) and replaces every running replica,
+    # so a new --replicas would restart the fleet. With the same version a new count only adds
+    # or removes replicas (pinned Ray; test_ray_replicas.py checks the running one is kept).
+    version = replica_version(settings, placement)
+    deployment = deployment.options(version=version, _internal=True)
     try:
-        serve.run(app, name=model_app(name), route_prefix=None)
+        serve.run(deployment.bind(settings.server), name=APP, route_prefix=None)
     except RuntimeError as exc:  # serve.run's report of a deployment that failed
-        raise ConfigError(f"model {name!r} failed to deploy on Ray Serve: {exc}") from None
-    log.info("model %s: deployed (%s)", name, _scale_of(settings))
-
-
-def _scale_of(settings: ScaleSettings) -> str:
-    if settings.autoscale is not None:
+        raise ConfigError(f"the replicas failed to deploy on Ray Serve: {exc}") from None
+    if settings.autoscale is None:
+        log.info("replicas: %d deployed", settings.replicas)
+    else:
         low, high = settings.autoscale
-        return f"autoscaling {low}..{high} replicas"
-    return f"{settings.replicas} replica(s)"
+        log.info("replicas: autoscaling %d..%d, %g requests in flight each", low, high, target)
 
 
-def deploy_models(settings: ScaleSettings, names: list[str]) -> dict[str, str]:
-    """Deploy each model in turn; a failure is logged and returned, the others still deploy."""
-    failed = {}
-    for name in names:
-        try:
-            deploy_model(settings, name)
-        except DlscaleError as exc:
-            log.error("model %s: %s", name, exc)
-            failed[name] = str(exc)
-    return failed
+def undeploy(router: Any) -> None:
+    """Delete the replicas (they finish their requests), then stop the router."""
+    serve.delete(APP)
+    try:
+        ray.get(router.stop.remote(), timeout=30)
+    finally:
+        ray.kill(router)
 
 
-def delete_model(name: str) -> None:
-    """Delete a model's application: its replicas finish their requests, then stop. Blocking."""
-    serve.delete(model_app(name))
-
-
-def model_states() -> dict[str, AppState]:
-    """Every model application Ray Serve knows now, by model name. Blocking."""
-    states = {}
-    for app, overview in serve.status().applications.items():
-        if app.startswith(MODEL_APP_PREFIX):
-            name = app.removeprefix(MODEL_APP_PREFIX)
-            states[name] = AppState(str(overview.status.value), overview.message)
-    return states
-
-
-def undeploy(names: list[str]) -> None:
-    """Delete the ingress and the given models' applications."""
-    serve.delete(INGRESS_APP)
-    for name in names:
-        serve.delete(model_app(name))
+def fleet_view(timeout_s: float = 30.0) -> dict[str, Any]:
+    """The running fleet's replicas and wanted models (the router actor's view)."""
+    router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
+    return dict(ray.get(router.view.remote(), timeout=timeout_s))

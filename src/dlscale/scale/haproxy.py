@@ -48,6 +48,26 @@ REST, GRPC = "rest", "grpc"
 
 
 @dataclass(frozen=True)
+class Control:
+    """The fleet's control endpoint: it takes the repository API's load and unload (and the
+    fleet's own view) and applies them to every replica, so that all serve the same models."""
+
+    host: str
+    http_port: int
+    grpc_port: int | None = None
+
+
+#: REST paths the control endpoint answers: a model's load and unload, and the fleet's view.
+CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
+FLEET_PATH = "/dlscale/fleet"
+#: gRPC methods the control endpoint answers (HTTP/2's :path of each call).
+CONTROL_RPCS = (
+    "/inference.GRPCInferenceService/RepositoryModelLoad",
+    "/inference.GRPCInferenceService/RepositoryModelUnload",
+)
+
+
+@dataclass(frozen=True)
 class Member:
     """A live replica as the router sees it: where its REST and gRPC ports are."""
 
@@ -72,8 +92,16 @@ def haproxy_binary() -> str:
 class HaproxyRouter:
     """One HAProxy process routing REST and gRPC over the members it is given."""
 
-    def __init__(self, host: str, http_port: int, grpc_port: int | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        http_port: int,
+        grpc_port: int | None,
+        control: Control | None = None,
+    ) -> None:
         self.host = host
+        #: Where the repository API's load and unload go instead of a replica (None: a replica).
+        self.control = control
         self._asked = {REST: http_port, GRPC: grpc_port}
         self._sockets: dict[str, socket.socket] = {}
         self._dir = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
@@ -97,7 +125,7 @@ class HaproxyRouter:
                 self._sockets[proto] = _listen(self.host, port, proto)
         fds = {p: s.fileno() for p, s in self._sockets.items()}
         config = self._dir / "haproxy.cfg"
-        config.write_text(render(fds, self._dir))
+        config.write_text(render(fds, self._dir, self.control))
         _write_errors(self._dir)
         self._process = subprocess.Popen(
             [binary, "-db", "-f", str(config)],
@@ -235,8 +263,9 @@ def _listen(host: str, port: int, proto: str) -> socket.socket:
     return sock
 
 
-def render(fds: dict[str, int], workdir: Path) -> str:
-    """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each."""
+def render(fds: dict[str, int], workdir: Path, control: Control | None = None) -> str:
+    """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each
+    (and the control backend, where one is given)."""
     lines = [
         "global",
         f"  stats socket {workdir / 'admin.sock'} mode 600 level admin",
@@ -258,7 +287,9 @@ def render(fds: dict[str, int], workdir: Path) -> str:
     ]
     for proto, fd in fds.items():
         bind = f"fd@{fd}" + (" proto h2" if proto == GRPC else "")
-        lines += [f"frontend {proto}", f"  bind {bind}", f"  default_backend {proto}"]
+        lines += [f"frontend {proto}", f"  bind {bind}"]
+        lines += _control_rules(proto, control)
+        lines.append(f"  default_backend {proto}")
     # Every replica's REST port is checked (its /v2/health/ready), and its gRPC server follows
     # that check (`track`): one meaning of "up" for both protocols.
     lines += [
@@ -273,7 +304,7 @@ def render(fds: dict[str, int], workdir: Path) -> str:
         *_BALANCE,
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in _slots()),
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _control_backends(control)) + "\n"
 
 
 def _max_connections() -> int:
@@ -312,3 +343,36 @@ def _write_errors(workdir: Path) -> None:
             "\r\n"
             f"{body}"
         )
+
+
+def _control_rules(proto: str, control: Control | None) -> list[str]:
+    """A frontend's rules sending the control requests to the control backend."""
+    if control is None or (proto == GRPC and control.grpc_port is None):
+        return []
+    if proto == REST:
+        return [
+            # Single quotes: HAProxy reads `$` in double quotes as an environment variable.
+            f"  acl control path_reg '{CONTROL_PATH}'",
+            f"  acl control path {FLEET_PATH}",
+            "  use_backend control_rest if control",
+        ]
+    return [f"  acl control path {' '.join(CONTROL_RPCS)}", "  use_backend control_grpc if control"]
+
+
+def _control_backends(control: Control | None) -> list[str]:
+    """One backend per protocol, of the control endpoint alone (no retry: a load is not
+    repeated behind the client's back)."""
+    if control is None:
+        return []
+    lines = [
+        "backend control_rest",
+        "  retries 0",
+        f"  server c {control.host}:{control.http_port}",
+    ]
+    if control.grpc_port is not None:
+        lines += [
+            "backend control_grpc",
+            "  retries 0",
+            f"  server c {control.host}:{control.grpc_port} proto h2",
+        ]
+    return lines

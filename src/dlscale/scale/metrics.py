@@ -1,62 +1,76 @@
-"""A replica's Prometheus metrics copied into Ray's metrics export, under dlscale's names.
+"""The fleet's one metrics page: every replica's own /metrics, each sample labelled by replica.
 
-The replica keeps the serving core's collector (`serving.metrics.collectors.InferenceCollector`,
-Triton's names); every few seconds each of its samples is set on a Ray Serve gauge of the same name
-and labels, to which Ray adds the deployment, replica and application. Ray's exporter puts its
-namespace in front (`ray_nv_inference_count`), and exports every value as a gauge: counters stay
-cumulative (rate() works on them), histograms arrive as their `_bucket{le}`, `_sum` and `_count`
-series (histogram_quantile() works on them). docs/scale.md shows how to query them.
+The router actor scrapes each replica's child (its metrics port) when its own page is read, and
+adds `replica` (the Ray Serve replica) and `node` (the Ray node) to every sample; the families
+keep dlscale's names (Triton's `nv_inference_*` and dlscale's own), so one scrape of the router's
+metrics port sees the fleet, and `sum by (model)` adds the replicas up. A replica that does not
+answer within SCRAPE_TIMEOUT_S is left out of that page (`dlscale_fleet_scrape_ok` says which).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterator
-from typing import Any, cast
+import re
+from collections.abc import Sequence
 
-from prometheus_client.registry import Collector
-from ray.serve.metrics import Gauge
+import httpx
 
-log = logging.getLogger("dlscale.scale")
+from dlscale.scale.registry import Replica
 
-
-def samples(collector: Collector) -> Iterator[tuple[str, str, dict[str, str], float]]:
-    """(sample name, its family's help, labels, value) of every sample the collector gives now."""
-    for family in collector.collect():
-        for sample in family.samples:
-            yield sample.name, family.documentation, dict(sample.labels), float(sample.value)
+SCRAPE_TIMEOUT_S = 5.0
 
 
-class RayMetricsMirror:
-    """Sets one Ray Serve gauge per sample name from a Prometheus collector, periodically."""
+async def _scrape(client: httpx.AsyncClient, replica: Replica) -> str | None:
+    e = replica.endpoint
+    if e.metrics_port is None:
+        return None
+    try:
+        page = await client.get(f"http://{e.host}:{e.metrics_port}/metrics")
+    except httpx.HTTPError:
+        return None
+    return page.text if page.is_success else None
 
-    def __init__(self, collector: Collector, interval_s: float = 5.0) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"metrics interval must be positive, got {interval_s}")
-        self.collector = collector
-        self.interval_s = interval_s
-        self._gauges: dict[str, Gauge] = {}
 
-    def push(self) -> int:
-        """Copy every sample once; returns how many were set."""
-        count = 0
-        for name, help_text, labels, value in samples(self.collector):
-            gauge = self._gauges.get(name)
-            if gauge is None:
-                # Ray annotates tag_keys as a 1-tuple; it takes any tuple of names.
-                keys = cast(Any, tuple(sorted(labels)))
-                gauge = Gauge(name, description=help_text, tag_keys=keys)
-                self._gauges[name] = gauge
-            gauge.set(value, tags=labels)
-            count += 1
-        return count
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(.*)$")
 
-    async def run(self) -> None:
-        """Push every `interval_s` until cancelled; a failed push is logged, not fatal."""
-        while True:
-            try:
-                self.push()
-            except Exception:  # metrics must never take the replica down
-                log.exception("copying metrics to Ray failed")
-            await asyncio.sleep(self.interval_s)
+
+def _labelled(line: str, extra: str) -> str:
+    """A sample line with `extra` (`replica="..",node=".."`) added to its labels."""
+    match = _SAMPLE.match(line)
+    if match is None:
+        return line
+    name, labels, value = match.groups()
+    return f"{name}{{{labels + ',' if labels else ''}{extra}}} {value}"
+
+
+def merge(pages: Sequence[tuple[Replica, str | None]]) -> str:
+    """The families of every page, each sample with its replica's `replica` and `node` labels.
+
+    Text in, text out: the names stay exactly the replicas' (a parse and render through
+    prometheus_client would rename a counter to `..._total`). A family's samples stay together.
+    """
+    families: dict[str, list[str]] = {}
+    up = ["# HELP dlscale_fleet_scrape_ok 1 when the replica's metrics were read",
+          "# TYPE dlscale_fleet_scrape_ok gauge"]  # fmt: skip
+    for replica, text in pages:
+        extra = f'replica="{replica.key}",node="{replica.node}"'
+        up.append(f"dlscale_fleet_scrape_ok{{{extra}}} {float(text is not None)}")
+        family: list[str] = []
+        for line in (text or "").splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                name = line.split()[2]
+                fresh = name not in families
+                family = families.setdefault(name, [])
+                if fresh or not any(x.startswith(line[:7]) for x in family):
+                    family.append(line)
+            elif line and not line.startswith("#"):
+                family.append(_labelled(line, extra))
+    lines = [line for family in families.values() for line in family]
+    return "\n".join([*lines, *up]) + "\n"
+
+
+async def fleet_metrics(replicas: Sequence[Replica]) -> bytes:
+    """The fleet's page in Prometheus' text format."""
+    async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
+        texts = await asyncio.gather(*(_scrape(client, r) for r in replicas))
+    return merge(list(zip(replicas, texts, strict=True))).encode()

@@ -1,4 +1,4 @@
-"""What `dlscale serve --ray` was asked for: the cluster, the ports, and how models scale."""
+"""What `dlscale serve --ray` was asked for: the cluster, the router's ports, the replicas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import ConfigError
-from dlscale.server_settings import setting
+from dlscale.server_settings import ServerSettings, setting
 from dlscale.serving.control.mode import ModelControl
 
 #: The model control modes a Ray deployment follows (it does not watch a folder).
@@ -26,7 +26,8 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ScaleSettings:
-    """Settings of one Ray Serve deployment of a repository; picklable, handed to the ingress.
+    """Settings of one fleet on Ray: where its router listens, how many replicas, and what each
+    replica's server is given (`server`); picklable.
 
     The repository must be at the same path on every node of the cluster (a shared or copied
     folder), as must an installed dlscale.
@@ -38,41 +39,38 @@ class ScaleSettings:
     address: str | None = setting(
         None, "Ray cluster: auto, HOST:6379 or ray://HOST:10001", "--address"
     )
+    #: Where the router (HAProxy) listens: the node of this address runs it.
     host: str = "127.0.0.1"
     http_port: int = 8000
-    #: None turns the gRPC proxy off.
+    #: None turns gRPC off (in the router and the replicas).
     grpc_port: int | None = 8001
-    #: Ray's Prometheus export port of a cluster started here (a joined cluster has its own).
+    #: The fleet's metrics page (every replica's, labelled) and its view; None turns it off.
     metrics_port: int | None = 8002
     #: none (deploy all, fixed) or explicit (deploy and delete over the protocol's API).
     model_control: ModelControl = ModelControl.NONE
     #: The models deployed at start under explicit control; "*" deploys every one.
     load_models: tuple[str, ...] = ()
-    replicas: int = setting(1, "replicas per model", "--replicas", type=int)
+    replicas: int = setting(
+        1, "replicas (each serves the whole repository)", "--replicas", type=int
+    )
     #: (min, max) replicas for Ray Serve's autoscaler; None keeps `replicas` fixed.
     autoscale: tuple[int, int] | None = setting(
-        None, "autoscale each model's replicas", "--autoscale", metavar="MIN:MAX",
+        None, "autoscale the replicas", "--autoscale", metavar="MIN:MAX",
         convert=lambda text: None if text is None else parse_autoscale(text),
     )  # fmt: skip
-    #: Overrides of what a replica asks Ray for (by default: from the model's instances).
+    #: Overrides of what a replica asks Ray for (by default: the sum of its models' instances).
     cpus_per_replica: float | None = setting(
-        None, "default: one per CPU instance", "--cpus-per-replica", type=float
+        None, "default: one per CPU instance of every model", "--cpus-per-replica", type=float
     )
     gpus_per_replica: float | None = setting(
         None, "e.g. 0.5 to share a GPU", "--gpus-per-replica", type=float
     )
-    ingress_replicas: int = setting(1, "OIP ingress replicas", "--ingress-replicas", type=int)
-    #: The longest a request may take in the cluster, retries included, before a 503.
-    request_timeout_s: float = setting(60.0, "seconds, then 503", "--request-timeout", type=float)
-    max_body_bytes: int = 64 * 2**20
-    max_grpc_message_bytes: int = 64 * 2**20
-    #: How often a replica copies its metrics into Ray's metrics export.
-    metrics_interval_s: float = 5.0
     #: The share of its CPU ask each replica gets, so that all fit the cluster (scale/placement.py
     #: fit_cpus); 1.0 unless they would not fit.
     cpu_share: float = 1.0
-    #: How often the ingress reads the deployments' states from Ray Serve.
-    refresh_interval_s: float = 1.0
+    #: What each replica's server is given (its host and ports are set where it runs); None
+    #: for the defaults.
+    server: ServerSettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
@@ -81,14 +79,13 @@ class ScaleSettings:
                 f"--model-control {self.model_control} is not supported with --ray: use none "
                 "(every model, fixed) or explicit (load and unload over the API)"
             )
-        if self.replicas < 1 or self.ingress_replicas < 1:
+        if self.replicas < 1:
             raise ConfigError("replicas must be at least 1")
         if self.autoscale is not None:
             low, high = self.autoscale
-            if not 0 <= low <= high or high < 1:
-                raise ConfigError(f"autoscale {low}:{high}: expected 0 <= MIN <= MAX, MAX >= 1")
-        if self.request_timeout_s <= 0:
-            raise ConfigError(f"request timeout must be positive, got {self.request_timeout_s}")
+            if not 1 <= low <= high:
+                # Requests do not pass through Ray: nothing would wake a fleet at zero.
+                raise ConfigError(f"autoscale {low}:{high}: expected 1 <= MIN <= MAX")
 
 
 def _flagged() -> list[dataclasses.Field[Any]]:
@@ -103,7 +100,7 @@ def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> None:
         dest="func",
         action="store_const",
         const=handler,
-        help="deploy each model as a Ray Serve deployment behind an OIP ingress",
+        help="serve on a Ray cluster: replicas of the whole server behind one router",
     )
     for item in _flagged():
         text = item.metadata["help"]

@@ -3,7 +3,8 @@
 Fixtures build on each other: cluster (ray.cluster_utils.Cluster: a head and a worker node, two
 logical CPUs each, this process connected as a driver) -> repo (the zoo's small models, a null
 model that waits 20 ms per batch, a broken one) -> deployed (`dlscale serve REPO --ray
---address ... --detach` run as a user runs it) -> http / grpc (tritonclient).
+--address ... --detach` run as a user runs it: a replica of the whole server, and the fleet's
+router actor running HAProxy on the ports asked) -> http / grpc (tritonclient, through HAProxy).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -38,18 +39,10 @@ RAY_MISSING = "Ray Serve tests need the [ray] extra (ray[serve])"
 HOST = "127.0.0.1"
 #: The null model's stand-in for a device: every batch takes this long.
 SLEEPER_DELAY_US = 20_000
-#: Ray Serve's checks of its proxy, in seconds (5 and 10 by default), for the test cluster: on
-#: the 2 shared cores loaded many times over, a proxy took longer than 5 s to answer its first
-#: check, was marked unhealthy and killed, and every test here failed at setup. Set while the
-#: nodes start, whose processes (the Serve controller's among them) inherit them.
-PROXY_CHECKS_S = {
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
-    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
-}
 #: The deploy's own limit, and each test's here (pytest-timeout counts the setup of the session
-#: fixtures in the first test that asks for them): two nodes, a Serve controller, two proxies
-#: and a replica a model start in 1-2 minutes on 2 quiet cores, and took over 240 s (the old
-#: limit) with two CPU-burning processes beside the suite. These are nets, not claims.
+#: fixtures in the first test that asks for them): two nodes, a Serve controller, the router and
+#: a replica start in well under a minute on 2 quiet cores, and the ingress design once took over
+#: 240 s with two CPU-burning processes beside the suite. These are nets, not claims.
 DEPLOY_TIMEOUT_S, TEST_TIMEOUT_S = 600, 900
 
 
@@ -83,22 +76,34 @@ def cluster() -> Iterator[RayNodes]:
         "metrics_export_port": ports[0],
         "_system_config": {"metrics_report_interval_ms": 1000},
     }
-    with pytest.MonkeyPatch.context() as env:  # the nodes' processes start with these
-        for name, value in PROXY_CHECKS_S.items():
-            env.setenv(name, value)
-        nodes = Cluster(initialize_head=True, head_node_args=head)
-        try:
-            nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
-        except BaseException:
-            nodes.shutdown()
-            raise
+    nodes = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
+    except BaseException:
+        nodes.shutdown()
+        raise
     try:
         ray.init(address=nodes.address, logging_level="WARNING")
         yield RayNodes(nodes.address, ports)
     finally:
+        _stop_fleet(ray)
         serve.shutdown()
         ray.shutdown()
         nodes.shutdown()
+
+
+def _stop_fleet(ray: Any) -> None:
+    """Stop the detached router actor (its HAProxy holds the test's ports)."""
+    from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
+
+    try:
+        router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
+    except ValueError:  # no fleet was deployed
+        return
+    try:
+        ray.get(router.stop.remote(), timeout=30)
+    finally:
+        ray.kill(router)
 
 
 @pytest.fixture(scope="session")
@@ -128,19 +133,24 @@ class Deployed:
     settings: ScaleSettings
     http_url: str
     grpc_url: str
+    #: The fleet's metrics page and its JSON view (`/dlscale/fleet`).
+    metrics_url: str
 
 
 @pytest.fixture(scope="session")
 def deployed(cluster: RayNodes, ray_repo: Path) -> Deployed:
     """`dlscale serve REPO --ray --address ... --detach`, run as a user runs it."""
+    if shutil.which("haproxy") is None:  # `make test` installs it where it can
+        pytest.skip("the fleet's router is HAProxy, not installed (apt-get install haproxy)")
     from dlscale.scale.commands import settings_from
 
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     argv = [
         "serve", str(ray_repo), "--ray", "--address", cluster.address,
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
         "--model-control", "explicit", "--load-model", "*",
-        "--cpus-per-replica", "0.5", "--request-timeout", "30", "--detach",
+        "--cpus-per-replica", "0.5", "--detach",
     ]  # fmt: skip
     command = [str(Path(sys.executable).parent / "dlscale"), *argv]
     done = subprocess.run(
@@ -152,7 +162,15 @@ def deployed(cluster: RayNodes, ray_repo: Path) -> Deployed:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    deployed = Deployed(settings_from(parse(argv)), f"{HOST}:{http_port}", f"{HOST}:{grpc_port}")
+    said = done.stdout + done.stderr  # the ports as tests and benchmarks read them
+    assert f"http listening on {HOST}:{http_port}" in said, said
+    assert f"grpc listening on {HOST}:{grpc_port}" in said, said
+    deployed = Deployed(
+        settings_from(parse(argv)),
+        f"{HOST}:{http_port}",
+        f"{HOST}:{grpc_port}",
+        f"{HOST}:{metrics_port}",
+    )
     _wait_ready(deployed.http_url)
     return deployed
 
@@ -166,12 +184,12 @@ def _wait_ready(url: str, attempts: int = 120) -> None:
         except Exception:  # the proxy may still be starting
             pass
         time.sleep(0.5)
-    raise AssertionError(f"the Ray Serve ingress at {url} did not become ready")
+    raise AssertionError(f"the fleet's router at {url} did not become ready")
 
 
 @pytest.fixture
 def http(deployed: Deployed) -> Iterator[httpclient.InferenceServerClient]:
-    """tritonclient's REST client against the ingress, through Ray Serve's HTTP proxy."""
+    """tritonclient's REST client against the fleet, through its router (HAProxy)."""
     client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=60)
     yield client
     client.close()
@@ -179,7 +197,7 @@ def http(deployed: Deployed) -> Iterator[httpclient.InferenceServerClient]:
 
 @pytest.fixture
 def grpc(deployed: Deployed) -> Iterator[grpcclient.InferenceServerClient]:
-    """tritonclient's gRPC client against the ingress, through Ray Serve's gRPC proxy."""
+    """tritonclient's gRPC client against the fleet, through its router (HAProxy)."""
     client = grpcclient.InferenceServerClient(deployed.grpc_url)
     yield client
     client.close()

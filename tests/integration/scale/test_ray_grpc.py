@@ -1,4 +1,4 @@
-"""The Open Inference Protocol over gRPC on Ray Serve: tritonclient through Ray's gRPC proxy."""
+"""The Open Inference Protocol over gRPC on a Ray fleet: tritonclient through its router."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_repository_and_statistics_rpcs(grpc: grpcclient.InferenceServerClient) 
     assert stats.name == "identity" and stats.inference_stats.success.count >= 1
 
 
-def test_model_stream_infer_through_the_ingress(deployed: Deployed) -> None:
-    """A Python model that streams, behind the ingress: 0..N responses, the final flagged."""
+def test_model_stream_infer_through_the_router(deployed: Deployed) -> None:
+    """A Python model that streams, behind the router: 0..N responses, the final flagged."""
     client = grpcclient.InferenceServerClient(deployed.grpc_url)
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -91,3 +91,26 @@ def test_model_stream_infer_through_the_ingress(deployed: Deployed) -> None:
     assert all(error is None for _, error in answers)
     assert [r.as_numpy("TICK").tolist() for r, _ in answers[:2]] == [[0], [1]]
     assert answers[2][0].get_response().parameters["triton_final_response"].bool_param
+
+
+def test_load_and_unload_over_grpc_reach_the_control_endpoint(
+    grpc: grpcclient.InferenceServerClient, deployed: Deployed
+) -> None:
+    """HAProxy sends the two RPCs (by their HTTP/2 path) to the router actor, which sends them
+    to every replica and records them; a model no replica has is refused as a replica refuses
+    it, and not recorded."""
+    import json
+    import urllib.request
+
+    def wanted() -> dict[str, str]:
+        with urllib.request.urlopen(f"http://{deployed.http_url}/dlscale/fleet") as page:
+            return dict(json.loads(page.read())["models"])
+
+    grpc.unload_model("mlp")
+    assert not grpc.is_model_ready("mlp") and wanted()["mlp"] == "unload"
+    grpc.load_model("mlp")
+    assert grpc.is_model_ready("mlp") and wanted()["mlp"] == "load"
+    with pytest.raises(InferenceServerException) as caught:
+        grpc.load_model("nope")
+    assert caught.value.status() == "StatusCode.NOT_FOUND" and "nope" in caught.value.message()
+    assert "nope" not in wanted()

@@ -1,5 +1,4 @@
-"""The OpenAI API behind the Ray Serve ingress: the same routes over the Ray router, streamed
-answers relayed from a replica's stream path."""
+"""The OpenAI API on a Ray fleet: a replica's own routes through the router, streams included."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ def _client(deployed: Deployed) -> openai.OpenAI:
     )
 
 
-def test_openai_completions_through_the_ingress(deployed: Deployed) -> None:
+def test_openai_completions_through_the_router(deployed: Deployed) -> None:
     with _client(deployed) as client:
         assert "colours" in [m.id for m in client.models.list().data]
         answer = client.completions.create(
@@ -45,7 +44,7 @@ def test_openai_completions_through_the_ingress(deployed: Deployed) -> None:
             client.completions.create(model="nope", prompt="p")
 
 
-def test_the_api_key_is_refused_with_ray_whose_ingress_checks_none(tmp_path: Path) -> None:
+def test_the_api_key_is_refused_with_ray_whose_router_checks_none(tmp_path: Path) -> None:
     from dlscale.cli import parse
     from dlscale.scale.commands import settings_from
 

@@ -1,14 +1,23 @@
-"""Replicas on Ray Serve: scaled from 1 to 2, one killed under load, Ray's metrics export."""
+"""The fleet on Ray: scaled from 1 to 2 replicas, a replica's server killed under load, the router
+actor killed, the fleet's metrics and view.
+
+Each replica is a whole `dlscale serve` in a child process on its own ports; the router actor
+runs HAProxy and is told by the replicas where they listen. Ray replaces a replica whose child
+died (its health check fails) and restarts the router actor.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import json
+import os
+import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,45 +28,75 @@ from tests.toolkit.repositories import NULL_TENSORS
 ray = pytest.importorskip("ray", reason=RAY_MISSING)
 
 import tritonclient.http as httpclient  # noqa: E402
-from ray import serve  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from dlscale.cli import parse  # noqa: E402
 from dlscale.errors import ConfigError  # noqa: E402
-from dlscale.scale import deploy  # noqa: E402
+from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE  # noqa: E402
 
 MODEL = "sleeper"
 CLIENTS = 8
 
 
-def _until(condition: Callable[[], bool], what: str, attempts: int = 120) -> None:
+def _until(condition: Callable[[], bool], what: str, attempts: int = 240) -> None:
     for _ in range(attempts):
-        if condition():
-            return
+        try:
+            if condition():
+                return
+        except OSError:  # the router restarting
+            pass
         time.sleep(0.5)
     raise AssertionError(f"gave up waiting: {what}")
 
 
-def _running_replicas() -> int:
-    app = serve.status().applications[deploy.model_app(MODEL)]
-    return int(app.deployments[MODEL].replica_states.get("RUNNING", 0))
+def _fleet(deployed: Deployed) -> dict[str, Any]:
+    """The fleet's view, read through the router's REST port as a user reads it."""
+    url = f"http://{deployed.http_url}/dlscale/fleet"
+    with urllib.request.urlopen(url, timeout=30) as page:
+        return dict(json.loads(page.read()))
 
 
-def _replica_names(attempts: int = 40) -> set[str]:
-    """The replicas that answer `describe` (Ray Serve spreads the calls over them)."""
-    handle = serve.get_deployment_handle(MODEL, deploy.model_app(MODEL))
-    return {handle.describe.remote().result(timeout_s=30).replica for _ in range(attempts)}
+def _up(deployed: Deployed) -> dict[str, dict[str, Any]]:
+    """The replicas in rotation (ready, and UP in HAProxy), by key."""
+    replicas = _fleet(deployed)["replicas"]
+    return {r["replica"]: r for r in replicas if r["ready"] and r["router_state"] == "UP"}
+
+
+def _replica_client(replica: dict[str, Any]) -> httpclient.InferenceServerClient:
+    """A client of one replica's own server (not through the router)."""
+    return httpclient.InferenceServerClient(f"{replica['host']}:{replica['http_port']}")
 
 
 @pytest.fixture(scope="module")
-def two_replicas(deployed: Deployed) -> set[str]:
-    """The sleeper scaled from 1 to 2 replicas, as a second `--replicas 2` deploy does it."""
-    assert _running_replicas() == 1
-    deploy.deploy_model(dataclasses.replace(deployed.settings, replicas=2), MODEL)
-    assert _running_replicas() == 2
-    names = _replica_names()
-    assert len(names) == 2
-    return names
+def two_replicas(deployed: Deployed) -> Iterator[dict[str, dict[str, Any]]]:
+    """`digits` unloaded through the router, then the fleet scaled from 1 to 2 replicas, as a
+    second deploy with `--replicas 2` does it; back to 1 after (the other modules' statistics
+    are those of the one replica that answers)."""
+    from dlscale.scale.commands import deploy_fleet
+
+    first = set(_up(deployed))
+    assert len(first) == 1
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=120)
+    client.unload_model("digits")
+    deploy_fleet(dataclasses.replace(deployed.settings, replicas=2))
+    _until(lambda: len(_up(deployed)) == 2, "two replicas in rotation")
+    assert first < set(_up(deployed))  # the running replica is kept: one is added
+    yield _up(deployed)
+    client.load_model("digits")
+    deploy_fleet(deployed.settings)
+    _until(lambda: len(_fleet(deployed)["replicas"]) == 1, "back to one replica")
+
+
+def test_a_replica_started_later_serves_the_models_loaded_and_unloaded_before(
+    deployed: Deployed, two_replicas: dict[str, dict[str, Any]]
+) -> None:
+    for replica in two_replicas.values():
+        own = _replica_client(replica)
+        assert own.is_model_ready("identity") and not own.is_model_ready("digits")
+    assert _fleet(deployed)["models"]["digits"] == "unload"
+    httpclient.InferenceServerClient(deployed.http_url, network_timeout=120).load_model("digits")
+    for replica in two_replicas.values():  # a load reaches every replica
+        assert _replica_client(replica).is_model_ready("digits")
 
 
 class Load:
@@ -97,66 +136,88 @@ class Load:
             thread.join()
 
 
-def test_a_replica_killed_under_load_loses_no_answer(
-    deployed: Deployed, two_replicas: set[str]
+def _served(replica: dict[str, Any]) -> int:
+    stats = _replica_client(replica).get_inference_statistics(MODEL)
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def test_a_replicas_server_killed_under_load_loses_no_request(
+    deployed: Deployed, two_replicas: dict[str, dict[str, Any]]
 ) -> None:
-    victim = sorted(two_replicas)[0]
+    victim, survivor = sorted(_up(deployed).values(), key=lambda r: str(r["replica"]))
     with Load(deployed.http_url) as load:
         _until(lambda: len(load.outcomes) >= 50, "answers before the kill")
         before = len(load.outcomes)
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=False)
+        os.kill(victim["pid"], signal.SIGKILL)
         _until(lambda: len(load.outcomes) >= before + 200, "answers after the kill")
-    unclear = [o for o in load.outcomes if o != "ok" and not o.startswith("503 ")]
-    assert not unclear, unclear[:5]
-    assert load.outcomes.count("ok") >= len(load.outcomes) - CLIENTS  # at most one per client
-    # Ray Serve starts a replica in the dead one's place, and it serves.
-    # Serve's status and the actor list catch up at their own pace: wait for both.
-    _until(lambda: _running_replicas() == 2 and len(_replica_names()) == 2, "a replacement")
-    names = _replica_names()
-    assert len(names) == 2 and victim not in names
+    # HAProxy sent each request the dead server held to the other one: each has its own answer.
+    assert set(load.outcomes) == {"ok"}, [o for o in load.outcomes if o != "ok"][:5]
+    # Ray's health check replaces the replica; the new one joins the router's rotation.
+    _until(lambda: len(_up(deployed)) == 2 and victim["replica"] not in _up(deployed), "a new one")
+    (fresh,) = [r for k, r in _up(deployed).items() if k != survivor["replica"]]
+    before_fresh = _served(fresh)
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=60)
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    for request in [client.async_infer(MODEL, [tensor]) for _ in range(40)]:
+        request.get_result()
+    assert _served(fresh) > before_fresh  # the router routes to the new replica
 
 
-def _ray_metrics(nodes: RayNodes) -> str:
-    pages = []
-    for port in nodes.metrics_ports:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-            pages.append(page.read().decode())
-    return "\n".join(pages)
+def test_the_router_actor_killed_is_restarted_and_serves_again(
+    deployed: Deployed, two_replicas: dict[str, dict[str, Any]]
+) -> None:
+    before = _fleet(deployed)
+    wanted, pid = before["models"], before["router"]["pid"]
+    ray.kill(ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE), no_restart=False)
+    # Ray starts it again on the same ports; the replicas' heartbeats tell it the fleet again,
+    # and the loads and unloads it had recorded.
+    _until(lambda: _fleet(deployed)["router"]["pid"] != pid, "a new router process")
+    _until(lambda: len(_up(deployed)) == 2, "the restarted router routing to both replicas")
+    _until(lambda: _fleet(deployed)["models"] == wanted, "the wanted models handed back")
+    x = np.full((1, 4), 7.0, np.float32)
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=60)
+    np.testing.assert_array_equal(client.infer(MODEL, [tensor]).as_numpy("y"), x)
 
 
 def _successes_by_replica(text: str) -> dict[str, float]:
     found = {}
     for line in text.splitlines():
-        if line.startswith("ray_nv_inference_request_success{") and f'model="{MODEL}"' in line:
-            replica = re.search(r'replica="([^"]+)"', line)
-            assert replica is not None, line
-            found[replica.group(1)] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("nv_inference_request_success{") and f'model="{MODEL}"' in line:
+            assert 'node="' in line, line
+            replica = line.split('replica="', 1)[1].split('"', 1)[0]
+            found[replica] = float(line.rsplit(" ", 1)[1])
     return found
 
 
-def test_each_replicas_metrics_reach_rays_export_under_dlscales_names(
-    cluster: RayNodes, http: httpclient.InferenceServerClient, two_replicas: set[str]
+def test_one_metrics_page_shows_each_replica_under_dlscales_names(
+    deployed: Deployed, two_replicas: dict[str, dict[str, Any]]
 ) -> None:
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=60)
     tensor = httpclient.InferInput("x", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-    pending = [http.async_infer(MODEL, [tensor]) for _ in range(40)]
-    for request in pending:
+    for request in [client.async_infer(MODEL, [tensor]) for _ in range(40)]:
         request.get_result()
 
-    def two_replicas_counted() -> bool:
-        counts = _successes_by_replica(_ray_metrics(cluster))
-        return len([v for v in counts.values() if v > 0]) >= 2
+    def page() -> str:
+        url = f"http://{deployed.metrics_url}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return str(answer.read().decode())
 
-    _until(two_replicas_counted, "both replicas' nv_inference_request_success in Ray's export")
-    text = _ray_metrics(cluster)
-    for name in ("ray_nv_inference_count", "ray_dlscale_batch_size_bucket"):
-        assert f"{name}{{" in text, name
+    counts = _successes_by_replica(page())
+    assert set(counts) == set(_up(deployed)) and all(v > 0 for v in counts.values()), counts
+    text = page()
+    for name in ("nv_inference_count{", "# TYPE nv_inference_count counter"):
+        assert name in text, name
+    assert text.count("# TYPE nv_inference_count counter") == 1  # one family, every replica
 
 
 def test_more_models_than_cpus_fit_the_cluster_they_are_given(
     cluster: RayNodes, tmp_path: Path
 ) -> None:
-    # Ten models asking one CPU each on this four-CPU cluster: each replica asks 0.4.
+    # Ten models asking one CPU each in a replica, on this four-CPU cluster: it asks 0.4 of that.
     from dlscale.scale.commands import fit_to_cluster, settings_from
 
     for i in range(10):
@@ -166,8 +227,7 @@ def test_more_models_than_cpus_fit_the_cluster_they_are_given(
     settings = settings_from(parse(["serve", str(tmp_path), "--ray", "--address", cluster.address]))
     fitted = fit_to_cluster(settings, [f"m{i}" for i in range(10)])
     assert fitted.cpu_share == pytest.approx(0.4)
-    fixed = settings_from(
-        parse(["serve", str(tmp_path), "--ray", "--cpus-per-replica", "1", "--address", "x"])
-    )
-    with pytest.raises(ConfigError, match="10 CPUs asked, 4 in the cluster"):
+    argv = ["serve", str(tmp_path), "--ray", "--cpus-per-replica", "3", "--replicas", "2"]
+    fixed = settings_from(parse([*argv, "--address", "x"]))
+    with pytest.raises(ConfigError, match="6 CPUs asked, 4 in the cluster"):
         fit_to_cluster(fixed, [f"m{i}" for i in range(10)])

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol over REST on Ray Serve: tritonclient against the ingress."""
+"""The Open Inference Protocol over REST on a Ray fleet: tritonclient through its router."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_unload_then_load_over_the_protocol(
     np.testing.assert_allclose(answer, _reference(ray_repo, "digits", x), rtol=1e-5, atol=1e-6)
 
 
-def test_statistics_count_the_requests_the_ingress_answered(
+def test_statistics_count_the_requests_the_replica_answered(
     http: httpclient.InferenceServerClient,
 ) -> None:
     before = http.get_inference_statistics("identity")["model_stats"][0]["inference_stats"]
@@ -145,7 +145,7 @@ def test_dlscale_bench_measures_it_unchanged(
     assert result["accuracy"] is not None
 
 
-# -- streams: REST generate_stream behind the ingress (docs/generative.md) -----------------
+# -- streams: REST generate_stream through the router (docs/generative.md) ----------------
 
 #: Long enough for a stream on a loaded machine; a hang fails instead of blocking forever.
 PATIENCE_S = 60.0
@@ -163,13 +163,13 @@ def _ticks(deployed: Deployed, count: int, into: list[Any]) -> None:
         into.append([json.loads(x[5:])["TICK"] for x in r.iter_lines() if x.startswith("data:")])
 
 
-def test_generate_stream_through_the_ingress(deployed: Deployed) -> None:
+def test_generate_stream_through_the_router(deployed: Deployed) -> None:
     got: list[Any] = []
     _ticks(deployed, 3, got)
     assert got == [[0, 1, 2]]
 
 
-def test_a_disconnect_behind_the_ingress_frees_the_replicas_slot(deployed: Deployed) -> None:
+def test_a_disconnect_behind_the_router_frees_the_replicas_slot(deployed: Deployed) -> None:
     got: list[Any] = []
     held = httpx.stream("POST", _url(deployed, "generate_stream"), json={"COUNT": -1}, timeout=60)
     with held as response:

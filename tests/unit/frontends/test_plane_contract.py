@@ -94,13 +94,6 @@ def test_the_worker_proxy_forwards_every_declared_method() -> None:
     _implements(RemotePlane)
 
 
-def test_the_ray_router_implements_every_declared_method() -> None:
-    pytest.importorskip("ray", reason="the Ray Serve ingress needs the [ray] extra")
-    from dlscale.scale.router import Router
-
-    _implements(Router)
-
-
 def test_the_frontends_view_awaits_every_method_but_the_local_one(tmp_path: Path) -> None:
     view = Asked(HostPlane(ModelManager.open(tmp_path)))
     for method in PLANE_METHODS:

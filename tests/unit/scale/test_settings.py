@@ -26,7 +26,11 @@ def test_settings_from_the_command_line(tmp_path: Path) -> None:
     argv = ["serve", str(tmp_path), "--ray", "--address", "auto", "--autoscale", "1:4"]
     settings = settings_from(parse([*argv, "--grpc-port", "-1", "--max-body-mb", "2"]))
     assert settings.address == "auto" and settings.autoscale == (1, 4)
-    assert settings.grpc_port is None and settings.max_body_bytes == 2 * 2**20
+    assert settings.grpc_port is None and settings.server is not None
+    # Each replica's server: the same flags, on ports of its own (gRPC off as asked).
+    network = settings.server.network
+    assert (network.http_port, network.grpc_port, network.metrics_port) == (0, None, 0)
+    assert settings.server.limits.max_body_bytes == 2 * 2**20
     assert settings.repository == tmp_path.resolve()
 
 
@@ -42,8 +46,7 @@ def test_autoscale_must_be_min_colon_max(text: str) -> None:
         ({"model_control": "poll"}, "not supported with --ray"),
         ({"replicas": 0}, "at least 1"),
         ({"autoscale": (3, 2)}, "MIN <= MAX"),
-        ({"autoscale": (0, 0)}, "MAX >= 1"),
-        ({"request_timeout_s": 0}, "positive"),
+        ({"autoscale": (0, 2)}, "1 <= MIN"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(changes: dict[str, object], words: str) -> None:
@@ -63,5 +66,14 @@ def test_http_workers_are_refused_on_ray(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
     from dlscale.scale.commands import settings_from
 
-    with pytest.raises(ConfigError, match="Ray's proxy serves HTTP"):
+    with pytest.raises(ConfigError, match="add replicas instead"):
         settings_from(parse(["serve", str(tmp_path), "--ray", "--http-workers", "2"]))
+
+
+def test_autoscaling_without_the_replicas_metrics_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="the --ray handler needs the [ray] extra (ray[serve])")
+    from dlscale.scale.commands import settings_from
+
+    argv = ["serve", str(tmp_path), "--ray", "--autoscale", "1:4", "--metrics-port", "-1"]
+    with pytest.raises(ConfigError, match="--autoscale needs the replicas' metrics"):
+        settings_from(parse(argv))

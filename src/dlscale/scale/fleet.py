@@ -1,0 +1,135 @@
+"""A fleet's replica on Ray Serve: a whole `dlscale serve` in a child process, on its own ports.
+
+Ray Serve places, health-checks, restarts and rolls out these replicas (one deployment,
+application `dlscale`); no request goes through Ray: each replica starts a ServerChild (the
+single-host server, with its batcher, shared memory, streams and OpenAI routes) bound to its
+node's address, tells the fleet's router actor where it listens (router_actor.py), replays the
+repository's loads and unloads, and from then on is routed to by HAProxy. Its health check
+fails when its child died or stopped being ready, so Ray replaces it. The child inherits the
+actor's environment: CUDA_VISIBLE_DEVICES, set by Ray for a replica given GPUs, reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+
+from dlscale.scale import control
+from dlscale.scale.autoscale import IN_FLIGHT, in_flight
+from dlscale.scale.child import Endpoint, ServerChild
+from dlscale.scale.control import Entry
+from dlscale.scale.registry import HEARTBEAT_S
+from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
+
+log = logging.getLogger("dlscale.scale")
+#: Seconds a call to the router actor may take (it may be restarting) before trying again.
+ROUTER_CALL_S = 10.0
+#: Seconds the child's readiness may take to answer Ray's health check.
+READY_CHECK_S = 20.0
+#: Seconds the child gets to load its models.
+CHILD_START_S = 600.0
+
+
+class FleetReplica:
+    """One replica: its child server, its registration with the router, its heartbeat."""
+
+    # Ray Serve awaits an async constructor on the replica's event loop, where the heartbeat
+    # then runs.
+    async def __init__(self, settings: Any) -> None:  # type: ignore[misc]
+        self.key = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.get_runtime_context().get_node_id()
+        host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self.child = ServerChild(settings.replace(host=host))
+        self._stopping = threading.Event()
+        self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
+        self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
+        self.ready = False
+        self.entries: list[Entry] = await self._call("join", self.key, self.node, self.endpoint)
+        failed = await control.replay(self.entries, self.endpoint)
+        for why in failed:  # the model's own error: the repository index shows it
+            log.warning("replica %s: replaying %s", self.key, why)
+        await self._call("ready", self.key)
+        self.ready = True
+        self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+
+    def _start_child(self) -> concurrent.futures.Future[Endpoint]:
+        """Start the child from a thread that lives as long as this replica.
+
+        The child dies with its parent (PR_SET_PDEATHSIG), and Linux reads "parent" as the
+        *thread* that started it: a child started from a pool's thread was killed when that
+        thread ended (seen when a redeploy reached the replica).
+        """
+        started: concurrent.futures.Future[Endpoint] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                started.set_result(self.child.start(CHILD_START_S))
+            except BaseException as exc:  # said to the constructor, which raises it
+                started.set_exception(exc)
+                return
+            self._stopping.wait()
+
+        threading.Thread(target=run, name="dlscale-child", daemon=True).start()
+        return started
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        return await asyncio.wait_for(
+            getattr(self.router, method).remote(*args), timeout=ROUTER_CALL_S
+        )
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            if not self.child.alive():
+                with contextlib.suppress(Exception):
+                    await self._call("leave", self.key)
+                return  # Ray's next health check replaces this replica
+            try:
+                await self._beat_once()
+            except Exception as exc:  # the router restarting: its next life hears the next one
+                log.info("replica %s: heartbeat not heard (%s)", self.key, exc)
+
+    async def _beat_once(self) -> None:
+        mine = max((e.seq for e in self.entries), default=0)
+        theirs = await self._call("heartbeat", self.key, self.node, self.endpoint, True, mine)
+        if theirs > mine:  # loads or unloads since this replica joined: keep the router's copy
+            self.entries = await self._call("entries")
+        elif theirs < mine:  # the router restarted and lost them: hand it this copy
+            await self._call("adopt", self.entries)
+
+    async def check_health(self) -> None:
+        """Ray Serve's probe: a replica whose child died or is not ready is replaced."""
+        if not self.child.alive():
+            raise RuntimeError(f"replica {self.key}: its server process exited")
+        url = f"http://{self.endpoint.host}:{self.endpoint.http_port}/v2/health/ready"
+        async with httpx.AsyncClient(timeout=READY_CHECK_S) as client:
+            ready = await client.get(url)
+        if ready.status_code != 200:
+            raise RuntimeError(f"replica {self.key}: its server is not ready ({ready.status_code})")
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """The autoscaler's measure (scale/autoscale.py): the requests the child holds now."""
+        e = self.endpoint
+        if e.metrics_port is None:  # refused with --autoscale (scale/commands.py)
+            return {IN_FLIGHT: 0.0}
+        async with httpx.AsyncClient(timeout=READY_CHECK_S) as client:
+            page = await client.get(f"http://{e.host}:{e.metrics_port}/metrics")
+        return {IN_FLIGHT: in_flight(page.text)}
+
+    async def __del__(self) -> None:
+        """Ray Serve's graceful stop: out of rotation, then the child finishes its requests."""
+        beat = getattr(self, "_beat", None)  # None when the constructor failed before it
+        if beat is not None:
+            beat.cancel()
+            with contextlib.suppress(Exception):
+                await self._call("leave", self.key)
+        await asyncio.to_thread(self.child.stop)
+        self._stopping.set()
