@@ -14,7 +14,7 @@ from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
 from dlscale.scale.placement import Placement, fit_cpus, placement_of
-from dlscale.scale.settings import ScaleSettings, ray_values
+from dlscale.scale.settings import BOTH_FLEETS, ScaleSettings, ray_values
 from dlscale.server import ALL_MODELS
 from dlscale.server import settings_from as server_settings_from
 
@@ -25,6 +25,8 @@ def settings_from(args: argparse.Namespace) -> ScaleSettings:
     """The parsed `dlscale serve` flags as ScaleSettings (each replica's server from the same
     flags, on ports of its own)."""
     server = server_settings_from(args)
+    if server.network.device_workers is not None:
+        raise ConfigError(BOTH_FLEETS)
     if server.shared_memory.allow_client_shm:
         raise ConfigError(
             "--allow-client-shm is not available with --ray: a client's shared-memory region is "

@@ -109,7 +109,8 @@ class HaproxyRouter:
         #: Slot number (1-based) of each member's key, and the members themselves.
         self._slots: dict[str, int] = {}
         self.members: dict[str, Member] = {}
-        self._weights: dict[str, int] = {}
+        #: The weight set on each member (scale/weights.py); HAProxy's default until set.
+        self.weights: dict[str, int] = {}
 
     @property
     def ports(self) -> dict[str, int]:
@@ -151,7 +152,7 @@ class HaproxyRouter:
         for key in [k for k in self.members if k not in wanted]:
             slot = self._slots.pop(key)
             del self.members[key]
-            self._weights.pop(key, None)
+            self.weights.pop(key, None)
             commands += [f"set server {p}/r{slot} state maint" for p in self._sockets]
             log.info("router: replica %s out of rotation", key)
         for key, member in wanted.items():
@@ -170,7 +171,7 @@ class HaproxyRouter:
         changed = {
             key: weight
             for key, weight in weights.items()
-            if key in self._slots and self._weights.get(key) != weight
+            if key in self._slots and self.weights.get(key) != weight
         }
         commands = [
             f"set server {proto}/r{self._slots[key]} weight {weight}"
@@ -179,7 +180,7 @@ class HaproxyRouter:
         ]
         if commands:
             self.command(*commands)
-            self._weights.update(changed)
+            self.weights.update(changed)
 
     def _free_slot(self) -> int:
         taken = set(self._slots.values())

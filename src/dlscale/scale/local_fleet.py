@@ -31,7 +31,8 @@ from dlscale.frontends.api_key import METRICS
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.devices import Device, Host, devices_for
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.weights import Weigher, read_work
+from dlscale.scale.settings import BOTH_FLEETS
+from dlscale.scale.weights import WEIGH_S, Weigher, read_each
 from dlscale.server import ServerSettings, settings_from
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.metrics.exposition import MetricsServer
@@ -45,8 +46,6 @@ RETRY_S, RETRY_MAX_S = 1.0, 30.0
 #: A worker that dies sooner than this after it was ready is in a crash loop: it waits as one that
 #: failed to start does, instead of being spawned again at once.
 STABLE_S = 5.0
-#: Seconds between two readings of the workers' measured work, which set their weights.
-WEIGH_S = 2.0
 #: Seconds a worker's metrics port gets to answer a scrape of the fleet's.
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -175,12 +174,8 @@ class LocalFleet:
                 self._weigh()
 
     def _weigh(self) -> None:
-        readings = {}
-        for worker, end in self.live():
-            try:
-                readings[worker.device.name] = read_work(end.host, end.http_port, self._headers)
-            except OSError:  # dying, or busy past the timeout: its weight stays
-                continue
+        live = {w.device.name: (e.host, e.http_port) for w, e in self.live()}
+        readings = read_each(live, self._headers)
         with self._lock:
             if not self._stopping.is_set():
                 self.router.weigh(self.weigher.weights(readings))
@@ -353,6 +348,8 @@ def _as_written(family: Metric, counters: set[str]) -> tuple[str, list[Sample]]:
 
 def serve_on_devices(args: argparse.Namespace, detect: Callable[[], Host]) -> int:
     """`dlscale serve REPO --device-workers SPEC`: serve until SIGINT or SIGTERM."""
+    if getattr(args, "ray", False):
+        raise ConfigError(BOTH_FLEETS)
     settings = settings_from(args)
     spec = settings.network.device_workers
     assert spec is not None

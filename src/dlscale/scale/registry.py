@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dlscale.scale.child import Endpoint
 from dlscale.scale.haproxy import HaproxyRouter, Member
+from dlscale.scale.weights import Weigher, read_each
 
 log = logging.getLogger("dlscale.scale")
 
@@ -60,6 +61,7 @@ class Registry:
         self.router = router
         self._replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
+        self.weigher = Weigher()
 
     def join(self, key: str, node: str, endpoint: Endpoint) -> None:
         """A replica whose child serves: it gets loads and unloads from now on, no requests."""
@@ -120,6 +122,18 @@ class Registry:
         with self._lock:
             states = self.router.states()
             return [r.view(states.get(k, "")) for k, r in self._replicas.items()]
+
+    def weigh(self) -> None:
+        """Set each ready replica's weight from the work it measured (scale/weights.py)."""
+        with self._lock:
+            where = {
+                k: (r.endpoint.host, r.endpoint.http_port)
+                for k, r in self._replicas.items()
+                if r.ready
+            }
+        readings = read_each(where)  # outside the lock: HTTP to each replica
+        with self._lock:
+            self.router.weigh(self.weigher.weights(readings))
 
     def _sync(self) -> None:
         self.router.sync([r.member() for r in self._replicas.values() if r.ready])

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -38,6 +39,7 @@ from dlscale.scale.control import Answer, ControlLog, Entry
 from dlscale.scale.haproxy import Control, HaproxyRouter
 from dlscale.scale.metrics import fleet_metrics
 from dlscale.scale.registry import HEARTBEAT_S, Registry
+from dlscale.scale.weights import WEIGH_S
 
 log = logging.getLogger("dlscale.scale")
 ROUTER_NAME, ROUTER_NAMESPACE = "dlscale-router", "dlscale"
@@ -203,15 +205,20 @@ class _Servers:
         return await control.fan_out(log_, entry, previous, self.router.registry.endpoints())
 
     async def sweep_forever(self) -> None:
-        """Drop the replicas whose heartbeats stopped, twice a heartbeat."""
+        """Drop the replicas whose heartbeats stopped, twice a heartbeat; weigh the others by
+        their measured work every WEIGH_S."""
+        weighed = time.monotonic()
         while True:
             await asyncio.sleep(HEARTBEAT_S / 2)
             registry = getattr(self.router, "registry", None)  # None while HAProxy starts
             try:
                 if registry is not None:
                     await asyncio.to_thread(registry.sweep)
+                    if time.monotonic() - weighed >= WEIGH_S:
+                        weighed = time.monotonic()
+                        await asyncio.to_thread(registry.weigh)
             except Exception:  # HAProxy restarting: the next sweep tries again
-                log.exception("router: sweeping the replicas failed")
+                log.exception("router: sweeping or weighing the replicas failed")
 
     async def _fleet(self, request: Request) -> Response:
         return JSONResponse(await asyncio.to_thread(self.router.view))

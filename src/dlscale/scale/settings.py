@@ -92,14 +92,35 @@ def _flagged() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(ScaleSettings) if f.metadata.get("flags")]
 
 
+#: The one message for --ray beside --device-workers, whichever came first.
+BOTH_FLEETS = (
+    "--device-workers is not for --ray: Ray places each replica on its node's devices "
+    "(--gpus-per-replica); --device-workers is one host's fleet without Ray"
+)
+
+
+class _RayFlag(argparse.Action):
+    """--ray: records that it was given (`ray`) and makes `handler` the verb's."""
+
+    def __init__(self, *args: Any, handler: object, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handler = handler
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        namespace.ray = True
+        namespace.func = self.handler
+
+
 def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> None:
     """`dlscale serve REPO --ray ...` (docs/scale.md): `handler` runs the verb with --ray."""
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument(
         "--ray",
-        dest="func",
-        action="store_const",
-        const=handler,
+        action=_RayFlag,
+        nargs=0,
+        default=False,
+        handler=handler,
         help="serve on a Ray cluster: replicas of the whole server behind one router",
     )
     for item in _flagged():

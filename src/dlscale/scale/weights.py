@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 #: HAProxy's weights run from 1 to 256; the fastest replica gets the most.
 MAX_WEIGHT = 256
+#: Seconds between two readings of a fleet's replicas (by its supervisor or router actor).
+WEIGH_S = 2.0
 #: Fewer rows than this in an interval say too little of a replica's speed: its weight stays.
 MIN_ROWS = 8
 
@@ -78,3 +80,17 @@ class Weigher:
             else max(1, round(MAX_WEIGHT * fastest / self.ns_per_row[key]))
             for key in readings
         }
+
+
+def read_each(
+    members: Mapping[str, tuple[str, int]], headers: Mapping[str, str] | None = None
+) -> dict[str, Work]:
+    """Each member's Work, by key, from (host, http_port); one that does not answer (dying, or
+    busy past the timeout) is left out, and its weight stays as it was."""
+    readings = {}
+    for key, (host, port) in members.items():
+        try:
+            readings[key] = read_work(host, port, headers)
+        except (OSError, ValueError):
+            continue
+    return readings

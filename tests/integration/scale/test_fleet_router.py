@@ -24,7 +24,8 @@ from tests.toolkit.waiting import until
 from dlscale.errors import DlscaleError
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.weights import Weigher, read_work
+from dlscale.scale.registry import Registry
+from dlscale.scale.weights import read_work
 from dlscale.server import ServerSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
@@ -188,16 +189,17 @@ def test_weights_from_measured_work_send_the_faster_replica_more(tmp_path: Path)
     try:
         endpoints = [child.start() for child in children]
         router.start()
-        members = [_member(i, e) for i, e in enumerate(endpoints)]
-        router.sync(members)
+        registry = Registry(router)  # what the Ray router actor holds
+        for i, endpoint in enumerate(endpoints):
+            registry.join(f"child{i}", "node", endpoint)
+            registry.ready(f"child{i}")
         until(lambda: set(router.states().values()) == {"UP"})
-        weigher = Weigher()
-        weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        registry.weigh()  # the first reading: nothing measured, every weight the most
         port = router.ports["http"]
         unweighted = _served(endpoints, lambda: _load(port, 160))  # each replica measured
-        weights = weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        registry.weigh()
+        weights = dict(router.weights)
         assert weights["child0"] > 2 * weights["child1"], weights  # 4x slower: about a quarter
-        router.weigh(weights)
         weighted = _served(endpoints, lambda: _load(port, 160))
         # Fewest requests in flight alone already favours the fast replica (the slow one holds
         # its requests longer); divided by the weights, the slow one is sent fewer still.

@@ -49,6 +49,17 @@ def test_flags_that_need_one_process_are_refused(
     assert code == 1 and why in said and "not available with --device-workers" in said, said
 
 
+@pytest.mark.parametrize(
+    "order", [["--ray", "--device-workers", "2"], ["--device-workers", "2", "--ray"]]
+)
+def test_ray_and_device_workers_together_are_refused_in_either_order(
+    order: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray", reason="--ray's handler needs the [ray] extra")
+    code = main(["serve", str(tmp_path), *order])
+    assert code == 1 and "--device-workers is not for --ray" in capsys.readouterr().err
+
+
 def test_a_worker_serves_on_loopback_port_0_with_its_own_trace_file(tmp_path: Path) -> None:
     user = ServerSettings.build(
         tmp_path, host="0.0.0.0", http_port=8000, grpc_port=None, metrics_port=9000,
