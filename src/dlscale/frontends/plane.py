@@ -5,8 +5,8 @@
 off the marks. The REST routes and the gRPC servicer call only these,
 so the same frontends serve a host's `serving.host.HostPlane` (`dlscale serve`), the worker
 processes' proxy (frontends/workers/remote.py, whose forwards and whose owner's whitelist are
-built from this list) and the Ray Serve ingress's router (`dlscale.scale`). Adding a method: its
-marked signature in `Plane`, its implementation in each plane;
+built from this list); a fleet (`dlscale.scale`) is made of whole servers, each a HostPlane.
+Adding a method: its marked signature in `Plane`, its implementation in each plane;
 tests/unit/frontends/test_plane_contract.py checks that all of them agree.
 """
 
