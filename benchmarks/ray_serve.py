@@ -26,10 +26,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-import statistics
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import uvloop
@@ -38,25 +35,23 @@ from benchmarks.harness import models
 from benchmarks.harness.clients import build_request, closed_loop
 from benchmarks.harness.grpc_clients import grpc_closed_loop, infer_request
 from benchmarks.harness.loads import rest_load
-from benchmarks.harness.models import IDENTITY, MLP, BenchModel
+from benchmarks.harness.models import IDENTITY, MLP
 from benchmarks.harness.servers import (
     HOST,
     RESULTS,
     WORK,
     ServerProcess,
-    dlscale_exe,
     free_port,
     start_dlscale,
     start_ray,
     start_rest_stack,
-    thread_env,
 )
+from benchmarks.harness.sleeper import SLEEPER, plan_one_device, scaling_table, sleeper_repository
 from benchmarks.harness.statistics import machine, markdown, median_table, record
 
 #: The simulated device: one batch of up to 8 rows takes this long, whatever its size. Slow
 #: enough that 8 replicas (128 requests/s) reach the Ray path's ceiling on a 2-core machine.
 DELAY_US = 500_000
-SLEEPER = BenchModel("sleeper", "input", "output", (16,), 8, 0)
 REPLICAS = (1, 2, 4, 8)
 STREAMS_PER_REPLICA = 16
 #: The planner's p99 bound: 10 batch times, loose enough that its peak is near the capacity.
@@ -127,45 +122,6 @@ def run_overhead_grpc(repeats: int, duration: float, rows: list[dict[str, Any]])
 # -- scaling -----------------------------------------------------------------------------------
 
 
-def sleeper_repository() -> Path:
-    """The simulated device's model: FP32 [N, 16] echoed after DELAY_US per batch."""
-    repo = WORK / "repo-ray-scaling"
-    folder = repo / SLEEPER.name
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.null").touch()
-    (folder / "config.toml").write_text(
-        f'backend = "null"\nmax_batch_size = {SLEEPER.max_batch_size}\n'
-        "[batching]\nmax_queue_delay_us = 0\n"
-        f"[backend_options]\ndelay_us = {DELAY_US}\n"
-        '[[inputs]]\nname = "input"\ndatatype = "FP32"\nshape = [16]\n'
-        '[[outputs]]\nname = "output"\ndatatype = "FP32"\nshape = [16]\n'
-    )
-    return repo
-
-
-def profile_in_process(repo: Path) -> Path:
-    """`dlscale bench --repo` on the model: one replica's batcher and backend, in process."""
-    out = WORK / "ray-scaling-profile"
-    subprocess.run(
-        [dlscale_exe(), "bench", "--repo", str(repo), "--model", SLEEPER.name, "--scenario",
-         "offline", "--duration", "10s", "--out", str(out), "--no-progress"],
-        check=True, stdout=subprocess.DEVNULL, env=thread_env(),
-    )  # fmt: skip
-    return out / "report.json"
-
-
-def planned_rate(profile: Path) -> float:
-    """`dlscale plan serve --profile`: the peak rate of one device (one replica)."""
-    out = WORK / "ray-scaling-plan.json"
-    subprocess.run(
-        [dlscale_exe(), "plan", "serve", "--profile", str(profile), "--qps", "100",
-         "--p99", PLAN_P99, "--devices", "CPU", "--flops-per-sample", "1",
-         "--bytes-per-sample", "1", "--json", str(out)],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    return float(json.loads(out.read_text())[0]["peak_rate_per_device"])
-
-
 def run_scaling(repeats: int, duration: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """1, 2, 4, 8 replicas in one Ray cluster (scaled in place), 16 streams per replica."""
     import ray
@@ -174,9 +130,8 @@ def run_scaling(repeats: int, duration: float, rows: list[dict[str, Any]]) -> di
     from dlscale.scale import deploy
     from dlscale.scale.commands import deploy_fleet, settings_from
 
-    repo = sleeper_repository()
-    profile = profile_in_process(repo)
-    per_replica = planned_rate(profile)
+    repo = sleeper_repository("repo-ray-scaling", DELAY_US)
+    per_replica, profile = plan_one_device(repo, PLAN_P99)
     port = free_port()
     settings = settings_from(parse([
         "serve", str(repo), "--ray", "--http-port", str(port), "--grpc-port", "-1",
@@ -198,25 +153,9 @@ def run_scaling(repeats: int, duration: float, rows: list[dict[str, Any]]) -> di
     finally:
         ray.shutdown()
     return {
-        "profile": json.loads(profile.read_text())["profile"],
+        "profile": profile,
         "planned_per_replica": per_replica,
     }
-
-
-def scaling_table(rows: list[dict[str, Any]], planned: float) -> str:
-    """Median throughput per replica count against linear (N x 1 replica) and the planner."""
-    by_n: dict[int, list[float]] = {}
-    for row in rows:
-        if row["bench"] == "scaling":
-            by_n.setdefault(row["replicas"], []).append(row["throughput"])
-    one = statistics.median(by_n[1])
-    lines = ["| replicas | throughput (req/s) | x linear | planned (req/s) | measured / planned |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for n in sorted(by_n):
-        got = statistics.median(by_n[n])
-        lines.append(f"| {n} | {got:.1f} | {got / (n * one):.2f} | {n * planned:.1f} | "
-                     f"{got / (n * planned):.2f} |")  # fmt: skip
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -244,7 +183,11 @@ def main() -> None:
             print(f"\n{bench}:\n{markdown(table)}")
     if extra:
         print(f"\nplanned per replica: {extra['planned_per_replica']:.1f} req/s")
-        print(scaling_table(rows, extra["planned_per_replica"]))
+        by_n: dict[int, list[float]] = {}
+        for row in rows:
+            if row["bench"] == "scaling":
+                by_n.setdefault(row["replicas"], []).append(row["throughput"])
+        print(scaling_table(by_n, extra["planned_per_replica"], "replicas"))
     print(f"\nresults: {out}")
 
 

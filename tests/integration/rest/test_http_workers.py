@@ -26,6 +26,7 @@ import tritonclient.http as th
 from tests.toolkit.models import write_null_model
 from tests.toolkit.repositories import rest_repository
 from tests.toolkit.server import LocalServer, serving
+from tests.toolkit.waiting import process_gone
 from tritonclient.utils import InferenceServerException
 
 from dlscale.frontends.workers.pool import HttpWorkers
@@ -262,13 +263,6 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_dlscale_serve_stops_its_workers_on_a_signal(repo: Path, sig: signal.Signals) -> None:
     with _serving(repo) as (process, port):
@@ -279,7 +273,7 @@ def test_dlscale_serve_stops_its_workers_on_a_signal(repo: Path, sig: signal.Sig
         assert list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))  # a worker received into one
         process.send_signal(sig)
         assert process.wait(60) == 0
-    assert all(_gone(pid) for pid in workers)
+    assert all(process_gone(pid) for pid in workers)
     assert not list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))
 
 
@@ -291,7 +285,7 @@ def test_workers_stop_when_the_model_process_dies(repo: Path) -> None:
         process.kill()
         process.wait()
     for pid in workers:  # each sees its channel close (and SIGTERM from the kernel)
-        while not _gone(pid):
+        while not process_gone(pid):
             time.sleep(0.05)
     # They removed their own segments on the way out.
     assert not list(SHM_DIR.glob(f"dlscale.{process.pid}.*"))

@@ -32,7 +32,7 @@ from tests.toolkit.models import write_null_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import free_port
 from tests.toolkit.slow import slow_only
-from tests.toolkit.waiting import until
+from tests.toolkit.waiting import process_gone, until
 
 from dlscale.scale.local_fleet import STABLE_S
 
@@ -183,7 +183,7 @@ def test_a_killed_worker_loses_no_request_and_comes_back(repo: Path) -> None:
         survivor = fleet.pids()
         fleet.process.send_signal(signal.SIGTERM)
         assert fleet.process.wait(120) == 0
-    until(lambda: not any(_running(pid) for pid in survivor.values()))
+    until(lambda: all(process_gone(pid) for pid in survivor.values()))
 
 
 def test_with_an_api_key_the_merged_metrics_ask_for_it_and_the_workers_get_it(repo: Path) -> None:
@@ -234,11 +234,3 @@ def _served_after(fleet: Fleet, before: float) -> bool:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: either_infer(fleet, i), range(16)))
     return fleet.by_device(SUCCESS)["cpu0"] > before
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False

@@ -19,7 +19,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tests.toolkit.models import write_null_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
-from tests.toolkit.waiting import until
+from tests.toolkit.waiting import process_gone, until
 
 from dlscale.errors import DlscaleError
 from dlscale.scale.child import Endpoint, ServerChild
@@ -150,16 +150,8 @@ def test_a_child_ends_with_its_supervisor(small_repo: Path) -> None:
     pid = int(parent.stdout.readline())
     parent.kill()
     parent.wait()
-    until(lambda: not _running(pid))
-    assert not _running(pid)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    until(lambda: process_gone(pid))
+    assert process_gone(pid)
 
 
 def _sleeper_repo(root: Path, delay_us: int) -> Path:
