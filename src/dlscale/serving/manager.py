@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -17,6 +18,7 @@ from dlscale.models.config import StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
+from dlscale.serving.adapters import place
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.caller import InferCall, ServerCaller, StreamCall
 from dlscale.serving.classification import read_labels
@@ -141,7 +143,8 @@ class ModelManager:
                 except DlscaleError as exc:
                     failed[name] = exc  # the others still load
 
-        pipelines = {n for n in wanted if self._is_pipeline(n)}
+        # Adapters too: each would load its base when not READY yet.
+        pipelines = {n for n in wanted if self._is_pipeline(n) or self._config_says(n, "base")}
         # Pinned only when the server starts with it: the API cannot pin the device full.
         self.memory.pinned.update(n for n in wanted if self._config_says(n, "pinned"))
         await asyncio.gather(*(one(n) for n in wanted if n not in pipelines))
@@ -152,12 +155,14 @@ class ModelManager:
         return self._config_says(name, "is_pipeline")
 
     def _config_says(self, name: str, what: str) -> bool:
-        """Whether the repository's config of `name` is a pipeline or pinned (False: unreadable,
-        and its load says why)."""
+        """Whether the repository's config of `name` is a pipeline, an adapter ("base") or
+        pinned (False: unreadable, and its load says why)."""
         try:
             config = self.repository.config(name)
         except DlscaleError:
             return False
+        if what == "base":
+            return config.is_adapter
         return bool(config.is_pipeline if what == "is_pipeline" else config.memory.pinned)
 
     async def load(
@@ -179,10 +184,14 @@ class ModelManager:
         source: ModelSource | None,
         repository: ModelRepository | None,
         chain: tuple[str, ...],
+        cold_only: bool = False,
     ) -> None:
-        """`load`, with the pipelines whose loading asked for this model (a circle is refused)."""
+        """`load`, with the pipelines whose loading asked for this model (a circle is refused);
+        `cold_only`: not when it is READY by the time its turn comes (an adapter's base)."""
         async with self._locked(name):
             previous = self._entries.get(name)
+            if cold_only and previous is not None and previous.state is ModelState.READY:
+                return
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
@@ -190,6 +199,10 @@ class ModelManager:
                 versions = repo.versions(name, source or repo.source(name))
                 if versions[0].config.steps is not None:
                     await self._load_steps(name, versions[0].config.steps, (*chain, name))
+                if versions[0].config.is_adapter:
+                    versions = await self._load_base(name, versions, chain)
+                elif previous is not None and previous.state is ModelState.READY:
+                    self._check_no_adapters(name)
                 served = {}
                 for mv in versions:
                     load = functools.partial(self._load_version, mv)
@@ -220,6 +233,7 @@ class ModelManager:
                 raise NotFound(f"unknown model {name!r}")
             users = self.pipelines_using(name)
             if users:  # the safe choice: a pipeline never loses a step while it is READY
+                self._check_no_adapters(name)
                 raise ConfigError(
                     f"model {name!r} is a step of the loaded pipelines {users}: unload them first"
                 )
@@ -343,6 +357,59 @@ class ModelManager:
                         f"pipeline {pipeline!r}: its step model {model!r} failed to load: {cause}"
                     ) from cause
 
+    def _check_no_adapters(self, base: str) -> None:
+        """A base model keeps its engine while adapters are placed on it: no unload, no reload."""
+        adapters = [
+            e.name
+            for e in self.entries()
+            for v in list(e.versions.values())[:1]
+            if v.config.is_adapter and base in v.runner.models
+        ]
+        if adapters:
+            raise ConfigError(
+                f"model {base!r} is the base of the loaded adapters {adapters}: unload them first"
+            )
+
+    async def _load_base(
+        self, name: str, versions: list[ModelVersion], chain: tuple[str, ...]
+    ) -> list[ModelVersion]:
+        """Load an adapter's base model when it is not loaded (from this manager's repository
+        only: a name, never a path), and measure the adapter on the base's devices."""
+        base = versions[0].config.base
+        if base == name or base in chain:
+            raise ConfigError(f"adapter {name!r} names itself (or its chain) as its base")
+        if base not in self.ready_names():
+            if base not in self.repository.names():
+                raise NotFound(
+                    f"adapter {name!r}: its base model {base!r} is neither loaded nor in the "
+                    "model repository"
+                )
+            try:
+                await self._load(base, None, None, (*chain, name), cold_only=True)
+            except DlscaleError as exc:
+                cause = root_cause(exc)
+                raise ConfigError(
+                    f"adapter {name!r}: its base model {base!r} failed to load: {cause}"
+                ) from cause
+        instances = self.get(base).config.instances
+        return [
+            dataclasses.replace(mv, config=mv.config.model_copy(update={"instances": instances}))
+            for mv in versions
+        ]
+
+    async def _adapter_version(self, mv: ModelVersion) -> ServedVersion:
+        """An adapter version: placed on the engines of its base's newest loaded version."""
+        if mv.path == mv.folder:
+            raise ConfigError(
+                f"adapter {mv.name!r}: its PEFT files go in a version folder ({mv.name}/1/)"
+            )
+        base = self.get(mv.config.base)
+        if base.config.is_adapter:
+            raise ConfigError(f"adapter {mv.name!r}: its base {mv.config.base!r} is an adapter")
+        runner = await place(mv.name, mv.path, mv.config.base, base.runner)
+        stats = ModelStats(mv.name, str(mv.version))
+        return ServedVersion(mv, list(base.inputs), list(base.outputs), [], runner, stats)
+
     def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
         """A pipeline version: checked against its loaded step models; no instance, no batcher."""
         pipeline = Pipeline(mv.name, mv.config)
@@ -361,6 +428,8 @@ class ModelManager:
         config = mv.config
         if config.is_pipeline:
             return self._pipeline_version(mv)
+        if config.is_adapter:
+            return await self._adapter_version(mv)
         opts = config.backend_options
         extra = {k: v for k, v in (opts.model_extra or {}).items()}
         # Off the event loop: a label file is read whole (bounded, serving/classification.py).

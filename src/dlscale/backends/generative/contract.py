@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -254,3 +255,18 @@ class GenerativeBackend(StreamingBackend, Protocol):
     def generate(
         self, request_id: str, inputs: Mapping[str, np.ndarray], sampling: Sampling
     ) -> AsyncIterator[StreamPart]: ...
+
+
+@runtime_checkable
+class AdapterHost(Protocol):
+    """A generative engine that serves LoRA adapters of its model, each chosen per request by
+    `Sampling.adapter` (docs/generative.md, "LoRA adapters")."""
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Read, check and place the adapter in `folder` under `name` (ConfigError,
+        PermissionDenied or QueueFull when it cannot)."""
+        ...
+
+    def unload_adapter(self, name: str) -> None:
+        """Free the adapter; none of its sequences runs any more."""
+        ...
