@@ -124,7 +124,7 @@ SERVING_LAYERS: list[set[str]] = [
     {"queue", "batches"},
     {"batcher", "seats", "pipeline"},
     {"runners"},
-    {"served", "caller"},
+    {"served", "caller", "adapters"},
     {"memory"},
     {"manager"},
     {"cache", "validation", "control"},

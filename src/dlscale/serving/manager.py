@@ -54,6 +54,7 @@ class ModelManager:
         #: What each loaded model holds, and the budget every load fits (docs/memory.md).
         self.memory = MemoryLedger()
         self.memory.evict, self.memory.held = self._evict, self._held
+        self.memory.holders = self.adapters_on
         #: An unload's wait for its requests before it stops them (None: no limit).
         self.grace_s: float | None = None
         self._entries: dict[str, ModelEntry] = {}
@@ -249,8 +250,19 @@ class ModelManager:
 
     def _held(self, name: str) -> bool:
         """Whether something other than requests holds a model: a loaded pipeline uses it, or
-        it is loading or unloading (the ledger evicts none of these)."""
-        return name in self._locks or bool(self.pipelines_using(name))
+        it is loading or unloading (the ledger evicts none of these). Adapters placed on it
+        hold it too, but go before it (`adapters_on`)."""
+        adapters = self.adapters_on(name)
+        return name in self._locks or any(u not in adapters for u in self.pipelines_using(name))
+
+    def adapters_on(self, base: str) -> list[str]:
+        """The loaded LoRA adapters placed on a base model's engine."""
+        return [
+            e.name
+            for e in self.entries()
+            for v in list(e.versions.values())[:1]
+            if v.config.is_adapter and base in v.runner.models
+        ]
 
     async def _free(self, served: ServedVersion) -> None:
         """Free a version that loaded but may not stay (the memory budget refused it)."""
@@ -359,12 +371,7 @@ class ModelManager:
 
     def _check_no_adapters(self, base: str) -> None:
         """A base model keeps its engine while adapters are placed on it: no unload, no reload."""
-        adapters = [
-            e.name
-            for e in self.entries()
-            for v in list(e.versions.values())[:1]
-            if v.config.is_adapter and base in v.runner.models
-        ]
+        adapters = self.adapters_on(base)
         if adapters:
             raise ConfigError(
                 f"model {base!r} is the base of the loaded adapters {adapters}: unload them first"

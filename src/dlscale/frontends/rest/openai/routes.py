@@ -235,6 +235,8 @@ class OpenAIApi:
         length = parameters.get("max_model_len") or parameters.get("context", "")
         if length.isdigit():
             card["max_model_len"] = int(length)
+        if parameters.get("base"):  # a LoRA adapter: its base model, as vLLM reports it
+            card["parent"] = parameters["base"]
         return card
 
     # -- embeddings --------------------------------------------------------------------------------
