@@ -383,13 +383,14 @@ class Engine:
         if adapters is None:
             return
         if processor is None or not self._slots:
-            adapters.routing.groups = []
+            adapters.route((), (), 0)
             return
         # Synchronous batching (use_async_batching is off): the step's one set of inputs.
         requests = getattr(processor.inputs_and_outputs, "requests_in_batch", ())
         adapters.route(
             [self._slots.get(r.state.request_id, BASE) for r in requests],
             [r.query_length for r in requests],
+            int(kwargs["input_ids"].shape[-1]),
         )
 
     def stats(self) -> EngineStats:

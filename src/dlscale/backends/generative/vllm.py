@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -33,6 +34,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.backends.generative.contract import EngineStats
+from dlscale.backends.generative.lora_files import read_adapter
 from dlscale.backends.generative.vllm_options import EngineSettings, engine_settings
 from dlscale.errors import ConfigError, InvalidInput, Unsupported
 from dlscale.sampling import Guide, Sampling
@@ -60,6 +62,8 @@ except ImportError:  # pragma: no cover - older vLLM: a TokensPrompt dict
         return {"prompt_token_ids": prompt_token_ids}
 
 
+#: vLLM's default max_lora_rank (its engine refuses a rank above it at the adapter's first use).
+_VLLM_MAX_LORA_RANK = 16
 #: Prompts longer than this (characters) are tokenized off the event loop.
 _TOKENIZE_INLINE_CHARS = 16_384
 #: The engine processes read their environment when they start: one engine starts at a time.
@@ -79,6 +83,9 @@ class VllmBackend:
         self._max_model_len = 0
         self._stats = _LatestStats()
         self._serial = itertools.count()
+        #: The LoRA adapters placed on the engine, by name (vLLM reads each at its first use).
+        self._adapters: dict[str, LoRARequest] = {}
+        self._adapter_ids = itertools.count(1)
 
     def load(self) -> None:
         if current_platform.is_cpu() != (self.options.device == "cpu"):
@@ -142,7 +149,12 @@ class VllmBackend:
         # vLLM keys its sequences by id: the client's may be empty or repeated.
         engine_id = f"{request_id}#{next(self._serial)}"
         generated = 0
-        outputs = self._engine.generate(_tokens(ids), sampling_params(sampling), engine_id)
+        outputs = self._engine.generate(
+            _tokens(ids),
+            sampling_params(sampling),
+            engine_id,
+            lora_request=self._adapter(sampling.adapter),
+        )
         try:
             async with contextlib.aclosing(outputs):  # closing it aborts the sequence
                 async for output in outputs:
@@ -153,6 +165,34 @@ class VllmBackend:
                     yield contract.part(delta.text, len(ids), generated, reason, logprobs)
         except _ClientError as exc:  # what vLLM refuses in a request is the client's mistake
             raise InvalidInput(str(exc)) from None
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Check a LoRA adapter's folder (the same rules as every engine's) and name it to the
+        engine, which reads it at its first request (vLLM's LoRARequest)."""
+        if not self.settings.args.get("enable_lora"):
+            raise ConfigError(
+                f"adapter {name!r}: its base model's engine was not started with "
+                "[backend_options] enable_lora = true"
+            )
+        read_adapter(folder, int(self.settings.args.get("max_lora_rank", _VLLM_MAX_LORA_RANK)))
+        if len(self._adapters) >= int(self.settings.args.get("max_loras", 1)):
+            raise ConfigError(
+                f"adapter {name!r}: the engine holds {len(self._adapters)} adapters already "
+                "(max_loras): unload one, or raise [backend_options] max_loras of the base"
+            )
+        self._adapters[name] = LoRARequest(name, next(self._adapter_ids), str(folder))
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget an adapter; the engine frees its weights when it needs the room."""
+        self._adapters.pop(name, None)
+
+    def _adapter(self, name: str) -> LoRARequest | None:
+        if not name:
+            return None
+        request = self._adapters.get(name)
+        if request is None:
+            raise ConfigError(f"adapter {name!r} is not loaded on this engine")
+        return request
 
     def _logprobs(self, delta: Any, wanted: int | None) -> str:
         """vLLM's per-token logprobs ({token id: Logprob(logprob, rank, decoded_token)}) as
