@@ -10,7 +10,6 @@ import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -105,7 +104,7 @@ def test_adapters_answer_as_their_merged_weights_and_apart_in_mixed_requests(
 
 def test_a_pickle_beside_an_adapter_is_refused(server: LocalServer) -> None:
     client = tritonclient_http.InferenceServerClient(server.http_url)
-    with pytest.raises(InferenceServerException, match="adapter_model.bin") as refused:
+    with pytest.raises(InferenceServerException, match=r"adapter_model\.bin") as refused:
         client.load_model("with-pickle")
     assert refused.value.status() == "403"
     assert ask(server, "llama-tiny-lora-2", PROMPTS[0])  # the server serves on
