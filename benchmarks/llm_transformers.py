@@ -86,7 +86,7 @@ def run_static(folder: Path, requests: list[Request], batch: int) -> dict[str, A
     tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ttft, tpot, tokens = [], [], 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for first in range(0, len(requests), batch):
         group = requests[first : first + batch]
         encoded = tokenizer([p for p, _ in group], return_tensors="pt", padding=True)
@@ -106,7 +106,8 @@ def run_static(folder: Path, requests: list[Request], batch: int) -> dict[str, A
             ttft.append(clock.times[0] - start)
             if n > 1:
                 tpot.append((clock.times[n - 1] - clock.times[0]) / (n - 1))
-    return _summary(STATIC, tokens, time.perf_counter() - start, ttft, tpot)
+    cpu = time.process_time() - cpu
+    return _summary(STATIC, tokens, time.perf_counter() - start, ttft, tpot, cpu)
 
 
 async def run_continuous(
@@ -148,13 +149,13 @@ async def run_continuous(
             if last > 1:
                 tpot.append((times[-1] - times[0]) / (last - 1))
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(i, p, n) for i, (p, n) in enumerate(requests)))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     await manager.close()
     if sum(counted) != sum(n for _, n in requests):
         raise RuntimeError(f"the engine made {sum(counted)} tokens, not the workload's")
-    return _summary(side, sum(counted), elapsed, ttft, tpot)
+    return _summary(side, sum(counted), elapsed, ttft, tpot, cpu)
 
 
 def lora_repository(root: Path, model: str, count: int, threads: int) -> list[str]:
@@ -197,13 +198,16 @@ def run_lora(args: argparse.Namespace, requests: list[Request]) -> None:
 
 
 def _summary(
-    side: str, tokens: int, seconds: float, ttft: list[float], tpot: list[float]
+    side: str, tokens: int, seconds: float, ttft: list[float], tpot: list[float], cpu: float
 ) -> dict[str, Any]:
+    """One run's figures; tokens per CPU second (the process's, all its threads) is the
+    throughput with the machine's other jobs taken out, for a shared machine."""
     return {
         "side": side,
         "tokens": tokens,
         "seconds": round(seconds, 3),
         "tokens_per_s": round(tokens / seconds, 1),
+        "tokens_per_cpu_s": round(tokens / cpu, 1),
         "tpot_p99_ms": round(float(np.percentile(tpot, 99)) * 1e3, 2),
         "tpot_p50_ms": round(float(np.percentile(tpot, 50)) * 1e3, 2),
         "ttft_p50_ms": round(float(np.percentile(ttft, 50)) * 1e3, 1),
@@ -270,18 +274,18 @@ def padding_bound(requests: list[Request], batch: int) -> float:
     return computed / sum(n for _, n in requests)
 
 
-def paired(rows: list[dict[str, Any]], c: int, side: str, against: str = STATIC) -> float:
+def paired(
+    rows: list[dict[str, Any]],
+    c: int,
+    side: str,
+    against: str = STATIC,
+    key: str = "tokens_per_s",
+) -> float:
     """The median over repetitions of tokens/s against static's (or `against`'s) in the same
     repetition: the sides of one repetition run back to back, so a busy spell of a shared
     machine touches both."""
-    mine = {
-        r["repeat"]: r["tokens_per_s"] for r in rows if (r["concurrency"], r["side"]) == (c, side)
-    }
-    base = {
-        r["repeat"]: r["tokens_per_s"]
-        for r in rows
-        if (r["concurrency"], r["side"]) == (c, against)
-    }
+    mine = {r["repeat"]: r[key] for r in rows if (r["concurrency"], r["side"]) == (c, side)}
+    base = {r["repeat"]: r[key] for r in rows if (r["concurrency"], r["side"]) == (c, against)}
     return statistics.median(mine[k] / base[k] for k in mine)
 
 
@@ -292,7 +296,7 @@ def report(
     against: str = STATIC,
 ) -> None:
     """Medians per side and concurrency, the ratios, and the machine, as a markdown table."""
-    keys = ("tokens_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms")
+    keys = ("tokens_per_s", "tokens_per_cpu_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms")
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["concurrency"], row["side"]), []).append(row)
@@ -305,15 +309,17 @@ def report(
         f"{args.max_output} tokens, {args.threads} thread(s), medians of {args.repeats}:\n"
     )
     print(
-        "| C | side | output tokens/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms "
-        f"| x {against} (paired) | padding bound |"
+        "| C | side | output tokens/s | tokens per CPU s | TPOT p50 ms | TPOT p99 ms "
+        f"| TTFT p50 ms | x {against} (paired) | per CPU s x {against} | padding bound |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (c, side), m in sorted(medians.items()):
         print(
-            f"| {c} | {side} | {m['tokens_per_s']:.1f} | {m['tpot_p50_ms']:.1f} | "
-            f"{m['tpot_p99_ms']:.1f} | {m['ttft_p50_ms']:.0f} | "
-            f"{paired(rows, c, side, against):.2f} | {padding_bound(requests, c):.2f} |"
+            f"| {c} | {side} | {m['tokens_per_s']:.1f} | {m['tokens_per_cpu_s']:.1f} | "
+            f"{m['tpot_p50_ms']:.1f} | {m['tpot_p99_ms']:.1f} | {m['ttft_p50_ms']:.0f} | "
+            f"{paired(rows, c, side, against):.2f} | "
+            f"{paired(rows, c, side, against, 'tokens_per_cpu_s'):.2f} | "
+            f"{padding_bound(requests, c):.2f} |"
         )
     print(json.dumps(machine()))
     if args.out is not None:

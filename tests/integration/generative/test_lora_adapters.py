@@ -206,6 +206,24 @@ def test_a_bad_adapter_is_refused_and_the_server_serves_on(
     assert _grpc_generate(server, ONE, PROMPTS[1]) == solo[(ONE, PROMPTS[1])]
 
 
+def test_an_adapter_uploaded_in_a_load_request_serves_and_a_pickle_upload_is_refused(
+    server: LocalServer, repo: Path, solo: dict[tuple[str, str], str]
+) -> None:
+    config = json.dumps({"backend": "lora", "parameters": {"base": {"string_value": BASE}}})
+    names = ("adapter_config.json", "adapter_model.safetensors")
+    files = {f"file:1/{n}": (repo / ONE / "1" / n).read_bytes() for n in names}
+    with httpclient.InferenceServerClient(server.http_url) as http, _openai(server) as client:
+        http.load_model("uploaded", config=config, files=files)
+        try:
+            assert _complete(client, "uploaded", PROMPTS[2]) == solo[(ONE, PROMPTS[2])]
+        finally:
+            http.unload_model("uploaded")
+        pickled = {**files, "file:1/adapter_model.bin": b"\x80\x04K."}
+        with pytest.raises(InferenceServerException, match=r"adapter_model\.bin") as refused:
+            http.load_model("uploaded-pickle", config=config, files=pickled)
+        assert refused.value.status() == "403"
+
+
 def test_a_fourth_adapter_beyond_max_loras_is_refused(server: LocalServer, repo: Path) -> None:
     for i in (3, 4):  # copies of lora-1 under other names: ONE, TWO and copy 3 fill max_loras
         if not (repo / f"copy-{i}").exists():
