@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -131,6 +132,9 @@ def test_adapters_are_listed_as_models_of_their_own(server: LocalServer) -> None
         assert rows[ONE]["state"] == rows[TWO]["state"] == "READY"
         assert rows["with-pickle"].get("state") != "READY"  # in the repository, not loaded
         assert http.get_model_metadata(ONE)["inputs"][0]["name"] == "text_input"
+    url = f"http://{server.http_url}/tokenize"  # vLLM's route, on an adapter as on its base
+    ids = {m: httpx.post(url, json={"model": m, "prompt": "the cat"}).json() for m in (BASE, ONE)}
+    assert ids[ONE]["tokens"] == ids[BASE]["tokens"] and ids[ONE]["count"] > 1
 
 
 def test_an_adapter_answers_as_peft_and_otherwise_than_its_base_and_the_other(
