@@ -315,6 +315,10 @@ class ModelManager:
             error = Unavailable(f"model {name!r} can no longer serve: {reason}")
             for served in entry.versions.values():
                 served.runner.fail(error)
+            # Its adapters go with its engine: loading the base again is then allowed.
+            for adapter in self.adapters_on(name):
+                with contextlib.suppress(DlscaleError):
+                    await self.unload(adapter, 0.0, f"its base model {name!r} died: {reason}")
             await self._retire(entry)
 
     # -- internals -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -274,6 +275,30 @@ def test_adapters_are_evicted_with_the_other_models_and_come_back_on_demand(
         rows = {r["name"]: r for r in http.get_model_repository_index()}
         assert rows[BASE]["state"] == rows[TWO]["state"] == "READY"
         assert rows["big"]["state"] == "UNAVAILABLE"
+
+
+def test_a_dead_base_engine_takes_its_adapters_with_it_and_loads_again(
+    tmp_path: Path, repo: Path, solo: dict[tuple[str, str], str]
+) -> None:
+    for name in (BASE, ONE):
+        shutil.copytree(repo / name, tmp_path / name)
+    with (
+        serving(tmp_path) as server,
+        httpclient.InferenceServerClient(server.http_url) as http,
+        _openai(server) as client,
+    ):
+        backend: Any = server.server.manager.get(BASE).instances[0].backend
+        backend._engine.manager.stop(block=True, timeout=30, hard_stop=True)  # as a crash does
+        rows: dict[str, Any] = {}
+        for _ in range(600):  # the report reaches the event loop from the engine's threads
+            rows = {r["name"]: r for r in http.get_model_repository_index()}
+            if rows[ONE]["state"] != "READY":
+                break
+            time.sleep(0.05)  # a safety net of 30 s, not a timing figure
+        assert rows[BASE]["state"] == rows[ONE]["state"] == "UNAVAILABLE"
+        assert "its base model 'llama-tiny' died" in rows[ONE]["reason"]
+        http.load_model(ONE)  # its base loads again with it
+        assert _complete(client, ONE, PROMPTS[0]) == solo[(ONE, PROMPTS[0])]
 
 
 _NULL = (
