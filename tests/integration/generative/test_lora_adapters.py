@@ -80,7 +80,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[LocalServer]:
-    with serving(repo, load_models=(BASE, ONE, TWO)) as running:
+    # A long grace: an unload waits for an adapter's streams however busy the machine is.
+    with serving(repo, load_models=(BASE, ONE, TWO), grace_s=120.0) as running:
         yield running
 
 
@@ -185,6 +186,34 @@ def test_an_adapter_unloads_and_loads_again_and_holds_its_base(
         assert _complete(client, BASE, PROMPTS[0]) == solo[(BASE, PROMPTS[0])]
         http.load_model(TWO)
         assert _complete(client, TWO, PROMPTS[2]) == solo[(TWO, PROMPTS[2])]
+
+
+def test_an_adapters_unload_waits_for_its_streams_to_end(server: LocalServer) -> None:
+    asked: dict[str, Any] = {
+        "model": TWO,
+        "prompt": PROMPTS[0],
+        "max_tokens": 48,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    with _openai(server) as client, httpclient.InferenceServerClient(server.http_url) as http:
+        whole = client.completions.create(**asked).choices[0].text
+        stream = client.completions.create(**asked, stream=True)
+        chunks = [next(iter(stream))]  # in flight now
+        with ThreadPoolExecutor(1) as pool:
+            unloading = pool.submit(_unload, server, TWO)  # a client of the thread's own
+            chunks += list(stream)
+            unloading.result()
+        assert len(chunks) == 48 and chunks[-1].choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].text for c in chunks) == whole  # the adapter's to the end
+        rows = {r["name"]: r for r in http.get_model_repository_index()}
+        assert rows[TWO]["state"] == "UNAVAILABLE"
+        http.load_model(TWO)
+
+
+def _unload(server: LocalServer, model: str) -> None:
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=PATIENCE_S) as http:
+        http.unload_model(model)
 
 
 @pytest.mark.parametrize(
