@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.runners import Runner, Submission, seats_of
 from dlscale.serving.seats import Seats
 from dlscale.types import InferenceRequest, ModelKind
+
+#: Each placement's number: the engine's key of an adapter is its name and this.
+_LOADS = itertools.count(1)
 
 
 class _Stream:
@@ -37,8 +41,12 @@ class AdapterRunner:
 
     kind = ModelKind.GENERATIVE
 
-    def __init__(self, name: str, base: str, seats: Seats, hosts: Sequence[AdapterHost]) -> None:
+    def __init__(
+        self, name: str, key: str, base: str, seats: Seats, hosts: Sequence[AdapterHost]
+    ) -> None:
         self.name = name
+        #: What the engines know this load of it by (a reload places the new one beside it).
+        self.key = key
         self.seats = seats
         #: The base model, held while the adapter is loaded (the manager's `pipelines_using`).
         self.models: tuple[str, ...] = (base,)
@@ -90,7 +98,7 @@ class AdapterRunner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 30.0)
         for host in self._hosts:
-            await asyncio.to_thread(host.unload_adapter, self.name)
+            await asyncio.to_thread(host.unload_adapter, self.key)
 
 
 def adapter_of(runner: Runner) -> AdapterRunner | None:
@@ -113,16 +121,17 @@ async def place(name: str, folder: Path, base: str, runner: Runner) -> AdapterRu
     ]
     if len(hosts) != len(seats.instances):
         raise ConfigError(f"adapter {name!r}: the engine of its base {base!r} serves no adapters")
+    key = f"{name}@{next(_LOADS)}"
     placed: list[AdapterHost] = []
     try:
         for host in hosts:
-            await asyncio.to_thread(host.load_adapter, name, folder)
+            await asyncio.to_thread(host.load_adapter, key, folder)
             placed.append(host)
     except BaseException:
         for host in placed:
-            await asyncio.to_thread(host.unload_adapter, name)
+            await asyncio.to_thread(host.unload_adapter, key)
         raise
-    return AdapterRunner(name, base, seats, placed)
+    return AdapterRunner(name, key, base, seats, placed)
 
 
 def adapter_stats(name: str, version: int) -> ModelStats:

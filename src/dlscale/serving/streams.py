@@ -118,7 +118,7 @@ async def _open(
         held = None
     else:
         held = adapter.enter()
-        responses = _run(served, request, seats, on_end, adapter.name)
+        responses = _run(served, request, seats, on_end, adapter.key)
     try:
         async for response in responses:
             yield response

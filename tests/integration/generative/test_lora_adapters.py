@@ -186,6 +186,8 @@ def test_an_adapter_unloads_and_loads_again_and_holds_its_base(
         assert _complete(client, BASE, PROMPTS[0]) == solo[(BASE, PROMPTS[0])]
         http.load_model(TWO)
         assert _complete(client, TWO, PROMPTS[2]) == solo[(TWO, PROMPTS[2])]
+        http.load_model(TWO)  # a reload: the new load beside the old, then the old goes
+        assert _complete(client, TWO, PROMPTS[1]) == solo[(TWO, PROMPTS[1])]
 
 
 def test_an_adapters_unload_waits_for_its_streams_to_end(server: LocalServer) -> None:
