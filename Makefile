@@ -29,7 +29,15 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml
 	$(PIP) install -q -e '.[torch,client]'
 	touch $@
 
+# A fleet's router (docs/scale.md) is HAProxy, from the system's packages (root, or sudo).
+HAPROXY_INSTALL := apt-get install -y -q haproxy >/dev/null
+define install_haproxy
+	command -v haproxy >/dev/null || $(HAPROXY_INSTALL) 2>/dev/null || sudo -n $(HAPROXY_INSTALL) \
+		|| echo "haproxy not installed: the fleet tests are skipped (docs/scale.md)"
+endef
+
 $(VENV)/.dev-installed: $(PY) pyproject.toml
+	$(install_haproxy)
 	$(install_torch)
 	$(PIP) install -q -e '.[dev]'
 	# --no-deps: it requires `tensorflow` (the CUDA build); tensorflow-cpu has the same modules.

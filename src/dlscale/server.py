@@ -81,6 +81,8 @@ class Server:
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
             cold_loads=models.max_cold_loads,
         )
+        # Models that call models (Triton's BLS) go through the host's data path.
+        self.manager.calls.connect(self.dataplane.call_paths())
         self.registry = build_registry(self.manager, seen.telemetry_interval_s)
         self.registry.register(MemoryCollector(self.manager, lambda: self.dataplane.demand))
         self.frontends: dict[str, Frontend] = {}
@@ -346,12 +348,18 @@ class ServerThread:
 
 def serve(args: argparse.Namespace) -> int:
     """`dlscale serve REPO`: the server with the parsed flags, until SIGINT or SIGTERM."""
-    settings = settings_from(args)
+    return serve_settings(settings_from(args))
+
+
+def serve_settings(
+    settings: ServerSettings, on_ready: Callable[[Server], object] | None = None
+) -> int:
+    """Serve with these settings until SIGINT or SIGTERM; `on_ready` once the models are loaded."""
     server = Server(settings)
     seen = settings.observation
     server.dataplane.logs.install(seen.log_level, access_log=seen.access_log)
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            return runner.run(server.serve_forever())
+            return runner.run(server.serve_forever(on_ready))
     finally:
         server.dataplane.logs.uninstall()

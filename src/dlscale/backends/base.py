@@ -90,6 +90,10 @@ class Capabilities:
     #: unload's grace is over, so that a hung model can be unloaded. Other backends' batches
     #: are waited for.
     stops_batches: bool = False
+    #: Whether it is a generative engine whose steps the server can pace
+    #: (backends/generative/contract.py, `PacedBackend`): with [qos] on its device, each engine
+    #: step then takes a slot of the device's scheduler, as a classic model's batch does.
+    paces_steps: bool = False
 
 
 @runtime_checkable

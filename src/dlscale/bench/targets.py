@@ -113,6 +113,7 @@ class InProcessTarget:
         except DlscaleError as exc:
             raise BenchError(f"model {self.model!r} cannot be loaded: {exc}") from None
         self._dataplane = DataPlane(self._manager)
+        self._manager.calls.connect(self._dataplane.call_paths())  # BLS: this target's path
         served = self._manager.get(self.model, self.version)
         return ModelInfo(
             name=self.model,

@@ -77,6 +77,7 @@ class ModelReplica:
         self.manager = ModelManager(PlacedRepository(Path(repository)))
         await self.manager.load(model)
         self.dataplane = DataPlane(self.manager)
+        self.manager.calls.connect(self.dataplane.call_paths())  # BLS: this replica's path
         self._mirror = RayMetricsMirror(InferenceCollector(self.manager), metrics_interval_s)
         self._mirror_task = asyncio.get_running_loop().create_task(self._mirror.run())
 

@@ -35,9 +35,9 @@ from dlscale.scale.replica import ModelView, VersionView
 from dlscale.scale.settings import ScaleSettings
 from dlscale.serving.control.plane import check_model_control
 from dlscale.serving.dataplane import EXTENSIONS
-from dlscale.serving.manager import ModelState
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.regions.registry import SharedMemoryRegistry
+from dlscale.serving.served import ModelState
 from dlscale.serving.versions import resolve_version
 from dlscale.types import (
     InferenceRequest,

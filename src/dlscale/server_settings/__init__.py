@@ -89,7 +89,19 @@ class Network:
         type=int,
     )
 
+    #: One `dlscale serve` per device behind these ports (docs/scale.md); scale/devices.py reads
+    #: the SPEC: auto, a count, or a list of devices. None serves in this process.
+    device_workers: str | None = setting(
+        None,
+        "one server process per device behind these ports: auto (each GPU, or each MIG slice), "
+        "N processes, or gpu0,gpu1 / GPU-... / MIG-... UUIDs (docs/scale.md)",
+        "--device-workers",
+        metavar="SPEC",
+    )
+
     def __post_init__(self) -> None:
+        if self.device_workers is not None and not self.device_workers.strip():
+            raise ConfigError("--device-workers: auto, a count, or a list of devices")
         if self.http_workers < 0:
             raise ConfigError(f"--http-workers {self.http_workers}: 0 or more")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,28 @@ def _flagged(kind: type[Any]) -> Iterator[dataclasses.Field[Any]]:
     return (f for f in dataclasses.fields(kind) if "flags" in f.metadata)
 
 
-def add_serve_flags(serve: argparse.ArgumentParser) -> None:
-    """`dlscale serve`'s flags, generated from the groups' fields; Triton's spellings beside."""
+class _Dispatch(argparse.Action):
+    """Stores the flag's value and makes `handler` the verb's (as --ray does): a flag that
+    changes what `dlscale serve` runs (--device-workers) without the server knowing of it."""
+
+    def __init__(self, *args: Any, handler: object, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handler = handler
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+        option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        setattr(namespace, self.dest, values)
+        namespace.func = self.handler
+
+
+def add_serve_flags(
+    serve: argparse.ArgumentParser, handlers: Mapping[str, object] | None = None
+) -> None:
+    """`dlscale serve`'s flags, generated from the groups' fields; Triton's spellings beside.
+
+    `handlers` names, by field, the verb's handler when that field's flag is given."""
     serve.add_argument(
         "repo", type=Path, nargs="?", help="model repository, or a Hugging Face folder"
     )
@@ -44,13 +64,17 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     for kind, title in GROUPS.values():
         group = serve.add_argument_group(title)
         for item in _flagged(kind):
-            _add_flag(group, item)
+            _add_flag(group, item, (handlers or {}).get(item.name))
     add_triton_flags(serve)
 
 
-def _add_flag(group: argparse._ArgumentGroup, item: dataclasses.Field[Any]) -> None:
+def _add_flag(
+    group: argparse._ArgumentGroup, item: dataclasses.Field[Any], handler: object | None = None
+) -> None:
     """The flag of one field, as its metadata says (see the module's docstring)."""
     arg = dict(item.metadata["arg"])
+    if handler is not None:
+        arg.update(action=_Dispatch, handler=handler)
     default: Any = arg.pop("default", item.default)
     if arg.get("action") == "append":  # argparse appends to a copy of a list
         default = list(default)

@@ -27,7 +27,7 @@ from dlscale.errors import DlscaleError
 from dlscale.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from dlscale.serving.manager import ServedVersion
+    from dlscale.serving.served import ServedVersion
 
 #: A loaded version by name and version ("" for the newest): the model manager's `get`.
 Lookup = Callable[[str, str], "ServedVersion"]

@@ -20,16 +20,18 @@ from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, Unavailable
 from dlscale.serving.batcher import Tensors
 from dlscale.serving.cache import CacheLookup, ResponseCache
+from dlscale.serving.caller import CallPaths
 from dlscale.serving.classification import top_classes
 from dlscale.serving.control.demand import OnDemand
 from dlscale.serving.control.views import config_view
-from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.trace import Trace, Tracer
 from dlscale.serving.regions.lease import RequestRegions, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.serving.runners import Submission
+from dlscale.serving.served import ServedVersion
 from dlscale.serving.streams import OnEnd, aclose, joined, open_stream
 from dlscale.serving.validation import check_schedule_parameters, rows, validate
 from dlscale.types import (
@@ -71,8 +73,6 @@ class DataPlane:
         cache: ResponseCache | None = None,
     ) -> None:
         self.manager = manager
-        manager.calls = self.infer  # models that call models (BLS) go through this path
-        manager.streams = self._answers  # and this one, for Triton's decoupled BLS
         self.strict_readiness = strict_readiness
         #: Answers of models whose config enables the response cache (None: no cache).
         self.cache = cache
@@ -244,6 +244,11 @@ class DataPlane:
                     yield response
             finally:
                 await aclose(responses)
+
+    def call_paths(self) -> CallPaths:
+        """This plane's paths for models that call models, for the composition root to connect
+        to the manager's route (`manager.calls.connect(plane.call_paths())`)."""
+        return CallPaths(self.infer, self._answers)
 
     async def _answers(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Every response of the model: its stream, or its one answer (what a model's

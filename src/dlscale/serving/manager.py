@@ -1,4 +1,5 @@
-"""Model lifecycle: load (instances, signature check, warm-up), serve, drain and unload."""
+"""Model lifecycle: each model's state through load, serve, drain and unload (a version's
+loading itself is serving/loading.py's)."""
 
 from __future__ import annotations
 
@@ -11,34 +12,20 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.base import FailureReport
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable, root_cause
 from dlscale.models.config import StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
-from dlscale.models.signature import reconcile
 from dlscale.models.sources import ModelSource
-from dlscale.serving.adapters import place
-from dlscale.serving.batcher import Batcher
-from dlscale.serving.caller import InferCall, ServerCaller, StreamCall
-from dlscale.serving.classification import read_labels
-from dlscale.serving.instance import Instance
+from dlscale.serving.caller import CallRoute
+from dlscale.serving.loading import Loader, close_version
 from dlscale.serving.memory.ledger import MemoryLedger
-from dlscale.serving.observe.stats import ModelStats
-from dlscale.serving.pipeline import Pipeline, check_nesting
-from dlscale.serving.policy import BatchPolicy
+from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.qos.gate import DeviceGates
-from dlscale.serving.qos.slots import TenantQos
-from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
-from dlscale.serving.seats import Seats
-from dlscale.serving.served import ModelEntry, ModelState, ServedVersion, next_serial
+from dlscale.serving.served import ModelEntry, ModelState, ServedVersion
 from dlscale.serving.versions import resolve_version, unknown_model
-from dlscale.serving.warmup import warm, warmup_batches
 
 log = logging.getLogger("dlscale.models")
-
-
-__all__ = ["ModelEntry", "ModelManager", "ModelState", "ServedVersion"]
 
 
 class ModelManager:
@@ -46,11 +33,22 @@ class ModelManager:
 
     Models whose instances share a device take turns on it through one gate per device
     (`gates`, serving/qos/gate.py); `DeviceGates(enabled=False)` ignores every [qos] table.
+    Models that call models send their calls down `calls` (serving/caller.py), which the
+    composition root connects to the plane it builds over this manager.
     """
 
-    def __init__(self, repository: ModelRepository, gates: DeviceGates | None = None) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        gates: DeviceGates | None = None,
+        calls: CallRoute | None = None,
+    ) -> None:
         self.repository = repository
         self.gates = gates or DeviceGates()
+        #: Where models' calls to models go (Triton's BLS); unconnected, they are refused.
+        self.calls = calls or CallRoute()
+        #: Makes each served version; this manager keeps their states (serving/loading.py).
+        self.loader = Loader(self.gates, self.calls, self.get, self._reporter)
         #: What each loaded model holds, and the budget every load fits (docs/memory.md).
         self.memory = MemoryLedger()
         self.memory.evict, self.memory.held = self._evict, self._held
@@ -64,15 +62,14 @@ class ModelManager:
         #: The models this server should be serving: asked for at start or loaded since, less
         #: those unloaded. Strict readiness wants each of them READY.
         self.required: set[str] = set()
-        #: The inference path models call other models through; the DataPlane sets it.
-        self.calls: InferCall | None = None
-        self.streams: StreamCall | None = None  # and those that stream (the DataPlane's)
         self._failing: set[asyncio.Task[None]] = set()  # backends' deaths being handled
 
     @classmethod
-    def open(cls, root: Path, gates: DeviceGates | None = None) -> ModelManager:
+    def open(
+        cls, root: Path, gates: DeviceGates | None = None, calls: CallRoute | None = None
+    ) -> ModelManager:
         """A manager over the repository folder at `root` (nothing loaded yet)."""
-        return cls(ModelRepository(root), gates)
+        return cls(ModelRepository(root), gates, calls)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -206,7 +203,7 @@ class ModelManager:
                     self._check_no_adapters(name)
                 served = {}
                 for mv in versions:
-                    load = functools.partial(self._load_version, mv)
+                    load = functools.partial(self.loader.load, mv)
                     served[mv.version] = await self.memory.load(mv, load, self._free)
             except DlscaleError as exc:
                 if previous is None or previous.state is not ModelState.READY:
@@ -408,117 +405,7 @@ class ModelManager:
             for mv in versions
         ]
 
-    async def _adapter_version(self, mv: ModelVersion) -> ServedVersion:
-        """An adapter version: placed on the engines of its base's newest loaded version."""
-        if mv.path == mv.folder:
-            raise ConfigError(
-                f"adapter {mv.name!r}: its PEFT files go in a version folder ({mv.name}/1/)"
-            )
-        base = self.get(mv.config.base)
-        if base.config.is_adapter:
-            raise ConfigError(f"adapter {mv.name!r}: its base {mv.config.base!r} is an adapter")
-        runner = await place(mv.name, mv.path, mv.config.base, base.runner)
-        stats = ModelStats(mv.name, str(mv.version))
-        return ServedVersion(mv, list(base.inputs), list(base.outputs), [], runner, stats)
-
-    def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
-        """A pipeline version: checked against its loaded step models; no instance, no batcher."""
-        pipeline = Pipeline(mv.name, mv.config)
-        pipeline.check(self.get)
-        inputs = mv.config.tensor_specs("inputs") or []
-        outputs = mv.config.tensor_specs("outputs") or []
-        stats = ModelStats(mv.name, str(mv.version))
-        return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
-
-    def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
-        """How a version's models call models (BLS): the server's paths, on the running loop."""
-        loop = asyncio.get_running_loop()
-        return ServerCaller(lambda: self.calls, loop, called, lambda: self.streams)
-
-    async def _load_version(self, mv: ModelVersion) -> ServedVersion:
-        config = mv.config
-        if config.is_pipeline:
-            return self._pipeline_version(mv)
-        if config.is_adapter:
-            return await self._adapter_version(mv)
-        opts = config.backend_options
-        extra = {k: v for k, v in (opts.model_extra or {}).items()}
-        # Off the event loop: a label file is read whole (bounded, serving/classification.py).
-        labels = {
-            t.name: await asyncio.to_thread(read_labels, mv.folder, t.label_file)
-            for t in config.outputs or ()
-            if t.label_file
-        }
-        instances, placements = [], []
-        qos: TenantQos | None = None
-        serial, called = next_serial(), set[tuple[str, str]]()
-        try:
-            for group in config.instances:
-                options = BackendOptions(
-                    device=group.device,
-                    intra_op_threads=opts.intra_op_threads,
-                    inter_op_threads=opts.inter_op_threads,
-                    max_batch_size=config.max_batch_size,
-                    graph_optimization_level=opts.graph_optimization_level,
-                    extra=extra,
-                    inputs=tuple(config.tensor_specs("inputs") or ()),
-                    outputs=tuple(config.tensor_specs("outputs") or ()),
-                    # Read by backends whose models call models (Capabilities.calls_models).
-                    caller=self._caller(called),
-                    report_failure=self._reporter(mv.name, serial),
-                )
-                for i in range(group.count):
-                    backend = create_backend(config.backend, mv.model_file, options)
-                    label = f"{mv.name}-v{mv.version}-{group.device}-{i}"
-                    instance = Instance(backend, label)
-                    instances.append(instance)
-                    placements.append((label, group.device))
-                    await instance.load()
-            first = instances[0].backend
-            inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
-            if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
-                stats = ModelStats(mv.name, str(mv.version))
-                seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
-                runner = StreamRunner(seats)
-                return ServedVersion(
-                    mv,
-                    inputs,
-                    outputs,
-                    instances,
-                    runner,
-                    stats,
-                    labels,
-                    serial=serial,
-                    called=called,
-                )
-            qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
-            # A model that calls models is not warmed up: the models it calls may load after it
-            # (Triton loads such models without a warm-up, too).
-            if not first.capabilities.calls_models:
-                batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
-                observe = qos.observe if qos is not None else None
-                await asyncio.gather(
-                    *(warm(i, batches, config.name, self.gates.clock, observe) for i in instances)
-                )
-        except BaseException:
-            if qos is not None:
-                qos.leave()
-            await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
-            raise
-        stats = ModelStats(mv.name, str(mv.version))
-        batcher = Batcher(BatchPolicy.of(config), instances, stats, self.gates.clock, qos)
-        batcher.start()
-        batched = BatchRunner(batcher)
-        return ServedVersion(
-            mv, inputs, outputs, instances, batched, stats, labels, qos, serial, called
-        )
-
     async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
         for served in entry.versions.values():
             self.memory.release(served.serial)
-            await served.runner.close(grace_s)
-            if served.qos is not None:
-                served.qos.leave()
-            # The batcher waited the grace: a batch still running now is stopped at once.
-            left = None if grace_s is None else 0.0
-            await asyncio.gather(*(i.close(left) for i in served.instances), return_exceptions=True)
+            await close_version(served, grace_s)

@@ -26,11 +26,11 @@ from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.sampling import Sampling
 from dlscale.serving.adapters import adapter_of, stream_seats
-from dlscale.serving.manager import ServedVersion
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.seats import Seats
+from dlscale.serving.served import ServedVersion
 from dlscale.serving.validation import validate
 from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire.generative import EXCLUDE_INPUT_IN_OUTPUT, STREAM, lift_optional_inputs

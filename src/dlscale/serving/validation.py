@@ -6,7 +6,7 @@ import numpy as np
 
 from dlscale.errors import InvalidInput, closest, known_names
 from dlscale.serving.classification import class_count
-from dlscale.serving.manager import ServedVersion
+from dlscale.serving.served import ServedVersion
 from dlscale.types import Datatype, InferenceRequest, Parameters, TensorSpec
 
 

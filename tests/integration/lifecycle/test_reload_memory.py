@@ -20,7 +20,7 @@ from tests.toolkit.server import serving
 
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Instance
-from dlscale.serving.manager import ServedVersion
+from dlscale.serving.served import ServedVersion
 
 ECHO = (
     'max_batch_size = 8\n[[inputs]]\nname = "x"\ndatatype = "FP32"\nshape = [2]\n'

@@ -24,10 +24,11 @@ from tests.toolkit.pipelines import (
 from dlscale.errors import BackendError, ConfigError, InvalidInput, TimedOut
 from dlscale.serving.control.poller import RepositoryPoller
 from dlscale.serving.host import HostPlane
-from dlscale.serving.manager import ModelManager, ModelState
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.trace import Tracer, TraceSettings
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.serving.regions.system import shm_path
+from dlscale.serving.served import ModelState
 from dlscale.types import Datatype, InferenceRequest, RegionRef, RegionTensor
 
 X = np.arange(12, dtype=np.float32).reshape(3, 4)

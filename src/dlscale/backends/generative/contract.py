@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -269,4 +270,28 @@ class AdapterHost(Protocol):
 
     def unload_adapter(self, name: str) -> None:
         """Free the adapter; none of its sequences runs any more."""
+        ...
+
+
+class StepGate(Protocol):
+    """Paces an engine's steps by its device's scheduler (serving/qos/steps.py): each step
+    takes a slot of the device, as a batch of a classic model does."""
+
+    def step(self, rows: int) -> AbstractContextManager[None]:
+        """Held around one engine step of `rows` sequences, on the engine's own thread: entering
+        blocks until the device grants the step (at once while nobody there has [qos]); the
+        slot is kept until the next step asks for its own, or `rest`."""
+        ...
+
+    def rest(self) -> None:
+        """The engine has no step to run next: the last step's slot goes back now."""
+        ...
+
+
+@runtime_checkable
+class PacedBackend(Protocol):
+    """An engine whose steps the server can pace (`Capabilities.paces_steps`)."""
+
+    def pace(self, gate: StepGate) -> None:
+        """From now on, run each engine step inside `gate.step` (called once, after `load`)."""
         ...

@@ -25,6 +25,7 @@ from dlscale.backends.generative.contract import (
     INPUTS,
     OUTPUTS,
     EngineStats,
+    StepGate,
     converted,
     join,
     prompt_text,
@@ -66,8 +67,17 @@ class TransformersBackend:
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            concurrency=INFER_CONCURRENCY, streams_answers=True, generates_text=True
+            concurrency=INFER_CONCURRENCY,
+            streams_answers=True,
+            generates_text=True,
+            paces_steps=True,
         )
+
+    def pace(self, gate: StepGate) -> None:
+        """Each engine step from now on takes its device's slot (contract.PacedBackend)."""
+        if self._engine is None:
+            raise Unavailable("the transformers engine is not loaded")
+        self._engine.pace(gate)
 
     @property
     def inputs(self) -> list[TensorSpec]:

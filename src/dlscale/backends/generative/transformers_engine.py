@@ -26,7 +26,7 @@ from transformers.generation.continuous_batching.continuous_api import Continuou
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from dlscale.backends.base import BackendOptions, FailureReport
-from dlscale.backends.generative.contract import EngineStats
+from dlscale.backends.generative.contract import EngineStats, StepGate
 from dlscale.backends.generative.lora_files import MAX_RANK, AdapterSpec
 from dlscale.backends.generative.lora_layers import BASE, Adapters
 from dlscale.backends.generative.transformers_sampling import RequestSampling
@@ -176,6 +176,21 @@ class _Manager(ContinuousBatchingManager):
         #: What ended the generation thread when transformers did not catch it itself (an
         #: unsupported release's TypeError at start): None while it runs or after a stop.
         self.crash: BaseException | None = None
+        #: Paces each step by the device's scheduler (set once by `Engine.pace`); None: free.
+        self.gate: StepGate | None = None
+
+    def _generation_step(self) -> None:
+        # One step is the engine's unit of device work, as a batch is a classic model's: with
+        # the step inside the gate, a classic model's batch on the same device waits for at
+        # most one step, and the scheduler counts the engine's device time step by step.
+        gate = self.gate
+        if gate is None:
+            super()._generation_step()
+            return
+        processor = self.batch_processor
+        rows = getattr(getattr(processor, "inputs_and_outputs", None), "num_request_in_batch", 1)
+        with gate.step(max(1, int(rows))):
+            super()._generation_step()
 
     def _run_generation_loop(self, use_inference_mode: bool) -> None:
         try:
@@ -188,6 +203,17 @@ class _Manager(ContinuousBatchingManager):
         except BaseException as exc:  # the thread ends: the router reads why and says so
             self.crash = exc
             raise
+        finally:
+            if self.gate is not None:
+                self.gate.rest()
+
+    def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
+        going = bool(super()._generation_loop_body(batch_processor, bootstrapping))
+        # Its last sequences ended (or left): the device's slot goes back now, not when a next
+        # step asks for it (a failure ends the loop, whose `finally` gives it back).
+        if self.gate is not None and not batch_processor.has_pending_requests():
+            self.gate.rest()
+        return going
 
     def failure(self) -> str:
         """Why the generation thread ended, in words ("" when nothing failed)."""
@@ -341,6 +367,10 @@ class Engine:
                 self._sinks.pop(engine_id, None)
                 self._slots.pop(engine_id, None)
             raise Unavailable("the transformers engine takes no new sequences (it stopped)")
+
+    def pace(self, gate: StepGate) -> None:
+        """Run every later step inside `gate.step` (read by the generation thread per step)."""
+        self.manager.gate = gate
 
     def cancel(self, engine_id: str) -> None:
         """Drop a sequence: its KV-cache blocks are freed at the engine's next step."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
 from dlscale.frontends.plane import Plane
+from dlscale.frontends.sockets import bind
 from dlscale.frontends.workers.host import PlaneHost
 from dlscale.frontends.workers.process import WorkerConfig
 from dlscale.wire import segments
@@ -59,7 +60,8 @@ class HttpWorkers:
 
     async def start(self) -> None:
         """Reserve the port, start the workers and return once every one listens."""
-        self._reserved = _reserve(self.config.host, self.config.port)
+        # Bound, not listening: it holds the port for the workers (SO_REUSEPORT).
+        self._reserved = bind(self.config.host, self.config.port, "REST", reuse_port=True)
         self.config = replace(self.config, port=self._reserved.getsockname()[1])
         try:
             for index in range(self.count):
@@ -134,17 +136,3 @@ class HttpWorkers:
         segments.sweep(self.prefix)
         if self._reserved is not None:
             self._reserved.close()
-
-
-def _reserve(host: str, port: int) -> socket.socket:
-    """A socket bound to (host, port) with SO_REUSEPORT that does not listen: it holds the port."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-    except OSError as exc:
-        raise DlscaleError(f"REST cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import ctypes
 import logging
 import os
 import pickle
@@ -28,10 +26,10 @@ from dlscale.frontends.rest.body import BodyBuffers
 from dlscale.frontends.rest.transport import HttpFrontend
 from dlscale.frontends.tls import TlsFiles
 from dlscale.frontends.workers.remote import Calls, RemotePlane
+from dlscale.native import die_with_parent
 from dlscale.wire.segments import Segments
 
 log = logging.getLogger("dlscale.http")
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,18 +84,12 @@ async def serve(config: WorkerConfig, calls: socket.socket, requests: socket.soc
         segments.close()
 
 
-def _die_with_parent() -> None:
-    # Linux: SIGTERM when the owner dies, even by SIGKILL (the channel's EOF is the other net).
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def main(argv: list[str]) -> int:
     """Run one worker from its command line."""
     calls_fd, requests_fd, encoded = int(argv[0]), int(argv[1]), argv[2]
     config: WorkerConfig = pickle.loads(base64.b64decode(encoded))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()  # the channel's EOF is the other net
     logging.basicConfig(format=f"%(asctime)s worker {os.getpid()} %(message)s")
     for name, level in config.log_levels:
         logging.getLogger(name or None).setLevel(level)

@@ -14,8 +14,9 @@ import logging
 from collections import Counter
 
 from dlscale.errors import DlscaleError, TimedOut, TooManyRequests
-from dlscale.serving.manager import ModelManager, ModelState
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.memory.policy import MemoryFull
+from dlscale.serving.served import ModelState
 
 log = logging.getLogger("dlscale.models")
 

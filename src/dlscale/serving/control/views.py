@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dlscale.models.config import InstanceConfig, ModelConfig
 from dlscale.models.config import VersionPolicy as VersionPolicyConfig
-from dlscale.serving.manager import ServedVersion
+from dlscale.serving.served import ServedVersion
 from dlscale.types import (
     DynamicBatching,
     EnsembleStep,

@@ -17,12 +17,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from dlscale.hardware.metrics import TelemetryCollector
-from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.metrics.custom import CustomCollector
 from dlscale.serving.metrics.streams import StreamCollector
 from dlscale.serving.metrics.vllm import VllmCollector
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.qos.admission import MAX_IN_FLIGHT, RATE_LIMIT
+from dlscale.serving.served import ServedVersion
 
 _LABELS = ["model", "version"]
 _DEVICE = [*_LABELS, "device"]

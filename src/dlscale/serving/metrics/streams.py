@@ -15,10 +15,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from dlscale.backends.generative.contract import GenerativeBackend
-from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.runners import seats_of
 from dlscale.serving.seats import Seats
+from dlscale.serving.served import ServedVersion
 
 _LABELS = ["model", "version"]
 

@@ -20,11 +20,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from dlscale.backends.generative.contract import EngineStats, GenerativeBackend
-from dlscale.serving.manager import ModelManager, ServedVersion
+from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.runners import seats_of
 from dlscale.serving.seats import Seats
+from dlscale.serving.served import ServedVersion
 
 LABEL = "model_name"
 #: Histograms: vLLM's name -> (help, the TokenStats histogram it reads).

@@ -93,16 +93,25 @@ class DeviceGates:
             gate.dispatch(now)
 
     def enrol(
-        self, name: str, config: ModelConfig, placements: Iterable[tuple[str, str]]
+        self,
+        name: str,
+        config: ModelConfig,
+        placements: Iterable[tuple[str, str]],
+        rows: int | None = None,
+        admission: Admission | None = None,
     ) -> TenantQos | None:
-        """The slot pool of a model version whose instances are `(instance name, device)` pairs."""
+        """The slot pool of a model version whose instances are `(instance name, device)` pairs;
+        `rows`: the most rows a slot holds, when not its max_batch_size (an engine's step holds
+        up to its sequence capacity); `admission`: the model's own, when it has one already (a
+        generative model's seats admit its requests)."""
         if not self.enabled:
             return None
         qos = config.qos
-        admission = Admission(config.name, qos, self.clock()) if qos else None
+        if admission is None and qos:
+            admission = Admission(config.name, qos, self.clock())
         placed = dict(placements)
         tenant_name = f"{name}#{next(self._enrolled)}"
-        tenants = {device: _tenant(tenant_name, config) for device in placed.values()}
+        tenants = {device: _tenant(tenant_name, config, rows) for device in placed.values()}
         gates = {}
         for device in tenants:
             gate = self.gates.get(device) or self.gates.setdefault(
@@ -115,12 +124,12 @@ class DeviceGates:
         return pool
 
 
-def _tenant(name: str, config: ModelConfig) -> Tenant:
+def _tenant(name: str, config: ModelConfig, rows: int | None) -> Tenant:
     qos = config.qos
     objective = qos.latency_objective_us / 1e6 if qos and qos.latency_objective_us else None
     return Tenant(
         name,
-        max_rows=max(1, config.max_batch_size),
+        max_rows=max(1, config.max_batch_size if rows is None else rows),
         objective_s=objective,
         weight=qos.weight if qos else 1.0,
         queue_delay_s=config.batching.max_queue_delay_us / 1e6,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dlscale.errors import Unavailable
 from dlscale.models.config import ModelConfig
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import LATENCY_BUCKETS_S, Histogram
@@ -66,8 +67,11 @@ class TenantQos:
     #: Seconds each request waited between its arrival and its batch's start.
     waited: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     _free: dict[str, list[Instance]] = field(default_factory=dict)  # by device
-    _waiter: tuple[asyncio.Future[Slot], DemandSource] | None = None
+    #: The one take waiting: its future, its demand, and the only device it may be granted on
+    #: (None: any; an engine's step is for its own device).
+    _waiter: tuple[asyncio.Future[Slot], DemandSource, str | None] | None = None
     _held: dict[Slot, _Held] = field(default_factory=dict)
+    _left: bool = False
 
     def tenant_of(self, instance: str) -> Tenant:
         """The Tenant at the device of the instance named `instance`."""
@@ -81,16 +85,21 @@ class TenantQos:
         """Each device with the model's standing there."""
         return list(self.tenants.items())
 
-    def attach(self, instances: Sequence[Instance]) -> None:
-        """The loaded instances (once per batch each takes at once) become the pool's slots."""
+    def attach(self, instances: Sequence[Instance], each: int | None = None) -> None:
+        """The loaded instances become the pool's slots: once per batch each takes at once, or
+        `each` times (an engine runs one step at a time, whatever sequences it holds)."""
         for instance in instances:
             device = self.placements[instance.name]
-            self._free.setdefault(device, []).extend([instance] * instance.slots)
+            count = instance.slots if each is None else each
+            self._free.setdefault(device, []).extend([instance] * count)
 
-    async def take(self, source: DemandSource) -> Slot:
-        """Wait for a free instance and its device's grant (module docstring)."""
+    async def take(self, source: DemandSource, device: str | None = None) -> Slot:
+        """Wait for a free instance and its device's grant (module docstring); on `device`
+        only, when given. Raises Unavailable once the pool has left its devices."""
+        if self._left:
+            raise Unavailable(f"model {self.name!r} has left its devices' schedulers")
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        self._waiter = (future, source)
+        self._waiter = (future, source, device)
         self.dispatcher.dispatch()
         try:
             return await future
@@ -107,6 +116,8 @@ class TenantQos:
         has an instance free there."""
         if self._waiter is None or self._waiter[0].done() or not self._free.get(device):
             return None
+        if self._waiter[2] not in (None, device):
+            return None
         # A batcher that waits has a batch ready; if its requests left since, it gets a slot
         # all the same, finds nothing to send and gives it back at once.
         return self._waiter[1].demand(now) or Demand(now, 1)
@@ -114,7 +125,7 @@ class TenantQos:
     def hand(self, device: str, grant: Grant, now: float) -> None:
         """The gate of `device` grants the waiting batcher a slot (`asking` said it waits)."""
         assert self._waiter is not None
-        future, _ = self._waiter
+        future = self._waiter[0]
         self._waiter = None
         scheduled = grant.decision != "off"
         slot = Slot(self._free[device].pop(), grant.max_rows, self._give_back, scheduled)
@@ -129,7 +140,12 @@ class TenantQos:
         self.dispatcher.dispatch()
 
     def leave(self) -> None:
-        """Leave every device (after the batcher has closed)."""
+        """Leave every device (after the batcher has closed); a take still waiting (an
+        engine's step) fails, and so does every later one: no gate would grant them."""
+        self._left = True
+        if self._waiter is not None and not self._waiter[0].done():
+            self._waiter[0].set_exception(Unavailable(f"model {self.name!r} left its devices"))
+        self._waiter = None
         for device, tenant in self.tenants.items():
             self.gates[device].leave(tenant.name)
         self.dispatcher.dispatch()

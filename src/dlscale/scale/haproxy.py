@@ -1,0 +1,314 @@
+"""The router in front of a fleet: HAProxy, fed with the live replicas over its runtime API.
+
+Every request of a fleet (per-device workers on one host, or Ray replicas on many) crosses one
+HAProxy process and then reaches a replica's own REST or gRPC port: no Python between the client
+and the server that answers (docs/decisions.md says why HAProxy and not Ray Serve's proxy). The
+fleet's owner calls `sync` with the replicas that live now; each takes a slot of a fixed
+template (`set server ... addr/port`, then `state ready`), and a replica that left is put in
+maintenance (its requests in flight finish; no new one is sent to it).
+
+What the router promises (docs/scale.md):
+- A replica that dies is out of rotation within a second: a health check (its REST
+  /v2/health/ready) every 250 ms, and the first failed connection marks it down at once.
+- A request whose replica died before answering anything (the connection failed or closed
+  empty) is sent again to another replica: inference is safe to repeat, and the client had
+  no answer. A request that cannot be repeated (its body is larger than HAProxy's buffer, or
+  its answer had begun) gets a 503 with a JSON error and `Retry-After`; gRPC clients read the
+  same as UNAVAILABLE.
+- The sockets are bound here and handed to HAProxy by descriptor, so port 0 works and the
+  ports are known before HAProxy starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlscale.errors import ConfigError, DlscaleError
+from dlscale.frontends.sockets import bind
+from dlscale.native import die_with_parent
+from dlscale.scale.weights import MAX_WEIGHT
+
+log = logging.getLogger("dlscale.scale")
+#: The most replicas one router holds (slots of the server template, per protocol).
+SLOTS = 64
+#: Milliseconds between two health checks of a replica.
+CHECK_INTER_MS = 250
+#: Seconds HAProxy gets to open its runtime socket.
+START_TIMEOUT_S = 10.0
+REST, GRPC = "rest", "grpc"
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live replica as the router sees it: where its REST and gRPC ports are."""
+
+    #: Stable while the replica lives (a Ray replica id, a device worker's device).
+    key: str
+    host: str
+    http_port: int
+    grpc_port: int | None = None
+
+
+def haproxy_binary() -> str:
+    """The haproxy executable, or a ConfigError saying how to install it."""
+    found = shutil.which("haproxy")
+    if found is None:
+        raise ConfigError(
+            "a fleet's router is HAProxy, and no `haproxy` is on PATH: install it "
+            "(Debian/Ubuntu: apt-get install haproxy; `make test` does)"
+        )
+    return found
+
+
+class HaproxyRouter:
+    """One HAProxy process routing REST and gRPC over the members it is given."""
+
+    def __init__(self, host: str, http_port: int, grpc_port: int | None) -> None:
+        self.host = host
+        self._asked = {REST: http_port, GRPC: grpc_port}
+        self._sockets: dict[str, socket.socket] = {}
+        self._dir = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
+        self._process: subprocess.Popen[bytes] | None = None
+        #: Slot number (1-based) of each member's key, and the members themselves.
+        self._slots: dict[str, int] = {}
+        self.members: dict[str, Member] = {}
+        self._weights: dict[str, int] = {}
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """The ports the router listens on, by protocol (http, grpc)."""
+        names = {REST: "http", GRPC: "grpc"}
+        return {names[p]: int(s.getsockname()[1]) for p, s in self._sockets.items()}
+
+    def start(self) -> None:
+        """Bind the ports, write the configuration and start HAProxy; returns once it answers."""
+        binary = haproxy_binary()
+        for proto, port in self._asked.items():
+            if port is not None:
+                self._sockets[proto] = _listen(self.host, port, proto)
+        fds = {p: s.fileno() for p, s in self._sockets.items()}
+        config = self._dir / "haproxy.cfg"
+        config.write_text(render(fds, self._dir))
+        _write_errors(self._dir)
+        self._process = subprocess.Popen(
+            [binary, "-db", "-f", str(config)],
+            pass_fds=tuple(fds.values()),
+            preexec_fn=die_with_parent,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._socket_path.exists():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise DlscaleError("HAProxy did not start (see its log above)")
+            time.sleep(0.02)
+
+    @property
+    def _socket_path(self) -> Path:
+        return self._dir / "admin.sock"
+
+    def sync(self, members: Sequence[Member]) -> None:
+        """Route to exactly `members`: new ones take a free slot, those gone are put in
+        maintenance (requests on them finish; none is sent to them)."""
+        wanted = {m.key: m for m in members}
+        commands = []
+        for key in [k for k in self.members if k not in wanted]:
+            slot = self._slots.pop(key)
+            del self.members[key]
+            self._weights.pop(key, None)
+            commands += [f"set server {p}/r{slot} state maint" for p in self._sockets]
+            log.info("router: replica %s out of rotation", key)
+        for key, member in wanted.items():
+            if self.members.get(key) == member:
+                continue
+            slot = self._slots.get(key) or self._free_slot()
+            self._slots[key] = slot
+            self.members[key] = member
+            commands += _enable(slot, member, self._sockets)
+            log.info("router: replica %s at %s:%d", key, member.host, member.http_port)
+        if commands:
+            self.command(*commands)
+
+    def weigh(self, weights: Mapping[str, int]) -> None:
+        """Set members' weights (1-256; scale/weights.py): leastconn divides by them."""
+        changed = {
+            key: weight
+            for key, weight in weights.items()
+            if key in self._slots and self._weights.get(key) != weight
+        }
+        commands = [
+            f"set server {proto}/r{self._slots[key]} weight {weight}"
+            for key, weight in changed.items()
+            for proto in self._sockets
+        ]
+        if commands:
+            self.command(*commands)
+            self._weights.update(changed)
+
+    def _free_slot(self) -> int:
+        taken = set(self._slots.values())
+        for slot in _slots():
+            if slot not in taken:
+                return slot
+        raise DlscaleError(f"the router holds at most {SLOTS} replicas")
+
+    def command(self, *commands: str) -> str:
+        """Run runtime-API commands (one connection; HAProxy answers each in turn)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            admin.settimeout(5.0)
+            admin.connect(str(self._socket_path))
+            admin.sendall(("; ".join(commands) + "\n").encode())
+            chunks = []
+            while chunk := admin.recv(65536):
+                chunks.append(chunk)
+        answer = b"".join(chunks).decode(errors="replace")
+        refused = [line for line in answer.splitlines() if _is_refusal(line)]
+        if refused:
+            raise DlscaleError(f"HAProxy refused {commands!r}: {refused[0]}")
+        return answer
+
+    def states(self) -> dict[str, str]:
+        """Each member's state in the REST backend as HAProxy sees it (UP, DOWN, MAINT...)."""
+        rows = self.command("show stat").splitlines()
+        header = rows[0].lstrip("# ").split(",") if rows else []
+        by_slot = {}
+        for row in rows[1:]:
+            fields = dict(zip(header, row.split(","), strict=False))
+            if fields.get("pxname") == REST and fields.get("svname", "").startswith("r"):
+                by_slot[fields["svname"]] = fields.get("status", "")
+        return {key: by_slot.get(f"r{slot}", "") for key, slot in self._slots.items()}
+
+    def stop(self) -> None:
+        """Stop HAProxy (connections close) and release the ports."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        for sock in self._sockets.values():
+            sock.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _is_refusal(line: str) -> bool:
+    # The runtime API answers nothing, or a sentence, to a command that worked; these to one
+    # that did not.
+    low = line.lower()
+    return low.startswith(("unknown command", "no such", "require", "invalid")) or (
+        "doesn't exist" in low or "not found" in low
+    )
+
+
+def _enable(slot: int, member: Member, sockets: dict[str, socket.socket]) -> list[str]:
+    """The commands pointing slot `slot` of each backend at `member` and putting it in service."""
+    commands = []
+    for proto in sockets:
+        port = member.http_port if proto == REST else member.grpc_port
+        server = f"{proto}/r{slot}"
+        if port is None:  # this replica has no gRPC port: its slot stays in maintenance
+            commands.append(f"set server {server} state maint")
+            continue
+        commands += [
+            f"set server {server} addr {member.host} port {port}",
+            # A slot keeps its last weight: a new replica starts at the most, to be measured.
+            f"set server {server} weight {MAX_WEIGHT}",
+            f"set server {server} state ready",
+        ]
+    return commands
+
+
+def _listen(host: str, port: int, proto: str) -> socket.socket:
+    """A listening socket for HAProxy to inherit (bound here, so port 0 picks a known port)."""
+    sock = bind(host, port, f"the router's {proto} frontend")
+    sock.listen(4096)
+    sock.set_inheritable(True)
+    return sock
+
+
+def render(fds: dict[str, int], workdir: Path) -> str:
+    """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each."""
+    lines = [
+        "global",
+        f"  stats socket {workdir / 'admin.sock'} mode 600 level admin",
+        f"  maxconn {_max_connections()}",
+        "defaults",
+        "  mode http",
+        "  timeout connect 2s",
+        # Inference may be long (a generative stream, a large batch): the replica's own
+        # deadlines bound a request, not the router.
+        "  timeout client 1h",
+        "  timeout server 1h",
+        "  timeout http-keep-alive 60s",
+        "  option http-keep-alive",
+        "  retries 2",
+        "  option redispatch 1",
+        # Safe to repeat: the replica closed without a byte of answer (it died or refused).
+        "  retry-on conn-failure empty-response",
+        *(f"  errorfile {code} {workdir / f'{code}.http'}" for code in _ERRORS),
+    ]
+    for proto, fd in fds.items():
+        bind = f"fd@{fd}" + (" proto h2" if proto == GRPC else "")
+        lines += [f"frontend {proto}", f"  bind {bind}", f"  default_backend {proto}"]
+    # Every replica's REST port is checked (its /v2/health/ready), and its gRPC server follows
+    # that check (`track`): one meaning of "up" for both protocols.
+    lines += [
+        f"backend {REST}",
+        *_BALANCE,
+        "  option httpchk GET /v2/health/ready",
+        "  http-check expect status 200",
+        f"  default-server check inter {CHECK_INTER_MS} fall 1 rise 1 "
+        "observe layer4 error-limit 1 on-error mark-down",
+        f"  server-template r 1-{SLOTS} 127.0.0.1:9 disabled",
+        f"backend {GRPC}",
+        *_BALANCE,
+        *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in _slots()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _max_connections() -> int:
+    """Connections HAProxy may hold: each takes two descriptors (client and replica side)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    return max(256, min(20000, limit // 2 - 200))
+
+
+#: How each backend picks a replica: the fewest requests in flight (refined by issue 35's routing).
+_BALANCE = ("  balance leastconn", "  http-reuse always")
+
+
+def _slots() -> range:
+    return range(1, SLOTS + 1)
+
+
+#: HAProxy's own answers, as the Open Inference Protocol's error shape; all retryable.
+_ERRORS = {
+    502: "no replica answered this request",
+    503: "no replica is ready to serve",
+    504: "the replica did not answer in time",
+}
+
+
+def _write_errors(workdir: Path) -> None:
+    for code, why in _ERRORS.items():
+        body = f'{{"error": "{why}: retry"}}'
+        # A 502 from a replica that died is retryable, so every one is a 503 with Retry-After.
+        (workdir / f"{code}.http").write_text(
+            "HTTP/1.1 503 Service Unavailable\r\n"
+            "content-type: application/json\r\n"
+            "retry-after: 1\r\n"
+            f"content-length: {len(body)}\r\n"
+            "connection: close\r\n"
+            "\r\n"
+            f"{body}"
+        )

@@ -1,0 +1,80 @@
+"""Routing by work: each replica's weight follows the compute time it measured per row.
+
+HAProxy picks the replica with the fewest requests in flight divided by its weight
+(`balance leastconn`). With every weight equal that counts requests; with each weight made
+inversely proportional to the replica's time per row, it estimates the work waiting on each
+replica, so a replica three times slower (an older GPU, a smaller MIG slice, a noisy host)
+gets a third of the requests, not a half. The times come from each replica's own statistics
+(the protocol's `/v2/models/stats`: rows inferred and their compute time, summed over models),
+read as differences over the last interval, so that old history does not hide a change.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: HAProxy's weights run from 1 to 256; the fastest replica gets the most.
+MAX_WEIGHT = 256
+#: Fewer rows than this in an interval say too little of a replica's speed: its weight stays.
+MIN_ROWS = 8
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a replica has computed since it started: rows, and their compute time."""
+
+    rows: int
+    compute_ns: int
+
+
+def read_work(
+    host: str, http_port: int, headers: Mapping[str, str] | None = None, timeout_s: float = 2.0
+) -> Work:
+    """A replica's totals from its statistics endpoint (every model, every version)."""
+    url = f"http://{host}:{http_port}/v2/models/stats"
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        stats = json.load(answer)
+    rows = compute = 0
+    for model in stats.get("model_stats", []):
+        rows += int(model.get("inference_count", 0))
+        compute += int(model.get("inference_stats", {}).get("compute_infer", {}).get("ns", 0))
+    return Work(rows, compute)
+
+
+class Weigher:
+    """Turns successive readings of each replica's Work into HAProxy weights."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, Work] = {}
+        #: Nanoseconds of compute per row, by replica, from its last interval with enough rows.
+        self.ns_per_row: dict[str, float] = {}
+
+    def weights(self, readings: Mapping[str, Work]) -> dict[str, int]:
+        """Each replica's weight after these readings; replicas not read are forgotten.
+
+        A replica not yet measured gets the highest weight, so that it is sent enough requests
+        to be measured.
+        """
+        for key in [k for k in self._last if k not in readings]:
+            del self._last[key]
+            self.ns_per_row.pop(key, None)
+        for key, work in readings.items():
+            last = self._last.get(key)
+            if last is None or work.rows < last.rows:  # new, or restarted: counts begin again
+                self._last[key] = work
+                continue
+            rows = work.rows - last.rows
+            if rows >= MIN_ROWS:  # else the interval grows until it has enough rows
+                self.ns_per_row[key] = max(1.0, (work.compute_ns - last.compute_ns) / rows)
+                self._last[key] = work
+        fastest = min(self.ns_per_row.values(), default=0.0)
+        return {
+            key: MAX_WEIGHT
+            if key not in self.ns_per_row
+            else max(1, round(MAX_WEIGHT * fastest / self.ns_per_row[key]))
+            for key in readings
+        }

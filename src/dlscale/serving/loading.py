@@ -1,0 +1,168 @@
+"""Loading one model version apart from the manager's states: its backends and instances, the
+check of their signature against the config, the warm-up, and the runner that serves it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends.base import FailureReport
+from dlscale.errors import ConfigError
+from dlscale.models.repository import ModelVersion
+from dlscale.models.signature import reconcile
+from dlscale.serving.adapters import place
+from dlscale.serving.batcher import Batcher
+from dlscale.serving.caller import CallRoute, ServerCaller
+from dlscale.serving.classification import read_labels
+from dlscale.serving.instance import Instance
+from dlscale.serving.observe.stats import ModelStats
+from dlscale.serving.pipeline import Lookup, Pipeline
+from dlscale.serving.policy import BatchPolicy
+from dlscale.serving.qos.gate import DeviceGates
+from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.qos.steps import pace_engines
+from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
+from dlscale.serving.seats import Seats
+from dlscale.serving.served import ServedVersion, next_serial
+from dlscale.serving.warmup import warm, warmup_batches
+
+#: How the backends of one load (model name, load serial) report that they can no longer serve.
+Reporter = Callable[[str, int], FailureReport]
+
+
+class Loader:
+    """Makes the served version of a model version (and takes one apart: `close_version`).
+
+    It holds no state of its own: the manager keeps which versions serve and in what state,
+    and hands in how to look up a loaded model (a pipeline's steps) and how a load's backends
+    report their death (the manager's failure handling).
+    """
+
+    def __init__(
+        self, gates: DeviceGates, calls: CallRoute, lookup: Lookup, reporter: Reporter
+    ) -> None:
+        self.gates = gates
+        self.calls = calls
+        self._lookup = lookup
+        self._reporter = reporter
+
+    async def load(self, mv: ModelVersion) -> ServedVersion:
+        """The served version of `mv`: a pipeline checked against its steps, or its backends'
+        instances loaded, checked against the config, warmed up, behind a batcher (or seats)."""
+        config = mv.config
+        if config.is_pipeline:
+            return self._pipeline_version(mv)
+        if config.is_adapter:
+            return await self._adapter_version(mv)
+        opts = config.backend_options
+        extra = {k: v for k, v in (opts.model_extra or {}).items()}
+        # Off the event loop: a label file is read whole (bounded, serving/classification.py).
+        labels = {
+            t.name: await asyncio.to_thread(read_labels, mv.folder, t.label_file)
+            for t in config.outputs or ()
+            if t.label_file
+        }
+        instances, placements = [], []
+        qos: TenantQos | None = None
+        serial, called = next_serial(), set[tuple[str, str]]()
+        try:
+            for group in config.instances:
+                options = BackendOptions(
+                    device=group.device,
+                    intra_op_threads=opts.intra_op_threads,
+                    inter_op_threads=opts.inter_op_threads,
+                    max_batch_size=config.max_batch_size,
+                    graph_optimization_level=opts.graph_optimization_level,
+                    extra=extra,
+                    inputs=tuple(config.tensor_specs("inputs") or ()),
+                    outputs=tuple(config.tensor_specs("outputs") or ()),
+                    # Read by backends whose models call models (Capabilities.calls_models).
+                    caller=self._caller(called),
+                    report_failure=self._reporter(mv.name, serial),
+                )
+                for i in range(group.count):
+                    backend = create_backend(config.backend, mv.model_file, options)
+                    label = f"{mv.name}-v{mv.version}-{group.device}-{i}"
+                    instance = Instance(backend, label)
+                    instances.append(instance)
+                    placements.append((label, group.device))
+                    await instance.load()
+            first = instances[0].backend
+            inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
+            if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
+                stats = ModelStats(mv.name, str(mv.version))
+                seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
+                # Its engine's steps take the device's slots, beside the batchers' batches.
+                qos = pace_engines(
+                    self.gates,
+                    f"{mv.name}/{mv.version}",
+                    config,
+                    placements,
+                    instances,
+                    rows=seats.capacity,
+                    admission=seats.queue.admission,
+                )
+                runner = StreamRunner(seats)
+                return ServedVersion(
+                    mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called
+                )
+            qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
+            # A model that calls models is not warmed up: the models it calls may load after it
+            # (Triton loads such models without a warm-up, too).
+            if not first.capabilities.calls_models:
+                batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
+                observe = qos.observe if qos is not None else None
+                await asyncio.gather(
+                    *(warm(i, batches, config.name, self.gates.clock, observe) for i in instances)
+                )
+        except BaseException:
+            if qos is not None:
+                qos.leave()
+            await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
+            raise
+        stats = ModelStats(mv.name, str(mv.version))
+        batcher = Batcher(BatchPolicy.of(config), instances, stats, self.gates.clock, qos)
+        batcher.start()
+        batched = BatchRunner(batcher)
+        return ServedVersion(
+            mv, inputs, outputs, instances, batched, stats, labels, qos, serial, called
+        )
+
+    def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
+        """A pipeline version: checked against its loaded step models; no instance, no batcher."""
+        pipeline = Pipeline(mv.name, mv.config)
+        pipeline.check(self._lookup)
+        inputs = mv.config.tensor_specs("inputs") or []
+        outputs = mv.config.tensor_specs("outputs") or []
+        stats = ModelStats(mv.name, str(mv.version))
+        return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
+
+    async def _adapter_version(self, mv: ModelVersion) -> ServedVersion:
+        """A LoRA adapter's version: placed on the engines of its base's newest loaded version
+        (serving/adapters.py); no instance of its own."""
+        if mv.path == mv.folder:
+            raise ConfigError(
+                f"adapter {mv.name!r}: its PEFT files go in a version folder ({mv.name}/1/)"
+            )
+        base = self._lookup(mv.config.base, "")
+        if not isinstance(base, ServedVersion) or base.config.is_adapter:
+            raise ConfigError(f"adapter {mv.name!r}: its base {mv.config.base!r} is no engine")
+        runner = await place(mv.name, mv.path, mv.config.base, base.runner)
+        stats = ModelStats(mv.name, str(mv.version))
+        return ServedVersion(mv, list(base.inputs), list(base.outputs), [], runner, stats)
+
+    def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
+        """How a version's models call models (BLS): the server's paths, on the running loop."""
+        loop = asyncio.get_running_loop()
+        return ServerCaller(self.calls, loop, called)
+
+
+async def close_version(served: ServedVersion, grace_s: float | None = None) -> None:
+    """Stop a version: its requests finish within the grace, then its instances close."""
+    await served.runner.close(grace_s)
+    if served.qos is not None:
+        served.qos.leave()
+    # The batcher waited the grace: a batch still running now is stopped at once.
+    left = None if grace_s is None else 0.0
+    await asyncio.gather(*(i.close(left) for i in served.instances), return_exceptions=True)

@@ -1,0 +1,223 @@
+"""The fleet's router (HAProxy) over two `dlscale serve` children, without Ray.
+
+Each child is a whole server on its own ports (scale/child.py); the router is fed the live ones.
+A child killed by its pid leaves rotation within a second and no request through the router is
+lost: the ones it held are sent again to the other child (nothing of theirs had been answered).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS
+from tests.toolkit.waiting import until
+
+from dlscale.errors import DlscaleError
+from dlscale.scale.child import Endpoint, ServerChild
+from dlscale.scale.haproxy import HaproxyRouter, Member
+from dlscale.scale.weights import Weigher, read_work
+from dlscale.server import ServerSettings
+
+pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
+HOST = "127.0.0.1"
+
+
+def _settings(repo: Path) -> ServerSettings:
+    return ServerSettings.build(
+        repo, host=HOST, http_port=0, grpc_port=0, metrics_port=None, log_level="warning"
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(small_repo: Path) -> Iterator[tuple[HaproxyRouter, list[ServerChild], list[Endpoint]]]:
+    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
+    router = HaproxyRouter(HOST, 0, 0)
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        router.sync([_member(i, e) for i, e in enumerate(endpoints)])
+        until(lambda: set(router.states().values()) == {"UP"})
+        yield router, children, endpoints
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def _member(index: int, endpoint: Endpoint) -> Member:
+    return Member(f"child{index}", endpoint.host, endpoint.http_port, endpoint.grpc_port)
+
+
+def _rest_infer(port: int, value: float) -> np.ndarray:
+    client = th.InferenceServerClient(f"{HOST}:{port}", network_timeout=30)
+    x = np.full((1, 16), value, np.float32)
+    tensor = th.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer("identity", [tensor]).as_numpy("output")
+
+
+def test_both_protocols_reach_the_children_through_one_address(fleet) -> None:  # type: ignore[no-untyped-def]
+    router, _, _ = fleet
+    assert _rest_infer(router.ports["http"], 3.0)[0, 0] == 3.0
+    grpc = tg.InferenceServerClient(f"{HOST}:{router.ports['grpc']}")
+    tensor = tg.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 16), 5.0, np.float32))
+    assert grpc.infer("identity", [tensor], client_timeout=30).as_numpy("output")[0, 0] == 5.0
+    assert grpc.is_server_ready(client_timeout=30)
+
+
+def test_the_router_spreads_requests_over_the_children(fleet) -> None:  # type: ignore[no-untyped-def]
+    router, _, endpoints = fleet
+
+    def load() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: _rest_infer(router.ports["http"], float(i)), range(64)))
+
+    served = _served(endpoints, load)
+    assert sum(served) == 64 and min(served) > 0, served
+
+
+def test_a_killed_child_leaves_rotation_and_loses_no_request(small_repo: Path) -> None:
+    """Its own fleet: this test kills one child under load."""
+    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
+    router = HaproxyRouter(HOST, 0, None)
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        router.sync([_member(i, e) for i, e in enumerate(endpoints)])
+        until(lambda: set(router.states().values()) == {"UP"})
+        port = router.ports["http"]
+        with ThreadPoolExecutor(8) as pool:
+            answers = [pool.submit(_rest_infer, port, float(i)) for i in range(400)]
+            until(lambda: sum(a.done() for a in answers) >= 50)
+            assert children[0].process is not None
+            children[0].process.send_signal(signal.SIGKILL)
+            values = [a.result()[0, 0] for a in answers]  # none raises: none lost
+        assert values == [float(i) for i in range(400)]  # each its own answer, none mixed up
+        until(lambda: router.states()["child0"] == "DOWN")
+        router.sync([_member(1, endpoints[1])])
+        assert list(router.states()) == ["child1"]
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def test_with_no_child_alive_a_request_gets_a_retryable_503(small_repo: Path) -> None:
+    router = HaproxyRouter(HOST, 0, None)
+    router.start()
+    try:
+        with pytest.raises(Exception) as caught:
+            _rest_infer(router.ports["http"], 1.0)
+        assert "503" in str(caught.value) and "retry" in str(caught.value)
+    finally:
+        router.stop()
+
+
+def test_a_child_that_cannot_start_says_so(tmp_path: Path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.toml").write_text("this is not toml [")
+    settings = _settings(tmp_path).replace(exit_on_error=True)
+    with pytest.raises(DlscaleError, match="exited with"):
+        ServerChild(settings).start(timeout_s=120)
+
+
+def test_a_child_ends_with_its_supervisor(small_repo: Path) -> None:
+    """The child is told (PR_SET_PDEATHSIG) to stop when the process that started it dies."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time; from pathlib import Path\n"
+        "from dlscale.scale.child import ServerChild\n"
+        "from dlscale.server import ServerSettings\n"
+        f"s = ServerSettings.build(Path({str(small_repo)!r}), http_port=0, grpc_port=None,"
+        " metrics_port=None, log_level='warning')\n"
+        "print(ServerChild(s).start().pid, flush=True); time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    until(lambda: not _running(pid))
+    assert not _running(pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _sleeper_repo(root: Path, delay_us: int) -> Path:
+    """A null model that holds its (simulated) device `delay_us` per batch of up to 4 rows."""
+    config = (
+        BATCHED.format(max_batch=4, delay=0)
+        + NULL_TENSORS.format(inp="input", out="output", width=16, out_width=16)
+        + f'[backend_options]\ndelay_us = {delay_us}\nsimulated_device = "sim0"\n'
+    )
+    write_null_model(root, "sleeper", config)
+    return root
+
+
+def _sleeper_infer(port: int, value: float) -> float:
+    client = th.InferenceServerClient(f"{HOST}:{port}", network_timeout=60)
+    tensor = th.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 16), value, np.float32))
+    return float(client.infer("sleeper", [tensor]).as_numpy("output")[0, 0])
+
+
+def test_weights_from_measured_work_send_the_faster_replica_more(tmp_path: Path) -> None:
+    """Two replicas whose devices take 10 ms and 40 ms a batch: weighed by the compute time
+    each measured per row, the router sends the slow one less of the same load than before."""
+    repos = [_sleeper_repo(tmp_path / "fast", 10_000), _sleeper_repo(tmp_path / "slow", 40_000)]
+    children = [ServerChild(_settings(repo)) for repo in repos]
+    router = HaproxyRouter(HOST, 0, None)
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        members = [_member(i, e) for i, e in enumerate(endpoints)]
+        router.sync(members)
+        until(lambda: set(router.states().values()) == {"UP"})
+        weigher = Weigher()
+        weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        port = router.ports["http"]
+        unweighted = _served(endpoints, lambda: _load(port, 160))  # each replica measured
+        weights = weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        assert weights["child0"] > 2 * weights["child1"], weights  # 4x slower: about a quarter
+        router.weigh(weights)
+        weighted = _served(endpoints, lambda: _load(port, 160))
+        # Fewest requests in flight alone already favours the fast replica (the slow one holds
+        # its requests longer); divided by the weights, the slow one is sent fewer still.
+        assert sum(unweighted) == sum(weighted) == 160
+        assert weighted[1] < unweighted[1], (unweighted, weighted, weights)
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def _served(endpoints: list[Endpoint], load: Callable[[], None]) -> list[int]:
+    """The rows each replica computed while `load` ran."""
+    before = [read_work(e.host, e.http_port).rows for e in endpoints]
+    load()
+    return [read_work(e.host, e.http_port).rows - b for e, b in zip(endpoints, before, strict=True)]
+
+
+def _load(port: int, count: int) -> None:
+    """`count` requests from 8 closed-loop clients, each answered with its own rows."""
+    with ThreadPoolExecutor(8) as pool:
+        values = list(pool.map(lambda i: _sleeper_infer(port, float(i)), range(count)))
+    assert values == [float(i) for i in range(count)]

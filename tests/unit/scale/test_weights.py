@@ -1,0 +1,44 @@
+"""Routing by work: the weight of each replica from the compute time it measured per row."""
+
+from __future__ import annotations
+
+from dlscale.scale.weights import MAX_WEIGHT, MIN_ROWS, Weigher, Work
+
+
+def test_a_replica_three_times_slower_gets_a_third_of_the_weight() -> None:
+    weigher = Weigher()
+    weigher.weights({"fast": Work(0, 0), "slow": Work(0, 0)})
+    weights = weigher.weights({"fast": Work(300, 300_000), "slow": Work(100, 300_000)})
+    assert weights == {"fast": MAX_WEIGHT, "slow": round(MAX_WEIGHT / 3)}
+
+
+def test_an_unmeasured_replica_gets_the_most_weight_to_be_measured() -> None:
+    weigher = Weigher()
+    weigher.weights({"old": Work(0, 0)})
+    weights = weigher.weights({"old": Work(100, 1_000_000), "new": Work(0, 0)})
+    assert weights == {"old": MAX_WEIGHT, "new": MAX_WEIGHT}
+
+
+def test_too_few_rows_keep_the_weight_until_the_interval_has_enough() -> None:
+    weigher = Weigher()
+    weigher.weights({"a": Work(0, 0), "b": Work(0, 0)})
+    weigher.weights({"a": Work(100, 100_000), "b": Work(100, 200_000)})
+    # b answers a trickle at a tenth of the time per row: too few rows to read yet ...
+    few = MIN_ROWS - 1
+    trickle = weigher.weights({"a": Work(200, 200_000), "b": Work(100 + few, 200_000 + few * 100)})
+    assert trickle["b"] == MAX_WEIGHT // 2
+    # ... then, with enough rows since the last reading, its new speed counts.
+    weights = weigher.weights(
+        {"a": Work(300, 300_000), "b": Work(100 + 2 * few, 200_000 + 2 * few * 100)}
+    )
+    assert weights["b"] == MAX_WEIGHT and weights["a"] == round(MAX_WEIGHT / 10)
+
+
+def test_a_restarted_replica_starts_over_and_a_gone_one_is_forgotten() -> None:
+    weigher = Weigher()
+    weigher.weights({"a": Work(0, 0), "b": Work(0, 0)})
+    weigher.weights({"a": Work(100, 100_000), "b": Work(100, 300_000)})
+    weights = weigher.weights({"a": Work(200, 200_000), "b": Work(5, 50)})  # b's counts restarted
+    assert weights["b"] == round(MAX_WEIGHT / 3)  # its last speed stands until measured again
+    assert weigher.weights({"a": Work(300, 300_000)}) == {"a": MAX_WEIGHT}
+    assert set(weigher.ns_per_row) == {"a"}
