@@ -69,6 +69,9 @@ class _Stream(asyncio.Protocol):
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.body: list[bytes] = []
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: False once an answer said `connection: close` (a server's requests-per-connection
+        #: cap): the stream opens a new connection, as an HTTP client does.
+        self.keep_alive = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -87,6 +90,7 @@ class _Stream(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self.waiter is not None
+        self.keep_alive = self.parser.should_keep_alive()
         self.waiter.set_result((self.parser.get_status_code(), b"".join(self.body)))
         self.body = []
 
@@ -121,6 +125,9 @@ async def closed_loop(
         n = index
         try:
             while (t0 := time.perf_counter()) < stop_at:
+                if not proto.keep_alive:
+                    transport.close()
+                    transport, proto = await loop.create_connection(_Stream, host, port)
                 status, body = await proto.request(requests[n % len(requests)])
                 n += 1
                 t1 = time.perf_counter()

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from dlscale.backends.base import BackendOptions, Capabilities
@@ -60,6 +68,182 @@ def providers_for(device: str, extra: Mapping[str, Any]) -> list[Any]:
     chosen.append(("CUDAExecutionProvider", {"device_id": device_id}))
     chosen.append("CPUExecutionProvider")
     return chosen
+
+
+#: The most bytes of optimized graphs the process keeps on disk (docs/memory.md, "Loads that
+#: do not redo work"), and the largest graph kept: a quarter, so one model cannot flush the rest.
+GRAPH_CACHE_BYTES = 1 << 30
+#: The most model files remembered (digests, and files not kept: external data, too large,
+#: not optimizable).
+MAX_REMEMBERED = 10_000
+#: A file changed less than this long ago is hashed again at each load (see `_digest`).
+RACY_S = 2.0
+
+Key = tuple[str, str, str, str]
+
+
+class OptimizedGraphs:
+    """Graphs ONNX Runtime optimized once, kept as files in a folder of this process's own
+    (mode 0700, made at first use, removed with the process or by `clear`), bounded in bytes,
+    the least recently used dropped first.
+
+    The key is the model file's content (SHA-256) with what shapes the optimized graph (level,
+    providers, runtime version): a changed file is a new key, never a stale graph. A later load
+    reads the kept file with optimization off. Nothing of it comes from a request or a config.
+    """
+
+    def __init__(self, max_bytes: int = GRAPH_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.hits = 0
+        self.misses = 0
+        self._files: OrderedDict[Key, tuple[Path, int]] = OrderedDict()
+        self._passed: set[Key] = set()  # known not to be kept
+        self._digests: dict[str, tuple[tuple[int, ...], str]] = {}  # path: (identity, digest)
+        self._folder: Path | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        """Bytes of the graphs kept now."""
+        with self._lock:
+            return sum(size for _, size in self._files.values())
+
+    @property
+    def folder(self) -> Path | None:
+        """Where the graphs are kept (None before the first)."""
+        return self._folder
+
+    def clear(self) -> None:
+        """Forget every graph and remove the folder (sessions built from them are unaffected:
+        a session reads its file whole)."""
+        with self._lock:
+            folder, self._folder = self._folder, None
+            self._files.clear()
+            self._passed.clear()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def graph(self, path: Path, level: str, providers: list[Any]) -> Path | None:
+        """The file of the optimized graph of the model at `path`, made once; None where it is
+        not kept (above the largest entry, weights in other files, or a model ONNX Runtime
+        cannot optimize: the plain load then says why)."""
+        try:
+            digest = self._digest(path)
+        except OSError:
+            return None
+        if digest is None:
+            return None
+        key = (digest, level, repr(providers), ort.__version__)
+        with self._lock:
+            kept = self._files.get(key)
+            if kept is not None:
+                self._files.move_to_end(key)
+                self.hits += 1
+                return kept[0]
+            if key in self._passed:
+                return None
+            out = self._made_folder() / f"{digest[:40]}-{len(self._files)}-{self.misses}.onnx"
+            self.misses += 1
+        made = _optimize(path, level, providers, out, self.max_bytes // 4)
+        if not made:
+            out.unlink(missing_ok=True)
+        self._keep(key, out if made else None)
+        log.debug("%s: optimized graph %s.. kept: %s", path, digest[:12], made)
+        return out if made else None
+
+    def _digest(self, path: Path) -> str | None:
+        """The SHA-256 of the file's content (None above the largest entry). Hashing costs as
+        much as the load of a small model, so a digest is remembered by the file's identity
+        and times, once the file is older than RACY_S (as git does): a write within the file
+        system's clock tick of the hash would leave those unchanged."""
+        stat = path.stat()
+        if stat.st_size > self.max_bytes // 4:
+            return None
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        with self._lock:
+            known = self._digests.get(str(path))
+        if known is not None and known[0] == identity:
+            return known[1]
+        with path.open("rb") as file:
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
+        if time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) > RACY_S * 1e9:
+            with self._lock:
+                if len(self._digests) >= MAX_REMEMBERED:
+                    self._digests.clear()
+                self._digests[str(path)] = (identity, digest)
+        return digest
+
+    def _made_folder(self) -> Path:
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="dlscale-ort-"))
+            weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
+        return self._folder
+
+    def _keep(self, key: Key, out: Path | None) -> None:
+        with self._lock:
+            if out is None:
+                if len(self._passed) >= MAX_REMEMBERED:
+                    self._passed.clear()
+                self._passed.add(key)
+                return
+            if out.parent != self._folder or not out.is_file():
+                return  # cleared meanwhile
+            self._files[key] = (out, out.stat().st_size)
+            held = sum(size for _, size in self._files.values())
+            while held > self.max_bytes:
+                dropped, size = self._files.popitem(last=False)[1]
+                dropped.unlink(missing_ok=True)
+                held -= size
+
+
+#: The process's optimized graphs (a graph is the runtime's, the same for every server in it).
+GRAPHS = OptimizedGraphs()
+
+
+def _optimize(path: Path, level: str, providers: list[Any], out: Path, most: int) -> bool:
+    """Optimize the model at `path` into `out`; False when ONNX Runtime cannot, the model keeps
+    weights in other files (not in the key), or the graph is larger than `most` bytes."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = _OPT_LEVELS[level]
+    # One core for a load's optimizer, not the pool of every core that serving sessions share.
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.optimized_model_filepath = str(out)
+    # Its warning that a graph optimized at level "all" may hold host-specific kernels does
+    # not apply: the graph is used in this process only.
+    so.log_severity_level = 3
+    try:
+        if _external(onnx.load_model(str(path), load_external_data=False).graph):
+            return False
+        ort.InferenceSession(str(path), so, providers=providers)
+        return out.stat().st_size <= most
+    except Exception as exc:  # onnx's and onnxruntime's errors: the plain load reports them
+        log.debug("%s: not optimized ahead: %s", path, exc)
+        return False
+
+
+def _external(graph: onnx.GraphProto) -> bool:
+    """Whether a graph (its subgraphs included) keeps any tensor in another file."""
+    tensors = list(graph.initializer)
+    graphs = []
+    for node in graph.node:
+        for attr in node.attribute:
+            tensors += [attr.t, *attr.tensors]
+            graphs += [attr.g, *attr.graphs]
+    external = onnx.TensorProto.EXTERNAL
+    return any(t.data_location == external for t in tensors) or any(map(_external, graphs))
+
+
+def _from_kept(graph: Path, so: ort.SessionOptions, providers: list[Any]) -> Any:
+    """A session from a kept optimized graph, optimization off; None when it cannot be read
+    (dropped by the bound meanwhile): the plain load follows."""
+    level = so.graph_optimization_level
+    so.graph_optimization_level = _OPT_LEVELS["disable"]
+    try:
+        return ort.InferenceSession(str(graph), so, providers=providers)
+    except Exception as exc:  # onnxruntime's untyped errors
+        log.debug("%s: kept graph not read: %s", graph, exc)
+        so.graph_optimization_level = level
+        return None
 
 
 def _spec(arg: Any) -> TensorSpec:
@@ -116,13 +300,28 @@ class OnnxRuntimeBackend:
         # steals the cores other instances compute on.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = providers_for(self.options.device, self.options.extra)
-        try:
-            self._session = ort.InferenceSession(str(self.path), so, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
-            raise ConfigError(f"{self.path}: onnxruntime cannot load it: {exc}") from exc
+        # A load runs in its instance's thread at the normal priority. A thread niced below the
+        # serving ones made resident requests slower, not faster (docs/memory.md): it holds the
+        # GIL at times, and while the OS keeps it waiting, so does every thread of the server.
+        level = self.options.graph_optimization_level
+        graph = GRAPHS.graph(self.path, level, providers) if self._keeps_graph() else None
+        self._session = self._open(graph, so, providers)
         self._inputs = [_spec(a) for a in self._session.get_inputs()]
         self._outputs = [_spec(a) for a in self._session.get_outputs()]
         log.debug("loaded %s with providers %s", self.path, self._session.get_providers())
+
+    def _keeps_graph(self) -> bool:
+        """Whether its optimized graph is kept: on the CPU (GPU providers' graphs are untested
+        yet), at an optimization level that optimizes."""
+        return self.options.device == "cpu" and self.options.graph_optimization_level != "disable"
+
+    def _open(self, graph: Path | None, so: ort.SessionOptions, providers: list[Any]) -> Any:
+        """A session from the kept optimized graph, else from the model file."""
+        session = _from_kept(graph, so, providers) if graph is not None else None
+        try:
+            return session or ort.InferenceSession(str(self.path), so, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
+            raise ConfigError(f"{self.path}: onnxruntime cannot load it: {exc}") from exc
 
     @property
     def capabilities(self) -> Capabilities:

@@ -60,8 +60,9 @@ class BatchingConfig(_Strict):
     max_queue_size: NonNegative = 0
     #: Queue timeout for requests that give none; 0 means none.
     default_timeout_us: NonNegative = 0
-    #: Send a batch at once when requests arrive further apart than the delay (no company is
-    #: expected); false waits out max_queue_delay_us every time, as Triton does.
+    #: Send a batch at once when requests arrive further apart than the delay, or when one
+    #: arrives alone in flight after a lone batch (no company is expected: serving/policy.py's
+    #: Company); false waits out max_queue_delay_us every time, as Triton does.
     adaptive_queue_delay: bool = True
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ import numpy as np
 
 from dlscale.errors import PlanError
 from dlscale.models.config import BatchingConfig
-from dlscale.serving.policy import ArrivalGaps, BatchPolicy
+from dlscale.serving.policy import ArrivalGaps, BatchPolicy, Company
 
 #: Seconds one device takes for a batch of the given size, running alone.
 ServiceTime = Callable[[int], float]
@@ -52,7 +52,8 @@ class BatchingServer:
     The batcher is dlscale's, with `policy` (serving/policy.py): when an instance is free it
     takes the oldest requests and sends them once they fill a batch or a preferred size, once
     the oldest has waited the queue delay, or at once when the adaptive delay expects no
-    company (the smoothed gap between arrivals is longer than the delay). Instances on one
+    company (the smoothed gap between arrivals is longer than the delay, or the request
+    arrived alone in flight after a lone batch: `Company`). Instances on one
     device share it, so a batch takes `instances_per_device` times its lone service time: more
     instances overlap work, they do not add compute. With `service_spread` (measured times
     divided by their mean, e.g. from repeated runs) each batch takes its mean time times one of
@@ -204,12 +205,14 @@ def _batches(
     Each step is one batch, decided as `BatchPolicy.to_send` decides: at the moment an
     instance is free (`start`), the waiting requests that close a batch go; otherwise the batch
     waits for the arrival that completes a closing size, the delay, or (adaptive) the first
-    arrival after which no company is expected, whichever comes first.
+    arrival after which no company is expected, whichever comes first; a request that arrives
+    alone (`Company`) goes as it arrives.
     """
     policy, cost = server.policy, server.batch_times
     at_once, above = server.sent_at_once, server.next_closing
     # Without the adaptive delay no gap ever stops a wait: skip looking at them.
     gaps_matter = not policy.worth_waiting(math.inf)
+    company = Company()
     # Spread factors rescaled to mean 1: the spread must not change the mean service time.
     factors = server.service_spread
     spread = [f * len(factors) / sum(factors) for f in factors]
@@ -236,11 +239,18 @@ def _batches(
             if gaps_matter and deadline > start:
                 deadline = _stop_waiting(policy, arrivals, smoothed, scale, i, start, deadline)
             close = start if start > deadline else deadline
+            if gaps_matter and _arrives_alone(policy, company, arrivals, free, i):
+                close = head  # every instance is free: the batch starts as it arrives
             j = bisect_right(arrivals, close, i, n)
             j = i + target if j > i + target else j
         took = cost[j - i]
         if spread:
             took *= spread[int(draws[len(sizes)] * len(spread))]
+        # In flight beside it as it goes: the requests left waiting, else the batches computing
+        # (counted as busy instances: only whether there are any matters).
+        others = bisect_right(arrivals, close, j, n) - j
+        others = others or sum(1 for f in free if f > close)
+        company.sent(j - i, others)
         replace(free, close + took)
         closes.append(close)
         sizes.append(j - i)
@@ -274,6 +284,16 @@ def _stop_waiting(
         if not policy.worth_waiting(smoothed[k] * scale):
             return arrivals[k]
     return deadline
+
+
+def _arrives_alone(
+    policy: BatchPolicy, company: Company, arrivals: list[float], free: list[float], head: int
+) -> bool:
+    """Whether the head goes as it arrives, alone in flight (`Company`): every batch before
+    it has ended (each request before it is in one) and none arrives with it."""
+    if max(free) > arrivals[head] or policy.worth_waiting(0.0, company.arrives_alone(0)):
+        return False
+    return head + 1 == len(arrivals) or arrivals[head + 1] > arrivals[head]
 
 
 def peak_rate(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import logging
 import time
@@ -18,7 +17,7 @@ from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as 
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.otel import CURRENT
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
-from dlscale.serving.policy import ArrivalGaps, BatchPolicy
+from dlscale.serving.policy import ArrivalGaps, BatchPolicy, Company
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.queue import RequestQueue
 from dlscale.serving.slots import Demand, InstancePool, Slot, SlotPool
@@ -31,10 +30,11 @@ class Batcher:
 
     The policy (serving/policy.py) says when a batch would go: at max_batch_size or a
     preferred size, once the oldest request has waited max_queue_delay_us, or at once when no
-    company is expected. Then the batcher waits once for a slot (serving/slots.py): a free
-    instance, and with `qos` its device's grant, which may cap its rows. It forms the batch
-    once the slot is there: while every instance computes, requests keep arriving and the next
-    batch grows by itself.
+    company is expected (arrivals further apart than the delay, or a request that arrived
+    alone in flight after a lone batch and is still alone: `Company`). Then the batcher waits
+    once for a slot (serving/slots.py): a free instance, and with `qos` its device's grant,
+    which may cap its rows. It forms the batch once the slot is there: while every instance
+    computes, requests keep arriving and the next batch grows by itself.
 
     With `qos` (serving/qos/slots.py), requests first pass the model's admission limits, and
     the slot pool reads the batch to schedule from `demand` when the device decides.
@@ -69,12 +69,16 @@ class Batcher:
             self._pool = qos
         else:
             self._pool = InstancePool(self._instances, policy.max_batch_size)
-        self._arrival = asyncio.Event()
+        #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
+        #: decides by has changed) or by the oldest request's delay.
+        self._wake: asyncio.Future[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
         self._gaps = ArrivalGaps()  # for the adaptive queue delay
+        self._company = Company()  # likewise
+        self._computing = 0  # requests in batches sent and not yet finished
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -126,10 +130,11 @@ class Batcher:
         if times is not None:
             times.queue_start = ns(item.enqueued)
         item.timer = self.queue.expire(timeout_us, self._expire, item)
+        item.alone = self._company.arrives_alone(self._queued + self._computing)
         self._queues[level].append(item)
         self._queued += 1
         self._gaps.note(item.enqueued)
-        self._arrival.set()
+        self._poke()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
@@ -214,6 +219,8 @@ class Batcher:
             if not batch:  # every request had left meanwhile
                 slot.done()
                 continue
+            self._company.sent(len(batch), self._queued + self._computing)
+            self._computing += len(batch)
             task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -230,12 +237,27 @@ class Batcher:
             chosen, send, oldest = self._ready(now)
             if send or (holding and not chosen):
                 return
-            self._arrival.clear()
-            if not chosen:
-                await self._arrival.wait()
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), self.policy.close_by(oldest) - now)
+            await self._sleep(self.policy.close_by(oldest) - now if chosen else None)
+
+    async def _sleep(self, timeout: float | None) -> None:
+        """Until `_poke` or `timeout` seconds. A future and a timer, not `wait_for` on an
+        Event (a task per wait): the scheduler sleeps up to once per arrival. Nothing changes
+        between the policy's answer and this wait (one thread), so no wake can be missed."""
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, wake)
+        try:
+            await wake
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    def _poke(self) -> None:
+        """Wake the scheduler if it sleeps: what the policy decides by has changed."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def _candidates(self) -> list[Pending]:
         """Requests that can join the head's batch: highest priority first, then oldest."""
@@ -261,7 +283,8 @@ class Batcher:
         if not chosen:
             return [], 0, now
         oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
-        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed), oldest
+        alone = chosen[0].alone and self._queued + self._computing == 1
+        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone), oldest
 
     def demand(self, now: float) -> Demand | None:
         """The batch that would go now (DemandSource): what a device scheduler weighs."""
@@ -315,6 +338,8 @@ class Batcher:
         finally:
             now = self._clock()
             rows = sum(i.rows for i in batch)
+            # Before the slot goes back: a request that arrives next must see the model idle.
+            self._computing -= len(batch)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
                 self._done_with(item)
@@ -369,3 +394,8 @@ class Batcher:
                 item.future.set_exception(part)
             else:
                 item.future.set_result(part)
+
+
+def _resolve(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)

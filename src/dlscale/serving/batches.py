@@ -29,6 +29,8 @@ class Pending:
     times: RequestTimes | None = None  # filled in as the request is queued and computed
     timer: asyncio.TimerHandle | None = None
     queued: bool = True
+    #: Whether it arrived with no other request in flight after a lone batch (policy.Company).
+    alone: bool = False
     #: Called once the batcher no longer reads the inputs (they may be views of shared memory).
     release: Callable[[], None] | None = None
     #: The OTLP span of the traced request that sent it (None: not traced): the model calls

@@ -220,11 +220,12 @@ class DataPlane:
             raise Unavailable("the server is shutting down")
         # In use from here: neither evicted under the request nor while it waits for its load.
         with self.manager.memory.using(request.model_name):
-            await self._resident(request)
+            if self.demand is not None:  # not awaited otherwise: a coroutine less per request
+                await self._resident(request)
             return await self._serve(request)
 
     async def _resident(self, request: InferenceRequest) -> None:
-        """Load the request's model first when it is not loaded and the server loads on demand."""
+        """Load the request's model first when it is not loaded (the server loads on demand)."""
         if self.demand is not None:
             check_schedule_parameters(request.parameters)
             await self.demand.resident(request.model_name, request.timeout_us)

@@ -39,6 +39,38 @@ class ArrivalGaps:
         self.last = now
 
 
+@dataclass
+class Company:
+    """Whether a request can expect company: read from what is in flight, not from the clock.
+
+    A closed-loop client sends its next request only once it has its answer. So a request
+    that arrives while no other is in flight (none queued, none computing) cannot be joined by
+    its own client, and waiting its delay only delays the answer that the next request waits
+    on. Arriving at an idle model is not enough, though: at 32 clients in flight the first
+    request of each wave finds the model idle too, with 31 requests about to come. What tells
+    the two apart is the batch before: when it went out with others in flight (or held several
+    requests), company came then and is expected again; when it went out alone, nobody else
+    was there. A request that arrives while another computes has company, whatever comes
+    after (a batch's end does not make it alone: at many clients whose requests trickle in,
+    each would then go alone). One lone batch after a busy spell turns the rule on, one request
+    that meets company turns it off. The Batcher and the planner's simulation
+    (plan/queueing.py) both keep one.
+    """
+
+    #: Whether the last batch sent held the only request in flight (a fresh model: yes).
+    last_alone: bool = True
+
+    def arrives_alone(self, others: int) -> bool:
+        """Whether a request arriving now, with `others` queued or computing, waits for no
+        one: the model is idle and its last batch went alone too. It stays alone while no
+        other request arrives."""
+        return others == 0 and self.last_alone
+
+    def sent(self, size: int, others: int) -> None:
+        """A batch of `size` requests went out with `others` still queued or computing."""
+        self.last_alone = size == 1 and others == 0
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     """How one model's requests are queued and merged: its max_batch_size and its [batching]."""
@@ -83,6 +115,10 @@ class BatchPolicy:
 
     def closing_prefix(self, rows: Sequence[int]) -> int:
         """The longest run of leading candidates (their rows) whose batch goes at once, or 0."""
+        if not self._preferred:
+            # Only a full batch closes (any batch, unbatched), and candidates never pass
+            # max_batch_size: all of them or none, without a walk (asked at every arrival).
+            return len(rows) if not self.batched or sum(rows) >= self.max_batch_size else 0
         best, total = 0, 0
         for n, r in enumerate(rows, start=1):
             total += r
@@ -94,15 +130,20 @@ class BatchPolicy:
         """When a batch whose oldest request arrived at `oldest` goes at the latest."""
         return oldest + self.max_queue_delay_s
 
-    def worth_waiting(self, gap: float) -> bool:
-        """Whether company is expected within the delay, given the smoothed gap between arrivals.
+    def worth_waiting(self, gap: float, alone: bool = False) -> bool:
+        """Whether company is expected within the delay: the smoothed gap between arrivals is
+        within it, and the request is not `alone` (`Company.alone`).
 
         With adaptive_queue_delay a lone client would otherwise pay the whole delay on every
         request; without it the batch always waits, as Triton's does.
         """
-        return not self.batching.adaptive_queue_delay or gap <= self.max_queue_delay_s
+        if not self.batching.adaptive_queue_delay:
+            return True
+        return not alone and gap <= self.max_queue_delay_s
 
-    def to_send(self, rows: Sequence[int], oldest: float, now: float, gap: float) -> int:
+    def to_send(
+        self, rows: Sequence[int], oldest: float, now: float, gap: float, alone: bool = False
+    ) -> int:
         """How many of the candidates to send now; 0: wait for another arrival or the delay.
 
         A prefix that closes a batch (full or preferred) goes first; failing that, all of them
@@ -111,6 +152,6 @@ class BatchPolicy:
         ready = self.closing_prefix(rows)
         if ready:
             return ready
-        if now >= self.close_by(oldest) or not self.worth_waiting(gap):
+        if now >= self.close_by(oldest) or not self.worth_waiting(gap, alone):
             return len(rows)
         return 0

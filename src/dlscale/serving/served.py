@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -59,6 +60,16 @@ class ServedVersion:
     @property
     def config(self) -> ModelConfig:
         return self.version.config
+
+    @functools.cached_property
+    def input_specs(self) -> dict[str, TensorSpec]:
+        """Its inputs by name (every request is checked against them: built once)."""
+        return {s.name: s for s in self.inputs}
+
+    @functools.cached_property
+    def output_names(self) -> list[str]:
+        """Its outputs' names, in order."""
+        return [s.name for s in self.outputs]
 
     @property
     def pipeline(self) -> Pipeline | None:

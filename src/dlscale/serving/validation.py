@@ -14,26 +14,14 @@ def validate(served: ServedVersion, request: InferenceRequest) -> dict[str, int]
     """Check names, datatypes, shapes and batch size; return the outputs to send, each with
     the number of classes asked for (0: the tensor itself)."""
     model = served.version.name
-    expected = {s.name: s for s in served.inputs}
-    missing = [n for n in expected if n not in request.inputs]
-    extra = [n for n in request.inputs if n not in expected]
-    if missing:
-        # A misspelt name is both missing and extra: say which of the missing it resembles.
-        match = closest(extra[0], missing) if extra else None
-        raise InvalidInput(
-            f"model {model!r} expects inputs {sorted(expected)}; the request lacks {missing}"
-            + (f" and sent {extra[0]!r} (did you mean {match!r}?)" if match else "")
-        )
-    if extra:
-        raise InvalidInput(
-            f"unexpected inputs {extra} for model {model!r}"
-            + known_names(extra[0], list(expected), "it takes")
-        )
+    expected = served.input_specs
+    if request.inputs.keys() != expected.keys():
+        _refuse_names(model, list(expected), list(request.inputs))
     for name, array in request.inputs.items():
         _check_input(model, expected[name], array)
     if served.config.batched:
         _check_batch(served, request)
-    names = [s.name for s in served.outputs]
+    names = served.output_names
     if request.outputs is None:
         return dict.fromkeys(names, 0)
     unknown = [o.name for o in request.outputs if o.name not in names]
@@ -43,6 +31,23 @@ def validate(served: ServedVersion, request: InferenceRequest) -> dict[str, int]
             + known_names(unknown[0], names, "it has")
         )
     return {o.name: class_count(o) for o in request.outputs}
+
+
+def _refuse_names(model: str, expected: list[str], sent: list[str]) -> None:
+    """Raise InvalidInput for inputs that are missing or not the model's."""
+    missing = [n for n in expected if n not in sent]
+    extra = [n for n in sent if n not in expected]
+    if missing:
+        # A misspelt name is both missing and extra: say which of the missing it resembles.
+        match = closest(extra[0], missing) if extra else None
+        raise InvalidInput(
+            f"model {model!r} expects inputs {sorted(expected)}; the request lacks {missing}"
+            + (f" and sent {extra[0]!r} (did you mean {match!r}?)" if match else "")
+        )
+    raise InvalidInput(
+        f"unexpected inputs {extra} for model {model!r}"
+        + known_names(extra[0], expected, "it takes")
+    )
 
 
 def check_schedule_parameters(params: Parameters) -> None:

@@ -166,6 +166,14 @@ CASES = {
         1,
         1500.0,
     ),
+    # Arrivals ~3 ms apart against a 20 ms delay: the gap always expects company, so only a
+    # request alone in flight (Company) goes before the delay or a full batch.
+    "alone in flight": (BatchPolicy(8, BatchingConfig(max_queue_delay_us=20_000)), 1, 300.0),
+    "alone in flight, two instances": (
+        BatchPolicy(8, BatchingConfig(max_queue_delay_us=20_000)),
+        2,
+        300.0,
+    ),
     # Past what batches of 4 can serve on one instance: the queue grows and every batch is full.
     "max batch hit": (BatchPolicy(4, BatchingConfig(max_queue_delay_us=500)), 1, 2500.0),
     "two instances": (BatchPolicy(8, BatchingConfig(max_queue_delay_us=2000)), 2, 2500.0),
@@ -209,3 +217,8 @@ def test_the_traces_exercise_each_rule() -> None:
     assert 0.0 in alone(adaptive) and max(adaptive.sizes) > 1
     # Fixed: a request that ends up alone has waited the whole delay (1 ms) first.
     assert min(alone(fixed)) == pytest.approx(1e-3)
+    # Alone in flight: some go as they come, others batch, and a request that comes alone
+    # after a batch with company waits the delay (20 ms) once.
+    lone = batcher_serves(*CASES["alone in flight"][:2], linear, poisson(300.0))
+    assert 0.0 in alone(lone) and max(lone.sizes) > 1
+    assert any(w == pytest.approx(0.02) for w in alone(lone))

@@ -1,4 +1,4 @@
-"""The batching policy's rules: when a batch goes, the adaptive delay, priority levels."""
+"""The batching policy's rules: when a batch goes, the adaptive delay, company, priority levels."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from dlscale.errors import InvalidInput
 from dlscale.models.config import BatchingConfig, ModelConfig
-from dlscale.serving.policy import GAP_WEIGHT, ArrivalGaps, BatchPolicy
+from dlscale.serving.policy import GAP_WEIGHT, ArrivalGaps, BatchPolicy, Company
 
 
 def test_waiting_for_company_follows_the_gap_between_arrivals() -> None:
@@ -57,3 +57,22 @@ def test_priority_levels_map_to_queues() -> None:
     assert BatchPolicy(4, BatchingConfig(priority_levels=3)).level_of(0) == 2  # the lowest
     with pytest.raises(InvalidInput, match="priority 4 is out of range"):
         policy.level_of(4)
+
+
+def test_a_request_alone_in_flight_goes_at_once_after_a_lone_batch() -> None:
+    policy = BatchPolicy(8, BatchingConfig(max_queue_delay_us=500))
+    busy = 1e-6  # by the gap between arrivals, company is expected
+    company = Company()
+    assert company.arrives_alone(0) and not company.arrives_alone(1)  # a fresh model
+    alone = company.arrives_alone(0)
+    assert policy.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=alone) == 1
+    company.sent(3, others=0)  # a batch that had company
+    assert not company.arrives_alone(0)
+    alone = company.arrives_alone(0)
+    assert policy.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=alone) == 0
+    company.sent(1, others=2)  # alone in its batch, but others were in flight
+    assert not company.arrives_alone(0)
+    company.sent(1, others=0)
+    assert company.arrives_alone(0)
+    strict = BatchPolicy(8, BatchingConfig(max_queue_delay_us=500, adaptive_queue_delay=False))
+    assert strict.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=True) == 0  # as asked

@@ -10,7 +10,7 @@ from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.grpc import tfserving
-from dlscale.frontends.grpc.guard import Guard
+from dlscale.frontends.grpc.guard import Guard, GuardedServer
 from dlscale.frontends.grpc.peers import ConnectionTrimmer, PeerCalls
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.frontends.grpc.writing import written
@@ -69,7 +69,6 @@ class GrpcFrontend:
         """Bind and start serving; raises DlscaleError when the address cannot be bound."""
         limits = self.limits
         server = grpc.aio.server(
-            interceptors=[Guard(self.access, self.peers)],
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
@@ -95,11 +94,12 @@ class GrpcFrontend:
         )
         self.servicer = servicer
         handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        server.add_registered_method_handlers(SERVICE, handlers)
+        guarded = GuardedServer(server, Guard(self.access, self.peers))
+        guarded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        guarded.add_registered_method_handlers(SERVICE, handlers)
         if self.tfserving:
             self.tfserving_served = tfserving.register(
-                server, self.dataplane, limits.max_tensor_elements
+                guarded, self.dataplane, limits.max_tensor_elements
             )
         host = f"[{self.host}]" if ":" in self.host else self.host
         address = f"{host}:{self._requested_port}"

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-import grpc
-
+from dlscale.frontends.grpc.guard import GuardedServer
 from dlscale.frontends.plane import Plane
 from dlscale.native import before_tensorflow
 
@@ -22,7 +21,7 @@ SERVICES = ("tensorflow.serving.PredictionService", "tensorflow.serving.ModelSer
 _told = False
 
 
-def register(server: grpc.aio.Server, plane: Plane, max_elements: int) -> bool:
+def register(server: GuardedServer, plane: Plane, max_elements: int) -> bool:
     """Add TensorFlow Serving's services to `server`; False when the package is not installed."""
     rpcs = services()
     if rpcs is None:

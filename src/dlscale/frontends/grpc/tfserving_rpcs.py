@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from dlscale.errors import Unsupported
 from dlscale.frontends.grpc import tfserving_convert as convert
+from dlscale.frontends.grpc.guard import GuardedServer
 from dlscale.frontends.grpc.servicer import unary
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.tfserving import inputs, methods
@@ -107,7 +107,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignor
         )
 
 
-def add_to(server: grpc.aio.Server, plane: Plane, max_elements: int) -> None:
+def add_to(server: GuardedServer, plane: Plane, max_elements: int) -> None:
     """Register both services on `server`."""
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionServicer(plane, max_elements), server
