@@ -86,6 +86,9 @@ class Sampling:
     tools: str = ""
     #: One of TASKS.
     task: str = "generate"
+    #: The LoRA adapter that answers ("" for the base model): set by the server from the model
+    #: a request names (an adapter's), never read from a request's parameters.
+    adapter: str = ""
 
     def __post_init__(self) -> None:
         _bounded("max_tokens", self.max_tokens, 1)
@@ -156,7 +159,7 @@ class Sampling:
         out: dict[str, bool | int | float | str] = {}
         for each in fields(self):
             value = getattr(self, each.name)
-            if each.name in ("guide", "tools") or value is None:
+            if each.name in ("guide", "tools", "adapter") or value is None:
                 continue
             if value != each.default or each.name == "max_tokens":
                 out[each.name] = json.dumps(list(value)) if each.name == "stop" else value

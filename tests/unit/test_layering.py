@@ -137,7 +137,7 @@ SERVING_LAYERS: list[set[str]] = [
     {"queue", "batches"},
     {"batcher", "seats", "pipeline"},
     {"runners"},
-    {"served", "caller"},
+    {"served", "caller", "adapters"},
     {"memory", "loading"},
     {"manager"},
     {"cache", "validation", "control"},

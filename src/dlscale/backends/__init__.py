@@ -163,6 +163,19 @@ RUNTIMES: dict[str, Runtime] = {
         triton_names=("vllm",),
         uploads=_HF_DATA,
     ),
+    # A LoRA adapter (Hugging Face PEFT's folder) served on its base model's engine: no
+    # backend of its own (serving/adapters.py); both files are data. In a config.pbtxt or a
+    # load request's JSON config: backend "lora", parameters { key: "base" ... }.
+    "lora": Runtime(
+        "dlscale.backends.generative.lora_files",
+        "AdapterSpec",
+        ("adapter_config.json",),
+        "lora",
+        extra="llm",
+        triton_names=("lora",),
+        uploads=("adapter_config.json", "adapter_model.safetensors"),
+        upload_check="dlscale.backends.generative.lora_files:check_upload",
+    ),
 }
 
 #: Backend name in config.toml -> the file names its model is stored under in a version folder.

@@ -211,6 +211,9 @@ class ModelConfig(_Strict):
     metadata: dict[str, str | int | float | bool] = {}
     #: A pipeline (Triton's ensemble): the steps that compute it; None for a model of its own.
     steps: list[StepConfig] | None = None
+    #: A LoRA adapter's (`backend = "lora"`) base model: a generative model of the same
+    #: repository, by name (docs/generative.md, "LoRA adapters").
+    base: Annotated[str, Field(pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)?$")] = ""
 
     @field_validator("backend")
     @classmethod
@@ -238,7 +241,17 @@ class ModelConfig(_Strict):
             raise ValueError(f"inputs {labelled}: label_file belongs on outputs")
         if self.steps is not None:
             self._check_pipeline(self.steps)
+        if (self.backend == "lora") != bool(self.base):
+            raise ValueError(
+                'a LoRA adapter (backend = "lora") names its base model (base = "<model>"), '
+                "and only an adapter does"
+            )
         return self
+
+    @property
+    def is_adapter(self) -> bool:
+        """Whether the model is a LoRA adapter served on its base model's engine."""
+        return bool(self.base)
 
     def _check_pipeline(self, steps: list[StepConfig]) -> None:
         """A pipeline declares its tensors, sets no runtime field, and its steps form a DAG."""

@@ -164,6 +164,8 @@ def convert(
                 data["backend_options"]["max_worker_memory_mb"] = (
                     int(bound) if bound.isdigit() else bound  # the backend refuses a non-number
                 )
+    if data.get("backend") == "lora" and "base" in parameters:  # a LoRA adapter's base model
+        data["base"] = parameters["base"]
     if message.model_transaction_policy.decoupled and data.get("backend") == "python":
         # Read here once: the backend takes it from its options, as a config.toml gives it.
         data.setdefault("backend_options", {})["decoupled"] = True

@@ -8,8 +8,10 @@ from collections.abc import Callable
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.base import FailureReport
+from dlscale.errors import ConfigError
 from dlscale.models.repository import ModelVersion
 from dlscale.models.signature import reconcile
+from dlscale.serving.adapters import place
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.caller import CallRoute, ServerCaller
 from dlscale.serving.classification import read_labels
@@ -51,6 +53,8 @@ class Loader:
         config = mv.config
         if config.is_pipeline:
             return self._pipeline_version(mv)
+        if config.is_adapter:
+            return await self._adapter_version(mv)
         opts = config.backend_options
         extra = {k: v for k, v in (opts.model_extra or {}).items()}
         # Off the event loop: a label file is read whole (bounded, serving/classification.py).
@@ -133,6 +137,20 @@ class Loader:
         outputs = mv.config.tensor_specs("outputs") or []
         stats = ModelStats(mv.name, str(mv.version))
         return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
+
+    async def _adapter_version(self, mv: ModelVersion) -> ServedVersion:
+        """A LoRA adapter's version: placed on the engines of its base's newest loaded version
+        (serving/adapters.py); no instance of its own."""
+        if mv.path == mv.folder:
+            raise ConfigError(
+                f"adapter {mv.name!r}: its PEFT files go in a version folder ({mv.name}/1/)"
+            )
+        base = self._lookup(mv.config.base, "")
+        if not isinstance(base, ServedVersion) or base.config.is_adapter:
+            raise ConfigError(f"adapter {mv.name!r}: its base {mv.config.base!r} is no engine")
+        runner = await place(mv.name, mv.path, mv.config.base, base.runner)
+        stats = ModelStats(mv.name, str(mv.version))
+        return ServedVersion(mv, list(base.inputs), list(base.outputs), [], runner, stats)
 
     def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
         """How a version's models call models (BLS): the server's paths, on the running loop."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 from dlscale.backends.base import FailureReport
 from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable, root_cause
 from dlscale.models.config import StepConfig
-from dlscale.models.repository import ModelRepository
+from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.sources import ModelSource
 from dlscale.serving.caller import CallRoute
 from dlscale.serving.loading import Loader, close_version
@@ -51,6 +52,7 @@ class ModelManager:
         #: What each loaded model holds, and the budget every load fits (docs/memory.md).
         self.memory = MemoryLedger()
         self.memory.evict, self.memory.held = self._evict, self._held
+        self.memory.holders = self.adapters_on
         #: An unload's wait for its requests before it stops them (None: no limit).
         self.grace_s: float | None = None
         self._entries: dict[str, ModelEntry] = {}
@@ -139,7 +141,8 @@ class ModelManager:
                 except DlscaleError as exc:
                     failed[name] = exc  # the others still load
 
-        pipelines = {n for n in wanted if self._is_pipeline(n)}
+        # Adapters too: each would load its base when not READY yet.
+        pipelines = {n for n in wanted if self._is_pipeline(n) or self._config_says(n, "base")}
         # Pinned only when the server starts with it: the API cannot pin the device full.
         self.memory.pinned.update(n for n in wanted if self._config_says(n, "pinned"))
         await asyncio.gather(*(one(n) for n in wanted if n not in pipelines))
@@ -150,12 +153,14 @@ class ModelManager:
         return self._config_says(name, "is_pipeline")
 
     def _config_says(self, name: str, what: str) -> bool:
-        """Whether the repository's config of `name` is a pipeline or pinned (False: unreadable,
-        and its load says why)."""
+        """Whether the repository's config of `name` is a pipeline, an adapter ("base") or
+        pinned (False: unreadable, and its load says why)."""
         try:
             config = self.repository.config(name)
         except DlscaleError:
             return False
+        if what == "base":
+            return config.is_adapter
         return bool(config.is_pipeline if what == "is_pipeline" else config.memory.pinned)
 
     async def load(
@@ -177,10 +182,14 @@ class ModelManager:
         source: ModelSource | None,
         repository: ModelRepository | None,
         chain: tuple[str, ...],
+        cold_only: bool = False,
     ) -> None:
-        """`load`, with the pipelines whose loading asked for this model (a circle is refused)."""
+        """`load`, with the pipelines whose loading asked for this model (a circle is refused);
+        `cold_only`: not when it is READY by the time its turn comes (an adapter's base)."""
         async with self._locked(name):
             previous = self._entries.get(name)
+            if cold_only and previous is not None and previous.state is ModelState.READY:
+                return
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
@@ -188,6 +197,10 @@ class ModelManager:
                 versions = repo.versions(name, source or repo.source(name))
                 if versions[0].config.steps is not None:
                     await self._load_steps(name, versions[0].config.steps, (*chain, name))
+                if versions[0].config.is_adapter:
+                    versions = await self._load_base(name, versions, chain)
+                elif previous is not None and previous.state is ModelState.READY:
+                    self._check_no_adapters(name)
                 served = {}
                 for mv in versions:
                     load = functools.partial(self.loader.load, mv)
@@ -218,6 +231,7 @@ class ModelManager:
                 raise NotFound(f"unknown model {name!r}")
             users = self.pipelines_using(name)
             if users:  # the safe choice: a pipeline never loses a step while it is READY
+                self._check_no_adapters(name)
                 raise ConfigError(
                     f"model {name!r} is a step of the loaded pipelines {users}: unload them first"
                 )
@@ -233,8 +247,19 @@ class ModelManager:
 
     def _held(self, name: str) -> bool:
         """Whether something other than requests holds a model: a loaded pipeline uses it, or
-        it is loading or unloading (the ledger evicts none of these)."""
-        return name in self._locks or bool(self.pipelines_using(name))
+        it is loading or unloading (the ledger evicts none of these). Adapters placed on it
+        hold it too, but go before it (`adapters_on`)."""
+        adapters = self.adapters_on(name)
+        return name in self._locks or any(u not in adapters for u in self.pipelines_using(name))
+
+    def adapters_on(self, base: str) -> list[str]:
+        """The loaded LoRA adapters placed on a base model's engine."""
+        return [
+            e.name
+            for e in self.entries()
+            for v in list(e.versions.values())[:1]
+            if v.config.is_adapter and base in v.runner.models
+        ]
 
     async def _free(self, served: ServedVersion) -> None:
         """Free a version that loaded but may not stay (the memory budget refused it)."""
@@ -287,6 +312,10 @@ class ModelManager:
             error = Unavailable(f"model {name!r} can no longer serve: {reason}")
             for served in entry.versions.values():
                 served.runner.fail(error)
+            # Its adapters go with its engine: loading the base again is then allowed.
+            for adapter in self.adapters_on(name):
+                with contextlib.suppress(DlscaleError):
+                    await self.unload(adapter, 0.0, f"its base model {name!r} died: {reason}")
             await self._retire(entry)
 
     # -- internals -------------------------------------------------------------------------------
@@ -340,6 +369,41 @@ class ModelManager:
                     raise ConfigError(
                         f"pipeline {pipeline!r}: its step model {model!r} failed to load: {cause}"
                     ) from cause
+
+    def _check_no_adapters(self, base: str) -> None:
+        """A base model keeps its engine while adapters are placed on it: no unload, no reload."""
+        adapters = self.adapters_on(base)
+        if adapters:
+            raise ConfigError(
+                f"model {base!r} is the base of the loaded adapters {adapters}: unload them first"
+            )
+
+    async def _load_base(
+        self, name: str, versions: list[ModelVersion], chain: tuple[str, ...]
+    ) -> list[ModelVersion]:
+        """Load an adapter's base model when it is not loaded (from this manager's repository
+        only: a name, never a path), and measure the adapter on the base's devices."""
+        base = versions[0].config.base
+        if base == name or base in chain:
+            raise ConfigError(f"adapter {name!r} names itself (or its chain) as its base")
+        if base not in self.ready_names():
+            if base not in self.repository.names():
+                raise NotFound(
+                    f"adapter {name!r}: its base model {base!r} is neither loaded nor in the "
+                    "model repository"
+                )
+            try:
+                await self._load(base, None, None, (*chain, name), cold_only=True)
+            except DlscaleError as exc:
+                cause = root_cause(exc)
+                raise ConfigError(
+                    f"adapter {name!r}: its base model {base!r} failed to load: {cause}"
+                ) from cause
+        instances = self.get(base).config.instances
+        return [
+            dataclasses.replace(mv, config=mv.config.model_copy(update={"instances": instances}))
+            for mv in versions
+        ]
 
     async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
         for served in entry.versions.values():

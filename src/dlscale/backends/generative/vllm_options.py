@@ -36,6 +36,10 @@ ENGINE_KEYS: dict[str, type] = {
     "gpu_memory_utilization": float,
     "tensor_parallel_size": int,
     "seed": int,
+    # LoRA adapters (docs/generative.md, "LoRA adapters"): vLLM's own engine arguments.
+    "enable_lora": bool,
+    "max_loras": int,
+    "max_lora_rank": int,
 }
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: KV-cache size in GiB: vLLM's `kv_cache_memory_bytes` (on CPUs it replaces

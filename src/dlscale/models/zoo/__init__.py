@@ -12,16 +12,19 @@ from dlscale.errors import ConfigError, NotFound
 from dlscale.models.zoo.catalog import DECODERS, ZOO
 from dlscale.models.zoo.decoder import DecoderModel
 from dlscale.models.zoo.e2e import PIPELINES, TFPipeline, ZooPipeline
+from dlscale.models.zoo.lora import ADAPTERS, ZooAdapter
 from dlscale.models.zoo.model import ZooModel
 from dlscale.models.zoo.tf_zoo import TF_MODELS, TFZooModel
 
 __all__ = [
+    "ADAPTERS",
     "DECODERS",
     "PIPELINES",
     "TF_MODELS",
     "ZOO",
     "DecoderModel",
     "TFZooModel",
+    "ZooAdapter",
     "ZooModel",
     "ZooPipeline",
     "build_zoo",
@@ -30,7 +33,7 @@ __all__ = [
 
 
 #: What `build_zoo` builds by name.
-Buildable = ZooModel | ZooPipeline | DecoderModel | TFZooModel
+Buildable = ZooModel | ZooPipeline | DecoderModel | TFZooModel | ZooAdapter
 
 
 def get(name: str) -> ZooModel:
@@ -38,7 +41,7 @@ def get(name: str) -> ZooModel:
     try:
         return ZOO[name]
     except KeyError:
-        known = ", ".join([*ZOO, *PIPELINES, *DECODERS, *TF_MODELS])
+        known = ", ".join([*ZOO, *PIPELINES, *DECODERS, *ADAPTERS, *TF_MODELS])
         raise NotFound(f"no zoo model {name!r}; the zoo has: {known}") from None
 
 
@@ -80,6 +83,7 @@ EXTRAS: dict[type, tuple[str, tuple[str, ...]]] = {
     TFZooModel: ("tensorflow", ("tensorflow", "keras")),
     TFPipeline: ("tensorflow", ("tensorflow", "keras")),
     DecoderModel: ("llm", ("torch", "transformers", "tokenizers", "safetensors")),
+    ZooAdapter: ("llm", ("torch", "safetensors")),
     ZooModel: ("torch", ("torch", "onnxscript")),
     ZooPipeline: ("torch", ("torch", "onnxscript")),
 }
@@ -109,11 +113,13 @@ def _buildable(name: str) -> Buildable:
     """A classic zoo model, an end-to-end pipeline or a generative decoder (by name only)."""
     if name in DECODERS:
         return DECODERS[name]
+    if name in ADAPTERS:
+        return ADAPTERS[name]
     if name in TF_MODELS:
         return TF_MODELS[name]
     if name in PIPELINES:
         return PIPELINES[name]
     if name not in ZOO:
-        every = ", ".join([*ZOO, *PIPELINES, *DECODERS, *TF_MODELS])
+        every = ", ".join([*ZOO, *PIPELINES, *DECODERS, *ADAPTERS, *TF_MODELS])
         raise NotFound(f"no zoo model {name!r}; the zoo has: {every}")
     return ZOO[name]

@@ -54,7 +54,7 @@ def zoo_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dlscale.models.zoo import DECODERS, PIPELINES, TF_MODELS, ZOO
+    from dlscale.models.zoo import ADAPTERS, DECODERS, PIPELINES, TF_MODELS, ZOO
     from dlscale.wire.generative import INPUTS, OUTPUTS
 
     table = Table(title=f"The zoo (sizes of what is built in {args.dir})")
@@ -85,6 +85,12 @@ def zoo_list(args: argparse.Namespace) -> int:
         shown = Size(decoder.parameters(), files).show() if built else "not built"
         inputs, outputs = _tensors(list(INPUTS)), _tensors(list(OUTPUTS))
         table.add_row(decoder.name, "text generation", inputs, outputs, shown)
+    for adapter in ADAPTERS.values():  # served on their base: its tensors
+        built = (args.dir / adapter.name / "config.toml").is_file()
+        files = folder_size(args.dir / adapter.name) if built else None
+        shown = f"{files.bytes / 2**10:,.0f} KiB" if files else "not built"
+        task = f"LoRA adapter of {adapter.base.name}"
+        table.add_row(adapter.name, task, _tensors(list(INPUTS)), _tensors(list(OUTPUTS)), shown)
     console = Console()
     if not console.is_terminal:  # piped or logged: one line per model rather than a squeeze
         console = Console(width=WIDE)

@@ -49,6 +49,8 @@ def _parameters(config: ModelConfig) -> dict[str, str]:
     length = (config.backend_options.model_extra or {}).get("max_model_len")
     if length is not None:
         parameters["max_model_len"] = str(length)
+    if config.is_adapter:  # a LoRA adapter's base model (/v1/models' `parent`, as vLLM's)
+        parameters["base"] = config.base
     return parameters
 
 

@@ -53,6 +53,8 @@ class MemoryLedger:
         #: holds a model now (a loaded pipeline uses it, or it is loading or unloading).
         self.evict: Evict | None = None
         self.held: Callable[[str], bool] = lambda name: False
+        #: Set by the manager: the loaded adapters placed on a model's engine (its holders).
+        self.holders: Callable[[str], list[str]] = lambda name: []
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.evictions = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
@@ -81,6 +83,7 @@ class MemoryLedger:
                 pinned := name in self.pinned,
                 in_use := self._in_use[name],
                 not pinned and not in_use and self.held(name),
+                frozenset(self.holders(name) if not pinned and not in_use else ()),
             )
             for name, size in sorted(sizes.items())
         ]

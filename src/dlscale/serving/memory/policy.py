@@ -35,15 +35,19 @@ class Resident:
     in_use: int = 0
     #: Held by something else: a loaded pipeline's step, or a load or unload of its own.
     held: bool = False
+    #: The loaded LoRA adapters placed on its engine: it is a candidate once they all are.
+    holders: frozenset[str] = frozenset()
 
     @property
     def why_kept(self) -> str:
-        """Why it is not a candidate ('' when it is one)."""
+        """Why it is not a candidate by itself ('' when it is one)."""
         if self.pinned:
             return "pinned"
         if self.in_use:
             return f"in use by {self.in_use} request(s)"
-        return "held by a pipeline or a load" if self.held else ""
+        if self.held:
+            return "held by a pipeline or a load"
+        return f"the base of adapters {sorted(self.holders)}" if self.holders else ""
 
 
 def totals(resident: Iterable[Resident]) -> Footprint:
@@ -74,14 +78,10 @@ def make_room(
                 f"model {model!r} needs {show(size)} on {device}, above the whole memory budget "
                 f"of {show(budget[device])} there: it cannot be loaded under this budget"
             )
-    others = [r for r in resident if r.name != model]
+    others = sorted((r for r in resident if r.name != model), key=lambda r: r.last_used)
     short = shortfall(need, budget, totals(resident))
     victims: list[Resident] = []
-    for r in sorted(others, key=lambda r: r.last_used):
-        if not short:
-            break
-        if r.why_kept or not any(r.footprint.get(d, 0) > 0 for d in short):
-            continue
+    while short and (r := _next_victim(others, victims, short)) is not None:
         victims.append(r)
         short = {d: s - r.footprint.get(d, 0) for d, s in short.items()}
         short = {d: s for d, s in short.items() if s > 0}
@@ -90,11 +90,29 @@ def make_room(
     return _spare(victims, shortfall(need, budget, totals(resident)))
 
 
+def _next_victim(
+    others: list[Resident], victims: list[Resident], short: Footprint
+) -> Resident | None:
+    """The least recently used candidate not yet chosen that frees bytes where they are short;
+    an adapters' base becomes one once its adapters are all chosen (they go first)."""
+    chosen = {v.name for v in victims}
+    for r in others:
+        if r.name in chosen or not any(r.footprint.get(d, 0) > 0 for d in short):
+            continue
+        if r.pinned or r.in_use or r.held or not r.holders <= chosen:
+            continue
+        return r
+    return None
+
+
 def _spare(victims: list[Resident], short: Footprint) -> list[Resident]:
     """Victims the later ones made needless are spared (the most recently used first): a model
-    that freed a little of a short device stays when the next one freed enough."""
+    that freed a little of a short device stays when the next one freed enough. An adapter
+    whose base goes is not spared: the base cannot go without it."""
     for r in sorted(victims, key=lambda r: -r.last_used):
         rest = [v for v in victims if v is not r]
+        if any(r.name in v.holders for v in rest):
+            continue
         if all(sum(v.footprint.get(d, 0) for v in rest) >= s for d, s in short.items()):
             victims = rest
     return victims

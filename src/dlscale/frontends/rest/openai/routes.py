@@ -61,9 +61,9 @@ GROUP = "openai"
 SSE = "text/event-stream"
 #: vLLM's routes at the root of its API port, served here too (docs/openai.md).
 ROOT_PATHS = ("/health", "/version", "/tokenize", "/detokenize")
-#: The backends that tokenize without generating (the generative engines; a Python model
-#: generates whatever it is asked).
-TOKENIZERS = ("transformers", "vllm")
+#: The backends that tokenize without generating (the generative engines and the LoRA
+#: adapters served on them; a Python model generates whatever it is asked).
+TOKENIZERS = ("transformers", "vllm", "lora")
 _Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 
@@ -235,6 +235,8 @@ class OpenAIApi:
         length = parameters.get("max_model_len") or parameters.get("context", "")
         if length.isdigit():
             card["max_model_len"] = int(length)
+        if parameters.get("base"):  # a LoRA adapter: its base model, as vLLM reports it
+            card["parent"] = parameters["base"]
         return card
 
     # -- embeddings --------------------------------------------------------------------------------
