@@ -70,6 +70,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         seed=args.seed,
         shared_memory=args.shared_memory,
         output_shm_size=args.output_shm_size,
+        fleet_metrics=args.fleet_metrics,
     )
 
 

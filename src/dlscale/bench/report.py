@@ -13,7 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dlscale.bench import steps, sweep
+from dlscale.bench import fleet_load, steps, sweep
 from dlscale.bench.results import RunResult
 
 
@@ -180,6 +180,8 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     per_step = steps.table(report)
     if per_step is not None:
         console.print(per_step)
+    for line in fleet_load.lines(report):
+        console.print(line)
     for line in steps.lines(report):
         console.print(line, style="bold")
     roof = report.get("roofline") or {}
@@ -261,6 +263,8 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
         lines += ["", "## Client ceiling", ""] + [f"- {line}" for line in ceiling_lines(report)]
     lines += sweep.markdown([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])
     lines += steps.markdown(report)
+    if report.get("replicas"):
+        lines += ["", "## Load per replica", ""] + [f"- {x}" for x in fleet_load.lines(report)]
     roof = report.get("roofline") or {}
     lines += ["", "## Roofline", ""]
     if roof.get("share") is not None:

@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench import ceiling, environment, report, steps, sweep
+from dlscale.bench import ceiling, environment, fleet_load, report, steps, sweep
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult, sweep_point
 from dlscale.bench.session import BenchOptions, Session
@@ -22,7 +22,10 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
         pipeline = loop.run(steps.pipeline_steps(session.target, options.model))
         before = loop.run(session.target.batch_times())
         steps_before = loop.run(steps.snapshot(session.target, options.model, pipeline))
+        fleet = options.fleet_metrics
+        fleet_before = fleet_load.snapshot(fleet, options.model) if fleet else {}
         results = [session.scenario(s, out_dir / "loadgen") for s in options.scenarios]
+        fleet_after = fleet_load.snapshot(fleet, options.model) if fleet else {}
         steps_after = loop.run(steps.snapshot(session.target, options.model, pipeline))
         after = loop.run(session.target.batch_times())
     finally:
@@ -31,6 +34,8 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
     data = _report([session], results, options)
     # A pipeline: where its time went, step by step (bench/steps.py); None for other models.
     data["steps"] = steps.breakdown(options.model, pipeline, steps_before, steps_after)
+    if options.fleet_metrics:
+        data["replicas"] = fleet_load.spread(fleet_before, fleet_after)
     if url and options.client_ceiling:
         session.steps("client ceiling: the same load against a null server in a child process")
         ceiling.mark(data, _ceiling(url, session, out_dir / "loadgen" / "client-ceiling"))

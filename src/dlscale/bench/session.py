@@ -69,6 +69,8 @@ class BenchOptions:
     shared_memory: str = "none"
     #: Bytes of output region per output and request; None: from the output's shape.
     output_shm_size: int | None = None
+    #: A fleet's metrics page: each replica's share of the run is reported (bench/fleet_load.py).
+    fleet_metrics: str | None = None
     #: Worker processes that send, receive and check requests (0: the bench's own loop).
     workers: int = 0
     #: Measure the client's ceiling against a null server first (remote targets).

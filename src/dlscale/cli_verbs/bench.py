@@ -74,6 +74,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         help="bytes of output region per output and request (default: from the output's shape)",
     )
     p.add_argument(
+        "--fleet-metrics",
+        metavar="URL",
+        help="a fleet's metrics (dlscale serve --device-workers/--ray --metrics-port): report "
+        "each replica's share of the run",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -8,6 +8,7 @@ view, where every worker's samples carry its `device` label.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -157,6 +158,26 @@ def test_one_port_answers_over_every_worker(fleet: Fleet) -> None:
     assert sum(served.values()) == 96 and min(served.values()) > 0, served
     # one family in the merged view, not one per worker
     assert text.count(f"# TYPE {SUCCESS} counter\n") == 1
+
+
+def test_dlscale_bench_reports_each_workers_share_of_the_run(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    command = [
+        sys.executable, "-m", "dlscale", "bench", f"http://{HOST}:{fleet.http}", "--model", MODEL,
+        "--scenario", "offline", "--duration", "1s", "--fleet-metrics",
+        f"http://{HOST}:{fleet.metrics}", "--out", str(out), "--no-progress",
+        "--no-client-ceiling",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "report.json").read_text())
+    completed = report["scenarios"][0]["result"]["completed"]
+    spread = {row["replica"]: row for row in report["replicas"]}
+    assert set(spread) == {"cpu0", "cpu1"} and min(r["requests"] for r in spread.values()) > 0
+    # every request of the run, counted by the worker that answered it (warm-up included)
+    assert sum(r["rows"] for r in spread.values()) >= completed
+    assert abs(sum(r["share"] for r in spread.values()) - 1.0) < 1e-9
+    assert "replica cpu0:" in done.stdout
 
 
 def test_readiness_and_metadata_through_the_router(fleet: Fleet) -> None:
