@@ -55,8 +55,6 @@ class Loader:
             return self._pipeline_version(mv)
         if config.is_adapter:
             return await self._adapter_version(mv)
-        opts = config.backend_options
-        extra = {k: v for k, v in (opts.model_extra or {}).items()}
         # Off the event loop: a label file is read whole (bounded, serving/classification.py).
         labels = {
             t.name: await asyncio.to_thread(read_labels, mv.folder, t.label_file)
@@ -68,19 +66,7 @@ class Loader:
         serial, called = next_serial(), set[tuple[str, str]]()
         try:
             for group in config.instances:
-                options = BackendOptions(
-                    device=group.device,
-                    intra_op_threads=opts.intra_op_threads,
-                    inter_op_threads=opts.inter_op_threads,
-                    max_batch_size=config.max_batch_size,
-                    graph_optimization_level=opts.graph_optimization_level,
-                    extra=extra,
-                    inputs=tuple(config.tensor_specs("inputs") or ()),
-                    outputs=tuple(config.tensor_specs("outputs") or ()),
-                    # Read by backends whose models call models (Capabilities.calls_models).
-                    caller=self._caller(called),
-                    report_failure=self._reporter(mv.name, serial),
-                )
+                options = self._options(mv, group.device, called, serial)
                 for i in range(group.count):
                     backend = create_backend(config.backend, mv.model_file, options)
                     label = f"{mv.name}-v{mv.version}-{group.device}-{i}"
@@ -127,6 +113,26 @@ class Loader:
         batched = BatchRunner(batcher)
         return ServedVersion(
             mv, inputs, outputs, instances, batched, stats, labels, qos, serial, called
+        )
+
+    def _options(
+        self, mv: ModelVersion, device: str, called: set[tuple[str, str]], serial: int
+    ) -> BackendOptions:
+        """What each backend instance of `mv` on `device` is built with."""
+        config = mv.config
+        opts = config.backend_options
+        return BackendOptions(
+            device=device,
+            intra_op_threads=opts.intra_op_threads,
+            inter_op_threads=opts.inter_op_threads,
+            max_batch_size=config.max_batch_size,
+            graph_optimization_level=opts.graph_optimization_level,
+            extra=dict(opts.model_extra or {}),
+            inputs=tuple(config.tensor_specs("inputs") or ()),
+            outputs=tuple(config.tensor_specs("outputs") or ()),
+            # Read by backends whose models call models (Capabilities.calls_models).
+            caller=self._caller(called),
+            report_failure=self._reporter(mv.name, serial),
         )
 
     def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:

@@ -24,6 +24,7 @@ import pytest
 from tests.integration.scale.conftest import RAY_MISSING, Deployed, RayNodes
 from tests.toolkit.models import write_null_model
 from tests.toolkit.repositories import NULL_TENSORS
+from tests.toolkit.slow import slow_only
 
 ray = pytest.importorskip("ray", reason=RAY_MISSING)
 
@@ -162,6 +163,25 @@ def test_a_replicas_server_killed_under_load_loses_no_request(
     for request in [client.async_infer(MODEL, [tensor]) for _ in range(40)]:
         request.get_result()
     assert _served(fresh) > before_fresh  # the router routes to the new replica
+
+
+@slow_only("twenty replacements of a Ray replica under load take minutes on 2 cores")
+def test_twenty_replica_kills_under_load_lose_no_request(
+    deployed: Deployed, two_replicas: dict[str, dict[str, Any]]
+) -> None:
+    """The issue's fault target on Ray: a replica's server is killed twenty times in turn (the
+    older of the two each time) while clients keep sending; every request has its own answer."""
+    with Load(deployed.http_url) as load:
+        for kill in range(20):
+            _until(lambda: len(_up(deployed)) == 2, f"two replicas up before kill {kill + 1}")
+            victim = min(_up(deployed).values(), key=lambda r: str(r["replica"]))
+            before = len(load.outcomes)
+            os.kill(victim["pid"], signal.SIGKILL)
+            _until(lambda n=before: len(load.outcomes) >= n + 20, f"answers after kill {kill + 1}")
+            gone = victim["replica"]
+            _until(lambda g=gone: g not in _up(deployed), "the victim out of rotation")
+    assert len(load.outcomes) > 400
+    assert set(load.outcomes) == {"ok"}, [o for o in load.outcomes if o != "ok"][:5]
 
 
 def test_the_router_actor_killed_is_restarted_and_serves_again(

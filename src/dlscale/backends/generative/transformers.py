@@ -31,8 +31,9 @@ from dlscale.backends.generative.contract import (
     prompt_text,
 )
 from dlscale.backends.generative.quiet import third_party_to_file
-from dlscale.backends.generative.transformers_engine import Engine, EngineSettings
+from dlscale.backends.generative.transformers_engine import Engine
 from dlscale.backends.generative.transformers_request import Job, Model, Parts, prepare, tokens
+from dlscale.backends.generative.transformers_settings import EngineSettings
 from dlscale.errors import ConfigError, Unavailable
 from dlscale.sampling import Sampling
 from dlscale.types import Parameter, TensorSpec
