@@ -96,7 +96,9 @@ def objective_wants(load: ModelLoad, current: int, bounds: Bounds) -> tuple[int,
         return predicted_wait(load, current, n) < threshold and load.busy * current / n <= MAX_BUSY
 
     if load.wait_s >= threshold or load.busy > MAX_BUSY:
-        now = f"{load.model}: wait {wait} (under {goal}), busy {load.busy:.2f} (<= {MAX_BUSY})"
+        now = (
+            f"{load.model}: wait {wait} (goal < {goal}), busy {load.busy:.2f} (goal <= {MAX_BUSY})"
+        )
         # At most double at once: a saturated fleet's figures say how far behind it is, not
         # how many replicas the demand needs.
         top = min(bounds.high, 2 * current)
@@ -108,7 +110,9 @@ def objective_wants(load: ModelLoad, current: int, bounds: Bounds) -> tuple[int,
     if fewer < max(1, bounds.low):
         return current, f"{load.model}: wait {wait} < {goal} at MIN"
     after, busy = predicted_wait(load, current, fewer), load.busy * current / fewer
-    figures = f"{fewer} would wait {_ms(after)} (under {goal}), busy {busy:.2f} (<= {MAX_BUSY})"
+    figures = (
+        f"{fewer} would wait {_ms(after)} (goal < {goal}), busy {busy:.2f} (goal <= {MAX_BUSY})"
+    )
     if holds(fewer):
         return fewer, f"{load.model}: {figures}"
     return current, f"{load.model}: wait {wait} < {goal}; not fewer: {figures}"
