@@ -200,3 +200,14 @@ async def test_a_stopping_replica_leaves_the_router_after_its_last_heartbeat() -
     await replica.drain()
     await asyncio.sleep(0.4)  # anything still on its way arrives
     assert router.said[-1] == "leave", router.said  # nothing may put it back in rotation
+
+
+def test_rays_wrapper_applies_the_rules_decision_and_keeps_its_state() -> None:
+    ctx = _context(_reported(0.015, 0.7), 2, {})
+    from ray.serve.autoscaling_policy import _apply_autoscaling_config
+
+    wrapped = _apply_autoscaling_config(fleet_policy)  # as Ray Serve's controller runs it
+    assert wrapped(ctx)[0] == fleet_policy(ctx)[0] > 2  # Ray's own delays are zero
+    held, state = wrapped(_context(_reported(0.0, 0.05), 3, {}))
+    assert held == 3 and state[DOWN_SINCE] == 1000.0
+    assert wrapped(_context(_reported(0.0, 0.05), 3, state))[1][DOWN_SINCE] == 1000.0
