@@ -16,14 +16,14 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 from typing import Any
 
 import httpx
 import ray
 from ray import serve
 
-from dlscale.scale import control
-from dlscale.scale.autoscale import IN_FLIGHT, in_flight
+from dlscale.scale import autoscale, control
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.control import Entry
 from dlscale.scale.registry import HEARTBEAT_S
@@ -48,7 +48,10 @@ class FleetReplica:
         self.node = ray.get_runtime_context().get_node_id()
         host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.child = ServerChild(settings.replace(host=host))
+        self.repository = settings.repository
         self._stopping = threading.Event()
+        self._leaving = asyncio.Event()
+        self._reading: autoscale.Reading | None = None
         self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
         self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
         self.ready = False
@@ -87,7 +90,9 @@ class FleetReplica:
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._leaving.wait(), HEARTBEAT_S)
+                return  # stopping: `__del__` waits for this beat before it leaves
             if not self.child.alive():
                 with contextlib.suppress(Exception):
                     await self._call("leave", self.key)
@@ -116,20 +121,33 @@ class FleetReplica:
             raise RuntimeError(f"replica {self.key}: its server is not ready ({ready.status_code})")
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """The autoscaler's measure (scale/autoscale.py): the requests the child holds now."""
+        """The autoscaler's figures (scale/autoscale.py): each model's since the last call."""
         e = self.endpoint
         if e.metrics_port is None:  # refused with --autoscale (scale/commands.py)
-            return {IN_FLIGHT: 0.0}
+            return {}
         async with httpx.AsyncClient(timeout=READY_CHECK_S) as client:
+            stats = await client.get(f"http://{e.host}:{e.http_port}/v2/models/stats")
             page = await client.get(f"http://{e.host}:{e.metrics_port}/metrics")
-        return {IN_FLIGHT: in_flight(page.text)}
+        now = autoscale.read(time.monotonic(), stats.json(), page.text)
+        before, self._reading = self._reading or now, now
+        counts = await asyncio.to_thread(autoscale.instances, self.repository, list(now.models))
+        return autoscale.figures(before, now, counts)
 
     async def __del__(self) -> None:
         """Ray Serve's graceful stop: out of rotation, then the child finishes its requests."""
-        beat = getattr(self, "_beat", None)  # None when the constructor failed before it
-        if beat is not None:
-            beat.cancel()
-            with contextlib.suppress(Exception):
-                await self._call("leave", self.key)
+        await self.drain()
         await asyncio.to_thread(self.child.stop)
         self._stopping.set()
+
+    async def drain(self) -> None:
+        """Leave the router before the child stops. The router actor runs calls concurrently,
+        so a heartbeat still on its way could be heard after `leave` and put this replica back
+        in rotation: the heartbeat stops first, its last beat answered."""
+        beat = getattr(self, "_beat", None)  # None when the constructor failed before it
+        if beat is None:
+            return
+        self._leaving.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(beat, ROUTER_CALL_S + HEARTBEAT_S)
+        with contextlib.suppress(Exception):
+            await self._call("leave", self.key)

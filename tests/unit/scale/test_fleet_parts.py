@@ -93,37 +93,3 @@ def test_haproxy_accepts_the_control_rules(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     assert "use_backend control_rest if control" in config
     assert "use_backend control_grpc if control" in config
-
-
-def test_a_servers_requests_in_flight_are_every_models_added() -> None:
-    from dlscale.scale.autoscale import in_flight
-
-    page = (
-        "# TYPE nv_inference_pending_request_count gauge\n"
-        'nv_inference_pending_request_count{model="a",version="1"} 3.0\n'
-        'nv_inference_pending_request_count{model="b",version="1"} 2.0\n'
-        'nv_inference_pending_request_count_other{model="b"} 100.0\n'
-    )
-    assert in_flight(page) == 5.0
-
-
-@pytest.mark.parametrize(("in_flight", "wanted"), [({}, 1), ({"r1": 9.0, "r2": 8.0}, 3)])
-def test_the_policy_asks_a_replica_per_target_of_requests_in_flight(
-    in_flight: dict[str, float], wanted: int
-) -> None:
-    pytest.importorskip("ray", reason="the policy runs in Ray Serve's controller")
-    from ray.serve._private.common import DeploymentID
-    from ray.serve.config import AutoscalingConfig, AutoscalingContext
-
-    from dlscale.scale.autoscale import IN_FLIGHT, autoscaling_config, fleet_policy
-
-    config = AutoscalingConfig(**autoscaling_config(1, 4, 8.0))
-    ctx = AutoscalingContext(
-        deployment_id=DeploymentID(name="FleetReplica", app_name="dlscale"),
-        deployment_name="FleetReplica", app_name="dlscale", current_num_replicas=2,
-        target_num_replicas=2, running_replicas=[], total_num_requests=0.0,
-        total_queued_requests=0.0, aggregated_metrics={IN_FLIGHT: in_flight}, raw_metrics={},
-        capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=4, policy_state={},
-        last_scale_up_time=None, last_scale_down_time=None, current_time=None, config=config,
-    )  # fmt: skip
-    assert fleet_policy(ctx) == (wanted, {})

@@ -1,0 +1,213 @@
+"""The autoscaler's plumbing (scale/autoscale.py, scale/fleet.py): a real server's counters
+become each model's figures, Ray Serve's context reaches the rule and every decision is logged
+with its figures, and a stopping replica leaves the router only after its last heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as th
+from tests.toolkit.repositories import OBJECTIVE_US, tenants_repository
+from tests.toolkit.server import LocalServer, serving
+
+from dlscale.scale.autoscale import (
+    DOWN_SINCE,
+    LAST,
+    PREFIX,
+    Reading,
+    autoscaling_config,
+    figures,
+    fleet_policy,
+    instances,
+    loads,
+    read,
+)
+
+REQUESTS = 16
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tenants_repository(tmp_path_factory.mktemp("autoscale"))
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path) -> Iterator[LocalServer]:
+    with serving(repo, metrics_port=0) as running:
+        yield running
+
+
+def _reading(server: LocalServer) -> Reading:
+    base = f"http://{server.http_url}"
+    stats = httpx.get(f"{base}/v2/models/stats", timeout=30).json()
+    page = httpx.get(f"http://127.0.0.1:{server.server.ports['metrics']}/metrics", timeout=30)
+    return read(time.monotonic(), stats, page.text)
+
+
+def _infer(client: th.InferenceServerClient, model: str) -> Any:
+    x = th.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return client.async_infer(model, [x])
+
+
+def test_a_replicas_report_is_each_models_figures_over_the_interval(
+    server: LocalServer, http: th.InferenceServerClient, repo: Path
+) -> None:
+    before = _reading(server)
+    # 8 at once (the client's connections) on a model of one instance and batches of one.
+    calls = [_infer(http, "protected") for _ in range(REQUESTS)]
+    for call in calls:
+        call.get_result()
+    _infer(http, "neighbor").get_result()
+    after = _reading(server)
+    report = figures(before, after, instances(repo, list(after.models)))
+    key = f"{PREFIX}/{{}}/protected".format
+    span = after.at - before.at
+    assert report[key("rate")] == pytest.approx(REQUESTS / span)
+    assert report[key("objective_s")] == OBJECTIVE_US / 1e6
+    assert report[key("wait_s")] > 0  # eight at once on one instance: all but one queued
+    assert 0 < report[key("busy")] <= 1
+    assert report[key("in_flight")] == 0
+    assert report[f"{PREFIX}/objective_s/neighbor"] == 0  # no objective: the in-flight rule
+    # Two replicas reporting the same: the fleet's rate adds up, its wait and busy do not.
+    per_replica = {k: {"r1": v, "r2": v} for k, v in report.items()}
+    [neighbor, protected] = loads(per_replica)
+    assert (neighbor.model, neighbor.objective_s) == ("neighbor", 0.0)
+    assert protected.rate == pytest.approx(2 * report[key("rate")])
+    assert protected.wait_s == pytest.approx(report[key("wait_s")])
+    assert protected.busy == pytest.approx(report[key("busy")])
+
+
+def test_a_model_the_repository_cannot_describe_counts_one_instance(repo: Path) -> None:
+    assert instances(repo, ["protected", "missing"]) == {"protected": 1, "missing": 1}
+
+
+def _context(metrics: dict[str, dict[str, float]], running: int, state: dict[str, Any]) -> Any:
+    pytest.importorskip("ray", reason="the policy runs in Ray Serve's controller")
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+    config = AutoscalingConfig(**autoscaling_config(1, 4, 8.0))
+    return AutoscalingContext(
+        deployment_id=DeploymentID(name="FleetReplica", app_name="dlscale"),
+        deployment_name="FleetReplica", app_name="dlscale", current_num_replicas=running,
+        target_num_replicas=running, running_replicas=[], total_num_requests=0.0,
+        total_queued_requests=0.0, aggregated_metrics=metrics, raw_metrics={},
+        capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=4, policy_state=state,
+        last_scale_up_time=None, last_scale_down_time=None, current_time=1000.0, config=config,
+    )  # fmt: skip
+
+
+def _reported(wait_s: float, busy: float, in_flight: float = 0.0) -> dict[str, dict[str, float]]:
+    one = {"rate": 50.0, "wait_s": wait_s, "busy": busy, "in_flight": in_flight}
+    one["objective_s"] = 0.02
+    return {f"{PREFIX}/{k}/m": {"r1": v, "r2": v} for k, v in one.items()}
+
+
+def test_the_policy_scales_on_the_objective_and_logs_its_figures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="dlscale.scale"):
+        wanted, state = fleet_policy(_context(_reported(0.015, 0.7), 2, {}))
+    assert wanted > 2
+    [line] = [r.getMessage() for r in caplog.records if "autoscaler" in r.getMessage()]
+    assert line.startswith(f"autoscaler: 2 -> {wanted} replicas: m: wait 15 ms")
+    assert "m.wait_ms=15" in line and "m.objective_ms=20" in line and "m.busy=0.7" in line
+    assert state[LAST] == line.removeprefix("autoscaler: ")
+
+
+def test_the_policy_holds_an_idle_fleet_in_its_state_then_sheds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    idle = _reported(0.0, 0.05)
+    with caplog.at_level(logging.INFO, logger="dlscale.scale"):
+        wanted, state = fleet_policy(_context(idle, 3, {}))
+        assert wanted == 3 and state[DOWN_SINCE] == 1000.0  # Ray's clock, kept for next time
+        again, state = fleet_policy(_context(idle, 3, state))
+        assert again == 3
+        state[DOWN_SINCE] -= 3600.0  # an hour of idle
+        shed, state = fleet_policy(_context(idle, 3, state))
+    assert shed == 2 and state[DOWN_SINCE] is None
+    lines = [r.getMessage() for r in caplog.records if "autoscaler" in r.getMessage()]
+    assert len(lines) == 2  # the hold's start and the decision, not every run
+    assert "held 0 of 60 s" in lines[0] and lines[1].startswith("autoscaler: 3 -> 2 replicas")
+
+
+def test_replicas_with_no_objective_keep_the_in_flight_target() -> None:
+    reported = _reported(1.0, 0.9, in_flight=9.0)
+    reported[f"{PREFIX}/objective_s/m"] = {"r1": 0.0, "r2": 0.0}
+    assert fleet_policy(_context(reported, 1, {}))[0] == 3  # 18 in flight, 8 each
+
+
+class _Router:
+    """Stands in for the router actor's handle: each call runs on its own, as an actor's does,
+    and cancelling the caller's wait does not stop it (a Ray ObjectRef's behaviour)."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.beats = asyncio.Event()
+
+    def __getattr__(self, method: str) -> Any:
+        router = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args: Any) -> asyncio.Future[Any]:
+                answer = asyncio.get_running_loop().create_future()
+                asyncio.get_running_loop().create_task(router._run(method, answer))
+                return answer
+
+        return _Method()
+
+    async def _run(self, method: str, answer: asyncio.Future[Any]) -> None:
+        if method == "heartbeat":
+            self.beats.set()
+            await asyncio.sleep(0.2)  # a busy router: the beat is still on its way
+        self.said.append(method)
+        if not answer.cancelled():
+            answer.set_result(0)
+
+
+class _Child:
+    def alive(self) -> bool:
+        return True
+
+
+async def test_a_stopping_replica_leaves_the_router_after_its_last_heartbeat() -> None:
+    pytest.importorskip("ray", reason="the replica is a Ray Serve deployment")
+    from dlscale.scale.fleet import FleetReplica
+
+    class Replica(FleetReplica):
+        def __del__(self) -> None:  # type: ignore[override]
+            """Ray Serve's async stop awaits `drain`, tested here; nothing to stop."""
+
+    replica = Replica.__new__(Replica)
+    router = _Router()
+    replica.key, replica.node, replica.entries = "r1", "n1", []
+    replica.router, replica.child = router, _Child()
+    replica.endpoint = None  # type: ignore[assignment]
+    replica._leaving = asyncio.Event()
+    replica._beat = asyncio.get_running_loop().create_task(replica._heartbeat())
+    await asyncio.wait_for(router.beats.wait(), 30)
+    await replica.drain()
+    await asyncio.sleep(0.4)  # anything still on its way arrives
+    assert router.said[-1] == "leave", router.said  # nothing may put it back in rotation
+
+
+def test_rays_wrapper_applies_the_rules_decision_and_keeps_its_state() -> None:
+    ctx = _context(_reported(0.015, 0.7), 2, {})
+    from ray.serve.autoscaling_policy import _apply_autoscaling_config
+
+    wrapped = _apply_autoscaling_config(fleet_policy)  # as Ray Serve's controller runs it
+    assert wrapped(ctx)[0] == fleet_policy(ctx)[0] > 2  # Ray's own delays are zero
+    held, state = wrapped(_context(_reported(0.0, 0.05), 3, {}))
+    assert held == 3 and state[DOWN_SINCE] == 1000.0
+    assert wrapped(_context(_reported(0.0, 0.05), 3, state))[1][DOWN_SINCE] == 1000.0
