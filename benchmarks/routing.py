@@ -12,6 +12,8 @@ turn within each repetition, each on fresh processes:
   children (scale/child.py), weights equal;
 - dlscale-weighted: the same, weighed every 2 s by scale/weights.py's Weigher from each
   replica's measured compute time per row, as the `--device-workers` supervisor does;
+- dlscale-weighted-steep: the same weights raised to `--weight-power` (2: a replica 3x slower
+  gets a ninth), an experiment on batching (BENCHMARKS.md says why);
 - ray-serve-default: a plain Ray Serve application (no dlscale in the path,
   benchmarks/harness/ray_unequal.py), two replicas, the rank choosing the speed, called over
   Ray's HTTP proxy with its default router (power of two choices).
@@ -51,11 +53,17 @@ from benchmarks.harness.servers import (
 from benchmarks.harness.statistics import machine, median_of, paired_ratios, record
 from dlscale.scale.child import ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.weights import Weigher, read_work
+from dlscale.scale.weights import MAX_WEIGHT, Weigher, read_work
 from dlscale.server import ServerSettings
 
 SLEEPER = BenchModel("sleeper", "input", "output", (16,), 4, 0)
-ARMS = ("dlscale-leastconn", "dlscale-weighted", "ray-serve-default", "ray-serve-uncapped")
+ARMS = (
+    "dlscale-leastconn",
+    "dlscale-weighted",
+    "dlscale-weighted-steep",
+    "ray-serve-default",
+    "ray-serve-uncapped",
+)
 #: ray-serve-uncapped: requests a replica may hold, high enough that Ray's cap never binds.
 UNCAPPED = 64
 #: Seconds between two weighings, as the `--device-workers` supervisor (scale/local_fleet.py).
@@ -65,8 +73,8 @@ SEED = 35
 
 
 @contextmanager
-def dlscale_fleet(delays_ms: tuple[float, float], weighted: bool) -> Iterator[dict[str, Any]]:
-    """Two `dlscale serve` children behind HAProxy; with `weighted`, weighed every WEIGH_S."""
+def dlscale_fleet(delays_ms: tuple[float, float], power: float | None) -> Iterator[dict[str, Any]]:
+    """Two `dlscale serve` children behind HAProxy; with a `power`, weighed every WEIGH_S."""
     children = [ServerChild(_settings(_sleeper_repo(ms))) for ms in delays_ms]
     router = HaproxyRouter(HOST, 0, None)
     stop = threading.Event()
@@ -77,8 +85,9 @@ def dlscale_fleet(delays_ms: tuple[float, float], weighted: bool) -> Iterator[di
         members = [Member(f"r{i}", e.host, e.http_port) for i, e in enumerate(ends)]
         router.sync(members)
         _until(lambda: set(router.states().values()) == {"UP"})
-        if weighted:
-            threading.Thread(target=_weigh, args=(router, weigher, members, stop)).start()
+        if power is not None:
+            weighing = (router, weigher, members, power, stop)
+            threading.Thread(target=_weigh, args=weighing).start()
         yield {
             "port": router.ports["http"],
             "proxy_pid": _haproxy_pid(),
@@ -92,10 +101,21 @@ def dlscale_fleet(delays_ms: tuple[float, float], weighted: bool) -> Iterator[di
             child.stop(5.0)
 
 
-def _weigh(router: HaproxyRouter, weigher: Weigher, members: list[Member], stop: Any) -> None:
+def _weigh(
+    router: HaproxyRouter,
+    weigher: Weigher,
+    members: list[Member],
+    power: float,
+    stop: threading.Event,
+) -> None:
+    """The supervisor's loop (scale/local_fleet.py); `power` != 1 steepens the weights, an
+    experiment on how far from the speeds' ratio the best weights lie under batching."""
     while not stop.wait(WEIGH_S):
-        readings = {m.key: read_work(m.host, m.http_port) for m in members}
-        router.weigh(weigher.weights(readings))
+        weights = weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
+        steep = {
+            k: max(1, round(MAX_WEIGHT * (w / MAX_WEIGHT) ** power)) for k, w in weights.items()
+        }
+        router.weigh(steep)
 
 
 def _settings(repo: Path) -> ServerSettings:
@@ -156,12 +176,15 @@ def _ray_proxy_pid(root: int) -> int:
     raise RuntimeError("no Ray Serve ProxyActor process found")
 
 
-def run_arm(arm: str, delays: tuple[float, float], schedule: list[float]) -> dict[str, Any]:
+def run_arm(
+    arm: str, delays: tuple[float, float], schedule: list[float], power: float
+) -> dict[str, Any]:
     """One arm on fresh processes: the schedule's load, what it measured, the proxy's CPU."""
     if arm.startswith("ray"):
         fleet = ray_app(delays, uncapped=arm.endswith("uncapped"))
     else:
-        fleet = dlscale_fleet(delays, weighted=arm.endswith("weighted"))
+        powers = {"dlscale-weighted": 1.0, "dlscale-weighted-steep": power}
+        fleet = dlscale_fleet(delays, powers.get(arm))
     with fleet as served:
         port = served["port"]
         wire = build_request(HOST, port, f"/v2/models/{SLEEPER.name}/infer", SLEEPER.json_body())
@@ -204,6 +227,8 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     pairs = {
         "ray_default_over_weighted": ("ray-serve-default", "dlscale-weighted"),
         "leastconn_over_weighted": ("dlscale-leastconn", "dlscale-weighted"),
+        "weighted_over_steep": ("dlscale-weighted", "dlscale-weighted-steep"),
+        "ray_uncapped_over_steep": ("ray-serve-uncapped", "dlscale-weighted-steep"),
         "ray_uncapped_over_weighted": ("ray-serve-uncapped", "dlscale-weighted"),
         "ray_default_over_leastconn": ("ray-serve-default", "dlscale-leastconn"),
     }
@@ -223,6 +248,8 @@ def main() -> None:
     parser.add_argument("--fast-ms", type=float, default=50.0, help="fast replica, per batch")
     parser.add_argument("--slow-ms", type=float, default=150.0, help="slow replica, per batch")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--weight-power", type=float, default=2.0,
+                        help="the steep arm's weights: 256 * (measured / 256) ** P")  # fmt: skip
     args = parser.parse_args()
     delays = (args.fast_ms, args.slow_ms)
     capacity = SLEEPER.max_batch_size * sum(1e3 / ms for ms in delays)
@@ -233,7 +260,13 @@ def main() -> None:
     for rep in range(args.repeats):
         shift = rep % len(arms)
         for arm in arms[shift:] + arms[:shift]:
-            record(rows, bench="routing", server=arm, rep=rep, **run_arm(arm, delays, schedule))
+            record(
+                rows,
+                bench="routing",
+                server=arm,
+                rep=rep,
+                **run_arm(arm, delays, schedule, args.weight_power),
+            )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"routing-{time.strftime('%Y%m%d-%H%M%S')}.json"
     found = ratios(rows)
