@@ -12,8 +12,6 @@ turn within each repetition, each on fresh processes:
   children (scale/child.py), weights equal;
 - dlscale-weighted: the same, weighed every 2 s by scale/weights.py's Weigher from each
   replica's measured compute time per row, as the `--device-workers` supervisor does;
-- dlscale-weighted-steep: the same weights raised to `--weight-power` (2: a replica 3x slower
-  gets a ninth), an experiment on batching (BENCHMARKS.md says why);
 - ray-serve-default: a plain Ray Serve application (no dlscale in the path,
   benchmarks/harness/ray_unequal.py), two replicas, the rank choosing the speed, called over
   Ray's HTTP proxy with its default router (power of two choices).
@@ -53,14 +51,13 @@ from benchmarks.harness.servers import (
 from benchmarks.harness.statistics import machine, median_of, paired_ratios, record
 from dlscale.scale.child import ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.weights import MAX_WEIGHT, Weigher, read_work
+from dlscale.scale.weights import Weigher, read_work
 from dlscale.server import ServerSettings
 
 SLEEPER = BenchModel("sleeper", "input", "output", (16,), 4, 0)
 ARMS = (
     "dlscale-leastconn",
     "dlscale-weighted",
-    "dlscale-weighted-steep",
     "ray-serve-default",
     "ray-serve-uncapped",
 )
@@ -73,26 +70,30 @@ SEED = 35
 
 
 @contextmanager
-def dlscale_fleet(delays_ms: tuple[float, float], power: float | None) -> Iterator[dict[str, Any]]:
-    """Two `dlscale serve` children behind HAProxy; with a `power`, weighed every WEIGH_S."""
+def dlscale_fleet(delays_ms: tuple[float, float], weighted: bool) -> Iterator[dict[str, Any]]:
+    """Two `dlscale serve` children behind HAProxy; `weighted`: weighed every WEIGH_S."""
     children = [ServerChild(_settings(_sleeper_repo(ms))) for ms in delays_ms]
     router = HaproxyRouter(HOST, 0, None)
     stop = threading.Event()
     weigher = Weigher()
+    chosen: dict[str, int] = {}
     try:
         ends = [child.start() for child in children]
         router.start()
         members = [Member(f"r{i}", e.host, e.http_port) for i, e in enumerate(ends)]
         router.sync(members)
         _until(lambda: set(router.states().values()) == {"UP"})
-        if power is not None:
-            weighing = (router, weigher, members, power, stop)
+        if weighted:
+            weighing = (router, weigher, members, chosen, stop)
             threading.Thread(target=_weigh, args=weighing).start()
         yield {
             "port": router.ports["http"],
             "proxy_pid": _haproxy_pid(),
             "rows": lambda: [read_work(m.host, m.http_port).rows for m in members],
-            "weights": lambda: {k: round(v / 1e6, 1) for k, v in weigher.ns_per_row.items()},
+            "weights": lambda: {
+                "ms_per_row": {k: round(v / 1e6, 1) for k, v in weigher.ns_per_row.items()},
+                "weights": dict(chosen),
+            },
         }
     finally:
         stop.set()
@@ -105,17 +106,13 @@ def _weigh(
     router: HaproxyRouter,
     weigher: Weigher,
     members: list[Member],
-    power: float,
+    chosen: dict[str, int],
     stop: threading.Event,
 ) -> None:
-    """The supervisor's loop (scale/local_fleet.py); `power` != 1 steepens the weights, an
-    experiment on how far from the speeds' ratio the best weights lie under batching."""
+    """The `--device-workers` supervisor's loop (scale/local_fleet.py); `chosen`: the last."""
     while not stop.wait(WEIGH_S):
-        weights = weigher.weights({m.key: read_work(m.host, m.http_port) for m in members})
-        steep = {
-            k: max(1, round(MAX_WEIGHT * (w / MAX_WEIGHT) ** power)) for k, w in weights.items()
-        }
-        router.weigh(steep)
+        chosen.update(weigher.weights({m.key: read_work(m.host, m.http_port) for m in members}))
+        router.weigh(chosen)
 
 
 def _settings(repo: Path) -> ServerSettings:
@@ -176,15 +173,12 @@ def _ray_proxy_pid(root: int) -> int:
     raise RuntimeError("no Ray Serve ProxyActor process found")
 
 
-def run_arm(
-    arm: str, delays: tuple[float, float], schedule: list[float], power: float
-) -> dict[str, Any]:
+def run_arm(arm: str, delays: tuple[float, float], schedule: list[float]) -> dict[str, Any]:
     """One arm on fresh processes: the schedule's load, what it measured, the proxy's CPU."""
     if arm.startswith("ray"):
         fleet = ray_app(delays, uncapped=arm.endswith("uncapped"))
     else:
-        powers = {"dlscale-weighted": 1.0, "dlscale-weighted-steep": power}
-        fleet = dlscale_fleet(delays, powers.get(arm))
+        fleet = dlscale_fleet(delays, arm.endswith("weighted"))
     with fleet as served:
         port = served["port"]
         wire = build_request(HOST, port, f"/v2/models/{SLEEPER.name}/infer", SLEEPER.json_body())
@@ -193,7 +187,7 @@ def run_arm(
         result: LoadResult = uvloop.run(open_loop(HOST, port, wire, schedule, WARMUP_S))
         cpu = (cpu_seconds(served["proxy_pid"]) - before_cpu) / (time.monotonic() - t0)
         served_rows = [a - b for a, b in zip(rows(), before_rows, strict=True)]
-        extra = {"ms_per_row": served["weights"]()} if "weights" in served else {}
+        extra = served["weights"]() if "weights" in served else {}
     if result.errors:
         print(f"  {arm}: {result.errors} errors, first: {result.first_error}", flush=True)
     slow_share = served_rows[1] / sum(served_rows) if sum(served_rows) else None
@@ -227,8 +221,6 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     pairs = {
         "ray_default_over_weighted": ("ray-serve-default", "dlscale-weighted"),
         "leastconn_over_weighted": ("dlscale-leastconn", "dlscale-weighted"),
-        "weighted_over_steep": ("dlscale-weighted", "dlscale-weighted-steep"),
-        "ray_uncapped_over_steep": ("ray-serve-uncapped", "dlscale-weighted-steep"),
         "ray_uncapped_over_weighted": ("ray-serve-uncapped", "dlscale-weighted"),
         "ray_default_over_leastconn": ("ray-serve-default", "dlscale-leastconn"),
     }
@@ -248,8 +240,6 @@ def main() -> None:
     parser.add_argument("--fast-ms", type=float, default=50.0, help="fast replica, per batch")
     parser.add_argument("--slow-ms", type=float, default=150.0, help="slow replica, per batch")
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--weight-power", type=float, default=2.0,
-                        help="the steep arm's weights: 256 * (measured / 256) ** P")  # fmt: skip
     args = parser.parse_args()
     delays = (args.fast_ms, args.slow_ms)
     capacity = SLEEPER.max_batch_size * sum(1e3 / ms for ms in delays)
@@ -265,7 +255,7 @@ def main() -> None:
                 bench="routing",
                 server=arm,
                 rep=rep,
-                **run_arm(arm, delays, schedule, args.weight_power),
+                **run_arm(arm, delays, schedule),
             )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"routing-{time.strftime('%Y%m%d-%H%M%S')}.json"
