@@ -14,7 +14,7 @@ replica takes that replica's whole batch time. Leastconn sends to the slower one
 one holds `weight ratio - 1` requests; the two waits are equal at `largest_batch * (slower - 1)`
 requests, so the weight ratio is `largest_batch * (slower - 1) + 1` (the speed ratio itself
 without batching). BENCHMARKS.md ("Routing by work") measured it: 1x and 3x replicas batching
-4 rows, p99 300 ms with a third of the weight, 190 ms with a ninth.
+4 rows, p99 about 300 ms with a third of the weight, about 190-270 ms with a ninth.
 """
 
 from __future__ import annotations
