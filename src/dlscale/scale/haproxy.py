@@ -8,8 +8,9 @@ template (`set server ... addr/port`, then `state ready`), and a replica that le
 maintenance (its requests in flight finish; no new one is sent to it).
 
 What the router promises (docs/scale.md):
-- A replica that dies is out of rotation within a second: a health check (its REST
-  /v2/health/ready) every 250 ms, and the first failed connection marks it down at once.
+- A replica that dies is out of rotation within a second: its first failed connection marks
+  it down at once, and its health check (its REST /v2/health/ready, every 250 ms) after two
+  failures in a row; a slow check is given 2 s, so a loaded host's replicas stay in rotation.
 - A request whose replica died before answering anything (the connection failed or closed
   empty) is sent again to another replica: inference is safe to repeat, and the client had
   no answer. A request that cannot be repeated (its body is larger than HAProxy's buffer, or
@@ -274,6 +275,9 @@ def render(fds: dict[str, int], workdir: Path, control: Control | None = None) -
         "defaults",
         "  mode http",
         "  timeout connect 2s",
+        # A replica that is slow to answer its check (a loaded host) is not dead: without this
+        # the check had `inter` (250 ms) to answer, and healthy replicas left rotation.
+        "  timeout check 2s",
         # Inference may be long (a generative stream, a large batch): the replica's own
         # deadlines bound a request, not the router.
         "  timeout client 1h",
@@ -298,7 +302,7 @@ def render(fds: dict[str, int], workdir: Path, control: Control | None = None) -
         *_BALANCE,
         "  option httpchk GET /v2/health/ready",
         "  http-check expect status 200",
-        f"  default-server check inter {CHECK_INTER_MS} fall 1 rise 1 "
+        f"  default-server check inter {CHECK_INTER_MS} fall 2 rise 1 "
         "observe layer4 error-limit 1 on-error mark-down",
         f"  server-template r 1-{SLOTS} 127.0.0.1:9 disabled",
         f"backend {GRPC}",

@@ -3,10 +3,18 @@
 HAProxy picks the replica with the fewest requests in flight divided by its weight
 (`balance leastconn`). With every weight equal that counts requests; with each weight made
 inversely proportional to the replica's time per row, it estimates the work waiting on each
-replica, so a replica three times slower (an older GPU, a smaller MIG slice, a noisy host)
-gets a third of the requests, not a half. The times come from each replica's own statistics
+replica, so a replica three times slower (an older GPU, a smaller MIG slice, a noisy host) is
+sent a third of the requests without batching, not a half (fewer with batching, below). The times come from each replica's own statistics
 (the protocol's `/v2/models/stats`: rows inferred and their compute time, summed over models),
 read as differences over the last interval, so that old history does not hide a change.
+
+With batching the ratio of speeds is not enough: a request queued on the fastest replica waits
+about one batch time per `largest_batch` requests ahead of it, while one sent to an idle slower
+replica takes that replica's whole batch time. Leastconn sends to the slower one once the fast
+one holds `weight ratio - 1` requests; the two waits are equal at `largest_batch * (slower - 1)`
+requests, so the weight ratio is `largest_batch * (slower - 1) + 1` (the speed ratio itself
+without batching). BENCHMARKS.md ("Routing by work") measured it: 1x and 3x replicas batching
+4 rows, p99 about 300 ms with a third of the weight, about 190-270 ms with a ninth.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ class Work:
 
     rows: int
     compute_ns: int
+    #: The most rows it ran in one batch (1 without batching): the requests one batch clears.
+    largest_batch: int = 1
 
 
 def read_work(
@@ -41,10 +51,13 @@ def read_work(
     with urllib.request.urlopen(request, timeout=timeout_s) as answer:
         stats = json.load(answer)
     rows = compute = 0
+    largest = 1
     for model in stats.get("model_stats", []):
         rows += int(model.get("inference_count", 0))
         compute += int(model.get("inference_stats", {}).get("compute_infer", {}).get("ns", 0))
-    return Work(rows, compute)
+        sizes = [int(b.get("batch_size", 1)) for b in model.get("batch_stats", [])]
+        largest = max(largest, *sizes) if sizes else largest
+    return Work(rows, compute, largest)
 
 
 class Weigher:
@@ -73,11 +86,14 @@ class Weigher:
             if rows >= MIN_ROWS:  # else the interval grows until it has enough rows
                 self.ns_per_row[key] = max(1.0, (work.compute_ns - last.compute_ns) / rows)
                 self._last[key] = work
-        fastest = min(self.ns_per_row.values(), default=0.0)
+        fastest = min(self.ns_per_row, key=self.ns_per_row.__getitem__, default=None)
+        if fastest is None:
+            return dict.fromkeys(readings, MAX_WEIGHT)
+        batch = readings[fastest].largest_batch
         return {
             key: MAX_WEIGHT
             if key not in self.ns_per_row
-            else max(1, round(MAX_WEIGHT * fastest / self.ns_per_row[key]))
+            else _weight(self.ns_per_row[key] / self.ns_per_row[fastest], batch)
             for key in readings
         }
 
@@ -94,3 +110,9 @@ def read_each(
         except (OSError, ValueError):
             continue
     return readings
+
+
+def _weight(slower: float, batch: int) -> int:
+    """The weight of a replica `slower` times the fastest's time, the fastest batching `batch`
+    rows at most (the module's docstring derives it)."""
+    return max(1, round(MAX_WEIGHT / (max(1, batch) * (slower - 1.0) + 1.0)))

@@ -42,3 +42,19 @@ def test_a_restarted_replica_starts_over_and_a_gone_one_is_forgotten() -> None:
     assert weights["b"] == round(MAX_WEIGHT / 3)  # its last speed stands until measured again
     assert weigher.weights({"a": Work(300, 300_000)}) == {"a": MAX_WEIGHT}
     assert set(weigher.ns_per_row) == {"a"}
+
+
+def test_with_batching_a_slower_replica_gets_less_than_its_speed_ratio() -> None:
+    """The fast replica batches 4 rows: 8 requests queued on it wait as long as one alone on a
+    replica 3x slower, so leastconn must send it 9 for each one the slow replica gets."""
+    weigher = Weigher()
+    weigher.weights({"fast": Work(0, 0, 4), "slow": Work(0, 0, 4)})
+    weights = weigher.weights({"fast": Work(300, 300_000, 4), "slow": Work(100, 300_000, 4)})
+    assert weights == {"fast": MAX_WEIGHT, "slow": round(MAX_WEIGHT / 9)}
+
+
+def test_equal_speeds_keep_equal_weights_whatever_the_batch() -> None:
+    weigher = Weigher()
+    weigher.weights({"a": Work(0, 0, 8), "b": Work(0, 0, 1)})
+    weights = weigher.weights({"a": Work(100, 100_000, 8), "b": Work(100, 100_000, 1)})
+    assert weights == {"a": MAX_WEIGHT, "b": MAX_WEIGHT}
