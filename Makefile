@@ -30,9 +30,10 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml
 	touch $@
 
 # A fleet's router (docs/scale.md) is HAProxy, from the system's packages (root, or sudo).
-HAPROXY_INSTALL := apt-get install -y -q haproxy >/dev/null
+# A machine whose package lists were never fetched needs `apt-get update` first.
+HAPROXY_INSTALL := (apt-get install -y -q haproxy || (apt-get update -q && apt-get install -y -q haproxy)) >/dev/null
 define install_haproxy
-	command -v haproxy >/dev/null || $(HAPROXY_INSTALL) 2>/dev/null || sudo -n $(HAPROXY_INSTALL) \
+	command -v haproxy >/dev/null || $(HAPROXY_INSTALL) 2>/dev/null || sudo -n sh -c '$(HAPROXY_INSTALL)' \
 		|| echo "haproxy not installed: the fleet tests are skipped (docs/scale.md)"
 endef
 
