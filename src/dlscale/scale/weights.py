@@ -4,9 +4,10 @@ HAProxy picks the replica with the fewest requests in flight divided by its weig
 (`balance leastconn`). With every weight equal that counts requests; with each weight made
 inversely proportional to the replica's time per row, it estimates the work waiting on each
 replica, so a replica three times slower (an older GPU, a smaller MIG slice, a noisy host) is
-sent a third of the requests without batching, not a half (fewer with batching, below). The times come from each replica's own statistics
-(the protocol's `/v2/models/stats`: rows inferred and their compute time, summed over models),
-read as differences over the last interval, so that old history does not hide a change.
+sent a third of the requests without batching, not a half (fewer with batching, below). The
+times come from each replica's own statistics (the protocol's `/v2/models/stats`: rows inferred
+and their compute time, summed over models), read as differences over the last interval, so
+that old history does not hide a change.
 
 With batching the ratio of speeds is not enough: a request queued on the fastest replica waits
 about one batch time per `largest_batch` requests ahead of it, while one sent to an idle slower
