@@ -162,6 +162,7 @@ class HaproxyRouter:
             slot = self._slots.get(key) or self._free_slot()
             self._slots[key] = slot
             self.members[key] = member
+            self.weights.pop(key, None)  # _enable starts it at the most again
             commands += _enable(slot, member, self._sockets)
             log.info("router: replica %s at %s:%d", key, member.host, member.http_port)
         if commands:

@@ -170,9 +170,10 @@ def test_json_the_decoder_cannot_read_is_a_400(server: LocalServer) -> None:
     deep = b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": ' + (
         b"[" * 5000 + b"]" * 5000 + b"}]}"
     )
-    for body, fragment in ((bad_utf8, "invalid UTF-8"), (deep, "nested")):
+    # msgspec words the first as its release does ("invalid UTF-8", "Invalid UTF-8 encoded")
+    for body, fragment in ((bad_utf8, "invalid utf-8"), (deep, "nested")):
         response = httpx.post(url, content=body)
-        assert response.status_code == 400 and fragment in response.json()["error"]
+        assert response.status_code == 400 and fragment in response.json()["error"].lower()
     index = httpx.post(f"http://{server.http_url}/v2/repository/index", content=b"[" * 5000)
     assert index.status_code == 400 and "nested" in index.json()["error"]
 

@@ -120,9 +120,9 @@ def _refused(body: bytes) -> str:
 
 def test_invalid_utf8_inside_a_json_string_is_the_clients_mistake() -> None:
     body = _json_doc(["ab"], "BYTES").replace(b"ab", b"a\xff")
-    assert "invalid UTF-8" in _refused(body)
+    assert "invalid utf-8" in _refused(body).lower()  # msgspec words it as its release does
     name = _json_doc([1.0]).replace(b'"x"', b'"\xc3("')
-    assert "invalid UTF-8" in _refused(name)
+    assert "invalid utf-8" in _refused(name).lower()
 
 
 @pytest.mark.parametrize("depth", [70, 1_000, 5_000])
