@@ -13,26 +13,19 @@ cap a batch at 5). The work is e2e_apps.Classifier's, the same as dlscale's pipe
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 from ray import serve
-from ray.serve.config import HTTPOptions
 from ray.serve.handle import DeploymentHandle
 
 from benchmarks.harness.e2e_apps import MAX_BATCH, QUEUE_DELAY_US, Classifier, E2ESpec
-from benchmarks.harness.servers import HOST, announce
+from benchmarks.harness.ray_apps import QUIET, serve_until_stopped
 
 #: No access log line per request (Ray's default logs every call), as `dlscale serve --ray`
 #: deploys too; replicas ask for no CPU: all share the machine's cores, as dlscale's steps do
 #: (the asks would only decide whether Ray agrees to place them on 2 cores).
-QUIET = {"enable_access_log": False, "log_level": "WARNING"}
 OPTIONS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}, "logging_config": QUIET}
 WAIT_S = QUEUE_DELAY_US / 1e6
 
@@ -81,16 +74,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     spec = E2ESpec.read(args.repo.resolve())
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING)
-    serve.start(http_options=HTTPOptions(host=HOST, port=args.port), logging_config=QUIET)
-    app = Ingress.bind(Decode.bind(spec), Classify.bind(spec))
-    serve.run(app, name="e2e", route_prefix="/")
-    announce(args.port)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
-    serve.shutdown()
-    ray.shutdown()
+    serve_until_stopped(Ingress.bind(Decode.bind(spec), Classify.bind(spec)), "e2e", args.port)
 
 
 if __name__ == "__main__":

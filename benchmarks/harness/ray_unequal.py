@@ -20,20 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
-import signal
-import threading
 from typing import Any
 
-import ray
 from ray import serve
-from ray.serve.config import HTTPOptions
 
-from benchmarks.harness.servers import HOST, announce
+from benchmarks.harness.ray_apps import QUIET, serve_until_stopped
 
 #: No access log line per request (Ray's default logs every call); replicas ask for no CPU.
-QUIET = {"enable_access_log": False, "log_level": "WARNING"}
 MAX_BATCH = 4
 
 
@@ -77,21 +70,11 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, required=True)
     parser.add_argument("--max-ongoing", type=int, default=None, help="Ray's default if unset")
     args = parser.parse_args()
-    # A cluster of its own ("local"), even where another process's cluster runs on this host.
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-             logging_level=logging.WARNING)  # fmt: skip
-    serve.start(http_options=HTTPOptions(host=HOST, port=args.port), logging_config=QUIET)
     deployment = Sleeper
     if args.max_ongoing is not None:
         deployment = Sleeper.options(max_ongoing_requests=args.max_ongoing)
     app = deployment.bind(args.fast_ms / 1e3, args.slow_ms / 1e3)
-    serve.run(app, name="unequal", route_prefix="/")
-    announce(args.port)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
-    serve.shutdown()
-    ray.shutdown()
+    serve_until_stopped(app, "unequal", args.port, address="local")
 
 
 if __name__ == "__main__":

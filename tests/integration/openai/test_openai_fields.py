@@ -112,11 +112,12 @@ def test_completion_logprobs_take_the_legacy_shape(client: openai.OpenAI) -> Non
     assert logprobs is not None and len(logprobs.tokens or []) == 5
     assert "".join(logprobs.tokens or []) == answer.choices[0].text
     assert logprobs.text_offset == [0, *[len("".join(logprobs.tokens[:i])) for i in range(1, 5)]]
-    # Greedy: each token's logprob is the best of its (at most 2) listed alternatives.
+    # Greedy: each token is the best of the 2 alternatives listed for it, at its logprob.
     assert logprobs.token_logprobs is not None and len(logprobs.token_logprobs) == 5
     assert logprobs.top_logprobs is not None and len(logprobs.top_logprobs) == 5
-    for chosen, best in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
-        assert 1 <= len(best) <= 2 and chosen == max(best.values())
+    rows = zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True)
+    for token, chosen, best in rows:
+        assert len(best) == 2 and best[token] == chosen == max(best.values()), (token, best)
 
 
 @pytest.mark.parametrize(
