@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -115,7 +116,7 @@ class Multiplexed:
         model = await self.load(model_id)
         try:
             outputs = model.infer(inputs)
-        except (ValueError, KeyError, TypeError, ort.capi.onnxruntime_pybind11_state.Fail) as exc:
+        except (ValueError, KeyError, TypeError, InvalidArgument, Fail) as exc:
             return _error(400, f"model {model_id!r} cannot take these inputs: {exc}")
         return {"model_name": model_id, "model_version": "1", "outputs": outputs}
 
