@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import tempfile
 import time
@@ -71,9 +72,9 @@ class Arm:
 
 
 @contextmanager
-def dlscale_arm(repo: Path, budget: int, log: Path) -> Iterator[Arm]:
-    """`dlscale serve` loading on demand under the budget."""
-    flags = ["--model-control", "on-demand", "--memory-budget", f"cpu={budget}"]
+def dlscale_arm(repo: Path, budget: int, log: Path, extra: list[str]) -> Iterator[Arm]:
+    """`dlscale serve` loading on demand under the budget (and `extra` flags)."""
+    flags = ["--model-control", "on-demand", "--memory-budget", f"cpu={budget}", *extra]
     with RepoServer(repo, flags, log) as server:
         assert server.pid is not None
 
@@ -144,12 +145,15 @@ def run_round(rep: int, args: argparse.Namespace, repo: Path, budget: int,
         )
 
     starters = {
-        "dlscale": lambda: dlscale_arm(repo, budget, args.out / f"dlscale-{rep}.log"),
+        "dlscale": lambda: dlscale_arm(
+            repo, budget, args.out / f"dlscale-{rep}.log", shlex.split(args.dlscale_flags)
+        ),
         "ray-serve": lambda: ray_arm(repo, args.max_models),
         "ray-serve-all": lambda: ray_arm(repo, len(models)),
     }
-    shift = rep % len(ARMS)
-    for name in ARMS[shift:] + ARMS[:shift]:
+    arms = [a for a in ARMS if a in args.arms]
+    shift = rep % len(arms)
+    for name in arms[shift:] + arms[:shift]:
         with starters[name]() as arm:
             for bench, load in (("open", open_load), ("closed", closed_load)):
                 record(rows, bench=bench, server=name, rep=rep, **measure(arm, load))
@@ -157,9 +161,8 @@ def run_round(rep: int, args: argparse.Namespace, repo: Path, budget: int,
 
 def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The paired ratios (dlscale over Ray, per round) and whether the target is met."""
-
     out: dict[str, Any] = {}
-    for peer in ARMS[1:]:
+    for peer in [a for a in ARMS[1:] if any(r["server"] == a for r in rows)]:
 
         def ratio(key: str, bench: str, peer: str = peer) -> float | None:
             found = paired_ratios(rows, key, "dlscale", peer, bench=bench)
@@ -204,6 +207,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for bench in ("open", "closed"):
         for arm in ARMS:
             runs = [r for r in rows if r["bench"] == bench and r["server"] == arm]
+            if not runs:
+                continue
             cells = []
             for key, _, scale in COLUMNS:
                 values = [r[key] * scale for r in runs if r.get(key) is not None]
@@ -223,6 +228,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--dlscale-flags", default="", help="more flags for dlscale serve")
     parser.add_argument("--out", type=Path, default=RESULTS / "multimodel-ray")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
