@@ -129,7 +129,7 @@ def measure(arm: Arm, load: Load) -> dict[str, Any]:
 
 def run_round(rep: int, args: argparse.Namespace, repo: Path, budget: int,
               rows: list[dict[str, Any]]) -> None:  # fmt: skip
-    """Both arms afresh, in this round's order: the open mix, then the closed loop."""
+    """Every arm afresh, in this round's order: the open mix, then the closed loop."""
     models = tuple(sorted(p.name for p in repo.iterdir()))
     body = MLP.json_body(1)
     schedule = Mix(models, args.zipf, args.rate, args.duration, args.seed).schedule()
