@@ -9,7 +9,8 @@ under UP_AT of their objectives, the mean TPOT under TPOT_UP_AT of its own, and 
 busy share (its rate over its capacity) at most MAX_BUSY: when one is crossed, replicas are
 added, as many as the estimate says bring all back (at most twice as many); a replica is removed
 only when the same estimate says the others would hold all, and the fleet wanted fewer replicas
-for the down delay without a break. Models without any objective keep the in-flight rule: a
+for the down delay without a break, and never back to a size measured missing a goal at about
+the same rate. Models without any objective keep the in-flight rule: a
 replica per `target_in_flight` requests held. The fleet follows the model that wants the most.
 docs/scale.md, "Autoscaling on the objective".
 """
@@ -115,9 +116,10 @@ def predicted_wait(load: ModelLoad, current: int, replicas: int) -> float:
 
 def predicted_per_sequence(measured: float, current: int, replicas: int) -> float:
     """A generative model's TTFT or TPOT with `replicas` sharing what `current` carry now: the
-    sequences each holds, and the time of each engine step with them, scale by current over
-    replicas (exact for a step's cost per sequence; going down, an upper bound when a step also
-    has a fixed part)."""
+    load each carries, and the time of an engine step with it, scale by current over replicas.
+    Going down it overstates a step with a fixed part, and understates one near the engine's
+    knee, where each sequence also lives longer and more are in flight: `decide` then does not
+    go back to a size measured missing its goals."""
     return measured * current / replicas
 
 
