@@ -23,6 +23,7 @@ from dlscale.scale.autoscale import (
     DOWN_SINCE,
     LAST,
     PREFIX,
+    FleetPolicy,
     Reading,
     autoscaling_config,
     figures,
@@ -255,3 +256,15 @@ def test_rays_wrapper_applies_the_rules_decision_and_keeps_its_state() -> None:
     held, state = wrapped(_context(_reported(0.0, 0.05), 3, {}))
     assert held == 3 and state[DOWN_SINCE] == 1000.0
     assert wrapped(_context(_reported(0.0, 0.05), 3, state))[1][DOWN_SINCE] == 1000.0
+
+
+def test_rays_controller_makes_the_fleets_policy_with_its_down_delay() -> None:
+    pytest.importorskip("ray", reason="the policy runs in Ray Serve's controller")
+    from ray.serve._private.autoscaling_state import _resolve_policy_callable
+    from ray.serve.config import AutoscalingConfig
+
+    config = AutoscalingConfig(**autoscaling_config(1, 4, 8.0, down_delay_s=5.0))
+    policy = _resolve_policy_callable(config.policy)  # as the controller makes it, once
+    assert isinstance(policy, FleetPolicy) and policy.down_delay_s == 5.0
+    held, state = policy(_context(_reported(0.0, 0.05), 3, {}))
+    assert held == 3 and "held 0 of 5 s" in state[LAST]
