@@ -83,6 +83,11 @@ class QosConfig(_Strict):
 
     #: The p99 of a request's time in the server (queue and compute) to hold; 0: best effort.
     latency_objective_us: NonNegative = 0
+    #: Generative models: the p99 of a request's time to its first token (its wait for a
+    #: sequence slot and its prefill) to hold, and of its time per output token after the
+    #: first; 0: none. The fleet's autoscaler follows them (docs/scale.md).
+    ttft_objective_us: NonNegative = 0
+    tpot_objective_us: NonNegative = 0
     #: Share of device time against the other models on the device when nobody is behind.
     weight: Annotated[float, Field(gt=0)] = 1.0
     #: Requests queued or computing beyond this many are refused at once (429); 0: no limit.

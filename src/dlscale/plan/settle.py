@@ -7,15 +7,28 @@ stops at the fewest replicas that hold both: `settled_replicas` finds them with 
 own simulation of the batcher, each replica taking an equal share of a Poisson stream (as
 `plan_device` does). `plan_device` sizes for the p99 of the whole time in the server instead,
 so the two counts differ where the mean wait and the tail do not scale alike (docs/scale.md).
+
+A generative model's rule holds its mean TTFT and TPOT under shares of their objectives: on a
+steady load it stops at the fewest replicas whose steady operating point (plan/llm_capacity.py:
+the fewest sequences in flight that carry each replica's share of the rate) holds both, which
+is `plan serve`'s own count for bounds at those shares (`settled_generative`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dlscale.errors import PlanError
+from dlscale.plan.llm_capacity import (
+    DEFAULT_MAX_BATCH,
+    DecoderOnDevice,
+    OperatingPoint,
+    TokenLoad,
+    operating_point,
+    plan_device,
+)
 from dlscale.plan.queueing import DEFAULT_REQUESTS, DEFAULT_SEED, BatchingServer, replay
 
 #: The share of the first requests left out of the figures: the queue starts empty.
@@ -66,3 +79,30 @@ def settled_replicas(
         if here.wait_s < wait_bound_s and here.busy <= max_busy:
             return n
     return None
+
+
+def steady_point(
+    model: DecoderOnDevice, load: TokenLoad, rate: float, max_batch: int = DEFAULT_MAX_BATCH
+) -> OperatingPoint | None:
+    """What one replica of a generative model runs at `rate` requests/s (`load`'s ISL and OSL):
+    the fewest sequences in flight that carry it (Little's law), with their TTFT and TPOT, the
+    figures the autoscaler reads as means; None when no batch that fits carries it."""
+    for batch in range(1, min(model.max_sequences(load.context), max_batch) + 1):
+        point = operating_point(model, load, batch)
+        if point.requests_per_s(load.osl) >= rate:
+            return point
+    return None
+
+
+def settled_generative(
+    model: DecoderOnDevice,
+    load: TokenLoad,
+    ttft_share: float,
+    tpot_share: float,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> int | None:
+    """The replicas the objective rule settles on for a generative model at `load`'s rate, its
+    bounds the objectives: `plan_device`'s count with the TTFT and TPOT bounds at the shares
+    the rule holds their means under (None when no batch holds them)."""
+    held = replace(load, ttft_s=ttft_share * load.ttft_s, tpot_s=tpot_share * load.tpot_s)
+    return plan_device(model, held, max_batch).devices

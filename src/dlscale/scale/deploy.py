@@ -78,16 +78,26 @@ def replica_options(
 ) -> dict[str, Any]:
     """Ray Serve deployment options of the replicas: count (or autoscaling to `target`
     requests in flight per replica), resources, health checks."""
+    actor = placement.actor_options()
+    env = actor.setdefault("runtime_env", {}).setdefault("env_vars", {})
+    # Ray Serve starts a replica's pusher of its own figures (record_autoscaling_stats) when
+    # the replica starts autoscaled, or on a later switch to autoscaling only where replicas
+    # (not handles) report: no request passes a handle here, so they must, or a replica kept
+    # from a fixed fleet would never report (seen: `--replicas 1`, then `--autoscale 1:2`).
+    env["RAY_SERVE_COLLECT_AUTOSCALING_METRICS_ON_HANDLE"] = "0"
     options: dict[str, Any] = {
         "name": DEPLOYMENT,
-        "ray_actor_options": placement.actor_options(),
+        "ray_actor_options": actor,
         "health_check_period_s": HEALTH_CHECK_S,
         "health_check_timeout_s": HEALTH_TIMEOUT_S,
         "graceful_shutdown_timeout_s": GRACE_S + 10.0,
         "logging_config": QUIET,
     }
     if settings.autoscale is not None:
-        options["autoscaling_config"] = autoscaling_config(*settings.autoscale, target)
+        options["autoscaling_config"] = autoscaling_config(
+            *settings.autoscale, target, settings.scale_down_delay_s,
+            (ROUTER_NAME, ROUTER_NAMESPACE),
+        )  # fmt: skip
     else:
         options["num_replicas"] = settings.replicas
     return options

@@ -1,31 +1,43 @@
-"""Autoscaling on the objective: the replicas a fleet wants, from each model's measured queue wait.
+"""Autoscaling on the objective: the replicas a fleet wants, from each model's measured figures.
 
 A pure function of figures and a clock (no Ray here: scale/autoscale.py feeds it from the
-replicas' reports and keeps its state in Ray's policy state). For each model with an objective
-(`[qos] latency_objective_us`, the p99 of its time in the server) the fleet's mean queue wait
-over the last interval is held under UP_AT of it, and each replica's busy share (its rate over
-its capacity) at most MAX_BUSY: when either is crossed, replicas are added, as many as an M/M/1
-estimate says bring both back (at most twice as many); a replica is removed only when the same
-estimate says the others would hold both, and the fleet wanted fewer replicas for DOWN_DELAY_S
-without a break. Models without an objective keep the
-in-flight rule: a replica per `target_in_flight` requests held. The fleet follows the model that
-wants the most. docs/scale.md, "Autoscaling on the objective".
+replicas' reports and keeps its state in Ray's policy state). Each model declares its
+objectives in `[qos]`: `latency_objective_us` (the p99 of its time in the server), and for a
+generative model `ttft_objective_us` and `tpot_objective_us` (the p99 of its time to first token
+and per output token). Over the last interval the fleet's mean queue wait and mean TTFT are held
+under UP_AT of their objectives, the mean TPOT under TPOT_UP_AT of its own, and each replica's
+busy share (its rate over its capacity) at most MAX_BUSY: when one is crossed, replicas are
+added, as many as the estimate says bring all back (at most twice as many); a replica is removed
+only when the same estimate says the others would hold all, and the fleet wanted fewer replicas
+for the down delay without a break, and never back to a size measured missing a goal at about
+the same rate. Models without any objective keep the in-flight rule: a
+replica per `target_in_flight` requests held. The fleet follows the model that wants the most.
+docs/scale.md, "Autoscaling on the objective".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-#: Replicas are added when a model's mean queue wait reaches this share of its objective: the
-#: rest of the objective is its compute and the tail above the mean.
+#: Replicas are added when a model's mean queue wait reaches this share of its objective (the
+#: rest of the objective is its compute and the tail above the mean), or its mean TTFT this share
+#: of its TTFT objective (TTFT is where queueing shows: its tail is a queue's).
 UP_AT = 0.5
+#: ... or its mean TPOT this share of its TPOT objective: a request's TPOT is already a mean over
+#: its tokens, and every sequence of a decode batch waits the same steps, so TPOT spreads little
+#: between requests and its p99 sits near its mean.
+TPOT_UP_AT = 0.8
 #: A replica goes only if the others would then compute at most this share of the time: past
 #: it the estimate below says little, and a burst finds no room.
 MAX_BUSY = 0.8
 #: Seconds the fleet must want fewer replicas, without a break, before one goes.
 DOWN_DELAY_S = 60.0
+#: A fleet size seen missing its goals is not gone back to until the rate falls below this
+#: share of the rate it missed at: an estimate can be wrong (an engine's TPOT grows faster
+#: than its load near its knee), a measurement is not, and a rate a hair lower is noise.
+MISSED_RATE_SHARE = 0.9
 #: Busy shares are read no higher than this: a saturated fleet's estimate stays finite.
 _BUSY_CAP = 0.95
 
@@ -46,6 +58,19 @@ class ModelLoad:
     busy: float
     #: Requests queued or computing now (all replicas).
     in_flight: float
+    #: Generative models: the p99 time to first token and per output token to hold, seconds;
+    #: 0: none declared.
+    ttft_objective_s: float = 0.0
+    tpot_objective_s: float = 0.0
+    #: Their mean time to first token and per output token over the interval, seconds (0: none
+    #: measured).
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+
+    @property
+    def has_objective(self) -> bool:
+        """Whether the model declares any objective (else the in-flight rule sizes it)."""
+        return max(self.objective_s, self.ttft_objective_s, self.tpot_objective_s) > 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +93,9 @@ class Decision:
     figures: dict[str, float]
     #: When the fleet began wanting fewer replicas (None: it does not).
     down_since: float | None = None
+    #: The last fleet size whose measured figures missed a goal, and the rate (requests/s of
+    #: the models with an objective) it missed at: the state to keep.
+    missed: tuple[int, float] | None = None
 
 
 def predicted_wait(load: ModelLoad, current: int, replicas: int) -> float:
@@ -86,36 +114,95 @@ def predicted_wait(load: ModelLoad, current: int, replicas: int) -> float:
     return load.wait_s * growth(after) / growth(busy)
 
 
+def predicted_per_sequence(measured: float, current: int, replicas: int) -> float:
+    """A generative model's TTFT or TPOT with `replicas` sharing what `current` carry now: the
+    load each carries, and the time of an engine step with it, scale by current over replicas.
+    Going down it overstates a step with a fixed part, and understates one near the engine's
+    knee, where each sequence also lives longer and more are in flight: `decide` then does not
+    go back to a size measured missing its goals."""
+    return measured * current / replicas
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One figure a model holds under a bound, as measured and as estimated with n replicas."""
+
+    name: str
+    measured: float
+    bound: float
+    estimate: Callable[[int], float]
+    #: The busy share may reach its bound; the times must stay under theirs.
+    inclusive: bool = False
+
+    def met(self, value: float) -> bool:
+        """Whether `value` of this figure holds the bound."""
+        return value <= self.bound if self.inclusive else value < self.bound
+
+    def says(self, value: float) -> str:
+        """The figure at `value` against its bound, for the log."""
+        if self.inclusive:
+            return f"{self.name} {value:.2f} (goal <= {self.bound:g})"
+        return f"{self.name} {_ms(value)} (goal < {_ms(self.bound)})"
+
+
+def goals(load: ModelLoad, current: int) -> list[Goal]:
+    """The figures a model with an objective holds: its mean wait, TTFT and TPOT against their
+    declared objectives, and always each replica's busy share."""
+    found = []
+    if load.objective_s > 0:
+
+        def waits(n: int) -> float:
+            return predicted_wait(load, current, n)
+
+        found.append(Goal("wait", load.wait_s, UP_AT * load.objective_s, waits))
+    for name, measured, objective, share in (
+        ("TTFT", load.ttft_s, load.ttft_objective_s, UP_AT),
+        ("TPOT", load.tpot_s, load.tpot_objective_s, TPOT_UP_AT),
+    ):
+        if objective > 0:
+
+            def per_sequence(n: int, measured: float = measured) -> float:
+                return predicted_per_sequence(measured, current, n)
+
+            found.append(Goal(name, measured, share * objective, per_sequence))
+
+    def busy(n: int) -> float:
+        return load.busy * current / n
+
+    return [*found, Goal("busy", load.busy, MAX_BUSY, busy, inclusive=True)]
+
+
 def objective_wants(load: ModelLoad, current: int, bounds: Bounds) -> tuple[int, str]:
-    """Replicas one model with an objective wants, and why: the fewest the estimate says keep
-    its wait under UP_AT of the objective and each replica no busier than MAX_BUSY."""
-    threshold = UP_AT * load.objective_s
-    wait, goal = _ms(load.wait_s), _ms(threshold)
+    """Replicas one model with an objective wants, and why: the fewest the estimate says hold
+    each of its goals (mean wait, TTFT, TPOT, busy share)."""
+    held = goals(load, current)
+    every = "both" if len(held) == 2 else "all"
 
     def holds(n: int) -> bool:
-        return predicted_wait(load, current, n) < threshold and load.busy * current / n <= MAX_BUSY
+        return all(g.met(g.estimate(n)) for g in held)
 
-    if load.wait_s >= threshold or load.busy > MAX_BUSY:
-        now = (
-            f"{load.model}: wait {wait} (goal < {goal}), busy {load.busy:.2f} (goal <= {MAX_BUSY})"
-        )
+    if not all(g.met(g.measured) for g in held):
+        now = f"{load.model}: " + ", ".join(g.says(g.measured) for g in held)
         # At most double at once: a saturated fleet's figures say how far behind it is, not
         # how many replicas the demand needs.
         top = min(bounds.high, 2 * current)
         for n in range(current + 1, top + 1):
             if holds(n):
-                return n, f"{now}; {n} would hold both"
+                return n, f"{now}; {n} would hold {every}"
         return max(top, current + 1), f"{now}; doubled"
+    under = ", ".join(f"{g.name} {_short(g, g.measured)} < {_short(g, g.bound)}" for g in held[:-1])
+    under = under or f"busy {load.busy:.2f} <= {MAX_BUSY:g}"
     fewer = current - 1
     if fewer < max(1, bounds.low):
-        return current, f"{load.model}: wait {wait} < {goal} at MIN"
-    after, busy = predicted_wait(load, current, fewer), load.busy * current / fewer
-    figures = (
-        f"{fewer} would wait {_ms(after)} (goal < {goal}), busy {busy:.2f} (goal <= {MAX_BUSY})"
-    )
+        return current, f"{load.model}: {under} at MIN"
+    figures = f"{fewer} would: " + ", ".join(g.says(g.estimate(fewer)) for g in held)
     if holds(fewer):
         return fewer, f"{load.model}: {figures}"
-    return current, f"{load.model}: wait {wait} < {goal}; not fewer: {figures}"
+    return current, f"{load.model}: {under}; not fewer: {figures}"
+
+
+def _short(goal: Goal, value: float) -> str:
+    return f"{value:.2f}" if goal.inclusive else _ms(value)
 
 
 def in_flight_wants(loads: Sequence[ModelLoad], bounds: Bounds) -> tuple[int, str]:
@@ -132,27 +219,38 @@ def decide(
     bounds: Bounds,
     now: float,
     down_since: float | None = None,
+    down_delay_s: float = DOWN_DELAY_S,
+    missed: tuple[int, float] | None = None,
 ) -> Decision:
     """Replicas wanted now: the most any model wants (estimated from the `running` replicas'
-    figures), within MIN and MAX; fewer than `target` only after DOWN_DELAY_S of wanting fewer
-    (`down_since`, from the previous decision), and never while replicas start."""
+    figures), within MIN and MAX; fewer than `target` only after `down_delay_s` of wanting fewer
+    (`down_since`, from the previous decision), never while replicas start, and never back to
+    a size that `missed` its goals unless the rate fell well below the one it missed at."""
     running = max(1, running)
-    wants = [objective_wants(x, running, bounds) for x in loads if x.objective_s > 0]
-    plain = [x for x in loads if x.objective_s <= 0]
+    aimed = [x for x in loads if x.has_objective]
+    wants = [objective_wants(x, running, bounds) for x in aimed]
+    plain = [x for x in loads if not x.has_objective]
     if plain or not wants:
         wants.append(in_flight_wants(plain, bounds))
     wanted, why = max(wants, key=lambda w: w[0])
     wanted = min(max(wanted, bounds.low), bounds.high)
     figures = _figures(loads, running, target)
+    rate = sum(x.rate for x in aimed)
+    if any(not all(g.met(g.measured) for g in goals(x, running)) for x in aimed):
+        missed = (running, rate)
     if wanted >= target or target > bounds.high:
-        return Decision(wanted, target, why, figures)
+        return Decision(wanted, target, why, figures, None, missed)
     if running < target:  # the figures predate the replicas still starting
-        return Decision(target, target, f"{why}; {target - running} replica(s) starting", figures)
+        starting = f"{why}; {target - running} replica(s) starting"
+        return Decision(target, target, starting, figures, None, missed)
+    if missed is not None and wanted <= missed[0] and rate > MISSED_RATE_SHARE * missed[1]:
+        seen = f"{missed[0]} missed at {missed[1]:.3g} requests/s, now {rate:.3g}"
+        return Decision(target, target, f"{why}; not {wanted}: {seen}", figures, None, missed)
     since = now if down_since is None else down_since
-    if now - since < DOWN_DELAY_S:
-        held = f"{why}; held {now - since:.0f} of {DOWN_DELAY_S:g} s"
-        return Decision(target, target, held, figures, since)
-    return Decision(wanted, target, why, figures)
+    if now - since < down_delay_s:
+        held = f"{why}; held {now - since:.0f} of {down_delay_s:g} s"
+        return Decision(target, target, held, figures, since, missed)
+    return Decision(wanted, target, why, figures, None, missed)
 
 
 def _figures(loads: Sequence[ModelLoad], running: int, target: int) -> dict[str, float]:
@@ -165,6 +263,13 @@ def _figures(loads: Sequence[ModelLoad], running: int, target: int) -> dict[str,
             f"{x.model}.busy": x.busy,
             f"{x.model}.in_flight": x.in_flight,
         }
+        for name, measured, objective in (
+            ("ttft", x.ttft_s, x.ttft_objective_s),
+            ("tpot", x.tpot_s, x.tpot_objective_s),
+        ):
+            if measured > 0 or objective > 0:  # a generative model's: classic lines stay short
+                figures[f"{x.model}.{name}_ms"] = measured * 1e3
+                figures[f"{x.model}.{name}_objective_ms"] = objective * 1e3
     return figures
 
 

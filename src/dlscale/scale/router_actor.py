@@ -15,6 +15,7 @@ replicas again from their next heartbeats, and the repository's wanted models fr
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -46,6 +47,8 @@ ROUTER_NAME, ROUTER_NAMESPACE = "dlscale-router", "dlscale"
 LOOPBACK = "127.0.0.1"
 #: Seconds the router's thread gets to bind its ports, and HAProxy to start.
 START_TIMEOUT_S, ROUTER_START_S = 30.0, 30.0
+#: The autoscaler's decisions the fleet's view keeps, the newest last.
+DECISIONS = 16
 
 
 class FleetRouter:
@@ -56,6 +59,7 @@ class FleetRouter:
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.log = ControlLog()
+        self._decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=DECISIONS)
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._servers = _Servers(self, host, metrics_port, grpc_port is not None)
@@ -99,7 +103,17 @@ class FleetRouter:
         """The fleet: each replica (and HAProxy's state of it), the models loaded or unloaded,
         and the router's own process (a restart shows as a new pid)."""
         router = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
-        return {"replicas": self.registry.view(), "models": self.log.wanted(), "router": router}
+        decisions = list(self._decisions)
+        autoscaler = {"last": decisions[-1] if decisions else None, "recent": decisions}
+        return {
+            "replicas": self.registry.view(), "models": self.log.wanted(), "router": router,
+            "autoscaler": autoscaler,
+        }  # fmt: skip
+
+    def decided(self, decision: dict[str, Any]) -> None:
+        """The autoscaler's decision (scale/autoscale.py, told from Ray Serve's controller), kept
+        for the view with the few before it (a restarted router knows only those after)."""
+        self._decisions.append(decision)
 
     def stop(self) -> None:
         """Stop HAProxy and the control endpoint (the fleet is being deleted)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import ConfigError
+from dlscale.scale.objective import DOWN_DELAY_S
 from dlscale.server_settings import ServerSettings, setting
 from dlscale.serving.control.mode import ModelControl
 
@@ -58,6 +59,11 @@ class ScaleSettings:
         None, "autoscale the replicas", "--autoscale", metavar="MIN:MAX",
         convert=lambda text: None if text is None else parse_autoscale(text),
     )  # fmt: skip
+    #: Seconds the autoscaler must want fewer replicas, without a break, before one goes.
+    scale_down_delay_s: float = setting(
+        DOWN_DELAY_S, "with --autoscale: seconds of wanting fewer replicas before one goes",
+        "--scale-down-delay", type=float,
+    )  # fmt: skip
     #: Overrides of what a replica asks Ray for (by default: the sum of its models' instances).
     cpus_per_replica: float | None = setting(
         None, "default: one per CPU instance of every model", "--cpus-per-replica", type=float
@@ -86,6 +92,10 @@ class ScaleSettings:
             if not 1 <= low <= high:
                 # Requests do not pass through Ray: nothing would wake a fleet at zero.
                 raise ConfigError(f"autoscale {low}:{high}: expected 1 <= MIN <= MAX")
+        if not self.scale_down_delay_s >= 0:
+            raise ConfigError(
+                f"--scale-down-delay {self.scale_down_delay_s}: expected seconds >= 0"
+            )
 
 
 def _flagged() -> list[dataclasses.Field[Any]]:

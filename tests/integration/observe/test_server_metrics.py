@@ -76,6 +76,8 @@ TYPES = {
     "dlscale_generation_tokens": "counter",
     "dlscale_kv_cache_usage_ratio": "gauge",
     "dlscale_kv_cache_cached_ratio": "gauge",
+    "dlscale_qos_ttft_objective_seconds": "gauge",  # [qos] objectives (docs/scale.md)
+    "dlscale_qos_tpot_objective_seconds": "gauge",
     # vLLM's names for the same measures (serving/metrics/vllm.py), exported with none served.
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",

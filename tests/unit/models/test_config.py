@@ -75,6 +75,9 @@ BROKEN = [
     ("max_bach_size = 8", "field 'max_bach_size': Extra inputs are not permitted"),
     ("[batching]\nmax_queue_delay_us = -5", "field 'batching.max_queue_delay_us'"),
     ("[batching]\npriority_levels = 0", "field 'batching.priority_levels'"),
+    ("[qos]\nttft_objective_us = -1", "field 'qos.ttft_objective_us': Input should be greater"),
+    ('[qos]\ntpot_objective_us = "50ms"', "field 'qos.tpot_objective_us': Input should be a valid"),
+    ("[qos]\nttft_objective = 5", "field 'qos.ttft_objective': Extra inputs are not permitted"),
     (
         "max_batch_size = 8\n[batching]\npreferred_batch_sizes = [4, 16]",
         "preferred_batch_sizes [16] exceed max_batch_size 8",

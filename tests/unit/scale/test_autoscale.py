@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
+from tests.toolkit.generative import write_colours
 from tests.toolkit.repositories import OBJECTIVE_US, tenants_repository
 from tests.toolkit.server import LocalServer, serving
 
@@ -22,6 +23,7 @@ from dlscale.scale.autoscale import (
     DOWN_SINCE,
     LAST,
     PREFIX,
+    FleetPolicy,
     Reading,
     autoscaling_config,
     figures,
@@ -84,6 +86,49 @@ def test_a_replicas_report_is_each_models_figures_over_the_interval(
     assert protected.rate == pytest.approx(2 * report[key("rate")])
     assert protected.wait_s == pytest.approx(report[key("wait_s")])
     assert protected.busy == pytest.approx(report[key("busy")])
+
+
+TTFT_OBJECTIVE_US, TPOT_OBJECTIVE_US = 500_000, 50_000
+
+
+@pytest.fixture(scope="module")
+def generative(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """The colours model (generative, Python) with TTFT and TPOT objectives, and a classic one."""
+    root = tmp_path_factory.mktemp("autoscale-generative")
+    folder = write_colours(root)
+    toml = folder / "config.toml"
+    objectives = f"ttft_objective_us = {TTFT_OBJECTIVE_US}\ntpot_objective_us = {TPOT_OBJECTIVE_US}"
+    toml.write_text(toml.read_text() + f"[qos]\n{objectives}\n")
+    with serving(root, grpc_port=None, metrics_port=0) as running:
+        yield running
+
+
+def test_a_generative_replica_reports_its_mean_ttft_and_tpot_and_their_objectives(
+    generative: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = _reading(generative)
+    body = {"text_input": "one two three", "parameters": {"max_tokens": 6}}
+    url = f"http://{generative.http_url}/v2/models/colours/generate"
+    for _ in range(3):
+        assert httpx.post(url, json=body, timeout=60).status_code == 200
+    after = _reading(generative)
+    report = figures(before, after, {})
+    key = f"{PREFIX}/{{}}/colours".format
+    assert report[key("ttft_objective_s")] == TTFT_OBJECTIVE_US / 1e6
+    assert report[key("tpot_objective_s")] == TPOT_OBJECTIVE_US / 1e6
+    # Means over the interval: each request's first token came within it, and later tokens.
+    assert 0 < report[key("ttft_s")] < after.at - before.at
+    assert 0 < report[key("tpot_s")] < after.at - before.at
+    assert report[key("rate")] == pytest.approx(3 / (after.at - before.at))
+    [load] = loads({k: {"r1": v} for k, v in report.items()})
+    assert load.ttft_s == pytest.approx(report[key("ttft_s")])
+    assert load.tpot_s == pytest.approx(report[key("tpot_s")])
+    # The same interval read again holds no new request: no TTFT, not the old one.
+    again = figures(after, _reading(generative), {})
+    assert again[key("ttft_s")] == 0 and again[key("tpot_s")] == 0
+    with caplog.at_level(logging.INFO, logger="dlscale.scale"):
+        wanted, state = fleet_policy(_context({k: {"r1": v} for k, v in report.items()}, 2, {}))
+    assert wanted == 2 and "colours.ttft_objective_ms=500" in state[LAST]  # well within
 
 
 def test_a_model_the_repository_cannot_describe_counts_one_instance(repo: Path) -> None:
@@ -211,3 +256,15 @@ def test_rays_wrapper_applies_the_rules_decision_and_keeps_its_state() -> None:
     held, state = wrapped(_context(_reported(0.0, 0.05), 3, {}))
     assert held == 3 and state[DOWN_SINCE] == 1000.0
     assert wrapped(_context(_reported(0.0, 0.05), 3, state))[1][DOWN_SINCE] == 1000.0
+
+
+def test_rays_controller_makes_the_fleets_policy_with_its_down_delay() -> None:
+    pytest.importorskip("ray", reason="the policy runs in Ray Serve's controller")
+    from ray.serve._private.autoscaling_state import _resolve_policy_callable
+    from ray.serve.config import AutoscalingConfig
+
+    config = AutoscalingConfig(**autoscaling_config(1, 4, 8.0, down_delay_s=5.0))
+    policy = _resolve_policy_callable(config.policy)  # as the controller makes it, once
+    assert isinstance(policy, FleetPolicy) and policy.down_delay_s == 5.0
+    held, state = policy(_context(_reported(0.0, 0.05), 3, {}))
+    assert held == 3 and "held 0 of 5 s" in state[LAST]

@@ -4,11 +4,14 @@ MIN and MAX hold, and a model without an objective follows its requests in fligh
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dlscale.scale.objective import (
     DOWN_DELAY_S,
     MAX_BUSY,
+    MISSED_RATE_SHARE,
+    TPOT_UP_AT,
     UP_AT,
     Bounds,
     Decision,
@@ -35,11 +38,12 @@ def _mm1_load(rate: float, replicas: int, service_s: float = 0.004) -> ModelLoad
 
 def _run(rate: float, replicas: int, steps: int, bounds: Bounds = BOUNDS) -> list[Decision]:
     """The policy every 5 virtual seconds on a steady M/M/1 load, its replicas applied at once."""
-    decisions, down_since = [], None
+    decisions, down_since, missed = [], None, None
     for step in range(steps):
-        d = decide([_mm1_load(rate, replicas)], replicas, replicas, bounds, 5.0 * step, down_since)
+        load = [_mm1_load(rate, replicas)]
+        d = decide(load, replicas, replicas, bounds, 5.0 * step, down_since, missed=missed)
         decisions.append(d)
-        replicas, down_since = d.replicas, d.down_since
+        replicas, down_since, missed = d.replicas, d.down_since, d.missed
     return decisions
 
 
@@ -128,3 +132,126 @@ def test_the_model_that_wants_most_wins() -> None:
 def test_no_replica_goes_while_others_start() -> None:
     d = decide([_load(0.0, 0.0)], 2, 4, BOUNDS, now=1e6, down_since=0.0)
     assert d.replicas == 4 and "starting" in d.reason
+
+
+# -- generative models: TTFT and TPOT objectives ---------------------------------------------
+
+TTFT_OBJECTIVE_S, TPOT_OBJECTIVE_S = 0.500, 0.050
+
+
+def _tokens(ttft_s: float, tpot_s: float, busy: float = 0.0, **objectives: float) -> ModelLoad:
+    """A generative model's recorded figures (its busy share is 0: an engine runs no batches
+    the batcher times), with both objectives unless told otherwise."""
+    declared = {"ttft_objective_s": TTFT_OBJECTIVE_S, "tpot_objective_s": TPOT_OBJECTIVE_S}
+    return ModelLoad(
+        "g", 0.0, rate=20.0, wait_s=0.0, busy=busy, in_flight=6.0,
+        ttft_s=ttft_s, tpot_s=tpot_s, **(declared | objectives),
+    )  # fmt: skip
+
+
+def test_a_ttft_near_its_objective_adds_replicas_naming_the_figures() -> None:
+    # Queueing for sequence slots shows in TTFT: its mean at 0.6 of the p99 objective.
+    d = decide([_tokens(ttft_s=0.300, tpot_s=0.010)], 2, 2, BOUNDS, now=0.0)
+    assert d.replicas == 3  # 300 ms x 2 / 3 = 200 ms, under 250
+    assert d.reason.startswith("g: TTFT 300 ms (goal < 250 ms), TPOT 10 ms (goal < 40 ms)")
+    assert "3 would hold all" in d.reason
+    assert d.figures["g.ttft_ms"] == 300 and d.figures["g.ttft_objective_ms"] == 500
+    assert d.figures["g.tpot_ms"] == 10 and d.figures["g.tpot_objective_ms"] == 50
+
+
+def test_a_tpot_near_its_objective_adds_replicas() -> None:
+    # The decode batch is too large: TPOT at 0.9 of its objective, TTFT well within its own.
+    d = decide([_tokens(ttft_s=0.050, tpot_s=0.045)], 2, 2, BOUNDS, now=0.0)
+    assert d.replicas == 3 and "TPOT 45 ms (goal < 40 ms)" in d.reason
+
+
+def test_only_a_tpot_objective_is_followed_alone() -> None:
+    d = decide([_tokens(ttft_s=5.0, tpot_s=0.045, ttft_objective_s=0.0)], 2, 2, BOUNDS, now=0.0)
+    assert d.replicas == 3 and "TTFT" not in d.reason and "TPOT 45 ms" in d.reason
+
+
+def test_a_fleet_whose_fewer_replicas_would_miss_a_token_objective_holds() -> None:
+    # Within both at 2 replicas; on 1, TTFT would be 2 x 200 ms, above 250: kept however long.
+    d = decide([_tokens(ttft_s=0.200, tpot_s=0.010)], 2, 2, BOUNDS, now=1e6, down_since=0.0)
+    assert d.replicas == 2
+    assert d.reason == (
+        "g: TTFT 200 ms < 250 ms, TPOT 10 ms < 40 ms; not fewer: 1 would: TTFT 400 ms "
+        "(goal < 250 ms), TPOT 20 ms (goal < 40 ms), busy 0.00 (goal <= 0.8)"
+    )
+
+
+def test_a_quiet_generative_fleet_sheds_a_replica_after_the_delay() -> None:
+    quiet = [_tokens(ttft_s=0.050, tpot_s=0.010)]
+    first = decide(quiet, 3, 3, BOUNDS, now=10.0)
+    assert first.replicas == 3 and "held 0 of 60 s" in first.reason
+    early = decide(quiet, 3, 3, BOUNDS, 10.0 + DOWN_DELAY_S - 1, first.down_since)
+    assert early.replicas == 3
+    late = decide(quiet, 3, 3, BOUNDS, 10.0 + DOWN_DELAY_S, first.down_since)
+    assert late.replicas == 2 and late.reason.startswith("g: 2 would: TTFT 75 ms")
+
+
+def test_the_down_delay_is_the_fleets_own() -> None:
+    quiet = [_tokens(ttft_s=0.050, tpot_s=0.010)]
+    first = decide(quiet, 3, 3, BOUNDS, now=0.0, down_delay_s=5.0)
+    assert "held 0 of 5 s" in first.reason
+    assert decide(quiet, 3, 3, BOUNDS, 5.0, first.down_since, down_delay_s=5.0).replicas == 2
+
+
+def test_a_generative_model_without_objectives_follows_its_requests_in_flight() -> None:
+    # Its TTFT far above anything: with no objective declared it is a figure, not a goal.
+    plain = _tokens(ttft_s=9.0, tpot_s=1.0, ttft_objective_s=0.0, tpot_objective_s=0.0)
+    d = decide([plain], 1, 1, BOUNDS, now=0.0)
+    assert d.replicas == 2 and d.reason == "in flight 6 / 4 each"  # ceil(6 / 4)
+    assert d.figures["g.ttft_ms"] == 9000 and d.figures["g.ttft_objective_ms"] == 0
+
+
+def _engine_load(rate: float, replicas: int) -> ModelLoad:
+    """What a fleet of engines would report: each replica's decode step takes 4 ms plus 1 ms a
+    request per second it carries, its TTFT 10 steps (the prompt's prefill among decodes)."""
+    step = 0.004 + 0.001 * rate / replicas
+    return _tokens(ttft_s=10 * step, tpot_s=step)
+
+
+def _run_engines(rate: float, replicas: int, steps: int) -> list[int]:
+    counts, down_since, missed = [], None, None
+    for step in range(steps):
+        load = _engine_load(rate, replicas)
+        d = decide([load], replicas, replicas, BOUNDS, 5.0 * step, down_since, missed=missed)
+        replicas, down_since, missed = d.replicas, d.down_since, d.missed
+        counts.append(replicas)
+    return counts
+
+
+def test_a_steady_token_load_settles_without_flapping() -> None:
+    # 60 requests/s: on 2 replicas a step takes 34 ms (TTFT 340 ms > 250), on 3 24 ms (TTFT
+    # 240 ms < 250, TPOT 24 ms < 40): 3 are the fewest that hold both.
+    fewest = next(n for n in range(1, 9) if _holds_tokens(_engine_load(60.0, n)))
+    assert fewest == 3
+    from_below = _run_engines(60.0, 1, 100)
+    assert from_below[-1] == fewest and from_below == sorted(from_below)
+    # From above the estimate (time per step in proportion to the load) is pessimistic for a
+    # step with a fixed part: it may stop one above, never below, and never goes up again.
+    from_above = _run_engines(60.0, 8, 100)
+    assert from_above[-1] in (fewest, fewest + 1)
+    assert from_above == sorted(from_above, reverse=True)
+
+
+def _holds_tokens(load: ModelLoad) -> bool:
+    return (
+        load.ttft_s < UP_AT * load.ttft_objective_s
+        and load.tpot_s < TPOT_UP_AT * load.tpot_objective_s
+    )
+
+
+def test_a_size_that_missed_its_goals_is_not_gone_back_to_at_the_same_rate() -> None:
+    # 3 replicas missed TPOT at 20 requests/s; at 4 the estimate says 3 would hold (wrongly,
+    # near an engine's knee): the measurement wins while the rate stays near 20.
+    missed = decide([_tokens(ttft_s=0.050, tpot_s=0.045)], 3, 3, BOUNDS, now=0.0)
+    assert missed.replicas == 4 and missed.missed == (3, 20.0)
+    quiet = [_tokens(ttft_s=0.050, tpot_s=0.020)]  # 3 would be at 27 ms by the estimate
+    kept = decide(quiet, 4, 4, BOUNDS, now=1e6, down_since=0.0, missed=missed.missed)
+    assert kept.replicas == 4 and kept.down_since is None
+    assert kept.reason.endswith("not 3: 3 missed at 20 requests/s, now 20")
+    # The rate fell by more than a tenth: the size that missed may come back.
+    lower = [dataclasses.replace(quiet[0], rate=20.0 * MISSED_RATE_SHARE - 1)]
+    assert decide(lower, 4, 4, BOUNDS, 1e6, down_since=0.0, missed=missed.missed).replicas == 3

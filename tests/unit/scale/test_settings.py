@@ -26,6 +26,9 @@ def test_settings_from_the_command_line(tmp_path: Path) -> None:
     argv = ["serve", str(tmp_path), "--ray", "--address", "auto", "--autoscale", "1:4"]
     settings = settings_from(parse([*argv, "--grpc-port", "-1", "--max-body-mb", "2"]))
     assert settings.address == "auto" and settings.autoscale == (1, 4)
+    assert settings.scale_down_delay_s == 60.0  # objective.DOWN_DELAY_S unless asked
+    asked = settings_from(parse([*argv, "--scale-down-delay", "5"]))
+    assert asked.scale_down_delay_s == 5.0
     assert settings.grpc_port is None and settings.server is not None
     # Each replica's server: the same flags, on ports of its own (gRPC off as asked).
     network = settings.server.network
@@ -47,6 +50,8 @@ def test_autoscale_must_be_min_colon_max(text: str) -> None:
         ({"replicas": 0}, "at least 1"),
         ({"autoscale": (3, 2)}, "MIN <= MAX"),
         ({"autoscale": (0, 2)}, "1 <= MIN"),
+        ({"scale_down_delay_s": -1.0}, "--scale-down-delay -1.0: expected seconds >= 0"),
+        ({"scale_down_delay_s": float("nan")}, "--scale-down-delay nan"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(changes: dict[str, object], words: str) -> None:

@@ -1,6 +1,7 @@
 """Prometheus metrics of the models that stream: sequences running and waiting, and for
 generative models TTFT, TPOT, prompt and generated tokens (serving/observe/tokens.py, measured
-in the serving core) and the engine's KV-cache use (`GenerativeBackend.engine_stats()`).
+in the serving core), the engine's KV-cache use (`GenerativeBackend.engine_stats()`) and the TTFT
+and TPOT objectives its `[qos]` declares (the fleet's autoscaler reads them, scale/autoscale.py).
 """
 
 from __future__ import annotations
@@ -82,8 +83,21 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
         "evict; the mean over its instances)",
         labels=_LABELS,
     )
+    objectives = {
+        name: GaugeMetricFamily(
+            f"dlscale_qos_{name}_objective_seconds",
+            f"The p99 {name.upper()} objective of a generative model ([qos] {name}_objective_us)",
+            labels=_LABELS,
+        )
+        for name in ("ttft", "tpot")
+    }
     for v, seats in served:
         labels, tokens = [v.stats.name, v.stats.version], seats.tokens
+        qos = v.config.qos  # declared whether or not the model shares a device scheduler
+        if qos is not None and qos.ttft_objective_us:
+            objectives["ttft"].add_metric(labels, qos.ttft_objective_us / 1e6)
+        if qos is not None and qos.tpot_objective_us:
+            objectives["tpot"].add_metric(labels, qos.tpot_objective_us / 1e6)
         ttft.add_metric(labels, _buckets(tokens.ttft), tokens.ttft.total)
         tpot.add_metric(labels, _buckets(tokens.tpot), tokens.tpot.total)
         named = dict(zip(_LABELS, labels, strict=True))
@@ -94,7 +108,7 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
             stats = [e.engine_stats() for e in engines]
             kv_cache.add_metric(labels, sum(s.kv_cache_usage for s in stats) / len(stats))
             cached.add_metric(labels, sum(s.kv_cache_cached for s in stats) / len(stats))
-    yield from (ttft, tpot, prompt, generated, kv_cache, cached)
+    yield from (ttft, tpot, *objectives.values(), prompt, generated, kv_cache, cached)
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:

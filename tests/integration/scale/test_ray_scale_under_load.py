@@ -1,0 +1,172 @@
+"""The fleet on Ray follows its load: a simulated-device model with an objective, scaled up by
+the autoscaler under load and down when the load falls, a client running through the scale-down.
+
+The model is a null one holding its device 50 ms a request (its sleep holds no CPU), with
+`[qos] latency_objective_us`: the rule in scale/objective.py reads its replicas' figures through
+Ray Serve's autoscaler. The down delay is shortened with `--scale-down-delay`; nothing else is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tests.integration.scale.conftest import RAY_MISSING, Deployed
+from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS
+
+ray = pytest.importorskip("ray", reason=RAY_MISSING)
+
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+MODEL = "paced"
+#: The simulated device's time per request, and the objective: a saturated replica's requests
+#: wait several service times, far above half of it; an idle one's wait nothing.
+DELAY_US, OBJECTIVE_US = 50_000, 100_000
+#: Closed-loop clients of the burst: more than one replica serves at once.
+BURST_CLIENTS = 4
+#: The down delay asked of the autoscaler (the product's default is 60 s).
+DOWN_DELAY_S = 5.0
+
+
+def _until(condition: Callable[[], bool], what: str, attempts: int = 360) -> None:
+    for _ in range(attempts):
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"gave up waiting: {what}")
+
+
+def _fleet(deployed: Deployed) -> dict[str, Any]:
+    url = f"http://{deployed.http_url}/dlscale/fleet"
+    with urllib.request.urlopen(url, timeout=30) as page:
+        return dict(json.loads(page.read()))
+
+
+def _in_rotation(deployed: Deployed) -> int:
+    replicas = _fleet(deployed)["replicas"]
+    return sum(1 for r in replicas if r["ready"] and r["router_state"] == "UP")
+
+
+class Clients:
+    """Clients of the paced model, each sending a row and checking its echo; every outcome is
+    kept, and so is the number of replicas in rotation seen while they run."""
+
+    def __init__(self, deployed: Deployed, count: int, pause_s: float = 0.0) -> None:
+        self.deployed = deployed
+        self.pause_s = pause_s
+        self.outcomes: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(k,)) for k in range(count)]
+
+    def _client(self, seed: int) -> None:
+        client = httpclient.InferenceServerClient(self.deployed.http_url, network_timeout=90)
+        rng = np.random.default_rng(seed)
+        while not self._stop.is_set():
+            x = rng.random((1, 4), dtype=np.float32)
+            tensor = httpclient.InferInput("x", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            try:
+                y = client.infer(MODEL, [tensor]).as_numpy("y")
+                self.outcomes.append("ok" if np.array_equal(y, x) else "WRONG ANSWER")
+            except InferenceServerException as exc:
+                self.outcomes.append(f"{exc.status()} {exc.message()}")
+            except Exception as exc:  # a timeout or a dropped connection
+                self.outcomes.append(f"no answer: {exc!r}")
+            self._stop.wait(self.pause_s)  # a light load: a client that thinks between requests
+        client.close()
+
+    def __enter__(self) -> Clients:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+@pytest.fixture(scope="module")
+def autoscaled(deployed: Deployed, ray_repo: Path) -> Iterator[Deployed]:
+    """The paced model loaded on the fleet, and the fleet redeployed with `--autoscale 1:2`
+    (the running replica kept); after, the model unloaded and the fleet fixed at one again."""
+    from dlscale.scale.commands import deploy_fleet
+
+    config = (
+        BATCHED.format(max_batch=1, delay=0)
+        + NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
+        + f"[backend_options]\ndelay_us = {DELAY_US}\n"
+        + f"[qos]\nlatency_objective_us = {OBJECTIVE_US}\n"
+    )
+    folder = write_null_model(ray_repo, MODEL, config)
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=120)
+    client.load_model(MODEL)
+    scaled = dataclasses.replace(
+        deployed.settings, autoscale=(1, 2), scale_down_delay_s=DOWN_DELAY_S
+    )
+    deploy_fleet(scaled)
+    try:
+        yield dataclasses.replace(deployed, settings=scaled)
+    finally:
+        try:
+            deploy_fleet(deployed.settings)
+            _until(lambda: len(_fleet(deployed)["replicas"]) == 1, "back to one replica")
+            client.unload_model(MODEL)
+        finally:
+            shutil.rmtree(folder)
+
+
+def test_the_fleet_scales_up_under_load_and_down_after_it_losing_no_request(
+    autoscaled: Deployed,
+) -> None:
+    assert _in_rotation(autoscaled) == 1
+    with Clients(autoscaled, BURST_CLIENTS) as burst:
+        # One replica is busy all the time and its requests queue: the rule adds the second.
+        _until(lambda: _in_rotation(autoscaled) == 2, "a second replica under the burst")
+        answered = len(burst.outcomes)
+        _until(lambda: len(burst.outcomes) >= answered + 20, "answers from two replicas")
+    with Clients(autoscaled, 1, pause_s=0.2) as light:
+        # A request every 0.2 s keeps a replica 20% busy: one holds it, after the down delay
+        # the rule removes the other, which drains while this client keeps sending.
+        _until(lambda: _in_rotation(autoscaled) == 1, "back to one replica after the burst")
+        _until(lambda: len(_fleet(autoscaled)["replicas"]) == 1, "the other replica gone")
+        answered = len(light.outcomes)
+        _until(lambda: len(light.outcomes) >= answered + 10, "answers after the scale-down")
+    for clients in (burst, light):
+        assert clients.outcomes and set(clients.outcomes) == {"ok"}, [
+            o for o in clients.outcomes if o != "ok"
+        ][:5]
+    # Each decision is in the fleet's view (told by the policy in Ray Serve's controller),
+    # with the figures it used.
+    lines = [d["line"] for d in _fleet(autoscaled)["autoscaler"]["recent"]]
+    up = [line for line in lines if line.startswith("1 -> 2 replicas: paced: wait")]
+    down = [line for line in lines if line.startswith("2 -> 1 replicas: paced: 1 would:")]
+    assert up and down, lines
+    assert lines.index(up[0]) < lines.index(down[-1]), lines
+    assert "paced.objective_ms=100" in up[0] and "paced.busy=" in up[0], up[0]
+    last = _fleet(autoscaled)["autoscaler"]["last"]
+    assert last["line"] == lines[-1] and last["replicas"] in (1, 2)
+    # And in the controller's own log, where a user looks for them (Ray's session logs).
+    said = _controller_log()
+    assert f"autoscaler: {up[0]}" in said and f"autoscaler: {down[-1]}" in said, said[-2000:]
+
+
+def _controller_log() -> str:
+    """What Ray Serve's controller wrote to its stderr, from this cluster's session logs."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    pid = ray.get(controller.get_pid.remote(), timeout=30)
+    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    return "".join(f.read_text(errors="replace") for f in logs.glob(f"worker-*-{pid}.err"))
