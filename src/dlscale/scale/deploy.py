@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.scale.autoscale import autoscaling_config
 from dlscale.scale.placement import Placement
+from dlscale.scale.prefix import Routing, routes_of
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
 from dlscale.scale.settings import ScaleSettings
 
@@ -64,13 +65,26 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
             num_cpus=0,
             scheduling_strategy=strategy,
         )
-        .remote(settings.host, settings.http_port, settings.grpc_port, settings.metrics_port)
+        .remote(
+            settings.host,
+            settings.http_port,
+            settings.grpc_port,
+            settings.metrics_port,
+            _routing(settings),
+        )
     )
     try:
         ports: dict[str, int] = ray.get(actor.ports.remote(), timeout=ROUTER_START_S)
     except ray.exceptions.RayActorError as exc:
         raise DlscaleError(f"the fleet's router did not start: {exc}") from None
     return actor, ports
+
+
+def _routing(settings: ScaleSettings) -> Routing:
+    """The router's prefix routing: the replicas' bound, the repository's routed models."""
+    if settings.server is not None:
+        return Routing.of(settings.server)
+    return Routing(routes=routes_of(settings.repository))
 
 
 def replica_options(

@@ -31,6 +31,7 @@ from dlscale.frontends.api_key import METRICS
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.devices import Device, Host, devices_for
 from dlscale.scale.haproxy import HaproxyRouter, Member
+from dlscale.scale.prefix import Routing
 from dlscale.scale.settings import BOTH_FLEETS
 from dlscale.scale.weights import WEIGH_S, Weigher, read_each
 from dlscale.server import ServerSettings, settings_from
@@ -126,7 +127,9 @@ class LocalFleet:
             Worker(d, ServerChild(worker_settings(settings, d), d.env(base))) for d in devices
         ]
         network = settings.network
-        self.router = HaproxyRouter(network.host, network.http_port or 0, network.grpc_port)
+        self.router = HaproxyRouter(
+            network.host, network.http_port or 0, network.grpc_port, routing=Routing.of(settings)
+        )
         self.metrics: MetricsServer | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()

@@ -38,6 +38,7 @@ from dlscale.scale.child import Endpoint
 from dlscale.scale.control import Answer, ControlLog, Entry
 from dlscale.scale.haproxy import Control, HaproxyRouter
 from dlscale.scale.metrics import fleet_metrics
+from dlscale.scale.prefix import Routing
 from dlscale.scale.registry import HEARTBEAT_S, Registry
 from dlscale.scale.weights import WEIGH_S
 
@@ -52,7 +53,12 @@ class FleetRouter:
     """The router actor's body (made a Ray actor by scale/deploy.py)."""
 
     def __init__(
-        self, host: str, http_port: int, grpc_port: int | None, metrics_port: int | None
+        self,
+        host: str,
+        http_port: int,
+        grpc_port: int | None,
+        metrics_port: int | None,
+        routing: Routing | None = None,
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.log = ControlLog()
@@ -60,6 +66,7 @@ class FleetRouter:
         self._loop = asyncio.new_event_loop()
         self._servers = _Servers(self, host, metrics_port, grpc_port is not None)
         self._error: BaseException | None = None
+        self._routing = routing
         started = threading.Event()
         asked = (http_port, grpc_port)
         threading.Thread(target=self._run, args=(started, asked), daemon=True).start()
@@ -76,7 +83,7 @@ class FleetRouter:
         try:
             self._loop.run_until_complete(self._servers.start())
             where = Control(LOOPBACK, *self._servers.control_ports)
-            self.haproxy = HaproxyRouter(self.host, *asked, where)
+            self.haproxy = HaproxyRouter(self.host, *asked, where, self._routing)
             self.haproxy.start()
             self.registry = Registry(self.haproxy)
         except BaseException as exc:  # said to __init__, which raises it
