@@ -21,6 +21,7 @@ from pathlib import Path
 from dlscale.errors import DlscaleError
 from dlscale.models.config import PREFIX_LENGTHS, RoutingConfig
 from dlscale.models.repository import ModelRepository
+from dlscale.scale.weights import MAX_WEIGHT
 from dlscale.server_settings import DEFAULT_BALANCE_FACTOR, ServerSettings
 
 log = logging.getLogger("dlscale.scale")
@@ -143,5 +144,10 @@ def backend(balance_factor: int, slots: Iterable[int], tracked: str) -> list[str
         "  hash-type consistent",
         f"  hash-balance-factor {balance_factor}",
         "  http-reuse always",
-        *(f"  server r{i} 127.0.0.1:9 disabled track {tracked}/r{i}" for i in slots),
+        # The most weight, the same for all: each server's share of the ring is 16 points per
+        # unit of weight, and 16 points leave a replica's arcs uneven by tens of percent.
+        *(
+            f"  server r{i} 127.0.0.1:9 disabled weight {MAX_WEIGHT} track {tracked}/r{i}"
+            for i in slots
+        ),
     ]
