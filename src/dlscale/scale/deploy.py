@@ -70,7 +70,7 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
             settings.http_port,
             settings.grpc_port,
             settings.metrics_port,
-            _routing(settings),
+            routing_of(settings),
         )
     )
     try:
@@ -80,7 +80,7 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
     return actor, ports
 
 
-def _routing(settings: ScaleSettings) -> Routing:
+def routing_of(settings: ScaleSettings) -> Routing:
     """The router's prefix routing: the replicas' bound, the repository's routed models."""
     if settings.server is not None:
         return Routing.of(settings.server)

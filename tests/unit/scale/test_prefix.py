@@ -97,3 +97,20 @@ def test_haproxy_starts_with_the_rules_and_takes_new_routes_at_run_time() -> Non
 def _entries(shown: str) -> dict[str, str]:
     """`show map`'s rows (`0x... key value`) as a dict."""
     return {row.split()[1]: row.split()[2] for row in shown.splitlines() if row.strip()}
+
+
+def test_both_fleets_give_their_router_the_bound_and_the_routed_models(tmp_path: Path) -> None:
+    """--device-workers (local_fleet) and --ray (deploy) build the router's Routing alike."""
+    pytest.importorskip("ray", reason="--ray's router needs the [ray] extra")
+    from dlscale.scale.deploy import routing_of
+    from dlscale.scale.settings import ScaleSettings
+
+    (tmp_path / "chat").mkdir()
+    (tmp_path / "chat" / "config.toml").write_text(
+        'backend = "null"\n[routing]\npolicy = "prefix"\nprefix_bytes = 512\n'
+    )
+    server = settings_from(parse(["serve", str(tmp_path), "--route-balance-factor", "120"]))
+    assert Routing.of(server) == Routing(120, {"chat": 512})
+    ray_fleet = ScaleSettings(repository=tmp_path, server=server)
+    assert routing_of(ray_fleet) == Routing(120, {"chat": 512})
+    assert routing_of(ScaleSettings(repository=tmp_path)) == Routing(150, {"chat": 512})
