@@ -10,8 +10,11 @@ what is asserted is that it stays there, spreads, is bounded, and moves when its
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,6 +25,7 @@ import httpx
 import pytest
 from tests.toolkit.generative import COLOURS, outcomes
 from tests.toolkit.python_models import write_python_model
+from tests.toolkit.server import free_port
 from tests.toolkit.waiting import process_gone, until
 
 from dlscale.scale.child import Endpoint, ServerChild
@@ -37,6 +41,8 @@ FACTOR = 150
 #: The colours model, with room for a flood's sequences at once.
 CONFIG = "[backend_options]\nmax_num_seqs = 32\n" + signature_toml()
 ROUTING = '[routing]\npolicy = "prefix"\nprefix_bytes = 64\n'
+#: A fleet of two workers starting on a loaded 2-core machine: a net, not a claim.
+START_PATIENCE_S = 300.0
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +216,48 @@ def test_a_killed_replicas_tenant_moves_to_the_other_and_is_answered(repo: Path)
         for turn in range(4):
             answered(chat(fleet.url, ROUTED, "moving", turn=f"after {turn}"))
         assert outcomes(f"{HOST}:{other.http_port}", ROUTED)[0] - before == 4
+
+
+def test_dlscale_serve_device_workers_routes_a_tenant_to_one_worker(repo: Path) -> None:
+    """As users run it: `dlscale serve REPO --device-workers 2` reads the repository's
+    [routing] for its router; where requests went is read from the fleet's merged metrics."""
+    http, metrics = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "dlscale", "serve", str(repo), "--device-workers", "2",
+        "--http-port", str(http), "--grpc-port", "-1", "--metrics-port", str(metrics),
+        "--route-balance-factor", "125", "--log-level", "warning",
+    ]  # fmt: skip
+    process = subprocess.Popen(argv)
+    url = f"http://{HOST}:{http}"
+    try:
+        until(lambda: _ready(process, url), START_PATIENCE_S)
+        before = _by_device(metrics, ROUTED)
+        for turn in range(4):
+            answered(chat(url, ROUTED, "cli", turn=f"turn {turn}"))
+        until(lambda: sum(_by_device(metrics, ROUTED).values()) - sum(before.values()) == 4)
+        after = _by_device(metrics, ROUTED)
+        spread = sorted(after[d] - before.get(d, 0.0) for d in after)
+        assert spread in ([0.0, 4.0], [4.0]), spread  # one worker took every turn
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def _ready(process: subprocess.Popen[bytes], url: str) -> bool:
+    assert process.poll() is None, "the fleet exited"
+    try:
+        return httpx.get(f"{url}/v2/models/{ROUTED}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _by_device(port: int, model: str) -> dict[str, float]:
+    """Each worker's successes of `model` in the fleet's merged metrics."""
+    text = httpx.get(f"http://{HOST}:{port}/metrics", timeout=30).text
+    found = {}
+    pattern = rf'^nv_inference_request_success\{{(.*model="{model}".*)\}} (\S+)$'
+    for labels, value in re.findall(pattern, text, re.M):
+        device = re.search(r'device="([^"]+)"', labels)
+        assert device is not None, labels
+        found[device.group(1)] = float(value)
+    return found
