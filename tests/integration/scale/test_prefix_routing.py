@@ -30,7 +30,7 @@ from tests.toolkit.waiting import process_gone, until
 
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.prefix import SESSION_HEADER, Routing, routes_of
+from dlscale.scale.prefix import HASHED, SESSION_HEADER, Routing, routes_of
 from dlscale.server import ServerSettings
 from dlscale.wire.generative import signature_toml
 
@@ -261,3 +261,27 @@ def _by_device(port: int, model: str) -> dict[str, float]:
         assert device is not None, labels
         found[device.group(1)] = float(value)
     return found
+
+
+def test_with_no_replica_up_a_hashed_request_gets_the_retryable_503() -> None:
+    router = HaproxyRouter(HOST, 0, None, routing=Routing(FACTOR, {ROUTED: 64}))
+    router.start()
+    try:
+        url = f"http://{HOST}:{router.ports['http']}"
+        answer = chat(url, ROUTED, "alone", headers={SESSION_HEADER: "s-1"})
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+        assert "retry" in answer.json()["error"]
+        assert _backend_requests(router, HASHED) == 1  # it was the hashed backend's to answer
+    finally:
+        router.stop()
+
+
+def _backend_requests(router: HaproxyRouter, backend: str) -> int:
+    """Requests a backend took, from HAProxy's own statistics (`show stat`)."""
+    rows = router.command("show stat").splitlines()
+    header = rows[0].lstrip("# ").split(",")
+    for row in rows[1:]:
+        fields = dict(zip(header, row.split(","), strict=False))
+        if fields.get("pxname") == backend and fields.get("svname") == "BACKEND":
+            return int(fields["stot"])
+    raise AssertionError(f"no backend {backend} in HAProxy's statistics")
