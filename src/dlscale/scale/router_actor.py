@@ -104,9 +104,16 @@ class FleetRouter:
 
     def view(self) -> dict[str, Any]:
         """The fleet: each replica (and HAProxy's state of it), the models loaded or unloaded,
-        and the router's own process (a restart shows as a new pid)."""
+        the router's own process (a restart shows as a new pid) and the models it routes by
+        prefix or session (scale/prefix.py)."""
         router = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
-        return {"replicas": self.registry.view(), "models": self.log.wanted(), "router": router}
+        return {
+            "replicas": self.registry.view(),
+            "models": self.log.wanted(),
+            "router": router,
+            # The models whose generative requests are hashed, and their key lengths.
+            "routes": dict(self.haproxy.routing.routes),
+        }
 
     def stop(self) -> None:
         """Stop HAProxy and the control endpoint (the fleet is being deleted)."""
