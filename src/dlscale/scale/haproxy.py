@@ -5,7 +5,9 @@ HAProxy process and then reaches a replica's own REST or gRPC port: no Python be
 and the server that answers (docs/decisions.md says why HAProxy and not Ray Serve's proxy). The
 fleet's owner calls `sync` with the replicas that live now; each takes a slot of a fixed
 template (`set server ... addr/port`, then `state ready`), and a replica that left is put in
-maintenance (its requests in flight finish; no new one is sent to it).
+maintenance (its requests in flight finish; no new one is sent to it). Requests go by least
+work (weighted leastconn), except the generative requests of models that route by prefix or
+session, which a consistent hash with bounded loads places (scale/prefix.py).
 
 What the router promises (docs/scale.md):
 - A replica that dies is out of rotation within a second: its first failed connection marks
