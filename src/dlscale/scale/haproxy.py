@@ -165,6 +165,7 @@ class HaproxyRouter:
         if commands:
             self.command(*commands)
             self.routing = Routing(self.routing.balance_factor, dict(routes))
+            log.info("router: by prefix or session: %s", ", ".join(sorted(routes)) or "none")
 
     def sync(self, members: Sequence[Member]) -> None:
         """Route to exactly `members`: new ones take a free slot, those gone are put in

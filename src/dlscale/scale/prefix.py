@@ -21,6 +21,7 @@ from pathlib import Path
 from dlscale.errors import DlscaleError
 from dlscale.models.config import PREFIX_LENGTHS, RoutingConfig
 from dlscale.models.repository import ModelRepository
+from dlscale.models.sources import read_source
 from dlscale.scale.weights import MAX_WEIGHT
 from dlscale.server_settings import DEFAULT_BALANCE_FACTOR, ServerSettings
 
@@ -68,7 +69,9 @@ def routes_of(repository: Path) -> dict[str, int]:
     repo = ModelRepository(repository)
     for name in repo.names():
         try:
-            value = route_of(repo.config(name).routing)
+            # Read quietly (not repo.config): a poll-mode fleet reads it again and again, and
+            # the workers already log what a peer's config holds that is ignored.
+            value = route_of(read_source(repo.root / name, name).config.routing)
         except DlscaleError as exc:
             log.debug("routing of %s: least work (%s)", name, exc)
             continue

@@ -15,11 +15,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -243,10 +245,10 @@ def test_dlscale_serve_device_workers_routes_a_tenant_to_one_worker(repo: Path) 
         process.wait(60)
 
 
-def _ready(process: subprocess.Popen[bytes], url: str) -> bool:
+def _ready(process: subprocess.Popen[Any], url: str, model: str = ROUTED) -> bool:
     assert process.poll() is None, "the fleet exited"
     try:
-        return httpx.get(f"{url}/v2/models/{ROUTED}/ready", timeout=5).status_code == 200
+        return httpx.get(f"{url}/v2/models/{model}/ready", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -285,3 +287,37 @@ def _backend_requests(router: HaproxyRouter, backend: str) -> int:
         if fields.get("pxname") == backend and fields.get("svname") == "BACKEND":
             return int(fields["stot"])
     raise AssertionError(f"no backend {backend} in HAProxy's statistics")
+
+
+def test_a_polling_fleet_follows_a_routed_model_added_to_the_repository(
+    tmp_path: Path,
+) -> None:
+    """`--model-control poll`: a model added later, with [routing], is loaded by the workers
+    and hashed by the router (which says so in its log) without a restart."""
+    write_python_model(tmp_path, PLAIN, COLOURS, CONFIG)
+    http, metrics = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "dlscale", "serve", str(tmp_path), "--device-workers", "2",
+        "--http-port", str(http), "--grpc-port", "-1", "--metrics-port", str(metrics),
+        "--model-control", "poll", "--poll-interval", "0.5", "--log-level", "info",
+    ]  # fmt: skip
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    assert process.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(process.stderr or ()), daemon=True)
+    reader.start()
+    url = f"http://{HOST}:{http}"
+    try:
+        until(lambda: _ready(process, url, PLAIN), START_PATIENCE_S)
+        write_python_model(tmp_path, ROUTED, COLOURS, ROUTING + CONFIG)
+        until(lambda: any(f"by prefix or session: {ROUTED}" in line for line in said))
+        until(lambda: _ready(process, url, ROUTED), START_PATIENCE_S)
+        before = _by_device(metrics, ROUTED)
+        for turn in range(4):
+            answered(chat(url, ROUTED, "late", turn=f"turn {turn}"))
+        after = _by_device(metrics, ROUTED)
+        spread = sorted(after[d] - before.get(d, 0.0) for d in after)
+        assert spread in ([0.0, 4.0], [4.0]), spread
+    finally:
+        process.terminate()
+        process.wait(60)
