@@ -52,6 +52,7 @@ def _router_node(host: str) -> str:
 def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
     """The fleet's router actor (the running one if a fleet is deployed); its ports."""
     strategy = NodeAffinitySchedulingStrategy(_router_node(settings.host), soft=False)
+    routing = routing_of(settings)
     actor: Any = (
         ray.remote(FleetRouter)
         .options(
@@ -70,11 +71,14 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
             settings.http_port,
             settings.grpc_port,
             settings.metrics_port,
-            routing_of(settings),
+            routing,
         )
     )
     try:
         ports: dict[str, int] = ray.get(actor.ports.remote(), timeout=ROUTER_START_S)
+        # A running router keeps the arguments it started with: a new deploy's routed models
+        # reach it here (its bound needs a new router: `dlscale serve --ray` after a delete).
+        ray.get(actor.route.remote(dict(routing.routes)), timeout=ROUTER_START_S)
     except ray.exceptions.RayActorError as exc:
         raise DlscaleError(f"the fleet's router did not start: {exc}") from None
     return actor, ports

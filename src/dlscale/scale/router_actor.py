@@ -115,6 +115,10 @@ class FleetRouter:
             "routes": dict(self.haproxy.routing.routes),
         }
 
+    def route(self, routes: dict[str, int]) -> None:
+        """Hash the generative requests of exactly these models (a deploy's repository)."""
+        self.haproxy.route(routes)
+
     def stop(self) -> None:
         """Stop HAProxy and the control endpoint (the fleet is being deleted)."""
         self.haproxy.stop()
