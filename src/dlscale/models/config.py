@@ -98,6 +98,33 @@ class QosConfig(_Strict):
     rate_burst: NonNegative = 0
 
 
+#: The prompt prefixes a fleet's router may hash, in bytes (HAProxy 2.6's `bytes` converter
+#: takes a constant length, so the router holds one rule per length: scale/prefix.py).
+PREFIX_LENGTHS = tuple(2**n for n in range(6, 14))
+
+
+class RoutingConfig(_Strict):
+    """How a fleet's router picks a replica for this model's generative requests (docs/scale.md,
+    "Routing by prefix and by session"); a single server ignores it."""
+
+    #: least-work: the replica with the least work in flight; prefix: the replica a hash of the
+    #: session (x-session-id, else OpenAI's `user`), else of the prompt's first `prefix_bytes`,
+    #: points to, bounded by load; session: by the session only, else least work.
+    policy: Literal["least-work", "prefix", "session"] = "least-work"
+    #: Bytes of the prompt hashed (the system prompt's first bytes, for a chat).
+    prefix_bytes: int = 1024
+
+    @field_validator("prefix_bytes")
+    @classmethod
+    def _a_length_the_router_holds(cls, value: int) -> int:
+        if value not in PREFIX_LENGTHS:
+            raise ValueError(
+                f"prefix_bytes {value}: expected a power of two from {PREFIX_LENGTHS[0]} "
+                f"to {PREFIX_LENGTHS[-1]}"
+            )
+        return value
+
+
 class MemoryConfig(_Strict):
     """A model's place under the server's memory budget (docs/memory.md)."""
 
@@ -207,6 +234,8 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy()
     backend_options: BackendOptionsConfig = BackendOptionsConfig()
     qos: QosConfig | None = None
+    #: How a fleet's router spreads the model's generative requests (docs/scale.md).
+    routing: RoutingConfig = RoutingConfig()
     memory: MemoryConfig = MemoryConfig()
     #: Warm-up requests before the model is ready; None: one batch of one row of zeros.
     warmup: list[WarmupConfig] | None = None

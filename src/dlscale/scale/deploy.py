@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.scale.autoscale import autoscaling_config
 from dlscale.scale.placement import Placement
+from dlscale.scale.prefix import Routing, routes_of
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
 from dlscale.scale.settings import ScaleSettings
 
@@ -51,6 +52,7 @@ def _router_node(host: str) -> str:
 def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
     """The fleet's router actor (the running one if a fleet is deployed); its ports."""
     strategy = NodeAffinitySchedulingStrategy(_router_node(settings.host), soft=False)
+    routing = routing_of(settings)
     actor: Any = (
         ray.remote(FleetRouter)
         .options(
@@ -64,13 +66,29 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
             num_cpus=0,
             scheduling_strategy=strategy,
         )
-        .remote(settings.host, settings.http_port, settings.grpc_port, settings.metrics_port)
+        .remote(
+            settings.host,
+            settings.http_port,
+            settings.grpc_port,
+            settings.metrics_port,
+            routing,
+        )
     )
     try:
         ports: dict[str, int] = ray.get(actor.ports.remote(), timeout=ROUTER_START_S)
+        # A running router keeps the arguments it started with: a new deploy's routed models
+        # reach it here (its bound needs a new router: `dlscale serve --ray` after a delete).
+        ray.get(actor.route.remote(dict(routing.routes)), timeout=ROUTER_START_S)
     except ray.exceptions.RayActorError as exc:
         raise DlscaleError(f"the fleet's router did not start: {exc}") from None
     return actor, ports
+
+
+def routing_of(settings: ScaleSettings) -> Routing:
+    """The router's prefix routing: the replicas' bound, the repository's routed models."""
+    if settings.server is not None:
+        return Routing.of(settings.server)
+    return Routing(routes=routes_of(settings.repository))
 
 
 def replica_options(

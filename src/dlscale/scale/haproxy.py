@@ -5,7 +5,9 @@ HAProxy process and then reaches a replica's own REST or gRPC port: no Python be
 and the server that answers (docs/decisions.md says why HAProxy and not Ray Serve's proxy). The
 fleet's owner calls `sync` with the replicas that live now; each takes a slot of a fixed
 template (`set server ... addr/port`, then `state ready`), and a replica that left is put in
-maintenance (its requests in flight finish; no new one is sent to it).
+maintenance (its requests in flight finish; no new one is sent to it). Requests go by least
+work (weighted leastconn), except the generative requests of models that route by prefix or
+session, which a consistent hash with bounded loads places (scale/prefix.py).
 
 What the router promises (docs/scale.md):
 - A replica that dies is out of rotation within a second: its first failed connection marks
@@ -36,7 +38,10 @@ from pathlib import Path
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
 from dlscale.native import die_with_parent
+from dlscale.scale import prefix
+from dlscale.scale.prefix import HASHED, Routing
 from dlscale.scale.weights import MAX_WEIGHT
+from dlscale.server_settings import DEFAULT_BALANCE_FACTOR
 
 log = logging.getLogger("dlscale.scale")
 #: The most replicas one router holds (slots of the server template, per protocol).
@@ -99,13 +104,17 @@ class HaproxyRouter:
         http_port: int,
         grpc_port: int | None,
         control: Control | None = None,
+        routing: Routing | None = None,
     ) -> None:
         self.host = host
         #: Where the repository API's load and unload go instead of a replica (None: a replica).
         self.control = control
+        #: Which models' generative requests are hashed, and the bound (scale/prefix.py).
+        self.routing = routing or Routing()
         self._asked = {REST: http_port, GRPC: grpc_port}
         self._sockets: dict[str, socket.socket] = {}
-        self._dir = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
+        #: HAProxy's folder: its configuration, error pages, map and runtime socket.
+        self.workdir = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
         self._process: subprocess.Popen[bytes] | None = None
         #: Slot number (1-based) of each member's key, and the members themselves.
         self._slots: dict[str, int] = {}
@@ -126,9 +135,10 @@ class HaproxyRouter:
             if port is not None:
                 self._sockets[proto] = _listen(self.host, port, proto)
         fds = {p: s.fileno() for p, s in self._sockets.items()}
-        config = self._dir / "haproxy.cfg"
-        config.write_text(render(fds, self._dir, self.control))
-        _write_errors(self._dir)
+        config = self.workdir / "haproxy.cfg"
+        prefix.write_map(self._map_path, self.routing.routes)
+        config.write_text(render(fds, self.workdir, self.control, self.routing.balance_factor))
+        _write_errors(self.workdir)
         self._process = subprocess.Popen(
             [binary, "-db", "-f", str(config)],
             pass_fds=tuple(fds.values()),
@@ -143,7 +153,19 @@ class HaproxyRouter:
 
     @property
     def _socket_path(self) -> Path:
-        return self._dir / "admin.sock"
+        return self.workdir / "admin.sock"
+
+    @property
+    def _map_path(self) -> Path:
+        return routes_map(self.workdir)
+
+    def route(self, routes: Mapping[str, int]) -> None:
+        """Hash the generative requests of exactly the models of `routes` (scale/prefix.py)."""
+        commands = prefix.map_commands(self._map_path, self.routing.routes, routes)
+        if commands:
+            self.command(*commands)
+            self.routing = Routing(self.routing.balance_factor, dict(routes))
+            log.info("router: by prefix or session: %s", ", ".join(sorted(routes)) or "none")
 
     def sync(self, members: Sequence[Member]) -> None:
         """Route to exactly `members`: new ones take a free slot, those gone are put in
@@ -154,7 +176,7 @@ class HaproxyRouter:
             slot = self._slots.pop(key)
             del self.members[key]
             self.weights.pop(key, None)
-            commands += [f"set server {p}/r{slot} state maint" for p in self._sockets]
+            commands += [f"set server {p}/r{slot} state maint" for p in _backends(self._sockets)]
             log.info("router: replica %s out of rotation", key)
         for key, member in wanted.items():
             if self.members.get(key) == member:
@@ -228,7 +250,7 @@ class HaproxyRouter:
                 self._process.wait()
         for sock in self._sockets.values():
             sock.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _is_refusal(line: str) -> bool:
@@ -243,19 +265,29 @@ def _is_refusal(line: str) -> bool:
 def _enable(slot: int, member: Member, sockets: dict[str, socket.socket]) -> list[str]:
     """The commands pointing slot `slot` of each backend at `member` and putting it in service."""
     commands = []
-    for proto in sockets:
-        port = member.http_port if proto == REST else member.grpc_port
+    for proto in _backends(sockets):
+        port = member.grpc_port if proto == GRPC else member.http_port
         server = f"{proto}/r{slot}"
         if port is None:  # this replica has no gRPC port: its slot stays in maintenance
             commands.append(f"set server {server} state maint")
             continue
-        commands += [
-            f"set server {server} addr {member.host} port {port}",
-            # A slot keeps its last weight: a new replica starts at the most, to be measured.
-            f"set server {server} weight {MAX_WEIGHT}",
-            f"set server {server} state ready",
-        ]
+        commands.append(f"set server {server} addr {member.host} port {port}")
+        # A slot keeps its last weight: a new replica starts at the most, to be measured. The
+        # hashed backend's stay equal: a weight moves keys, and with them the caches they hit.
+        if proto != HASHED:
+            commands.append(f"set server {server} weight {MAX_WEIGHT}")
+        commands.append(f"set server {server} state ready")
     return commands
+
+
+def _backends(sockets: Mapping[str, socket.socket]) -> list[str]:
+    """The backends whose slots follow the members: one per protocol, and the hashed one."""
+    return [*sockets, *([HASHED] if REST in sockets else [])]
+
+
+def routes_map(workdir: Path) -> Path:
+    """Where the router's map of routed models lives (scale/prefix.py)."""
+    return workdir / "routes.map"
 
 
 def _listen(host: str, port: int, proto: str) -> socket.socket:
@@ -266,9 +298,15 @@ def _listen(host: str, port: int, proto: str) -> socket.socket:
     return sock
 
 
-def render(fds: dict[str, int], workdir: Path, control: Control | None = None) -> str:
-    """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each
-    (and the control backend, where one is given)."""
+def render(
+    fds: dict[str, int],
+    workdir: Path,
+    control: Control | None = None,
+    balance_factor: int = DEFAULT_BALANCE_FACTOR,
+) -> str:
+    """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each,
+    the REST frontend's hashed backend (scale/prefix.py), and the control backend where one is
+    given."""
     lines = [
         "global",
         f"  stats socket {workdir / 'admin.sock'} mode 600 level admin",
@@ -294,6 +332,8 @@ def render(fds: dict[str, int], workdir: Path, control: Control | None = None) -
     for proto, fd in fds.items():
         bind = f"fd@{fd}" + (" proto h2" if proto == GRPC else "")
         lines += [f"frontend {proto}", f"  bind {bind}"]
+        if proto == REST:  # its http-request rules come before any use_backend
+            lines += prefix.frontend_rules(routes_map(workdir))
         lines += _control_rules(proto, control)
         lines.append(f"  default_backend {proto}")
     # Every replica's REST port is checked (its /v2/health/ready), and its gRPC server follows
@@ -309,6 +349,7 @@ def render(fds: dict[str, int], workdir: Path, control: Control | None = None) -
         f"backend {GRPC}",
         *_BALANCE,
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in _slots()),
+        *prefix.backend(balance_factor, _slots(), REST),
     ]
     return "\n".join(lines + _control_backends(control)) + "\n"
 

@@ -31,6 +31,7 @@ from dlscale.frontends.api_key import METRICS
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.devices import Device, Host, devices_for
 from dlscale.scale.haproxy import HaproxyRouter, Member
+from dlscale.scale.prefix import Routing, routes_of
 from dlscale.scale.settings import BOTH_FLEETS
 from dlscale.scale.weights import WEIGH_S, Weigher, read_each
 from dlscale.server import ServerSettings, settings_from
@@ -126,7 +127,9 @@ class LocalFleet:
             Worker(d, ServerChild(worker_settings(settings, d), d.env(base))) for d in devices
         ]
         network = settings.network
-        self.router = HaproxyRouter(network.host, network.http_port or 0, network.grpc_port)
+        self.router = HaproxyRouter(
+            network.host, network.http_port or 0, network.grpc_port, routing=Routing.of(settings)
+        )
         self.metrics: MetricsServer | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -164,14 +167,29 @@ class LocalFleet:
 
     def watch(self, stop: threading.Event) -> None:
         """Until `stop` is set: take a dead worker out of the router and start it again, and
-        weigh the live ones by the work they measured (scale/weights.py)."""
-        weighed = time.monotonic()
+        weigh the live ones by the work they measured (scale/weights.py); under poll control,
+        follow the repository's [routing] as the workers follow its models."""
+        weighed = routed = time.monotonic()
+        polling = self.settings.models.model_control is ModelControl.POLL
         while not stop.wait(WATCH_S):
             for worker in self.workers:
                 self._look_after(worker)
             if time.monotonic() - weighed >= WEIGH_S:
                 weighed = time.monotonic()
                 self._weigh()
+            if polling and time.monotonic() - routed >= self.settings.models.poll_interval_s:
+                routed = time.monotonic()
+                self._route()
+
+    def _route(self) -> None:
+        try:
+            routes = routes_of(self.settings.repository)
+        except DlscaleError as exc:  # the folder went away: the workers say so too
+            log.warning("routing: the repository cannot be read: %s", exc)
+            return
+        with self._lock:
+            if not self._stopping.is_set():
+                self.router.route(routes)
 
     def _weigh(self) -> None:
         live = {w.device.name: (e.host, e.http_port) for w, e in self.live()}

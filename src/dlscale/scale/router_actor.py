@@ -39,6 +39,7 @@ from dlscale.scale.child import Endpoint
 from dlscale.scale.control import Answer, ControlLog, Entry
 from dlscale.scale.haproxy import Control, HaproxyRouter
 from dlscale.scale.metrics import fleet_metrics
+from dlscale.scale.prefix import Routing
 from dlscale.scale.registry import HEARTBEAT_S, Registry
 from dlscale.scale.weights import WEIGH_S
 
@@ -55,7 +56,12 @@ class FleetRouter:
     """The router actor's body (made a Ray actor by scale/deploy.py)."""
 
     def __init__(
-        self, host: str, http_port: int, grpc_port: int | None, metrics_port: int | None
+        self,
+        host: str,
+        http_port: int,
+        grpc_port: int | None,
+        metrics_port: int | None,
+        routing: Routing | None = None,
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.log = ControlLog()
@@ -64,6 +70,7 @@ class FleetRouter:
         self._loop = asyncio.new_event_loop()
         self._servers = _Servers(self, host, metrics_port, grpc_port is not None)
         self._error: BaseException | None = None
+        self._routing = routing
         started = threading.Event()
         asked = (http_port, grpc_port)
         threading.Thread(target=self._run, args=(started, asked), daemon=True).start()
@@ -80,7 +87,7 @@ class FleetRouter:
         try:
             self._loop.run_until_complete(self._servers.start())
             where = Control(LOOPBACK, *self._servers.control_ports)
-            self.haproxy = HaproxyRouter(self.host, *asked, where)
+            self.haproxy = HaproxyRouter(self.host, *asked, where, self._routing)
             self.haproxy.start()
             self.registry = Registry(self.haproxy)
         except BaseException as exc:  # said to __init__, which raises it
@@ -101,19 +108,28 @@ class FleetRouter:
 
     def view(self) -> dict[str, Any]:
         """The fleet: each replica (and HAProxy's state of it), the models loaded or unloaded,
-        and the router's own process (a restart shows as a new pid)."""
+        the router's own process (a restart shows as a new pid) and the models it routes by
+        prefix or session (scale/prefix.py)."""
         router = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
         decisions = list(self._decisions)
         autoscaler = {"last": decisions[-1] if decisions else None, "recent": decisions}
         return {
-            "replicas": self.registry.view(), "models": self.log.wanted(), "router": router,
+            "replicas": self.registry.view(),
+            "models": self.log.wanted(),
+            "router": router,
             "autoscaler": autoscaler,
-        }  # fmt: skip
+            # The models whose generative requests are hashed, and their key lengths.
+            "routes": dict(self.haproxy.routing.routes),
+        }
 
     def decided(self, decision: dict[str, Any]) -> None:
         """The autoscaler's decision (scale/autoscale.py, told from Ray Serve's controller), kept
         for the view with the few before it (a restarted router knows only those after)."""
         self._decisions.append(decision)
+
+    def route(self, routes: dict[str, int]) -> None:
+        """Hash the generative requests of exactly these models (a deploy's repository)."""
+        self.haproxy.route(routes)
 
     def stop(self) -> None:
         """Stop HAProxy and the control endpoint (the fleet is being deleted)."""

@@ -29,6 +29,10 @@ from dlscale.serving.memory.sizes import parse_budget
 from dlscale.serving.observe import TRACE_RATE
 from dlscale.serving.regions import MAX_REGIONS
 
+#: The bounds of --route-balance-factor: HAProxy wants more than 100 percent, and above 1000
+#: the bound no longer bounds what a fleet of a few replicas could see.
+BALANCE_FACTORS, DEFAULT_BALANCE_FACTOR = (101, 1000), 150
+
 
 def _port(value: int) -> int | None:
     """-1 turns a frontend off (None); 0 lets the OS pick a port."""
@@ -98,10 +102,26 @@ class Network:
         "--device-workers",
         metavar="SPEC",
     )
+    #: A fleet's bound on prefix routing: no replica above this percent of the mean load
+    #: (HAProxy's hash-balance-factor; docs/scale.md, "Routing by prefix and by session").
+    route_balance_factor: int = setting(
+        DEFAULT_BALANCE_FACTOR,
+        "a fleet (--device-workers, --ray): the most load, in percent of the mean, a replica "
+        "takes from prefix or session routing (101-1000)",
+        "--route-balance-factor",
+        type=int,
+        metavar="PERCENT",
+    )
 
     def __post_init__(self) -> None:
         if self.device_workers is not None and not self.device_workers.strip():
             raise ConfigError("--device-workers: auto, a count, or a list of devices")
+        low, high = BALANCE_FACTORS
+        if not low <= self.route_balance_factor <= high:
+            raise ConfigError(
+                f"--route-balance-factor {self.route_balance_factor}: expected a percentage of "
+                f"the mean load from {low} to {high} (150: no replica above 1.5x the mean)"
+            )
         if self.http_workers < 0:
             raise ConfigError(f"--http-workers {self.http_workers}: 0 or more")
 

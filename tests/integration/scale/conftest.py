@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tests.toolkit.generative import write_colours
+from tests.toolkit.generative import COLOURS, COLOURS_TOML, write_colours
 from tests.toolkit.models import write_broken, write_null_model
 from tests.toolkit.python_models import write_python_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
@@ -123,6 +123,8 @@ def ray_repo(small_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     write_broken(root)
     write_python_model(root, "ticker", TICKER, TICKER_TOML)  # streams (test_ray_streams.py)
     write_colours(root)  # a generative Python model (test_ray_openai.py)
+    routed = '[routing]\npolicy = "prefix"\n' + COLOURS_TOML  # test_ray_prefix.py
+    write_python_model(root, "colours-tenanted", COLOURS, routed)
     return root
 
 
