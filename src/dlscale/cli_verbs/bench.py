@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from dlscale.bench import replay_flags
 from dlscale.cli_verbs import LazyHandler, SubParsers
 from dlscale.cli_verbs.plan import add_bench_allreduce
 
@@ -88,6 +89,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     from dlscale.bench.generative import flags  # --generative ...: declared beside that bench
 
     flags.add_flags(p, _path)
+    replay_flags.add_flags(p)  # --shape burst ...: declared beside the replay
 
 
 def _path(text: str) -> Path:
