@@ -21,7 +21,7 @@ def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     width = len(runs)
-    fig, axes = plt.subplots(3, width, figsize=(5.5 * width + 1, 9), sharex="col", squeeze=False)
+    fig, axes = plt.subplots(3, width, figsize=(6.5 * width + 1, 9), sharex="col", squeeze=False)
     for column, (label, run) in enumerate(runs.items()):
         _rates(axes[0][column], run, label)
         _latency(axes[1][column], run)
@@ -73,5 +73,5 @@ def _fleet(ax: Any, run: Mapping[str, Any]) -> None:
         xs = [p["t_s"] for p in points if replica in p["per_s"]]
         ys = [p["per_s"][replica] for p in points if replica in p["per_s"]]
         load.plot(xs, ys, linewidth=0.8, alpha=0.7)
-    load.set_ylabel("answers/s per replica")
+    load.set_ylabel("each replica's answers/s")
     ax.legend(loc="upper left", fontsize="small")
