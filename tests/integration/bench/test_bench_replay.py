@@ -91,6 +91,24 @@ def test_the_loop_is_open_requests_go_while_earlier_ones_wait(
     assert answers == sorted(answers)
 
 
+def test_past_the_in_flight_bound_a_request_fails_in_the_client_not_queued(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    # Two in flight at most; the slow model holds each for SLOW_S, so the third and fourth,
+    # sent 0.1 s apart, find two requests in flight and are counted, not sent.
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(f'{{"t": {0.1 * i}, "model": "slow"}}\n' for i in range(4)))
+    before = _answered(server, "slow")
+    options = ReplayOptions(
+        f"http://{server.http_url}", tmp_path / "out", trace=path, objective_s=60.0,
+        max_in_flight=2,
+    )  # fmt: skip
+    report = run_replay(options)
+    assert report["errors"] == {"client_cap": 2}
+    assert [r["error"] for r in _requests(report)] == ["", "", "client_cap", "client_cap"]
+    assert _answered(server, "slow") - before == 2
+
+
 def test_failures_are_counted_by_kind_and_the_load_goes_on(
     server: LocalServer, tmp_path: Path
 ) -> None:
