@@ -26,6 +26,10 @@ def bench_run(args: argparse.Namespace) -> int:
         from dlscale.bench.generative.commands import bench_generative
 
         return bench_generative(args)
+    if getattr(args, "trace", None) or getattr(args, "shape", None):
+        from dlscale.bench.replay_commands import bench_replay
+
+        return bench_replay(args)
     url = args.targets[0] if args.targets else None
     return _verdict(bench(url, bench_options(args), _out(args, "bench")))
 

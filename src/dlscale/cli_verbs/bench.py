@@ -85,9 +85,11 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="progress on stderr: a live line on a terminal, else a line every 10 s (default on)",
     )
+    from dlscale.bench import replay_flags  # --shape burst ...: declared beside the replay
     from dlscale.bench.generative import flags  # --generative ...: declared beside that bench
 
     flags.add_flags(p, _path)
+    replay_flags.add_flags(p)
 
 
 def _path(text: str) -> Path:

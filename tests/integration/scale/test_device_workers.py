@@ -255,3 +255,31 @@ def _served_after(fleet: Fleet, before: float) -> bool:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: either_infer(fleet, i), range(16)))
     return fleet.by_device(SUCCESS)["cpu0"] > before
+
+
+def test_a_replay_reports_the_fleets_replicas_and_each_ones_load(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # `dlscale bench --trace` (bench/replay_run.py) samples the fleet each second: two workers
+    # serve for the whole replay, so the replica count is 2 throughout and the replica-seconds
+    # are twice the run's length.
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"t": {0.05 * i}, "model": "{MODEL}"}}\n' for i in range(60)))
+    out = tmp_path / "replay"
+    command = [
+        sys.executable, "-m", "dlscale", "bench", f"http://{HOST}:{fleet.http}", "--trace",
+        str(trace), "--latency-bound", "60s", "--fleet-metrics", f"http://{HOST}:{fleet.metrics}",
+        "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "report.json").read_text())
+    g = report["goodput"]
+    assert g["within_objective"] == 60 and report["errors"] == {}
+    assert {s["replicas"] for s in report["fleet_samples"]} == {2}
+    assert report["scaling_events"] == []
+    assert g["replica_seconds"] == pytest.approx(2 * g["duration_s"])
+    assert g["goodput_per_replica_s"] == pytest.approx(60 / g["replica_seconds"])
+    answered = {r for point in report["replica_load"] for r in point["per_s"]}
+    assert answered == {"cpu0", "cpu1"}
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
