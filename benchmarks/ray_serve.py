@@ -137,7 +137,7 @@ def run_scaling(repeats: int, duration: float, rows: list[dict[str, Any]]) -> di
         "serve", str(repo), "--ray", "--http-port", str(port), "--grpc-port", "-1",
         "--metrics-port", "-1", "--cpus-per-replica", "0", "--log-level", "warning",
     ]))  # fmt: skip
-    ray.init(logging_level=logging.WARNING, include_dashboard=False)
+    ray.init(address="local", logging_level=logging.WARNING, include_dashboard=False)
     try:
         router = deploy_fleet(settings)
         body = SLEEPER.json_body()

@@ -83,7 +83,9 @@ def connect(settings: ScaleSettings) -> None:
     if settings.address is not None:
         ray.init(address=settings.address, logging_level=logging.WARNING)
         return
-    ray.init(logging_level=logging.WARNING, include_dashboard=False)
+    # "local": a cluster of this command's own. Without an address ray.init joins the cluster
+    # that `ray start` last recorded on this host (or RAY_ADDRESS), which is another's to run.
+    ray.init(address="local", logging_level=logging.WARNING, include_dashboard=False)
 
 
 def placements(settings: ScaleSettings, names: list[str]) -> dict[str, Placement]:
