@@ -45,6 +45,12 @@ class Instance:
         self.stops_batches = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
+    def start(self) -> None:
+        """Start this instance's thread now. Blocking (the new thread runs before it returns):
+        the loader calls it off the event loop, where the start stalled every request a little
+        at each load on demand (docs/memory.md)."""
+        self._executor.submit(_nothing).result()
+
     async def call(self, func: object, *args: object) -> object:
         """Run a blocking call in this instance's thread."""
         loop = asyncio.get_running_loop()
