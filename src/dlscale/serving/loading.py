@@ -73,8 +73,6 @@ class Loader:
                     instance = Instance(backend, label)
                     instances.append(instance)
                     placements.append((label, group.device))
-                    # Off the loop: starting a thread waits for it to run (a GIL hand-off).
-                    await asyncio.to_thread(instance.start)
                     await instance.load()
             first = instances[0].backend
             inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)

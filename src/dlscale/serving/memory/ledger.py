@@ -146,8 +146,8 @@ class MemoryLedger:
             floor, stamp = await asyncio.to_thread(_files_and_stamp, mv)
             known = self._known.get(stamp, {})
             need = known or {**floor, **limit}
-            await self._make_room(mv.name, need)
-            before = await asyncio.to_thread(measure.read, devices)
+            evicted = await self._make_room(mv.name, need)
+            before = await asyncio.to_thread(_trim_and_read, evicted, devices)
             start = self.clock()
             served = await load()
             seconds = self.clock() - start
@@ -155,7 +155,7 @@ class MemoryLedger:
             size = _growth(devices, before, after, floor, known)
             try:
                 _check_limit(mv, size, limit)
-                await self._make_room(mv.name, size)
+                evicted = await self._make_room(mv.name, size)
             except DlscaleError:
                 await close(served)
                 raise
@@ -164,6 +164,8 @@ class MemoryLedger:
             self._names[mv.name] += 1
             self.touch(mv.name)
             self.load_seconds.observe(seconds)
+            if evicted:
+                await asyncio.to_thread(measure.trim)
         log.info(
             "model %s v%d: loaded in %.3f s, holding %s (resident %s, budget %s)",
             mv.name, mv.version, seconds, show_all(size), show_all(self.used()),
@@ -171,20 +173,21 @@ class MemoryLedger:
         )  # fmt: skip
         return served
 
-    async def _make_room(self, model: str, need: Footprint) -> None:
-        """Evict the least recently used idle models until `need` fits; the refusal's figures
-        when it cannot."""
+    async def _make_room(self, model: str, need: Footprint) -> bool:
+        """Evict the least recently used idle models until `need` fits (whether any was); the
+        refusal's figures when it cannot. The caller hands the freed memory back (`trim`) in
+        its next trip off the loop."""
         failed: set[str] = set()
+        evicted = self.evictions
         for _ in range(ROUNDS):
             if not shortfall(need, self.budget, self.used()):
-                return  # fits: the eviction rule's view of every model is not needed
+                return self.evictions > evicted  # fits: the view of every model is not needed
             resident = self.resident()
             for r in resident:
                 r.held = r.held or r.name in failed
             victims = make_room(model, need, self.budget, resident) if self.budget else []
             if not victims:
-                return
-            evicted = self.evictions
+                return self.evictions > evicted
             for victim in victims:
                 if self.evict is None:
                     raise MemoryFull(f"model {model!r} does not fit and nothing may be evicted")
@@ -199,11 +202,12 @@ class MemoryLedger:
                 except DlscaleError as exc:
                     log.warning("model %s: not evicted: %s", victim.name, exc)
                     failed.add(victim.name)
-            if self.evictions > evicted:
-                await asyncio.to_thread(measure.trim)
         resident = [r for r in self.resident() if r.name not in failed]
         if make_room(model, need, self.budget, resident):
+            if self.evictions > evicted:
+                await asyncio.to_thread(measure.trim)
             raise MemoryFull(refusal(model, need, self.budget, self.resident()))
+        return self.evictions > evicted
 
     @contextlib.asynccontextmanager
     async def _devices(self, devices: list[str]) -> AsyncIterator[None]:
@@ -213,6 +217,14 @@ class MemoryLedger:
             for device in devices:
                 await stack.enter_async_context(self._locks.setdefault(device, asyncio.Lock()))
             yield
+
+
+def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
+    """The devices' bytes now, after handing the memory of evicted models back (one trip off
+    the loop for both)."""
+    if trim:
+        measure.trim()
+    return measure.read(devices)
 
 
 def _files_and_stamp(mv: ModelVersion) -> tuple[Footprint, tuple[str, int, int, int]]:
