@@ -50,7 +50,8 @@ class Configs:
                     self._known.move_to_end(key)
                     return known[2], False
         source = read(folder, name)
-        self.parsed += 1
+        with self._lock:
+            self.parsed += 1
         if found is None or content is None or not _only_from(source, found):
             return source, True
         if _content(found) == content:  # kept only when unchanged while it was parsed
@@ -108,11 +109,14 @@ def _content(path: Path) -> bytes | None:
 
 
 def _only_from(source: ModelSource, found: Path) -> bool:
-    """Whether `source` depends on the config file alone: a config.pbtxt of an ONNX model
-    that declares no tensors is completed from the model file (models/sources.py's
-    `complete`), which its content does not cover."""
+    """Whether `source` depends on the config file alone. A config.pbtxt may be completed
+    from other files, which its content does not cover: a Python model's by its model.py's
+    `auto_complete_config` (models/triton_config.py), an ONNX model's that declares no tensors
+    by its model file (models/sources.py's `complete`)."""
     if source.path != found:
         return False
+    if found.name != "config.pbtxt":
+        return True
     config = source.config
-    completed = config.backend == "onnxruntime" and not (config.inputs or config.outputs)
-    return not (found.name == "config.pbtxt" and completed)
+    from_onnx = config.backend == "onnxruntime" and not (config.inputs or config.outputs)
+    return not (config.backend == "python" or from_onnx)

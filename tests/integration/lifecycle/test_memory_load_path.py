@@ -41,6 +41,29 @@ def pbtxt(name: str, width: int, version: int) -> str:
     )
 
 
+#: A Python model whose config.pbtxt names only its backend: its model.py completes it.
+AUTO = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_max_batch_size(4)
+        config.add_input({"name": "x", "data_type": "TYPE_FP32", "dims": [WIDTH]})
+        config.add_output({"name": "y", "data_type": "TYPE_FP32", "dims": [WIDTH]})
+        return config
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("repo")
@@ -97,6 +120,19 @@ def test_an_edited_config_pbtxt_is_seen_at_the_next_load(
         assert ask(client, "triton", width).tolist() == [list(range(width))]
         assert served(client, "triton") == ([str(version)], [-1, width])
         client.unload_model("triton")
+
+
+def test_a_config_pbtxt_completed_by_model_py_sees_an_edit_of_model_py(
+    repo: Path, client: triton.InferenceServerClient
+) -> None:
+    folder = repo / "completed"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('backend: "python"\n')
+    for width in (2, 3):  # the config.pbtxt stays as it is: model.py changes the shape
+        (folder / "1" / "model.py").write_text(AUTO.replace("WIDTH", str(width)))
+        assert ask(client, "completed", width).tolist() == [list(range(width))]
+        assert served(client, "completed") == (["1"], [-1, width])
+        client.unload_model("completed")
 
 
 def test_a_deleted_model_folder_is_missing_not_served_from_memory(
