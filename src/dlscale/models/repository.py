@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dlscale.errors import ConfigError, DlscaleError, NotFound
 from dlscale.models.config import ModelConfig
+from dlscale.models.remembered import Configs, Listing
 from dlscale.models.sources import ModelSource, read_source
 
 log = logging.getLogger("dlscale.models")
@@ -50,24 +51,29 @@ class CheckResult:
 
 
 class ModelRepository:
-    """Reads models from a folder; one broken model never hides the others."""
+    """Reads models from a folder; one broken model never hides the others.
+
+    Each model's config is parsed and validated once per content of its file, and the folder
+    is listed again only when it changed (models/remembered.py): loads on demand ask for both
+    at every request for a cold model."""
 
     def __init__(self, root: Path) -> None:
         root = Path(root)
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
         self.root = root
+        self.configs = Configs()
+        self._listing = Listing(root)
 
     def names(self) -> list[str]:
         """Every model folder (hidden folders and loose files are not models)."""
-        return sorted(
-            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
-        )
+        return self._listing.names(_is_model_folder)
 
     def source(self, name: str) -> ModelSource:
-        """The model's config and where it came from; a peer's fields it ignores are logged."""
-        found = read_source(self._folder(name), name)
-        warning = found.warning()
+        """The model's config and where it came from; a peer's fields it ignores are logged
+        (once per content of its config file)."""
+        found, parsed = self.configs.source(self._folder(name), name, read_source)
+        warning = found.warning() if parsed else None
         if warning is not None:
             log.warning("%s", warning)
         return found
@@ -145,6 +151,10 @@ class ModelRepository:
             f"{path}: no model file for backend {config.backend!r} "
             f"(expected one of {list(config.model_files())})"
         )
+
+
+def _is_model_folder(path: Path) -> bool:
+    return path.is_dir() and not path.name.startswith((".", "_"))
 
 
 def _is_model(path: Path) -> bool:

@@ -51,8 +51,12 @@ class Instance:
         return await loop.run_in_executor(self._executor, func, *args)  # type: ignore[arg-type]
 
     async def load(self) -> None:
-        """Load the backend in this instance's thread (slow: files, sessions, compilation)."""
-        await self.call(self.backend.load)
+        """Load the backend in this instance's thread (slow: files, sessions, compilation).
+
+        Handed over from a worker thread: the first call starts the instance's thread, which
+        blocks until that thread runs (a GIL hand-off), and on the event loop it stalled every
+        request a little at each load on demand (docs/memory.md)."""
+        await asyncio.to_thread(lambda: self._executor.submit(self.backend.load).result())
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests

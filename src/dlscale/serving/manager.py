@@ -51,8 +51,7 @@ class ModelManager:
         self.loader = Loader(self.gates, self.calls, self.get, self._reporter)
         #: What each loaded model holds, and the budget every load fits (docs/memory.md).
         self.memory = MemoryLedger()
-        self.memory.evict, self.memory.held = self._evict, self._held
-        self.memory.holders = self.adapters_on
+        self.memory.evict, self.memory.ties = self._evict, self._ties
         #: An unload's wait for its requests before it stops them (None: no limit).
         self.grace_s: float | None = None
         self._entries: dict[str, ModelEntry] = {}
@@ -193,8 +192,10 @@ class ModelManager:
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
-                repo = repository or self.repository
-                versions = repo.versions(name, source or repo.source(name))
+                # Off the loop: the config and version folders are files to read.
+                versions = await asyncio.to_thread(
+                    _versions, repository or self.repository, name, source
+                )
                 if versions[0].config.steps is not None:
                     await self._load_steps(name, versions[0].config.steps, (*chain, name))
                 if versions[0].config.is_adapter:
@@ -245,12 +246,19 @@ class ModelManager:
         """Unload a model to make room for another (the memory ledger's choice)."""
         await self.unload(name, reason=f"evicted ({why})")
 
-    def _held(self, name: str) -> bool:
-        """Whether something other than requests holds a model: a loaded pipeline uses it, or
-        it is loading or unloading (the ledger evicts none of these). Adapters placed on it
-        hold it too, but go before it (`adapters_on`)."""
-        adapters = self.adapters_on(name)
-        return name in self._locks or any(u not in adapters for u in self.pipelines_using(name))
+    def _ties(self) -> tuple[set[str], dict[str, set[str]]]:
+        """In one pass: the models something other than requests holds (a loaded pipeline uses
+        it, or it is loading or unloading: the ledger evicts none of these), and the adapters
+        placed on each base (they hold it too, but go before it)."""
+        held, adapters = set(self._locks), dict[str, set[str]]()
+        for entry in self._entries.values():
+            for served in list(entry.versions.values())[:1]:
+                for model in served.runner.models:
+                    if served.config.is_adapter:
+                        adapters.setdefault(model, set()).add(entry.name)
+                    else:
+                        held.add(model)
+        return held, adapters
 
     def adapters_on(self, base: str) -> list[str]:
         """The loaded LoRA adapters placed on a base model's engine."""
@@ -338,7 +346,11 @@ class ModelManager:
         entry = self._entries.setdefault(name, ModelEntry(name, state))
         versions = entry.versions if state in (ModelState.READY, ModelState.UNLOADING) else {}
         self._entries[name] = ModelEntry(name, state, reason, versions)
-        log.info("model %s: %s%s", name, state.value, f" ({reason})" if reason else "")
+        # The passing states at debug: with loads on demand they came at every load and
+        # eviction, on the event loop (docs/memory.md, "What a load costs and where it runs").
+        passing = state in (ModelState.LOADING, ModelState.UNLOADING)
+        level = logging.DEBUG if passing else logging.INFO
+        log.log(level, "model %s: %s%s", name, state.value, f" ({reason})" if reason else "")
 
     async def _load_steps(
         self, pipeline: str, steps: Iterable[StepConfig], chain: tuple[str, ...]
@@ -409,3 +421,8 @@ class ModelManager:
         for served in entry.versions.values():
             self.memory.release(served.serial)
             await close_version(served, grace_s)
+
+
+def _versions(repo: ModelRepository, name: str, source: ModelSource | None) -> list[ModelVersion]:
+    """The versions of `name` to load, under `source`'s config or the repository's."""
+    return repo.versions(name, source or repo.source(name))

@@ -30,7 +30,7 @@ async def test_models_load_side_by_side(tmp_path: Path, caplog: pytest.LogCaptur
     for name in ("a", "b"):
         write_null_model(tmp_path, name, SLOW)
     manager = ModelManager.open(tmp_path)
-    with caplog.at_level(logging.INFO, logger="dlscale.models"):
+    with caplog.at_level(logging.DEBUG, logger="dlscale.models"):  # LOADING is logged at debug
         assert await manager.load_all() == {}
     events = [r.getMessage() for r in caplog.records if r.name == "dlscale.models"]
     loading = [i for i, e in enumerate(events) if e.endswith(": LOADING")]

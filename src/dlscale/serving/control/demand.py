@@ -17,6 +17,7 @@ from dlscale.errors import DlscaleError, TimedOut, TooManyRequests
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.memory.policy import MemoryFull
 from dlscale.serving.served import ModelState
+from dlscale.serving.versions import unknown_model
 
 log = logging.getLogger("dlscale.models")
 
@@ -47,10 +48,15 @@ class OnDemand:
 
     async def resident(self, name: str, timeout_us: int = 0) -> None:
         """Return once `name` is READY, loading it if it is a repository model not loaded; a
-        model the repository lacks returns at once (the request is answered NotFound)."""
+        model the repository lacks returns at once (the request is answered NotFound), or is
+        refused NotFound here when it was loaded once and its folder has gone since."""
         if self.manager.state(name) is ModelState.READY:
             return
         if name not in self.manager.repository.names():
+            if self.manager.state(name) is ModelState.UNAVAILABLE:
+                # Unloaded or evicted, and its folder is gone: missing, not "not ready".
+                names, ready = self.manager.repository.names, self.manager.ready_names()
+                raise unknown_model(name, names, ready)
             return
         self._admit(name)
         task = self._loads.get(name) or self._start(name)

@@ -39,6 +39,8 @@ LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 ROUNDS = 3
 
 Evict = Callable[[str, str], Awaitable[None]]
+#: The models something other than requests holds, and the adapters placed on each base.
+Ties = tuple[set[str], dict[str, set[str]]]
 
 
 class MemoryLedger:
@@ -49,12 +51,11 @@ class MemoryLedger:
         self.clock = clock
         #: Models never evicted (those marked `pinned` that the server loaded at its start).
         self.pinned: set[str] = set()
-        #: Set by the manager: unload a model to make room (name, why); whether something else
-        #: holds a model now (a loaded pipeline uses it, or it is loading or unloading).
+        #: Set by the manager: unload a model to make room (name, why); in one pass over its
+        #: models, those something else holds now (a loaded pipeline uses it, or it is loading
+        #: or unloading) and the loaded adapters placed on each model's engine (its holders).
         self.evict: Evict | None = None
-        self.held: Callable[[str], bool] = lambda name: False
-        #: Set by the manager: the loaded adapters placed on a model's engine (its holders).
-        self.holders: Callable[[str], list[str]] = lambda name: []
+        self.ties: Callable[[], Ties] = lambda: (set(), {})
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.evictions = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
@@ -73,17 +74,18 @@ class MemoryLedger:
             held = sizes.setdefault(name, {})
             for device, bytes_ in size.items():
                 held[device] = held.get(device, 0) + bytes_
-        # `held` walks every model of the manager: asked only where it decides (a pinned or
-        # used model is kept anyway); with 100 models it took a tenth of a load's CPU.
+        # One pass over the manager's models, not one per resident model: asked per model, it
+        # took a tenth of a load's CPU with 100 models (py-spy, docs/memory.md).
+        tied, holders = self.ties()
         return [
             Resident(
                 name,
                 size,
                 self._last.get(name, 0.0),
-                pinned := name in self.pinned,
-                in_use := self._in_use[name],
-                not pinned and not in_use and self.held(name),
-                frozenset(self.holders(name) if not pinned and not in_use else ()),
+                name in self.pinned,
+                self._in_use[name],
+                name in tied,
+                frozenset(holders.get(name, ())),
             )
             for name, size in sorted(sizes.items())
         ]
@@ -140,10 +142,12 @@ class MemoryLedger:
         devices = sorted({device_key(g.device) for g in mv.config.instances} | {"cpu"})
         limit = parse_limit(mv.name, mv.config.memory.limit)
         async with self._devices(devices):
-            floor, known = _files(mv), self._known.get(_stamp(mv), {})
+            # Off the loop: a walk of the version's folder and a stat of its file.
+            floor, stamp = await asyncio.to_thread(_files_and_stamp, mv)
+            known = self._known.get(stamp, {})
             need = known or {**floor, **limit}
-            await self._make_room(mv.name, need)
-            before = await asyncio.to_thread(measure.read, devices)
+            evicted = await self._make_room(mv.name, need)
+            before = await asyncio.to_thread(_trim_and_read, evicted, devices)
             start = self.clock()
             served = await load()
             seconds = self.clock() - start
@@ -151,15 +155,17 @@ class MemoryLedger:
             size = _growth(devices, before, after, floor, known)
             try:
                 _check_limit(mv, size, limit)
-                await self._make_room(mv.name, size)
+                evicted = await self._make_room(mv.name, size)
             except DlscaleError:
                 await close(served)
                 raise
-            self._known[_stamp(mv)] = served.memory = size
+            self._known[stamp] = served.memory = size
             self._held[served.serial] = (mv.name, size)
             self._names[mv.name] += 1
             self.touch(mv.name)
             self.load_seconds.observe(seconds)
+            if evicted:
+                await asyncio.to_thread(measure.trim)
         log.info(
             "model %s v%d: loaded in %.3f s, holding %s (resident %s, budget %s)",
             mv.name, mv.version, seconds, show_all(size), show_all(self.used()),
@@ -167,24 +173,25 @@ class MemoryLedger:
         )  # fmt: skip
         return served
 
-    async def _make_room(self, model: str, need: Footprint) -> None:
-        """Evict the least recently used idle models until `need` fits; the refusal's figures
-        when it cannot."""
+    async def _make_room(self, model: str, need: Footprint) -> bool:
+        """Evict the least recently used idle models until `need` fits (whether any was); the
+        refusal's figures when it cannot. The caller hands the freed memory back (`trim`) in
+        its next trip off the loop."""
         failed: set[str] = set()
+        evicted = self.evictions
         for _ in range(ROUNDS):
             if not shortfall(need, self.budget, self.used()):
-                return  # fits: the eviction rule's view of every model is not needed
+                return self.evictions > evicted  # fits: the view of every model is not needed
             resident = self.resident()
             for r in resident:
                 r.held = r.held or r.name in failed
             victims = make_room(model, need, self.budget, resident) if self.budget else []
             if not victims:
-                return
-            evicted = self.evictions
+                return self.evictions > evicted
             for victim in victims:
                 if self.evict is None:
                     raise MemoryFull(f"model {model!r} does not fit and nothing may be evicted")
-                if self.held(victim.name) or self._in_use[victim.name]:
+                if victim.name in self.ties()[0] or self._in_use[victim.name]:
                     # Taken meanwhile (an earlier eviction awaited): a load that holds its name
                     # may be waiting for this load's device, so it is not waited for.
                     failed.add(victim.name)
@@ -195,11 +202,12 @@ class MemoryLedger:
                 except DlscaleError as exc:
                     log.warning("model %s: not evicted: %s", victim.name, exc)
                     failed.add(victim.name)
-            if self.evictions > evicted:
-                await asyncio.to_thread(measure.trim)
         resident = [r for r in self.resident() if r.name not in failed]
         if make_room(model, need, self.budget, resident):
+            if self.evictions > evicted:
+                await asyncio.to_thread(measure.trim)
             raise MemoryFull(refusal(model, need, self.budget, self.resident()))
+        return self.evictions > evicted
 
     @contextlib.asynccontextmanager
     async def _devices(self, devices: list[str]) -> AsyncIterator[None]:
@@ -209,6 +217,18 @@ class MemoryLedger:
             for device in devices:
                 await stack.enter_async_context(self._locks.setdefault(device, asyncio.Lock()))
             yield
+
+
+def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
+    """The devices' bytes now, after handing the memory of evicted models back (one trip off
+    the loop for both)."""
+    if trim:
+        measure.trim()
+    return measure.read(devices)
+
+
+def _files_and_stamp(mv: ModelVersion) -> tuple[Footprint, tuple[str, int, int, int]]:
+    return _files(mv), _stamp(mv)
 
 
 def _stamp(mv: ModelVersion) -> tuple[str, int, int, int]:

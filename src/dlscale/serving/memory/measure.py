@@ -27,29 +27,52 @@ MAX_FILES = 10_000
 def host_bytes() -> int:
     """Resident bytes of this process and its children (Python model workers hold models too)."""
     tree = _descendants(os.getpid())
-    if tree is None:  # no /proc/PID/task/TID/children: psutil walks every process (ms each)
-        me = psutil.Process()
-        tree = [me.pid, *(c.pid for c in me.children(recursive=True))]
+    if tree is not None:
+        return sum(_resident(pid) for pid in tree)
+    # No /proc/PID/task/TID/children: psutil walks every process (ms each).
+    me = psutil.Process()
     total = 0
-    for pid in tree:
+    for proc in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):  # a worker that just ended holds nothing
-            total += int(psutil.Process(pid).memory_info().rss)
+            total += int(proc.memory_info().rss)
     return total
 
 
 def _descendants(pid: int) -> list[int] | None:
-    """`pid` and its descendants, from Linux's per-thread lists of children; None without."""
-    if not Path(f"/proc/{pid}/task/{pid}/children").exists():
+    """`pid` and its descendants, from Linux's per-thread lists of children; None without.
+
+    Plain `os` calls, not pathlib's nor psutil's objects: a load reads the tree twice, and with
+    a thread per loaded instance that took 0.6 ms of a worker thread holding the GIL, which the
+    event loop waits for (0.3 to 0.4 ms this way, the same bytes)."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
         return None
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
         found.append(current)
+        tasks = f"/proc/{current}/task"
         with contextlib.suppress(FileNotFoundError):  # a process that just ended
-            for task in list(Path(f"/proc/{current}/task").iterdir()):
-                with contextlib.suppress(FileNotFoundError):  # a thread that just ended
-                    todo += [int(c) for c in (task / "children").read_text().split()]
+            for tid in os.listdir(tasks):
+                path = f"{tasks}/{tid}/children"
+                with contextlib.suppress(FileNotFoundError), open(path, "rb") as children:
+                    todo += [int(c) for c in children.read().split()]  # (a thread that ended)
     return found
+
+
+def _resident(pid: int) -> int:
+    """Resident bytes of one process from /proc/PID/statm, the file psutil reads; 0 for a
+    process that just ended."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * _page_bytes()
+
+
+@functools.cache
+def _page_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE")
 
 
 @functools.cache
