@@ -125,8 +125,9 @@ class NullBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """One batch at a time, on host arrays."""
-        return Capabilities()
+        """One batch at a time, on host arrays; measured cheap, on the event loop, unless it
+        holds a simulated device (whose queue is shared with other models' threads)."""
+        return Capabilities(inline_measured=self.device is None)
 
     @property
     def inputs(self) -> list[TensorSpec]:

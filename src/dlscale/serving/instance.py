@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, cast
@@ -14,6 +15,7 @@ import numpy as np
 
 from dlscale.backends import Backend
 from dlscale.backends.base import RequestResult, RequestsBackend
+from dlscale.serving.inline import InlineRows
 from dlscale.wire import tracing
 
 log = logging.getLogger("dlscale.serving")
@@ -39,8 +41,8 @@ class Instance:
         #: Whether the backend takes a batch request by request (known once loaded): Triton's
         #: Python models see each request of a batch apart.
         self.takes_requests = False
-        #: Batches of at most this many rows run on the event loop (`Capabilities.inline_rows`).
-        self.inline_rows = 0
+        #: Which batches run on the event loop (known once loaded; serving/inline.py).
+        self.inline = InlineRows()
         #: Whether its backend's unload stops a running batch (known once loaded).
         self.stops_batches = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -56,7 +58,7 @@ class Instance:
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
-        self.inline_rows = max(0, capabilities.inline_rows)
+        self.inline = InlineRows(capabilities.inline_rows, capabilities.inline_measured)
         self.stops_batches = capabilities.stops_batches
         if self.slots > 1:
             old = self._executor
@@ -70,28 +72,33 @@ class Instance:
     ) -> dict[str, np.ndarray]:
         """Compute one batch (in `context`, when given: a traced request's, see `_within`).
 
-        A batch within the backend's `inline_rows` is computed here, on the event loop: the
-        thread hop would cost more than the compute. Its errors reach the caller as from the
-        thread, and the batcher times it the same way.
+        A batch the instance's `inline` allows is computed here, on the event loop: the thread
+        hop would cost more than the compute (serving/inline.py). Its errors reach the caller
+        as from the thread, and the batcher times it the same way.
         """
-        inline = self.inline_rows > 0 and _rows(inputs) <= self.inline_rows
-        if not tracing.on():
-            if inline:
-                return self.backend.infer(inputs)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, _within(context, self.backend.infer), inputs
-            )
-        _trace(tracing.BACKEND_IN, inputs)
-        if inline:
-            outputs = self.backend.infer(inputs)
+        traced = tracing.on()
+        if traced:
+            _trace(tracing.BACKEND_IN, inputs)
+        rows = _rows(inputs)
+        if self.inline.allows(rows):
+            start = time.perf_counter()
+            try:
+                outputs = self.backend.infer(inputs)
+            finally:
+                self.inline.observe(rows, time.perf_counter() - start, on_loop=True)
         else:
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(
-                self._executor, _within(context, self.backend.infer), inputs
-            )
-        _trace(tracing.BACKEND_OUT, outputs)
+            call = _within(context, self.backend.infer)
+            outputs, seconds = await loop.run_in_executor(self._executor, _timed, call, inputs)
+            self.inline.observe(rows, seconds, on_loop=False)
+        if traced:
+            _trace(tracing.BACKEND_OUT, outputs)
         return outputs
+
+    @property
+    def inline_rows(self) -> int:
+        """The rows of the largest batch computed on the event loop now (0: none)."""
+        return self.inline.rows
 
     async def infer_requests(
         self,
@@ -133,6 +140,12 @@ def _nothing() -> None:
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:
     """A batch's rows: its inputs' longest first dimension (a scalar counts as one)."""
     return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
+
+
+def _timed(func: Callable[[T], R], arg: T) -> tuple[R, float]:
+    """`func(arg)` and the seconds it took, timed in the thread that runs it."""
+    start = time.perf_counter()
+    return func(arg), time.perf_counter() - start
 
 
 def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:
