@@ -15,7 +15,6 @@ import numpy as np
 
 from dlscale.backends import Backend
 from dlscale.backends.base import RequestResult, RequestsBackend
-from dlscale.serving.inline import InlineRows
 from dlscale.wire import tracing
 
 log = logging.getLogger("dlscale.serving")
@@ -41,7 +40,7 @@ class Instance:
         #: Whether the backend takes a batch request by request (known once loaded): Triton's
         #: Python models see each request of a batch apart.
         self.takes_requests = False
-        #: Which batches run on the event loop (known once loaded; serving/inline.py).
+        #: Which batches run on the event loop (known once loaded; `InlineRows`).
         self.inline = InlineRows()
         #: Whether its backend's unload stops a running batch (known once loaded).
         self.stops_batches = False
@@ -73,7 +72,7 @@ class Instance:
         """Compute one batch (in `context`, when given: a traced request's, see `_within`).
 
         A batch the instance's `inline` allows is computed here, on the event loop: the thread
-        hop would cost more than the compute (serving/inline.py). Its errors reach the caller
+        hop would cost more than the compute (`InlineRows`). Its errors reach the caller
         as from the thread, and the batcher times it the same way.
         """
         traced = tracing.on()
@@ -85,12 +84,12 @@ class Instance:
             try:
                 outputs = self.backend.infer(inputs)
             finally:
-                self.inline.observe(rows, time.perf_counter() - start, on_loop=True)
+                self.inline.observe_loop(time.perf_counter() - start)
         else:
             loop = asyncio.get_running_loop()
             call = _within(context, self.backend.infer)
-            outputs, seconds = await loop.run_in_executor(self._executor, _timed, call, inputs)
-            self.inline.observe(rows, seconds, on_loop=False)
+            outputs, wall, cpu = await loop.run_in_executor(self._executor, _timed, call, inputs)
+            self.inline.observe_thread(rows, wall, cpu)
         if traced:
             _trace(tracing.BACKEND_OUT, outputs)
         return outputs
@@ -133,6 +132,68 @@ class Instance:
         self._executor.shutdown(wait=False)
 
 
+#: The most a batch may have been measured at to be run on the event loop (seconds): the order
+#: of the hop it saves, and of `Capabilities.inline_rows`' own budget.
+BOUND_S = 100e-6
+#: The most wall time a batch cheap in the thread may take: the bound, and the wait for the GIL
+#: after the runtime's call (the interpreter's switch interval, 5 ms by default).
+THREAD_WALL_S = BOUND_S + 0.005
+#: Batches measured cheap in the thread before the first batch runs on the loop.
+FIRST_FAST = 8
+#: The most fast batches asked for after repeated slow turns on the loop.
+MOST_FAST = 2**16
+#: Batches in a row over the bound on the loop that send the batches back to the thread.
+SLOW_IN_A_ROW = 2
+
+
+class InlineRows:
+    """The rows of the largest batch an instance may compute on the event loop now.
+
+    The hop to the instance's thread and back costs a tiny model more than its compute (an ONNX
+    Identity over [32, 16] computes in ~10 us; the hop costs tens of microseconds of CPU and, on
+    a busy loop, up to the switch interval of waiting for the GIL). A backend that allows it
+    (`Capabilities.inline_measured`) has a batch run on the loop once `FIRST_FAST` batches of at
+    least its rows were cheap in the thread: the thread's CPU under `BOUND_S` (its wall time
+    includes the wait for the GIL), its wall time under `THREAD_WALL_S` (a model that waits
+    rather than computes stays out). Two batches in a row over the bound on the loop (one alone
+    may be the host preempting the loop) send them back to the thread, to be learnt again from
+    twice as many (docs/configuration.md, "Tiny batches run on the event loop").
+    """
+
+    def __init__(self, declared: int = 0, measured: bool = False) -> None:
+        #: The backend's own bound (`Capabilities.inline_rows`): always kept.
+        self.declared = max(0, declared)
+        #: Whether the bound is learnt from measured batches too (`inline_measured`).
+        self.measured = measured
+        self.rows = self.declared
+        self._needed = FIRST_FAST
+        self._fast = 0  # thread batches measured under the bound since the last slow turn
+        self._largest = 0  # the rows of the largest of them
+        self._slow = 0  # batches in a row over the bound on the loop
+
+    def allows(self, rows: int) -> bool:
+        """Whether a batch of `rows` runs on the event loop."""
+        return self.rows > 0 and rows <= self.rows
+
+    def observe_thread(self, rows: int, wall_s: float, cpu_s: float) -> None:
+        """A batch of `rows` took `wall_s` in the instance's thread, `cpu_s` of its CPU."""
+        if self.measured and cpu_s <= BOUND_S and wall_s <= THREAD_WALL_S:
+            self._fast += 1
+            self._largest = max(self._largest, rows)
+            if self._fast >= self._needed:
+                self.rows = max(self.declared, self._largest)
+
+    def observe_loop(self, wall_s: float) -> None:
+        """A batch took `wall_s` on the event loop."""
+        if not self.measured:
+            return
+        self._slow = self._slow + 1 if wall_s > BOUND_S else 0
+        if self._slow >= SLOW_IN_A_ROW:  # it held the loop: back to the thread, learnt again
+            self.rows = self.declared
+            self._fast = self._largest = self._slow = 0
+            self._needed = min(self._needed * 2, MOST_FAST)
+
+
 def _nothing() -> None:
     """A call that returns once the instance's thread has finished what came before it."""
 
@@ -142,10 +203,11 @@ def _rows(inputs: Mapping[str, np.ndarray]) -> int:
     return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
 
 
-def _timed(func: Callable[[T], R], arg: T) -> tuple[R, float]:
-    """`func(arg)` and the seconds it took, timed in the thread that runs it."""
-    start = time.perf_counter()
-    return func(arg), time.perf_counter() - start
+def _timed(func: Callable[[T], R], arg: T) -> tuple[R, float, float]:
+    """`func(arg)`, the seconds it took and the seconds of CPU its thread spent on it."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    out = func(arg)
+    return out, time.perf_counter() - start, time.thread_time() - cpu
 
 
 def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:

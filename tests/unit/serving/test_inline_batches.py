@@ -1,10 +1,10 @@
 """Batches measured cheap run on the event loop; a batch that would hold the loop never does.
 
-serving/inline.py's rule through a real Instance and Batcher: a null model (it sleeps its
-`delay_us` per batch, releasing the GIL as a runtime does) first computes in its instance's
-thread; once enough of its batches were measured under the bound, batches of as many rows run
-on the loop; larger ones still go to the thread; a model that turns slow goes back to the
-thread after two batches over the bound on the loop, and a model slow from the start never
+`InlineRows`' rule (serving/instance.py) through a real Instance and Batcher: a null model (it
+sleeps its `delay_us` per batch, releasing the GIL as a runtime does) first computes in its
+instance's thread; once enough of its batches were measured cheap there, batches of as many
+rows run on the loop; larger ones still go to the thread; a model that turns slow goes back to
+the thread after two batches over the bound on the loop, and a model slow from the start never
 leaves it.
 """
 
@@ -19,10 +19,15 @@ import numpy as np
 
 from dlscale.backends.base import BackendOptions
 from dlscale.backends.null import NullBackend
-from dlscale.serving import inline
 from dlscale.serving.batcher import Batcher
-from dlscale.serving.inline import BOUND_S, FIRST_FAST, InlineRows
-from dlscale.serving.instance import Instance
+from dlscale.serving.instance import (
+    BOUND_S,
+    FIRST_FAST,
+    MOST_FAST,
+    THREAD_WALL_S,
+    InlineRows,
+    Instance,
+)
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
 from dlscale.types import Datatype, TensorSpec
@@ -103,7 +108,8 @@ class GatedNull(WhereNull):
 
 
 async def test_a_model_slower_than_the_bound_never_holds_the_loop(tmp_path: Path) -> None:
-    delay = {"delay_us": 2000}  # 20 times the bound
+    delay = {"delay_us": 20_000}  # it waits: no CPU, 20 ms, over the ceiling on the wait
+    assert THREAD_WALL_S < 0.02
     options = BackendOptions(max_batch_size=16, inputs=(SPEC,), outputs=(SPEC,), extra=delay)
     slow = GatedNull(tmp_path / "model.null", options)
     slow.threads, slow.started, slow.gate = [], threading.Event(), threading.Event()
@@ -140,30 +146,43 @@ async def test_a_model_slower_than_the_bound_never_holds_the_loop(tmp_path: Path
 
 def test_one_slow_batch_on_the_loop_alone_keeps_it_and_repeated_turns_back_off() -> None:
     rows = InlineRows(measured=True)
+    cheap = BOUND_S / 10
     for _ in range(FIRST_FAST):
-        rows.observe(4, BOUND_S / 10, on_loop=False)
+        rows.observe_thread(4, cheap, cheap)
     assert rows.allows(4) and not rows.allows(5)
-    rows.observe(4, BOUND_S * 50, on_loop=True)  # the host preempted the loop once
-    rows.observe(4, BOUND_S / 10, on_loop=True)
+    rows.observe_loop(BOUND_S * 50)  # the host preempted the loop once
+    rows.observe_loop(cheap)
     assert rows.allows(4)
     wanted = FIRST_FAST
     for _ in range(3):
-        rows.observe(4, BOUND_S * 50, on_loop=True)
-        rows.observe(4, BOUND_S * 50, on_loop=True)
+        rows.observe_loop(BOUND_S * 50)
+        rows.observe_loop(BOUND_S * 50)
         assert not rows.allows(1)
         wanted *= 2
         for _ in range(wanted - 1):
-            rows.observe(4, BOUND_S / 10, on_loop=False)
+            rows.observe_thread(4, cheap, cheap)
         assert not rows.allows(1)
-        rows.observe(4, BOUND_S / 10, on_loop=False)
+        rows.observe_thread(4, cheap, cheap)
         assert rows.allows(4)
-    assert wanted <= inline.MOST_FAST
+    assert wanted <= MOST_FAST
+
+
+def test_the_thread_teaches_by_its_cpu_within_a_ceiling_on_the_wait() -> None:
+    waited_for_the_gil = InlineRows(measured=True)
+    computes = InlineRows(measured=True)
+    sleeps = InlineRows(measured=True)
+    for _ in range(4 * FIRST_FAST):
+        waited_for_the_gil.observe_thread(4, THREAD_WALL_S / 2, BOUND_S / 10)
+        computes.observe_thread(4, BOUND_S * 2, BOUND_S * 2)
+        sleeps.observe_thread(4, THREAD_WALL_S * 2, 0.0)
+    assert waited_for_the_gil.allows(4)
+    assert not computes.allows(1) and not sleeps.allows(1)
 
 
 def test_a_backend_that_does_not_ask_keeps_its_declared_rows() -> None:
     declared = InlineRows(declared=8)
     for _ in range(4 * FIRST_FAST):
-        declared.observe(64, BOUND_S / 10, on_loop=False)
-        declared.observe(2, BOUND_S * 50, on_loop=True)
+        declared.observe_thread(64, BOUND_S / 10, BOUND_S / 10)
+        declared.observe_loop(BOUND_S * 50)
     assert declared.allows(8) and not declared.allows(9)
     assert not InlineRows().allows(1)
