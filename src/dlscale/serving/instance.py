@@ -132,32 +132,46 @@ class Instance:
         self._executor.shutdown(wait=False)
 
 
-#: The most a batch may have been measured at to be run on the event loop (seconds): the order
-#: of the hop it saves, and of `Capabilities.inline_rows`' own budget.
+#: What a batch may cost to run on the event loop (seconds), as its thread's CPU when measured
+#: in the thread: the order of the hop it saves, and of `Capabilities.inline_rows`' budget.
 BOUND_S = 100e-6
+#: The most its smoothed wall time on the loop may be: the same compute measured there costs
+#: more (a 7 us Identity takes 30-65 us in a busy server: caches the loop's other work evicted,
+#: the host preempting the loop's thread).
+LOOP_MEAN_S = 2 * BOUND_S
 #: The most wall time a batch cheap in the thread may take: the bound, and the wait for the GIL
 #: after the runtime's call (the interpreter's switch interval, 5 ms by default).
 THREAD_WALL_S = BOUND_S + 0.005
+#: The most one batch may hold the loop, twice in a row: a busy host preempts the loop's thread
+#: for hundreds of microseconds in one batch of twenty, but rarely for this long twice.
+LOOP_MOST_S = 1e-3
+#: The weight of each batch on the loop in the smoothed wall time (each counts at most
+#: LOOP_MOST_S, so that one preemption alone does not take the mean over the bound).
+SMOOTHING = 1 / 16
 #: Batches measured cheap in the thread before the first batch runs on the loop.
 FIRST_FAST = 8
-#: The most fast batches asked for after repeated slow turns on the loop.
+#: The most cheap batches asked for after repeated slow turns on the loop.
 MOST_FAST = 2**16
-#: Batches in a row over the bound on the loop that send the batches back to the thread.
+#: Batches in a row over LOOP_MOST_S on the loop that send the batches back to the thread.
 SLOW_IN_A_ROW = 2
+#: Batches on the loop after which a turn back to the thread counts as the host's doing, not
+#: the model's: learnt again from `FIRST_FAST` cheap batches, not twice as many as last time.
+LONG_TURN = 1024
 
 
 class InlineRows:
     """The rows of the largest batch an instance may compute on the event loop now.
 
     The hop to the instance's thread and back costs a tiny model more than its compute (an ONNX
-    Identity over [32, 16] computes in ~10 us; the hop costs tens of microseconds of CPU and, on
+    Identity over [32, 16] computes in ~7 us; the hop costs tens of microseconds of CPU and, on
     a busy loop, up to the switch interval of waiting for the GIL). A backend that allows it
     (`Capabilities.inline_measured`) has a batch run on the loop once `FIRST_FAST` batches of at
     least its rows were cheap in the thread: the thread's CPU under `BOUND_S` (its wall time
     includes the wait for the GIL), its wall time under `THREAD_WALL_S` (a model that waits
-    rather than computes stays out). Two batches in a row over the bound on the loop (one alone
-    may be the host preempting the loop) send them back to the thread, to be learnt again from
-    twice as many (docs/configuration.md, "Tiny batches run on the event loop").
+    rather than computes stays out). On the loop, a smoothed wall time over `LOOP_MEAN_S`, or
+    two batches in a row over `LOOP_MOST_S`, send them back to the thread, to be learnt again from
+    twice as many when that came within `LONG_TURN` batches (docs/configuration.md, "Tiny
+    batches run on the event loop").
     """
 
     def __init__(self, declared: int = 0, measured: bool = False) -> None:
@@ -167,9 +181,11 @@ class InlineRows:
         self.measured = measured
         self.rows = self.declared
         self._needed = FIRST_FAST
-        self._fast = 0  # thread batches measured under the bound since the last slow turn
+        self._fast = 0  # thread batches measured cheap since the last turn back
         self._largest = 0  # the rows of the largest of them
-        self._slow = 0  # batches in a row over the bound on the loop
+        self._slow = 0  # batches in a row over LOOP_MOST_S on the loop
+        self._turn = 0  # batches on the loop since the last turn back
+        self._mean = 0.0  # their smoothed wall time
 
     def allows(self, rows: int) -> bool:
         """Whether a batch of `rows` runs on the event loop."""
@@ -187,11 +203,15 @@ class InlineRows:
         """A batch took `wall_s` on the event loop."""
         if not self.measured:
             return
-        self._slow = self._slow + 1 if wall_s > BOUND_S else 0
-        if self._slow >= SLOW_IN_A_ROW:  # it held the loop: back to the thread, learnt again
+        self._turn += 1
+        self._mean += (min(wall_s, LOOP_MOST_S) - self._mean) * SMOOTHING
+        self._slow = self._slow + 1 if wall_s > LOOP_MOST_S else 0
+        if self._slow >= SLOW_IN_A_ROW or self._mean > LOOP_MEAN_S:  # back to the thread
             self.rows = self.declared
-            self._fast = self._largest = self._slow = 0
-            self._needed = min(self._needed * 2, MOST_FAST)
+            short = self._turn < LONG_TURN
+            self._needed = min(self._needed * 2, MOST_FAST) if short else FIRST_FAST
+            self._fast = self._largest = self._slow = self._turn = 0
+            self._mean = 0.0
 
 
 def _nothing() -> None:

@@ -23,6 +23,9 @@ from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import (
     BOUND_S,
     FIRST_FAST,
+    LONG_TURN,
+    LOOP_MEAN_S,
+    LOOP_MOST_S,
     MOST_FAST,
     THREAD_WALL_S,
     InlineRows,
@@ -72,7 +75,7 @@ async def test_cheap_batches_move_to_the_loop_and_back_when_they_turn_slow(
         assert backend.threads[-1] == main
         await instance.infer(_rows(3))  # more rows than measured: the thread
         assert backend.threads[-1].startswith("null-instance")
-        backend.delay_us = BOUND_S * 1e6 * 20  # the model turns slow
+        backend.delay_us = LOOP_MOST_S * 1e6 * 3  # the model turns slow
         await instance.infer(_rows(1))
         await instance.infer(_rows(1))  # a second batch over the bound on the loop
         assert backend.threads[-2:] == [main, main]
@@ -150,13 +153,13 @@ def test_one_slow_batch_on_the_loop_alone_keeps_it_and_repeated_turns_back_off()
     for _ in range(FIRST_FAST):
         rows.observe_thread(4, cheap, cheap)
     assert rows.allows(4) and not rows.allows(5)
-    rows.observe_loop(BOUND_S * 50)  # the host preempted the loop once
+    rows.observe_loop(LOOP_MOST_S * 5)  # the host preempted the loop once
     rows.observe_loop(cheap)
     assert rows.allows(4)
     wanted = FIRST_FAST
     for _ in range(3):
-        rows.observe_loop(BOUND_S * 50)
-        rows.observe_loop(BOUND_S * 50)
+        rows.observe_loop(LOOP_MOST_S * 5)
+        rows.observe_loop(LOOP_MOST_S * 5)
         assert not rows.allows(1)
         wanted *= 2
         for _ in range(wanted - 1):
@@ -165,6 +168,34 @@ def test_one_slow_batch_on_the_loop_alone_keeps_it_and_repeated_turns_back_off()
         rows.observe_thread(4, cheap, cheap)
         assert rows.allows(4)
     assert wanted <= MOST_FAST
+
+
+def test_a_turn_back_after_a_long_turn_is_learnt_again_from_the_first_count() -> None:
+    rows = InlineRows(measured=True)
+    cheap = BOUND_S / 10
+    for wanted in (FIRST_FAST, 2 * FIRST_FAST, FIRST_FAST):
+        for _ in range(wanted):
+            assert not rows.allows(4)
+            rows.observe_thread(4, cheap, cheap)
+        assert rows.allows(4)
+        # A short turn on the loop (the model's doing) doubles the count; a long one (the
+        # host's, two preemptions in a row) does not.
+        for _ in range(LONG_TURN if wanted == 2 * FIRST_FAST else 1):
+            rows.observe_loop(cheap)
+        rows.observe_loop(LOOP_MOST_S * 5)
+        rows.observe_loop(LOOP_MOST_S * 5)
+
+
+def test_a_model_that_grows_dearer_on_the_loop_goes_back_by_its_mean() -> None:
+    rows = InlineRows(measured=True)
+    for _ in range(FIRST_FAST):
+        rows.observe_thread(4, BOUND_S / 10, BOUND_S / 10)
+    dearer = (LOOP_MEAN_S + LOOP_MOST_S) / 2  # over the mean's bound, under one batch's
+    turns = 0
+    while rows.allows(4) and turns < 100:
+        rows.observe_loop(dearer)
+        turns += 1
+    assert not rows.allows(1) and turns > 1  # not at its first batch: its mean did it
 
 
 def test_the_thread_teaches_by_its_cpu_within_a_ceiling_on_the_wait() -> None:
@@ -183,6 +214,6 @@ def test_a_backend_that_does_not_ask_keeps_its_declared_rows() -> None:
     declared = InlineRows(declared=8)
     for _ in range(4 * FIRST_FAST):
         declared.observe_thread(64, BOUND_S / 10, BOUND_S / 10)
-        declared.observe_loop(BOUND_S * 50)
+        declared.observe_loop(LOOP_MOST_S * 5)
     assert declared.allows(8) and not declared.allows(9)
     assert not InlineRows().allows(1)
