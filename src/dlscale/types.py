@@ -223,7 +223,9 @@ class ModelKind(enum.StrEnum):
     @property
     def streams(self) -> bool:
         """Whether a request gets its answers as a stream."""
-        return self in (ModelKind.STREAMS, ModelKind.GENERATIVE)
+        # Members are singletons: two identity tests, not a tuple of string comparisons (it is
+        # asked once per request).
+        return self is ModelKind.STREAMS or self is ModelKind.GENERATIVE
 
 
 @dataclass(frozen=True)

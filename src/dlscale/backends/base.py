@@ -85,6 +85,11 @@ class Capabilities:
     #: server. The backend bounds it so that no batch it takes inline holds the loop for more
     #: than ~0.1 ms; such an `infer` must not block on I/O.
     inline_rows: int = 0
+    #: Whether an Instance may also run its small batches on the event loop once it has
+    #: measured them cheap (serving/instance.py, `InlineRows`: under ~0.1 ms each, learnt and
+    #: unlearnt as they run). For a backend whose `infer` computes on the calling thread, keeps
+    #: no state tied to a thread and does not wait on another process (ONNX Runtime's session).
+    inline_measured: bool = False
     #: Whether `unload` may be called from another thread while a batch runs, and then stops
     #: that batch (the python backend kills its worker process): an Instance does so once the
     #: unload's grace is over, so that a hung model can be unloaded. Other backends' batches

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, cast
@@ -39,8 +40,8 @@ class Instance:
         #: Whether the backend takes a batch request by request (known once loaded): Triton's
         #: Python models see each request of a batch apart.
         self.takes_requests = False
-        #: Batches of at most this many rows run on the event loop (`Capabilities.inline_rows`).
-        self.inline_rows = 0
+        #: Which batches run on the event loop (known once loaded; `InlineRows`).
+        self.inline = InlineRows()
         #: Whether its backend's unload stops a running batch (known once loaded).
         self.stops_batches = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -60,7 +61,7 @@ class Instance:
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
-        self.inline_rows = max(0, capabilities.inline_rows)
+        self.inline = InlineRows(capabilities.inline_rows, capabilities.inline_measured)
         self.stops_batches = capabilities.stops_batches
         if self.slots > 1:
             old = self._executor
@@ -74,28 +75,33 @@ class Instance:
     ) -> dict[str, np.ndarray]:
         """Compute one batch (in `context`, when given: a traced request's, see `_within`).
 
-        A batch within the backend's `inline_rows` is computed here, on the event loop: the
-        thread hop would cost more than the compute. Its errors reach the caller as from the
-        thread, and the batcher times it the same way.
+        A batch the instance's `inline` allows is computed here, on the event loop: the thread
+        hop would cost more than the compute (`InlineRows`). Its errors reach the caller
+        as from the thread, and the batcher times it the same way.
         """
-        inline = self.inline_rows > 0 and _rows(inputs) <= self.inline_rows
-        if not tracing.on():
-            if inline:
-                return self.backend.infer(inputs)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, _within(context, self.backend.infer), inputs
-            )
-        _trace(tracing.BACKEND_IN, inputs)
-        if inline:
-            outputs = self.backend.infer(inputs)
+        traced = tracing.on()
+        if traced:
+            _trace(tracing.BACKEND_IN, inputs)
+        rows = _rows(inputs)
+        if self.inline.allows(rows):
+            start = time.perf_counter()
+            try:
+                outputs = self.backend.infer(inputs)
+            finally:
+                self.inline.observe_loop(time.perf_counter() - start)
         else:
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(
-                self._executor, _within(context, self.backend.infer), inputs
-            )
-        _trace(tracing.BACKEND_OUT, outputs)
+            call = _within(context, self.backend.infer)
+            outputs, wall, cpu = await loop.run_in_executor(self._executor, _timed, call, inputs)
+            self.inline.observe_thread(rows, wall, cpu)
+        if traced:
+            _trace(tracing.BACKEND_OUT, outputs)
         return outputs
+
+    @property
+    def inline_rows(self) -> int:
+        """The rows of the largest batch computed on the event loop now (0: none)."""
+        return self.inline.rows
 
     async def infer_requests(
         self,
@@ -130,6 +136,88 @@ class Instance:
         self._executor.shutdown(wait=False)
 
 
+#: What a batch may cost to run on the event loop (seconds), as its thread's CPU when measured
+#: in the thread: the order of the hop it saves, and of `Capabilities.inline_rows`' budget.
+BOUND_S = 100e-6
+#: The most its smoothed wall time on the loop may be: the same compute measured there costs
+#: more (a 7 us Identity takes 30-65 us in a busy server: caches the loop's other work evicted,
+#: the host preempting the loop's thread).
+LOOP_MEAN_S = 2 * BOUND_S
+#: The most wall time a batch cheap in the thread may take: the bound, and the wait for the GIL
+#: after the runtime's call (the interpreter's switch interval, 5 ms by default).
+THREAD_WALL_S = BOUND_S + 0.005
+#: The most one batch may hold the loop, twice in a row: a busy host preempts the loop's thread
+#: for hundreds of microseconds in one batch of twenty, but rarely for this long twice.
+LOOP_MOST_S = 1e-3
+#: The weight of each batch on the loop in the smoothed wall time (each counts at most
+#: LOOP_MOST_S, so that one preemption alone does not take the mean over the bound).
+SMOOTHING = 1 / 16
+#: Batches measured cheap in the thread before the first batch runs on the loop.
+FIRST_FAST = 8
+#: The most cheap batches asked for after repeated slow turns on the loop.
+MOST_FAST = 2**16
+#: Batches in a row over LOOP_MOST_S on the loop that send the batches back to the thread.
+SLOW_IN_A_ROW = 2
+#: Batches on the loop after which a turn back to the thread counts as the host's doing, not
+#: the model's: learnt again from `FIRST_FAST` cheap batches, not twice as many as last time.
+LONG_TURN = 1024
+
+
+class InlineRows:
+    """The rows of the largest batch an instance may compute on the event loop now.
+
+    The hop to the instance's thread and back costs a tiny model more than its compute (an ONNX
+    Identity over [32, 16] computes in ~7 us; the hop costs tens of microseconds of CPU and, on
+    a busy loop, up to the switch interval of waiting for the GIL). A backend that allows it
+    (`Capabilities.inline_measured`) has a batch run on the loop once `FIRST_FAST` batches of at
+    least its rows were cheap in the thread: the thread's CPU under `BOUND_S` (its wall time
+    includes the wait for the GIL), its wall time under `THREAD_WALL_S` (a model that waits
+    rather than computes stays out). On the loop, a smoothed wall time over `LOOP_MEAN_S`, or
+    two batches in a row over `LOOP_MOST_S`, send them back to the thread, to be learnt again from
+    twice as many when that came within `LONG_TURN` batches (docs/configuration.md, "Tiny
+    batches run on the event loop").
+    """
+
+    def __init__(self, declared: int = 0, measured: bool = False) -> None:
+        #: The backend's own bound (`Capabilities.inline_rows`): always kept.
+        self.declared = max(0, declared)
+        #: Whether the bound is learnt from measured batches too (`inline_measured`).
+        self.measured = measured
+        self.rows = self.declared
+        self._needed = FIRST_FAST
+        self._fast = 0  # thread batches measured cheap since the last turn back
+        self._largest = 0  # the rows of the largest of them
+        self._slow = 0  # batches in a row over LOOP_MOST_S on the loop
+        self._turn = 0  # batches on the loop since the last turn back
+        self._mean = 0.0  # their smoothed wall time
+
+    def allows(self, rows: int) -> bool:
+        """Whether a batch of `rows` runs on the event loop."""
+        return self.rows > 0 and rows <= self.rows
+
+    def observe_thread(self, rows: int, wall_s: float, cpu_s: float) -> None:
+        """A batch of `rows` took `wall_s` in the instance's thread, `cpu_s` of its CPU."""
+        if self.measured and cpu_s <= BOUND_S and wall_s <= THREAD_WALL_S:
+            self._fast += 1
+            self._largest = max(self._largest, rows)
+            if self._fast >= self._needed:
+                self.rows = max(self.declared, self._largest)
+
+    def observe_loop(self, wall_s: float) -> None:
+        """A batch took `wall_s` on the event loop."""
+        if not self.measured:
+            return
+        self._turn += 1
+        self._mean += (min(wall_s, LOOP_MOST_S) - self._mean) * SMOOTHING
+        self._slow = self._slow + 1 if wall_s > LOOP_MOST_S else 0
+        if self._slow >= SLOW_IN_A_ROW or self._mean > LOOP_MEAN_S:  # back to the thread
+            self.rows = self.declared
+            short = self._turn < LONG_TURN
+            self._needed = min(self._needed * 2, MOST_FAST) if short else FIRST_FAST
+            self._fast = self._largest = self._slow = self._turn = 0
+            self._mean = 0.0
+
+
 def _nothing() -> None:
     """A call that returns once the instance's thread has finished what came before it."""
 
@@ -137,6 +225,13 @@ def _nothing() -> None:
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:
     """A batch's rows: its inputs' longest first dimension (a scalar counts as one)."""
     return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
+
+
+def _timed(func: Callable[[T], R], arg: T) -> tuple[R, float, float]:
+    """`func(arg)`, the seconds it took and the seconds of CPU its thread spent on it."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    out = func(arg)
+    return out, time.perf_counter() - start, time.thread_time() - cpu
 
 
 def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:

@@ -52,6 +52,8 @@ def _refuse_names(model: str, expected: list[str], sent: list[str]) -> None:
 
 def check_schedule_parameters(params: Parameters) -> None:
     """`priority` and `timeout` are non-negative integers, whichever protocol carried them."""
+    if not params:  # most requests carry no parameters
+        return
     for key in ("priority", "timeout"):
         value = params.get(key)
         if value is None:

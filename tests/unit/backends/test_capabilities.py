@@ -16,7 +16,13 @@ def test_the_null_backend_takes_one_host_batch_at_a_time() -> None:
     backend = create_backend("null", Path("model.null"), BackendOptions(inputs=(X,), outputs=(X,)))
     backend.load()
     assert isinstance(backend, Backend)
-    assert backend.capabilities == Capabilities()
+    # Computing nothing, its batches may move to the event loop once measured cheap
+    # (`InlineRows`); with a delay standing in for a device's time, never.
+    assert backend.capabilities == Capabilities(inline_measured=True)
+    options = BackendOptions(inputs=(X,), outputs=(X,), extra={"delay_us": 50})
+    delayed = create_backend("null", Path("model.null"), options)
+    delayed.load()
+    assert delayed.capabilities == Capabilities()
 
 
 def test_onnxruntime_on_the_cpu_takes_host_arrays_one_batch_at_a_time(tmp_path: Path) -> None:

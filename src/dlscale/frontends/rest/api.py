@@ -321,28 +321,16 @@ class RestApi:
         model, version = args
         length = header_length(headers)
         most = self.limits.max_tensor_elements
+        large = len(body) > OFF_LOOP_BYTES
         if length == 0:
             spec, batched = await self.dataplane.single_input(model, version)
             request, fmt = await off_loop(
-                len(body) > OFF_LOOP_BYTES,
-                decode_raw_request,
-                body,
-                spec,
-                batched,
-                model,
-                version,
-                most,
+                large, decode_raw_request, body, spec, batched, model, version, most
             )
-        else:
-            request, fmt = await off_loop(
-                len(body) > OFF_LOOP_BYTES,
-                decode_request,
-                body,
-                length,
-                model,
-                version,
-                most,
-            )
+        elif large:
+            request, fmt = await off_loop(large, decode_request, body, length, model, version, most)
+        else:  # most bodies: decoded here, without a coroutine for `off_loop` per request
+            request, fmt = decode_request(body, length, model, version, most)
         request.traceparent = headers.get(TRACEPARENT, "")
         response = await self.dataplane.infer(request)
         encoded = encode_response(response, fmt)

@@ -80,6 +80,8 @@ class OpenAIApi:
     @staticmethod
     def serves(path: str) -> bool:
         """Whether `path` is this API's: under `/v1/`, or one of vLLM's at the root."""
+        if path.startswith("/v2/"):  # OIP's, asked twice per inference: no split of the path
+            return False
         return path.startswith("/v1/") or path.split("?", 1)[0] in ROOT_PATHS
 
     async def handle(
