@@ -72,6 +72,8 @@ class TenantQos:
     _waiter: tuple[asyncio.Future[Slot], DemandSource, str | None] | None = None
     _held: dict[Slot, _Held] = field(default_factory=dict)
     _left: bool = False
+    #: Called once it leaves its devices (a vLLM engine's lease task ends then).
+    departures: list[Callable[[], None]] = field(default_factory=list)
 
     def tenant_of(self, instance: str) -> Tenant:
         """The Tenant at the device of the instance named `instance`."""
@@ -149,3 +151,5 @@ class TenantQos:
         for device, tenant in self.tenants.items():
             self.gates[device].leave(tenant.name)
         self.dispatcher.dispatch()
+        for departure in self.departures:
+            departure()
