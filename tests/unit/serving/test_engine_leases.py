@@ -92,7 +92,9 @@ def test_no_batch_runs_during_a_step_and_the_protected_model_waits_at_most_one_s
         loop = asyncio.get_running_loop()
         gates = DeviceGates(clock=loop.time)
         engine, lease, pool = _leased(gates)  # best effort: the neighbor's [qos] turns it on
-        guarded, device = _model(gates, "protected", 1, lambda _: 0.004, latency_objective_us=20_000)
+        guarded, device = _model(
+            gates, "protected", 1, lambda _: 0.004, latency_objective_us=20_000
+        )
         lease.tell(SEQUENCES)
         engine.hold(SEQUENCES)
 
