@@ -8,13 +8,14 @@ it can stop its scheduler between two steps and start it again (`PausableBackend
 engine steps only while it holds a **lease**: a slot of the model's pool, granted by the same
 scheduler as the classic models' batches, asked for while sequences are in the engine (its rows:
 those sequences; its head: when it asked). Granted, the engine resumes and steps as it likes;
-the lease ends when another tenant of the device waits for the slot (checked every CHECK_S) or
-the engine has no sequence left: the engine is paused (which answers once its step in flight
-has ended) and the slot goes back with the lease's time, charged against the engine's weight.
+the lease ends when another tenant of the device waits for the slot (the gate tells the lease
+at once: `DeviceGate.yielders`) or the engine has no sequence left: the engine is paused (which
+answers once its step in flight has ended) and the slot goes back with the lease's time,
+charged against the engine's weight.
 
 What this gives: fair share counts the engine's real device time, lease by lease; a classic
-model's batch waits for at most one check, the engine's step in flight and the pause's round
-trip, not for whole sequences; a vLLM sequence never runs while a classic batch holds the slot.
+model's batch waits for at most the engine's step in flight and the pause's round trip, not
+for whole sequences; a vLLM sequence never runs while a classic batch holds the slot.
 As with steps, the next lease is asked before the last one goes back (`previous` in
 steps.py), or every waiting batch of a neighbor would go between two leases whatever the
 weights. While no tenant of the device has [qos] the engine is never paused.
@@ -23,6 +24,7 @@ weights. While no tenant of the device has [qos] the engine is never paused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -39,10 +41,8 @@ from dlscale.serving.slots import Demand, Slot
 
 log = logging.getLogger("dlscale.models")
 
-#: Seconds between a lease's checks for another tenant waiting for the device: what a classic
-#: batch may wait beyond the engine's step in flight and the pause.
-CHECK_S = 0.005
-#: Seconds between checks, while no tenant of the device has [qos], that one has come.
+#: Seconds between checks that the device's scheduler is still on (while no tenant there has
+#: [qos], the engine is never paused; checked as often while none has come).
 IDLE_S = 0.1
 
 
@@ -67,6 +67,9 @@ class EngineLease:
         self.sequences = 0  # in the engine now (its seats say)
         self.paused = False
         self._busy = asyncio.Event()
+        #: Set when the lease may have to end: another tenant asks (the gate tells it), or
+        #: the last sequence left.
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: Gives the last lease's slot back: kept until the next lease is asked for.
         self._held: Callable[[], None] | None = None
@@ -83,15 +86,22 @@ class EngineLease:
             self._busy.set()
         else:
             self._busy.clear()
+            self._wake.set()  # a lease with nothing left to step ends
 
     def start(self) -> None:
         """Run the leases (on the event loop) until `stop`."""
+        self.pool.gates[self.device].yielders[self._tenant] = self._wake.set
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:
         """The model left its devices: no lease any more (its engine closes next)."""
+        self.pool.gates[self.device].yielders.pop(self._tenant, None)
         if self._task is not None:
             self._task.cancel()
+
+    @property
+    def _tenant(self) -> str:
+        return self.pool.tenants[self.device].name
 
     async def _run(self) -> None:
         try:
@@ -131,8 +141,7 @@ class EngineLease:
         granted, rows = clock(), max(1, self.sequences)
         try:
             await self._pause(False)
-            while self.sequences and self.active and not self._others_wait():
-                await asyncio.sleep(CHECK_S)
+            await self._until_contested()
             await self._pause(True)
         except BaseException:
             slot.done(rows, [granted - asked], False)
@@ -140,10 +149,20 @@ class EngineLease:
         # The wait for the lease is what it added to its sequences' time between two tokens.
         return functools.partial(slot.done, rows, [granted - asked], False)
 
+    async def _until_contested(self) -> None:
+        """Return once another tenant waits for the device, no sequence is left, or nobody
+        there has [qos] any more (the gate and `tell` wake it; the last is checked every
+        IDLE_S)."""
+        while True:
+            self._wake.clear()
+            if not (self.sequences and self.active) or self._others_wait():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), IDLE_S)
+
     def _others_wait(self) -> bool:
-        own = self.pool.tenants[self.device].name
         tenants = self.pool.gates[self.device].scheduler.tenants
-        return any(t.waiting is not None for name, t in tenants.items() if name != own)
+        return any(t.waiting is not None for name, t in tenants.items() if name != self._tenant)
 
     async def _pause(self, paused: bool) -> None:
         if paused != self.paused:

@@ -28,6 +28,9 @@ class Gate(Protocol):
     that the gate, which holds the pools, and the pools do not import each other."""
 
     scheduler: DeviceScheduler
+    #: Tenants that give their slot back when another waits for it (a vLLM engine's lease),
+    #: by name: each is told when a dispatch finds every slot taken and another tenant asking.
+    yielders: dict[str, Callable[[], None]]
 
     def leave(self, name: str) -> None:
         """The tenant called `name` leaves this device."""
