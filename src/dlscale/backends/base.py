@@ -99,6 +99,11 @@ class Capabilities:
     #: (backends/generative/contract.py, `PacedBackend`): with [qos] on its device, each engine
     #: step then takes a slot of the device's scheduler, as a classic model's batch does.
     paces_steps: bool = False
+    #: Whether it is a generative engine whose steps run outside the server but which pauses
+    #: between two steps when asked (backends/generative/contract.py, `PausableBackend`: vLLM's
+    #: engine core): with [qos] on its device, it steps only while it holds a lease of the
+    #: device's slot (serving/qos/leases.py).
+    pauses_steps: bool = False
 
 
 @runtime_checkable

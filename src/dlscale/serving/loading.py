@@ -20,6 +20,7 @@ from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.pipeline import Lookup, Pipeline
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
+from dlscale.serving.qos.leases import lease_engines
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.qos.steps import pace_engines
 from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
@@ -80,15 +81,28 @@ class Loader:
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
                 # Its engine's steps take the device's slots, beside the batchers' batches.
+                name = f"{mv.name}/{mv.version}"
                 qos = pace_engines(
                     self.gates,
-                    f"{mv.name}/{mv.version}",
+                    name,
                     config,
                     placements,
                     instances,
                     rows=seats.capacity,
                     admission=seats.queue.admission,
                 )
+                # vLLM's steps run in its own process: it leases the device between pauses.
+                leases = lease_engines(
+                    self.gates,
+                    name,
+                    config,
+                    placements,
+                    instances,
+                    rows=seats.capacity,
+                    admission=seats.queue.admission,
+                )
+                if leases is not None:
+                    qos, seats.watch = leases.pool, leases.tell
                 runner = StreamRunner(seats)
                 return ServedVersion(
                     mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called

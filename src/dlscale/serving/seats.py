@@ -73,6 +73,9 @@ class Seats:
         self._arrivals = itertools.count()
         #: The tasks of the streams in flight or waiting (cancelled at the shutdown's cut).
         self.tasks: set[asyncio.Task[Any]] = set()
+        #: Told an instance's sequences in flight whenever they change, before a new one
+        #: reaches its engine (a vLLM engine's leases of the device: serving/qos/leases.py).
+        self.watch: Callable[[Instance, int], None] | None = None
 
     @classmethod
     def of(
@@ -139,13 +142,20 @@ class Seats:
         """The instance with the fewest sequences in flight."""
         index = min(range(len(self._load)), key=self._load.__getitem__)
         self._load[index] += 1
+        self._tell(index)
         return self.instances[index]
 
     def leave(self, instance: Instance) -> None:
         """A sequence ended (finished, failed, or its client left): its seat goes to the next."""
-        self._load[self.instances.index(instance)] -= 1
+        index = self.instances.index(instance)
+        self._load[index] -= 1
+        self._tell(index)
         self._free()
         self.queue.done()
+
+    def _tell(self, index: int) -> None:
+        if self.watch is not None:
+            self.watch(self.instances[index], self._load[index])
 
     def _free(self) -> None:
         self.running -= 1

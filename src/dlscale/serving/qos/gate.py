@@ -27,6 +27,8 @@ class DeviceGate:
         self.device = device
         self.scheduler = DeviceScheduler(slots)
         self.pools: dict[str, TenantQos] = {}  # by tenant name
+        #: Told when another tenant waits while the slots are taken (slots.py: Gate).
+        self.yielders: dict[str, Callable[[], None]] = {}
 
     @property
     def active(self) -> bool:
@@ -42,6 +44,7 @@ class DeviceGate:
         """A model version is gone (its batches have finished)."""
         self.scheduler.leave(name)
         self.pools.pop(name, None)
+        self.yielders.pop(name, None)
 
     def dispatch(self, now: float) -> None:
         """Grant the free slots to the waiting pools, by the scheduler's rule."""
@@ -55,8 +58,16 @@ class DeviceGate:
                 continue
             grant = self.scheduler.decide(now)
             if grant is None:
+                self._contest(asking)
                 return
             self.pools[grant.tenant].hand(self.device, grant, now)
+
+    def _contest(self, asking: list[str]) -> None:
+        """Every slot is taken and `asking` wait: a holder that yields on request is told."""
+        for name, tell in list(self.yielders.items()):
+            holder = self.scheduler.tenants.get(name)
+            if holder is not None and holder.running and any(n != name for n in asking):
+                tell()
 
     def _refresh(self, now: float) -> list[str]:
         """Tell the scheduler which tenants wait now, with the batch each would send."""

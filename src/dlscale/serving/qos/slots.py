@@ -28,6 +28,9 @@ class Gate(Protocol):
     that the gate, which holds the pools, and the pools do not import each other."""
 
     scheduler: DeviceScheduler
+    #: Tenants that give their slot back when another waits for it (a vLLM engine's lease),
+    #: by name: each is told when a dispatch finds every slot taken and another tenant asking.
+    yielders: dict[str, Callable[[], None]]
 
     def leave(self, name: str) -> None:
         """The tenant called `name` leaves this device."""
@@ -72,6 +75,8 @@ class TenantQos:
     _waiter: tuple[asyncio.Future[Slot], DemandSource, str | None] | None = None
     _held: dict[Slot, _Held] = field(default_factory=dict)
     _left: bool = False
+    #: Called once it leaves its devices (a vLLM engine's lease task ends then).
+    departures: list[Callable[[], None]] = field(default_factory=list)
 
     def tenant_of(self, instance: str) -> Tenant:
         """The Tenant at the device of the instance named `instance`."""
@@ -149,3 +154,5 @@ class TenantQos:
         for device, tenant in self.tenants.items():
             self.gates[device].leave(tenant.name)
         self.dispatcher.dispatch()
+        for departure in self.departures:
+            departure()
