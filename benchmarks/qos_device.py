@@ -111,7 +111,9 @@ async def _phase(server: Server, rate: float, duration: float, flood: bool, guar
 
 
 async def _serve(root: Path, qos: bool) -> Server:
-    settings = ServerSettings(root, http_port=None, grpc_port=None, metrics_port=None, qos=qos)
+    settings = ServerSettings.build(
+        root, http_port=None, grpc_port=None, metrics_port=None, qos=qos
+    )
     server = Server(settings)
     await server.start()
     await server.wait_loaded()
