@@ -20,6 +20,9 @@ What the router promises (docs/scale.md):
   same as UNAVAILABLE.
 - The sockets are bound here and handed to HAProxy by descriptor, so port 0 works and the
   ports are known before HAProxy starts.
+- Each client address holds at most the fleet's --max-connections-per-peer connections per
+  protocol, counted here (the replicas see only HAProxy's address); a replica is sent at most
+  its --max-connections less room for checks, the rest wait here (scale/connections.py).
 """
 
 from __future__ import annotations
@@ -385,9 +388,10 @@ def _capped(backend: list[str], rules: ConnectionRules) -> list[str]:
 
 def _client_cap(proto: str, rules: ConnectionRules, ipv6: bool) -> list[str]:
     """A frontend's per-client rule: each source address's open connections are counted
-    (configuration.txt 4.2 "stick-table", 11.1 "tcp-request connection track-sc0", 7.3.3
+    (HAProxy 2.6's configuration.txt: 4.2 "stick-table" and "tcp-request connection", 7.3.3
     "sc0_conn_cur"), and one past the cap is refused: a REST client's request gets the one
-    server's 503 JSON (its connection is then closed), a gRPC connection is closed at once."""
+    server's 503 JSON (4.2 "http-request deny"; its connection is then closed), a gRPC
+    connection is closed at once."""
     cap = rules.per_client
     if not cap:
         return []
