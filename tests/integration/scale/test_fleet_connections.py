@@ -12,7 +12,6 @@ fleet's TMPDIR.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +30,15 @@ import tritonclient.grpc as tg
 from tests.toolkit.models import write_null_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import free_port
+from tests.toolkit.sources import (
+    H2_HELLO,
+    LIVE,
+    answer_then_eof,
+    client,
+    closed_at_once,
+    flood,
+    held,
+)
 from tests.toolkit.waiting import until
 
 from dlscale.frontends.limits import Limits
@@ -115,116 +122,48 @@ def _ready(fleet: Fleet) -> bool:
         return False
 
 
+def _infer_url(fleet: Fleet) -> str:
+    return f"http://{HOST}:{fleet.http}/v2/models/{MODEL}/infer"
+
+
 def _body(value: float) -> dict[str, object]:
     data = [value] * WIDTH
     return {"inputs": [{"name": "x", "shape": [1, WIDTH], "datatype": "FP32", "data": data}]}
 
 
-def _client(source: str, connections: int = 1) -> httpx.Client:
-    transport = httpx.HTTPTransport(local_address=source)
-    limits = httpx.Limits(max_connections=connections)
-    return httpx.Client(transport=transport, limits=limits, timeout=120)
-
-
-@contextmanager
-def held(port: int, source: str, count: int, hello: bytes) -> Iterator[list[socket.socket]]:
-    """`count` connections from `source`, each open and answered once (so the router has
-    accepted and counted it), held until the block ends."""
-    with ExitStack() as stack:
-        socks = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket())
-            sock.settimeout(60)
-            sock.bind((source, 0))
-            sock.connect((HOST, port))
-            sock.sendall(hello)
-            assert sock.recv(65536), "the router closed a connection within the cap"
-            socks.append(sock)
-        yield socks
-
-
-def _answer_then_eof(source: str, port: int) -> bytes:
-    """What the router writes on one new connection from `source` to a request, up to its
-    close (a refused connection is closed after its answer, not kept alive)."""
-    with socket.socket() as sock:
-        sock.settimeout(60)
-        sock.bind((source, 0))
-        sock.connect((HOST, port))
-        sock.sendall(LIVE)
-        return b"".join(iter(lambda: sock.recv(65536), b""))
-
-
-LIVE = b"GET /v2/health/live HTTP/1.1\r\nhost: fleet\r\n\r\n"
-#: HTTP/2's connection preface and an empty SETTINGS frame: HAProxy answers with its SETTINGS.
-H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-
-
 def test_one_client_past_the_cap_gets_503_while_another_is_served(fleet: Fleet) -> None:
-    url = f"http://{HOST}:{fleet.http}/v2/models/{MODEL}/infer"
+    url = _infer_url(fleet)
     with held(fleet.http, "127.0.0.3", CAP, LIVE):
-        with _client("127.0.0.3") as flooder:
+        with client("127.0.0.3") as flooder:
             refused = flooder.post(url, json=_body(1.0))
         assert refused.status_code == 503, refused.text
         assert refused.headers["retry-after"] == "1"
         error = refused.json()["error"]  # the one server's shape: {"error": "..."}
         assert f"127.0.0.3) holds its maximum of {CAP} connections" in error, error
-        assert _answer_then_eof("127.0.0.3", fleet.http).startswith(b"HTTP/1.1 503")
-        with _client("127.0.0.2") as other:
+        assert answer_then_eof("127.0.0.3", fleet.http).startswith(b"HTTP/1.1 503")
+        with client("127.0.0.2") as other:
             served = other.post(url, json=_body(2.0))
         assert served.status_code == 200, served.text
         assert served.json()["outputs"][0]["data"] == [2.0] * WIDTH
     # its connections closed, the first client is served again
-    with _client("127.0.0.3") as flooder:
+    with client("127.0.0.3") as flooder:
         assert flooder.post(url, json=_body(3.0)).status_code == 200
 
 
 def test_one_grpc_client_past_the_cap_is_closed_while_another_is_served(fleet: Fleet) -> None:
     with held(fleet.grpc, "127.0.0.4", CAP, H2_HELLO):
-        with socket.socket() as extra:
-            extra.settimeout(60)
-            extra.bind(("127.0.0.4", 0))
-            try:  # the router's close may reach the client as early as its connect
-                extra.connect((HOST, fleet.grpc))
-                extra.sendall(H2_HELLO)
-                answer = extra.recv(65536)
-            except (ConnectionResetError, BrokenPipeError):
-                answer = b""
-            assert answer == b"", "the router served a connection past the cap"
-        client = tg.InferenceServerClient(f"{HOST}:{fleet.grpc}")  # from 127.0.0.1
+        assert closed_at_once("127.0.0.4", fleet.grpc), "served past the cap"
+        grpc = tg.InferenceServerClient(f"{HOST}:{fleet.grpc}")  # from 127.0.0.1
         tensor = tg.InferInput("x", [1, WIDTH], "FP32")
         tensor.set_data_from_numpy(np.full((1, WIDTH), 5.0, np.float32))
-        rows = client.infer(MODEL, [tensor], client_timeout=120).as_numpy("y")
+        rows = grpc.infer(MODEL, [tensor], client_timeout=120).as_numpy("y")
         assert rows is not None and rows.tolist() == [[5.0] * WIDTH]
-        client.close()
-
-
-async def _flood(port: int, sources: int = SOURCES, per_source: int = PER_SOURCE) -> list[int]:
-    """`per_source` requests at once from each of `sources` addresses (127.0.0.10..); their
-    statuses."""
-    url = f"http://{HOST}:{port}/v2/models/{MODEL}/infer"
-
-    async def one(client: httpx.AsyncClient, i: int) -> int:
-        return (await client.post(url, json=_body(float(i)))).status_code
-
-    clients = [
-        httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(local_address=f"127.0.0.{10 + s}"),
-            limits=httpx.Limits(max_connections=per_source),
-            timeout=120,
-        )
-        for s in range(sources)
-    ]
-    try:
-        calls = [one(c, i) for c in clients for i in range(per_source)]
-        return list(await asyncio.gather(*calls))
-    finally:
-        for client in clients:
-            await client.aclose()
+        grpc.close()
 
 
 def test_more_than_256_connections_from_several_sources_are_all_served(fleet: Fleet) -> None:
     # Before, the replica saw them all from the router's address and refused past 256 (503).
-    statuses = asyncio.run(_flood(fleet.http))
+    statuses = flood(_infer_url(fleet), _body(1.0), SOURCES, PER_SOURCE)
     assert len(statuses) == SOURCES * PER_SOURCE > CAP
     assert statuses == [200] * len(statuses), sorted(set(statuses))
 
@@ -245,7 +184,9 @@ def test_a_flooded_replica_stays_up_in_the_router(fleet: Fleet) -> None:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        statuses = [s for _ in range(2) for s in asyncio.run(_flood(fleet.http))]
+        statuses = [
+            s for _ in range(2) for s in flood(_infer_url(fleet), _body(1.0), SOURCES, PER_SOURCE)
+        ]
     finally:
         stop.set()
         watcher.join(60)
