@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +78,8 @@ class Fleet:
     grpc: int
     tmp: Path
 
-    def stats(self) -> list[dict[str, str]]:
-        """HAProxy's `show stat` rows of the REST backend's live slots."""
+    def rows(self) -> list[dict[str, str]]:
+        """HAProxy's `show stat` rows of the REST backend, its own and its servers'."""
         (admin,) = self.tmp.glob("dlscale-router-*/admin.sock")
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(30)
@@ -88,22 +89,22 @@ class Fleet:
         rows = text.splitlines()
         header = rows[0].lstrip("# ").split(",")
         found = [dict(zip(header, row.split(","), strict=False)) for row in rows[1:] if row]
-        return [
-            r
-            for r in found
-            if r["pxname"] == "rest" and r["svname"].startswith("r") and r["status"] != "MAINT"
-        ]
+        return [r for r in found if r["pxname"] == "rest"]
+
+    def stats(self) -> list[dict[str, str]]:
+        """The rows of the REST backend's live slots."""
+        return [r for r in self.rows() if r["svname"].startswith("r") and r["status"] != "MAINT"]
 
 
-@pytest.fixture(scope="module")
-def fleet(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """One worker behind the router, the default caps."""
-    tmp = tmp_path_factory.mktemp("fleet_tmp")
+@contextmanager
+def running(repo: Path, tmp: Path, *flags: str) -> Iterator[Fleet]:
+    """`dlscale serve REPO --device-workers 1 FLAGS` on free ports, ready through its router;
+    its temporary files (HAProxy's runtime socket among them) under `tmp`."""
     http, grpc = free_port(), free_port()
     argv = [
         sys.executable, "-m", "dlscale", "serve", str(repo), "--device-workers", "1",
         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", "-1",
-        "--log-level", "warning",
+        "--log-level", "warning", *flags,
     ]  # fmt: skip
     started = Fleet(subprocess.Popen(argv, env={**os.environ, "TMPDIR": str(tmp)}), http, grpc, tmp)
     try:
@@ -112,6 +113,13 @@ def fleet(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flee
     finally:
         started.process.terminate()
         started.process.wait(60)
+
+
+@pytest.fixture(scope="module")
+def fleet(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One worker behind the router, the default caps."""
+    with running(repo, tmp_path_factory.mktemp("fleet_tmp")) as started:
+        yield started
 
 
 def _ready(fleet: Fleet) -> bool:
@@ -196,3 +204,14 @@ def test_a_flooded_replica_stays_up_in_the_router(fleet: Fleet) -> None:
     assert [r["chkdown"] for r in after] == [r["chkdown"] for r in before]
     assert json.dumps([r["check_status"] for r in after]) == '["L7OK"]'
     assert statuses == [200] * len(statuses), sorted(set(statuses))
+
+
+def test_requests_past_a_replicas_share_wait_in_the_router(repo: Path, tmp_path: Path) -> None:
+    # Its own fleet: a worker holding 40 connections is sent 24 requests at once (16 kept for
+    # checks); the 60 of this flood wait in HAProxy's queue for their turn. Before, HAProxy
+    # sent all 60 and the worker answered 503 past its 40.
+    with running(repo, tmp_path, "--max-connections", "40") as small:
+        statuses = flood(_infer_url(small), _body(1.0), sources=2, per_source=30)
+        assert statuses == [200] * 60, sorted(set(statuses))
+        assert max(int(r["qmax"] or 0) for r in small.rows()) > 0  # some did wait
+        assert max(int(r["smax"] or 0) for r in small.stats()) <= 40 - 16
