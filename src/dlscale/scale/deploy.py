@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.scale.autoscale import autoscaling_config
+from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.placement import Placement
 from dlscale.scale.prefix import Routing, routes_of
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
@@ -72,6 +73,7 @@ def start_router(settings: ScaleSettings) -> tuple[Any, dict[str, int]]:
             settings.grpc_port,
             settings.metrics_port,
             routing,
+            ConnectionRules.of(settings.server),
         )
     )
     try:

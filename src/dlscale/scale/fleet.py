@@ -25,6 +25,7 @@ from ray import serve
 
 from dlscale.scale import autoscale, control
 from dlscale.scale.child import Endpoint, ServerChild
+from dlscale.scale.connections import behind_router
 from dlscale.scale.control import Entry
 from dlscale.scale.registry import HEARTBEAT_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
@@ -47,7 +48,8 @@ class FleetReplica:
         self.key = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
         host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        self.child = ServerChild(settings.replace(host=host))
+        # The router holds each client to the per-peer cap; here it is the one peer.
+        self.child = ServerChild(behind_router(settings).replace(host=host))
         self.repository = settings.repository
         self._stopping = threading.Event()
         self._leaving = asyncio.Event()

@@ -20,6 +20,9 @@ What the router promises (docs/scale.md):
   same as UNAVAILABLE.
 - The sockets are bound here and handed to HAProxy by descriptor, so port 0 works and the
   ports are known before HAProxy starts.
+- Each client address holds at most the fleet's --max-connections-per-peer connections per
+  protocol, counted here (the replicas see only HAProxy's address); a replica is sent at most
+  its --max-connections less room for checks, the rest wait here (scale/connections.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
 from dlscale.native import die_with_parent
 from dlscale.scale import prefix
+from dlscale.scale.connections import QUEUE_TIMEOUT_S, TABLE_SIZE, ConnectionRules
 from dlscale.scale.prefix import HASHED, Routing
 from dlscale.scale.weights import MAX_WEIGHT
 from dlscale.server_settings import DEFAULT_BALANCE_FACTOR
@@ -105,8 +109,11 @@ class HaproxyRouter:
         grpc_port: int | None,
         control: Control | None = None,
         routing: Routing | None = None,
+        rules: ConnectionRules | None = None,
     ) -> None:
         self.host = host
+        #: The per-client cap and each replica's share (scale/connections.py).
+        self.rules = rules or ConnectionRules()
         #: Where the repository API's load and unload go instead of a replica (None: a replica).
         self.control = control
         #: Which models' generative requests are hashed, and the bound (scale/prefix.py).
@@ -137,7 +144,16 @@ class HaproxyRouter:
         fds = {p: s.fileno() for p, s in self._sockets.items()}
         config = self.workdir / "haproxy.cfg"
         prefix.write_map(self._map_path, self.routing.routes)
-        config.write_text(render(fds, self.workdir, self.control, self.routing.balance_factor))
+        config.write_text(
+            render(
+                fds,
+                self.workdir,
+                self.control,
+                self.routing.balance_factor,
+                self.rules,
+                ipv6=":" in self.host,
+            )
+        )
         _write_errors(self.workdir)
         self._process = subprocess.Popen(
             [binary, "-db", "-f", str(config)],
@@ -303,10 +319,14 @@ def render(
     workdir: Path,
     control: Control | None = None,
     balance_factor: int = DEFAULT_BALANCE_FACTOR,
+    rules: ConnectionRules | None = None,
+    *,
+    ipv6: bool = False,
 ) -> str:
     """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each,
     the REST frontend's hashed backend (scale/prefix.py), and the control backend where one is
     given."""
+    rules = rules or ConnectionRules()
     lines = [
         "global",
         f"  stats socket {workdir / 'admin.sock'} mode 600 level admin",
@@ -322,6 +342,11 @@ def render(
         "  timeout client 1h",
         "  timeout server 1h",
         "  timeout http-keep-alive 60s",
+        # A request head that does not come is not waited for an hour (a refused connection
+        # holds its 503 until the client asks): the replicas' own head timeout.
+        f"  timeout http-request {rules.head_timeout_s:g}s",
+        # A request waits here while every replica has its `maxconn` (scale/connections.py).
+        f"  timeout queue {QUEUE_TIMEOUT_S:g}s",
         "  option http-keep-alive",
         "  retries 2",
         "  option redispatch 1",
@@ -331,7 +356,7 @@ def render(
     ]
     for proto, fd in fds.items():
         bind = f"fd@{fd}" + (" proto h2" if proto == GRPC else "")
-        lines += [f"frontend {proto}", f"  bind {bind}"]
+        lines += [f"frontend {proto}", f"  bind {bind}", *_client_cap(proto, rules, ipv6)]
         if proto == REST:  # its http-request rules come before any use_backend
             lines += prefix.frontend_rules(routes_map(workdir))
         lines += _control_rules(proto, control)
@@ -344,14 +369,51 @@ def render(
         "  option httpchk GET /v2/health/ready",
         "  http-check expect status 200",
         f"  default-server check inter {CHECK_INTER_MS} fall 2 rise 1 "
-        "observe layer4 error-limit 1 on-error mark-down",
+        f"observe layer4 error-limit 1 on-error mark-down maxconn {rules.per_replica}",
         f"  server-template r 1-{SLOTS} 127.0.0.1:9 disabled",
         f"backend {GRPC}",
         *_BALANCE,
+        f"  default-server maxconn {rules.per_replica}",
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in _slots()),
-        *prefix.backend(balance_factor, _slots(), REST),
+        *_capped(prefix.backend(balance_factor, _slots(), REST), rules),
     ]
     return "\n".join(lines + _control_backends(control)) + "\n"
+
+
+def _capped(backend: list[str], rules: ConnectionRules) -> list[str]:
+    """The hashed backend with each server's `maxconn` (its `default-server` line right after
+    the backend's own line, before any server)."""
+    return [backend[0], f"  default-server maxconn {rules.per_replica}", *backend[1:]]
+
+
+def _client_cap(proto: str, rules: ConnectionRules, ipv6: bool) -> list[str]:
+    """A frontend's per-client rule: each source address's open connections are counted
+    (HAProxy 2.6's configuration.txt: 4.2 "stick-table" and "tcp-request connection", 7.3.3
+    "sc0_conn_cur"), and one past the cap is refused: a REST client's request gets the one
+    server's 503 JSON (4.2 "http-request deny"; its connection is then closed), a gRPC
+    connection is closed at once."""
+    cap = rules.per_client
+    if not cap:
+        return []
+    lines = [
+        f"  stick-table type {'ipv6' if ipv6 else 'ip'} size {TABLE_SIZE} expire 60s "
+        "store conn_cur",
+        "  tcp-request connection track-sc0 src",
+    ]
+    over = f"{{ sc0_conn_cur gt {cap} }}"
+    if proto == GRPC:  # an HTTP/2 refusal would be per call; the connection is what is capped
+        return [*lines, f"  tcp-request connection reject if {over}"]
+    why = (
+        f"this client (%[src]) holds its maximum of {cap} connections "
+        "(max_connections_per_peer, at the fleet router); reuse or close one; try again later"
+    )
+    return [
+        *lines,
+        # Before every other rule: a refused request goes nowhere. Single quotes: HAProxy reads
+        # `$` in double quotes as an environment variable, and the JSON holds double quotes.
+        f"  http-request deny status 503 content-type application/json lf-string "
+        f'\'{{"error": "{why}"}}\' hdr retry-after 1 hdr connection close if {over}',
+    ]
 
 
 def _max_connections() -> int:

@@ -29,6 +29,7 @@ from prometheus_client.samples import Sample
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.api_key import METRICS
 from dlscale.scale.child import Endpoint, ServerChild
+from dlscale.scale.connections import ConnectionRules, behind_router
 from dlscale.scale.devices import Device, Host, devices_for
 from dlscale.scale.haproxy import HaproxyRouter, Member
 from dlscale.scale.prefix import Routing, routes_of
@@ -74,13 +75,14 @@ def refuse_unshared(settings: ServerSettings) -> None:
 
 
 def worker_settings(settings: ServerSettings, device: Device) -> ServerSettings:
-    """A worker's settings: the user's, on loopback port 0 (its own metrics port too), and a
-    trace file of its own; --http-workers carries over (each worker has its REST processes)."""
+    """A worker's settings: the user's, on loopback port 0 (its own metrics port too), a trace
+    file of its own, and no per-peer cap (the router holds each client to it,
+    scale/connections.py); --http-workers carries over (each worker has its REST processes)."""
     network, seen = settings.network, settings.observation
     trace = seen.trace_file
     if trace is not None:  # two processes appending JSON to one file would interleave it
         trace = trace.with_name(f"{trace.stem}.{device.name}{trace.suffix}")
-    return settings.replace(
+    return behind_router(settings).replace(
         host=LOOPBACK,
         http_port=0,
         grpc_port=None if network.grpc_port is None else 0,
@@ -128,7 +130,11 @@ class LocalFleet:
         ]
         network = settings.network
         self.router = HaproxyRouter(
-            network.host, network.http_port or 0, network.grpc_port, routing=Routing.of(settings)
+            network.host,
+            network.http_port or 0,
+            network.grpc_port,
+            routing=Routing.of(settings),
+            rules=ConnectionRules.of(settings),
         )
         self.metrics: MetricsServer | None = None
         self._lock = threading.Lock()

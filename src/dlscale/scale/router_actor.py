@@ -36,6 +36,7 @@ from starlette.routing import Route
 from dlscale.errors import DlscaleError
 from dlscale.scale import control
 from dlscale.scale.child import Endpoint
+from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.control import Answer, ControlLog, Entry
 from dlscale.scale.haproxy import Control, HaproxyRouter
 from dlscale.scale.metrics import fleet_metrics
@@ -62,6 +63,7 @@ class FleetRouter:
         grpc_port: int | None,
         metrics_port: int | None,
         routing: Routing | None = None,
+        rules: ConnectionRules | None = None,
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.log = ControlLog()
@@ -71,6 +73,7 @@ class FleetRouter:
         self._servers = _Servers(self, host, metrics_port, grpc_port is not None)
         self._error: BaseException | None = None
         self._routing = routing
+        self._rules = rules
         started = threading.Event()
         asked = (http_port, grpc_port)
         threading.Thread(target=self._run, args=(started, asked), daemon=True).start()
@@ -87,7 +90,7 @@ class FleetRouter:
         try:
             self._loop.run_until_complete(self._servers.start())
             where = Control(LOOPBACK, *self._servers.control_ports)
-            self.haproxy = HaproxyRouter(self.host, *asked, where, self._routing)
+            self.haproxy = HaproxyRouter(self.host, *asked, where, self._routing, self._rules)
             self.haproxy.start()
             self.registry = Registry(self.haproxy)
         except BaseException as exc:  # said to __init__, which raises it
