@@ -2,7 +2,7 @@
 
 HAProxy sends the repository API's load and unload (REST `/v2/repository/models/NAME/load`,
 gRPC `RepositoryModelLoad`/`RepositoryModelUnload`) here instead of to one replica
-(haproxy.Control). Each is recorded first (the latest per model, in order: the wanted set),
+(haproxy_config.Control). Each is recorded first (the latest per model, in order: the wanted set),
 then sent as it came to every replica that joined; the client gets the first refusal, or the
 first answer when all accepted. A replica that starts later replays the recorded requests on
 its own child before it takes requests (scale/fleet.py), so every replica serves the same

@@ -38,7 +38,8 @@ from dlscale.scale import control
 from dlscale.scale.child import Endpoint
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.control import Answer, ControlLog, Entry
-from dlscale.scale.haproxy import Control, HaproxyRouter
+from dlscale.scale.haproxy import HaproxyRouter
+from dlscale.scale.haproxy_config import Control
 from dlscale.scale.metrics import fleet_metrics
 from dlscale.scale.prefix import Routing
 from dlscale.scale.registry import HEARTBEAT_S, Registry

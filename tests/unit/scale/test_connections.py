@@ -13,7 +13,7 @@ import pytest
 from dlscale.cli import parse
 from dlscale.scale.connections import CHECK_ROOM, ConnectionRules, behind_router
 from dlscale.scale.devices import Device
-from dlscale.scale.haproxy import Control, _write_errors, render, routes_map
+from dlscale.scale.haproxy_config import Control, render, routes_map, write_errors
 from dlscale.scale.local_fleet import worker_settings
 from dlscale.server import settings_from
 
@@ -45,7 +45,7 @@ def test_a_small_replica_keeps_half_its_connections_for_checks() -> None:
 
 
 def _config(tmp_path: Path, rules: ConnectionRules, ipv6: bool) -> str:
-    _write_errors(tmp_path)
+    write_errors(tmp_path)
     routes_map(tmp_path).write_text("")
     socks = []
     for _ in range(2):

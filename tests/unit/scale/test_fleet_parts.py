@@ -12,7 +12,7 @@ import pytest
 
 from dlscale.scale.child import Endpoint
 from dlscale.scale.control import ControlLog
-from dlscale.scale.haproxy import Control, _write_errors, render, routes_map
+from dlscale.scale.haproxy_config import Control, render, routes_map, write_errors
 from dlscale.scale.metrics import merge
 from dlscale.scale.prefix import write_map
 from dlscale.scale.registry import Replica
@@ -81,7 +81,7 @@ def test_haproxy_accepts_the_control_rules(tmp_path: Path) -> None:
     rest, grpc = socket.socket(), socket.socket()
     with rest, grpc:
         fds = {"rest": rest.fileno(), "grpc": grpc.fileno()}
-        _write_errors(tmp_path)
+        write_errors(tmp_path)
         write_map(routes_map(tmp_path), {})  # the models hashed by prefix (none)
         config = render(fds, tmp_path, Control("127.0.0.1", 9000, 9001))
         (tmp_path / "h.cfg").write_text(config)

@@ -11,7 +11,8 @@ from tests.toolkit.repositories import SIMPLE_PBTXT
 from dlscale.cli import parse
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig
-from dlscale.scale.haproxy import HaproxyRouter, routes_map
+from dlscale.scale.haproxy import HaproxyRouter
+from dlscale.scale.haproxy_config import routes_map
 from dlscale.scale.prefix import SESSION_ONLY, Routing, map_commands, routes_of
 from dlscale.server import settings_from
 
