@@ -99,7 +99,14 @@ def one_round(
         counted = loads_done(server.metrics_url()) - counted
     per_load = (total - loads * resident[0]) / max(counted, 1)
     per_load_loop = (loop - loads * resident[1]) / max(counted, 1)
-    return Round(per_load * 1e3, per_load_loop * 1e3, resident[0] * 1e3, counted)
+    return Round(per_load * 1e3, per_load_loop * 1e3, resident[0] * 1e3, counted, rss_mib(pid))
+
+
+def rss_mib(pid: int) -> float:
+    """The server's process tree's resident MiB now (what the budget's bytes live in)."""
+    proc = psutil.Process(pid)
+    tree = [proc, *proc.children(recursive=True)]
+    return sum(p.memory_info().rss for p in tree) / 2**20
 
 
 @dataclass
@@ -110,6 +117,7 @@ class Round:
     per_load_loop: float
     per_resident: float
     loads: float
+    rss_mib: float
 
 
 def _spy(pid: int, out: Path, native: bool) -> subprocess.Popen[bytes]:
@@ -148,7 +156,7 @@ def run() -> int:
                 figures.append(r)
                 print(f"round {i + 1}: {r.per_load:.2f} ms per load, {r.per_load_loop:.2f} ms "
                       f"of it on the event loop ({r.loads:.0f} loads); resident request "
-                      f"{r.per_resident:.3f} ms")  # fmt: skip
+                      f"{r.per_resident:.3f} ms; server RSS {r.rss_mib:.0f} MiB")  # fmt: skip
     print(f"budget cpu={budget / 2**20:.1f} MiB; median CPU per load "
           f"{statistics.median(f.per_load for f in figures):.2f} ms, on the event loop "
           f"{statistics.median(f.per_load_loop for f in figures):.2f} ms; per resident request "

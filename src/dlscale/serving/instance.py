@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast
+from typing import TypeVar, cast, overload
 
 import numpy as np
 
@@ -51,13 +51,26 @@ class Instance:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, func, *args)  # type: ignore[arg-type]
 
-    async def load(self) -> None:
-        """Load the backend in this instance's thread (slow: files, sessions, compilation).
+    @overload
+    async def load(self) -> None: ...
+    @overload
+    async def load(self, then: Callable[[Backend], T]) -> T: ...
+
+    async def load(self, then: Callable[[Backend], T] | None = None) -> T | None:
+        """Load the backend in this instance's thread (slow: files, sessions, compilation), then
+        run `then(backend)` in the same trip (the warm-up: serving/warmup.py) and return it.
 
         Handed over from a worker thread: the first call starts the instance's thread, which
         blocks until that thread runs (a GIL hand-off), and on the event loop it stalled every
-        request a little at each load on demand (docs/memory.md)."""
-        await asyncio.to_thread(lambda: self._executor.submit(self.backend.load).result())
+        request a little at each load on demand. Each trip to a thread costs the loop a submit
+        and a callback, and on a busy host a wait for the thread's turn: one trip for the load
+        and its warm-up, not three (docs/memory.md)."""
+
+        def load_then() -> T | None:
+            self.backend.load()
+            return then(self.backend) if then is not None else None
+
+        result = await asyncio.to_thread(lambda: self._executor.submit(load_then).result())
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
@@ -69,6 +82,7 @@ class Instance:
                 max_workers=self.slots, thread_name_prefix=self.name
             )
             old.shutdown(wait=False)
+        return result
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray], context: contextvars.Context | None = None

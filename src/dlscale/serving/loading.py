@@ -10,7 +10,6 @@ from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.base import FailureReport
 from dlscale.errors import ConfigError
 from dlscale.models.repository import ModelVersion
-from dlscale.models.signature import reconcile
 from dlscale.serving.adapters import place
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.caller import CallRoute, ServerCaller
@@ -26,7 +25,7 @@ from dlscale.serving.qos.steps import pace_engines
 from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ServedVersion, next_serial
-from dlscale.serving.warmup import warm, warmup_batches
+from dlscale.serving.warmup import Warmed, Warmup
 
 #: How the backends of one load (model name, load serial) report that they can no longer serve.
 Reporter = Callable[[str, int], FailureReport]
@@ -62,7 +61,7 @@ class Loader:
             for t in config.outputs or ()
             if t.label_file
         }
-        instances, placements = [], []
+        instances, placements, warmed = [], [], list[Warmed]()
         qos: TenantQos | None = None
         serial, called = next_serial(), set[tuple[str, str]]()
         try:
@@ -74,9 +73,8 @@ class Loader:
                     instance = Instance(backend, label)
                     instances.append(instance)
                     placements.append((label, group.device))
-                    await instance.load()
-            first = instances[0].backend
-            inputs, outputs = reconcile(config, first.inputs, first.outputs, mv.source)
+                    warmed.append(await instance.load(Warmup(mv, self.gates.clock)))
+            first, inputs, outputs = instances[0].backend, warmed[0].inputs, warmed[0].outputs
             if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
@@ -108,14 +106,11 @@ class Loader:
                     mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called
                 )
             qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
-            # A model that calls models is not warmed up: the models it calls may load after it
-            # (Triton loads such models without a warm-up, too).
-            if not first.capabilities.calls_models:
-                batches = await asyncio.to_thread(warmup_batches, config, inputs, mv.folder)
-                observe = qos.observe if qos is not None else None
-                await asyncio.gather(
-                    *(warm(i, batches, config.name, self.gates.clock, observe) for i in instances)
-                )
+            # The warm-up's times are the device schedulers' first service times (they relearn).
+            for instance, found in zip(instances, warmed, strict=True):
+                for rows, seconds in found.times:
+                    if qos is not None:
+                        qos.observe(instance.name, rows, seconds)
         except BaseException:
             if qos is not None:
                 qos.leave()

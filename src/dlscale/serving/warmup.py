@@ -4,6 +4,7 @@ Each entry of the config's `warmup` is `count` batches of `batch_size` rows, eve
 random values or one row read from the model's warmup/ folder and repeated; without entries, one
 batch of one row of zeros proves the model runs without paying for its largest batch (bert-base
 took 32 s at 64 rows). A runtime with compiled buckets or CUDA graphs captures them at load.
+The warm-up runs in the instance's thread right after its load, in the same trip (`Warmup`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from dlscale.backends import Backend
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, WarmupConfig
 from dlscale.models.confined import read_confined
+from dlscale.models.repository import ModelVersion
 from dlscale.models.samples import concrete_shape, random_tensor, zero_inputs
-from dlscale.serving.instance import Instance
+from dlscale.models.signature import reconcile
 from dlscale.types import Datatype, TensorSpec
 
 #: Triton's folder for warm-up files, beside the version folders.
@@ -29,6 +32,10 @@ WARMUP_FOLDER = "warmup"
 MAX_WARMUP_FILE = 256 * 2**20
 #: The share of the host's memory one warm-up batch may take.
 WARM_UP_MEMORY_SHARE = 0.25
+
+
+#: Without entries: one batch of one row of zeros (made once: a config model is not free).
+_DEFAULT = WarmupConfig(name="default")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ def warmup_batches(
     config: ModelConfig, inputs: Sequence[TensorSpec], folder: Path
 ) -> list[WarmupBatch]:
     """The batches a model warms up with, checked against the host's memory."""
-    entries = config.warmup if config.warmup is not None else [WarmupConfig(name="default")]
+    entries = config.warmup if config.warmup is not None else [_DEFAULT]
     out = []
     for i, entry in enumerate(entries):
         rows = entry.batch_size if config.batched else 0
@@ -55,10 +62,11 @@ def warmup_batches(
         if unknown:
             raise ConfigError(f"model {config.name!r}: warmup {i}: no inputs named {unknown}")
         feed = zero_inputs(inputs, rows)
-        rng = np.random.default_rng(i)
+        rng = None  # made for random inputs only: a generator costs more than a row of zeros
         for spec in inputs:
             kind = entry.inputs.get(spec.name, "zero")
             if kind == "random":
+                rng = rng or np.random.default_rng(i)
                 feed[spec.name] = random_tensor(spec.datatype, feed[spec.name].shape, rng)
             elif kind.startswith("file:"):
                 row = _row(config.name, spec, config.batched, folder / WARMUP_FOLDER, kind[5:])
@@ -104,24 +112,41 @@ def check_warm_up(model: str, spec: TensorSpec, batch: int) -> None:
         )
 
 
-async def warm(
-    instance: Instance,
-    batches: list[WarmupBatch],
-    model: str,
-    clock: Callable[[], float],
-    observe: Callable[[str, int, float], None] | None = None,
-) -> None:
-    """Run the warm-up batches on one instance; `observe(instance, rows, seconds)` hands each
-    batch's time to the device schedulers as their first service times (they relearn)."""
-    for batch in batches:
-        for _ in range(batch.count):
-            try:
-                start = clock()
-                await instance.infer(batch.feed)
-            except Exception as exc:
-                raise ConfigError(
-                    f"model {model!r} failed its warm-up ({batch.label}, batch size "
-                    f"{batch.rows}): {exc}"
-                ) from exc
-            if observe is not None:
-                observe(instance.name, max(batch.rows, 1), clock() - start)
+@dataclass(frozen=True)
+class Warmed:
+    """What an instance's load and warm-up found: the signature reconciled with the config, and
+    each warm-up batch's rows and seconds (the device schedulers' first service times)."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    times: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """Run in an instance's thread right after its backend loaded (`Instance.load`): the
+    signature checked against the config, then the warm-up batches (none for a backend that
+    batches itself or calls models: those it calls may load after it, as Triton does)."""
+
+    mv: ModelVersion
+    clock: Callable[[], float]
+
+    def __call__(self, backend: Backend) -> Warmed:
+        config = self.mv.config
+        inputs, outputs = reconcile(config, backend.inputs, backend.outputs, self.mv.source)
+        capabilities = backend.capabilities
+        if capabilities.streams_answers or capabilities.calls_models:
+            return Warmed(inputs, outputs, [])
+        times = []
+        for batch in warmup_batches(config, inputs, self.mv.folder):
+            for _ in range(batch.count):
+                start = self.clock()
+                try:
+                    backend.infer(batch.feed)
+                except Exception as exc:
+                    raise ConfigError(
+                        f"model {config.name!r} failed its warm-up ({batch.label}, batch size "
+                        f"{batch.rows}): {exc}"
+                    ) from exc
+                times.append((max(batch.rows, 1), self.clock() - start))
+        return Warmed(inputs, outputs, times)

@@ -95,3 +95,39 @@ def test_a_loads_figure_is_its_growth_corrected(
     floor = {"cpu": 10}
     size = ledger._growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
     assert size == {"cpu": expected, "gpu0": 0}  # gpu0 unreadable and no files there
+
+
+@pytest.mark.parametrize(
+    ("grown", "known", "expected"),
+    [
+        (2, {"cpu": 25}, 25),  # the load reused freed memory: the earlier figure
+        (20, {"cpu": 33}, 33),  # a smaller growth over freed memory does not lower it
+        (40, {"cpu": 33}, 33),
+        (30, {}, 30),  # nothing known: the growth (a first load trims first, `_trim_due`)
+    ],
+)
+def test_a_growth_over_memory_not_handed_back_never_lowers_the_known_size(
+    grown: int, known: dict[str, int], expected: int
+) -> None:
+    floor = {"cpu": 10}
+    size = ledger._growth(["cpu"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known, {"cpu"})
+    assert size == {"cpu": expected}
+
+
+@pytest.mark.parametrize(
+    ("budget", "untrimmed", "known", "due"),
+    [
+        ({"cpu": 100}, 0, {}, False),  # nothing freed: nothing to hand back
+        ({"cpu": 100}, 10, {"cpu": 5}, False),  # a known size: freed memory may wait
+        ({"cpu": 100}, 25, {"cpu": 5}, True),  # a quarter of the budget has gathered
+        ({"cpu": 100}, 1, {}, True),  # a first measurement: its growth must not hide
+        ({}, ledger.TRIM_BYTES - 1, {"cpu": 5}, False),  # no host budget: a fixed amount
+        ({}, ledger.TRIM_BYTES, {"cpu": 5}, True),
+    ],
+)
+def test_freed_memory_goes_back_to_the_system_in_batches(
+    budget: dict[str, int], untrimmed: int, known: dict[str, int], due: bool
+) -> None:
+    memory = ledger.MemoryLedger(budget)
+    memory._untrimmed = untrimmed
+    assert memory._trim_due(known) is due

@@ -37,6 +37,12 @@ LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 #: Rounds of eviction a load tries before it gives up (an eviction can fail: a pipeline that
 #: loaded meanwhile holds its step).
 ROUNDS = 3
+#: Host memory of evicted models left with the allocator before it is handed back to the system
+#: (`measure.trim`): a share of the host budget, or a fixed amount without one. A trim at every
+#: eviction cost about 2 ms of CPU per load (the call, and the pages faulted back in by the next
+#: load), a fifth of a small model's load on demand (docs/memory.md).
+TRIM_SHARE = 0.25
+TRIM_BYTES = 64 * 2**20
 
 Evict = Callable[[str, str], Awaitable[None]]
 #: The models something other than requests holds, and the adapters placed on each base.
@@ -58,6 +64,8 @@ class MemoryLedger:
         self.ties: Callable[[], Ties] = lambda: (set(), {})
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.evictions = 0
+        #: Host bytes of the models evicted since the last trim.
+        self._untrimmed = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
         self._last: dict[str, float] = {}
         self._names: Counter[str] = Counter()  # loaded versions by model name
@@ -146,16 +154,21 @@ class MemoryLedger:
             floor, stamp = await asyncio.to_thread(_files_and_stamp, mv)
             known = self._known.get(stamp, {})
             need = known or {**floor, **limit}
-            evicted = await self._make_room(mv.name, need)
-            before = await asyncio.to_thread(_trim_and_read, evicted, devices)
+            await self._make_room(mv.name, need)
+            trim = self._trim_due(known)
+            before = await asyncio.to_thread(_trim_and_read, trim, devices)
+            # Memory freed and not handed back hides part of a load's growth: a size measured
+            # over it may not lower the size known for the file (the allocator reused it).
+            hidden = {"cpu"} if self._untrimmed and not trim else set()
+            self._untrimmed = 0 if trim else self._untrimmed
             start = self.clock()
             served = await load()
             seconds = self.clock() - start
             after = await asyncio.to_thread(measure.read, devices)
-            size = _growth(devices, before, after, floor, known)
+            size = _growth(devices, before, after, floor, known, hidden)
             try:
                 _check_limit(mv, size, limit)
-                evicted = await self._make_room(mv.name, size)
+                await self._make_room(mv.name, size)
             except DlscaleError:
                 await close(served)
                 raise
@@ -164,8 +177,6 @@ class MemoryLedger:
             self._names[mv.name] += 1
             self.touch(mv.name)
             self.load_seconds.observe(seconds)
-            if evicted:
-                await asyncio.to_thread(measure.trim)
         log.info(
             "model %s v%d: loaded in %.3f s, holding %s (resident %s, budget %s)",
             mv.name, mv.version, seconds, show_all(size), show_all(self.used()),
@@ -173,21 +184,29 @@ class MemoryLedger:
         )  # fmt: skip
         return served
 
-    async def _make_room(self, model: str, need: Footprint) -> bool:
-        """Evict the least recently used idle models until `need` fits (whether any was); the
-        refusal's figures when it cannot. The caller hands the freed memory back (`trim`) in
-        its next trip off the loop."""
+    def _trim_due(self, known: Footprint) -> bool:
+        """Whether the memory of evicted models goes back to the system before this load's
+        first reading: once enough has gathered, or before a file's first measurement (its
+        growth would hide in the freed memory, and the files alone would be counted)."""
+        if not self._untrimmed:
+            return False
+        host = self.budget.get("cpu")
+        due = int(host * TRIM_SHARE) if host is not None else TRIM_BYTES
+        return "cpu" not in known or self._untrimmed >= due
+
+    async def _make_room(self, model: str, need: Footprint) -> None:
+        """Evict the least recently used idle models until `need` fits; the refusal's figures
+        when it cannot. The memory freed goes back to the system at a later load (`_trim_due`)."""
         failed: set[str] = set()
-        evicted = self.evictions
         for _ in range(ROUNDS):
             if not shortfall(need, self.budget, self.used()):
-                return self.evictions > evicted  # fits: the view of every model is not needed
+                return  # fits: the view of every model is not needed
             resident = self.resident()
             for r in resident:
                 r.held = r.held or r.name in failed
             victims = make_room(model, need, self.budget, resident) if self.budget else []
             if not victims:
-                return self.evictions > evicted
+                return
             for victim in victims:
                 if self.evict is None:
                     raise MemoryFull(f"model {model!r} does not fit and nothing may be evicted")
@@ -199,15 +218,13 @@ class MemoryLedger:
                 try:
                     await self.evict(victim.name, f"least recently used, room for {model!r}")
                     self.evictions += 1
+                    self._untrimmed += victim.footprint.get("cpu", 0)
                 except DlscaleError as exc:
                     log.warning("model %s: not evicted: %s", victim.name, exc)
                     failed.add(victim.name)
         resident = [r for r in self.resident() if r.name not in failed]
         if make_room(model, need, self.budget, resident):
-            if self.evictions > evicted:
-                await asyncio.to_thread(measure.trim)
             raise MemoryFull(refusal(model, need, self.budget, self.resident()))
-        return self.evictions > evicted
 
     @contextlib.asynccontextmanager
     async def _devices(self, devices: list[str]) -> AsyncIterator[None]:
@@ -220,8 +237,8 @@ class MemoryLedger:
 
 
 def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
-    """The devices' bytes now, after handing the memory of evicted models back (one trip off
-    the loop for both)."""
+    """The devices' bytes now, after handing the memory of evicted models back when `trim`
+    (one trip off the loop for both)."""
     if trim:
         measure.trim()
     return measure.read(devices)
@@ -251,18 +268,26 @@ def _files(mv: ModelVersion) -> Footprint:
 
 
 def _growth(
-    devices: list[str], before: Footprint, after: Footprint, floor: Footprint, known: Footprint
+    devices: list[str],
+    before: Footprint,
+    after: Footprint,
+    floor: Footprint,
+    known: Footprint,
+    hidden: set[str] | frozenset[str] = frozenset(),
 ) -> Footprint:
     """The growth measured on each device, never below the files.
 
     An allocator that reuses memory freed by an earlier unload shows less growth than the model
     holds: a growth at or below the files keeps the size measured at an earlier load of the same
-    file. A larger growth replaces a larger earlier one (the first load in a process also paid
-    the runtime's one-time set-up)."""
+    file, and so does any growth on the `hidden` devices (freed memory not handed back yet). A
+    larger growth replaces a larger earlier one (the first load in a process also paid the
+    runtime's one-time set-up)."""
     out: Footprint = {}
     for d in devices:
         grown = after[d] - before[d] if d in before and d in after else 0
-        if grown <= floor.get(d, 0):
+        if d in hidden and d in known:
+            out[d] = max(known[d], floor.get(d, 0))
+        elif grown <= floor.get(d, 0):
             out[d] = max(known.get(d, 0), floor.get(d, 0))
         else:
             out[d] = min(grown, known[d]) if d in known else grown
