@@ -4,8 +4,9 @@ Requests do not pass through Ray Serve, so its own count of ongoing requests is 
 each replica reports its server's own figures (`record_autoscaling_stats`): per model, over the
 interval since its last report, the requests answered per second, their mean queue wait, the
 share of its capacity in use (that rate times the best time per row its batches measured, over
-its instances), the requests it holds now, for a generative model its mean time to first token
-and per output token, and the model's objectives (`figures`, from the server's
+its instances), the requests it holds now and how fast they grew over the interval, its
+capacity (its instances over that best time per row), for a generative model its mean time to
+first token and per output token, and the model's objectives (`figures`, from the server's
 `/v2/models/stats` and metrics page). `FleetPolicy`, a custom policy run by Ray Serve's
 controller, hands them to the pure rule in scale/objective.py (models with an objective: queue
 wait, TTFT and TPOT against them; without: `target_ongoing_requests` in flight per replica),
@@ -35,7 +36,7 @@ log = logging.getLogger("dlscale.scale")
 PREFIX = "dlscale"
 FIGURES = (
     "rate", "wait_s", "busy", "in_flight", "objective_s",
-    "ttft_s", "tpot_s", "ttft_objective_s", "tpot_objective_s",
+    "ttft_s", "tpot_s", "ttft_objective_s", "tpot_objective_s", "capacity", "growth",
 )  # fmt: skip
 #: Keys of the policy's state: when the fleet began wanting fewer, the last size that missed
 #: its goals (and at what rate), and the last decision.
@@ -138,11 +139,14 @@ def figures(before: Reading, after: Reading, instances: Mapping[str, int]) -> di
         answered = now.requests - then.requests
         wait = (now.queue_s - then.queue_s) / answered if answered > 0 else 0.0
         rate = answered / span
-        busy = rate * now.row_s / max(1, instances.get(model, 1))
+        count = max(1, instances.get(model, 1))
+        busy = rate * now.row_s / count
+        capacity = count / now.row_s if now.row_s > 0 else 0.0
         values = (
             rate, wait, min(1.0, busy), now.in_flight, now.objective_s,
             _mean(then.ttft, now.ttft), _mean(then.tpot, now.tpot),
             now.ttft_objective_s, now.tpot_objective_s,
+            capacity, (now.in_flight - then.in_flight) / span,
         )  # fmt: skip
         report |= {f"{PREFIX}/{f}/{model}": v for f, v in zip(FIGURES, values, strict=True)}
     return report
@@ -156,7 +160,8 @@ def _mean(then: tuple[float, float], now: tuple[float, float]) -> float:
 
 def loads(per_replica: Mapping[str, Mapping[Any, float]]) -> list[ModelLoad]:
     """Each model's fleet-wide load from the replicas' reports (Ray's aggregated metrics):
-    rates and in flight added, the wait weighted by each replica's rate, busy the mean."""
+    rates, in flight and its growth added, the wait weighted by each replica's rate, busy and
+    capacity the means (of the replicas that measured a capacity)."""
     by_model: dict[str, dict[str, dict[Any, float]]] = {}
     for key, values in per_replica.items():
         prefix, _, rest = key.partition("/")
@@ -169,6 +174,7 @@ def loads(per_replica: Mapping[str, Mapping[Any, float]]) -> list[ModelLoad]:
 def _load(model: str, f: Mapping[str, Mapping[Any, float]]) -> ModelLoad:
     rates = f.get("rate", {})
     busy = list(f.get("busy", {}).values())
+    capacity = [c for c in f.get("capacity", {}).values() if c > 0]
 
     def top(figure: str) -> float:
         return max(f.get(figure, {}).values(), default=0.0)
@@ -184,6 +190,8 @@ def _load(model: str, f: Mapping[str, Mapping[Any, float]]) -> ModelLoad:
         tpot_objective_s=top("tpot_objective_s"),
         ttft_s=_weighted(f.get("ttft_s", {}), rates),
         tpot_s=_weighted(f.get("tpot_s", {}), rates),
+        capacity=sum(capacity) / len(capacity) if capacity else 0.0,
+        growth=sum(f.get("growth", {}).values()),
     )
 
 

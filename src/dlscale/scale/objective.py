@@ -7,10 +7,12 @@ generative model `ttft_objective_us` and `tpot_objective_us` (the p99 of its tim
 and per output token). Over the last interval the fleet's mean queue wait and mean TTFT are held
 under UP_AT of their objectives, the mean TPOT under TPOT_UP_AT of its own, and each replica's
 busy share (its rate over its capacity) at most MAX_BUSY: when one is crossed, replicas are
-added, as many as the estimate says bring all back (at most twice as many); a replica is removed
-only when the same estimate says the others would hold all, and the fleet wanted fewer replicas
-for the down delay without a break, and never back to a size measured missing a goal at about
-the same rate. Models without any objective keep the in-flight rule: a
+added, as many as the demand needs (the arrival rate at MAX_BUSY of a replica's capacity, and
+the backlog drained within the objective; at most twice as many), or where the demand is
+carried and the queue holds what the wait says, as many as the estimate says bring all back;
+after the fleet wanted fewer for the down delay without a break it goes straight to the fewest
+the same estimate says hold all, never back to a size measured missing a goal at about the
+same rate. Models without any objective keep the in-flight rule: a
 replica per `target_in_flight` requests held. The fleet follows the model that wants the most.
 docs/scale.md, "Autoscaling on the objective".
 """
@@ -32,8 +34,10 @@ TPOT_UP_AT = 0.8
 #: A replica goes only if the others would then compute at most this share of the time: past
 #: it the estimate below says little, and a burst finds no room.
 MAX_BUSY = 0.8
-#: Seconds the fleet must want fewer replicas, without a break, before one goes.
-DOWN_DELAY_S = 60.0
+#: Seconds the fleet must want fewer replicas, without a break, before they go (all at once,
+#: to the fewest the estimate says hold every goal). A replica came back within about 10 s of a
+#: need on the burst bench (docs/scale.md): a hold of three times that rides out a lull.
+DOWN_DELAY_S = 30.0
 #: A fleet size seen missing its goals is not gone back to until the rate falls below this
 #: share of the rate it missed at: an estimate can be wrong (an engine's TPOT grows faster
 #: than its load near its knee), a measurement is not, and a rate a hair lower is noise.
@@ -66,6 +70,17 @@ class ModelLoad:
     #: measured).
     ttft_s: float = 0.0
     tpot_s: float = 0.0
+    #: Requests/s one replica answers with every instance on its best batch size (0: unknown,
+    #: as for an engine, whose batches the batcher does not time).
+    capacity: float = 0.0
+    #: How fast the requests held grew over the interval, requests/s (all replicas; < 0: the
+    #: queue shrank).
+    growth: float = 0.0
+
+    @property
+    def arrival(self) -> float:
+        """Requests arriving per second: those answered and those the queue kept."""
+        return max(0.0, self.rate + self.growth)
 
     @property
     def has_objective(self) -> bool:
@@ -183,22 +198,89 @@ def objective_wants(load: ModelLoad, current: int, bounds: Bounds) -> tuple[int,
 
     if not all(g.met(g.measured) for g in held):
         now = f"{load.model}: " + ", ".join(g.says(g.measured) for g in held)
-        # At most double at once: a saturated fleet's figures say how far behind it is, not
-        # how many replicas the demand needs.
-        top = min(bounds.high, 2 * current)
-        for n in range(current + 1, top + 1):
-            if holds(n):
-                return n, f"{now}; {n} would hold {every}"
-        return max(top, current + 1), f"{now}; doubled"
+        return _up(load, current, bounds, holds, now, every)
     under = ", ".join(f"{g.name} {_short(g, g.measured)} < {_short(g, g.bound)}" for g in held[:-1])
     under = under or f"busy {load.busy:.2f} <= {MAX_BUSY:g}"
-    fewer = current - 1
-    if fewer < max(1, bounds.low):
+    least = max(1, bounds.low)
+    if current - 1 < least:
         return current, f"{load.model}: {under} at MIN"
-    figures = f"{fewer} would: " + ", ".join(g.says(g.estimate(fewer)) for g in held)
-    if holds(fewer):
-        return fewer, f"{load.model}: {figures}"
+    # The estimates grow as replicas go: the fewest that hold is the first from MIN that does.
+    fewest = next(n for n in range(least, current + 1) if n == current or holds(n))
+    shown = fewest if fewest < current else current - 1
+    figures = f"{shown} would: " + ", ".join(g.says(g.estimate(shown)) for g in held)
+    if fewest < current:
+        return fewest, f"{load.model}: {figures}"
     return current, f"{load.model}: {under}; not fewer: {figures}"
+
+
+def _up(
+    load: ModelLoad,
+    current: int,
+    bounds: Bounds,
+    holds: Callable[[int], bool],
+    now: str,
+    every: str,
+) -> tuple[int, str]:
+    """Replicas a model that misses a goal wants: as many as its demand needs where the fleet
+    is short of it; none more where it carries the demand and its queue drains; else the
+    fewest the estimate says hold every goal. At most twice as many at once."""
+    top = min(bounds.high, 2 * current)
+    demand = demanded(load, current)
+    if demand is not None:
+        n, sized = demand
+        if n > current:
+            bounded = f" (bounded at {top})" if n > top else ""
+            return max(current + 1, min(n, top)), f"{now}; {sized}{bounded}"
+        # These replicas carry the demand and drain the backlog within the objective. A busy
+        # share above MAX_BUSY is then fewer replicas' (the figures are means over seconds
+        # that predate the last ones); a queue that shrinks, or holds less than half what its
+        # wait says (Little's law: a mean wait W at an arrival rate a means a x W queued; half:
+        # room for the noise of a mean), had a wait that is a backlog's being drained. Only a
+        # steady queue's wait is left to the estimate.
+        stale = load.busy > MAX_BUSY or load.growth < 0
+        if stale or load.in_flight < 0.5 * load.arrival * load.wait_s:
+            return current, f"{now}; {sized}: the backlog drains"
+    for n in range(current + 1, top + 1):
+        if holds(n):
+            return n, f"{now}; {n} would hold {every}"
+    return max(top, current + 1), f"{now}; doubled"
+
+
+def replica_capacity(load: ModelLoad, current: int) -> float:
+    """Requests/s one replica answers at most: as reported, else its answered rate over its
+    busy share (0: unknown)."""
+    if load.capacity > 0:
+        return load.capacity
+    if load.busy > 0 and load.rate > 0:
+        return load.rate / (load.busy * current)
+    return 0.0
+
+
+def demanded(load: ModelLoad, current: int) -> tuple[int, str] | None:
+    """The replicas a model's demand needs, and the figures: its arrival rate at MAX_BUSY of a
+    replica's capacity, and at full capacity that rate plus the backlog (the requests held
+    beyond what a wait at the goal holds) drained within the objective; None without a
+    capacity or a latency objective (an engine's TTFT and TPOT goals follow the estimate).
+
+    Not the backlog's wait: a saturated fleet's wait says how far behind it is, and an
+    estimate scaled from it asked for replicas the arrival rate did not need (docs/scale.md)."""
+    capacity = replica_capacity(load, current)
+    if capacity <= 0 or load.objective_s <= 0:
+        return None
+    arrival = load.arrival
+    carry = arrival / (capacity * MAX_BUSY)
+    # The backlog: what the queue holds beyond what a wait at the goal holds at this rate
+    # (Little's law), so that a steady queue within the goal asks for nothing more.
+    backlog = max(0.0, load.in_flight - arrival * UP_AT * load.objective_s)
+    drain = (arrival + backlog / load.objective_s) / capacity
+    # A hair over a whole count is the float's, not the load's.
+    n = max(1, math.ceil(max(carry, drain) - 1e-9))
+    said = (
+        f"arrival {arrival:.3g}/s (answered {load.rate:.3g} {load.growth:+.3g} queued), "
+        f"backlog {backlog:.3g} to drain in {_ms(load.objective_s)}: {n} at "
+        f"{capacity:.3g}/s each"
+    )
+    return n, said
 
 
 def _short(goal: Goal, value: float) -> str:
@@ -245,7 +327,9 @@ def decide(
         return Decision(target, target, starting, figures, None, missed)
     if missed is not None and wanted <= missed[0] and rate > MISSED_RATE_SHARE * missed[1]:
         seen = f"{missed[0]} missed at {missed[1]:.3g} requests/s, now {rate:.3g}"
-        return Decision(target, target, f"{why}; not {wanted}: {seen}", figures, None, missed)
+        why, wanted = f"{why}; not {wanted}: {seen}", missed[0] + 1
+        if wanted >= target:
+            return Decision(target, target, why, figures, None, missed)
     since = now if down_since is None else down_since
     if now - since < down_delay_s:
         held = f"{why}; held {now - since:.0f} of {down_delay_s:g} s"
@@ -263,6 +347,8 @@ def _figures(loads: Sequence[ModelLoad], running: int, target: int) -> dict[str,
             f"{x.model}.busy": x.busy,
             f"{x.model}.in_flight": x.in_flight,
         }
+        if x.capacity > 0 or x.growth != 0:  # what sizes the fleet up from the demand
+            figures |= {f"{x.model}.capacity": x.capacity, f"{x.model}.growth": x.growth}
         for name, measured, objective in (
             ("ttft", x.ttft_s, x.ttft_objective_s),
             ("tpot", x.tpot_s, x.tpot_objective_s),

@@ -35,7 +35,7 @@ MODEL = "paced"
 DELAY_US, OBJECTIVE_US = 50_000, 100_000
 #: Closed-loop clients of the burst: more than one replica serves at once.
 BURST_CLIENTS = 4
-#: The down delay asked of the autoscaler (the product's default is 60 s).
+#: The down delay asked of the autoscaler (the product's default is 30 s).
 DOWN_DELAY_S = 5.0
 
 

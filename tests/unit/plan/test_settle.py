@@ -37,10 +37,12 @@ def _policy_settles(server: BatchingServer, rate: float, objective_s: float, sta
     @cache
     def load(n: int) -> ModelLoad:
         here = steady(server, rate / n)
-        return ModelLoad("m", objective_s, rate, here.wait_s, here.busy, 0.0)
+        # The fleet's queue: what its mean wait holds at this rate (Little's law).
+        queued = rate * here.wait_s if math.isfinite(here.wait_s) else 0.0
+        return ModelLoad("m", objective_s, rate, here.wait_s, here.busy, queued)
 
     replicas, down_since, missed, bounds = start, None, None, Bounds(1, HIGH)
-    for step in range(4 * HIGH):  # a step per delay: each may move one replica down
+    for step in range(4 * HIGH):  # a step per delay: the rule moves down once a delay
         now = step * DOWN_DELAY_S
         d = decide([load(replicas)], replicas, replicas, bounds, now, down_since, missed=missed)
         replicas, down_since, missed = d.replicas, d.down_since, d.missed

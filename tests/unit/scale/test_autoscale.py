@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dlscale.scale.autoscale import (
     DOWN_SINCE,
     LAST,
     PREFIX,
+    Counters,
     FleetPolicy,
     Reading,
     autoscaling_config,
@@ -32,6 +34,7 @@ from dlscale.scale.autoscale import (
     loads,
     read,
 )
+from dlscale.scale.objective import DOWN_DELAY_S
 
 REQUESTS = 16
 
@@ -77,7 +80,9 @@ def test_a_replicas_report_is_each_models_figures_over_the_interval(
     assert report[key("objective_s")] == OBJECTIVE_US / 1e6
     assert report[key("wait_s")] > 0  # eight at once on one instance: all but one queued
     assert 0 < report[key("busy")] <= 1
-    assert report[key("in_flight")] == 0
+    assert report[key("in_flight")] == 0 and report[key("growth")] == 0  # all answered
+    # One instance at its best time per row: at least the rate it answered.
+    assert report[key("capacity")] >= report[key("rate")] > 0
     assert report[f"{PREFIX}/objective_s/neighbor"] == 0  # no objective: the in-flight rule
     # Two replicas reporting the same: the fleet's rate adds up, its wait and busy do not.
     per_replica = {k: {"r1": v, "r2": v} for k, v in report.items()}
@@ -86,6 +91,18 @@ def test_a_replicas_report_is_each_models_figures_over_the_interval(
     assert protected.rate == pytest.approx(2 * report[key("rate")])
     assert protected.wait_s == pytest.approx(report[key("wait_s")])
     assert protected.busy == pytest.approx(report[key("busy")])
+    assert protected.capacity == pytest.approx(report[key("capacity")])  # one replica's
+
+
+def test_a_replica_reports_how_fast_its_queue_grew() -> None:
+    # 2 held, then 8 held two seconds later: 3 requests/s more arrived than were answered.
+    counters = Counters(requests=10.0, queue_s=1.0, row_s=0.05, in_flight=2.0)
+    grown = replace(counters, requests=50.0, queue_s=5.0, in_flight=8.0)
+    report = figures(Reading(0.0, {"m": counters}), Reading(2.0, {"m": grown}), {"m": 2})
+    assert report[f"{PREFIX}/growth/m"] == 3.0
+    assert report[f"{PREFIX}/capacity/m"] == 40.0  # 2 instances at 50 ms a row
+    [load] = loads({k: {"r1": v, "r2": v} for k, v in report.items()})
+    assert load.growth == 6.0 and load.arrival == 2 * 20.0 + 6.0  # answered and kept
 
 
 TTFT_OBJECTIVE_US, TPOT_OBJECTIVE_US = 500_000, 50_000
@@ -152,6 +169,7 @@ def _context(metrics: dict[str, dict[str, float]], running: int, state: dict[str
 
 
 def _reported(wait_s: float, busy: float, in_flight: float = 0.0) -> dict[str, dict[str, float]]:
+    """Two replicas' reports, each answering 50 requests/s, holding `in_flight`."""
     one = {"rate": 50.0, "wait_s": wait_s, "busy": busy, "in_flight": in_flight}
     one["objective_s"] = 0.02
     return {f"{PREFIX}/{k}/m": {"r1": v, "r2": v} for k, v in one.items()}
@@ -161,7 +179,8 @@ def test_the_policy_scales_on_the_objective_and_logs_its_figures(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="dlscale.scale"):
-        wanted, state = fleet_policy(_context(_reported(0.015, 0.7), 2, {}))
+        # Each holds 0.75: the queue a 15 ms wait at 50 requests/s holds (Little's law).
+        wanted, state = fleet_policy(_context(_reported(0.015, 0.7, 0.75), 2, {}))
     assert wanted > 2
     [line] = [r.getMessage() for r in caplog.records if "autoscaler" in r.getMessage()]
     assert line.startswith(f"autoscaler: 2 -> {wanted} replicas: m: wait 15 ms")
@@ -180,10 +199,11 @@ def test_the_policy_holds_an_idle_fleet_in_its_state_then_sheds(
         assert again == 3
         state[DOWN_SINCE] -= 3600.0  # an hour of idle
         shed, state = fleet_policy(_context(idle, 3, state))
-    assert shed == 2 and state[DOWN_SINCE] is None
+    assert shed == 1 and state[DOWN_SINCE] is None  # straight to what 1 would hold
     lines = [r.getMessage() for r in caplog.records if "autoscaler" in r.getMessage()]
     assert len(lines) == 2  # the hold's start and the decision, not every run
-    assert "held 0 of 60 s" in lines[0] and lines[1].startswith("autoscaler: 3 -> 2 replicas")
+    assert f"held 0 of {DOWN_DELAY_S:g} s" in lines[0]
+    assert lines[1].startswith("autoscaler: 3 -> 1 replicas")
 
 
 def test_replicas_with_no_objective_keep_the_in_flight_target() -> None:
@@ -248,7 +268,7 @@ async def test_a_stopping_replica_leaves_the_router_after_its_last_heartbeat() -
 
 
 def test_rays_wrapper_applies_the_rules_decision_and_keeps_its_state() -> None:
-    ctx = _context(_reported(0.015, 0.7), 2, {})
+    ctx = _context(_reported(0.015, 0.7, 0.75), 2, {})
     from ray.serve.autoscaling_policy import _apply_autoscaling_config
 
     wrapped = _apply_autoscaling_config(fleet_policy)  # as Ray Serve's controller runs it

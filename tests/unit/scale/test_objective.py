@@ -1,10 +1,12 @@
 """Autoscaling on the objective (scale/objective.py), in virtual time on pure figures: the wait
-rises and replicas come, the fleet idles and they go after the delay, no flapping at the edge,
-MIN and MAX hold, and a model without an objective follows its requests in flight."""
+rises and replicas come, as many as the arrival rate needs (not the backlog's wait), the fleet
+idles and they go at once after the delay, no flapping at the edge, MIN and MAX hold, and a
+model without an objective follows its requests in flight."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 from dlscale.scale.objective import (
@@ -30,10 +32,18 @@ def _load(
 
 
 def _mm1_load(rate: float, replicas: int, service_s: float = 0.004) -> ModelLoad:
-    """The figures a fleet of M/M/1 replicas would report: each gets rate / replicas."""
-    rho = rate * service_s / replicas
-    wait = math.inf if rho >= 1 else service_s * rho / (1 - rho)
-    return ModelLoad("m", OBJECTIVE_S, rate, wait, min(1.0, rho), 0.0)
+    """The figures a fleet of M/M/1 replicas would report: each gets rate / replicas, and holds
+    rate x wait queued (Little's law); saturated, they answer their capacity and the rest
+    queues, growing over the 5 s the figures cover."""
+    capacity, rho = 1 / service_s, rate * service_s / replicas
+    if rho >= 1:
+        answered = capacity * replicas
+        grows = rate - answered
+        return ModelLoad(
+            "m", OBJECTIVE_S, answered, math.inf, 1.0, 5 * grows, capacity=capacity, growth=grows
+        )
+    wait = service_s * rho / (1 - rho)
+    return ModelLoad("m", OBJECTIVE_S, rate, wait, rho, rate * wait, capacity=capacity)
 
 
 def _run(rate: float, replicas: int, steps: int, bounds: Bounds = BOUNDS) -> list[Decision]:
@@ -48,26 +58,65 @@ def _run(rate: float, replicas: int, steps: int, bounds: Bounds = BOUNDS) -> lis
 
 
 def test_a_rising_wait_adds_replicas_at_once_with_the_figures_it_used() -> None:
-    d = decide([_load(wait_s=UP_AT * OBJECTIVE_S, busy=0.6)], 2, 2, BOUNDS, now=0.0)
+    # The queue holds what a 10 ms wait at 100 requests/s holds (Little's law): a steady queue.
+    load = _load(wait_s=UP_AT * OBJECTIVE_S, busy=0.6, in_flight=100 * UP_AT * OBJECTIVE_S)
+    d = decide([load], 2, 2, BOUNDS, now=0.0)
     assert d.replicas > 2
     assert d.figures["m.wait_ms"] == UP_AT * OBJECTIVE_S * 1e3
     assert d.figures["m.objective_ms"] == OBJECTIVE_S * 1e3
     assert "m: wait 10 ms" in d.reason and "would hold both" in d.reason
 
 
+def _saturated(growth: float, in_flight: float = 0.4) -> ModelLoad:
+    """Two replicas answering their capacity (50 requests/s each), the rest queueing."""
+    return ModelLoad(
+        "m", OBJECTIVE_S, rate=100.0, wait_s=math.inf, busy=1.0, in_flight=in_flight,
+        capacity=50.0, growth=growth,
+    )  # fmt: skip
+
+
+def test_a_saturated_fleet_sizes_from_its_arrival_rate_not_its_wait() -> None:
+    # 100 answered + 20 kept by the queue = 120 arriving: 3 replicas at MAX_BUSY of 50 each
+    # carry it (120 / 40). The wait (a backlog's, unbounded) would have doubled it to 4.
+    d = decide([_saturated(growth=20.0)], 2, 2, BOUNDS, now=0.0)
+    assert d.replicas == 3 and "doubled" not in d.reason
+    assert "arrival 120/s (answered 100 +20 queued)" in d.reason and "3 at 50/s each" in d.reason
+    assert d.figures["m.growth"] == 20.0 and d.figures["m.capacity"] == 50.0
+
+
+def test_a_backlog_adds_what_drains_it_within_the_objective() -> None:
+    # 3 held beyond the 1 a 10 ms wait holds at 120/s: 150/s more for 20 ms; (120 + 150) / 50.
+    d = decide([_saturated(growth=20.0, in_flight=1.2 + 3.0)], 2, 4, BOUNDS, now=0.0)
+    assert d.replicas == 4 and "backlog 3 to drain in 20 ms: 6 at 50/s" in d.reason
+    assert "(bounded at 4)" in d.reason  # at most twice as many
+
+
 def test_a_saturated_fleet_at_most_doubles() -> None:
-    d = decide([_load(wait_s=math.inf, busy=1.0)], 2, 2, BOUNDS, now=0.0)
-    assert d.replicas == 4 and "doubled" in d.reason
+    d = decide([_saturated(growth=400.0)], 2, 2, BOUNDS, now=0.0)
+    assert d.replicas == 4 and "(bounded at 4)" in d.reason
 
 
-def test_an_idle_fleet_sheds_a_replica_only_after_the_delay() -> None:
+def test_a_fleet_that_carries_the_demand_holds_while_its_backlog_drains() -> None:
+    # The wait over the last seconds is a burst's, but 3 replicas carry 100/s at 67% each and
+    # the queue shrinks: no replica is added (the old rule went up to what the wait asked).
+    draining = dataclasses.replace(_saturated(growth=-30.0), wait_s=0.5, busy=0.67)
+    d = decide([draining], 3, 3, BOUNDS, now=0.0)
+    assert d.replicas == 3 and d.reason.endswith("the backlog drains")
+    # Or a queue emptier than the wait says (Little's law: 0.5 s at 100/s holds 50).
+    emptied = dataclasses.replace(draining, growth=0.0, in_flight=2.0)
+    assert decide([emptied], 3, 3, BOUNDS, now=0.0).replicas == 3
+
+
+def test_an_idle_fleet_sheds_its_spare_replicas_at_once_only_after_the_delay() -> None:
     idle = [_load(wait_s=0.0, busy=0.05)]
     first = decide(idle, 4, 4, BOUNDS, now=100.0)
     assert first.replicas == 4 and first.down_since == 100.0 and "held 0 of" in first.reason
     early = decide(idle, 4, 4, BOUNDS, now=100.0 + DOWN_DELAY_S - 1, down_since=first.down_since)
     assert early.replicas == 4
     late = decide(idle, 4, 4, BOUNDS, now=100.0 + DOWN_DELAY_S, down_since=first.down_since)
-    assert late.replicas == 3 and late.down_since is None
+    # One step: 1 replica would be at 20% (4 x 5%), and wait no longer than now.
+    assert late.replicas == 1 and late.down_since is None
+    assert late.reason == "m: 1 would: wait 0 ms (goal < 10 ms), busy 0.20 (goal <= 0.8)"
 
 
 def test_a_busy_moment_restarts_the_delay() -> None:
@@ -113,7 +162,8 @@ def test_min_and_max_hold() -> None:
     tight = Bounds(2, 3)
     assert decide([_load(math.inf, 1.0)], 3, 3, tight, now=0.0).replicas == 3
     assert _run(rate=1.0, replicas=3, steps=100, bounds=tight)[-1].replicas == 2
-    assert decide([_load(0.0, 0.0)], 5, 5, tight, now=0.0).replicas == 3  # above MAX: at once
+    # Above MAX: down at once, without the hold, and straight to what holds (MIN here).
+    assert decide([_load(0.0, 0.0)], 5, 5, tight, now=0.0).replicas == 2
 
 
 def test_a_model_without_an_objective_follows_its_requests_in_flight() -> None:
@@ -180,21 +230,22 @@ def test_a_fleet_whose_fewer_replicas_would_miss_a_token_objective_holds() -> No
     )
 
 
-def test_a_quiet_generative_fleet_sheds_a_replica_after_the_delay() -> None:
+def test_a_quiet_generative_fleet_sheds_its_spare_replicas_after_the_delay() -> None:
     quiet = [_tokens(ttft_s=0.050, tpot_s=0.010)]
     first = decide(quiet, 3, 3, BOUNDS, now=10.0)
-    assert first.replicas == 3 and "held 0 of 60 s" in first.reason
+    assert first.replicas == 3 and f"held 0 of {DOWN_DELAY_S:g} s" in first.reason
     early = decide(quiet, 3, 3, BOUNDS, 10.0 + DOWN_DELAY_S - 1, first.down_since)
     assert early.replicas == 3
     late = decide(quiet, 3, 3, BOUNDS, 10.0 + DOWN_DELAY_S, first.down_since)
-    assert late.replicas == 2 and late.reason.startswith("g: 2 would: TTFT 75 ms")
+    # 1 would hold both (TTFT 150 ms < 250, TPOT 30 ms < 40): one step, not 3 -> 2 -> 1.
+    assert late.replicas == 1 and late.reason.startswith("g: 1 would: TTFT 150 ms")
 
 
 def test_the_down_delay_is_the_fleets_own() -> None:
     quiet = [_tokens(ttft_s=0.050, tpot_s=0.010)]
     first = decide(quiet, 3, 3, BOUNDS, now=0.0, down_delay_s=5.0)
     assert "held 0 of 5 s" in first.reason
-    assert decide(quiet, 3, 3, BOUNDS, 5.0, first.down_since, down_delay_s=5.0).replicas == 2
+    assert decide(quiet, 3, 3, BOUNDS, 5.0, first.down_since, down_delay_s=5.0).replicas == 1
 
 
 def test_a_generative_model_without_objectives_follows_its_requests_in_flight() -> None:
@@ -248,10 +299,98 @@ def test_a_size_that_missed_its_goals_is_not_gone_back_to_at_the_same_rate() -> 
     # near an engine's knee): the measurement wins while the rate stays near 20.
     missed = decide([_tokens(ttft_s=0.050, tpot_s=0.045)], 3, 3, BOUNDS, now=0.0)
     assert missed.replicas == 4 and missed.missed == (3, 20.0)
-    quiet = [_tokens(ttft_s=0.050, tpot_s=0.020)]  # 3 would be at 27 ms by the estimate
+    quiet = [_tokens(ttft_s=0.050, tpot_s=0.021)]  # 3 would be at 28 ms by the estimate, 2 at 42
     kept = decide(quiet, 4, 4, BOUNDS, now=1e6, down_since=0.0, missed=missed.missed)
     assert kept.replicas == 4 and kept.down_since is None
     assert kept.reason.endswith("not 3: 3 missed at 20 requests/s, now 20")
     # The rate fell by more than a tenth: the size that missed may come back.
     lower = [dataclasses.replace(quiet[0], rate=20.0 * MISSED_RATE_SHARE - 1)]
     assert decide(lower, 4, 4, BOUNDS, 1e6, down_since=0.0, missed=missed.missed).replicas == 3
+
+
+def test_a_missed_size_stops_a_step_down_above_it() -> None:
+    # Straight down from 4 to the 1 the estimate asks, but 2 missed at 20 requests/s and the
+    # rate is still 20: it goes to 3, the fewest above the size that missed.
+    quiet = [_tokens(ttft_s=0.020, tpot_s=0.005)]  # 1 would be at 80 ms and 20 ms
+    d = decide(quiet, 4, 4, BOUNDS, now=1e6, down_since=0.0, missed=(2, 20.0))
+    assert d.replicas == 3 and d.reason.endswith("not 1: 2 missed at 20 requests/s, now 20")
+
+
+# -- a burst, in virtual time: a fluid queue of replicas that start in a few seconds -----------
+
+#: The burst bench's device (benchmarks/autoscale_burst.py): 20 requests/s a replica (100 ms a
+#: batch of 2), a 1 s objective; a replica serves START_S after it is asked for, and the rule
+#: reads the replicas' figures as Ray hands them over: means over the last LOOK_BACK_S.
+CAPACITY, BURST_OBJECTIVE_S, START_S, LOOK_BACK_S = 20.0, 1.0, 5, 5
+
+
+def _fluid(rates: list[float], replicas: int = 1) -> list[int]:
+    """The replicas serving each second while `rates` (requests/s, one a second) arrive: each
+    second the fleet answers what it can and queues the rest, reports its figures, and the
+    rule decides on their means over the look-back."""
+    queue, serving, target, down_since, missed = 0.0, replicas, replicas, None, None
+    started: list[tuple[int, int]] = []  # (second it serves, replicas then)
+    seen: list[ModelLoad] = []
+    counts = []
+    for now, rate in enumerate(rates):
+        for _, n in [s for s in started if s[0] == now]:
+            serving = max(serving, n)
+        answered = min(queue + rate, serving * CAPACITY)
+        wait = queue / answered if answered else 0.0  # Little's law: what the queue held
+        grown = queue + rate - answered - queue
+        queue += grown
+        busy = answered / (serving * CAPACITY)
+        seen.append(_burst_load(answered, wait, busy, queue, grown))
+        window = seen[-LOOK_BACK_S:]
+        load = _burst_load(*(_mean(window, f) for f in _FIGURES))
+        d = decide([load], serving, target, Bounds(1, 4), float(now), down_since, missed=missed)
+        if d.replicas > target:
+            started.append((now + START_S, d.replicas))
+        elif d.replicas < serving:  # drained and gone at once
+            serving = d.replicas
+        target, down_since, missed = d.replicas, d.down_since, d.missed
+        counts.append(serving)
+    return counts
+
+
+_FIGURES = ("rate", "wait_s", "busy", "in_flight", "growth")
+
+
+def _burst_load(rate: float, wait: float, busy: float, held: float, growth: float) -> ModelLoad:
+    return ModelLoad(
+        "m", BURST_OBJECTIVE_S, rate, wait, busy, held, capacity=CAPACITY, growth=growth
+    )
+
+
+def _mean(window: list[ModelLoad], figure: str) -> float:
+    return sum(getattr(x, figure) for x in window) / len(window)
+
+
+def _changes(counts: list[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in itertools.pairwise(counts) if a != b]
+
+
+def test_a_burst_adds_the_plans_count_and_sheds_it_in_one_step() -> None:
+    # The bench's shape: 4/s for 30 s, 6x for 60 s, 4/s for 150 s. The plan for 24/s at
+    # MAX_BUSY of 20/s a replica: 2; for 4/s: 1.
+    counts = _fluid([4.0] * 30 + [24.0] * 60 + [4.0] * 150)
+    planned = math.ceil(24.0 / (CAPACITY * MAX_BUSY))
+    assert planned == 2
+    assert max(counts) == planned  # not past it: the backlog's wait did not ask for more
+    assert _changes(counts) == [(1, 2), (2, 1)]  # up once, down once, in one step each
+    down = counts.index(1, counts.index(planned))  # the first second back at 1 after it
+    assert 90 + DOWN_DELAY_S <= down < 90 + DOWN_DELAY_S + 2 * LOOK_BACK_S
+
+
+def test_a_fleet_far_above_the_demand_comes_down_in_one_step_after_the_hold() -> None:
+    counts = _fluid([4.0] * 120, replicas=4)
+    assert _changes(counts) == [(4, 1)]
+    assert counts.index(1) == DOWN_DELAY_S
+
+
+def test_a_steady_rate_near_the_edge_does_not_flap() -> None:
+    # 15/s: 1 replica would be at 75% (<= MAX_BUSY) by the estimate, and is: it settles at 1
+    # from 3 and stays; at 17/s 1 would be at 85%: 2 stay.
+    assert _changes(_fluid([15.0] * 300, replicas=3)) == [(3, 1)]
+    assert _changes(_fluid([17.0] * 300, replicas=3)) == [(3, 2)]
+    assert _changes(_fluid([17.0] * 300, replicas=1)) == [(1, 2)]

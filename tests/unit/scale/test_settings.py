@@ -26,7 +26,7 @@ def test_settings_from_the_command_line(tmp_path: Path) -> None:
     argv = ["serve", str(tmp_path), "--ray", "--address", "auto", "--autoscale", "1:4"]
     settings = settings_from(parse([*argv, "--grpc-port", "-1", "--max-body-mb", "2"]))
     assert settings.address == "auto" and settings.autoscale == (1, 4)
-    assert settings.scale_down_delay_s == 60.0  # objective.DOWN_DELAY_S unless asked
+    assert settings.scale_down_delay_s == 30.0  # objective.DOWN_DELAY_S unless asked
     asked = settings_from(parse([*argv, "--scale-down-delay", "5"]))
     assert asked.scale_down_delay_s == 5.0
     assert settings.grpc_port is None and settings.server is not None
