@@ -104,7 +104,7 @@ class HaproxyRouter:
         self._asked = {REST: http_port, GRPC: grpc_port}
         self._sockets: dict[str, socket.socket] = {}
         #: HAProxy's folder: its configuration, error pages, map and runtime socket.
-        self.workdir = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
+        self.workdir = _workdir()
         self._process: subprocess.Popen[bytes] | None = None
         #: Slot number (1-based) of each member's key, and the members themselves.
         self._slots: dict[str, int] = {}
@@ -250,6 +250,20 @@ class HaproxyRouter:
         for sock in self._sockets.values():
             sock.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+#: The longest runtime socket path HAProxy 2.6 takes ("socket path ... too long (max 97)").
+_MAX_SOCKET_PATH = 97
+
+
+def _workdir() -> Path:
+    """HAProxy's folder, in TMPDIR; under /tmp when TMPDIR is so deep that the runtime socket's
+    path would pass HAProxy's limit (it would refuse to start)."""
+    made = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
+    if len(str(made / "admin.sock")) <= _MAX_SOCKET_PATH:
+        return made
+    made.rmdir()
+    return Path(tempfile.mkdtemp(prefix="dlscale-router-", dir="/tmp"))
 
 
 def _is_refusal(line: str) -> bool:

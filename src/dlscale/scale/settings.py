@@ -59,9 +59,9 @@ class ScaleSettings:
         None, "autoscale the replicas", "--autoscale", metavar="MIN:MAX",
         convert=lambda text: None if text is None else parse_autoscale(text),
     )  # fmt: skip
-    #: Seconds the autoscaler must want fewer replicas, without a break, before one goes.
+    #: Seconds the autoscaler must want fewer replicas, without a break, before it steps down.
     scale_down_delay_s: float = setting(
-        DOWN_DELAY_S, "with --autoscale: seconds of wanting fewer replicas before one goes",
+        DOWN_DELAY_S, "with --autoscale: seconds of wanting fewer replicas before they go",
         "--scale-down-delay", type=float,
     )  # fmt: skip
     #: Overrides of what a replica asks Ray for (by default: the sum of its models' instances).

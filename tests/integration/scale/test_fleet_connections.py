@@ -206,11 +206,13 @@ def test_a_flooded_replica_stays_up_in_the_router(fleet: Fleet) -> None:
     assert statuses == [200] * len(statuses), sorted(set(statuses))
 
 
-def test_requests_past_a_replicas_share_wait_in_the_router(repo: Path, tmp_path: Path) -> None:
+def test_requests_past_a_replicas_share_wait_in_the_router(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     # Its own fleet: a worker holding 40 connections is sent 24 requests at once (16 kept for
     # checks); the 60 of this flood wait in HAProxy's queue for their turn. Before, HAProxy
     # sent all 60 and the worker answered 503 past its 40.
-    with running(repo, tmp_path, "--max-connections", "40") as small:
+    with running(repo, tmp_path_factory.mktemp("small"), "--max-connections", "40") as small:
         statuses = flood(_infer_url(small), _body(1.0), sources=2, per_source=30)
         assert statuses == [200] * 60, sorted(set(statuses))
         assert max(int(r["qmax"] or 0) for r in small.rows()) > 0  # some did wait

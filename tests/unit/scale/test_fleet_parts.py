@@ -6,12 +6,14 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from dlscale.scale.child import Endpoint
 from dlscale.scale.control import ControlLog
+from dlscale.scale.haproxy import HaproxyRouter
 from dlscale.scale.haproxy_config import Control, render, routes_map, write_errors
 from dlscale.scale.metrics import merge
 from dlscale.scale.prefix import write_map
@@ -95,3 +97,21 @@ def test_haproxy_accepts_the_control_rules(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     assert "use_backend control_rest if control" in config
     assert "use_backend control_grpc if control" in config
+
+
+def test_a_router_under_a_deep_tmpdir_starts_with_its_socket_under_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HAProxy refuses a runtime socket path over 97 bytes; a deep TMPDIR (a CI runner's, a
+    # test's) must not keep the router from starting.
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    router = HaproxyRouter("127.0.0.1", 0, None)
+    try:
+        router.start()
+        assert router.workdir.parent == Path("/tmp")
+        assert router.states() == {}  # the runtime socket answers
+    finally:
+        router.stop()
+    assert not router.workdir.exists()
