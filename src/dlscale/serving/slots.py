@@ -34,6 +34,18 @@ class DemandSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class WholeDemand:
+    """A DemandSource that waits whole, never split: an engine's step or lease, asked at
+    `asked` for `rows` rows (its head is all of it)."""
+
+    asked: float
+    rows: int
+
+    def demand(self, now: float) -> Demand:
+        return Demand(self.asked, self.rows, self.rows)
+
+
 @dataclass(eq=False)
 class Slot:
     """An instance held for one batch of at most `max_rows` rows (the head request always goes)."""

@@ -28,7 +28,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from dlscale.backends.generative.contract import PausableBackend
 from dlscale.errors import Unavailable
@@ -37,24 +36,13 @@ from dlscale.serving.instance import Instance
 from dlscale.serving.qos.admission import Admission
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
-from dlscale.serving.slots import Demand, Slot
+from dlscale.serving.slots import Slot, WholeDemand
 
 log = logging.getLogger("dlscale.models")
 
 #: Seconds between checks that the device's scheduler is still on (while no tenant there has
 #: [qos], the engine is never paused; checked as often while none has come).
 IDLE_S = 0.1
-
-
-@dataclass(frozen=True)
-class _Lease:
-    """A lease asked for (a DemandSource): the engine's sequences, whole."""
-
-    asked: float
-    rows: int
-
-    def demand(self, now: float) -> Demand:
-        return Demand(self.asked, self.rows, self.rows)
 
 
 class EngineLease:
@@ -137,7 +125,7 @@ class EngineLease:
         asked = clock()
         if previous is not None:  # runs once the take below waits (it registers at once)
             asyncio.get_running_loop().call_soon(previous)
-        slot: Slot = await self.pool.take(_Lease(asked, self.sequences), self.device)
+        slot: Slot = await self.pool.take(WholeDemand(asked, self.sequences), self.device)
         granted, rows = clock(), max(1, self.sequences)
         try:
             await self._pause(False)

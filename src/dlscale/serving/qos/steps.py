@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from dlscale.backends.generative.contract import PacedBackend
 from dlscale.models.config import ModelConfig
@@ -34,22 +33,11 @@ from dlscale.serving.instance import Instance
 from dlscale.serving.qos.admission import Admission
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
-from dlscale.serving.slots import Demand, Slot
+from dlscale.serving.slots import Slot, WholeDemand
 
 #: Seconds between the engine thread's checks that the event loop still runs while its step
 #: waits for a grant (a server stopped without unloading would otherwise hold it forever).
 POLL_S = 1.0
-
-
-@dataclass(frozen=True)
-class _Step:
-    """A step waiting for its slot (a DemandSource): it goes whole, never split."""
-
-    asked: float
-    rows: int
-
-    def demand(self, now: float) -> Demand:
-        return Demand(self.asked, self.rows, self.rows)
 
 
 class EngineSteps:
@@ -80,7 +68,7 @@ class EngineSteps:
                     # Runs once the take below waits for its grant (it registers at once).
                     self.loop.call_soon(previous)
                     previous = None
-                slot = await self.pool.take(_Step(asked, rows), device)
+                slot = await self.pool.take(WholeDemand(asked, rows), device)
         finally:
             if previous is not None:  # cancelled before it asked: the slot goes back all the same
                 previous()
