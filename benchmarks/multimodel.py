@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.harness.models import MLP, build_mlp, write_dlscale_config
-from dlscale.bench.multimodel_run import RepoServer, copies
+from benchmarks.harness.models import mlp_copies
+from dlscale.bench.multimodel_run import RepoServer
 from dlscale.cli import main
 
 
@@ -49,11 +49,7 @@ def run() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        source = Path(scratch) / "source"
-        build_mlp(source)
-        write_dlscale_config(source, MLP)
-        repo = copies(source, MLP.name, args.copies, Path(scratch) / "repo")
-        names = sorted(p.name for p in repo.iterdir())
+        repo, names = mlp_copies(Path(scratch), args.copies)
         budget = probe_budget(repo, names, args.out / "probe.log")
         print(f"budget: cpu={budget} bytes ({budget / 2**20:.1f} MiB)")
         return main([

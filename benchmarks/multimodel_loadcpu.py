@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from benchmarks.harness.models import MLP, build_mlp, write_dlscale_config
-from dlscale.bench.multimodel_run import RepoServer, copies
+from benchmarks.harness.models import mlp_copies
+from dlscale.bench.multimodel_run import RepoServer
 
 _BODY = {"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32", "data": [0.0] * 256}]}
 _LOADS = re.compile(r"^dlscale_model_loads_on_demand_total (\S+)$", re.M)
@@ -139,11 +139,7 @@ def run() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        source = Path(scratch) / "source"
-        build_mlp(source)
-        write_dlscale_config(source, MLP)
-        repo = copies(source, MLP.name, args.copies, Path(scratch) / "repo")
-        names = sorted(p.name for p in repo.iterdir())
+        repo, names = mlp_copies(Path(scratch), args.copies)
         budget = probe(repo, names, args.out / "probe.log")
         flags = ["--model-control", "on-demand", "--memory-budget", f"cpu={budget}"]
         with RepoServer(repo, flags, args.out / "server.log") as server:

@@ -41,7 +41,7 @@ import numpy as np
 import uvloop
 
 from benchmarks.harness.budget import budget_for
-from benchmarks.harness.models import MLP, build_mlp, write_dlscale_config
+from benchmarks.harness.models import MLP, mlp_copies
 from benchmarks.harness.multiplex_load import closed_mix, open_mix, wires
 from benchmarks.harness.servers import (
     HOST,
@@ -54,7 +54,7 @@ from benchmarks.harness.servers import (
 from benchmarks.harness.statistics import machine, paired_ratios, record
 from dlscale.bench.multimodel import IndexSampler, Mix, Phase, Sent
 from dlscale.bench.multimodel_report import summary
-from dlscale.bench.multimodel_run import RepoServer, copies, mean_load_s
+from dlscale.bench.multimodel_run import RepoServer, mean_load_s
 
 #: dlscale under the budget; Ray capped at the budget's model count; Ray holding every model
 #: (no load after the first of each: the best Ray can do on this mix, whatever the cap).
@@ -235,11 +235,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
-        source = Path(scratch) / "source"
-        build_mlp(source)
-        write_dlscale_config(source, MLP)
-        repo = copies(source, MLP.name, args.copies, Path(scratch) / "repo")
-        names = sorted(p.name for p in repo.iterdir())
+        repo, names = mlp_copies(Path(scratch), args.copies)
         budget = budget_for(repo, names, MLP.json_body(1), args.max_models, args.out / "probe.log")
         print(f"budget: cpu={budget} bytes ({budget / 2**20:.1f} MiB)", flush=True)
         for rep in range(args.rounds):

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dlscale.bench.multimodel_run import copies
+
 
 @dataclass(frozen=True)
 class BenchModel:
@@ -160,3 +162,13 @@ def build_large_repository(root: Path) -> Path:
     build_identity_like(root, SMALL)
     write_dlscale_config(root, SMALL)
     return root
+
+
+def mlp_copies(scratch: Path, count: int) -> tuple[Path, list[str]]:
+    """A repository of `count` copies of the MLP under names of their own (the many-models
+    benchmarks), and its names in order."""
+    source = scratch / "source"
+    build_mlp(source)
+    write_dlscale_config(source, MLP)
+    repo = copies(source, MLP.name, count, scratch / "repo")
+    return repo, sorted(p.name for p in repo.iterdir())
