@@ -10,14 +10,23 @@ server (or a test process) that later compiles a torch model does not abort.
 
 Children die with their parent: every process dlscale starts to serve beside itself (REST
 workers, a fleet's servers, its router) asks Linux for SIGTERM when its parent dies, even by
-SIGKILL, so that no orphan holds a port or a device.
+SIGKILL, so that no orphan holds a port or a device. They are started without forking the
+Python process (`spawn_dying_with_parent`): a fork of a process that runs gRPC (every Ray actor,
+every server) runs gRPC's fork handlers, which restart its poller thread in the child; the child
+then closes its inherited descriptors before exec, the epoll descriptor among them, and the
+poller aborts the child (SIGABRT, "epoll_wait error: Bad file descriptor"), now and then, on a
+busy machine: a fleet's router once failed to start that way in CI.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import shutil
 import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Any
 
 #: prctl(2)'s PR_SET_PDEATHSIG.
 _PR_SET_PDEATHSIG = 1
@@ -29,7 +38,23 @@ def before_tensorflow() -> None:
         import triton  # noqa: F401
 
 
+def spawn_dying_with_parent(argv: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start `argv` (Popen's keywords in `popen`) to get SIGTERM when the calling *thread* ends.
+
+    `setpriv --pdeathsig` (util-linux, on every Debian-like host) sets the signal and execs
+    `argv`, so Python starts it by vfork, which runs no fork handlers; where there is no setpriv,
+    the signal is set between fork and exec instead. setpriv asks for it after the spawn
+    returns: a caller whose thread ends at once may end before it (dlscale's wait for their
+    children to answer).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        return subprocess.Popen([setpriv, "--pdeathsig", "TERM", "--", *argv], **popen)
+    return subprocess.Popen(list(argv), preexec_fn=die_with_parent, **popen)
+
+
 def die_with_parent() -> None:
-    """In a child, between fork and exec (`preexec_fn`): SIGTERM when the parent dies (Linux)."""
+    """In this process, or in a child between fork and exec: SIGTERM when the parent (thread)
+    ends (Linux)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlscale.errors import DlscaleError
-from dlscale.native import die_with_parent
+from dlscale.native import spawn_dying_with_parent
 
 log = logging.getLogger("dlscale.scale")
 
@@ -63,12 +63,11 @@ class ServerChild:
         thread), so a supervisor spawns from a thread that lives as long as it does, and may
         wait for readiness in another.
         """
-        self.process = subprocess.Popen(
+        self.process = spawn_dying_with_parent(
             [sys.executable, "-m", "dlscale.scale.child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
-            preexec_fn=die_with_parent,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(pickle.dumps(self.settings))

@@ -27,6 +27,7 @@ What the router promises (docs/scale.md):
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import socket
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
-from dlscale.native import die_with_parent
+from dlscale.native import spawn_dying_with_parent
 from dlscale.scale import prefix
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.haproxy_config import (
@@ -118,12 +119,16 @@ class HaproxyRouter:
         names = {REST: "http", GRPC: "grpc"}
         return {names[p]: int(s.getsockname()[1]) for p, s in self._sockets.items()}
 
-    def start(self) -> None:
-        """Bind the ports, write the configuration and start HAProxy; returns once it answers."""
+    def start(self, bind_patience_s: float = 0.0) -> None:
+        """Bind the ports, write the configuration and start HAProxy; returns once it answers.
+
+        `bind_patience_s`: how long a port still in use is tried again (a restarted router,
+        whose predecessor's HAProxy is still closing the same ports).
+        """
         binary = haproxy_binary()
         for proto, port in self._asked.items():
             if port is not None:
-                self._sockets[proto] = _listen(self.host, port, proto)
+                self._sockets[proto] = _listen(self.host, port, proto, bind_patience_s)
         fds = {p: s.fileno() for p, s in self._sockets.items()}
         config = self.workdir / "haproxy.cfg"
         prefix.write_map(self._map_path, self.routing.routes)
@@ -138,10 +143,8 @@ class HaproxyRouter:
             )
         )
         write_errors(self.workdir)
-        self._process = subprocess.Popen(
-            [binary, "-db", "-f", str(config)],
-            pass_fds=tuple(fds.values()),
-            preexec_fn=die_with_parent,
+        self._process = spawn_dying_with_parent(
+            [binary, "-db", "-f", str(config)], pass_fds=tuple(fds.values())
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._socket_path.exists():
@@ -298,9 +301,18 @@ def _backends(sockets: Mapping[str, socket.socket]) -> list[str]:
     return [*sockets, *([HASHED] if REST in sockets else [])]
 
 
-def _listen(host: str, port: int, proto: str) -> socket.socket:
+def _listen(host: str, port: int, proto: str, patience_s: float) -> socket.socket:
     """A listening socket for HAProxy to inherit (bound here, so port 0 picks a known port)."""
-    sock = bind(host, port, f"the router's {proto} frontend")
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            sock = bind(host, port, f"the router's {proto} frontend")
+            break
+        except DlscaleError as exc:
+            in_use = isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EADDRINUSE
+            if not in_use or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     sock.listen(4096)
     sock.set_inheritable(True)
     return sock

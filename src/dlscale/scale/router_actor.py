@@ -92,7 +92,9 @@ class FleetRouter:
             self._loop.run_until_complete(self._servers.start())
             where = Control(LOOPBACK, *self._servers.control_ports)
             self.haproxy = HaproxyRouter(self.host, *asked, where, self._routing, self._rules)
-            self.haproxy.start()
+            # Restarted by Ray: the HAProxy of the router that died may still hold the ports.
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+            self.haproxy.start(bind_patience_s=ROUTER_START_S if restarted else 0.0)
             self.registry = Registry(self.haproxy)
         except BaseException as exc:  # said to __init__, which raises it
             self._error = exc

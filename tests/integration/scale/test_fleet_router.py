@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -120,6 +122,23 @@ def test_with_no_child_alive_a_request_gets_a_retryable_503(small_repo: Path) ->
         with pytest.raises(Exception) as caught:
             _rest_infer(router.ports["http"], 1.0)
         assert "503" in str(caught.value) and "retry" in str(caught.value)
+    finally:
+        router.stop()
+
+
+def test_a_router_restarted_on_its_ports_waits_for_them_only_when_told() -> None:
+    """A restarted router binds the ports its predecessor's HAProxy may still be closing."""
+    held = socket.socket()
+    held.bind((HOST, 0))
+    held.listen()
+    port = held.getsockname()[1]
+    with pytest.raises(DlscaleError, match="cannot listen"):
+        HaproxyRouter(HOST, port, None).start()  # a first start: in use is an error at once
+    threading.Timer(0.5, held.close).start()
+    router = HaproxyRouter(HOST, port, None)
+    router.start(bind_patience_s=30.0)
+    try:
+        assert router.ports["http"] == port
     finally:
         router.stop()
 
