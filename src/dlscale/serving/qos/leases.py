@@ -188,10 +188,9 @@ def lease_engines(
     (its seats' capacity), `admission`: its seats'. None: QoS off, or engines that cannot."""
     if not engines[0].backend.capabilities.pauses_steps:
         return None
-    pool = gates.enrol(name, config, placements, rows, admission)
+    pool = gates.enrol_engines(name, config, placements, engines, rows, admission)
     if pool is None:
         return None
-    pool.attach(engines, each=1)  # one lease at a time per engine
     leases = {}
     for engine in engines:
         backend = engine.backend

@@ -154,10 +154,9 @@ def pace_engines(
     capacity), `admission`: its seats'. Its pool, or None (QoS off, or engines that cannot)."""
     if not engines[0].backend.capabilities.paces_steps:
         return None
-    pool = gates.enrol(name, config, placements, rows, admission)
+    pool = gates.enrol_engines(name, config, placements, engines, rows, admission)
     if pool is None:
         return None
-    pool.attach(engines, each=1)  # one step at a time per engine
     steps = EngineSteps(pool, asyncio.get_running_loop())
     for engine in engines:
         backend = engine.backend
