@@ -42,13 +42,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 
 from benchmarks.harness.statistics import machine
+from benchmarks.harness.token_streams import stream_exactly
 from dlscale.models.repository import ModelRepository
 from dlscale.models.zoo import build_zoo
 from dlscale.models.zoo.decoder_tokenizer import corpus
 from dlscale.models.zoo.lora import adapters_of
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.types import InferenceRequest
 
 Request = tuple[str, int]  # (prompt, output tokens)
 STATIC, CONTINUOUS = "static generate", "transformers backend"
@@ -133,17 +133,7 @@ async def run_continuous(
 
     async def one(index: int, prompt: str, n: int) -> None:
         async with slots:
-            request = InferenceRequest(
-                asked[index % len(asked)],
-                {"text_input": np.array([prompt.encode()], dtype=object)},
-                id=str(index),
-                parameters={"max_tokens": n, "ignore_eos": True, "temperature": 0.0},
-            )
-            times, last = [], 0
-            async for response in plane.stream(request):
-                if "num_output_tokens" in response.outputs:
-                    times.append(time.perf_counter())
-                    last = int(response.outputs["num_output_tokens"][0])
+            times, last = await stream_exactly(plane, asked[index % len(asked)], index, prompt, n)
             counted.append(last)
             ttft.append(times[0] - start)
             if last > 1:

@@ -40,13 +40,13 @@ from transformers import AutoTokenizer
 
 from benchmarks.harness.servers import RESULTS, WORK, cpu_seconds
 from benchmarks.harness.statistics import machine
+from benchmarks.harness.token_streams import stream_exactly
 from dlscale.models.repository import ModelRepository
 from dlscale.models.zoo import DECODERS
 from dlscale.models.zoo.decoder_tokenizer import corpus
 from dlscale.models.zoo.lora import adapters_of
 from dlscale.serving.dataplane import DataPlane
 from dlscale.serving.manager import ModelManager
-from dlscale.types import InferenceRequest
 
 #: The engine arguments of benchmarks/llm_vllm.py, for both engines.
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": 16, "kv_cache_gib": 1}
@@ -107,17 +107,7 @@ async def run_arm(
 
     async def one(index: int, prompt: str, n: int) -> None:
         async with slots:
-            request = InferenceRequest(
-                models[index % len(models)],
-                {"text_input": np.array([prompt.encode()], dtype=object)},
-                id=str(index),
-                parameters={"max_tokens": n, "ignore_eos": True, "temperature": 0.0},
-            )
-            times, last = [], 0
-            async for response in plane.stream(request):
-                if "num_output_tokens" in response.outputs:
-                    times.append(time.perf_counter())
-                    last = int(response.outputs["num_output_tokens"][0])
+            times, last = await stream_exactly(plane, models[index % len(models)], index, prompt, n)
             counted.append(last)
             if last > 1:
                 tpot.append((times[-1] - times[0]) / (last - 1))
