@@ -151,9 +151,18 @@ async def test_an_idle_engine_uses_no_kv_cache_after_long_prompts(
     assert stats.kv_cache_cached > 0
     # A prompt that shares the prefix takes its blocks back from the cache while it runs.
     held = {"max_tokens": 250, "ignore_eos": True}  # within the context of 512 tokens
+    before = backend.engine_stats()
     stream = backend.stream("p", text_input(f"0 {long}"), held)
     await stream.__anext__()  # type: ignore[attr-defined]
-    assert backend.engine_stats().kv_cache_usage > 0
+    during = backend.engine_stats()
+    assert during.kv_cache_usage > 0
+    # The lookups are counted as vLLM counts them (vllm:prefix_cache_queries and _hits): the
+    # prompt's tokens looked up, and whole pages of them found.
+    assert before.prefix_cache_queries is not None and before.prefix_cache_hits is not None
+    assert during.prefix_cache_queries is not None and during.prefix_cache_hits is not None
+    assert during.prefix_cache_queries > before.prefix_cache_queries
+    found = during.prefix_cache_hits - before.prefix_cache_hits
+    assert found >= 64 and found % 64 == 0
     await stream.aclose()  # type: ignore[attr-defined]
     assert await wait_idle(backend) == 0
     assert backend.engine_stats().kv_cache_usage == 0

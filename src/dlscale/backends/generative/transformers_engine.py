@@ -50,6 +50,36 @@ def _cached_share(cache: Any) -> float:
     return kept / total if total else 0.0
 
 
+class _PrefixLookups:
+    """Prompt tokens looked up in the prefix cache and those found, as vLLM counts them
+    (prefix_cache_queries and _hits): transformers counts neither, so the cache's lookup, which
+    its scheduler calls once per new sequence, is wrapped where the cache is first seen."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+        self._cache: Any = None
+
+    @property
+    def reported(self) -> bool:
+        """Whether the engine shares prefixes (not with adapters) and has a cache yet."""
+        return self._cache is not None
+
+    def watch(self, cache: Any) -> None:
+        if cache is self._cache or not getattr(cache, "use_prefix_sharing", False):
+            return
+        self._cache = cache
+        search = cache.search_prefix_match
+
+        def counted(request_id: str, prompt_ids: list[int]) -> int:
+            found = int(search(request_id, prompt_ids))
+            self.queries += len(prompt_ids)  # one thread (the generation loop's) adds
+            self.hits += found
+            return found
+
+        cache.search_prefix_match = counted
+
+
 class _Manager(ContinuousBatchingManager):
     """transformers' manager with each request's own sampling, computing with our threads."""
 
@@ -63,6 +93,7 @@ class _Manager(ContinuousBatchingManager):
         self.crash: BaseException | None = None
         #: Paces each step by the device's scheduler (set once by `Engine.pace`); None: free.
         self.gate: StepGate | None = None
+        self.lookups = _PrefixLookups()
 
     def _generation_step(self) -> None:
         # One step is the engine's unit of device work, as a batch is a classic model's: with
@@ -93,6 +124,7 @@ class _Manager(ContinuousBatchingManager):
                 self.gate.rest()
 
     def _generation_loop_body(self, batch_processor: Any, bootstrapping: bool) -> bool:
+        self.lookups.watch(batch_processor.cache)
         going = bool(super()._generation_loop_body(batch_processor, bootstrapping))
         # Its last sequences ended (or left): the device's slot goes back now, not when a next
         # step asks for it (a failure ends the loop, whose `finally` gives it back).
@@ -317,11 +349,14 @@ class Engine:
         scheduler = processor.scheduler
         free = float(processor.cache.compute_free_capacity())
         cached = _cached_share(processor.cache)
+        lookups = self.manager.lookups
         return EngineStats(
             running=len(scheduler.active_requests),
             waiting=len(scheduler.waiting_requests) + queued,
             kv_cache_usage=max(0.0, 1.0 - free - cached),
             kv_cache_cached=cached,
+            prefix_cache_queries=lookups.queries if lookups.reported else None,
+            prefix_cache_hits=lookups.hits if lookups.reported else None,
         )
 
     def _route(self) -> None:
