@@ -154,8 +154,9 @@ class LocalFleet:
                 ends = list(pool.map(lambda w: w.child.ready(timeout_s), self.workers))
             for worker, end in zip(self.workers, ends, strict=True):
                 worker.endpoint, worker.ready_at = end, time.monotonic()
-            self._sync()
+            # The metrics page first: once the router says ready, every port of the fleet is up.
             self._serve_metrics()
+            self._sync()
         except BaseException:
             self.stop()
             raise
