@@ -19,9 +19,9 @@ second (open loop), tenants drawn at random. Both arms get the same requests; in
 run, in alternating order, each on its own engines (their caches are not shared), after one
 unmeasured request per tenant and arm. Reported per arm, medians over the rounds: TTFT p50 and
 p90, output tokens/s, the fleet's CPU seconds per output token, each worker's share of the
-requests (from the fleet's merged metrics), and the load average. The transformers engine does
-not publish prefix-cache hits (only vLLM fills the contract's prefix_cache_queries/hits), so no
-hit rate is reported.
+requests (from the fleet's merged metrics), the engines' prefix-cache hit rate (prompt tokens
+found in the cache over those looked up, `vllm:prefix_cache_hits_total` over `_queries_total`
+summed over the workers), and the load average.
 """
 
 from __future__ import annotations
@@ -137,17 +137,21 @@ def start_fleet(repo: Path) -> tuple[ServerProcess, int]:
     return server, metrics
 
 
-def served(metrics: int, model: str) -> dict[str, float]:
-    """Each worker's successes of `model`, from the fleet's merged metrics."""
+def served(metrics: int, model: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Each worker's successes of `model` ("device" keys), and the prompt tokens its engines
+    looked up in their prefix caches and found ("queries", "hits"), from the merged metrics."""
     with urllib.request.urlopen(f"http://{HOST}:{metrics}/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    found = {}
+    found, counts = {}, {}
     pattern = rf'^nv_inference_request_success\{{(.*model="{model}".*)\}} (\S+)$'
     for labels, value in re.findall(pattern, text, re.M):
         device = re.search(r'device="([^"]+)"', labels)
         if device is not None:
             found[device.group(1)] = float(value)
-    return found
+    for key in ("queries", "hits"):
+        pattern = rf'^vllm:prefix_cache_{key}_total\{{.*model_name="{model}".*\}} (\S+)$'
+        counts[key] = sum(float(v) for v in re.findall(pattern, text, re.M))
+    return found, counts
 
 
 async def one_arm(url: str, model: str, work: list[Job]) -> list[StreamRecord]:
@@ -168,11 +172,13 @@ async def warm(url: str, systems: list[str]) -> None:
 
 def measure(server: ServerProcess, metrics: int, model: str, work: list[Job]) -> dict[str, Any]:
     """One arm's round: its figures and where its requests went."""
-    before, cpu, load = served(metrics, model), cpu_seconds(server.proc.pid), os.getloadavg()[0]
+    (before, looked), cpu = served(metrics, model), cpu_seconds(server.proc.pid)
+    load = os.getloadavg()[0]
     start = time.perf_counter_ns()
     records = asyncio.run(one_arm(f"http://{HOST}:{server.port}", model, work))
     wall_s = (max(r.done_ns for r in records) - start) / 1e9
-    after, spent = served(metrics, model), cpu_seconds(server.proc.pid) - cpu
+    (after, looked_after), spent = served(metrics, model), cpu_seconds(server.proc.pid) - cpu
+    queries = looked_after["queries"] - looked["queries"]
     ok = [r for r in records if r.ok and not r.error]
     ttfts = [r.ttft_ns / 1e6 for r in ok if r.ttft_ns is not None]
     tokens = sum(r.tokens for r in ok)
@@ -185,6 +191,7 @@ def measure(server: ServerProcess, metrics: int, model: str, work: list[Job]) ->
         "tokens_per_s": tokens / wall_s,
         "cpu_ms_per_token": 1000 * spent / max(1, tokens),
         "max_share": max(shares.values()) / total if shares else None,
+        "prefix_hit_rate": (looked_after["hits"] - looked["hits"]) / queries if queries else None,
         "shares": {d: v / total for d, v in sorted(shares.items())},
         "load_before": load,
         "load_after": os.getloadavg()[0],
@@ -238,11 +245,13 @@ def report(args: argparse.Namespace, kv_tokens: int, rows: list[dict[str, Any]])
         )
     )
     keys = ("ttft_p50_ms", "ttft_p90_ms", "tokens_per_s", "cpu_ms_per_token", "max_share")
+    keys += ("prefix_hit_rate",)
     print("\n| arm | " + " | ".join(keys) + " | errors |")
     print("|---" * (len(keys) + 2) + "|")
     for arm in ROUTING:
         mine = [r for r in rows if r["arm"] == arm]
-        cells = [f"{statistics.median(r[k] for r in mine):.3g}" for k in keys]
+        known = [[r[k] for r in mine if r[k] is not None] for k in keys]
+        cells = [f"{statistics.median(v):.3g}" if v else "n/a" for v in known]
         print(f"| {arm} | " + " | ".join(cells) + f" | {sum(r['errors'] for r in mine)} |")
     for key in ("ttft_p90_ms", "tokens_per_s"):
         ratios = [
