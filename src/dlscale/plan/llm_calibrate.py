@@ -12,6 +12,14 @@ from dlscale.errors import PlanError
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
 
 
+class AboveCeiling(PlanError):
+    """Measured times faster than the device's figures allow: the shares the fit found."""
+
+    def __init__(self, message: str, mbu: float, mfu: float, mbu_vector: float | None) -> None:
+        super().__init__(message)
+        self.mbu, self.mfu, self.mbu_vector = mbu, mfu, mbu_vector
+
+
 def calibrate(
     model: DecoderOnDevice,
     decodes: Sequence[tuple[int, float, float]],
@@ -25,6 +33,7 @@ def calibrate(
     memory-bound and the prefill as compute-bound (their other term dropped). One decode step:
     MBU and MFU, no host time. Two (at different batches): the host time too. Three, one of
     them at batch 1: batch 1's matrix-vector MBU apart from the matrix-matrix one of the others.
+    A host time solved below 0 is taken as 0 (the rest fitted by least squares).
     """
     if not 1 <= len(decodes) <= 3:
         raise PlanError(f"calibration takes 1 to 3 decode steps, got {len(decodes)}")
@@ -55,6 +64,12 @@ def calibrate(
         raise PlanError(
             "the measured runs do not tell the terms apart (same batch twice?)"
         ) from None
+    if solved.get(3, 0.0) < 0:
+        # An engine whose host work per token is within the noise of nothing: the host time
+        # is 0, and the other figures the least-squares fit of the same equations without it.
+        columns.remove(3)
+        fit = np.linalg.lstsq(np.array(rows)[:, columns], np.array(times), rcond=None)[0]
+        solved = dict(zip(columns, fit, strict=True))
     return _efficiency(solved, times, bandwidth, peak)
 
 
@@ -73,8 +88,11 @@ def _efficiency(
     vector = 1 / solved[0] if 0 in solved else None
     if max(mbu, mfu, vector or 0.0) > 1:
         at_one = f" / MBU at batch 1 {vector:.3g}" if vector is not None else ""
-        raise PlanError(
+        raise AboveCeiling(
             f"calibrated MBU {mbu:.3g} / MFU {mfu:.3g}{at_one} exceed 1: the device's peaks "
-            f"({bandwidth / 1e9:.3g} GB/s, {peak / 1e9:.3g} GFLOP/s) understate it"
+            f"({bandwidth / 1e9:.3g} GB/s, {peak / 1e9:.3g} GFLOP/s) understate it",
+            mbu,
+            mfu,
+            vector,
         )
     return Efficiency(mbu, mfu, float(host), vector)
