@@ -11,7 +11,7 @@ from dlscale.cli import main
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.plan.llm import DecoderShape, from_config
-from dlscale.plan.llm_calibrate import calibrate
+from dlscale.plan.llm_calibrate import AboveCeiling, calibrate
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
 
 #: A decoder small enough to count by hand: 2 layers of 64, 4 heads of 16, MLP 128, 100 ids.
@@ -112,3 +112,29 @@ def test_plan_serve_takes_batch_ones_mbu(capsys: pytest.CaptureFixture[str]) -> 
     assert "MBU 0.5, MFU 0.8, fp32, MBU at batch 1 0.7" in capsys.readouterr().out
     assert main([*argv[:-1], "1.7"]) == 1
     assert "MBU must be in (0, 1], got 1.7" in capsys.readouterr().err
+
+
+def test_a_host_time_below_zero_is_fitted_as_zero() -> None:
+    # An engine with no host work per token, its batch-16 step measured 2% fast: solved
+    # exactly, the host time would be negative; it is 0 and the rest fitted to the times.
+    made = DecoderOnDevice(tiny(), CPU, Efficiency(0.3, 0.6, 0.0, mbu_vector=0.45))
+    base = replace(made, efficiency=Efficiency(1.0, 1.0))
+    steps = [(b, 40.0, made.decode_step_s(b, 40.0)) for b in (1, 2, 16)]
+    steps[2] = (16, 40.0, steps[2][2] * 0.98)
+    got = calibrate(base, steps, (32, 1, made.prefill_s(32)))
+    assert got.host_s_per_token == 0.0
+    assert (got.mbu_vector, got.mbu, got.mfu) == pytest.approx((0.45, 0.3, 0.6), rel=0.1)
+    fitted = replace(base, efficiency=got)
+    assert fitted.decode_step_s(16, 40.0) == pytest.approx(steps[2][2], rel=0.02)
+
+
+def test_times_faster_than_the_device_allows_carry_the_shares_found() -> None:
+    # Twice the peaks' speed everywhere: the refusal says by how much, for a caller that
+    # measured the device's figures itself (benchmarks/plan_llm_check.py raises them).
+    made = DecoderOnDevice(tiny(), CPU, Efficiency(1.0, 1.0, 0.0, mbu_vector=1.0))
+    base = replace(made, efficiency=Efficiency(1.0, 1.0))
+    steps = [(b, 40.0, made.decode_step_s(b, 40.0) / 2) for b in (1, 2, 16)]
+    with pytest.raises(AboveCeiling) as refused:
+        calibrate(base, steps, (32, 1, made.prefill_s(32) / 2))
+    above = refused.value
+    assert (above.mbu, above.mfu, above.mbu_vector) == pytest.approx((2.0, 2.0, 2.0))
