@@ -120,7 +120,7 @@ class Prompts:
             piece = self.ids[self.next : self.next + self.tokens]
             if len(piece) < self.tokens:
                 raise RuntimeError("the corpus ran out of prompts")
-            out.append(self.tokenizer.decode(piece))
+            out.append(str(self.tokenizer.decode(piece)))
             self.next += self.tokens
         return out
 
