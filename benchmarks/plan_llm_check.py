@@ -69,6 +69,12 @@ LLAMA_MID = DecoderModel(
     max_positions=2048,
 )
 MODELS = {**DECODERS, LLAMA_MID.name: LLAMA_MID}
+#: The matrix-matrix batch calibrated apart from batch 1, per engine (0: none). torch's linear
+#: layers (the transformers engine) run batch 1 as matrix-vector products that stream the
+#: weights faster than two rows' products do; vLLM's CPU kernels took 4 rows as fast as 1
+#: (llama-small 13.2 ms at batch 1, 13.6 at 4, 2026-11-29), and its batch 2 (16.4 ms) is no
+#: matrix-matrix rate to calibrate on. BENCHMARKS.md, "Generative plan on both engines".
+MATRIX_BATCH = {"backend": 2, "forward": 2, "vllm": 0}
 
 
 def plan_device(
@@ -124,7 +130,7 @@ def compare(
     own = [r for r in rows if r.model == first]
     reference = next((r for r in own if r.batch == args.calibrate_batch), own[-1])
     alone = next(r for r in rows if r.model == first and r.batch == 1)
-    matrix = next((r for r in own if r.batch == args.matrix_batch), None)
+    matrix = next((r for r in own if r.batch == matrix_batch(args)), None)
     base = DecoderOnDevice(shapes[reference.model], device, Efficiency(1.0, 1.0))
     steps = [alone] if reference is alone else [alone, reference]
     if matrix is not None and matrix not in steps and len(steps) == 2:
@@ -180,6 +186,12 @@ def compare(
     return fitted, judged_on, out, device
 
 
+def matrix_batch(args: argparse.Namespace) -> int:
+    """--matrix-batch, or the engine's default (MATRIX_BATCH)."""
+    given: int | None = args.matrix_batch
+    return MATRIX_BATCH[args.engine] if given is None else given
+
+
 def raised_ceilings(device: DeviceSpec, above: AboveCeiling) -> DeviceSpec:
     """The device with its bandwidth and peaks raised to what an engine was measured to reach
     (torch's sum and product are not a CPU's ceilings for every kernel)."""
@@ -219,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     # --matrix-batch a third, which tells batch 1's MBU from the matrix-matrix one.
     if args.source is None:
         args.calibrate_batch = args.calibrate_batch or max(args.batches)
-        args.batches = sorted({1, args.calibrate_batch, args.matrix_batch or 1, *args.batches})
+        args.batches = sorted({1, args.calibrate_batch, matrix_batch(args) or 1, *args.batches})
     clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
     # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
     # the core do not count (their traffic on the memory bus still does). A GPU run: the wall.
@@ -350,9 +362,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--matrix-batch",
         type=int,
-        default=2,
         help="the first model's smallest matrix-matrix decode batch, fitted to tell batch 1's "
-        "matrix-vector MBU apart (default 2; 0: one MBU for every batch)",
+        "matrix-vector MBU apart (0: one MBU for every batch; default: "
+        "2 for the transformers engine, 0 for vLLM's)",
     )
     p.add_argument("--from", dest="source", type=Path, help="an earlier run's measured.json")
     p.add_argument("--out", type=Path)
