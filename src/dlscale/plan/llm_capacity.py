@@ -46,7 +46,11 @@ class Efficiency:
     mbu_vector: float | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("MBU", self.mbu), ("MFU", self.mfu), ("MBU", self.mbu_vector)):
+        for name, value in (
+            ("MBU", self.mbu),
+            ("MFU", self.mfu),
+            ("MBU at batch 1", self.mbu_vector),
+        ):
             if value is not None and not 0 < value <= 1:
                 raise PlanError(f"{name} must be in (0, 1], got {value}")
         if not 0 <= self.host_s_per_token < 1:

@@ -59,7 +59,7 @@ def test_batch_one_streams_the_weights_at_its_own_share_of_bandwidth() -> None:
     # Unset, batch 1 reads at MBU like every batch (the model before it was split).
     one_mbu = replace(on_cpu, efficiency=Efficiency(0.25, 0.5, 1e-3))
     assert one_mbu.decode_step_s(1, 10) == pytest.approx(365_056 / 2.5e8 + 182_400 / 5e8 + 1e-3)
-    with pytest.raises(PlanError, match="MBU must be in"):
+    with pytest.raises(PlanError, match="MBU at batch 1 must be in"):
         Efficiency(0.25, 0.5, mbu_vector=1.5)
 
 
@@ -111,7 +111,7 @@ def test_plan_serve_takes_batch_ones_mbu(capsys: pytest.CaptureFixture[str]) -> 
     assert main(argv) == 0
     assert "MBU 0.5, MFU 0.8, fp32, MBU at batch 1 0.7" in capsys.readouterr().out
     assert main([*argv[:-1], "1.7"]) == 1
-    assert "MBU must be in (0, 1], got 1.7" in capsys.readouterr().err
+    assert "MBU at batch 1 must be in (0, 1], got 1.7" in capsys.readouterr().err
 
 
 def test_a_host_time_below_zero_is_fitted_as_zero() -> None:
