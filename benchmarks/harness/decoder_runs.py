@@ -120,7 +120,7 @@ class Prompts:
             piece = self.ids[self.next : self.next + self.tokens]
             if len(piece) < self.tokens:
                 raise RuntimeError("the corpus ran out of prompts")
-            out.append(self.tokenizer.decode(piece))
+            out.append(str(self.tokenizer.decode(piece)))
             self.next += self.tokens
         return out
 
@@ -131,7 +131,8 @@ async def backend_run(
     """(TTFT, TPOT, mean prompt tokens) of `prompts` streamed at once through the backend.
 
     TTFT is the last request's first token (all B prompts prefilled), TPOT the mean over the
-    requests of (last token - first token) / (tokens - 1).
+    requests of (last token - first token) / the tokens between (an engine whose reader lags
+    may hand over several tokens in one part).
     """
     import asyncio
 
@@ -141,13 +142,14 @@ async def backend_run(
 
     async def one(index: int, prompt: str) -> tuple[float, float, int]:
         inputs = {"text_input": np.array([prompt.encode()], dtype=object)}
-        times, count, prompt_tokens = [], 0, 0
+        times, counts, prompt_tokens = [], [], 0
         async for part in backend.stream(str(index), inputs, params):
             if "num_output_tokens" in part.outputs:
                 times.append(now())
-                count = int(part.outputs["num_output_tokens"][0])
+                counts.append(int(part.outputs["num_output_tokens"][0]))
                 prompt_tokens = int(part.outputs["num_input_tokens"][0])
-        return times[0] - start, (times[-1] - times[0]) / max(1, count - 1), prompt_tokens
+        between = max(1, counts[-1] - counts[0])
+        return times[0] - start, (times[-1] - times[0]) / between, prompt_tokens
 
     start = now()
     done = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -157,8 +159,6 @@ async def backend_run(
 
 def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[Measured]:
     """Every batch through dlscale's transformers backend, B requests at once, round-robin."""
-    import asyncio
-
     from dlscale.backends import BackendOptions, create_backend
 
     device = "cuda:0" if args.device == "cuda" else "cpu"
@@ -167,19 +167,31 @@ def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[M
     backend = create_backend("transformers", folder / "config.json", options)
     backend.load()
     try:
-        prompts = Prompts(folder, args.isl, 1 + args.reps * sum(args.batches))
-        warm = prompts.take(1)
-        asyncio.run(backend_run(backend, warm, args.osl, args.now))  # allocations, kernel choices
+        return streamed_rows(name, backend, folder, args, args.now)
+    finally:
+        backend.unload()
+
+
+def streamed_rows(
+    name: str, backend: Any, folder: Path, args: argparse.Namespace, now: Callable[[], float]
+) -> list[Measured]:
+    """Every batch streamed through a loaded generative backend, --reps times round the
+    batches, on one event loop (an engine may bind its output task to the first loop)."""
+    import asyncio
+
+    prompts = Prompts(folder, args.isl, 1 + args.reps * sum(args.batches))
+
+    async def rounds() -> dict[int, list[tuple[float, float, float]]]:
+        await backend_run(backend, prompts.take(1), args.osl, now)  # allocations, kernels
         runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in args.batches}
         for rep in range(args.reps):
             for batch in args.batches:
-                run = backend_run(backend, prompts.take(batch), args.osl, args.now)
-                runs[batch].append(asyncio.run(run))
+                runs[batch].append(await backend_run(backend, prompts.take(batch), args.osl, now))
             print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
-    finally:
-        backend.unload()
+        return runs
+
     rows = []
-    for batch, done in runs.items():
+    for batch, done in asyncio.run(rounds()).items():
         tpots = [t for _, t, _ in done]
         row = Measured(
             name, batch, min(f for f, _, _ in done), min(tpots), statistics.median(tpots)
@@ -189,6 +201,21 @@ def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[M
         took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
         print(f"  {name} batch {batch}: {took} (prompts of {row.isl} tokens)", flush=True)
     return rows
+
+
+def torch_matmul_peak(now: Callable[[], float], dtype: torch.dtype, runs: int = 10) -> float:
+    """FLOP/s of torch multiplying two 512 x 512 matrices on its threads: the compute ceiling
+    the engine's own kernels reach (a catalog CPU peak at the current clock understates a
+    boosting core)."""
+    side = 512
+    a = torch.ones(side, side, dtype=dtype)
+    torch.mm(a, a)  # warm-up: the kernel's choice and buffers
+    best = float("inf")
+    for _ in range(runs):
+        start = now()
+        torch.mm(a, a)
+        best = min(best, now() - start)
+    return 2.0 * side**3 / best
 
 
 def torch_read_bandwidth(now: Callable[[], float], runs: int = 10) -> float:

@@ -12,10 +12,7 @@ Continuous batching runs B sequences at once; docs/plan.md gives the steady-stat
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from dlscale.errors import PlanError
 from dlscale.hardware.spec import DeviceSpec
@@ -38,19 +35,30 @@ DEFAULT_MAX_BATCH = 256
 @dataclass(frozen=True)
 class Efficiency:
     """What an engine reaches: shares of peak bandwidth (MBU) and compute (MFU), in (0, 1],
-    and its host work per generated token (sampling, detokenizing, streaming; 0 by default,
-    the device alone)."""
+    its host work per generated token (sampling, detokenizing, streaming; 0 by default, the
+    device alone), and the share of bandwidth of a pass over one token (None: MBU)."""
 
     mbu: float = DEFAULT_MBU
     mfu: float = DEFAULT_MFU
     host_s_per_token: float = 0.0
+    #: A pass over one token multiplies each weight matrix by a vector, whose kernel streams
+    #: the weights at its own rate; two tokens or more run matrix-matrix kernels at `mbu`.
+    mbu_vector: float | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("MBU", self.mbu), ("MFU", self.mfu)):
-            if not 0 < value <= 1:
+        for name, value in (
+            ("MBU", self.mbu),
+            ("MFU", self.mfu),
+            ("MBU at batch 1", self.mbu_vector),
+        ):
+            if value is not None and not 0 < value <= 1:
                 raise PlanError(f"{name} must be in (0, 1], got {value}")
         if not 0 <= self.host_s_per_token < 1:
             raise PlanError(f"host time per token must be in [0, 1) s, got {self.host_s_per_token}")
+
+    def mbu_at(self, tokens: int) -> float:
+        """The share of bandwidth of a pass over `tokens` tokens (matrix-vector at one)."""
+        return self.mbu_vector if tokens == 1 and self.mbu_vector is not None else self.mbu
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,11 @@ class DecoderOnDevice:
         """Whether memory and compute time overlap (the roofline's max) or add (a CPU)."""
         return self.device.kind != "cpu"
 
-    def _time(self, moved: float, flops: float) -> float:
-        memory, compute = moved / self.bandwidth, flops / self.compute
+    def _time(self, moved: float, flops: float, tokens: int) -> float:
+        """Seconds of a pass over `tokens` tokens that moves `moved` bytes and does `flops`."""
+        assert self.device.memory_bandwidth is not None  # checked in __post_init__
+        bandwidth = self.device.memory_bandwidth * self.efficiency.mbu_at(tokens)
+        memory, compute = moved / bandwidth, flops / self.compute
         return max(memory, compute) if self.overlapped else memory + compute
 
     def __post_init__(self) -> None:
@@ -123,67 +134,18 @@ class DecoderOnDevice:
     def decode_step_s(self, batch: int, context: float) -> float:
         """Seconds of one decode step for `batch` sequences whose contexts average `context`."""
         host = batch * self.efficiency.host_s_per_token
-        return self._time(*self.decode_work(batch, context)) + host
+        return self._time(*self.decode_work(batch, context), batch) + host
 
     def prefill_s(self, prompt: int, prompts: int = 1) -> float:
         """Seconds to prefill `prompts` prompts of `prompt` tokens in one pass (first tokens)."""
         host = prompts * self.efficiency.host_s_per_token
-        return self._time(*self.prefill_work(prompt, prompts)) + host
+        return self._time(*self.prefill_work(prompt, prompts), prompt * prompts) + host
 
     def max_sequences(self, context: int) -> int:
         """Sequences of `context` tokens whose KV cache fits beside the weights (0: none)."""
         assert self.device.memory_bytes is not None
         free = self.device.memory_bytes * (1 - self.reserve) - self.shape.weight_bytes
         return max(0, math.floor(free / (context * self.shape.kv_bytes_per_token)))
-
-
-def calibrate(
-    model: DecoderOnDevice,
-    decodes: Sequence[tuple[int, float, float]],
-    prefill: tuple[int, int, float],
-) -> Efficiency:
-    """The MBU, MFU and host time per token that make `model`'s times equal measured ones.
-
-    `decodes` holds one or two (batch, mean context, seconds per step), `prefill` is (prompt
-    tokens, prompts, seconds). With one decode step the host time is taken as 0; with two (at
-    different batches) it is solved for too. Each time is bytes / bandwidth x (1 / MBU) +
-    FLOPs / peak x (1 / MFU) + tokens x host on a CPU; on a GPU the decode steps are taken as
-    memory-bound and the prefill as compute-bound (their other term dropped).
-    """
-    bandwidth = model.bandwidth / model.efficiency.mbu  # the device's peaks
-    peak = model.compute / model.efficiency.mfu
-    both = not model.overlapped
-    rows, times = [], []
-    for batch, context, seconds in decodes:
-        moved, flops = model.decode_work(batch, context)
-        rows.append([moved / bandwidth, flops / peak if both else 0.0, batch])
-        times.append(seconds)
-    moved, flops = model.prefill_work(prefill[0], prefill[1])
-    rows.append([moved / bandwidth if both else 0.0, flops / peak, prefill[1]])
-    times.append(prefill[2])
-    system = np.array(rows)
-    if len(decodes) == 1:
-        system = system[:, :2]  # no host term
-    try:
-        solved = np.linalg.solve(system, np.array(times))
-    except np.linalg.LinAlgError:
-        raise PlanError(
-            "the measured runs do not tell the terms apart (same batch twice?)"
-        ) from None
-    inv_mbu, inv_mfu, host = (*solved, 0.0)[:3]
-    if inv_mbu <= 0 or inv_mfu <= 0 or host < 0:
-        raise PlanError(
-            f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive MBU, MFU and "
-            "host time: "
-            "measure longer prompts or batches further apart"
-        )
-    mbu, mfu = 1 / inv_mbu, 1 / inv_mfu
-    if mbu > 1 or mfu > 1:
-        raise PlanError(
-            f"calibrated MBU {mbu:.3g} / MFU {mfu:.3g} exceed 1: the device's peaks "
-            f"({bandwidth / 1e9:.3g} GB/s, {peak / 1e9:.3g} GFLOP/s) understate it"
-        )
-    return Efficiency(mbu, mfu, float(host))
 
 
 @dataclass(frozen=True)
@@ -262,6 +224,8 @@ def plan_device(
     fits = model.max_sequences(load.context)
     eff = model.efficiency
     basis = f"MBU {eff.mbu:.3g}, MFU {eff.mfu:.3g}, {model.shape.precision}"
+    if eff.mbu_vector is not None:
+        basis += f", MBU at batch 1 {eff.mbu_vector:.3g}"
     if eff.host_s_per_token:
         basis += f", host {eff.host_s_per_token * 1e6:.3g} us/token"
     if model.device.source("bandwidth").startswith("measured"):

@@ -111,7 +111,9 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
     if shape.max_positions is not None and load.context > shape.max_positions:
         print(f"note: ISL + OSL = {load.context} exceeds the model's context {shape.max_positions}")
     host = (args.host_us or 0.0) / 1e6
-    efficiency = Efficiency(args.mbu or DEFAULT_MBU, args.mfu or DEFAULT_MFU, host)
+    efficiency = Efficiency(
+        args.mbu or DEFAULT_MBU, args.mfu or DEFAULT_MFU, host, args.mbu_vector or None
+    )
     reserve = DEFAULT_RESERVE if args.reserve is None else args.reserve
     top = args.max_batch or DEFAULT_MAX_BATCH
     if top < 1:

@@ -17,6 +17,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--tpot-ms", type=float, help="generative: time-per-output-token bound (100)")
     p.add_argument("--dtype", help="generative: serve in this dtype (bfloat16, float16, ...)")
     p.add_argument("--mbu", type=float, help="generative: share of memory bandwidth (0.9)")
+    p.add_argument(
+        "--mbu-vector",
+        type=float,
+        help="generative: share of memory bandwidth at batch 1 (matrix-vector; --mbu)",
+    )
     p.add_argument("--mfu", type=float, help="generative: share of peak compute (0.8)")
     p.add_argument("--reserve", type=float, help="generative: memory share held back (0.1)")
     p.add_argument("--host-us", type=float, help="generative: host work per output token, us (0)")

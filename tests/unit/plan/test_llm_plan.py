@@ -15,11 +15,11 @@ from dlscale.errors import PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.models.zoo.decoder import DECODERS
 from dlscale.plan.llm import DecoderShape, from_config, read_config
+from dlscale.plan.llm_calibrate import calibrate
 from dlscale.plan.llm_capacity import (
     DecoderOnDevice,
     Efficiency,
     TokenLoad,
-    calibrate,
     operating_point,
     plan_device,
 )
