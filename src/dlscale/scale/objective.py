@@ -332,25 +332,22 @@ def decide(
     `down_delay_s` of wanting fewer (`down_since`), never while replicas start, and never back
     to a size that `missed` its goals unless the rate fell well below the one it missed at."""
     running = max(1, running)
+    joined = _joined(running, target, now, joined)
     aimed = [x for x in loads if x.has_objective]
-    wants = [objective_wants(x, running, bounds) for x in aimed]
+    wants = [
+        _paced(objective_wants(x, running, bounds), running, target, now, joined) for x in aimed
+    ]
     plain = [x for x in loads if not x.has_objective]
-    if plain or not wants:
+    if plain or not wants:  # a count of requests held: the same however many replicas start
         wants.append(in_flight_wants(plain, bounds))
     wanted, why = max(wants, key=lambda w: w[0])
     wanted = min(max(wanted, bounds.low), bounds.high)
     figures = _figures(loads, running, target)
     rate = sum(x.rate for x in aimed)
-    joined = _joined(running, target, now, joined)
     # Figures partly from before the last replicas ran say a size missed that did not.
     if joined is None and any(not all(g.met(g.measured) for g in goals(x, running)) for x in aimed):
         missed = (running, rate)
-    if target > bounds.high:
-        return Decision(wanted, target, why, figures, None, missed, joined)
-    if wanted > target and joined is not None:
-        why = f"{why}; not more: {_settling(running, target, now, joined)}"
-        return Decision(target, target, why, figures, None, missed, joined)
-    if wanted >= target:
+    if wanted >= target or target > bounds.high:
         return Decision(wanted, target, why, figures, None, missed, joined)
     if running < target:  # the figures predate the replicas still starting
         starting = f"{why}; {target - running} replica(s) starting"
@@ -375,11 +372,18 @@ def _joined(running: int, target: int, now: float, joined: float | None) -> floa
     return joined if joined is not None and now - joined < LOOK_BACK_S else None
 
 
-def _settling(running: int, target: int, now: float, joined: float) -> str:
-    """Why no more replicas are asked for yet: those asked for are capacity on the way."""
+def _paced(
+    want: tuple[int, str], running: int, target: int, now: float, joined: float | None
+) -> tuple[int, str]:
+    """A model's want, no higher than `target` while replicas asked for start or their figures
+    are not yet their own: those replicas are capacity on the way."""
+    wanted, why = want
+    if wanted <= target or joined is None:
+        return want
     if running < target:
-        return f"{target - running} replica(s) starting"
-    return f"the figures cover {now - joined:.0f} of {LOOK_BACK_S:g} s since the last replica ran"
+        return target, f"{why}; not more: {target - running} replica(s) starting"
+    covered = f"{now - joined:.0f} of {LOOK_BACK_S:g} s"
+    return target, f"{why}; not more: the figures cover {covered} since the last replica ran"
 
 
 def _figures(loads: Sequence[ModelLoad], running: int, target: int) -> dict[str, float]:

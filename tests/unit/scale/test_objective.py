@@ -189,6 +189,13 @@ def test_a_model_without_an_objective_follows_its_requests_in_flight() -> None:
     assert d.replicas == 5 and "in flight 17 / 4 each" in d.reason  # ceil(17 / 4)
 
 
+def test_the_in_flight_rule_is_not_held_while_replicas_start() -> None:
+    # Ray's default rule, a count of requests held, asks the same however many start: the
+    # burst bench's ray-default arm keeps it.
+    plain = _load(wait_s=1.0, busy=0.99, in_flight=17.0, objective_s=0.0)
+    assert decide([plain], 1, 2, BOUNDS, now=0.0).replicas == 5
+
+
 def test_the_model_that_wants_most_wins() -> None:
     plain = ModelLoad("p", 0.0, 10.0, 0.0, 0.1, in_flight=4.0)  # 1 replica would do
     slow = ModelLoad("s", OBJECTIVE_S, 100.0, OBJECTIVE_S, 0.9, 0.0)  # wants more
