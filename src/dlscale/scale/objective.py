@@ -48,9 +48,10 @@ MISSED_RATE_SHARE = 0.9
 #: scale/autoscale.py): a replica's figures are wholly its own, not those of the seconds
 #: before it served, only this long after it runs.
 LOOK_BACK_S = 5.0
-#: Seconds from asking for a replica to its first answer (Ray starts it, its server loads, it
-#: joins the router: 3-8 s on the burst bench). A backlog the running replicas drain sooner is
-#: gone before a new one could help: replicas are added for what remains at that horizon.
+#: Seconds from asking for a replica to its first answer, at the least (Ray starts it, its
+#: server loads, it joins the router: 5 to 15 s on the burst bench at load averages of 19-27,
+#: BENCHMARKS.md). A backlog the running replicas drain sooner is gone before a new one could
+#: help: replicas are added for what remains at that horizon.
 REPLICA_START_S = 5.0
 #: Busy shares are read no higher than this: a saturated fleet's estimate stays finite.
 _BUSY_CAP = 0.95
@@ -300,7 +301,8 @@ def demanded(load: ModelLoad, current: int) -> tuple[int, str] | None:
 def drain_within(load: ModelLoad) -> float:
     """Seconds a backlog is drained within: the objective, but no sooner than a new replica
     could answer (REPLICA_START_S): within the objective alone, a backlog of 38 on the burst
-    bench asked for 4 replicas where 2 carried the arrival rate and drained it in 2 s."""
+    bench asked for 4 replicas where 2 carried the arrival rate and, at their capacity, drain
+    it in 2 s."""
     return max(load.objective_s, REPLICA_START_S)
 
 
