@@ -48,10 +48,10 @@ MISSED_RATE_SHARE = 0.9
 #: scale/autoscale.py): a replica's figures are wholly its own, not those of the seconds
 #: before it served, only this long after it runs.
 LOOK_BACK_S = 5.0
-#: Seconds from asking for a replica to its first answer, at the least (Ray starts it, its
-#: server loads, it joins the router: 5 to 15 s on the burst bench at load averages of 19-27,
-#: BENCHMARKS.md). A backlog the running replicas drain sooner is gone before a new one could
-#: help: replicas are added for what remains at that horizon.
+#: Seconds from asking for a replica to its first answer (Ray starts it, its server loads, it
+#: joins the router: 2 s at a load average of 6 to 15 s at 25 on the burst bench, BENCHMARKS.md;
+#: this is about the middle). A backlog the running replicas drain sooner is gone before a new
+#: one could help: replicas are added for what remains at that horizon.
 REPLICA_START_S = 5.0
 #: Busy shares are read no higher than this: a saturated fleet's estimate stays finite.
 _BUSY_CAP = 0.95
