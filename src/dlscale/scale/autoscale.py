@@ -28,7 +28,14 @@ from typing import Any
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelRepository
-from dlscale.scale.objective import DOWN_DELAY_S, Bounds, Decision, ModelLoad, decide
+from dlscale.scale.objective import (
+    DOWN_DELAY_S,
+    LOOK_BACK_S,
+    Bounds,
+    Decision,
+    ModelLoad,
+    decide,
+)
 
 log = logging.getLogger("dlscale.scale")
 
@@ -39,8 +46,9 @@ FIGURES = (
     "ttft_s", "tpot_s", "ttft_objective_s", "tpot_objective_s", "capacity", "growth",
 )  # fmt: skip
 #: Keys of the policy's state: when the fleet began wanting fewer, the last size that missed
-#: its goals (and at what rate), and the last decision.
+#: its goals (and at what rate), when replicas were last seen starting, and the last decision.
 DOWN_SINCE, MISSED, LAST = "dlscale_down_since", "dlscale_missed", "dlscale_last"
+JOINED = "dlscale_joined"
 _PENDING = "nv_inference_pending_request_count"
 _OBJECTIVE = "dlscale_qos_latency_objective_seconds"
 _TTFT, _TPOT = "dlscale_time_to_first_token_seconds", "dlscale_time_per_output_token_seconds"
@@ -160,8 +168,8 @@ def _mean(then: tuple[float, float], now: tuple[float, float]) -> float:
 
 def loads(per_replica: Mapping[str, Mapping[Any, float]]) -> list[ModelLoad]:
     """Each model's fleet-wide load from the replicas' reports (Ray's aggregated metrics):
-    rates, in flight and its growth added, the wait weighted by each replica's rate, busy and
-    capacity the means (of the replicas that measured a capacity)."""
+    rates, in flight and its growth added, the wait weighted by each replica's rate, the
+    capacity the best any replica measured, and busy the replicas' mean share of it."""
     by_model: dict[str, dict[str, dict[Any, float]]] = {}
     for key, values in per_replica.items():
         prefix, _, rest = key.partition("/")
@@ -173,8 +181,7 @@ def loads(per_replica: Mapping[str, Mapping[Any, float]]) -> list[ModelLoad]:
 
 def _load(model: str, f: Mapping[str, Mapping[Any, float]]) -> ModelLoad:
     rates = f.get("rate", {})
-    busy = list(f.get("busy", {}).values())
-    capacity = [c for c in f.get("capacity", {}).values() if c > 0]
+    capacity = best_capacity(f.get("capacity", {}))
 
     def top(figure: str) -> float:
         return max(f.get(figure, {}).values(), default=0.0)
@@ -184,15 +191,35 @@ def _load(model: str, f: Mapping[str, Mapping[Any, float]]) -> ModelLoad:
         objective_s=top("objective_s"),
         rate=sum(rates.values()),
         wait_s=_weighted(f.get("wait_s", {}), rates),
-        busy=sum(busy) / len(busy) if busy else 0.0,
+        busy=_busy(f.get("busy", {}), rates, capacity),
         in_flight=sum(f.get("in_flight", {}).values()),
         ttft_objective_s=top("ttft_objective_s"),
         tpot_objective_s=top("tpot_objective_s"),
         ttft_s=_weighted(f.get("ttft_s", {}), rates),
         tpot_s=_weighted(f.get("tpot_s", {}), rates),
-        capacity=sum(capacity) / len(capacity) if capacity else 0.0,
+        capacity=capacity,
         growth=sum(f.get("growth", {}).values()),
     )
+
+
+def best_capacity(capacities: Mapping[Any, float]) -> float:
+    """A replica's capacity for the fleet: the best any replica measured (0: none did).
+
+    Every replica runs the same model, and each measures its best time per row over the batch
+    sizes it has run: a replica that joined in a burst's first seconds has run batches of one
+    and reads half a full batch's rate. The replicas' mean let it lower the fleet's, and the
+    rule asked for replicas the demand did not need (BENCHMARKS.md, run 5 of the burst)."""
+    return max((c for c in capacities.values() if c > 0), default=0.0)
+
+
+def _busy(busy: Mapping[Any, float], rates: Mapping[Any, float], capacity: float) -> float:
+    """The replicas' mean busy share: each one's rate over the fleet's capacity where one was
+    measured (the same warming replica overstated its own), else as each reported."""
+    if capacity > 0:
+        shares = [min(1.0, rates.get(r, 0.0) / capacity) for r in busy]
+    else:
+        shares = list(busy.values())
+    return sum(shares) / len(shares) if shares else 0.0
 
 
 def _weighted(means: Mapping[Any, float], rates: Mapping[Any, float]) -> float:
@@ -222,7 +249,7 @@ def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bo
     decision = decide(
         loads(ctx.aggregated_metrics or {}), ctx.current_num_replicas, ctx.target_num_replicas,
         bounds, ctx.current_time or time.time(), state.get(DOWN_SINCE), down_delay_s,
-        _missed(state.get(MISSED)),
+        _missed(state.get(MISSED)), state.get(JOINED),
     )  # fmt: skip
     # The policy runs ten times a second: a line per change, not per run.
     held = decision.down_since is not None and state.get(DOWN_SINCE) is None
@@ -230,6 +257,7 @@ def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bo
     if logged:
         log.info("autoscaler: %s", describe(decision))
     state[DOWN_SINCE], state[LAST] = decision.down_since, describe(decision)
+    state[JOINED] = decision.joined
     state[MISSED] = None if decision.missed is None else list(decision.missed)
     return decision, state, logged
 
@@ -336,7 +364,7 @@ def autoscaling_config(
         "max_replicas": high,
         "target_ongoing_requests": target,
         "metrics_interval_s": 1.0,
-        "look_back_period_s": 5.0,
+        "look_back_period_s": LOOK_BACK_S,
         # The rule holds its own delay down (`down_delay_s`); up it follows the
         # replicas' figures, already a mean over look_back_period_s.
         "upscale_delay_s": 0.0,

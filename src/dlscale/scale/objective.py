@@ -8,12 +8,14 @@ and per output token). Over the last interval the fleet's mean queue wait and me
 under UP_AT of their objectives, the mean TPOT under TPOT_UP_AT of its own, and each replica's
 busy share (its rate over its capacity) at most MAX_BUSY: when one is crossed, replicas are
 added, as many as the demand needs (the arrival rate at MAX_BUSY of a replica's capacity, and
-the backlog drained within the objective; at most twice as many), or where the demand is
-carried and the queue holds what the wait says, as many as the estimate says bring all back;
-after the fleet wanted fewer for the down delay without a break it goes straight to the fewest
-the same estimate says hold all, never back to a size measured missing a goal at about the
-same rate. Models without any objective keep the in-flight rule: a
-replica per `target_in_flight` requests held. The fleet follows the model that wants the most.
+the backlog drained within the objective, or the time a new replica takes to serve if
+longer; at most twice as many), or where the demand is carried and the queue holds what the
+wait says, as many as the estimate says bring all back; none more while replicas asked for
+start, nor until their figures cover a whole look-back; after the fleet wanted fewer for the
+down delay without a break it goes straight to the fewest the same estimate says hold all,
+never back to a size measured missing a goal at about the same rate. Models without any
+objective keep the in-flight rule: a replica per `target_in_flight` requests held. The fleet
+follows the model that wants the most.
 docs/scale.md, "Autoscaling on the objective".
 """
 
@@ -42,6 +44,15 @@ DOWN_DELAY_S = 30.0
 #: share of the rate it missed at: an estimate can be wrong (an engine's TPOT grows faster
 #: than its load near its knee), a measurement is not, and a rate a hair lower is noise.
 MISSED_RATE_SHARE = 0.9
+#: Seconds over which Ray averages the replicas' figures (`look_back_period_s`, set by
+#: scale/autoscale.py): a replica's figures are wholly its own, not those of the seconds
+#: before it served, only this long after it runs.
+LOOK_BACK_S = 5.0
+#: Seconds from asking for a replica to its first answer (Ray starts it, its server loads, it
+#: joins the router: 2 s at a load average of 6 to 15 s at 25 on the burst bench, BENCHMARKS.md;
+#: this is about the middle). A backlog the running replicas drain sooner is gone before a new
+#: one could help: replicas are added for what remains at that horizon.
+REPLICA_START_S = 5.0
 #: Busy shares are read no higher than this: a saturated fleet's estimate stays finite.
 _BUSY_CAP = 0.95
 
@@ -111,6 +122,10 @@ class Decision:
     #: The last fleet size whose measured figures missed a goal, and the rate (requests/s of
     #: the models with an objective) it missed at: the state to keep.
     missed: tuple[int, float] | None = None
+    #: The last time replicas asked for were seen starting (None: none for LOOK_BACK_S): the
+    #: state to keep. Until the figures cover a whole look-back without one, they are partly
+    #: those of the fleet before it, and the fleet goes no higher on them.
+    joined: float | None = None
 
 
 def predicted_wait(load: ModelLoad, current: int, replicas: int) -> float:
@@ -259,7 +274,7 @@ def replica_capacity(load: ModelLoad, current: int) -> float:
 def demanded(load: ModelLoad, current: int) -> tuple[int, str] | None:
     """The replicas a model's demand needs, and the figures: its arrival rate at MAX_BUSY of a
     replica's capacity, and at full capacity that rate plus the backlog (the requests held
-    beyond what a wait at the goal holds) drained within the objective; None without a
+    beyond what a wait at the goal holds) drained within `drain_within`; None without a
     capacity or a latency objective (an engine's TTFT and TPOT goals follow the estimate).
 
     Not the backlog's wait: a saturated fleet's wait says how far behind it is, and an
@@ -272,15 +287,23 @@ def demanded(load: ModelLoad, current: int) -> tuple[int, str] | None:
     # The backlog: what the queue holds beyond what a wait at the goal holds at this rate
     # (Little's law), so that a steady queue within the goal asks for nothing more.
     backlog = max(0.0, load.in_flight - arrival * UP_AT * load.objective_s)
-    drain = (arrival + backlog / load.objective_s) / capacity
+    drain = (arrival + backlog / drain_within(load)) / capacity
     # A hair over a whole count is the float's, not the load's.
     n = max(1, math.ceil(max(carry, drain) - 1e-9))
     said = (
         f"arrival {arrival:.3g}/s (answered {load.rate:.3g} {load.growth:+.3g} queued), "
-        f"backlog {backlog:.3g} to drain in {_ms(load.objective_s)}: {n} at "
+        f"backlog {backlog:.3g} to drain in {_ms(drain_within(load))}: {n} at "
         f"{capacity:.3g}/s each"
     )
     return n, said
+
+
+def drain_within(load: ModelLoad) -> float:
+    """Seconds a backlog is drained within: the objective, but no sooner than a new replica
+    could answer (REPLICA_START_S): within the objective alone, a backlog of 38 on the burst
+    bench asked for 4 replicas where 2 carried the arrival rate and, at their capacity, drain
+    it in 2 s."""
+    return max(load.objective_s, REPLICA_START_S)
 
 
 def _short(goal: Goal, value: float) -> str:
@@ -303,38 +326,66 @@ def decide(
     down_since: float | None = None,
     down_delay_s: float = DOWN_DELAY_S,
     missed: tuple[int, float] | None = None,
+    joined: float | None = None,
 ) -> Decision:
     """Replicas wanted now: the most any model wants (estimated from the `running` replicas'
-    figures), within MIN and MAX; fewer than `target` only after `down_delay_s` of wanting fewer
-    (`down_since`, from the previous decision), never while replicas start, and never back to
-    a size that `missed` its goals unless the rate fell well below the one it missed at."""
+    figures), within MIN and MAX; no more than `target` while replicas start or until their
+    figures cover LOOK_BACK_S (`joined`, from the previous decision); fewer only after
+    `down_delay_s` of wanting fewer (`down_since`), never while replicas start, and never back
+    to a size that `missed` its goals unless the rate fell well below the one it missed at."""
     running = max(1, running)
+    joined = _joined(running, target, now, joined)
     aimed = [x for x in loads if x.has_objective]
-    wants = [objective_wants(x, running, bounds) for x in aimed]
+    wants = [
+        _paced(objective_wants(x, running, bounds), running, target, now, joined) for x in aimed
+    ]
     plain = [x for x in loads if not x.has_objective]
-    if plain or not wants:
+    if plain or not wants:  # a count of requests held: the same however many replicas start
         wants.append(in_flight_wants(plain, bounds))
     wanted, why = max(wants, key=lambda w: w[0])
     wanted = min(max(wanted, bounds.low), bounds.high)
     figures = _figures(loads, running, target)
     rate = sum(x.rate for x in aimed)
-    if any(not all(g.met(g.measured) for g in goals(x, running)) for x in aimed):
+    # Figures partly from before the last replicas ran say a size missed that did not.
+    if joined is None and any(not all(g.met(g.measured) for g in goals(x, running)) for x in aimed):
         missed = (running, rate)
     if wanted >= target or target > bounds.high:
-        return Decision(wanted, target, why, figures, None, missed)
+        return Decision(wanted, target, why, figures, None, missed, joined)
     if running < target:  # the figures predate the replicas still starting
         starting = f"{why}; {target - running} replica(s) starting"
-        return Decision(target, target, starting, figures, None, missed)
+        return Decision(target, target, starting, figures, None, missed, joined)
     if missed is not None and wanted <= missed[0] and rate > MISSED_RATE_SHARE * missed[1]:
         seen = f"{missed[0]} missed at {missed[1]:.3g} requests/s, now {rate:.3g}"
         why, wanted = f"{why}; not {wanted}: {seen}", missed[0] + 1
         if wanted >= target:
-            return Decision(target, target, why, figures, None, missed)
+            return Decision(target, target, why, figures, None, missed, joined)
     since = now if down_since is None else down_since
     if now - since < down_delay_s:
         held = f"{why}; held {now - since:.0f} of {down_delay_s:g} s"
-        return Decision(target, target, held, figures, since, missed)
-    return Decision(wanted, target, why, figures, None, missed)
+        return Decision(target, target, held, figures, since, missed, joined)
+    return Decision(wanted, target, why, figures, None, missed, joined)
+
+
+def _joined(running: int, target: int, now: float, joined: float | None) -> float | None:
+    """When replicas were last seen starting: now while some do, kept for LOOK_BACK_S after
+    the last ran, None after (the figures are then all the running replicas' own)."""
+    if running < target:
+        return now
+    return joined if joined is not None and now - joined < LOOK_BACK_S else None
+
+
+def _paced(
+    want: tuple[int, str], running: int, target: int, now: float, joined: float | None
+) -> tuple[int, str]:
+    """A model's want, no higher than `target` while replicas asked for start or their figures
+    are not yet their own: those replicas are capacity on the way."""
+    wanted, why = want
+    if wanted <= target or joined is None:
+        return want
+    if running < target:
+        return target, f"{why}; not more: {target - running} replica(s) starting"
+    covered = f"{now - joined:.0f} of {LOOK_BACK_S:g} s"
+    return target, f"{why}; not more: the figures cover {covered} since the last replica ran"
 
 
 def _figures(loads: Sequence[ModelLoad], running: int, target: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ from tests.toolkit.server import LocalServer, serving
 
 from dlscale.scale.autoscale import (
     DOWN_SINCE,
+    JOINED,
     LAST,
     PREFIX,
     Counters,
@@ -34,7 +35,7 @@ from dlscale.scale.autoscale import (
     loads,
     read,
 )
-from dlscale.scale.objective import DOWN_DELAY_S
+from dlscale.scale.objective import DOWN_DELAY_S, LOOK_BACK_S
 
 REQUESTS = 16
 
@@ -152,7 +153,9 @@ def test_a_model_the_repository_cannot_describe_counts_one_instance(repo: Path) 
     assert instances(repo, ["protected", "missing"]) == {"protected": 1, "missing": 1}
 
 
-def _context(metrics: dict[str, dict[str, float]], running: int, state: dict[str, Any]) -> Any:
+def _context(
+    metrics: dict[str, dict[str, float]], running: int, state: dict[str, Any], target: int = 0
+) -> Any:
     pytest.importorskip("ray", reason="the policy runs in Ray Serve's controller")
     from ray.serve._private.common import DeploymentID
     from ray.serve.config import AutoscalingConfig, AutoscalingContext
@@ -161,7 +164,7 @@ def _context(metrics: dict[str, dict[str, float]], running: int, state: dict[str
     return AutoscalingContext(
         deployment_id=DeploymentID(name="FleetReplica", app_name="dlscale"),
         deployment_name="FleetReplica", app_name="dlscale", current_num_replicas=running,
-        target_num_replicas=running, running_replicas=[], total_num_requests=0.0,
+        target_num_replicas=target or running, running_replicas=[], total_num_requests=0.0,
         total_queued_requests=0.0, aggregated_metrics=metrics, raw_metrics={},
         capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=4, policy_state=state,
         last_scale_up_time=None, last_scale_down_time=None, current_time=1000.0, config=config,
@@ -204,6 +207,30 @@ def test_the_policy_holds_an_idle_fleet_in_its_state_then_sheds(
     assert len(lines) == 2  # the hold's start and the decision, not every run
     assert f"held 0 of {DOWN_DELAY_S:g} s" in lines[0]
     assert lines[1].startswith("autoscaler: 3 -> 1 replicas")
+
+
+def test_a_warming_replica_does_not_lower_the_fleets_capacity() -> None:
+    # r2 joined in a burst and has run batches of one only: it reads half r1's capacity (and
+    # twice its busy share at its rate). The replicas run the same model: r1's best holds.
+    reported = {
+        f"{PREFIX}/rate/m": {"r1": 16.0, "r2": 4.0},
+        f"{PREFIX}/busy/m": {"r1": 0.8, "r2": 0.4},
+        f"{PREFIX}/capacity/m": {"r1": 20.0, "r2": 10.0},
+        f"{PREFIX}/objective_s/m": {"r1": 1.0, "r2": 1.0},
+    }
+    [load] = loads(reported)
+    assert load.capacity == 20.0 and load.busy == (16.0 + 4.0) / 20.0 / 2
+
+
+def test_the_policy_keeps_when_replicas_last_started_in_its_state() -> None:
+    saturated = _reported(2.0, 1.0, in_flight=200.0)  # 400 held: 4 drain it (100 + 80) / 50
+    wanted, state = fleet_policy(_context(saturated, 2, {}, target=3))
+    assert wanted == 3 and state[JOINED] == 1000.0 and "1 replica(s) starting" in state[LAST]
+    wanted, state = fleet_policy(_context(saturated, 3, state))  # all run, figures not yet
+    assert wanted == 3 and state[JOINED] == 1000.0
+    state[JOINED] -= LOOK_BACK_S
+    wanted, state = fleet_policy(_context(saturated, 3, state))
+    assert wanted > 3 and state[JOINED] is None
 
 
 def test_replicas_with_no_objective_keep_the_in_flight_target() -> None:

@@ -1,0 +1,115 @@
+"""The autoscaler on a burst in virtual time, replica by replica: each replica's report, Ray's
+mean of it over the look-back, the fleet's load (scale/autoscale.py `loads`) and the rule
+(scale/objective.py `decide`) with its state carried, as Ray Serve's controller runs them. A
+replica asked for runs a few seconds later, serves a little after that, and reads a low
+capacity until it has run a full batch: the burst bench's run 5, where the rule went 1 -> 2 -> 4
+on the figures of a replica that had just joined (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dlscale.scale.autoscale import PREFIX, loads
+from dlscale.scale.objective import LOOK_BACK_S, MAX_BUSY, Bounds, decide
+
+#: The bench's device: 20 requests/s a replica at full batches (100 ms a batch of 2), 10 at
+#: batches of one; a 1 s objective.
+CAPACITY, BATCH_OF_ONE, OBJECTIVE_S = 20.0, 10.0, 1.0
+#: Seconds from the ask to Ray counting the replica running, from then to its first request
+#: (the router hears of it), and from then to its first full batch.
+START_S, JOIN_S, WARM_S = 5, 1, 6
+
+
+@dataclass
+class Replica:
+    """One replica's life: when it runs, serves and reads its full capacity; its reports."""
+
+    asked: int
+    reports: list[dict[str, float]] = field(default_factory=list)
+
+    def running(self, now: int) -> bool:
+        return now >= self.asked + START_S
+
+    def serving(self, now: int) -> bool:
+        return now >= self.asked + START_S + JOIN_S
+
+    def capacity(self, now: int) -> float:
+        """What it serves and reports: batches of one until it has run a full one."""
+        return CAPACITY if now >= self.asked + START_S + JOIN_S + WARM_S else BATCH_OF_ONE
+
+
+def _aggregated(fleet: Sequence[Replica]) -> dict[str, dict[str, float]]:
+    """Ray's aggregated metrics: each running replica's figures, their mean over the look-back."""
+    metrics: dict[str, dict[str, float]] = {}
+    for key, replica in enumerate(fleet):
+        window = replica.reports[-int(LOOK_BACK_S) :]
+        for figure in window[0] if window else {}:
+            mean = sum(r[figure] for r in window) / len(window)
+            metrics.setdefault(f"{PREFIX}/{figure}/m", {})[f"r{key}"] = mean
+    return metrics
+
+
+def _report(fleet: Sequence[Replica], now: int, queue: float, rate: float) -> float:
+    """One second: the serving replicas answer what they can, the rest queues; every running
+    replica reports. Returns the queue after it."""
+    serving = [r for r in fleet if r.serving(now)]
+    room = {id(r): r.capacity(now) for r in serving}
+    answered = min(queue + rate, sum(room.values()))
+    left = queue + rate - answered
+    wait = queue / answered if answered else 0.0  # Little's law: what the queue held
+    for r in fleet:
+        if not r.running(now):
+            continue
+        share = room.get(id(r), 0.0) / sum(room.values()) if room else 0.0
+        mine = answered * share
+        r.reports.append({
+            "rate": mine, "wait_s": wait, "in_flight": left * share,
+            "busy": mine / r.capacity(now) if share else 0.0, "objective_s": OBJECTIVE_S,
+            "capacity": r.capacity(now) if share else 0.0, "growth": (left - queue) * share,
+        })  # fmt: skip
+    return left
+
+
+def _burst(rates: Sequence[float]) -> list[int]:
+    """The replicas Ray counts running each second while `rates` arrive (one a second)."""
+    fleet, queue, target = [Replica(asked=-START_S - JOIN_S - WARM_S)], 0.0, 1
+    down_since: float | None = None
+    missed: tuple[int, float] | None = None
+    joined: float | None = None
+    counts = []
+    for now, rate in enumerate(rates):
+        queue = _report(fleet, now, queue, rate)
+        running = sum(r.running(now) for r in fleet)
+        d = decide(
+            loads(_aggregated(fleet)), running, target, Bounds(1, 4), float(now),
+            down_since, missed=missed, joined=joined,
+        )  # fmt: skip
+        fleet += [Replica(asked=now) for _ in range(d.replicas - len(fleet))]
+        del fleet[d.replicas :]  # the newest go first, drained at once
+        target, down_since, missed, joined = d.replicas, d.down_since, d.missed, d.joined
+        counts.append(len(fleet))
+    return counts
+
+
+def _changes(counts: list[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in itertools.pairwise(counts) if a != b]
+
+
+def test_a_joining_replica_does_not_make_the_fleet_ask_for_more() -> None:
+    # The bench's shape, 6x: 4/s for 30 s, 24/s for 60 s, 4/s after; 24/s at MAX_BUSY of
+    # 20/s a replica asks for 2. Before the fix, the wait held while the second replica
+    # joined (its figures a second old, partly from before it served) asked for 4.
+    counts = _burst([4.0] * 30 + [24.0] * 60 + [4.0] * 90)
+    assert math.ceil(24.0 / (CAPACITY * MAX_BUSY)) == 2
+    assert _changes(counts) == [(1, 2), (2, 1)]
+
+
+def test_a_burst_beyond_what_the_first_step_brings_still_gets_its_replicas() -> None:
+    # 50/s: 4 replicas at MAX_BUSY (50 / 16 = 3.1); the first step is bounded at twice the
+    # replicas, the next comes once the new ones' figures are their own.
+    counts = _burst([4.0] * 30 + [50.0] * 60)
+    assert max(counts) == 4
+    assert counts == sorted(counts)  # up only, never a step back within the burst
