@@ -55,6 +55,7 @@ from benchmarks.harness.servers import (
     start_listening,
 )
 from benchmarks.harness.statistics import machine, median_of, paired_ratios, record
+from dlscale.errors import DlscaleError
 from dlscale.scale.child import ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
 from dlscale.scale.weights import Weigher, read_work
@@ -127,8 +128,11 @@ def _weigh(
 ) -> None:
     """The `--device-workers` supervisor's loop (scale/local_fleet.py); `chosen`: the last."""
     while not stop.wait(WEIGH_S):
-        chosen.update(weigher.weights({m.key: read_work(m.host, m.http_port) for m in members}))
-        router.weigh(chosen)
+        try:
+            chosen.update(weigher.weights({m.key: read_work(m.host, m.http_port) for m in members}))
+            router.weigh(chosen)
+        except (OSError, DlscaleError):  # the arm ended under it: the router or a replica left
+            continue
 
 
 def _settings(repo: Path) -> ServerSettings:

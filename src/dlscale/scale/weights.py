@@ -114,11 +114,11 @@ class Weigher:
             return dict.fromkeys(readings, MAX_WEIGHT)
         batch = readings[fastest].largest_batch
         self.load = self._load(fastest, batch)
-        heavy = _heaviness(self.load) if self.follow_load else 0.0
+        heavy = heaviness(self.load) if self.follow_load else 0.0
         return {
             key: MAX_WEIGHT
             if key not in self.ns_per_row
-            else _weight(self.ns_per_row[key] / self.ns_per_row[fastest], batch, heavy)
+            else weight_of(self.ns_per_row[key] / self.ns_per_row[fastest], batch, heavy)
             for key in readings
         }
 
@@ -160,13 +160,13 @@ def read_each(
     return readings
 
 
-def _heaviness(load: float) -> float:
+def heaviness(load: float) -> float:
     """How far the load is from light (0) to heavy (1): LIGHT and HEAVY of the light-load
     capacity."""
     return min(1.0, max(0.0, (load - LIGHT) / (HEAVY - LIGHT)))
 
 
-def _weight(slower: float, batch: int, heavy: float = 0.0) -> int:
+def weight_of(slower: float, batch: int, heavy: float = 0.0) -> int:
     """The weight of a replica `slower` times the fastest's time, the fastest batching `batch`
     rows at most: the light-load ratio `batch * (slower - 1) + 1`, moved towards the speed ratio
     `slower` as `heavy` goes from 0 to 1 (the module's docstring derives both)."""
