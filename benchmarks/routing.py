@@ -11,13 +11,18 @@ turn within each repetition, each on fresh processes:
 - dlscale-leastconn: HAProxy (scale/haproxy.py, `balance leastconn`) over two `dlscale serve`
   children (scale/child.py), weights equal;
 - dlscale-weighted: the same, weighed every 2 s by scale/weights.py's Weigher from each
-  replica's measured compute time per row, as the `--device-workers` supervisor does;
+  replica's measured compute time per row, its batch and the fleet's load, as the
+  `--device-workers` supervisor does;
+- dlscale-weighted-light: the same with the Weigher's light-load weight at any load (its rule
+  before the load counted);
 - ray-serve-default: a plain Ray Serve application (no dlscale in the path,
   benchmarks/harness/ray_unequal.py), two replicas, the rank choosing the speed, called over
   Ray's HTTP proxy with its default router (power of two choices).
 Each run reports p50/p99/throughput/errors, the CPU share of the proxy (HAProxy, or Ray's
 ProxyActor: it must stay well below one core for the comparison to be about routing), the
-share of requests the slow replica computed (dlscale arms) and the load average.
+share of requests the slow replica computed (dlscale arms) and the load average; for dlscale's
+arms also HAProxy's log of each request, per replica: requests, queue time, p99, and the
+replica the slowest 1% went to.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import psutil
 import uvloop
 
 from benchmarks.harness.clients import LoadResult, build_request
+from benchmarks.harness.haproxy_log import breakdown, logged
 from benchmarks.harness.models import BenchModel
 from benchmarks.harness.open_loop import open_loop, poisson_schedule
 from benchmarks.harness.servers import (
@@ -49,6 +55,7 @@ from benchmarks.harness.servers import (
     start_listening,
 )
 from benchmarks.harness.statistics import machine, median_of, paired_ratios, record
+from dlscale.errors import DlscaleError
 from dlscale.scale.child import ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
 from dlscale.scale.weights import Weigher, read_work
@@ -58,6 +65,7 @@ SLEEPER = BenchModel("sleeper", "input", "output", (16,), 4, 0)
 ARMS = (
     "dlscale-leastconn",
     "dlscale-weighted",
+    "dlscale-weighted-light",
     "ray-serve-default",
     "ray-serve-uncapped",
 )
@@ -70,31 +78,40 @@ SEED = 35
 
 
 @contextmanager
-def dlscale_fleet(delays_ms: tuple[float, float], weighted: bool) -> Iterator[dict[str, Any]]:
-    """Two `dlscale serve` children behind HAProxy; `weighted`: weighed every WEIGH_S."""
+def dlscale_fleet(
+    delays_ms: tuple[float, float], weighted: bool, follow_load: bool = True
+) -> Iterator[dict[str, Any]]:
+    """Two `dlscale serve` children behind HAProxy; `weighted`: weighed every WEIGH_S (by the
+    Weigher's light-load rule alone without `follow_load`). HAProxy logs each request
+    (harness/haproxy_log.py): which replica took it, how long it queued."""
     children = [ServerChild(_settings(_sleeper_repo(ms))) for ms in delays_ms]
     router = HaproxyRouter(HOST, 0, None)
     stop = threading.Event()
-    weigher = Weigher()
+    weigher = Weigher(follow_load)
     chosen: dict[str, int] = {}
     try:
         ends = [child.start() for child in children]
-        router.start()
-        members = [Member(f"r{i}", e.host, e.http_port) for i, e in enumerate(ends)]
-        router.sync(members)
-        _until(lambda: set(router.states().values()) == {"UP"})
-        if weighted:
-            weighing = (router, weigher, members, chosen, stop)
-            threading.Thread(target=_weigh, args=weighing).start()
-        yield {
-            "port": router.ports["http"],
-            "proxy_pid": _haproxy_pid(),
-            "rows": lambda: [read_work(m.host, m.http_port).rows for m in members],
-            "weights": lambda: {
-                "ms_per_row": {k: round(v / 1e6, 1) for k, v in weigher.ns_per_row.items()},
-                "weights": dict(chosen),
-            },
-        }
+        with logged() as log:
+            router.start()
+            members = [Member(f"r{i}", e.host, e.http_port) for i, e in enumerate(ends)]
+            router.sync(members)
+            _until(lambda: set(router.states().values()) == {"UP"})
+            if weighted:
+                weighing = (router, weigher, members, chosen, stop)
+                threading.Thread(target=_weigh, args=weighing).start()
+            yield {
+                "port": router.ports["http"],
+                "proxy_pid": _haproxy_pid(),
+                "rows": lambda: [read_work(m.host, m.http_port).rows for m in members],
+                "log": log,
+                # HAProxy's servers are the slots: r1 holds member r0 (fast), r2 r1 (slow).
+                "names": {"r1": "fast", "r2": "slow"},
+                "weights": lambda: {
+                    "ms_per_row": {k: round(v / 1e6, 1) for k, v in weigher.ns_per_row.items()},
+                    "weights": dict(chosen),
+                    "load": round(weigher.load, 3),
+                },
+            }
     finally:
         stop.set()
         router.stop()
@@ -111,8 +128,11 @@ def _weigh(
 ) -> None:
     """The `--device-workers` supervisor's loop (scale/local_fleet.py); `chosen`: the last."""
     while not stop.wait(WEIGH_S):
-        chosen.update(weigher.weights({m.key: read_work(m.host, m.http_port) for m in members}))
-        router.weigh(chosen)
+        try:
+            chosen.update(weigher.weights({m.key: read_work(m.host, m.http_port) for m in members}))
+            router.weigh(chosen)
+        except (OSError, DlscaleError):  # the arm ended under it: the router or a replica left
+            continue
 
 
 def _settings(repo: Path) -> ServerSettings:
@@ -178,7 +198,7 @@ def run_arm(arm: str, delays: tuple[float, float], schedule: list[float]) -> dic
     if arm.startswith("ray"):
         fleet = ray_app(delays, uncapped=arm.endswith("uncapped"))
     else:
-        fleet = dlscale_fleet(delays, arm.endswith("weighted"))
+        fleet = dlscale_fleet(delays, "weighted" in arm, not arm.endswith("light"))
     with fleet as served:
         port = served["port"]
         wire = build_request(HOST, port, f"/v2/models/{SLEEPER.name}/infer", SLEEPER.json_body())
@@ -188,6 +208,9 @@ def run_arm(arm: str, delays: tuple[float, float], schedule: list[float]) -> dic
         cpu = (cpu_seconds(served["proxy_pid"]) - before_cpu) / (time.monotonic() - t0)
         served_rows = [a - b for a, b in zip(rows(), before_rows, strict=True)]
         extra = served["weights"]() if "weights" in served else {}
+        if "log" in served:  # the measured requests: those after the warm-up's
+            warm = sum(t < WARMUP_S for t in schedule)
+            extra["haproxy"] = breakdown(served["log"].since(warm), served["names"])
     if result.errors:
         print(f"  {arm}: {result.errors} errors, first: {result.first_error}", flush=True)
     slow_share = served_rows[1] / sum(served_rows) if sum(served_rows) else None
@@ -196,11 +219,13 @@ def run_arm(arm: str, delays: tuple[float, float], schedule: list[float]) -> dic
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Medians per arm over the repetitions, as a markdown table."""
+    """Medians per arm over the repetitions, as a markdown table; per replica (HAProxy's log,
+    dlscale's arms) its p99 and the share of the slowest 1% of requests it took."""
     head = (
         "| arm | runs | p50 (ms) | p99 (ms) | throughput (req/s) | errors | slow share | proxy CPU"
+        " | fast p99 | slow p99 | tail on slow"
     )
-    lines = [head + " |", "|---|---|---|---|---|---|---|---|"]
+    lines = [head + " |", "|---" * 11 + "|"]
     for arm in ARMS:
         runs = [r for r in rows if r["server"] == arm]
         if not runs:
@@ -211,9 +236,22 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {arm} | {len(runs)} | {med['p50_ms']:.1f} | {med['p99_ms']:.1f} | "
             f"{med['throughput']:.1f} | {sum(r['errors'] for r in runs)} | {share} | "
-            f"{median_of(rows, 'proxy_cpu', server=arm):.2f} |"
+            f"{median_of(rows, 'proxy_cpu', server=arm):.2f} | {_per_replica(runs)} |"
         )
     return "\n".join(lines)
+
+
+def _per_replica(runs: list[dict[str, Any]]) -> str:
+    """The fast and slow replicas' p99 and the slow one's share of the tail: medians."""
+    logs = [r["haproxy"]["servers"] for r in runs if r.get("haproxy", {}).get("servers")]
+    if not logs:
+        return "n/a | n/a | n/a"
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(log.get(name, {}).get(key, 0.0) for log in logs)
+
+    fast, slow = med("fast", "p99_ms"), med("slow", "p99_ms")
+    return f"{fast:.0f} | {slow:.0f} | {med('slow', 'tail_share'):.2f}"
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -222,6 +260,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
         "ray_default_over_weighted": ("ray-serve-default", "dlscale-weighted"),
         "leastconn_over_weighted": ("dlscale-leastconn", "dlscale-weighted"),
         "ray_uncapped_over_weighted": ("ray-serve-uncapped", "dlscale-weighted"),
+        "light_over_weighted": ("dlscale-weighted-light", "dlscale-weighted"),
         "ray_default_over_leastconn": ("ray-serve-default", "dlscale-leastconn"),
     }
     found = {}

@@ -58,3 +58,44 @@ def test_equal_speeds_keep_equal_weights_whatever_the_batch() -> None:
     weigher.weights({"a": Work(0, 0, 8), "b": Work(0, 0, 1)})
     weights = weigher.weights({"a": Work(100, 100_000, 8), "b": Work(100, 100_000, 1)})
     assert weights == {"a": MAX_WEIGHT, "b": MAX_WEIGHT}
+
+
+def _pair_at(rate: float, follow_load: bool = True) -> tuple[Weigher, dict[str, int]]:
+    """A fast replica (50 ms per batch of up to 4 rows) and one 3x slower, read 2 s apart while
+    the pair carried `rate` rows/s, nine in ten of them on the fast one. Their light-load
+    capacity is 80 + 6.7 rows/s (the slow one fed one row per batch)."""
+    weigher = Weigher(follow_load)
+    weigher.weights({"fast": Work(0, 0, 4, at=10.0), "slow": Work(0, 0, 4, at=10.0)})
+    fast, slow = round(rate * 2 * 0.9), round(rate * 2 * 0.1)
+    weights = weigher.weights(
+        {
+            "fast": Work(fast, fast * 50_000_000, 4, at=12.0),
+            "slow": Work(slow, slow * 150_000_000, 4, at=12.0),
+        }
+    )
+    return weigher, weights
+
+
+def test_under_light_load_the_batching_weight_holds() -> None:
+    weigher, weights = _pair_at(60.0)
+    assert weigher.load < 0.8
+    assert weights == {"fast": MAX_WEIGHT, "slow": round(MAX_WEIGHT / 9)}
+
+
+def test_under_heavy_load_the_slower_replica_gets_its_speed_ratio() -> None:
+    """At 90 rows/s the fast replica cannot carry what the batching weight leaves it (the slow
+    one fed one row per batch): long queues on both, where equal waits need the speed ratio."""
+    weigher, weights = _pair_at(90.0)
+    assert weigher.load > 1.0
+    assert weights == {"fast": MAX_WEIGHT, "slow": round(MAX_WEIGHT / 3)}
+
+
+def test_in_between_the_weight_moves_from_one_to_the_other() -> None:
+    weigher, weights = _pair_at(80.0)  # 0.92 of the light-load capacity: halfway
+    assert 0.9 < weigher.load < 0.95
+    assert round(MAX_WEIGHT / 9) < weights["slow"] < round(MAX_WEIGHT / 3)
+
+
+def test_without_following_the_load_the_batching_weight_holds_at_any_load() -> None:
+    _, weights = _pair_at(90.0, follow_load=False)
+    assert weights["slow"] == round(MAX_WEIGHT / 9)
