@@ -51,8 +51,9 @@ TRIM_BYTES = 64 * 2**20
 #: Loads at once on the host by default (`--parallel-loads`): a small model's load waits on
 #: threads more than it computes (docs/memory.md).
 PARALLEL = 4
-#: Loads of one file whose growth is read: the first carries the runtime's one-time set-up, the
-#: second corrects it; later loads take the smaller figure without reading memory twice.
+#: Loads of one file whose growth is read (over memory handed back to the system): the first
+#: carries the runtime's one-time set-up, the second corrects it; later loads take the smaller
+#: figure without reading memory twice.
 MEASURES = 2
 
 Evict = Callable[[str, str], Awaitable[None]]
@@ -248,7 +249,8 @@ class MemoryLedger:
         seconds = self.clock() - start
         if measuring and [t.entered for t in turns] == alone:
             after = await asyncio.to_thread(measure.read, devices)
-            self._measures[stamp] += 1
+            # A reading over freed memory not handed back keeps the known figure: not counted.
+            self._measures[stamp] += not hidden
             return served, _growth(devices, before, after, floor, known, hidden), seconds
         # Not measured, or another load ran beside it: its growth is not its own alone.
         return served, _growth(devices, {}, {}, floor, known), seconds
