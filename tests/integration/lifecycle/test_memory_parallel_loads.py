@@ -36,11 +36,11 @@ _RESIDENT = re.compile(r'^dlscale_memory_resident_bytes\{device="cpu"\} (\S+)$',
 _RUNNING = re.compile(r'^dlscale_model_loads_running\{device="cpu"\} (\S+)$', re.M)
 
 
-def ten_mib_models(root: Path, count: int) -> list[str]:
+def ten_mib_models(root: Path, count: int, config: str = SLOW, prefix: str = "m") -> list[str]:
     """Null models holding 10 MiB each: a load holds at least its files (a sparse pad here)."""
-    names = [f"m{i}" for i in range(count)]
+    names = [f"{prefix}{i}" for i in range(count)]
     for name in names:
-        folder = write_null_model(root, name, SLOW)
+        folder = write_null_model(root, name, config)
         with open(folder / "1" / "pad.bin", "wb") as pad:
             pad.truncate(10 * MiB)
     return names
@@ -105,11 +105,13 @@ def test_cold_models_at_once_load_side_by_side_and_the_budget_holds(tmp_path: Pa
         with sampled(server) as samples, ThreadPoolExecutor(4) as pool:
             outcomes = list(pool.map(lambda n: ask(server.http_url, n), names[:4]))
         assert outcomes == ["ok"] * 4, outcomes
-        assert samples, "no sample of /metrics"
-        assert max(running for _, running in samples) >= 2, samples  # side by side
+        ledger = server.server.manager.memory
+        assert ledger.most_running()["cpu"] >= 2  # side by side
         # Each load reserved its 10 MiB before it started: four idle models made room for four
-        # loads, and the ledger (held and reserved) never went above the budget.
-        assert max(resident for resident, _ in samples) <= BUDGET, samples
+        # loads, and the ledger (held and reserved) never went above the budget: at its peak,
+        # and in every sample of /metrics a client took meanwhile.
+        assert ledger.peak["cpu"] <= BUDGET, ledger.peak
+        assert samples and max(resident for resident, _ in samples) <= BUDGET, samples
         now = resident_sizes(server)
         assert sorted(now) == names[:4] and sum(now.values()) <= BUDGET, now
 
@@ -128,5 +130,44 @@ def test_models_never_measured_load_alone(tmp_path: Path) -> None:
             outcomes = list(pool.map(lambda n: ask(server.http_url, n), names))
         assert outcomes == ["ok"] * 4, outcomes
         # First loads: their growth is read around each, so none ran beside another.
+        assert server.server.manager.memory.most_running() == {"cpu": 1}
         assert samples and max(running for _, running in samples) <= 1, samples
         assert sorted(resident_sizes(server)) == names
+
+
+def test_a_load_that_fits_only_after_another_waits_for_it_rather_than_refuse(
+    tmp_path: Path,
+) -> None:
+    # Room for one model beside the pinned one; two loads over the repository API at once (no
+    # request holds either): one at a time, the second would evict the first. Side by side, the
+    # second cannot make room while the first holds its reservation: it waits for it to end.
+    ten_mib_models(tmp_path, 1, SLOW + "[memory]\npinned = true\n", prefix="hot")
+    slow = SLOW.replace("delay_us = 200000", "delay_us = 1000000")  # both loads overlap
+    a, b = ten_mib_models(tmp_path, 2, slow)
+    with (
+        serving(
+            tmp_path,
+            model_control="on-demand",
+            load_models=("hot0",),
+            memory_budget=(("cpu", 20 * MiB),),
+            parallel_loads=4,
+        ) as server,
+        triton.InferenceServerClient(server.http_url, network_timeout=120) as client,
+    ):
+        client.load_model(a)  # each measured once, alone
+        client.load_model(b)
+        client.unload_model(b)
+
+        def load(name: str) -> str:
+            with triton.InferenceServerClient(server.http_url, network_timeout=120) as own:
+                try:
+                    own.load_model(name)
+                except InferenceServerException as exc:
+                    return f"{exc.status()}: {exc.message()}"
+            return "ok"
+
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = list(pool.map(load, [a, b]))
+        assert outcomes == ["ok", "ok"], outcomes
+        now = resident_sizes(server)
+        assert "hot0" in now and len(now) == 2 and sum(now.values()) <= 20 * MiB, now

@@ -100,6 +100,9 @@ class MemoryLedger:
         #: side never make room for themselves in the same bytes.
         self._reserved: dict[int, tuple[str, Footprint]] = {}
         self._tokens = itertools.count()
+        self._ending: list[asyncio.Future[None]] = []  # loads waiting for a reservation to end
+        #: The most the ledger (held and reserved) counted on each device so far.
+        self.peak: Footprint = {}
 
     # -- what is resident ------------------------------------------------------------------------
 
@@ -142,6 +145,10 @@ class MemoryLedger:
     def running(self) -> dict[str, int]:
         """Loads taking their turn on each device now (making room, loading or measuring)."""
         return {device: t.running for device, t in sorted(self._turns.items())}
+
+    def most_running(self) -> dict[str, int]:
+        """The most loads that took their turns at once on each device so far."""
+        return {device: t.most for device, t in sorted(self._turns.items())}
 
     def touch(self, name: str) -> None:
         """A model was used now (the eviction rule takes the least recently used first); names
@@ -194,15 +201,13 @@ class MemoryLedger:
         need = known or {**floor, **limit}
         turns = [self._turns_of(d) for d in devices]
         async with self._turn(turns, alone=not known):
-            await self._make_room(mv.name, need)
-            token = next(self._tokens)
-            self._reserved[token] = (mv.name, need)  # no await since the room was made
+            token = await self._reserve(mv.name, need)
             try:
                 served, size, seconds = await self._measured(
                     mv, load, devices, turns, (floor, known, stamp)
                 )
             finally:
-                del self._reserved[token]
+                self._unreserve(token)
             try:
                 _check_limit(mv, size, limit)
                 await self._make_room(mv.name, size)  # at once when it is within the reservation
@@ -211,6 +216,7 @@ class MemoryLedger:
                 raise
             self._known[stamp] = served.memory = size
             self._held[served.serial] = (mv.name, size)
+            self._note_peak()
             self._names[mv.name] += 1
             self.touch(mv.name)
             self.load_seconds.observe(seconds)
@@ -220,6 +226,38 @@ class MemoryLedger:
             show_all(self.budget) if self.budget else "none",
         )  # fmt: skip
         return served
+
+    async def _reserve(self, model: str, need: Footprint) -> int:
+        """Make room for `need` and reserve it (its token). A load that does not fit while
+        other loads hold reservations waits for one of them to end and tries again: loads side
+        by side refuse nothing that loads one at a time would have loaded."""
+        while True:
+            try:
+                await self._make_room(model, need)
+            except MemoryFull:
+                if not self._reserved:
+                    raise
+                ended = asyncio.get_running_loop().create_future()
+                self._ending.append(ended)
+                await ended
+                continue
+            token = next(self._tokens)
+            self._reserved[token] = (model, need)  # no await since the room was made
+            self._note_peak()
+            return token
+
+    def _note_peak(self) -> None:
+        for device, bytes_ in self.used().items():
+            self.peak[device] = max(self.peak.get(device, 0), bytes_)
+
+    def _unreserve(self, token: int) -> None:
+        """A load in flight is held or refused: its reservation ends, and the loads waiting for
+        one to end try again."""
+        del self._reserved[token]
+        ending, self._ending = self._ending, []
+        for ended in ending:
+            if not ended.done():
+                ended.set_result(None)
 
     async def _measured(
         self,

@@ -23,6 +23,8 @@ class Turns:
         #: Loads that entered since this object was made: a load alone from its start to its
         #: end saw the same count at both (nothing ran beside it).
         self.entered = 0
+        #: The most loads that ran at once.
+        self.most = 0
         self._alone = False
         self._queue: deque[tuple[bool, asyncio.Future[None]]] = deque()
 
@@ -60,6 +62,7 @@ class Turns:
     def _take(self, alone: bool) -> None:
         self.running += 1
         self.entered += 1
+        self.most = max(self.most, self.running)
         self._alone = alone
 
     def _wake(self) -> None:
