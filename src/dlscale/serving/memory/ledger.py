@@ -101,6 +101,7 @@ class MemoryLedger:
         self._reserved: dict[int, tuple[str, Footprint]] = {}
         self._tokens = itertools.count()
         self._ending: list[asyncio.Future[None]] = []  # loads waiting for a reservation to end
+        self._room = asyncio.Lock()
         #: The most the ledger (held and reserved) counted on each device so far.
         self.peak: Footprint = {}
 
@@ -232,19 +233,22 @@ class MemoryLedger:
         other loads hold reservations waits for one of them to end and tries again: loads side
         by side refuse nothing that loads one at a time would have loaded."""
         while True:
-            try:
-                await self._make_room(model, need)
-            except MemoryFull:
-                if not self._reserved:
-                    raise
-                ended = asyncio.get_running_loop().create_future()
-                self._ending.append(ended)
-                await ended
-                continue
-            token = next(self._tokens)
-            self._reserved[token] = (model, need)  # no await since the room was made
-            self._note_peak()
-            return token
+            # One load makes room at a time: loads side by side would take the bytes each
+            # other's evictions freed (the Ray bench refused requests with idle models left).
+            async with self._room:
+                try:
+                    await self._make_room(model, need)
+                except MemoryFull:
+                    if not self._reserved:
+                        raise
+                    ended = asyncio.get_running_loop().create_future()
+                    self._ending.append(ended)
+                else:
+                    token = next(self._tokens)
+                    self._reserved[token] = (model, need)  # no await since the room was made
+                    self._note_peak()
+                    return token
+            await ended  # not holding the lock: the load it waits for may need room after
 
     def _note_peak(self) -> None:
         for device, bytes_ in self.used().items():
