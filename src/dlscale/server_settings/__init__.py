@@ -183,8 +183,8 @@ class Models:
     #: Loads that run at once on the host when their sizes are known (docs/memory.md).
     parallel_loads: int = setting(
         PARALLEL,
-        "loads at once on the host (a model's first loads, measured, run alone; a GPU's loads "
-        "take turns)",
+        "loads at once on the host (default: half its cores, at most 4; a model's first load "
+        "runs alone; a GPU's loads take turns)",
         "--parallel-loads",
         type=int,
     )

@@ -42,4 +42,4 @@ class HostPlane(DataPlane, ControlPlane):
         DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness, cache)
         self.exposition = functools.partial(render, models_registry(manager))
         if self.model_control.on_demand:
-            self.demand = OnDemand(manager, parallel_loads, cold_loads)
+            self.demand = OnDemand(manager, max(2, parallel_loads), cold_loads)

@@ -22,9 +22,10 @@ from dlscale.serving.versions import unknown_model
 
 log = logging.getLogger("dlscale.models")
 
-#: Loads on demand that run at once (`--parallel-loads`; how many share a device is the memory
-#: ledger's rule: serving/memory/turns.py).
-PARALLEL_LOADS = PARALLEL
+#: Loads on demand that run at once (`--parallel-loads`, and at least two: one may read its
+#: config and files while another loads; how many share a device is the memory ledger's rule,
+#: serving/memory/turns.py).
+PARALLEL_LOADS = max(2, PARALLEL)
 #: Cold models that may wait for their load at once; a request for one more is refused (503).
 WAITING_LOADS = 8
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -48,9 +49,10 @@ ROUNDS = 3
 TRIM_SHARE = 0.25
 TRIM_BYTES = 64 * 2**20
 
-#: Loads at once on the host by default (`--parallel-loads`): a small model's load waits on
-#: threads more than it computes (docs/memory.md).
-PARALLEL = 4
+#: Loads at once on the host by default (`--parallel-loads`): half its cores, at most 4. On a
+#: 2-core host four side by side each took 10 to 12 ms against 4 ms alone, for no more loads a
+#: second, and resident requests waited behind them (BENCHMARKS.md, "Loads side by side").
+PARALLEL = min(4, max(1, (os.cpu_count() or 2) // 2))
 #: Loads of one file whose growth is read (over memory handed back to the system): the first
 #: carries the runtime's one-time set-up, the second corrects it; later loads take the smaller
 #: figure without reading memory twice.
