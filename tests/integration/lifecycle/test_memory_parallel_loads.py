@@ -25,10 +25,10 @@ from tritonclient.utils import InferenceServerException
 
 MiB = 2**20
 BUDGET = 40 * MiB
-#: A null model y = x over two floats whose warm-up and batches each sleep 200 ms: a load on
-#: demand lasts long enough for the samples to see the loads beside it.
+#: A null model y = x over two floats whose warm-up and batches each sleep 400 ms: loads asked
+#: for at once overlap, however late a busy machine runs the client's threads.
 SLOW = (
-    "max_batch_size = 4\n[backend_options]\ndelay_us = 200000\n"
+    "max_batch_size = 4\n[backend_options]\ndelay_us = 400000\n"
     '[[inputs]]\nname = "x"\ndatatype = "FP32"\nshape = [2]\n'
     '[[outputs]]\nname = "y"\ndatatype = "FP32"\nshape = [2]\n'
 )
@@ -99,8 +99,9 @@ def test_cold_models_at_once_load_side_by_side_and_the_budget_holds(tmp_path: Pa
         parallel_loads=4,
         metrics_port=0,
     ) as server:
-        for name in names:  # each measured once, alone; the last four stay resident, idle
-            assert ask(server.http_url, name) == "ok"
+        with triton.InferenceServerClient(server.http_url, network_timeout=120) as client:
+            for name in names:  # each measured once, alone; the last four stay resident, idle
+                client.load_model(name)
         assert sorted(resident_sizes(server)) == names[4:]
         with sampled(server) as samples, ThreadPoolExecutor(4) as pool:
             outcomes = list(pool.map(lambda n: ask(server.http_url, n), names[:4]))
@@ -142,7 +143,7 @@ def test_a_load_that_fits_only_after_another_waits_for_it_rather_than_refuse(
     # request holds either): one at a time, the second would evict the first. Side by side, the
     # second cannot make room while the first holds its reservation: it waits for it to end.
     ten_mib_models(tmp_path, 1, SLOW + "[memory]\npinned = true\n", prefix="hot")
-    slow = SLOW.replace("delay_us = 200000", "delay_us = 1000000")  # both loads overlap
+    slow = SLOW.replace("delay_us = 400000", "delay_us = 1000000")  # both loads overlap
     a, b = ten_mib_models(tmp_path, 2, slow)
     with (
         serving(
