@@ -63,6 +63,7 @@ class Server:
         self.manager = ModelManager.open(settings.repository, DeviceGates(enabled=models.qos))
         self.manager.grace_s = settings.lifecycle.grace_s  # an unload's wait for its requests
         self.manager.memory.budget = dict(models.memory_budget)
+        self.manager.memory.parallel = models.parallel_loads
         self.shared_memory = SharedMemoryRegistry(
             shm.allow_client_shm,
             shm.max_shm_regions,
@@ -80,6 +81,7 @@ class Server:
             strict_readiness=settings.lifecycle.strict_readiness,
             cache=ResponseCache(models.cache_bytes) if models.cache_bytes else None,
             cold_loads=models.max_cold_loads,
+            parallel_loads=models.parallel_loads,
         )
         # Models that call models (Triton's BLS) go through the host's data path.
         self.manager.calls.connect(self.dataplane.call_paths())

@@ -25,6 +25,7 @@ from dlscale.server_settings.fields import setting as setting
 from dlscale.server_settings.generative import Generative as Generative
 from dlscale.serving.control.demand import WAITING_LOADS
 from dlscale.serving.control.mode import ModelControl
+from dlscale.serving.memory.ledger import PARALLEL
 from dlscale.serving.memory.sizes import parse_budget
 from dlscale.serving.observe import TRACE_RATE
 from dlscale.serving.regions import MAX_REGIONS
@@ -179,11 +180,21 @@ class Models:
         "--max-cold-loads",
         type=int,
     )
+    #: Loads that run at once on the host when their sizes are known (docs/memory.md).
+    parallel_loads: int = setting(
+        PARALLEL,
+        "loads at once on the host (default: half its cores, at most 4; a model's first load "
+        "runs alone; a GPU's loads take turns)",
+        "--parallel-loads",
+        type=int,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_control", ModelControl.of(self.model_control))
         if self.max_cold_loads < 1:
             raise ConfigError(f"--max-cold-loads {self.max_cold_loads}: 1 or more")
+        if self.parallel_loads < 1:
+            raise ConfigError(f"--parallel-loads {self.parallel_loads}: 1 or more")
         if self.cache_bytes < 0:
             raise ConfigError(f"--cache-size {self.cache_bytes}: 0 or more bytes")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from dlscale.serving.cache import ResponseCache
-from dlscale.serving.control.demand import WAITING_LOADS, OnDemand
+from dlscale.serving.control.demand import PARALLEL_LOADS, WAITING_LOADS, OnDemand
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.control.plane import ControlPlane
 from dlscale.serving.dataplane import DataPlane
@@ -35,10 +35,11 @@ class HostPlane(DataPlane, ControlPlane):
         strict_readiness: bool = True,
         cache: ResponseCache | None = None,
         cold_loads: int = WAITING_LOADS,
+        parallel_loads: int = PARALLEL_LOADS,
     ) -> None:
         tracer = tracer or Tracer()
         ControlPlane.__init__(self, manager, model_control, tracer, logs)
         DataPlane.__init__(self, manager, shared_memory, tracer, strict_readiness, cache)
         self.exposition = functools.partial(render, models_registry(manager))
         if self.model_control.on_demand:
-            self.demand = OnDemand(manager, waiting=cold_loads)
+            self.demand = OnDemand(manager, max(2, parallel_loads), cold_loads)

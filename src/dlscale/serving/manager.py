@@ -19,7 +19,7 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.sources import ModelSource
 from dlscale.serving.caller import CallRoute
 from dlscale.serving.loading import Loader, close_version
-from dlscale.serving.memory.ledger import MemoryLedger
+from dlscale.serving.memory.ledger import Files, MemoryLedger, files_of
 from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion
@@ -192,8 +192,8 @@ class ModelManager:
             if previous is None or previous.state is not ModelState.READY:
                 self._set(name, ModelState.LOADING)
             try:
-                # Off the loop: the config and version folders are files to read.
-                versions = await asyncio.to_thread(
+                # Off the loop, in one trip: the config, version folders and files to read.
+                versions, files = await asyncio.to_thread(
                     _versions, repository or self.repository, name, source
                 )
                 if versions[0].config.steps is not None:
@@ -205,7 +205,8 @@ class ModelManager:
                 served = {}
                 for mv in versions:
                     load = functools.partial(self.loader.load, mv)
-                    served[mv.version] = await self.memory.load(mv, load, self._free)
+                    read = files.get(mv.version)
+                    served[mv.version] = await self.memory.load(mv, load, self._free, read)
             except DlscaleError as exc:
                 if previous is None or previous.state is not ModelState.READY:
                     self._set(name, ModelState.UNAVAILABLE, str(exc))
@@ -423,6 +424,12 @@ class ModelManager:
             await close_version(served, grace_s)
 
 
-def _versions(repo: ModelRepository, name: str, source: ModelSource | None) -> list[ModelVersion]:
-    """The versions of `name` to load, under `source`'s config or the repository's."""
-    return repo.versions(name, source or repo.source(name))
+def _versions(
+    repo: ModelRepository, name: str, source: ModelSource | None
+) -> tuple[list[ModelVersion], dict[int, Files]]:
+    """The versions of `name` to load, under `source`'s config or the repository's, and the
+    files of each that has an instance (what the memory ledger reads before it loads one; an
+    adapter's are read once its base's devices are known)."""
+    versions = repo.versions(name, source or repo.source(name))
+    own = [mv for mv in versions if not (mv.config.is_pipeline or mv.config.is_adapter)]
+    return versions, {mv.version: files_of(mv) for mv in own}

@@ -97,6 +97,7 @@ TYPES = {
     "dlscale_model_memory_bytes": "gauge",
     "dlscale_memory_budget_bytes": "gauge",
     "dlscale_memory_resident_bytes": "gauge",
+    "dlscale_model_loads_running": "gauge",
     "dlscale_model_load_seconds": "histogram",
     "dlscale_model_evictions": "counter",
 }

@@ -15,14 +15,17 @@ from collections import Counter
 
 from dlscale.errors import DlscaleError, TimedOut, TooManyRequests
 from dlscale.serving.manager import ModelManager
+from dlscale.serving.memory.ledger import PARALLEL
 from dlscale.serving.memory.policy import MemoryFull
 from dlscale.serving.served import ModelState
 from dlscale.serving.versions import unknown_model
 
 log = logging.getLogger("dlscale.models")
 
-#: Loads on demand that run at once (on one device they take turns: serving/memory/ledger.py).
-PARALLEL_LOADS = 2
+#: Loads on demand that run at once (`--parallel-loads`, and at least two: one may read its
+#: config and files while another loads; how many share a device is the memory ledger's rule,
+#: serving/memory/turns.py).
+PARALLEL_LOADS = max(2, PARALLEL)
 #: Cold models that may wait for their load at once; a request for one more is refused (503).
 WAITING_LOADS = 8
 

@@ -1,16 +1,20 @@
 """The memory ledger: what each loaded model holds, the budget, and the loads that must fit it.
 
-Every load of a model version passes through `MemoryLedger.load`: it waits for the devices the
-model goes to (one load per device at a time, so that the growth measured is this model's),
-makes room by the eviction rule (serving/memory/policy.py) for the size it expects, loads,
-measures, and checks the measured size against the budget and the model's own limit.
+Every load of a model version passes through `MemoryLedger.load`: it waits for its turn on
+the devices the model goes to (serving/memory/turns.py: alone when its size was never measured,
+so that the growth read is its own; beside a few others when an earlier load of its file
+measured it), makes room by the eviction rule (serving/memory/policy.py) for the size it
+expects and reserves it, loads, measures (alone, the first loads of a file), and checks the
+size against the budget and the model's own limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +31,7 @@ from dlscale.serving.memory.policy import (
     shortfall,
 )
 from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
+from dlscale.serving.memory.turns import Turns
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.served import ServedVersion
 
@@ -44,7 +49,20 @@ ROUNDS = 3
 TRIM_SHARE = 0.25
 TRIM_BYTES = 64 * 2**20
 
+#: Loads at once on the host by default (`--parallel-loads`): half its cores, at most 4. On a
+#: 2-core host four side by side each took 10 to 12 ms against 4 ms alone, for no more loads a
+#: second, and resident requests waited behind them (BENCHMARKS.md, "Loads side by side").
+PARALLEL = min(4, max(1, (os.cpu_count() or 2) // 2))
+#: Loads of one file whose growth is read (over memory handed back to the system): the first
+#: carries the runtime's one-time set-up, the second corrects it; later loads take the smaller
+#: figure without reading memory twice.
+MEASURES = 2
+
 Evict = Callable[[str, str], Awaitable[None]]
+#: A model file as it is now (version, size, modification time): what a known size belongs to.
+Stamp = tuple[str, int, int, int]
+#: The least a version holds (its files, per device) and its file's stamp.
+Files = tuple[Footprint, Stamp]
 #: The models something other than requests holds, and the adapters placed on each base.
 Ties = tuple[set[str], dict[str, set[str]]]
 
@@ -52,7 +70,12 @@ Ties = tuple[set[str], dict[str, set[str]]]
 class MemoryLedger:
     """The bytes each loaded model holds by device, its last use, and the per-device budget."""
 
-    def __init__(self, budget: Budget | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        parallel: int = PARALLEL,
+    ) -> None:
         self.budget: Budget = dict(budget or {})
         self.clock = clock
         #: Models never evicted (those marked `pinned` that the server loaded at its start).
@@ -70,13 +93,25 @@ class MemoryLedger:
         self._last: dict[str, float] = {}
         self._names: Counter[str] = Counter()  # loaded versions by model name
         self._in_use: Counter[str] = Counter()
-        self._known: dict[tuple[str, int, int, int], Footprint] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._known: dict[Stamp, Footprint] = {}
+        self._measures: Counter[Stamp] = Counter()  # loads of each file measured
+        #: Loads at once on the host; a GPU's loads take turns (`_turns_of`).
+        self.parallel = parallel
+        self._turns: dict[str, Turns] = {}
+        #: The sizes loads in flight expect, by token: counted as used, so that loads side by
+        #: side never make room for themselves in the same bytes.
+        self._reserved: dict[int, tuple[str, Footprint]] = {}
+        self._tokens = itertools.count()
+        self._ending: list[asyncio.Future[None]] = []  # loads waiting for a reservation to end
+        self._room = asyncio.Lock()
+        #: The most the ledger (held and reserved) counted on each device so far.
+        self.peak: Footprint = {}
 
     # -- what is resident ------------------------------------------------------------------------
 
     def resident(self) -> list[Resident]:
-        """Every loaded model as the eviction rule sees it."""
+        """Every loaded model as the eviction rule sees it, and each load in flight's
+        reservation (held: nothing evicts it)."""
         sizes: dict[str, Footprint] = {}
         for name, size in self._held.values():
             held = sizes.setdefault(name, {})
@@ -96,15 +131,27 @@ class MemoryLedger:
                 frozenset(holders.get(name, ())),
             )
             for name, size in sorted(sizes.items())
+        ] + [
+            Resident(f"{name} (loading)", size, self.clock(), held=True)
+            for name, size in self._reserved.values()
         ]
 
     def used(self) -> Footprint:
-        """Bytes the loaded models hold on each device, by their measured sizes."""
+        """Bytes the loaded models hold on each device, by their measured sizes, and those the
+        loads in flight reserved (what the budget bounds)."""
         out: Footprint = {}
-        for _, size in self._held.values():
+        for _, size in (*self._held.values(), *self._reserved.values()):
             for device, bytes_ in size.items():
                 out[device] = out.get(device, 0) + bytes_
         return out
+
+    def running(self) -> dict[str, int]:
+        """Loads taking their turn on each device now (making room, loading or measuring)."""
+        return {device: t.running for device, t in sorted(self._turns.items())}
+
+    def most_running(self) -> dict[str, int]:
+        """The most loads that took their turns at once on each device so far."""
+        return {device: t.most for device, t in sorted(self._turns.items())}
 
     def touch(self, name: str) -> None:
         """A model was used now (the eviction rule takes the least recently used first); names
@@ -142,38 +189,37 @@ class MemoryLedger:
         mv: ModelVersion,
         load: Callable[[], Awaitable[ServedVersion]],
         close: Callable[[ServedVersion], Awaitable[None]],
+        files: Files | None = None,
     ) -> ServedVersion:
-        """Load a version within the budget: room made before for the size expected, and after
-        for the size measured; a load that cannot fit is freed and refused with the figures."""
+        """Load a version within the budget: room made and reserved before for the size
+        expected, and after for the size measured; a load that cannot fit is freed and refused
+        with the figures. `files`: the version's `files_of`, when the caller read it already."""
         if mv.config.is_pipeline:
             return await load()  # no instance of its own: its steps are measured as they load
         devices = sorted({device_key(g.device) for g in mv.config.instances} | {"cpu"})
         limit = parse_limit(mv.name, mv.config.memory.limit)
-        async with self._devices(devices):
-            # Off the loop: a walk of the version's folder and a stat of its file.
-            floor, stamp = await asyncio.to_thread(_files_and_stamp, mv)
-            known = self._known.get(stamp, {})
-            need = known or {**floor, **limit}
-            await self._make_room(mv.name, need)
-            trim = self._trim_due(known)
-            before = await asyncio.to_thread(_trim_and_read, trim, devices)
-            # Memory freed and not handed back hides part of a load's growth: a size measured
-            # over it may not lower the size known for the file (the allocator reused it).
-            hidden = {"cpu"} if self._untrimmed and not trim else set()
-            self._untrimmed = 0 if trim else self._untrimmed
-            start = self.clock()
-            served = await load()
-            seconds = self.clock() - start
-            after = await asyncio.to_thread(measure.read, devices)
-            size = _growth(devices, before, after, floor, known, hidden)
+        # Off the loop: a walk of the version's folder and a stat of its file.
+        floor, stamp = files if files is not None else await asyncio.to_thread(files_of, mv)
+        known = self._known.get(stamp, {})
+        need = known or {**floor, **limit}
+        turns = [self._turns_of(d) for d in devices]
+        async with self._turn(turns, alone=not known):
+            token = await self._reserve(mv.name, need)
+            try:
+                served, size, seconds = await self._measured(
+                    mv, load, devices, turns, (floor, known, stamp)
+                )
+            finally:
+                self._unreserve(token)
             try:
                 _check_limit(mv, size, limit)
-                await self._make_room(mv.name, size)
+                await self._make_room(mv.name, size)  # at once when it is within the reservation
             except DlscaleError:
                 await close(served)
                 raise
             self._known[stamp] = served.memory = size
             self._held[served.serial] = (mv.name, size)
+            self._note_peak()
             self._names[mv.name] += 1
             self.touch(mv.name)
             self.load_seconds.observe(seconds)
@@ -183,6 +229,75 @@ class MemoryLedger:
             show_all(self.budget) if self.budget else "none",
         )  # fmt: skip
         return served
+
+    async def _reserve(self, model: str, need: Footprint) -> int:
+        """Make room for `need` and reserve it (its token). A load that does not fit while
+        other loads hold reservations waits for one of them to end and tries again: loads side
+        by side refuse nothing that loads one at a time would have loaded."""
+        while True:
+            # One load makes room at a time: loads side by side would take the bytes each
+            # other's evictions freed (the Ray bench refused requests with idle models left).
+            async with self._room:
+                try:
+                    await self._make_room(model, need)
+                except MemoryFull:
+                    if not self._reserved:
+                        raise
+                    ended = asyncio.get_running_loop().create_future()
+                    self._ending.append(ended)
+                else:
+                    token = next(self._tokens)
+                    self._reserved[token] = (model, need)  # no await since the room was made
+                    self._note_peak()
+                    return token
+            await ended  # not holding the lock: the load it waits for may need room after
+
+    def _note_peak(self) -> None:
+        for device, bytes_ in self.used().items():
+            self.peak[device] = max(self.peak.get(device, 0), bytes_)
+
+    def _unreserve(self, token: int) -> None:
+        """A load in flight is held or refused: its reservation ends, and the loads waiting for
+        one to end try again."""
+        del self._reserved[token]
+        ending, self._ending = self._ending, []
+        for ended in ending:
+            if not ended.done():
+                ended.set_result(None)
+
+    async def _measured(
+        self,
+        mv: ModelVersion,
+        load: Callable[[], Awaitable[ServedVersion]],
+        devices: list[str],
+        turns: list[Turns],
+        sizing: tuple[Footprint, Footprint, Stamp],
+    ) -> tuple[ServedVersion, Footprint, float]:
+        """Load, and the size it holds: measured when the load ran alone on its devices and its
+        file has been measured fewer than `MEASURES` times, else the size known for its file."""
+        floor, known, stamp = sizing
+        alone = [t.entered for t in turns] if all(t.running == 1 for t in turns) else None
+        measuring = alone is not None and self._measures[stamp] < MEASURES
+        trim = self._trim_due(known)
+        before: Footprint = {}
+        if measuring:
+            before = await asyncio.to_thread(_trim_and_read, trim, devices)
+        elif trim:
+            await asyncio.to_thread(measure.trim)
+        # Memory freed and not handed back hides part of a load's growth: a size measured
+        # over it may not lower the size known for the file (the allocator reused it).
+        hidden = {"cpu"} if self._untrimmed and not trim else set()
+        self._untrimmed = 0 if trim else self._untrimmed
+        start = self.clock()
+        served = await load()
+        seconds = self.clock() - start
+        if measuring and [t.entered for t in turns] == alone:
+            after = await asyncio.to_thread(measure.read, devices)
+            # A reading over freed memory not handed back keeps the known figure: not counted.
+            self._measures[stamp] += not hidden
+            return served, _growth(devices, before, after, floor, known, hidden), seconds
+        # Not measured, or another load ran beside it: its growth is not its own alone.
+        return served, _growth(devices, {}, {}, floor, known), seconds
 
     def _trim_due(self, known: Footprint) -> bool:
         """Whether the memory of evicted models goes back to the system before this load's
@@ -226,14 +341,27 @@ class MemoryLedger:
         if make_room(model, need, self.budget, resident):
             raise MemoryFull(refusal(model, need, self.budget, self.resident()))
 
+    def _turns_of(self, device: str) -> Turns:
+        """A device's turns: `parallel` loads at once on the host, one at a time on a GPU (two
+        loads at once there have not been measured)."""
+        turns = self._turns.get(device)
+        if turns is None:
+            turns = self._turns[device] = Turns(self.parallel if device == "cpu" else 1)
+        return turns
+
     @contextlib.asynccontextmanager
-    async def _devices(self, devices: list[str]) -> AsyncIterator[None]:
-        """One load per device at a time; locks taken in name order, so two loads never wait
-        for each other's."""
-        async with contextlib.AsyncExitStack() as stack:
-            for device in devices:
-                await stack.enter_async_context(self._locks.setdefault(device, asyncio.Lock()))
+    async def _turn(self, turns: list[Turns], alone: bool) -> AsyncIterator[None]:
+        """This load's turn on each of its devices, taken in name order, so two loads never
+        wait for each other's."""
+        taken: list[Turns] = []
+        try:
+            for t in turns:
+                await t.enter(alone)
+                taken.append(t)
             yield
+        finally:
+            for t in taken:
+                t.leave(alone)
 
 
 def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
@@ -244,11 +372,12 @@ def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
     return measure.read(devices)
 
 
-def _files_and_stamp(mv: ModelVersion) -> tuple[Footprint, tuple[str, int, int, int]]:
+def files_of(mv: ModelVersion) -> Files:
+    """The version's files and its file's stamp (file system calls: off the event loop)."""
     return _files(mv), _stamp(mv)
 
 
-def _stamp(mv: ModelVersion) -> tuple[str, int, int, int]:
+def _stamp(mv: ModelVersion) -> Stamp:
     """What a remembered size belongs to: the version and its model file as it is now."""
     try:
         stat = mv.model_file.stat()

@@ -1,7 +1,8 @@
 """What a load adds to host and device memory: RSS growth on the host, NVML's count on GPUs.
 
 The figures are differences taken around one load while no other load runs on the same devices
-(the ledger serializes loads per device), so that each is the model's own.
+(a load whose growth is read runs alone on its devices: serving/memory/turns.py), so that
+each is the model's own.
 """
 
 from __future__ import annotations

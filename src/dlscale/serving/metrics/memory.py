@@ -46,12 +46,21 @@ class MemoryCollector(Collector):
         yield budget
         resident = GaugeMetricFamily(
             "dlscale_memory_resident_bytes",
-            "Bytes the loaded models hold on a device together, by their measured sizes",
+            "Bytes the loaded models hold on a device together, by their measured sizes, with "
+            "those the loads in flight reserved",
             labels=["device"],
         )
         for device, size in sorted(ledger.used().items()):
             resident.add_metric([device], size)
         yield resident
+        running = GaugeMetricFamily(
+            "dlscale_model_loads_running",
+            "Loads taking their turn on a device now (several at once on the host)",
+            labels=["device"],
+        )
+        for device, count in ledger.running().items():
+            running.add_metric([device], count)
+        yield running
         seconds = HistogramMetricFamily(
             "dlscale_model_load_seconds", "Time each model version took to load (and warm up)"
         )
