@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psutil
 
@@ -64,16 +65,8 @@ def in_process_executor(args: argparse.Namespace) -> Iterator[None]:
     """The engine core started with the model in its own process, on --threads OpenMP threads
     (vLLM binds threads only for its worker processes)."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(args.threads)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with mock.patch.dict(os.environ, env):  # restored as it was, set or not
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def measure_vllm(name: str, folder: Path, args: argparse.Namespace) -> list[Measured]:

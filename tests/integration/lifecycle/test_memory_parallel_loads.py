@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -89,16 +89,21 @@ def resident_sizes(server: LocalServer) -> dict[str, int]:
     return {r["name"]: r["memory"]["cpu"] for r in rows if r["state"] == "READY"}
 
 
-def test_cold_models_at_once_load_side_by_side_and_the_budget_holds(tmp_path: Path) -> None:
-    names = ten_mib_models(tmp_path, 8)
-    with serving(
-        tmp_path,
+def on_demand(root: Path) -> AbstractContextManager[LocalServer]:
+    """A server loading `root`'s models on demand under BUDGET, four loads at once."""
+    return serving(
+        root,
         model_control="on-demand",
         load_models=(),
         memory_budget=(("cpu", BUDGET),),
         parallel_loads=4,
         metrics_port=0,
-    ) as server:
+    )
+
+
+def test_cold_models_at_once_load_side_by_side_and_the_budget_holds(tmp_path: Path) -> None:
+    names = ten_mib_models(tmp_path, 8)
+    with on_demand(tmp_path) as server:
         with triton.InferenceServerClient(server.http_url, network_timeout=120) as client:
             for name in names:  # each measured once, alone; the last four stay resident, idle
                 client.load_model(name)
@@ -119,14 +124,7 @@ def test_cold_models_at_once_load_side_by_side_and_the_budget_holds(tmp_path: Pa
 
 def test_models_never_measured_load_alone(tmp_path: Path) -> None:
     names = ten_mib_models(tmp_path, 4)
-    with serving(
-        tmp_path,
-        model_control="on-demand",
-        load_models=(),
-        memory_budget=(("cpu", BUDGET),),
-        parallel_loads=4,
-        metrics_port=0,
-    ) as server:
+    with on_demand(tmp_path) as server:
         with sampled(server) as samples, ThreadPoolExecutor(4) as pool:
             outcomes = list(pool.map(lambda n: ask(server.http_url, n), names))
         assert outcomes == ["ok"] * 4, outcomes
