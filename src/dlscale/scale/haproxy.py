@@ -53,7 +53,7 @@ from dlscale.scale.haproxy_config import (
     slots,
     write_errors,
 )
-from dlscale.scale.prefix import HASHED, Routing
+from dlscale.scale.prefix import GRPC_HASHED, HASHED, Routing
 from dlscale.scale.weights import MAX_WEIGHT
 
 log = logging.getLogger("dlscale.scale")
@@ -282,7 +282,7 @@ def _enable(slot: int, member: Member, sockets: dict[str, socket.socket]) -> lis
     """The commands pointing slot `slot` of each backend at `member` and putting it in service."""
     commands = []
     for proto in _backends(sockets):
-        port = member.grpc_port if proto == GRPC else member.http_port
+        port = member.grpc_port if proto in (GRPC, GRPC_HASHED) else member.http_port
         server = f"{proto}/r{slot}"
         if port is None:  # this replica has no gRPC port: its slot stays in maintenance
             commands.append(f"set server {server} state maint")
@@ -290,15 +290,16 @@ def _enable(slot: int, member: Member, sockets: dict[str, socket.socket]) -> lis
         commands.append(f"set server {server} addr {member.host} port {port}")
         # A slot keeps its last weight: a new replica starts at the most, to be measured. The
         # hashed backend's stay equal: a weight moves keys, and with them the caches they hit.
-        if proto != HASHED:
+        if proto not in (HASHED, GRPC_HASHED):
             commands.append(f"set server {server} weight {MAX_WEIGHT}")
         commands.append(f"set server {server} state ready")
     return commands
 
 
 def _backends(sockets: Mapping[str, socket.socket]) -> list[str]:
-    """The backends whose slots follow the members: one per protocol, and the hashed one."""
-    return [*sockets, *([HASHED] if REST in sockets else [])]
+    """The backends whose slots follow the members: one per protocol, and its hashed one."""
+    hashed = {REST: HASHED, GRPC: GRPC_HASHED}
+    return [*sockets, *(hashed[p] for p in sockets)]
 
 
 def _listen(host: str, port: int, proto: str, patience_s: float) -> socket.socket:

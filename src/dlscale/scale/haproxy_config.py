@@ -56,8 +56,7 @@ def render(
     ipv6: bool = False,
 ) -> str:
     """HAProxy's configuration: a frontend per bound socket, a backend of SLOTS servers each,
-    the REST frontend's hashed backend (scale/prefix.py), and the control backend where one is
-    given."""
+    the hashed backends (scale/prefix.py), and the control backend where one is given."""
     rules = rules or ConnectionRules()
     lines = [
         "global",
@@ -92,6 +91,8 @@ def render(
         if proto == REST:  # its http-request rules come before any use_backend
             lines += prefix.frontend_rules(routes_map(workdir))
         lines += _control_rules(proto, control)
+        if proto == GRPC:  # after the control rules: a load carrying a session is still one
+            lines += prefix.grpc_frontend_rules()
         lines.append(f"  default_backend {proto}")
     # Every replica's REST port is checked (its /v2/health/ready), and its gRPC server follows
     # that check (`track`): one meaning of "up" for both protocols.
@@ -108,6 +109,11 @@ def render(
         f"  default-server maxconn {rules.per_replica}",
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in slots()),
         *_capped(prefix.backend(balance_factor, slots(), REST), rules),
+        *(
+            _capped(prefix.backend(balance_factor, slots(), REST, grpc=True), rules)
+            if GRPC in fds
+            else []
+        ),
     ]
     return "\n".join(lines + _control_backends(control)) + "\n"
 

@@ -5,7 +5,10 @@ requests (OpenAI's /v1/chat/completions and /v1/completions, OIP's generate and 
 sent by a consistent hash with bounded loads instead of leastconn: requests of one tenant (the
 same system prompt) or one session reach the replica whose engine already holds that prefix's
 KV blocks, and no replica takes more than `balance_factor` percent of the mean load. Everything
-else (tensors, gRPC, other models, a body HAProxy cannot read) keeps the weighted leastconn.
+else (tensors, other models, a body HAProxy cannot read) keeps the weighted leastconn.
+gRPC calls name their model inside a protobuf body, which HAProxy does not read: a gRPC call
+that carries a session (the `x-session-id` metadata) is hashed by it, whatever its model, and
+every other keeps the weighted leastconn.
 The HAProxy features relied on, all in 2.6's configuration.txt: `http-request wait-for-body`
 (4.2), `json_query` and `bytes` (7.3.1), `balance hash` with `hash-type consistent` and
 `hash-balance-factor` (4.2); docs/scale.md, "Routing by prefix and by session".
@@ -26,8 +29,9 @@ from dlscale.scale.weights import MAX_WEIGHT
 from dlscale.server_settings import DEFAULT_BALANCE_FACTOR, ServerSettings
 
 log = logging.getLogger("dlscale.scale")
-#: The backend of hashed requests (its servers track the REST backend's: one meaning of "up").
-HASHED = "rest_hashed"
+#: The backends of hashed requests, REST and gRPC (their servers track the REST backend's: one
+#: meaning of "up").
+HASHED, GRPC_HASHED = "rest_hashed", "grpc_hashed"
 #: A client's session: requests carrying the same value reach the same replica.
 SESSION_HEADER = "x-session-id"
 #: What `session` routes by: no prompt length matches, so only a session sets the key.
@@ -38,6 +42,8 @@ _OIP_GENERATE = r"^/v2/models/[^/]+(/versions/[0-9]+)?/generate(_stream)?$"
 #: Seconds HAProxy waits for a generative request's body (or a full buffer) before routing it
 #: by least work: a slow client is not held, it only loses its affinity.
 BODY_WAIT = "1s"
+#: The REST frontend's key of a hashed request (`frontend_rules` sets it).
+_KEY = "var(txn.dls_key)"
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ def frontend_rules(map_path: Path) -> list[str]:
         "  http-request set-var(txn.dls_key,ifnotempty) req.body,json_query('$.user') "
         "if dls_openai dls_routed",
         f"  http-request set-var(txn.dls_key,ifnotempty) req.hdr({SESSION_HEADER}) if dls_routed",
-        f"  use_backend {HASHED} if {{ var(txn.dls_key) -m found }}",
+        f"  use_backend {HASHED} if {{ {_KEY} -m found }}",
     ]
 
 
@@ -137,12 +143,20 @@ def _text_rules(chat: str) -> list[str]:
     ]
 
 
-def backend(balance_factor: int, slots: Iterable[int], tracked: str) -> list[str]:
-    """The hashed backend: consistent hashing on the key, bounded by `balance_factor`; its
-    servers follow the REST backend's (`tracked`) health."""
+def grpc_frontend_rules() -> list[str]:
+    """The gRPC frontend's rule: a call carrying a session goes to the hashed backend."""
+    return [f"  use_backend {GRPC_HASHED} if {{ req.hdr({SESSION_HEADER}) -m found }}"]
+
+
+def backend(
+    balance_factor: int, slots: Iterable[int], tracked: str, *, grpc: bool = False
+) -> list[str]:
+    """A hashed backend (REST's, or gRPC's with `grpc`): consistent hashing on the key, bounded
+    by `balance_factor`; its servers follow the REST backend's (`tracked`) health."""
+    name, key = (GRPC_HASHED, f"req.hdr({SESSION_HEADER})") if grpc else (HASHED, _KEY)
     return [
-        f"backend {HASHED}",
-        "  balance hash var(txn.dls_key)",
+        f"backend {name}",
+        f"  balance hash {key}",
         # Consistent: a replica that leaves moves its own keys only; the others keep theirs.
         "  hash-type consistent",
         f"  hash-balance-factor {balance_factor}",
@@ -150,7 +164,8 @@ def backend(balance_factor: int, slots: Iterable[int], tracked: str) -> list[str
         # The most weight, the same for all: each server's share of the ring is 16 points per
         # unit of weight, and 16 points leave a replica's arcs uneven by tens of percent.
         *(
-            f"  server r{i} 127.0.0.1:9 disabled weight {MAX_WEIGHT} track {tracked}/r{i}"
+            f"  server r{i} 127.0.0.1:9 disabled weight {MAX_WEIGHT}"
+            f"{' proto h2' if grpc else ''} track {tracked}/r{i}"
             for i in slots
         ),
     ]

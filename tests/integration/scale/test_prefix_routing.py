@@ -9,6 +9,7 @@ what is asserted is that it stays there, spreads, is bounded, and moves when its
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc
 from tests.toolkit.generative import COLOURS, outcomes
 from tests.toolkit.python_models import write_python_model
 from tests.toolkit.server import free_port
@@ -82,14 +85,16 @@ class Fleet:
 def started(repo: Path) -> Iterator[Fleet]:
     """Two children behind a router that hashes the repository's routed models."""
     settings = ServerSettings.build(
-        repo, host=HOST, http_port=0, grpc_port=None, metrics_port=None, log_level="warning"
+        repo, host=HOST, http_port=0, grpc_port=0, metrics_port=None, log_level="warning"
     )
     children = [ServerChild(settings) for _ in range(2)]
-    router = HaproxyRouter(HOST, 0, None, routing=Routing(FACTOR, routes_of(repo)))
+    router = HaproxyRouter(HOST, 0, 0, routing=Routing(FACTOR, routes_of(repo)))
     try:
         endpoints = [child.start() for child in children]
         router.start()
-        router.sync([Member(f"child{i}", e.host, e.http_port) for i, e in enumerate(endpoints)])
+        router.sync(
+            [Member(f"child{i}", e.host, e.http_port, e.grpc_port) for i, e in enumerate(endpoints)]
+        )
         until(lambda: set(router.states().values()) == {"UP"})
         yield Fleet(router, children, endpoints)
     finally:
@@ -168,6 +173,31 @@ def test_a_session_pins_requests_whatever_their_prompts(fleet: Fleet, how: str) 
                 answered(chat(fleet.url, ROUTED, tenant, headers={SESSION_HEADER: "s-42"}))
 
     assert sorted(fleet.where(ROUTED, send)) == [0, 6]
+
+
+def grpc_generate(fleet: Fleet, model: str, session: str | None) -> None:
+    """One colours answer over gRPC through the router, with `session` as its metadata."""
+    client = tritonclient.grpc.InferenceServerClient(f"{HOST}:{fleet.router.ports['grpc']}")
+    prompt = tritonclient.grpc.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"red green"], dtype=object))
+    headers = {SESSION_HEADER: session} if session is not None else None
+    answer = client.infer(model, [prompt], headers=headers, client_timeout=120)
+    assert answer.as_numpy("text_output") is not None
+
+
+def test_a_grpc_session_pins_its_calls_and_sessions_spread(fleet: Fleet) -> None:
+    """gRPC's model is in its protobuf body, which HAProxy does not read: a call carrying a
+    session is hashed by it, whatever its model (here one that keeps least work over REST)."""
+    pinned = fleet.where(PLAIN, lambda: [grpc_generate(fleet, PLAIN, "g-7") for _ in range(6)])
+    assert sorted(pinned) == [0, 6], pinned
+    homes = set()
+    for session in "abcdefgh":
+        spread = fleet.where(PLAIN, functools.partial(grpc_generate, fleet, PLAIN, f"g-{session}"))
+        homes.add(spread.index(1))
+    assert homes == {0, 1}, homes  # eight sessions use both replicas
+    # Without a session, calls keep least work: one after another, both replicas answer.
+    free = fleet.where(PLAIN, lambda: [grpc_generate(fleet, PLAIN, None) for _ in range(8)])
+    assert sum(free) == 8 and min(free) > 0, free
 
 
 def test_one_tenant_flooding_is_bounded_by_the_factor(fleet: Fleet) -> None:

@@ -73,7 +73,8 @@ def test_haproxy_accepts_the_rules(tmp_path: Path, ipv6: bool) -> None:
     assert text.count(f"stick-table type {table} ") == 2  # one per frontend: per protocol
     assert "tcp-request connection reject if { sc0_conn_cur gt 8 }" in text  # gRPC
     assert "http-request deny status 503" in text  # REST
-    assert text.count(f"maxconn {ConnectionRules().per_replica}") == 3  # rest, grpc, hashed
+    # rest, grpc, and the hashed backend of each
+    assert text.count(f"maxconn {ConnectionRules().per_replica}") == 4
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
