@@ -3,6 +3,7 @@ requests per model, memory against the budget, and a plot over time (docs/memory
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -109,9 +110,13 @@ def compare(phase: Phase, baseline: Phase) -> dict[str, Any]:
 
 
 def write(out: Path, phases: list[Phase], figures: list[dict[str, Any]]) -> Path:
-    """report.json, summary.md and over-time.png in `out`."""
+    """report.json, summary.md, over-time.png, and each phase's requests (one JSON line per
+    request: when it left, its model, latency, status, cold) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(figures, indent=2))
+    for phase in phases:
+        rows = (json.dumps(dataclasses.asdict(s)) for s in phase.sent)
+        (out / f"requests-{phase.name}.jsonl").write_text("\n".join(rows) + "\n")
     lines = ["# Many models under a memory budget", ""]
     for f in figures:
         lines.append(f"## {f['phase']}")

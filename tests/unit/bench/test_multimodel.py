@@ -3,13 +3,16 @@ of the same requests under a budget and all resident."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from dlscale.bench.multimodel import Mix, Phase, Sample, Sent
-from dlscale.bench.multimodel_report import summary
+from dlscale.bench.multimodel_report import summary, write
 
 
 def test_the_mix_follows_zipf_and_the_rate() -> None:
@@ -60,3 +63,13 @@ def test_the_same_requests_are_compared_and_cold_first_answers_found() -> None:
     assert figures["models"]["a"] == {
         "requests": 2, "cold": 1, "resident_p99_s": 0.02, "cold_p50_s": 0.5,
     }  # fmt: skip
+
+
+def test_each_phase_s_requests_are_written_one_line_each(tmp_path: Path) -> None:
+    sent = _sent([0.5, 0.02], [True, False], ["a", "a"])
+    phase = Phase("budget", sent, [Sample(0.0, frozenset(), 0), Sample(1.0, frozenset({"a"}), 1)])
+    write(tmp_path, [phase], [summary(phase)])
+    lines = (tmp_path / "requests-budget.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert rows == [dataclasses.asdict(s) for s in sent]
+    assert rows[0] == {"at": 0.0, "model": "a", "latency_s": 0.5, "status": 200, "cold": True}

@@ -1,10 +1,12 @@
 """Load on demand (--model-control on-demand): a request for a model that is not loaded loads it.
 
 Requests for the same cold model wait for one load, each within its own timeout; requests for
-resident models never wait here. Loads run a few at a time (`parallel`) and only so many cold
-models may wait for theirs (`waiting`): beyond, a request is refused at once (503), so that a
-flood of requests naming cold models cannot queue without bound nor evict every model. A
-model's waiting requests count against its [qos] max_in_flight, as its queued ones do.
+resident models never wait here. Loads run a few at a time (`parallel`), first come first
+served, and only so many cold models may wait for theirs (`waiting`): beyond, a request is
+refused at once (503), so that a flood of requests naming cold models cannot queue without bound
+nor evict every model. A load whose requests have all gone (timed out, or its call was cancelled)
+before its turn is dropped: it neither delays the loads behind it nor counts against `waiting`.
+A model's waiting requests count against its [qos] max_in_flight, as its queued ones do.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ class OnDemand:
         self._gate = asyncio.Semaphore(parallel)
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._waiters: Counter[str] = Counter()
-        #: Loads started by requests, and requests refused because too many were waiting.
+        self._started: set[str] = set()  # loads past the gate: they run to their end
+        #: Loads started by requests, requests refused because too many were waiting, and loads
+        #: dropped before their turn because no request waited for them any more.
         self.loads = 0
         self.refused = 0
+        self.dropped = 0
 
     def loading(self) -> list[str]:
         """The cold models whose load requests wait for now."""
@@ -75,6 +80,19 @@ class OnDemand:
             self._waiters[name] -= 1
             if not self._waiters[name]:
                 del self._waiters[name]
+                self._drop(name, task)
+
+    def _drop(self, name: str, task: asyncio.Task[None]) -> None:
+        """The last request for `name` has gone: a load still waiting for its turn is dropped,
+        so that the loads behind it and the requests for other cold models do not wait for a
+        model nobody asks for (a load past the gate runs to its end: a model half loaded would
+        be left behind)."""
+        if name in self._started or task.done() or self._loads.get(name) is not task:
+            return
+        task.cancel()
+        del self._loads[name]  # at once: the bound on waiting loads no longer counts it
+        self.dropped += 1
+        log.info("model %s: load on demand dropped, no request waits for it any more", name)
 
     def _admit(self, name: str) -> None:
         """Refuse a request that would wait beyond the bounds: cold models, or its [qos]."""
@@ -101,7 +119,8 @@ class OnDemand:
         return task
 
     def _done(self, name: str, task: asyncio.Task[None]) -> None:
-        self._loads.pop(name, None)
+        if self._loads.get(name) is task:  # not a later load of the name, after a drop
+            del self._loads[name]
         if not task.cancelled() and task.exception() is not None:
             log.warning("model %s: load on demand failed: %s", name, task.exception())
 
@@ -110,4 +129,8 @@ class OnDemand:
             if name in self.manager.ready_names():
                 return  # loaded meanwhile (by the API, or a pipeline that uses it)
             self.loads += 1
-            await self.manager.load(name)
+            self._started.add(name)
+            try:
+                await self.manager.load(name)
+            finally:
+                self._started.discard(name)

@@ -86,11 +86,16 @@ class MemoryCollector(Collector):
                 "Requests for cold models refused because too many models were waiting to load",
             )
             refused.add_metric([], demand.refused)
+            dropped = CounterMetricFamily(
+                "dlscale_model_loads_dropped",
+                "Loads on demand dropped before their turn: no request waited for them any more",
+            )
+            dropped.add_metric([], demand.dropped)
             waiting = GaugeMetricFamily(
                 "dlscale_model_loads_waiting", "Cold models whose load requests wait for now"
             )
             waiting.add_metric([], len(demand.loading()))
-            yield from (loads, refused, waiting)
+            yield from (loads, refused, dropped, waiting)
 
 
 def _le(bound: float) -> str:
