@@ -87,9 +87,10 @@ def test_a_saturated_fleet_sizes_from_its_arrival_rate_not_its_wait() -> None:
 
 
 def test_a_backlog_adds_what_drains_it_by_the_time_a_new_replica_serves() -> None:
-    # 750 held beyond the 1.2 a 10 ms wait holds at 120/s, drained within REPLICA_START_S
-    # (the objective, 20 ms, is sooner than any new replica could help): (120 + 150) / 50.
-    held = 1.2 + 150.0 * REPLICA_START_S
+    # 750 held now beyond the 1.2 a 10 ms wait holds at 120/s (the mean over the look-back
+    # plus its growth of 20/s over half of it), drained within REPLICA_START_S (the objective,
+    # 20 ms, is sooner than any new replica could help): (120 + 150) / 50.
+    held = 1.2 + 150.0 * REPLICA_START_S - 20.0 * LOOK_BACK_S / 2
     d = decide([_saturated(growth=20.0, in_flight=held)], 2, 2, BOUNDS, now=0.0)
     assert d.replicas == 4 and "backlog 750 to drain in 5e+03 ms: 6 at 50/s" in d.reason
     assert "(bounded at 4)" in d.reason  # at most twice as many
@@ -106,6 +107,20 @@ def test_a_backlog_the_running_replicas_drain_before_a_new_one_serves_adds_none(
     )  # fmt: skip
     d = decide([load], 2, 2, BOUNDS, now=0.0)
     assert d.replicas == 2 and d.reason.endswith("2 at 20/s each: the backlog drains")
+
+
+def test_a_shrinking_backlog_is_read_as_held_now_not_as_its_mean() -> None:
+    # The burst bench's run 8 at 50 s (BENCHMARKS.md): 2 replicas read 16.5/s each, 35.1/s
+    # answered, the queue falling 14/s, 91 held on average over the 5 s look-back. Its mean
+    # asked for 3 ((21.1 + 80.5 / 5) / 16.5); the queue at the window's end held 35 fewer,
+    # and a backlog of 45.5 drained within 5 s by 2 replicas asks for none more.
+    load = ModelLoad(
+        "m", 1.0, rate=35.1, wait_s=3.0, busy=1.0, in_flight=80.5 + 21.1 * UP_AT,
+        capacity=16.5, growth=-14.0,
+    )  # fmt: skip
+    d = decide([load], 2, 2, BOUNDS, now=0.0)
+    assert d.replicas == 2 and "backlog 45.5 to drain" in d.reason
+    assert d.reason.endswith("2 at 16.5/s each: the backlog drains")
 
 
 def test_a_saturated_fleet_at_most_doubles() -> None:
