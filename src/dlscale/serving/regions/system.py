@@ -47,23 +47,27 @@ def shm_path(key: str) -> Path:
     return SHM_DIR / bare
 
 
+def _open_object(key: str, path: Path, extra_flags: int) -> int:
+    """A read-write descriptor of the object `key` at `path`, or InvalidInput saying why not."""
+    try:
+        # O_NOFOLLOW: a key names an object, never a link to some other file.
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | extra_flags)
+    except FileNotFoundError:
+        raise InvalidInput(
+            f"no shared-memory object with key {key!r} ({path}): create it (shm_open) "
+            "before registering it"
+        ) from None
+    except OSError as exc:
+        raise InvalidInput(f"shared-memory key {key!r} cannot be opened: {exc}") from None
+
+
 class SystemRegion:
     """`byte_size` bytes from `offset` of the server's own object `key`, mapped read-write."""
 
     def __init__(self, key: str, offset: int, byte_size: int) -> None:
         if byte_size <= 0:
             raise InvalidInput(f"byte_size {byte_size}: a region holds at least one byte")
-        path = shm_path(key)
-        try:
-            # O_NOFOLLOW: a key names an object, never a link to some other file.
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise InvalidInput(
-                f"no shared-memory object with key {key!r} ({path}): create it (shm_open) "
-                "before registering it"
-            ) from None
-        except OSError as exc:
-            raise InvalidInput(f"shared-memory key {key!r} cannot be opened: {exc}") from None
+        fd = _open_object(key, shm_path(key), 0)
         try:
             info = os.fstat(fd)
             self._mmap = _map(fd, key, offset, byte_size)
@@ -113,16 +117,7 @@ class ClientObject:
                 f"shared-memory key {key!r}: names starting with {RESERVED_PREFIX!r} are the "
                 "server's own and cannot be registered"
             )
-        try:
-            # O_NOFOLLOW: a key names an object, never a link to some other file.
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise InvalidInput(
-                f"no shared-memory object with key {key!r} ({path}): create it (shm_open) "
-                "before registering it"
-            ) from None
-        except OSError as exc:
-            raise InvalidInput(f"shared-memory key {key!r} cannot be opened: {exc}") from None
+        fd = _open_object(key, path, os.O_NONBLOCK)
         try:
             info = os.fstat(fd)
             _check_object(key, info, (offset, byte_size), own, owners)
