@@ -42,6 +42,7 @@ from benchmarks.harness.decoder_runs import (
     torch_matmul_peak,
     torch_read_bandwidth,
 )
+from dlscale.backends.generative.transformers_settings import CPU_BATCH_TOKENS
 from dlscale.bench import environment
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import match
@@ -50,8 +51,10 @@ from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.zoo.decoder import DECODERS, DecoderModel
 from dlscale.plan.host_memory import with_bandwidth
 from dlscale.plan.llm import DTYPES, from_config, read_config
-from dlscale.plan.llm_calibrate import AboveCeiling, calibrate
+from dlscale.plan.llm_calibrate import PER_LAYER, PER_REQUEST, PER_SEQUENCE, AboveCeiling, fit
+from dlscale.plan.llm_calibrate import Measured as Fitted
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
+from dlscale.plan.llm_passes import Pass, Scheduling, burst, tpot_weights, ttft_weights
 
 #: The share a prediction may miss by (issue 25: "checked against measured runs within 20%").
 TOLERANCE = 0.20
@@ -108,45 +111,104 @@ def _precisions(args: argparse.Namespace) -> list[tuple[str, str]]:
     return sorted(found.items())
 
 
+def scheduling(args: argparse.Namespace) -> Scheduling:
+    """How the measured engine forms its passes (docs/plan.md, "Generative models").
+
+    The transformers backend on a CPU takes at most CPU_BATCH_TOKENS tokens per pass (its
+    default, a prompt split across passes) and runs SDPA over the whole pass under a mask;
+    vLLM's CPU budget (2048 tokens as a server) holds the largest burst checked here (16 x 65)
+    and its attention is per sequence; the model's forward prefills the padded batch at once.
+    """
+    if args.engine == "backend":
+        return Scheduling(CPU_BATCH_TOKENS if args.device == "cpu" else None, True)
+    return Scheduling()
+
+
+def timed(on_device: DecoderOnDevice, passes: list[Pass], weights: list[float]) -> float:
+    """Seconds of a weighted sum of passes (a burst's TTFT or TPOT)."""
+    return sum(w * on_device.pass_s(p) for w, p in zip(weights, passes, strict=True) if w)
+
+
 def predict(
     on_device: DecoderOnDevice, row: Measured, args: argparse.Namespace
 ) -> dict[str, float]:
-    """The plan's TTFT, TPOT and tokens/s for a measured row (decode at the mean context)."""
-    ttft = on_device.prefill_s(row.isl, row.batch)
-    tpot = on_device.decode_step_s(row.batch, row.isl + args.osl / 2)
+    """The plan's TTFT, TPOT and tokens/s for a measured row: its burst of B requests, passed
+    through the engine's scheduling."""
+    done = burst(on_device.scheduling, row.batch, row.isl, args.osl)
+    admitted = row.batch * on_device.efficiency.host_s_per_request
+    ttft = timed(on_device, done.passes, ttft_weights(done)) + admitted
+    tpot = timed(on_device, done.passes, tpot_weights(done, args.osl))
     return {"ttft_s": ttft, "tpot_s": tpot, "tokens_per_s": row.batch / tpot}
+
+
+def observations(
+    on_device: DecoderOnDevice, row: Measured, args: argparse.Namespace, ttft: bool
+) -> list[tuple[DecoderOnDevice, Fitted]]:
+    """A row's TPOT (and TTFT) as calibration equations."""
+    done = burst(on_device.scheduling, row.batch, row.isl, args.osl)
+    out = [(on_device, Fitted(done.passes, row.tpot_s, tpot_weights(done, args.osl)))]
+    if ttft:
+        out.append((on_device, Fitted(done.passes, row.ttft_s, ttft_weights(done), row.batch)))
+    return out
+
+
+def calibration_rows(rows: list[Measured], args: argparse.Namespace) -> list[Measured]:
+    """The rows calibrated on: of each --calibrate-on model measured (else the first model),
+    decode at batch 1, --matrix-batch and --calibrate-batch."""
+    measured = {r.model for r in rows}
+    models = [m for m in args.calibrate_on if m in measured] or [rows[0].model]
+    batches = {1, args.calibrate_batch or max(r.batch for r in rows), matrix_batch(args)}
+    return [r for r in rows if r.model in models and r.batch in batches]
+
+
+def fit_on(
+    device: DeviceSpec,
+    shapes: dict[str, Any],
+    steps: list[Measured],
+    args: argparse.Namespace,
+) -> Efficiency:
+    """The efficiencies fitted to the calibration rows on `device` (PlanError: none fit).
+
+    Two sizes tell the host's time per layer from the weights' reads (both fixed per pass);
+    one size fits the host's time per sequence alone, and --calibrate-batch 1 no host time.
+    """
+    sched = scheduling(args)
+    reference = max(r.batch for r in steps)
+    equations = []
+    for row in steps:
+        base = DecoderOnDevice(shapes[row.model], device, Efficiency(1.0, 1.0), scheduling=sched)
+        equations += observations(base, row, args, ttft=row.batch in (1, reference))
+    host: tuple[int, ...] = ()
+    if args.calibrate_batch != 1:
+        # Two sizes tell the time per layer from the weights' reads; two TTFTs the time per
+        # request from the prefill's.
+        two = len({r.model for r in steps}) > 1
+        host = (PER_SEQUENCE, PER_LAYER, PER_REQUEST) if two else (PER_SEQUENCE,)
+    vector = matrix_batch(args) > 1 and any(r.batch == 1 for r in steps)
+    return fit(equations[0][0], equations, vector, host)
 
 
 def compare(
     rows: list[Measured], shapes: dict[str, Any], device: DeviceSpec, args: argparse.Namespace
 ) -> tuple[Efficiency | None, str, list[dict[str, Any]], DeviceSpec]:
-    """Calibrate on the first model's runs, then predict every row both ways (and the device
-    the predictions took: its ceilings raised where the engine beat them).
+    """Calibrate on the calibration models' runs, then predict every row both ways (and the
+    device the predictions took: its ceilings raised where the engine beat them).
 
-    Rows are judged on the calibrated plan; where no MBU/MFU fits the reference (a model so
-    small that the host's per-step work dominates), on the catalog defaults, and it says why.
+    Rows are judged on the calibrated plan; where no MBU/MFU fits (a model so small that the
+    host's per-step work dominates), on the catalog defaults, and it says why.
     """
-    first = rows[0].model
-    own = [r for r in rows if r.model == first]
-    reference = next((r for r in own if r.batch == args.calibrate_batch), own[-1])
-    alone = next(r for r in rows if r.model == first and r.batch == 1)
-    matrix = next((r for r in own if r.batch == matrix_batch(args)), None)
-    base = DecoderOnDevice(shapes[reference.model], device, Efficiency(1.0, 1.0))
-    steps = [alone] if reference is alone else [alone, reference]
-    if matrix is not None and matrix not in steps and len(steps) == 2:
-        steps.insert(1, matrix)
-    decode = [(r.batch, r.isl + args.osl / 2, r.tpot_s) for r in steps]
-    prefill = (alone.isl, 1, alone.ttft_s)
+    steps = calibration_rows(rows, args)
     fitted: Efficiency | None = None
-    at = " and ".join(str(d[0]) for d in decode)
-    judged_on = f"calibrated on {first}: decode at batch {at}, prefill of one prompt"
+    models = sorted({r.model for r in steps})
+    at = ", ".join(str(b) for b in sorted({r.batch for r in steps}))
+    ends = f"1 and {max(r.batch for r in steps)}"
+    judged_on = f"calibrated on {', '.join(models)}: TPOT at batch {at}, TTFT at batch {ends}"
     try:
         try:
-            fitted = calibrate(base, decode, prefill)
+            fitted = fit_on(device, shapes, steps, args)
         except AboveCeiling as above:
             device = raised_ceilings(device, above)
-            base = replace(base, device=device)
-            fitted = calibrate(base, decode, prefill)
+            fitted = fit_on(device, shapes, steps, args)
             judged_on += f"; {above}: the ceilings raised to what the engine reached"
     except PlanError as exc:
         judged_on = f"the catalog defaults (no calibration: {exc})"
@@ -154,19 +216,23 @@ def compare(
     # its TPOT error is reported beside, the evidence for the choice.
     other = replace(device, kind="gpu" if device.kind == "cpu" else "cpu")
     try:
-        alt = DecoderOnDevice(shapes[reference.model], other, Efficiency(1.0, 1.0))
-        other_fit = calibrate(alt, decode, prefill)
+        other_fit: Efficiency | None = fit_on(other, shapes, steps, args)
     except PlanError:
         other_fit = None
+    sched = scheduling(args)
     out = []
     for row in rows:
         shape = shapes[row.model]
         other_tpot = None
         if other_fit is not None:
-            other_plan = predict(DecoderOnDevice(shape, other, other_fit), row, args)
-            other_tpot = other_plan["tpot_s"] / row.tpot_s - 1
-        default = predict(DecoderOnDevice(shape, device), row, args)
-        calibrated = predict(DecoderOnDevice(shape, device, fitted), row, args) if fitted else None
+            alt = DecoderOnDevice(shape, other, other_fit, scheduling=sched)
+            other_tpot = predict(alt, row, args)["tpot_s"] / row.tpot_s - 1
+        default = predict(DecoderOnDevice(shape, device, scheduling=sched), row, args)
+        calibrated = (
+            predict(DecoderOnDevice(shape, device, fitted, scheduling=sched), row, args)
+            if fitted
+            else None
+        )
         judged = calibrated or default
         errors = {k: judged[k] / getattr(row, k) - 1 for k in ("ttft_s", "tpot_s", "tokens_per_s")}
         default_errors = {k: default[k] / getattr(row, k) - 1 for k in errors}
@@ -284,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         vector = f"MBU at batch 1 {fitted.mbu_vector:.3f}, " if fitted.mbu_vector else ""
         print(
             f"calibrated {vector}MBU {fitted.mbu:.3f}, MFU {fitted.mfu:.3f}, "
-            f"host {host:.0f} us/token"
+            f"host {host:.0f} us/token, {fitted.host_s_per_layer * 1e6:.0f} us/layer per pass, "
+            f"{fitted.host_s_per_request * 1e6:.0f} us/request"
         )
     print(report(result))
     judged = [r for r in compared if not r["calibration_point"]]
@@ -330,7 +397,15 @@ def environment_load() -> tuple[float, float, float]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.plan_llm_check", description=__doc__)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--models", type=lambda s: s.split(","), default=["llama-small", "llama-mid"])
+    models = ["llama-tiny", "llama-small", "llama-mid"]
+    p.add_argument("--models", type=lambda s: s.split(","), default=models)
+    p.add_argument(
+        "--calibrate-on",
+        type=lambda s: s.split(","),
+        default=models[:2],
+        help="the models whose runs calibrate (two sizes tell the host's time per layer apart; "
+        "default llama-tiny,llama-small); the others are predicted",
+    )
     batches = [1, 2, 4, 8, 16]
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=batches)
     p.add_argument(

@@ -1,15 +1,23 @@
-"""An engine's efficiencies from its measured step times: MBU, MFU, host time per token, and
-the share of bandwidth of a batch-1 step's matrix-vector products (docs/plan.md, "Checked
-against measured runs")."""
+"""An engine's efficiencies from its measured times: MBU, MFU, host time per sequence and per
+layer of a pass, and the share of bandwidth of a one-token pass's matrix-vector products
+(docs/plan.md, "Checked against measured runs")."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from dlscale.errors import PlanError
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
+from dlscale.plan.llm_passes import Pass
+
+#: The columns of a measured time: the seconds it takes at efficiencies of 1 per unknown,
+#: 1 / MBU of one-token passes, 1 / MBU, 1 / MFU, host seconds per sequence in a pass, per
+#: layer in a pass, per request admitted.
+VECTOR, MATRIX, COMPUTE, PER_SEQUENCE, PER_LAYER, PER_REQUEST = range(6)
+_HOST = (PER_SEQUENCE, PER_LAYER, PER_REQUEST)
 
 
 class AboveCeiling(PlanError):
@@ -20,72 +28,115 @@ class AboveCeiling(PlanError):
         self.mbu, self.mfu, self.mbu_vector = mbu, mfu, mbu_vector
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A measured time and the passes it spans, each counted `weights[i]` times (a mean
+    over requests counts a pass by the share of requests it served), and the requests
+    admitted within it."""
+
+    passes: Sequence[Pass]
+    seconds: float
+    weights: Sequence[float] | None = None
+    requests: float = 0.0
+
+
+def terms(model: DecoderOnDevice, work: Pass) -> np.ndarray:
+    """The columns of one pass on `model`'s device (its efficiencies taken as 1).
+
+    On a CPU its memory and compute add; on a GPU the larger of the two is the pass's time
+    (a decode step memory-bound, a long prefill compute-bound) and the other is dropped.
+    """
+    bandwidth = model.bandwidth / model.efficiency.mbu
+    peak = model.compute / model.efficiency.mfu
+    moved, flops = model.pass_work(work)
+    memory, compute = moved / bandwidth, flops / peak
+    if model.overlapped:
+        memory, compute = (memory, 0.0) if memory >= compute else (0.0, compute)
+    row = np.zeros(6)
+    row[VECTOR if work.tokens == 1 else MATRIX] = memory
+    row[COMPUTE] = compute
+    row[PER_SEQUENCE] = work.sequences
+    row[PER_LAYER] = model.shape.layers
+    return row
+
+
+def fit(
+    model: DecoderOnDevice,
+    measured: Sequence[tuple[DecoderOnDevice, Measured]],
+    vector: bool = True,
+    host: Sequence[int] = _HOST,
+) -> Efficiency:
+    """The efficiencies whose times best match `measured` (each a model and what it took).
+
+    Least squares on relative errors (a short time counts as much as a long one); without
+    `vector`, one-token passes read at the MBU of the others; `host` names the host columns
+    fitted (the others are 0). A host column solved below 0 (host work within the noise of
+    nothing) is dropped and the rest fitted again. `model` gives the device's peaks.
+    """
+    rows = []
+    for on, m in measured:
+        weights = m.weights or [1.0] * len(m.passes)
+        row = sum((w * terms(on, p) for w, p in zip(weights, m.passes, strict=True)), np.zeros(6))
+        row[PER_REQUEST] = m.requests
+        rows.append(row / m.seconds)
+    system = np.array(rows)
+    if not vector:
+        system[:, MATRIX] += system[:, VECTOR]
+    columns = [MATRIX, COMPUTE, *host] + ([VECTOR] if vector else [])
+    ones = np.ones(len(rows))
+    while True:
+        if np.linalg.matrix_rank(system[:, columns]) < len(columns):
+            raise PlanError("the measured runs do not tell the terms apart (same batch twice?)")
+        solved = np.linalg.lstsq(system[:, columns], ones, rcond=None)[0]
+        found = dict(zip(columns, (float(v) for v in solved), strict=True))
+        below = [c for c in _HOST if found.get(c, 0.0) < 0]
+        if not below:
+            break
+        columns.remove(min(below, key=lambda c: found[c]))
+    bandwidth = model.bandwidth / model.efficiency.mbu
+    peak = model.compute / model.efficiency.mfu
+    return _efficiency(found, [m.seconds for _, m in measured], bandwidth, peak)
+
+
 def calibrate(
     model: DecoderOnDevice,
     decodes: Sequence[tuple[int, float, float]],
     prefill: tuple[int, int, float],
 ) -> Efficiency:
-    """The efficiencies that make `model`'s times equal measured ones.
+    """The efficiencies that make `model`'s times equal measured ones (one model, no host time
+    per layer: a single size cannot tell it from the weights' reads).
 
     `decodes` holds one, two or three (batch, mean context, seconds per step), `prefill` is
-    (prompt tokens, prompts, seconds). Each time is bytes / bandwidth x (1 / MBU) + FLOPs /
-    peak x (1 / MFU) + tokens x host on a CPU; on a GPU the decode steps are taken as
-    memory-bound and the prefill as compute-bound (their other term dropped). One decode step:
-    MBU and MFU, no host time. Two (at different batches): the host time too. Three, one of
-    them at batch 1: batch 1's matrix-vector MBU apart from the matrix-matrix one of the others.
-    A host time solved below 0 is taken as 0 (the rest fitted by least squares).
+    (prompt tokens, prompts, seconds). One decode step: MBU and MFU, no host time. Two (at
+    different batches): the host time per token too. Three, one of them at batch 1: batch 1's
+    matrix-vector MBU apart from the matrix-matrix one of the others.
     """
     if not 1 <= len(decodes) <= 3:
         raise PlanError(f"calibration takes 1 to 3 decode steps, got {len(decodes)}")
     vector = len(decodes) == 3 and any(batch == 1 for batch, _, _ in decodes)
     if len(decodes) == 3 and not vector:
         raise PlanError("three decode steps calibrate batch 1's MBU apart: one must be batch 1")
-    bandwidth = model.bandwidth / model.efficiency.mbu  # the device's peaks
-    peak = model.compute / model.efficiency.mfu
-    both = not model.overlapped
-    rows, times = [], []
-    # Columns: 1 / MBU of a one-token pass, 1 / MBU, 1 / MFU, host seconds per token.
-    for batch, context, seconds in decodes:
-        moved, flops = model.decode_work(batch, context)
-        alone = vector and batch == 1
-        memory = moved / bandwidth
-        rows.append([memory if alone else 0.0, 0.0 if alone else memory, flops / peak, batch])
-        if not both:
-            rows[-1][2] = 0.0
-        times.append(seconds)
-    moved, flops = model.prefill_work(prefill[0], prefill[1])
-    rows.append([0.0, moved / bandwidth if both else 0.0, flops / peak, prefill[1]])
-    times.append(prefill[2])
-    columns = [1, 2] + ([3] if len(decodes) > 1 else []) + ([0] if vector else [])
-    system = np.array(rows)[:, columns]
-    try:
-        solved = dict(zip(columns, np.linalg.solve(system, np.array(times)), strict=True))
-    except np.linalg.LinAlgError:
-        raise PlanError(
-            "the measured runs do not tell the terms apart (same batch twice?)"
-        ) from None
-    if solved.get(3, 0.0) < 0:
-        # An engine whose host work per token is within the noise of nothing: the host time
-        # is 0, and the other figures the least-squares fit of the same equations without it.
-        columns.remove(3)
-        fit = np.linalg.lstsq(np.array(rows)[:, columns], np.array(times), rcond=None)[0]
-        solved = dict(zip(columns, fit, strict=True))
-    return _efficiency(solved, times, bandwidth, peak)
+    measured = [(model, Measured([Pass.decode(b, c)], s)) for b, c, s in decodes]
+    prompt, prompts, seconds = prefill
+    one = Pass.prompt(prompt)
+    whole = Pass(prompt * prompts, prompts, 0.0, one.attended * prompts)
+    measured.append((model, Measured([whole], seconds)))
+    host = (PER_SEQUENCE,) if len(decodes) > 1 else ()
+    return fit(model, measured, vector, host)
 
 
 def _efficiency(
     solved: dict[int, float], times: list[float], bandwidth: float, peak: float
 ) -> Efficiency:
     """The solved inverses as an Efficiency, refused where no device could have made them."""
-    inverses = [solved[1], solved[2]] + ([solved[0]] if 0 in solved else [])
-    host = solved.get(3, 0.0)
-    if min(inverses) <= 0 or host < 0:
+    inverses = [solved[MATRIX], solved[COMPUTE]] + ([solved[VECTOR]] if VECTOR in solved else [])
+    if min(inverses) <= 0:
         raise PlanError(
             f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive MBU, MFU and "
             "host time: measure longer prompts or batches further apart"
         )
-    mbu, mfu = 1 / solved[1], 1 / solved[2]
-    vector = 1 / solved[0] if 0 in solved else None
+    mbu, mfu = 1 / solved[MATRIX], 1 / solved[COMPUTE]
+    vector = 1 / solved[VECTOR] if VECTOR in solved else None
     if max(mbu, mfu, vector or 0.0) > 1:
         at_one = f" / MBU at batch 1 {vector:.3g}" if vector is not None else ""
         raise AboveCeiling(
@@ -95,4 +146,5 @@ def _efficiency(
             mfu,
             vector,
         )
-    return Efficiency(mbu, mfu, float(host), vector)
+    host = {c: solved.get(c, 0.0) for c in _HOST}
+    return Efficiency(mbu, mfu, host[PER_SEQUENCE], vector, host[PER_LAYER], host[PER_REQUEST])

@@ -12,11 +12,12 @@ Continuous batching runs B sequences at once; docs/plan.md gives the steady-stat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlscale.errors import PlanError
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan.llm import DecoderShape
+from dlscale.plan.llm_passes import Pass, Scheduling
 
 #: Shares of the peaks an engine reaches unless told (--mbu, --mfu): the ceilings measured on
 #: one H100 SXM (shared/reference/accelerators.md): a device-to-device copy at ~3.0 of 3.35 TB/s,
@@ -35,8 +36,11 @@ DEFAULT_MAX_BATCH = 256
 @dataclass(frozen=True)
 class Efficiency:
     """What an engine reaches: shares of peak bandwidth (MBU) and compute (MFU), in (0, 1],
-    its host work per generated token (sampling, detokenizing, streaming; 0 by default, the
-    device alone), and the share of bandwidth of a pass over one token (None: MBU)."""
+    its host work per sequence in a pass (a decode step's generated token: sampling,
+    detokenizing, streaming; 0 by default, the device alone), the share of bandwidth of a pass
+    over one token (None: MBU), its host work per layer in a pass (dispatching each layer's
+    modules and kernels, whatever the batch; 0 by default), and its host work per request
+    admitted (tokenizing the prompt, setting up its stream; 0 by default)."""
 
     mbu: float = DEFAULT_MBU
     mfu: float = DEFAULT_MFU
@@ -44,6 +48,8 @@ class Efficiency:
     #: A pass over one token multiplies each weight matrix by a vector, whose kernel streams
     #: the weights at its own rate; two tokens or more run matrix-matrix kernels at `mbu`.
     mbu_vector: float | None = None
+    host_s_per_layer: float = 0.0
+    host_s_per_request: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -53,8 +59,13 @@ class Efficiency:
         ):
             if value is not None and not 0 < value <= 1:
                 raise PlanError(f"{name} must be in (0, 1], got {value}")
-        if not 0 <= self.host_s_per_token < 1:
-            raise PlanError(f"host time per token must be in [0, 1) s, got {self.host_s_per_token}")
+        for what, seconds in (
+            ("per token", self.host_s_per_token),
+            ("per layer", self.host_s_per_layer),
+            ("per request", self.host_s_per_request),
+        ):
+            if not 0 <= seconds < 1:
+                raise PlanError(f"host time {what} must be in [0, 1) s, got {seconds}")
 
     def mbu_at(self, tokens: int) -> float:
         """The share of bandwidth of a pass over `tokens` tokens (matrix-vector at one)."""
@@ -69,6 +80,7 @@ class DecoderOnDevice:
     device: DeviceSpec
     efficiency: Efficiency = Efficiency()
     reserve: float = DEFAULT_RESERVE
+    scheduling: Scheduling = field(default_factory=Scheduling)
 
     @property
     def overlapped(self) -> bool:
@@ -113,10 +125,39 @@ class DecoderOnDevice:
         assert peak is not None
         return peak * self.efficiency.mfu
 
+    def pass_work(self, work: Pass) -> tuple[float, float]:
+        """(bytes, FLOPs) of one forward pass.
+
+        It reads the weights once (the embedding rows of its tokens only) and the KV cache its
+        sequences hold, and writes its tokens' K and V. Per-sequence attention reads each key
+        once and scores each new token against its own sequence's keys; dense attention (one
+        masked attention over the pass) gathers every key the pass reads into a copy (read and
+        written), expands it to every query head (written and read again: grouped-query
+        attention under a mask falls back to full heads), and scores every new token against
+        every key of the pass.
+        """
+        shape = self.shape
+        keys = work.cached + work.tokens
+        kv, attended = keys * shape.kv_bytes_per_token, work.attended
+        if self.scheduling.dense_attention:
+            kv *= 2 + 2 * shape.heads / shape.kv_heads
+            attended = work.tokens * keys
+        attention = 4.0 * shape.layers * shape.heads * shape.head_dim * attended
+        flops = 2.0 * shape.active_parameters * work.tokens + attention
+        return shape.step_weight_bytes(work.tokens) + kv, flops
+
+    def pass_host_s(self, work: Pass) -> float:
+        """The host's seconds of one pass: per sequence in it, and per layer."""
+        eff = self.efficiency
+        return work.sequences * eff.host_s_per_token + self.shape.layers * eff.host_s_per_layer
+
+    def pass_s(self, work: Pass) -> float:
+        """Seconds of one forward pass."""
+        return self._time(*self.pass_work(work), work.tokens) + self.pass_host_s(work)
+
     def decode_work(self, batch: int, context: float) -> tuple[float, float]:
         """(bytes, FLOPs) of one decode step of `batch` sequences averaging `context` tokens."""
-        kv = batch * context * self.shape.kv_bytes_per_token
-        return self.shape.step_weight_bytes(batch) + kv, batch * self.shape.flops_per_token(context)
+        return self.pass_work(Pass.decode(batch, context))
 
     def prefill_work(self, prompt: int, prompts: int = 1) -> tuple[float, float]:
         """(bytes, FLOPs) of prefilling `prompts` prompts of `prompt` tokens in one pass.
@@ -124,28 +165,30 @@ class DecoderOnDevice:
         Token i attends to i tokens (causal), so a prompt's attention sums to n(n+1)/2; the
         pass reads the weights once and writes each token's K and V.
         """
-        tokens = prompt * prompts
-        attention = 4.0 * self.shape.layers * self.shape.heads * self.shape.head_dim
-        per_prompt = 2.0 * self.shape.active_parameters * prompt
-        flops = prompts * (per_prompt + attention * prompt * (prompt + 1) / 2)
-        moved = self.shape.step_weight_bytes(tokens) + tokens * self.shape.kv_bytes_per_token
-        return moved, flops
+        return self.pass_work(_prompts(prompt, prompts))
 
     def decode_step_s(self, batch: int, context: float) -> float:
         """Seconds of one decode step for `batch` sequences whose contexts average `context`."""
-        host = batch * self.efficiency.host_s_per_token
-        return self._time(*self.decode_work(batch, context), batch) + host
+        return self.pass_s(Pass.decode(batch, context))
 
     def prefill_s(self, prompt: int, prompts: int = 1) -> float:
-        """Seconds to prefill `prompts` prompts of `prompt` tokens in one pass (first tokens)."""
-        host = prompts * self.efficiency.host_s_per_token
-        return self._time(*self.prefill_work(prompt, prompts), prompt * prompts) + host
+        """Seconds to prefill `prompts` prompts of `prompt` tokens arriving together (first
+        tokens): one pass, or the passes the engine's token budget splits them into."""
+        if self.scheduling.step_tokens is None:
+            return self.pass_s(_prompts(prompt, prompts))
+        return sum(self.pass_s(p) for p in self.scheduling.prompt_passes(prompt, prompts))
 
     def max_sequences(self, context: int) -> int:
         """Sequences of `context` tokens whose KV cache fits beside the weights (0: none)."""
         assert self.device.memory_bytes is not None
         free = self.device.memory_bytes * (1 - self.reserve) - self.shape.weight_bytes
         return max(0, math.floor(free / (context * self.shape.kv_bytes_per_token)))
+
+
+def _prompts(prompt: int, prompts: int) -> Pass:
+    """`prompts` whole prompts of `prompt` tokens in one pass."""
+    one = Pass.prompt(prompt)
+    return Pass(one.tokens * prompts, prompts, 0.0, one.attended * prompts)
 
 
 @dataclass(frozen=True)
@@ -193,7 +236,7 @@ def operating_point(model: DecoderOnDevice, load: TokenLoad, batch: int) -> Oper
     with that share of prefill. A new request waits for the running step, then its prefill.
     """
     step = model.decode_step_s(batch, load.isl + load.osl / 2)
-    prefill = model.prefill_s(load.isl)
+    prefill = model.prefill_s(load.isl) + model.efficiency.host_s_per_request
     return OperatingPoint(batch, prefill + step, step + batch / load.osl * prefill)
 
 
@@ -228,6 +271,14 @@ def plan_device(
         basis += f", MBU at batch 1 {eff.mbu_vector:.3g}"
     if eff.host_s_per_token:
         basis += f", host {eff.host_s_per_token * 1e6:.3g} us/token"
+    if eff.host_s_per_layer:
+        basis += f", host {eff.host_s_per_layer * 1e6:.3g} us/layer per pass"
+    if eff.host_s_per_request:
+        basis += f", host {eff.host_s_per_request * 1e6:.3g} us/request"
+    if model.scheduling.step_tokens is not None:
+        basis += f", {model.scheduling.step_tokens} tokens per pass"
+    if model.scheduling.dense_attention:
+        basis += ", dense attention"
     if model.device.source("bandwidth").startswith("measured"):
         basis += f"; {model.bandwidth / model.efficiency.mbu / 1e9:.3g} GB/s measured here"
     best: OperatingPoint | None = None

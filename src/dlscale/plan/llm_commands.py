@@ -28,6 +28,7 @@ from dlscale.plan.llm_capacity import (
     TokenLoad,
     plan_device,
 )
+from dlscale.plan.llm_passes import Scheduling
 from dlscale.plan.tables import table
 from dlscale.plan.units import human_bytes, human_seconds, parse_prices
 
@@ -110,10 +111,15 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
     )
     if shape.max_positions is not None and load.context > shape.max_positions:
         print(f"note: ISL + OSL = {load.context} exceeds the model's context {shape.max_positions}")
-    host = (args.host_us or 0.0) / 1e6
     efficiency = Efficiency(
-        args.mbu or DEFAULT_MBU, args.mfu or DEFAULT_MFU, host, args.mbu_vector or None
+        args.mbu or DEFAULT_MBU,
+        args.mfu or DEFAULT_MFU,
+        (args.host_us or 0.0) / 1e6,
+        args.mbu_vector or None,
+        (args.host_us_layer or 0.0) / 1e6,
+        (args.host_us_request or 0.0) / 1e6,
     )
+    scheduling = Scheduling(args.step_tokens, args.dense_attention)
     reserve = DEFAULT_RESERVE if args.reserve is None else args.reserve
     top = args.max_batch or DEFAULT_MAX_BATCH
     if top < 1:
@@ -123,7 +129,8 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
     plans: list[LlmPlan] = []
     for name in names:
         try:
-            on_device = DecoderOnDevice(shape, device_for_plan(name.strip()), efficiency, reserve)
+            device = device_for_plan(name.strip())
+            on_device = DecoderOnDevice(shape, device, efficiency, reserve, scheduling)
         except DlscaleError as exc:
             print(f"skipped: {exc}")
             continue

@@ -25,3 +25,23 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--mfu", type=float, help="generative: share of peak compute (0.8)")
     p.add_argument("--reserve", type=float, help="generative: memory share held back (0.1)")
     p.add_argument("--host-us", type=float, help="generative: host work per output token, us (0)")
+    p.add_argument(
+        "--host-us-layer",
+        type=float,
+        help="generative: host work per layer in each forward pass, us (0)",
+    )
+    p.add_argument(
+        "--host-us-request", type=float, help="generative: host work per request admitted, us (0)"
+    )
+    p.add_argument(
+        "--step-tokens",
+        type=int,
+        help="generative: tokens one forward pass takes at most (a longer prompt is prefilled "
+        "in several passes; default: no limit)",
+    )
+    p.add_argument(
+        "--dense-attention",
+        action="store_true",
+        help="generative: the engine attends over every key of a pass under a mask "
+        "(transformers' SDPA/eager paged path), not each sequence's own",
+    )

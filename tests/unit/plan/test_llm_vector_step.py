@@ -46,11 +46,11 @@ def test_the_shape_counts_what_the_hand_counts() -> None:
 
 def test_batch_one_streams_the_weights_at_its_own_share_of_bandwidth() -> None:
     on_cpu = DecoderOnDevice(tiny(), CPU, Efficiency(0.25, 0.5, 1e-3, mbu_vector=0.5))
-    # Batch 1, context 10: (354,816 + 10,240 KV) B at 0.5 GB/s + 182,400 FLOP at 0.5 GFLOP/s
-    # + 1 ms of host work.
-    assert on_cpu.decode_step_s(1, 10) == pytest.approx(365_056 / 5e8 + 182_400 / 5e8 + 1e-3)
-    # Batch 2 runs matrix-matrix products: 375,552 B at 0.25 GB/s, 2 x the FLOPs, 2 ms.
-    assert on_cpu.decode_step_s(2, 10) == pytest.approx(375_552 / 2.5e8 + 364_800 / 5e8 + 2e-3)
+    # Batch 1, context 10: (354,816 + 10,240 KV read + 1,024 written) B at 0.5 GB/s + 182,400
+    # FLOP at 0.5 GFLOP/s + 1 ms of host work.
+    assert on_cpu.decode_step_s(1, 10) == pytest.approx(366_080 / 5e8 + 182_400 / 5e8 + 1e-3)
+    # Batch 2 runs matrix-matrix products: 377,600 B at 0.25 GB/s, 2 x the FLOPs, 2 ms.
+    assert on_cpu.decode_step_s(2, 10) == pytest.approx(377_600 / 2.5e8 + 364_800 / 5e8 + 2e-3)
     # A prefill of one token is a matrix-vector pass too; of two, matrix-matrix.
     moved, flops = on_cpu.prefill_work(1)
     assert on_cpu.prefill_s(1) == pytest.approx(moved / 5e8 + flops / 5e8 + 1e-3)
@@ -58,7 +58,7 @@ def test_batch_one_streams_the_weights_at_its_own_share_of_bandwidth() -> None:
     assert on_cpu.prefill_s(2) == pytest.approx(moved / 2.5e8 + flops / 5e8 + 1e-3)
     # Unset, batch 1 reads at MBU like every batch (the model before it was split).
     one_mbu = replace(on_cpu, efficiency=Efficiency(0.25, 0.5, 1e-3))
-    assert one_mbu.decode_step_s(1, 10) == pytest.approx(365_056 / 2.5e8 + 182_400 / 5e8 + 1e-3)
+    assert one_mbu.decode_step_s(1, 10) == pytest.approx(366_080 / 2.5e8 + 182_400 / 5e8 + 1e-3)
     with pytest.raises(PlanError, match="MBU at batch 1 must be in"):
         Efficiency(0.25, 0.5, mbu_vector=1.5)
 
