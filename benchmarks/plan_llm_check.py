@@ -1,8 +1,8 @@
 """Check the generative planner against measured runs: TTFT, TPOT and tokens/s per batch.
 
-    python -m benchmarks.plan_llm_check [--device cpu|cuda] [--models llama-small,llama-mid]
-        [--engine backend|vllm|forward] [--batches 1,2,4,8,16] [--isl 64] [--osl 16] [--reps 5]
-        [--threads 1] [--out DIR]
+    python -m benchmarks.plan_llm_check [--device cpu|cuda] [--engine backend|vllm|forward]
+        [--models llama-tiny,llama-small,llama-mid] [--calibrate-on llama-tiny,llama-small]
+        [--batches 1,2,4,8,16] [--isl 64] [--osl 16] [--reps 5] [--threads 1] [--out DIR]
     PYTHONPATH=src .venv-vllm/bin/python -m benchmarks.plan_llm_check --engine vllm
 
 For each zoo decoder (written as its Hugging Face folder) and each batch B: B requests streamed
@@ -13,10 +13,12 @@ repetitions (other work on a shared host only slows a run).
 
 The plan (`dlscale.plan.llm_capacity`) reads the folder's config.json and the device's figures:
 on the CPU the FLOP/s and memory bandwidth torch reaches here on --threads cores (a 512^3
-product, a sum over 256 MiB); on a GPU its catalog entry. The efficiencies are calibrated once,
-on the first model (`dlscale.plan.llm_calibrate`: decode at batch 1, --matrix-batch and
---calibrate-batch, prefill of one prompt), and every other (model, batch) is predicted; the
-catalog defaults (MBU 0.9, MFU 0.8) are predicted beside. A prediction within 20% of the
+product, a sum over 256 MiB); on a GPU its catalog entry. Each measured burst is predicted as
+the engine schedules it (`dlscale.plan.llm_passes`: its token budget per pass, its attention).
+The efficiencies and host times are calibrated once, on the --calibrate-on models
+(`dlscale.plan.llm_calibrate.fit`: TPOT at batch 1, --matrix-batch and --calibrate-batch, TTFT
+at batch 1 and --calibrate-batch), and every other (model, batch) is predicted; the catalog
+defaults (MBU 0.9, MFU 0.8, no host time) are predicted beside. A prediction within 20% of the
 measurement meets the target; the rest are reported as missed.
 Results: OUT/plan_llm_check.json (bench-results/plan-llm-check-<time>/ by default).
 """
@@ -440,6 +442,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the first model's smallest matrix-matrix decode batch, fitted to tell batch 1's "
         "matrix-vector MBU apart (0: one MBU for every batch; default: "
         "2 for the transformers engine, 0 for vLLM's)",
+    )
+    p.add_argument(
+        "--passes",
+        action="store_true",
+        help="backend: time each engine pass (its sequences, the engine thread's CPU) and keep "
+        "the fastest run's in measured.json",
     )
     p.add_argument("--from", dest="source", type=Path, help="an earlier run's measured.json")
     p.add_argument("--out", type=Path)

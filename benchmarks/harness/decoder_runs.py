@@ -7,9 +7,11 @@ passes on a KV cache; the clock is the caller's (the process's CPU time on a sha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ class Measured:
     tpot_median_s: float
     #: Prompt tokens per request (the backend's count of the text prompt; --isl for forward).
     isl: int = 0
+    #: With --passes: the fastest run's engine passes, (sequences, CPU seconds) each.
+    passes: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -157,6 +161,30 @@ async def backend_run(
     return ttft, statistics.mean(d[1] for d in done), statistics.mean(d[2] for d in done)
 
 
+class PassClock:
+    """A step gate (the backend's `pace` hook, contract.StepGate) that times each engine pass
+    by the engine thread's CPU clock and counts its sequences: how the engine split a burst."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+
+    @contextlib.contextmanager
+    def step(self, rows: int) -> Iterator[None]:
+        start = time.thread_time()
+        try:
+            yield
+        finally:
+            self.passes.append((rows, time.thread_time() - start))
+
+    def rest(self) -> None:
+        """Nothing is held between passes."""
+
+    def take(self) -> list[tuple[int, float]]:
+        """The passes since the last take."""
+        taken, self.passes = self.passes, []
+        return taken
+
+
 def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[Measured]:
     """Every batch through dlscale's transformers backend, B requests at once, round-robin."""
     from dlscale.backends import BackendOptions, create_backend
@@ -166,41 +194,65 @@ def measure_backend(name: str, folder: Path, args: argparse.Namespace) -> list[M
     options = BackendOptions(device=device, intra_op_threads=threads)
     backend = create_backend("transformers", folder / "config.json", options)
     backend.load()
+    from dlscale.backends.generative.contract import PacedBackend
+
+    clock = None
+    if getattr(args, "passes", False) and isinstance(backend, PacedBackend):
+        clock = PassClock()
+        backend.pace(clock)
     try:
-        return streamed_rows(name, backend, folder, args, args.now)
+        return streamed_rows(name, backend, folder, args, args.now, clock)
     finally:
         backend.unload()
 
 
 def streamed_rows(
-    name: str, backend: Any, folder: Path, args: argparse.Namespace, now: Callable[[], float]
+    name: str,
+    backend: Any,
+    folder: Path,
+    args: argparse.Namespace,
+    now: Callable[[], float],
+    clock: PassClock | None = None,
 ) -> list[Measured]:
     """Every batch streamed through a loaded generative backend, --reps times round the
-    batches, on one event loop (an engine may bind its output task to the first loop)."""
+    batches, on one event loop (an engine may bind its output task to the first loop); with
+    a pass clock, each run's passes."""
     import asyncio
 
     prompts = Prompts(folder, args.isl, 1 + args.reps * sum(args.batches))
+    Run = tuple[float, float, float, list[tuple[int, float]]]
 
-    async def rounds() -> dict[int, list[tuple[float, float, float]]]:
+    async def rounds() -> dict[int, list[Run]]:
         await backend_run(backend, prompts.take(1), args.osl, now)  # allocations, kernels
-        runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in args.batches}
+        if clock is not None:
+            clock.take()
+        runs: dict[int, list[Run]] = {b: [] for b in args.batches}
         for rep in range(args.reps):
             for batch in args.batches:
-                runs[batch].append(await backend_run(backend, prompts.take(batch), args.osl, now))
+                done = await backend_run(backend, prompts.take(batch), args.osl, now)
+                runs[batch].append((*done, clock.take() if clock is not None else []))
             print(f"  {name}: repetition {rep + 1} of {args.reps} done", flush=True)
         return runs
 
     rows = []
     for batch, done in asyncio.run(rounds()).items():
-        tpots = [t for _, t, _ in done]
+        tpots = [run[1] for run in done]
         row = Measured(
-            name, batch, min(f for f, _, _ in done), min(tpots), statistics.median(tpots)
+            name, batch, min(run[0] for run in done), min(tpots), statistics.median(tpots)
         )
-        row.isl = round(statistics.mean(n for _, _, n in done))
+        row.isl = round(statistics.mean(run[2] for run in done))
+        row.passes = min(done, key=lambda run: run[1])[3]
         rows.append(row)
         took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
         print(f"  {name} batch {batch}: {took} (prompts of {row.isl} tokens)", flush=True)
+        if row.passes:
+            print(f"    passes (sequences, ms): {_passes(row.passes)}", flush=True)
     return rows
+
+
+def _passes(passes: list[tuple[int, float]]) -> str:
+    """Each pass's sequences and CPU milliseconds, in order."""
+    return ", ".join(f"({rows}, {seconds * 1e3:.1f})" for rows, seconds in passes)
 
 
 def torch_matmul_peak(now: Callable[[], float], dtype: torch.dtype, runs: int = 10) -> float:

@@ -5,7 +5,8 @@ FLOPs per active parameter per sequence. On a GPU its time is the larger of byte
 (bandwidth x MBU) and FLOPs / (peak x MFU), the roofline with an efficiency on each ceiling
 (thousands of threads hide the reads behind the arithmetic); on a CPU it is their sum (a core
 streams the weights and multiplies them in turn). Prefill is the same over a prompt's tokens,
-compute-bound for any prompt of more than a few tokens.
+compute-bound for any prompt of more than a few tokens. Each pass also costs the host time per
+sequence and per layer, and an engine may split a prompt across passes (llm_passes.py).
 Continuous batching runs B sequences at once; docs/plan.md gives the steady-state model.
 """
 
