@@ -43,9 +43,11 @@ LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 #: loaded meanwhile holds its step).
 ROUNDS = 3
 #: Host memory of evicted models left with the allocator before it is handed back to the system
-#: (`measure.trim`): a share of the host budget, or a fixed amount without one. A trim at every
-#: eviction cost about 2 ms of CPU per load (the call, and the pages faulted back in by the next
-#: load), a fifth of a small model's load on demand (docs/memory.md).
+#: (`measure.trim`): a share of the host budget, and never less than a fixed amount (the amount
+#: alone without a budget). A trim at every eviction cost about 2 ms of CPU per load (the call,
+#: and the pages faulted back in by the next loads), a fifth of a small model's load on demand;
+#: under a small budget a quarter still trimmed every five loads of a 3 MiB model, and the
+#: faults cost ONNX Runtime's session twice its CPU (docs/memory.md, "The cycle of a load").
 TRIM_SHARE = 0.25
 TRIM_BYTES = 64 * 2**20
 
@@ -329,7 +331,7 @@ class MemoryLedger:
         if not self._untrimmed:
             return False
         host = self.budget.get("cpu")
-        due = int(host * TRIM_SHARE) if host is not None else TRIM_BYTES
+        due = max(int(host * TRIM_SHARE), TRIM_BYTES) if host is not None else TRIM_BYTES
         return "cpu" not in known or self._untrimmed >= due
 
     async def _make_room(self, model: str, need: Footprint) -> None:
