@@ -9,6 +9,8 @@ arrivals. Routers:
   with nothing in flight first, else the fewest `(in flight + 1) / weight`), optionally with a
   `maxconn` per server and HAProxy's queue for the first slot that frees;
 - `leastconn by scale/weights.py`: the weights the Weigher gives at each rate;
+- `first`: HAProxy's `balance first`, the fast replica first until it holds its `maxconn`, then
+  the slow one;
 - `finish first`: the replica where the request would finish first, from each one's queue and
   the time left on its batch, as scale/finish.lua keeps them in HAProxy (from the requests it
   sends and the answers it sees; exact here, where the hop is the only time not modelled);
@@ -44,6 +46,7 @@ class Router:
     caps: tuple[int | None, int | None] = (None, None)
     finish_first: bool = False
     two_choices: bool = False
+    first: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class _Fleet:
             return None
         if self.router.finish_first:
             return min(open_, key=lambda s: (self._finish(s, now), s))
+        if self.router.first:
+            return open_[0]
         if self.router.two_choices:
             return min(open_, key=lambda s: (self.inflight[s], self.rng.random()))
         return min(open_, key=lambda s: (self._key(s), s))
@@ -156,6 +161,8 @@ ROUTERS = {
     "leastconn 256/29 (batching)": Router((256, 29)),
     "leastconn 256/29, maxconn 8/4": Router((256, 29), (8, 4)),
     "leastconn 256/29, maxconn 16/1": Router((256, 29), (16, 1)),
+    "first, maxconn 8 on fast (slow uncapped)": Router(caps=(8, None), first=True),
+    "first, maxconn 12 on fast (slow uncapped)": Router(caps=(12, None), first=True),
     "finish first (scale/finish.lua)": Router(finish_first=True),
     "fewest in flight, ties at random (Ray Serve's default, uncapped)": Router(two_choices=True),
 }
