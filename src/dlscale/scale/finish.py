@@ -50,12 +50,13 @@ def global_lines(workdir: Path) -> list[str]:
     return [f"  lua-load {lua_path(workdir)}"]
 
 
-def backend_lines(slots: range) -> list[str]:
-    """A backend's rules: the rule picks a server, `use-server` sends the request there; with no
-    pick (a replica unmeasured, or a failure in the rule) the backend's leastconn decides."""
+def backend_lines() -> list[str]:
+    """A backend's rules: the rule picks a server, `use-server` sends the request there (a
+    server that is down is passed over); with no pick (a replica unmeasured, or a failure in
+    the rule) the backend's leastconn decides."""
     return [
         "  http-request lua.dlscale_pick",
-        *(f"  use-server r{i} if {{ var({SERVER_VAR}) -m str r{i} }}" for i in slots),
+        f"  use-server %[var({SERVER_VAR})] if {{ var({SERVER_VAR}) -m found }}",
         "  http-response lua.dlscale_done",
     ]
 

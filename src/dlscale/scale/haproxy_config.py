@@ -100,7 +100,7 @@ def render(
     lines += [
         f"backend {REST}",
         *_BALANCE,
-        *finish.backend_lines(slots()),
+        *finish.backend_lines(),
         "  option httpchk GET /v2/health/ready",
         "  http-check expect status 200",
         f"  default-server check inter {CHECK_INTER_MS} fall 2 rise 1 "
@@ -108,7 +108,7 @@ def render(
         f"  server-template r 1-{SLOTS} 127.0.0.1:9 disabled",
         f"backend {GRPC}",
         *_BALANCE,
-        *finish.backend_lines(slots()),
+        *finish.backend_lines(),
         f"  default-server maxconn {rules.per_replica}",
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in slots()),
         *_capped(prefix.backend(balance_factor, slots(), REST), rules),

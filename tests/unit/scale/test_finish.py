@@ -71,7 +71,7 @@ def test_the_rule_places_requests_of_the_weighed_backends_only(tmp_path: Path) -
     backends = {b.split("\n", 1)[0]: b for b in config.split("\nbackend ")[1:]}
     for name in ("rest", "grpc"):
         assert "http-request lua.dlscale_pick" in backends[name]
-        assert "use-server r64 if { var(txn.dlscale_server) -m str r64 }" in backends[name]
+        assert "use-server %[var(txn.dlscale_server)]" in backends[name]
     for name in ("rest_hashed", "grpc_hashed"):
         assert "lua.dlscale" not in backends[name]
 
