@@ -7,6 +7,10 @@
 -- From what passes through HAProxy it keeps, per replica, the batch it computes (rows, and when
 -- it ends) and the requests waiting behind it, so that a request's finish there is the time
 -- left on the running batch plus one batch per `rows` waiting ahead of it, plus its own.
+-- The batch time used is the one HAProxy sees, once it has seen batches end: from a batch's
+-- start (the request that found the replica idle, or the end of the batch before) to its last
+-- answer, averaged; it holds what the replica's statistics leave out (reading the request,
+-- writing the answers, a host that is short of CPU). The measured time is used until then.
 -- A replica that is down, draining or in maintenance is skipped; while any replica in service
 -- is unmeasured, nothing is placed here and HAProxy's weighted leastconn routes instead.
 
@@ -15,6 +19,11 @@ local clocks = Map.new(FINISH_MAP, Map._str)
 local replicas = {}
 -- Backends whose requests are placed here, both counted in a replica's requests in flight.
 local PLACED = { "rest", "grpc" }
+-- The weight of the latest batch in the average of those seen.
+local NEWEST = 0.2
+-- A batch seen to take less or more than these times the measured one is not counted (a
+-- start that was missed, an answer held up elsewhere).
+local LEAST, MOST = 0.5, 4.0
 
 local function now()
   local t = core.now()
@@ -36,17 +45,38 @@ end
 local function state_of(name)
   local r = replicas[name]
   if r == nil then
-    r = { running = 0, waiting = 0, ends = 0 }
+    r = { running = 0, waiting = 0, ends = 0, started = nil, seen = nil }
     replicas[name] = r
   end
   return r
 end
 
+-- The time one batch takes on the replica: as HAProxy saw it, or as the replica measured it.
+local function batch_seconds(r, clock)
+  return r.seen or clock.seconds
+end
+
+-- A batch starts on the replica at `t`, with `rows` requests.
+local function start(r, clock, t, rows)
+  r.running = rows
+  r.started = t
+  r.ends = t + batch_seconds(r, clock)
+end
+
 -- The waiting requests start the next batch (the replica starts one as soon as it is free).
 local function next_batch(r, clock, t)
-  r.running = math.min(r.waiting, clock.rows)
-  r.waiting = r.waiting - r.running
-  r.ends = t + clock.seconds
+  local rows = math.min(r.waiting, clock.rows)
+  r.waiting = r.waiting - rows
+  start(r, clock, t, rows)
+end
+
+-- The last answer of a batch came at `t`: its time counts in the average.
+local function ended(r, clock, t)
+  local took = r.started and (t - r.started)
+  if took and took >= LEAST * clock.seconds and took <= MOST * clock.seconds then
+    r.seen = r.seen and (1 - NEWEST) * r.seen + NEWEST * took or took
+  end
+  r.started = nil
 end
 
 -- HAProxy's own count of requests on the replica: a request whose answer never passed here (a
@@ -68,17 +98,21 @@ local function reconcile(r, name, clock, t)
   local gone = math.min(extra, r.waiting)
   r.waiting = r.waiting - gone
   r.running = math.max(0, r.running - (extra - gone))
-  if r.running == 0 and r.waiting > 0 then
-    next_batch(r, clock, t)
+  if r.running == 0 then
+    r.started = nil -- its end was not seen: not counted
+    if r.waiting > 0 then
+      next_batch(r, clock, t)
+    end
   end
 end
 
 local function finish(r, clock, t)
+  local seconds = batch_seconds(r, clock)
   if r.running == 0 then
-    return clock.seconds -- idle: its batch starts now
+    return seconds -- idle: its batch starts now
   end
   local left = math.max(0, r.ends - t)
-  return left + (math.floor(r.waiting / clock.rows) + 1) * clock.seconds
+  return left + (math.floor(r.waiting / clock.rows) + 1) * seconds
 end
 
 local function in_service(server)
@@ -93,13 +127,15 @@ core.register_action("dlscale_pick", { "http-req" }, function(txn)
     local clock = clock_of(name)
     if clock ~= nil and in_service(server) then
       if clock == false then
+        replicas[name] = nil -- a new replica in the slot: its clock starts over
         return -- an unmeasured replica: leastconn routes until it is measured
       end
       local r = state_of(name)
       reconcile(r, name, clock, t)
       local f = finish(r, clock, t)
-      if best == nil or f < best_finish or (f == best_finish and clock.seconds < best_seconds) then
-        best, best_finish, best_seconds = name, f, clock.seconds
+      local seconds = batch_seconds(r, clock)
+      if best == nil or f < best_finish or (f == best_finish and seconds < best_seconds) then
+        best, best_finish, best_seconds = name, f, seconds
       end
     end
   end
@@ -108,8 +144,7 @@ core.register_action("dlscale_pick", { "http-req" }, function(txn)
   end
   local r = state_of(best)
   if r.running == 0 then
-    r.running = 1
-    r.ends = t + clock_of(best).seconds
+    start(r, clock_of(best), t, 1)
   else
     r.waiting = r.waiting + 1
   end
@@ -127,7 +162,11 @@ core.register_action("dlscale_done", { "http-res" }, function(txn)
     return
   end
   r.running = r.running - 1
-  if r.running == 0 and r.waiting > 0 then
-    next_batch(r, clock, now())
+  if r.running == 0 then
+    local t = now()
+    ended(r, clock, t)
+    if r.waiting > 0 then
+      next_batch(r, clock, t)
+    end
   end
 end)
