@@ -122,14 +122,13 @@ end
 
 core.register_action("dlscale_pick", { "http-req" }, function(txn)
   local t = now()
-  local best, best_finish, best_seconds
+  local best, best_finish, best_seconds, unmeasured
   for name, server in pairs(core.backends[txn.f:be_name()].servers) do
     local clock = clock_of(name)
-    if clock ~= nil and in_service(server) then
-      if clock == false then
-        replicas[name] = nil -- a new replica in the slot: its clock starts over
-        return -- an unmeasured replica: leastconn routes until it is measured
-      end
+    if clock == false then
+      replicas[name] = nil -- a new replica in the slot: its clock starts over
+      unmeasured = unmeasured or in_service(server)
+    elseif clock ~= nil and in_service(server) then
       local r = state_of(name)
       reconcile(r, name, clock, t)
       local f = finish(r, clock, t)
@@ -139,8 +138,8 @@ core.register_action("dlscale_pick", { "http-req" }, function(txn)
       end
     end
   end
-  if best == nil then
-    return
+  if best == nil or unmeasured then
+    return -- leastconn routes until every replica in service is measured
   end
   local r = state_of(best)
   if r.running == 0 then

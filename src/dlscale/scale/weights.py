@@ -7,7 +7,9 @@ replica, so a replica three times slower (an older GPU, a smaller MIG slice, a n
 sent a third of the requests without batching, not a half (fewer with batching, below). The
 times come from each replica's own statistics (the protocol's `/v2/models/stats`: rows inferred
 and their compute time, summed over models), read as differences over the last interval, so
-that old history does not hide a change.
+that old history does not hide a change. The same times give each replica's batch clock
+(`Weigher.clocks`), by which HAProxy places requests where they finish first once every replica
+is measured (scale/finish.py): the weights route until then.
 
 The queueing argument, for a replica `r` times slower than the fastest, which batches up to `B`
 rows per batch time `t` (BENCHMARKS.md, "Routing by work", checks it against a simulation and

@@ -290,6 +290,28 @@ def test_a_replica_out_of_rotation_is_skipped_and_its_clock_dropped(unequal) -> 
         until(lambda: set(router.states().values()) == {"UP"})
 
 
+def test_the_batch_time_haproxy_sees_overrides_a_wrong_measured_one(unequal) -> None:  # type: ignore[no-untyped-def]
+    """Both replicas said to take 80 ms a batch (a slow one measured on a quiet host, say): at
+    first the second of two requests at a time goes to the idle slow replica; once HAProxy has
+    seen batches end on both, it uses the times it saw (the slow one about four times the
+    fast one's) and sends none there."""
+    registry, endpoints = unequal
+    router = registry.router
+    port = router.ports["http"]
+    members = list(router.members.values())
+    try:
+        router.sync([])  # every slot leaves the map ...
+        router.sync(members)  # ... and comes back unmeasured
+        until(lambda: set(router.states().values()) == {"UP"})
+        _load(port, 4, clients=1)  # the rule sees them unmeasured: their clocks start over
+        router.weigh({}, {m.key: (0.08, 4) for m in members})
+        told = _served(endpoints, lambda: _load(port, 40, clients=2))
+        seen = _served(endpoints, lambda: _load(port, 40, clients=2))
+        assert seen == [40, 0], (told, seen)
+    finally:
+        registry.weigh()
+
+
 def _served(endpoints: list[Endpoint], load: Callable[[], None]) -> list[int]:
     """The rows each replica computed while `load` ran."""
     before = [read_work(e.host, e.http_port).rows for e in endpoints]
