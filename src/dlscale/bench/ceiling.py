@@ -103,7 +103,7 @@ def measure(
             session = Session(f"{scheme}://{ports[scheme]}", calibration, loop)
             try:
                 session.open()
-                run = session.run(session.settings(Scenario.OFFLINE), log_dir)
+                run, _ = session.sized_run(session.settings(Scenario.OFFLINE), log_dir)
             finally:
                 session.close()
     except (BenchError, OSError) as exc:

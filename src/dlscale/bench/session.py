@@ -298,7 +298,7 @@ class Session:
         if scenario is Scenario.OFFLINE and opts.concurrency_sweep:
             out = self._concurrency_sweep(folder)
         elif scenario is not Scenario.SERVER:
-            result, note = self._sized_run(self.settings(scenario), folder)
+            result, note = self.sized_run(self.settings(scenario), folder)
             out = ScenarioResult(scenario, result)
         elif opts.find_peak:
             out = self._peak(folder)
@@ -318,7 +318,9 @@ class Session:
                 out.main.first_errors.extend(acc.first_errors)
         return out
 
-    def _sized_run(self, settings: RunSettings, folder: Path) -> tuple[RunResult, str]:
+    def sized_run(self, settings: RunSettings, folder: Path) -> tuple[RunResult, str]:
+        """One run; once more, sized from what it measured, when it ended before LoadGen's
+        minimum duration (the system beat the figures the run was sized from)."""
         result = self.run(settings, folder)
         if not _too_short(result):
             return result, ""
@@ -337,7 +339,7 @@ class Session:
                 # The warm-up ran at the default concurrency: fewer in flight, fewer per second.
                 expected *= min(1.0, concurrency / max(base.concurrency, 1))
             settings = replace(base, concurrency=concurrency, expected_qps=expected)
-            result, _ = self._sized_run(settings, folder / f"concurrency-{concurrency}")
+            result, _ = self.sized_run(settings, folder / f"concurrency-{concurrency}")
             runs.append(result)
             expected = max(result.throughput or 0.0, expected)
         best = max(runs, key=lambda r: (r.valid, r.throughput or 0.0))
