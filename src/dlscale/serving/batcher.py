@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
-from dlscale.serving.batches import Pending, fail, merge, ns, split, within
+from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.otel import CURRENT
@@ -72,13 +72,15 @@ class Batcher:
         #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
         #: decides by has changed) or by the oldest request's delay.
         self._wake: asyncio.Future[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()
+        #: Batches computing now, by the task that runs each (the shutdown's cut reaches them).
+        self._running: dict[asyncio.Task[None], list[Pending]] = {}
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
         self._gaps = ArrivalGaps()  # for the adaptive queue delay
         self._company = Company()  # likewise
         self._computing = 0  # requests in batches sent and not yet finished
+        self._batched = policy.batched  # asked once per request: read once here
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -116,24 +118,28 @@ class Batcher:
         given, receives the queue and compute timestamps of the request.
         """
         level = self.queue.admit(priority, self._queued)
-        loop = asyncio.get_running_loop()
-        batched = self.policy.batched
+        batched = self._batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
-        # Arrays of one type only merge: host arrays with host arrays, device ones with device.
-        key = tuple(
-            (name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape)
-            for name, arr in sorted(inputs.items())
+        now = self._clock()
+        alone = self._company.arrives_alone(self._queued + self._computing)
+        item = Pending(
+            inputs,
+            rows,
+            merge_key(inputs, batched),
+            level,
+            now,
+            asyncio.get_running_loop().create_future(),
+            times,
+            alone=alone,
+            release=release,
+            span=CURRENT.get(),
         )
-        item = Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
-        item.release = release
-        item.span = CURRENT.get()
         if times is not None:
-            times.queue_start = ns(item.enqueued)
+            times.queue_start = ns(now)
         item.timer = self.queue.expire(timeout_us, self._expire, item)
-        item.alone = self._company.arrives_alone(self._queued + self._computing)
         self._queues[level].append(item)
         self._queued += 1
-        self._gaps.note(item.enqueued)
+        self._gaps.note(now)
         self._poke()
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
@@ -143,6 +149,14 @@ class Batcher:
         with `error` (batches running end by their own outcome); `close` still follows."""
         self.queue.refuse(error)
         self._fail_queued(error)
+
+    def cut(self, error: DlscaleError) -> None:
+        """The shutdown's grace is over: every request queued or in a batch computing ends now
+        with `error` (a batch still computing finishes in its instance; its answers are not
+        delivered)."""
+        self._fail_queued(error)
+        for batch in list(self._running.values()):
+            fail(batch, error)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Refuse new requests, let queued and running ones finish, then stop scheduling.
@@ -198,6 +212,9 @@ class Batcher:
         if release is not None:
             release()
 
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        del self._running[task]
+
     def _forget(self, item: Pending) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
@@ -222,8 +239,8 @@ class Batcher:
             self._company.sent(len(batch), self._queued + self._computing)
             self._computing += len(batch)
             task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._running[task] = batch
+            task.add_done_callback(self._ran)
 
     async def _until_ready(self, holding: bool = False) -> None:
         """Wait until the policy would send a batch: requests arrive, the oldest's delay ends.
