@@ -59,6 +59,9 @@ class Datatype(enum.StrEnum):
     @classmethod
     def from_numpy(cls, dtype: np.dtype[Any] | type) -> Datatype:
         """The datatype of a numpy dtype; raises ValueError for dtypes the protocol lacks."""
+        found = _FROM_NUMPY.get(dtype)  # type: ignore[arg-type]  # a dtype: one lookup
+        if found is not None:
+            return found
         dt = np.dtype(dtype)
         if dt.kind in ("O", "S", "U"):
             return cls.BYTES

@@ -81,6 +81,7 @@ class Batcher:
         self._company = Company()  # likewise
         self._computing = 0  # requests in batches sent and not yet finished
         self._batched = policy.batched  # asked once per request: read once here
+        self._timeouts = bool(policy.batching.default_timeout_us)  # likewise
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -136,11 +137,14 @@ class Batcher:
         )
         if times is not None:
             times.queue_start = ns(now)
-        item.timer = self.queue.expire(timeout_us, self._expire, item)
+        if timeout_us or self._timeouts:  # most requests have no timer to set
+            item.timer = self.queue.expire(timeout_us, self._expire, item)
         self._queues[level].append(item)
         self._queued += 1
         self._gaps.note(now)
-        self._poke()
+        wake = self._wake  # the scheduler sleeps: what the policy decides by has changed
+        if wake is not None and not wake.done():
+            wake.set_result(None)
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
@@ -257,9 +261,10 @@ class Batcher:
             await self._sleep(self.policy.close_by(oldest) - now if chosen else None)
 
     async def _sleep(self, timeout: float | None) -> None:
-        """Until `_poke` or `timeout` seconds. A future and a timer, not `wait_for` on an
-        Event (a task per wait): the scheduler sleeps up to once per arrival. Nothing changes
-        between the policy's answer and this wait (one thread), so no wake can be missed."""
+        """Until an arrival wakes it (`submit`) or `timeout` seconds. A future and a timer, not
+        `wait_for` on an Event (a task per wait): the scheduler sleeps up to once per arrival.
+        Nothing changes between the policy's answer and this wait (one thread), so no wake can
+        be missed."""
         loop = asyncio.get_running_loop()
         self._wake = wake = loop.create_future()
         timer = None if timeout is None else loop.call_later(timeout, _resolve, wake)
@@ -269,12 +274,6 @@ class Batcher:
             self._wake = None
             if timer is not None:
                 timer.cancel()
-
-    def _poke(self) -> None:
-        """Wake the scheduler if it sleeps: what the policy decides by has changed."""
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
 
     def _candidates(self) -> list[Pending]:
         """Requests that can join the head's batch: highest priority first, then oldest."""

@@ -178,10 +178,11 @@ def _from_raw(tensor: WireTensor, source: RawData) -> np.ndarray:
     view = memoryview(source.data)
     if tensor.datatype is Datatype.BYTES:
         return _parse_bytes(tensor, view, source.wording).reshape(tensor.shape)
-    check_raw_size(tensor, len(view), source.wording)
     # The wire is little-endian, as are the hosts dlscale runs on; no byte swapping needed.
-    dtype = tensor.datatype.numpy
-    return np.frombuffer(view, dtype=dtype, count=tensor.count).reshape(tensor.shape)
+    dtype, count = tensor.datatype.numpy, tensor.count
+    if len(view) != count * dtype.itemsize:
+        check_raw_size(tensor, len(view), source.wording)  # says what does not fit
+    return np.frombuffer(view, dtype=dtype, count=count).reshape(tensor.shape)
 
 
 def check_raw_size(tensor: WireTensor, size: int, wording: Wording) -> None:
