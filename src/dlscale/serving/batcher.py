@@ -331,8 +331,11 @@ class Batcher:
     def _take(self, chosen: list[Pending], now: float) -> list[Pending]:
         waited = self.qos.waited if self.qos is not None else None
         batch = []
+        queues = self._queues
         for item in chosen:
-            self._unqueue(item)
+            item.queued = False  # `_unqueue`, written out: once per request
+            queues[item.level].remove(item)
+            self._queued -= 1
             if item.future.done():
                 self._done_with(item)
                 continue
@@ -358,7 +361,8 @@ class Batcher:
             self._computing -= len(batch)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
-                self._done_with(item)
+                if item.release is not None:  # most requests hold no region
+                    self._done_with(item)
 
     async def _compute(
         self, instance: Instance, batch: list[Pending], context: contextvars.Context | None

@@ -268,7 +268,8 @@ class DataPlane:
         The version's plan (serving/request_plan.py) holds what every request is checked and
         answered with; with tracing off, no trace is started or finished.
         """
-        check_schedule_parameters(request.parameters)
+        if request.parameters:  # most requests carry none
+            check_schedule_parameters(request.parameters)
         times = RequestTimes(time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
         plan = served.plan
@@ -280,7 +281,7 @@ class DataPlane:
             if regions is not None:
                 regions.bind(i.backend.capabilities.device_buffers for i in served.instances)
             wanted, rows = check(served, request)
-            lookup = self._lookup(served, request, regions, wanted)
+            lookup = None if self.cache is None else self._lookup(served, request, regions, wanted)
             if lookup is not None and lookup.answer is not None:
                 return self._from_cache(served, request, lookup, times, trace, rows)
             outputs = await self._submit(served, request, regions, times)
@@ -403,11 +404,15 @@ def _answers(
     on_device: bool,
 ) -> dict[str, np.ndarray]:
     """The outputs a request asked for and gets in its answer (not those placed in regions)."""
-    return {
-        n: _answer(served, outputs[n] if on_device else to_host(outputs[n]), n, k)
-        for n, k in wanted.items()
-        if n not in placed
-    }
+    answer = {}
+    for name, classes in wanted.items():  # a loop, not calls per output: most are host arrays
+        if name in placed:
+            continue
+        array = outputs[name]
+        if not on_device and type(array) is not np.ndarray:
+            array = to_host(array)
+        answer[name] = _answer(served, array, name, classes) if classes else array
+    return answer
 
 
 def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -> np.ndarray:

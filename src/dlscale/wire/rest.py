@@ -57,6 +57,8 @@ from dlscale.wire.tensors import (
 )
 
 _Doc = TypeVar("_Doc")
+#: Bound once: on Python 3.11 reading a member through its enum class costs a Python call.
+_RAW, _JSON = Form.RAW, Form.JSON
 
 #: How REST words binary data that does not fit its tensor.
 REST_WORDS = Wording(
@@ -170,7 +172,9 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> Body:
         doc["id"] = response.id
     if response.parameters:
         doc["parameters"] = response.parameters
-    doc["outputs"] = outputs + _region_entries(response.in_regions)
+    doc["outputs"] = (
+        outputs + _region_entries(response.in_regions) if response.in_regions else outputs
+    )
     return _body(doc, binaries)
 
 
@@ -322,11 +326,11 @@ def _write_tensors(
     for name, array in arrays.items():
         datatype = Datatype.from_numpy(array.dtype)
         # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
-        form = Form.RAW if binary(name) or not datatype.json_safe else Form.JSON
+        form = _RAW if binary(name) or not datatype.json_safe else _JSON
         written = write_tensor(role, name, array, datatype, form)
         entry: dict[str, Any] = {
             "name": name,
-            "datatype": datatype.value,
+            "datatype": datatype,  # orjson writes a StrEnum member as its value
             "shape": list(array.shape),
         }
         if written.raw is not None:

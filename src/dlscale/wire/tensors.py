@@ -30,6 +30,9 @@ _INTEGER = "iu"
 _MAX_NESTING = MAX_DIMS + 1
 _END = object()
 _DATATYPES = {d.value: d for d in Datatype}  # a dict lookup is cheaper than the enum's call
+#: Members read per tensor, bound once: on Python 3.11 `Datatype.BYTES` goes through the enum
+#: class's Python-level `__getattr__` at every read (about 0.4 us each).
+_BYTES = Datatype.BYTES
 
 
 # The records below are made for every tensor of every request: slots and no frozen __setattr__
@@ -100,6 +103,9 @@ class Form(enum.Enum):
     RAW = "raw"  # little-endian bytes: REST binary data, gRPC raw contents
     JSON = "json"  # REST JSON data
     TYPED = "typed"  # gRPC typed contents (the codec picks the field)
+
+
+_RAW, _JSON = Form.RAW, Form.JSON  # bound once, as _BYTES
 
 
 @dataclass(slots=True)
@@ -176,7 +182,7 @@ def _say(template: str, tensor: WireTensor, **facts: int) -> str:
 
 def _from_raw(tensor: WireTensor, source: RawData) -> np.ndarray:
     view = memoryview(source.data)
-    if tensor.datatype is Datatype.BYTES:
+    if tensor.datatype is _BYTES:
         return _parse_bytes(tensor, view, source.wording).reshape(tensor.shape)
     # The wire is little-endian, as are the hosts dlscale runs on; no byte swapping needed.
     dtype, count = tensor.datatype.numpy, tensor.count
@@ -220,7 +226,7 @@ def _from_typed(tensor: WireTensor, source: TypedValues) -> np.ndarray:
             f"{tensor.role} {tensor.name!r}: {len(values)} values in {source.field}, but shape "
             f"{list(tensor.shape)} holds {count}"
         )
-    if tensor.datatype is Datatype.BYTES:
+    if tensor.datatype is _BYTES:
         array = np.empty(count, dtype=object)
         array[:] = [as_bytes(v) for v in values]
         return array.reshape(tensor.shape)
@@ -361,17 +367,17 @@ def write_tensor(
     RAW is a view of the array's bytes when it is contiguous (BYTES elements are serialized);
     JSON is a flat array or a list of text ready for orjson; TYPED is a list of values.
     """
-    if form is Form.RAW:
+    if form is _RAW:
         return Written(raw=_to_raw(array, datatype))
-    if form is Form.JSON:
+    if form is _JSON:
         return Written(values=_to_json(role, name, array, datatype))
-    if datatype is Datatype.BYTES:
+    if datatype is _BYTES:
         return Written(values=[as_bytes(v) for v in array.flat])
     return Written(values=array.ravel().tolist())
 
 
 def _to_raw(array: np.ndarray, datatype: Datatype) -> Buffer:
-    if datatype is Datatype.BYTES:
+    if datatype is _BYTES:
         return serialize_bytes(array.flat)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
@@ -380,7 +386,7 @@ def _to_raw(array: np.ndarray, datatype: Datatype) -> Buffer:
 
 
 def _to_json(role: str, name: str, array: np.ndarray, datatype: Datatype) -> Any:
-    if datatype is not Datatype.BYTES:
+    if datatype is not _BYTES:
         return np.ascontiguousarray(array).reshape(-1)
     try:
         return [as_text(x) for x in array.flat]
