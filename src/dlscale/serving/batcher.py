@@ -255,7 +255,7 @@ class Batcher:
         """
         while True:
             now = self._clock()
-            chosen, send, oldest = self._ready(now)
+            chosen, _, send, oldest = self._ready(now)
             if send or (holding and not chosen):
                 return
             await self._sleep(self.policy.close_by(oldest) - now if chosen else None)
@@ -275,42 +275,49 @@ class Batcher:
             if timer is not None:
                 timer.cancel()
 
-    def _candidates(self) -> list[Pending]:
-        """Requests that can join the head's batch: highest priority first, then oldest."""
+    def _candidates(self) -> tuple[list[Pending], list[int], float]:
+        """Requests that can join the head's batch (highest priority first, then oldest), their
+        rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival."""
         head = next((q[0] for q in self._queues if q), None)
         if head is None:
-            return []
-        if not self.policy.batched:
-            return [head]
-        chosen, rows, limit = [], 0, self.policy.max_batch_size
+            return [], [], 0.0
+        if not self._batched:
+            return [head], [head.rows], head.enqueued
+        chosen: list[Pending] = []
+        rows: list[int] = []
+        total, oldest, key, limit = 0, head.enqueued, head.key, self.policy.max_batch_size
         # Stop at a full batch: a deep backlog must not make every batch cost a full scan.
         for queue in self._queues:
             for item in queue:
-                if item.key == head.key and rows + item.rows <= limit:
+                if item.key == key and total + item.rows <= limit:
                     chosen.append(item)
-                    rows += item.rows
-                    if rows == limit:
-                        return chosen
-        return chosen
+                    rows.append(item.rows)
+                    total += item.rows
+                    if item.enqueued < oldest:  # a lower level's may be older than the head
+                        oldest = item.enqueued
+                    if total == limit:
+                        return chosen, rows, oldest
+        return chosen, rows, oldest
 
-    def _ready(self, now: float) -> tuple[list[Pending], int, float]:
-        """The candidates, how many the policy sends now (0: wait), and the oldest's arrival."""
-        chosen = self._candidates()
+    def _ready(self, now: float) -> tuple[list[Pending], list[int], int, float]:
+        """The candidates, their rows, how many the policy sends now (0: wait), and the oldest's
+        arrival."""
+        chosen, rows, oldest = self._candidates()
         if not chosen:
-            return [], 0, now
-        oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
+            return [], [], 0, now
         alone = chosen[0].alone and self._queued + self._computing == 1
-        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone), oldest
+        send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone)
+        return chosen, rows, send, oldest
 
     def demand(self, now: float) -> Demand | None:
         """The batch that would go now (DemandSource): what a device scheduler weighs."""
-        chosen, send, oldest = self._ready(now)
+        chosen, rows, send, oldest = self._ready(now)
         if not chosen:
             return None
         # Waiting for a slot, the batch goes once it comes even where the policy would now
         # wait (its head left, a younger request leads): all the candidates count.
         send = send or len(chosen)
-        return Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
+        return Demand(oldest, sum(rows[:send]), rows[0])
 
     def _form(self, slot: Slot) -> tuple[list[Pending], bool]:
         """The batch to send in `slot`, and whether the slot's rows cut it short.
@@ -318,11 +325,10 @@ class Batcher:
         Formed once the slot is there: requests kept arriving (or left) while it was awaited.
         """
         now = self._clock()
-        chosen = self._candidates()
+        chosen, rows, oldest = self._candidates()
         if not chosen:
             return [], False
-        oldest, gap = min(i.enqueued for i in chosen), self._gaps.smoothed
-        rows = [i.rows for i in chosen]
+        gap = self._gaps.smoothed
         cut = within(rows, slot.max_rows)
         send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
         uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
