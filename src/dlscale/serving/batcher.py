@@ -123,18 +123,11 @@ class Batcher:
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
         now = self._clock()
         alone = self._company.arrives_alone(self._queued + self._computing)
-        item = Pending(
-            inputs,
-            rows,
-            merge_key(inputs, batched),
-            level,
-            now,
-            asyncio.get_running_loop().create_future(),
-            times,
-            alone=alone,
-            release=release,
-            span=CURRENT.get(),
-        )
+        future = asyncio.get_running_loop().create_future()
+        key = merge_key(inputs, batched)
+        # Every field in order, no keywords: a call with keywords builds a dict per request.
+        item = Pending(inputs, rows, key, level, now, future, times, None, True, alone, release,
+                       CURRENT.get())  # fmt: skip
         if times is not None:
             times.queue_start = ns(now)
         if timeout_us or self._timeouts:  # most requests have no timer to set

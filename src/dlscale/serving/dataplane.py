@@ -307,13 +307,8 @@ class DataPlane:
         served.stats.record_success(times, rows)
         if trace is not None:
             self.tracer.finish(trace, times)
-        return InferenceResponse(
-            model_name=request.model_name,
-            model_version=plan.version,
-            id=request.id,
-            outputs=answer,
-            in_regions=placed,
-        )
+        # In field order, no keywords: a call with keywords builds a dict per request.
+        return InferenceResponse(request.model_name, answer, plan.version, request.id, {}, placed)
 
     def _trace(self, served: ServedVersion, request: InferenceRequest, on_device: bool) -> Any:
         """The request's trace when its scope samples it (None: not traced)."""

@@ -125,15 +125,8 @@ def decode_request(
     )
     check_id(doc.id)
     outputs, fmt = _requested_outputs(doc.outputs, params)
-    request = InferenceRequest(
-        model_name=model,
-        model_version=version,
-        inputs=inputs,
-        id=doc.id,
-        outputs=outputs,
-        parameters=params,
-        in_regions=in_regions,
-    )
+    # In field order, no keywords: a call with keywords builds a dict per request.
+    request = InferenceRequest(model, inputs, version, doc.id, outputs, params, in_regions)
     return request, fmt
 
 
@@ -391,7 +384,7 @@ def _requested_outputs(
         wanted.append(RequestedOutput(out.name, is_binary, dict(out.parameters), region))
         if is_binary:
             binary.add(out.name)
-    return wanted, OutputFormat(all_binary=all_binary, binary=frozenset(binary))
+    return wanted, OutputFormat(all_binary, frozenset(binary))
 
 
 def _flag(params: dict[str, ParameterValue], key: str, where: str) -> bool:

@@ -368,7 +368,7 @@ def write_tensor(
     JSON is a flat array or a list of text ready for orjson; TYPED is a list of values.
     """
     if form is _RAW:
-        return Written(raw=_to_raw(array, datatype))
+        return Written(_to_raw(array, datatype))
     if form is _JSON:
         return Written(values=_to_json(role, name, array, datatype))
     if datatype is _BYTES:
