@@ -52,13 +52,15 @@ from dlscale.wire.tensors import (
     WireTensor,
     Wording,
     parse_datatype,
+    read_raw,
     read_tensor,
+    write_raw,
     write_tensor,
 )
 
 _Doc = TypeVar("_Doc")
 #: Bound once: on Python 3.11 reading a member through its enum class costs a Python call.
-_RAW, _JSON = Form.RAW, Form.JSON
+_JSON = Form.JSON
 
 #: How REST words binary data that does not fit its tensor.
 REST_WORDS = Wording(
@@ -307,8 +309,8 @@ def _read_tensor(
             f"{role} {name!r} has binary_data_size {size}, but only {len(body) - offset} "
             "bytes of the body remain"
         )
-    chunk = RawData(body[offset : offset + size], REST_WORDS)
-    return read_tensor(tensor, chunk, max_elements), offset + size
+    chunk = body[offset : offset + size]
+    return read_raw(tensor, chunk, REST_WORDS, max_elements), offset + size
 
 
 def _write_tensors(
@@ -318,19 +320,18 @@ def _write_tensors(
     binaries: list[Buffer] = []
     for name, array in arrays.items():
         datatype = Datatype.from_numpy(array.dtype)
-        # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
-        form = _RAW if binary(name) or not datatype.json_safe else _JSON
-        written = write_tensor(role, name, array, datatype, form)
         entry: dict[str, Any] = {
             "name": name,
             "datatype": datatype,  # orjson writes a StrEnum member as its value
             "shape": list(array.shape),
         }
-        if written.raw is not None:
-            entry["parameters"] = {"binary_data_size": len(written.raw)}
-            binaries.append(written.raw)
+        # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
+        if binary(name) or not datatype.json_safe:
+            raw = write_raw(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            binaries.append(raw)
         else:
-            entry["data"] = written.values
+            entry["data"] = write_tensor(role, name, array, datatype, _JSON).values
         entries.append(entry)
     return entries, binaries
 

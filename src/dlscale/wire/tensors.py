@@ -162,9 +162,9 @@ def read_tensor(tensor: WireTensor, source: Source, max_elements: int = MAX_ELEM
     declares against what the message carries, so that nothing is allocated for a lie.
     Raw numbers are a view of the message's bytes (no copy; read-only when the bytes are).
     """
-    check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
     if isinstance(source, RawData):
-        return _from_raw(tensor, source)
+        return read_raw(tensor, source.data, source.wording, max_elements)
+    check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
     if isinstance(source, JsonData):
         return _from_json(tensor, source.data)
     return _from_typed(tensor, source)
@@ -180,14 +180,19 @@ def _say(template: str, tensor: WireTensor, **facts: int) -> str:
     )
 
 
-def _from_raw(tensor: WireTensor, source: RawData) -> np.ndarray:
-    view = memoryview(source.data)
+def read_raw(
+    tensor: WireTensor, data: Buffer, wording: Wording, max_elements: int = MAX_ELEMENTS
+) -> np.ndarray:
+    """`read_tensor` of raw bytes, without a `RawData` to make first (once per tensor of every
+    binary request): the same checks, a view of the bytes."""
+    check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
+    view = memoryview(data)
     if tensor.datatype is _BYTES:
-        return _parse_bytes(tensor, view, source.wording).reshape(tensor.shape)
+        return _parse_bytes(tensor, view, wording).reshape(tensor.shape)
     # The wire is little-endian, as are the hosts dlscale runs on; no byte swapping needed.
     dtype, count = tensor.datatype.numpy, tensor.count
     if len(view) != count * dtype.itemsize:
-        check_raw_size(tensor, len(view), source.wording)  # says what does not fit
+        check_raw_size(tensor, len(view), wording)  # says what does not fit
     return np.frombuffer(view, dtype=dtype, count=count).reshape(tensor.shape)
 
 
@@ -368,7 +373,7 @@ def write_tensor(
     JSON is a flat array or a list of text ready for orjson; TYPED is a list of values.
     """
     if form is _RAW:
-        return Written(_to_raw(array, datatype))
+        return Written(write_raw(array, datatype))
     if form is _JSON:
         return Written(values=_to_json(role, name, array, datatype))
     if datatype is _BYTES:
@@ -376,7 +381,9 @@ def write_tensor(
     return Written(values=array.ravel().tolist())
 
 
-def _to_raw(array: np.ndarray, datatype: Datatype) -> Buffer:
+def write_raw(array: np.ndarray, datatype: Datatype) -> Buffer:
+    """`write_tensor` in the RAW form, its bytes without a `Written` around them (once per
+    output of every binary answer): a view of the array's memory when it is contiguous."""
     if datatype is _BYTES:
         return serialize_bytes(array.flat)
     if not array.flags.c_contiguous:
