@@ -29,7 +29,7 @@ from dlscale.types import (
     TensorSpec,
 )
 from dlscale.wire.bounds import MAX_ELEMENTS, check_id, check_shape
-from dlscale.wire.regions import REGION, region_of, region_parameters
+from dlscale.wire.regions import REGION, REGION_KEYS, region_of, region_parameters
 from dlscale.wire.rest_json import (
     ANY_JSON as ANY_JSON,
 )
@@ -280,7 +280,8 @@ def _read_tensor(
         role, name, parse_datatype(role, name, entry.datatype), tuple(entry.shape), params
     )
     size = params.get("binary_data_size")
-    ref = region_of(role, name, params)
+    # Most tensors name no region: one set test instead of the call (every tensor, every request)
+    ref = None if params.keys().isdisjoint(REGION_KEYS) else region_of(role, name, params)
     if ref is None and placed and name in placed and size is None and entry.data is None:
         ref = placed[name]
     if ref is not None:
@@ -376,7 +377,10 @@ def _requested_outputs(
     wanted, binary = [], set()
     for out in outputs:
         is_binary = _flag(out.parameters, "binary_data", f"output {out.name!r}")
-        region = region_of("output", out.name, out.parameters)
+        params = out.parameters
+        region = (
+            None if params.keys().isdisjoint(REGION_KEYS) else region_of("output", out.name, params)
+        )
         if region is not None and is_binary:
             raise InvalidInput(
                 f"output {out.name!r} asks for both {REGION!r} and 'binary_data': an output "

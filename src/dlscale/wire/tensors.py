@@ -193,7 +193,7 @@ def read_raw(
     dtype, count = tensor.datatype.numpy, tensor.count
     if len(view) != count * dtype.itemsize:
         check_raw_size(tensor, len(view), wording)  # says what does not fit
-    return np.frombuffer(view, dtype=dtype, count=count).reshape(tensor.shape)
+    return np.frombuffer(view, dtype, count).reshape(tensor.shape)  # positional: no kwargs dict
 
 
 def check_raw_size(tensor: WireTensor, size: int, wording: Wording) -> None:
