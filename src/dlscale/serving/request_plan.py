@@ -3,8 +3,8 @@
 A request to a loaded model meets the same tables every time: its inputs' datatypes and fixed
 dimensions, the batch bound, the outputs it may ask for, the version string its answer carries,
 whether it streams. `ServedVersion.plan` builds them once, at the first request, so that the
-per-request checks (serving/validation.py) are lookups and comparisons, not rebuilds (docs/
-performance.md, "The small-request path").
+per-request checks (serving/validation.py) are lookups and comparisons, not rebuilds
+(docs/serving-rest.md, "The small-request path").
 """
 
 from __future__ import annotations
