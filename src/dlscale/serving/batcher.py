@@ -271,8 +271,11 @@ class Batcher:
     def _candidates(self) -> tuple[list[Pending], list[int], float]:
         """Requests that can join the head's batch (highest priority first, then oldest), their
         rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival."""
-        head = next((q[0] for q in self._queues if q), None)
-        if head is None:
+        for queue in self._queues:  # the head: the first of the highest level that waits
+            if queue:
+                head = queue[0]
+                break
+        else:
             return [], [], 0.0
         if not self._batched:
             return [head], [head.rows], head.enqueued
