@@ -16,8 +16,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from dlscale.bench.multimodel_run import copies
-
 
 @dataclass(frozen=True)
 class BenchModel:
@@ -167,6 +165,10 @@ def build_large_repository(root: Path) -> Path:
 def mlp_copies(scratch: Path, count: int) -> tuple[Path, list[str]]:
     """A repository of `count` copies of the MLP under names of their own (the many-models
     benchmarks), and its names in order."""
+    # Imported here: small_inprocess's children import this module with an older revision's
+    # `dlscale` on the path, which may predate multimodel_run.
+    from dlscale.bench.multimodel_run import copies
+
     source = scratch / "source"
     build_mlp(source)
     write_dlscale_config(source, MLP)

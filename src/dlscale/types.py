@@ -44,12 +44,12 @@ class Datatype(enum.StrEnum):
     @property
     def itemsize(self) -> int:
         """Bytes per element on the wire; 0 for BYTES, whose elements vary in length."""
-        return 0 if self is Datatype.BYTES else _TO_NUMPY[self].itemsize
+        return _TO_NUMPY[self].itemsize if self in _FROM_NUMPY_VALUES else 0
 
     @property
     def json_safe(self) -> bool:
         """Whether the datatype may travel as JSON numbers (FP16 and BF16 may not)."""
-        return self not in (Datatype.FP16, Datatype.BF16)
+        return self not in _NOT_JSON
 
     @property
     def config_type(self) -> str:
@@ -59,6 +59,9 @@ class Datatype(enum.StrEnum):
     @classmethod
     def from_numpy(cls, dtype: np.dtype[Any] | type) -> Datatype:
         """The datatype of a numpy dtype; raises ValueError for dtypes the protocol lacks."""
+        found = _FROM_NUMPY.get(dtype)  # type: ignore[arg-type]  # a dtype: one lookup
+        if found is not None:
+            return found
         dt = np.dtype(dtype)
         if dt.kind in ("O", "S", "U"):
             return cls.BYTES
@@ -87,6 +90,10 @@ _TO_NUMPY: dict[Datatype, np.dtype[Any]] = {
 _FROM_NUMPY: dict[np.dtype[Any], Datatype] = {
     v: k for k, v in _TO_NUMPY.items() if k is not Datatype.BYTES
 }
+# Sets of members, made once: the properties above run per tensor, and on Python 3.11 reading a
+# member through its enum class (`Datatype.BYTES`) is a Python-level `__getattr__` call.
+_FROM_NUMPY_VALUES = frozenset(_FROM_NUMPY.values())
+_NOT_JSON = frozenset((Datatype.FP16, Datatype.BF16))
 
 
 @dataclass(frozen=True)

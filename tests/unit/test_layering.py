@@ -131,7 +131,16 @@ def test_the_walk_sees_a_forbidden_edge(tmp_path: Path) -> None:
 #: loading a version sits below the manager, which keeps the models' states. The one rule:
 #: docs/architecture.md shows this table, and a test below holds it to this one.
 SERVING_LAYERS: list[set[str]] = [
-    {"__init__", "observe", "policy", "classification", "versions", "instance", "regions"},
+    {
+        "__init__",
+        "observe",
+        "policy",
+        "classification",
+        "versions",
+        "instance",
+        "regions",
+        "request_plan",
+    },
     {"slots", "warmup"},
     {"qos"},
     {"queue", "batches"},

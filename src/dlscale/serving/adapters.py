@@ -20,8 +20,9 @@ from typing import Any
 from dlscale.backends.generative.contract import AdapterHost
 from dlscale.errors import ConfigError, DlscaleError, InvalidInput, Unavailable
 from dlscale.serving.batcher import Tensors
-from dlscale.serving.observe.stats import ModelStats
-from dlscale.serving.runners import Runner, Submission, seats_of
+from dlscale.serving.observe.stats import ModelStats, RequestTimes
+from dlscale.serving.pipeline import Serve
+from dlscale.serving.runners import Release, Runner, seats_of
 from dlscale.serving.seats import Seats
 from dlscale.types import InferenceRequest, ModelKind
 
@@ -59,7 +60,13 @@ class AdapterRunner:
     def refuse_early(self) -> DlscaleError | None:
         return self._refusal or self.seats.refuse_early()
 
-    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
+    def submit(
+        self,
+        request: InferenceRequest,
+        times: RequestTimes,
+        release: Release | None,
+        step: Serve,
+    ) -> Awaitable[Tensors]:
         raise InvalidInput(
             f"adapter {self.name!r} streams its answers: its requests take the stream path"
         )

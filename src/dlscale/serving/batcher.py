@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
-from dlscale.serving.batches import Pending, fail, merge, ns, split, within
+from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.otel import CURRENT
@@ -72,13 +72,16 @@ class Batcher:
         #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
         #: decides by has changed) or by the oldest request's delay.
         self._wake: asyncio.Future[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()
+        #: Batches computing now, by the task that runs each (the shutdown's cut reaches them).
+        self._running: dict[asyncio.Task[None], list[Pending]] = {}
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
         self._gaps = ArrivalGaps()  # for the adaptive queue delay
         self._company = Company()  # likewise
         self._computing = 0  # requests in batches sent and not yet finished
+        self._batched = policy.batched  # asked once per request: read once here
+        self._timeouts = bool(policy.batching.default_timeout_us)  # likewise
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -116,25 +119,25 @@ class Batcher:
         given, receives the queue and compute timestamps of the request.
         """
         level = self.queue.admit(priority, self._queued)
-        loop = asyncio.get_running_loop()
-        batched = self.policy.batched
+        batched = self._batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
-        # Arrays of one type only merge: host arrays with host arrays, device ones with device.
-        key = tuple(
-            (name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape)
-            for name, arr in sorted(inputs.items())
-        )
-        item = Pending(inputs, rows, key, level, self._clock(), loop.create_future(), times)
-        item.release = release
-        item.span = CURRENT.get()
+        now = self._clock()
+        alone = self._company.arrives_alone(self._queued + self._computing)
+        future = asyncio.get_running_loop().create_future()
+        key = merge_key(inputs, batched)
+        # Every field in order, no keywords: a call with keywords builds a dict per request.
+        item = Pending(inputs, rows, key, level, now, future, times, None, True, alone, release,
+                       CURRENT.get())  # fmt: skip
         if times is not None:
-            times.queue_start = ns(item.enqueued)
-        item.timer = self.queue.expire(timeout_us, self._expire, item)
-        item.alone = self._company.arrives_alone(self._queued + self._computing)
+            times.queue_start = ns(now)
+        if timeout_us or self._timeouts:  # most requests have no timer to set
+            item.timer = self.queue.expire(timeout_us, self._expire, item)
         self._queues[level].append(item)
         self._queued += 1
-        self._gaps.note(item.enqueued)
-        self._poke()
+        self._gaps.note(now)
+        wake = self._wake  # the scheduler sleeps: what the policy decides by has changed
+        if wake is not None and not wake.done():
+            wake.set_result(None)
         item.future.add_done_callback(lambda _: self._forget(item))
         return item.future
 
@@ -143,6 +146,14 @@ class Batcher:
         with `error` (batches running end by their own outcome); `close` still follows."""
         self.queue.refuse(error)
         self._fail_queued(error)
+
+    def cut(self, error: DlscaleError) -> None:
+        """The shutdown's grace is over: every request queued or in a batch computing ends now
+        with `error` (a batch still computing finishes in its instance; its answers are not
+        delivered)."""
+        self._fail_queued(error)
+        for batch in list(self._running.values()):
+            fail(batch, error)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Refuse new requests, let queued and running ones finish, then stop scheduling.
@@ -198,6 +209,9 @@ class Batcher:
         if release is not None:
             release()
 
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        del self._running[task]
+
     def _forget(self, item: Pending) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
@@ -222,8 +236,8 @@ class Batcher:
             self._company.sent(len(batch), self._queued + self._computing)
             self._computing += len(batch)
             task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._running[task] = batch
+            task.add_done_callback(self._ran)
 
     async def _until_ready(self, holding: bool = False) -> None:
         """Wait until the policy would send a batch: requests arrive, the oldest's delay ends.
@@ -234,15 +248,16 @@ class Batcher:
         """
         while True:
             now = self._clock()
-            chosen, send, oldest = self._ready(now)
+            chosen, _, send, oldest = self._ready(now)
             if send or (holding and not chosen):
                 return
             await self._sleep(self.policy.close_by(oldest) - now if chosen else None)
 
     async def _sleep(self, timeout: float | None) -> None:
-        """Until `_poke` or `timeout` seconds. A future and a timer, not `wait_for` on an
-        Event (a task per wait): the scheduler sleeps up to once per arrival. Nothing changes
-        between the policy's answer and this wait (one thread), so no wake can be missed."""
+        """Until an arrival wakes it (`submit`) or `timeout` seconds. A future and a timer, not
+        `wait_for` on an Event (a task per wait): the scheduler sleeps up to once per arrival.
+        Nothing changes between the policy's answer and this wait (one thread), so no wake can
+        be missed."""
         loop = asyncio.get_running_loop()
         self._wake = wake = loop.create_future()
         timer = None if timeout is None else loop.call_later(timeout, _resolve, wake)
@@ -253,48 +268,52 @@ class Batcher:
             if timer is not None:
                 timer.cancel()
 
-    def _poke(self) -> None:
-        """Wake the scheduler if it sleeps: what the policy decides by has changed."""
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    def _candidates(self) -> list[Pending]:
-        """Requests that can join the head's batch: highest priority first, then oldest."""
-        head = next((q[0] for q in self._queues if q), None)
-        if head is None:
-            return []
-        if not self.policy.batched:
-            return [head]
-        chosen, rows, limit = [], 0, self.policy.max_batch_size
+    def _candidates(self) -> tuple[list[Pending], list[int], float]:
+        """Requests that can join the head's batch (highest priority first, then oldest), their
+        rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival."""
+        for queue in self._queues:  # the head: the first of the highest level that waits
+            if queue:
+                head = queue[0]
+                break
+        else:
+            return [], [], 0.0
+        if not self._batched:
+            return [head], [head.rows], head.enqueued
+        chosen: list[Pending] = []
+        rows: list[int] = []
+        total, oldest, key, limit = 0, head.enqueued, head.key, self.policy.max_batch_size
         # Stop at a full batch: a deep backlog must not make every batch cost a full scan.
         for queue in self._queues:
             for item in queue:
-                if item.key == head.key and rows + item.rows <= limit:
+                if item.key == key and total + item.rows <= limit:
                     chosen.append(item)
-                    rows += item.rows
-                    if rows == limit:
-                        return chosen
-        return chosen
+                    rows.append(item.rows)
+                    total += item.rows
+                    if item.enqueued < oldest:  # a lower level's may be older than the head
+                        oldest = item.enqueued
+                    if total == limit:
+                        return chosen, rows, oldest
+        return chosen, rows, oldest
 
-    def _ready(self, now: float) -> tuple[list[Pending], int, float]:
-        """The candidates, how many the policy sends now (0: wait), and the oldest's arrival."""
-        chosen = self._candidates()
+    def _ready(self, now: float) -> tuple[list[Pending], list[int], int, float]:
+        """The candidates, their rows, how many the policy sends now (0: wait), and the oldest's
+        arrival."""
+        chosen, rows, oldest = self._candidates()
         if not chosen:
-            return [], 0, now
-        oldest, rows = min(i.enqueued for i in chosen), [i.rows for i in chosen]
+            return [], [], 0, now
         alone = chosen[0].alone and self._queued + self._computing == 1
-        return chosen, self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone), oldest
+        send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone)
+        return chosen, rows, send, oldest
 
     def demand(self, now: float) -> Demand | None:
         """The batch that would go now (DemandSource): what a device scheduler weighs."""
-        chosen, send, oldest = self._ready(now)
+        chosen, rows, send, oldest = self._ready(now)
         if not chosen:
             return None
         # Waiting for a slot, the batch goes once it comes even where the policy would now
         # wait (its head left, a younger request leads): all the candidates count.
         send = send or len(chosen)
-        return Demand(oldest, sum(i.rows for i in chosen[:send]), chosen[0].rows)
+        return Demand(oldest, sum(rows[:send]), rows[0])
 
     def _form(self, slot: Slot) -> tuple[list[Pending], bool]:
         """The batch to send in `slot`, and whether the slot's rows cut it short.
@@ -302,11 +321,10 @@ class Batcher:
         Formed once the slot is there: requests kept arriving (or left) while it was awaited.
         """
         now = self._clock()
-        chosen = self._candidates()
+        chosen, rows, oldest = self._candidates()
         if not chosen:
             return [], False
-        oldest, gap = min(i.enqueued for i in chosen), self._gaps.smoothed
-        rows = [i.rows for i in chosen]
+        gap = self._gaps.smoothed
         cut = within(rows, slot.max_rows)
         send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
         uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
@@ -315,8 +333,11 @@ class Batcher:
     def _take(self, chosen: list[Pending], now: float) -> list[Pending]:
         waited = self.qos.waited if self.qos is not None else None
         batch = []
+        queues = self._queues
         for item in chosen:
-            self._unqueue(item)
+            item.queued = False  # `_unqueue`, written out: once per request
+            queues[item.level].remove(item)
+            self._queued -= 1
             if item.future.done():
                 self._done_with(item)
                 continue
@@ -342,7 +363,8 @@ class Batcher:
             self._computing -= len(batch)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
             for item in batch:
-                self._done_with(item)
+                if item.release is not None:  # most requests hold no region
+                    self._done_with(item)
 
     async def _compute(
         self, instance: Instance, batch: list[Pending], context: contextvars.Context | None

@@ -16,7 +16,7 @@ from dlscale.serving.observe.stats import RequestTimes
 Tensors = dict[str, np.ndarray]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per request
 class Pending:
     """A request waiting for, or inside, a batch."""
 
@@ -36,6 +36,18 @@ class Pending:
     #: The OTLP span of the traced request that sent it (None: not traced): the model calls
     #: its batch makes are that request's children (serving/observe/otel.py).
     span: Any = None
+
+
+def merge_key(inputs: Mapping[str, Any], batched: bool) -> tuple[object, ...]:
+    """What requests must share to merge into one batch: each input's name, array type, dtype
+    and shape past the batch dimension (the whole shape when the model does not batch)."""
+    if len(inputs) == 1:  # most models: one input, nothing to sort
+        ((name, arr),) = inputs.items()
+        return ((name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape),)
+    return tuple(
+        (name, type(arr), arr.dtype.str, arr.shape[1:] if batched else arr.shape)
+        for name, arr in sorted(inputs.items())
+    )
 
 
 def merge(batch: Sequence[Pending]) -> Tensors:

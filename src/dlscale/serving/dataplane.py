@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,9 @@ from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.trace import Trace, Tracer
 from dlscale.serving.regions.lease import RequestRegions, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
-from dlscale.serving.runners import Submission
 from dlscale.serving.served import ServedVersion
 from dlscale.serving.streams import OnEnd, aclose, joined, open_stream
-from dlscale.serving.validation import check_schedule_parameters, rows, validate
+from dlscale.serving.validation import check, check_schedule_parameters
 from dlscale.types import (
     InferenceRequest,
     InferenceResponse,
@@ -266,31 +265,28 @@ class DataPlane:
 
         `on_device`: a pipeline's step, whose outputs go to the next step as computed (a step
         that answers in device memory hands it on); a client's answer is always on the host.
+        The version's plan (serving/request_plan.py) holds what every request is checked and
+        answered with; with tracing off, no trace is started or finished.
         """
-        check_schedule_parameters(request.parameters)
-        times = RequestTimes(request_start=time.perf_counter_ns())
+        if request.parameters:  # most requests carry none
+            check_schedule_parameters(request.parameters)
+        times = RequestTimes(time.perf_counter_ns())
         served = self.manager.get(request.model_name, request.model_version)
-        if served.runner.kind.streams:  # one answer only if generative
+        plan = served.plan
+        if plan.streams:  # one answer only if generative
             return await joined(served, request, self._stream_trace(served, request))
-        kind = "pipeline step" if on_device else "model call"
-        trace = self.tracer.start(
-            served.version.name, served.version.version, request.id, request.traceparent, kind
-        )
+        trace = None if self.tracer.off else self._trace(served, request, on_device)
         regions = RequestRegions.of(self.shared_memory, request)
         try:
             if regions is not None:
                 regions.bind(i.backend.capabilities.device_buffers for i in served.instances)
-            wanted = validate(served, request)
-            lookup = self._lookup(served, request, regions, wanted)
+            wanted, rows = check(served, request)
+            lookup = None if self.cache is None else self._lookup(served, request, regions, wanted)
             if lookup is not None and lookup.answer is not None:
-                return self._from_cache(served, request, lookup, times, trace)
+                return self._from_cache(served, request, lookup, times, trace, rows)
             outputs = await self._submit(served, request, regions, times)
             placed: dict[str, RegionTensor] = regions.place(outputs) if regions else {}
-            answer = {
-                n: _answer(served, outputs[n] if on_device else to_host(outputs[n]), n, k)
-                for n, k in wanted.items()
-                if n not in placed
-            }
+            answer = _answers(served, outputs, wanted, placed, on_device)
             if lookup is not None:
                 lookup.keep(answer)
         except DlscaleError as exc:
@@ -308,15 +304,20 @@ class DataPlane:
             if regions is not None:
                 regions.release()
         times.request_end = time.perf_counter_ns()
-        served.stats.record_success(times, rows(served, request))
+        served.stats.record_success(times, rows)
         if trace is not None:
             self.tracer.finish(trace, times)
-        return InferenceResponse(
-            model_name=request.model_name,
-            model_version=str(served.version.version),
-            id=request.id,
-            outputs=answer,
-            in_regions=placed,
+        # In field order, no keywords: a call with keywords builds a dict per request.
+        return InferenceResponse(request.model_name, answer, plan.version, request.id, {}, placed)
+
+    def _trace(self, served: ServedVersion, request: InferenceRequest, on_device: bool) -> Any:
+        """The request's trace when its scope samples it (None: not traced)."""
+        return self.tracer.start(
+            served.version.name,
+            served.version.version,
+            request.id,
+            request.traceparent,
+            "pipeline step" if on_device else "model call",
         )
 
     def _stream_trace(self, served: ServedVersion, request: InferenceRequest) -> OnEnd | None:
@@ -338,7 +339,7 @@ class DataPlane:
         served: ServedVersion,
         request: InferenceRequest,
         regions: RequestRegions | None,
-        wanted: dict[str, int],
+        wanted: Mapping[str, int],
     ) -> CacheLookup | None:
         """The cache's answer for this request, when its model caches and it names no region."""
         if self.cache is None or not served.config.response_cache or regions is not None:
@@ -352,17 +353,18 @@ class DataPlane:
         lookup: CacheLookup,
         times: RequestTimes,
         trace: Any,
+        rows: int,
     ) -> InferenceResponse:
         """A request answered by the cache: a success that ran no batch."""
         assert lookup.answer is not None
         times.request_end = time.perf_counter_ns()
         total = times.request_end - times.request_start
-        served.stats.record_cache_hit(total, lookup.ns, rows(served, request))
+        served.stats.record_cache_hit(total, lookup.ns, rows)
         if trace is not None:
             self.tracer.finish(trace, times)
         return InferenceResponse(
             model_name=request.model_name,
-            model_version=str(served.version.version),
+            model_version=served.plan.version,
             id=request.id,
             outputs=dict(lookup.answer),
         )
@@ -371,22 +373,41 @@ class DataPlane:
         """One step of a pipeline: served as a client's request, its outputs kept where made."""
         return await self._serve(request, on_device=True)
 
-    async def _submit(
+    def _submit(
         self,
         served: ServedVersion,
         request: InferenceRequest,
         regions: RequestRegions | None,
         times: RequestTimes,
-    ) -> Tensors:
-        """Queue the request and wait; the runner holds the regions while it reads the inputs."""
+    ) -> Awaitable[Tensors]:
+        """Queue the request (a plain call: the caller awaits the answer, no coroutine between);
+        the runner holds the regions while it reads the inputs."""
         release = regions.hold() if regions is not None else None
         try:
-            answer = served.runner.submit(request, Submission(times, release, self._step))
+            return served.runner.submit(request, times, release, self._step)
         except BaseException:
             if release is not None:
                 release()
             raise
-        return await answer
+
+
+def _answers(
+    served: ServedVersion,
+    outputs: Tensors,
+    wanted: Mapping[str, int],
+    placed: Mapping[str, RegionTensor],
+    on_device: bool,
+) -> dict[str, np.ndarray]:
+    """The outputs a request asked for and gets in its answer (not those placed in regions)."""
+    answer = {}
+    for name, classes in wanted.items():  # a loop, not calls per output: most are host arrays
+        if name in placed:
+            continue
+        array = outputs[name]
+        if not on_device and type(array) is not np.ndarray:
+            array = to_host(array)
+        answer[name] = _answer(served, array, name, classes) if classes else array
+    return answer
 
 
 def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -> np.ndarray:

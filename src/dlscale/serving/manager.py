@@ -27,6 +27,9 @@ from dlscale.serving.served import ModelEntry, ModelState, ServedVersion
 from dlscale.serving.versions import resolve_version, unknown_model
 
 log = logging.getLogger("dlscale.models")
+#: Read on every request (`get`): bound once, since on Python 3.11 `ModelState.READY` is a
+#: Python-level `__getattr__` call on the enum class.
+_READY = ModelState.READY
 
 
 class ModelManager:
@@ -78,7 +81,7 @@ class ModelManager:
         entry = self._entries.get(name)
         if entry is None:
             raise unknown_model(name, self.repository.names, self.ready_names())
-        if entry.state is not ModelState.READY:
+        if entry.state is not _READY:
             detail = f": {entry.reason}" if entry.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
         return entry.versions[resolve_version(name, version, entry.versions)]

@@ -83,7 +83,7 @@ class BatchPolicy:
         """The policy a model's config.toml asks for."""
         return cls(config.max_batch_size, config.batching)
 
-    @property
+    @cached_property  # asked several times per batch: read once (the policy is frozen)
     def batched(self) -> bool:
         """Whether requests may be merged along a leading batch dimension."""
         return self.max_batch_size > 0

@@ -66,8 +66,9 @@ class RequestQueue:
             )
         if self.admission is not None:
             self.admission.admit(self.stats.pending, self.clock())
+        if not self.stats.pending:  # the first one in: no longer idle (set again at none)
+            self._idle.clear()
         self.stats.pending += 1
-        self._idle.clear()
         return level
 
     def done(self) -> None:

@@ -10,9 +10,7 @@ grace) is written once.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from dlscale.errors import DlscaleError, InvalidInput
@@ -22,16 +20,8 @@ from dlscale.serving.pipeline import Pipeline, Serve
 from dlscale.serving.seats import Seats
 from dlscale.types import InferenceRequest, ModelKind
 
-
-@dataclass
-class Submission:
-    """What a unary request brings to its runner besides itself."""
-
-    times: RequestTimes
-    #: Called once the runner reads the inputs no more (a shared-memory region's lease).
-    release: Callable[[], None] | None = None
-    #: How a pipeline serves its steps: the DataPlane's path, less its shutdown check.
-    step: Serve | None = None
+#: Called once a runner reads a request's inputs no more (a shared-memory region's lease).
+Release = Callable[[], None]
 
 
 class Runner(Protocol):
@@ -49,8 +39,20 @@ class Runner(Protocol):
         """The refusal a request meets now by the model's [qos] admission, or None."""
         ...
 
-    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
-        """Queue a validated unary request; its outputs, or its DlscaleError, when computed."""
+    def submit(
+        self,
+        request: InferenceRequest,
+        times: RequestTimes,
+        release: Release | None,
+        step: Serve,
+    ) -> Awaitable[Tensors]:
+        """Queue a validated unary request; its outputs, or its DlscaleError, when computed.
+
+        `times` receives its timestamps; `release` is called once the runner reads the inputs
+        no more (a shared-memory region's lease); `step` is how a pipeline serves its steps
+        (the DataPlane's path, less its shutdown check). Arguments, not an object: one call
+        per request.
+        """
         ...
 
     def cut(self, error: DlscaleError) -> None:
@@ -75,27 +77,25 @@ class BatchRunner:
 
     def __init__(self, batcher: Batcher) -> None:
         self.batcher = batcher
-        self._inflight: set[asyncio.Future[Tensors]] = set()
 
     def refuse_early(self) -> DlscaleError | None:
         return self.batcher.refuse_early()
 
-    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
-        future = self.batcher.submit(
-            request.inputs,
-            request.priority,
-            request.timeout_us,
-            submission.release,
-            submission.times,
+    def submit(
+        self,
+        request: InferenceRequest,
+        times: RequestTimes,
+        release: Release | None,
+        step: Serve,
+    ) -> Awaitable[Tensors]:
+        if not request.parameters:  # most requests: the model's own priority and timeout
+            return self.batcher.submit(request.inputs, 0, 0, release, times)
+        return self.batcher.submit(
+            request.inputs, request.priority, request.timeout_us, release, times
         )
-        self._inflight.add(future)
-        future.add_done_callback(self._inflight.discard)
-        return future
 
     def cut(self, error: DlscaleError) -> None:
-        for future in list(self._inflight):
-            if not future.done():
-                future.set_exception(error)
+        self.batcher.cut(error)
 
     def fail(self, error: DlscaleError) -> None:
         self.batcher.fail(error)
@@ -119,9 +119,14 @@ class PipelineRunner:
     def refuse_early(self) -> DlscaleError | None:
         return None  # each step's own admission answers
 
-    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
-        assert submission.step is not None, "a pipeline's request needs the path of its steps"
-        return self.pipeline.run(request, submission.step)
+    def submit(
+        self,
+        request: InferenceRequest,
+        times: RequestTimes,
+        release: Release | None,
+        step: Serve,
+    ) -> Awaitable[Tensors]:
+        return self.pipeline.run(request, step)
 
     def cut(self, error: DlscaleError) -> None:
         """Nothing of its own: its steps' runners are cut."""
@@ -145,7 +150,13 @@ class StreamRunner:
     def refuse_early(self) -> DlscaleError | None:
         return self.seats.refuse_early()
 
-    def submit(self, request: InferenceRequest, submission: Submission) -> Awaitable[Tensors]:
+    def submit(
+        self,
+        request: InferenceRequest,
+        times: RequestTimes,
+        release: Release | None,
+        step: Serve,
+    ) -> Awaitable[Tensors]:
         raise InvalidInput(
             f"model {self.seats.name!r} streams its answers: its requests take the stream path"
         )

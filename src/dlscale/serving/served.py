@@ -13,6 +13,7 @@ from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.pipeline import Pipeline
 from dlscale.serving.qos.slots import TenantQos
+from dlscale.serving.request_plan import RequestPlan
 from dlscale.serving.runners import PipelineRunner, Runner
 from dlscale.types import TensorSpec
 
@@ -65,6 +66,18 @@ class ServedVersion:
     def input_specs(self) -> dict[str, TensorSpec]:
         """Its inputs by name (every request is checked against them: built once)."""
         return {s.name: s for s in self.inputs}
+
+    @functools.cached_property
+    def plan(self) -> RequestPlan:
+        """What each of its requests is checked against and answered with (built once)."""
+        return RequestPlan(
+            self.version.name,
+            self.version.version,
+            self.inputs,
+            self.outputs,
+            self.config.max_batch_size,
+            self.runner.kind.streams,
+        )
 
     @functools.cached_property
     def output_names(self) -> list[str]:

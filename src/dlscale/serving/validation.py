@@ -2,35 +2,59 @@
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Mapping
+from typing import Any
 
 from dlscale.errors import InvalidInput, closest, known_names
 from dlscale.serving.classification import class_count
+from dlscale.serving.request_plan import RequestPlan
 from dlscale.serving.served import ServedVersion
 from dlscale.types import Datatype, InferenceRequest, Parameters, TensorSpec
 
 
-def validate(served: ServedVersion, request: InferenceRequest) -> dict[str, int]:
+def validate(served: ServedVersion, request: InferenceRequest) -> Mapping[str, int]:
     """Check names, datatypes, shapes and batch size; return the outputs to send, each with
     the number of classes asked for (0: the tensor itself)."""
-    model = served.version.name
-    expected = served.input_specs
-    if request.inputs.keys() != expected.keys():
-        _refuse_names(model, list(expected), list(request.inputs))
-    for name, array in request.inputs.items():
-        _check_input(model, expected[name], array)
-    if served.config.batched:
-        _check_batch(served, request)
-    names = served.output_names
+    return check(served, request)[0]
+
+
+def check(served: ServedVersion, request: InferenceRequest) -> tuple[Mapping[str, int], int]:
+    """`validate`, and the inferences the request holds (Triton's inference_count: its batch,
+    1 if it has none), read off the one pass over its inputs and the version's plan."""
+    plan = served.plan
+    rules, inputs = plan.inputs, request.inputs
+    if inputs.keys() != rules.keys():
+        _refuse_names(plan.model, list(rules), list(inputs))
+    batch, mixed = -1, False
+    for name, array in inputs.items():
+        spec, dtype, rank, fixed = rules[name]
+        if array.dtype is not dtype:  # the same dtype object for the usual types: one test
+            _check_datatype(plan.model, spec, array)
+        shape = array.shape
+        if len(shape) != rank:
+            _refuse_shape(plan.model, spec, shape)
+        for axis, size in fixed:
+            if shape[axis] != size:
+                _refuse_shape(plan.model, spec, shape)
+        if plan.batched:
+            if batch < 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                mixed = True  # said once every input's own checks passed, as before
+    if mixed:
+        _refuse_batches(plan.model, inputs)
+    if plan.batched:
+        _check_batch(plan, batch)
+    rows = batch if plan.batched and inputs else 1
     if request.outputs is None:
-        return dict.fromkeys(names, 0)
-    unknown = [o.name for o in request.outputs if o.name not in names]
+        return plan.every_output, rows
+    unknown = [o.name for o in request.outputs if o.name not in plan.outputs]
     if unknown:
         raise InvalidInput(
-            f"unknown outputs {unknown} requested from model {model!r}"
-            + known_names(unknown[0], names, "it has")
+            f"unknown outputs {unknown} requested from model {plan.model!r}"
+            + known_names(unknown[0], list(plan.every_output), "it has")
         )
-    return {o.name: class_count(o) for o in request.outputs}
+    return {o.name: class_count(o) for o in request.outputs}, rows
 
 
 def _refuse_names(model: str, expected: list[str], sent: list[str]) -> None:
@@ -67,38 +91,34 @@ def check_schedule_parameters(params: Parameters) -> None:
             )
 
 
-def rows(served: ServedVersion, request: InferenceRequest) -> int:
-    """Inferences a request holds (Triton's inference_count): its batch, 1 if it has none."""
-    if not served.config.batched or not request.inputs:
-        return 1
-    return int(next(iter(request.inputs.values())).shape[0])
+def _refuse_batches(model: str, inputs: Mapping[str, Any]) -> None:
+    batches = sorted({array.shape[0] for array in inputs.values()})
+    raise InvalidInput(f"inputs of model {model!r} disagree on the batch size: {batches}")
 
 
-def _check_batch(served: ServedVersion, request: InferenceRequest) -> None:
-    model, config = served.version.name, served.config
-    batches = {array.shape[0] for array in request.inputs.values()}
-    if len(batches) > 1:
+def _check_batch(plan: RequestPlan, batch: int) -> None:
+    if batch > plan.max_batch_size:
         raise InvalidInput(
-            f"inputs of model {model!r} disagree on the batch size: {sorted(batches)}"
-        )
-    batch = batches.pop()
-    if batch > config.max_batch_size:
-        raise InvalidInput(
-            f"batch size {batch} exceeds max_batch_size {config.max_batch_size} of model {model!r}"
+            f"batch size {batch} exceeds max_batch_size {plan.max_batch_size} of model "
+            f"{plan.model!r}"
         )
     if batch == 0:
-        raise InvalidInput(f"batch size 0 for model {model!r}: send at least one row")
+        raise InvalidInput(f"batch size 0 for model {plan.model!r}: send at least one row")
 
 
-def _check_input(model: str, spec: TensorSpec, array: np.ndarray) -> None:
+def _check_datatype(model: str, spec: TensorSpec, array: Any) -> None:
+    """InvalidInput unless the array's dtype is the spec's datatype (BYTES: any of numpy's
+    object, bytes or str dtypes, which `Datatype.from_numpy` reads as one)."""
     got = Datatype.from_numpy(array.dtype)
     if got is not spec.datatype:
         raise InvalidInput(
             f"input {spec.name!r} of model {model!r} has datatype {spec.datatype.value}; the "
             f"request gave {got.value}"
         )
-    if not spec.matches(array.shape):
-        raise InvalidInput(
-            f"input {spec.name!r} of model {model!r} has shape {list(spec.shape)}; the request "
-            f"gave {list(array.shape)}"
-        )
+
+
+def _refuse_shape(model: str, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    raise InvalidInput(
+        f"input {spec.name!r} of model {model!r} has shape {list(spec.shape)}; the request "
+        f"gave {list(shape)}"
+    )

@@ -26,7 +26,8 @@ def check_shape(
         raise InvalidInput(
             f"{role} {name!r} has {len(shape)} dimensions; at most {MAX_DIMS} are allowed"
         )
-    if any(d < 0 for d in shape):
+    # min and max, not a generator over the dimensions: every tensor of every request is checked
+    if min(shape, default=0) < 0:
         raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
     if max(shape, default=0) > max_elements or math.prod(shape) > max_elements:
         raise InvalidInput(

@@ -61,6 +61,10 @@ TYPED_FIELDS: dict[Datatype, tuple[str, np.dtype[Any]]] = {
     Datatype.FP64: ("fp64_contents", np.dtype(np.float64)),
     Datatype.BYTES: ("bytes_contents", np.dtype(object)),
 }
+#: Bound once: on Python 3.11 an enum member read through its class (`Form.RAW`) and a
+#: member's `.value` are Python-level calls, each paid per tensor of every answer.
+_RAW, _TYPED = Form.RAW, Form.TYPED
+_NAMES = {d: d.value for d in Datatype}
 
 #: How gRPC words raw contents that do not fit their tensor.
 GRPC_WORDS = Wording(
@@ -389,11 +393,11 @@ def _write_tensors(
 ) -> int:
     """Add each array to a message's tensors (raw: its memory to `blobs`); about how many bytes."""
     datatypes = {n: Datatype.from_numpy(a.dtype) for n, a in arrays.items()}
-    form = Form.RAW if raw or any(d not in TYPED_FIELDS for d in datatypes.values()) else Form.TYPED
+    form = _RAW if raw or any(d not in TYPED_FIELDS for d in datatypes.values()) else _TYPED
     size = 0
     for name, array in arrays.items():
         datatype = datatypes[name]
-        tensor = tensors.add(name=name, datatype=datatype.value, shape=array.shape)
+        tensor = tensors.add(name=name, datatype=_NAMES[datatype], shape=array.shape)
         written = write_tensor(role, name, array, datatype, form)
         if written.raw is not None:
             blobs.append(written.raw)

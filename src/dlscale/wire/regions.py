@@ -19,6 +19,8 @@ REGION = "shared_memory_region"
 REGION_BYTE_SIZE = "shared_memory_byte_size"
 #: Where in the region the tensor starts (0 when absent).
 REGION_OFFSET = "shared_memory_offset"
+#: The parameters that place a tensor in a region; a tensor without any of them names none.
+REGION_KEYS = frozenset((REGION, REGION_BYTE_SIZE, REGION_OFFSET))
 
 
 def region_of(role: str, name: str, params: Mapping[str, Any]) -> RegionRef | None:

@@ -29,7 +29,7 @@ from dlscale.types import (
     TensorSpec,
 )
 from dlscale.wire.bounds import MAX_ELEMENTS, check_id, check_shape
-from dlscale.wire.regions import REGION, region_of, region_parameters
+from dlscale.wire.regions import REGION, REGION_KEYS, region_of, region_parameters
 from dlscale.wire.rest_json import (
     ANY_JSON as ANY_JSON,
 )
@@ -52,11 +52,15 @@ from dlscale.wire.tensors import (
     WireTensor,
     Wording,
     parse_datatype,
+    read_raw,
     read_tensor,
+    write_raw,
     write_tensor,
 )
 
 _Doc = TypeVar("_Doc")
+#: Bound once: on Python 3.11 reading a member through its enum class costs a Python call.
+_JSON = Form.JSON
 
 #: How REST words binary data that does not fit its tensor.
 REST_WORDS = Wording(
@@ -123,15 +127,8 @@ def decode_request(
     )
     check_id(doc.id)
     outputs, fmt = _requested_outputs(doc.outputs, params)
-    request = InferenceRequest(
-        model_name=model,
-        model_version=version,
-        inputs=inputs,
-        id=doc.id,
-        outputs=outputs,
-        parameters=params,
-        in_regions=in_regions,
-    )
+    # In field order, no keywords: a call with keywords builds a dict per request.
+    request = InferenceRequest(model, inputs, version, doc.id, outputs, params, in_regions)
     return request, fmt
 
 
@@ -170,7 +167,9 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> Body:
         doc["id"] = response.id
     if response.parameters:
         doc["parameters"] = response.parameters
-    doc["outputs"] = outputs + _region_entries(response.in_regions)
+    doc["outputs"] = (
+        outputs + _region_entries(response.in_regions) if response.in_regions else outputs
+    )
     return _body(doc, binaries)
 
 
@@ -281,7 +280,8 @@ def _read_tensor(
         role, name, parse_datatype(role, name, entry.datatype), tuple(entry.shape), params
     )
     size = params.get("binary_data_size")
-    ref = region_of(role, name, params)
+    # Most tensors name no region: one set test instead of the call (every tensor, every request)
+    ref = None if params.keys().isdisjoint(REGION_KEYS) else region_of(role, name, params)
     if ref is None and placed and name in placed and size is None and entry.data is None:
         ref = placed[name]
     if ref is not None:
@@ -310,8 +310,8 @@ def _read_tensor(
             f"{role} {name!r} has binary_data_size {size}, but only {len(body) - offset} "
             "bytes of the body remain"
         )
-    chunk = RawData(body[offset : offset + size], REST_WORDS)
-    return read_tensor(tensor, chunk, max_elements), offset + size
+    chunk = body[offset : offset + size]
+    return read_raw(tensor, chunk, REST_WORDS, max_elements), offset + size
 
 
 def _write_tensors(
@@ -321,19 +321,18 @@ def _write_tensors(
     binaries: list[Buffer] = []
     for name, array in arrays.items():
         datatype = Datatype.from_numpy(array.dtype)
-        # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
-        form = Form.RAW if binary(name) or not datatype.json_safe else Form.JSON
-        written = write_tensor(role, name, array, datatype, form)
         entry: dict[str, Any] = {
             "name": name,
-            "datatype": datatype.value,
+            "datatype": datatype,  # orjson writes a StrEnum member as its value
             "shape": list(array.shape),
         }
-        if written.raw is not None:
-            entry["parameters"] = {"binary_data_size": len(written.raw)}
-            binaries.append(written.raw)
+        # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
+        if binary(name) or not datatype.json_safe:
+            raw = write_raw(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            binaries.append(raw)
         else:
-            entry["data"] = written.values
+            entry["data"] = write_tensor(role, name, array, datatype, _JSON).values
         entries.append(entry)
     return entries, binaries
 
@@ -378,7 +377,10 @@ def _requested_outputs(
     wanted, binary = [], set()
     for out in outputs:
         is_binary = _flag(out.parameters, "binary_data", f"output {out.name!r}")
-        region = region_of("output", out.name, out.parameters)
+        params = out.parameters
+        region = (
+            None if params.keys().isdisjoint(REGION_KEYS) else region_of("output", out.name, params)
+        )
         if region is not None and is_binary:
             raise InvalidInput(
                 f"output {out.name!r} asks for both {REGION!r} and 'binary_data': an output "
@@ -387,7 +389,7 @@ def _requested_outputs(
         wanted.append(RequestedOutput(out.name, is_binary, dict(out.parameters), region))
         if is_binary:
             binary.add(out.name)
-    return wanted, OutputFormat(all_binary=all_binary, binary=frozenset(binary))
+    return wanted, OutputFormat(all_binary, frozenset(binary))
 
 
 def _flag(params: dict[str, ParameterValue], key: str, where: str) -> bool:

@@ -226,6 +226,26 @@ async def test_close_drains_queued_requests_then_refuses() -> None:
     assert all(f.done() and not f.exception() for f in [first, *queued])
 
 
+async def test_the_cut_ends_computing_and_queued_requests_and_no_others() -> None:
+    """The shutdown's cut reaches a batch in its instance and the requests queued behind it
+    (the batcher keeps both: no per-request set in the runner); a request that came back
+    before the cut keeps its answer, and a later one is served."""
+    backend = AddOne()
+    batcher = _batcher(BatchPolicy(4, BatchingConfig(max_queue_delay_us=0)), [backend])
+    done = batcher.submit(_rows(1, 7))
+    assert np.array_equal((await done)["y"], _rows(1, 7)["x"] + 1)
+    computing = await _held(batcher, backend)
+    queued = [batcher.submit(_rows(1, i)) for i in range(2)]
+    batcher.cut(Unavailable("cut at the grace"))
+    for future in (computing, *queued):
+        with pytest.raises(Unavailable, match="cut at the grace"):
+            await future
+    backend.gate.set()
+    assert np.array_equal((await batcher.submit(_rows(2, 3)))["y"], _rows(2, 3)["x"] + 1)
+    assert batcher.queued == 0
+    await batcher.close()
+
+
 async def test_several_instances_compute_at_once() -> None:
     held = [AddOne(), AddOne()]
     for b in held:

@@ -133,7 +133,11 @@ def _unary(
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         if peers is None:
             return await behavior(request, context)
-        peer = await _enter(peers, context)
+        # Counted in here, not in a coroutine of its own: this runs on every call.
+        peer = peer_address(context.peer() or "")
+        refusal = peers.enter(peer)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         try:
             return await behavior(request, context)
         finally:

@@ -138,8 +138,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference ------------------------------------------------------------------------------
 
     @_unary
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._infer(request, _traceparent(context))
+    def ModelInfer(self, request: Any, context: Any) -> Awaitable[Any]:
+        # `_infer`'s coroutine handed to `_unary` to await: no coroutine of its own per call.
+        return self._infer(request, _traceparent(context))
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -215,7 +216,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         refusal = self.dataplane.refuse_early(name, version)
         if refusal is not None:
             raise refusal
-        request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
+        if _large(message):
+            request = await off_loop(True, decode_infer_request, message, self.max_elements)
+        else:  # most messages: decoded here, without a coroutine for `off_loop`
+            request = decode_infer_request(message, self.max_elements)
         request.traceparent = traceparent
         empty_final = request.parameters.get(EMPTY_FINAL) is True
         raw = wants_raw(request)
@@ -234,7 +238,10 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         refusal = self.dataplane.refuse_early(plain.model_name, plain.model_version)
         if refusal is not None:
             raise refusal
-        request = await off_loop(_large(message), decode_infer_request, message, self.max_elements)
+        if _large(message):
+            request = await off_loop(True, decode_infer_request, message, self.max_elements)
+        else:  # most messages: decoded here, without a coroutine for `off_loop`
+            request = decode_infer_request(message, self.max_elements)
         request.traceparent = traceparent
         response = await self.dataplane.infer(request)
         return convert.infer_response(response, wants_raw(request), self.max_message_bytes)

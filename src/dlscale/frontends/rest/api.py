@@ -70,6 +70,8 @@ class RestApi:
         self.limits = limits or Limits()
         self.max_body_bytes = self.limits.max_body_bytes
         self.access = access or Access()
+        #: Whether any API group needs a key or a header (fixed at start): none, no check.
+        self._guarded = bool(self.access)
         self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
         self.generate = GenerateApi(dataplane, self.limits)
         self._routes: dict[str, _Route] = {}
@@ -77,11 +79,21 @@ class RestApi:
         self.tfserving = TfServingApi(
             dataplane, self.limits, self.access, self.openai.handle, self._decoded
         )
+        #: The handlers whose model may refuse a request before its body is read.
+        self._inference = (self._infer, self.generate.generate, self.generate.generate_stream)
 
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         """Answer one request; `headers` has lower-case names."""
+        # The route cache holds OIP routes only: a path found there is no OpenAI one, and with
+        # the access log off the request goes straight to its handler (one coroutine less).
+        route = self._routes.get(path)
+        if route is not None and not access.isEnabledFor(logging.INFO):
+            try:
+                return await self._call(route, method, path, headers, body)
+            except Exception as exc:
+                return self._failed(method, path, route[1], exc)
         start = time.perf_counter()
         response = await self._answer(method, path, headers, body)
         if access.isEnabledFor(logging.INFO):
@@ -100,24 +112,43 @@ class RestApi:
             return await self.tfserving.handle(tfserving, method, path, headers, body)
         args: list[str] = []
         try:
-            handler, args, allowed, group = self._route(path)
-            if handler is None:
+            route = self._route(path)
+            args = route[1]
+            if route[0] is None:
                 return error_response(404, f"no route for {_short(path)!r}")
+            return await self._call(route, method, path, headers, body)
+        except Exception as exc:
+            return self._failed(method, path, args, exc)
+
+    def _call(
+        self, route: _Route, method: str, path: str, headers: Mapping[str, str], body: Buffer
+    ) -> Awaitable[RestResponse]:
+        """The route's handler called (its coroutine, for the caller to await), once the
+        caller may use its API group and its method is the route's."""
+        handler, args, allowed, group = route
+        assert handler is not None, "only a found route is called"
+        if self._guarded:
             self.access.check(group, headers)
-            if method != allowed and method not in allowed.split(", "):
-                return error_response(
+        if method != allowed and method not in allowed.split(", "):
+            return _ready(
+                error_response(
                     405,
                     f"{method} is not allowed on {_short(path)!r}; use {allowed}",
                     (("allow", allowed),),
                 )
-            return await handler(args, headers, self._decoded(headers, body))
-        except DlscaleError as exc:
+            )
+        return handler(args, headers, self._decoded(headers, body))
+
+    @staticmethod
+    def _failed(method: str, path: str, args: list[str], exc: Exception) -> RestResponse:
+        """The answer to a request that raised: its error's status, or 500 for a bug."""
+        if isinstance(exc, DlscaleError):
             model = args[0] if args else ""
             log_failure("HTTP", model, exc.http_status, exc.reason, f"{method} {path}: {exc}")
             return error_response(exc.http_status, exc.message)
-        except Exception as exc:  # a bug must answer 500, not drop the connection
-            log.exception("%s %s failed", method, path)
-            return error_response(500, redact_paths(f"internal error: {exc!r}"))
+        # a bug must answer 500, not drop the connection
+        log.exception("%s %s failed", method, path, exc_info=exc)
+        return error_response(500, redact_paths(f"internal error: {exc!r}"))
 
     def refusal_before_body(
         self, method: str, path: str, headers: Mapping[str, str]
@@ -128,7 +159,8 @@ class RestApi:
         header (401 / 403), and an inference request whose model refuses it now (429), cost no
         body read, decode or task. Anything else about the request is left to `handle`.
         """
-        if self.openai.serves(path):
+        route = self._routes.get(path)  # OIP routes only (see `handle`)
+        if route is None and self.openai.serves(path):
             tfserving = self.tfserving.route(path) if path.startswith("/v1/") else None
             if tfserving is None:
                 return self.openai.refusal_before_body(method, path, headers)
@@ -140,17 +172,17 @@ class RestApi:
             )
             challenge = (("www-authenticate", "Bearer"),) if refusal.http_status == 401 else ()
             return error_response(refusal.http_status, refusal.message, challenge)
-        handler, args, _, group = self._route(path)
+        handler, args, _, group = route or self._route(path)
         if handler is None:
             return None  # `handle` answers 404
-        try:
-            self.access.check(group, headers)
-        except DlscaleError as exc:
-            log_failure("HTTP", "", exc.http_status, exc.reason, f"{method} {path}: {exc}")
-            challenge = (("www-authenticate", "Bearer"),) if exc.http_status == 401 else ()
-            return error_response(exc.http_status, exc.message, challenge)
-        inference = (self._infer, self.generate.generate, self.generate.generate_stream)
-        if method != "POST" or handler not in inference:
+        if self._guarded:
+            try:
+                self.access.check(group, headers)
+            except DlscaleError as exc:
+                log_failure("HTTP", "", exc.http_status, exc.reason, f"{method} {path}: {exc}")
+                challenge = (("www-authenticate", "Bearer"),) if exc.http_status == 401 else ()
+                return error_response(exc.http_status, exc.message, challenge)
+        if method != "POST" or handler not in self._inference:
             return None
         refusal = self.dataplane.refuse_early(args[0], args[1])
         if refusal is None:
@@ -243,7 +275,10 @@ class RestApi:
 
     def _decoded(self, headers: Mapping[str, str], body: Buffer) -> Buffer:
         """The body with any Content-Encoding undone, held to max_body_bytes once inflated."""
-        encoding = headers.get("content-encoding", "identity").strip().lower()
+        encoding = headers.get("content-encoding")
+        if encoding is None:  # most requests
+            return body
+        encoding = encoding.strip().lower()
         if encoding in ("", "identity"):
             return body
         if encoding not in ("gzip", "deflate"):
@@ -397,6 +432,10 @@ class RestApi:
     ) -> RestResponse:
         changes = json_object(body, "log setting")
         return json_response(await self.dataplane.log_settings(changes))
+
+
+async def _ready(response: RestResponse) -> RestResponse:
+    return response
 
 
 def _parts(path: str) -> list[str]:

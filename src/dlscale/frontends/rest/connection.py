@@ -17,7 +17,7 @@ from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
 from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
 from dlscale.frontends.rest.framing import Pending, cut_response, frame
-from dlscale.frontends.rest.reading import RequestReader, _Phase
+from dlscale.frontends.rest.reading import BODY, HEAD, IDLE, RequestReader
 from dlscale.frontends.rest.streaming import send_stream
 from dlscale.wire import tracing
 
@@ -67,7 +67,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.limits = frontend.limits
         self.last_active = self.loop.time()
-        self._phase = _Phase.IDLE
+        self._phase = IDLE
         self._phase_since = self.last_active
         self._head_seen = 0  # bytes fed while the head was still arriving
         self._url: list[bytes] = []
@@ -149,7 +149,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self.on_message_complete()
 
     def _feed(self, data: memoryview) -> None:
-        in_head = self._phase is _Phase.HEAD
+        in_head = self._phase is HEAD
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -161,7 +161,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         except httptools.HttpParserError as exc:
             self._refuse(error_response(400, f"malformed HTTP request: {exc}"))
         else:
-            if self._phase is _Phase.HEAD:
+            if self._phase is HEAD:
                 # The parser holds a header line until it ends: bound what it may hold.
                 self._head_seen += len(data) if in_head else 0
                 if self._head_seen > self.limits.max_head_bytes:
@@ -234,7 +234,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         finally:
             self._task = None
             self.last_active = self.loop.time()
-            if self._phase is not _Phase.IDLE:
+            if self._phase is not IDLE:
                 self._phase_since = self.last_active  # its time starts once we can read it
 
     def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
@@ -268,18 +268,18 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         if self._done or not self._reading or self._task is not None:
             return  # refused already, or answering: a request read meanwhile is not late
         limits, since = self.limits, now - self._phase_since
-        if self._phase is _Phase.HEAD and since > limits.head_timeout_s:
+        if self._phase is HEAD and since > limits.head_timeout_s:
             late = f"the request head did not arrive within {limits.head_timeout_s:g} s"
             self._refuse(error_response(408, f"{late} (head_timeout_s)"))
-        elif self._phase is _Phase.BODY and since > limits.body_timeout_s:
+        elif self._phase is BODY and since > limits.body_timeout_s:
             late = f"the request body did not arrive within {limits.body_timeout_s:g} s"
             self._refuse(error_response(408, f"{late} (body_timeout_s)"))
-        elif self._phase is _Phase.IDLE and self.last_active < now - limits.keep_alive_s:
+        elif self._phase is IDLE and self.last_active < now - limits.keep_alive_s:
             self.abort()
 
     def idle_since(self) -> float | None:
         """When this keep-alive connection went idle, or None while a request is under way."""
-        if self._phase is not _Phase.IDLE or self._task is not None or self._done:
+        if self._phase is not IDLE or self._task is not None or self._done:
             return None
         return self.last_active
 
@@ -287,7 +287,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         """Close now if no request is being read or answered; refuse one half read with 503."""
         if self._task is not None or self.transport is None or self._done:
             return
-        if self._phase is _Phase.IDLE:
+        if self._phase is IDLE:
             self._done = True
             self.transport.close()
         else:

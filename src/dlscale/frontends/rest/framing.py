@@ -33,7 +33,7 @@ class Pending:
 
 def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> list[Buffer]:
     """The bytes of `response`: one buffer when small, else its head and then its parts."""
-    size = sum(len(p) for p in response.parts)
+    size = sum(map(len, response.parts))  # no generator: once per answer
     parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
     head = [
         b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),

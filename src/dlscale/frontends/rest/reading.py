@@ -32,6 +32,11 @@ class _Phase(enum.Enum):
     BODY = "body"
 
 
+#: The phases, bound once: read per request, and on Python 3.11 `_Phase.HEAD` is a Python-level
+#: `__getattr__` call on the enum class.
+IDLE, HEAD, BODY = _Phase.IDLE, _Phase.HEAD, _Phase.BODY
+
+
 class BodyOwner(typing.Protocol):
     """What reading a request needs of the frontend: body buffers, and memory reserved for them."""
 
@@ -77,7 +82,8 @@ class RequestReader:
         raise NotImplementedError
 
     def on_message_begin(self) -> None:
-        self._enter(_Phase.HEAD)
+        # A phase starts at the clock buffer_updated has just read (the callbacks run inside it).
+        self._phase, self._phase_since = HEAD, self.last_active
         self._head_seen = 0
         self._url = []
         self._url_size = 0
@@ -130,7 +136,7 @@ class RequestReader:
         )
 
     def on_headers_complete(self) -> None:
-        self._enter(_Phase.BODY)
+        self._phase, self._phase_since = BODY, self.last_active
         length = self._headers.get("content-length")
         limit = self.limits.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
@@ -184,7 +190,7 @@ class RequestReader:
         self._body.add(body)
 
     def on_message_complete(self) -> None:
-        self._enter(_Phase.IDLE)
+        self._phase, self._phase_since = IDLE, self.last_active
         if self._done:
             return  # pipelined behind the connection's last request: left unanswered, as closed
         body: Buffer = b""
@@ -206,11 +212,6 @@ class RequestReader:
         if self._reserved:
             self.frontend.release(self._reserved)
             self._reserved = 0
-
-    def _enter(self, phase: _Phase) -> None:
-        # Parser callbacks run inside buffer_updated, which has just read the clock.
-        self._phase = phase
-        self._phase_since = self.last_active
 
 
 class _Refused(Exception):

@@ -60,7 +60,7 @@ class Duration:
         return StatDuration(self.count, self.ns)
 
 
-@dataclass
+@dataclass(slots=True)  # one per request: slots make it cheaper to make and to fill
 class RequestTimes:
     """One request's way through the server, in nanoseconds of perf_counter: Triton's trace
     timestamps, from which the statistics of a successful request are taken."""
@@ -120,11 +120,19 @@ class ModelStats:
     def record_success(self, times: RequestTimes, rows: int) -> None:
         """A request answered: its time in the server, in the queue and in its batch."""
         total = times.request_end - times.request_start
-        self.success.add(total)
-        self.queue.add(times.compute_start - times.queue_start)
-        self.compute_input.add(times.compute_input_end - times.compute_start)
-        self.compute_infer.add(times.compute_output_start - times.compute_input_end)
-        self.compute_output.add(times.compute_end - times.compute_output_start)
+        # Written out rather than five `Duration.add` calls: this runs once per request.
+        success, queue = self.success, self.queue
+        success.count += 1
+        success.ns += total
+        queue.count += 1
+        queue.ns += times.compute_start - times.queue_start
+        merge, infer, split = self.compute_input, self.compute_infer, self.compute_output
+        merge.count += 1
+        merge.ns += times.compute_input_end - times.compute_start
+        infer.count += 1
+        infer.ns += times.compute_output_start - times.compute_input_end
+        split.count += 1
+        split.ns += times.compute_end - times.compute_output_start
         self.inference_count += rows
         self.latency.observe(total / 1e9)
 

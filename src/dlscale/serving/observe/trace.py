@@ -95,6 +95,10 @@ class Tracer:
         self.otlp = otlp
         self._global = settings or TraceSettings()
         self._models: dict[str, dict[str, Any]] = {}  # per-model overrides, by setting
+        #: Whether no request can be traced now (no OTLP sink, and no trace file or every
+        #: level OFF): the DataPlane reads this one attribute per request instead of calling
+        #: `start`. Kept by `update`, the one place the settings change.
+        self.off = self._nothing_traced()
         self._seen: dict[str, int] = {}  # requests seen per scope, for the sampling rate
         self._left: dict[str, int] = {}  # traces still to take per scope (trace_count)
         self._buffer: list[dict[str, Any]] = []
@@ -146,7 +150,13 @@ class Tracer:
             self._global = dataclasses.replace(self._global, **fields)
         if "trace_count" in parsed:
             self._left.pop(model, None)
+        self.off = self._nothing_traced()
         return self.settings(model)
+
+    def _nothing_traced(self) -> bool:
+        return self.otlp is None and (
+            self.trace_file is None or (not self._models and self._global.level == "OFF")
+        )
 
     def _effective(self, model: str) -> TraceSettings:
         own = self._models.get(model)
