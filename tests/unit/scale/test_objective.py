@@ -21,6 +21,7 @@ from dlscale.scale.objective import (
     Decision,
     ModelLoad,
     decide,
+    demand,
 )
 
 OBJECTIVE_S = 0.020
@@ -240,7 +241,8 @@ def test_no_more_until_the_new_replicas_figures_are_their_own() -> None:
         f"the figures cover 4 of {LOOK_BACK_S:g} s since the last replica ran"
     )
     late = decide([short], 3, 3, BOUNDS, now=10.0 + LOOK_BACK_S, joined=10.0)
-    assert late.replicas == 6 and late.joined is None and late.missed == (3, 100.0)
+    assert late.replicas == 6 and late.joined is None
+    assert late.missed == (3, demand(short))  # 300/s arriving and the backlog, not 100 answered
 
 
 # -- generative models: TTFT and TPOT objectives ---------------------------------------------
@@ -373,6 +375,27 @@ def test_a_missed_size_stops_a_step_down_above_it() -> None:
     quiet = [_tokens(ttft_s=0.020, tpot_s=0.005)]  # 1 would be at 80 ms and 20 ms
     d = decide(quiet, 4, 4, BOUNDS, now=1e6, down_since=0.0, missed=(2, 20.0))
     assert d.replicas == 3 and d.reason.endswith("not 1: 2 missed at 20 requests/s, now 20")
+
+
+def test_a_size_missed_in_a_bursts_first_seconds_is_marked_at_its_demand() -> None:
+    # The scale test's figures as Ray's controller had them (a loaded CI run): 4 closed-loop
+    # clients start on 1 replica of a 50 ms device; Ray's means still cover the idle seconds
+    # before them, so 1 replica answered 3.85/s, with 4 held and growing. It missed at the
+    # demand (arrival and backlog), not at 3.85/s: one client's 3.46/s later is well below it.
+    burst = ModelLoad(
+        "paced", 0.100, rate=3.851, wait_s=0.0785, busy=0.198, in_flight=4.0,
+        capacity=19.44, growth=3.851,
+    )  # fmt: skip
+    up = decide([burst], 1, 1, Bounds(1, 2), now=0.0)
+    assert up.replicas == 2 and up.missed is not None
+    assert up.missed == (1, demand(burst)) and demand(burst) > 2 * burst.rate
+    light = ModelLoad(
+        "paced", 0.100, rate=3.456, wait_s=0.000165, busy=0.088, in_flight=0.0, capacity=19.72
+    )
+    held = decide([light], 2, 2, Bounds(1, 2), now=100.0, missed=up.missed)
+    assert held.replicas == 2 and held.down_since == 100.0
+    down = decide([light], 2, 2, Bounds(1, 2), 100.0 + DOWN_DELAY_S, 100.0, missed=up.missed)
+    assert down.replicas == 1
 
 
 # -- a burst, in virtual time: a fluid queue of replicas that start in a few seconds -----------
