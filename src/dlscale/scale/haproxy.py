@@ -151,11 +151,23 @@ class HaproxyRouter:
             [binary, "-db", "-f", str(config)], pass_fds=tuple(fds.values())
         )
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._socket_path.exists():
+        while not self._answers():
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise DlscaleError("HAProxy did not start (see its log above)")
             time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        """Whether the runtime API accepts a connection. Its socket's file can be there
+        before HAProxy accepts on it: the first command, sent as soon as the file appeared, was
+        refused (ECONNREFUSED) on a loaded host (tests/integration/scale/test_fleet_router.py
+        in a whole-suite run, the finish-first Lua script loading at start)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            try:
+                admin.connect(str(self._socket_path))
+            except (FileNotFoundError, ConnectionRefusedError):
+                return False
+        return True
 
     @property
     def _socket_path(self) -> Path:
