@@ -11,10 +11,13 @@ turn within each repetition, each on fresh processes:
 - dlscale-leastconn: HAProxy (scale/haproxy.py, `balance leastconn`) over two `dlscale serve`
   children (scale/child.py), weights equal;
 - dlscale-weighted: the same, weighed every 2 s by scale/weights.py's Weigher from each
-  replica's measured compute time per row, its batch and the fleet's load, as the
-  `--device-workers` supervisor does;
-- dlscale-weighted-light: the same with the Weigher's light-load weight at any load (its rule
-  before the load counted);
+  replica's measured compute time per row, its batch and the fleet's load, and given each
+  replica's batch clock, so that HAProxy sends each request where it would finish first
+  (scale/finish.py), as the `--device-workers` supervisor does;
+- dlscale-weighted-leastconn: the weights alone, no batch clocks (weighted leastconn: the rule
+  before finish-first);
+- dlscale-weighted-light: the weights alone, the Weigher's light-load weight at any load (its
+  rule before the load counted);
 - ray-serve-default: a plain Ray Serve application (no dlscale in the path,
   benchmarks/harness/ray_unequal.py), two replicas, the rank choosing the speed, called over
   Ray's HTTP proxy with its default router (power of two choices).
@@ -65,6 +68,7 @@ SLEEPER = BenchModel("sleeper", "input", "output", (16,), 4, 0)
 ARMS = (
     "dlscale-leastconn",
     "dlscale-weighted",
+    "dlscale-weighted-leastconn",
     "dlscale-weighted-light",
     "ray-serve-default",
     "ray-serve-uncapped",
@@ -79,11 +83,12 @@ SEED = 35
 
 @contextmanager
 def dlscale_fleet(
-    delays_ms: tuple[float, float], weighted: bool, follow_load: bool = True
+    delays_ms: tuple[float, float], weighted: bool, follow_load: bool = True, timed: bool = True
 ) -> Iterator[dict[str, Any]]:
     """Two `dlscale serve` children behind HAProxy; `weighted`: weighed every WEIGH_S (by the
-    Weigher's light-load rule alone without `follow_load`). HAProxy logs each request
-    (harness/haproxy_log.py): which replica took it, how long it queued."""
+    Weigher's light-load rule alone without `follow_load`) and, if `timed`, given their batch
+    clocks (finish-first routing). HAProxy logs each request (harness/haproxy_log.py): which
+    replica took it, how long it queued."""
     children = [ServerChild(_settings(_sleeper_repo(ms))) for ms in delays_ms]
     router = HaproxyRouter(HOST, 0, None)
     stop = threading.Event()
@@ -97,7 +102,7 @@ def dlscale_fleet(
             router.sync(members)
             _until(lambda: set(router.states().values()) == {"UP"})
             if weighted:
-                weighing = (router, weigher, members, chosen, stop)
+                weighing = (router, weigher, members, chosen, stop, timed)
                 threading.Thread(target=_weigh, args=weighing).start()
             yield {
                 "port": router.ports["http"],
@@ -109,6 +114,7 @@ def dlscale_fleet(
                 "weights": lambda: {
                     "ms_per_row": {k: round(v / 1e6, 1) for k, v in weigher.ns_per_row.items()},
                     "weights": dict(chosen),
+                    "clocks": dict(router.clocks),
                     "load": round(weigher.load, 3),
                 },
             }
@@ -125,12 +131,13 @@ def _weigh(
     members: list[Member],
     chosen: dict[str, int],
     stop: threading.Event,
+    timed: bool,
 ) -> None:
     """The `--device-workers` supervisor's loop (scale/local_fleet.py); `chosen`: the last."""
     while not stop.wait(WEIGH_S):
         try:
             chosen.update(weigher.weights({m.key: read_work(m.host, m.http_port) for m in members}))
-            router.weigh(chosen)
+            router.weigh(chosen, weigher.clocks() if timed else None)
         except (OSError, DlscaleError):  # the arm ended under it: the router or a replica left
             continue
 
@@ -198,7 +205,8 @@ def run_arm(arm: str, delays: tuple[float, float], schedule: list[float]) -> dic
     if arm.startswith("ray"):
         fleet = ray_app(delays, uncapped=arm.endswith("uncapped"))
     else:
-        fleet = dlscale_fleet(delays, "weighted" in arm, not arm.endswith("light"))
+        light, counts = arm.endswith("light"), arm.endswith("leastconn") and "weighted" in arm
+        fleet = dlscale_fleet(delays, "weighted" in arm, not light, not (light or counts))
     with fleet as served:
         port = served["port"]
         wire = build_request(HOST, port, f"/v2/models/{SLEEPER.name}/infer", SLEEPER.json_body())
@@ -260,6 +268,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
         "ray_default_over_weighted": ("ray-serve-default", "dlscale-weighted"),
         "leastconn_over_weighted": ("dlscale-leastconn", "dlscale-weighted"),
         "ray_uncapped_over_weighted": ("ray-serve-uncapped", "dlscale-weighted"),
+        "weighted_leastconn_over_weighted": ("dlscale-weighted-leastconn", "dlscale-weighted"),
         "light_over_weighted": ("dlscale-weighted-light", "dlscale-weighted"),
         "ray_default_over_leastconn": ("ray-serve-default", "dlscale-leastconn"),
     }

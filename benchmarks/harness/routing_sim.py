@@ -9,8 +9,13 @@ arrivals. Routers:
   with nothing in flight first, else the fewest `(in flight + 1) / weight`), optionally with a
   `maxconn` per server and HAProxy's queue for the first slot that frees;
 - `leastconn by scale/weights.py`: the weights the Weigher gives at each rate;
-- `oracle`: the replica where the request would finish first, knowing each one's queue and the
-  time left on its batch (a bound no router that sees only counts reaches).
+- `first`: HAProxy's `balance first`, the fast replica first until it holds its `maxconn`, then
+  the slow one;
+- `finish first`: the replica where the request would finish first, from each one's queue and
+  the time left on its batch, as scale/finish.lua keeps them in HAProxy (from the requests it
+  sends and the answers it sees; exact here, where the hop is the only time not modelled);
+- `fewest in flight, ties at random`: Ray Serve's default router over two replicas (its power of
+  two choices samples both and takes the shorter queue), uncapped.
 The real run's figures for the weights 256/29 at 70/s (p99 204 ms, the slow replica's share
 8.6%, 14% of the tail on it) match the simulation's (199 ms, 8.7%, 12%).
 """
@@ -34,11 +39,14 @@ HOP_S = 0.0005
 
 @dataclass(frozen=True)
 class Router:
-    """How a request is placed: leastconn by `weights` (optionally capped), or the oracle."""
+    """How a request is placed: leastconn by `weights` (optionally capped), finish first, or
+    Ray's power of two choices."""
 
     weights: tuple[int, int] = (256, 256)
     caps: tuple[int | None, int | None] = (None, None)
-    oracle: bool = False
+    finish_first: bool = False
+    two_choices: bool = False
+    first: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,9 @@ class Outcome:
 class _Fleet:
     """The replicas' state: in flight (as HAProxy counts), waiting at each, busy until."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, seed: int) -> None:
         self.router = router
+        self.rng = random.Random(seed)
         self.inflight = [0, 0]
         self.waiting: list[list[int]] = [[], []]
         self.busy_until: list[float | None] = [None, None]
@@ -69,8 +78,12 @@ class _Fleet:
         ]
         if not open_:
             return None
-        if self.router.oracle:
+        if self.router.finish_first:
             return min(open_, key=lambda s: (self._finish(s, now), s))
+        if self.router.first:
+            return open_[0]
+        if self.router.two_choices:
+            return min(open_, key=lambda s: (self.inflight[s], self.rng.random()))
         return min(open_, key=lambda s: (self._key(s), s))
 
     def _key(self, s: int) -> float:
@@ -95,7 +108,7 @@ def simulate(router: Router, rate: float, seconds: float, seed: int = 1) -> Outc
         (a, 0, i, ()) for i, a in enumerate(arrivals)
     ]
     heapq.heapify(events)
-    fleet, queue = _Fleet(router), []
+    fleet, queue = _Fleet(router, seed), []
     latency = [0.0] * len(arrivals)
     where = [0] * len(arrivals)
 
@@ -148,7 +161,10 @@ ROUTERS = {
     "leastconn 256/29 (batching)": Router((256, 29)),
     "leastconn 256/29, maxconn 8/4": Router((256, 29), (8, 4)),
     "leastconn 256/29, maxconn 16/1": Router((256, 29), (16, 1)),
-    "oracle": Router(oracle=True),
+    "first, maxconn 8 on fast (slow uncapped)": Router(caps=(8, None), first=True),
+    "first, maxconn 12 on fast (slow uncapped)": Router(caps=(12, None), first=True),
+    "finish first (scale/finish.lua)": Router(finish_first=True),
+    "fewest in flight, ties at random (Ray Serve's default, uncapped)": Router(two_choices=True),
 }
 
 

@@ -6,7 +6,8 @@ and the server that answers (docs/decisions.md says why HAProxy and not Ray Serv
 fleet's owner calls `sync` with the replicas that live now; each takes a slot of a fixed
 template (`set server ... addr/port`, then `state ready`), and a replica that left is put in
 maintenance (its requests in flight finish; no new one is sent to it). Requests go by least
-work (weighted leastconn), except the generative requests of models that route by prefix or
+work (the replica where each request would finish first, scale/finish.py; weighted leastconn
+until every replica is measured), except the generative requests of models that route by prefix or
 session, which a consistent hash with bounded loads places (scale/prefix.py).
 
 What the router promises (docs/scale.md):
@@ -41,7 +42,7 @@ from pathlib import Path
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
 from dlscale.native import spawn_dying_with_parent
-from dlscale.scale import prefix
+from dlscale.scale import finish, prefix
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.haproxy_config import (
     GRPC,
@@ -112,6 +113,8 @@ class HaproxyRouter:
         self.members: dict[str, Member] = {}
         #: The weight set on each member (scale/weights.py); HAProxy's default until set.
         self.weights: dict[str, int] = {}
+        #: The batch clock in the finish-first map, by server name (scale/finish.py).
+        self.clocks: dict[str, str] = {}
 
     @property
     def ports(self) -> dict[str, int]:
@@ -143,15 +146,28 @@ class HaproxyRouter:
             )
         )
         write_errors(self.workdir)
+        finish.write(self.workdir)
         self._process = spawn_dying_with_parent(
             [binary, "-db", "-f", str(config)], pass_fds=tuple(fds.values())
         )
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._socket_path.exists():
+        while not self._answers():
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise DlscaleError("HAProxy did not start (see its log above)")
             time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        """Whether the runtime API accepts a connection. Its socket's file can be there
+        before HAProxy accepts on it: the first command, sent as soon as the file appeared, was
+        refused (ECONNREFUSED) on a loaded host (tests/integration/scale/test_fleet_router.py
+        in a whole-suite run, the finish-first Lua script loading at start)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            try:
+                admin.connect(str(self._socket_path))
+            except (FileNotFoundError, ConnectionRefusedError):
+                return False
+        return True
 
     @property
     def _socket_path(self) -> Path:
@@ -174,10 +190,12 @@ class HaproxyRouter:
         maintenance (requests on them finish; none is sent to them)."""
         wanted = {m.key: m for m in members}
         commands = []
+        clocks: dict[str, str | None] = {}
         for key in [k for k in self.members if k not in wanted]:
             slot = self._slots.pop(key)
             del self.members[key]
             self.weights.pop(key, None)
+            clocks[f"r{slot}"] = None
             commands += [f"set server {p}/r{slot} state maint" for p in _backends(self._sockets)]
             log.info("router: replica %s out of rotation", key)
         for key, member in wanted.items():
@@ -187,13 +205,20 @@ class HaproxyRouter:
             self._slots[key] = slot
             self.members[key] = member
             self.weights.pop(key, None)  # _enable starts it at the most again
+            clocks[f"r{slot}"] = finish.UNMEASURED  # leastconn routes until it is measured
             commands += _enable(slot, member, self._sockets)
             log.info("router: replica %s at %s:%d", key, member.host, member.http_port)
+        commands += finish.map_commands(finish.map_path(self.workdir), self.clocks, clocks)
         if commands:
             self.command(*commands)
+        self._note(clocks)
 
-    def weigh(self, weights: Mapping[str, int]) -> None:
-        """Set members' weights (1-256; scale/weights.py): leastconn divides by them."""
+    def weigh(
+        self, weights: Mapping[str, int], clocks: Mapping[str, tuple[float, int]] | None = None
+    ) -> None:
+        """Set members' weights (1-256; scale/weights.py): leastconn divides by them; and
+        their batch clocks (seconds per batch, rows per batch) that finish-first routing reads
+        (scale/finish.py). Members not named keep theirs."""
         changed = {
             key: weight
             for key, weight in weights.items()
@@ -204,9 +229,24 @@ class HaproxyRouter:
             for key, weight in changed.items()
             for proto in self._sockets
         ]
+        timed: dict[str, str | None] = {
+            f"r{self._slots[key]}": finish.clock(*clock)
+            for key, clock in (clocks or {}).items()
+            if key in self._slots
+        }
+        commands += finish.map_commands(finish.map_path(self.workdir), self.clocks, timed)
         if commands:
             self.command(*commands)
             self.weights.update(changed)
+            self._note(timed)
+
+    def _note(self, clocks: Mapping[str, str | None]) -> None:
+        """The finish-first map as `clocks` left it (by server name; None: taken out)."""
+        for name, value in clocks.items():
+            if value is None:
+                self.clocks.pop(name, None)
+            else:
+                self.clocks[name] = value
 
     def _free_slot(self) -> int:
         taken = set(self._slots.values())

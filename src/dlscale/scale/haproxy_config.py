@@ -10,7 +10,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale.scale import prefix
+from dlscale.scale import finish, prefix
 from dlscale.scale.connections import QUEUE_TIMEOUT_S, TABLE_SIZE, ConnectionRules
 from dlscale.server_settings import DEFAULT_BALANCE_FACTOR
 
@@ -62,6 +62,7 @@ def render(
         "global",
         f"  stats socket {workdir / 'admin.sock'} mode 600 level admin",
         f"  maxconn {_max_connections()}",
+        *finish.global_lines(workdir),
         "defaults",
         "  mode http",
         "  timeout connect 2s",
@@ -99,6 +100,7 @@ def render(
     lines += [
         f"backend {REST}",
         *_BALANCE,
+        *finish.backend_lines(),
         "  option httpchk GET /v2/health/ready",
         "  http-check expect status 200",
         f"  default-server check inter {CHECK_INTER_MS} fall 2 rise 1 "
@@ -106,6 +108,7 @@ def render(
         f"  server-template r 1-{SLOTS} 127.0.0.1:9 disabled",
         f"backend {GRPC}",
         *_BALANCE,
+        *finish.backend_lines(),
         f"  default-server maxconn {rules.per_replica}",
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in slots()),
         *_capped(prefix.backend(balance_factor, slots(), REST), rules),
@@ -161,7 +164,8 @@ def _max_connections() -> int:
     return max(256, min(20000, limit // 2 - 200))
 
 
-#: How each backend picks a replica: the fewest requests in flight (refined by issue 35's routing).
+#: How each backend picks a replica when the finish-first rule does not (scale/finish.py): the
+#: fewest requests in flight, divided by the weights (scale/weights.py).
 _BALANCE = ("  balance leastconn", "  http-reuse always")
 
 

@@ -203,7 +203,7 @@ class LocalFleet:
         readings = read_each(live, self._headers)
         with self._lock:
             if not self._stopping.is_set():
-                self.router.weigh(self.weigher.weights(readings))
+                self.router.weigh(self.weigher.weights(readings), self.weigher.clocks())
 
     def _look_after(self, worker: Worker) -> None:
         with self._lock:

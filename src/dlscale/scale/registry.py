@@ -133,7 +133,7 @@ class Registry:
             }
         readings = read_each(where)  # outside the lock: HTTP to each replica
         with self._lock:
-            self.router.weigh(self.weigher.weights(readings))
+            self.router.weigh(self.weigher.weights(readings), self.weigher.clocks())
 
     def _sync(self) -> None:
         self.router.sync([r.member() for r in self._replicas.values() if r.ready])

@@ -7,7 +7,9 @@ replica, so a replica three times slower (an older GPU, a smaller MIG slice, a n
 sent a third of the requests without batching, not a half (fewer with batching, below). The
 times come from each replica's own statistics (the protocol's `/v2/models/stats`: rows inferred
 and their compute time, summed over models), read as differences over the last interval, so
-that old history does not hide a change.
+that old history does not hide a change. The same times give each replica's batch clock
+(`Weigher.clocks`), by which HAProxy places requests where they finish first once every replica
+is measured (scale/finish.py): the weights route until then.
 
 The queueing argument, for a replica `r` times slower than the fastest, which batches up to `B`
 rows per batch time `t` (BENCHMARKS.md, "Routing by work", checks it against a simulation and
@@ -96,6 +98,8 @@ class Weigher:
         self.rows_per_s: dict[str, float] = {}
         #: The fleet's last load over its light-load capacity (0 until measured).
         self.load = 0.0
+        #: The most rows one batch of any replica held: the batch size of the fleet's model.
+        self.batch = 1
 
     def weights(self, readings: Mapping[str, Work]) -> dict[str, int]:
         """Each replica's weight after these readings; replicas not read are forgotten.
@@ -113,6 +117,7 @@ class Weigher:
         if fastest is None:
             return dict.fromkeys(readings, MAX_WEIGHT)
         batch = readings[fastest].largest_batch
+        self.batch = max(self.batch, *(w.largest_batch for w in readings.values()))
         self.load = self._load(fastest, batch)
         heavy = heaviness(self.load) if self.follow_load else 0.0
         return {
@@ -121,6 +126,17 @@ class Weigher:
             else weight_of(self.ns_per_row[key] / self.ns_per_row[fastest], batch, heavy)
             for key in readings
         }
+
+    def clocks(self) -> dict[str, tuple[float, int]]:
+        """Each measured replica's batch clock for finish-first routing (scale/finish.py):
+        seconds per batch, and rows per batch.
+
+        A replica's statistics count each request with the compute time of the batch it was
+        in, so its time per row is its time per batch. The rows per batch are the fleet's
+        largest batch seen: a replica that was sent one request at a time never showed its own,
+        and the replicas serve the same models.
+        """
+        return {key: (ns / 1e9, self.batch) for key, ns in self.ns_per_row.items()}
 
     def _measure(self, key: str, work: Work) -> None:
         """The replica's time per row and rate over its interval, once it has enough rows."""

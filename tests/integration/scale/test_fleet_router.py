@@ -222,6 +222,96 @@ def test_weights_from_measured_work_send_the_faster_replica_more(tmp_path: Path)
             child.stop(5.0)
 
 
+@pytest.fixture(scope="module")
+def unequal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry, list[Endpoint]]]:
+    """Two replicas whose devices take 40 ms and 160 ms a batch of up to 4 (1x and 4x), behind
+    a router fed as the Ray router actor feeds it; nothing measured yet."""
+    root = tmp_path_factory.mktemp("unequal")
+    repos = [_sleeper_repo(root / "fast", 40_000), _sleeper_repo(root / "slow", 160_000)]
+    children = [ServerChild(_settings(repo)) for repo in repos]
+    router = HaproxyRouter(HOST, 0, None)
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        registry = Registry(router)
+        for i, endpoint in enumerate(endpoints):
+            registry.join(f"child{i}", "node", endpoint)
+            registry.ready(f"child{i}")
+        until(lambda: set(router.states().values()) == {"UP"})
+        registry.weigh()  # the first reading: nothing measured
+        yield registry, endpoints
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def test_measured_batch_clocks_send_each_request_where_it_finishes_first(unequal) -> None:  # type: ignore[no-untyped-def]
+    """Two clients at a time: the fast replica holds at most two requests, so each finishes
+    there within two of its batches, sooner than alone on the slow one. Leastconn (before the
+    replicas are measured) sends the second to the slow replica whenever it is idle; once
+    their batch clocks are known, none goes there."""
+    registry, endpoints = unequal
+    port = registry.router.ports["http"]
+    assert set(registry.router.clocks.values()) == {"-"}  # unmeasured: leastconn routes
+    by_count = _served(endpoints, lambda: _load(port, 80, clients=2))
+    assert by_count[1] > 0, by_count
+    registry.weigh()
+    clocks = registry.router.clocks
+    assert "-" not in clocks.values(), clocks
+    by_finish = _served(endpoints, lambda: _load(port, 80, clients=2))
+    assert by_finish == [80, 0], (by_count, by_finish, clocks)
+
+
+def test_a_queue_deeper_than_the_slow_batch_spills_to_the_slow_replica(unequal) -> None:  # type: ignore[no-untyped-def]
+    """Twenty-four clients at a time: twelve waiting on the fast replica take as long as one on
+    the idle slow one, so some requests go there, and most still to the fast one."""
+    registry, endpoints = unequal
+    registry.weigh()
+    assert "-" not in registry.router.clocks.values(), registry.router.clocks
+    served = _served(endpoints, lambda: _load(registry.router.ports["http"], 240, clients=24))
+    assert 0 < served[1] < served[0], served
+
+
+def test_a_replica_out_of_rotation_is_skipped_and_its_clock_dropped(unequal) -> None:  # type: ignore[no-untyped-def]
+    """The fast replica leaves (maintenance, as a replica that drains or stops reporting): the
+    finish-first rule places nothing on it, every request is answered by the slow one."""
+    registry, endpoints = unequal
+    router = registry.router
+    registry.weigh()
+    members = {m.key: m for m in router.members.values()}
+    try:
+        router.sync([members["child1"]])
+        assert list(router.clocks) == ["r2"], router.clocks
+        served = _served(endpoints, lambda: _load(router.ports["http"], 40, clients=4))
+        assert served == [0, 40], served
+    finally:
+        router.sync(list(members.values()))
+        until(lambda: set(router.states().values()) == {"UP"})
+
+
+def test_the_batch_time_haproxy_sees_overrides_a_wrong_measured_one(unequal) -> None:  # type: ignore[no-untyped-def]
+    """Both replicas said to take 80 ms a batch (a slow one measured on a quiet host, say): at
+    first the second of two requests at a time goes to the idle slow replica; once HAProxy has
+    seen batches end on both, it uses the times it saw (the slow one about four times the
+    fast one's) and sends none there."""
+    registry, endpoints = unequal
+    router = registry.router
+    port = router.ports["http"]
+    members = list(router.members.values())
+    try:
+        router.sync([])  # every slot leaves the map ...
+        router.sync(members)  # ... and comes back unmeasured
+        until(lambda: set(router.states().values()) == {"UP"})
+        _load(port, 4, clients=1)  # the rule sees them unmeasured: their clocks start over
+        router.weigh({}, {m.key: (0.08, 4) for m in members})
+        told = _served(endpoints, lambda: _load(port, 40, clients=2))
+        seen = _served(endpoints, lambda: _load(port, 40, clients=2))
+        assert seen == [40, 0], (told, seen)
+    finally:
+        registry.weigh()
+
+
 def _served(endpoints: list[Endpoint], load: Callable[[], None]) -> list[int]:
     """The rows each replica computed while `load` ran."""
     before = [read_work(e.host, e.http_port).rows for e in endpoints]
@@ -229,8 +319,8 @@ def _served(endpoints: list[Endpoint], load: Callable[[], None]) -> list[int]:
     return [read_work(e.host, e.http_port).rows - b for e, b in zip(endpoints, before, strict=True)]
 
 
-def _load(port: int, count: int) -> None:
-    """`count` requests from 8 closed-loop clients, each answered with its own rows."""
-    with ThreadPoolExecutor(8) as pool:
+def _load(port: int, count: int, clients: int = 8) -> None:
+    """`count` requests from `clients` closed-loop clients, each answered with its own rows."""
+    with ThreadPoolExecutor(clients) as pool:
         values = list(pool.map(lambda i: _sleeper_infer(port, float(i)), range(count)))
     assert values == [float(i) for i in range(count)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.cli import parse
+from dlscale.scale import finish
 from dlscale.scale.connections import CHECK_ROOM, ConnectionRules, behind_router
 from dlscale.scale.devices import Device
 from dlscale.scale.haproxy_config import Control, render, routes_map, write_errors
@@ -47,6 +48,7 @@ def test_a_small_replica_keeps_half_its_connections_for_checks() -> None:
 def _config(tmp_path: Path, rules: ConnectionRules, ipv6: bool) -> str:
     write_errors(tmp_path)
     routes_map(tmp_path).write_text("")
+    finish.write(tmp_path)
     socks = []
     for _ in range(2):
         sock = socket.socket()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dlscale.scale import finish
 from dlscale.scale.child import Endpoint
 from dlscale.scale.control import ControlLog
 from dlscale.scale.haproxy import HaproxyRouter
@@ -85,6 +86,7 @@ def test_haproxy_accepts_the_control_rules(tmp_path: Path) -> None:
         fds = {"rest": rest.fileno(), "grpc": grpc.fileno()}
         write_errors(tmp_path)
         write_map(routes_map(tmp_path), {})  # the models hashed by prefix (none)
+        finish.write(tmp_path)  # the finish-first rule HAProxy loads
         config = render(fds, tmp_path, Control("127.0.0.1", 9000, 9001))
         (tmp_path / "h.cfg").write_text(config)
         check = subprocess.run(
