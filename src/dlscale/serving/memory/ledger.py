@@ -43,9 +43,11 @@ LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 #: loaded meanwhile holds its step).
 ROUNDS = 3
 #: Host memory of evicted models left with the allocator before it is handed back to the system
-#: (`measure.trim`): a share of the host budget, or a fixed amount without one. A trim at every
-#: eviction cost about 2 ms of CPU per load (the call, and the pages faulted back in by the next
-#: load), a fifth of a small model's load on demand (docs/memory.md).
+#: (`measure.trim`): a share of the host budget, and never less than a fixed amount (the amount
+#: alone without a budget). A trim at every eviction cost about 2 ms of CPU per load (the call,
+#: and the pages faulted back in by the next loads), a fifth of a small model's load on demand;
+#: under a small budget a quarter still trimmed every five loads of a 3 MiB model, and the
+#: faults cost ONNX Runtime's session twice its CPU (docs/memory.md, "The cycle of a load").
 TRIM_SHARE = 0.25
 TRIM_BYTES = 64 * 2**20
 
@@ -87,6 +89,11 @@ class MemoryLedger:
         self.ties: Callable[[], Ties] = lambda: (set(), {})
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.evictions = 0
+        #: Readings of the devices' memory taken around loads (two per load measured), and
+        #: the times freed memory was handed back to the system.
+        self.readings = 0
+        self.trims = 0
+        self._trimming: set[asyncio.Task[None]] = set()
         #: Host bytes of the models evicted since the last trim.
         self._untrimmed = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
@@ -277,27 +284,45 @@ class MemoryLedger:
         file has been measured fewer than `MEASURES` times, else the size known for its file."""
         floor, known, stamp = sizing
         alone = [t.entered for t in turns] if all(t.running == 1 for t in turns) else None
-        measuring = alone is not None and self._measures[stamp] < MEASURES
         trim = self._trim_due(known)
-        before: Footprint = {}
-        if measuring:
-            before = await asyncio.to_thread(_trim_and_read, trim, devices)
-        elif trim:
-            await asyncio.to_thread(measure.trim)
         # Memory freed and not handed back hides part of a load's growth: a size measured
         # over it may not lower the size known for the file (the allocator reused it).
         hidden = {"cpu"} if self._untrimmed and not trim else set()
+        measuring = (
+            alone is not None
+            and self._measures[stamp] < MEASURES
+            and _can_change(devices, known, hidden)
+        )
         self._untrimmed = 0 if trim else self._untrimmed
+        self.trims += trim
+        before: Footprint = {}
+        if measuring:
+            # A trim beside an earlier load that ended within this reading would hide growth.
+            await asyncio.gather(*self._trimming)
+            before = await asyncio.to_thread(_trim_and_read, trim, devices)
+            self.readings += 1
+        elif trim:
+            self._trim_beside()
         start = self.clock()
         served = await load()
         seconds = self.clock() - start
         if measuring and [t.entered for t in turns] == alone:
             after = await asyncio.to_thread(measure.read, devices)
+            self.readings += 1
             # A reading over freed memory not handed back keeps the known figure: not counted.
             self._measures[stamp] += not hidden
             return served, _growth(devices, before, after, floor, known, hidden), seconds
         # Not measured, or another load ran beside it: its growth is not its own alone.
         return served, _growth(devices, {}, {}, floor, known), seconds
+
+    def _trim_beside(self) -> None:
+        """Hand freed memory back in a thread beside this load, not before it: no reading
+        follows that it could distort, and the cold request does not wait for the trip (1 to
+        1.5 ms, one load in four or five on the bench). glibc's trim takes the allocator's
+        locks, so it is safe beside allocations; ctypes releases the GIL for it."""
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(measure.trim))
+        self._trimming.add(task)
+        task.add_done_callback(self._trimming.discard)
 
     def _trim_due(self, known: Footprint) -> bool:
         """Whether the memory of evicted models goes back to the system before this load's
@@ -306,7 +331,7 @@ class MemoryLedger:
         if not self._untrimmed:
             return False
         host = self.budget.get("cpu")
-        due = int(host * TRIM_SHARE) if host is not None else TRIM_BYTES
+        due = max(int(host * TRIM_SHARE), TRIM_BYTES) if host is not None else TRIM_BYTES
         return "cpu" not in known or self._untrimmed >= due
 
     async def _make_room(self, model: str, need: Footprint) -> None:
@@ -370,6 +395,14 @@ def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
     if trim:
         measure.trim()
     return measure.read(devices)
+
+
+def _can_change(devices: list[str], known: Footprint, hidden: set[str]) -> bool:
+    """Whether a reading around this load could change the size known for its file: not when
+    every device is one whose growth hides in freed memory and whose size is known (`_growth`
+    keeps the known size there). Such readings were most of them on the bench (freed memory is
+    handed back in batches), two trips to a thread per load for nothing (docs/memory.md)."""
+    return any(d not in hidden or d not in known for d in devices)
 
 
 def files_of(mv: ModelVersion) -> Files:
