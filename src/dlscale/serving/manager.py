@@ -19,7 +19,8 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.sources import ModelSource
 from dlscale.serving.caller import CallRoute
 from dlscale.serving.loading import Loader, close_version
-from dlscale.serving.memory.ledger import Files, MemoryLedger, files_of
+from dlscale.serving.memory.ledger import MemoryLedger
+from dlscale.serving.memory.versions import Files, files_of
 from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dlscale.hardware.nvml import Nvml
-from dlscale.serving.memory import ledger, measure
+from dlscale.serving.memory import ledger, measure, versions
 
 MiB = 2**20
 
@@ -93,7 +93,7 @@ def test_a_loads_figure_is_its_growth_corrected(
     grown: int, known: dict[str, int], expected: int
 ) -> None:
     floor = {"cpu": 10}
-    size = ledger._growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
+    size = versions.growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
     assert size == {"cpu": expected, "gpu0": 0}  # gpu0 unreadable and no files there
 
 
@@ -110,7 +110,7 @@ def test_a_growth_over_memory_not_handed_back_never_lowers_the_known_size(
     grown: int, known: dict[str, int], expected: int
 ) -> None:
     floor = {"cpu": 10}
-    size = ledger._growth(["cpu"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known, {"cpu"})
+    size = versions.growth(["cpu"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known, {"cpu"})
     assert size == {"cpu": expected}
 
 

@@ -25,13 +25,13 @@ from dlscale.serving.memory import measure
 from dlscale.serving.memory.policy import (
     MemoryFull,
     Resident,
-    TooLarge,
     make_room,
     refusal,
     shortfall,
 )
 from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
 from dlscale.serving.memory.turns import Turns
+from dlscale.serving.memory.versions import Files, Stamp, check_limit, files_of, growth
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.served import ServedVersion
 
@@ -61,10 +61,6 @@ PARALLEL = min(4, max(1, (os.cpu_count() or 2) // 2))
 MEASURES = 2
 
 Evict = Callable[[str, str], Awaitable[None]]
-#: A model file as it is now (version, size, modification time): what a known size belongs to.
-Stamp = tuple[str, int, int, int]
-#: The least a version holds (its files, per device) and its file's stamp.
-Files = tuple[Footprint, Stamp]
 #: The models something other than requests holds, and the adapters placed on each base.
 Ties = tuple[set[str], dict[str, set[str]]]
 
@@ -219,7 +215,7 @@ class MemoryLedger:
             finally:
                 self._unreserve(token)
             try:
-                _check_limit(mv, size, limit)
+                check_limit(mv, size, limit)
                 await self._make_room(mv.name, size)  # at once when it is within the reservation
             except DlscaleError:
                 await close(served)
@@ -311,9 +307,9 @@ class MemoryLedger:
             self.readings += 1
             # A reading over freed memory not handed back keeps the known figure: not counted.
             self._measures[stamp] += not hidden
-            return served, _growth(devices, before, after, floor, known, hidden), seconds
+            return served, growth(devices, before, after, floor, known, hidden), seconds
         # Not measured, or another load ran beside it: its growth is not its own alone.
-        return served, _growth(devices, {}, {}, floor, known), seconds
+        return served, growth(devices, {}, {}, floor, known), seconds
 
     def _trim_beside(self) -> None:
         """Hand freed memory back in a thread beside this load, not before it: no reading
@@ -399,70 +395,10 @@ def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
 
 def _can_change(devices: list[str], known: Footprint, hidden: set[str]) -> bool:
     """Whether a reading around this load could change the size known for its file: not when
-    every device is one whose growth hides in freed memory and whose size is known (`_growth`
+    every device is one whose growth hides in freed memory and whose size is known (`growth`
     keeps the known size there). Such readings were most of them on the bench (freed memory is
     handed back in batches), two trips to a thread per load for nothing (docs/memory.md)."""
     return any(d not in hidden or d not in known for d in devices)
-
-
-def files_of(mv: ModelVersion) -> Files:
-    """The version's files and its file's stamp (file system calls: off the event loop)."""
-    return _files(mv), _stamp(mv)
-
-
-def _stamp(mv: ModelVersion) -> Stamp:
-    """What a remembered size belongs to: the version and its model file as it is now."""
-    try:
-        stat = mv.model_file.stat()
-    except OSError:
-        return (mv.name, mv.version, 0, 0)
-    return (mv.name, mv.version, stat.st_size, stat.st_mtime_ns)
-
-
-def _files(mv: ModelVersion) -> Footprint:
-    """The least a load holds: the version's files, once per instance, on each device."""
-    size = measure.folder_bytes(mv.path)
-    out: Footprint = {}
-    for group in mv.config.instances:
-        key = device_key(group.device)
-        out[key] = out.get(key, 0) + size * group.count
-    return out
-
-
-def _growth(
-    devices: list[str],
-    before: Footprint,
-    after: Footprint,
-    floor: Footprint,
-    known: Footprint,
-    hidden: set[str] | frozenset[str] = frozenset(),
-) -> Footprint:
-    """The growth measured on each device, never below the files.
-
-    An allocator that reuses memory freed by an earlier unload shows less growth than the model
-    holds: a growth at or below the files keeps the size measured at an earlier load of the same
-    file, and so does any growth on the `hidden` devices (freed memory not handed back yet). A
-    larger growth replaces a larger earlier one (the first load in a process also paid the
-    runtime's one-time set-up)."""
-    out: Footprint = {}
-    for d in devices:
-        grown = after[d] - before[d] if d in before and d in after else 0
-        if d in hidden and d in known:
-            out[d] = max(known[d], floor.get(d, 0))
-        elif grown <= floor.get(d, 0):
-            out[d] = max(known.get(d, 0), floor.get(d, 0))
-        else:
-            out[d] = min(grown, known[d]) if d in known else grown
-    return out
-
-
-def _check_limit(mv: ModelVersion, size: Footprint, limit: Footprint) -> None:
-    over = {d: size.get(d, 0) for d, cap in limit.items() if size.get(d, 0) > cap}
-    if over:
-        raise TooLarge(
-            f"model {mv.name!r} version {mv.version} holds {show_all(over)} once loaded, above "
-            f"its config's memory limit of {show_all({d: limit[d] for d in over})}"
-        )
 
 
 class _Using:
