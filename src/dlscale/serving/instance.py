@@ -137,6 +137,13 @@ class Instance:
         is called at once from another thread: a hung model's worker is killed, and its batch
         fails. The unload itself (a model's finalize) is never cut short by the grace.
         """
+        if self.slots == 1 and (grace_s is None or not self.stops_batches):
+            # One trip: the thread takes one call at a time, so the unload runs after the batch
+            # running there without a trip to wait for it first; each eviction of a load on
+            # demand paid that trip on the cold request's path (docs/memory.md).
+            await self.call(self.backend.unload)
+            self._executor.shutdown(wait=False)
+            return
         drained = asyncio.ensure_future(self.call(_nothing))
         if grace_s is not None and self.stops_batches:
             done, _ = await asyncio.wait([drained], timeout=grace_s)

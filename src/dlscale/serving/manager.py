@@ -19,7 +19,8 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.sources import ModelSource
 from dlscale.serving.caller import CallRoute
 from dlscale.serving.loading import Loader, close_version
-from dlscale.serving.memory.ledger import Files, MemoryLedger, files_of
+from dlscale.serving.memory.ledger import MemoryLedger
+from dlscale.serving.memory.versions import Files, files_of
 from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion
@@ -288,12 +289,13 @@ class ModelManager:
 
     def pipelines_using(self, name: str) -> list[str]:
         """The loaded pipelines that have `name` as a step model."""
-        return [
+        # Not through `entries()`: each eviction asks, and sorting every model's entry for a
+        # list that is almost always empty was O(n log n) on the event loop per load.
+        return sorted(
             e.name
-            for e in self.entries()
-            for v in list(e.versions.values())[:1]
-            if name in v.runner.models
-        ]
+            for e in self._entries.values()
+            if e.versions and name in next(iter(e.versions.values())).runner.models
+        )
 
     def _reporter(self, name: str, serial: int) -> FailureReport:
         """How the backends of one load report that they can no longer serve (from any thread):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dlscale.hardware.nvml import Nvml
-from dlscale.serving.memory import ledger, measure
+from dlscale.serving.memory import ledger, measure, versions
 
 MiB = 2**20
 
@@ -93,7 +93,7 @@ def test_a_loads_figure_is_its_growth_corrected(
     grown: int, known: dict[str, int], expected: int
 ) -> None:
     floor = {"cpu": 10}
-    size = ledger._growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
+    size = versions.growth(["cpu", "gpu0"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known)
     assert size == {"cpu": expected, "gpu0": 0}  # gpu0 unreadable and no files there
 
 
@@ -110,17 +110,21 @@ def test_a_growth_over_memory_not_handed_back_never_lowers_the_known_size(
     grown: int, known: dict[str, int], expected: int
 ) -> None:
     floor = {"cpu": 10}
-    size = ledger._growth(["cpu"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known, {"cpu"})
+    size = versions.growth(["cpu"], {"cpu": 100}, {"cpu": 100 + grown}, floor, known, {"cpu"})
     assert size == {"cpu": expected}
 
 
 @pytest.mark.parametrize(
     ("budget", "untrimmed", "known", "due"),
     [
-        ({"cpu": 100}, 0, {}, False),  # nothing freed: nothing to hand back
-        ({"cpu": 100}, 10, {"cpu": 5}, False),  # a known size: freed memory may wait
-        ({"cpu": 100}, 25, {"cpu": 5}, True),  # a quarter of the budget has gathered
-        ({"cpu": 100}, 1, {}, True),  # a first measurement: its growth must not hide
+        ({"cpu": 1000 * MiB}, 0, {}, False),  # nothing freed: nothing to hand back
+        ({"cpu": 1000 * MiB}, 10 * MiB, {"cpu": 5}, False),  # a known size: freed memory waits
+        ({"cpu": 1000 * MiB}, 250 * MiB, {"cpu": 5}, True),  # a quarter of the budget gathered
+        ({"cpu": 1000 * MiB}, 1, {}, True),  # a first measurement: its growth must not hide
+        # A small budget: never less than the fixed amount (a quarter of 100 MiB trimmed every
+        # few loads, and the next loads faulted the pages back in).
+        ({"cpu": 100 * MiB}, 25 * MiB, {"cpu": 5}, False),
+        ({"cpu": 100 * MiB}, ledger.TRIM_BYTES, {"cpu": 5}, True),
         ({}, ledger.TRIM_BYTES - 1, {"cpu": 5}, False),  # no host budget: a fixed amount
         ({}, ledger.TRIM_BYTES, {"cpu": 5}, True),
     ],

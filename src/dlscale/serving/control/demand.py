@@ -126,7 +126,7 @@ class OnDemand:
 
     async def _load(self, name: str) -> None:
         async with self._gate:
-            if name in self.manager.ready_names():
+            if self.manager.state(name) is ModelState.READY:
                 return  # loaded meanwhile (by the API, or a pipeline that uses it)
             self.loads += 1
             self._started.add(name)

@@ -25,13 +25,13 @@ from dlscale.serving.memory import measure
 from dlscale.serving.memory.policy import (
     MemoryFull,
     Resident,
-    TooLarge,
     make_room,
     refusal,
     shortfall,
 )
 from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
 from dlscale.serving.memory.turns import Turns
+from dlscale.serving.memory.versions import Files, Stamp, check_limit, files_of, growth
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.served import ServedVersion
 
@@ -43,9 +43,11 @@ LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 #: loaded meanwhile holds its step).
 ROUNDS = 3
 #: Host memory of evicted models left with the allocator before it is handed back to the system
-#: (`measure.trim`): a share of the host budget, or a fixed amount without one. A trim at every
-#: eviction cost about 2 ms of CPU per load (the call, and the pages faulted back in by the next
-#: load), a fifth of a small model's load on demand (docs/memory.md).
+#: (`measure.trim`): a share of the host budget, and never less than a fixed amount (the amount
+#: alone without a budget). A trim at every eviction cost about 2 ms of CPU per load (the call,
+#: and the pages faulted back in by the next loads), a fifth of a small model's load on demand;
+#: under a small budget a quarter still trimmed every five loads of a 3 MiB model, and the
+#: faults cost ONNX Runtime's session twice its CPU (docs/memory.md, "The cycle of a load").
 TRIM_SHARE = 0.25
 TRIM_BYTES = 64 * 2**20
 
@@ -59,10 +61,6 @@ PARALLEL = min(4, max(1, (os.cpu_count() or 2) // 2))
 MEASURES = 2
 
 Evict = Callable[[str, str], Awaitable[None]]
-#: A model file as it is now (version, size, modification time): what a known size belongs to.
-Stamp = tuple[str, int, int, int]
-#: The least a version holds (its files, per device) and its file's stamp.
-Files = tuple[Footprint, Stamp]
 #: The models something other than requests holds, and the adapters placed on each base.
 Ties = tuple[set[str], dict[str, set[str]]]
 
@@ -87,6 +85,11 @@ class MemoryLedger:
         self.ties: Callable[[], Ties] = lambda: (set(), {})
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.evictions = 0
+        #: Readings of the devices' memory taken around loads (two per load measured), and
+        #: the times freed memory was handed back to the system.
+        self.readings = 0
+        self.trims = 0
+        self._trimming: set[asyncio.Task[None]] = set()
         #: Host bytes of the models evicted since the last trim.
         self._untrimmed = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
@@ -212,7 +215,7 @@ class MemoryLedger:
             finally:
                 self._unreserve(token)
             try:
-                _check_limit(mv, size, limit)
+                check_limit(mv, size, limit)
                 await self._make_room(mv.name, size)  # at once when it is within the reservation
             except DlscaleError:
                 await close(served)
@@ -277,27 +280,45 @@ class MemoryLedger:
         file has been measured fewer than `MEASURES` times, else the size known for its file."""
         floor, known, stamp = sizing
         alone = [t.entered for t in turns] if all(t.running == 1 for t in turns) else None
-        measuring = alone is not None and self._measures[stamp] < MEASURES
         trim = self._trim_due(known)
-        before: Footprint = {}
-        if measuring:
-            before = await asyncio.to_thread(_trim_and_read, trim, devices)
-        elif trim:
-            await asyncio.to_thread(measure.trim)
         # Memory freed and not handed back hides part of a load's growth: a size measured
         # over it may not lower the size known for the file (the allocator reused it).
         hidden = {"cpu"} if self._untrimmed and not trim else set()
+        measuring = (
+            alone is not None
+            and self._measures[stamp] < MEASURES
+            and _can_change(devices, known, hidden)
+        )
         self._untrimmed = 0 if trim else self._untrimmed
+        self.trims += trim
+        before: Footprint = {}
+        if measuring:
+            # A trim beside an earlier load that ended within this reading would hide growth.
+            await asyncio.gather(*self._trimming)
+            before = await asyncio.to_thread(_trim_and_read, trim, devices)
+            self.readings += 1
+        elif trim:
+            self._trim_beside()
         start = self.clock()
         served = await load()
         seconds = self.clock() - start
         if measuring and [t.entered for t in turns] == alone:
             after = await asyncio.to_thread(measure.read, devices)
+            self.readings += 1
             # A reading over freed memory not handed back keeps the known figure: not counted.
             self._measures[stamp] += not hidden
-            return served, _growth(devices, before, after, floor, known, hidden), seconds
+            return served, growth(devices, before, after, floor, known, hidden), seconds
         # Not measured, or another load ran beside it: its growth is not its own alone.
-        return served, _growth(devices, {}, {}, floor, known), seconds
+        return served, growth(devices, {}, {}, floor, known), seconds
+
+    def _trim_beside(self) -> None:
+        """Hand freed memory back in a thread beside this load, not before it: no reading
+        follows that it could distort, and the cold request does not wait for the trip (1 to
+        1.5 ms, one load in four or five on the bench). glibc's trim takes the allocator's
+        locks, so it is safe beside allocations; ctypes releases the GIL for it."""
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(measure.trim))
+        self._trimming.add(task)
+        task.add_done_callback(self._trimming.discard)
 
     def _trim_due(self, known: Footprint) -> bool:
         """Whether the memory of evicted models goes back to the system before this load's
@@ -306,7 +327,7 @@ class MemoryLedger:
         if not self._untrimmed:
             return False
         host = self.budget.get("cpu")
-        due = int(host * TRIM_SHARE) if host is not None else TRIM_BYTES
+        due = max(int(host * TRIM_SHARE), TRIM_BYTES) if host is not None else TRIM_BYTES
         return "cpu" not in known or self._untrimmed >= due
 
     async def _make_room(self, model: str, need: Footprint) -> None:
@@ -372,64 +393,12 @@ def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
     return measure.read(devices)
 
 
-def files_of(mv: ModelVersion) -> Files:
-    """The version's files and its file's stamp (file system calls: off the event loop)."""
-    return _files(mv), _stamp(mv)
-
-
-def _stamp(mv: ModelVersion) -> Stamp:
-    """What a remembered size belongs to: the version and its model file as it is now."""
-    try:
-        stat = mv.model_file.stat()
-    except OSError:
-        return (mv.name, mv.version, 0, 0)
-    return (mv.name, mv.version, stat.st_size, stat.st_mtime_ns)
-
-
-def _files(mv: ModelVersion) -> Footprint:
-    """The least a load holds: the version's files, once per instance, on each device."""
-    size = measure.folder_bytes(mv.path)
-    out: Footprint = {}
-    for group in mv.config.instances:
-        key = device_key(group.device)
-        out[key] = out.get(key, 0) + size * group.count
-    return out
-
-
-def _growth(
-    devices: list[str],
-    before: Footprint,
-    after: Footprint,
-    floor: Footprint,
-    known: Footprint,
-    hidden: set[str] | frozenset[str] = frozenset(),
-) -> Footprint:
-    """The growth measured on each device, never below the files.
-
-    An allocator that reuses memory freed by an earlier unload shows less growth than the model
-    holds: a growth at or below the files keeps the size measured at an earlier load of the same
-    file, and so does any growth on the `hidden` devices (freed memory not handed back yet). A
-    larger growth replaces a larger earlier one (the first load in a process also paid the
-    runtime's one-time set-up)."""
-    out: Footprint = {}
-    for d in devices:
-        grown = after[d] - before[d] if d in before and d in after else 0
-        if d in hidden and d in known:
-            out[d] = max(known[d], floor.get(d, 0))
-        elif grown <= floor.get(d, 0):
-            out[d] = max(known.get(d, 0), floor.get(d, 0))
-        else:
-            out[d] = min(grown, known[d]) if d in known else grown
-    return out
-
-
-def _check_limit(mv: ModelVersion, size: Footprint, limit: Footprint) -> None:
-    over = {d: size.get(d, 0) for d, cap in limit.items() if size.get(d, 0) > cap}
-    if over:
-        raise TooLarge(
-            f"model {mv.name!r} version {mv.version} holds {show_all(over)} once loaded, above "
-            f"its config's memory limit of {show_all({d: limit[d] for d in over})}"
-        )
+def _can_change(devices: list[str], known: Footprint, hidden: set[str]) -> bool:
+    """Whether a reading around this load could change the size known for its file: not when
+    every device is one whose growth hides in freed memory and whose size is known (`growth`
+    keeps the known size there). Such readings were most of them on the bench (freed memory is
+    handed back in batches), two trips to a thread per load for nothing (docs/memory.md)."""
+    return any(d not in hidden or d not in known for d in devices)
 
 
 class _Using:

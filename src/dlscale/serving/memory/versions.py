@@ -1,0 +1,74 @@
+"""What a model version holds: its files, its file's stamp, and the growth read at its load."""
+
+from __future__ import annotations
+
+from dlscale.models.repository import ModelVersion
+from dlscale.serving.memory import measure
+from dlscale.serving.memory.policy import TooLarge
+from dlscale.serving.memory.sizes import Footprint, device_key, show_all
+
+#: A model file as it is now (version, size, modification time): what a known size belongs to.
+Stamp = tuple[str, int, int, int]
+#: The least a version holds (its files, per device) and its file's stamp.
+Files = tuple[Footprint, Stamp]
+
+
+def files_of(mv: ModelVersion) -> Files:
+    """The version's files and its file's stamp (file system calls: off the event loop)."""
+    return _files(mv), _stamp(mv)
+
+
+def _stamp(mv: ModelVersion) -> Stamp:
+    """What a remembered size belongs to: the version and its model file as it is now."""
+    try:
+        stat = mv.model_file.stat()
+    except OSError:
+        return (mv.name, mv.version, 0, 0)
+    return (mv.name, mv.version, stat.st_size, stat.st_mtime_ns)
+
+
+def _files(mv: ModelVersion) -> Footprint:
+    """The least a load holds: the version's files, once per instance, on each device."""
+    size = measure.folder_bytes(mv.path)
+    out: Footprint = {}
+    for group in mv.config.instances:
+        key = device_key(group.device)
+        out[key] = out.get(key, 0) + size * group.count
+    return out
+
+
+def growth(
+    devices: list[str],
+    before: Footprint,
+    after: Footprint,
+    floor: Footprint,
+    known: Footprint,
+    hidden: set[str] | frozenset[str] = frozenset(),
+) -> Footprint:
+    """The growth measured on each device, never below the files.
+
+    An allocator that reuses memory freed by an earlier unload shows less growth than the model
+    holds: a growth at or below the files keeps the size measured at an earlier load of the same
+    file, and so does any growth on the `hidden` devices (freed memory not handed back yet). A
+    larger growth replaces a larger earlier one (the first load in a process also paid the
+    runtime's one-time set-up)."""
+    out: Footprint = {}
+    for d in devices:
+        grown = after[d] - before[d] if d in before and d in after else 0
+        if d in hidden and d in known:
+            out[d] = max(known[d], floor.get(d, 0))
+        elif grown <= floor.get(d, 0):
+            out[d] = max(known.get(d, 0), floor.get(d, 0))
+        else:
+            out[d] = min(grown, known[d]) if d in known else grown
+    return out
+
+
+def check_limit(mv: ModelVersion, size: Footprint, limit: Footprint) -> None:
+    """TooLarge when the size is above the model's own limit on any device."""
+    over = {d: size.get(d, 0) for d, cap in limit.items() if size.get(d, 0) > cap}
+    if over:
+        raise TooLarge(
+            f"model {mv.name!r} version {mv.version} holds {show_all(over)} once loaded, above "
+            f"its config's memory limit of {show_all({d: limit[d] for d in over})}"
+        )
