@@ -66,6 +66,12 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
         help="predict every engine as one pass per burst's prompts and per-sequence attention "
         "(the model before the engine's scheduling was counted)",
     )
+    p.add_argument(
+        "--kernels",
+        action=argparse.BooleanOptionalAction,
+        help="time the engine's matrix products alone at each model's shapes and price each "
+        "pass's weights by them (default on a CPU; --no-kernels: the roofline's MBU and MFU)",
+    )
     p.add_argument("--from", dest="source", type=Path, help="an earlier run's measured.json")
     p.add_argument("--out", type=Path)
     return p
