@@ -65,7 +65,7 @@ from dlscale.plan.llm_calibrate import (
 )
 from dlscale.plan.llm_calibrate import Measured as Fitted
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
-from dlscale.plan.llm_kernels import KernelCurve, Kernels
+from dlscale.plan.llm_kernels import KernelCurve, Kernels, write_kernels
 from dlscale.plan.llm_passes import Pass, Scheduling, burst, tpot_weights, ttft_weights
 
 #: The share a prediction may miss by (issue 25: "checked against measured runs within 20%").
@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         device = plan_device(args)
         rows, configs, kernels = measure_all(args)
         kept = {"rows": [asdict(r) for r in rows], "configs": configs, "engine": args.engine}
+        for name, timed_alone in kernels.items():  # for `dlscale plan serve --kernels`
+            write_kernels(timed_alone, out / f"kernels-{name}.json")
         if kernels:
             kept["kernels"] = {
                 name: {"layers": k.layers.as_lists(), "head": k.head.as_lists()}

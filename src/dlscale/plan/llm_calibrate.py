@@ -21,7 +21,6 @@ from dlscale.plan.llm_passes import Pass
 VECTOR, MATRIX, COMPUTE, PER_SEQUENCE, PER_LAYER, PER_REQUEST, KERNEL, PER_BURST = range(8)
 _HOST = (PER_SEQUENCE, PER_LAYER, PER_REQUEST)
 _EVERY_HOST = (*_HOST, PER_BURST)
-_ROOFLINE = [VECTOR, MATRIX, COMPUTE]
 
 
 class AboveCeiling(PlanError):
@@ -80,10 +79,11 @@ def fit(
     fitted (the others are 0). A host column solved below 0 (host work within the noise of
     nothing) is dropped and the rest fitted again. `model` gives the device's peaks.
 
-    With measured kernels (the models' `kernels`) their share is fitted in place of the MBU
-    and MFU, and the rest of each pass (KV-cache reads, attention) is priced at the device's
-    figures as `model`'s efficiency gives them: on a short context the rest is a few percent
-    of a pass, too little to fit a share of its own from.
+    With measured kernels (the models' `kernels`) their share is fitted in place of the
+    weights' MBU and MFU, with the MBU of the rest of each pass's bytes (KV-cache reads, dense
+    attention's copies: a large share of a batch of 16 under a mask) where the runs tell it
+    (else the device's, as `model`'s efficiency gives it), and attention's FLOPs at the
+    device's peak (a few percent of a pass at these contexts, too little to fit from).
     """
     rows = []
     for on, m in measured:
@@ -94,18 +94,24 @@ def fit(
     system = np.array(rows)
     ones = np.ones(len(rows))
     kernels = bool(system[:, KERNEL].any())
-    if kernels:  # the rest at the given figures: what is left of each time is to be fitted
-        ones -= system[:, _ROOFLINE].sum(axis=1)
-        columns = [KERNEL, *host]
+    if not vector or kernels:
+        system[:, MATRIX] += system[:, VECTOR]
+    if kernels:  # attention's FLOPs at the device's peak: what is left is to be fitted
+        ones -= system[:, COMPUTE]
+        columns = [KERNEL, MATRIX, *host]
     else:
-        if not vector:
-            system[:, MATRIX] += system[:, VECTOR]
         columns = [MATRIX, COMPUTE, *host] + ([VECTOR] if vector else [])
     while True:
         if np.linalg.matrix_rank(system[:, columns]) < len(columns):
             raise PlanError("the measured runs do not tell the terms apart (same batch twice?)")
         solved = np.linalg.lstsq(system[:, columns], ones, rcond=None)[0]
         found = dict(zip(columns, (float(v) for v in solved), strict=True))
+        if kernels and found.get(MATRIX, 1.0) < 1:
+            # Reads faster than the device's bandwidth: too few bytes beside the kernels to
+            # tell their rate (per-sequence attention on short contexts); at the device's.
+            columns.remove(MATRIX)
+            ones -= system[:, MATRIX]
+            continue
         below = [c for c in _EVERY_HOST if found.get(c, 0.0) < 0]
         if not below:
             break
@@ -180,7 +186,7 @@ def _efficiency(
 def _kernel_efficiency(
     solved: dict[int, float], given: Efficiency, times: list[float]
 ) -> Efficiency:
-    """The kernels' share and host times solved, the rest's MBU and MFU as given."""
+    """The kernels' share, the rest's MBU (where solved) and the host times; the MFU given."""
     if solved[KERNEL] <= 0:
         raise PlanError(
             f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive share of the "
@@ -188,7 +194,7 @@ def _kernel_efficiency(
         )
     host = {c: solved.get(c, 0.0) for c in _EVERY_HOST}
     return Efficiency(
-        given.mbu,
+        1 / solved[MATRIX] if MATRIX in solved else given.mbu,
         given.mfu,
         host[PER_SEQUENCE],
         host_s_per_layer=host[PER_LAYER],

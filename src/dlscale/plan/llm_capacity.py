@@ -305,6 +305,8 @@ def plan_device(
         basis += f", host {eff.host_s_per_layer * 1e6:.3g} us/layer per pass"
     if eff.host_s_per_request:
         basis += f", host {eff.host_s_per_request * 1e6:.3g} us/request"
+    if model.kernels is not None:
+        basis = f"weights' products as timed (share {eff.kernel_share:.3g}), " + basis
     if model.scheduling.step_tokens is not None:
         basis += f", {model.scheduling.step_tokens} tokens per pass"
     if model.scheduling.dense_attention:

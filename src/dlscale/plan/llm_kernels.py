@@ -12,8 +12,11 @@ the weights streamed from memory as a forward pass streams them, replaces a per-
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +75,33 @@ class Kernels:
     def seconds(self, work: Pass) -> float:
         """Seconds of a pass's products, as measured."""
         return self.layers.at(work.tokens) + self.head.at(work.sequences)
+
+
+#: A kernels file larger than this holds no curves (they are a few hundred bytes).
+MAX_KERNELS_BYTES = 1 << 20
+
+
+def read_kernels(path: Path) -> Kernels:
+    """The curves in a JSON file (`{"layers": [rows, seconds], "head": [rows, seconds]}`, as
+    benchmarks/plan_llm_check.py writes them); a PlanError says what is wrong."""
+    try:
+        if path.stat().st_size > MAX_KERNELS_BYTES:
+            raise PlanError(f"{path}: {path.stat().st_size} bytes is not a kernels file")
+        raw: Any = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PlanError(f"cannot read {path}: {exc}") from None
+    try:
+        return Kernels(KernelCurve.from_lists(raw["layers"]), KernelCurve.from_lists(raw["head"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(
+            f"{path}: want {{'layers': [rows, seconds], 'head': [rows, seconds]}} ({exc!r})"
+        ) from None
+
+
+def write_kernels(kernels: Kernels, path: Path) -> None:
+    """The curves as read_kernels reads them."""
+    kept = {"layers": kernels.layers.as_lists(), "head": kernels.head.as_lists()}
+    path.write_text(json.dumps(kept))
 
 
 def layer_products(shape: DecoderShape, fused: bool) -> list[tuple[int, int]]:

@@ -5,9 +5,11 @@ calibrated from two model sizes."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from dlscale.cli import main
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.plan.llm import DecoderShape, from_config
@@ -20,7 +22,13 @@ from dlscale.plan.llm_calibrate import (
     fit,
 )
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
-from dlscale.plan.llm_kernels import KernelCurve, Kernels, layer_products
+from dlscale.plan.llm_kernels import (
+    KernelCurve,
+    Kernels,
+    layer_products,
+    read_kernels,
+    write_kernels,
+)
 from dlscale.plan.llm_passes import Pass, Scheduling, burst, tpot_weights, ttft_weights
 
 #: 2 layers of 64, 4 heads of 16 (2 KV heads), MLP 128, 100 ids (test_llm_passes.py's).
@@ -125,7 +133,7 @@ def test_a_kernel_slower_at_two_rows_than_at_four_makes_batch_two_the_slower_ste
 
 
 def test_two_sizes_calibrate_the_kernels_share_and_the_hosts_times() -> None:
-    truth = Efficiency(1.0, 1.0, 2e-4, None, 5e-4, 1e-3, kernel_share=0.8, host_s_per_burst=2e-3)
+    truth = Efficiency(0.5, 1.0, 2e-4, None, 5e-4, 1e-3, kernel_share=0.8, host_s_per_burst=2e-3)
     larger = KernelCurve(TORCH_LIKE.rows, tuple(3 * s for s in TORCH_LIKE.seconds))
     measured = []
     for config, curve in ((SMALL, TORCH_LIKE), (LARGER, larger)):
@@ -142,9 +150,59 @@ def test_two_sizes_calibrate_the_kernels_share_and_the_hosts_times() -> None:
                 seconds += requests * truth.host_s_per_request + bursts * truth.host_s_per_burst
                 measured.append((base, Measured(done.passes, seconds, weights, requests, bursts)))
     got = fit(measured[0][0], measured, host=(PER_SEQUENCE, PER_LAYER, PER_REQUEST, PER_BURST))
-    assert (got.mbu, got.mfu, got.mbu_vector) == (1.0, 1.0, None)
+    # The rest's reads (dense attention's copies of the keys) at their own MBU; its FLOPs at
+    # the device's peak.
+    assert (got.mbu, got.mfu, got.mbu_vector) == (pytest.approx(0.5, rel=1e-6), 1.0, None)
     assert got.kernel_share == pytest.approx(0.8, rel=1e-6)
     hosts = (got.host_s_per_token, got.host_s_per_layer, got.host_s_per_request)
     assert (*hosts, got.host_s_per_burst) == pytest.approx((2e-4, 5e-4, 1e-3, 2e-3), rel=1e-6)
     with pytest.raises(PlanError, match="per burst"):
         Efficiency(host_s_per_burst=-1e-3)
+
+
+def test_plan_serve_prices_the_weights_by_a_kernels_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "kernels.json"
+    write_kernels(Kernels(TORCH_LIKE, HEAD), path)
+    assert read_kernels(path) == Kernels(TORCH_LIKE, HEAD)
+    argv = ["plan", "serve", "--model", "llama-small", "--rate", "5", "--isl", "64", "--osl", "16"]
+    argv += ["--devices", "H100-SXM", "--kernels", str(path), "--kernel-share", "0.5"]
+    assert main(argv) == 0
+    assert "weights' products as timed (share 0.5)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("not json", "cannot read"),
+        ('{"layers": [[1, 2], [0.1, 0.2]]}', "want"),
+        ('{"layers": [[2, 4], [0.1, 0.2]], "head": [[1, 2], [0.1, 0.2]]}', "ascend from 1"),
+        ('{"layers": 3, "head": [[1, 2], [0.1, 0.2]]}', "want"),
+    ],
+)
+def test_a_kernels_file_that_holds_no_curves_is_refused_with_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, why: str
+) -> None:
+    path = tmp_path / "kernels.json"
+    path.write_text(text)
+    argv = ["plan", "serve", "--model", "llama-small", "--rate", "5", "--isl", "64", "--osl", "16"]
+    assert main([*argv, "--devices", "H100-SXM", "--kernels", str(path)]) != 0
+    assert why in capsys.readouterr().err
+
+
+def test_reads_faster_than_the_device_allows_are_priced_at_the_devices_bandwidth() -> None:
+    # Measured on a device of 2 GB/s, fitted against one of 1 GB/s: the rest's reads would
+    # need an MBU of 2, so they stay at the device's figure and the kernels carry the fit.
+    truth = Efficiency(1.0, 1.0, 2e-4, None, 5e-4, kernel_share=0.8)
+    faster = replace(CPU, memory_bandwidth=2e9)
+    measured = []
+    for config in (SMALL, LARGER):
+        made = DecoderOnDevice(shape(config), faster, truth, kernels=Kernels(TORCH_LIKE, HEAD))
+        base = replace(made, device=CPU, efficiency=Efficiency(1.0, 1.0))
+        for batch in (1, 4, 16):
+            work = Pass.decode(batch, 72)
+            measured.append((base, Measured([work], made.pass_s(work))))
+    got = fit(measured[0][0], measured, host=(PER_SEQUENCE, PER_LAYER))
+    assert got.mbu == 1.0
+    assert 0 < got.kernel_share <= 4
