@@ -15,7 +15,11 @@ The plan (`dlscale.plan.llm_capacity`) reads the folder's config.json and the de
 on the CPU the FLOP/s and memory bandwidth torch reaches here on --threads cores (a 512^3
 product, a sum over 256 MiB); on a GPU its catalog entry. Each measured burst is predicted as
 the engine schedules it (`dlscale.plan.llm_passes`: its token budget per pass, its attention).
-The efficiencies and host times are calibrated once, on the --calibrate-on models
+On a CPU (--kernels, the default there) each model's weight products are first timed alone on
+the engine's kernel at its shapes (benchmarks/harness/kernel_curves.py) and price each pass's
+weights; the kernels' share replaces the MBU and MFU in the fit (OUT/kernels-MODEL.json for
+`dlscale plan serve --kernels`). The efficiencies and host times are calibrated once, on the
+--calibrate-on models
 (`dlscale.plan.llm_calibrate.fit`: TPOT at batch 1, --matrix-batch and --calibrate-batch, TTFT
 at batch 1 and --calibrate-batch), and every other (model, batch) is predicted; the catalog
 defaults (MBU 0.9, MFU 0.8, no host time) are predicted beside. A prediction within 20% of the
