@@ -134,10 +134,14 @@ def scheduling(args: argparse.Namespace) -> Scheduling:
     default, a prompt split across passes) and runs SDPA over the whole pass under a mask;
     vLLM's CPU budget (2048 tokens as a server) holds the largest burst checked here (16 x 65)
     and its attention is per sequence; the model's forward prefills the padded batch at once.
+    --first-pass-requests N: an idle engine's first pass holds the first N requests only.
     """
-    if args.engine == "backend" and not args.one_pass:
-        return Scheduling(CPU_BATCH_TOKENS if args.device == "cpu" else None, True)
-    return Scheduling()
+    if args.one_pass:
+        return Scheduling()
+    first = args.first_pass_requests
+    if args.engine == "backend":
+        return Scheduling(CPU_BATCH_TOKENS if args.device == "cpu" else None, True, first)
+    return Scheduling(first_pass_requests=first)
 
 
 def timed(on_device: DecoderOnDevice, passes: list[Pass], weights: list[float]) -> float:
