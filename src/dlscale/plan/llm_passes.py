@@ -53,13 +53,14 @@ class Scheduling:
     """How an engine forms its passes: the tokens one pass takes at most (None: no limit, a
     prompt is prefilled in one pass), and whether attention runs over every key the pass reads
     (transformers' SDPA/eager paged path: one masked attention over the whole batch) rather
-    than over each sequence's own (paged or varlen kernels: vLLM, FlashAttention)."""
+    than over each sequence's own (paged or varlen kernels: vLLM, FlashAttention), and how
+    many of a burst's requests an idle engine's first pass holds."""
 
     step_tokens: int | None = None
     dense_attention: bool = False
     #: The requests of a burst an idle engine's first pass holds (None: all of them). vLLM's
     #: engine core steps as soon as one request is in, while its client sends the others one
-    #: by one: its first pass held the first prompt alone in 11 of 12 bursts, the rest joining
+    #: by one: its first pass held the first prompt alone in 9 of 12 bursts (twice), the rest joining
     #: the second (BENCHMARKS.md, "Generative plan: measured kernels and the burst's wake-up").
     first_pass_requests: int | None = None
 
