@@ -60,8 +60,9 @@ class Scheduling:
     dense_attention: bool = False
     #: The requests of a burst an idle engine's first pass holds (None: all of them). vLLM's
     #: engine core steps as soon as one request is in, while its client sends the others one
-    #: by one: its first pass held the first prompt alone in 9 of 12 bursts (twice), the rest joining
-    #: the second (BENCHMARKS.md, "Generative plan: measured kernels and the burst's wake-up").
+    #: by one: its first pass held the first prompt alone in 9 of 12 bursts (twice), the rest
+    #: joining the second (BENCHMARKS.md, "Generative plan: measured kernels and the burst's
+    #: wake-up").
     first_pass_requests: int | None = None
 
     def __post_init__(self) -> None:
