@@ -360,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         configs = kept["configs"]
         device = plan_device(args, kept["bandwidth"], kept.get("peaks"))
         args.kernels = args.kernels and "kernels" in kept  # a run before them: the roofline
-        kernels = read_kernels(kept) if args.kernels else {}
+        kernels = (
+            {name: Kernels.from_dict(k) for name, k in kept["kernels"].items()}
+            if args.kernels
+            else {}
+        )
     else:
         device = plan_device(args)
         rows, configs, kernels = measure_all(args)
@@ -368,10 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, timed_alone in kernels.items():  # for `dlscale plan serve --kernels`
             write_kernels(timed_alone, out / f"kernels-{name}.json")
         if kernels:
-            kept["kernels"] = {
-                name: {"layers": k.layers.as_lists(), "head": k.head.as_lists()}
-                for name, k in kernels.items()
-            }
+            kept["kernels"] = {name: k.as_dict() for name, k in kernels.items()}
         kept["bandwidth"] = device.memory_bandwidth
         kept["peaks"] = (
             {p: device.dense[p] for p, _ in _precisions(args)} if device.kind == "cpu" else None
@@ -433,14 +434,6 @@ def measure_all(
                 print(f"  {name}: products timed alone, {_curve(kernels[name].layers)}")
             rows += measure_engine(args.engine)(name, folder, args)
     return rows, configs, kernels
-
-
-def read_kernels(kept: dict[str, Any]) -> dict[str, Kernels]:
-    """The curves a run's measured.json kept."""
-    return {
-        name: Kernels(KernelCurve.from_lists(k["layers"]), KernelCurve.from_lists(k["head"]))
-        for name, k in kept["kernels"].items()
-    }
 
 
 def _curve(curve: KernelCurve) -> str:

@@ -82,8 +82,8 @@ def fit(
     With measured kernels (the models' `kernels`) their share is fitted in place of the
     weights' MBU and MFU, with the MBU of the rest of each pass's bytes (KV-cache reads, dense
     attention's copies: a large share of a batch of 16 under a mask) where the runs tell it
-    (else the device's, as `model`'s efficiency gives it), and attention's FLOPs at the
-    device's peak (a few percent of a pass at these contexts, too little to fit from).
+    (else 1: the device's bandwidth), and attention's FLOPs at the device's peak (MFU 1: a
+    few percent of a pass at these contexts, too little to fit from).
     """
     rows = []
     for on, m in measured:
@@ -117,7 +117,7 @@ def fit(
             break
         columns.remove(min(below, key=lambda c: found[c]))
     if kernels:
-        return _kernel_efficiency(found, model.efficiency, [m.seconds for _, m in measured])
+        return _kernel_efficiency(found, [m.seconds for _, m in measured])
     bandwidth = model.bandwidth / model.efficiency.mbu
     peak = model.compute / model.efficiency.mfu
     return _efficiency(found, [m.seconds for _, m in measured], bandwidth, peak)
@@ -183,10 +183,8 @@ def _efficiency(
     )
 
 
-def _kernel_efficiency(
-    solved: dict[int, float], given: Efficiency, times: list[float]
-) -> Efficiency:
-    """The kernels' share, the rest's MBU (where solved) and the host times; the MFU given."""
+def _kernel_efficiency(solved: dict[int, float], times: list[float]) -> Efficiency:
+    """The kernels' share, the rest's MBU (where solved, else 1) and the host times; MFU 1."""
     if solved[KERNEL] <= 0:
         raise PlanError(
             f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive share of the "
@@ -194,8 +192,8 @@ def _kernel_efficiency(
         )
     host = {c: solved.get(c, 0.0) for c in _EVERY_HOST}
     return Efficiency(
-        1 / solved[MATRIX] if MATRIX in solved else given.mbu,
-        given.mfu,
+        1 / solved[MATRIX] if MATRIX in solved else 1.0,
+        1.0,
         host[PER_SEQUENCE],
         host_s_per_layer=host[PER_LAYER],
         host_s_per_request=host[PER_REQUEST],

@@ -76,6 +76,15 @@ class Kernels:
         """Seconds of a pass's products, as measured."""
         return self.layers.at(work.tokens) + self.head.at(work.sequences)
 
+    def as_dict(self) -> dict[str, list[list[float]]]:
+        """{"layers": [rows, seconds], "head": [rows, seconds]}, as kept in a JSON file."""
+        return {"layers": self.layers.as_lists(), "head": self.head.as_lists()}
+
+    @classmethod
+    def from_dict(cls, kept: Any) -> Kernels:
+        """The curves `as_dict` wrote (KeyError, TypeError or ValueError: not such a dict)."""
+        return cls(KernelCurve.from_lists(kept["layers"]), KernelCurve.from_lists(kept["head"]))
+
 
 #: A kernels file larger than this holds no curves (they are a few hundred bytes).
 MAX_KERNELS_BYTES = 1 << 20
@@ -91,7 +100,7 @@ def read_kernels(path: Path) -> Kernels:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise PlanError(f"cannot read {path}: {exc}") from None
     try:
-        return Kernels(KernelCurve.from_lists(raw["layers"]), KernelCurve.from_lists(raw["head"]))
+        return Kernels.from_dict(raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(
             f"{path}: want {{'layers': [rows, seconds], 'head': [rows, seconds]}} ({exc!r})"
@@ -100,8 +109,7 @@ def read_kernels(path: Path) -> Kernels:
 
 def write_kernels(kernels: Kernels, path: Path) -> None:
     """The curves as read_kernels reads them."""
-    kept = {"layers": kernels.layers.as_lists(), "head": kernels.head.as_lists()}
-    path.write_text(json.dumps(kept))
+    path.write_text(json.dumps(kernels.as_dict()))
 
 
 def layer_products(shape: DecoderShape, fused: bool) -> list[tuple[int, int]]:
