@@ -15,7 +15,11 @@ The plan (`dlscale.plan.llm_capacity`) reads the folder's config.json and the de
 on the CPU the FLOP/s and memory bandwidth torch reaches here on --threads cores (a 512^3
 product, a sum over 256 MiB); on a GPU its catalog entry. Each measured burst is predicted as
 the engine schedules it (`dlscale.plan.llm_passes`: its token budget per pass, its attention).
-The efficiencies and host times are calibrated once, on the --calibrate-on models
+On a CPU (--kernels, the default there) each model's weight products are first timed alone on
+the engine's kernel at its shapes (benchmarks/harness/kernel_curves.py) and price each pass's
+weights; the kernels' share replaces the MBU and MFU in the fit (OUT/kernels-MODEL.json for
+`dlscale plan serve --kernels`). The efficiencies and host times are calibrated once, on the
+--calibrate-on models
 (`dlscale.plan.llm_calibrate.fit`: TPOT at batch 1, --matrix-batch and --calibrate-batch, TTFT
 at batch 1 and --calibrate-batch), and every other (model, batch) is predicted; the catalog
 defaults (MBU 0.9, MFU 0.8, no host time) are predicted beside. A prediction within 20% of the
@@ -44,6 +48,7 @@ from benchmarks.harness.decoder_runs import (
     torch_matmul_peak,
     torch_read_bandwidth,
 )
+from benchmarks.harness.kernel_curves import measure_kernels
 from benchmarks.harness.plan_llm_args import parser
 from dlscale.backends.generative.transformers_settings import CPU_BATCH_TOKENS
 from dlscale.bench import environment
@@ -54,9 +59,17 @@ from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.zoo.decoder import DECODERS, DecoderModel
 from dlscale.plan.host_memory import with_bandwidth
 from dlscale.plan.llm import DTYPES, from_config, read_config
-from dlscale.plan.llm_calibrate import PER_LAYER, PER_REQUEST, PER_SEQUENCE, AboveCeiling, fit
+from dlscale.plan.llm_calibrate import (
+    PER_BURST,
+    PER_LAYER,
+    PER_REQUEST,
+    PER_SEQUENCE,
+    AboveCeiling,
+    fit,
+)
 from dlscale.plan.llm_calibrate import Measured as Fitted
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
+from dlscale.plan.llm_kernels import KernelCurve, Kernels, write_kernels
 from dlscale.plan.llm_passes import Pass, Scheduling, burst, tpot_weights, ttft_weights
 
 #: The share a prediction may miss by (issue 25: "checked against measured runs within 20%").
@@ -121,10 +134,14 @@ def scheduling(args: argparse.Namespace) -> Scheduling:
     default, a prompt split across passes) and runs SDPA over the whole pass under a mask;
     vLLM's CPU budget (2048 tokens as a server) holds the largest burst checked here (16 x 65)
     and its attention is per sequence; the model's forward prefills the padded batch at once.
+    --first-pass-requests N: an idle engine's first pass holds the first N requests only.
     """
-    if args.engine == "backend" and not args.one_pass:
-        return Scheduling(CPU_BATCH_TOKENS if args.device == "cpu" else None, True)
-    return Scheduling()
+    if args.one_pass:
+        return Scheduling()
+    first = args.first_pass_requests
+    if args.engine == "backend":
+        return Scheduling(CPU_BATCH_TOKENS if args.device == "cpu" else None, True, first)
+    return Scheduling(first_pass_requests=first)
 
 
 def timed(on_device: DecoderOnDevice, passes: list[Pass], weights: list[float]) -> float:
@@ -138,7 +155,9 @@ def predict(
     """The plan's TTFT, TPOT and tokens/s for a measured row: its burst of B requests, passed
     through the engine's scheduling."""
     done = burst(on_device.scheduling, row.batch, row.isl, args.osl)
-    admitted = row.batch * on_device.efficiency.host_s_per_request
+    eff = on_device.efficiency
+    # Each burst starts on an idle engine: its wake-up once, then each request's admission.
+    admitted = eff.host_s_per_burst + row.batch * eff.host_s_per_request
     ttft = timed(on_device, done.passes, ttft_weights(done)) + admitted
     tpot = timed(on_device, done.passes, tpot_weights(done, args.osl))
     return {"ttft_s": ttft, "tpot_s": tpot, "tokens_per_s": row.batch / tpot}
@@ -151,7 +170,7 @@ def observations(
     done = burst(on_device.scheduling, row.batch, row.isl, args.osl)
     out = [(on_device, Fitted(done.passes, row.tpot_s, tpot_weights(done, args.osl)))]
     if ttft:
-        out.append((on_device, Fitted(done.passes, row.ttft_s, ttft_weights(done), row.batch)))
+        out.append((on_device, Fitted(done.passes, row.ttft_s, ttft_weights(done), row.batch, 1.0)))
     return out
 
 
@@ -169,30 +188,39 @@ def fit_on(
     shapes: dict[str, Any],
     steps: list[Measured],
     args: argparse.Namespace,
+    kernels: dict[str, Kernels] | None = None,
 ) -> Efficiency:
     """The efficiencies fitted to the calibration rows on `device` (PlanError: none fit).
 
     Two sizes tell the host's time per layer from the weights' reads (both fixed per pass);
     one size fits the host's time per sequence alone, and --calibrate-batch 1 no host time.
+    With measured kernels their share is fitted in place of the MBU and MFU.
     """
     sched = scheduling(args)
     reference = max(r.batch for r in steps)
     equations = []
     for row in steps:
-        base = DecoderOnDevice(shapes[row.model], device, Efficiency(1.0, 1.0), scheduling=sched)
+        timed_alone = (kernels or {}).get(row.model)
+        base = DecoderOnDevice(
+            shapes[row.model], device, Efficiency(1.0, 1.0), scheduling=sched, kernels=timed_alone
+        )
         equations += observations(base, row, args, ttft=row.batch in (1, reference))
     host: tuple[int, ...] = ()
     if args.calibrate_batch != 1:
         # Two sizes tell the time per layer from the weights' reads; two TTFTs the time per
         # request from the prefill's.
         two = len({r.model for r in steps}) > 1
-        host = (PER_SEQUENCE, PER_LAYER, PER_REQUEST) if two else (PER_SEQUENCE,)
+        host = (PER_SEQUENCE, PER_LAYER, PER_REQUEST, PER_BURST) if two else (PER_SEQUENCE,)
     vector = matrix_batch(args) > 1 and any(r.batch == 1 for r in steps)
     return fit(equations[0][0], equations, vector, host)
 
 
 def compare(
-    rows: list[Measured], shapes: dict[str, Any], device: DeviceSpec, args: argparse.Namespace
+    rows: list[Measured],
+    shapes: dict[str, Any],
+    device: DeviceSpec,
+    args: argparse.Namespace,
+    kernels: dict[str, Kernels] | None = None,
 ) -> tuple[Efficiency | None, str, list[dict[str, Any]], DeviceSpec]:
     """Calibrate on the calibration models' runs, then predict every row both ways (and the
     device the predictions took: its ceilings raised where the engine beat them).
@@ -206,12 +234,15 @@ def compare(
     at = ", ".join(str(b) for b in sorted({r.batch for r in steps}))
     ends = f"1 and {max(r.batch for r in steps)}"
     judged_on = f"calibrated on {', '.join(models)}: TPOT at batch {at}, TTFT at batch {ends}"
+    kernels = kernels or {}
+    if kernels:
+        judged_on += "; the weights' products timed alone at each model's shapes"
     try:
         try:
-            fitted = fit_on(device, shapes, steps, args)
+            fitted = fit_on(device, shapes, steps, args, kernels)
         except AboveCeiling as above:
             device = raised_ceilings(device, above)
-            fitted = fit_on(device, shapes, steps, args)
+            fitted = fit_on(device, shapes, steps, args, kernels)
             judged_on += f"; {above}: the ceilings raised to what the engine reached"
     except PlanError as exc:
         judged_on = f"the catalog defaults (no calibration: {exc})"
@@ -219,20 +250,24 @@ def compare(
     # its TPOT error is reported beside, the evidence for the choice.
     other = replace(device, kind="gpu" if device.kind == "cpu" else "cpu")
     try:
-        other_fit: Efficiency | None = fit_on(other, shapes, steps, args)
+        other_fit: Efficiency | None = fit_on(other, shapes, steps, args, kernels)
     except PlanError:
         other_fit = None
     sched = scheduling(args)
     out = []
     for row in rows:
-        shape = shapes[row.model]
+        shape, timed_alone = shapes[row.model], kernels.get(row.model)
         other_tpot = None
         if other_fit is not None:
-            alt = DecoderOnDevice(shape, other, other_fit, scheduling=sched)
+            alt = DecoderOnDevice(shape, other, other_fit, scheduling=sched, kernels=timed_alone)
             other_tpot = predict(alt, row, args)["tpot_s"] / row.tpot_s - 1
         default = predict(DecoderOnDevice(shape, device, scheduling=sched), row, args)
         calibrated = (
-            predict(DecoderOnDevice(shape, device, fitted, scheduling=sched), row, args)
+            predict(
+                DecoderOnDevice(shape, device, fitted, scheduling=sched, kernels=timed_alone),
+                row,
+                args,
+            )
             if fitted
             else None
         )
@@ -256,9 +291,12 @@ def compare(
 
 
 def matrix_batch(args: argparse.Namespace) -> int:
-    """--matrix-batch, or the engine's default (MATRIX_BATCH)."""
+    """--matrix-batch, or the engine's default (MATRIX_BATCH; 0 with measured kernels, whose
+    curve holds each batch's own rate)."""
     given: int | None = args.matrix_batch
-    return MATRIX_BATCH[args.engine] if given is None else given
+    if given is None:
+        return 0 if args.kernels else MATRIX_BATCH[args.engine]
+    return given
 
 
 def raised_ceilings(device: DeviceSpec, above: AboveCeiling) -> DeviceSpec:
@@ -295,6 +333,8 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__).parse_args(argv)
+    if args.kernels is None:  # timed on a CPU; a GPU's check keeps the roofline until measured
+        args.kernels = args.device == "cpu"
     # Batch 1 gives the prefill of one prompt and a matrix-vector decode step; --calibrate-batch
     # (the largest by default) a second decode step, which tells the host time per token apart;
     # --matrix-batch a third, which tells batch 1's MBU from the matrix-matrix one.
@@ -319,17 +359,27 @@ def main(argv: list[str] | None = None) -> int:
         rows = [Measured(**r) for r in kept["rows"]]
         configs = kept["configs"]
         device = plan_device(args, kept["bandwidth"], kept.get("peaks"))
+        args.kernels = args.kernels and "kernels" in kept  # a run before them: the roofline
+        kernels = (
+            {name: Kernels.from_dict(k) for name, k in kept["kernels"].items()}
+            if args.kernels
+            else {}
+        )
     else:
         device = plan_device(args)
-        rows, configs = measure_all(args)
+        rows, configs, kernels = measure_all(args)
         kept = {"rows": [asdict(r) for r in rows], "configs": configs, "engine": args.engine}
+        for name, timed_alone in kernels.items():  # for `dlscale plan serve --kernels`
+            write_kernels(timed_alone, out / f"kernels-{name}.json")
+        if kernels:
+            kept["kernels"] = {name: k.as_dict() for name, k in kernels.items()}
         kept["bandwidth"] = device.memory_bandwidth
         kept["peaks"] = (
             {p: device.dense[p] for p, _ in _precisions(args)} if device.kind == "cpu" else None
         )
         (out / "measured.json").write_text(json.dumps(kept, indent=1))
     shapes = {name: from_config(raw, name) for name, raw in configs.items()}
-    fitted, judged_on, compared, device = compare(rows, shapes, device, args)
+    fitted, judged_on, compared, device = compare(rows, shapes, device, args, kernels)
     result = {
         "format": "dlscale-plan-llm-check/1",
         "device": device.name,
@@ -354,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"calibrated {vector}MBU {fitted.mbu:.3f}, MFU {fitted.mfu:.3f}, "
             f"host {host:.0f} us/token, {fitted.host_s_per_layer * 1e6:.0f} us/layer per pass, "
-            f"{fitted.host_s_per_request * 1e6:.0f} us/request"
+            f"{fitted.host_s_per_request * 1e6:.0f} us/request, "
+            f"{fitted.host_s_per_burst * 1e6:.0f} us/burst"
+            + (f", kernels' share {fitted.kernel_share:.3f}" if kernels else "")
         )
     print(report(result))
     judged = [r for r in compared if not r["calibration_point"]]
@@ -363,10 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_all(args: argparse.Namespace) -> tuple[list[Measured], dict[str, Any]]:
-    """Every model written, loaded and measured; the rows and each model's config.json."""
+def measure_all(
+    args: argparse.Namespace,
+) -> tuple[list[Measured], dict[str, Any], dict[str, Kernels]]:
+    """Every model written, loaded and measured; the rows, each model's config.json and, with
+    --kernels, its products timed alone (before the engine loads it)."""
     rows: list[Measured] = []
-    configs = {}
+    configs, kernels = {}, {}
     with tempfile.TemporaryDirectory(prefix="plan-llm-") as tmp:
         for name in args.models:
             started = time.perf_counter()
@@ -374,8 +429,21 @@ def measure_all(args: argparse.Namespace) -> tuple[list[Measured], dict[str, Any
             configs[name] = json.loads((folder / "config.json").read_text())
             shape = read_config(folder, name)  # the planner reads what the engine loads
             print(f"{shape.summary()} (written in {time.perf_counter() - started:.0f} s)")
+            if args.kernels:
+                kernels[name] = measure_kernels(shape, args.engine, args.now, args.device)
+                print(f"  {name}: products timed alone, {_curve(kernels[name].layers)}")
             rows += measure_engine(args.engine)(name, folder, args)
-    return rows, configs
+    return rows, configs, kernels
+
+
+def _curve(curve: KernelCurve) -> str:
+    """The first counts of a curve, in milliseconds."""
+    return (
+        ", ".join(
+            f"{r}: {s * 1e3:.2f}" for r, s in zip(curve.rows[:8], curve.seconds, strict=False)
+        )
+        + " ms"
+    )
 
 
 def measure_engine(engine: str) -> Callable[[str, Path, argparse.Namespace], list[Measured]]:

@@ -131,12 +131,13 @@ class Prompts:
 
 async def backend_run(
     backend: Any, prompts: list[str], osl: int, now: Callable[[], float]
-) -> tuple[float, float, float]:
+) -> tuple[float, float | None, float]:
     """(TTFT, TPOT, mean prompt tokens) of `prompts` streamed at once through the backend.
 
     TTFT is the last request's first token (all B prompts prefilled), TPOT the mean over the
     requests of (last token - first token) / the tokens between (an engine whose reader lags
-    may hand over several tokens in one part).
+    may hand over several tokens in one part; None where every request's tokens came in one
+    part: vLLM handed llama-tiny's 16 tokens so, under load, and a 0 was the batch's fastest).
     """
     import asyncio
 
@@ -152,13 +153,16 @@ async def backend_run(
                 times.append(now())
                 counts.append(int(part.outputs["num_output_tokens"][0]))
                 prompt_tokens = int(part.outputs["num_input_tokens"][0])
-        between = max(1, counts[-1] - counts[0])
-        return times[0] - start, (times[-1] - times[0]) / between, prompt_tokens
+        between = counts[-1] - counts[0]
+        # Every token in one part (a reader that lagged the whole run): no step was timed.
+        tpot = (times[-1] - times[0]) / between if between > 0 else None
+        return times[0] - start, tpot, prompt_tokens
 
     start = now()
     done = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     ttft = max(d[0] for d in done)
-    return ttft, statistics.mean(d[1] for d in done), statistics.mean(d[2] for d in done)
+    steps = [d[1] for d in done if d[1] is not None]
+    return ttft, statistics.mean(steps) if steps else None, statistics.mean(d[2] for d in done)
 
 
 class PassClock:
@@ -220,7 +224,7 @@ def streamed_rows(
     import asyncio
 
     prompts = Prompts(folder, args.isl, 1 + args.reps * sum(args.batches))
-    Run = tuple[float, float, float, list[tuple[int, float]]]
+    Run = tuple[float, float | None, float, list[tuple[int, float]]]
 
     async def rounds() -> dict[int, list[Run]]:
         await backend_run(backend, prompts.take(1), args.osl, now)  # allocations, kernels
@@ -236,12 +240,15 @@ def streamed_rows(
 
     rows = []
     for batch, done in asyncio.run(rounds()).items():
-        tpots = [run[1] for run in done]
+        timed = [run for run in done if run[1] is not None]
+        if not timed:
+            raise RuntimeError(f"{name} batch {batch}: no run timed a step (one part each)")
+        tpots = [run[1] for run in timed]
         row = Measured(
             name, batch, min(run[0] for run in done), min(tpots), statistics.median(tpots)
         )
         row.isl = round(statistics.mean(run[2] for run in done))
-        row.passes = min(done, key=lambda run: run[1])[3]
+        row.passes = min(timed, key=lambda run: run[1])[3]
         rows.append(row)
         took = f"TTFT {row.ttft_s * 1e3:.1f} ms, TPOT {row.tpot_s * 1e3:.2f} ms"
         print(f"  {name} batch {batch}: {took} (prompts of {row.isl} tokens)", flush=True)

@@ -66,6 +66,18 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
         help="predict every engine as one pass per burst's prompts and per-sequence attention "
         "(the model before the engine's scheduling was counted)",
     )
+    p.add_argument(
+        "--kernels",
+        action=argparse.BooleanOptionalAction,
+        help="time the engine's matrix products alone at each model's shapes and price each "
+        "pass's weights by them (default on a CPU; --no-kernels: the roofline's MBU and MFU)",
+    )
+    p.add_argument(
+        "--first-pass-requests",
+        type=int,
+        help="predict a burst's first pass holding its first N requests only, the rest joining "
+        "the next (vLLM's engine core steps as soon as one is in; default: all in the first)",
+    )
     p.add_argument("--from", dest="source", type=Path, help="an earlier run's measured.json")
     p.add_argument("--out", type=Path)
     return p

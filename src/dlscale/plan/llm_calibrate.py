@@ -1,6 +1,7 @@
 """An engine's efficiencies from its measured times: MBU, MFU, host time per sequence and per
-layer of a pass, and the share of bandwidth of a one-token pass's matrix-vector products
-(docs/plan.md, "Checked against measured runs")."""
+layer of a pass, and the share of bandwidth of a one-token pass's matrix-vector products, or,
+with measured kernels, the share of their speed (docs/plan.md, "Checked against measured
+runs")."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from dlscale.plan.llm_passes import Pass
 
 #: The columns of a measured time: the seconds it takes at efficiencies of 1 per unknown,
 #: 1 / MBU of one-token passes, 1 / MBU, 1 / MFU, host seconds per sequence in a pass, per
-#: layer in a pass, per request admitted.
-VECTOR, MATRIX, COMPUTE, PER_SEQUENCE, PER_LAYER, PER_REQUEST = range(6)
+#: layer in a pass, per request admitted, 1 / the measured kernels' share, per burst reaching
+#: an idle engine.
+VECTOR, MATRIX, COMPUTE, PER_SEQUENCE, PER_LAYER, PER_REQUEST, KERNEL, PER_BURST = range(8)
 _HOST = (PER_SEQUENCE, PER_LAYER, PER_REQUEST)
+_EVERY_HOST = (*_HOST, PER_BURST)
 
 
 class AboveCeiling(PlanError):
@@ -31,20 +34,22 @@ class AboveCeiling(PlanError):
 @dataclass(frozen=True)
 class Measured:
     """A measured time and the passes it spans, each counted `weights[i]` times (a mean
-    over requests counts a pass by the share of requests it served), and the requests
-    admitted within it."""
+    over requests counts a pass by the share of requests it served), the requests
+    admitted within it, and the bursts that found the engine idle within it (a TTFT: 1)."""
 
     passes: Sequence[Pass]
     seconds: float
     weights: Sequence[float] | None = None
     requests: float = 0.0
+    bursts: float = 0.0
 
 
 def terms(model: DecoderOnDevice, work: Pass) -> np.ndarray:
     """The columns of one pass on `model`'s device (its efficiencies taken as 1).
 
     On a CPU its memory and compute add; on a GPU the larger of the two is the pass's time
-    (a decode step memory-bound, a long prefill compute-bound) and the other is dropped.
+    (a decode step memory-bound, a long prefill compute-bound) and the other is dropped. With
+    measured kernels the weights' products are their own column.
     """
     bandwidth = model.bandwidth / model.efficiency.mbu
     peak = model.compute / model.efficiency.mfu
@@ -52,11 +57,12 @@ def terms(model: DecoderOnDevice, work: Pass) -> np.ndarray:
     memory, compute = moved / bandwidth, flops / peak
     if model.overlapped:
         memory, compute = (memory, 0.0) if memory >= compute else (0.0, compute)
-    row = np.zeros(6)
+    row = np.zeros(8)
     row[VECTOR if work.tokens == 1 else MATRIX] = memory
     row[COMPUTE] = compute
     row[PER_SEQUENCE] = work.sequences
     row[PER_LAYER] = model.shape.layers
+    row[KERNEL] = model.kernels.seconds(work) if model.kernels is not None else 0.0
     return row
 
 
@@ -72,27 +78,46 @@ def fit(
     `vector`, one-token passes read at the MBU of the others; `host` names the host columns
     fitted (the others are 0). A host column solved below 0 (host work within the noise of
     nothing) is dropped and the rest fitted again. `model` gives the device's peaks.
+
+    With measured kernels (the models' `kernels`) their share is fitted in place of the
+    weights' MBU and MFU, with the MBU of the rest of each pass's bytes (KV-cache reads, dense
+    attention's copies: a large share of a batch of 16 under a mask) where the runs tell it
+    (else 1: the device's bandwidth), and attention's FLOPs at the device's peak (MFU 1: a
+    few percent of a pass at these contexts, too little to fit from).
     """
     rows = []
     for on, m in measured:
         weights = m.weights or [1.0] * len(m.passes)
-        row = sum((w * terms(on, p) for w, p in zip(weights, m.passes, strict=True)), np.zeros(6))
-        row[PER_REQUEST] = m.requests
+        row = sum((w * terms(on, p) for w, p in zip(weights, m.passes, strict=True)), np.zeros(8))
+        row[PER_REQUEST], row[PER_BURST] = m.requests, m.bursts
         rows.append(row / m.seconds)
     system = np.array(rows)
-    if not vector:
-        system[:, MATRIX] += system[:, VECTOR]
-    columns = [MATRIX, COMPUTE, *host] + ([VECTOR] if vector else [])
     ones = np.ones(len(rows))
+    kernels = bool(system[:, KERNEL].any())
+    if not vector or kernels:
+        system[:, MATRIX] += system[:, VECTOR]
+    if kernels:  # attention's FLOPs at the device's peak: what is left is to be fitted
+        ones -= system[:, COMPUTE]
+        columns = [KERNEL, MATRIX, *host]
+    else:
+        columns = [MATRIX, COMPUTE, *host] + ([VECTOR] if vector else [])
     while True:
         if np.linalg.matrix_rank(system[:, columns]) < len(columns):
             raise PlanError("the measured runs do not tell the terms apart (same batch twice?)")
         solved = np.linalg.lstsq(system[:, columns], ones, rcond=None)[0]
         found = dict(zip(columns, (float(v) for v in solved), strict=True))
-        below = [c for c in _HOST if found.get(c, 0.0) < 0]
+        if kernels and found.get(MATRIX, 1.0) < 1:
+            # Reads faster than the device's bandwidth: too few bytes beside the kernels to
+            # tell their rate (per-sequence attention on short contexts); at the device's.
+            columns.remove(MATRIX)
+            ones -= system[:, MATRIX]
+            continue
+        below = [c for c in _EVERY_HOST if found.get(c, 0.0) < 0]
         if not below:
             break
         columns.remove(min(below, key=lambda c: found[c]))
+    if kernels:
+        return _kernel_efficiency(found, [m.seconds for _, m in measured])
     bandwidth = model.bandwidth / model.efficiency.mbu
     peak = model.compute / model.efficiency.mfu
     return _efficiency(found, [m.seconds for _, m in measured], bandwidth, peak)
@@ -146,5 +171,32 @@ def _efficiency(
             mfu,
             vector,
         )
-    host = {c: solved.get(c, 0.0) for c in _HOST}
-    return Efficiency(mbu, mfu, host[PER_SEQUENCE], vector, host[PER_LAYER], host[PER_REQUEST])
+    host = {c: solved.get(c, 0.0) for c in _EVERY_HOST}
+    return Efficiency(
+        mbu,
+        mfu,
+        host[PER_SEQUENCE],
+        vector,
+        host[PER_LAYER],
+        host[PER_REQUEST],
+        host_s_per_burst=host[PER_BURST],
+    )
+
+
+def _kernel_efficiency(solved: dict[int, float], times: list[float]) -> Efficiency:
+    """The kernels' share, the rest's MBU (where solved, else 1) and the host times; MFU 1."""
+    if solved[KERNEL] <= 0:
+        raise PlanError(
+            f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive share of the "
+            "measured kernels: the host's fixed costs exceed them"
+        )
+    host = {c: solved.get(c, 0.0) for c in _EVERY_HOST}
+    return Efficiency(
+        1 / solved[MATRIX] if MATRIX in solved else 1.0,
+        1.0,
+        host[PER_SEQUENCE],
+        host_s_per_layer=host[PER_LAYER],
+        host_s_per_request=host[PER_REQUEST],
+        kernel_share=1 / solved[KERNEL],
+        host_s_per_burst=host[PER_BURST],
+    )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dlscale.errors import PlanError
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan.llm import DecoderShape
+from dlscale.plan.llm_kernels import Kernels
 from dlscale.plan.llm_passes import Pass, Scheduling
 
 #: Shares of the peaks an engine reaches unless told (--mbu, --mfu): the ceilings measured on
@@ -40,8 +41,11 @@ class Efficiency:
     its host work per sequence in a pass (a decode step's generated token: sampling,
     detokenizing, streaming; 0 by default, the device alone), the share of bandwidth of a pass
     over one token (None: MBU), its host work per layer in a pass (dispatching each layer's
-    modules and kernels, whatever the batch; 0 by default), and its host work per request
-    admitted (tokenizing the prompt, setting up its stream; 0 by default)."""
+    modules and kernels, whatever the batch; 0 by default), its host work per request
+    admitted (tokenizing the prompt, setting up its stream; 0 by default), the share of
+    measured kernels' speed its products reach (llm_kernels.py; 1: as measured), and its host
+    work once per burst of requests that finds it idle (waking its loop, the first pass's
+    set-up; 0 by default, and not in a busy engine's steady state)."""
 
     mbu: float = DEFAULT_MBU
     mfu: float = DEFAULT_MFU
@@ -51,8 +55,14 @@ class Efficiency:
     mbu_vector: float | None = None
     host_s_per_layer: float = 0.0
     host_s_per_request: float = 0.0
+    kernel_share: float = 1.0
+    host_s_per_burst: float = 0.0
 
     def __post_init__(self) -> None:
+        # Above 1: the engine's products ran faster than the same products timed alone (a
+        # kernel it picks that the timing did not); 4 bounds what a timing could be off by.
+        if not 0 < self.kernel_share <= 4:
+            raise PlanError(f"the kernels' share must be in (0, 4], got {self.kernel_share}")
         for name, value in (
             ("MBU", self.mbu),
             ("MFU", self.mfu),
@@ -64,6 +74,7 @@ class Efficiency:
             ("per token", self.host_s_per_token),
             ("per layer", self.host_s_per_layer),
             ("per request", self.host_s_per_request),
+            ("per burst", self.host_s_per_burst),
         ):
             if not 0 <= seconds < 1:
                 raise PlanError(f"host time {what} must be in [0, 1) s, got {seconds}")
@@ -82,6 +93,8 @@ class DecoderOnDevice:
     efficiency: Efficiency = Efficiency()
     reserve: float = DEFAULT_RESERVE
     scheduling: Scheduling = field(default_factory=Scheduling)
+    #: The products as measured on the device (None: priced by the roofline with the rest).
+    kernels: Kernels | None = None
 
     @property
     def overlapped(self) -> bool:
@@ -135,7 +148,8 @@ class DecoderOnDevice:
         masked attention over the pass) gathers every key the pass reads into a copy (read and
         written), expands it to every query head (written and read again: grouped-query
         attention under a mask falls back to full heads), and scores every new token against
-        every key of the pass.
+        every key of the pass. With measured kernels the weights' products are left out (timed
+        as measured, pass_kernel_s); the embedding rows gathered stay.
         """
         shape = self.shape
         keys = work.cached + work.tokens
@@ -144,6 +158,9 @@ class DecoderOnDevice:
             kv *= 2 + 2 * shape.heads / shape.kv_heads
             attended = work.tokens * keys
         attention = 4.0 * shape.layers * shape.heads * shape.head_dim * attended
+        if self.kernels is not None:  # the weights' products are timed apart (pass_kernel_s)
+            gathered = 0 if shape.tied_embeddings else work.tokens * shape.hidden
+            return gathered * shape.element_bytes + kv, attention
         flops = 2.0 * shape.active_parameters * work.tokens + attention
         return shape.step_weight_bytes(work.tokens) + kv, flops
 
@@ -152,9 +169,21 @@ class DecoderOnDevice:
         eff = self.efficiency
         return work.sequences * eff.host_s_per_token + self.shape.layers * eff.host_s_per_layer
 
+    def pass_kernel_s(self, work: Pass) -> float:
+        """Seconds of one pass's weight products where they were measured (else 0: in
+        pass_work)."""
+        if self.kernels is None:
+            return 0.0
+        return self.kernels.seconds(work) / self.efficiency.kernel_share
+
     def pass_s(self, work: Pass) -> float:
         """Seconds of one forward pass."""
-        return self._time(*self.pass_work(work), work.tokens) + self.pass_host_s(work)
+        moved, flops = self.pass_work(work)
+        return (
+            self._time(moved, flops, work.tokens)
+            + self.pass_kernel_s(work)
+            + self.pass_host_s(work)
+        )
 
     def decode_work(self, batch: int, context: float) -> tuple[float, float]:
         """(bytes, FLOPs) of one decode step of `batch` sequences averaging `context` tokens."""
@@ -276,6 +305,8 @@ def plan_device(
         basis += f", host {eff.host_s_per_layer * 1e6:.3g} us/layer per pass"
     if eff.host_s_per_request:
         basis += f", host {eff.host_s_per_request * 1e6:.3g} us/request"
+    if model.kernels is not None:
+        basis = f"weights' products as timed (share {eff.kernel_share:.3g}), " + basis
     if model.scheduling.step_tokens is not None:
         basis += f", {model.scheduling.step_tokens} tokens per pass"
     if model.scheduling.dense_attention:

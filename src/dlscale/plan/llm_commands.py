@@ -28,6 +28,7 @@ from dlscale.plan.llm_capacity import (
     TokenLoad,
     plan_device,
 )
+from dlscale.plan.llm_kernels import read_kernels
 from dlscale.plan.llm_passes import Scheduling
 from dlscale.plan.tables import table
 from dlscale.plan.units import human_bytes, human_seconds, parse_prices
@@ -118,7 +119,9 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
         args.mbu_vector or None,
         (args.host_us_layer or 0.0) / 1e6,
         (args.host_us_request or 0.0) / 1e6,
+        kernel_share=args.kernel_share or 1.0,
     )
+    kernels = read_kernels(args.kernels) if args.kernels else None
     scheduling = Scheduling(args.step_tokens, args.dense_attention)
     reserve = DEFAULT_RESERVE if args.reserve is None else args.reserve
     top = args.max_batch or DEFAULT_MAX_BATCH
@@ -130,7 +133,7 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
     for name in names:
         try:
             device = device_for_plan(name.strip())
-            on_device = DecoderOnDevice(shape, device, efficiency, reserve, scheduling)
+            on_device = DecoderOnDevice(shape, device, efficiency, reserve, scheduling, kernels)
         except DlscaleError as exc:
             print(f"skipped: {exc}")
             continue

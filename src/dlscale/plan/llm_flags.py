@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +33,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--host-us-request", type=float, help="generative: host work per request admitted, us (0)"
+    )
+    p.add_argument(
+        "--kernels",
+        type=Path,
+        help="generative: the weights' products timed on the device, a JSON file of rows and "
+        "seconds (benchmarks/plan_llm_check.py writes one per model); default: the roofline",
+    )
+    p.add_argument(
+        "--kernel-share",
+        type=float,
+        help="generative: share of the --kernels times' speed the engine reaches (1)",
     )
     p.add_argument(
         "--step-tokens",

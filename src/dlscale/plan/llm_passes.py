@@ -53,14 +53,25 @@ class Scheduling:
     """How an engine forms its passes: the tokens one pass takes at most (None: no limit, a
     prompt is prefilled in one pass), and whether attention runs over every key the pass reads
     (transformers' SDPA/eager paged path: one masked attention over the whole batch) rather
-    than over each sequence's own (paged or varlen kernels: vLLM, FlashAttention)."""
+    than over each sequence's own (paged or varlen kernels: vLLM, FlashAttention), and how
+    many of a burst's requests an idle engine's first pass holds."""
 
     step_tokens: int | None = None
     dense_attention: bool = False
+    #: The requests of a burst an idle engine's first pass holds (None: all of them). vLLM's
+    #: engine core steps as soon as one request is in, while its client sends the others one
+    #: by one: its first pass held the first prompt alone in 9 of 12 bursts (twice), the rest
+    #: joining the second (BENCHMARKS.md, "Generative plan: measured kernels and the burst's
+    #: wake-up").
+    first_pass_requests: int | None = None
 
     def __post_init__(self) -> None:
         if self.step_tokens is not None and self.step_tokens < 1:
             raise PlanError(f"tokens per pass must be at least 1, got {self.step_tokens}")
+        if self.first_pass_requests is not None and self.first_pass_requests < 1:
+            raise PlanError(
+                f"a first pass holds a request at least, got {self.first_pass_requests}"
+            )
 
     def prompt_passes(self, prompt: int, prompts: int = 1) -> list[Pass]:
         """The passes that prefill `prompts` prompts of `prompt` tokens arriving together."""
@@ -90,7 +101,8 @@ def burst(scheduling: Scheduling, batch: int, prompt: int, output: int) -> Burst
 
     Each pass takes one token of every decoding sequence first, then prompt tokens in arrival
     order up to the budget (a prompt that does not fit is split); a sequence's first token
-    comes from the pass that ends its prompt, each later one from a decode step.
+    comes from the pass that ends its prompt, each later one from a decode step. The first
+    pass holds only the requests in by then (`first_pass_requests`), the later ones all.
     """
     if batch < 1 or prompt < 1 or output < 1:
         raise PlanError(f"a burst needs batch, prompt and output >= 1, got {batch, prompt, output}")
@@ -99,13 +111,14 @@ def burst(scheduling: Scheduling, batch: int, prompt: int, output: int) -> Burst
     passes: list[Pass] = []
     while any(s.generated < output for s in states):
         budget, work = budget_per_pass, Pass(0, 0)
+        arrived = states if passes else states[: scheduling.first_pass_requests or batch]
         decoding = [s for s in states if s.prefilled == prompt and 0 < s.generated < output]
         for s in decoding[:budget]:
             work += Pass.decode(1, prompt + s.generated - 1)
             s.generated += 1
             s.last = len(passes)
         budget -= min(len(decoding), budget)
-        for s in states:
+        for s in arrived:
             if budget == 0:
                 break
             if s.prefilled == prompt:

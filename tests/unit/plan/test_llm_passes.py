@@ -163,3 +163,20 @@ def test_plan_serve_takes_the_engines_scheduling(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "host 500 us/layer per pass, host 3e+03 us/request, 256 tokens per pass" in out
     assert "dense attention" in out
+
+
+def test_an_engine_that_steps_before_the_burst_is_in_prefills_the_rest_in_its_second_pass() -> None:
+    # vLLM's engine core, requests sent one by one (a probe of its products' rows, 2026-11-29):
+    # 65 rows, then 976 (15 prompts and the first request's first decode), then decode steps.
+    vllm = Scheduling(first_pass_requests=1)
+    done = burst(vllm, 16, 65, 16)
+    assert [(p.tokens, p.sequences) for p in done.passes[:3]] == [(65, 1), (976, 16), (16, 16)]
+    assert done.first == [0] + [1] * 15 and len(done.passes) == 17
+    # The TTFT counts both prefill passes; every request in at once needs one.
+    assert ttft_weights(done)[:3] == [1.0, 1.0, 0.0]
+    assert [(p.tokens, p.sequences) for p in burst(Scheduling(), 16, 65, 16).passes[:2]] == [
+        (1040, 16),
+        (16, 16),
+    ]
+    with pytest.raises(PlanError, match="a request at least"):
+        Scheduling(first_pass_requests=0)
