@@ -32,33 +32,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.harness.decoder_runs import (
-    Measured,
-    measure_backend,
-    measure_model,
-    torch_matmul_peak,
-    torch_read_bandwidth,
-)
-from benchmarks.harness.kernel_curves import measure_kernels
+from benchmarks.harness.decoder_runs import Measured, torch_matmul_peak, torch_read_bandwidth
 from benchmarks.harness.plan_llm_args import parser
+from benchmarks.harness.plan_llm_runs import MODELS, measure_all, report
 from dlscale.backends.generative.transformers_settings import CPU_BATCH_TOKENS
 from dlscale.bench import environment
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import match
 from dlscale.hardware.cpu import cpu_spec, read_cpu
 from dlscale.hardware.spec import DeviceSpec
-from dlscale.models.zoo.decoder import DECODERS, DecoderModel
 from dlscale.plan.host_memory import with_bandwidth
-from dlscale.plan.llm import DTYPES, from_config, read_config
+from dlscale.plan.llm import DTYPES, from_config
 from dlscale.plan.llm_calibrate import (
     PER_BURST,
     PER_LAYER,
@@ -69,25 +60,11 @@ from dlscale.plan.llm_calibrate import (
 )
 from dlscale.plan.llm_calibrate import Measured as Fitted
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
-from dlscale.plan.llm_kernels import KernelCurve, Kernels, write_kernels
+from dlscale.plan.llm_kernels import Kernels, write_kernels
 from dlscale.plan.llm_passes import Pass, Scheduling, burst, tpot_weights, ttft_weights
 
 #: The share a prediction may miss by (issue 25: "checked against measured runs within 20%").
 TOLERANCE = 0.20
-#: A size between the zoo's small and 1B decoders (seeded, built from code like them), so the
-#: calibration on llama-small is checked on a second memory-bound size on a CPU.
-LLAMA_MID = DecoderModel(
-    name="llama-mid",
-    description="Llama decoder, 12 layers of 768, ~80M parameters (plan check only)",
-    hidden_size=768,
-    layers=12,
-    heads=12,
-    kv_heads=4,
-    intermediate_size=2048,
-    vocab_size=4096,
-    max_positions=2048,
-)
-MODELS = {**DECODERS, LLAMA_MID.name: LLAMA_MID}
 #: The matrix-matrix batch calibrated apart from batch 1, per engine (0: none). torch's linear
 #: layers (the transformers engine) run batch 1 as matrix-vector products that stream the
 #: weights faster than two rows' products do; vLLM's CPU kernels took 4 rows as fast as 1
@@ -310,49 +287,11 @@ def raised_ceilings(device: DeviceSpec, above: AboveCeiling) -> DeviceSpec:
     return replace(device, memory_bandwidth=device.memory_bandwidth * reads, dense=dense)
 
 
-def report(result: dict[str, Any]) -> str:
-    """The Markdown table of measured against predicted, one row per model and batch."""
-    lines = [
-        "| model | batch | TTFT ms | plan | err | TPOT ms | plan | err | tok/s | plan | "
-        "default plan tok/s | other form TPOT err | within 20% |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["rows"]:
-        p, e = r["predicted"], r["error"]
-        alt = r["tpot_error_other_form"]
-        other = "-" if alt is None else f"{alt:+.0%}"
-        mark = "(calibration)" if r["calibration_point"] else ("yes" if r["within"] else "MISSED")
-        lines.append(
-            f"| {r['model']} | {r['batch']} | {r['ttft_s'] * 1e3:.1f} | {p['ttft_s'] * 1e3:.1f} "
-            f"| {e['ttft_s']:+.0%} | {r['tpot_s'] * 1e3:.2f} | {p['tpot_s'] * 1e3:.2f} "
-            f"| {e['tpot_s']:+.0%} | {r['tokens_per_s']:,.0f} | {p['tokens_per_s']:,.0f} "
-            f"| {r['predicted_default']['tokens_per_s']:,.0f} | {other} | {mark} |"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__).parse_args(argv)
-    if args.kernels is None:  # timed on a CPU; a GPU's check keeps the roofline until measured
-        args.kernels = args.device == "cpu"
-    # Batch 1 gives the prefill of one prompt and a matrix-vector decode step; --calibrate-batch
-    # (the largest by default) a second decode step, which tells the host time per token apart;
-    # --matrix-batch a third, which tells batch 1's MBU from the matrix-matrix one.
-    if args.source is None:
-        args.calibrate_batch = args.calibrate_batch or max(args.batches)
-        args.batches = sorted({1, args.calibrate_batch, matrix_batch(args) or 1, *args.batches})
-    clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
-    # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
-    # the core do not count (their traffic on the memory bus still does). A GPU run: the wall.
-    args.now = time.process_time if clock == "cpu" else time.perf_counter
-    args.clock = clock
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("plan_llm_check: --device cuda, but torch sees no GPU", file=sys.stderr)
-        return 2
-    if args.device == "cpu":
-        torch.set_num_threads(args.threads)
-    out = args.out or environment_folder()
-    out.mkdir(parents=True, exist_ok=True)
+def measurements(
+    args: argparse.Namespace, out: Path
+) -> tuple[list[Measured], dict[str, Any], DeviceSpec, dict[str, Kernels]]:
+    """The runs (measured now and kept in OUT/measured.json, or read from --source), each
+    model's config.json, the device's figures and the kernels timed alone."""
     if args.source is not None:  # predict again from an earlier run's measurements
         kept = json.loads(args.source.read_text())
         args.engine = kept.get("engine", args.engine)
@@ -378,6 +317,32 @@ def main(argv: list[str] | None = None) -> int:
             {p: device.dense[p] for p, _ in _precisions(args)} if device.kind == "cpu" else None
         )
         (out / "measured.json").write_text(json.dumps(kept, indent=1))
+    return rows, configs, device, kernels
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__).parse_args(argv)
+    if args.kernels is None:  # timed on a CPU; a GPU's check keeps the roofline until measured
+        args.kernels = args.device == "cpu"
+    # Batch 1 gives the prefill of one prompt and a matrix-vector decode step; --calibrate-batch
+    # (the largest by default) a second decode step, which tells the host time per token apart;
+    # --matrix-batch a third, which tells batch 1's MBU from the matrix-matrix one.
+    if args.source is None:
+        args.calibrate_batch = args.calibrate_batch or max(args.batches)
+        args.batches = sorted({1, args.calibrate_batch, matrix_batch(args) or 1, *args.batches})
+    clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
+    # On a shared CPU the process's CPU time is what the run takes alone: other tenants taking
+    # the core do not count (their traffic on the memory bus still does). A GPU run: the wall.
+    args.now = time.process_time if clock == "cpu" else time.perf_counter
+    args.clock = clock
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("plan_llm_check: --device cuda, but torch sees no GPU", file=sys.stderr)
+        return 2
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    out = args.out or environment_folder()
+    out.mkdir(parents=True, exist_ok=True)
+    rows, configs, device, kernels = measurements(args, out)
     shapes = {name: from_config(raw, name) for name, raw in configs.items()}
     fitted, judged_on, compared, device = compare(rows, shapes, device, args, kernels)
     result = {
@@ -413,46 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     held = sum(r["within"] for r in judged)
     print(f"\n{held} of {len(judged)} predictions within {TOLERANCE:.0%}; results in {out}/")
     return 0
-
-
-def measure_all(
-    args: argparse.Namespace,
-) -> tuple[list[Measured], dict[str, Any], dict[str, Kernels]]:
-    """Every model written, loaded and measured; the rows, each model's config.json and, with
-    --kernels, its products timed alone (before the engine loads it)."""
-    rows: list[Measured] = []
-    configs, kernels = {}, {}
-    with tempfile.TemporaryDirectory(prefix="plan-llm-") as tmp:
-        for name in args.models:
-            started = time.perf_counter()
-            folder = MODELS[name].write_hf(Path(tmp) / name)
-            configs[name] = json.loads((folder / "config.json").read_text())
-            shape = read_config(folder, name)  # the planner reads what the engine loads
-            print(f"{shape.summary()} (written in {time.perf_counter() - started:.0f} s)")
-            if args.kernels:
-                kernels[name] = measure_kernels(shape, args.engine, args.now, args.device)
-                print(f"  {name}: products timed alone, {_curve(kernels[name].layers)}")
-            rows += measure_engine(args.engine)(name, folder, args)
-    return rows, configs, kernels
-
-
-def _curve(curve: KernelCurve) -> str:
-    """The first counts of a curve, in milliseconds."""
-    return (
-        ", ".join(
-            f"{r}: {s * 1e3:.2f}" for r, s in zip(curve.rows[:8], curve.seconds, strict=False)
-        )
-        + " ms"
-    )
-
-
-def measure_engine(engine: str) -> Callable[[str, Path, argparse.Namespace], list[Measured]]:
-    """The runs of one engine (vLLM's imported only when asked for: its own interpreter)."""
-    if engine == "vllm":
-        from benchmarks.harness.vllm_runs import measure_vllm
-
-        return measure_vllm
-    return measure_backend if engine == "backend" else measure_model
 
 
 def environment_folder() -> Path:
