@@ -154,9 +154,9 @@ def method_handlers(
     servicer: InferenceServicer, unread_s: float = Limits().unread_stream_timeout_s
 ) -> dict[str, grpc.RpcMethodHandler]:
     """Every RPC of the service, each with its messages' protobuf (de)serializers, except that
-    ModelInfer and ModelStreamInfer keep raw contents out of protobuf (wire/grpc.py, `Framed`):
-    read as views of the received bytes, written joined once. ModelStreamInfer's answers are
-    written with a bound on how long a client may leave them unread (`written`)."""
+    ModelInfer and ModelStreamInfer keep large raw contents out of protobuf (wire/grpc.py,
+    `Framed`): read as views of the received bytes, written joined once. ModelStreamInfer's
+    answers are written with a bound on how long a client may leave them unread (`written`)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         name = method.name
