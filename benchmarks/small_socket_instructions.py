@@ -6,20 +6,25 @@
 callgrind with instrumentation off while it starts and warms up (3 s of each load); then, for each
 protocol, instrumentation is on for a closed-loop window of `seconds` at 32 in flight (the
 clients of benchmarks/harness, outside valgrind), and the figure is the server's instructions in
-the window over the requests completed in it. Unlike CPU time on a shared machine, the count does
-not move with the neighbours' load; the requests in flight at the window's two edges make it
-uncertain by about 32 / requests. Under valgrind the server is tens of times slower, so batches
-are fuller than in a timed run: read it as the cost per request of the path, not of a batch.
+the window over the requests completed in it, printed with the rows a batch the model computed
+meanwhile (Triton's statistics). Unlike CPU time on a shared machine, the count does not move
+with the neighbours' load; the requests in flight at the window's two edges make it uncertain by
+about 32 / requests. Under valgrind the server is tens of times slower, so batches are fuller
+than in a timed run: read it as the cost per request of the path, not of a batch. `--keep DIR`
+keeps each window's dump for `callgrind_annotate` (per-function costs).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import uvloop
@@ -59,7 +64,9 @@ def _window(protocol: str, ports: tuple[int, int], seconds: float) -> int:
     return len(result.latencies_s)
 
 
-def count(tree: Path, repo: Path, seconds: float, scratch: Path) -> dict[str, float]:
+def count(
+    tree: Path, repo: Path, seconds: float, scratch: Path, keep: Path | None = None
+) -> dict[str, float]:
     """Instructions per request of `tree`'s server, by protocol."""
     http, grpc = free_port(), free_port()
     out = scratch / f"callgrind-{tree.name or 'here'}.out"
@@ -75,22 +82,36 @@ def count(tree: Path, repo: Path, seconds: float, scratch: Path) -> dict[str, fl
         wait_ready(ServerProcess(tree.name, proc, http), [f"/v2/models/{SMALL.name}/ready"], 900)
         for protocol in ("rest", "grpc"):
             _window(protocol, (http, grpc), 3.0)  # warm
+            before = _counts(http)
             dumps = set(scratch.glob(f"{out.name}.*"))
             _control(proc.pid, "-z")
             _control(proc.pid, "-i", "on")
             requests = _window(protocol, (http, grpc), seconds)
             _control(proc.pid, "-i", "off")
             _control(proc.pid, "-d")
+            rows, batches = (a - b for a, b in zip(_counts(http), before, strict=True))
             new = _new_dump(scratch, out.name, dumps)
             total = sum(
                 int(x.split()[1]) for x in new.read_text().splitlines() if x.startswith("totals:")
             )
             found[protocol] = total / max(1, requests)
+            if keep is not None:  # for callgrind_annotate: the per-function costs
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(new, keep / f"{tree.resolve().name}-{protocol}.callgrind")
             print(f"{tree.name or '.'} {protocol}: {found[protocol]:,.0f} instructions/request "
-                  f"over {requests} requests", flush=True)  # fmt: skip
+                  f"over {requests} requests, {rows / max(1, batches):.1f} rows a batch",
+                  flush=True)  # fmt: skip
     finally:
         os.killpg(proc.pid, 9)
     return found
+
+
+def _counts(http: int) -> tuple[int, int]:
+    """The model's rows and batches computed so far (Triton's statistics extension)."""
+    url = f"http://{HOST}:{http}/v2/models/{SMALL.name}/stats"
+    with urllib.request.urlopen(url, timeout=600) as answer:
+        stats = json.load(answer)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
 
 
 def _new_dump(scratch: Path, name: str, before: set[Path]) -> Path:
@@ -107,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--revisions", nargs="+", default=["5e1d6be", "main", "."])
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--keep", type=Path, help="a folder to keep each window's callgrind dump")
     args = parser.parse_args(argv)
     WORK.mkdir(exist_ok=True)
     trees = {rev: (Path(".") if rev == "." else checkout(rev)) for rev in args.revisions}
@@ -115,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         build_identity_like(repo, SMALL)
         write_dlscale_config(repo, SMALL)
         counts = {
-            rev: count(tree, repo, args.seconds, Path(scratch)) for rev, tree in trees.items()
+            rev: count(tree, repo, args.seconds, Path(scratch), args.keep)
+            for rev, tree in trees.items()
         }
     first = counts[args.revisions[0]]
     print(

@@ -26,10 +26,11 @@ def check_shape(
         raise InvalidInput(
             f"{role} {name!r} has {len(shape)} dimensions; at most {MAX_DIMS} are allowed"
         )
-    # min and max, not a generator over the dimensions: every tensor of every request is checked
-    if min(shape, default=0) < 0:
+    # min and max, not a generator over the dimensions, and without their `default` keyword
+    # (parsed on every call): every tensor of every request is checked, most of them twice.
+    if shape and min(shape) < 0:
         raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
-    if max(shape, default=0) > max_elements or math.prod(shape) > max_elements:
+    if (shape and max(shape) > max_elements) or math.prod(shape) > max_elements:
         raise InvalidInput(
             f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
             "tensor may hold on this server (max_tensor_elements)"

@@ -37,12 +37,13 @@ from dlscale.wire.regions import REGION, region_of, region_parameters
 from dlscale.wire.tensors import (
     Buffer,
     Form,
-    RawData,
     TypedValues,
     WireTensor,
     Wording,
     parse_datatype,
+    read_raw_checked,
     read_tensor,
+    write_raw,
     write_tensor,
 )
 
@@ -102,6 +103,8 @@ class Framed:
 
 
 _RAW_NAMES = {RAW_INPUT_FIELD: "raw_input_contents", RAW_OUTPUT_FIELD: "raw_output_contents"}
+#: What a tensor without typed contents reads as (never changed: read only).
+_NO_CONTENTS = pb.InferTensorContents()
 
 
 def read_framed(data: bytes, kind: Any, field: int) -> Framed:
@@ -173,18 +176,19 @@ def decode_infer_request(
     """
     message, raw = _unframed(message, RAW_INPUT_FIELD)
     check_id(message.id)
-    inputs, in_regions = _read_tensors(message.inputs, raw, "request", max_elements=max_elements)
+    inputs, in_regions = _read_tensors(message.inputs, raw, "request", None, max_elements)
     outputs = None
     if message.outputs:
         outputs = [_requested_output(o) for o in message.outputs]
+    # In field order, no keywords: a call with keywords builds a dict per request.
     return InferenceRequest(
-        model_name=message.model_name,
-        model_version=message.model_version,
-        id=message.id,
-        inputs=inputs,
-        outputs=outputs,
-        parameters=parameters(message.parameters),
-        in_regions=in_regions,
+        message.model_name,
+        inputs,
+        message.model_version,
+        message.id,
+        outputs,
+        parameters(message.parameters),
+        in_regions,
     )
 
 
@@ -200,13 +204,16 @@ def frame_infer_response(response: InferenceResponse, raw: bool, max_bytes: int)
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
-    _set_parameters(message.parameters, response.parameters)
+    if response.parameters:  # most answers have none: no call for an empty loop
+        _set_parameters(message.parameters, response.parameters)
     blobs: list[Buffer] = []
     size = _write_tensors(message.outputs, blobs, response.outputs, raw, "output")
-    _write_regions(message.outputs, response.in_regions)
-    if blobs or (raw and not response.outputs):
-        blobs += [b""] * len(response.in_regions)
-    _check_size(message, size, max_bytes)
+    if response.in_regions:
+        _write_regions(message.outputs, response.in_regions)
+        if blobs or (raw and not response.outputs):
+            blobs += [b""] * len(response.in_regions)
+    if size >= max_bytes * 0.9:  # `_check_size`'s own test, without its call for the others
+        _check_size(message, size, max_bytes)
     return Framed(message, blobs)
 
 
@@ -300,7 +307,7 @@ def _read_tensors(
     max_elements: int = MAX_ELEMENTS,
 ) -> tuple[dict[str, np.ndarray], dict[str, RegionTensor]]:
     role = "input" if what == "request" else "output"
-    entries = [_entry(role, t, placed) for t in tensors]
+    entries = [_entry(role, t, placed, max_elements) for t in tensors]
     blobs = _raw_blobs(entries, raw, role, what)
     arrays: dict[str, np.ndarray] = {}
     in_regions: dict[str, RegionTensor] = {}
@@ -316,24 +323,29 @@ def _read_tensors(
                 )
             in_regions[name] = RegionTensor(tensor.datatype, tensor.shape, ref)
             continue
-        source = RawData(blob, GRPC_WORDS) if raw else _typed(tensor, contents)
-        arrays[name] = read_tensor(tensor, source, max_elements)
+        if raw:  # read_tensor's checks, the shape's made by `_entry` already
+            arrays[name] = read_raw_checked(tensor, blob, GRPC_WORDS)
+        else:
+            arrays[name] = read_tensor(tensor, _typed(tensor, contents), max_elements)
     return arrays, in_regions
 
 
 def _entry(
-    role: str, entry: Any, placed: Mapping[str, RegionRef] | None
+    role: str, entry: Any, placed: Mapping[str, RegionRef] | None, max_elements: int
 ) -> tuple[WireTensor, RegionRef | None, Any]:
-    """A message's tensor: what it says of itself, the region it names, and its contents."""
+    """A message's tensor: what it says of itself, the region it names, and its contents; its
+    shape checked against `max_elements` (also in a region, before anything is read)."""
     name = entry.name
-    shape = tuple(entry.shape)
-    check_shape(role, name, shape)  # also for a tensor in a region, before anything is read
+    shape = tuple(entry.shape[:])  # a slice: iterating protobuf's field itself is slower
+    check_shape(role, name, shape, max_elements)
     datatype = parse_datatype(role, name, entry.datatype)
     params = parameters(entry.parameters)
     ref = region_of(role, name, params)
     if ref is None and placed and name in placed:
         ref = placed[name]
-    return WireTensor(role, name, datatype, shape, params), ref, entry.contents
+    # Raw tensors have no typed contents: reading the field would make an empty message each.
+    contents = entry.contents if entry.HasField("contents") else _NO_CONTENTS
+    return WireTensor(role, name, datatype, shape, params), ref, contents
 
 
 def _raw_blobs(
@@ -345,7 +357,7 @@ def _raw_blobs(
     """
     if not raw:
         return [None] * len(entries)
-    typed = [t.name for t, _, contents in entries if contents.ListFields()]
+    typed = [t.name for t, _, c in entries if c is not _NO_CONTENTS and c.ListFields()]
     if typed:
         raise InvalidInput(
             f"{role}s {typed} carry typed contents while the {what} also carries "
@@ -398,6 +410,11 @@ def _write_tensors(
     for name, array in arrays.items():
         datatype = datatypes[name]
         tensor = tensors.add(name=name, datatype=_NAMES[datatype], shape=array.shape)
+        if form is _RAW:  # write_raw: write_tensor's raw form without a `Written` around it
+            data = write_raw(array, datatype)
+            blobs.append(data)
+            size += nbytes(data)
+            continue
         written = write_tensor(role, name, array, datatype, form)
         if written.raw is not None:
             blobs.append(written.raw)

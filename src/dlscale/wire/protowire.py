@@ -27,8 +27,14 @@ def nbytes(buffer: Buffer) -> int:
     return buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
 
 
+#: Varints of one byte, made once: most lengths and every key the codec writes are below 128.
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
+
+
 def varint(value: int) -> bytes:
     """`value` (non-negative) as a base-128 varint."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

@@ -186,6 +186,11 @@ def read_raw(
     """`read_tensor` of raw bytes, without a `RawData` to make first (once per tensor of every
     binary request): the same checks, a view of the bytes."""
     check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
+    return read_raw_checked(tensor, data, wording)
+
+
+def read_raw_checked(tensor: WireTensor, data: Buffer, wording: Wording) -> np.ndarray:
+    """`read_raw` of a tensor whose shape its caller has checked already (`check_shape`)."""
     view = memoryview(data)
     if tensor.datatype is _BYTES:
         return _parse_bytes(tensor, view, wording).reshape(tensor.shape)
@@ -381,11 +386,18 @@ def write_tensor(
     return Written(values=array.ravel().tolist())
 
 
+#: Raw outputs of at most this many bytes are copied rather than viewed (`write_raw`).
+COPY_UP_TO = 1024
+
+
 def write_raw(array: np.ndarray, datatype: Datatype) -> Buffer:
     """`write_tensor` in the RAW form, its bytes without a `Written` around them (once per
-    output of every binary answer): a view of the array's memory when it is contiguous."""
+    output of every binary answer): a view of the array's memory when it is contiguous, a
+    copy when small (a few hundred bytes copy in less time than numpy takes to make a view)."""
     if datatype is _BYTES:
         return serialize_bytes(array.flat)
+    if array.nbytes <= COPY_UP_TO:
+        return array.tobytes()  # in C order, as the view below
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     flat: Any = array.reshape(-1).view(np.uint8)  # numpy lacks Buffer hints

@@ -11,6 +11,7 @@ from dlscale.types import Datatype
 from dlscale.wire.grpc import GRPC_WORDS
 from dlscale.wire.rest import REST_WORDS
 from dlscale.wire.tensors import (
+    COPY_UP_TO,
     Buffer,
     Form,
     JsonData,
@@ -58,10 +59,17 @@ def test_raw_reads_are_views_and_writes_need_no_copy() -> None:
     array = _from_raw(buffer, "INT32", [2, 2])
     buffer[0] = 9
     assert array[0, 0] == 9
-    source = np.arange(4, dtype=np.float32)
+    source = np.arange(COPY_UP_TO // 4 + 1, dtype=np.float32)
     written = write_tensor("output", "y", source, Datatype.FP32, Form.RAW)
     assert isinstance(written.raw, memoryview)
     assert np.shares_memory(np.frombuffer(written.raw, np.float32), source)
+
+
+def test_small_raw_writes_are_copies_of_the_same_bytes() -> None:
+    # Below COPY_UP_TO a copy costs less than a view; the bytes are the same, in C order.
+    source = np.arange(8, dtype=np.float32).reshape(2, 4).T  # not contiguous
+    written = write_tensor("output", "y", source, Datatype.FP32, Form.RAW)
+    assert isinstance(written.raw, bytes) and written.raw == np.ascontiguousarray(source).tobytes()
 
 
 def test_bytes_tensors_are_length_prefixed() -> None:

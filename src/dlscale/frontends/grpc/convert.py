@@ -10,7 +10,6 @@ from typing import Any
 
 from dlscale.errors import InvalidInput
 from dlscale.types import (
-    InferenceResponse,
     ModelConfigView,
     ModelMetadata,
     ModelStatistics,
@@ -19,7 +18,7 @@ from dlscale.types import (
     TensorSpec,
 )
 from dlscale.wire.documents import config_message, statistics_message
-from dlscale.wire.grpc import Framed, frame_infer_response
+from dlscale.wire.grpc import frame_infer_response
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 # -- requests -----------------------------------------------------------------------------------
@@ -95,10 +94,10 @@ def log_settings(settings: dict[str, str | bool | int]) -> Any:
 # -- inference ----------------------------------------------------------------------------------
 
 
-def infer_response(response: InferenceResponse, raw: bool, max_bytes: int) -> Framed:
-    """A ModelInferResponse, raw outputs beside it (the frontend's serializer joins them once,
-    wrapped as a ModelStreamInferResponse's answer on a stream)."""
-    return frame_infer_response(response, raw, max_bytes)
+#: A ModelInferResponse, raw outputs beside it (the frontend's serializer joins them once,
+#: wrapped as a ModelStreamInferResponse's answer on a stream): the codec's own, not a call
+#: around it, since every answer is made by it.
+infer_response = frame_infer_response
 
 
 def stream_error(text: str, message: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -10,15 +11,22 @@ from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import GRPC_HEADER_PREFIX, Access
 from dlscale.frontends.grpc import tfserving
-from dlscale.frontends.grpc.guard import Guard, GuardedServer
+from dlscale.frontends.grpc.guard import Guard, GuardedServer, decodes_safely, undecodable
 from dlscale.frontends.grpc.peers import ConnectionTrimmer, PeerCalls
 from dlscale.frontends.grpc.servicer import InferenceServicer
 from dlscale.frontends.grpc.writing import written
 from dlscale.frontends.limits import Limits
-from dlscale.frontends.plane import Plane
+from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.tls import TlsFiles
 from dlscale.wire import tracing
-from dlscale.wire.grpc import RAW_INPUT_FIELD, RAW_OUTPUT_FIELD, Framed, read_framed, serialize
+from dlscale.wire.grpc import (
+    RAW_INPUT_FIELD,
+    RAW_OUTPUT_FIELD,
+    SPLIT_FROM_BYTES,
+    Framed,
+    read_framed,
+    serialize,
+)
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
@@ -93,6 +101,7 @@ class GrpcFrontend:
             limits.max_stream_answers,
         )
         self.servicer = servicer
+        servicer.continues_traces = await _continues_traces(servicer.dataplane)
         handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
         guarded = GuardedServer(server, Guard(self.access, self.peers))
         guarded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -130,6 +139,13 @@ class GrpcFrontend:
             self._server = None
 
 
+async def _continues_traces(plane: Asked) -> bool:
+    """Whether the server traces to OTLP, the one kind of trace a caller's `traceparent`
+    continues: fixed when the server starts (its endpoint is a flag), so asked once here."""
+    settings = await plane.trace_settings()
+    return settings.get("trace_mode") == "opentelemetry"
+
+
 def _streams_per_connection(cap: int) -> list[tuple[str, int]]:
     return [("grpc.max_concurrent_streams", cap)] if cap else []
 
@@ -138,9 +154,9 @@ def method_handlers(
     servicer: InferenceServicer, unread_s: float = Limits().unread_stream_timeout_s
 ) -> dict[str, grpc.RpcMethodHandler]:
     """Every RPC of the service, each with its messages' protobuf (de)serializers, except that
-    ModelInfer and ModelStreamInfer keep raw contents out of protobuf (wire/grpc.py, `Framed`):
-    read as views of the received bytes, written joined once. ModelStreamInfer's answers are
-    written with a bound on how long a client may leave them unread (`written`)."""
+    ModelInfer and ModelStreamInfer keep large raw contents out of protobuf (wire/grpc.py,
+    `Framed`): read as views of the received bytes, written joined once. ModelStreamInfer's
+    answers are written with a bound on how long a client may leave them unread (`written`)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         name = method.name
@@ -148,7 +164,7 @@ def method_handlers(
         answer_of: Any = getattr(pb, method.output_type.name).SerializeToString
         behavior: Any = getattr(servicer, name)
         if name in ("ModelInfer", "ModelStreamInfer"):
-            request_of = _read_request
+            request_of = _request_reader(name)
             answer_of = write_stream_answer if name == "ModelStreamInfer" else _write_answer
         if name == "ModelStreamInfer":
             behavior = written(behavior, unread_s)
@@ -163,9 +179,23 @@ def method_handlers(
     return handlers
 
 
-def _read_request(data: bytes) -> Framed:
-    tracing.record(tracing.SOCKET_IN, data)  # gRPC's own copy of what the socket read
-    return read_framed(data, pb.ModelInferRequest, RAW_INPUT_FIELD)
+def _request_reader(method: str) -> Callable[[bytes], Any]:
+    """`method`'s ModelInferRequests as its handler takes them: whole when small (protobuf's one
+    parse costs less than a split), `Framed` when large; `Undecodable` when not such a message
+    (the guard refuses it INVALID_ARGUMENT), caught here rather than by a wrapper around this."""
+
+    @decodes_safely
+    def read(data: bytes) -> Any:
+        tracing.record(tracing.SOCKET_IN, data)  # gRPC's own copy of what the socket read
+        try:
+            if len(data) < SPLIT_FROM_BYTES:
+                return request_of(data)
+            return read_framed(data, pb.ModelInferRequest, RAW_INPUT_FIELD)
+        except Exception as exc:  # protobuf raises DecodeError; anything else is as undecodable
+            return undecodable(method, exc)
+
+    request_of = pb.ModelInferRequest.FromString
+    return read
 
 
 def _write_answer(answer: Framed) -> bytes:

@@ -46,6 +46,22 @@ def peer_address(peer: str) -> str:
     return peer  # unix sockets and anything else: the whole string is the peer
 
 
+#: Client addresses by gRPC peer string, so that each call does not parse its own; cleared
+#: when full (each connection has a peer string of its own).
+_ADDRESSES: dict[str, str] = {}
+_MOST_ADDRESSES = 4096
+
+
+def address_of(peer: str) -> str:
+    """`peer_address`, remembered per peer string (asked on every call)."""
+    address = _ADDRESSES.get(peer)
+    if address is None:
+        if len(_ADDRESSES) >= _MOST_ADDRESSES:
+            _ADDRESSES.clear()
+        address = _ADDRESSES[peer] = peer_address(peer)
+    return address
+
+
 class PeerCalls:
     """The calls each client address has in flight, held to `cap` (0: no limit)."""
 

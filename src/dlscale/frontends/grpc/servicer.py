@@ -21,6 +21,7 @@ from dlscale.frontends.plane import Asked, Plane
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.serving.streams import aclose
+from dlscale.types import InferenceRequest
 from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
@@ -50,23 +51,34 @@ def _unary(handler: _Handler[_T]) -> _Handler[_T]:
         code = "OK"
         try:
             return await handler(self, request, context)
-        except DlscaleError as exc:
-            code = exc.grpc_code
-            log_failure("gRPC", _model_of(request), code, exc.reason, f"{handler.__name__}: {exc}")
-            await context.abort(_status(exc), exc.message)
         except Exception as exc:
-            code = "INTERNAL"
-            log.exception("gRPC %s failed", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, redact_paths(f"internal error: {exc!r}"))
+            code = _code_of(exc)
+            await _abort(exc, handler.__name__, request, context)
         finally:
-            if access.isEnabledFor(logging.INFO):
-                elapsed_ms = (time.perf_counter() - start) * 1000
-                access.info(
-                    "gRPC %s %s %s %.3fms", handler.__name__, _model_of(request), code, elapsed_ms
-                )
+            _access_line(handler.__name__, request, code, start)
         raise AssertionError("context.abort returned")  # abort always raises
 
     return wrapped
+
+
+def _code_of(exc: Exception) -> str:
+    return exc.grpc_code if isinstance(exc, DlscaleError) else "INTERNAL"
+
+
+async def _abort(exc: Exception, method: str, request: Any, context: Any) -> None:
+    """End the call with `exc`'s status: the error tree's code, anything else INTERNAL (logged).
+    Raises, as `context.abort` does."""
+    if isinstance(exc, DlscaleError):
+        log_failure("gRPC", _model_of(request), exc.grpc_code, exc.reason, f"{method}: {exc}")
+        await context.abort(_status(exc), exc.message)
+    log.exception("gRPC %s failed", method)
+    await context.abort(grpc.StatusCode.INTERNAL, redact_paths(f"internal error: {exc!r}"))
+
+
+def _access_line(method: str, request: Any, code: str, start: float) -> None:
+    if access.isEnabledFor(logging.INFO):
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        access.info("gRPC %s %s %s %.3fms", method, _model_of(request), code, elapsed_ms)
 
 
 #: The same mapping for the TensorFlow Serving servicers (tfserving_rpcs.py).
@@ -104,6 +116,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         #: The outbox of each stream open now: what the server holds for each (its own count).
         self.outboxes: set[Outbox] = set()
         self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
+        #: Whether a caller's `traceparent` metadata is read: only an OTLP trace continues it,
+        #: and whether the server has one is fixed at its start (`GrpcFrontend.start` says).
+        self.continues_traces = True
 
     # -- health and metadata ------------------------------------------------------------------
 
@@ -137,10 +152,24 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
 
-    @_unary
-    def ModelInfer(self, request: Any, context: Any) -> Awaitable[Any]:
-        # `_infer`'s coroutine handed to `_unary` to await: no coroutine of its own per call.
-        return self._infer(request, _traceparent(context))
+    async def ModelInfer(self, request: Any, context: Any) -> Framed:
+        """One coroutine per call, `_unary`'s error mapping and `_infer`'s work inline: this runs
+        for every request, and each coroutine layer costs it a frame on every resumption."""
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            traceparent = _traceparent(context) if self.continues_traces else ""
+            decoded = self._decoded(request, traceparent)
+            if decoded is None:
+                decoded = await self._decoded_off_loop(request, traceparent)
+            response = await self.dataplane.infer(decoded)
+            return convert.infer_response(response, wants_raw(decoded), self.max_message_bytes)
+        except Exception as exc:
+            code = _code_of(exc)
+            await _abort(exc, "ModelInfer", request, context)
+        finally:
+            _access_line("ModelInfer", request, code, start)
+        raise AssertionError("context.abort returned")  # abort always raises
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -213,14 +242,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             reply.message.parameters[FINAL].bool_param = True
             await send(reply)
             return
-        refusal = self.dataplane.refuse_early(name, version)
-        if refusal is not None:
-            raise refusal
-        if _large(message):
-            request = await off_loop(True, decode_infer_request, message, self.max_elements)
-        else:  # most messages: decoded here, without a coroutine for `off_loop`
-            request = decode_infer_request(message, self.max_elements)
-        request.traceparent = traceparent
+        request = self._decoded(message, traceparent)
+        if request is None:
+            request = await self._decoded_off_loop(message, traceparent)
         empty_final = request.parameters.get(EMPTY_FINAL) is True
         raw = wants_raw(request)
         responses = self.dataplane.stream(request)
@@ -234,17 +258,29 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             await aclose(responses)
 
     async def _infer(self, message: Any, traceparent: str = "") -> Framed:
+        request = self._decoded(message, traceparent)
+        if request is None:
+            request = await self._decoded_off_loop(message, traceparent)
+        response = await self.dataplane.infer(request)
+        return convert.infer_response(response, wants_raw(request), self.max_message_bytes)
+
+    def _decoded(self, message: Any, traceparent: str) -> InferenceRequest | None:
+        """The request decoded here, or None when it is large enough to decode off the loop
+        (most messages are decoded here, without a coroutine for `off_loop`)."""
         plain = _plain(message)  # a model over its [qos] limits refuses before tensors are read
         refusal = self.dataplane.refuse_early(plain.model_name, plain.model_version)
         if refusal is not None:
             raise refusal
         if _large(message):
-            request = await off_loop(True, decode_infer_request, message, self.max_elements)
-        else:  # most messages: decoded here, without a coroutine for `off_loop`
-            request = decode_infer_request(message, self.max_elements)
+            return None
+        request = decode_infer_request(message, self.max_elements)
         request.traceparent = traceparent
-        response = await self.dataplane.infer(request)
-        return convert.infer_response(response, wants_raw(request), self.max_message_bytes)
+        return request
+
+    async def _decoded_off_loop(self, message: Any, traceparent: str) -> InferenceRequest:
+        request = await off_loop(True, decode_infer_request, message, self.max_elements)
+        request.traceparent = traceparent
+        return request
 
     # -- statistics and repository ----------------------------------------------------------------
 
@@ -309,12 +345,18 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 def _large(message: Any) -> bool:
-    """Whether a ModelInferRequest (`Framed`, or whole on Ray Serve's proxy) carries or declares
-    enough to decode it off the loop."""
-    blobs = message.raw if isinstance(message, Framed) else message.raw_input_contents
-    inputs = _plain(message).inputs
-    raw = sum(len(blob) for blob in blobs)
-    declared = sum(math.prod(t.shape) for t in inputs)
+    """Whether a ModelInferRequest (`Framed`, or whole: a small one, or on Ray Serve's proxy)
+    carries or declares enough to decode it off the loop."""
+    if isinstance(message, Framed):
+        blobs, inputs = message.raw, message.message.inputs
+    else:
+        blobs, inputs = message.raw_input_contents, message.inputs
+    # Loops, not generators in `sum`: this runs for every request.
+    raw = declared = 0
+    for blob in blobs:
+        raw += len(blob)
+    for tensor in inputs:
+        declared += math.prod(tensor.shape[:])  # a slice: iterating the field itself is slower
     return raw > OFF_LOOP_BYTES or declared * 4 > OFF_LOOP_BYTES
 
 

@@ -35,10 +35,7 @@ def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> 
     """The bytes of `response`: one buffer when small, else its head and then its parts."""
     size = sum(map(len, response.parts))  # no generator: once per answer
     parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
-    head = [
-        b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"")),
-        b"content-type: %s\r\ncontent-length: %d\r\n" % (response.content_type.encode(), size),
-    ]
+    head = [_start(response.status, response.content_type), b"%d\r\n" % size]
     for name, value in response.headers:
         head.append(f"{name}: {value}\r\n".encode("latin-1"))
     if not keep_alive:
@@ -47,6 +44,25 @@ def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> 
     if size < _JOIN_BELOW:
         return [b"".join([*head, *parts])]
     return [b"".join(head), *parts]
+
+
+#: The head's first lines up to the length's digits, by status and content type: made once
+#: each (a few kinds of answer), not formatted and encoded per answer.
+_STARTS: dict[tuple[int, str], bytes] = {}
+_MOST_STARTS = 256
+
+
+def _start(status: int, content_type: str) -> bytes:
+    start = _STARTS.get((status, content_type))
+    if start is None:
+        start = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
+            status,
+            _REASONS.get(status, b""),
+            content_type.encode(),
+        )
+        if len(_STARTS) < _MOST_STARTS:  # a bound, should any content type come from a client
+            _STARTS[(status, content_type)] = start
+    return start
 
 
 def cut_response(grace_s: float) -> RestResponse:
