@@ -90,6 +90,8 @@ class MemoryLedger:
         self.readings = 0
         self.trims = 0
         self._trimming: set[asyncio.Task[None]] = set()
+        #: Evicted models whose instances are still closing (their bytes left the ledger).
+        self._closing: set[asyncio.Task[None]] = set()
         #: Host bytes of the models evicted since the last trim.
         self._untrimmed = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
@@ -292,6 +294,9 @@ class MemoryLedger:
         self._untrimmed = 0 if trim else self._untrimmed
         self.trims += trim
         before: Footprint = {}
+        if measuring or any(d != "cpu" for d in devices):
+            # A free ending within a reading would hide growth; a GPU's bytes must be free.
+            await self._closed_all()
         if measuring:
             # A trim beside an earlier load that ended within this reading would hide growth.
             await asyncio.gather(*self._trimming)
@@ -310,6 +315,24 @@ class MemoryLedger:
             return served, growth(devices, before, after, floor, known, hidden), seconds
         # Not measured, or another load ran beside it: its growth is not its own alone.
         return served, growth(devices, {}, {}, floor, known), seconds
+
+    def closing(self, task: asyncio.Task[None]) -> None:
+        """An evicted model's instances close in `task`, beside the load that made room: a
+        reading, and a load on a GPU (whose bytes must be free before it allocates), wait for
+        it first; a host load of known size does not (the cold request waited for the
+        victim's unload: a trip to its thread and back, 20 to 130 ms on a busy host)."""
+        self._closing.add(task)
+        task.add_done_callback(self._closed)
+
+    def _closed(self, task: asyncio.Task[None]) -> None:
+        self._closing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the eviction's caller or its own log says it
+
+    async def _closed_all(self) -> None:
+        """Wait for the evicted models' instances still closing."""
+        while self._closing:
+            await asyncio.wait(list(self._closing))
 
     def _trim_beside(self) -> None:
         """Hand freed memory back in a thread beside this load, not before it: no reading
