@@ -100,6 +100,7 @@ class MemoryLedger:
         self._in_use: Counter[str] = Counter()
         self._known: dict[Stamp, Footprint] = {}
         self._measures: Counter[Stamp] = Counter()  # loads of each file measured
+        self._measurer: dict[Stamp, str] = {}  # the name whose load first measured it
         #: Loads at once on the host; a GPU's loads take turns (`_turns_of`).
         self.parallel = parallel
         self._turns: dict[str, Turns] = {}
@@ -206,9 +207,10 @@ class MemoryLedger:
         # Off the loop: a walk of the version's folder and a stat of its file.
         floor, stamp = files if files is not None else await asyncio.to_thread(files_of, mv)
         known = self._known.get(stamp, {})
-        need = known or {**floor, **limit}
+        settled = known if self._settled(stamp, mv.name) else {}
+        need = settled or {**floor, **limit}
         turns = [self._turns_of(d) for d in devices]
-        async with self._turn(turns, alone=not known):
+        async with self._turn(turns, alone=not settled):
             token = await self._reserve(mv.name, need)
             try:
                 served, size, seconds = await self._measured(
@@ -282,7 +284,7 @@ class MemoryLedger:
         file has been measured fewer than `MEASURES` times, else the size known for its file."""
         floor, known, stamp = sizing
         alone = [t.entered for t in turns] if all(t.running == 1 for t in turns) else None
-        trim = self._trim_due(known)
+        trim = self._trim_due(known if self._settled(stamp, mv.name) else {})
         # Memory freed and not handed back hides part of a load's growth: a size measured
         # over it may not lower the size known for the file (the allocator reused it).
         hidden = {"cpu"} if self._untrimmed and not trim else set()
@@ -312,6 +314,7 @@ class MemoryLedger:
             self.readings += 1
             # A reading over freed memory not handed back keeps the known figure: not counted.
             self._measures[stamp] += not hidden
+            self._measurer.setdefault(stamp, mv.name)
             return served, growth(devices, before, after, floor, known, hidden), seconds
         # Not measured, or another load ran beside it: its growth is not its own alone.
         return served, growth(devices, {}, {}, floor, known), seconds
@@ -333,6 +336,19 @@ class MemoryLedger:
         """Wait for the evicted models' instances still closing."""
         while self._closing:
             await asyncio.wait(list(self._closing))
+
+    def _settled(self, stamp: Stamp, name: str) -> bool:
+        """Whether a load of `name` takes the size known for its file and config as it is, or
+        loads as a first load (alone, over memory handed back, reserving its files, measured).
+
+        The file's first figure carries the runtime's one-time set-up (33.6 MiB against 3.2
+        for the bench's MLP): the name that measured it keeps it until a second measurement
+        corrects it, as before, but another name of the same file loads as a first load
+        until then. Reserved for every copy, that figure let one copy in at a time under the
+        bench's budget (659 requests refused, 503, in one run)."""
+        if stamp not in self._known:
+            return False
+        return self._measures[stamp] >= MEASURES or self._measurer.get(stamp) == name
 
     def _trim_beside(self) -> None:
         """Hand freed memory back in a thread beside this load, not before it: no reading
