@@ -10,12 +10,14 @@ index reports, never a time (docs/memory.md, "Sizes known by file").
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as triton
 from tests.toolkit.models import write_null_model
+from tests.toolkit.python_models import write_python_model
 from tests.toolkit.server import LocalServer, serving
 
 from dlscale.serving.memory.ledger import MEASURES
@@ -118,23 +120,31 @@ class TritonPythonModel:
 """
 
 
-def test_the_second_load_of_a_file_corrects_the_first_ones_set_up(tmp_path: Path) -> None:
-    from tests.toolkit.python_models import write_python_model
-
+def python_copies(tmp_path: Path, names: list[str]) -> Path:
+    """A repository of `names`, each linked to one Python model that sets up once."""
     config = CONFIG + '[backend_options]\nisolation = "thread"\n'  # in the server's process
     source = write_python_model(tmp_path / "source", "source", SET_UP_ONCE, config)
     root = tmp_path / "repo"
-    names = [f"py{i}" for i in range(4)]
     for name in names:
         (root / name).mkdir(parents=True)
         (root / name / "config.toml").write_text('backend = "python"\n' + config)
         (root / name / "1").symlink_to(source / "1", target_is_directory=True)
-    # The first copy holds 100 to 150 MiB (the set-up, and the Python backend's own imports
-    # when it is the process's first Python model); the others a few MiB. Taken as the file's
-    # size, the first figure would not fit twice: the second copy would evict the first.
-    budget = 180 * MiB
+    return root
+
+
+#: The first copy holds 100 to 150 MiB (the set-up, and the Python backend's own imports when
+#: it is the process's first Python model); the others a few MiB. Taken as the file's size, the
+#: first figure does not fit twice: a second copy would evict the first.
+SET_UP_BUDGET = 180 * MiB
+
+
+def test_the_second_load_of_a_file_corrects_the_first_ones_set_up(tmp_path: Path) -> None:
+    names = [f"py{i}" for i in range(4)]
     with serving(
-        root, model_control="on-demand", load_models=(), memory_budget=(("cpu", budget),)
+        python_copies(tmp_path, names),
+        model_control="on-demand",
+        load_models=(),
+        memory_budget=(("cpu", SET_UP_BUDGET),),
     ) as server:
         ask(server, names)
         held = sizes(server)
@@ -142,4 +152,23 @@ def test_the_second_load_of_a_file_corrects_the_first_ones_set_up(tmp_path: Path
         assert sorted(held) == names and ledger.evictions == 0, (held, ledger.evictions)
         assert all(held[n] < held[names[0]] for n in names[1:]), held
         assert held[names[2]] == held[names[3]] <= held[names[1]], held
-        assert ledger.peak["cpu"] <= budget
+        assert ledger.peak["cpu"] <= SET_UP_BUDGET
+
+
+def test_copies_asked_at_once_keep_the_corrected_size(tmp_path: Path) -> None:
+    names = [f"py{i}" for i in range(4)]
+    with serving(
+        python_copies(tmp_path, names),
+        model_control="on-demand",
+        load_models=(),
+        memory_budget=(("cpu", SET_UP_BUDGET),),
+    ) as server:
+        # All at once: the loads behind the file's measurements wait for their turns, and read
+        # its size once they have them (read before, it was the first figure, written back).
+        with ThreadPoolExecutor(len(names)) as pool:
+            list(pool.map(lambda n: ask(server, [n]), names))
+        held = sizes(server)
+        ledger = server.dataplane.manager.memory
+        assert sorted(held) == names and ledger.evictions == 0, (held, ledger.evictions)
+        assert sum(size < max(held.values()) for size in held.values()) == 3, held
+        assert ledger.peak["cpu"] <= SET_UP_BUDGET

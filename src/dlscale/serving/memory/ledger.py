@@ -206,14 +206,16 @@ class MemoryLedger:
         limit = parse_limit(mv.name, mv.config.memory.limit)
         # Off the loop: a walk of the version's folder and a stat of its file.
         floor, stamp = files if files is not None else await asyncio.to_thread(files_of, mv)
-        known = self._known.get(stamp, {})
-        settled = known if self._settled(stamp, mv.name) else {}
-        need = settled or {**floor, **limit}
         turns = [self._turns_of(d) for d in devices]
-        async with self._turn(turns, alone=not settled):
+        async with self._turn(turns, alone=not self._settled(stamp, mv.name)):
+            # Read once the turn is taken: another name's load of the same file, ahead in the
+            # turns, may have measured it meanwhile (a figure read before the wait was the
+            # first one, set-up included, and this load wrote it back over the correction).
+            known = self._known.get(stamp, {})
+            need = (known if self._settled(stamp, mv.name) else {}) or {**floor, **limit}
             token = await self._reserve(mv.name, need)
             try:
-                served, size, seconds = await self._measured(
+                served, size, seconds, measured = await self._measured(
                     mv, load, devices, turns, (floor, known, stamp)
                 )
             finally:
@@ -224,7 +226,12 @@ class MemoryLedger:
             except DlscaleError:
                 await close(served)
                 raise
-            self._known[stamp] = served.memory = size
+            # Only a measurement is the file's figure now: a size taken from the known one is
+            # not written back (a load beside another name's measurement of the file would
+            # put the figure it read before over the correction).
+            if measured or stamp not in self._known:
+                self._known[stamp] = size
+            served.memory = size
             self._held[served.serial] = (mv.name, size)
             self._note_peak()
             self._names[mv.name] += 1
@@ -279,9 +286,10 @@ class MemoryLedger:
         devices: list[str],
         turns: list[Turns],
         sizing: tuple[Footprint, Footprint, Stamp],
-    ) -> tuple[ServedVersion, Footprint, float]:
+    ) -> tuple[ServedVersion, Footprint, float, bool]:
         """Load, and the size it holds: measured when the load ran alone on its devices and its
-        file has been measured fewer than `MEASURES` times, else the size known for its file."""
+        file has been measured fewer than `MEASURES` times, else the size known for its file;
+        and whether the size is a measurement (over memory handed back)."""
         floor, known, stamp = sizing
         alone = [t.entered for t in turns] if all(t.running == 1 for t in turns) else None
         trim = self._trim_due(known if self._settled(stamp, mv.name) else {})
@@ -315,9 +323,9 @@ class MemoryLedger:
             # A reading over freed memory not handed back keeps the known figure: not counted.
             self._measures[stamp] += not hidden
             self._measurer.setdefault(stamp, mv.name)
-            return served, growth(devices, before, after, floor, known, hidden), seconds
+            return served, growth(devices, before, after, floor, known, hidden), seconds, not hidden
         # Not measured, or another load ran beside it: its growth is not its own alone.
-        return served, growth(devices, {}, {}, floor, known), seconds
+        return served, growth(devices, {}, {}, floor, known), seconds, False
 
     def closing(self, task: asyncio.Task[None]) -> None:
         """An evicted model's instances close in `task`, beside the load that made room: a
