@@ -229,6 +229,17 @@ class ModelManager:
         self, name: str, grace_s: float | None = None, reason: str = "unloaded"
     ) -> None:
         """Stop taking requests, finish those in flight within the grace, then free the model."""
+        await self._unload(name, grace_s, reason)
+
+    async def _unload(
+        self,
+        name: str,
+        grace_s: float | None,
+        reason: str,
+        released: asyncio.Future[None] | None = None,
+    ) -> None:
+        """`unload`; `released` is set once the model's bytes have left the memory ledger,
+        before its instances close."""
         if name not in self._entries:
             raise NotFound(f"unknown model {name!r}")
         async with self._locked(name):
@@ -244,12 +255,36 @@ class ModelManager:
             self.required.discard(name)
             self.memory.pinned.discard(name)
             self._set(name, ModelState.UNLOADING)
-            await self._retire(entry, self.grace_s if grace_s is None else grace_s)
+            await self._retire(entry, self.grace_s if grace_s is None else grace_s, released)
             self._set(name, ModelState.UNAVAILABLE, reason)
 
     async def _evict(self, name: str, why: str) -> None:
-        """Unload a model to make room for another (the memory ledger's choice)."""
-        await self.unload(name, reason=f"evicted ({why})")
+        """Unload a model to make room for another (the memory ledger's choice). Returns once
+        its bytes have left the ledger: its instances close beside the load that asked for the
+        room, and the ledger waits for them only where a free matters (a reading, a GPU:
+        `MemoryLedger.closing`). The model stays UNLOADING, its name held, until they have.
+
+        A pipeline or an adapter has no instance of its own, and holds its steps or its base
+        until it is gone (a base whose adapter is still placed cannot go): waited for whole."""
+        entry = self._entries.get(name)
+        if entry is None or any(v.runner.models for v in entry.versions.values()):
+            await self.unload(name, reason=f"evicted ({why})")
+            return
+        loop = asyncio.get_running_loop()
+        released = loop.create_future()
+        unload = loop.create_task(self._evicted(name, why, released))
+        self.memory.closing(unload)
+        await asyncio.wait([released, unload], return_when=asyncio.FIRST_COMPLETED)
+        if unload.done():
+            unload.result()  # refused before anything was released (a pipeline holds it)
+
+    async def _evicted(self, name: str, why: str, released: asyncio.Future[None]) -> None:
+        try:
+            await self._unload(name, None, f"evicted ({why})", released)
+        except DlscaleError as exc:
+            if not released.done():
+                raise  # not evicted: the ledger says why
+            log.warning("model %s: evicted, but it did not close cleanly: %s", name, exc)
 
     def _ties(self) -> tuple[set[str], dict[str, set[str]]]:
         """In one pass: the models something other than requests holds (a loaded pipeline uses
@@ -423,9 +458,17 @@ class ModelManager:
             for mv in versions
         ]
 
-    async def _retire(self, entry: ModelEntry, grace_s: float | None = None) -> None:
+    async def _retire(
+        self,
+        entry: ModelEntry,
+        grace_s: float | None = None,
+        released: asyncio.Future[None] | None = None,
+    ) -> None:
         for served in entry.versions.values():
             self.memory.release(served.serial)
+        if released is not None and not released.done():
+            released.set_result(None)
+        for served in entry.versions.values():
             await close_version(served, grace_s)
 
 

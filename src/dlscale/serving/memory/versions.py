@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 from dlscale.models.repository import ModelVersion
 from dlscale.serving.memory import measure
 from dlscale.serving.memory.policy import TooLarge
 from dlscale.serving.memory.sizes import Footprint, device_key, show_all
 
-#: A model file as it is now (version, size, modification time): what a known size belongs to.
-Stamp = tuple[str, int, int, int]
+#: What a known size belongs to: a model file as it is now (device, inode, size, modification
+#: time) and the config it is loaded under, less the model's name.
+Stamp = tuple[int, int, int, int, str]
 #: The least a version holds (its files, per device) and its file's stamp.
 Files = tuple[Footprint, Stamp]
 
@@ -19,12 +22,20 @@ def files_of(mv: ModelVersion) -> Files:
 
 
 def _stamp(mv: ModelVersion) -> Stamp:
-    """What a remembered size belongs to: the version and its model file as it is now."""
+    """What a remembered size belongs to: the model file as it is now (through links), and the
+    config less the model's name (instances, devices, backend options: what sets a footprint).
+
+    Not the name: many names served from one file under one config (a copy per customer or
+    per language) hold the same bytes, and keyed by name the first two loads of every one of
+    them were measured, each alone on the host with a trim and two readings: 86 of 226 cold
+    requests' loads on the bench, 4.5 ms more each at the median (docs/memory.md, "Sizes known
+    by file")."""
+    config = mv.config.model_dump_json(exclude={"name"})
     try:
-        stat = mv.model_file.stat()
+        stat = os.stat(mv.model_file)
     except OSError:
-        return (mv.name, mv.version, 0, 0)
-    return (mv.name, mv.version, stat.st_size, stat.st_mtime_ns)
+        return (0, 0, 0, 0, f"{mv.name}/{mv.version}: {config}")  # its own, measured apart
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, config)
 
 
 def _files(mv: ModelVersion) -> Footprint:
