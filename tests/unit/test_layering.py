@@ -147,7 +147,7 @@ SERVING_LAYERS: list[set[str]] = [
     {"batcher", "seats", "pipeline"},
     {"runners"},
     {"served", "caller", "adapters"},
-    {"memory", "loading"},
+    {"memory", "loading", "dependencies"},
     {"manager"},
     {"cache", "validation", "control"},
     {"streams"},

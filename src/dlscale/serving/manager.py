@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -13,15 +12,14 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 from dlscale.backends.base import FailureReport
-from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable, root_cause
-from dlscale.models.config import StepConfig
+from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.sources import ModelSource
 from dlscale.serving.caller import CallRoute
+from dlscale.serving.dependencies import config_says, load_base, load_steps
 from dlscale.serving.loading import Loader, close_version
 from dlscale.serving.memory.ledger import MemoryLedger
 from dlscale.serving.memory.versions import Files, files_of
-from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.served import ModelEntry, ModelState, ServedVersion
 from dlscale.serving.versions import resolve_version, unknown_model
@@ -145,26 +143,13 @@ class ModelManager:
                     failed[name] = exc  # the others still load
 
         # Adapters too: each would load its base when not READY yet.
-        pipelines = {n for n in wanted if self._is_pipeline(n) or self._config_says(n, "base")}
+        says = functools.partial(config_says, self.repository)
+        pipelines = {n for n in wanted if says(n, "is_pipeline") or says(n, "base")}
         # Pinned only when the server starts with it: the API cannot pin the device full.
-        self.memory.pinned.update(n for n in wanted if self._config_says(n, "pinned"))
+        self.memory.pinned.update(n for n in wanted if says(n, "pinned"))
         await asyncio.gather(*(one(n) for n in wanted if n not in pipelines))
         await asyncio.gather(*(one(n) for n in wanted if n in pipelines))
         return {n: failed[n] for n in wanted if n in failed}
-
-    def _is_pipeline(self, name: str) -> bool:
-        return self._config_says(name, "is_pipeline")
-
-    def _config_says(self, name: str, what: str) -> bool:
-        """Whether the repository's config of `name` is a pipeline, an adapter ("base") or
-        pinned (False: unreadable, and its load says why)."""
-        try:
-            config = self.repository.config(name)
-        except DlscaleError:
-            return False
-        if what == "base":
-            return config.is_adapter
-        return bool(config.is_pipeline if what == "is_pipeline" else config.memory.pinned)
 
     async def load(
         self,
@@ -178,6 +163,13 @@ class ModelManager:
         are read from (a load request's overrides). A pipeline's step models load first when
         they are not loaded and the repository has them."""
         await self._load(name, source, repository, ())
+
+    async def load_dependency(
+        self, name: str, chain: tuple[str, ...], cold_only: bool = False
+    ) -> None:
+        """Load a model another needs (a pipeline's step, an adapter's base), `chain` the
+        models whose loads asked for it (serving/dependencies.py)."""
+        await self._load(name, None, None, chain, cold_only)
 
     async def _load(
         self,
@@ -201,9 +193,9 @@ class ModelManager:
                     _versions, repository or self.repository, name, source
                 )
                 if versions[0].config.steps is not None:
-                    await self._load_steps(name, versions[0].config.steps, (*chain, name))
+                    await load_steps(self, name, versions[0].config.steps, (*chain, name))
                 if versions[0].config.is_adapter:
-                    versions = await self._load_base(name, versions, chain)
+                    versions = await load_base(self, name, versions, chain)
                 elif previous is not None and previous.state is ModelState.READY:
                     self._check_no_adapters(name)
                 served = {}
@@ -393,36 +385,6 @@ class ModelManager:
         level = logging.DEBUG if passing else logging.INFO
         log.log(level, "model %s: %s%s", name, state.value, f" ({reason})" if reason else "")
 
-    async def _load_steps(
-        self, pipeline: str, steps: Iterable[StepConfig], chain: tuple[str, ...]
-    ) -> None:
-        """Load a pipeline's step models that are not loaded, from this manager's repository."""
-        wanted = list(dict.fromkeys(s.model for s in steps))
-        circle = [m for m in wanted if m in chain]
-        if circle:
-            raise ConfigError(
-                f"pipeline {pipeline!r} uses itself: {' -> '.join((*chain, circle[0]))}"
-            )
-        loadable = set(self.repository.names())
-        missing = [m for m in wanted if m not in self.ready_names() and m not in loadable]
-        if missing:
-            raise ConfigError(
-                f"pipeline {pipeline!r} uses models {missing}, which are neither loaded nor in "
-                "the repository"
-            )
-        for model in wanted:
-            if model not in self.ready_names():
-                if self._is_pipeline(model):  # refused before loading deeper: bounded recursion
-                    check_nesting((*chain, model))
-                try:
-                    await self._load(model, None, None, chain)
-                except DlscaleError as exc:
-                    # The cause only, not each nested pipeline's words for it again.
-                    cause = root_cause(exc)
-                    raise ConfigError(
-                        f"pipeline {pipeline!r}: its step model {model!r} failed to load: {cause}"
-                    ) from cause
-
     def _check_no_adapters(self, base: str) -> None:
         """A base model keeps its engine while adapters are placed on it: no unload, no reload."""
         adapters = self.adapters_on(base)
@@ -430,33 +392,6 @@ class ModelManager:
             raise ConfigError(
                 f"model {base!r} is the base of the loaded adapters {adapters}: unload them first"
             )
-
-    async def _load_base(
-        self, name: str, versions: list[ModelVersion], chain: tuple[str, ...]
-    ) -> list[ModelVersion]:
-        """Load an adapter's base model when it is not loaded (from this manager's repository
-        only: a name, never a path), and measure the adapter on the base's devices."""
-        base = versions[0].config.base
-        if base == name or base in chain:
-            raise ConfigError(f"adapter {name!r} names itself (or its chain) as its base")
-        if base not in self.ready_names():
-            if base not in self.repository.names():
-                raise NotFound(
-                    f"adapter {name!r}: its base model {base!r} is neither loaded nor in the "
-                    "model repository"
-                )
-            try:
-                await self._load(base, None, None, (*chain, name), cold_only=True)
-            except DlscaleError as exc:
-                cause = root_cause(exc)
-                raise ConfigError(
-                    f"adapter {name!r}: its base model {base!r} failed to load: {cause}"
-                ) from cause
-        instances = self.get(base).config.instances
-        return [
-            dataclasses.replace(mv, config=mv.config.model_copy(update={"instances": instances}))
-            for mv in versions
-        ]
 
     async def _retire(
         self,

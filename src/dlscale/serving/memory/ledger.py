@@ -11,13 +11,12 @@ size against the budget and the model's own limit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelVersion
@@ -30,8 +29,15 @@ from dlscale.serving.memory.policy import (
     shortfall,
 )
 from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
-from dlscale.serving.memory.turns import Turns
-from dlscale.serving.memory.versions import Files, Stamp, check_limit, files_of, growth
+from dlscale.serving.memory.turns import Turns, taking_turns
+from dlscale.serving.memory.versions import (
+    Files,
+    Stamp,
+    can_change,
+    check_limit,
+    files_of,
+    growth,
+)
 from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.served import ServedVersion
 
@@ -207,7 +213,7 @@ class MemoryLedger:
         # Off the loop: a walk of the version's folder and a stat of its file.
         floor, stamp = files if files is not None else await asyncio.to_thread(files_of, mv)
         turns = [self._turns_of(d) for d in devices]
-        async with self._turn(turns, alone=not self._settled(stamp, mv.name)):
+        async with taking_turns(turns, alone=not self._settled(stamp, mv.name)):
             # Read once the turn is taken: another name's load of the same file, ahead in the
             # turns, may have measured it meanwhile (a figure read before the wait was the
             # first one, set-up included, and this load wrote it back over the correction).
@@ -299,7 +305,7 @@ class MemoryLedger:
         measuring = (
             alone is not None
             and self._measures[stamp] < MEASURES
-            and _can_change(devices, known, hidden)
+            and can_change(devices, known, hidden)
         )
         self._untrimmed = 0 if trim else self._untrimmed
         self.trims += trim
@@ -310,7 +316,7 @@ class MemoryLedger:
         if measuring:
             # A trim beside an earlier load that ended within this reading would hide growth.
             await asyncio.gather(*self._trimming)
-            before = await asyncio.to_thread(_trim_and_read, trim, devices)
+            before = await asyncio.to_thread(measure.trim_and_read, trim, devices)
             self.readings += 1
         elif trim:
             self._trim_beside()
@@ -416,36 +422,6 @@ class MemoryLedger:
         if turns is None:
             turns = self._turns[device] = Turns(self.parallel if device == "cpu" else 1)
         return turns
-
-    @contextlib.asynccontextmanager
-    async def _turn(self, turns: list[Turns], alone: bool) -> AsyncIterator[None]:
-        """This load's turn on each of its devices, taken in name order, so two loads never
-        wait for each other's."""
-        taken: list[Turns] = []
-        try:
-            for t in turns:
-                await t.enter(alone)
-                taken.append(t)
-            yield
-        finally:
-            for t in taken:
-                t.leave(alone)
-
-
-def _trim_and_read(trim: bool, devices: list[str]) -> Footprint:
-    """The devices' bytes now, after handing the memory of evicted models back when `trim`
-    (one trip off the loop for both)."""
-    if trim:
-        measure.trim()
-    return measure.read(devices)
-
-
-def _can_change(devices: list[str], known: Footprint, hidden: set[str]) -> bool:
-    """Whether a reading around this load could change the size known for its file: not when
-    every device is one whose growth hides in freed memory and whose size is known (`growth`
-    keeps the known size there). Such readings were most of them on the bench (freed memory is
-    handed back in batches), two trips to a thread per load for nothing (docs/memory.md)."""
-    return any(d not in hidden or d not in known for d in devices)
 
 
 class _Using:

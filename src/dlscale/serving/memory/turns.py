@@ -9,7 +9,9 @@ first served: a load waiting to run alone is not passed by later ones, so it can
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import AsyncIterator
 
 
 class Turns:
@@ -70,3 +72,18 @@ class Turns:
             alone, turn = self._queue.popleft()
             self._take(alone)
             turn.set_result(None)
+
+
+@contextlib.asynccontextmanager
+async def taking_turns(turns: list[Turns], alone: bool) -> AsyncIterator[None]:
+    """This load's turn on each of its devices, taken in name order, so two loads never
+    wait for each other's."""
+    taken: list[Turns] = []
+    try:
+        for t in turns:
+            await t.enter(alone)
+            taken.append(t)
+        yield
+    finally:
+        for t in taken:
+            t.leave(alone)

@@ -83,3 +83,11 @@ def check_limit(mv: ModelVersion, size: Footprint, limit: Footprint) -> None:
             f"model {mv.name!r} version {mv.version} holds {show_all(over)} once loaded, above "
             f"its config's memory limit of {show_all({d: limit[d] for d in over})}"
         )
+
+
+def can_change(devices: list[str], known: Footprint, hidden: set[str]) -> bool:
+    """Whether a reading around this load could change the size known for its file: not when
+    every device is one whose growth hides in freed memory and whose size is known (`growth`
+    keeps the known size there). Such readings were most of them on the bench (freed memory is
+    handed back in batches), two trips to a thread per load for nothing (docs/memory.md)."""
+    return any(d not in hidden or d not in known for d in devices)
