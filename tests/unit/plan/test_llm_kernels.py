@@ -8,10 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.unit.plan.test_llm_passes import CPU, LARGER, SMALL
 
 from dlscale.cli import main
 from dlscale.errors import PlanError
-from dlscale.hardware.catalog import load_catalog
 from dlscale.plan.llm import DecoderShape, from_config
 from dlscale.plan.llm_calibrate import (
     PER_BURST,
@@ -31,18 +31,6 @@ from dlscale.plan.llm_kernels import (
 )
 from dlscale.plan.llm_passes import Pass, Scheduling, burst, tpot_weights, ttft_weights
 
-#: 2 layers of 64, 4 heads of 16 (2 KV heads), MLP 128, 100 ids (test_llm_passes.py's).
-SMALL = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 100,
-    "torch_dtype": "float32",
-}
-LARGER = {**SMALL, "num_hidden_layers": 6, "intermediate_size": 512}
-CPU = replace(load_catalog().get("CPU"), memory_bandwidth=1e9, dense={"fp32": 1e9})
 #: Milliseconds by rows as llama-mid's products ran on torch's FP32 linear, one core
 #: (2026-11-29): 2 and 3 rows slower than 4.
 TORCH_LIKE = KernelCurve(
