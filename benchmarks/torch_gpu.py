@@ -29,6 +29,7 @@ on the CPU:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import subprocess
@@ -70,6 +71,8 @@ EAGER += ["bert-base:fp32", "bert-base:fp16", "bert-base:bf16", "bert-base:tf32"
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A crash in compiled or captured code (SIGSEGV) still prints the Python stack it was in.
+    faulthandler.enable()
     args = _parser().parse_args(argv)
     if args.verb == "package":
         return _package_job(args)
@@ -174,7 +177,8 @@ class Compiles:
             command = [sys.executable, "-m", "benchmarks.torch_gpu", "package", "--spec", spec]
             command += ["--dir", str(folder), "--device", self.args.device]
             command += ["--batch", str(self.args.batch)]
-            log = (folder / "log.txt").open("wb")
+            # In OUT, not the temporary folder: a compile that fails says why after the run.
+            log = (self.args.out / f"compile-{spec.replace(':', '-')}.log").open("wb")
             self.running[spec] = (
                 subprocess.Popen(command, stdout=log, stderr=log, env=self.env),
                 folder,

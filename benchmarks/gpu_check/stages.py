@@ -8,8 +8,6 @@ lands later (JPEG pipelines, the generative decoder) is one more entry.
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -20,6 +18,8 @@ from typing import Any
 from benchmarks.gpu_check.generative import command as generative_command
 from benchmarks.gpu_check.generative import missing as generative_missing
 from benchmarks.gpu_check.generative import read as generative_read
+from benchmarks.gpu_check.gpu_tests import command as tests_command
+from benchmarks.gpu_check.gpu_tests import read as tests_read
 
 #: Targets from the issue (shared/reference/gpu-measured.md for the figures measured before).
 RESNET50_FP16 = 25_800.0
@@ -85,56 +85,6 @@ class Stage:
 
 def _fmt(value: float) -> str:
     return f"{value:,.0f}"
-
-
-# -- 1. the gpu tests ----------------------------------------------------------------------------
-
-_RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
-_COLLECTED = re.compile(r"^(tests/\S+::\S+)$")
-
-
-def tests_command(ctx: Context) -> list[str]:
-    """The gpu tests listed (collected.txt), then run: a line per test, read even after a kill."""
-    per_test = "120" if not ctx.cpu else "60"
-    pytest = f"{shlex.quote(ctx.python)} -m pytest -m gpu tests/gpu -p no:cacheprovider"
-    listed = f"{pytest} --co -q --continue-on-collection-errors > {ctx.out / 'collected.txt'}"
-    run = f"{pytest} -v -rN --continue-on-collection-errors --timeout={per_test}"
-    return ["sh", "-c", f"{listed}; exec {run}"]
-
-
-def tests_read(ctx: Context) -> list[Figure]:
-    """Counts by outcome; tests collected but without an outcome were not run (budget)."""
-    log = (
-        (ctx.out / "log.txt").read_text(errors="replace") if (ctx.out / "log.txt").exists() else ""
-    )
-    outcomes: dict[str, str] = {}
-    for line in log.splitlines():
-        if match := _RESULT.match(line):
-            outcomes.setdefault(match.group(1), match.group(2))
-    errors = len(re.findall(r"^ERROR collecting", log, re.M))
-    counts = {k: sum(v == k for v in outcomes.values()) for k in ("PASSED", "FAILED", "SKIPPED")}
-    failed = counts["FAILED"] + errors + sum(v == "ERROR" for v in outcomes.values())
-    (ctx.out / "outcomes.json").write_text(json.dumps(outcomes, indent=2))
-    value = f"{counts['PASSED']} passed, {failed} failed, {counts['SKIPPED']} skipped"
-    figures = [
-        Figure("gpu tests", value, "0 failed, 0 collection errors", bool(outcomes) and not failed)
-    ]
-    listed = ctx.out / "collected.txt"
-    collected = (
-        [m.group(1) for m in map(_COLLECTED.match, listed.read_text().splitlines()) if m]
-        if listed.exists()
-        else []
-    )
-    not_run = [t for t in collected if t not in outcomes]
-    if not_run:
-        (ctx.out / "not_run.txt").write_text("\n".join(not_run) + "\n")
-        names = ", ".join(t.split("::")[-1] for t in not_run[:3])
-        figures.append(
-            Figure(
-                "gpu tests not run (past the budget)", f"{len(not_run)}: {names}... (not_run.txt)"
-            )
-        )
-    return figures
 
 
 # -- 2. the torch backend against PyTorch's compiled reference ----------------------------------
@@ -401,7 +351,7 @@ STAGES = [
         80,
         240,
         tests_command,
-        tests_read,
+        lambda ctx: [Figure(**row) for row in tests_read(ctx)],
     ),
     Stage(
         "torch",

@@ -28,7 +28,7 @@ from dlscale.serving.manager import ModelManager
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.trace import Trace, Tracer
-from dlscale.serving.regions.lease import RequestRegions, to_host
+from dlscale.serving.regions.lease import RequestRegions, step_inputs, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.serving.served import ServedVersion
 from dlscale.serving.streams import OnEnd, aclose, joined, open_stream
@@ -276,6 +276,9 @@ class DataPlane:
         if plan.streams:  # one answer only if generative
             return await joined(served, request, self._stream_trace(served, request))
         trace = None if self.tracer.off else self._trace(served, request, on_device)
+        if on_device:
+            devices = (i.backend.capabilities.device_buffers for i in served.instances)
+            request.inputs = step_inputs(devices, request.inputs)
         regions = RequestRegions.of(self.shared_memory, request)
         try:
             if regions is not None:

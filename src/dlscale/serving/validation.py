@@ -7,6 +7,7 @@ from typing import Any
 
 from dlscale.errors import InvalidInput, closest, known_names
 from dlscale.serving.classification import class_count
+from dlscale.serving.regions.cuda import dtype_of
 from dlscale.serving.request_plan import RequestPlan
 from dlscale.serving.served import ServedVersion
 from dlscale.types import Datatype, InferenceRequest, Parameters, TensorSpec
@@ -108,8 +109,9 @@ def _check_batch(plan: RequestPlan, batch: int) -> None:
 
 def _check_datatype(model: str, spec: TensorSpec, array: Any) -> None:
     """InvalidInput unless the array's dtype is the spec's datatype (BYTES: any of numpy's
-    object, bytes or str dtypes, which `Datatype.from_numpy` reads as one)."""
-    got = Datatype.from_numpy(array.dtype)
+    object, bytes or str dtypes, which `Datatype.from_numpy` reads as one). A pipeline step's
+    input may be another step's output left on its device (a torch tensor), read by dtype_of."""
+    got = Datatype.from_numpy(dtype_of(array))
     if got is not spec.datatype:
         raise InvalidInput(
             f"input {spec.name!r} of model {model!r} has datatype {spec.datatype.value}; the "

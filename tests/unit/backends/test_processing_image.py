@@ -182,3 +182,26 @@ def test_a_request_of_the_wrong_shape_fails_alone(tmp_path: Path, pictures: np.n
     results = step.infer_requests([two_per_row, rows(good)])
     assert isinstance(results[0], InvalidInput) and "one element per row" in str(results[0])
     assert isinstance(results[1], dict) and results[1]["pixels"].shape == (1, 3, CROP, CROP)
+
+
+def test_the_device_paths_completeness_check_refuses_what_the_cpu_decoder_refuses(
+    pictures: np.ndarray,
+) -> None:
+    """nvJPEG decodes a truncated file without a word, so the device path checks each JPEG for
+    an end-of-image marker after its last scan first: a cut file is refused there as it is by
+    the strict CPU decoder, and complete ones (progressive, with bytes after the end) pass."""
+    from dlscale.backends.processing.decode import check_complete
+
+    baseline = encode_jpeg(pictures[0])
+    buffer = io.BytesIO()
+    Image.fromarray(pictures[1]).save(buffer, "JPEG", progressive=True)
+    progressive = buffer.getvalue()
+    for data in (baseline, progressive, baseline + b"\x00" * 16 + b"trailer"):
+        check_complete(data)
+        simplejpeg.decode_jpeg(data, strict=True)
+    for data in (baseline, progressive):
+        for cut in (len(data) // 2, len(data) - 2):
+            with pytest.raises(InvalidInput, match="Premature end of JPEG file"):
+                check_complete(data[:cut])
+            with pytest.raises(ValueError, match="Premature end of JPEG file"):
+                simplejpeg.decode_jpeg(data[:cut], strict=True)

@@ -290,3 +290,25 @@ async def test_a_pipeline_reads_its_input_from_a_shared_memory_region(tmp_path: 
         regions.close()
         shm_path(key).unlink(missing_ok=True)
         await manager.close()
+
+
+async def test_a_step_takes_an_earlier_steps_torch_output_and_checks_its_datatype(
+    plane: HostPlane,
+) -> None:
+    """A step's output stays as its backend made it (a torch tensor, on the GPU a CUDA one): the
+    next step, here a host model, gets it as a host array, and its datatype is still checked."""
+    torch = pytest.importorskip("torch")
+    from dlscale.serving.validation import validate
+
+    await plane.load_model("chain")
+    answer = await plane._step(InferenceRequest("add_one", {"INPUT0": torch.from_numpy(X)}))
+    np.testing.assert_array_equal(answer.outputs["OUTPUT0"], X + 1)
+    wrong = torch.from_numpy(X.astype(np.float64))
+    with pytest.raises(InvalidInput, match="datatype FP32; the request gave FP64"):
+        await plane._step(InferenceRequest("add_one", {"INPUT0": wrong}))
+    served = plane.manager.get("add_one", "")
+    assert validate(served, InferenceRequest("add_one", {"INPUT0": torch.from_numpy(X)})) == {
+        "OUTPUT0": 0
+    }
+    with pytest.raises(InvalidInput, match="the request gave FP64"):
+        validate(served, InferenceRequest("add_one", {"INPUT0": wrong}))

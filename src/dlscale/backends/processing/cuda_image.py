@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dlscale.backends.processing.decode import (
     JPEG_MAGIC,
     Geometry,
+    check_complete,
     check_pixels,
     check_size,
     decode_rgb,
@@ -101,6 +102,7 @@ class CudaImages:
                 check_size(data, self.geometry)
                 if data.startswith(JPEG_MAGIC):
                     check_pixels(*jpeg_size(data), self.geometry)
+                    check_complete(data)
                     jpegs[i] = data
                 else:  # cropped on the CPU already; only arranged on the device
                     rgb = decode_rgb(data, self.geometry)

@@ -94,6 +94,24 @@ def jpeg_size(data: bytes) -> tuple[int, int]:
     return height, width
 
 
+#: A JPEG's start-of-scan and end-of-image markers. A 0xFF byte in compressed data is always
+#: followed by 0x00 (or a restart marker, 0xD0-0xD7), so neither pair occurs inside a scan.
+_START_OF_SCAN, _END_OF_IMAGE = b"\xff\xda", b"\xff\xd9"
+
+
+def check_complete(data: bytes) -> None:
+    """InvalidInput for a JPEG cut short: no end-of-image marker after its last scan.
+
+    The CPU decoder is strict and refuses such a file; nvJPEG decodes what arrived and fills the
+    rest, so the device path checks first and a truncated upload gets the same 400 on either.
+    """
+    if data.rfind(_END_OF_IMAGE) < data.rfind(_START_OF_SCAN):
+        raise InvalidInput(
+            "is not a decodable JPEG (Premature end of JPEG file: no end-of-image marker after "
+            "its last scan)"
+        )
+
+
 def _decode_jpeg(data: bytes, geometry: Geometry) -> np.ndarray:
     import simplejpeg
 

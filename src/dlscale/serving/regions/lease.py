@@ -70,6 +70,15 @@ def to_host(array: Any) -> np.ndarray:
     return array if isinstance(array, np.ndarray) else cuda_memory.to_host(array)
 
 
+def step_inputs(devices: Iterable[str | None], inputs: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline step's inputs as its model reads them. An earlier step may have left them on
+    its device (a torch tensor, a CuPy array): they stay there for a model whose every instance
+    reads that device in place, and come to the host for any other (a CPU step, such as top-k)."""
+    if _common(devices) is not None or all(type(a) is np.ndarray for a in inputs.values()):
+        return inputs
+    return {name: to_host(array) for name, array in inputs.items()}
+
+
 def _common(devices: Iterable[str | None]) -> str | None:
     found = set(devices)
     return found.pop() if len(found) == 1 else None
