@@ -260,20 +260,24 @@ def test_memory_and_loads_are_metrics(tmp_path: Path, client: Any) -> None:
 def test_requests_waiting_for_a_cold_load_keep_their_qos_share_and_timeouts(
     tmp_path: Path, client: Any
 ) -> None:
-    # Each load takes a 1 s warm-up: requests arriving meanwhile wait for it.
-    slow_load = null_config(delay_us=1_000_000).replace("warmup = []", "")
+    # Each load takes a 2 s warm-up: requests arriving meanwhile wait for it. They arrive
+    # together (the barrier: a client's set-up on a loaded host took long enough once that a
+    # request came after the load and the test failed).
+    slow_load = null_config(delay_us=2_000_000).replace("warmup = []", "")
     padded(tmp_path, "limited", 1, slow_load + "[qos]\nmax_in_flight = 2\n")
     padded(tmp_path, "patient", 1, slow_load)
     with serving(
         tmp_path, model_control="on-demand", load_models=(), memory_budget=(("cpu", 8 * MiB),)
     ) as server:
         c = client(server)
+        together = threading.Barrier(5)
 
         def one(args: tuple[str, int]) -> str:
             model, timeout_us = args
             with triton.InferenceServerClient(server.http_url, network_timeout=120) as own:
                 x = triton.InferInput("x", [1, 2], "FP32")
                 x.set_data_from_numpy(np.ones((1, 2), np.float32))
+                together.wait(timeout=60)
                 try:
                     own.infer(model, [x], timeout=timeout_us or None)
                 except InferenceServerException as exc:
