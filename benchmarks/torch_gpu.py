@@ -9,7 +9,8 @@ a bare GPU machine lacks. For resnet50 (UINT8 pixels in, normalized on the GPU) 
    or all convolutions as 8-bit products);
 2. for each model, before its first package: PyTorch alone (torchvision's resnet50, bert-base:
    the zoo's module; FP16, channels_last, torch.compile reduce-overhead with inductor freezing,
-   data on the GPU) and the FP32 answers (eager + CUDA graphs, one instance);
+   data on the GPU; in a process of its own) and the FP32 answers (eager + CUDA graphs, one
+   instance);
 3. serves each package as soon as it is compiled, FP16 ones first, through ModelManager +
    Batcher (1 and 2 instances, 2 batches in flight each): Offline, every request of 256 queued
    at once with its inputs in pinned memory, median of --reps runs; and calls it directly;
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.harness.torch_gpu_compiles import Compiles
 from benchmarks.harness.torch_gpu_report import Row, judge_again, line, markdown, report
 from benchmarks.harness.torch_gpu_runs import (
     images_and_labels,
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         return _package_job(args)
     if args.verb == "load":
         return _load_job(args)
+    if args.verb == "reference":
+        return _reference_job(args)
     if args.verb == "judge":
         print(judge_again(args.out))
         return 0
@@ -97,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("verb", nargs="?", default="run", choices=["run", "package", "load", "judge"])
+    p.add_argument(
+        "verb", nargs="?", default="run", choices=["run", "package", "load", "reference", "judge"]
+    )
     p.add_argument("--out", type=Path, default=Path("results/torch_gpu"))
     p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
     p.add_argument("--batch", type=int, default=256)
@@ -110,8 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eager", nargs="*", default=EAGER, help="model:precision[:inputs]")
     p.add_argument("--check-images", type=int, default=1024, help="resnet50 top-1 checks")
     p.add_argument("--no-reference", dest="reference", action="store_false")
-    # package / load jobs (run by the main process in a fresh one)
-    p.add_argument("--spec", help="model:precision[:convs] to package")
+    # package / load / reference jobs (run by the main process in a fresh one)
+    p.add_argument("--spec", help="model:precision[:convs] to package; the reference's model")
     p.add_argument("--dir", type=Path, help="where the job reads or writes its model")
     return p
 
@@ -139,6 +144,13 @@ def _package_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reference_job(args: argparse.Namespace) -> int:
+    """PyTorch alone on one model (args.spec); its figures as JSON on the last line."""
+    result = pytorch_alone(args.spec, args.batch, args.device, args.seconds, args.reps)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
 def _load_job(args: argparse.Namespace) -> int:
     """Load a package as a server would, every default batch bucket captured; print seconds."""
     from dlscale.backends import BackendOptions, create_backend
@@ -151,56 +163,6 @@ def _load_job(args: argparse.Namespace) -> int:
     print(json.dumps({"load_s": time.perf_counter() - start}))
     backend.unload()
     return 0
-
-
-class Compiles:
-    """Package jobs running in background processes, a few at a time."""
-
-    def __init__(self, args: argparse.Namespace, root: Path) -> None:
-        self.args, self.root = args, root
-        self.waiting = list(args.packages)
-        self.running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
-        self.done: dict[str, Path] = {}
-        threads = max(1, (os.cpu_count() or 4) // max(1, args.workers))
-        self.env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
-
-    def poll(self) -> None:
-        """Collect finished jobs and start waiting ones."""
-        for spec, (proc, folder) in list(self.running.items()):
-            if proc.poll() is not None:
-                self.done[spec] = folder
-                del self.running[spec]
-        while self.waiting and len(self.running) < self.args.workers:
-            spec = self.waiting.pop(0)
-            folder = self.root / spec.replace(":", "-")
-            folder.mkdir(parents=True)
-            command = [sys.executable, "-m", "benchmarks.torch_gpu", "package", "--spec", spec]
-            command += ["--dir", str(folder), "--device", self.args.device]
-            command += ["--batch", str(self.args.batch)]
-            # In OUT, not the temporary folder: a compile that fails says why after the run.
-            log = (self.args.out / f"compile-{spec.replace(':', '-')}.log").open("wb")
-            self.running[spec] = (
-                subprocess.Popen(command, stdout=log, stderr=log, env=self.env),
-                folder,
-            )
-
-    @property
-    def busy(self) -> bool:
-        self.poll()
-        return bool(self.running or self.waiting)
-
-    def wait_for(self, spec: str, deadline: float) -> None:
-        """Until the job of `spec` is done or the deadline passes (the job then runs on)."""
-        while spec not in self.done and self.busy and time.perf_counter() < deadline:
-            time.sleep(0.5)
-
-    def wait(self, deadline: float) -> None:
-        """Until every job is done or the deadline passes (then the rest are stopped)."""
-        while self.busy and time.perf_counter() < deadline:
-            time.sleep(1.0)
-        for proc, _ in self.running.values():
-            proc.kill()
-        self.waiting.clear()
 
 
 class Run:
@@ -368,9 +330,18 @@ class Run:
         row = Row(name, "PyTorch alone", "pytorch", "fp16", "on the GPU")
 
         def step() -> None:
-            result = pytorch_alone(
-                name, self.args.batch, self.args.device, self.args.seconds, self.args.reps
+            # In a process of its own: torch.compile's CUDA graphs and inductor state stay out
+            # of the process that then loads AOTInductor packages, as a server's would (on the
+            # first lent H200 that load crashed the process, right after this ran in it).
+            command = [sys.executable, "-m", "benchmarks.torch_gpu", "reference", "--spec", name]
+            command += ["--device", self.args.device, "--batch", str(self.args.batch)]
+            command += ["--seconds", str(self.args.seconds), "--reps", str(self.args.reps)]
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=max(1.0, self.left() - 15)
             )
+            if done.returncode != 0:
+                raise RuntimeError(f"exit status {done.returncode}: {done.stderr[-400:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
             row.offline[0], row.runs[0] = result["rate"], result["runs"]
             row.compile_s, row.note = result["compile_s"], f"{result['source']} module;"
             print(line(row), flush=True)
