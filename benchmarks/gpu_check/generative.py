@@ -1,35 +1,15 @@
 """gpu-check's generative stage: the zoo's ~1B decoder against `dlscale plan`'s prediction.
 
 Its command is benchmarks.plan_llm_check (docs/plan.md, "Generative models"); its reader turns
-that script's JSON into verdict rows, as the fields of stages.Figure (stages.py lists this
-stage and imports this module, so this one does not import it back).
+that script's JSON into verdict rows.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
-from typing import Any, Protocol
 
-
-class Context(Protocol):
-    """What of stages.Context the stage reads."""
-
-    python: str
-    quick: bool
-    out: Path
-
-    @property
-    def cpu(self) -> bool: ...
-
-
-#: A verdict row: stages.Figure's fields (name, value, target, met).
-Row = dict[str, Any]
-
-
-def _figure(name: str, value: str, target: str = "-", met: bool | None = None) -> Row:
-    return {"name": name, "value": value, "target": target, "met": met}
+from benchmarks.gpu_check.figures import Context, Figure
 
 
 def _count(value: float) -> str:
@@ -50,13 +30,13 @@ def command(ctx: Context) -> list[str]:
             "--isl", "128", "--osl", "64", "--reps", "2"]  # fmt: skip
 
 
-def read(ctx: Context) -> list[Row]:
+def read(ctx: Context) -> list[Figure]:
     """Per batch: measured tokens/s, TTFT and TPOT beside the plan for this device."""
     path = ctx.out / "plan_llm_check.json"
     if not path.exists():
-        return [_figure("generative decoder", "not measured", "a run per batch", False)]
+        return [Figure("generative decoder", "not measured", "a run per batch", False)]
     data = json.loads(path.read_text())
-    figures: list[Row] = []
+    figures: list[Figure] = []
     for row in data["rows"]:
         plan, err = row["predicted_default"], row["error_default"]
         value = (
@@ -67,7 +47,7 @@ def read(ctx: Context) -> list[Row]:
         )
         met = all(abs(e) <= PLAN_TOLERANCE for e in err.values())
         target = f"within {PLAN_TOLERANCE:.0%} of the plan on {data['device']}"
-        figures.append(_figure(f"{row['model']} batch {row['batch']}", value, target, met))
+        figures.append(Figure(f"{row['model']} batch {row['batch']}", value, target, met))
     fitted = data.get("calibrated")
     if fitted:
         host = fitted["host_s_per_token"] * 1e6
@@ -75,7 +55,7 @@ def read(ctx: Context) -> list[Row]:
             f"MBU {fitted['mbu']:.3f}, MFU {fitted['mfu']:.3f}, host {host:.0f} us/token "
             "(plan defaults 0.9, 0.8, 0)"
         )
-        figures.append(_figure("what the engine reached (calibrated)", implied))
+        figures.append(Figure("what the engine reached (calibrated)", implied))
     return figures
 
 

@@ -1,8 +1,5 @@
 """gpu-check's first stage: the gpu tests, run in an order that puts the telling ones first,
 and counted by outcome from pytest's lines, which a stop at the budget leaves readable.
-
-stages.py lists this stage and imports this module (as generative.py), so this one does not
-import it back: rows come as stages.Figure's fields.
 """
 
 from __future__ import annotations
@@ -11,26 +8,8 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Protocol
 
-
-class Context(Protocol):
-    """What of stages.Context the stage reads."""
-
-    python: str
-    out: Path
-
-    @property
-    def cpu(self) -> bool: ...
-
-
-#: A verdict row: stages.Figure's fields (name, value, target, met).
-Row = dict[str, Any]
-
-
-def _figure(name: str, value: str, target: str = "-", met: bool | None = None) -> Row:
-    return {"name": name, "value": value, "target": target, "met": met}
-
+from benchmarks.gpu_check.figures import Context, Figure
 
 _RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
 _COLLECTED = re.compile(r"^(tests/\S+::\S+)$")
@@ -66,7 +45,7 @@ def command(ctx: Context) -> list[str]:
     return ["sh", "-c", f"{listed}; exec {run}"]
 
 
-def read(ctx: Context) -> list[Row]:
+def read(ctx: Context) -> list[Figure]:
     """Counts by outcome; tests collected but without an outcome were not run (budget)."""
     log = (
         (ctx.out / "log.txt").read_text(errors="replace") if (ctx.out / "log.txt").exists() else ""
@@ -81,7 +60,7 @@ def read(ctx: Context) -> list[Row]:
     (ctx.out / "outcomes.json").write_text(json.dumps(outcomes, indent=2))
     value = f"{counts['PASSED']} passed, {failed} failed, {counts['SKIPPED']} skipped"
     figures = [
-        _figure("gpu tests", value, "0 failed, 0 collection errors", bool(outcomes) and not failed)
+        Figure("gpu tests", value, "0 failed, 0 collection errors", bool(outcomes) and not failed)
     ]
     listed = ctx.out / "collected.txt"
     collected = (
@@ -94,7 +73,7 @@ def read(ctx: Context) -> list[Row]:
         (ctx.out / "not_run.txt").write_text("\n".join(not_run) + "\n")
         names = ", ".join(t.split("::")[-1] for t in not_run[:3])
         figures.append(
-            _figure(
+            Figure(
                 "gpu tests not run (past the budget)", f"{len(not_run)}: {names}... (not_run.txt)"
             )
         )

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check.stages import STAGES, Context, Figure, Stage
+from benchmarks.gpu_check.figures import Context, Figure
+from benchmarks.gpu_check.stages import STAGES, Stage
 
 #: The GPU stages' budgets, summed (540 s): with the wheels' install, one device call of at most
 #: 600 s on an H100 (the device tool's per-call limit), with room for the machine's start.

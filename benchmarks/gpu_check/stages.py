@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_check.figures import Context, Figure
 from benchmarks.gpu_check.generative import command as generative_command
 from benchmarks.gpu_check.generative import missing as generative_missing
 from benchmarks.gpu_check.generative import read as generative_read
@@ -31,32 +32,6 @@ REST_BEFORE = 1_246.0
 REST_FACTOR = 4.0
 P99_WITH_QOS = 1.2
 JPEG_OF_TENSORS = 0.8
-
-
-@dataclass
-class Figure:
-    """One verdict row: a figure, its target, and whether it was met (None: no target)."""
-
-    name: str
-    value: str
-    target: str = "-"
-    met: bool | None = None
-
-
-@dataclass
-class Context:
-    """What a stage's command and reader need: the interpreter, the device, the folders."""
-
-    python: str
-    device: str  # "cuda" or "cpu"
-    quick: bool
-    out: Path  # the stage's own folder under OUT
-    budget_s: float
-
-    @property
-    def cpu(self) -> bool:
-        """Whether this is the CPU run (the dry run that keeps the command from rotting)."""
-        return self.device == "cpu"
 
 
 @dataclass
@@ -351,7 +326,7 @@ STAGES = [
         80,
         240,
         tests_command,
-        lambda ctx: [Figure(**row) for row in tests_read(ctx)],
+        tests_read,
     ),
     Stage(
         "torch",
@@ -393,7 +368,7 @@ STAGES = [
         70,
         300,
         generative_command,
-        lambda ctx: [Figure(**row) for row in generative_read(ctx)],
+        generative_read,
         missing=generative_missing,
     ),
 ]
