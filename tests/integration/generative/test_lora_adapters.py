@@ -321,9 +321,11 @@ def test_a_dead_base_engine_takes_its_adapters_with_it_and_loads_again(
         backend: Any = server.server.manager.get(BASE).instances[0].backend
         backend._engine.manager.stop(block=True, timeout=30, hard_stop=True)  # as a crash does
         rows: dict[str, Any] = {}
-        for _ in range(600):  # the report reaches the event loop from the engine's threads
+        # The report reaches the event loop from the engine's threads; the adapter then passes
+        # through UNLOADING (an index read in between saw it so once, under load) to UNAVAILABLE.
+        for _ in range(600):
             rows = {r["name"]: r for r in http.get_model_repository_index()}
-            if rows[ONE]["state"] != "READY":
+            if rows[ONE]["state"] == "UNAVAILABLE":
                 break
             time.sleep(0.05)  # a safety net of 30 s, not a timing figure
         assert rows[BASE]["state"] == rows[ONE]["state"] == "UNAVAILABLE"
