@@ -70,8 +70,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._phase = IDLE
         self._phase_since = self.last_active
         self._head_seen = 0  # bytes fed while the head was still arriving
-        self._url: list[bytes] = []
-        self._url_size = 0
+        self._url = b""
         self._head_size = 0
         self._headers: dict[str, str] = {}
         self._header_lines = 0
@@ -80,6 +79,8 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._keep_alive = True
         self._early: RestResponse | None = None  # the answer of a request whose body is skipped
         self._body: Body | None = None
+        self._length = -1  # a body's declared length, while its buffer waits for its bytes
+        self._whole = b""  # a body that came whole with its head
         self._body_size = 0
         self._direct = False  # the socket writes into the body's buffer
         self._reserved = 0  # bytes of frontend.reserve() this connection holds
@@ -137,10 +138,13 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         if tracing.on():
             tracing.record(tracing.SOCKET_IN, self._head[:nbytes])
         self._feed(self._head[:nbytes])
-        body = self._body  # the request the parser is in now, whose head it may just have read
-        if body is not None and body.missing and not self._done:
-            # The rest of this body goes from the socket straight into its buffer.
-            self._direct = True
+        if self._phase is BODY and not self._done:
+            # The request the parser is in now, whose head it may just have read: the rest of
+            # its body goes from the socket straight into its buffer.
+            body = self._body
+            if body is None and self._length > 0:
+                body = self._open_body()
+            self._direct = body is not None and body.missing > 0
 
     def _body_in_place(self) -> None:
         self._direct = False
