@@ -122,7 +122,7 @@ def decode_request(
     """
     view = memoryview(body)
     doc, json_end = _header(REQUEST_DOC, view, header_length, "request")
-    params = dict(doc.parameters)
+    params = doc.parameters  # the decoder's own dict, made for this request: no copy
     inputs, in_regions = _read_tensors(
         doc.inputs, view, json_end, header_length is not None, "request", None, max_elements
     )
@@ -387,7 +387,7 @@ def _requested_outputs(
                 f"output {name!r} asks for both {REGION!r} and 'binary_data': an output "
                 "written into a region carries no data"
             )
-        wanted.append(RequestedOutput(name, is_binary, dict(params), region))
+        wanted.append(RequestedOutput(name, is_binary, params, region))  # the decoder's own
         if is_binary:
             binary.append(name)
     return wanted, OutputFormat(all_binary, frozenset(binary))

@@ -18,7 +18,7 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _JOIN_BELOW = 65536
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per request: slots make it and read it faster
 class Pending:
     """One parsed request waiting for its turn, or a refusal to send before closing."""
 
@@ -33,16 +33,17 @@ class Pending:
 
 def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> list[Buffer]:
     """The bytes of `response`: one buffer when small, else its head and then its parts."""
-    size = sum(map(len, response.parts))  # no generator: once per answer
-    parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
+    parts = response.parts
+    size = sum(map(len, parts))  # no generator: once per answer
     head = [_start(response.status, response.content_type), b"%d\r\n" % size]
-    for name, value in response.headers:
-        head.append(f"{name}: {value}\r\n".encode("latin-1"))
-    if not keep_alive:
-        head.append(b"connection: close\r\n")
-    head.append(b"\r\n")
+    for pair in response.headers:
+        head.append(_LINES.get(pair) or _line(pair))
+    head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
+    if head_only:  # a HEAD answer has headers and no body
+        return [b"".join(head)]
     if size < _JOIN_BELOW:
-        return [b"".join([*head, *parts])]
+        head += parts
+        return [b"".join(head)]
     return [b"".join(head), *parts]
 
 
@@ -63,6 +64,19 @@ def _start(status: int, content_type: str) -> bytes:
         if len(_STARTS) < _MOST_STARTS:  # a bound, should any content type come from a client
             _STARTS[(status, content_type)] = start
     return start
+
+
+#: Header lines made before, by name and value: most answers repeat a few (a binary answer's
+#: JSON length); bounded, as values can come from what clients send.
+_LINES: dict[tuple[str, str], bytes] = {}
+_MOST_LINES = 1024
+
+
+def _line(pair: tuple[str, str]) -> bytes:
+    line = f"{pair[0]}: {pair[1]}\r\n".encode("latin-1")
+    if len(_LINES) < _MOST_LINES:
+        _LINES[pair] = line
+    return line
 
 
 def cut_response(grace_s: float) -> RestResponse:

@@ -22,6 +22,14 @@ from dlscale.frontends.rest.framing import Pending
 from dlscale.wire.tensors import Buffer
 
 _HEADER_OVERHEAD = 4  # bytes counted for a header line's separators (": " and CRLF)
+_COMMON_NAMES = (
+    "host", "content-length", "content-type", "inference-header-content-length", "accept",
+    "accept-encoding", "user-agent", "connection", "content-encoding", "expect",
+    "transfer-encoding", "authorization", "traceparent", "keep-alive",
+)  # fmt: skip
+#: Header names as clients spell them (lower case or capitalised), to the lower-case name:
+#: a fixed table, which names a client makes up never grow.
+_NAMES = {said.encode(): name for name in _COMMON_NAMES for said in (name, name.title())}
 
 
 class _Phase(enum.Enum):
@@ -109,8 +117,20 @@ class RequestReader:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         size = len(name) + len(value)
-        self._header_lines += 1
-        self._head_size += size + _HEADER_OVERHEAD
+        lines = self._header_lines = self._header_lines + 1
+        head = self._head_size = self._head_size + size + _HEADER_OVERHEAD
+        limits = self.limits
+        if (
+            size > limits.max_header_bytes
+            or lines > limits.max_headers
+            or head + len(self._url) > limits.max_head_bytes
+        ):
+            self._refuse_header(name, size)
+        known = _NAMES.get(name)  # most names are common ones: no decode and lower-casing
+        self._headers[known or name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def _refuse_header(self, name: bytes, size: int) -> typing.NoReturn:
+        """Refuse the head at a header line over a limit: the first limit it is over, in order."""
         limits = self.limits
         if size > limits.max_header_bytes:
             shown = name[:64].decode("latin-1")
@@ -119,16 +139,13 @@ class RequestReader:
                 f"header {shown!r} is {size} bytes, above the limit of {limits.max_header_bytes} "
                 "bytes per header line (max_header_bytes)",
             )
-            raise _Refused
-        if self._header_lines > limits.max_headers:
+        elif self._header_lines > limits.max_headers:
             self._refusal = error_response(
                 431, f"more than {limits.max_headers} header lines (max_headers)"
             )
-            raise _Refused
-        if self._head_size + len(self._url) > limits.max_head_bytes:
+        else:
             self._refusal = self._head_too_large()
-            raise _Refused
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        raise _Refused
 
     def _head_too_large(self) -> RestResponse:
         return error_response(
