@@ -89,7 +89,11 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._cut: float | None = None  # the grace, once stop() has cut this connection
         self._refusal: RestResponse | None = None
         self._queue: collections.deque[Pending] = collections.deque()
+        #: Answers this connection's requests in order, from its first to its close: between
+        #: requests it waits on `_wake` (a future per request costs less than a task per request).
         self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._busy = False  # answering: a request is queued, being computed or being written
         self._writable = asyncio.Event()
         self._writable.set()
         self._reading = True
@@ -114,7 +118,9 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._done = True
         self._queue.clear()
         if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client left: its queued request need not be computed
+            # The client left: its queued request need not be computed (or, between requests,
+            # the connection's answering task ends).
+            self._task.cancel()
         self._writable.set()
         self._release()
         self.frontend.closed(self)
@@ -188,58 +194,76 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._queue.append(message)
         if len(self._queue) >= _MAX_PIPELINED:
             self._pause_reading()
-        if self._task is None:
-            self._task = self.loop.create_task(self._answer_queue())
+        if not self._busy:
+            self._busy = True
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                if not wake.done():
+                    wake.set_result(None)
+            elif self._task is None:
+                self._task = self.loop.create_task(self._answer_queue())
 
     async def _answer_queue(self) -> None:
-        try:
-            while self._queue and self.transport is not None and not self.transport.is_closing():
-                message = self._queue.popleft()
-                if message.refusal is not None:
-                    response = message.refusal
-                elif message.answer is not None:
-                    response = message.answer
-                else:
-                    try:
-                        response = await self.api.handle(
-                            message.method, message.path, message.headers, message.body
-                        )
-                    except asyncio.CancelledError:
-                        if self._cut is None:
-                            raise  # the client left
-                        task = asyncio.current_task()
-                        if task is not None:
-                            task.uncancel()
-                        message.refusal = response = cut_response(self._cut)
-                if not self._writable.is_set():
-                    await self._writable.wait()
-                if message.refusal is not None:
-                    self._write(response, keep_alive=False)
-                    self._finish_refusal()
-                    return
-                keep = message.keep_alive and not self.frontend.stopping
-                if response.stream is None:
-                    self._write(response, keep or bool(self._queue), message.method == "HEAD")
-                elif not await send_stream(
-                    self.transport,
-                    self._writable,
-                    response,
-                    keep,
-                    self.limits.unread_stream_timeout_s,
+        """Answer the queued requests in order, then wait for the next; end with the connection."""
+        while True:
+            try:
+                while (
+                    self._queue and self.transport is not None and not self.transport.is_closing()
                 ):
-                    self.transport.close()  # a chunked body cut short: its end is the close
-                    return
-                if not keep and not self._queue:
-                    self.transport.close()
-                    return
-                if not self._reading and len(self._queue) < _MAX_PIPELINED // 2 and not self._done:
-                    self._reading = True
-                    self.transport.resume_reading()
-        finally:
-            self._task = None
-            self.last_active = self.loop.time()
-            if self._phase is not IDLE:
-                self._phase_since = self.last_active  # its time starts once we can read it
+                    message = self._queue.popleft()
+                    if message.refusal is not None:
+                        response = message.refusal
+                    elif message.answer is not None:
+                        response = message.answer
+                    else:
+                        try:
+                            response = await self.api.handle(
+                                message.method, message.path, message.headers, message.body
+                            )
+                        except asyncio.CancelledError:
+                            if self._cut is None:
+                                raise  # the client left
+                            task = asyncio.current_task()
+                            if task is not None:
+                                task.uncancel()
+                            message.refusal = response = cut_response(self._cut)
+                    if not self._writable.is_set():
+                        await self._writable.wait()
+                    if message.refusal is not None:
+                        self._write(response, keep_alive=False)
+                        self._finish_refusal()
+                        return
+                    keep = message.keep_alive and not self.frontend.stopping
+                    if response.stream is None:
+                        self._write(response, keep or bool(self._queue), message.method == "HEAD")
+                    elif not await send_stream(
+                        self.transport,
+                        self._writable,
+                        response,
+                        keep,
+                        self.limits.unread_stream_timeout_s,
+                    ):
+                        self.transport.close()  # a chunked body cut short: its end is the close
+                        return
+                    if not keep and not self._queue:
+                        self.transport.close()
+                        return
+                    if (
+                        not self._reading
+                        and len(self._queue) < _MAX_PIPELINED // 2
+                        and not self._done
+                    ):
+                        self._reading = True
+                        self.transport.resume_reading()
+            finally:
+                self._busy = False
+                self.last_active = self.loop.time()
+                if self._phase is not IDLE:
+                    self._phase_since = self.last_active  # its time starts once we can read it
+            if self.transport is None or self.transport.is_closing():
+                return
+            self._wake = self.loop.create_future()
+            await self._wake
 
     def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
         assert self.transport is not None
@@ -269,7 +293,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
 
     def check_deadlines(self, now: float) -> None:
         """Answer 408 to a request whose head or body is late; close a keep-alive gone idle."""
-        if self._done or not self._reading or self._task is not None:
+        if self._done or not self._reading or self._busy:
             return  # refused already, or answering: a request read meanwhile is not late
         limits, since = self.limits, now - self._phase_since
         if self._phase is HEAD and since > limits.head_timeout_s:
@@ -283,13 +307,13 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
 
     def idle_since(self) -> float | None:
         """When this keep-alive connection went idle, or None while a request is under way."""
-        if self._phase is not IDLE or self._task is not None or self._done:
+        if self._phase is not IDLE or self._busy or self._done:
             return None
         return self.last_active
 
     def close_if_idle(self) -> None:
         """Close now if no request is being read or answered; refuse one half read with 503."""
-        if self._task is not None or self.transport is None or self._done:
+        if self._busy or self.transport is None or self._done:
             return
         if self._phase is IDLE:
             self._done = True
@@ -300,7 +324,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
     def cut(self, grace_s: float) -> None:
         """The grace is over: answer the request in progress with 503, then close."""
         self._cut = grace_s
-        if self._task is not None:
+        if self._busy and self._task is not None:
             self._task.cancel()
         elif not self._done:
             self._refuse(cut_response(grace_s))
