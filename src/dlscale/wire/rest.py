@@ -325,7 +325,7 @@ def _write_tensors(
         entry: dict[str, Any] = {
             "name": name,
             "datatype": datatype,  # orjson writes a StrEnum member as its value
-            "shape": list(array.shape),
+            "shape": array.shape,  # orjson writes a tuple as an array: no list per tensor
         }
         # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
         if binary(name) or not datatype.json_safe:

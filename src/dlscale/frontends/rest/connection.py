@@ -96,6 +96,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._busy = False  # answering: a request is queued, being computed or being written
         self._writable = asyncio.Event()
         self._writable.set()
+        self._can_write = True  # `_writable` as read per answer: an attribute, not a call
         self._reading = True
         self._done = False  # no more requests are read on this connection
         self._drain_s = DRAIN_AFTER_REFUSAL_S
@@ -136,29 +137,14 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self.last_active = self.loop.time()
         body = self._body
         if self._direct and body is not None:
-            if tracing.on():
+            if tracing.active is not None:
                 tracing.record(tracing.SOCKET_IN, body.space()[:nbytes])
             if body.received(nbytes):
                 self._body_in_place()
             return
-        if tracing.on():
-            tracing.record(tracing.SOCKET_IN, self._head[:nbytes])
-        self._feed(self._head[:nbytes])
-        if self._phase is BODY and not self._done:
-            # The request the parser is in now, whose head it may just have read: the rest of
-            # its body goes from the socket straight into its buffer.
-            body = self._body
-            if body is None and self._length > 0:
-                body = self._open_body()
-            self._direct = body is not None and body.missing > 0
-
-    def _body_in_place(self) -> None:
-        self._direct = False
-        # The parser stopped in the middle of this body: a new one reads the next request.
-        self.parser = httptools.HttpRequestParser(self)
-        self.on_message_complete()
-
-    def _feed(self, data: memoryview) -> None:
+        data = self._head[:nbytes]
+        if tracing.active is not None:
+            tracing.record(tracing.SOCKET_IN, data)
         in_head = self._phase is HEAD
         try:
             self.parser.feed_data(data)
@@ -173,14 +159,29 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         else:
             if self._phase is HEAD:
                 # The parser holds a header line until it ends: bound what it may hold.
-                self._head_seen += len(data) if in_head else 0
+                self._head_seen += nbytes if in_head else 0
                 if self._head_seen > self.limits.max_head_bytes:
                     self._refuse(self._head_too_large())
+            elif self._phase is BODY and not self._done:
+                # The request the parser is in now, whose head it may just have read: the rest
+                # of its body goes from the socket straight into its buffer.
+                body = self._body
+                if body is None and self._length > 0:
+                    body = self._open_body()
+                self._direct = body is not None and body.missing > 0
+
+    def _body_in_place(self) -> None:
+        self._direct = False
+        # The parser stopped in the middle of this body: a new one reads the next request.
+        self.parser = httptools.HttpRequestParser(self)
+        self.on_message_complete()
 
     def pause_writing(self) -> None:
+        self._can_write = False
         self._writable.clear()
 
     def resume_writing(self) -> None:
+        self._can_write = True
         self._writable.set()
 
     # -- answering ---------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
                             if task is not None:
                                 task.uncancel()
                             message.refusal = response = cut_response(self._cut)
-                    if not self._writable.is_set():
+                    if not self._can_write:
                         await self._writable.wait()
                     if message.refusal is not None:
                         self._write(response, keep_alive=False)

@@ -35,7 +35,7 @@ def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> 
     """The bytes of `response`: one buffer when small, else its head and then its parts."""
     parts = response.parts
     size = sum(map(len, parts))  # no generator: once per answer
-    head = [_start(response.status, response.content_type), b"%d\r\n" % size]
+    head: list[Buffer] = [_start(response.status, response.content_type), b"%d\r\n" % size]
     for pair in response.headers:
         head.append(_LINES.get(pair) or _line(pair))
     head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
