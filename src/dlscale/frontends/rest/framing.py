@@ -35,7 +35,10 @@ def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> 
     """The bytes of `response`: one buffer when small, else its head and then its parts."""
     parts = response.parts
     size = sum(map(len, parts))  # no generator: once per answer
-    head: list[Buffer] = [_start(response.status, response.content_type), b"%d\r\n" % size]
+    start = _STARTS.get((response.status, response.content_type))
+    if start is None:
+        start = _start(response.status, response.content_type)
+    head: list[Buffer] = [start, b"%d\r\n" % size]
     for pair in response.headers:
         head.append(_LINES.get(pair) or _line(pair))
     head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
@@ -54,15 +57,14 @@ _MOST_STARTS = 256
 
 
 def _start(status: int, content_type: str) -> bytes:
-    start = _STARTS.get((status, content_type))
-    if start is None:
-        start = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
-            status,
-            _REASONS.get(status, b""),
-            content_type.encode(),
-        )
-        if len(_STARTS) < _MOST_STARTS:  # a bound, should any content type come from a client
-            _STARTS[(status, content_type)] = start
+    """A start not made before: made, and kept while the cache has room."""
+    start = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
+        status,
+        _REASONS.get(status, b""),
+        content_type.encode(),
+    )
+    if len(_STARTS) < _MOST_STARTS:  # a bound, should any content type come from a client
+        _STARTS[(status, content_type)] = start
     return start
 
 
