@@ -19,9 +19,10 @@ MAX_ID_CHARS = 256
 
 def check_shape(
     role: str, name: str, shape: tuple[int, ...], max_elements: int = MAX_ELEMENTS
-) -> None:
+) -> int:
     """InvalidInput unless the shape has at most MAX_DIMS dimensions, none negative, and declares
-    at most `max_elements` elements (each dimension too, so that a zero cannot hide a huge one)."""
+    at most `max_elements` elements (each dimension too, so that a zero cannot hide a huge one);
+    the elements it declares."""
     if len(shape) > MAX_DIMS:
         raise InvalidInput(
             f"{role} {name!r} has {len(shape)} dimensions; at most {MAX_DIMS} are allowed"
@@ -30,11 +31,13 @@ def check_shape(
     # (parsed on every call): every tensor of every request is checked, most of them twice.
     if shape and min(shape) < 0:
         raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
-    if (shape and max(shape) > max_elements) or math.prod(shape) > max_elements:
+    count = math.prod(shape)
+    if (shape and max(shape) > max_elements) or count > max_elements:
         raise InvalidInput(
             f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
             "tensor may hold on this server (max_tensor_elements)"
         )
+    return count
 
 
 def check_id(ident: str) -> None:

@@ -80,7 +80,8 @@ REST_WORDS = Wording(
 )
 
 
-@dataclass(frozen=True)
+# Made for every request: slots and no frozen __setattr__ (nothing changes them once made).
+@dataclass(slots=True)
 class OutputFormat:
     """How the client wants outputs sent: each one in JSON or as binary data."""
 
@@ -92,7 +93,7 @@ class OutputFormat:
         return self.all_binary or name in self.binary
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Body:
     """A body as parts to write in order; `header_length` is set when binary data follows."""
 
@@ -121,7 +122,7 @@ def decode_request(
     """
     view = memoryview(body)
     doc, json_end = _header(REQUEST_DOC, view, header_length, "request")
-    params = dict(doc.parameters)
+    params = doc.parameters  # the decoder's own dict, made for this request: no copy
     inputs, in_regions = _read_tensors(
         doc.inputs, view, json_end, header_length is not None, "request", None, max_elements
     )
@@ -324,7 +325,7 @@ def _write_tensors(
         entry: dict[str, Any] = {
             "name": name,
             "datatype": datatype,  # orjson writes a StrEnum member as its value
-            "shape": list(array.shape),
+            "shape": array.shape,  # orjson writes a tuple as an array: no list per tensor
         }
         # FP16 and BF16 cannot travel as JSON numbers: they go binary whatever was asked.
         if binary(name) or not datatype.json_safe:
@@ -371,32 +372,37 @@ def _body(doc: dict[str, Any], binaries: list[Buffer]) -> Body:
 def _requested_outputs(
     outputs: list[OutputDoc] | None, params: dict[str, ParameterValue]
 ) -> tuple[list[RequestedOutput] | None, OutputFormat]:
-    all_binary = _flag(params, "binary_data_output", "request")
+    all_binary = _flag(params, "binary_data_output", None)
     if outputs is None:
-        return None, OutputFormat(all_binary=all_binary)
-    wanted, binary = [], set()
+        return None, OutputFormat(all_binary, _NONE)
+    wanted, binary = [], []
     for out in outputs:
-        is_binary = _flag(out.parameters, "binary_data", f"output {out.name!r}")
-        params = out.parameters
-        region = (
-            None if params.keys().isdisjoint(REGION_KEYS) else region_of("output", out.name, params)
-        )
+        name, params = out.name, out.parameters
+        is_binary = _flag(params, "binary_data", name)
+        region = None
+        if not params.keys().isdisjoint(REGION_KEYS):
+            region = region_of("output", name, params)
         if region is not None and is_binary:
             raise InvalidInput(
-                f"output {out.name!r} asks for both {REGION!r} and 'binary_data': an output "
+                f"output {name!r} asks for both {REGION!r} and 'binary_data': an output "
                 "written into a region carries no data"
             )
-        wanted.append(RequestedOutput(out.name, is_binary, dict(out.parameters), region))
+        wanted.append(RequestedOutput(name, is_binary, params, region))  # the decoder's own
         if is_binary:
-            binary.add(out.name)
+            binary.append(name)
     return wanted, OutputFormat(all_binary, frozenset(binary))
 
 
-def _flag(params: dict[str, ParameterValue], key: str, where: str) -> bool:
+_NONE: frozenset[str] = frozenset()
+
+
+def _flag(params: dict[str, ParameterValue], key: str, output: str | None) -> bool:
+    """A true-or-false parameter of the request (`output` None) or of one output it asks for."""
     value = params.get(key, False)
-    if not isinstance(value, bool):
-        raise InvalidInput(f"parameter {key!r} of the {where} must be true or false, got {value!r}")
-    return value
+    if value is False or value is True:
+        return value
+    where = "request" if output is None else f"output {output!r}"  # made only when refused
+    raise InvalidInput(f"parameter {key!r} of the {where} must be true or false, got {value!r}")
 
 
 def _fill_unknown_dim(spec: TensorSpec, shape: list[int], size: int) -> list[int]:

@@ -185,20 +185,27 @@ def read_raw(
 ) -> np.ndarray:
     """`read_tensor` of raw bytes, without a `RawData` to make first (once per tensor of every
     binary request): the same checks, a view of the bytes."""
-    check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
-    return read_raw_checked(tensor, data, wording)
+    count = check_shape(tensor.role, tensor.name, tensor.shape, max_elements)
+    return read_raw_checked(tensor, data, wording, count)
 
 
-def read_raw_checked(tensor: WireTensor, data: Buffer, wording: Wording) -> np.ndarray:
-    """`read_raw` of a tensor whose shape its caller has checked already (`check_shape`)."""
-    view = memoryview(data)
-    if tensor.datatype is _BYTES:
-        return _parse_bytes(tensor, view, wording).reshape(tensor.shape)
+def read_raw_checked(
+    tensor: WireTensor, data: Buffer, wording: Wording, count: int = -1
+) -> np.ndarray:
+    """`read_raw` of a tensor whose shape its caller has checked already (`check_shape`, which
+    gives `count`, the elements of the shape)."""
+    datatype = tensor.datatype
+    if datatype is _BYTES:
+        return _parse_bytes(tensor, memoryview(data), wording).reshape(tensor.shape)
     # The wire is little-endian, as are the hosts dlscale runs on; no byte swapping needed.
-    dtype, count = tensor.datatype.numpy, tensor.count
-    if len(view) != count * dtype.itemsize:
-        check_raw_size(tensor, len(view), wording)  # says what does not fit
-    return np.frombuffer(view, dtype, count).reshape(tensor.shape)  # positional: no kwargs dict
+    # `data` holds bytes (a memoryview of a body or a message, in bytes): its length is theirs.
+    dtype = datatype.numpy
+    if count < 0:
+        count = math.prod(tensor.shape)
+    if len(data) != count * dtype.itemsize:
+        check_raw_size(tensor, len(data), wording)  # says what does not fit
+    # One array over the bytes, shaped as made (frombuffer and reshape make two); positional.
+    return np.ndarray(tensor.shape, dtype, data)
 
 
 def check_raw_size(tensor: WireTensor, size: int, wording: Wording) -> None:

@@ -85,17 +85,18 @@ def _merged(spans: list[Span]) -> list[Span]:
     return out
 
 
-_active: BufferTrace | None = None
+#: The trace recording now, or None: `on()`, or read directly where a call per request counts.
+active: BufferTrace | None = None
 
 
 def on() -> bool:
     """Whether a trace is recording (to skip making views only a trace would read)."""
-    return _active is not None
+    return active is not None
 
 
 def record(stage: str, buffer: Any) -> None:
     """Note that `stage` holds `buffer` now (nothing unless a trace is active)."""
-    trace = _active
+    trace = active
     if trace is not None:
         trace.add(stage, buffer)
 
@@ -103,11 +104,11 @@ def record(stage: str, buffer: Any) -> None:
 @contextlib.contextmanager
 def traced() -> Iterator[BufferTrace]:
     """Record every stage's spans until the block ends (one trace at a time)."""
-    global _active
-    if _active is not None:
+    global active
+    if active is not None:
         raise RuntimeError("a buffer trace is already active")
-    trace = _active = BufferTrace()
+    trace = active = BufferTrace()
     try:
         yield trace
     finally:
-        _active = None
+        active = None

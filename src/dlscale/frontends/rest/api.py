@@ -26,7 +26,12 @@ from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import render, shared_memory
 from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
-from dlscale.frontends.rest.documents import header_length, json_object, load_request
+from dlscale.frontends.rest.documents import (
+    header_length,
+    json_object,
+    length_header,
+    load_request,
+)
 from dlscale.frontends.rest.generate import GenerateApi
 from dlscale.frontends.rest.openai.routes import OpenAIApi
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
@@ -137,7 +142,9 @@ class RestApi:
                     (("allow", allowed),),
                 )
             )
-        return handler(args, headers, self._decoded(headers, body))
+        if "content-encoding" in headers:  # most requests have none: no call
+            body = self._decoded(headers, body)
+        return handler(args, headers, body)
 
     @staticmethod
     def _failed(method: str, path: str, args: list[str], exc: Exception) -> RestResponse:
@@ -371,12 +378,7 @@ class RestApi:
         encoded = encode_response(response, fmt)
         if encoded.header_length is None:
             return RestResponse(200, encoded.parts)
-        return RestResponse(
-            200,
-            encoded.parts,
-            OCTET,
-            (("Inference-Header-Content-Length", str(encoded.header_length)),),
-        )
+        return RestResponse(200, encoded.parts, OCTET, length_header(encoded.header_length))
 
     # -- shared memory (the routes of frontends/rest/shared_memory.py) -----------------------------
 

@@ -70,8 +70,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._phase = IDLE
         self._phase_since = self.last_active
         self._head_seen = 0  # bytes fed while the head was still arriving
-        self._url: list[bytes] = []
-        self._url_size = 0
+        self._url = b""
         self._head_size = 0
         self._headers: dict[str, str] = {}
         self._header_lines = 0
@@ -80,6 +79,8 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._keep_alive = True
         self._early: RestResponse | None = None  # the answer of a request whose body is skipped
         self._body: Body | None = None
+        self._length = -1  # a body's declared length, while its buffer waits for its bytes
+        self._whole = b""  # a body that came whole with its head
         self._body_size = 0
         self._direct = False  # the socket writes into the body's buffer
         self._reserved = 0  # bytes of frontend.reserve() this connection holds
@@ -88,9 +89,14 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._cut: float | None = None  # the grace, once stop() has cut this connection
         self._refusal: RestResponse | None = None
         self._queue: collections.deque[Pending] = collections.deque()
+        #: Answers this connection's requests in order, from its first to its close: between
+        #: requests it waits on `_wake` (a future per request costs less than a task per request).
         self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._busy = False  # answering: a request is queued, being computed or being written
         self._writable = asyncio.Event()
         self._writable.set()
+        self._can_write = True  # `_writable` as read per answer: an attribute, not a call
         self._reading = True
         self._done = False  # no more requests are read on this connection
         self._drain_s = DRAIN_AFTER_REFUSAL_S
@@ -113,7 +119,9 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._done = True
         self._queue.clear()
         if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client left: its queued request need not be computed
+            # The client left: its queued request need not be computed (or, between requests,
+            # the connection's answering task ends).
+            self._task.cancel()
         self._writable.set()
         self._release()
         self.frontend.closed(self)
@@ -129,26 +137,14 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self.last_active = self.loop.time()
         body = self._body
         if self._direct and body is not None:
-            if tracing.on():
+            if tracing.active is not None:
                 tracing.record(tracing.SOCKET_IN, body.space()[:nbytes])
             if body.received(nbytes):
                 self._body_in_place()
             return
-        if tracing.on():
-            tracing.record(tracing.SOCKET_IN, self._head[:nbytes])
-        self._feed(self._head[:nbytes])
-        body = self._body  # the request the parser is in now, whose head it may just have read
-        if body is not None and body.missing and not self._done:
-            # The rest of this body goes from the socket straight into its buffer.
-            self._direct = True
-
-    def _body_in_place(self) -> None:
-        self._direct = False
-        # The parser stopped in the middle of this body: a new one reads the next request.
-        self.parser = httptools.HttpRequestParser(self)
-        self.on_message_complete()
-
-    def _feed(self, data: memoryview) -> None:
+        data = self._head[:nbytes]
+        if tracing.active is not None:
+            tracing.record(tracing.SOCKET_IN, data)
         in_head = self._phase is HEAD
         try:
             self.parser.feed_data(data)
@@ -163,14 +159,29 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         else:
             if self._phase is HEAD:
                 # The parser holds a header line until it ends: bound what it may hold.
-                self._head_seen += len(data) if in_head else 0
+                self._head_seen += nbytes if in_head else 0
                 if self._head_seen > self.limits.max_head_bytes:
                     self._refuse(self._head_too_large())
+            elif self._phase is BODY and not self._done:
+                # The request the parser is in now, whose head it may just have read: the rest
+                # of its body goes from the socket straight into its buffer.
+                body = self._body
+                if body is None and self._length > 0:
+                    body = self._open_body()
+                self._direct = body is not None and body.missing > 0
+
+    def _body_in_place(self) -> None:
+        self._direct = False
+        # The parser stopped in the middle of this body: a new one reads the next request.
+        self.parser = httptools.HttpRequestParser(self)
+        self.on_message_complete()
 
     def pause_writing(self) -> None:
+        self._can_write = False
         self._writable.clear()
 
     def resume_writing(self) -> None:
+        self._can_write = True
         self._writable.set()
 
     # -- answering ---------------------------------------------------------------------------------
@@ -184,58 +195,76 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self._queue.append(message)
         if len(self._queue) >= _MAX_PIPELINED:
             self._pause_reading()
-        if self._task is None:
-            self._task = self.loop.create_task(self._answer_queue())
+        if not self._busy:
+            self._busy = True
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                if not wake.done():
+                    wake.set_result(None)
+            elif self._task is None:
+                self._task = self.loop.create_task(self._answer_queue())
 
     async def _answer_queue(self) -> None:
-        try:
-            while self._queue and self.transport is not None and not self.transport.is_closing():
-                message = self._queue.popleft()
-                if message.refusal is not None:
-                    response = message.refusal
-                elif message.answer is not None:
-                    response = message.answer
-                else:
-                    try:
-                        response = await self.api.handle(
-                            message.method, message.path, message.headers, message.body
-                        )
-                    except asyncio.CancelledError:
-                        if self._cut is None:
-                            raise  # the client left
-                        task = asyncio.current_task()
-                        if task is not None:
-                            task.uncancel()
-                        message.refusal = response = cut_response(self._cut)
-                if not self._writable.is_set():
-                    await self._writable.wait()
-                if message.refusal is not None:
-                    self._write(response, keep_alive=False)
-                    self._finish_refusal()
-                    return
-                keep = message.keep_alive and not self.frontend.stopping
-                if response.stream is None:
-                    self._write(response, keep or bool(self._queue), message.method == "HEAD")
-                elif not await send_stream(
-                    self.transport,
-                    self._writable,
-                    response,
-                    keep,
-                    self.limits.unread_stream_timeout_s,
+        """Answer the queued requests in order, then wait for the next; end with the connection."""
+        while True:
+            try:
+                while (
+                    self._queue and self.transport is not None and not self.transport.is_closing()
                 ):
-                    self.transport.close()  # a chunked body cut short: its end is the close
-                    return
-                if not keep and not self._queue:
-                    self.transport.close()
-                    return
-                if not self._reading and len(self._queue) < _MAX_PIPELINED // 2 and not self._done:
-                    self._reading = True
-                    self.transport.resume_reading()
-        finally:
-            self._task = None
-            self.last_active = self.loop.time()
-            if self._phase is not IDLE:
-                self._phase_since = self.last_active  # its time starts once we can read it
+                    message = self._queue.popleft()
+                    if message.refusal is not None:
+                        response = message.refusal
+                    elif message.answer is not None:
+                        response = message.answer
+                    else:
+                        try:
+                            response = await self.api.handle(
+                                message.method, message.path, message.headers, message.body
+                            )
+                        except asyncio.CancelledError:
+                            if self._cut is None:
+                                raise  # the client left
+                            task = asyncio.current_task()
+                            if task is not None:
+                                task.uncancel()
+                            message.refusal = response = cut_response(self._cut)
+                    if not self._can_write:
+                        await self._writable.wait()
+                    if message.refusal is not None:
+                        self._write(response, keep_alive=False)
+                        self._finish_refusal()
+                        return
+                    keep = message.keep_alive and not self.frontend.stopping
+                    if response.stream is None:
+                        self._write(response, keep or bool(self._queue), message.method == "HEAD")
+                    elif not await send_stream(
+                        self.transport,
+                        self._writable,
+                        response,
+                        keep,
+                        self.limits.unread_stream_timeout_s,
+                    ):
+                        self.transport.close()  # a chunked body cut short: its end is the close
+                        return
+                    if not keep and not self._queue:
+                        self.transport.close()
+                        return
+                    if (
+                        not self._reading
+                        and len(self._queue) < _MAX_PIPELINED // 2
+                        and not self._done
+                    ):
+                        self._reading = True
+                        self.transport.resume_reading()
+            finally:
+                self._busy = False
+                self.last_active = self.loop.time()
+                if self._phase is not IDLE:
+                    self._phase_since = self.last_active  # its time starts once we can read it
+            if self.transport is None or self.transport.is_closing():
+                return
+            self._wake = self.loop.create_future()
+            await self._wake
 
     def _write(self, response: RestResponse, keep_alive: bool, head_only: bool = False) -> None:
         assert self.transport is not None
@@ -265,7 +294,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
 
     def check_deadlines(self, now: float) -> None:
         """Answer 408 to a request whose head or body is late; close a keep-alive gone idle."""
-        if self._done or not self._reading or self._task is not None:
+        if self._done or not self._reading or self._busy:
             return  # refused already, or answering: a request read meanwhile is not late
         limits, since = self.limits, now - self._phase_since
         if self._phase is HEAD and since > limits.head_timeout_s:
@@ -279,13 +308,13 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
 
     def idle_since(self) -> float | None:
         """When this keep-alive connection went idle, or None while a request is under way."""
-        if self._phase is not IDLE or self._task is not None or self._done:
+        if self._phase is not IDLE or self._busy or self._done:
             return None
         return self.last_active
 
     def close_if_idle(self) -> None:
         """Close now if no request is being read or answered; refuse one half read with 503."""
-        if self._task is not None or self.transport is None or self._done:
+        if self._busy or self.transport is None or self._done:
             return
         if self._phase is IDLE:
             self._done = True
@@ -296,7 +325,7 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
     def cut(self, grace_s: float) -> None:
         """The grace is over: answer the request in progress with 503, then close."""
         self._cut = grace_s
-        if self._task is not None:
+        if self._busy and self._task is not None:
             self._task.cancel()
         elif not self._done:
             self._refuse(cut_response(grace_s))

@@ -30,6 +30,22 @@ def header_length(headers: Mapping[str, str]) -> int | None:
     return value
 
 
+#: The binary answer's header by JSON length: a model's answers repeat a few lengths, so each
+#: is made once (no str and tuples per answer); the framing keeps its line, made once too.
+_LENGTH_HEADERS: dict[int, tuple[tuple[str, str], ...]] = {}
+_MOST_LENGTHS = 4096
+
+
+def length_header(length: int) -> tuple[tuple[str, str], ...]:
+    """The binary answer's Inference-Header-Content-Length header, for a JSON of `length`."""
+    header = _LENGTH_HEADERS.get(length)
+    if header is None:
+        header = (("Inference-Header-Content-Length", str(length)),)
+        if len(_LENGTH_HEADERS) < _MOST_LENGTHS:
+            _LENGTH_HEADERS[length] = header
+    return header
+
+
 def load_request(body: Buffer) -> dict[str, str | bytes]:
     """A load request's parameters; the files in them travel base64-encoded over REST."""
     params = json_object(body, "load").get("parameters", {})

@@ -18,7 +18,7 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _JOIN_BELOW = 65536
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per request: slots make it and read it faster
 class Pending:
     """One parsed request waiting for its turn, or a refusal to send before closing."""
 
@@ -33,16 +33,20 @@ class Pending:
 
 def frame(response: RestResponse, keep_alive: bool, head_only: bool = False) -> list[Buffer]:
     """The bytes of `response`: one buffer when small, else its head and then its parts."""
-    size = sum(map(len, response.parts))  # no generator: once per answer
-    parts = [] if head_only else response.parts  # a HEAD answer has headers and no body
-    head = [_start(response.status, response.content_type), b"%d\r\n" % size]
-    for name, value in response.headers:
-        head.append(f"{name}: {value}\r\n".encode("latin-1"))
-    if not keep_alive:
-        head.append(b"connection: close\r\n")
-    head.append(b"\r\n")
+    parts = response.parts
+    size = sum(map(len, parts))  # no generator: once per answer
+    start = _STARTS.get((response.status, response.content_type))
+    if start is None:
+        start = _start(response.status, response.content_type)
+    head: list[Buffer] = [start, b"%d\r\n" % size]
+    for pair in response.headers:
+        head.append(_LINES.get(pair) or _line(pair))
+    head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
+    if head_only:  # a HEAD answer has headers and no body
+        return [b"".join(head)]
     if size < _JOIN_BELOW:
-        return [b"".join([*head, *parts])]
+        head += parts
+        return [b"".join(head)]
     return [b"".join(head), *parts]
 
 
@@ -53,16 +57,28 @@ _MOST_STARTS = 256
 
 
 def _start(status: int, content_type: str) -> bytes:
-    start = _STARTS.get((status, content_type))
-    if start is None:
-        start = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
-            status,
-            _REASONS.get(status, b""),
-            content_type.encode(),
-        )
-        if len(_STARTS) < _MOST_STARTS:  # a bound, should any content type come from a client
-            _STARTS[(status, content_type)] = start
+    """A start not made before: made, and kept while the cache has room."""
+    start = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
+        status,
+        _REASONS.get(status, b""),
+        content_type.encode(),
+    )
+    if len(_STARTS) < _MOST_STARTS:  # a bound, should any content type come from a client
+        _STARTS[(status, content_type)] = start
     return start
+
+
+#: Header lines made before, by name and value: most answers repeat a few (a binary answer's
+#: JSON length); bounded, as values can come from what clients send.
+_LINES: dict[tuple[str, str], bytes] = {}
+_MOST_LINES = 1024
+
+
+def _line(pair: tuple[str, str]) -> bytes:
+    line = f"{pair[0]}: {pair[1]}\r\n".encode("latin-1")
+    if len(_LINES) < _MOST_LINES:
+        _LINES[pair] = line
+    return line
 
 
 def cut_response(grace_s: float) -> RestResponse:
