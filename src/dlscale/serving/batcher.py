@@ -63,6 +63,10 @@ class Batcher:
             collections.deque() for _ in range(policy.batching.priority_levels)
         ]
         self._queued = 0
+        #: Bumped whenever a request joins or leaves the queues: the candidates walked last
+        #: (`_walked`) stand while it is unchanged (the scheduler asks several times a batch).
+        self._changes = 0
+        self._walked: tuple[int, list[Pending], list[int], float] = (-1, [], [], 0.0)
         self._pool: SlotPool
         if qos is not None:
             qos.attach(self._instances)
@@ -134,6 +138,7 @@ class Batcher:
             item.timer = self.queue.expire(timeout_us, self._expire, item)
         self._queues[level].append(item)
         self._queued += 1
+        self._changes += 1
         self._gaps.note(now)
         wake = self._wake  # the scheduler sleeps: what the policy decides by has changed
         if wake is not None and not wake.done():
@@ -202,6 +207,7 @@ class Batcher:
             item.queued = False
             self._queues[item.level].remove(item)
             self._queued -= 1
+            self._changes += 1
 
     @staticmethod
     def _done_with(item: Pending) -> None:
@@ -226,8 +232,12 @@ class Batcher:
     async def _schedule(self) -> None:
         while True:
             await self._until_ready()
+            seen = self._changes
             slot = await self._pool.take(self)
-            if not slot.scheduled:  # an instance alone: company may still be worth waiting for
+            # An instance alone: company may still be worth waiting for, unless no request
+            # came or left meanwhile: then the policy's answer stands (the clock alone never
+            # holds back a batch the policy sends, and a batch ending only makes one go sooner).
+            if not slot.scheduled and self._changes != seen:
                 await self._until_ready(holding=True)
             batch, capped = self._form(slot)
             if not batch:  # every request had left meanwhile
@@ -270,7 +280,16 @@ class Batcher:
 
     def _candidates(self) -> tuple[list[Pending], list[int], float]:
         """Requests that can join the head's batch (highest priority first, then oldest), their
-        rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival."""
+        rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival,
+        and none while no request joined or left since the last (nor the lists: not changed)."""
+        changes, chosen, rows, oldest = self._walked
+        if changes == self._changes:
+            return chosen, rows, oldest
+        chosen, rows, oldest = self._walk()
+        self._walked = (self._changes, chosen, rows, oldest)
+        return chosen, rows, oldest
+
+    def _walk(self) -> tuple[list[Pending], list[int], float]:
         for queue in self._queues:  # the head: the first of the highest level that waits
             if queue:
                 head = queue[0]
@@ -320,20 +339,23 @@ class Batcher:
 
         Formed once the slot is there: requests kept arriving (or left) while it was awaited.
         """
-        now = self._clock()
-        chosen, rows, oldest = self._candidates()
+        chosen, rows, _ = self._candidates()
         if not chosen:
             return [], False
-        gap = self._gaps.smoothed
+        # The slot is there, so the batch goes: a prefix that closes a batch (full or a
+        # preferred size) within its rows, or else all that fit (the policy's `to_send` once it
+        # sends, whatever the clock and the gaps say).
+        closing = self.policy.closing_prefix
         cut = within(rows, slot.max_rows)
-        send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
-        uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
-        return self._take(chosen[:send], now), cut < uncapped
+        send = closing(rows[:cut] if cut < len(rows) else rows) or cut
+        uncapped = send if cut == len(rows) else closing(rows) or len(rows)
+        return self._take(chosen[:send], self._clock()), cut < uncapped
 
     def _take(self, chosen: list[Pending], now: float) -> list[Pending]:
         waited = self.qos.waited if self.qos is not None else None
         batch = []
         queues = self._queues
+        self._changes += 1
         for item in chosen:
             item.queued = False  # `_unqueue`, written out: once per request
             queues[item.level].remove(item)

@@ -77,6 +77,12 @@ class TenantQos:
     _left: bool = False
     #: Called once it leaves its devices (a vLLM engine's lease task ends then).
     departures: list[Callable[[], None]] = field(default_factory=list)
+    #: Its device when it has one (most models): where `_hand_off` may skip the gates' walk.
+    _only: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.tenants) == 1:
+            (self._only,) = self.tenants
 
     def tenant_of(self, instance: str) -> Tenant:
         """The Tenant at the device of the instance named `instance`."""
@@ -105,7 +111,8 @@ class TenantQos:
             raise Unavailable(f"model {self.name!r} has left its devices' schedulers")
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         self._waiter = (future, source, device)
-        self.dispatcher.dispatch()
+        if not self._hand_off():
+            self.dispatcher.dispatch()
         try:
             return await future
         except asyncio.CancelledError:
@@ -142,7 +149,35 @@ class TenantQos:
         seconds = self.dispatcher.clock() - held.start if rows else 0.0
         self.gates[held.device].scheduler.finish(held.grant, rows, seconds, capped, latencies)
         self._free[held.device].append(slot.instance)
-        self.dispatcher.dispatch()
+        if not self._hand_off():
+            self.dispatcher.dispatch()
+
+    def _hand_off(self) -> bool:
+        """With one device whose scheduler is off: what the gates' dispatch would do for this
+        pool, without their walk. False: the gates decide.
+
+        A gate that is off hands every waiting pool a slot as soon as it has a free instance
+        there, so between two dispatches no other pool waits on it with one free, and a gate
+        elsewhere has nothing new to decide: a take or a slot given back changes this pool
+        alone. The waiting take gets its slot now (asked, then started off, as `dispatch`
+        would) or keeps waiting for an instance; with none waiting, nothing is left to do."""
+        device = self._only
+        if device is None:
+            return False
+        gate = self.gates[device]
+        if gate.scheduler.active:
+            return False
+        if self._waiter is None:
+            return True
+        future, source, only = self._waiter
+        if future.done() or only not in (None, device):
+            return False
+        if self._free.get(device):
+            now = self.dispatcher.clock()
+            name = self.tenants[device].name
+            gate.scheduler.ask(name, source.demand(now) or Demand(now, 1))
+            self.hand(device, gate.scheduler.start_off(name), now)
+        return True
 
     def leave(self) -> None:
         """Leave every device (after the batcher has closed); a take still waiting (an
