@@ -67,6 +67,7 @@ class Batcher:
         #: (`_walked`) stand while it is unchanged (the scheduler asks several times a batch).
         self._changes = 0
         self._walked: tuple[int, list[Pending], list[int], float] = (-1, [], [], 0.0)
+        self._sends = (-1, 0)  # likewise, how many of them the policy sent (`_ready`)
         self._pool: SlotPool
         if qos is not None:
             qos.attach(self._instances)
@@ -320,8 +321,12 @@ class Batcher:
         chosen, rows, oldest = self._candidates()
         if not chosen:
             return [], [], 0, now
+        if self._sends[0] == self._changes:  # the policy sent them and none joined or left
+            return chosen, rows, self._sends[1], oldest  # since: the clock never holds them back
         alone = chosen[0].alone and self._queued + self._computing == 1
         send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone)
+        if send:
+            self._sends = (self._changes, send)
         return chosen, rows, send, oldest
 
     def demand(self, now: float) -> Demand | None:
@@ -420,8 +425,8 @@ class Batcher:
             fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
             return
         t3 = self._clock()
-        self.stats.record_batch(rows, ns(t1 - t0), ns(t2 - t1), ns(t3 - t2))
-        stamps = (ns(t0), ns(t1), ns(t2), ns(t3))
+        stamps = s0, s1, s2, s3 = ns(t0), ns(t1), ns(t2), ns(t3)
+        self.stats.record_batch(rows, s1 - s0, s2 - s1, s3 - s2)
         for item, part in zip(batch, parts, strict=True):
             if item.times is not None:
                 times = item.times

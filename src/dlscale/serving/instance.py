@@ -323,7 +323,10 @@ def _nothing() -> None:
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:
     """A batch's rows: its inputs' longest first dimension (a scalar counts as one)."""
-    return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
+    rows = 0  # a loop, not max(generator, default=0): once a batch, and the keyword costs
+    for array in inputs.values():
+        rows = max(rows, array.shape[0] if array.ndim else 1)
+    return rows
 
 
 def _timed(func: Callable[[T], R], arg: T) -> tuple[R, float, float]:

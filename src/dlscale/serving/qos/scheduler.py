@@ -168,7 +168,7 @@ class Tail:
         return ordered[min(len(ordered) - 1, int(TAIL_PERCENTILE * len(ordered)))]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one a batch (serving/slots.py, Demand)
 class Grant:
     """A slot given to a tenant: at most `max_rows` rows (its head request always goes)."""
 

@@ -47,7 +47,7 @@ class Dispatcher(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one a batch (serving/slots.py, Demand)
 class _Held:
     """Where a slot handed out came from: its device, its grant, and when it started."""
 
