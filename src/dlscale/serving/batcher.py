@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
+from dlscale.serving import batches
 from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
@@ -77,8 +78,8 @@ class Batcher:
         #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
         #: decides by has changed) or by the oldest request's delay.
         self._wake: asyncio.Future[None] | None = None
-        #: Batches computing now, by the task that runs each (the shutdown's cut reaches them).
-        self._running: dict[asyncio.Task[None], list[Pending]] = {}
+        #: Batches computing now, by their id (the shutdown's cut reaches them).
+        self._running: dict[int, list[Pending]] = {}
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
@@ -216,9 +217,6 @@ class Batcher:
         if release is not None:
             release()
 
-    def _ran(self, task: asyncio.Task[None]) -> None:
-        del self._running[task]
-
     def _forget(self, item: Pending) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
@@ -246,9 +244,7 @@ class Batcher:
                 continue
             self._company.sent(len(batch), self._queued + self._computing)
             self._computing += len(batch)
-            task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
-            self._running[task] = batch
-            task.add_done_callback(self._ran)
+            self._send(slot, batch, capped)
 
     async def _until_ready(self, holding: bool = False) -> None:
         """Wait until the policy would send a batch: requests arrive, the oldest's delay ends.
@@ -373,19 +369,47 @@ class Batcher:
             batch.append(item)
         return batch
 
-    async def _run(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
-        # This task's context: with a traced request in the batch, the instance runs in it, so
-        # that a model call the batch makes (BLS) is that request's child span.
-        traced = next((i.span for i in batch if i.span is not None), None)
-        context = None
-        if traced is not None:
-            CURRENT.set(traced)
-            context = contextvars.copy_context()
+    def _send(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
+        """Start computing `batch` in `slot`; `_computed` takes its outcome. Callbacks, not a
+        task per batch: over gRPC a batch holds one request, and a task's making, steps and
+        registry cost it more than the batch's bookkeeping (docs/serving-grpc.md)."""
+        context = batches.traced_context(batch)
+        self._running[id(batch)] = batch
+        instance = slot.instance
+        t0 = self._clock()
         try:
-            await self._compute(slot.instance, batch, context)
+            if instance.takes_requests:  # the backend sees each request's own inputs
+                then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
+                instance.start_requests([i.inputs for i in batch], then, context)
+            else:
+                merged = merge(batch)
+                then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
+                instance.start(merged, then, context)
+        except Exception as exc:  # the batch fails, not the scheduler
+            self._computed(slot, batch, capped, t0, t0, None, exc)
+
+    def _computed(
+        self,
+        slot: Slot,
+        batch: list[Pending],
+        capped: bool,
+        t0: float,
+        t1: float,
+        outputs: Tensors | Sequence[Tensors | DlscaleError] | None,
+        error: BaseException | None,
+    ) -> None:
+        """The batch's outcome (outputs, each request's results, or an error) delivered."""
+        t2 = self._clock()
+        rows = sum(i.rows for i in batch)
+        try:
+            parts = self._parts(slot.instance, batch, rows, outputs, error)
+            if parts is not None:
+                stamps = s0, s1, s2, s3 = ns(t0), ns(t1), ns(t2), ns(self._clock())
+                self.stats.record_batch(rows, s1 - s0, s2 - s1, s3 - s2)
+                batches.deliver(batch, parts, stamps, rows)
         finally:
+            del self._running[id(batch)]
             now = self._clock()
-            rows = sum(i.rows for i in batch)
             # Before the slot goes back: a request that arrives next must see the model idle.
             self._computing -= len(batch)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
@@ -393,56 +417,29 @@ class Batcher:
                 if item.release is not None:  # most requests hold no region
                     self._done_with(item)
 
-    async def _compute(
-        self, instance: Instance, batch: list[Pending], context: contextvars.Context | None
-    ) -> None:
-        t0 = self._clock()
-        rows = sum(i.rows for i in batch)
-        by_request = instance.takes_requests  # the backend sees each request's own inputs
-        merged = {} if by_request else merge(batch)
-        t1 = self._clock()
-        parts: Sequence[Tensors | DlscaleError]
+    def _parts(
+        self,
+        instance: Instance,
+        batch: list[Pending],
+        rows: int,
+        outputs: Tensors | Sequence[Tensors | DlscaleError] | None,
+        error: BaseException | None,
+    ) -> Sequence[Tensors | DlscaleError] | None:
+        """Each request's part of the outputs; None when the batch failed (its requests have
+        the error)."""
         try:
-            if by_request:
-                requests = [i.inputs for i in batch]
-                parts = await (
-                    instance.infer_requests(requests)
-                    if context is None
-                    else instance.infer_requests(requests, context)
-                )
-                t2 = self._clock()
-            else:
-                outputs = await (
-                    instance.infer(merged) if context is None else instance.infer(merged, context)
-                )
-                t2 = self._clock()
-                parts = split(outputs, batch, rows, self.policy.batched)
+            if error is not None:
+                raise error
+            if isinstance(outputs, dict):
+                return split(outputs, batch, rows, self.policy.batched)
+            assert outputs is not None  # the requests' own results
+            return outputs
         except DlscaleError as exc:
             fail(batch, exc)
-            return
         except Exception as exc:  # a backend bug must fail its batch, not the server
             log.exception("instance %s failed a batch of %d rows", instance.name, rows)
             fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
-            return
-        t3 = self._clock()
-        stamps = s0, s1, s2, s3 = ns(t0), ns(t1), ns(t2), ns(t3)
-        self.stats.record_batch(rows, s1 - s0, s2 - s1, s3 - s2)
-        for item, part in zip(batch, parts, strict=True):
-            if item.times is not None:
-                times = item.times
-                (
-                    times.compute_start,
-                    times.compute_input_end,
-                    times.compute_output_start,
-                    times.compute_end,
-                ) = stamps
-                times.batch_rows = rows
-            if item.future.done():
-                continue
-            if isinstance(part, DlscaleError):  # this request alone failed
-                item.future.set_exception(part)
-            else:
-                item.future.set_result(part)
+        return None
 
 
 def _resolve(wake: asyncio.Future[None]) -> None:

@@ -86,29 +86,77 @@ class Instance:
     async def infer(
         self, inputs: Mapping[str, np.ndarray], context: contextvars.Context | None = None
     ) -> dict[str, np.ndarray]:
-        """Compute one batch (in `context`, when given: a traced request's, see `_within`).
+        """Compute one batch (in `context`, when given: a traced request's, see `_within`)."""
+        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self.start(inputs, functools.partial(_settle, future), context)
+        return await future
 
-        A batch the instance's `inline` allows is computed here, on the event loop: the thread
-        hop would cost more than the compute (`InlineRows`). Its errors reach the caller
-        as from the thread, and the batcher times it the same way.
+    def start(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        then: Then,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """Compute one batch, then call `then(outputs, None)` or `then(None, error)` on the
+        loop: `infer` without a coroutine, for the batcher (a task per batch cost it more than
+        a callback; BENCHMARKS.md, issue 39's third pass).
+
+        A batch the instance's `inline` allows is computed on the event loop, at its next turn
+        (as a batch's own task would have): the thread hop would cost more than the compute
+        (`InlineRows`). Its errors reach `then` as from the thread, timed the same way.
         """
         traced = tracing.on()
         if traced:
             _trace(tracing.BACKEND_IN, inputs)
         rows = _rows(inputs)
         if self.inline.allows(rows):
-            start = time.perf_counter()
-            try:
-                outputs = self.backend.infer(inputs)
-            finally:
-                self.inline.observe_loop(time.perf_counter() - start)
+            asyncio.get_running_loop().call_soon(self._on_loop, inputs, traced, then, context)
         else:
             call = _within(context, self.backend.infer)
-            outputs, wall, cpu = await self._lane.run(_timed, call, inputs)
-            self.inline.observe_thread(rows, wall, cpu)
+            done = functools.partial(self._from_thread, rows, traced, then)
+            self._lane.submit(_timed, (call, inputs), done)
+
+    def _on_loop(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        traced: bool,
+        then: Then,
+        context: contextvars.Context | None,
+    ) -> None:
+        start = time.perf_counter()
+        try:
+            outputs = (
+                self.backend.infer(inputs)
+                if context is None
+                else context.run(self.backend.infer, inputs)
+            )
+        except BaseException as exc:  # the batch's outcome, as from the thread
+            self.inline.observe_loop(time.perf_counter() - start)
+            then(None, exc)
+            return
+        self.inline.observe_loop(time.perf_counter() - start)
+        self._finish(outputs, traced, then)
+
+    def _from_thread(
+        self,
+        rows: int,
+        traced: bool,
+        then: Then,
+        timed: tuple[dict[str, np.ndarray], float, float] | None,
+        error: BaseException | None,
+    ) -> None:
+        if timed is None:
+            then(None, error)
+            return
+        outputs, wall, cpu = timed
+        self.inline.observe_thread(rows, wall, cpu)
+        self._finish(outputs, traced, then)
+
+    @staticmethod
+    def _finish(outputs: dict[str, np.ndarray], traced: bool, then: Then) -> None:
         if traced:
             _trace(tracing.BACKEND_OUT, outputs)
-        return outputs
+        then(outputs, None)
 
     @property
     def inline_rows(self) -> int:
@@ -121,9 +169,20 @@ class Instance:
         context: contextvars.Context | None = None,
     ) -> list[RequestResult]:
         """Compute one batch given as its requests' inputs; one result (or error) per request."""
+        future: asyncio.Future[list[RequestResult]] = asyncio.get_running_loop().create_future()
+        self.start_requests(requests, functools.partial(_settle, future), context)
+        return await future
+
+    def start_requests(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        then: Callable[[list[RequestResult] | None, BaseException | None], None],
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """`infer_requests` as `start` is `infer`: `then(results, error)` on the loop."""
         # The backend declared `takes_requests`, so it has the method (no probing).
         backend = cast(RequestsBackend, self.backend)
-        return await self._lane.run(_within(context, backend.infer_requests), requests)
+        self._lane.submit(_within(context, backend.infer_requests), (requests,), then)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Unload the backend and stop the thread.
@@ -179,20 +238,29 @@ class Lane:
             thread.start()
             self._threads.append(thread)
 
-    def run(self, func: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        """`func(*args)` in a thread of the lane; its outcome on the running loop's future."""
+    def submit(
+        self,
+        func: Callable[..., T],
+        args: tuple[object, ...],
+        then: Callable[[T | None, BaseException | None], None],
+    ) -> None:
+        """`func(*args)` in a thread of the lane, then `then(result, None)` or `then(None,
+        error)` on the running loop."""
         if not self._threads:
             self.grow(1)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._calls.put((loop, future, func, args))
+        self._calls.put((asyncio.get_running_loop(), then, func, args))
+
+    def run(self, func: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """`func(*args)` in a thread of the lane; its outcome on the running loop's future."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.submit(func, args, functools.partial(_settle, future))
         return future
 
     def call(self, func: Callable[[], T]) -> T:
         """`func()` in a thread of the lane, waited for here (a thread, not the loop)."""
         self.grow(1)
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._calls.put((None, done, func, ()))
+        self._calls.put((None, functools.partial(_settle, done), func, ()))
         return done.result()
 
     def stop(self) -> None:
@@ -204,29 +272,36 @@ class Lane:
     def _serve(self) -> None:
         take = self._calls.get
         while (call := take()) is not None:
-            loop, future, func, args = call
+            loop, then, func, args = call
             try:
                 result, error = func(*args), None
             except BaseException as exc:  # the caller's to handle, as an executor's would be
                 result, error = None, exc
             if loop is None:
-                if error is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(error)
-                continue
-            # A loop closed (before or meanwhile) has nobody left to tell.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            del call, future, result, error  # not held while the thread waits for the next
+                then(result, error)
+            else:  # a loop closed (before or meanwhile) has nobody left to tell
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(then, result, error)
+            del call, then, result, error  # not held while the thread waits for the next
 
 
-#: A call given to a lane: the loop to answer on (None: `future` is a concurrent one), the
-#: future, the function and its arguments.
-_Call = tuple[asyncio.AbstractEventLoop | None, Any, Callable[..., Any], tuple[object, ...]]
+#: What a computed batch is handed to: its outputs and None, or None and its error.
+Then = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
+#: A call given to a lane: the loop to answer on (None: answered in the thread), what to call
+#: with the outcome, the function and its arguments.
+_Call = tuple[
+    asyncio.AbstractEventLoop | None,
+    Callable[[Any, BaseException | None], None],
+    Callable[..., Any],
+    tuple[object, ...],
+]
 
 
-def _settle(future: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
+def _settle(
+    future: asyncio.Future[Any] | concurrent.futures.Future[Any],
+    result: object,
+    error: BaseException | None,
+) -> None:
     if future.done():  # its caller left
         return
     if error is None:

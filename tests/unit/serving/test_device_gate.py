@@ -12,11 +12,12 @@ from typing import TypeVar
 
 import numpy as np
 import pytest
-from tests.unit.plan.test_queueing_vs_batcher import VirtualClockLoop
+from tests.unit.plan.test_queueing_vs_batcher import VirtualClockLoop, start_by_infer
 
 from dlscale.errors import TooManyRequests
 from dlscale.models.config import ModelConfig, QosConfig
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.instance import Then
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
@@ -36,6 +37,9 @@ class Device:
         self.name = name
         self.service = service
         self.batches: list[tuple[float, float, int]] = []  # start, end, rows
+
+    def start(self, inputs: Mapping[str, np.ndarray], then: Then, context: object = None) -> None:
+        start_by_infer(self.infer(inputs), then)  # as Instance.start hands a batch's outcome
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
