@@ -145,7 +145,7 @@ class Batcher:
         wake = self._wake  # the scheduler sleeps: what the policy decides by has changed
         if wake is not None and not wake.done():
             wake.set_result(None)
-        item.future.add_done_callback(lambda _: self._forget(item))
+        item.future.add_done_callback(functools.partial(self._forget, item))
         return item.future
 
     def fail(self, error: DlscaleError) -> None:
@@ -217,7 +217,7 @@ class Batcher:
         if release is not None:
             release()
 
-    def _forget(self, item: Pending) -> None:
+    def _forget(self, item: Pending, _: object = None) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
             item.timer.cancel()
@@ -232,7 +232,7 @@ class Batcher:
         while True:
             await self._until_ready()
             seen = self._changes
-            slot = await self._pool.take(self)
+            slot = self._pool.take_now(self) or await self._pool.take(self)
             # An instance alone: company may still be worth waiting for, unless no request
             # came or left meanwhile: then the policy's answer stands (the clock alone never
             # holds back a batch the policy sends, and a batch ending only makes one go sooner).

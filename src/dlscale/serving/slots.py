@@ -69,6 +69,11 @@ class Slot:
 class SlotPool(Protocol):
     """Hands out the slots of one model version's instances."""
 
+    def take_now(self, source: DemandSource) -> Slot | None:
+        """A slot for the batch `source` has ready, when one can be had without a wait (None:
+        `take`): no coroutine for the batch that finds its instance free."""
+        ...
+
     async def take(self, source: DemandSource) -> Slot:
         """Wait for a slot for the batch `source` has ready."""
         ...
@@ -87,6 +92,12 @@ class InstancePool:
         for instance in instances:
             for _ in range(instance.slots):
                 self._free.put_nowait(instance)
+
+    def take_now(self, source: DemandSource) -> Slot | None:
+        """A free instance now, if one is (as `take` would hand it)."""
+        if self._free.empty():
+            return None
+        return Slot(self._free.get_nowait(), self.max_rows, self._give_back)
 
     async def take(self, source: DemandSource) -> Slot:
         """The next free instance (the demand is not read: every batch goes as it forms)."""

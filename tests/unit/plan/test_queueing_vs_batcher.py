@@ -97,7 +97,10 @@ def start_by_infer(computing: Coroutine[Any, Any, dict[str, np.ndarray]], then: 
 
     def done(task: asyncio.Task[dict[str, np.ndarray]]) -> None:
         error = task.exception()
-        then(None, error) if error is not None else then(task.result(), None)
+        if error is None:
+            then(task.result(), None)
+        else:
+            then(None, error)
 
     asyncio.ensure_future(computing).add_done_callback(done)
 

@@ -104,6 +104,20 @@ class TenantQos:
             count = instance.slots if each is None else each
             self._free.setdefault(device, []).extend([instance] * count)
 
+    def take_now(self, source: DemandSource) -> Slot | None:
+        """A slot at once, without a wait: where the pool's one device has its scheduler off
+        and an instance free there (`_hand_off`); None: `take` waits for it."""
+        device = self._only
+        if (
+            device is None
+            or self._left
+            or self._waiter is not None
+            or not self._free.get(device)
+            or self.gates[device].scheduler.active
+        ):
+            return None
+        return self._start_off(device, source)
+
     async def take(self, source: DemandSource, device: str | None = None) -> Slot:
         """Wait for a free instance and its device's grant (module docstring); on `device`
         only, when given. Raises Unavailable once the pool has left its devices."""
@@ -139,10 +153,22 @@ class TenantQos:
         assert self._waiter is not None
         future = self._waiter[0]
         self._waiter = None
+        future.set_result(self._slot(device, grant, now))
+
+    def _slot(self, device: str, grant: Grant, now: float) -> Slot:
         scheduled = grant.decision != "off"
         slot = Slot(self._free[device].pop(), grant.max_rows, self._give_back, scheduled)
         self._held[slot] = _Held(device, grant, now)
-        future.set_result(slot)
+        return slot
+
+    def _start_off(self, device: str, source: DemandSource) -> Slot:
+        """A slot on `device`, whose scheduler is off, for `source`'s batch: asked for, then
+        started off, as the gate's dispatch hands it (DeviceGate.dispatch)."""
+        now = self.dispatcher.clock()
+        scheduler = self.gates[device].scheduler
+        name = self.tenants[device].name
+        scheduler.ask(name, source.demand(now) or Demand(now, 1))
+        return self._slot(device, scheduler.start_off(name), now)
 
     def _give_back(self, slot: Slot, rows: int, latencies: Sequence[float], capped: bool) -> None:
         held = self._held.pop(slot)
@@ -173,10 +199,8 @@ class TenantQos:
         if future.done() or only not in (None, device):
             return False
         if self._free.get(device):
-            now = self.dispatcher.clock()
-            name = self.tenants[device].name
-            gate.scheduler.ask(name, source.demand(now) or Demand(now, 1))
-            self.hand(device, gate.scheduler.start_off(name), now)
+            self._waiter = None
+            future.set_result(self._start_off(device, source))
         return True
 
     def leave(self) -> None:
