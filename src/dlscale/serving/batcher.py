@@ -400,7 +400,9 @@ class Batcher:
     ) -> None:
         """The batch's outcome (outputs, each request's results, or an error) delivered."""
         t2 = self._clock()
-        rows = sum(i.rows for i in batch)
+        rows = 0
+        for item in batch:  # a loop, not `sum` over a generator: once a batch
+            rows += item.rows
         try:
             parts = self._parts(slot.instance, batch, rows, outputs, error)
             if parts is not None:

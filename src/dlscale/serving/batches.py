@@ -106,12 +106,12 @@ def deliver(
 def traced_context(batch: Sequence[Pending]) -> contextvars.Context | None:
     """The context a batch computes in: with a traced request in it, that request's span is
     current there, so that a model call the batch makes (BLS) is its child; None otherwise."""
-    traced = next((i.span for i in batch if i.span is not None), None)
-    if traced is None:
-        return None
-    context = contextvars.copy_context()
-    context.run(CURRENT.set, traced)
-    return context
+    for item in batch:  # a loop, not `next` over a generator: asked once a batch
+        if item.span is not None:
+            context = contextvars.copy_context()
+            context.run(CURRENT.set, item.span)
+            return context
+    return None
 
 
 def fail(batch: Sequence[Pending], exc: DlscaleError) -> None:
