@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
+from dlscale.serving import batches
 from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, split, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
@@ -63,6 +64,11 @@ class Batcher:
             collections.deque() for _ in range(policy.batching.priority_levels)
         ]
         self._queued = 0
+        #: Bumped whenever a request joins or leaves the queues: the candidates walked last
+        #: (`_walked`) stand while it is unchanged (the scheduler asks several times a batch).
+        self._changes = 0
+        self._walked: tuple[int, list[Pending], list[int], float] = (-1, [], [], 0.0)
+        self._sends = (-1, 0)  # likewise, how many of them the policy sent (`_ready`)
         self._pool: SlotPool
         if qos is not None:
             qos.attach(self._instances)
@@ -72,8 +78,8 @@ class Batcher:
         #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
         #: decides by has changed) or by the oldest request's delay.
         self._wake: asyncio.Future[None] | None = None
-        #: Batches computing now, by the task that runs each (the shutdown's cut reaches them).
-        self._running: dict[asyncio.Task[None], list[Pending]] = {}
+        #: Batches computing now, by their id (the shutdown's cut reaches them).
+        self._running: dict[int, list[Pending]] = {}
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, qos.admission if qos else None, clock)
         self._scheduler: asyncio.Task[None] | None = None
@@ -134,11 +140,12 @@ class Batcher:
             item.timer = self.queue.expire(timeout_us, self._expire, item)
         self._queues[level].append(item)
         self._queued += 1
+        self._changes += 1
         self._gaps.note(now)
         wake = self._wake  # the scheduler sleeps: what the policy decides by has changed
         if wake is not None and not wake.done():
             wake.set_result(None)
-        item.future.add_done_callback(lambda _: self._forget(item))
+        item.future.add_done_callback(functools.partial(self._forget, item))
         return item.future
 
     def fail(self, error: DlscaleError) -> None:
@@ -202,6 +209,7 @@ class Batcher:
             item.queued = False
             self._queues[item.level].remove(item)
             self._queued -= 1
+            self._changes += 1
 
     @staticmethod
     def _done_with(item: Pending) -> None:
@@ -209,10 +217,7 @@ class Batcher:
         if release is not None:
             release()
 
-    def _ran(self, task: asyncio.Task[None]) -> None:
-        del self._running[task]
-
-    def _forget(self, item: Pending) -> None:
+    def _forget(self, item: Pending, _: object = None) -> None:
         # Runs when the future resolves, is failed, or is cancelled by a departed client.
         if item.timer is not None:
             item.timer.cancel()
@@ -226,8 +231,12 @@ class Batcher:
     async def _schedule(self) -> None:
         while True:
             await self._until_ready()
-            slot = await self._pool.take(self)
-            if not slot.scheduled:  # an instance alone: company may still be worth waiting for
+            seen = self._changes
+            slot = self._pool.take_now(self) or await self._pool.take(self)
+            # An instance alone: company may still be worth waiting for, unless no request
+            # came or left meanwhile: then the policy's answer stands (the clock alone never
+            # holds back a batch the policy sends, and a batch ending only makes one go sooner).
+            if not slot.scheduled and self._changes != seen:
                 await self._until_ready(holding=True)
             batch, capped = self._form(slot)
             if not batch:  # every request had left meanwhile
@@ -235,9 +244,7 @@ class Batcher:
                 continue
             self._company.sent(len(batch), self._queued + self._computing)
             self._computing += len(batch)
-            task = asyncio.get_running_loop().create_task(self._run(slot, batch, capped))
-            self._running[task] = batch
-            task.add_done_callback(self._ran)
+            self._send(slot, batch, capped)
 
     async def _until_ready(self, holding: bool = False) -> None:
         """Wait until the policy would send a batch: requests arrive, the oldest's delay ends.
@@ -270,7 +277,16 @@ class Batcher:
 
     def _candidates(self) -> tuple[list[Pending], list[int], float]:
         """Requests that can join the head's batch (highest priority first, then oldest), their
-        rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival."""
+        rows, and the oldest one's arrival: one walk, since the scheduler asks at every arrival,
+        and none while no request joined or left since the last (nor the lists: not changed)."""
+        changes, chosen, rows, oldest = self._walked
+        if changes == self._changes:
+            return chosen, rows, oldest
+        chosen, rows, oldest = self._walk()
+        self._walked = (self._changes, chosen, rows, oldest)
+        return chosen, rows, oldest
+
+    def _walk(self) -> tuple[list[Pending], list[int], float]:
         for queue in self._queues:  # the head: the first of the highest level that waits
             if queue:
                 head = queue[0]
@@ -301,8 +317,12 @@ class Batcher:
         chosen, rows, oldest = self._candidates()
         if not chosen:
             return [], [], 0, now
+        if self._sends[0] == self._changes:  # the policy sent them and none joined or left
+            return chosen, rows, self._sends[1], oldest  # since: the clock never holds them back
         alone = chosen[0].alone and self._queued + self._computing == 1
         send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone)
+        if send:
+            self._sends = (self._changes, send)
         return chosen, rows, send, oldest
 
     def demand(self, now: float) -> Demand | None:
@@ -320,20 +340,23 @@ class Batcher:
 
         Formed once the slot is there: requests kept arriving (or left) while it was awaited.
         """
-        now = self._clock()
-        chosen, rows, oldest = self._candidates()
+        chosen, rows, _ = self._candidates()
         if not chosen:
             return [], False
-        gap = self._gaps.smoothed
+        # The slot is there, so the batch goes: a prefix that closes a batch (full or a
+        # preferred size) within its rows, or else all that fit (the policy's `to_send` once it
+        # sends, whatever the clock and the gaps say).
+        closing = self.policy.closing_prefix
         cut = within(rows, slot.max_rows)
-        send = self.policy.to_send(rows[:cut], oldest, now, gap) or cut
-        uncapped = self.policy.to_send(rows, oldest, now, gap) or len(rows)
-        return self._take(chosen[:send], now), cut < uncapped
+        send = closing(rows[:cut] if cut < len(rows) else rows) or cut
+        uncapped = send if cut == len(rows) else closing(rows) or len(rows)
+        return self._take(chosen[:send], self._clock()), cut < uncapped
 
     def _take(self, chosen: list[Pending], now: float) -> list[Pending]:
         waited = self.qos.waited if self.qos is not None else None
         batch = []
         queues = self._queues
+        self._changes += 1
         for item in chosen:
             item.queued = False  # `_unqueue`, written out: once per request
             queues[item.level].remove(item)
@@ -346,19 +369,49 @@ class Batcher:
             batch.append(item)
         return batch
 
-    async def _run(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
-        # This task's context: with a traced request in the batch, the instance runs in it, so
-        # that a model call the batch makes (BLS) is that request's child span.
-        traced = next((i.span for i in batch if i.span is not None), None)
-        context = None
-        if traced is not None:
-            CURRENT.set(traced)
-            context = contextvars.copy_context()
+    def _send(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
+        """Start computing `batch` in `slot`; `_computed` takes its outcome. Callbacks, not a
+        task per batch: over gRPC a batch holds one request, and a task's making, steps and
+        registry cost it more than the batch's bookkeeping (docs/serving-grpc.md)."""
+        context = batches.traced_context(batch)
+        self._running[id(batch)] = batch
+        instance = slot.instance
+        t0 = self._clock()
         try:
-            await self._compute(slot.instance, batch, context)
+            if instance.takes_requests:  # the backend sees each request's own inputs
+                then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
+                instance.start_requests([i.inputs for i in batch], then, context)
+            else:
+                merged = merge(batch)
+                then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
+                instance.start(merged, then, context)
+        except Exception as exc:  # the batch fails, not the scheduler
+            self._computed(slot, batch, capped, t0, t0, None, exc)
+
+    def _computed(
+        self,
+        slot: Slot,
+        batch: list[Pending],
+        capped: bool,
+        t0: float,
+        t1: float,
+        outputs: Tensors | Sequence[Tensors | DlscaleError] | None,
+        error: BaseException | None,
+    ) -> None:
+        """The batch's outcome (outputs, each request's results, or an error) delivered."""
+        t2 = self._clock()
+        rows = 0
+        for item in batch:  # a loop, not `sum` over a generator: once a batch
+            rows += item.rows
+        try:
+            parts = self._parts(slot.instance, batch, rows, outputs, error)
+            if parts is not None:
+                stamps = s0, s1, s2, s3 = ns(t0), ns(t1), ns(t2), ns(self._clock())
+                self.stats.record_batch(rows, s1 - s0, s2 - s1, s3 - s2)
+                batches.deliver(batch, parts, stamps, rows)
         finally:
+            del self._running[id(batch)]
             now = self._clock()
-            rows = sum(i.rows for i in batch)
             # Before the slot goes back: a request that arrives next must see the model idle.
             self._computing -= len(batch)
             slot.done(rows, [now - i.enqueued for i in batch], capped)
@@ -366,56 +419,29 @@ class Batcher:
                 if item.release is not None:  # most requests hold no region
                     self._done_with(item)
 
-    async def _compute(
-        self, instance: Instance, batch: list[Pending], context: contextvars.Context | None
-    ) -> None:
-        t0 = self._clock()
-        rows = sum(i.rows for i in batch)
-        by_request = instance.takes_requests  # the backend sees each request's own inputs
-        merged = {} if by_request else merge(batch)
-        t1 = self._clock()
-        parts: Sequence[Tensors | DlscaleError]
+    def _parts(
+        self,
+        instance: Instance,
+        batch: list[Pending],
+        rows: int,
+        outputs: Tensors | Sequence[Tensors | DlscaleError] | None,
+        error: BaseException | None,
+    ) -> Sequence[Tensors | DlscaleError] | None:
+        """Each request's part of the outputs; None when the batch failed (its requests have
+        the error)."""
         try:
-            if by_request:
-                requests = [i.inputs for i in batch]
-                parts = await (
-                    instance.infer_requests(requests)
-                    if context is None
-                    else instance.infer_requests(requests, context)
-                )
-                t2 = self._clock()
-            else:
-                outputs = await (
-                    instance.infer(merged) if context is None else instance.infer(merged, context)
-                )
-                t2 = self._clock()
-                parts = split(outputs, batch, rows, self.policy.batched)
+            if error is not None:
+                raise error
+            if isinstance(outputs, dict):
+                return split(outputs, batch, rows, self.policy.batched)
+            assert outputs is not None  # the requests' own results
+            return outputs
         except DlscaleError as exc:
             fail(batch, exc)
-            return
         except Exception as exc:  # a backend bug must fail its batch, not the server
             log.exception("instance %s failed a batch of %d rows", instance.name, rows)
             fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
-            return
-        t3 = self._clock()
-        self.stats.record_batch(rows, ns(t1 - t0), ns(t2 - t1), ns(t3 - t2))
-        stamps = (ns(t0), ns(t1), ns(t2), ns(t3))
-        for item, part in zip(batch, parts, strict=True):
-            if item.times is not None:
-                times = item.times
-                (
-                    times.compute_start,
-                    times.compute_input_end,
-                    times.compute_output_start,
-                    times.compute_end,
-                ) = stamps
-                times.batch_rows = rows
-            if item.future.done():
-                continue
-            if isinstance(part, DlscaleError):  # this request alone failed
-                item.future.set_exception(part)
-            else:
-                item.future.set_result(part)
+        return None
 
 
 def _resolve(wake: asyncio.Future[None]) -> None:

@@ -4,6 +4,7 @@ the batch's outputs split back into each request's rows."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import BackendError, DlscaleError
+from dlscale.serving.observe.otel import CURRENT
 from dlscale.serving.observe.stats import RequestTimes
 
 Tensors = dict[str, np.ndarray]
@@ -73,6 +75,43 @@ def split(outputs: Tensors, batch: Sequence[Pending], rows: int, batched: bool) 
         parts.append({n: a[start:end] for n, a in outputs.items()})
         start = end
     return parts
+
+
+def deliver(
+    batch: Sequence[Pending],
+    parts: Sequence[Tensors | DlscaleError],
+    stamps: tuple[int, int, int, int],
+    rows: int,
+) -> None:
+    """Each request of a computed batch of `rows` gets its compute `stamps` and its part (or
+    its own error), unless it has left."""
+    for item, part in zip(batch, parts, strict=True):
+        times = item.times
+        if times is not None:
+            (
+                times.compute_start,
+                times.compute_input_end,
+                times.compute_output_start,
+                times.compute_end,
+            ) = stamps
+            times.batch_rows = rows
+        if item.future.done():
+            continue
+        if isinstance(part, DlscaleError):  # this request alone failed
+            item.future.set_exception(part)
+        else:
+            item.future.set_result(part)
+
+
+def traced_context(batch: Sequence[Pending]) -> contextvars.Context | None:
+    """The context a batch computes in: with a traced request in it, that request's span is
+    current there, so that a model call the batch makes (BLS) is its child; None otherwise."""
+    for item in batch:  # a loop, not `next` over a generator: asked once a batch
+        if item.span is not None:
+            context = contextvars.copy_context()
+            context.run(CURRENT.set, item.span)
+            return context
+    return None
 
 
 def fail(batch: Sequence[Pending], exc: DlscaleError) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
@@ -44,12 +47,11 @@ class Instance:
         self.inline = InlineRows()
         #: Whether its backend's unload stops a running batch (known once loaded).
         self.stops_batches = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._lane = Lane(name)
 
-    async def call(self, func: object, *args: object) -> object:
+    async def call(self, func: Callable[..., T], *args: object) -> T:
         """Run a blocking call in this instance's thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, func, *args)  # type: ignore[arg-type]
+        return await self._lane.run(func, *args)
 
     @overload
     async def load(self) -> None: ...
@@ -68,49 +70,93 @@ class Instance:
 
         def load_then() -> T | None:
             self.backend.load()
+            # A backend that takes several batches at once gets a thread for each, started
+            # here, off the loop, as the first one was.
+            self._lane.grow(max(1, self.backend.capabilities.concurrency))
             return then(self.backend) if then is not None else None
 
-        result = await asyncio.to_thread(lambda: self._executor.submit(load_then).result())
+        result = await asyncio.to_thread(self._lane.call, load_then)
         capabilities = self.backend.capabilities
         self.slots = max(1, capabilities.concurrency)
         self.takes_requests = capabilities.takes_requests
         self.inline = InlineRows(capabilities.inline_rows, capabilities.inline_measured)
         self.stops_batches = capabilities.stops_batches
-        if self.slots > 1:
-            old = self._executor
-            self._executor = ThreadPoolExecutor(
-                max_workers=self.slots, thread_name_prefix=self.name
-            )
-            old.shutdown(wait=False)
         return result
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray], context: contextvars.Context | None = None
     ) -> dict[str, np.ndarray]:
-        """Compute one batch (in `context`, when given: a traced request's, see `_within`).
+        """Compute one batch (in `context`, when given: a traced request's, see `_within`)."""
+        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self.start(inputs, functools.partial(_settle, future), context)
+        return await future
 
-        A batch the instance's `inline` allows is computed here, on the event loop: the thread
-        hop would cost more than the compute (`InlineRows`). Its errors reach the caller
-        as from the thread, and the batcher times it the same way.
+    def start(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        then: Then,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """Compute one batch, then call `then(outputs, None)` or `then(None, error)` on the
+        loop: `infer` without a coroutine, for the batcher (a task per batch cost it more than
+        a callback; BENCHMARKS.md, issue 39's third pass).
+
+        A batch the instance's `inline` allows is computed on the event loop, at its next turn
+        (as a batch's own task would have): the thread hop would cost more than the compute
+        (`InlineRows`). Its errors reach `then` as from the thread, timed the same way.
         """
         traced = tracing.on()
         if traced:
             _trace(tracing.BACKEND_IN, inputs)
         rows = _rows(inputs)
         if self.inline.allows(rows):
-            start = time.perf_counter()
-            try:
-                outputs = self.backend.infer(inputs)
-            finally:
-                self.inline.observe_loop(time.perf_counter() - start)
+            asyncio.get_running_loop().call_soon(self._on_loop, inputs, traced, then, context)
         else:
-            loop = asyncio.get_running_loop()
             call = _within(context, self.backend.infer)
-            outputs, wall, cpu = await loop.run_in_executor(self._executor, _timed, call, inputs)
-            self.inline.observe_thread(rows, wall, cpu)
+            done = functools.partial(self._from_thread, rows, traced, then)
+            self._lane.submit(_timed, (call, inputs), done)
+
+    def _on_loop(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        traced: bool,
+        then: Then,
+        context: contextvars.Context | None,
+    ) -> None:
+        start = time.perf_counter()
+        try:
+            outputs = (
+                self.backend.infer(inputs)
+                if context is None
+                else context.run(self.backend.infer, inputs)
+            )
+        except BaseException as exc:  # the batch's outcome, as from the thread
+            self.inline.observe_loop(time.perf_counter() - start)
+            then(None, exc)
+            return
+        self.inline.observe_loop(time.perf_counter() - start)
+        self._finish(outputs, traced, then)
+
+    def _from_thread(
+        self,
+        rows: int,
+        traced: bool,
+        then: Then,
+        timed: tuple[dict[str, np.ndarray], float, float] | None,
+        error: BaseException | None,
+    ) -> None:
+        if timed is None:
+            then(None, error)
+            return
+        outputs, wall, cpu = timed
+        self.inline.observe_thread(rows, wall, cpu)
+        self._finish(outputs, traced, then)
+
+    @staticmethod
+    def _finish(outputs: dict[str, np.ndarray], traced: bool, then: Then) -> None:
         if traced:
             _trace(tracing.BACKEND_OUT, outputs)
-        return outputs
+        then(outputs, None)
 
     @property
     def inline_rows(self) -> int:
@@ -123,11 +169,20 @@ class Instance:
         context: contextvars.Context | None = None,
     ) -> list[RequestResult]:
         """Compute one batch given as its requests' inputs; one result (or error) per request."""
+        future: asyncio.Future[list[RequestResult]] = asyncio.get_running_loop().create_future()
+        self.start_requests(requests, functools.partial(_settle, future), context)
+        return await future
+
+    def start_requests(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        then: Callable[[list[RequestResult] | None, BaseException | None], None],
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """`infer_requests` as `start` is `infer`: `then(results, error)` on the loop."""
         # The backend declared `takes_requests`, so it has the method (no probing).
         backend = cast(RequestsBackend, self.backend)
-        loop = asyncio.get_running_loop()
-        call = _within(context, backend.infer_requests)
-        return await loop.run_in_executor(self._executor, call, requests)
+        self._lane.submit(_within(context, backend.infer_requests), (requests,), then)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Unload the backend and stop the thread.
@@ -142,7 +197,7 @@ class Instance:
             # running there without a trip to wait for it first; each eviction of a load on
             # demand paid that trip on the cold request's path (docs/memory.md).
             await self.call(self.backend.unload)
-            self._executor.shutdown(wait=False)
+            self._lane.stop()
             return
         drained = asyncio.ensure_future(self.call(_nothing))
         if grace_s is not None and self.stops_batches:
@@ -154,7 +209,105 @@ class Instance:
                 await asyncio.to_thread(self.backend.unload)
         await drained
         await self.call(self.backend.unload)
-        self._executor.shutdown(wait=False)
+        self._lane.stop()
+
+
+class Lane:
+    """An instance's threads: each takes the next call from one queue, so a lane of one thread
+    runs its calls one at a time, in the order given (the unload after the last batch).
+
+    What `loop.run_in_executor` on a ThreadPoolExecutor does, less its machinery: no
+    concurrent.futures.Future with its Condition, no future chained to it, no idle semaphore.
+    Counted under callgrind, that hop cost about 119,000 instructions a call and this one
+    17,000; over gRPC a batch holds one request, so each request paid it (BENCHMARKS.md, issue
+    39's third pass). The threads are daemons: an instance never closed must not hold the
+    interpreter at exit (the executor's joined them through a private hook).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def grow(self, threads: int) -> None:
+        """Have at least `threads` threads. Starting one waits until it runs (a GIL hand-off),
+        so the first starts off the loop where it can (`call` from a worker thread)."""
+        while len(self._threads) < threads:
+            name = f"{self.name}_{len(self._threads)}"
+            thread = threading.Thread(target=self._serve, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def submit(
+        self,
+        func: Callable[..., T],
+        args: tuple[object, ...],
+        then: Callable[[T | None, BaseException | None], None],
+    ) -> None:
+        """`func(*args)` in a thread of the lane, then `then(result, None)` or `then(None,
+        error)` on the running loop."""
+        if not self._threads:
+            self.grow(1)
+        self._calls.put((asyncio.get_running_loop(), then, func, args))
+
+    def run(self, func: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """`func(*args)` in a thread of the lane; its outcome on the running loop's future."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.submit(func, args, functools.partial(_settle, future))
+        return future
+
+    def call(self, func: Callable[[], T]) -> T:
+        """`func()` in a thread of the lane, waited for here (a thread, not the loop)."""
+        self.grow(1)
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._calls.put((None, functools.partial(_settle, done), func, ()))
+        return done.result()
+
+    def stop(self) -> None:
+        """Let each thread end once the calls already given have run."""
+        for _ in self._threads:
+            self._calls.put(None)
+        self._threads = []
+
+    def _serve(self) -> None:
+        take = self._calls.get
+        while (call := take()) is not None:
+            loop, then, func, args = call
+            try:
+                result, error = func(*args), None
+            except BaseException as exc:  # the caller's to handle, as an executor's would be
+                result, error = None, exc
+            if loop is None:
+                then(result, error)
+            else:  # a loop closed (before or meanwhile) has nobody left to tell
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(then, result, error)
+            del call, then, result, error  # not held while the thread waits for the next
+
+
+#: What a computed batch is handed to: its outputs and None, or None and its error.
+Then = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
+#: A call given to a lane: the loop to answer on (None: answered in the thread), what to call
+#: with the outcome, the function and its arguments.
+_Call = tuple[
+    asyncio.AbstractEventLoop | None,
+    Callable[[Any, BaseException | None], None],
+    Callable[..., Any],
+    tuple[object, ...],
+]
+
+
+def _settle(
+    future: asyncio.Future[Any] | concurrent.futures.Future[Any],
+    result: object,
+    error: BaseException | None,
+) -> None:
+    if future.done():  # its caller left
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 #: What a batch may cost to run on the event loop (seconds), as its thread's CPU when measured
@@ -245,7 +398,10 @@ def _nothing() -> None:
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:
     """A batch's rows: its inputs' longest first dimension (a scalar counts as one)."""
-    return max((a.shape[0] if a.ndim else 1 for a in inputs.values()), default=0)
+    rows = 0  # a loop, not max(generator, default=0): once a batch, and the keyword costs
+    for array in inputs.values():
+        rows = max(rows, array.shape[0] if array.ndim else 1)
+    return rows
 
 
 def _timed(func: Callable[[T], R], arg: T) -> tuple[R, float, float]:
@@ -262,9 +418,9 @@ def _trace(stage: str, arrays: Mapping[str, np.ndarray]) -> None:
 
 
 def _within(context: contextvars.Context | None, func: Callable[[T], R]) -> Callable[[T], R]:
-    """`func`, run in `context` when given: a thread of the executor has a context of its own
-    (run_in_executor does not carry the caller's), and a traced request's batch passes its
-    own, so that the model calls made from the instance thread (BLS) continue its trace."""
+    """`func`, run in `context` when given: a lane's thread has a context of its own (not the
+    caller's), and a traced request's batch passes its own, so that the model calls made from
+    the instance thread (BLS) continue its trace."""
     if context is None:
         return func
     return functools.partial(_run_in, context, func)

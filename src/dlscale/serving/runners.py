@@ -79,7 +79,7 @@ class BatchRunner:
         self.batcher = batcher
 
     def refuse_early(self) -> DlscaleError | None:
-        return self.batcher.refuse_early()
+        return self.batcher.queue.refuse_early()  # one call less: every gRPC request asks
 
     def submit(
         self,

@@ -17,7 +17,9 @@ from typing import Protocol
 from dlscale.serving.instance import Instance
 
 
-@dataclass(frozen=True)
+# Slots and not frozen, as Slot and the scheduler's Grant: each is made once a batch, and a frozen
+# dataclass's __init__ costs about six times a plain one's (object.__setattr__ per field).
+@dataclass(slots=True)
 class Demand:
     """A tenant's batch waiting for a slot: its oldest request's arrival and its rows."""
 
@@ -46,7 +48,7 @@ class WholeDemand:
         return Demand(self.asked, self.rows, self.rows)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """An instance held for one batch of at most `max_rows` rows (the head request always goes)."""
 
@@ -67,6 +69,11 @@ class Slot:
 class SlotPool(Protocol):
     """Hands out the slots of one model version's instances."""
 
+    def take_now(self, source: DemandSource) -> Slot | None:
+        """A slot for the batch `source` has ready, when one can be had without a wait (None:
+        `take`): no coroutine for the batch that finds its instance free."""
+        ...
+
     async def take(self, source: DemandSource) -> Slot:
         """Wait for a slot for the batch `source` has ready."""
         ...
@@ -85,6 +92,12 @@ class InstancePool:
         for instance in instances:
             for _ in range(instance.slots):
                 self._free.put_nowait(instance)
+
+    def take_now(self, source: DemandSource) -> Slot | None:
+        """A free instance now, if one is (as `take` would hand it)."""
+        if self._free.empty():
+            return None
+        return Slot(self._free.get_nowait(), self.max_rows, self._give_back)
 
     async def take(self, source: DemandSource) -> Slot:
         """The next free instance (the demand is not read: every batch goes as it forms)."""

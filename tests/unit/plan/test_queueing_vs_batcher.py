@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 from dlscale.models.config import BatchingConfig
 from dlscale.plan.queueing import BatchingServer, replay
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.instance import Then
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import BatchPolicy
 
@@ -70,7 +71,7 @@ class Sleeper:
     """An instance stand-in: a batch of b rows holds it for s(b) seconds of the loop's clock.
 
     The Batcher needs only an instance's `name`, `slots` (batches it takes at once: one, as the
-    simulation's instances) and `infer`. Each row's outputs say the size of the batch it ran in
+    simulation's instances) and `start`. Each row's outputs say the size of the batch it ran in
     and when that batch started.
     """
 
@@ -80,11 +81,28 @@ class Sleeper:
         self.slots = 1
         self.takes_requests = False
 
+    def start(self, inputs: Mapping[str, np.ndarray], then: Then, context: Any = None) -> None:
+        start_by_infer(self.infer(inputs), then)
+
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(inputs["x"])
         started = asyncio.get_running_loop().time()
         await asyncio.sleep(self.service(rows))
         return {"rows": np.full(rows, rows), "started": np.full(rows, started)}
+
+
+def start_by_infer(computing: Coroutine[Any, Any, dict[str, np.ndarray]], then: Then) -> None:
+    """`Instance.start` (what the Batcher calls) for a stand-in that computes in a coroutine:
+    its outcome is handed to `then` on the loop, as the instance's thread hands it."""
+
+    def done(task: asyncio.Task[dict[str, np.ndarray]]) -> None:
+        error = task.exception()
+        if error is None:
+            then(task.result(), None)
+        else:
+            then(None, error)
+
+    asyncio.ensure_future(computing).add_done_callback(done)
 
 
 @dataclass(frozen=True)

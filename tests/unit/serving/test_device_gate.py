@@ -12,11 +12,12 @@ from typing import TypeVar
 
 import numpy as np
 import pytest
-from tests.unit.plan.test_queueing_vs_batcher import VirtualClockLoop
+from tests.unit.plan.test_queueing_vs_batcher import VirtualClockLoop, start_by_infer
 
 from dlscale.errors import TooManyRequests
 from dlscale.models.config import ModelConfig, QosConfig
 from dlscale.serving.batcher import Batcher
+from dlscale.serving.instance import Then
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy
 from dlscale.serving.qos.gate import DeviceGates
@@ -36,6 +37,9 @@ class Device:
         self.name = name
         self.service = service
         self.batches: list[tuple[float, float, int]] = []  # start, end, rows
+
+    def start(self, inputs: Mapping[str, np.ndarray], then: Then, context: object = None) -> None:
+        start_by_infer(self.infer(inputs), then)  # as Instance.start hands a batch's outcome
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
@@ -123,6 +127,32 @@ def test_without_qos_the_models_compute_side_by_side() -> None:
 
     dev_a, dev_b = _in_virtual_time(main)
     assert dev_a.batches[0][0] == dev_b.batches[0][0] == 0.0  # both started at once
+
+
+def test_without_qos_each_batch_is_started_off_and_counted_for_a_later_turn_on() -> None:
+    # The pool hands a slot at once while its device's scheduler is off (no gates' walk): the
+    # scheduler still counts each batch as its dispatch would, so turning on later is exact.
+    async def main() -> tuple[Batcher, Device, Device]:
+        gates = DeviceGates(clock=asyncio.get_running_loop().time)
+        plain, plain_device = _model(gates, "plain", 8, neighbor_time)
+        for _ in range(5):  # one request at a time: a batch each
+            await plain.infer(ROW)
+        scheduler = gates.gates["cpu"].scheduler
+        tenant = plain.qos.tenant_of("plain-0")  # type: ignore[union-attr]
+        assert not scheduler.active and scheduler.running == 0 and tenant.running == 0
+        assert tenant.decisions == {"off": 5} and tenant.service.known
+        assert tenant.device_s == pytest.approx(5 * neighbor_time(1))
+        assert tenant.virtual == pytest.approx(5 * neighbor_time(1))  # weight 1
+        guarded, guarded_device = _model(gates, "guarded", 1, lambda _: 0.004, weight=2.0)
+        await asyncio.gather(plain.infer(ROW), guarded.infer(ROW))
+        assert scheduler.active and tenant.decisions["fair"] + tenant.decisions["urgent"] == 1
+        return plain, plain_device, guarded_device
+
+    plain, plain_device, guarded_device = _in_virtual_time(main)
+    assert plain.qos.waited.count == 6  # type: ignore[union-attr]
+    # Once on, the device runs one batch at a time: the two models' batches do not overlap.
+    (a_start, a_end, _), (b_start, b_end, _) = plain_device.batches[-1], guarded_device.batches[0]
+    assert a_end <= b_start or b_end <= a_start
 
 
 def test_one_model_with_qos_serializes_the_device() -> None:

@@ -70,6 +70,21 @@ def test_sizes_not_seen_for_a_while_are_forgotten() -> None:
     assert service.expected(32) == pytest.approx(0.032)  # from batch 4's rate, not the cold one
 
 
+def test_each_size_is_forgotten_at_the_batch_it_goes_stale_and_not_one_before() -> None:
+    # The sizes are looked through only once one can be stale: the same batches forget them.
+    service = ServiceTimes()
+    service.observe(8, 0.1)  # batch 1: stale from batch 2 + STALE_AFTER
+    service.observe(2, 0.002)  # batch 2: stale from batch 3 + STALE_AFTER
+    for _ in range(STALE_AFTER - 1):  # batches 3 .. STALE_AFTER + 1
+        service.observe(4, 0.004)
+    assert service.expected(8) == pytest.approx(0.1)
+    service.observe(4, 0.004)  # batch STALE_AFTER + 2
+    assert service.expected(8) == pytest.approx(0.008)  # from batch 4's rate
+    assert service.expected(2) == pytest.approx(0.002)
+    service.observe(4, 0.004)  # batch STALE_AFTER + 3
+    assert service.expected(2) == pytest.approx(0.004)  # below the smallest known: its time
+
+
 # -- off, and a lone tenant ------------------------------------------------------------------------
 
 

@@ -103,7 +103,9 @@ class MemoryLedger:
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
         self._last: dict[str, float] = {}
         self._names: Counter[str] = Counter()  # loaded versions by model name
-        self._in_use: Counter[str] = Counter()
+        #: Requests in the server by model name (a dict, not a Counter: two reads a request,
+        #: and a Counter's missing key and delete run in Python).
+        self._in_use: dict[str, int] = {}
         self._known: dict[Stamp, Footprint] = {}
         self._measures: Counter[Stamp] = Counter()  # loads of each file measured
         self._measurer: dict[Stamp, str] = {}  # the name whose load first measured it
@@ -138,7 +140,7 @@ class MemoryLedger:
                 size,
                 self._last.get(name, 0.0),
                 name in self.pinned,
-                self._in_use[name],
+                self._in_use.get(name, 0),
                 name in tied,
                 frozenset(holders.get(name, ())),
             )
@@ -176,12 +178,14 @@ class MemoryLedger:
         return _Using(self, name)
 
     def _enter(self, name: str) -> None:
-        self._in_use[name] += 1
+        self._in_use[name] = self._in_use.get(name, 0) + 1
         self.touch(name)
 
     def _leave(self, name: str) -> None:
-        self._in_use[name] -= 1
-        if not self._in_use[name]:
+        left = self._in_use[name] - 1
+        if left:
+            self._in_use[name] = left
+        else:
             del self._in_use[name]
         self.touch(name)
 
@@ -399,7 +403,7 @@ class MemoryLedger:
             for victim in victims:
                 if self.evict is None:
                     raise MemoryFull(f"model {model!r} does not fit and nothing may be evicted")
-                if victim.name in self.ties()[0] or self._in_use[victim.name]:
+                if victim.name in self.ties()[0] or self._in_use.get(victim.name):
                     # Taken meanwhile (an earlier eviction awaited): a load that holds its name
                     # may be waiting for this load's device, so it is not waited for.
                     failed.add(victim.name)

@@ -74,6 +74,9 @@ class ServiceTimes:
     def __init__(self) -> None:
         self._by_rows: dict[int, _Estimate] = {}
         self._batches = 0
+        #: No size can be stale before this batch count (the least `seen`, plus STALE_AFTER and
+        #: one): the sizes are looked through then, not at every batch.
+        self._sweep_at = 0
 
     def observe(self, rows: int, seconds: float) -> None:
         """One batch of `rows` took `seconds`."""
@@ -86,9 +89,12 @@ class ServiceTimes:
         else:
             found.add(seconds)
             found.seen = self._batches
+        if self._batches < self._sweep_at:
+            return
         oldest = self._batches - STALE_AFTER
         for size in [r for r, e in self._by_rows.items() if e.seen < oldest]:
             del self._by_rows[size]
+        self._sweep_at = min(e.seen for e in self._by_rows.values()) + STALE_AFTER + 1
 
     @property
     def known(self) -> bool:
@@ -168,7 +174,7 @@ class Tail:
         return ordered[min(len(ordered) - 1, int(TAIL_PERCENTILE * len(ordered)))]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one a batch (serving/slots.py, Demand)
 class Grant:
     """A slot given to a tenant: at most `max_rows` rows (its head request always goes)."""
 

@@ -47,7 +47,7 @@ class Dispatcher(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one a batch (serving/slots.py, Demand)
 class _Held:
     """Where a slot handed out came from: its device, its grant, and when it started."""
 
@@ -77,6 +77,12 @@ class TenantQos:
     _left: bool = False
     #: Called once it leaves its devices (a vLLM engine's lease task ends then).
     departures: list[Callable[[], None]] = field(default_factory=list)
+    #: Its device when it has one (most models): where `_hand_off` may skip the gates' walk.
+    _only: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.tenants) == 1:
+            (self._only,) = self.tenants
 
     def tenant_of(self, instance: str) -> Tenant:
         """The Tenant at the device of the instance named `instance`."""
@@ -98,6 +104,20 @@ class TenantQos:
             count = instance.slots if each is None else each
             self._free.setdefault(device, []).extend([instance] * count)
 
+    def take_now(self, source: DemandSource) -> Slot | None:
+        """A slot at once, without a wait: where the pool's one device has its scheduler off
+        and an instance free there (`_hand_off`); None: `take` waits for it."""
+        device = self._only
+        if (
+            device is None
+            or self._left
+            or self._waiter is not None
+            or not self._free.get(device)
+            or self.gates[device].scheduler.active
+        ):
+            return None
+        return self._start_off(device, source)
+
     async def take(self, source: DemandSource, device: str | None = None) -> Slot:
         """Wait for a free instance and its device's grant (module docstring); on `device`
         only, when given. Raises Unavailable once the pool has left its devices."""
@@ -105,7 +125,8 @@ class TenantQos:
             raise Unavailable(f"model {self.name!r} has left its devices' schedulers")
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         self._waiter = (future, source, device)
-        self.dispatcher.dispatch()
+        if not self._hand_off():
+            self.dispatcher.dispatch()
         try:
             return await future
         except asyncio.CancelledError:
@@ -132,17 +153,55 @@ class TenantQos:
         assert self._waiter is not None
         future = self._waiter[0]
         self._waiter = None
+        future.set_result(self._slot(device, grant, now))
+
+    def _slot(self, device: str, grant: Grant, now: float) -> Slot:
         scheduled = grant.decision != "off"
         slot = Slot(self._free[device].pop(), grant.max_rows, self._give_back, scheduled)
         self._held[slot] = _Held(device, grant, now)
-        future.set_result(slot)
+        return slot
+
+    def _start_off(self, device: str, source: DemandSource) -> Slot:
+        """A slot on `device`, whose scheduler is off, for `source`'s batch: asked for, then
+        started off, as the gate's dispatch hands it (DeviceGate.dispatch)."""
+        now = self.dispatcher.clock()
+        scheduler = self.gates[device].scheduler
+        name = self.tenants[device].name
+        scheduler.ask(name, source.demand(now) or Demand(now, 1))
+        return self._slot(device, scheduler.start_off(name), now)
 
     def _give_back(self, slot: Slot, rows: int, latencies: Sequence[float], capped: bool) -> None:
         held = self._held.pop(slot)
         seconds = self.dispatcher.clock() - held.start if rows else 0.0
         self.gates[held.device].scheduler.finish(held.grant, rows, seconds, capped, latencies)
         self._free[held.device].append(slot.instance)
-        self.dispatcher.dispatch()
+        if not self._hand_off():
+            self.dispatcher.dispatch()
+
+    def _hand_off(self) -> bool:
+        """With one device whose scheduler is off: what the gates' dispatch would do for this
+        pool, without their walk. False: the gates decide.
+
+        A gate that is off hands every waiting pool a slot as soon as it has a free instance
+        there, so between two dispatches no other pool waits on it with one free, and a gate
+        elsewhere has nothing new to decide: a take or a slot given back changes this pool
+        alone. The waiting take gets its slot now (asked, then started off, as `dispatch`
+        would) or keeps waiting for an instance; with none waiting, nothing is left to do."""
+        device = self._only
+        if device is None:
+            return False
+        gate = self.gates[device]
+        if gate.scheduler.active:
+            return False
+        if self._waiter is None:
+            return True
+        future, source, only = self._waiter
+        if future.done() or only not in (None, device):
+            return False
+        if self._free.get(device):
+            self._waiter = None
+            future.set_result(self._start_off(device, source))
+        return True
 
     def leave(self) -> None:
         """Leave every device (after the batcher has closed); a take still waiting (an

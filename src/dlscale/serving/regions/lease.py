@@ -29,8 +29,13 @@ class RequestRegions:
     @classmethod
     def of(cls, registry: SharedMemoryRegistry, request: InferenceRequest) -> RequestRegions | None:
         """A lease for the request's regions; None when it names none (no lease is taken)."""
-        named = bool(request.in_regions) or any(o.region for o in request.outputs or ())
-        return cls(request, registry.lease()) if named else None
+        if not request.in_regions:  # a loop, not `any` over a generator: every request asks
+            for output in request.outputs or ():
+                if output.region:
+                    break
+            else:
+                return None
+        return cls(request, registry.lease())
 
     def bind(self, devices: Iterable[str | None]) -> None:
         """Inputs in regions become arrays over them; outputs' places are checked before compute.
