@@ -59,7 +59,7 @@ lint: $(VENV)/.dev-installed
 # 2 cores took 7 min 38 s where one took 10 min 40 s. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The slow cases: `slow`-marked tests, the inductor compiles among them (DLSCALE_SLOW_TESTS=1).
 test-slow: $(VENV)/.dev-installed
