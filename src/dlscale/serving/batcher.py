@@ -378,12 +378,13 @@ class Batcher:
         instance = slot.instance
         t0 = self._clock()
         try:
-            if instance.takes_requests:  # the backend sees each request's own inputs
-                then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
-                instance.start_requests([i.inputs for i in batch], then, context)
+            by_request = instance.takes_requests  # the backend sees each request's own inputs
+            requests = [i.inputs for i in batch] if by_request else []
+            merged = {} if by_request else merge(batch)
+            then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
+            if by_request:
+                instance.start_requests(requests, then, context)
             else:
-                merged = merge(batch)
-                then = functools.partial(self._computed, slot, batch, capped, t0, self._clock())
                 instance.start(merged, then, context)
         except Exception as exc:  # the batch fails, not the scheduler
             self._computed(slot, batch, capped, t0, t0, None, exc)
