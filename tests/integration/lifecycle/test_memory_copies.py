@@ -9,6 +9,7 @@ index reports, never a time (docs/memory.md, "Sizes known by file").
 
 from __future__ import annotations
 
+import logging
 import sys
 import uuid
 from collections.abc import Iterator
@@ -21,7 +22,6 @@ import tritonclient.http as triton
 from tests.toolkit.models import write_null_model
 from tests.toolkit.python_models import write_python_model
 from tests.toolkit.server import LocalServer, serving
-from tests.toolkit.slow import slow_only
 
 from dlscale.serving.memory.ledger import MEASURES
 
@@ -61,6 +61,15 @@ def ask(server: LocalServer, names: list[str]) -> None:
             x = triton.InferInput("x", [1, 2], "FP32")
             x.set_data_from_numpy(np.ones((1, 2), np.float32))
             assert client.infer(name, [x]).as_numpy("y").tolist() == [[1.0, 1.0]], name
+
+
+def _asked(server: LocalServer, name: str) -> str | None:
+    """`ask` for one name: None, or what the server answered instead."""
+    try:
+        ask(server, [name])
+    except Exception as exc:  # the refusal's text, shown with the loads' figures
+        return f"{name}: {exc}"
+    return None
 
 
 def sizes(server: LocalServer) -> dict[str, int]:
@@ -172,26 +181,28 @@ def test_the_second_load_of_a_file_corrects_the_first_ones_set_up(
         assert ledger.peak["cpu"] <= SET_UP_BUDGET
 
 
-@slow_only(
-    "copies asked at once: in one fresh-clone CI run (ci21, 2026-11-30) py1's load was refused, "
-    "needing 100.1 MiB beside py2's 100.1 MiB, both measured with the set-up (ci15 failed it "
-    "too, with three evictions). The cause is not found yet (issue 36)"
-)
-def test_copies_asked_at_once_keep_the_corrected_size(tmp_path: Path, set_up_key: str) -> None:
+def test_copies_asked_at_once_keep_the_corrected_size(
+    tmp_path: Path, set_up_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
     names = [f"py{i}" for i in range(4)]
-    with serving(
-        python_copies(tmp_path, names, set_up_key),
-        model_control="on-demand",
-        load_models=(),
-        memory_budget=(("cpu", SET_UP_BUDGET),),
-    ) as server:
+    with (
+        caplog.at_level(logging.INFO, logger="dlscale.models"),
+        serving(
+            python_copies(tmp_path, names, set_up_key),
+            model_control="on-demand",
+            load_models=(),
+            memory_budget=(("cpu", SET_UP_BUDGET),),
+        ) as server,
+    ):
         # All at once: the loads behind the file's measurements wait for their turns, and read
         # its size once they have them (read before, it was the first figure, written back).
         with ThreadPoolExecutor(len(names)) as pool:
-            list(pool.map(lambda n: ask(server, [n]), names))
+            asked = list(pool.map(lambda n: _asked(server, n), names))
+        loads = [r.getMessage() for r in caplog.records if "loaded in" in r.getMessage()]
+        assert asked == [None] * len(names), (asked, loads)  # the ledger's figures, load by load
         held = sizes(server)
         ledger = server.dataplane.manager.memory
-        assert sorted(held) == names and ledger.evictions == 0, (held, ledger.evictions)
+        assert sorted(held) == names and ledger.evictions == 0, (held, ledger.evictions, loads)
         assert max(held.values()) >= 100 * MiB, held  # one of them measured the set-up
         assert sum(size < max(held.values()) for size in held.values()) == 3, held
         assert ledger.peak["cpu"] <= SET_UP_BUDGET

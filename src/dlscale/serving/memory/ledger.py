@@ -98,7 +98,7 @@ class MemoryLedger:
         self._trimming: set[asyncio.Task[None]] = set()
         #: Evicted models whose instances are still closing (their bytes left the ledger).
         self._closing: set[asyncio.Task[None]] = set()
-        #: Host bytes of the models evicted since the last trim.
+        #: Host bytes of the models freed since the last trim.
         self._untrimmed = 0
         self._held: dict[int, tuple[str, Footprint]] = {}  # by load serial
         self._last: dict[str, float] = {}
@@ -190,8 +190,11 @@ class MemoryLedger:
         self.touch(name)
 
     def release(self, serial: int) -> None:
-        """A loaded version was freed: its bytes leave the ledger."""
-        name, _ = self._held.pop(serial, ("", {}))
+        """A loaded version was freed (evicted or unloaded): its bytes leave the ledger, and
+        stay with the allocator until a trim hands them back (a reading before that would see
+        a load reuse them and grow less than it holds)."""
+        name, size = self._held.pop(serial, ("", {}))
+        self._untrimmed += size.get("cpu", 0)
         if name:
             self._names[name] -= 1
             if not self._names[name]:
@@ -411,7 +414,6 @@ class MemoryLedger:
                 try:
                     await self.evict(victim.name, f"least recently used, room for {model!r}")
                     self.evictions += 1
-                    self._untrimmed += victim.footprint.get("cpu", 0)
                 except DlscaleError as exc:
                     log.warning("model %s: not evicted: %s", victim.name, exc)
                     failed.add(victim.name)

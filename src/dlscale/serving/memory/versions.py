@@ -59,19 +59,22 @@ def growth(
     """The growth measured on each device, never below the files.
 
     An allocator that reuses memory freed by an earlier unload shows less growth than the model
-    holds: a growth at or below the files keeps the size measured at an earlier load of the same
-    file, and so does any growth on the `hidden` devices (freed memory not handed back yet). A
-    larger growth replaces a larger earlier one (the first load in a process also paid the
-    runtime's one-time set-up)."""
+    holds: any growth on the `hidden` devices (memory freed and not handed back yet) keeps the
+    size measured at an earlier load of the same file. Over memory handed back, a growth read
+    is the load's own: a smaller one replaces the earlier figure (the first load in a process
+    also paid the runtime's one-time set-up), down to the files when it read no more than them
+    (another thread freed as much as it took: requests answered beside a load); a larger one
+    is noise beside it."""
     out: Footprint = {}
     for d in devices:
         grown = after[d] - before[d] if d in before and d in after else 0
         if d in hidden and d in known:
             out[d] = max(known[d], floor.get(d, 0))
-        elif grown <= floor.get(d, 0):
-            out[d] = max(known.get(d, 0), floor.get(d, 0))
+        elif d not in before or d not in after:
+            out[d] = max(known.get(d, 0), floor.get(d, 0))  # not read: what is known
         else:
-            out[d] = min(grown, known[d]) if d in known else grown
+            read = max(grown, floor.get(d, 0))
+            out[d] = min(read, known[d]) if d in known else read
     return out
 
 
