@@ -10,13 +10,13 @@ The server process never imports the user's code (loader.py says why). Results a
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from dlscale.backends.python.source import defines_method
 from dlscale.errors import ConfigError
 
 #: The method Triton calls; the class it belongs to.
@@ -29,19 +29,7 @@ _done: dict[tuple[str, int, str], dict[str, Any]] = {}
 def defines_auto_complete(path: Path) -> bool:
     """Whether the model.py at `path` gives its TritonPythonModel an auto_complete_config
     (read from the source, nothing run)."""
-    try:
-        tree = ast.parse(path.read_text(), str(path))
-    except (OSError, SyntaxError, ValueError):
-        return False  # the load reports an unreadable model.py
-    return any(
-        isinstance(node, ast.ClassDef)
-        and node.name == CLASS
-        and any(
-            isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name == METHOD
-            for f in node.body
-        )
-        for node in tree.body
-    )
+    return defines_method(path, CLASS, METHOD)
 
 
 def auto_complete(path: Path, config: dict[str, Any]) -> dict[str, Any]:

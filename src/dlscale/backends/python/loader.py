@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from dlscale.backends.python import triton_python_backend_utils
+from dlscale.backends.python.source import syntax_tree
 from dlscale.errors import BackendError, ConfigError
 from dlscale.types import TensorSpec
 
@@ -76,7 +77,7 @@ class UserModel:
 def api_of(path: Path) -> Api:
     """Which API the model.py at `path` speaks, read from its source (nothing is run)."""
     try:
-        tree = ast.parse(path.read_text(), str(path))
+        tree = syntax_tree(path)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read the model's Python code: {exc}") from None
     names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
@@ -99,7 +100,7 @@ def check_code(path: Path) -> None:
         compile(source, str(path), "exec")  # compiled, not run: errors ast.parse lets through
     except (SyntaxError, ValueError) as exc:
         raise ConfigError(f"{path}: does not compile: {exc}") from None
-    tree = ast.parse(source, str(path))
+    tree = syntax_tree(path, source)
     for name in sorted(_top_imports(tree)):
         try:
             found = importlib.util.find_spec(name)

@@ -11,7 +11,6 @@ sees (`request.is_cancelled()`, or its generator closed at its next yield).
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 
 from dlscale.backends.base import StreamPart
 from dlscale.backends.python.loader import NATIVE_CLASS, Api
+from dlscale.backends.python.source import defines_method
 from dlscale.errors import BackendError, ConfigError, DlscaleError
 
 #: The method of a dlscale `Model` that makes it stream.
@@ -47,19 +47,7 @@ def streams(path: Path, api: Api, extra: Mapping[str, Any]) -> bool:
 
 
 def _defines_stream(path: Path) -> bool:
-    try:
-        tree = ast.parse(path.read_text(), str(path))
-    except (OSError, SyntaxError, ValueError):
-        return False  # api_of has said why already
-    return any(
-        isinstance(node, ast.ClassDef)
-        and node.name == NATIVE_CLASS
-        and any(
-            isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name == STREAM_METHOD
-            for f in node.body
-        )
-        for node in tree.body
-    )
+    return defines_method(path, NATIVE_CLASS, STREAM_METHOD)
 
 
 class Channel:
