@@ -1,11 +1,15 @@
 """The fleet's registry: which replicas live and where they listen, kept in step with HAProxy.
 
-Replicas report themselves (`join`, then a heartbeat every HEARTBEAT_S); one whose heartbeats
-stop for STALE_S (its actor died, its node went away) or that says it leaves is taken out of
-HAProxy's rotation. A replica is routed to only once it said it is `ready` (its models are
-loaded and it replayed the repository's loads and unloads, scale/control.py), but it receives
-those loads and unloads from the moment it joins. No Ray here: the router actor (router_actor.py)
-holds one, and its state is rebuilt from the next heartbeats when Ray restarts the actor.
+Replicas report themselves (`join`, then a heartbeat every HEARTBEAT_S). One that says it
+leaves, or whose heartbeats stop for STALE_S while HAProxy's health checks fail it too (its
+actor died and its server with it, its node went away), is taken out of HAProxy's rotation. A
+replica whose server still answers those checks stays in rotation until ANSWERING_STALE_S: a
+starved host delays the Ray calls that carry heartbeats long before it stops a server answering
+(a CI run beside two CPU burners lost its only replica for such a gap, and answered 503s).
+A replica is routed to only once it said it is `ready` (its models are loaded and it replayed
+the repository's loads and unloads, scale/control.py), but it receives those loads and unloads
+from the moment it joins. No Ray here: the router actor (router_actor.py) holds one, and its
+state is rebuilt from the next heartbeats when Ray restarts the actor.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlscale.scale.child import Endpoint
@@ -23,9 +28,13 @@ log = logging.getLogger("dlscale.scale")
 
 #: Seconds between two heartbeats of a replica.
 HEARTBEAT_S = 0.5
-#: Seconds without a heartbeat after which a replica is taken out of rotation (ten beats: a
-#: busy event loop may delay a few; HAProxy's own check takes a dead server out sooner).
+#: Seconds without a heartbeat after which a replica HAProxy does not see UP is taken out of
+#: rotation (ten beats: a busy event loop may delay a few; HAProxy's own check takes a dead
+#: server out sooner, and it is forgotten here).
 STALE_S = 5.0
+#: Seconds without a heartbeat after which a replica is taken out even while its server answers
+#: HAProxy's checks: its actor is gone or hung, and the repository's loads no longer reach it.
+ANSWERING_STALE_S = 30.0
 
 
 @dataclass
@@ -57,8 +66,9 @@ class Replica:
 class Registry:
     """The live replicas; every change is pushed to HAProxy at once (thread-safe)."""
 
-    def __init__(self, router: HaproxyRouter) -> None:
+    def __init__(self, router: HaproxyRouter, clock: Callable[[], float] = time.monotonic) -> None:
         self.router = router
+        self.clock = clock
         self._replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
         self.weigher = Weigher()
@@ -66,7 +76,7 @@ class Registry:
     def join(self, key: str, node: str, endpoint: Endpoint) -> None:
         """A replica whose child serves: it gets loads and unloads from now on, no requests."""
         with self._lock:
-            self._replicas[key] = Replica(key, node, endpoint, seen=time.monotonic())
+            self._replicas[key] = Replica(key, node, endpoint, seen=self.clock())
         log.info("replica %s joined from %s:%d", key, endpoint.host, endpoint.http_port)
 
     def ready(self, key: str) -> None:
@@ -74,7 +84,7 @@ class Registry:
         with self._lock:
             if key in self._replicas:
                 self._replicas[key].ready = True
-                self._replicas[key].seen = time.monotonic()
+                self._replicas[key].seen = self.clock()
             self._sync()
 
     def heartbeat(self, key: str, node: str, endpoint: Endpoint, ready: bool) -> None:
@@ -84,7 +94,7 @@ class Registry:
             if replica is None or replica.endpoint != endpoint:
                 replica = self._replicas[key] = Replica(key, node, endpoint, ready)
                 log.info("replica %s known again from its heartbeat", key)
-            replica.seen, changed = time.monotonic(), replica.ready != ready
+            replica.seen, changed = self.clock(), replica.ready != ready
             replica.ready = ready
             if changed or key not in self.router.members:
                 self._sync()
@@ -97,14 +107,26 @@ class Registry:
             self._sync()
 
     def sweep(self) -> None:
-        """Drop the replicas whose heartbeats stopped."""
-        now = time.monotonic()
+        """Drop the replicas whose heartbeats stopped: at STALE_S where HAProxy's checks fail
+        them too, at ANSWERING_STALE_S where their servers still answer."""
+        now = self.clock()
         with self._lock:
-            stale = [k for k, r in self._replicas.items() if now - r.seen > STALE_S]
-            for key in stale:
-                log.warning("replica %s: no heartbeat for %.0f s, out of rotation", key, STALE_S)
+            late = {k: now - r.seen for k, r in self._replicas.items() if now - r.seen > STALE_S}
+            if not late:
+                return
+            states = self.router.states()  # HAProxy's own checks (a call to its admin socket)
+            dropped = False
+            for key, silent in late.items():
+                answering = states.get(key, "").startswith("UP")
+                if answering and silent <= ANSWERING_STALE_S:
+                    continue  # its heartbeats are late, its server is not
+                dropped = True
+                log.warning(
+                    "replica %s: no heartbeat for %.0f s%s, out of rotation",
+                    key, silent, " (its server answers HAProxy's checks)" if answering else "",
+                )  # fmt: skip
                 del self._replicas[key]
-            if stale:
+            if dropped:
                 self._sync()
 
     def endpoints(self) -> list[Endpoint]:

@@ -26,7 +26,7 @@ from tests.toolkit.waiting import process_gone, until
 from dlscale.errors import DlscaleError
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.registry import Registry
+from dlscale.scale.registry import ANSWERING_STALE_S, STALE_S, Registry
 from dlscale.scale.weights import read_work
 from dlscale.server import ServerSettings
 
@@ -109,6 +109,43 @@ def test_a_killed_child_leaves_rotation_and_loses_no_request(small_repo: Path) -
         until(lambda: router.states()["child0"] == "DOWN")
         router.sync([_member(1, endpoints[1])])
         assert list(router.states()) == ["child1"]
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def test_late_heartbeats_drop_a_replica_only_once_its_server_stops_answering(
+    small_repo: Path,
+) -> None:
+    """A replica's heartbeats are Ray calls, which a starved host delays (a CI run beside two
+    CPU burners lost its only replica to a 5 s gap, and answered 503s). Late beyond STALE_S, a
+    replica whose server answers HAProxy's checks stays in rotation and answers; one whose
+    server stopped is dropped at the next sweep; one late beyond ANSWERING_STALE_S is dropped
+    even while its server answers (its actor is gone: loads no longer reach it)."""
+    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
+    router = HaproxyRouter(HOST, 0, None)
+    now = [1000.0]
+    registry = Registry(router, clock=lambda: now[0])
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        for i, endpoint in enumerate(endpoints):
+            registry.join(f"child{i}", "node", endpoint)
+            registry.ready(f"child{i}")
+        until(lambda: set(router.states().values()) == {"UP"})
+        now[0] += STALE_S + 1  # neither replica's beats heard
+        registry.sweep()
+        assert sorted(router.members) == ["child0", "child1"]  # both answer: kept
+        assert _rest_infer(router.ports["http"], 2.0)[0, 0] == 2.0
+        children[0].stop(5.0)
+        until(lambda: not router.states()["child0"].startswith("UP"))
+        registry.sweep()
+        assert list(router.members) == ["child1"]  # its server gone: dropped
+        assert [e.http_port for e in registry.endpoints()] == [endpoints[1].http_port]
+        now[0] += ANSWERING_STALE_S  # child1 still answers, and has been silent too long
+        registry.sweep()
+        assert not router.members and not registry.endpoints()
     finally:
         router.stop()
         for child in children:
