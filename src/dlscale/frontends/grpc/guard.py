@@ -81,7 +81,7 @@ class GuardedServer:
 
     No method reaches grpc.aio as a registered method: grpc.aio keeps one pending request per
     registered method and waits on all of them (and the generic one) with `asyncio.wait` for
-    every call it accepts, which with the inference service's 21 methods cost a [1, 16]
+    every call it accepts, which with the inference service's 20 methods cost a [1, 16]
     ModelInfer about a tenth of its instructions (docs/serving-grpc.md)."""
 
     def __init__(self, server: grpc.aio.Server, guard: Guard) -> None:
