@@ -105,7 +105,6 @@ class GrpcFrontend:
         handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
         guarded = GuardedServer(server, Guard(self.access, self.peers))
         guarded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        guarded.add_registered_method_handlers(SERVICE, handlers)
         if self.tfserving:
             self.tfserving_served = tfserving.register(
                 guarded, self.dataplane, limits.max_tensor_elements
