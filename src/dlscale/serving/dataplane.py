@@ -217,11 +217,16 @@ class DataPlane:
         """Validate, queue, wait, and answer one request; every outcome is counted."""
         if not self._accepting:
             raise Unavailable("the server is shutting down")
-        # In use from here: neither evicted under the request nor while it waits for its load.
-        with self.manager.memory.using(request.model_name):
+        # In use from here: neither evicted under the request nor while it waits for its load
+        # (`memory.using`'s two ends as two calls: its context manager made eight a request).
+        memory, name = self.manager.memory, request.model_name
+        memory.enter(name)
+        try:
             if self.demand is not None:  # not awaited otherwise: a coroutine less per request
                 await self._resident(request)
             return await self._serve(request)
+        finally:
+            memory.leave(name)
 
     async def _resident(self, request: InferenceRequest) -> None:
         """Load the request's model first when it is not loaded (the server loads on demand)."""

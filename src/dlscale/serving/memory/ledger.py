@@ -177,17 +177,19 @@ class MemoryLedger:
         """A request of `name` is in the server: the model is not evicted under it."""
         return _Using(self, name)
 
-    def _enter(self, name: str) -> None:
+    def enter(self, name: str) -> None:
+        """`using`'s start (its end: `leave`, whatever the outcome); `touch` inline, per request."""
         self._in_use[name] = self._in_use.get(name, 0) + 1
-        self.touch(name)
+        if name in self._names:
+            self._last[name] = self.clock()
 
-    def _leave(self, name: str) -> None:
-        left = self._in_use[name] - 1
+    def leave(self, name: str) -> None:
+        """The request `enter` counted has left."""
+        left = self._in_use.pop(name) - 1
         if left:
             self._in_use[name] = left
-        else:
-            del self._in_use[name]
-        self.touch(name)
+        if name in self._names:
+            self._last[name] = self.clock()
 
     def release(self, serial: int) -> None:
         """A loaded version was freed (evicted or unloaded): its bytes leave the ledger, and
@@ -441,7 +443,7 @@ class _Using:
         self.name = name
 
     def __enter__(self) -> None:
-        self.ledger._enter(self.name)
+        self.ledger.enter(self.name)
 
     def __exit__(self, *exc: object) -> None:
-        self.ledger._leave(self.name)
+        self.ledger.leave(self.name)
