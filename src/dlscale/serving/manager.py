@@ -82,7 +82,10 @@ class ModelManager:
         if entry.state is not _READY:
             detail = f": {entry.reason}" if entry.reason else ""
             raise Unavailable(f"model {name!r} is not ready ({entry.state.value}{detail})")
-        return entry.versions[resolve_version(name, version, entry.versions)]
+        versions = entry.versions
+        if not version:  # most requests: resolve_version's newest, without its call
+            return versions[max(versions)]
+        return versions[resolve_version(name, version, versions)]
 
     def state(self, name: str) -> ModelState | None:
         """A model's state now, in one lookup (None: never loaded); the request path asks it."""

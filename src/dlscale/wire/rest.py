@@ -372,13 +372,18 @@ def _body(doc: dict[str, Any], binaries: list[Buffer]) -> Body:
 def _requested_outputs(
     outputs: list[OutputDoc] | None, params: dict[str, ParameterValue]
 ) -> tuple[list[RequestedOutput] | None, OutputFormat]:
-    all_binary = _flag(params, "binary_data_output", None)
+    # A true-or-false flag is read in place; `_flag` is called only to refuse another value.
+    flag = params.get("binary_data_output", False)
+    all_binary = (
+        flag if flag is False or flag is True else _flag(params, "binary_data_output", None)
+    )
     if outputs is None:
         return None, OutputFormat(all_binary, _NONE)
     wanted, binary = [], []
     for out in outputs:
         name, params = out.name, out.parameters
-        is_binary = _flag(params, "binary_data", name)
+        flag = params.get("binary_data", False)
+        is_binary = flag if flag is False or flag is True else _flag(params, "binary_data", name)
         region = None
         if not params.keys().isdisjoint(REGION_KEYS):
             region = region_of("output", name, params)
