@@ -237,3 +237,27 @@ async def test_readiness_is_strict_once_the_start_models_were_tried(repo: Path) 
     assert not plane.ready()
     await plane.manager.close()
     await lenient.manager.close()
+
+
+async def test_a_request_holds_its_model_in_use_until_it_leaves_whatever_its_outcome(
+    repo: Path,
+) -> None:
+    plane = await _plane(repo)
+
+    def in_use() -> int:
+        return {r.name: r.in_use for r in plane.manager.memory.resident()}["identity"]
+
+    x = np.ones((1, 16), np.float32)
+    answered = asyncio.create_task(plane.infer(_req("identity", x)))
+    cancelled = asyncio.create_task(plane.infer(_req("identity", x)))
+    await asyncio.sleep(0)
+    assert in_use() == 2  # both entered: neither is evicted under it
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await answered
+    assert in_use() == 0
+    with pytest.raises(InvalidInput):
+        await plane.infer(_req("identity", np.ones((1, 15), np.float32)))
+    assert in_use() == 0  # a refused request leaves too
+    await plane.manager.close()
