@@ -356,13 +356,6 @@ def decide(
     to a size that `missed` its goals unless the rate fell well below the one it missed at."""
     running = max(1, running)
     joined = _joined(running, target, now, joined)
-    if not loads:
-        # No replica's report reached the policy (its figures' call failed on a starved host,
-        # or none has run yet): nothing says the fleet idles. Requests reach the replicas
-        # through HAProxy, not Ray, so Ray's own count of requests in flight reads 0 under
-        # any load, and was read as idle: a CI run beside two CPU burners went 2 -> 1 so.
-        kept = min(max(target, bounds.low), bounds.high)
-        return Decision(kept, target, "no replica reported figures: held", {}, None, missed, joined)
     aimed = [x for x in loads if x.has_objective]
     wants = [
         _paced(objective_wants(x, running, bounds), running, target, now, joined) for x in aimed

@@ -480,17 +480,3 @@ def test_a_steady_rate_near_the_edge_does_not_flap() -> None:
     assert _changes(_fluid([15.0] * 300, replicas=3)) == [(3, 1)]
     assert _changes(_fluid([17.0] * 300, replicas=3)) == [(3, 2)]
     assert _changes(_fluid([17.0] * 300, replicas=1)) == [(1, 2)]
-
-
-def test_no_figures_reported_hold_the_fleet_and_are_not_read_as_idle() -> None:
-    """Requests reach the replicas through HAProxy, so Ray's own count of them reads 0: with no
-    replica's report (their figures' calls failed on a host starved by two CPU burners), the
-    fleet went 2 -> 1 under load in a CI run. No figures hold it, even after the down delay."""
-    for down_since in (None, -100.0):
-        d = decide([], 2, 2, BOUNDS, now=0.0, down_since=down_since)
-        assert (d.replicas, d.down_since) == (2, None), d
-        assert "no replica reported figures" in d.reason
-    assert decide([], 1, 1, Bounds(2, 3), now=0.0).replicas == 2  # within the bounds
-    # Reports of models with no objective, all idle: their count of requests decides.
-    idle = _load(0.0, 0.0, 0.0, objective_s=0.0)
-    assert decide([idle], 2, 2, BOUNDS, now=0.0, down_since=-100.0).replicas == 1
