@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,10 +18,34 @@ HOST = "127.0.0.1"
 
 
 def free_port() -> int:
-    """A loopback port free now (for servers that cannot be asked for port 0)."""
-    with socket.socket() as s:
+    """A loopback port free now, for servers that cannot be asked for port 0 (the Ray fleet's
+    router, peers): one below the kernel's ephemeral range, where no bind to port 0 and no
+    outgoing connection is given a port. A port from that range could be handed to another
+    test's socket before the server bound it (seen: the fleet's router refused, "Address
+    already in use", and four Ray tests erred)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _PORTS.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:  # taken: another
+                continue
+            return port
+    with socket.socket() as s:  # a host with no room below its range
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
+
+
+_PORTS = random.Random()  # seeded by the OS: two test workers pick apart
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def settings_for(root: Path, **changes: Any) -> ServerSettings:

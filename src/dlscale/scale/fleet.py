@@ -16,17 +16,17 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-import time
 from typing import Any
 
 import httpx
 import ray
 from ray import serve
 
-from dlscale.scale import autoscale, control
+from dlscale.scale import control
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.connections import behind_router
 from dlscale.scale.control import Entry
+from dlscale.scale.figures_reader import FiguresReader
 from dlscale.scale.registry import HEARTBEAT_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
 
@@ -53,7 +53,7 @@ class FleetReplica:
         self.repository = settings.repository
         self._stopping = threading.Event()
         self._leaving = asyncio.Event()
-        self._reading: autoscale.Reading | None = None
+        self.figures: FiguresReader | None = None  # the autoscaler's, from Ray's first call
         self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
         self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
         self.ready = False
@@ -123,17 +123,20 @@ class FleetReplica:
             raise RuntimeError(f"replica {self.key}: its server is not ready ({ready.status_code})")
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """The autoscaler's figures (scale/autoscale.py): each model's since the last call."""
+        """The autoscaler's figures (scale/autoscale.py), as last read (scale/figures_reader.py):
+        Ray Serve's call never waits on the server. Ray calls it only on an autoscaled fleet:
+        its first call starts the reading (a fixed fleet reads nothing)."""
         e = self.endpoint
         if e.metrics_port is None:  # refused with --autoscale (scale/commands.py)
             return {}
-        async with httpx.AsyncClient(timeout=READY_CHECK_S) as client:
-            stats = await client.get(f"http://{e.host}:{e.http_port}/v2/models/stats")
-            page = await client.get(f"http://{e.host}:{e.metrics_port}/metrics")
-        now = autoscale.read(time.monotonic(), stats.json(), page.text)
-        before, self._reading = self._reading or now, now
-        counts = await asyncio.to_thread(autoscale.instances, self.repository, list(now.models))
-        return autoscale.figures(before, now, counts)
+        if self.figures is None:
+            self.figures = FiguresReader(
+                f"http://{e.host}:{e.http_port}/v2/models/stats",
+                f"http://{e.host}:{e.metrics_port}/metrics",
+                self.repository,
+            )
+            self._reading = asyncio.get_running_loop().create_task(self.figures.run(self._leaving))
+        return self.figures.latest()
 
     async def __del__(self) -> None:
         """Ray Serve's graceful stop: out of rotation, then the child finishes its requests."""

@@ -1,6 +1,10 @@
-"""Check KServe manifests against the models the `kserve` package ships (run in its own venv).
+"""Check KServe manifests against the models the `kserve` package ships.
 
-Usage: python kserve_schema.py MANIFEST.yaml...   prints one JSON list of problems per file.
+Usage: PYTHONPATH=FOLDER python kserve_schema.py MANIFEST.yaml...   prints one JSON list of
+problems per file; FOLDER holds `kserve` and `kubernetes` installed without their dependencies
+(`pip install --no-deps --target`): only their generated models are read, and those need six,
+urllib3 and dateutil, which dlscale's venv has. The packages' own `__init__` (KServe's model
+server, Kubernetes' config loaders) is not run: it imports what the models do not need.
 
 Each document is rebuilt as KServe's model of its kind (kserve.models, with kubernetes.client's
 models for the Kubernetes types inside): a field the schema does not know, a value of the wrong
@@ -9,14 +13,36 @@ type, or a required field left out is a problem.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import re
 import sys
+import types
 from typing import Any
 
-import kserve.models
-import kubernetes.client.models
 import yaml
+
+
+def _bare(name: str) -> None:
+    """The package `name` as an empty module over its folder: its submodules import, its
+    `__init__` is not run."""
+    found = importlib.util.find_spec(name)
+    assert found is not None and found.submodule_search_locations is not None, name
+    package = types.ModuleType(name)
+    package.__path__ = list(found.submodule_search_locations)
+    sys.modules[name] = package
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, package)
+
+
+for _name in ("kserve", "kubernetes", "kubernetes.client"):
+    _bare(_name)
+kserve = importlib.import_module("kserve")
+kubernetes = importlib.import_module("kubernetes")
+importlib.import_module("kserve.models")
+importlib.import_module("kubernetes.client.models")
 
 KINDS = {
     ("serving.kserve.io/v1alpha1", "ServingRuntime"): "V1alpha1ServingRuntime",

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.http as th
 from tests.toolkit.generative import write_colours
 from tests.toolkit.repositories import OBJECTIVE_US, tenants_repository
-from tests.toolkit.server import LocalServer, serving
+from tests.toolkit.server import LocalServer, free_port, serving
 
 from dlscale.scale.autoscale import (
     DOWN_SINCE,
@@ -35,6 +35,7 @@ from dlscale.scale.autoscale import (
     loads,
     read,
 )
+from dlscale.scale.figures_reader import KEPT_S, READ_S, FiguresReader
 from dlscale.scale.objective import DOWN_DELAY_S, LOOK_BACK_S
 
 REQUESTS = 16
@@ -147,6 +148,50 @@ def test_a_generative_replica_reports_its_mean_ttft_and_tpot_and_their_objective
     with caplog.at_level(logging.INFO, logger="dlscale.scale"):
         wanted, state = fleet_policy(_context({k: {"r1": v} for k, v in report.items()}, 2, {}))
     assert wanted == 2 and "colours.ttft_objective_ms=500" in state[LAST]  # well within
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_replica_answers_ray_with_the_last_figures_read_and_drops_old_ones(
+    server: LocalServer, http: th.InferenceServerClient, repo: Path
+) -> None:
+    base, metrics = f"http://{server.http_url}", server.server.ports["metrics"]
+    clock = _Clock()
+    reader = FiguresReader(
+        f"{base}/v2/models/stats", f"http://127.0.0.1:{metrics}/metrics", repo, clock
+    )
+    try:
+        await reader.read_once()
+        assert reader.latest() == {}  # one reading covers no interval yet
+        for call in [_infer(http, "protected") for _ in range(4)]:
+            call.get_result()
+        clock.now += 2.0
+        await reader.read_once()
+        read = reader.latest()
+        assert read[f"{PREFIX}/rate/protected"] == pytest.approx(4 / 2.0)
+        # The server stops answering: the figures read stay reported for KEPT_S, then none.
+        reader.stats_url = f"http://127.0.0.1:{free_port()}/v2/models/stats"
+        with pytest.raises(httpx.ConnectError):
+            await reader.read_once()
+        clock.now += KEPT_S
+        assert reader.latest() == read
+        clock.now += 1.0
+        assert reader.latest() == {}
+        # Its task logs each failed reading, keeps trying, and stops when told.
+        stop = asyncio.Event()
+        task = asyncio.create_task(reader.run(stop))
+        await asyncio.sleep(2 * READ_S)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        assert reader.latest() == {} and not task.exception()
+    finally:
+        await reader._client.aclose()
 
 
 def test_a_model_the_repository_cannot_describe_counts_one_instance(repo: Path) -> None:
