@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tritonclient.grpc as tg
@@ -17,6 +18,27 @@ from dlscale.native import before_tensorflow
 # Test modules that load TensorFlow at collection (TensorFlow Serving's stubs) are collected by
 # every worker, before any test compiles a torch model: Triton first (dlscale/native.py).
 before_tensorflow()
+
+#: The files that share one Ray cluster and fleet (tests/integration/scale/conftest.py's session
+#: fixtures). Split by file over two workers, each worker started its own cluster: 25-40 s more
+#: and two clusters at once on 2 cores.
+RAY_FILES = "tests/integration/scale/test_ray_"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with the Ray files as one unit: one worker runs them all."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = str(super()._split_scope(nodeid))
+            return RAY_FILES if scope.startswith(RAY_FILES) else scope
+
+    return RayFilesTogether(config, log)
+
 
 SMALL_MODELS = ("identity", "mlp", "digits")
 BIG_MODELS = ("resnet50", "bert-base")
