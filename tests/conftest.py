@@ -19,25 +19,35 @@ from dlscale.native import before_tensorflow
 # every worker, before any test compiles a torch model: Triton first (dlscale/native.py).
 before_tensorflow()
 
-#: The files that share one Ray cluster and fleet (tests/integration/scale/conftest.py's session
-#: fixtures). Split by file over two workers, each worker started its own cluster: 25-40 s more
-#: and two clusters at once on 2 cores.
-RAY_FILES = "tests/integration/scale/test_ray_"
+#: Files that share an expensive session fixture, each set run by one worker (`--dist loadfile`
+#: otherwise splits them by file, and each worker made its own): the Ray cluster and fleet of
+#: tests/integration/scale/conftest.py (25-40 s, and two clusters at once on 2 cores), and
+#: `big_zoo` below (resnet50 and bert-base built, 20-60 s). A file left out still works: its
+#: worker makes the fixture for itself.
+TOGETHER = {
+    "tests/integration/scale/test_ray_": "ray",
+    "tests/integration/test_e2e_zoo_slow.py": "big-zoo",
+    "tests/unit/backends/test_torch_backend.py": "big-zoo",
+    "tests/unit/backends/test_torch_inputs.py": "big-zoo",
+    "tests/unit/models/test_flops.py": "big-zoo",
+    "tests/unit/models/test_zoo.py": "big-zoo",
+    "tests/unit/plan/test_mlperf_ceilings.py": "big-zoo",
+}
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile` with the Ray files as one unit: one worker runs them all."""
+    """`--dist loadfile`, with each set of TOGETHER's files as one unit."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class RayFilesTogether(LoadFileScheduling):
+    class SharedFixturesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = str(super()._split_scope(nodeid))
-            return RAY_FILES if scope.startswith(RAY_FILES) else scope
+            return next((v for k, v in TOGETHER.items() if scope.startswith(k)), scope)
 
-    return RayFilesTogether(config, log)
+    return SharedFixturesTogether(config, log)
 
 
 SMALL_MODELS = ("identity", "mlp", "digits")
