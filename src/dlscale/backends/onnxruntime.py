@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -175,7 +176,8 @@ class OptimizedGraphs:
 
     def _made_folder(self) -> Path:
         if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="dlscale-ort-"))
+            _sweep_folders_of_ended_processes()
+            self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
             weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
         return self._folder
 
@@ -194,6 +196,25 @@ class OptimizedGraphs:
                 dropped, size = self._files.popitem(last=False)[1]
                 dropped.unlink(missing_ok=True)
                 held -= size
+
+
+#: The kept graphs' folder in the temporary directory, named by its process's id.
+FOLDER_PREFIX = "dlscale-ort-"
+
+
+def _sweep_folders_of_ended_processes() -> None:
+    """Remove this user's graph folders whose process has ended. A process removes its own at
+    exit, but one killed (SIGKILL, a container stopped) cannot: each left megabytes in /tmp."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).partition("-")[0]
+        try:
+            if not pid.isdigit() or folder.lstat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # raises when no such process: its folder is left over
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # another user's process, or the folder went meanwhile
+            continue
 
 
 #: The process's optimized graphs (a graph is the runtime's, the same for every server in it).

@@ -9,9 +9,11 @@ cache's hit count, its files), never a time.
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import tritonclient.http as triton
 from tests.toolkit.models import Mlp, save_onnx, write_model
 from tests.toolkit.server import LocalServer, serving
 
-from dlscale.backends.onnxruntime import GRAPHS, OptimizedGraphs
+from dlscale.backends.onnxruntime import FOLDER_PREFIX, GRAPHS, OptimizedGraphs
 
 MiB = 2**20
 WIDTHS = (16, 32, 4)
@@ -122,6 +124,33 @@ def test_kept_graphs_stay_private_bounded_and_go_with_the_process(tmp_path: Path
     )
     folder = Path(ran.stdout.strip().splitlines()[-1])
     assert folder.name.startswith("dlscale-ort-") and not folder.exists()
+
+
+def test_the_folders_of_killed_processes_are_swept_and_the_living_ones_kept(
+    tmp_path: Path,
+) -> None:
+    # A process killed with its graphs kept could not remove their folder: the next one does.
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    killed.wait()
+    living = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    temp = Path(tempfile.gettempdir())
+    left = temp / f"{FOLDER_PREFIX}{killed.pid}-{tmp_path.name}"
+    kept = temp / f"{FOLDER_PREFIX}{living.pid}-{tmp_path.name}"
+    graphs = OptimizedGraphs()
+    try:
+        for folder in (left, kept):
+            folder.mkdir()
+            (folder / "graph.onnx").write_bytes(b"kept graph")
+        model = save_onnx(Mlp.seeded(377, (4, 8, 2)).graph(), tmp_path / "m.onnx")
+        assert graphs.graph(model, "all", ["CPUExecutionProvider"]) is not None
+        assert not left.exists() and (kept / "graph.onnx").read_bytes() == b"kept graph"
+    finally:
+        living.kill()
+        living.wait()
+        graphs.clear()
+        for folder in (left, kept):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_load_request_cannot_name_where_graphs_are_kept(tmp_path: Path) -> None:
