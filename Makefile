@@ -54,10 +54,11 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/mypy
 
 # CI runs this (.ci/run): lint, then the default suite (docs/testing.md says what it leaves out).
-# Two pytest-xdist workers, a test file each at a time (module fixtures such as one shared server
-# stay in one worker): much of the suite waits on servers and subprocesses, so two workers on
-# 2 cores took 7 min 38 s where one took 10 min 40 s. TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 2
+# Three pytest-xdist workers, a test file each at a time (module fixtures such as one shared
+# server stay in one worker; tests/conftest.py keeps the Ray and big-zoo files on one): much of
+# the suite waits on servers and subprocesses, so on 2 cores three workers took 10 min 22 s
+# where two took 15 min 10 s (4,080 tests, 2026-11-30). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 3
 test: lint
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
