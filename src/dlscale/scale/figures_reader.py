@@ -7,7 +7,8 @@ the window empty: a CI run beside two CPU burners timed out four times in a minu
 replicas' figures were missing at once, and the rule read the fleet as idle and scaled it down
 under load. Here a task reads the server every READ_S and the replica answers Ray at once with
 the last figures read. Figures older than KEPT_S are withheld: a replica whose server has stopped
-answering says nothing rather than a load long past.
+answering says nothing rather than a load long past. Reading stops once Ray has not asked for
+KEPT_S (a fleet redeployed fixed keeps its replicas, and Ray stops asking).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class FiguresReader:
         self._client = httpx.AsyncClient(timeout=READ_TIMEOUT_S)
         self._reading: autoscale.Reading | None = None
         self._figures: dict[str, float] = {}
+        self._asked = clock()
 
     async def read_once(self) -> None:
         """Read the server's counters; the figures cover the time since the last reading."""
@@ -61,9 +63,10 @@ class FiguresReader:
         self._figures = autoscale.figures(before, now, counts)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Read every READ_S until `stop` is set; a failed reading is logged and tried again."""
+        """Read every READ_S until `stop` is set or nobody asked for KEPT_S; a failed reading
+        is logged and tried again."""
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self.clock() - self._asked <= KEPT_S:
                 try:
                     await self.read_once()
                 except Exception as exc:  # the server busy or restarting: the next reading
@@ -75,6 +78,7 @@ class FiguresReader:
 
     def latest(self) -> dict[str, float]:
         """The last figures read, or none when the last reading is older than KEPT_S."""
+        self._asked = self.clock()
         if self._reading is None or self.clock() - self._reading.at > KEPT_S:
             return {}
         return dict(self._figures)

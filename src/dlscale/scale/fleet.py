@@ -54,6 +54,7 @@ class FleetReplica:
         self._stopping = threading.Event()
         self._leaving = asyncio.Event()
         self.figures: FiguresReader | None = None  # the autoscaler's, from Ray's first call
+        self._reading: asyncio.Task[None] | None = None
         self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
         self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
         self.ready = False
@@ -125,11 +126,12 @@ class FleetReplica:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """The autoscaler's figures (scale/autoscale.py), as last read (scale/figures_reader.py):
         Ray Serve's call never waits on the server. Ray calls it only on an autoscaled fleet:
-        its first call starts the reading (a fixed fleet reads nothing)."""
+        its first call starts the reading (a fixed fleet reads nothing), as does a call after
+        the reading stopped for want of calls."""
         e = self.endpoint
         if e.metrics_port is None:  # refused with --autoscale (scale/commands.py)
             return {}
-        if self.figures is None:
+        if self.figures is None or self._reading is None or self._reading.done():
             self.figures = FiguresReader(
                 f"http://{e.host}:{e.http_port}/v2/models/stats",
                 f"http://{e.host}:{e.metrics_port}/metrics",

@@ -192,6 +192,10 @@ async def test_the_replica_answers_ray_with_the_last_figures_read_and_drops_old_
         assert reader.latest() == {} and not task.exception()
     finally:
         await reader._client.aclose()
+    # Nobody asked for KEPT_S (Ray stopped: the fleet was redeployed fixed): the reading stops.
+    unasked = FiguresReader(reader.stats_url, reader.metrics_url, repo, clock)
+    clock.now += KEPT_S + 1.0
+    await asyncio.wait_for(unasked.run(asyncio.Event()), 30)
 
 
 def test_a_model_the_repository_cannot_describe_counts_one_instance(repo: Path) -> None:
