@@ -35,6 +35,11 @@ TOGETHER = {
 }
 
 
+def shared_set(path: str) -> str | None:
+    """The TOGETHER set a test file (its path from the repository root) belongs to, if any."""
+    return next((v for k, v in TOGETHER.items() if path.startswith(k)), None)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile`, with each set of TOGETHER's files as one unit."""
@@ -45,7 +50,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class SharedFixturesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = str(super()._split_scope(nodeid))
-            return next((v for k, v in TOGETHER.items() if scope.startswith(k)), scope)
+            return shared_set(scope) or scope
 
     return SharedFixturesTogether(config, log)
 
