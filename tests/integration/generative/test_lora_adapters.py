@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 openai = pytest.importorskip("openai")
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -117,6 +116,7 @@ def _peft_answer(repo: Path, adapter: str, prompt: str) -> str:
     """Hugging Face PEFT's own greedy answer of the base model with the adapter."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(repo / BASE / "1")
     model = transformers.AutoModelForCausalLM.from_pretrained(repo / BASE / "1")
+    peft = pytest.importorskip("peft")  # here, not at collection: its import takes 4 s
     model = peft.PeftModel.from_pretrained(model, str(repo / adapter / "1"))
     ids = tokenizer(prompt, return_tensors="pt")
     new = model.generate(**ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0]

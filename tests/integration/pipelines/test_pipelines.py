@@ -3,7 +3,9 @@ config.toml pipelines, used with tritonclient over REST and gRPC exactly as agai
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -134,17 +136,23 @@ def test_malformed_inputs_get_400_and_the_good_requests_beside_them_all_succeed(
 
 
 def test_a_deadline_that_expires_in_the_second_steps_queue_is_a_timeout(
-    http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+    server: LocalServer, grpc: tg.InferenceServerClient
 ) -> None:
-    # "slow" computes one row at a time: the pipeline's second step queues behind this one.
-    slow_input = th.InferInput("INPUT0", [1, 4], "FP32")
-    slow_input.set_data_from_numpy(X[:1])
-    busy = http.async_infer("slow", [slow_input])
-    with pytest.raises(InferenceServerException, match=r"step 2 \(model 'slow'\)") as remote:
-        _infer(grpc, "urgent", {"x": X[:1]}, timeout=100_000)
-    assert remote.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-    assert "timed out in the queue" in str(remote.value)
-    busy.get_result()
+    # "slow" computes one row at a time: the pipeline's second step queues behind this one,
+    # once it computes (sent and not yet taken, it could follow the pipeline's request).
+    served = server.dataplane.manager.get("slow")
+    batcher = getattr(served.runner, "batcher")  # noqa: B009 (a BatchRunner's)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(_infer, grpc, "slow", {"INPUT0": X[:1]})  # thread-safe
+        for _ in range(600):  # a safety net only: the request reaches the instance at once
+            if served.stats.pending and not batcher.queued:
+                break
+            time.sleep(0.01)
+        with pytest.raises(InferenceServerException, match=r"step 2 \(model 'slow'\)") as remote:
+            _infer(grpc, "urgent", {"x": X[:1]}, timeout=100_000)
+        assert remote.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert "timed out in the queue" in str(remote.value)
+        busy.result()
 
 
 def test_statistics_count_the_pipeline_and_each_step(http: th.InferenceServerClient) -> None:

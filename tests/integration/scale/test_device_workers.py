@@ -162,6 +162,7 @@ def test_one_port_answers_over_every_worker(fleet: Fleet) -> None:
 
 def test_dlscale_bench_reports_each_workers_share_of_the_run(fleet: Fleet, tmp_path: Path) -> None:
     out = tmp_path / "bench"
+    before = {name: fleet.by_device(name) for name in (SUCCESS, "nv_inference_count")}
     command = [
         sys.executable, "-m", "dlscale", "bench", f"http://{HOST}:{fleet.http}", "--model", MODEL,
         "--scenario", "offline", "--duration", "1s", "--fleet-metrics",
@@ -173,7 +174,14 @@ def test_dlscale_bench_reports_each_workers_share_of_the_run(fleet: Fleet, tmp_p
     report = json.loads((out / "report.json").read_text())
     completed = report["scenarios"][0]["result"]["completed"]
     spread = {row["replica"]: row for row in report["replicas"]}
-    assert set(spread) == {"cpu0", "cpu1"} and min(r["requests"] for r in spread.values()) > 0
+    assert set(spread) == {"cpu0", "cpu1"}
+    # Each worker's count is at most what its own samples say it answered since the bench
+    # started (its session's warm-up comes before the run): the router decides the split, and
+    # on a loaded host one worker can take a short run's every request.
+    for name, column in ((SUCCESS, "requests"), ("nv_inference_count", "rows")):
+        after = fleet.by_device(name)
+        for device, row in spread.items():
+            assert 0 <= row[column] <= after[device] - before[name].get(device, 0.0), name
     # every request of the run, counted by the worker that answered it (warm-up included)
     assert sum(r["rows"] for r in spread.values()) >= completed
     assert abs(sum(r["share"] for r in spread.values()) - 1.0) < 1e-9

@@ -7,7 +7,8 @@ each malformed request gets its status code and reason, and the server keeps ser
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 import tritonclient.grpc as tg
 from tests.integration.tfserving.conftest import HAS_STUBS
 from tests.toolkit.clients import infer_input
+from tests.toolkit.lazy import lazy
 from tests.toolkit.server import LocalServer
 from tests.toolkit.tfserving import ADDEND
 
@@ -26,16 +28,15 @@ if not HAS_STUBS:
         allow_module_level=True,
     )
 
-import tensorflow as tf
-from tensorflow_serving.apis import (
-    classification_pb2,
-    get_model_metadata_pb2,
-    get_model_status_pb2,
-    model_service_pb2_grpc,
-    predict_pb2,
-    prediction_service_pb2_grpc,
-    regression_pb2,
-)
+# Imported when a test first uses them: TensorFlow's import takes 5 s in each pytest worker.
+tf = lazy("tensorflow")
+classification_pb2 = lazy("tensorflow_serving.apis.classification_pb2")
+get_model_metadata_pb2 = lazy("tensorflow_serving.apis.get_model_metadata_pb2")
+get_model_status_pb2 = lazy("tensorflow_serving.apis.get_model_status_pb2")
+model_service_pb2_grpc = lazy("tensorflow_serving.apis.model_service_pb2_grpc")
+predict_pb2 = lazy("tensorflow_serving.apis.predict_pb2")
+prediction_service_pb2_grpc = lazy("tensorflow_serving.apis.prediction_service_pb2_grpc")
+regression_pb2 = lazy("tensorflow_serving.apis.regression_pb2")
 
 ROWS = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]], np.float32)
 
@@ -223,25 +224,27 @@ def _classify(model: str) -> Any:
     return request
 
 
-#: Each bad call: the RPC, the request, its code, and what the reason must say.
-BAD: list[tuple[str, Any, grpc.StatusCode, str]] = [
-    ("Predict", _predict("nope", input=ROWS), grpc.StatusCode.NOT_FOUND, "nope"),
-    ("Predict", _predict("add", 7, input=ROWS), grpc.StatusCode.NOT_FOUND, "7"),
-    ("Predict", _predict("add", input=ROWS.astype(np.float64)), grpc.StatusCode.INVALID_ARGUMENT,
+#: Each bad call: the RPC, the request (made when the test runs: a request made at collection
+#: imports TensorFlow there), its code, and what the reason must say.
+NOT_FOUND, INVALID = grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT
+BAD: list[tuple[str, Callable[[], Any], grpc.StatusCode, str]] = [
+    ("Predict", partial(_predict, "nope", input=ROWS), NOT_FOUND, "nope"),
+    ("Predict", partial(_predict, "add", 7, input=ROWS), NOT_FOUND, "7"),
+    ("Predict", partial(_predict, "add", input=ROWS.astype(np.float64)), INVALID,
      "is DT_DOUBLE; the model takes DT_FLOAT"),
-    ("Predict", _predict("add", other=ROWS), grpc.StatusCode.INVALID_ARGUMENT, "no input 'other'"),
-    ("Predict", _bad_content(), grpc.StatusCode.INVALID_ARGUMENT, "tensor_content has 5"),
-    ("Predict", _label(), grpc.StatusCode.NOT_FOUND, "no version label"),
-    ("Predict", _filtered("nope"), grpc.StatusCode.INVALID_ARGUMENT, "nope"),
-    ("Predict", _typed("half_val", 3), grpc.StatusCode.INVALID_ARGUMENT, "3 values in half_val"),
-    ("Predict", _signature(), grpc.StatusCode.INVALID_ARGUMENT, "no signature 'train'"),
-    ("Predict", _predict("add", input=ROWS[:, :2]), grpc.StatusCode.INVALID_ARGUMENT, "shape"),
-    ("Classify", _classify("sumdiff"), grpc.StatusCode.INVALID_ARGUMENT, "cannot classify"),
-    ("Regress", _classify("sumdiff"), grpc.StatusCode.INVALID_ARGUMENT, "cannot regress"),
-    ("Classify", classification_pb2.ClassificationRequest(model_spec={"name": "add"}),
-     grpc.StatusCode.INVALID_ARGUMENT, "no examples"),
-    ("GetModelMetadata", _metadata(), grpc.StatusCode.INVALID_ARGUMENT, "signature_def"),
-    ("GetModelMetadata", _metadata("graph"), grpc.StatusCode.INVALID_ARGUMENT, "'graph'"),
+    ("Predict", partial(_predict, "add", other=ROWS), INVALID, "no input 'other'"),
+    ("Predict", _bad_content, INVALID, "tensor_content has 5"),
+    ("Predict", _label, NOT_FOUND, "no version label"),
+    ("Predict", partial(_filtered, "nope"), INVALID, "nope"),
+    ("Predict", partial(_typed, "half_val", 3), INVALID, "3 values in half_val"),
+    ("Predict", _signature, INVALID, "no signature 'train'"),
+    ("Predict", partial(_predict, "add", input=ROWS[:, :2]), INVALID, "shape"),
+    ("Classify", partial(_classify, "sumdiff"), INVALID, "cannot classify"),
+    ("Regress", partial(_classify, "sumdiff"), INVALID, "cannot regress"),
+    ("Classify", lambda: classification_pb2.ClassificationRequest(model_spec={"name": "add"}),
+     INVALID, "no examples"),
+    ("GetModelMetadata", _metadata, INVALID, "signature_def"),
+    ("GetModelMetadata", partial(_metadata, "graph"), INVALID, "'graph'"),
 ]  # fmt: skip
 
 
@@ -249,12 +252,12 @@ BAD: list[tuple[str, Any, grpc.StatusCode, str]] = [
 def test_a_bad_call_is_refused_with_the_reason(
     stub: prediction_service_pb2_grpc.PredictionServiceStub,
     rpc: str,
-    request_: Any,
+    request_: Callable[[], Any],
     code: grpc.StatusCode,
     said: str,
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        getattr(stub, rpc)(request_, timeout=30)
+        getattr(stub, rpc)(request_(), timeout=30)
     assert caught.value.code() == code, caught.value.details()
     assert said in (caught.value.details() or "")
     assert stub.Predict(_predict("add", input=ROWS), timeout=30).outputs  # still serving
