@@ -28,14 +28,8 @@ from typing import Any
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelRepository
-from dlscale.scale.objective import (
-    DOWN_DELAY_S,
-    LOOK_BACK_S,
-    Bounds,
-    Decision,
-    ModelLoad,
-    decide,
-)
+from dlscale.scale.objective import DOWN_DELAY_S, Bounds, Decision, ModelLoad, decide
+from dlscale.scale.starts import LOOK_BACK_S, Starts
 
 log = logging.getLogger("dlscale.scale")
 
@@ -46,9 +40,10 @@ FIGURES = (
     "ttft_s", "tpot_s", "ttft_objective_s", "tpot_objective_s", "capacity", "growth",
 )  # fmt: skip
 #: Keys of the policy's state: when the fleet began wanting fewer, the last size that missed
-#: its goals (and at what rate), when replicas were last seen starting, and the last decision.
+#: its goals (and at what rate), when replicas were last seen starting, the scale-ups' timing
+#: (scale/starts.py), and the last decision.
 DOWN_SINCE, MISSED, LAST = "dlscale_down_since", "dlscale_missed", "dlscale_last"
-JOINED = "dlscale_joined"
+JOINED, STARTS = "dlscale_joined", "dlscale_starts"
 _PENDING = "nv_inference_pending_request_count"
 _OBJECTIVE = "dlscale_qos_latency_objective_seconds"
 _TTFT, _TPOT = "dlscale_time_to_first_token_seconds", "dlscale_time_per_output_token_seconds"
@@ -249,7 +244,7 @@ def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bo
     decision = decide(
         loads(ctx.aggregated_metrics or {}), ctx.current_num_replicas, ctx.target_num_replicas,
         bounds, ctx.current_time or time.time(), state.get(DOWN_SINCE), down_delay_s,
-        _missed(state.get(MISSED)), state.get(JOINED),
+        _missed(state.get(MISSED)), state.get(JOINED), Starts.from_kept(state.get(STARTS)),
     )  # fmt: skip
     # The policy runs ten times a second: a line per change, not per run.
     held = decision.down_since is not None and state.get(DOWN_SINCE) is None
@@ -257,7 +252,7 @@ def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bo
     if logged:
         log.info("autoscaler: %s", describe(decision))
     state[DOWN_SINCE], state[LAST] = decision.down_since, describe(decision)
-    state[JOINED] = decision.joined
+    state[JOINED], state[STARTS] = decision.joined, decision.starts.kept()
     state[MISSED] = None if decision.missed is None else list(decision.missed)
     return decision, state, logged
 

@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dlscale.scale.starts import LOOK_BACK_S, NONE_SEEN, REPLICA_START_S, Starts
+
 #: Replicas are added when a model's mean queue wait reaches this share of its objective (the
 #: rest of the objective is its compute and the tail above the mean), or its mean TTFT this share
 #: of its TTFT objective (TTFT is where queueing shows: its tail is a queue's).
@@ -36,23 +38,14 @@ TPOT_UP_AT = 0.8
 #: A replica goes only if the others would then compute at most this share of the time: past
 #: it the estimate below says little, and a burst finds no room.
 MAX_BUSY = 0.8
-#: Seconds the fleet must want fewer replicas, without a break, before they go (all at once,
-#: to the fewest the estimate says hold every goal). A replica came back within about 10 s of a
-#: need on the burst bench (docs/scale.md): a hold of three times that rides out a lull.
+#: The most seconds the fleet must want fewer replicas, without a break, before they go (all at
+#: once, to the fewest the estimate says hold every goal): scale/starts.py sets the hold from
+#: the time a replica takes to return, measured.
 DOWN_DELAY_S = 30.0
 #: A fleet size seen missing its goals is not gone back to until the demand falls below this
 #: share of the demand it missed at: an estimate can be wrong (an engine's TPOT grows faster
 #: than its load near its knee), a measurement is not, and a rate a hair lower is noise.
 MISSED_RATE_SHARE = 0.9
-#: Seconds over which Ray averages the replicas' figures (`look_back_period_s`, set by
-#: scale/autoscale.py): a replica's figures are wholly its own, not those of the seconds
-#: before it served, only this long after it runs.
-LOOK_BACK_S = 5.0
-#: Seconds from asking for a replica to its first answer (Ray starts it, its server loads, it
-#: joins the router: 2 s at a load average of 6 to 15 s at 25 on the burst bench, BENCHMARKS.md;
-#: this is about the middle). A backlog the running replicas drain sooner is gone before a new
-#: one could help: replicas are added for what remains at that horizon.
-REPLICA_START_S = 5.0
 #: Busy shares are read no higher than this: a saturated fleet's estimate stays finite.
 _BUSY_CAP = 0.95
 
@@ -134,6 +127,9 @@ class Decision:
     #: state to keep. Until the figures cover a whole look-back without one, they are partly
     #: those of the fleet before it, and the fleet goes no higher on them.
     joined: float | None = None
+    #: When the scale-up under way was asked for and how long the latest took: the state to
+    #: keep (the hold down follows it).
+    starts: Starts = NONE_SEEN
 
 
 def predicted_wait(load: ModelLoad, current: int, replicas: int) -> float:
@@ -348,12 +344,15 @@ def decide(
     down_delay_s: float = DOWN_DELAY_S,
     missed: tuple[int, float] | None = None,
     joined: float | None = None,
+    starts: Starts = NONE_SEEN,
 ) -> Decision:
     """Replicas wanted now: the most any model wants (estimated from the `running` replicas'
     figures), within MIN and MAX; no more than `target` while replicas start or until their
     figures cover LOOK_BACK_S (`joined`, from the previous decision); fewer only after
-    `down_delay_s` of wanting fewer (`down_since`), never while replicas start, and never back
-    to a size that `missed` its goals unless the rate fell well below the one it missed at."""
+    a hold of wanting fewer (`down_since`; `starts` sets it, at most `down_delay_s`), never while
+    replicas start, and never back to a size that `missed` its goals unless the rate fell well
+    below the one it missed at."""
+    starts = starts.seen(running, target, now)
     running = max(1, running)
     joined = _joined(running, target, now, joined)
     aimed = [x for x in loads if x.has_objective]
@@ -375,20 +374,22 @@ def decide(
     if joined is None and any(not all(g.met(g.measured) for g in goals(x, running)) for x in aimed):
         missed = (running, rate)
     if wanted >= target or target > bounds.high:
-        return Decision(wanted, target, why, figures, None, missed, joined)
+        starts = starts.asking(now) if wanted > target else starts
+        return Decision(wanted, target, why, figures, None, missed, joined, starts)
     if running < target:  # the figures predate the replicas still starting
         starting = f"{why}; {target - running} replica(s) starting"
-        return Decision(target, target, starting, figures, None, missed, joined)
+        return Decision(target, target, starting, figures, None, missed, joined, starts)
     if missed is not None and wanted <= missed[0] and rate > MISSED_RATE_SHARE * missed[1]:
         seen = f"{missed[0]} missed at {missed[1]:.3g} requests/s, now {rate:.3g}"
         why, wanted = f"{why}; not {wanted}: {seen}", missed[0] + 1
         if wanted >= target:
-            return Decision(target, target, why, figures, None, missed, joined)
+            return Decision(target, target, why, figures, None, missed, joined, starts)
     since = now if down_since is None else down_since
-    if now - since < down_delay_s:
-        held = f"{why}; held {now - since:.0f} of {down_delay_s:g} s"
-        return Decision(target, target, held, figures, since, missed, joined)
-    return Decision(wanted, target, why, figures, None, missed, joined)
+    hold = starts.hold_s(down_delay_s)
+    if now - since < hold:
+        held = f"{why}; held {now - since:.0f} of {hold:.3g} s"
+        return Decision(target, target, held, figures, since, missed, joined, starts)
+    return Decision(wanted, target, why, figures, None, missed, joined, starts)
 
 
 def _joined(running: int, target: int, now: float, joined: float | None) -> float | None:

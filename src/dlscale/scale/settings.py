@@ -59,9 +59,12 @@ class ScaleSettings:
         None, "autoscale the replicas", "--autoscale", metavar="MIN:MAX",
         convert=lambda text: None if text is None else parse_autoscale(text),
     )  # fmt: skip
-    #: Seconds the autoscaler must want fewer replicas, without a break, before it steps down.
+    #: The most seconds the autoscaler must want fewer replicas, without a break, before it
+    #: steps down (scale/starts.py holds less when replicas start fast).
     scale_down_delay_s: float = setting(
-        DOWN_DELAY_S, "with --autoscale: seconds of wanting fewer replicas before they go",
+        DOWN_DELAY_S,
+        "with --autoscale: the most seconds of wanting fewer replicas before they go (held "
+        "three times a replica's measured return: Ray's 5 s look-back and its start)",
         "--scale-down-delay", type=float,
     )  # fmt: skip
     #: Overrides of what a replica asks Ray for (by default: the sum of its models' instances).

@@ -25,6 +25,7 @@ from dlscale.scale.autoscale import (
     JOINED,
     LAST,
     PREFIX,
+    STARTS,
     Counters,
     FleetPolicy,
     Reading,
@@ -36,7 +37,8 @@ from dlscale.scale.autoscale import (
     read,
 )
 from dlscale.scale.figures_reader import KEPT_S, READ_S, FiguresReader
-from dlscale.scale.objective import DOWN_DELAY_S, LOOK_BACK_S
+from dlscale.scale.objective import DOWN_DELAY_S
+from dlscale.scale.starts import LOOK_BACK_S, Starts
 
 REQUESTS = 16
 
@@ -280,6 +282,14 @@ def test_the_policy_keeps_when_replicas_last_started_in_its_state() -> None:
     state[JOINED] -= LOOK_BACK_S
     wanted, state = fleet_policy(_context(saturated, 3, state))
     assert wanted > 3 and state[JOINED] is None
+
+
+def test_the_policy_keeps_how_long_its_latest_replica_took_to_start() -> None:
+    # Seen starting at 997 s (a start kept in the state), every replica runs at 1000 s.
+    state = {STARTS: Starts(asked=997.0).kept()}
+    wanted, state = fleet_policy(_context(_reported(0.0, 0.05), 3, state))
+    assert Starts.from_kept(state[STARTS]) == Starts(None, 3.0)
+    assert wanted == 3 and "held 0 of 24 s" in state[LAST]  # 3 x (5 + 3), not 30
 
 
 def test_replicas_with_no_objective_keep_the_in_flight_target() -> None:

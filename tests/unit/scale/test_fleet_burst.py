@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dlscale.scale.autoscale import PREFIX, loads
-from dlscale.scale.objective import LOOK_BACK_S, MAX_BUSY, Bounds, decide
+from dlscale.scale.objective import MAX_BUSY, Bounds, Decision, decide
+from dlscale.scale.starts import HOLD_RETURNS, LOOK_BACK_S, NONE_SEEN
 
 #: The bench's device: 20 requests/s a replica at full batches (100 ms a batch of 2), 10 at
 #: batches of one; a 1 s objective.
@@ -85,25 +86,32 @@ def _report(fleet: Sequence[Replica], now: int, queue: float, rate: float) -> fl
 
 
 def _burst(rates: Sequence[float], host: Host = Host()) -> list[int]:
-    """The replicas Ray counts running each second while `rates` arrive (one a second)."""
+    """The replicas asked for each second while `rates` arrive (one a second)."""
+    return [d.replicas for d in _decisions(rates, host)]
+
+
+def _decisions(rates: Sequence[float], host: Host = Host()) -> list[Decision]:
+    """The rule's decision each second while `rates` arrive (one a second)."""
     first = Replica(asked=-host.start_s - host.join_s - WARM_S, host=host)
     fleet, queue, target = [first], 0.0, 1
     down_since: float | None = None
     missed: tuple[int, float] | None = None
     joined: float | None = None
-    counts = []
+    starts = NONE_SEEN
+    decisions = []
     for now, rate in enumerate(rates):
         queue = _report(fleet, now, queue, rate)
         running = sum(r.running(now) for r in fleet)
         d = decide(
             loads(_aggregated(fleet)), running, target, Bounds(1, 4), float(now),
-            down_since, missed=missed, joined=joined,
+            down_since, missed=missed, joined=joined, starts=starts,
         )  # fmt: skip
         fleet += [Replica(now, host) for _ in range(d.replicas - len(fleet))]
         del fleet[d.replicas :]  # the newest go first, drained at once
         target, down_since, missed, joined = d.replicas, d.down_since, d.missed, d.joined
-        counts.append(len(fleet))
-    return counts
+        starts = d.starts
+        decisions.append(d)
+    return decisions
 
 
 def _changes(counts: list[int]) -> list[tuple[int, int]]:
@@ -137,3 +145,16 @@ def test_a_queue_growing_while_a_replica_starts_asks_for_what_it_holds_not_a_dou
     counts = _burst([4.0] * 30 + [20.0] * 60 + [4.0] * 90, Host(14.5, start_s=3, join_s=5))
     assert math.ceil(20.0 / (14.5 * MAX_BUSY)) == 2
     assert max(counts) == 3 and counts[-1] == 1
+
+
+def test_after_the_burst_the_replica_goes_after_three_returns_of_its_measured_start() -> None:
+    # Ray counts the second replica running `start_s` after the ask: the hold is
+    # 3 x (5 s look-back + 5 s) = 30 s; on a host whose replicas start in 2 s, 21 s.
+    for start_s in (START_S, 2):
+        decisions = _decisions([4.0] * 30 + [24.0] * 60 + [4.0] * 90, Host(start_s=start_s))
+        assert _changes([d.replicas for d in decisions]) == [(1, 2), (2, 1)]
+        up = next(t for t, d in enumerate(decisions) if d.replicas == 2)
+        drop = next(t for t, d in enumerate(decisions) if t > up and d.replicas == 1)
+        since = decisions[drop - 1].down_since
+        assert since is not None and decisions[drop].starts.took_s == start_s
+        assert drop - since == HOLD_RETURNS * (LOOK_BACK_S + start_s)

@@ -11,10 +11,8 @@ import math
 
 from dlscale.scale.objective import (
     DOWN_DELAY_S,
-    LOOK_BACK_S,
     MAX_BUSY,
     MISSED_RATE_SHARE,
-    REPLICA_START_S,
     TPOT_UP_AT,
     UP_AT,
     Bounds,
@@ -23,6 +21,7 @@ from dlscale.scale.objective import (
     decide,
     demand,
 )
+from dlscale.scale.starts import LOOK_BACK_S, REPLICA_START_S
 
 OBJECTIVE_S = 0.020
 BOUNDS = Bounds(1, 8, target_in_flight=4.0)
