@@ -387,7 +387,7 @@ def decide(
     since = now if down_since is None else down_since
     hold = starts.hold_s(down_delay_s)
     if now - since < hold:
-        held = f"{why}; held {now - since:.0f} of {hold:.3g} s"
+        held = f"{why}; held {now - since:.0f} of {hold:.3g} s ({starts.says()})"
         return Decision(target, target, held, figures, since, missed, joined, starts)
     return Decision(wanted, target, why, figures, None, missed, joined, starts)
 

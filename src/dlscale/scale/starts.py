@@ -56,6 +56,11 @@ class Starts:
         """Seconds the fleet must want fewer replicas before they go, at most `most_s`."""
         return min(most_s, HOLD_RETURNS * (LOOK_BACK_S + self.start_s))
 
+    def says(self) -> str:
+        """The hold's reason, for the decision's log line."""
+        took = "not seen yet" if self.took_s is None else f"{self.took_s:.3g} s"
+        return f"{HOLD_RETURNS:g} returns of {LOOK_BACK_S:g} s + a start, {took}"
+
     def kept(self) -> list[float | None]:
         """As Ray's policy state keeps it (JSON-like)."""
         return [self.asked, self.took_s]
