@@ -5,9 +5,11 @@ A replica that goes and is needed again comes back after Ray's look-back shows t
 The fleet holds a replica it no longer needs `HOLD_RETURNS` times that long before it lets it
 go: a drop that returning load proves wrong then costs at most a third of the hold. The start
 is measured on this fleet (the latest scale-up: asked at the first decision that raised the
-target, done when every replica asked for runs), so a quiet host's fleet lets go sooner
-than a loaded one's (2 s against 10-15 s on the burst bench, BENCHMARKS.md); until a start is
-seen, REPLICA_START_S stands for it. `--scale-down-delay` is the most it holds.
+target, done when Ray counts every replica asked for running), so a fleet whose replicas start
+fast lets go sooner; until a start is seen, REPLICA_START_S stands for it.
+`--scale-down-delay` is the most it holds: on the burst bench Ray counted a replica running
+6.9 s after the ask on a quiet host, so the hold stayed at the 30 s default (BENCHMARKS.md,
+run 16).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 #: Seconds over which Ray averages the replicas' figures (`look_back_period_s`, set by
 #: scale/autoscale.py): a need shows in them this long after it starts.
 LOOK_BACK_S = 5.0
-#: Seconds from asking for a replica to its first answer before one is measured (2 s at a load
-#: average of 6 to 15 s at 25 on the burst bench, BENCHMARKS.md; this is about the middle).
+#: Seconds from asking for a replica to its first answer before one is measured (the router
+#: saw a new replica 2 s after the ask at a load average of 6, 15 s at 25 on the burst bench,
+#: BENCHMARKS.md; this is about the middle).
 REPLICA_START_S = 5.0
 #: The hold down, in times a replica takes to return (the look-back and its start): three
 #: rides out a lull of the arrivals (with the estimate above: 30 s, the hold before starts were

@@ -152,11 +152,15 @@ def test_the_report_is_beside_the_version(tuned: OptimizeResult) -> None:
 
 def test_the_tuned_config_meets_the_bound_in_a_verification_run(tuned: OptimizeResult) -> None:
     slo = tuned.slo
-    assert slo is not None and slo.winner is not None and slo.winner.peak_qps
-    assert any(o.status == "infeasible" or o.reason for o in slo.outcomes)  # it pruned
+    assert slo is not None
     assert sum(o.status == "measured" for o in slo.outcomes) <= SHORT_SLO.max_points + 1
     # Whether this machine held the bound during the run is a measurement (BENCHMARKS.md), not
     # something a test may assume; what the tuner does with each measurement is the test.
+    if slo.winner is None or not slo.winner.peak_qps:  # a starved host held it at no point
+        assert slo.note == "no measured point held the bound at any rate"
+        assert slo.verification is None and slo.rate_qps is None and not slo.verified
+        return
+    assert any(o.status == "infeasible" or o.reason for o in slo.outcomes)  # it pruned
     assert slo.verification is not None
     attempts = slo.verification["attempts"]
     assert all(not a["valid"] for a in attempts[:-1])  # it stops at the first rate that holds
