@@ -4,10 +4,10 @@ Inductor and AOTInductor run on the CPU, so the whole path is checked here: the 
 as the backend builds it, exported with a dynamic batch dimension, compiled into model.aoti.pt2
 (mlp with FP16 inputs, digits with UINT8 pixels normalized inside),
 loaded without compiling, and compared with the ONNX Runtime backend on the zoo's ONNX file;
-a convolution + BatchNorm model is packaged too (folded under no_grad, which export accepts),
-and a package whose recorded torch release is forged is refused before AOTInductor loads it.
-Compiling the three takes about 1-2 minutes on 2 cores; resnet50 and bert-base are packaged on
-a GPU only (tests/gpu).
+a convolution + BatchNorm model is packaged too (folded under no_grad, which export accepts;
+`make test-slow`: a third compile), and a package whose recorded torch release is forged is
+refused before AOTInductor loads it. Compiling the two of the default run takes about a minute
+on 2 cores; resnet50 and bert-base are packaged on a GPU only (tests/gpu).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
+from tests.toolkit.slow import slow_only
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch.aoti import load_package, read_info
@@ -36,8 +37,9 @@ from dlscale.types import Datatype, TensorSpec
 
 Arrays = dict[str, np.ndarray]
 MAX_BATCH = 16
-#: The small models, each with another declared input type (FP32 inputs: the BatchNorm model
-#: below and tests/unit/optimize/test_torch_build.py's package; each compile is 20-40 s).
+#: The small models, each with another declared input type (FP32 inputs:
+#: tests/unit/optimize/test_torch_build.py's package, and the BatchNorm model below in
+#: `make test-slow`; each compile is 20-40 s).
 CASES = {"mlp": "fp16", "digits": "uint8"}
 
 
@@ -52,6 +54,8 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Packaged]:
     return out
 
 
+@pytest.mark.slow
+@slow_only("a third AOTInductor compile, 45-95 s on 2 cores")
 def test_a_batchnorm_model_packages_and_matches_its_module(tmp_path: Path) -> None:
     # The build folds BatchNorm and casts weights: made under inference_mode, those tensors
     # were inference tensors, and torch.export refused every such model outside that mode.
