@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
+from tests.toolkit.waiting import until
+
 from dlscale.frontends.grpc import GrpcFrontend
 from dlscale.frontends.rest import HttpFrontend
 from dlscale.server import ALL_MODELS, ServerSettings, ServerThread
@@ -94,6 +96,13 @@ class LocalServer(ServerThread):
     def grpc_url(self) -> str:
         """host:port of the gRPC frontend."""
         return f"{HOST}:{self.server.ports['grpc']}"
+
+    def until_computing(self, model: str) -> None:
+        """Return once a request sent to `model` is in its instance's thread (held, none left
+        in its batcher's queue): a request sent after it then queues behind it."""
+        served = self.dataplane.manager.get(model)
+        batcher = getattr(served.runner, "batcher")  # noqa: B009 (a BatchRunner's)
+        until(lambda: bool(served.stats.pending) and not batcher.queued)
 
 
 @contextmanager

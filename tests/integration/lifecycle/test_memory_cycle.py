@@ -9,7 +9,6 @@ demand").
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -96,16 +95,13 @@ def test_an_unload_with_no_grace_runs_after_the_batch_running_in_the_instance(
     # runs after the batch running there, not under it, even when the grace is over at once.
     # A null model's unload forgets its outputs: an unload under the batch would answer no y.
     write_null_model(tmp_path, "slow", FAST + "[backend_options]\ndelay_us = 400000\n")
-    with serving(tmp_path, load_models=("slow",), grace_s=0.0) as started:
-        served = started.dataplane.manager.get("slow")
-        batcher = getattr(served.runner, "batcher")  # noqa: B009 (a BatchRunner's)
-        with ThreadPoolExecutor(1) as pool:
-            answer = pool.submit(ask_in_turn, started, ["slow"])
-            for _ in range(600):  # the batch is in the instance's thread (a safety net only)
-                if served.stats.pending and not batcher.queued:
-                    break
-                time.sleep(0.01)
-            with triton.InferenceServerClient(started.http_url) as client:
-                client.unload_model("slow")
-                assert not client.is_model_ready("slow")
-            answer.result(timeout=60)  # y = x: computed whole before the unload
+    with (
+        serving(tmp_path, load_models=("slow",), grace_s=0.0) as started,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        answer = pool.submit(ask_in_turn, started, ["slow"])
+        started.until_computing("slow")  # the batch is in the instance's thread
+        with triton.InferenceServerClient(started.http_url) as client:
+            client.unload_model("slow")
+            assert not client.is_model_ready("slow")
+        answer.result(timeout=60)  # y = x: computed whole before the unload

@@ -3,7 +3,6 @@ config.toml pipelines, used with tritonclient over REST and gRPC exactly as agai
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -140,14 +139,9 @@ def test_a_deadline_that_expires_in_the_second_steps_queue_is_a_timeout(
 ) -> None:
     # "slow" computes one row at a time: the pipeline's second step queues behind this one,
     # once it computes (sent and not yet taken, it could follow the pipeline's request).
-    served = server.dataplane.manager.get("slow")
-    batcher = getattr(served.runner, "batcher")  # noqa: B009 (a BatchRunner's)
     with ThreadPoolExecutor(1) as pool:
         busy = pool.submit(_infer, grpc, "slow", {"INPUT0": X[:1]})  # thread-safe
-        for _ in range(600):  # a safety net only: the request reaches the instance at once
-            if served.stats.pending and not batcher.queued:
-                break
-            time.sleep(0.01)
+        server.until_computing("slow")
         with pytest.raises(InferenceServerException, match=r"step 2 \(model 'slow'\)") as remote:
             _infer(grpc, "urgent", {"x": X[:1]}, timeout=100_000)
         assert remote.value.status() == "StatusCode.DEADLINE_EXCEEDED"
