@@ -19,9 +19,10 @@ from dataclasses import dataclass
 #: Seconds over which Ray averages the replicas' figures (`look_back_period_s`, set by
 #: scale/autoscale.py): a need shows in them this long after it starts.
 LOOK_BACK_S = 5.0
-#: Seconds from asking for a replica to its first answer before one is measured (the router
-#: saw a new replica 2 s after the ask at a load average of 6, 15 s at 25 on the burst bench,
-#: BENCHMARKS.md; this is about the middle).
+#: Seconds from asking for a replica to its first answer: the hold's figure until a start is
+#: measured, and the horizon a backlog is drained within (scale/objective.py `drain_within`,
+#: always this figure). The router saw a new replica 2 s after the ask at a load average of 6,
+#: 15 s at 25 on the burst bench (BENCHMARKS.md); this is about the middle.
 REPLICA_START_S = 5.0
 #: The hold down, in times a replica takes to return (the look-back and its start): three
 #: rides out a lull of the arrivals (with the estimate above: 30 s, the hold before starts were
