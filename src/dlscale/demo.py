@@ -178,10 +178,11 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
         print_summary(result, console)
         if any(not s["result"]["valid"] for s in result["scenarios"] if s.get("result")):
             console.print(
-                "   An INVALID verdict here is LoadGen being strict, not an error: a VALID Server "
-                "run needs enough queries for its p99 estimate (MLPerf early stopping), i.e. "
-                "minutes at this CPU's few queries per second. Try: dlscale bench "
-                f"--repo {root} --model {model} --scenario server --duration 120s"
+                "   INVALID is LoadGen's verdict, not an error: the lines above say whether the "
+                "run missed its p99 bound at the offered rate (performance constraints) or had "
+                "too few queries to estimate its p99 (MLPerf early stopping). To find the "
+                f"highest rate that holds: dlscale bench --repo {root} --model {model} "
+                "--scenario server --find-peak"
             )
         console.print(f"   report: {out / 'report.md'} (JSON, LoadGen logs and plots beside it)")
     return 0

@@ -19,6 +19,25 @@ class Probe:
     throughput: float
 
 
+#: How a Server run's rate is chosen when the user gives none (docs/bench.md).
+DEFAULT_RATE_RULE = (
+    "the lesser of a quarter of the warm-up's batched throughput and half the rate of one "
+    "client sending one sample at a time"
+)
+
+
+def default_server_rate(measured: Probe) -> float:
+    """A Server rate the target can be expected to hold, from the warm-up alone.
+
+    A Server query is one sample in its own request, so the batched throughput overstates what
+    it can take (in the demo's one process, 4x over: the run was INVALID at a quarter of it).
+    One client sending one sample at a time reaches 1/latency, a rate the target reached with
+    no concurrency at all; half of it leaves room for Poisson arrivals to bunch.
+    """
+    one_at_a_time = 0.5 / measured.latency_s if measured.latency_s > 0 else measured.throughput
+    return max(1.0, round(min(measured.throughput / 4, one_at_a_time), 1))
+
+
 async def probe(
     target: Target,
     info: ModelInfo,

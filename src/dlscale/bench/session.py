@@ -14,7 +14,7 @@ from dlscale.bench.data import SampleSet, load_samples
 from dlscale.bench.lglog import read_logs
 from dlscale.bench.loadgen import LoadGenSut, LoopThread, Recorder, SystemUnderTest, run_loadgen
 from dlscale.bench.peak import find_peak
-from dlscale.bench.probe import Probe, probe
+from dlscale.bench.probe import DEFAULT_RATE_RULE, Probe, default_server_rate, probe
 from dlscale.bench.progress import Progress, Steps
 from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import MLPERF_MODEL_KEYS, RunSettings, Scenario, latency_bound_for
@@ -305,8 +305,8 @@ class Session:
         else:
             qps = opts.target_qps
             if qps is None:
-                qps = max(1.0, round(self.warmup.throughput / 4, 1))
-                note = f"--target-qps not given: a quarter of the warm-up throughput ({qps:g}/s)"
+                qps = default_server_rate(self.warmup)
+                note = f"--target-qps not given: {qps:g}/s, {DEFAULT_RATE_RULE}"
             out = ScenarioResult(scenario, self.run(self.settings(scenario, qps), folder))
         out.note = "; ".join(n for n in (out.note, note) if n)
         if opts.accuracy:
