@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 import httpx
 
@@ -66,15 +68,29 @@ def closed_at_once(source: str, port: int) -> bool:
             return True
 
 
-def flood(url: str, body: dict[str, object], sources: int, per_source: int) -> list[int]:
+@dataclass(frozen=True)
+class Flooded:
+    """What a flood got back: each request's status, in order, and the answers that were not
+    a 200 by status and body (what a failed assertion shows: whose refusal it was)."""
+
+    statuses: list[int]
+    refusals: Counter[str]
+
+
+def flood(url: str, body: dict[str, object], sources: int, per_source: int) -> Flooded:
     """`per_source` POSTs of `body` at once from each of `sources` addresses (127.0.0.10 and
-    up); their statuses."""
-    return asyncio.run(_flood(url, body, sources, per_source))
+    up)."""
+    answers = asyncio.run(_flood(url, body, sources, per_source))
+    refusals = Counter(f"{status} {text}" for status, text in answers if status != 200)
+    return Flooded([status for status, _ in answers], refusals)
 
 
-async def _flood(url: str, body: dict[str, object], sources: int, per_source: int) -> list[int]:
-    async def one(client: httpx.AsyncClient) -> int:
-        return (await client.post(url, json=body)).status_code
+async def _flood(
+    url: str, body: dict[str, object], sources: int, per_source: int
+) -> list[tuple[int, str]]:
+    async def one(client: httpx.AsyncClient) -> tuple[int, str]:
+        answer = await client.post(url, json=body)
+        return answer.status_code, answer.text[:300] if answer.status_code != 200 else ""
 
     clients = [
         httpx.AsyncClient(

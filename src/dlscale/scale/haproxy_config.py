@@ -18,6 +18,13 @@ from dlscale.server_settings import DEFAULT_BALANCE_FACTOR
 SLOTS = 64
 #: Milliseconds between two health checks of a replica.
 CHECK_INTER_MS = 250
+#: Seconds a replica's health check may take before it counts as failed (two in a row take it
+#: out of rotation). A replica that died refuses the connection, which fails the check (and a
+#: request's connection) at once; a check that is only slow comes from a replica that is alive
+#: but starved: at 2 s, 23 of 2,560 requests of an eight-fold 320-request flood on one replica
+#: met "no replica is ready to serve" beside four CPU-burning processes. Ray Serve gives its own
+#: check of the same replica 30 s (scale/deploy.py HEALTH_TIMEOUT_S).
+CHECK_TIMEOUT_S = 10.0
 REST, GRPC = "rest", "grpc"
 
 
@@ -66,9 +73,8 @@ def render(
         "defaults",
         "  mode http",
         "  timeout connect 2s",
-        # A replica that is slow to answer its check (a loaded host) is not dead: without this
-        # the check had `inter` (250 ms) to answer, and healthy replicas left rotation.
-        "  timeout check 2s",
+        # A replica slow to answer its check (a loaded host) is not dead: CHECK_TIMEOUT_S.
+        f"  timeout check {CHECK_TIMEOUT_S:g}s",
         # Inference may be long (a generative stream, a large batch): the replica's own
         # deadlines bound a request, not the router.
         "  timeout client 1h",

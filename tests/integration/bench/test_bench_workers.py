@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests.toolkit.verdicts import every_sample_answered
 
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions
 
 SHORT = {"duration_s": 0.5, "warmup_s": 0.3, "sample_count": 64, "client_ceiling": False}
-
-
-def _every_sample_answered(report: dict[str, Any]) -> None:
-    for entry in report["scenarios"]:
-        res = entry["result"]
-        assert res["verdict"] == "VALID", res["reasons"]
-        # LoadGen's own count of answered samples agrees with the bench's.
-        assert res["completed"] == res["issued"] > 0 and res["errors"]["count"] == 0
-        assert 0 < res["latency_s"]["p50"] <= res["latency_s"]["p99"]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -37,7 +28,7 @@ def test_two_workers_offline_and_server_are_valid(
         **SHORT,
     )
     report = bench(url, options, tmp_path)
-    _every_sample_answered(report)
+    every_sample_answered(report)
     assert report["options"]["workers"] == 2
 
 

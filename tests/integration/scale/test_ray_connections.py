@@ -38,5 +38,5 @@ def test_more_than_256_requests_at_once_from_several_sources_are_all_served(
     deployed: Deployed,
 ) -> None:
     url = f"http://{deployed.http_url}/v2/models/sleeper/infer"
-    statuses = flood(url, SLEEPER, sources=5, per_source=64)
-    assert len(statuses) > CAP and statuses == [200] * len(statuses), sorted(set(statuses))
+    flooded = flood(url, SLEEPER, sources=5, per_source=64)
+    assert len(flooded.statuses) > CAP and not flooded.refusals, flooded.refusals
