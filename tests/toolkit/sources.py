@@ -70,10 +70,10 @@ def closed_at_once(source: str, port: int) -> bool:
 
 @dataclass(frozen=True)
 class Flooded:
-    """What a flood got back: each request's status, in order, and the answers that were not
+    """What a flood got back: how many requests were answered, and the answers that were not
     a 200 by status and body (what a failed assertion shows: whose refusal it was)."""
 
-    statuses: list[int]
+    answered: int
     refusals: Counter[str]
 
 
@@ -82,7 +82,7 @@ def flood(url: str, body: dict[str, object], sources: int, per_source: int) -> F
     up)."""
     answers = asyncio.run(_flood(url, body, sources, per_source))
     refusals = Counter(f"{status} {text}" for status, text in answers if status != 200)
-    return Flooded([status for status, _ in answers], refusals)
+    return Flooded(len(answers), refusals)
 
 
 async def _flood(
