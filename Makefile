@@ -37,12 +37,16 @@ define install_haproxy
 		|| echo "haproxy not installed: the fleet tests are skipped (docs/scale.md)"
 endef
 
-$(VENV)/.dev-installed: $(PY) pyproject.toml
+KSERVE_PINS := tests/integration/deploy/kserve-models.txt
+$(VENV)/.dev-installed: $(PY) pyproject.toml $(KSERVE_PINS)
 	$(install_haproxy)
 	$(install_torch)
 	$(PIP) install -q -e '.[dev]'
 	# --no-deps: it requires `tensorflow` (the CUDA build); tensorflow-cpu has the same modules.
 	$(PIP) install -q --no-deps tensorflow-serving-api==2.21.0
+	# KServe's schema for the deploy tests: its models only, beside the venv (the test's comment).
+	rm -rf .bench/kserve-models
+	$(PIP) install -q --no-deps --target .bench/kserve-models -r $(KSERVE_PINS)
 	touch $@
 
 demo: $(VENV)/.demo-installed
