@@ -120,17 +120,18 @@ def _ready(fleet: Fleet) -> bool:
 
 
 def rest_infer(fleet: Fleet, value: float) -> np.ndarray:
-    client = th.InferenceServerClient(f"{HOST}:{fleet.http}", network_timeout=60)
     tensor = th.InferInput("x", [1, WIDTH], "FP32")
     tensor.set_data_from_numpy(np.full((1, WIDTH), value, np.float32))
-    return client.infer(MODEL, [tensor]).as_numpy("y")
+    # Closed in the thread that made it (tritonclient's `__del__` elsewhere cannot reach its hub).
+    with th.InferenceServerClient(f"{HOST}:{fleet.http}", network_timeout=60) as client:
+        return client.infer(MODEL, [tensor]).as_numpy("y")
 
 
 def grpc_infer(fleet: Fleet, value: float) -> np.ndarray:
-    client = tg.InferenceServerClient(f"{HOST}:{fleet.grpc}")
     tensor = tg.InferInput("x", [1, WIDTH], "FP32")
     tensor.set_data_from_numpy(np.full((1, WIDTH), value, np.float32))
-    return client.infer(MODEL, [tensor], client_timeout=60).as_numpy("y")
+    with tg.InferenceServerClient(f"{HOST}:{fleet.grpc}") as client:
+        return client.infer(MODEL, [tensor], client_timeout=60).as_numpy("y")
 
 
 def either_infer(fleet: Fleet, i: int) -> float:

@@ -61,11 +61,13 @@ def _member(index: int, endpoint: Endpoint) -> Member:
 
 
 def _rest_infer(port: int, value: float) -> np.ndarray:
-    client = th.InferenceServerClient(f"{HOST}:{port}", network_timeout=30)
     x = np.full((1, 16), value, np.float32)
     tensor = th.InferInput("input", [1, 16], "FP32")
     tensor.set_data_from_numpy(x)
-    return client.infer("identity", [tensor]).as_numpy("output")
+    # Closed in the thread that made it: collected later in another thread, tritonclient's
+    # `__del__` cannot reach its gevent hub (an unraisable exception pytest reports).
+    with th.InferenceServerClient(f"{HOST}:{port}", network_timeout=30) as client:
+        return client.infer("identity", [tensor]).as_numpy("output")
 
 
 def test_both_protocols_reach_the_children_through_one_address(fleet) -> None:  # type: ignore[no-untyped-def]
@@ -222,10 +224,10 @@ def _sleeper_repo(root: Path, delay_us: int) -> Path:
 
 
 def _sleeper_infer(port: int, value: float) -> float:
-    client = th.InferenceServerClient(f"{HOST}:{port}", network_timeout=60)
     tensor = th.InferInput("input", [1, 16], "FP32")
     tensor.set_data_from_numpy(np.full((1, 16), value, np.float32))
-    return float(client.infer("sleeper", [tensor]).as_numpy("output")[0, 0])
+    with th.InferenceServerClient(f"{HOST}:{port}", network_timeout=60) as client:  # as above
+        return float(client.infer("sleeper", [tensor]).as_numpy("output")[0, 0])
 
 
 def test_weights_from_measured_work_send_the_faster_replica_more(tmp_path: Path) -> None:
