@@ -44,7 +44,8 @@ $(VENV)/.dev-installed: $(PY) pyproject.toml $(KSERVE_PINS)
 	$(PIP) install -q -e '.[dev]'
 	# --no-deps: it requires `tensorflow` (the CUDA build); tensorflow-cpu has the same modules.
 	$(PIP) install -q --no-deps tensorflow-serving-api==2.21.0
-	# KServe's schema for the deploy tests: its models only, beside the venv (the test's comment).
+	# KServe's schema for tests/integration/deploy/test_deploy.py: its generated models only
+	# (--no-deps: the package's own pins would downgrade this venv), beside the venv.
 	rm -rf .bench/kserve-models
 	$(PIP) install -q --no-deps --target .bench/kserve-models -r $(KSERVE_PINS)
 	touch $@
