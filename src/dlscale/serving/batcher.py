@@ -371,8 +371,8 @@ class Batcher:
 
     def _send(self, slot: Slot, batch: list[Pending], capped: bool) -> None:
         """Start computing `batch` in `slot`; `_computed` takes its outcome. Callbacks, not a
-        task per batch: over gRPC a batch holds one request, and a task's making, steps and
-        registry cost it more than the batch's bookkeeping (docs/serving-grpc.md)."""
+        task per batch: over gRPC a batch holds one to three requests, and a task's making,
+        steps and registry cost it more than the batch's bookkeeping (docs/serving-grpc.md)."""
         context = batches.traced_context(batch)
         self._running[id(batch)] = batch
         instance = slot.instance

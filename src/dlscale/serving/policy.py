@@ -39,6 +39,13 @@ class ArrivalGaps:
         self.last = now
 
 
+#: Lone arrivals, while the lone rule is on, before one waits anyway to see whether company comes
+#: (a probe; `Company`); doubled after each probe that found none, up to PROBE_MOST, so that a
+#: lone client pays one delay in 16 requests at first and one in 1,024 once it has kept alone.
+PROBE_FIRST = 16
+PROBE_MOST = 1024
+
+
 @dataclass
 class Company:
     """Whether a request can expect company: read from what is in flight, not from the clock.
@@ -55,20 +62,45 @@ class Company:
     each would then go alone). One lone batch after a busy spell turns the rule on, one request
     that meets company turns it off. The Batcher and the planner's simulation
     (plan/queueing.py) both keep one.
+
+    What is in flight cannot show every crowd: grpcio hands the server one call at a time, and
+    a batch computed on the event loop (serving/instance.py, `InlineRows`) is done before the
+    next call is taken in, so 32 gRPC clients arrive one by one at an idle model, as one client
+    would, and each would go alone for good. So while the rule is on, every `probe_after`-th
+    lone arrival waits anyway (a probe): company found turns the rule off, none found doubles
+    the interval (PROBE_FIRST to PROBE_MOST).
     """
 
     #: Whether the last batch sent held the only request in flight (a fresh model: yes).
     last_alone: bool = True
+    #: Lone arrivals since the rule turned on or since the last probe.
+    lone: int = 0
+    #: The lone arrival that probes: the interval, doubled by each probe that found none.
+    probe_after: int = PROBE_FIRST
+    #: Whether the request that arrived last probes (its batch is the probe's outcome).
+    probing: bool = False
 
     def arrives_alone(self, others: int) -> bool:
         """Whether a request arriving now, with `others` queued or computing, waits for no
-        one: the model is idle and its last batch went alone too. It stays alone while no
-        other request arrives."""
-        return others == 0 and self.last_alone
+        one: the model is idle and its last batch went alone too (and the request does not
+        probe). It stays alone while no other request arrives."""
+        if others or not self.last_alone:
+            return False
+        self.lone += 1
+        if self.lone < self.probe_after:
+            return True
+        self.lone = 0
+        self.probing = True
+        return False
 
     def sent(self, size: int, others: int) -> None:
         """A batch of `size` requests went out with `others` still queued or computing."""
         self.last_alone = size == 1 and others == 0
+        if not self.last_alone:
+            self.lone, self.probe_after = 0, PROBE_FIRST
+        elif self.probing:
+            self.probe_after = min(2 * self.probe_after, PROBE_MOST)
+        self.probing = False
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,13 @@ from tests.unit.plan.test_queueing_vs_batcher import Sleeper, VirtualClockLoop
 from dlscale.models.config import BatchingConfig
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
-from dlscale.serving.policy import BatchPolicy
+from dlscale.serving.policy import PROBE_FIRST, BatchPolicy
 
 T = TypeVar("T")
 DELAY_US = 1_000_000  # a second: a request that waits it is plain to see in virtual time
+#: How long a frontend that hands the server one call at a time takes to hand over the next
+#: while the loop is free (the crowd test).
+HAND_OVER = 1e-4
 
 
 def _service(rows: int) -> float:
@@ -28,11 +31,15 @@ def _service(rows: int) -> float:
     return 1e-3 + 1e-4 * rows
 
 
-def _in_virtual_time(main: Callable[[Batcher], Awaitable[T]], max_batch: int = 8) -> T:
+def _in_virtual_time(
+    main: Callable[[Batcher], Awaitable[T]],
+    max_batch: int = 8,
+    service: Callable[[int], float] = _service,
+) -> T:
     async def run() -> T:
         loop = asyncio.get_running_loop()
         policy = BatchPolicy(max_batch, BatchingConfig(max_queue_delay_us=DELAY_US))
-        batcher = Batcher(policy, [Sleeper("s-0", _service)], ModelStats("m", "1"), loop.time)  # type: ignore[list-item]
+        batcher = Batcher(policy, [Sleeper("s-0", service)], ModelStats("m", "1"), loop.time)  # type: ignore[list-item]
         batcher.start()
         try:
             return await main(batcher)
@@ -62,11 +69,15 @@ async def _client(batcher: Batcher, requests: int, think: float = 0.0) -> list[t
     return served
 
 
-def test_a_lone_closed_loop_client_never_waits_the_delay() -> None:
+def test_a_lone_closed_loop_client_waits_the_delay_only_to_probe() -> None:
     # Its requests come 1.1 ms apart, far within the 1 s delay: the smoothed gap between
-    # arrivals expects company, yet none can come while the client waits on its answer.
-    served = _in_virtual_time(lambda b: _client(b, 20))
-    assert served == [(1, 0.0)] * 20
+    # arrivals expects company, yet none can come while the client waits on its answer. Only
+    # the probes wait (policy.py, `Company`): the 16th request, then 32 requests later (a probe
+    # that found none doubles the interval), then 64 later.
+    served = _in_virtual_time(lambda b: _client(b, 120))
+    waited = [i for i, (_, wait) in enumerate(served) if wait]
+    assert waited == [PROBE_FIRST - 1, 3 * PROBE_FIRST - 1, 7 * PROBE_FIRST - 1]
+    assert {size for size, _ in served} == {1} and {wait for _, wait in served} == {0, 1.0}
 
 
 def test_requests_that_come_together_still_batch() -> None:
@@ -118,3 +129,32 @@ def test_requests_that_trickle_in_while_a_batch_computes_wait_for_company() -> N
     sizes = [size for size, _ in _in_virtual_time(main)]
     # The first goes alone (a fresh, idle model); the others wait for company and fill batches.
     assert sizes.count(1) == 1 and sizes.count(7) + sizes.count(8) == len(sizes) - 1
+
+
+def test_a_crowd_handed_over_one_call_at_a_time_finds_company_by_a_probe() -> None:
+    async def main(batcher: Batcher) -> list[tuple[int, float]]:
+        # Eight clients behind a frontend that hands the server one call at a time, as grpcio
+        # does: the next call only once the one before is answered, or once the loop is free
+        # again for `HAND_OVER` seconds because it waits. Each batch computes in no time (as a
+        # tiny model on the event loop does), so nothing is ever in flight as a call arrives.
+        served: list[tuple[int, float]] = []
+        waiting = 8  # clients whose next call waits to be handed over
+        running: set[asyncio.Task[tuple[int, float]]] = set()
+        while len(served) < 200:
+            if waiting:
+                waiting -= 1
+                running.add(asyncio.ensure_future(_one(batcher)))
+            done, _ = await asyncio.wait(running, timeout=HAND_OVER, return_when="FIRST_COMPLETED")
+            for task in done:
+                running.discard(task)
+                served.append(task.result())
+                waiting += 1  # its client sends again
+        return served
+
+    sizes = [size for size, _ in _in_virtual_time(main, service=lambda rows: 0.0)]
+    # Alone at first (each call arrives at an idle model after a lone batch), until the probe:
+    # it waits, the next call comes in meanwhile, and from then on the batches fill.
+    first = next(i for i, size in enumerate(sizes) if size > 1)
+    assert sizes[:first] == [1] * first and first < PROBE_FIRST
+    assert all(size > 1 for size in sizes[first:-1])
+    assert sizes.count(8) > len(sizes) // 10
