@@ -140,6 +140,7 @@ SERVING_LAYERS: list[set[str]] = [
         "instance",
         "regions",
         "request_plan",
+        "wake_timer",
     },
     {"slots", "warmup"},
     {"qos"},

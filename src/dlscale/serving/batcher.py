@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from dlscale.errors import BackendError, DlscaleError, TimedOut, Unavailable
+from dlscale.errors import DlscaleError, TimedOut, Unavailable
 from dlscale.serving import batches
-from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, split, within
+from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, outcome, within
 from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.otel import CURRENT
@@ -22,8 +21,7 @@ from dlscale.serving.policy import ArrivalGaps, BatchPolicy, Company
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.queue import RequestQueue
 from dlscale.serving.slots import Demand, InstancePool, Slot, SlotPool
-
-log = logging.getLogger(__name__)
+from dlscale.serving.wake_timer import WakeTimer
 
 
 class Batcher:
@@ -78,6 +76,7 @@ class Batcher:
         #: What the scheduler awaits while it waits: resolved by an arrival (what the policy
         #: decides by has changed) or by the oldest request's delay.
         self._wake: asyncio.Future[None] | None = None
+        self._timer: WakeTimer | None = None  # the delay's timer, once started (`start`)
         #: Batches computing now, by their id (the shutdown's cut reaches them).
         self._running: dict[int, list[Pending]] = {}
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
@@ -93,7 +92,12 @@ class Batcher:
 
     def start(self) -> None:
         """Start the scheduling task on the running loop."""
-        self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
+        loop = asyncio.get_running_loop()
+        # The queue delay in microseconds on the real clock (wake_timer.py); a simulated one
+        # (a test's) moves with the loop's own timers.
+        if self._clock is time.perf_counter and WakeTimer.available():
+            self._timer = WakeTimer(loop)
+        self._scheduler = loop.create_task(self._schedule())
 
     async def infer(
         self,
@@ -178,6 +182,8 @@ class Batcher:
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.close()
 
     @property
     def queued(self) -> int:
@@ -267,7 +273,8 @@ class Batcher:
         be missed."""
         loop = asyncio.get_running_loop()
         self._wake = wake = loop.create_future()
-        timer = None if timeout is None else loop.call_later(timeout, _resolve, wake)
+        later = self._timer or loop
+        timer = None if timeout is None else later.call_later(timeout, _resolve, wake)
         try:
             await wake
         finally:
@@ -405,7 +412,7 @@ class Batcher:
         for item in batch:  # a loop, not `sum` over a generator: once a batch
             rows += item.rows
         try:
-            parts = self._parts(slot.instance, batch, rows, outputs, error)
+            parts = outcome(slot.instance.name, batch, rows, outputs, error, self._batched)
             if parts is not None:
                 stamps = s0, s1, s2, s3 = ns(t0), ns(t1), ns(t2), ns(self._clock())
                 self.stats.record_batch(rows, s1 - s0, s2 - s1, s3 - s2)
@@ -419,30 +426,6 @@ class Batcher:
             for item in batch:
                 if item.release is not None:  # most requests hold no region
                     self._done_with(item)
-
-    def _parts(
-        self,
-        instance: Instance,
-        batch: list[Pending],
-        rows: int,
-        outputs: Tensors | Sequence[Tensors | DlscaleError] | None,
-        error: BaseException | None,
-    ) -> Sequence[Tensors | DlscaleError] | None:
-        """Each request's part of the outputs; None when the batch failed (its requests have
-        the error)."""
-        try:
-            if error is not None:
-                raise error
-            if isinstance(outputs, dict):
-                return split(outputs, batch, rows, self.policy.batched)
-            assert outputs is not None  # the requests' own results
-            return outputs
-        except DlscaleError as exc:
-            fail(batch, exc)
-        except Exception as exc:  # a backend bug must fail its batch, not the server
-            log.exception("instance %s failed a batch of %d rows", instance.name, rows)
-            fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
-        return None
 
 
 def _resolve(wake: asyncio.Future[None]) -> None:

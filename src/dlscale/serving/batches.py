@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,8 @@ import numpy as np
 from dlscale.errors import BackendError, DlscaleError
 from dlscale.serving.observe.otel import CURRENT
 from dlscale.serving.observe.stats import RequestTimes
+
+log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 
@@ -134,3 +137,28 @@ def within(rows: Sequence[int], limit: int) -> int:
 def ns(seconds: float) -> int:
     """Statistics keep nanoseconds, as Triton's do."""
     return round(seconds * 1e9)
+
+
+def outcome(
+    instance: str,
+    batch: list[Pending],
+    rows: int,
+    outputs: Tensors | Sequence[Tensors | DlscaleError] | None,
+    error: BaseException | None,
+    batched: bool,
+) -> Sequence[Tensors | DlscaleError] | None:
+    """Each request's part of a batch's outputs (`batched`: split by rows), or of the requests'
+    own results; None when the batch failed on `instance` (its requests then have the error)."""
+    try:
+        if error is not None:
+            raise error
+        if isinstance(outputs, dict):
+            return split(outputs, batch, rows, batched)
+        assert outputs is not None  # the requests' own results
+        return outputs
+    except DlscaleError as exc:
+        fail(batch, exc)
+    except Exception as exc:  # a backend bug must fail its batch, not the server
+        log.exception("instance %s failed a batch of %d rows", instance, rows)
+        fail(batch, BackendError(f"the model failed on a batch of {rows}: {exc!r}"))
+    return None
