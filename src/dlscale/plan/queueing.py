@@ -233,13 +233,15 @@ def _batches(
             close, j = start, i + at_once[waiting]
         else:
             target = above[waiting]
+            # Asked first, as the Batcher asks as each request arrives: a probe expects company.
+            alone = gaps_matter and _arrives_alone(policy, company, arrivals, free, i)
             deadline, last = policy.close_by(head), i + target - 1
             if last < n and arrivals[last] < deadline:
                 deadline = arrivals[last]
-            if gaps_matter and deadline > start:
+            if gaps_matter and deadline > start and not company.expected:
                 deadline = _stop_waiting(policy, arrivals, smoothed, scale, i, start, deadline)
             close = start if start > deadline else deadline
-            if gaps_matter and _arrives_alone(policy, company, arrivals, free, i):
+            if alone:
                 close = head  # every instance is free: the batch starts as it arrives
             j = bisect_right(arrivals, close, i, n)
             j = i + target if j > i + target else j
@@ -250,7 +252,7 @@ def _batches(
         # (counted as busy instances: only whether there are any matters).
         others = bisect_right(arrivals, close, j, n) - j
         others = others or sum(1 for f in free if f > close)
-        company.sent(j - i, others)
+        company.sent(j - i, others, close >= policy.close_by(head))
         replace(free, close + took)
         closes.append(close)
         sizes.append(j - i)

@@ -248,7 +248,8 @@ class Batcher:
             if not batch:  # every request had left meanwhile
                 slot.done()
                 continue
-            self._company.sent(len(batch), self._queued + self._computing)
+            waited_out = self._clock() >= self.policy.close_by(min(i.enqueued for i in batch))
+            self._company.sent(len(batch), self._queued + self._computing, waited_out)
             self._computing += len(batch)
             self._send(slot, batch, capped)
 
@@ -327,7 +328,8 @@ class Batcher:
         if self._sends[0] == self._changes:  # the policy sent them and none joined or left
             return chosen, rows, self._sends[1], oldest  # since: the clock never holds them back
         alone = chosen[0].alone and self._queued + self._computing == 1
-        send = self.policy.to_send(rows, oldest, now, self._gaps.smoothed, alone)
+        gap = 0.0 if self._company.expected else self._gaps.smoothed  # `Company.expected`
+        send = self.policy.to_send(rows, oldest, now, gap, alone)
         if send:
             self._sends = (self._changes, send)
         return chosen, rows, send, oldest

@@ -69,6 +69,12 @@ class Company:
     would, and each would go alone for good. So while the rule is on, every `probe_after`-th
     lone arrival waits anyway (a probe): company found turns the rule off, none found doubles
     the interval (PROBE_FIRST to PROBE_MOST).
+
+    The gap between arrivals misleads the same crowd: handed over one by one, its calls come a
+    whole request's work apart, more than the delay when each batch holds one, and less once
+    batches hold several. So a wait that found company (a batch that waited out its delay with
+    others in it) makes company `expected` whatever the gap says, until a wait finds none (a
+    batch alone after its whole delay); a probe waits whatever the gap says too.
     """
 
     #: Whether the last batch sent held the only request in flight (a fresh model: yes).
@@ -79,6 +85,14 @@ class Company:
     probe_after: int = PROBE_FIRST
     #: Whether the request that arrived last probes (its batch is the probe's outcome).
     probing: bool = False
+    #: Whether the last batch that waited out its delay had company.
+    found: bool = False
+
+    @property
+    def expected(self) -> bool:
+        """Whether company is expected within the delay whatever the gap between arrivals: the
+        last wait found it, or this request probes."""
+        return self.found or self.probing
 
     def arrives_alone(self, others: int) -> bool:
         """Whether a request arriving now, with `others` queued or computing, waits for no
@@ -93,9 +107,12 @@ class Company:
         self.probing = True
         return False
 
-    def sent(self, size: int, others: int) -> None:
-        """A batch of `size` requests went out with `others` still queued or computing."""
+    def sent(self, size: int, others: int, waited_out: bool = False) -> None:
+        """A batch of `size` requests went out with `others` still queued or computing, after
+        its oldest had waited its whole delay or not (`waited_out`)."""
         self.last_alone = size == 1 and others == 0
+        if waited_out:
+            self.found = size > 1
         if not self.last_alone:
             self.lone, self.probe_after = 0, PROBE_FIRST
         elif self.probing:

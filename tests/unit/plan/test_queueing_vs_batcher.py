@@ -192,6 +192,9 @@ CASES = {
         2,
         300.0,
     ),
+    # Arrivals ~10 ms apart against a 2 ms delay: mostly alone in flight, so the lone rule's
+    # probes (16 lone arrivals, then 32, 64...) wait whatever the gap says.
+    "probes": (BatchPolicy(8, BatchingConfig(max_queue_delay_us=2000)), 1, 100.0),
     # Past what batches of 4 can serve on one instance: the queue grows and every batch is full.
     "max batch hit": (BatchPolicy(4, BatchingConfig(max_queue_delay_us=500)), 1, 2500.0),
     "two instances": (BatchPolicy(8, BatchingConfig(max_queue_delay_us=2000)), 2, 2500.0),

@@ -6,7 +6,7 @@ import pytest
 
 from dlscale.errors import InvalidInput
 from dlscale.models.config import BatchingConfig, ModelConfig
-from dlscale.serving.policy import GAP_WEIGHT, ArrivalGaps, BatchPolicy, Company
+from dlscale.serving.policy import GAP_WEIGHT, PROBE_FIRST, ArrivalGaps, BatchPolicy, Company
 
 
 def test_waiting_for_company_follows_the_gap_between_arrivals() -> None:
@@ -76,3 +76,30 @@ def test_a_request_alone_in_flight_goes_at_once_after_a_lone_batch() -> None:
     assert company.arrives_alone(0)
     strict = BatchPolicy(8, BatchingConfig(max_queue_delay_us=500, adaptive_queue_delay=False))
     assert strict.to_send([1], oldest=0.0, now=0.0, gap=busy, alone=True) == 0  # as asked
+
+
+def test_a_wait_that_found_company_expects_it_again_whatever_the_gap() -> None:
+    policy = BatchPolicy(8, BatchingConfig(max_queue_delay_us=500))
+    far = 1e-3  # arrivals twice the delay apart: by the gap, no company is expected
+    company = Company()
+    company.sent(1, others=1)  # a batch that did not wait its delay: says nothing of waits
+    assert not company.expected
+    assert policy.to_send([1], oldest=0.0, now=0.0, gap=far) == 1
+    company.sent(3, others=0, waited_out=True)  # a wait that found company
+    gap = 0.0 if company.expected else far  # as the Batcher and the planner ask
+    assert company.expected and policy.to_send([1], oldest=0.0, now=0.0, gap=gap) == 0
+    company.sent(2, others=0)  # sent before its delay: the evidence stands
+    assert company.expected
+    company.sent(1, others=0, waited_out=True)  # a whole delay and no one came
+    assert not company.expected
+
+
+def test_a_probe_waits_for_company_whatever_the_gap() -> None:
+    company = Company()
+    company.sent(1, others=0)  # a lone batch: the lone rule is on
+    alone = [company.arrives_alone(0) for _ in range(PROBE_FIRST)]
+    assert alone == [True] * (PROBE_FIRST - 1) + [False] and company.expected
+    company.sent(1, others=0, waited_out=True)  # the probe found no one: twice as far next
+    assert not company.expected and company.probe_after == 2 * PROBE_FIRST
+    company.sent(2, others=0)  # company met: the lone rule is off, the interval back to 16
+    assert not company.arrives_alone(0) and company.probe_after == PROBE_FIRST
