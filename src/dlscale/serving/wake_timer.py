@@ -52,6 +52,7 @@ class WakeTimer:
         self._fd = -1
         self._spec = _Itimerspec()  # filled in place on every arming: no object per wait
         self._call: tuple[Callable[..., None], tuple[Any, ...]] | None = None
+        self._fallback: asyncio.TimerHandle | None = None  # the loop's, where arming failed
 
     @staticmethod
     def available() -> bool:
@@ -60,7 +61,7 @@ class WakeTimer:
 
     def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> WakeTimer:
         """Call `callback(*args)` on the loop `delay` seconds from now (at once if not after)."""
-        self._call = None
+        self.cancel()
         if delay <= 0:  # a zero time would disarm the timerfd, not fire it
             self._loop.call_soon(callback, *args)
             return self
@@ -70,18 +71,21 @@ class WakeTimer:
         if self._fd < 0:
             self._open()
         if self._fd < 0 or _LIBC.timerfd_settime(self._fd, 0, ctypes.byref(self._spec), None):
-            self._loop.call_later(delay, callback, *args)  # no timerfd: the loop's own timer
+            self._fallback = self._loop.call_later(delay, callback, *args)  # the loop's own timer
         else:
             self._call = (callback, args)
         return self
 
     def cancel(self) -> None:
-        """Forget the wait (the timer may still fire: a stale expiry then calls nothing)."""
+        """Forget the wait (the timerfd may still fire: a stale expiry then calls nothing)."""
         self._call = None
+        if self._fallback is not None:
+            self._fallback.cancel()
+            self._fallback = None
 
     def close(self) -> None:
         """Stop watching the descriptor and close it."""
-        self._call = None
+        self.cancel()
         if self._fd >= 0:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
