@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlscale.backends import Backend, BackendOptions, create_backend
+from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelVersion
 from dlscale.models.samples import inputs_for
 from dlscale.models.signature import reconcile
@@ -58,23 +59,26 @@ def time_backend(
     return Timing(batch, tuple(runs))
 
 
+def options_for(config: ModelConfig, device: str = "cpu") -> BackendOptions:
+    """What a backend of `config` on `device` is built with: its [backend_options] and tensors."""
+    opts = config.backend_options
+    return BackendOptions(
+        device=device,
+        intra_op_threads=opts.intra_op_threads,
+        inter_op_threads=opts.inter_op_threads,
+        max_batch_size=config.max_batch_size,
+        graph_optimization_level=opts.graph_optimization_level,
+        extra=dict(opts.model_extra or {}),
+        # Runtimes without a model file to read them from (null, python) serve these.
+        inputs=tuple(config.tensor_specs("inputs") or ()),
+        outputs=tuple(config.tensor_specs("outputs") or ()),
+    )
+
+
 def load_for_run(version: ModelVersion, device: str = "cpu") -> Backend:
     """Load a model version's backend as the server would (options from its config)."""
-    opts = version.config.backend_options
     backend = create_backend(
-        version.config.backend,
-        version.model_file,
-        BackendOptions(
-            device=device,
-            intra_op_threads=opts.intra_op_threads,
-            inter_op_threads=opts.inter_op_threads,
-            max_batch_size=version.config.max_batch_size,
-            graph_optimization_level=opts.graph_optimization_level,
-            extra=dict(opts.model_extra or {}),
-            # Runtimes without a model file to read them from (null, python) serve these.
-            inputs=tuple(version.config.tensor_specs("inputs") or ()),
-            outputs=tuple(version.config.tensor_specs("outputs") or ()),
-        ),
+        version.config.backend, version.model_file, options_for(version.config, device)
     )
     backend.load()
     return backend

@@ -14,8 +14,8 @@ import numpy as np
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import DlscaleError, OptimizeError
-from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
+from dlscale.models.runner import options_for
 from dlscale.models.signature import reconcile
 from dlscale.optimize.accuracy import choose_metric, compare, run_outputs
 from dlscale.optimize.data import DataSets, load_datasets
@@ -196,7 +196,7 @@ class _Search:
         kind = source.config.backend
         #: The variant that is the source as served: its trial always runs, others must beat it.
         self.source_variant = TF_SOURCE_VARIANT if kind == "tensorflow" else SOURCE_VARIANT
-        backend = self._load(source.model_file, _options_of(source.config, caps.device), kind)
+        backend = self._load(source.model_file, options_for(source.config, caps.device), kind)
         try:
             inputs, outputs = reconcile(
                 source.config, backend.inputs, backend.outputs, source.source
@@ -345,7 +345,7 @@ class _Search:
             instances=[{"count": 1, "device": self.caps.device}],
             **({} if variant.runtime == self.source.config.backend else {"platform": ""}),
         )
-        backend = self._load(built, _options_of(config, self.caps.device), variant.runtime)
+        backend = self._load(built, options_for(config, self.caps.device), variant.runtime)
         try:
             outputs = self._outputs(backend)
         finally:
@@ -395,15 +395,3 @@ class _Search:
         config = self.source.config
         batch = min(config.max_batch_size, GUARD_BATCH) if config.batched else 0
         return run_outputs(backend, self.datasets.validation, batch)
-
-
-def _options_of(config: ModelConfig, device: str) -> BackendOptions:
-    opts = config.backend_options
-    return BackendOptions(
-        device=device,
-        intra_op_threads=opts.intra_op_threads,
-        inter_op_threads=opts.inter_op_threads,
-        max_batch_size=config.max_batch_size,
-        graph_optimization_level=opts.graph_optimization_level,
-        extra=dict(opts.model_extra or {}),
-    )

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends import create_backend
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import Scenario
@@ -32,7 +32,7 @@ from dlscale.bench.session import BenchOptions, Session
 from dlscale.errors import OptimizeError
 from dlscale.models.config import ModelConfig, write_config
 from dlscale.models.repository import ModelRepository, ModelVersion
-from dlscale.models.runner import time_backend
+from dlscale.models.runner import load_for_run, options_for, time_backend
 from dlscale.models.signature import reconcile
 from dlscale.optimize.data import load_datasets
 from dlscale.optimize.staging import backend_options_of, derived_config, stage
@@ -208,8 +208,7 @@ def tune_slo(
 
 
 def _signature(version: ModelVersion) -> list[Any]:
-    backend = create_backend(version.config.backend, version.model_file, BackendOptions())
-    backend.load()
+    backend = load_for_run(version)
     try:
         inputs, _ = reconcile(version.config, backend.inputs, backend.outputs, version.path)
     finally:
@@ -241,7 +240,6 @@ def _service_times(
     version: ModelVersion, caps: DeviceCaps, validation: Arrays, seconds: float
 ) -> dict[int, dict[int, float]]:
     """t_k(b) in ms: median time of one batch of b on one backend with cores / k threads."""
-    opts = version.config.backend_options
     out: dict[int, dict[int, float]] = {}
     rows = len(next(iter(validation.values())))
     for k in instance_counts(caps):
@@ -249,13 +247,7 @@ def _service_times(
         backend = create_backend(
             version.config.backend,
             version.model_file,
-            BackendOptions(
-                device=caps.device,
-                intra_op_threads=threads,
-                max_batch_size=version.config.max_batch_size,
-                graph_optimization_level=opts.graph_optimization_level,
-                extra=dict(opts.model_extra or {}),
-            ),
+            replace(options_for(version.config, caps.device), intra_op_threads=threads),
         )
         backend.load()
         try:

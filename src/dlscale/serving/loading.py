@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.base import FailureReport
 from dlscale.errors import ConfigError
 from dlscale.models.repository import ModelVersion
+from dlscale.models.runner import options_for
 from dlscale.serving.adapters import place
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.caller import CallRoute, ServerCaller
@@ -128,17 +130,8 @@ class Loader:
         self, mv: ModelVersion, device: str, called: set[tuple[str, str]], serial: int
     ) -> BackendOptions:
         """What each backend instance of `mv` on `device` is built with."""
-        config = mv.config
-        opts = config.backend_options
-        return BackendOptions(
-            device=device,
-            intra_op_threads=opts.intra_op_threads,
-            inter_op_threads=opts.inter_op_threads,
-            max_batch_size=config.max_batch_size,
-            graph_optimization_level=opts.graph_optimization_level,
-            extra=dict(opts.model_extra or {}),
-            inputs=tuple(config.tensor_specs("inputs") or ()),
-            outputs=tuple(config.tensor_specs("outputs") or ()),
+        return replace(
+            options_for(mv.config, device),
             # Read by backends whose models call models (Capabilities.calls_models).
             caller=self._caller(called),
             report_failure=self._reporter(mv.name, serial),
