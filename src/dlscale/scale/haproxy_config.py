@@ -21,10 +21,12 @@ CHECK_INTER_MS = 250
 #: Seconds a replica's health check may take before it counts as failed (two in a row take it
 #: out of rotation). A replica that died refuses the connection, which fails the check (and a
 #: request's connection) at once; a check that is only slow comes from a replica that is alive
-#: but starved: at 2 s, 23 of 2,560 requests of an eight-fold 320-request flood on one replica
-#: met "no replica is ready to serve" beside four CPU-burning processes. Ray Serve gives its own
-#: check of the same replica 30 s (scale/deploy.py HEALTH_TIMEOUT_S).
-CHECK_TIMEOUT_S = 10.0
+#: but starved, and the router does not take it out sooner than Ray Serve would replace it (this
+#: is Ray's check timeout too, scale/deploy.py). At 2 s, 23 of 2,560 requests of an eight-fold
+#: 320-request flood on one replica met "no replica is ready to serve" beside four CPU-burning
+#: processes; at 10 s, 54 of a whole suite's flood beside two, and one check beside six burners
+#: timed out while the replica drained the flood at about 20 requests/s (docs/scale.md).
+CHECK_TIMEOUT_S = 30.0
 REST, GRPC = "rest", "grpc"
 
 
