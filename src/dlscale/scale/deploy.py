@@ -19,7 +19,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.scale.autoscale import autoscaling_config
 from dlscale.scale.connections import ConnectionRules
-from dlscale.scale.haproxy_config import CHECK_TIMEOUT_S
 from dlscale.scale.placement import Placement
 from dlscale.scale.prefix import Routing, routes_of
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
@@ -30,9 +29,8 @@ log = logging.getLogger("dlscale.scale")
 APP, DEPLOYMENT = "dlscale", "FleetReplica"
 #: Per-request access logs of Ray Serve: none pass through it, but its own stay quiet.
 QUIET = {"enable_access_log": False, "log_level": "WARNING"}
-#: Seconds between Ray Serve's health checks of a replica, and how long one may take: as long
-#: as the router's check of it, so that neither gives up on a starved replica sooner.
-HEALTH_CHECK_S, HEALTH_TIMEOUT_S = 1.0, CHECK_TIMEOUT_S
+#: Seconds between Ray Serve's health checks of a replica, and how long one may take.
+HEALTH_CHECK_S, HEALTH_TIMEOUT_S = 1.0, 30.0
 #: Seconds a stopping replica's child gets to finish its requests.
 GRACE_S = 30.0
 #: Seconds the router actor gets to start HAProxy.

@@ -12,8 +12,9 @@ session, which a consistent hash with bounded loads places (scale/prefix.py).
 
 What the router promises (docs/scale.md):
 - A replica that dies is out of rotation within a second: its first failed connection marks
-  it down at once, and its health check (its REST /v2/health/ready, every 250 ms) after two
-  failures in a row; a slow check is given 2 s, so a loaded host's replicas stay in rotation.
+  it down at once, and its health check (its REST /v2/health/ready, every second) after two
+  failures in a row; a slow check is given 10 s and a connection 10 s, so a loaded host's
+  replicas stay in rotation.
 - A request whose replica died before answering anything (the connection failed or closed
   empty) is sent again to another replica: inference is safe to repeat, and the client had
   no answer. A request that cannot be repeated (its body is larger than HAProxy's buffer, or

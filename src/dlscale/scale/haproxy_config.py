@@ -16,17 +16,23 @@ from dlscale.server_settings import DEFAULT_BALANCE_FACTOR
 
 #: The most replicas one router holds (slots of the server template, per protocol).
 SLOTS = 64
-#: Milliseconds between two health checks of a replica.
-CHECK_INTER_MS = 250
-#: Seconds a replica's health check may take before it counts as failed (two in a row take it
-#: out of rotation). A replica that died refuses the connection, which fails the check (and a
-#: request's connection) at once; a check that is only slow comes from a replica that is alive
-#: but starved, and the router does not take it out sooner than Ray Serve would replace it (this
-#: is Ray's check timeout too, scale/deploy.py). At 2 s, 23 of 2,560 requests of an eight-fold
-#: 320-request flood on one replica met "no replica is ready to serve" beside four CPU-burning
-#: processes; at 10 s, 54 of a whole suite's flood beside two, and one check beside six burners
-#: timed out while the replica drained the flood at about 20 requests/s (docs/scale.md).
-CHECK_TIMEOUT_S = 30.0
+# A replica that died refuses connections: its first refused connection takes it out of
+# rotation at once (`observe layer4`). The other failures these bound were, in every case seen,
+# a starved host's and not a dead replica's; on a host that is up the kernel makes a connection
+# at once, so a connection "timed out" is HAProxy itself not run for a while. Beside six
+# CPU-burning processes, floods of 320 requests on a one-replica Ray fleet lost the replica to
+# 40 requests' connections counted as timed out at once (at 2 s), and failed checks whose
+# connection took over 250 ms (HAProxy waits for a check's connection at most the interval
+# between checks); the slowest check that passed took 3.5 s (docs/scale.md, "Routing by work").
+#: Milliseconds between two health checks of a replica, and the most one waits to connect.
+CHECK_INTER_MS = 1000
+#: Seconds a replica's health check may take once connected before it counts as failed (two in
+#: a row take it out of rotation): a hung replica leaves within about 20 s, before Ray Serve's
+#: own check (30 s, scale/deploy.py) replaces it. At 2 s, 23 of 2,560 requests of eight floods
+#: beside four burners met "no replica is ready to serve".
+CHECK_TIMEOUT_S = 10.0
+#: Seconds a request's connection to a replica may take before it counts as failed.
+CONNECT_TIMEOUT_S = 10.0
 REST, GRPC = "rest", "grpc"
 
 
@@ -74,7 +80,7 @@ def render(
         *finish.global_lines(workdir),
         "defaults",
         "  mode http",
-        "  timeout connect 2s",
+        f"  timeout connect {CONNECT_TIMEOUT_S:g}s",
         # A replica slow to answer its check (a loaded host) is not dead: CHECK_TIMEOUT_S.
         f"  timeout check {CHECK_TIMEOUT_S:g}s",
         # Inference may be long (a generative stream, a large batch): the replica's own
