@@ -231,10 +231,6 @@ class Server:
         await self.stop()
         return 1 if self.failed and self.settings.lifecycle.exit_on_error else 0
 
-    def request_stop(self) -> None:
-        """Make serve_forever stop, as a signal would."""
-        self._stopped.set()
-
     async def stop(self) -> None:
         """Refuse new requests, give those in flight the grace, answer the rest 503 /
         UNAVAILABLE, then unload the models and close the ports."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import mlperf_loadgen as lg
@@ -88,10 +88,6 @@ class RunSettings:
     concurrency: int = 0
     seed: int = 0
     model_key: str = ""
-
-    def with_qps(self, qps: float) -> RunSettings:
-        """The same settings at another Server rate (for peak searches and sweeps)."""
-        return replace(self, target_qps=qps)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON values."""

@@ -160,9 +160,3 @@ def undeploy(router: Any) -> None:
         ray.get(router.stop.remote(), timeout=30)
     finally:
         ray.kill(router)
-
-
-def fleet_view(timeout_s: float = 30.0) -> dict[str, Any]:
-    """The running fleet's replicas and wanted models (the router actor's view)."""
-    router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
-    return dict(ray.get(router.view.remote(), timeout=timeout_s))

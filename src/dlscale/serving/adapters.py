@@ -20,7 +20,7 @@ from typing import Any
 from dlscale.backends.generative.contract import AdapterHost
 from dlscale.errors import ConfigError, DlscaleError, InvalidInput, Unavailable
 from dlscale.serving.batcher import Tensors
-from dlscale.serving.observe.stats import ModelStats, RequestTimes
+from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.pipeline import Serve
 from dlscale.serving.runners import Release, Runner, seats_of
 from dlscale.serving.seats import Seats
@@ -139,8 +139,3 @@ async def place(name: str, folder: Path, base: str, runner: Runner) -> AdapterRu
             await asyncio.to_thread(host.unload_adapter, key)
         raise
     return AdapterRunner(name, key, base, seats, placed)
-
-
-def adapter_stats(name: str, version: int) -> ModelStats:
-    """An adapter's own request statistics (its tokens count in its base's metrics)."""
-    return ModelStats(name, str(version))

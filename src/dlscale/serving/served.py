@@ -63,11 +63,6 @@ class ServedVersion:
         return self.version.config
 
     @functools.cached_property
-    def input_specs(self) -> dict[str, TensorSpec]:
-        """Its inputs by name (every request is checked against them: built once)."""
-        return {s.name: s for s in self.inputs}
-
-    @functools.cached_property
     def plan(self) -> RequestPlan:
         """What each of its requests is checked against and answered with (built once)."""
         return RequestPlan(

@@ -86,12 +86,6 @@ class OwnObjects:
 OWN = OwnObjects()
 
 
-def identity_of(fd: int) -> Identity:
-    """The identity of the object open as `fd`."""
-    info = os.fstat(fd)
-    return info.st_dev, info.st_ino
-
-
 def own(name: str) -> Identity:
     """Record object `name`, which this process made or mapped, as the server's (never a region)."""
     info = os.stat(SHM_DIR / name, follow_symlinks=False)

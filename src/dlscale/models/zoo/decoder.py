@@ -10,7 +10,6 @@ backend (docs/zoo.md, docs/generative.md).
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -153,12 +152,6 @@ class DecoderModel:
                 "context": self.max_positions,
             },
         }
-
-
-def read_hf_config(folder: Path) -> dict[str, Any]:
-    """A Hugging Face folder's config.json (what the planner and the engines read)."""
-    loaded: dict[str, Any] = json.loads((folder / "config.json").read_text())
-    return loaded
 
 
 LLAMA_TINY = DecoderModel(
