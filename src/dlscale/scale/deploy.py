@@ -102,8 +102,9 @@ def replica_options(
     env = actor.setdefault("runtime_env", {}).setdefault("env_vars", {})
     # Ray Serve starts a replica's pusher of its own figures (record_autoscaling_stats) when
     # the replica starts autoscaled, or on a later switch to autoscaling only where replicas
-    # (not handles) report: no request passes a handle here, so they must, or a replica kept
-    # from a fixed fleet would never report (seen: `--replicas 1`, then `--autoscale 1:2`).
+    # (not handles) report: no request passes a handle here, so they must. (A switch replaces
+    # the replicas now, `replica_version`; in place, `--replicas 1` then `--autoscale 1:2`
+    # never scaled without this.)
     env["RAY_SERVE_COLLECT_AUTOSCALING_METRICS_ON_HANDLE"] = "0"
     options: dict[str, Any] = {
         "name": DEPLOYMENT,
@@ -124,8 +125,14 @@ def replica_options(
 
 
 def replica_version(settings: ScaleSettings, placement: Placement) -> str:
-    """What a replica is: its server's settings and its resources (not how many there are)."""
-    what = repr((settings.server, placement))
+    """What a replica is: its server's settings, its resources and whether it is autoscaled
+    (not how many there are, nor the autoscaler's bounds).
+
+    Ray 2.60 keeps a replica that an autoscaled fleet redeployed fixed runs, and that replica's
+    pusher of its figures then fails every second (`assert self._autoscaling_config is not
+    None`, logged on every driver; ray-project/ray#62122 is the same pusher at a fixed start):
+    a switch between autoscaled and fixed replaces the replicas instead."""
+    what = repr((settings.server, placement, settings.autoscale is not None))
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 

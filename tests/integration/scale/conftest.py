@@ -83,7 +83,10 @@ def cluster() -> Iterator[RayNodes]:
         nodes.shutdown()
         raise
     try:
-        ray.init(address=nodes.address, logging_level="WARNING")
+        # The driver is this pytest worker: Ray would print its actors' logs here as they
+        # come, into whichever test runs next on the worker (a unit test that its command
+        # wrote nothing to stderr failed on a replica's lines). They stay in Ray's log folder.
+        ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False)
         yield RayNodes(nodes.address, ports)
     finally:
         _stop_fleet(ray)
