@@ -9,6 +9,7 @@ router actor running HAProxy on the ports asked) -> http / grpc (tritonclient, t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -103,10 +104,13 @@ def _stop_fleet(ray: Any) -> None:
         router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
     except ValueError:  # no fleet was deployed
         return
-    try:
+    from ray.exceptions import GetTimeoutError
+
+    # The kill frees the ports either way: a stop that a starved host kept past 30 s (seen
+    # beside two CPU burners) is not what the session's end checks.
+    with contextlib.suppress(GetTimeoutError):
         ray.get(router.stop.remote(), timeout=30)
-    finally:
-        ray.kill(router)
+    ray.kill(router)
 
 
 @pytest.fixture(scope="session")
