@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dlscale.errors import ConfigError, DlscaleError
@@ -165,5 +166,7 @@ def undeploy(router: Any) -> None:
     serve.delete(APP)
     try:
         ray.get(router.stop.remote(), timeout=30)
+    except (GetTimeoutError, RayActorError) as exc:  # killed below all the same
+        log.warning("the router did not stop in 30 s (%s): killing it", type(exc).__name__)
     finally:
         ray.kill(router)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -127,8 +128,16 @@ class HaproxyRouter:
         """Bind the ports, write the configuration and start HAProxy; returns once it answers.
 
         `bind_patience_s`: how long a port still in use is tried again (a restarted router,
-        whose predecessor's HAProxy is still closing the same ports).
+        whose predecessor's HAProxy is still closing the same ports). A start that fails
+        leaves nothing behind: no socket, no process, no folder.
         """
+        try:
+            self._start(bind_patience_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, bind_patience_s: float) -> None:
         binary = haproxy_binary()
         for proto, port in self._asked.items():
             if port is not None:
@@ -154,7 +163,6 @@ class HaproxyRouter:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._answers():
             if self._process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
                 raise DlscaleError("HAProxy did not start (see its log above)")
             time.sleep(0.02)
 
@@ -300,14 +308,45 @@ class HaproxyRouter:
 _MAX_SOCKET_PATH = 97
 
 
+_PREFIX, _OWNER = "dlscale-router-", "owner.pid"
+
+
 def _workdir() -> Path:
     """HAProxy's folder, in TMPDIR; under /tmp when TMPDIR is so deep that the runtime socket's
-    path would pass HAProxy's limit (it would refuse to start)."""
-    made = Path(tempfile.mkdtemp(prefix="dlscale-router-"))
-    if len(str(made / "admin.sock")) <= _MAX_SOCKET_PATH:
-        return made
-    made.rmdir()
-    return Path(tempfile.mkdtemp(prefix="dlscale-router-", dir="/tmp"))
+    path would pass HAProxy's limit (it would refuse to start). It names the process that owns
+    it, and the folders of owners that are gone are removed first."""
+    made = Path(tempfile.mkdtemp(prefix=_PREFIX))
+    if len(str(made / "admin.sock")) > _MAX_SOCKET_PATH:
+        made.rmdir()
+        made = Path(tempfile.mkdtemp(prefix=_PREFIX, dir="/tmp"))
+    (made / _OWNER).write_text(str(os.getpid()))
+    _remove_orphans(made.parent)
+    return made
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Remove this user's router folders whose owner died without `stop` (a router actor that
+    Ray killed, a SIGKILL): nothing else would, and each run of such a fleet left one behind.
+    A folder that names no owner yet (being made) or a live one is left alone."""
+    for folder in parent.glob(f"{_PREFIX}*"):
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+            owner = int((folder / _OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if not _alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _is_refusal(line: str) -> bool:

@@ -9,7 +9,6 @@ router actor running HAProxy on the ports asked) -> http / grpc (tritonclient, t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -97,20 +96,16 @@ def cluster() -> Iterator[RayNodes]:
 
 
 def _stop_fleet(ray: Any) -> None:
-    """Stop the detached router actor (its HAProxy holds the test's ports)."""
+    """Delete the replicas and stop the detached router actor (its HAProxy holds the test's
+    ports), as `dlscale serve --ray` does when it ends."""
+    from dlscale.scale.deploy import undeploy
     from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
 
     try:
         router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
     except ValueError:  # no fleet was deployed
         return
-    from ray.exceptions import GetTimeoutError
-
-    # The kill frees the ports either way: a stop that a starved host kept past 30 s (seen
-    # beside two CPU burners) is not what the session's end checks.
-    with contextlib.suppress(GetTimeoutError):
-        ray.get(router.stop.remote(), timeout=30)
-    ray.kill(router)
+    undeploy(router)
 
 
 @pytest.fixture(scope="session")

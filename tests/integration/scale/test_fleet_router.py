@@ -171,8 +171,10 @@ def test_a_router_restarted_on_its_ports_waits_for_them_only_when_told() -> None
     held.bind((HOST, 0))
     held.listen()
     port = held.getsockname()[1]
+    refused = HaproxyRouter(HOST, port, None)
     with pytest.raises(DlscaleError, match="cannot listen"):
-        HaproxyRouter(HOST, port, None).start()  # a first start: in use is an error at once
+        refused.start()  # a first start: in use is an error at once
+    assert not refused.workdir.exists()  # a failed start leaves no folder
     threading.Timer(0.5, held.close).start()
     router = HaproxyRouter(HOST, port, None)
     router.start(bind_patience_s=30.0)
