@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,20 +31,26 @@ def _folder(parent: Path, name: str, owner: int | None) -> Path:
     return folder
 
 
-def test_a_new_router_removes_the_folders_of_routers_that_died(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    orphan = _folder(tmp_path, "orphan", _dead_pid())
-    live = _folder(tmp_path, "live", os.getpid())
-    being_made = _folder(tmp_path, "new", None)
-    other = tmp_path / "someone-else"
+@pytest.fixture
+def short_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """TMPDIR as a short folder: under a worker's deep tmp_path the router would move to /tmp
+    (HAProxy's 97-byte socket path), away from the folders this test made."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        monkeypatch.setattr(tempfile, "tempdir", folder)
+        yield Path(folder)
+
+
+def test_a_new_router_removes_the_folders_of_routers_that_died(short_tmp: Path) -> None:
+    orphan = _folder(short_tmp, "orphan", _dead_pid())
+    live = _folder(short_tmp, "live", os.getpid())
+    being_made = _folder(short_tmp, "new", None)
+    other = short_tmp / "someone-else"
     other.mkdir()
     (other / "owner.pid").write_text(str(_dead_pid()))
 
     router = HaproxyRouter("127.0.0.1", 0, None)
     try:
-        assert router.workdir.parent == tmp_path
+        assert router.workdir.parent == short_tmp
         assert (router.workdir / "owner.pid").read_text() == str(os.getpid())
         assert not orphan.exists()
         assert live.exists() and being_made.exists() and other.exists()
