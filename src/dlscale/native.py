@@ -16,16 +16,24 @@ every server) runs gRPC's fork handlers, which restart its poller thread in the 
 then closes its inherited descriptors before exec, the epoll descriptor among them, and the
 poller aborts the child (SIGABRT, "epoll_wait error: Bad file descriptor"), now and then, on a
 busy machine: a fleet's router once failed to start that way in CI.
+
+Folders of ended processes: a process killed (SIGKILL, a container stopped, a Ray actor killed)
+cannot remove the folders it made in the temporary directory, so each folder is named by its
+process's id (`process_folder`) and the next process that makes one of the same kind removes
+those of processes that have ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: prctl(2)'s PR_SET_PDEATHSIG.
@@ -58,3 +66,21 @@ def die_with_parent() -> None:
     ends (Linux)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def process_folder(prefix: str, parent: str | None = None) -> Path:
+    """A new folder `{prefix}{pid}-...` for this process's files in `parent` (the temporary
+    directory by default), after removing this user's folders of that kind there whose process
+    has ended."""
+    where = Path(parent or tempfile.gettempdir())
+    for folder in where.glob(f"{prefix}*-*"):
+        pid = folder.name.removeprefix(prefix).partition("-")[0]
+        try:
+            if not pid.isdigit() or folder.lstat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # raises when no such process: its folder is left over
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # another user's process, or the folder went meanwhile
+            continue
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -21,6 +19,7 @@ import onnxruntime as ort
 
 from dlscale.backends.base import BackendOptions, Capabilities
 from dlscale.errors import BackendError, ConfigError, InvalidInput
+from dlscale.native import process_folder
 from dlscale.types import Datatype, TensorSpec
 from dlscale.wire.tensors import as_bytes, as_text
 
@@ -176,8 +175,7 @@ class OptimizedGraphs:
 
     def _made_folder(self) -> Path:
         if self._folder is None:
-            _sweep_folders_of_ended_processes()
-            self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+            self._folder = process_folder(FOLDER_PREFIX)
             weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
         return self._folder
 
@@ -198,23 +196,8 @@ class OptimizedGraphs:
                 held -= size
 
 
-#: The kept graphs' folder in the temporary directory, named by its process's id.
+#: The kept graphs' folder in the temporary directory (dlscale.native.process_folder).
 FOLDER_PREFIX = "dlscale-ort-"
-
-
-def _sweep_folders_of_ended_processes() -> None:
-    """Remove this user's graph folders whose process has ended. A process removes its own at
-    exit, but one killed (SIGKILL, a container stopped) cannot: each left megabytes in /tmp."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
-        pid = folder.name.removeprefix(FOLDER_PREFIX).partition("-")[0]
-        try:
-            if not pid.isdigit() or folder.lstat().st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)  # raises when no such process: its folder is left over
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:  # another user's process, or the folder went meanwhile
-            continue
 
 
 #: The process's optimized graphs (a graph is the runtime's, the same for every server in it).

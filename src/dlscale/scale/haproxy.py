@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +41,7 @@ from pathlib import Path
 
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
-from dlscale.native import spawn_dying_with_parent
+from dlscale.native import process_folder, spawn_dying_with_parent
 from dlscale.scale import finish, prefix
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.haproxy_config import (
@@ -308,45 +306,18 @@ class HaproxyRouter:
 _MAX_SOCKET_PATH = 97
 
 
-_PREFIX, _OWNER = "dlscale-router-", "owner.pid"
+#: The router's folder in the temporary directory (dlscale.native.process_folder).
+FOLDER_PREFIX = "dlscale-router-"
 
 
 def _workdir() -> Path:
     """HAProxy's folder, in TMPDIR; under /tmp when TMPDIR is so deep that the runtime socket's
-    path would pass HAProxy's limit (it would refuse to start). It names the process that owns
-    it, and the folders of owners that are gone are removed first."""
-    made = Path(tempfile.mkdtemp(prefix=_PREFIX))
-    if len(str(made / "admin.sock")) > _MAX_SOCKET_PATH:
-        made.rmdir()
-        made = Path(tempfile.mkdtemp(prefix=_PREFIX, dir="/tmp"))
-    (made / _OWNER).write_text(str(os.getpid()))
-    _remove_orphans(made.parent)
-    return made
-
-
-def _remove_orphans(parent: Path) -> None:
-    """Remove this user's router folders whose owner died without `stop` (a router actor that
-    Ray killed, a SIGKILL): nothing else would, and each run of such a fleet left one behind.
-    A folder that names no owner yet (being made) or a live one is left alone."""
-    for folder in parent.glob(f"{_PREFIX}*"):
-        try:
-            if folder.stat().st_uid != os.getuid():
-                continue
-            owner = int((folder / _OWNER).read_text())
-        except (OSError, ValueError):
-            continue
-        if not _alive(owner):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    path would pass HAProxy's limit (it would refuse to start)."""
+    made = process_folder(FOLDER_PREFIX)
+    if len(str(made / "admin.sock")) <= _MAX_SOCKET_PATH:
+        return made
+    made.rmdir()
+    return process_folder(FOLDER_PREFIX, "/tmp")
 
 
 def _is_refusal(line: str) -> bool:

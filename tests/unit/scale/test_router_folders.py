@@ -1,5 +1,6 @@
 """The router's folders: one left by a router that died without stopping (a router actor Ray
-killed, a SIGKILL) is removed by the next router; a live router's, or one being made, is not."""
+killed, a SIGKILL) is removed by the next router; a live process's, or one not named by a
+process, is not (dlscale.native.process_folder)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.scale.haproxy import HaproxyRouter
+from dlscale.scale.haproxy import FOLDER_PREFIX, HaproxyRouter
 
 
 def _dead_pid() -> int:
@@ -22,12 +23,10 @@ def _dead_pid() -> int:
     return child.pid
 
 
-def _folder(parent: Path, name: str, owner: int | None) -> Path:
-    folder = parent / f"dlscale-router-{name}"
+def _folder(parent: Path, owner: int | str) -> Path:
+    folder = parent / f"{FOLDER_PREFIX}{owner}-x"
     folder.mkdir()
     (folder / "haproxy.cfg").write_text("global\n")
-    if owner is not None:
-        (folder / "owner.pid").write_text(str(owner))
     return folder
 
 
@@ -41,19 +40,18 @@ def short_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_a_new_router_removes_the_folders_of_routers_that_died(short_tmp: Path) -> None:
-    orphan = _folder(short_tmp, "orphan", _dead_pid())
-    live = _folder(short_tmp, "live", os.getpid())
-    being_made = _folder(short_tmp, "new", None)
-    other = short_tmp / "someone-else"
+    orphan = _folder(short_tmp, _dead_pid())
+    live = _folder(short_tmp, os.getpid())
+    unnamed = _folder(short_tmp, "abc")
+    other = short_tmp / f"dlscale-ort-{_dead_pid()}-x"  # another kind's: its maker sweeps it
     other.mkdir()
-    (other / "owner.pid").write_text(str(_dead_pid()))
 
     router = HaproxyRouter("127.0.0.1", 0, None)
     try:
         assert router.workdir.parent == short_tmp
-        assert (router.workdir / "owner.pid").read_text() == str(os.getpid())
+        assert router.workdir.name.startswith(f"{FOLDER_PREFIX}{os.getpid()}-")
         assert not orphan.exists()
-        assert live.exists() and being_made.exists() and other.exists()
+        assert live.exists() and unnamed.exists() and other.exists()
     finally:
         router.stop()
     assert not router.workdir.exists()
