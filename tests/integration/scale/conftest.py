@@ -44,6 +44,8 @@ SLEEPER_DELAY_US = 20_000
 #: a replica start in well under a minute on 2 quiet cores, and the ingress design once took over
 #: 240 s with two CPU-burning processes beside the suite. These are nets, not claims.
 DEPLOY_TIMEOUT_S, TEST_TIMEOUT_S = 600, 900
+#: Tries at starting the two nodes (`_start_nodes`).
+CLUSTER_STARTS = 2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,19 +71,7 @@ def cluster() -> Iterator[RayNodes]:
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    ports = (free_port(), free_port())
-    head = {
-        "num_cpus": 2,
-        "include_dashboard": False,
-        "metrics_export_port": ports[0],
-        "_system_config": {"metrics_report_interval_ms": 1000},
-    }
-    nodes = Cluster(initialize_head=True, head_node_args=head)
-    try:
-        nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
-    except BaseException:
-        nodes.shutdown()
-        raise
+    nodes, ports = _start_nodes(Cluster)
     try:
         # The driver is this pytest worker: Ray would print its actors' logs here as they
         # come, into whichever test runs next on the worker (a unit test that its command
@@ -93,6 +83,39 @@ def cluster() -> Iterator[RayNodes]:
         serve.shutdown()
         ray.shutdown()
         nodes.shutdown()
+
+
+def _start_nodes(cluster_type: Any) -> tuple[Any, tuple[int, int]]:
+    """A head and a worker node, and their metrics ports. Ray gives a starting node's raylet a
+    fixed 30 s to register (`raylet_start_wait_time_s` in ray/_private/node.py, no setting);
+    beside two CPU burners on a fresh 2-core host the worker node's raylet once wrote no line
+    of its log in that time. Such a start is tried again from scratch, saying so."""
+    for attempt in range(1, CLUSTER_STARTS):
+        try:
+            return _two_nodes(cluster_type)
+        except Exception as error:
+            if "timed out during startup" not in str(error):
+                raise
+            print(f"Ray cluster start {attempt} failed, starting again: {error}", file=sys.stderr)
+    return _two_nodes(cluster_type)
+
+
+def _two_nodes(cluster_type: Any) -> tuple[Any, tuple[int, int]]:
+    """One start of the head and the worker node; a failed one leaves no node running."""
+    ports = (free_port(), free_port())
+    nodes = cluster_type()
+    try:
+        nodes.add_node(
+            num_cpus=2,
+            include_dashboard=False,
+            metrics_export_port=ports[0],
+            _system_config={"metrics_report_interval_ms": 1000},
+        )
+        nodes.add_node(num_cpus=2, metrics_export_port=ports[1])
+    except BaseException:
+        nodes.shutdown()
+        raise
+    return nodes, ports
 
 
 def _stop_fleet(ray: Any) -> None:
