@@ -86,16 +86,18 @@ def cluster() -> Iterator[RayNodes]:
 
 
 def _start_nodes(cluster_type: Any) -> tuple[Any, tuple[int, int]]:
-    """A head and a worker node, and their metrics ports. Ray gives a starting node's raylet a
-    fixed 30 s to register (`raylet_start_wait_time_s` in ray/_private/node.py, no setting);
-    beside two CPU burners on a fresh 2-core host the worker node's raylet once wrote no line
-    of its log in that time. Such a start is tried again from scratch, saying so."""
+    """A head and a worker node, and their metrics ports. Ray gives each process of a starting
+    node a fixed time to show itself: 30 s for a raylet to register (`raylet_start_wait_time_s`
+    in ray/_private/node.py, no setting), 30 s for the GCS to write its port. Beside two CPU
+    burners on a fresh 2-core host, a minute into the suite, one of them twice wrote not a line
+    of its log in that time (a worker node's raylet, then a head's GCS server; on the quiet
+    host both nodes start in 4 s, and 25 starts in a row beside the burners and three
+    processes importing torch each took 9-16 s). A failed start is tried once more from scratch,
+    saying why."""
     for attempt in range(1, CLUSTER_STARTS):
         try:
             return _two_nodes(cluster_type)
         except Exception as error:
-            if "timed out during startup" not in str(error):
-                raise
             print(f"Ray cluster start {attempt} failed, starting again: {error}", file=sys.stderr)
     return _two_nodes(cluster_type)
 
