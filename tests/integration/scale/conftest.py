@@ -89,11 +89,10 @@ def _start_nodes(cluster_type: Any) -> tuple[Any, tuple[int, int]]:
     """A head and a worker node, and their metrics ports. Ray gives each process of a starting
     node a fixed time to show itself: 30 s for a raylet to register (`raylet_start_wait_time_s`
     in ray/_private/node.py, no setting), 30 s for the GCS to write its port. Beside two CPU
-    burners on a fresh 2-core host, a minute into the suite, one of them twice wrote not a line
-    of its log in that time (a worker node's raylet, then a head's GCS server; on the quiet
-    host both nodes start in 4 s, and 25 starts in a row beside the burners and three
-    processes importing torch each took 9-16 s). A failed start is tried once more from scratch,
-    saying why."""
+    burners on a fresh 2-core host, a minute into the suite, a worker node's raylet once and a
+    head's GCS server once wrote not a line of their logs in that time. On the quiet host both
+    nodes start in 4 s; 25 starts in a row beside the burners and three processes importing
+    torch took 9-16 s each. A failed start is tried once more from scratch, saying why."""
     for attempt in range(1, CLUSTER_STARTS):
         try:
             return _two_nodes(cluster_type)
@@ -103,7 +102,9 @@ def _start_nodes(cluster_type: Any) -> tuple[Any, tuple[int, int]]:
 
 
 def _two_nodes(cluster_type: Any) -> tuple[Any, tuple[int, int]]:
-    """One start of the head and the worker node; a failed one leaves no node running."""
+    """One start of the head and the worker node. A failed one shuts down the nodes that
+    started; the processes of a node whose own start failed end with this process (Ray's
+    exit handler)."""
     ports = (free_port(), free_port())
     nodes = cluster_type()
     try:
