@@ -36,13 +36,14 @@ class CudaImages:
     def __init__(self, device: str, settings: ImageOptions, geometry: Geometry) -> None:
         try:
             import torch
-            import torchvision.io  # noqa: F401  (nvJPEG lives there)
+            from torchvision.io import ImageReadMode, decode_jpeg  # nvJPEG lives there
         except ModuleNotFoundError as exc:
             raise ConfigError(
                 f"the image step on {device} needs {exc.name}: pip install 'dlscale[torch]' "
                 "torchvision"
             ) from None
         self.device = torch.device(device)
+        self._decode_jpeg, self._rgb = decode_jpeg, ImageReadMode.RGB
         self.settings = settings
         self.geometry = geometry
         gain, offset = normalization(settings, 3)
@@ -118,21 +119,21 @@ class CudaImages:
         self, jpegs: dict[int, bytes], errors: list[DlscaleError | None]
     ) -> dict[int, torch.Tensor]:
         import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
 
+        decode_jpeg, mode = self._decode_jpeg, self._rgb
         if not jpegs:
             return {}
         order = list(jpegs)
         data = [torch.frombuffer(bytearray(jpegs[i]), dtype=torch.uint8) for i in order]
         try:
-            decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            decoded = decode_jpeg(data, mode=mode, device=self.device)
             return {i: self._resize_and_crop(t) for i, t in zip(order, decoded, strict=True)}
         except RuntimeError:
             pass  # one bad file fails nvJPEG's whole batch: find it, one file at a time
         out = {}
         for i, tensor in zip(order, data, strict=True):
             try:
-                image = decode_jpeg(tensor, mode=ImageReadMode.RGB, device=self.device)
+                image = decode_jpeg(tensor, mode=mode, device=self.device)
                 out[i] = self._resize_and_crop(image)
             except RuntimeError:
                 # What nvJPEG does not take (CMYK, some progressive files) libjpeg-turbo may:
