@@ -95,6 +95,19 @@ class RunSettings:
         out["scenario"] = self.scenario.loadgen_name
         return out
 
+    def minimums_s(self) -> float:
+        """How long the minimums take when the system keeps up: the duration, or the minimum
+        query count at the offered rate (Server) or one query after another (Single- and
+        MultiStream), whichever is longer. A net under it would end every run INVALID (a
+        Server run at 4.7 queries/s needs 109 s for 512 queries)."""
+        if self.scenario is Scenario.SERVER and self.target_qps:
+            pace = 1 / self.target_qps
+        elif self.scenario in (Scenario.SINGLESTREAM, Scenario.MULTISTREAM):
+            pace = self.expected_latency_s or 0.0
+        else:  # Offline: one query
+            pace = 0.0
+        return max(self.duration_s, self.min_query_count * pace)
+
     def to_loadgen(self, sample_count: int) -> Any:
         """The `mlperf_loadgen.TestSettings` for this run."""
         s = lg.TestSettings()
@@ -106,7 +119,8 @@ class RunSettings:
             s.min_duration_ms = int(self.duration_s * 1000)
             s.min_query_count = self.min_query_count
             # A safety net only: LoadGen stops at the minimums when the system keeps up.
-            s.max_duration_ms = int(max(self.duration_s * 4, self.duration_s + 30) * 1000)
+            needed = self.minimums_s()
+            s.max_duration_ms = int(max(self.duration_s * 4, needed + 30) * 1000)
         s.mode = lg.TestMode.AccuracyOnly if self.accuracy else lg.TestMode.PerformanceOnly
         bound_ns = int(self.latency_bound_s * 1e9)
         s.server_target_latency_ns = bound_ns

@@ -51,6 +51,25 @@ def test_short_runs_set_duration_counts_and_rate() -> None:
     assert t.mode == lg.TestMode.PerformanceOnly
 
 
+@pytest.mark.parametrize(
+    ("settings", "minimums_s"),
+    [
+        # The demo's Server run on resnet50 with two cores: 512 queries at 4.7/s.
+        (RunSettings(Scenario.SERVER, duration_s=5, min_query_count=512, target_qps=4.7), 108.9),
+        (RunSettings(Scenario.SERVER, duration_s=5, min_query_count=512, target_qps=1e4), 5.0),
+        (RunSettings(Scenario.SINGLESTREAM, 5, 64, expected_latency_s=0.5), 32.0),
+        (RunSettings(Scenario.OFFLINE, duration_s=5, min_query_count=1), 5.0),
+    ],
+)
+def test_the_safety_net_leaves_time_for_the_minimums(
+    settings: RunSettings, minimums_s: float
+) -> None:
+    # A run that keeps up stops at its minimums; the net must not end it before them.
+    assert settings.minimums_s() == pytest.approx(minimums_s, abs=0.1)
+    net_s = settings.to_loadgen(sample_count=8).max_duration_ms / 1000
+    assert net_s >= minimums_s + 30 and net_s >= 4 * settings.duration_s
+
+
 def test_official_runs_take_mlperf_minimums() -> None:
     s = RunSettings(Scenario.OFFLINE, official=True, model_key="resnet50", accuracy=True)
     t = s.to_loadgen(sample_count=32)
