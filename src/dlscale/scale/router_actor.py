@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -93,7 +94,7 @@ class FleetRouter:
             where = Control(LOOPBACK, *self._servers.control_ports)
             self.haproxy = HaproxyRouter(self.host, *asked, where, self._routing, self._rules)
             # Restarted by Ray: the HAProxy of the router that died may still hold the ports.
-            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+            restarted = was_restarted()
             self.haproxy.start(bind_patience_s=ROUTER_START_S if restarted else 0.0)
             self.registry = Registry(self.haproxy)
         except BaseException as exc:  # said to __init__, which raises it
@@ -262,3 +263,11 @@ class _Servers:
     async def _metrics(self, request: Request) -> Response:
         page = await fleet_metrics(self.router.registry.replicas())
         return Response(page, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def was_restarted() -> bool:
+    """Whether Ray restarted this actor. Ray 2.60's own property reads its deprecated
+    `actor_id`, which printed a RayDeprecationWarning into every `dlscale serve --ray`'s log."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -251,3 +251,26 @@ def test_more_models_than_cpus_fit_the_cluster_they_are_given(
     fixed = settings_from(parse([*argv, "--address", "x"]))
     with pytest.raises(ConfigError, match="6 CPUs asked, 4 in the cluster"):
         fit_to_cluster(fixed, [f"m{i}" for i in range(10)])
+
+
+def test_the_router_asks_ray_whether_it_was_restarted_without_a_warning(
+    cluster: RayNodes,
+) -> None:
+    # Ray 2.60's `was_current_actor_reconstructed` reads its own deprecated `actor_id`: the
+    # warning went into every `dlscale serve --ray`'s log. In this actor warnings are errors.
+    @ray.remote(num_cpus=0)
+    class Asker:
+        def ask(self) -> bool:
+            import warnings
+
+            from dlscale.scale.router_actor import was_restarted
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                return was_restarted()
+
+    asker = Asker.remote()  # type: ignore[attr-defined]
+    try:
+        assert ray.get(asker.ask.remote(), timeout=120) is False
+    finally:
+        ray.kill(asker)
