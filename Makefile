@@ -131,7 +131,7 @@ gpu-wheels:
 # The default suite under coverage, subprocesses (dlscale serve, the CLI verbs) included.
 coverage: $(VENV)/.dev-installed
 	$(VENV)/bin/coverage erase
-	$(VENV)/bin/coverage run -m pytest -q; status=$$?; \
+	$(VENV)/bin/coverage run -m pytest -q -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
 	$(VENV)/bin/coverage combine -q && $(VENV)/bin/coverage report; exit $$status
 
 bench: $(VENV)/.dev-installed
