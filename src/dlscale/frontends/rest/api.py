@@ -7,38 +7,27 @@ are decoded and encoded by the wire codec (`dlscale.wire.rest`), answers rendere
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
-from dlscale.errors import (
-    DlscaleError,
-    InvalidInput,
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    redact_paths,
-)
+from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Asked, Plane
-from dlscale.frontends.rest import render, shared_memory
+from dlscale.frontends.rest import shared_memory
+from dlscale.frontends.rest.control_routes import ControlRoutes
 from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
-from dlscale.frontends.rest.documents import (
-    header_length,
-    json_object,
-    length_header,
-    load_request,
-)
+from dlscale.frontends.rest.documents import decoded_body, header_length, length_header
 from dlscale.frontends.rest.generate import GenerateApi
 from dlscale.frontends.rest.openai.routes import OpenAIApi
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
 from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.frontends.rest.tfserving import TfServingApi
-from dlscale.serving.metrics.exposition import CONTENT_TYPE as METRICS_TYPE
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.wire.rest import (
@@ -53,8 +42,6 @@ log = logging.getLogger("dlscale.http")
 JSON = "application/json"
 OCTET = "application/octet-stream"
 
-
-_EMPTY_OK = RestResponse(200, [])
 #: Paths whose route is remembered: clients repeat a few; a flood of distinct ones only
 #: refills the cache, which holds routes that exist and never more than this many.
 _ROUTE_CACHE_SIZE = 1024
@@ -78,7 +65,10 @@ class RestApi:
         #: Whether any API group needs a key or a header (fixed at start): none, no check.
         self._guarded = bool(self.access)
         self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
+        self.control = ControlRoutes(self.dataplane, self.shared_memory)
         self.generate = GenerateApi(dataplane, self.limits)
+        #: The body with its Content-Encoding undone (the OpenAI and TF Serving routes' too).
+        self._decoded = functools.partial(decoded_body, max_bytes=self.max_body_bytes)
         self._routes: dict[str, _Route] = {}
         self.openai = OpenAIApi(dataplane, self.access, self._decoded)
         self.tfserving = TfServingApi(
@@ -213,7 +203,9 @@ class RestApi:
         if found is None:
             handler, args, allowed = self._resolve(path)
             # /metrics shows what the statistics extension shows: it is guarded as that.
-            group = "statistics" if handler == self._metrics else rest_group(_parts(path)[1:])
+            group = (
+                "statistics" if handler == self.control.metrics else rest_group(_parts(path)[1:])
+            )
             found = (handler, args, allowed, group)
             if handler is not None:
                 if len(self._routes) >= _ROUTE_CACHE_SIZE:
@@ -224,32 +216,32 @@ class RestApi:
     def _resolve(self, path: str) -> tuple[_Handler | None, list[str], str]:
         parts = _parts(path)
         if parts == ["metrics"]:  # vLLM's API port serves its metrics here
-            return self._metrics, [], "GET"
+            return self.control.metrics, [], "GET"
         if not parts or parts[0] != "v2":
             return None, [], ""
         rest = parts[1:]
         match rest:
             case []:
-                return self._server_metadata, [], "GET"
+                return self.control.server_metadata, [], "GET"
             case ["health", "live"]:
-                return self._live, [], "GET"
+                return self.control.live, [], "GET"
             case ["health", "ready"]:
-                return self._ready, [], "GET"
+                return self.control.ready, [], "GET"
             case ["logging"]:
-                return self._logging, [], "GET, POST"
+                return self.control.logging, [], "GET, POST"
             case ["trace", "setting"]:
-                return self._trace, [""], "GET, POST"
+                return self.control.trace, [""], "GET, POST"
             case ["models", "stats"]:
-                return self._stats, ["", ""], "GET"
+                return self.control.stats, ["", ""], "GET"
             case ["repository", "index"]:
-                return self._index, [], "POST"
+                return self.control.index, [], "POST"
             case ["repository", "models", model, "load"]:
-                return self._load, [model], "POST"
+                return self.control.load, [model], "POST"
             case ["repository", "models", model, "unload"]:
-                return self._unload, [model], "POST"
+                return self.control.unload, [model], "POST"
             case [prefix, *tail] if prefix in shared_memory.PREFIXES:
                 found = shared_memory.route(prefix, tail)
-                return (self._shm, *found) if found else (None, [], "")
+                return (self.control.shm, *found) if found else (None, [], "")
             case ["models", model, *tail]:
                 version = ""
                 if tail[:1] == ["versions"] and len(tail) >= 2:
@@ -263,9 +255,9 @@ class RestApi:
         args = [model, version]
         match tail:
             case []:
-                return self._model_metadata, args, "GET"
+                return self.control.model_metadata, args, "GET"
             case ["ready"]:
-                return self._model_ready, args, "GET"
+                return self.control.model_ready, args, "GET"
             case ["infer"]:
                 return self._infer, args, "POST"
             case ["generate"]:
@@ -273,87 +265,12 @@ class RestApi:
             case ["generate_stream"]:
                 return self.generate.generate_stream, args, "POST"
             case ["stats"]:
-                return self._stats, args, "GET"
+                return self.control.stats, args, "GET"
             case ["config"]:
-                return self._config, args, "GET"
+                return self.control.config, args, "GET"
             case ["trace", "setting"] if not version:
-                return self._trace, [model], "GET, POST"
+                return self.control.trace, [model], "GET, POST"
         return None, [], ""
-
-    def _decoded(self, headers: Mapping[str, str], body: Buffer) -> Buffer:
-        """The body with any Content-Encoding undone, held to max_body_bytes once inflated."""
-        encoding = headers.get("content-encoding")
-        if encoding is None:  # most requests
-            return body
-        encoding = encoding.strip().lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding not in ("gzip", "deflate"):
-            raise UnsupportedMediaType(
-                f"Content-Encoding {encoding!r}: expected gzip, deflate or none"
-            )
-        inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-        try:
-            out = inflater.decompress(body, self.max_body_bytes + 1)
-        except zlib.error as exc:
-            raise InvalidInput(f"the {encoding} body cannot be decompressed: {exc}") from None
-        if len(out) > self.max_body_bytes:
-            raise PayloadTooLarge(
-                f"the decompressed body exceeds the limit of {self.max_body_bytes} bytes"
-            )
-        return out
-
-    # -- health and metadata -----------------------------------------------------------------------
-
-    async def _live(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return (
-            _EMPTY_OK
-            if await self.dataplane.live()
-            else error_response(503, "the server is not live")
-        )
-
-    async def _metrics(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return RestResponse(200, [await self.dataplane.metrics_text()], METRICS_TYPE)
-
-    async def _ready(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        if await self.dataplane.ready():
-            return _EMPTY_OK
-        why = await self.dataplane.not_ready_reason()
-        return error_response(503, f"the server is not ready: {why or 'it is starting'}")
-
-    async def _server_metadata(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return json_response(render.server_metadata(await self.dataplane.server_metadata()))
-
-    async def _model_metadata(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return json_response(render.model_metadata(await self.dataplane.model_metadata(*args)))
-
-    async def _model_ready(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        if await self.dataplane.model_ready(*args):
-            return _EMPTY_OK
-        # Not ready is an answer, not a failed request (pollers ask often: nothing is logged).
-        # The metadata call raises the error that says why (unknown, loading, ...).
-        try:
-            await self.dataplane.model_metadata(*args)
-        except DlscaleError as exc:
-            return error_response(exc.http_status, str(exc))
-        return error_response(503, f"model {args[0]!r} is not ready")
-
-    async def _config(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return json_response(render.model_config(await self.dataplane.model_config(*args)))
 
     # -- inference ---------------------------------------------------------------------------------
 
@@ -379,61 +296,6 @@ class RestApi:
         if encoded.header_length is None:
             return RestResponse(200, encoded.parts)
         return RestResponse(200, encoded.parts, OCTET, length_header(encoded.header_length))
-
-    # -- shared memory (the routes of frontends/rest/shared_memory.py) -----------------------------
-
-    async def _shm(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
-        kind, name, action = args
-        # A worker's registry is the owner's, behind a blocking channel: off the event loop.
-        remote = self.dataplane.remote
-        doc = await off_loop(remote, self.shared_memory.handle, kind, name, action, body)
-        return _EMPTY_OK if doc is None else json_response(doc)
-
-    # -- repository and statistics -----------------------------------------------------------------
-
-    async def _index(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        doc = json_object(body, "repository index")
-        ready = doc.get("ready", False)
-        if not isinstance(ready, bool):
-            raise InvalidInput(
-                f"field 'ready' of the index request must be true or false, got {ready!r}"
-            )
-        return json_response(render.repository_index(await self.dataplane.repository_index(ready)))
-
-    async def _load(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        large = len(body) > 2**18  # a load with files: JSON and base64 decoded in a thread
-        await self.dataplane.load_model(args[0], await off_loop(large, load_request, body))
-        return _EMPTY_OK
-
-    async def _unload(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        json_object(body, "unload")  # parameters (unload_dependents) have no meaning here
-        await self.dataplane.unload_model(args[0])
-        return _EMPTY_OK
-
-    async def _stats(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return json_response(render.statistics(await self.dataplane.statistics(*args)))
-
-    # -- trace and log settings -----------------------------------------------------------------
-
-    async def _trace(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        changes = json_object(body, "trace setting")
-        return json_response(await self.dataplane.trace_settings(args[0], changes))
-
-    async def _logging(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        changes = json_object(body, "log setting")
-        return json_response(await self.dataplane.log_settings(changes))
 
 
 async def _ready(response: RestResponse) -> RestResponse:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from dlscale.errors import InvalidInput
+from dlscale.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from dlscale.wire.rest import ANY_JSON, decode_json
 from dlscale.wire.tensors import Buffer
 
@@ -73,3 +74,23 @@ def json_object(body: Buffer, what: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidInput(f"the {what} request must be a JSON object")
     return doc
+
+
+def decoded_body(headers: Mapping[str, str], body: Buffer, max_bytes: int) -> Buffer:
+    """The body with any Content-Encoding undone, held to `max_bytes` once inflated."""
+    encoding = headers.get("content-encoding")
+    if encoding is None:  # most requests
+        return body
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r}: expected gzip, deflate or none")
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"the {encoding} body cannot be decompressed: {exc}") from None
+    if len(out) > max_bytes:
+        raise PayloadTooLarge(f"the decompressed body exceeds the limit of {max_bytes} bytes")
+    return out
