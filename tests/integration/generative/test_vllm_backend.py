@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from dlscale.backends.generative.contract import (  # noqa: E402
     join,
 )
 from dlscale.backends.generative.vllm import VllmBackend  # noqa: E402
-from dlscale.errors import ConfigError, InvalidInput  # noqa: E402
+from dlscale.errors import InvalidInput  # noqa: E402
 from dlscale.models.zoo.decoder import LLAMA_TINY  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
@@ -193,44 +192,6 @@ async def test_the_engine_reports_its_scheduler_state(backend: VllmBackend) -> N
     stats = backend.engine_stats()
     assert (stats.running, stats.waiting, stats.kv_cache_usage) == (0, 0, 0.0)
     assert backend.capabilities.streams_answers and backend.capabilities.generates_text
-
-
-def test_an_engine_argument_vllm_lacks_is_a_config_error(folder: Path, tmp_path: Path) -> None:
-    version = tmp_path / "m" / "1"
-    version.mkdir(parents=True)
-    shutil.copytree(folder, tmp_path / "m" / "weights")
-    (version / "model.json").write_text(json.dumps({"model": "../weights", "no_such_arg": 1}))
-    with pytest.raises(ConfigError, match="no_such_arg"):
-        VllmBackend(version / "model.json", BackendOptions()).load()
-
-
-def test_a_gpu_instance_on_the_cpu_build_is_refused_with_the_reason(folder: Path) -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        pytest.skip("vLLM's GPU build serves cuda instances")
-    with pytest.raises(ConfigError, match="CPU build"):
-        VllmBackend(folder / "config.json", BackendOptions(device="cuda:0")).load()
-
-
-def test_the_typed_settings_map_to_vllms_sampling_params() -> None:
-    from dlscale.backends.generative.vllm import sampling_params
-    from dlscale.sampling import Guide, Sampling
-
-    typed = Sampling(
-        max_tokens=9,
-        top_k=3,
-        min_tokens=2,
-        repetition_penalty=1.3,
-        logprobs=4,
-        guide=Guide("json_schema", '{"type": "object"}'),
-    )
-    params = sampling_params(typed)
-    assert (params.max_tokens, params.top_k, params.min_tokens) == (9, 3, 2)
-    assert (params.repetition_penalty, params.logprobs) == (1.3, 4)
-    guided = getattr(params, "structured_outputs", None) or params.guided_decoding
-    assert guided.json == {"type": "object"}
-    assert sampling_params(Sampling()).top_k in (0, -1)  # every token, in vLLM's words
 
 
 async def test_logprobs_come_in_the_contracts_shape(backend: VllmBackend) -> None:
