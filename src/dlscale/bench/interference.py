@@ -34,7 +34,7 @@ from dlscale.bench.tenants import (
 )
 from dlscale.errors import BenchError
 from dlscale.hardware.detect import detect
-from dlscale.models.config import QosConfig
+from dlscale.models.config_sections import QosConfig
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.qos.gate import DeviceGates
 

@@ -19,7 +19,8 @@ from typing import Self
 
 from dlscale.errors import BenchError, DlscaleError
 from dlscale.hardware.detect import HostInfo, MigInstance
-from dlscale.models.config import InstanceConfig, QosConfig, write_config
+from dlscale.models.config import InstanceConfig, write_config
+from dlscale.models.config_sections import QosConfig
 from dlscale.models.repository import ModelRepository
 
 #: What `dlscale serve` logs once its REST frontend listens (server.py).

@@ -21,7 +21,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from dlscale.errors import PlanError
-from dlscale.models.config import BatchingConfig
+from dlscale.models.config_sections import BatchingConfig
 from dlscale.serving.policy import ArrivalGaps, BatchPolicy, Company
 
 #: Seconds one device takes for a batch of the given size, running alone.

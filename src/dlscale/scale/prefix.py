@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlscale.errors import DlscaleError
-from dlscale.models.config import PREFIX_LENGTHS, RoutingConfig
+from dlscale.models.config_sections import PREFIX_LENGTHS, RoutingConfig
 from dlscale.models.repository import ModelRepository
 from dlscale.models.sources import read_source
 from dlscale.scale.weights import MAX_WEIGHT

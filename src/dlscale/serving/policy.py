@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from dlscale.errors import InvalidInput
-from dlscale.models.config import BatchingConfig, ModelConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import BatchingConfig
 
 #: Weight of the newest gap in the smoothed gap between arrivals: enough to follow a change of
 #: rate within a few arrivals, little enough that one odd gap does not flip the decision.

@@ -22,7 +22,8 @@ from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.python import PythonBackend
 from dlscale.backends.python.loader import UserCodeError, api_of
 from dlscale.errors import BackendError, ConfigError, InvalidInput
-from dlscale.models.config import BatchingConfig, ModelConfig, load_config
+from dlscale.models.config import ModelConfig, load_config
+from dlscale.models.config_sections import BatchingConfig
 from dlscale.models.repository import ModelRepository
 from dlscale.models.runner import load_for_run
 from dlscale.models.triton_config import load_pbtxt

@@ -12,7 +12,8 @@ from dlscale.bench.interference import Phase
 from dlscale.bench.interference_report import summarize
 from dlscale.bench.tenants import TenantServer, TenantSpec, mig_pair, scratch_repository
 from dlscale.hardware.detect import detect
-from dlscale.models.config import QosConfig, load_config
+from dlscale.models.config import load_config
+from dlscale.models.config_sections import QosConfig
 
 
 def test_the_scratch_repository_sets_qos_and_device_and_links_versions(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dlscale.models.config import BatchingConfig
+from dlscale.models.config_sections import BatchingConfig
 from dlscale.plan.queueing import BatchingServer, replay
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Then

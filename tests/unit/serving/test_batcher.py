@@ -12,7 +12,7 @@ import pytest
 
 from dlscale.backends import BackendOptions, Capabilities
 from dlscale.errors import BackendError, InvalidInput, QueueFull, TimedOut, Unavailable
-from dlscale.models.config import BatchingConfig
+from dlscale.models.config_sections import BatchingConfig
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats

@@ -15,7 +15,8 @@ import pytest
 from tests.unit.plan.test_queueing_vs_batcher import VirtualClockLoop, start_by_infer
 
 from dlscale.errors import TooManyRequests
-from dlscale.models.config import ModelConfig, QosConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import QosConfig
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.instance import Then
 from dlscale.serving.observe.stats import ModelStats

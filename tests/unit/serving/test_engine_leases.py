@@ -12,7 +12,8 @@ import asyncio
 
 from tests.unit.serving.test_device_gate import ROW, _in_virtual_time, _model
 
-from dlscale.models.config import ModelConfig, QosConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import QosConfig
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.leases import EngineLease
 from dlscale.serving.qos.slots import TenantQos

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 from tests.unit.serving.test_device_gate import ROW, Device, _in_virtual_time, _model
 
-from dlscale.models.config import ModelConfig, QosConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import QosConfig
 from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.scheduler import Tenant
 from dlscale.serving.qos.slots import TenantQos

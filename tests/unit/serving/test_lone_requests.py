@@ -14,7 +14,7 @@ from typing import TypeVar
 import numpy as np
 from tests.unit.plan.test_queueing_vs_batcher import Sleeper, VirtualClockLoop
 
-from dlscale.models.config import BatchingConfig
+from dlscale.models.config_sections import BatchingConfig
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import PROBE_FIRST, BatchPolicy

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dlscale.errors import InvalidInput
-from dlscale.models.config import BatchingConfig, ModelConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import BatchingConfig
 from dlscale.serving.policy import GAP_WEIGHT, PROBE_FIRST, ArrivalGaps, BatchPolicy, Company
 
 

@@ -11,7 +11,8 @@ import pytest
 from dlscale.backends.base import BackendOptions
 from dlscale.backends.null import NullBackend
 from dlscale.errors import ConfigError, QueueFull, TimedOut, TooManyRequests
-from dlscale.models.config import BatchingConfig, ModelConfig, QosConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import BatchingConfig, QosConfig
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.stats import ModelStats, RequestTimes
 from dlscale.serving.policy import BatchPolicy

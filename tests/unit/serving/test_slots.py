@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 from tests.unit.serving.test_device_gate import ROW, Device, _in_virtual_time, neighbor_time
 
-from dlscale.models.config import ModelConfig, QosConfig
+from dlscale.models.config import ModelConfig
+from dlscale.models.config_sections import QosConfig
 from dlscale.serving.batcher import Batcher
 from dlscale.serving.observe.stats import ModelStats
 from dlscale.serving.policy import BatchPolicy

@@ -11,7 +11,7 @@ import collections
 import math
 
 from dlscale.errors import TooManyRequests
-from dlscale.models.config import QosConfig
+from dlscale.models.config_sections import QosConfig
 
 #: The `limit` label of refused requests (metrics) for each limit.
 RATE_LIMIT = "rate_limit"
