@@ -105,8 +105,9 @@ def _imports(body: list[ast.stmt], top: bool, optional: bool) -> Iterator[tuple[
             if isinstance(inner, list):
                 guarded = optional or (field == "body" and _optional(node))
                 yield from _imports(inner, top and not lazy, guarded)
-        for handler in getattr(node, "handlers", ()):
-            yield from _imports(handler.body, top, optional)
+        # An except clause's body, and a match statement's cases, sit one level further down.
+        for clause in (*getattr(node, "handlers", ()), *getattr(node, "cases", ())):
+            yield from _imports(clause.body, top and not lazy, optional)
 
 
 def _third_party() -> Iterator[Found]:
@@ -151,13 +152,19 @@ def test_the_rule_sees_what_broke_the_demo() -> None:
     core, extras = _declared()
     code = "\n".join(
         ["import httpx", "def later():", "    import torch", "try:", "    import triton",
-         "except ImportError:", "    pass"]
+         "except ImportError:", "    import numpy", "match 1:", "    case 1:", "        import ray"]
     )  # fmt: skip
     found = {
         package: (top, optional)
         for package, top, optional in _imports(ast.parse(code).body, True, False)
     }
-    assert found == {"httpx": (True, False), "torch": (False, False), "triton": (True, True)}
+    assert found == {
+        "httpx": (True, False),
+        "torch": (False, False),
+        "triton": (True, True),
+        "numpy": (True, False),  # the fallback itself must be there
+        "ray": (True, False),
+    }
     assert not _distributions("torch") & core and _distributions("torch") & extras["torch"]
     assert not _owners("bench/fleet_load.py") and _owners("scale/fleet.py") == {"ray"}
 
