@@ -116,8 +116,13 @@ def autoscaled(deployed: Deployed, ray_repo: Path) -> Iterator[Deployed]:
         deployed.settings, autoscale=(1, 2), scale_down_delay_s=DOWN_DELAY_S
     )
     deploy_fleet(scaled)
+    # The switch to --autoscale replaces the running replica (a new version): on a loaded host
+    # the fleet's view showed none in rotation just after the deploy returned. The test starts
+    # from one replica, once there is one.
+    settled = dataclasses.replace(deployed, settings=scaled)
     try:
-        yield dataclasses.replace(deployed, settings=scaled)
+        _until(lambda: _in_rotation(settled) == 1, "one replica in rotation after the switch")
+        yield settled
     finally:
         try:
             deploy_fleet(deployed.settings)
