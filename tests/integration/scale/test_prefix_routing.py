@@ -35,7 +35,8 @@ from tests.toolkit.waiting import process_gone, until
 
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.prefix import HASHED, SESSION_HEADER, Routing, routes_of
+from dlscale.scale.haproxy_config import REST as REST_BACKEND
+from dlscale.scale.prefix import GRPC_HASHED, HASHED, SESSION_HEADER, Routing, routes_of
 from dlscale.server import ServerSettings
 from dlscale.wire.generative import signature_toml
 
@@ -128,11 +129,40 @@ def answered(response: httpx.Response) -> None:
     assert response.json()["choices"][0]["message"]["content"]
 
 
+def haproxy_rows(router: HaproxyRouter, backend: str) -> list[dict[str, str]]:
+    """HAProxy's own statistics (`show stat`) of `backend`: its servers and its BACKEND row."""
+    rows = router.command("show stat").splitlines()
+    header = rows[0].lstrip("# ").split(",")
+    fields = [dict(zip(header, row.split(","), strict=False)) for row in rows[1:]]
+    return [f for f in fields if f.get("pxname") == backend]
+
+
+def server_stats(fleet: Fleet, backend: str, column: str) -> list[int]:
+    """One column of HAProxy's statistics for each replica of `backend` (r0, r1, ...)."""
+    return [
+        int(f[column] or 0) for f in haproxy_rows(fleet.router, backend) if f["svname"][0] == "r"
+    ]
+
+
+def settled(fleet: Fleet) -> None:
+    """Wait until HAProxy holds no request of a hashed backend in flight. Its bounded-load hash
+    counts requests in flight, and with one in flight (150% of it rounds up to 3 slots, split 1
+    and 2 between two equal weights) the first replica is full: the previous request's stream,
+    if HAProxy had not yet closed it when its answer arrived, sends the next one to the other
+    replica. Six gRPC calls of one session split 5 and 1 once on a loaded host (84cdadc)."""
+    until(
+        lambda: (
+            sum(server_stats(fleet, HASHED, "scur") + server_stats(fleet, GRPC_HASHED, "scur")) == 0
+        )
+    )
+
+
 def tenant_spread(fleet: Fleet, model: str, tenant: str, count: int = 4) -> list[int]:
     """Where `count` turns of one tenant went, one after another."""
 
     def send() -> None:
         for turn in range(count):
+            settled(fleet)
             answered(chat(fleet.url, model, tenant, turn=f"turn {turn}"))
 
     return fleet.where(model, send)
@@ -155,6 +185,7 @@ def test_a_model_that_keeps_least_work_spreads_one_tenant(fleet: Fleet) -> None:
 def test_oip_generate_of_a_routed_model_stays_on_one_replica(fleet: Fleet) -> None:
     def send() -> None:
         for turn in range(4):
+            settled(fleet)
             body = {"text_input": system("oip") + f" turn {turn}", "parameters": {"max_tokens": 2}}
             answer = httpx.post(f"{fleet.url}/v2/models/{ROUTED}/generate", json=body, timeout=120)
             assert answer.status_code == 200, answer.text
@@ -166,6 +197,7 @@ def test_oip_generate_of_a_routed_model_stays_on_one_replica(fleet: Fleet) -> No
 def test_a_session_pins_requests_whatever_their_prompts(fleet: Fleet, how: str) -> None:
     def send() -> None:
         for turn in range(6):
+            settled(fleet)
             tenant = f"{how}-{turn}"  # a new prompt each time: only the session is shared
             if how == "user":
                 answered(chat(fleet.url, ROUTED, tenant, user="alice"))
@@ -176,20 +208,24 @@ def test_a_session_pins_requests_whatever_their_prompts(fleet: Fleet, how: str) 
 
 
 def grpc_generate(fleet: Fleet, model: str, session: str | None) -> None:
-    """One colours answer over gRPC through the router, with `session` as its metadata."""
-    client = tritonclient.grpc.InferenceServerClient(f"{HOST}:{fleet.router.ports['grpc']}")
-    prompt = tritonclient.grpc.InferInput("text_input", [1], "BYTES")
-    prompt.set_data_from_numpy(np.array([b"red green"], dtype=object))
-    headers = {SESSION_HEADER: session} if session is not None else None
-    answer = client.infer(model, [prompt], headers=headers, client_timeout=120)
+    """One colours answer over gRPC through the router, with `session` as its metadata, sent
+    once the router is `settled`."""
+    settled(fleet)
+    with tritonclient.grpc.InferenceServerClient(f"{HOST}:{fleet.router.ports['grpc']}") as client:
+        prompt = tritonclient.grpc.InferInput("text_input", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([b"red green"], dtype=object))
+        headers = {SESSION_HEADER: session} if session is not None else None
+        answer = client.infer(model, [prompt], headers=headers, client_timeout=120)
     assert answer.as_numpy("text_output") is not None
 
 
 def test_a_grpc_session_pins_its_calls_and_sessions_spread(fleet: Fleet) -> None:
     """gRPC's model is in its protobuf body, which HAProxy does not read: a call carrying a
     session is hashed by it, whatever its model (here one that keeps least work over REST)."""
+    downs = server_stats(fleet, REST_BACKEND, "chkdown")
     pinned = fleet.where(PLAIN, lambda: [grpc_generate(fleet, PLAIN, "g-7") for _ in range(6)])
-    assert sorted(pinned) == [0, 6], pinned
+    # A replica whose health check failed meanwhile (a starved host) leaves the ring: say so.
+    assert sorted(pinned) == [0, 6], (pinned, downs, server_stats(fleet, REST_BACKEND, "chkdown"))
     homes = set()
     for session in "abcdefgh":
         spread = fleet.where(PLAIN, functools.partial(grpc_generate, fleet, PLAIN, f"g-{session}"))
@@ -309,14 +345,10 @@ def test_with_no_replica_up_a_hashed_request_gets_the_retryable_503() -> None:
 
 
 def _backend_requests(router: HaproxyRouter, backend: str) -> int:
-    """Requests a backend took, from HAProxy's own statistics (`show stat`)."""
-    rows = router.command("show stat").splitlines()
-    header = rows[0].lstrip("# ").split(",")
-    for row in rows[1:]:
-        fields = dict(zip(header, row.split(","), strict=False))
-        if fields.get("pxname") == backend and fields.get("svname") == "BACKEND":
-            return int(fields["stot"])
-    raise AssertionError(f"no backend {backend} in HAProxy's statistics")
+    """Requests a backend took, from HAProxy's own statistics."""
+    totals = [int(f["stot"]) for f in haproxy_rows(router, backend) if f["svname"] == "BACKEND"]
+    assert totals, f"no backend {backend} in HAProxy's statistics"
+    return totals[0]
 
 
 def test_a_polling_fleet_follows_a_routed_model_added_to_the_repository(
