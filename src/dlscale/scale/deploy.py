@@ -8,6 +8,7 @@ proxies are turned off (no request goes through Ray).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from typing import Any
@@ -22,6 +23,7 @@ from dlscale.scale.autoscale import autoscaling_config
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.placement import Placement
 from dlscale.scale.prefix import Routing, routes_of
+from dlscale.scale.registry import HAND_OVER_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
 from dlscale.scale.settings import ScaleSettings
 
@@ -112,7 +114,8 @@ def replica_options(
         "ray_actor_options": actor,
         "health_check_period_s": HEALTH_CHECK_S,
         "health_check_timeout_s": HEALTH_TIMEOUT_S,
-        "graceful_shutdown_timeout_s": GRACE_S + 10.0,
+        # A last replica may first wait for its successor (HAND_OVER_S), then drain its child.
+        "graceful_shutdown_timeout_s": HAND_OVER_S + GRACE_S + 10.0,
         "logging_config": QUIET,
     }
     if settings.autoscale is not None:
@@ -163,6 +166,9 @@ def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float
 
 def undeploy(router: Any) -> None:
     """Delete the replicas (they finish their requests), then stop the router."""
+    # The last replica waits for no successor (a router that did not hear it: HAND_OVER_S).
+    with contextlib.suppress(GetTimeoutError, RayActorError):
+        ray.get(router.closing.remote(), timeout=30)
     serve.delete(APP)
     try:
         ray.get(router.stop.remote(), timeout=30)

@@ -27,7 +27,7 @@ from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.connections import behind_router
 from dlscale.scale.control import Entry
 from dlscale.scale.figures_reader import FiguresReader
-from dlscale.scale.registry import HEARTBEAT_S
+from dlscale.scale.registry import HAND_OVER_S, HEARTBEAT_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
 
 log = logging.getLogger("dlscale.scale")
@@ -146,6 +146,23 @@ class FleetReplica:
         await asyncio.to_thread(self.child.stop)
         self._stopping.set()
 
+    async def _hand_over(self) -> None:
+        """While this is the only replica in rotation and the fleet is not being deleted, keep
+        serving until a successor is in rotation, for at most HAND_OVER_S (a router that does
+        not answer lets it go at once)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HAND_OVER_S
+        while loop.time() < deadline:
+            try:
+                if not await self._call("holds", self.key):
+                    return
+            except Exception:  # the router restarting: leave as before
+                return
+            await asyncio.sleep(HEARTBEAT_S)
+        log.warning(
+            "replica %s: no successor in rotation after %.0f s, leaving", self.key, HAND_OVER_S
+        )
+
     async def drain(self) -> None:
         """Leave the router before the child stops. The router actor runs calls concurrently,
         so a heartbeat still on its way could be heard after `leave` and put this replica back
@@ -153,6 +170,7 @@ class FleetReplica:
         beat = getattr(self, "_beat", None)  # None when the constructor failed before it
         if beat is None:
             return
+        await self._hand_over()
         self._leaving.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(beat, ROUTER_CALL_S + HEARTBEAT_S)

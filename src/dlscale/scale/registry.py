@@ -28,6 +28,9 @@ log = logging.getLogger("dlscale.scale")
 
 #: Seconds between two heartbeats of a replica.
 HEARTBEAT_S = 0.5
+#: The most seconds a stopping replica, the only one in rotation, keeps serving while Ray starts
+#: its successor (scale/fleet.py `_hand_over`): a replica's start took 2-7 s on a 2-core host.
+HAND_OVER_S = 20.0
 #: Seconds without a heartbeat after which a replica HAProxy does not see UP is taken out of
 #: rotation (ten beats: a busy event loop may delay a few; HAProxy's own check takes a dead
 #: server out sooner, and it is forgotten here).
@@ -138,6 +141,12 @@ class Registry:
         """A copy of the joined replicas."""
         with self._lock:
             return [Replica(**vars(r)) for r in self._replicas.values()]
+
+    def in_rotation(self) -> set[str]:
+        """The replicas HAProxy routes to: ready, and UP by its own checks."""
+        with self._lock:
+            states = self.router.states()
+            return {k for k, r in self._replicas.items() if r.ready and states.get(k, "") == "UP"}
 
     def view(self) -> list[dict[str, object]]:
         """Each joined replica and HAProxy's word on it (UP, DOWN, MAINT...)."""

@@ -97,10 +97,18 @@ class Clients:
             thread.join()
 
 
+@dataclasses.dataclass
+class Switched:
+    """The fleet once switched to `--autoscale`, and what clients saw during the switch."""
+
+    deployed: Deployed
+    outcomes: list[str]
+
+
 @pytest.fixture(scope="module")
-def autoscaled(deployed: Deployed, ray_repo: Path) -> Iterator[Deployed]:
+def switched(deployed: Deployed, ray_repo: Path) -> Iterator[Switched]:
     """The paced model loaded on the fleet, and the fleet redeployed with `--autoscale 1:2`
-    (the running replica kept); after, the model unloaded and the fleet fixed at one again."""
+    while two clients send; after, the model unloaded and the fleet fixed at one again."""
     from dlscale.scale.commands import deploy_fleet
 
     config = (
@@ -115,14 +123,14 @@ def autoscaled(deployed: Deployed, ray_repo: Path) -> Iterator[Deployed]:
     scaled = dataclasses.replace(
         deployed.settings, autoscale=(1, 2), scale_down_delay_s=DOWN_DELAY_S
     )
-    deploy_fleet(scaled)
-    # The switch to --autoscale replaces the running replica (a new version): on a loaded host
-    # the fleet's view showed none in rotation just after the deploy returned. The test starts
-    # from one replica, once there is one.
     settled = dataclasses.replace(deployed, settings=scaled)
     try:
-        _until(lambda: _in_rotation(settled) == 1, "one replica in rotation after the switch")
-        yield settled
+        # The switch replaces the running replica (a new version, scale/deploy.py): the old one
+        # keeps serving until its successor is in rotation.
+        with Clients(deployed, 2, pause_s=0.05) as during:
+            deploy_fleet(scaled)
+            _until(lambda: _in_rotation(settled) == 1, "one replica in rotation after the switch")
+        yield Switched(settled, during.outcomes)
     finally:
         try:
             deploy_fleet(deployed.settings)
@@ -130,6 +138,20 @@ def autoscaled(deployed: Deployed, ray_repo: Path) -> Iterator[Deployed]:
             client.unload_model(MODEL)
         finally:
             shutil.rmtree(folder)
+
+
+@pytest.fixture(scope="module")
+def autoscaled(switched: Switched) -> Deployed:
+    return switched.deployed
+
+
+def test_a_switch_to_autoscale_loses_no_request(switched: Switched) -> None:
+    """A one-replica fleet switched to --autoscale: Ray stops the old replica while the new one
+    starts, and without the hand-over clients got 503 "no replica is ready to serve" (196 of
+    4,383 requests, 2.6 s, by hand with `dlscale serve --ray --detach`)."""
+    assert switched.outcomes and set(switched.outcomes) == {"ok"}, [
+        o for o in switched.outcomes if o != "ok"
+    ][:5]
 
 
 def test_the_fleet_scales_up_under_load_and_down_after_it_losing_no_request(
