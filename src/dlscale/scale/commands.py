@@ -81,7 +81,15 @@ def models_to_deploy(settings: ScaleSettings) -> list[str]:
 def connect(settings: ScaleSettings) -> None:
     """Join the cluster at `address`, or start one in this process (ended with it)."""
     if settings.address is not None:
-        ray.init(address=settings.address, logging_level=logging.WARNING)
+        try:
+            ray.init(address=settings.address, logging_level=logging.WARNING)
+        except ConnectionError as exc:
+            # Ray's reason (a token missing, a refused connection) ends its cause's text, which
+            # holds a traceback of its own: the user gets that last line, not two tracebacks.
+            said = str(exc.__cause__ or exc).strip().splitlines()
+            raise ConfigError(
+                f"cannot join the Ray cluster at {settings.address}: {said[-1] if said else exc}"
+            ) from None
         return
     # "local": a cluster of this command's own. Without an address ray.init joins the cluster
     # that `ray start` last recorded on this host (or RAY_ADDRESS), which is another's to run.
