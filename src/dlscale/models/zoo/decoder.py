@@ -10,16 +10,12 @@ backend (docs/zoo.md, docs/generative.md).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from dlscale.models.zoo import decoder_tokenizer
-from dlscale.models.zoo.model import WEIGHT_SEED
+from dlscale.models.zoo.model import WEIGHT_SEED, build_in_place
 
 #: The tokenizer's corpus seed (its own, so that the weights' seed can change alone).
 TOKENIZER_SEED = 7
@@ -69,17 +65,12 @@ class DecoderModel:
         zoo's common argument; a decoder takes any length up to its context.
         """
         del seq_len
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / self.name
-        with tempfile.TemporaryDirectory(prefix=f".{self.name}-", dir=root) as tmp:
-            staging = Path(tmp) / self.name
-            (staging / "1").mkdir(parents=True)
-            self.write_hf(staging / "1")
-            (staging / "config.toml").write_text(tomli_w.dumps(self.config()))
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
-        return final
+
+        def write(version: Path) -> dict[str, Any]:
+            self.write_hf(version)
+            return self.config()
+
+        return build_in_place(root, self.name, write)
 
     def write_hf(self, folder: Path) -> Path:
         """The Hugging Face files alone into `folder` (created); returns it."""

@@ -11,15 +11,12 @@ whose config.toml names its base (docs/zoo.md, docs/generative.md "LoRA adapters
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from dlscale.models.zoo.decoder import DECODERS, DecoderModel
+from dlscale.models.zoo.model import build_in_place
 
 #: The modules the zoo's adapters adapt (PEFT's usual choice for Llama).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -43,16 +40,12 @@ class ZooAdapter:
 
         Its base is not built here: build it (or have it) in the same repository."""
         del seq_len
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / self.name
-        with tempfile.TemporaryDirectory(prefix=f".{self.name}-", dir=root) as tmp:
-            staging = Path(tmp) / self.name
-            self.write_peft(staging / "1")
-            (staging / "config.toml").write_text(tomli_w.dumps(self.config()))
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
-        return final
+
+        def write(version: Path) -> dict[str, Any]:
+            self.write_peft(version)
+            return self.config()
+
+        return build_in_place(root, self.name, write)
 
     def config(self) -> dict[str, Any]:
         """config.toml: an adapter of its base model."""

@@ -75,22 +75,10 @@ class ZooModel:
         return self._make()[0]
 
     def build(self, root: Path, seq_len: int = 128) -> Path:
-        """Write `root/<name>/` (config.toml, 1/model.onnx, calibration and validation sets).
-
-        The folder is assembled beside its final place and moved in at the end, so a reader
-        never sees a half-written model; an existing folder of that name is replaced.
-        """
+        """Write `root/<name>/` (config.toml, 1/model.onnx, calibration and validation sets),
+        with `build_in_place`."""
         self._check_seq_len(seq_len)
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / self.name
-        with tempfile.TemporaryDirectory(prefix=f".{self.name}-", dir=root) as tmp:
-            staging = Path(tmp) / self.name
-            (staging / "1").mkdir(parents=True)
-            self._write(staging, seq_len)
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
-        return final
+        return build_in_place(root, self.name, lambda version: self._write(version, seq_len))
 
     def _check_seq_len(self, seq_len: int) -> None:
         if self.seq_lens is not None and not self.seq_lens[0] <= seq_len <= self.seq_lens[1]:
@@ -117,7 +105,7 @@ class ZooModel:
         )
         return calibration, validation
 
-    def _write(self, folder: Path, seq_len: int) -> None:
+    def _write(self, version: Path, seq_len: int) -> dict[str, Any]:
         from dlscale.models.zoo.export import add_metadata, export_onnx, save_npz, save_onnx
 
         module, extra = self._make()
@@ -138,11 +126,10 @@ class ZooModel:
             metadata["top1"] = round(_top1(proto, validation), 4)
             metadata["held_out"] = len(validation["labels"])
         add_metadata(proto, {f"dlscale.{k}": str(v) for k, v in metadata.items()})
-        save_onnx(proto, folder / "1" / "model.onnx")
-        save_npz(folder / "1" / "calibration.npz", calibration)
-        save_npz(folder / "1" / "validation.npz", validation)
-        config = self.config(seq_len, metadata)
-        (folder / "config.toml").write_text(tomli_w.dumps(config))
+        save_onnx(proto, version / "model.onnx")
+        save_npz(version / "calibration.npz", calibration)
+        save_npz(version / "validation.npz", validation)
+        return self.config(seq_len, metadata)
 
     def config(self, seq_len: int, metadata: dict[str, MetadataValue]) -> dict[str, Any]:
         """The config.toml contents for this model (the lead's parser validates them)."""
@@ -157,6 +144,27 @@ class ZooModel:
             "instances": [{"count": 1, "device": "cpu"}],
             "metadata": metadata,
         }
+
+
+def build_in_place(root: Path, name: str, write: Callable[[Path], dict[str, Any]]) -> Path:
+    """Write `root/<name>/`: `write` fills the version folder `1/` and returns config.toml's
+    contents; returns the folder.
+
+    The folder is assembled beside its final place and moved in at the end, so a reader (a
+    server polling the repository) never sees a half-written model; an existing folder of that
+    name is replaced.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / name
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:
+        staging = Path(tmp) / name
+        (staging / "1").mkdir(parents=True)
+        config = write(staging / "1")
+        (staging / "config.toml").write_text(tomli_w.dumps(config))
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    return final
 
 
 def _top1(proto: onnx.ModelProto, validation: Arrays) -> float:

@@ -7,16 +7,12 @@ TensorFlow itself: `tf_nets` does, when a model is built.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from dlscale.models.zoo.images import IMAGE_CLASSES
-from dlscale.models.zoo.model import MAX_QUEUE_DELAY_US, WEIGHT_SEED
+from dlscale.models.zoo.model import MAX_QUEUE_DELAY_US, WEIGHT_SEED, build_in_place
 from dlscale.types import Datatype, TensorSpec
 
 NETS = "dlscale.models.zoo.tf_nets"
@@ -49,17 +45,12 @@ class TFZooModel:
         """Write `root/<name>/` (config.toml, 1/<file>), assembled beside it and moved in at
         the end as the other zoo models are; `seq_len` is the zoo's common argument, unused."""
         del seq_len
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / self.name
-        with tempfile.TemporaryDirectory(prefix=f".{self.name}-", dir=root) as tmp:
-            staging = Path(tmp) / self.name
-            (staging / "1").mkdir(parents=True)
-            self._save(self.keras_model(), staging / "1" / self.file)
-            (staging / "config.toml").write_text(tomli_w.dumps(self.config()))
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
-        return final
+
+        def write(version: Path) -> dict[str, Any]:
+            self._save(self.keras_model(), version / self.file)
+            return self.config()
+
+        return build_in_place(root, self.name, write)
 
     def _save(self, model: Any, path: Path) -> None:
         if self.file == "model.keras":
