@@ -50,42 +50,45 @@ def request_settings(sampling: Sampling, rows: RowState) -> dict[str, Any]:
     }
 
 
-def _floats(values: list[float]) -> torch.Tensor:
-    # The engine stores every argument as int32; floats travel bit-cast (as its own warpers do).
-    return torch.tensor(values, dtype=torch.float32).view(dtype=torch.int32)
+class _FloatSetting(ContinuousBatchingLogitsProcessor):
+    """A processor whose argument is one float per row, read from each request's settings."""
 
-
-class _Temperature(ContinuousBatchingLogitsProcessor):
-    supported_kwargs: dict[str, type] = {TEMPERATURE: float}  # noqa: RUF012  (the base's shape)
     ignored_kwargs: tuple[str, ...] = ()
+    #: The value of a row no request fills.
+    default = 1.0
+
+    def value(self, settings: dict[str, Any]) -> float:
+        """The row's value for a request's `add_request` extras."""
+        raise NotImplementedError
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.copy_(torch.ones_like(int32_tensor, dtype=torch.float32).view(torch.int32))
+        defaults = torch.full_like(int32_tensor, self.default, dtype=torch.float32)
+        int32_tensor.copy_(defaults.view(torch.int32))
 
     def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        values = [self.value(r.state.logit_processor_kwargs) for r in requests_with_new_token]
+        # The engine stores every argument as int32; floats travel bit-cast (as its own
+        # warpers do).
+        return torch.tensor(values, dtype=torch.float32).view(dtype=torch.int32)
+
+
+class _Temperature(_FloatSetting):
+    supported_kwargs: dict[str, type] = {TEMPERATURE: float}  # noqa: RUF012  (the base's shape)
+
+    def value(self, settings: dict[str, Any]) -> float:
         # A greedy row (0) is left as it is: dividing by 1 keeps its arg-max.
-        temperatures = [
-            r.state.logit_processor_kwargs.get(TEMPERATURE, 0.0) or 1.0
-            for r in requests_with_new_token
-        ]
-        return _floats(temperatures)
+        return float(settings.get(TEMPERATURE, 0.0) or 1.0)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         temperatures = tensor_arg[: scores.size(0)].view(dtype=torch.float32)
         return scores / temperatures.unsqueeze(-1)
 
 
-class _TopP(ContinuousBatchingLogitsProcessor):
+class _TopP(_FloatSetting):
     supported_kwargs: dict[str, type] = {TOP_P: float}  # noqa: RUF012
-    ignored_kwargs: tuple[str, ...] = ()
 
-    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.copy_(torch.ones_like(int32_tensor, dtype=torch.float32).view(torch.int32))
-
-    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
-        return _floats(
-            [r.state.logit_processor_kwargs.get(TOP_P, 1.0) for r in requests_with_new_token]
-        )
+    def value(self, settings: dict[str, Any]) -> float:
+        return float(settings.get(TOP_P, 1.0))
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         top_p = tensor_arg[: scores.size(0)].view(dtype=torch.float32).unsqueeze(-1)
@@ -124,22 +127,15 @@ class _TopK(ContinuousBatchingLogitsProcessor):
         return scores.masked_fill((top_k > 0) & (scores < kth), float("-inf"))
 
 
-class _Draw(ContinuousBatchingLogitsProcessor):
+class _Draw(_FloatSetting):
     supported_kwargs: dict[str, type] = {GENERATOR: torch.Generator}  # noqa: RUF012
-    ignored_kwargs: tuple[str, ...] = ()
+    #: -1 marks a greedy row.
+    default = -1.0
 
-    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.copy_(
-            torch.full_like(int32_tensor, -1.0, dtype=torch.float32).view(torch.int32)
-        )
-
-    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
-        # One uniform draw per row from the request's own generator; -1 marks a greedy row.
-        draws = []
-        for request in requests_with_new_token:
-            generator = request.state.logit_processor_kwargs.get(GENERATOR)
-            draws.append(-1.0 if generator is None else float(torch.rand(1, generator=generator)))
-        return _floats(draws)
+    def value(self, settings: dict[str, Any]) -> float:
+        # One uniform draw per row from the request's own generator.
+        generator = settings.get(GENERATOR)
+        return -1.0 if generator is None else float(torch.rand(1, generator=generator))
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         draws = tensor_arg[: scores.size(0)].view(dtype=torch.float32).unsqueeze(-1)
