@@ -93,19 +93,8 @@ class TritonRunner:
 
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """`execute` on the batch's requests; one result per request, raises for user bugs."""
-        asked = [
-            pb.InferenceRequest(
-                model_name=self.model.name,
-                requested_output_names=self._outputs,
-                inputs=[pb.Tensor(n, a) for n, a in inputs.items()],
-            )
-            for inputs in requests
-        ]
-        pb.bind_model(self.model.name)
-        try:
-            responses = _await(self._user.execute(asked))
-        except Exception as exc:
-            raise failure(self.model, "execute", exc) from None
+        asked = [self._request(inputs) for inputs in requests]
+        responses = self._execute(asked)
         if not isinstance(responses, list | tuple) or len(responses) != len(asked):
             got = f"{len(responses)} items" if isinstance(responses, list | tuple) else responses
             raise UserCodeError(
@@ -138,26 +127,31 @@ class TritonRunner:
         channel: Channel,
     ) -> None:
         """`execute` on one decoupled request, whose sender passes each response to `channel`."""
-        request = pb.InferenceRequest(
-            model_name=self.model.name,
-            requested_output_names=self._outputs,
-            inputs=[pb.Tensor(n, a) for n, a in inputs.items()],
-            request_id=ident,
-            parameters=dict(parameters),
-        )
+        request = self._request(inputs, request_id=ident, parameters=dict(parameters))
         request.attach(
             pb.InferenceResponseSender(_Deliver(self.model.name, channel)), channel.cancelled.is_set
         )
-        pb.bind_model(self.model.name)
-        try:
-            returned = _await(self._user.execute([request]))
-        except Exception as exc:
-            raise failure(self.model, "execute", exc) from None
-        if returned is not None:
+        if self._execute([request]) is not None:
             raise UserCodeError(
                 f"model {self.model.name!r} is decoupled: execute must return None and answer "
                 "through request.get_response_sender()"
             )
+
+    def _request(self, inputs: Mapping[str, np.ndarray], **extra: Any) -> pb.InferenceRequest:
+        return pb.InferenceRequest(
+            model_name=self.model.name,
+            requested_output_names=self._outputs,
+            inputs=[pb.Tensor(n, a) for n, a in inputs.items()],
+            **extra,
+        )
+
+    def _execute(self, requests: list[pb.InferenceRequest]) -> Any:
+        """The model's `execute` on `requests`, its custom metrics counted against it."""
+        pb.bind_model(self.model.name)
+        try:
+            return _await(self._user.execute(requests))
+        except Exception as exc:
+            raise failure(self.model, "execute", exc) from None
 
     def close(self) -> None:
         """Call `finalize`, if the model has one (a failure is logged, not raised); its custom
