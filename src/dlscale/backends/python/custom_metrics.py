@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 KINDS = (COUNTER, GAUGE, HISTOGRAM)
@@ -247,7 +247,4 @@ def _apply(state: SeriesState, how: str, amount: float) -> None:
 
 
 def _copy(state: SeriesState) -> SeriesState:
-    return SeriesState(
-        state.family, state.description, state.kind, state.labels, state.model,
-        state.value, state.buckets, list(state.counts), state.total, state.count,
-    )  # fmt: skip
+    return replace(state, counts=list(state.counts))
