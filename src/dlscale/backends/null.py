@@ -25,8 +25,6 @@ from dlscale.backends.base import BackendOptions, Capabilities
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
-#: The file a version folder holds for this backend; its contents are not read.
-MARKER_FILE = "model.null"
 #: The keys the null backend takes from [backend_options]: microseconds >= 0.
 DELAY_KEYS = ("delay_us", "delay_us_per_row")
 #: The key naming a simulated device: a string (any name; models naming one share it).

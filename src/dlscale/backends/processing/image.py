@@ -29,8 +29,6 @@ from dlscale.backends.processing.step import RowsStep
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.types import Datatype, TensorSpec
 
-#: The file a version folder holds for this step; its contents are not read.
-MARKER_FILE = "model.image"
 #: Decode threads when `threads` is 0: libjpeg-turbo decodes one image per thread, and more
 #: threads than this rarely help a batch (they contend with the model's own threads).
 DEFAULT_THREADS = 4

@@ -28,7 +28,6 @@ from dlscale.backends.processing.step import RowsStep
 from dlscale.errors import ConfigError, DlscaleError, InvalidInput, PayloadTooLarge
 from dlscale.types import Datatype, TensorSpec
 
-TOKENIZER_FILE = "tokenizer.json"
 #: The largest tokenizer.json read: a 250k-token vocabulary with merges is about 20 MB.
 MAX_TOKENIZER_BYTES = 64 * 2**20
 

@@ -22,7 +22,6 @@ from dlscale.errors import ConfigError, InvalidInput
 from dlscale.types import Datatype, TensorSpec
 from dlscale.wire.classification import MAX_LABEL_BYTES, parse_labels, top_classes
 
-MARKER_FILE = "model.topk"
 #: Score datatypes the step takes.
 SCORES = (Datatype.FP32, Datatype.FP16, Datatype.FP64, Datatype.INT32, Datatype.INT64)
 #: What a batch may cost to run on the event loop (`Capabilities.inline_rows`), in scores

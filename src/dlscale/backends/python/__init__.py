@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from dlscale.backends.python.backend import MODEL_FILE, PythonBackend
+from dlscale.backends.python.backend import PythonBackend
 
-__all__ = ["MODEL_FILE", "PythonBackend"]
+__all__ = ["PythonBackend"]

@@ -32,8 +32,6 @@ from dlscale.backends.python.triton import TritonRunner
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.types import Parameter, TensorSpec
 
-#: The file a version folder holds for this backend.
-MODEL_FILE = "model.py"
 ISOLATIONS = ("thread", "process")
 #: The [backend_options] keys this backend reads itself; the others reach the user's code.
 OWN_KEYS = ("isolation", "parameters", "decoupled", "max_num_seqs", "max_worker_memory_mb")

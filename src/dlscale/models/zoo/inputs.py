@@ -20,7 +20,6 @@ from dlscale.models.zoo.model import WEIGHT_SEED, Arrays, ZooModel
 from dlscale.types import Datatype, TensorSpec
 
 InputType = Literal["fp32", "fp16", "uint8"]
-INPUT_TYPES: tuple[InputType, ...] = ("fp32", "fp16", "uint8")
 #: The factory that wraps a zoo model behind its pixel normalization.
 PIXEL_FACTORY = "dlscale.models.zoo.nets.pixels:make"
 
