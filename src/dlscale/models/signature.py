@@ -72,10 +72,7 @@ def _check_tensor(want: TensorSpec, got: TensorSpec, which: str, source: Path | 
             f"{source}: field '{field}.datatype': expected {got.datatype.value} "
             f"(as in the model file), got {want.datatype.value}"
         )
-    fits = len(want.shape) == len(got.shape) and all(
-        g in (-1, w) for w, g in zip(want.shape, got.shape, strict=True)
-    )
-    if not fits:
+    if not got.matches(want.shape):
         raise ConfigError(
             f"{source}: field '{field}.shape': expected a shape that fits the model file's "
             f"{list(got.shape)} (batch dim included), got {list(want.shape)}"

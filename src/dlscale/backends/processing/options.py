@@ -49,19 +49,13 @@ def bind(declared: Sequence[TensorSpec], made: Sequence[TensorSpec], role: str) 
         )
     bound = []
     for mine, theirs in zip(made, declared, strict=True):
-        if theirs.datatype is not mine.datatype or not _fits(theirs.shape, mine.shape):
+        if theirs.datatype is not mine.datatype or not theirs.matches(mine.shape):
             raise ConfigError(
                 f"{role} {theirs.name!r} is declared {_show(theirs)}, but the step's settings "
                 f"make {_show(mine)}"
             )
         bound.append(TensorSpec(theirs.name, mine.datatype, mine.shape))
     return bound
-
-
-def _fits(declared: tuple[int, ...], made: tuple[int, ...]) -> bool:
-    return len(declared) == len(made) and all(
-        d in (-1, m) for d, m in zip(declared, made, strict=True)
-    )
 
 
 def _show(spec: TensorSpec) -> str:
