@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dlscale.errors import ConfigError, NotFound
@@ -41,8 +41,7 @@ def get(name: str) -> ZooModel:
     try:
         return ZOO[name]
     except KeyError:
-        known = ", ".join([*ZOO, *PIPELINES, *DECODERS, *ADAPTERS, *TF_MODELS])
-        raise NotFound(f"no zoo model {name!r}; the zoo has: {known}") from None
+        raise _unknown(name) from None
 
 
 def build_zoo(
@@ -110,16 +109,15 @@ def _installed(module: str) -> bool:
 
 
 def _buildable(name: str) -> Buildable:
-    """A classic zoo model, an end-to-end pipeline or a generative decoder (by name only)."""
-    if name in DECODERS:
-        return DECODERS[name]
-    if name in ADAPTERS:
-        return ADAPTERS[name]
-    if name in TF_MODELS:
-        return TF_MODELS[name]
-    if name in PIPELINES:
-        return PIPELINES[name]
-    if name not in ZOO:
-        every = ", ".join([*ZOO, *PIPELINES, *DECODERS, *ADAPTERS, *TF_MODELS])
-        raise NotFound(f"no zoo model {name!r}; the zoo has: {every}")
-    return ZOO[name]
+    """A classic zoo model, an end-to-end pipeline, a TensorFlow model, a generative decoder or
+    an adapter (by name only)."""
+    tables: tuple[Mapping[str, Buildable], ...] = (DECODERS, ADAPTERS, TF_MODELS, PIPELINES, ZOO)
+    for table in tables:
+        if name in table:
+            return table[name]
+    raise _unknown(name)
+
+
+def _unknown(name: str) -> NotFound:
+    every = ", ".join([*ZOO, *PIPELINES, *DECODERS, *ADAPTERS, *TF_MODELS])
+    return NotFound(f"no zoo model {name!r}; the zoo has: {every}")
