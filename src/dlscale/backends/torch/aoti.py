@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +51,9 @@ class PackageInfo:
 
     def metadata(self) -> dict[str, str]:
         """The info as AOTInductor metadata (string values only)."""
-        values: dict[str, Any] = {
-            "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs],
-            "device": self.device,
-            "precision": self.precision,
-            "channels_last": self.channels_last,
-            "max_batch": self.max_batch,
-            "mode": self.mode,
-            "freezing": self.freezing,
-            "flops_per_sample": self.flops_per_sample,
-            "torch_version": self.torch_version,
-            "capability": self.capability,
-        }
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["inputs"] = [s.to_dict() for s in self.inputs]
+        values["outputs"] = [s.to_dict() for s in self.outputs]
         return {_PREFIX + k: json.dumps(v) for k, v in values.items()}
 
     @classmethod
