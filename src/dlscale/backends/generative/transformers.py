@@ -76,9 +76,7 @@ class TransformersBackend:
 
     def pace(self, gate: StepGate) -> None:
         """Each engine step from now on takes its device's slot (contract.PacedBackend)."""
-        if self._engine is None:
-            raise Unavailable("the transformers engine is not loaded")
-        self._engine.pace(gate)
+        self._loaded().pace(gate)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -92,16 +90,17 @@ class TransformersBackend:
         engine = self._engine
         return EngineStats(0, 0, 0.0) if engine is None else engine.stats()
 
-    def _prepare(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> tuple[Engine, Job]:
-        engine = self._engine
-        if engine is None:
+    def _loaded(self) -> Engine:
+        if self._engine is None:
             raise Unavailable("the transformers engine is not loaded")
+        return self._engine
+
+    def _prepare(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> tuple[Engine, Job]:
+        engine = self._loaded()
         return engine, prepare(model_of(engine), inputs, sampling)
 
     def _convert(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> StreamPart:
-        engine = self._engine
-        if engine is None:
-            raise Unavailable("the transformers engine is not loaded")
+        engine = self._loaded()
         tokenizer, model = engine.tokenizer, model_of(engine)
         return converted(
             sampling,
@@ -174,10 +173,7 @@ class TransformersBackend:
 
     def load_adapter(self, name: str, folder: Path) -> None:
         """Load a LoRA adapter onto the running engine (lora_layers.py)."""
-        engine = self._engine
-        if engine is None:
-            raise Unavailable("the transformers engine is not loaded")
-        engine.add_adapter(name, folder)
+        self._loaded().add_adapter(name, folder)
 
     def unload_adapter(self, name: str) -> None:
         """Free a LoRA adapter's slot and weights."""
