@@ -39,15 +39,11 @@ def streams(path: Path, api: Api, extra: Mapping[str, Any]) -> bool:
     native model that defines `stream`, a Triton model whose config says it is decoupled
     (config.pbtxt's `model_transaction_policy`, read into `backend_options.decoupled`)."""
     if api == "native":
-        return _defines_stream(path)
+        return defines_method(path, NATIVE_CLASS, STREAM_METHOD)
     flag = extra.get("decoupled", False)
     if not isinstance(flag, bool):
         raise ConfigError(f"field 'backend_options.decoupled': expected true or false, {flag!r}")
     return flag
-
-
-def _defines_stream(path: Path) -> bool:
-    return defines_method(path, NATIVE_CLASS, STREAM_METHOD)
 
 
 class Channel:
