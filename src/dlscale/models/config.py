@@ -275,6 +275,15 @@ def check_steps(inputs: list[str], outputs: list[str], steps: list[StepConfig]) 
         waiting = [w for w in waiting if w not in runnable]
 
 
+def newest_file(folder: Path, file_name: str) -> Path | None:
+    """`file_name` in the newest version folder of `folder` that has it (None: in none)."""
+    versions = sorted(
+        (int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True
+    )
+    found = (folder / str(v) / file_name for v in versions)
+    return next((f for f in found if f.is_file()), None)
+
+
 def inside_the_folder(value: str) -> str:
     """A relative path that cannot leave the model's folder (no root, no '..', no NUL)."""
     path = PurePosixPath(value)

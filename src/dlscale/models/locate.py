@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlscale.errors import NotFound
+from dlscale.models.config import newest_file
 from dlscale.models.zoo import ZOO, build_zoo
 
 #: Where zoo models are built when no repository is named: the folder `dlscale demo` uses.
@@ -30,9 +31,5 @@ def onnx_file(model: str, repo: Path | None = None) -> Path:
 
 
 def _newest(root: Path, model: str) -> Path | None:
-    versions = sorted(
-        (int(p.parent.name), p)
-        for p in root.glob(f"{model}/*/model.onnx")
-        if p.parent.name.isdigit()
-    )
-    return versions[-1][1] if versions else None
+    folder = root / model
+    return newest_file(folder, "model.onnx") if folder.is_dir() else None

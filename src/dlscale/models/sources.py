@@ -9,7 +9,7 @@ from pathlib import Path
 import tomli_w
 
 from dlscale.errors import ConfigError
-from dlscale.models.config import ModelConfig, load_config
+from dlscale.models.config import ModelConfig, load_config, newest_file
 from dlscale.models.mlserver_config import load_settings
 from dlscale.models.signature import onnx_signature
 from dlscale.models.triton_config import load_pbtxt
@@ -74,14 +74,8 @@ def complete(config: ModelConfig, folder: Path) -> ModelConfig:
 
 def newest_onnx(folder: Path, file_name: str = _ONNX) -> Path | None:
     """The model file of the newest version folder that has one, else the folder's own."""
-    versions = sorted(
-        (int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True
-    )
-    for version in versions:
-        if (folder / str(version) / file_name).is_file():
-            return folder / str(version) / file_name
     flat = folder / file_name
-    return flat if flat.is_file() else None
+    return newest_file(folder, file_name) or (flat if flat.is_file() else None)
 
 
 def as_toml(source: ModelSource) -> str:

@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 from dlscale.backends import RUNTIMES
 from dlscale.backends.python.autocomplete import auto_complete, defines_auto_complete
 from dlscale.errors import ConfigError
-from dlscale.models.config import ModelConfig, parse_config
+from dlscale.models.config import ModelConfig, newest_file, parse_config
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 #: Digits a count in a config parameter may have (thread counts; the host bounds the value).
@@ -93,7 +93,7 @@ def auto_completed(message: Any, folder: Path) -> Any:
     autocomplete.py), or as it is when the model is not Python or defines none."""
     if message.backend != "python":
         return message
-    code = _newest(folder, message.default_model_filename or "model.py")
+    code = newest_file(folder, message.default_model_filename or "model.py")
     if code is None or not defines_auto_complete(code):
         return message
     given = json_format.MessageToDict(message, preserving_proto_field_name=True)
@@ -103,13 +103,6 @@ def auto_completed(message: Any, folder: Path) -> Any:
         return json_format.ParseDict(auto_complete(code, given), pb.ModelConfig())
     except json_format.ParseError as exc:
         raise ConfigError(f"{code}: auto_complete_config made an invalid config: {exc}") from None
-
-
-def _newest(folder: Path, file_name: str) -> Path | None:
-    """The file in the newest version folder that has it."""
-    versions = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
-                      key=lambda p: int(p.name), reverse=True)  # fmt: skip
-    return next((v / file_name for v in versions if (v / file_name).is_file()), None)
 
 
 def convert(
