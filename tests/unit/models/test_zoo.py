@@ -16,14 +16,12 @@ import pytest
 
 from dlscale.errors import ConfigError, NotFound
 from dlscale.models.zoo import ZOO, build_zoo, get
-from dlscale.models.zoo.images import IMAGE_CLASSES, class_images
+from dlscale.models.zoo.images import IMAGE_CLASSES, IMAGENET_MEAN, IMAGENET_STD, class_images
 from dlscale.models.zoo.samples import (
     BERT_VOCAB,
     CLS_ID,
     IMAGE_CALIBRATION,
     IMAGE_VALIDATION,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     PAD_ID,
     SEP_ID,
     digits_split,

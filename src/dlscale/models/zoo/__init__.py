@@ -9,8 +9,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dlscale.errors import ConfigError, NotFound
-from dlscale.models.zoo.catalog import DECODERS, ZOO
-from dlscale.models.zoo.decoder import DecoderModel
+from dlscale.models.zoo.catalog import ZOO
+
+# The generative decoders are built by name only (`dlscale zoo build DIR --models llama-tiny`):
+# a build of the whole zoo leaves them out (the largest is GBs).
+from dlscale.models.zoo.decoder import DECODERS, DecoderModel
 from dlscale.models.zoo.e2e import PIPELINES, TFPipeline, ZooPipeline
 from dlscale.models.zoo.lora import ADAPTERS, ZooAdapter
 from dlscale.models.zoo.model import ZooModel

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from dlscale.models.zoo import samples
-
-# The generative decoders are built by name only (`dlscale zoo build DIR --models llama-tiny`):
-# a build of the whole zoo leaves them out (the largest is GBs). Re-exported for the zoo.
-from dlscale.models.zoo.decoder import DECODERS as DECODERS
 from dlscale.models.zoo.model import Arrays, ZooModel
 from dlscale.types import Datatype, TensorSpec
 

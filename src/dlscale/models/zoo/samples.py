@@ -6,8 +6,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from dlscale.models.zoo.images import IMAGENET_MEAN as IMAGENET_MEAN  # re-exported
-from dlscale.models.zoo.images import IMAGENET_STD as IMAGENET_STD  # re-exported
 from dlscale.models.zoo.images import labelled_images
 from dlscale.models.zoo.model import CALIBRATION_SEED, VALIDATION_SEED
 
