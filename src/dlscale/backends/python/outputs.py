@@ -49,10 +49,7 @@ def _problem(spec: TensorSpec, array: object, rows: int | None) -> str:
     if datatype is not spec.datatype:
         return f"has datatype {datatype.value}"
     shape = tuple(array.shape)
-    fits = len(shape) == len(spec.shape) and all(
-        want < 0 or got == want for got, want in zip(shape, spec.shape, strict=True)
-    )
-    if not fits:
+    if not spec.matches(shape):
         return f"has shape {list(shape)}"
     if rows is not None and shape[0] != rows:
         return f"has {shape[0]} rows for a request of {rows}"
