@@ -15,7 +15,8 @@ from google.protobuf import json_format, text_format
 from google.protobuf.message import Message
 
 from dlscale.backends import RUNTIMES
-from dlscale.backends.python.autocomplete import auto_complete, defines_auto_complete
+from dlscale.backends.python.autocomplete import CLASS, METHOD, auto_complete
+from dlscale.backends.python.source import defines_method
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, newest_file, parse_config
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
@@ -94,7 +95,7 @@ def auto_completed(message: Any, folder: Path) -> Any:
     if message.backend != "python":
         return message
     code = newest_file(folder, message.default_model_filename or "model.py")
-    if code is None or not defines_auto_complete(code):
+    if code is None or not defines_method(code, CLASS, METHOD):  # read, not run
         return message
     given = json_format.MessageToDict(message, preserving_proto_field_name=True)
     for tensor in (*given.get("input", ()), *given.get("output", ())):

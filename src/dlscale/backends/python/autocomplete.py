@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlscale.backends.python.source import defines_method
 from dlscale.errors import ConfigError
 
 #: The method Triton calls; the class it belongs to.
@@ -24,12 +23,6 @@ METHOD, CLASS = "auto_complete_config", "TritonPythonModel"
 #: How long the child may take (imports of heavy libraries included).
 TIMEOUT_S = 120.0
 _done: dict[tuple[str, int, str], dict[str, Any]] = {}
-
-
-def defines_auto_complete(path: Path) -> bool:
-    """Whether the model.py at `path` gives its TritonPythonModel an auto_complete_config
-    (read from the source, nothing run)."""
-    return defines_method(path, CLASS, METHOD)
 
 
 def auto_complete(path: Path, config: dict[str, Any]) -> dict[str, Any]:
