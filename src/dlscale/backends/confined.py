@@ -53,7 +53,7 @@ def external_data_outside(model: bytes) -> list[str]:
         raise ConfigError(f"not an ONNX model: {exc}") from None
     graphs = [proto.graph, *(f for f in proto.functions)]
     outside = []
-    for tensor in _tensors(graphs):
+    for tensor in onnx_tensors(graphs):
         for entry in tensor.external_data:
             location = entry.value.replace("\\", "/")
             if entry.key == "location" and (
@@ -63,7 +63,7 @@ def external_data_outside(model: bytes) -> list[str]:
     return outside
 
 
-def _tensors(graphs: list[Any]) -> Iterator[Any]:
+def onnx_tensors(graphs: list[Any]) -> Iterator[Any]:
     """Every TensorProto of ONNX graphs (or functions): initializers and node attributes, nested."""
     while graphs:
         graph = graphs.pop()

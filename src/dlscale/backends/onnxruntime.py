@@ -18,6 +18,7 @@ import onnx
 import onnxruntime as ort
 
 from dlscale.backends.base import BackendOptions, Capabilities
+from dlscale.backends.confined import onnx_tensors
 from dlscale.errors import BackendError, ConfigError, InvalidInput
 from dlscale.native import process_folder
 from dlscale.types import Datatype, TensorSpec
@@ -216,25 +217,14 @@ def _optimize(path: Path, level: str, providers: list[Any], out: Path, most: int
     # not apply: the graph is used in this process only.
     so.log_severity_level = 3
     try:
-        if _external(onnx.load_model(str(path), load_external_data=False).graph):
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx_tensors([graph])):
             return False
         ort.InferenceSession(str(path), so, providers=providers)
         return out.stat().st_size <= most
     except Exception as exc:  # onnx's and onnxruntime's errors: the plain load reports them
         log.debug("%s: not optimized ahead: %s", path, exc)
         return False
-
-
-def _external(graph: onnx.GraphProto) -> bool:
-    """Whether a graph (its subgraphs included) keeps any tensor in another file."""
-    tensors = list(graph.initializer)
-    graphs = []
-    for node in graph.node:
-        for attr in node.attribute:
-            tensors += [attr.t, *attr.tensors]
-            graphs += [attr.g, *attr.graphs]
-    external = onnx.TensorProto.EXTERNAL
-    return any(t.data_location == external for t in tensors) or any(map(_external, graphs))
 
 
 def _from_kept(graph: Path, so: ort.SessionOptions, providers: list[Any]) -> Any:
