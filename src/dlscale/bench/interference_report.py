@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dlscale.bench import environment
 from dlscale.bench.interference import InterferenceOptions, Phase, Setup
+from dlscale.bench.render import pyplot, save
 from dlscale.bench.report import make_console, write_json
 
 #: The issue's targets with the scheduler on: the protected p99 at most this times its p99
@@ -220,11 +221,7 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
     """The protected p99 and the neighbor's rate by condition: medians (bars), repetitions."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     phases = report["phases"]
     names = list(dict.fromkeys(p["condition"] for p in phases))
     if not names:
@@ -276,7 +273,4 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
                       label="target: 80% of that")  # fmt: skip
         right.legend(loc="lower left")
     fig.suptitle(f"{report['protected']['model']} beside {report['neighbor']['model']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.bench.multimodel import Phase, Sent
+from dlscale.bench.render import pyplot, save
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -137,11 +138,7 @@ def _show(value: Any) -> str:
 
 def plot(phases: list[Phase], path: Path) -> Path:
     """Per second: resident and cold requests, their p99, and the memory held vs the budget."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for phase in phases:
         seconds = int(max((s.at for s in phase.sent), default=0)) + 1
@@ -165,7 +162,4 @@ def plot(phases: list[Phase], path: Path) -> Path:
     axes[2].set_xlabel("seconds")
     for ax in axes:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=100)

@@ -12,14 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dlscale.bench.render import pyplot, save
+
 
 def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     """Write the plot of each run's report (`timeline`, `replica_load`, `goodput`) to `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     width = len(runs)
     fig, axes = plt.subplots(3, width, figsize=(6.5 * width + 1, 9), sharex="col", squeeze=False)
     for column, (label, run) in enumerate(runs.items()):
@@ -27,11 +25,8 @@ def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
         _latency(axes[1][column], run)
         _fleet(axes[2][column], run)
         axes[2][column].set_xlabel("seconds from the start")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _rates(ax: Any, run: Mapping[str, Any], label: str) -> None:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale.bench import fleet_load, steps, sweep
+from dlscale.bench.render import pyplot, save
 from dlscale.bench.results import RunResult
 
 
@@ -291,11 +292,7 @@ def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
     runs = [r for r in runs if len(r.latencies_ns)]
     if not runs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     all_ms = np.concatenate([r.latencies_ns for r in runs]) / 1e6
     low, high = max(all_ms.min(), 1e-3), max(all_ms.max(), 1e-3 * 1.01)
@@ -316,10 +313,7 @@ def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
     ax.set_ylabel("samples")
     ax.set_title("latency distribution")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 @dataclass(frozen=True)
@@ -363,11 +357,7 @@ def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> 
     series = sweep_series(points)
     if not series:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     crossed = False
     for s in series:
@@ -394,10 +384,7 @@ def plot_sweep(points: Sequence[dict[str, Any]], bound_s: float, path: Path) -> 
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("p99 latency at each offered rate; star: the highest rate that held the bound")
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _star_peak(ax: Any, s: SweepSeries, color: Any) -> None:

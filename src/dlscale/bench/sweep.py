@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dlscale.bench.render import pyplot, save
 from dlscale.errors import BenchError
 
 
@@ -86,11 +87,7 @@ def plot(points: Sequence[dict[str, Any]], ceiling: float | None, path: Path) ->
     ]
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for target in dict.fromkeys(p["target"] for p in rows):
         mine = [p for p in rows if p["target"] == target]
@@ -114,10 +111,7 @@ def plot(points: Sequence[dict[str, Any]], ceiling: float | None, path: Path) ->
     ax.set_yscale("log")
     ax.set_title("throughput against latency, by concurrency (labels: requests in flight)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _ms(value: float | None) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.bench.generative.options import GenerativeOptions
+from dlscale.bench.render import pyplot, save
 
 
 def _label(p: dict[str, Any]) -> str:
@@ -25,11 +26,7 @@ def plot_tokens(
     usable = [p for p in points if p["output_tokens_per_s"] and p["ttft"]["p50"] is not None]
     if not usable:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     bounds = (options.slo.ttft_s, options.slo.tpot_s)
     for ax, key, bound in zip(axes, ("ttft", "tpot"), bounds, strict=True):
@@ -50,10 +47,7 @@ def plot_tokens(
         ax.set_title(f"{key.upper()} against output token throughput")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_distributions(points: Sequence[dict[str, Any]], path: Path) -> Path | None:
@@ -61,11 +55,7 @@ def plot_distributions(points: Sequence[dict[str, Any]], path: Path) -> Path | N
     rows = [p for p in points if any(r["ttft_s"] is not None for r in p["requests_detail"])]
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key in zip(axes, ("ttft_s", "tpot_s"), strict=True):
         for p in rows:
@@ -77,7 +67,4 @@ def plot_distributions(points: Sequence[dict[str, Any]], path: Path) -> Path | N
         ax.set_title(f"{key[:-2].upper()} per request (CDF)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

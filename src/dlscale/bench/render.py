@@ -1,0 +1,55 @@
+"""How every report draws: PNG figures, and tables for the terminal and for Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (imported when a report draws, not before)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Lay the figure out, write it to `path` as PNG and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
+def rich_table(
+    title: str,
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    left: Collection[str] = (),
+) -> Table:
+    """A terminal table: the `left` columns aligned left, the figures right."""
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header, justify="left" if header in left else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], left: Collection[str] = ()
+) -> list[str]:
+    """The same table in Markdown: the `left` columns aligned left, the figures right."""
+    rule = ["---" if header in left else "---:" for header in headers]
+    return [markdown_row(headers), "|" + "|".join(rule) + "|", *map(markdown_row, rows)]
+
+
+def markdown_row(cells: Iterable[Any]) -> str:
+    """One row of a Markdown table."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
