@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from dlscale.bench import environment
 from dlscale.bench.interference import InterferenceOptions, Phase, Setup
-from dlscale.bench.render import pyplot, save
+from dlscale.bench.render import markdown_table, pyplot, rich_table, save
 from dlscale.bench.report import make_console, write_json
 
 #: The issue's targets with the scheduler on: the protected p99 at most this times its p99
@@ -192,11 +191,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
         f"kept >= {report['targets']['neighbor_kept']} of (its rate alone x (1 - protected "
         "share))",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|---|" + "---:|" * (len(HEADERS) - 1),
+        *markdown_table(HEADERS, map(_cells, report["summary"]["conditions"]), ("condition",)),
+        "",
     ]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in report["summary"]["conditions"]]
-    lines += [""] + [f"- {note}" for note in report["notes"]]
+    lines += [f"- {note}" for note in report["notes"]]
     if report.get("files", {}).get("png"):
         lines += ["", "![interference](interference.png)"]
     lines += ["", "Every phase's figures: `report.json`; LoadGen logs: `loadgen/`.", ""]
@@ -207,13 +205,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """The table of medians on the terminal, and where the report went."""
     console = console or make_console()
-    table = Table(title=f"interference: {report['protected']['model']} beside "
-                  f"{report['neighbor']['model']} (medians over {report['repeats']})")  # fmt: skip
-    for header in HEADERS:
-        table.add_column(header, justify="left" if header == "condition" else "right")
-    for row in report["summary"]["conditions"]:
-        table.add_row(*_cells(row))
-    console.print(table)
+    title = (f"interference: {report['protected']['model']} beside {report['neighbor']['model']} "
+             f"(medians over {report['repeats']})")  # fmt: skip
+    cells = map(_cells, report["summary"]["conditions"])
+    console.print(rich_table(title, HEADERS, cells, ("condition",)))
     for note in report["notes"]:
         console.print(note)
     console.print(f"report: {report.get('files', {}).get('json')}")

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale.bench import fleet_load, steps, sweep
-from dlscale.bench.render import pyplot, save
+from dlscale.bench.render import markdown_table, pyplot, rich_table, save
 from dlscale.bench.results import RunResult
 
 
@@ -91,31 +91,33 @@ def ceiling_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+HEADERS = ("target", "scenario", "verdict", "offered/s", "samples/s", "p50 ms", "p90 ms",
+           "p99 ms", "p99.9 ms", "errors", "accuracy")  # fmt: skip
+LEFT = ("target", "scenario", "verdict")
+
+
+def _cells(r: dict[str, Any], styled: bool = False) -> list[str]:
+    """One headline run's row; `styled`: the verdict coloured for the terminal."""
+    verdict = r["verdict"]
+    if styled:
+        verdict = f"[{'green' if verdict == 'VALID' else 'red'}]{verdict}[/]"
+    acc = r.get("accuracy")
+    return [
+        str(r["target"]),
+        r["scenario"],
+        verdict,
+        _rate(r.get("qps")),
+        _throughput(r),
+        *(_ms(r.get(p)) for p in ("p50", "p90", "p99", "p99.9")),
+        str(r.get("errors", "-")),
+        "-" if acc is None else f"{acc:.2%}",
+    ]
+
+
 def table(report: dict[str, Any], title: str = "") -> Table:
     """The terminal summary: one row per scenario."""
-    t = Table(title=title or f"dlscale bench: {report['model']['name']}")
-    for col in ("target", "scenario", "verdict", "offered/s", "samples/s", "p50 ms", "p90 ms"):
-        t.add_column(col, justify="right" if "/" in col or "ms" in col else "left")
-    for col in ("p99 ms", "p99.9 ms", "errors", "accuracy"):
-        t.add_column(col, justify="right")
-    for r in rows(report):
-        verdict = r["verdict"]
-        style = "green" if verdict == "VALID" else "red"
-        acc = r.get("accuracy")
-        t.add_row(
-            str(r["target"]),
-            r["scenario"],
-            f"[{style}]{verdict}[/]",
-            _rate(r.get("qps")),
-            _throughput(r),
-            _ms(r.get("p50")),
-            _ms(r.get("p90")),
-            _ms(r.get("p99")),
-            _ms(r.get("p99.9")),
-            str(r.get("errors", "-")),
-            "-" if acc is None else f"{acc:.2%}",
-        )
-    return t
+    title = title or f"dlscale bench: {report['model']['name']}"
+    return rich_table(title, HEADERS, [_cells(r, styled=True) for r in rows(report)], LEFT)
 
 
 def make_console() -> Console:
@@ -147,20 +149,20 @@ def sweep_table(report: dict[str, Any]) -> Table | None:
     points = sweep.sweep_rows([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])
     if not points:
         return None
-    t = Table(title="Concurrency sweep (request latency, sending to answer)")
-    for col in ("target", "concurrency", "samples/s", "p50 ms", "p99 ms", "verdict"):
-        t.add_column(col, justify="left" if col in ("target", "verdict") else "right")
-    for p in points:
-        lat = p["request_latency_s"]
-        t.add_row(
+    cells = [
+        [
             p["target"],
             str(p["concurrency"]),
             _throughput({"throughput": p["throughput_samples_per_s"], **p}),
-            _ms(lat.get("p50")),
-            _ms(lat.get("p99")),
+            _ms(p["request_latency_s"].get("p50")),
+            _ms(p["request_latency_s"].get("p99")),
             "VALID" if p["valid"] else "INVALID",
-        )
-    return t
+        ]
+        for p in points
+    ]
+    headers = ("target", "concurrency", "samples/s", "p50 ms", "p99 ms", "verdict")
+    title = "Concurrency sweep (request latency, sending to answer)"
+    return rich_table(title, headers, cells, ("target", "verdict"))
 
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
@@ -198,22 +200,27 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         console.print(f"report: {files.get('json')}")
 
 
+COMPARISON = ("target", "scenario", "samples/s", "ratio", "p99 ms", "ratio", "valid runs")
+
+
+def _comparison_cells(c: dict[str, Any]) -> list[str]:
+    ratios = ["-" if r is None else f"{r:.3f}" for r in (c["throughput_ratio"], c["p99_ratio"])]
+    return [
+        c["target"],
+        c["scenario"],
+        _rate(c["throughput"]),
+        ratios[0],
+        _ms(c["p99_s"]),
+        ratios[1],
+        f"{c['valid_runs']}/{c['runs']}",
+    ]
+
+
 def comparison_table(comparison: list[dict[str, Any]]) -> Table:
     """Each target's median figures and their ratio to the first target."""
-    t = Table(title="compare (medians over rounds; ratio to the first target)")
-    for col in ("target", "scenario", "samples/s", "ratio", "p99 ms", "ratio ", "valid runs"):
-        t.add_column(col, justify="left" if col in ("target", "scenario") else "right")
-    for c in comparison:
-        t.add_row(
-            c["target"],
-            c["scenario"],
-            _rate(c["throughput"]),
-            "-" if c["throughput_ratio"] is None else f"{c['throughput_ratio']:.3f}",
-            _ms(c["p99_s"]),
-            "-" if c["p99_ratio"] is None else f"{c['p99_ratio']:.3f}",
-            f"{c['valid_runs']}/{c['runs']}",
-        )
-    return t
+    title = "compare (medians over rounds; ratio to the first target)"
+    headers = ("target", "scenario", "samples/s", "ratio", "p99 ms", "ratio ", "valid runs")
+    return rich_table(title, headers, map(_comparison_cells, comparison), LEFT[:2])
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> Path:
@@ -230,19 +237,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
         f"- host: {report['host']['hostname']} ({report['host']['platform']}, "
         f"{report['host']['logical_cpus']} CPUs)",
         "",
-        "| target | scenario | verdict | offered/s | samples/s | p50 ms | p90 ms | p99 ms "
-        "| p99.9 ms | errors | accuracy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *markdown_table(HEADERS, map(_cells, rows(report)), LEFT),
+        "",
     ]
-    for r in rows(report):
-        acc = r.get("accuracy")
-        lines.append(
-            f"| {r['target']} | {r['scenario']} | {r['verdict']} | {_rate(r.get('qps'))} "
-            f"| {_throughput(r)} | {_ms(r.get('p50'))} | {_ms(r.get('p90'))} "
-            f"| {_ms(r.get('p99'))} | {_ms(r.get('p99.9'))} | {r.get('errors', '-')} "
-            f"| {'-' if acc is None else f'{acc:.2%}'} |"
-        )
-    lines.append("")
     for r in rows(report):
         for reason in r.get("reasons", []):
             lines.append(f"- **{r['scenario']}** ({r['target']}) INVALID: {reason}")
@@ -251,15 +248,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
             lines.append(f"- {entry['scenario']}: {entry['note']}")
     if report.get("comparison"):
         lines += ["", "## Comparison (medians over rounds)", ""]
-        lines.append("| target | scenario | samples/s | ratio | p99 ms | ratio | valid runs |")
-        lines.append("|---|---|---:|---:|---:|---:|---:|")
-        for c in report["comparison"]:
-            tr = "-" if c["throughput_ratio"] is None else f"{c['throughput_ratio']:.3f}"
-            pr = "-" if c["p99_ratio"] is None else f"{c['p99_ratio']:.3f}"
-            lines.append(
-                f"| {c['target']} | {c['scenario']} | {_rate(c['throughput'])} | {tr} "
-                f"| {_ms(c['p99_s'])} | {pr} | {c['valid_runs']}/{c['runs']} |"
-            )
+        lines += markdown_table(COMPARISON, map(_comparison_cells, report["comparison"]), LEFT)
     if report.get("client_ceiling"):
         lines += ["", "## Client ceiling", ""] + [f"- {line}" for line in ceiling_lines(report)]
     lines += sweep.markdown([p for e in report.get("scenarios", []) for p in e.get("sweep", [])])

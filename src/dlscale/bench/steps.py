@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from rich.table import Table
 
+from dlscale.bench.render import markdown_table, rich_table
+
 
 class StatsSource(Protocol):
     """What the breakdown reads: a model's config and statistics documents (REST form)."""
@@ -174,12 +176,8 @@ def table(report: dict[str, Any]) -> Table | None:
     data = report.get("steps")
     if not data:
         return None
-    t = Table(title=f"per step of {data['pipeline']} (statistics extension, whole run)")
-    for col in COLUMNS:
-        t.add_column(col, justify="left" if col == "model" else "right")
-    for row in data["steps"]:
-        t.add_row(*_cells(row, data))
-    return t
+    title = f"per step of {data['pipeline']} (statistics extension, whole run)"
+    return rich_table(title, COLUMNS, [_cells(row, data) for row in data["steps"]], ("model",))
 
 
 def markdown(report: dict[str, Any]) -> list[str]:
@@ -187,11 +185,9 @@ def markdown(report: dict[str, Any]) -> list[str]:
     data = report.get("steps")
     if not data:
         return []
-    out = ["", f"## Per step of {data['pipeline']}", ""]
-    out.append("| " + " | ".join(COLUMNS) + " |")
-    out.append("|---|---|" + "---:|" * (len(COLUMNS) - 2))
-    out += ["| " + " | ".join(_cells(row, data)) + " |" for row in data["steps"]]
-    return out + [""] + [f"- {line}" for line in lines(report)]
+    table = markdown_table(COLUMNS, [_cells(row, data) for row in data["steps"]], COLUMNS[:2])
+    out = ["", f"## Per step of {data['pipeline']}", "", *table, ""]
+    return out + [f"- {line}" for line in lines(report)]
 
 
 COLUMNS = ("step", "model", "instances", "requests", "queue ms", "compute ms", "mean batch",

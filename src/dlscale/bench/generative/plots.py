@@ -12,7 +12,8 @@ from dlscale.bench.generative.options import GenerativeOptions
 from dlscale.bench.render import pyplot, save
 
 
-def _label(p: dict[str, Any]) -> str:
+def label(p: dict[str, Any]) -> str:
+    """A point's name: `c=4`, `4/s`, `trace`."""
     if p["load"] == "concurrency":
         return f"c={p['concurrency']}"
     return f"{p['rate']:g}/s" if p["load"] == "rate" else str(p["load"])
@@ -37,7 +38,7 @@ def plot_tokens(
                 y = [p[key][pct] * 1e3 for p in mine]
                 ax.plot(x, y, marker="o", linestyle=style, label=f"{load} {pct}")
             for p, xi in zip(mine, x, strict=True):
-                ax.annotate(_label(p), (xi, p[key]["p99"] * 1e3), textcoords="offset points",
+                ax.annotate(label(p), (xi, p[key]["p99"] * 1e3), textcoords="offset points",
                             xytext=(0, 6), ha="center", fontsize=8)  # fmt: skip
         if bound:
             ax.axhline(bound * 1e3, linestyle=":", color="grey", label=f"SLO {bound * 1e3:g} ms")
@@ -61,7 +62,7 @@ def plot_distributions(points: Sequence[dict[str, Any]], path: Path) -> Path | N
         for p in rows:
             values = np.sort([r[key] * 1e3 for r in p["requests_detail"] if r[key] is not None])
             if len(values):
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=_label(p))
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=label(p))
         ax.set_xlabel(f"{key[:-2].upper()} (ms)")
         ax.set_ylabel("share of requests")
         ax.set_title(f"{key[:-2].upper()} per request (CDF)")

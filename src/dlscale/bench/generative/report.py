@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from dlscale.bench import environment, sweep
 from dlscale.bench.generative import plots
 from dlscale.bench.generative.options import GenerativeOptions
 from dlscale.bench.generative.records import StreamRecord
+from dlscale.bench.render import markdown_row, rich_table
 from dlscale.bench.report import make_console, write_json
 
 
@@ -81,15 +81,6 @@ def _as_sweep_point(target: str, p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def label(p: dict[str, Any]) -> str:
-    """A point's name: `c=4`, `4/s`, `trace`."""
-    if p["load"] == "concurrency":
-        return f"c={p['concurrency']}"
-    if p["load"] == "rate":
-        return f"{p['rate']:g}/s"
-    return str(p["load"])
-
-
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
@@ -107,7 +98,7 @@ COLUMNS = (
 def point_cells(p: dict[str, Any]) -> list[str]:
     """One point's row (times in ms)."""
     return [
-        label(p),
+        plots.label(p),
         f"{p['succeeded']}/{p['failed']}",
         _num(p["output_tokens_per_s"]),
         _num(p["requests_per_s"]),
@@ -141,19 +132,12 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     """The points' table, LoadGen's verdicts and reasons, where the report went."""
     console = console or make_console()
     if report["points"]:
-        t = Table(title=f"dlscale bench {report['endpoint']}: {report['model']} (times in ms)")
-        for col in COLUMNS:
-            t.add_column(col, justify="left" if col == "load" else "right")
-        for p in report["points"]:
-            t.add_row(*point_cells(p))
-        console.print(t)
+        title = f"dlscale bench {report['endpoint']}: {report['model']} (times in ms)"
+        console.print(rich_table(title, COLUMNS, map(point_cells, report["points"]), ("load",)))
     if report["loadgen"]:
-        t = Table(title="MLPerf LoadGen with token latencies (times in ms)")
-        for col in LOADGEN_COLUMNS:
-            t.add_column(col, justify="left" if col in ("scenario", "verdict") else "right")
-        for s in report["loadgen"]:
-            t.add_row(*loadgen_cells(s))
-        console.print(t)
+        title = "MLPerf LoadGen with token latencies (times in ms)"
+        cells = map(loadgen_cells, report["loadgen"])
+        console.print(rich_table(title, LOADGEN_COLUMNS, cells, ("scenario", "verdict")))
         for s in report["loadgen"]:
             for reason in s["reasons"]:
                 console.print(f"[red]{s['scenario']}[/]: {reason}")
@@ -171,17 +155,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     if report["points"]:
-        lines += [_md_row(COLUMNS), _md_row(["---"] * len(COLUMNS))]
-        lines += [_md_row(point_cells(p)) for p in report["points"]]
+        lines += [markdown_row(COLUMNS), markdown_row(["---"] * len(COLUMNS))]
+        lines += [markdown_row(point_cells(p)) for p in report["points"]]
     if report["loadgen"]:
-        lines += ["", _md_row(LOADGEN_COLUMNS), _md_row(["---"] * len(LOADGEN_COLUMNS))]
-        lines += [_md_row(loadgen_cells(s)) for s in report["loadgen"]]
+        lines += ["", markdown_row(LOADGEN_COLUMNS), markdown_row(["---"] * len(LOADGEN_COLUMNS))]
+        lines += [markdown_row(loadgen_cells(s)) for s in report["loadgen"]]
         lines += [f"- {s['scenario']}: {r}" for s in report["loadgen"] for r in s["reasons"]]
     for key, path in report["files"].items():
         if key.endswith("_png") and path:
             lines += ["", f"![{key}]({Path(path).name})"]
     return "\n".join(lines) + "\n"
-
-
-def _md_row(cells: Any) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
