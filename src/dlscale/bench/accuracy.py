@@ -81,7 +81,7 @@ def reference_outputs(
     step = 64 if batched else 1
     for start in range(0, len(samples), step):
         idx = list(range(start, min(start + step, len(samples))))
-        feed = samples.rows(idx) if batched else samples.one(idx[0])
+        feed = samples.request(batched, idx)
         values = session.run(names, feed)
         if batched:
             results.extend(

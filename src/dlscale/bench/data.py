@@ -42,9 +42,10 @@ class SampleSet:
         """One sample without a batch dimension (for models that take none)."""
         return {name: arr[index] for name, arr in self.inputs.items()}
 
-    def sample_bytes(self) -> int:
-        """Bytes of one sample's inputs."""
-        return sum(arr[0].nbytes for arr in self.inputs.values())
+    def request(self, batched: bool, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """One request's inputs: the samples at `indices` as a batch, or the first one alone
+        for a model that takes no batch dimension."""
+        return self.rows(indices) if batched else self.one(indices[0])
 
 
 def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) -> SampleSet:

@@ -47,10 +47,7 @@ async def flood(
             indices = [(i + j) % len(samples) for j in range(rows)]
             i += rows * concurrency
             try:
-                if info.batched:
-                    await target.infer(samples.rows(indices))
-                else:
-                    await target.infer(samples.one(indices[0]))
+                await target.infer(samples.request(info.batched, indices))
             except Exception as exc:  # the neighbor's failures are its own; keep flooding
                 log.errors += rows
                 log.first_error = log.first_error or f"{type(exc).__name__}: {exc}"

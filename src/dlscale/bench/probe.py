@@ -76,11 +76,6 @@ async def probe(
 
 async def _send(target: Target, info: ModelInfo, samples: SampleSet, indices: list[int]) -> None:
     try:
-        if info.batched:
-            await target.infer(samples.rows(indices))
-        else:
-            await target.infer(samples.one(indices[0]))
-    except BenchError as exc:
-        raise BenchError(f"{target.label}: model {info.name!r} fails to infer: {exc}") from None
+        await target.infer(samples.request(info.batched, indices))
     except Exception as exc:  # the in-process target raises the server's own errors
         raise BenchError(f"{target.label}: model {info.name!r} fails to infer: {exc}") from None

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.bench import environment, goodput
-from dlscale.bench.data import SampleSet, load_samples
+from dlscale.bench.data import load_samples
 from dlscale.bench.fleet_load import snapshot
 from dlscale.bench.fleet_watch import FleetWatch
 from dlscale.bench.loadgen import LoopThread
@@ -121,7 +121,7 @@ def _senders(
     senders = {}
     for model, target in targets.items():
         samples = load_samples(infos[model], None, 16, seed)
-        plain = [_one(infos[model], samples, i) for i in range(len(samples))]
+        plain = [samples.request(infos[model].batched, [i]) for i in range(len(samples))]
 
         def send(r: TraceRequest, t: RemoteTarget = target, p: list[Any] = plain) -> Any:
             inputs = arrays[(r.model, r.shape)] if r.shape else p[int(r.offset_s * 1e6) % len(p)]
@@ -129,10 +129,6 @@ def _senders(
 
         senders[model] = send
     return senders
-
-
-def _one(info: ModelInfo, samples: SampleSet, i: int) -> dict[str, np.ndarray]:
-    return samples.rows([i]) if info.batched else samples.one(i)
 
 
 def _shaped(info: ModelInfo, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
