@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import datetime
-from pathlib import Path
 from typing import Any
 
 from dlscale.bench.report import print_summary
+from dlscale.bench.results import out_dir
 from dlscale.bench.runner import bench, compare
 from dlscale.bench.scenarios import Scenario, parse_duration
 from dlscale.bench.session import BenchOptions
@@ -31,7 +30,7 @@ def bench_run(args: argparse.Namespace) -> int:
 
         return bench_replay(args)
     url = args.targets[0] if args.targets else None
-    return _verdict(bench(url, bench_options(args), _out(args, "bench")))
+    return _verdict(bench(url, bench_options(args), out_dir(args.out, f"{args.model}-bench")))
 
 
 def bench_compare(args: argparse.Namespace) -> int:
@@ -41,7 +40,8 @@ def bench_compare(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise BenchError("--rounds must be at least 1")
     options = bench_options(args)
-    return _verdict(compare(args.targets, options, _out(args, "compare"), args.rounds))
+    out = out_dir(args.out, f"{args.model}-compare")
+    return _verdict(compare(args.targets, options, out, args.rounds))
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:
@@ -78,17 +78,6 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
     )
 
 
-def _out(args: argparse.Namespace, kind: str) -> Path:
-    if args.out is not None:
-        return Path(args.out)
-    return _stamped(f"{args.model}-{kind}")
-
-
-def _stamped(name: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("bench-results") / f"{name}-{stamp}"
-
-
 def _verdict(report: dict[str, Any]) -> int:
     print_summary(report)
     return 0
@@ -114,7 +103,7 @@ def bench_interference(args: argparse.Namespace) -> int:
         seed=args.seed,
         min_queries=args.min_queries,
     )
-    out = Path(args.out) if args.out else _stamped(f"{args.protected}-interference")
+    out = out_dir(args.out, f"{args.protected}-interference")
     setup, phases, rate = run_interference(options, out)
     report = interference_report.build_report(options, setup, phases, rate)
     interference_report.print_summary(interference_report.write(report, out))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import re
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 
 from dlscale.bench.multimodel import IndexSampler, Mix, Phase, bodies, drive
 from dlscale.bench.multimodel_report import summary, write
+from dlscale.bench.results import out_dir
 from dlscale.bench.scenarios import parse_duration
 from dlscale.bench.tenants import TenantServer
 from dlscale.errors import BenchError, DlscaleError
@@ -97,8 +97,7 @@ def mean_load_s(metrics_url: str | None) -> list[float]:
 
 def bench_multimodel(args: argparse.Namespace) -> int:
     """Run the phases, write the report, print its summary."""
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out: Path = args.out or Path("bench-results") / f"multimodel-{stamp}"
+    out = out_dir(args.out, "multimodel")
     out.mkdir(parents=True, exist_ok=True)
     repo = args.repo
     if args.copies:

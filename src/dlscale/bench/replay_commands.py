@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import datetime
-from pathlib import Path
 
 from dlscale.bench.replay_run import ReplayOptions, run_replay, summary_lines
+from dlscale.bench.results import out_dir
 from dlscale.bench.scenarios import parse_duration
 from dlscale.bench.trace import BurstShape
 from dlscale.errors import BenchError
@@ -35,11 +34,10 @@ def replay_options(args: argparse.Namespace) -> ReplayOptions:
             after_s=_seconds(args.after),
         )
     tenants = tuple(t.strip() for t in args.tenants.split(",") if t.strip())
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = args.model or (args.trace.stem if args.trace else "replay")
     return ReplayOptions(
         url=args.targets[0],
-        out=Path(args.out) if args.out else Path("bench-results") / f"{name}-replay-{stamp}",
+        out=out_dir(args.out, f"{name}-replay"),
         trace=args.trace,
         shape=shape,
         model=args.model,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,14 @@ class ScenarioResult:
             "result": self.main.to_dict() if self.main else None,
             "sweep": [sweep_point(r, self.sweep_kind) for r in self.sweep],
         }
+
+
+def out_dir(out: str | Path | None, name: str) -> Path:
+    """The report's folder: --out, else bench-results/NAME-DATE-TIME."""
+    if out:
+        return Path(out)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("bench-results") / f"{name}-{stamp}"
 
 
 def sweep_point(run: RunResult, kind: str = "") -> dict[str, Any]:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
-from pathlib import Path
 
 from dlscale.bench.generative.endpoints import Endpoint
 from dlscale.bench.generative.load import MAX_IN_FLIGHT
@@ -17,6 +15,7 @@ from dlscale.bench.generative.prompts import Lengths
 from dlscale.bench.generative.report import print_summary
 from dlscale.bench.generative.runner import run_generative
 from dlscale.bench.generative.statistics import Slo
+from dlscale.bench.results import out_dir
 from dlscale.bench.scenarios import Scenario, parse_duration
 from dlscale.bench.sweep import parse_concurrency
 from dlscale.errors import BenchError
@@ -25,9 +24,9 @@ from dlscale.errors import BenchError
 def bench_generative(args: argparse.Namespace) -> int:
     """Run the generative bench the flags describe and print its summary."""
     options = generative_options(args)
-    out = args.out or _stamped(options.model)
+    out = out_dir(args.out, f"{options.model.strip('/').replace('/', '_')}-generative")
     say = _stderr if args.progress else _quiet
-    print_summary(run_generative(options, Path(out), say))
+    print_summary(run_generative(options, out, say))
     return 0
 
 
@@ -101,8 +100,3 @@ def _stderr(line: str) -> None:
 
 def _quiet(line: str) -> None:
     """--no-progress: nothing on stderr."""
-
-
-def _stamped(model: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("bench-results") / f"{model.strip('/').replace('/', '_')}-generative-{stamp}"
