@@ -10,9 +10,11 @@ measured the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlscale.errors import BenchError
@@ -23,15 +25,20 @@ REPLICA_LABELS = ("replica", "device")
 COUNTERS = {"nv_inference_request_success": "requests", "nv_inference_count": "rows"}
 
 
-def snapshot(url: str, model: str) -> dict[str, dict[str, float]]:
-    """Each replica's successful requests and rows for `model` so far, from the fleet's page."""
-    page = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+def families(url: str) -> Iterable[Metric]:
+    """The metric families on a fleet's page (`url`, `/metrics` added when it lacks it)."""
+    page = url.rstrip("/").removesuffix("/metrics") + "/metrics"
     try:
         text = httpx.get(page, timeout=30).raise_for_status().text
     except httpx.HTTPError as exc:
         raise BenchError(f"--fleet-metrics {page}: {exc}") from None
+    return text_string_to_metric_families(text)
+
+
+def snapshot(url: str, model: str) -> dict[str, dict[str, float]]:
+    """Each replica's successful requests and rows for `model` so far, from the fleet's page."""
     counts: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families(url):
         for sample in family.samples:
             kind = COUNTERS.get(sample.name.removesuffix("_total"))
             if kind is None or sample.labels.get("model") != model:

@@ -20,7 +20,7 @@ import numpy as np
 
 from dlscale.bench import environment, goodput
 from dlscale.bench.data import load_samples
-from dlscale.bench.fleet_load import snapshot
+from dlscale.bench.fleet_load import families, snapshot
 from dlscale.bench.fleet_watch import FleetWatch
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.replay import MAX_IN_FLIGHT, replay
@@ -151,17 +151,9 @@ def _objective(model: str, options: ReplayOptions) -> float:
 
 
 def _stated_objective(url: str, model: str) -> float | None:
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    page = url.rstrip("/").removesuffix("/metrics") + "/metrics"
-    try:
-        text = httpx.get(page, timeout=30).raise_for_status().text
-    except httpx.HTTPError as exc:
-        raise BenchError(f"--fleet-metrics {page}: {exc}") from None
     values = [
         s.value
-        for family in text_string_to_metric_families(text)
+        for family in families(url)
         for s in family.samples
         if s.name == OBJECTIVE_FAMILY and s.labels.get("model") == model and s.value > 0
     ]
