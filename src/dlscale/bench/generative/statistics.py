@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from dlscale.bench.generative.records import StreamRecord
+from dlscale.bench.latency import summarize
 
 #: The percentiles every generative report gives.
 PERCENTILES = (50.0, 90.0, 99.0)
@@ -21,13 +20,7 @@ PERCENTILES = (50.0, 90.0, 99.0)
 
 def distribution(values_ns: Sequence[float]) -> dict[str, float | None]:
     """p50, p90, p99, mean, min and max in seconds (None for no values)."""
-    keys = [f"p{p:g}" for p in PERCENTILES] + ["mean", "min", "max"]
-    if len(values_ns) == 0:
-        return dict.fromkeys(keys)
-    arr = np.asarray(values_ns, dtype=np.float64) / 1e9
-    out: dict[str, float | None] = {f"p{p:g}": float(np.percentile(arr, p)) for p in PERCENTILES}
-    out.update(mean=float(arr.mean()), min=float(arr.min()), max=float(arr.max()))
-    return out
+    return summarize(values_ns, PERCENTILES, method="linear")
 
 
 @dataclass(frozen=True)
