@@ -93,21 +93,16 @@ class GrpcClient:
     async def model_config(self, model: str, version: str = "") -> dict[str, Any] | None:
         """The model's configuration in the REST form (Triton's field names), or None when the
         server does not offer the extension."""
-        request = pb.ModelConfigRequest(name=model, version=version)
-        try:
-            reply = await self._call("ModelConfig", request)
-        except BenchError:
-            return None
-        return _as_dict(reply.config)
+        reply = await self._optional(
+            "ModelConfig", pb.ModelConfigRequest(name=model, version=version)
+        )
+        return None if reply is None else _as_dict(reply.config)
 
     async def statistics(self, model: str, version: str = "") -> dict[str, Any] | None:
         """The statistics extension's answer in the REST form, or None when not offered."""
         request = pb.ModelStatisticsRequest(name=model, version=version)
-        try:
-            reply = await self._call("ModelStatistics", request)
-        except BenchError:
-            return None
-        return _as_dict(reply)
+        reply = await self._optional("ModelStatistics", request)
+        return None if reply is None else _as_dict(reply)
 
     async def infer(
         self, model: str, inputs: dict[str, np.ndarray], version: str = ""
@@ -167,6 +162,13 @@ class GrpcClient:
             return await getattr(self._stub, method)(request, timeout=timeout or self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise BenchError(f"{exc.code().name}: {exc.details()}") from None
+
+    async def _optional(self, method: str, request: Any) -> Any:
+        """The reply of an extension's call, or None when the server does not offer it."""
+        try:
+            return await self._call(method, request)
+        except BenchError:
+            return None
 
 
 def _write_request(message: Framed) -> bytes:

@@ -94,29 +94,19 @@ class HttpClient:
 
     async def infer_request(self, request: InferenceRequest) -> InferenceResponse:
         """Run one request as given (inputs or outputs may be in shared-memory regions)."""
-        session = self._require()
         url = self.base_url + self._model_path(request.model_name, request.model_version)
         url += "/infer"
         try:
             encoded = encode_request(request, bool(self.binary))
         except (InvalidInput, ValueError) as exc:
             raise BenchError(f"{url}: cannot send the inputs: {exc}") from None
-        body = b"".join(encoded.parts)
         headers = {"Content-Type": "application/json"}
         if encoded.header_length is not None:
             headers = {
                 "Content-Type": "application/octet-stream",
                 _HEADER_LENGTH: str(encoded.header_length),
             }
-        try:
-            async with session.post(url, data=body, headers=headers) as resp:
-                payload = await resp.read()
-                header_len = resp.headers.get(_HEADER_LENGTH)
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise BenchError(f"{url}: {type(exc).__name__}: {exc}") from None
-        if status != 200:
-            raise BenchError(f"{url}: HTTP {status}: {_message(_json(payload))}")
+        payload, header_len = await self._post(url, b"".join(encoded.parts), headers)
         placed = {o.name: o.region for o in request.outputs or () if o.region is not None}
         try:
             return decode_response(payload, int(header_len) if header_len else None, placed)
@@ -134,11 +124,13 @@ class HttpClient:
                 "device_id": memory.device_id,
                 "byte_size": memory.byte_size,
             }
-        await self._post(f"/v2/{kind}sharedmemory/region/{name}/register", body)
+        path = f"/v2/{kind}sharedmemory/region/{name}/register"
+        await self._post(self.base_url + path, json.dumps(body).encode())
 
     async def unregister_region(self, kind: str, name: str) -> None:
         """Unregister a region by name."""
-        await self._post(f"/v2/{kind}sharedmemory/region/{name}/unregister", {})
+        path = f"/v2/{kind}sharedmemory/region/{name}/unregister"
+        await self._post(self.base_url + path, b"{}")
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -151,16 +143,20 @@ class HttpClient:
     def _model_path(model: str, version: str) -> str:
         return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
 
-    async def _post(self, path: str, doc: dict[str, Any]) -> None:
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[bytes, str | None]:
+        """The answer's body and its binary header length; BenchError unless HTTP 200."""
         session = self._require()
-        url = self.base_url + path
         try:
-            async with session.post(url, data=json.dumps(doc).encode()) as resp:
+            async with session.post(url, data=body, headers=headers) as resp:
                 status, payload = resp.status, await resp.read()
+                header_len = resp.headers.get(_HEADER_LENGTH)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BenchError(f"{url}: {type(exc).__name__}: {exc}") from None
         if status != 200:
             raise BenchError(f"{url}: HTTP {status}: {_message(_json(payload))}")
+        return payload, header_len
 
     async def _get(self, path: str) -> tuple[int, Any]:
         session = self._require()
