@@ -16,9 +16,8 @@ from dlscale.bench.multimodel import IndexSampler, Mix, Phase, bodies, drive
 from dlscale.bench.multimodel_report import summary, write
 from dlscale.bench.results import out_dir
 from dlscale.bench.scenarios import parse_duration
-from dlscale.bench.tenants import TenantServer
+from dlscale.bench.tenants import TenantServer, copy_model
 from dlscale.errors import BenchError, DlscaleError
-from dlscale.models.config import write_config
 from dlscale.models.repository import ModelRepository
 from dlscale.serving.memory.sizes import parse_budget
 
@@ -67,13 +66,7 @@ def copies(source: Path, model: str, count: int, root: Path) -> Path:
         raise BenchError(f"cannot copy model {model!r}: {exc}") from None
     for i in range(count):
         name = f"{model}-{i:03d}"
-        folder = root / name
-        folder.mkdir(parents=True, exist_ok=True)
-        write_config(config.model_copy(update={"name": name}), folder / "config.toml")
-        for version in (source / model).iterdir():
-            link = folder / version.name
-            if version.is_dir() and version.name.isdigit() and not link.exists():
-                link.symlink_to(version.resolve(), target_is_directory=True)
+        copy_model(source / model, config.model_copy(update={"name": name}), root / name)
     return root
 
 

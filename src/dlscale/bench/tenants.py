@@ -19,7 +19,7 @@ from typing import Self
 
 from dlscale.errors import BenchError, DlscaleError
 from dlscale.hardware.detect import HostInfo, MigInstance
-from dlscale.models.config import InstanceConfig, write_config
+from dlscale.models.config import InstanceConfig, ModelConfig, write_config
 from dlscale.models.config_sections import QosConfig
 from dlscale.models.repository import ModelRepository
 
@@ -45,16 +45,22 @@ def scratch_repository(source: Path, tenants: list[TenantSpec], root: Path) -> P
             changes: dict[str, object] = {"qos": tenant.qos}
             if tenant.device is not None:
                 changes["instances"] = [InstanceConfig(device=tenant.device)]
-            folder = root / tenant.model
-            folder.mkdir(parents=True, exist_ok=True)
-            write_config(config.model_copy(update=changes), folder / "config.toml")
-            for version in (source / tenant.model).iterdir():
-                link = folder / version.name
-                if version.is_dir() and version.name.isdigit() and not link.exists():
-                    link.symlink_to(version.resolve(), target_is_directory=True)
+            copy_model(
+                source / tenant.model, config.model_copy(update=changes), root / tenant.model
+            )
     except DlscaleError as exc:
         raise BenchError(f"cannot prepare the tenants: {exc}") from None
     return root
+
+
+def copy_model(source: Path, config: ModelConfig, folder: Path) -> None:
+    """A model folder holding `config` and links to the version folders of `source`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_config(config, folder / "config.toml")
+    for version in source.iterdir():
+        link = folder / version.name
+        if version.is_dir() and version.name.isdigit() and not link.exists():
+            link.symlink_to(version.resolve(), target_is_directory=True)
 
 
 def configured_qos(source: Path, model: str) -> QosConfig | None:
