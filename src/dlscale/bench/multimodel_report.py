@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ def summary(phase: Phase, baseline: Phase | None = None) -> dict[str, Any]:
         "phase": phase.name,
         "requests": len(phase.sent),
         "answered": len(ok),
-        "failed": {str(k): v for k, v in _statuses(phase.sent).items() if k != 200},
+        "failed": {str(k): v for k, v in Counter(s.status for s in phase.sent).items() if k != 200},
         "hit_rate": len(resident) / len(ok) if ok else None,
         "loads": len(phase.loads()),
         "mean_load_s": float(np.mean(phase.load_s)) if phase.load_s else None,
@@ -50,13 +50,6 @@ def summary(phase: Phase, baseline: Phase | None = None) -> dict[str, Any]:
     if baseline is not None:
         out.update(compare(phase, baseline))
     return out
-
-
-def _statuses(sent: list[Sent]) -> dict[int, int]:
-    counts: dict[int, int] = defaultdict(int)
-    for s in sent:
-        counts[s.status] += 1
-    return dict(counts)
 
 
 def per_model(sent: list[Sent]) -> dict[str, dict[str, Any]]:
