@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,37 +52,48 @@ class TraceRequest:
     output_tokens: int | None = None
 
 
-def read_trace(path: Path) -> list[TraceRequest]:
-    """The trace's requests in time order; BenchError names the file and line of a bad one."""
+def json_lines(
+    path: Path, max_bytes: int, max_line_bytes: int, max_lines: int
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each non-blank line of a JSONL trace as an object, with `--trace FILE:LINE` to name it in
+    errors; the file's size, each line's and their count are bounded before they are read."""
     if not path.is_file():
         raise BenchError(f"--trace {path}: no such file")
     size = path.stat().st_size
-    if size > MAX_TRACE_BYTES:
-        raise BenchError(f"--trace {path}: {size} bytes, more than the {MAX_TRACE_BYTES} allowed")
-    out: list[TraceRequest] = []
+    if size > max_bytes:
+        raise BenchError(f"--trace {path}: {size} bytes, more than the {max_bytes} allowed")
+    count = 0
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
-            if len(raw) > MAX_LINE_BYTES:
-                raise BenchError(f"--trace {path}:{number}: longer than {MAX_LINE_BYTES} bytes")
+            where = f"--trace {path}:{number}"
+            if len(raw) > max_line_bytes:
+                raise BenchError(f"{where}: longer than {max_line_bytes} bytes")
             if not raw.strip():
                 continue
-            if len(out) == MAX_REQUESTS:
-                raise BenchError(f"--trace {path}: more than {MAX_REQUESTS} requests")
-            out.append(_line(raw, f"--trace {path}:{number}"))
-    if not out:
+            if count == max_lines:
+                raise BenchError(f"--trace {path}: more than {max_lines} requests")
+            count += 1
+            try:
+                doc = json.loads(raw)
+            except ValueError as exc:
+                raise BenchError(f"{where}: not JSON ({exc})") from None
+            if not isinstance(doc, dict):
+                raise BenchError(f"{where}: a line must be a JSON object")
+            yield where, doc
+    if not count:
         raise BenchError(f"--trace {path}: no requests")
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """The trace's requests in time order; BenchError names the file and line of a bad one."""
+    lines = json_lines(path, MAX_TRACE_BYTES, MAX_LINE_BYTES, MAX_REQUESTS)
+    out = [_line(doc, where) for where, doc in lines]
     _check_counts(out, f"--trace {path}")
     # Stable: requests of the same instant keep the file's order.
     return sorted(out, key=lambda r: r.offset_s)
 
 
-def _line(raw: bytes, where: str) -> TraceRequest:
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise BenchError(f"{where}: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise BenchError(f"{where}: a line must be a JSON object")
+def _line(doc: dict[str, Any], where: str) -> TraceRequest:
     unknown = sorted(set(doc) - _KEYS)
     if unknown:
         raise BenchError(f"{where}: unknown key(s) {unknown}; expected {sorted(_KEYS)}")

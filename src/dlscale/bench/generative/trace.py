@@ -9,7 +9,6 @@ offset from the first, divided by `speedup`. Everything is bounded before use.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from dlscale.bench.generative.prompts import (
     MAX_TOKENS_PER_PROMPT,
     PromptMaker,
 )
+from dlscale.bench.trace import json_lines
 from dlscale.errors import BenchError
 
 MAX_LINE_BYTES = 1 << 20
@@ -38,21 +38,8 @@ class TraceEntry:
 
 def read_trace(path: Path) -> list[TraceEntry]:
     """The trace's entries by time, offsets from the earliest; BenchError names a bad line."""
-    if not path.is_file():
-        raise BenchError(f"--trace {path}: no such file")
-    if path.stat().st_size > MAX_TRACE_BYTES:
-        raise BenchError(f"--trace {path}: larger than {MAX_TRACE_BYTES} bytes")
-    entries: list[tuple[float, TraceEntry]] = []
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if len(raw) > MAX_LINE_BYTES:
-                raise BenchError(f"--trace {path}:{number}: a line over {MAX_LINE_BYTES} bytes")
-            if raw.strip():
-                entries.append(_entry(raw, f"{path}:{number}"))
-            if len(entries) > MAX_REQUESTS:
-                raise BenchError(f"--trace {path}: more than {MAX_REQUESTS} requests")
-    if not entries:
-        raise BenchError(f"--trace {path}: no requests")
+    lines = json_lines(path, MAX_TRACE_BYTES, MAX_LINE_BYTES, MAX_REQUESTS)
+    entries = [_entry(doc, where) for where, doc in lines]
     entries.sort(key=lambda e: e[0])
     start = entries[0][0]
     return [
@@ -60,21 +47,15 @@ def read_trace(path: Path) -> list[TraceEntry]:
     ]
 
 
-def _entry(raw: bytes, where: str) -> tuple[float, TraceEntry]:
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise BenchError(f"--trace {where}: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise BenchError(f"--trace {where}: each line must be a JSON object")
+def _entry(doc: dict[str, object], where: str) -> tuple[float, TraceEntry]:
     stamp = doc.get("timestamp")
     if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not 0 <= stamp < 1e12:
-        raise BenchError(f"--trace {where}: timestamp must be milliseconds >= 0, not {stamp!r}")
+        raise BenchError(f"{where}: timestamp must be milliseconds >= 0, not {stamp!r}")
     out = _length(doc, "output_length", MAX_OUTPUT_TOKENS, where)
     text = doc.get("text")
     if text is not None:
         if not isinstance(text, str) or not text:
-            raise BenchError(f"--trace {where}: text must be a non-empty string")
+            raise BenchError(f"{where}: text must be a non-empty string")
         return float(stamp), TraceEntry(0.0, out, None, text)
     isl = _length(doc, "input_length", MAX_TOKENS_PER_PROMPT, where)
     return float(stamp), TraceEntry(0.0, out, isl)
@@ -83,7 +64,7 @@ def _entry(raw: bytes, where: str) -> tuple[float, TraceEntry]:
 def _length(doc: dict[str, object], key: str, most: int, where: str) -> int:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise BenchError(f"--trace {where}: {key} must be an integer 1 to {most}, not {value!r}")
+        raise BenchError(f"{where}: {key} must be an integer 1 to {most}, not {value!r}")
     return value
 
 
