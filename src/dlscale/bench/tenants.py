@@ -14,7 +14,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from dlscale.errors import BenchError, DlscaleError
@@ -125,15 +124,10 @@ class TenantServer:
             if self._process.poll() is not None:
                 break
             time.sleep(0.2)
-        self.__exit__(None, None, None)
+        self.__exit__()
         raise BenchError(f"the tenant server for {self.repo} did not start; see {self.log}")
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             try:

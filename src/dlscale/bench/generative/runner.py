@@ -76,7 +76,7 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
             for scenario in options.scenarios
         ]
     finally:
-        loop.run(client.__aexit__(None, None, None))
+        loop.run(client.__aexit__())
         loop.close()
     say("writing the report")
     return report.write(options, points, scenarios, out)
