@@ -301,10 +301,7 @@ class _Worker:
 
     async def _send(self, items: list[Item], issued_ns: int) -> None:
         assert self.samples is not None
-        if self._limit is not None:
-            async with self._limit:
-                done = await exchange(self.target, self.info, self.samples, items)
-        else:
+        async with self._limit or contextlib.nullcontext():
             done = await exchange(self.target, self.info, self.samples, items)
         if not self._accuracy:
             done = replace(done, per_sample=[])  # outputs cross back only when they are checked
