@@ -165,27 +165,24 @@ def _report(
 
 def _write(data: dict[str, Any], results: list[ScenarioResult], out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str] = {}
     mains: list[RunResult] = [r.main for r in results if r.main is not None]
-    latency_png = report.plot_latency(mains, out_dir / "latency.png")
-    if latency_png:
-        files["latency_png"] = str(latency_png)
+    pngs = {"latency_png": report.plot_latency(mains, out_dir / "latency.png")}
     by_rate = [r for r in results if r.sweep_kind != "concurrency"]
     points = [
         sweep_point(run, r.sweep_kind)
         for r in by_rate
         for run in (r.sweep or ([r.main] if r.main else []))
     ]
-    sweep_like = any(r.sweep for r in by_rate) or len(data["targets"]) > 1
-    if sweep_like:
-        sweep_png = report.plot_sweep(points, data["latency_bound_s"], out_dir / "sweep.png")
-        if sweep_png:
-            files["sweep_png"] = str(sweep_png)
+    if any(r.sweep for r in by_rate) or len(data["targets"]) > 1:
+        pngs["sweep_png"] = report.plot_sweep(
+            points, data["latency_bound_s"], out_dir / "sweep.png"
+        )
     concurrency_points = [p for entry in data["scenarios"] for p in entry["sweep"]]
     ceiling_rate = (data.get("client_ceiling") or {}).get("samples_per_s")
-    concurrency_png = sweep.plot(concurrency_points, ceiling_rate, out_dir / "concurrency.png")
-    if concurrency_png:
-        files["concurrency_png"] = str(concurrency_png)
+    pngs["concurrency_png"] = sweep.plot(
+        concurrency_points, ceiling_rate, out_dir / "concurrency.png"
+    )
+    files = {key: str(png) for key, png in pngs.items() if png}
     files["json"] = str(out_dir / "report.json")
     files["markdown"] = str(out_dir / "report.md")
     files["loadgen_logs"] = str(out_dir / "loadgen")
