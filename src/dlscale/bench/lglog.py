@@ -6,22 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dlscale.bench.latency import PERCENTILES, percentile_name
+
 #: Summary keys that hold LoadGen's throughput figure, by scenario (its own spellings).
 _THROUGHPUT_KEYS = (
     "Samples per second",
     "Completed samples per second",
     "QPS w/ loadgen overhead",
 )
-_PERCENTILE_KEYS = {
-    "p50": "50.00 percentile latency (ns)",
-    "p90": "90.00 percentile latency (ns)",
-    "p95": "95.00 percentile latency (ns)",
-    "p99": "99.00 percentile latency (ns)",
-    "p99.9": "99.90 percentile latency (ns)",
-    "mean": "Mean latency (ns)",
-    "min": "Min latency (ns)",
-    "max": "Max latency (ns)",
-}
+#: The summary's latency keys (its spellings) of the percentiles every report gives.
+_PERCENTILE_KEYS = {percentile_name(p): f"{p:.2f} percentile latency (ns)" for p in PERCENTILES}
+_PERCENTILE_KEYS |= {k: f"{k.title()} latency (ns)" for k in ("mean", "min", "max")}
 
 
 def read_logs(folder: Path) -> dict[str, Any]:
