@@ -27,6 +27,16 @@ def save(fig: Any, path: Path, dpi: int = 110) -> Path:
     return path
 
 
+def fmt_ms(seconds: float | None, digits: int = 3) -> str:
+    """Seconds shown as milliseconds; "-" for a missing figure."""
+    return "-" if seconds is None else f"{seconds * 1e3:.{digits}f}"
+
+
+def fmt_rate(value: float | None, digits: int = 1) -> str:
+    """A rate (or any figure) with thousands separators; "-" for a missing figure."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
 def rich_table(
     title: str,
     headers: Sequence[str],

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale.bench import fleet_load, steps, sweep
-from dlscale.bench.render import markdown_table, pyplot, rich_table, save
+from dlscale.bench.render import fmt_ms, fmt_rate, markdown_table, pyplot, rich_table, save
 from dlscale.bench.results import RunResult
 
 
@@ -22,14 +22,6 @@ def write_json(report: dict[str, Any], path: Path) -> Path:
     """The whole report as JSON."""
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return path
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.3f}"
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
 
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -64,7 +56,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _throughput(row: dict[str, Any]) -> str:
     # A client-bound figure is the client's limit: the server did at least that much.
-    text = _rate(row.get("throughput"))
+    text = fmt_rate(row.get("throughput"))
     return f">= {text} (client-bound)" if row.get("client_bound") else text
 
 
@@ -106,9 +98,9 @@ def _cells(r: dict[str, Any], styled: bool = False) -> list[str]:
         str(r["target"]),
         r["scenario"],
         verdict,
-        _rate(r.get("qps")),
+        fmt_rate(r.get("qps")),
         _throughput(r),
-        *(_ms(r.get(p)) for p in ("p50", "p90", "p99", "p99.9")),
+        *(fmt_ms(r.get(p)) for p in ("p50", "p90", "p99", "p99.9")),
         str(r.get("errors", "-")),
         "-" if acc is None else f"{acc:.2%}",
     ]
@@ -138,7 +130,7 @@ def peak_lines(report: dict[str, Any]) -> list[str]:
             continue
         p99 = entry["result"]["latency_s"].get("p99")
         out.append(
-            f"peak: {entry['peak_qps']:,.1f} queries/s with p99 {_ms(p99)} ms ({entry['note']})"
+            f"peak: {entry['peak_qps']:,.1f} queries/s with p99 {fmt_ms(p99)} ms ({entry['note']})"
         )
     return out
 
@@ -154,8 +146,8 @@ def sweep_table(report: dict[str, Any]) -> Table | None:
             p["target"],
             str(p["concurrency"]),
             _throughput({"throughput": p["throughput_samples_per_s"], **p}),
-            _ms(p["request_latency_s"].get("p50")),
-            _ms(p["request_latency_s"].get("p99")),
+            fmt_ms(p["request_latency_s"].get("p50")),
+            fmt_ms(p["request_latency_s"].get("p99")),
             "VALID" if p["valid"] else "INVALID",
         ]
         for p in points
@@ -208,9 +200,9 @@ def _comparison_cells(c: dict[str, Any]) -> list[str]:
     return [
         c["target"],
         c["scenario"],
-        _rate(c["throughput"]),
+        fmt_rate(c["throughput"]),
         ratios[0],
-        _ms(c["p99_s"]),
+        fmt_ms(c["p99_s"]),
         ratios[1],
         f"{c['valid_runs']}/{c['runs']}",
     ]

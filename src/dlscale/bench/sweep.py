@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench.render import pyplot, save
+from dlscale.bench.render import fmt_ms, fmt_rate, pyplot, save
 from dlscale.errors import BenchError
 
 
@@ -73,8 +73,8 @@ def markdown(points: Sequence[dict[str, Any]]) -> list[str]:
     for p in rows:
         lat = p["request_latency_s"]
         lines.append(
-            f"| {p['target']} | {p['concurrency']} | {_rate(p['throughput_samples_per_s'])} "
-            f"| {_ms(lat.get('p50'))} | {_ms(lat.get('p99'))} "
+            f"| {p['target']} | {p['concurrency']} | {fmt_rate(p['throughput_samples_per_s'])} "
+            f"| {fmt_ms(lat.get('p50'))} | {fmt_ms(lat.get('p99'))} "
             f"| {'VALID' if p['valid'] else 'INVALID'} | {_yes(p.get('client_bound'))} |"
         )
     return lines
@@ -112,14 +112,6 @@ def plot(points: Sequence[dict[str, Any]], ceiling: float | None, path: Path) ->
     ax.set_title("throughput against latency, by concurrency (labels: requests in flight)")
     ax.legend()
     return save(fig, path)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.3f}"
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
 
 
 def _yes(value: bool | None) -> str:

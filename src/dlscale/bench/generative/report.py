@@ -11,7 +11,7 @@ from dlscale.bench import environment, sweep
 from dlscale.bench.generative import plots
 from dlscale.bench.generative.options import GenerativeOptions
 from dlscale.bench.generative.records import StreamRecord
-from dlscale.bench.render import markdown_row, rich_table
+from dlscale.bench.render import fmt_ms, fmt_rate, markdown_row, rich_table
 from dlscale.bench.report import make_console, write_json
 
 
@@ -81,14 +81,6 @@ def _as_sweep_point(target: str, p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.2f}"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
-
-
 COLUMNS = (
     "load", "ok/failed", "out tok/s", "req/s", "goodput/s",
     "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99", "ITL p50", "ITL p99",
@@ -100,12 +92,12 @@ def point_cells(p: dict[str, Any]) -> list[str]:
     return [
         plots.label(p),
         f"{p['succeeded']}/{p['failed']}",
-        _num(p["output_tokens_per_s"]),
-        _num(p["requests_per_s"]),
-        _num(p["goodput_per_s"]),
-        *(_ms(p["ttft"][k]) for k in ("p50", "p90", "p99")),
-        *(_ms(p["tpot"][k]) for k in ("p50", "p90", "p99")),
-        *(_ms(p["itl"][k]) for k in ("p50", "p99")),
+        fmt_rate(p["output_tokens_per_s"], 2),
+        fmt_rate(p["requests_per_s"], 2),
+        fmt_rate(p["goodput_per_s"], 2),
+        *(fmt_ms(p["ttft"][k], 2) for k in ("p50", "p90", "p99")),
+        *(fmt_ms(p["tpot"][k], 2) for k in ("p50", "p90", "p99")),
+        *(fmt_ms(p["itl"][k], 2) for k in ("p50", "p99")),
     ]
 
 
@@ -118,10 +110,10 @@ def loadgen_cells(s: dict[str, Any]) -> list[str]:
     return [
         s["scenario"],
         s["verdict"],
-        _num(tps),
-        _ms(ttft / 1e9 if ttft is not None else None),
-        _ms(tpot / 1e9 if tpot is not None else None),
-        _num(s["bench"]["output_tokens_per_s"]),
+        fmt_rate(tps, 2),
+        fmt_ms(ttft / 1e9 if ttft is not None else None, 2),
+        fmt_ms(tpot / 1e9 if tpot is not None else None, 2),
+        fmt_rate(s["bench"]["output_tokens_per_s"], 2),
     ]
 
 
