@@ -189,30 +189,25 @@ class RemoteTarget:
         self.label = url
         self.model = model
         self.version = version
-        self._http: HttpClient | None = None
-        self._grpc: GrpcClient | None = None
-        self._declared: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] = ((), ())
+        #: The tensors `declare` gave (empty when none).
+        self.declared: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] = ((), ())
         #: Tensors through shared-memory regions (system or cuda) instead of the messages.
         self.shared_memory = shared_memory
         self.output_shm_size = output_shm_size
         self._regions: RegionPool | None = None
-        if self.kind == "grpc":
-            self._grpc = GrpcClient(parts.netloc)
-        else:
-            self._http = HttpClient(f"{parts.scheme}://{parts.netloc}", connections=connections)
+        self._client: HttpClient | GrpcClient = (
+            GrpcClient(parts.netloc)
+            if self.kind == "grpc"
+            else HttpClient(f"{parts.scheme}://{parts.netloc}", connections=connections)
+        )
 
     def declare(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
         """The tensors to assume when the server's metadata lists none (from a local file)."""
-        self._declared = (inputs, outputs)
-
-    @property
-    def declared(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        """The tensors `declare` gave (empty when none)."""
-        return self._declared
+        self.declared = (inputs, outputs)
 
     async def open(self) -> ModelInfo:
         """Connect, then read the model's metadata (and its config when the server has one)."""
-        client = self._client()
+        client = self._client
         await client.open()
         meta = await client.model_metadata(self.model, self.version)
         config = await client.model_config(self.model, self.version)
@@ -221,7 +216,7 @@ class RemoteTarget:
         if not inputs:
             # Plain OIP lets a server leave them out (MLServer does unless model-settings.json
             # lists them); the session then takes them from the local model file or the data.
-            inputs, outputs = self._declared
+            inputs, outputs = self.declared
             if not inputs:
                 raise BenchError(
                     f"{self.label}: model {self.model!r} declares no inputs in its metadata; "
@@ -249,11 +244,11 @@ class RemoteTarget:
         """One request over the wire (its tensors in shared memory when asked)."""
         if self._regions is not None:
             return await self._regions.infer(self.model, inputs, self.version)
-        return await self._client().infer(self.model, inputs, self.version)
+        return await self._client.infer(self.model, inputs, self.version)
 
     async def batch_times(self) -> BatchTimes | None:
         """Per-batch-size compute time from the statistics extension, when the server has it."""
-        stats = await self._client().statistics(self.model, self.version)
+        stats = await self._client.statistics(self.model, self.version)
         entries = (stats or {}).get("model_stats") or []
         if not entries:
             return None
@@ -265,11 +260,11 @@ class RemoteTarget:
 
     async def model_config(self, model: str) -> dict[str, Any] | None:
         """Any model's config from the server, when it offers the extension."""
-        return await self._client().model_config(model)
+        return await self._client.model_config(model)
 
     async def statistics(self, model: str) -> dict[str, Any] | None:
         """Any model's statistics from the server, when it offers the extension."""
-        return await self._client().statistics(model)
+        return await self._client.statistics(model)
 
     async def close(self) -> None:
         """Unregister and destroy the regions, then close the connections."""
@@ -277,12 +272,7 @@ class RemoteTarget:
             if self._regions is not None:
                 await self._regions.close()
         finally:
-            await self._client().close()
-
-    def _client(self) -> HttpClient | GrpcClient:
-        client = self._http or self._grpc
-        assert client is not None
-        return client
+            await self._client.close()
 
 
 def open_target(
