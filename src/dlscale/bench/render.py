@@ -1,4 +1,5 @@
-"""How every report draws: PNG figures, and tables for the terminal and for Markdown."""
+"""How every report draws: PNG figures, figures as text ("-" when missing), and tables for the
+terminal and for Markdown."""
 
 from __future__ import annotations
 
