@@ -8,8 +8,6 @@ from typing import Any
 
 #: Precisions a peak can be given for, widest first.
 PRECISIONS: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
-#: Figures of a DeviceSpec that carry a source besides the peaks.
-FIELDS: tuple[str, ...] = ("memory", "bandwidth", "tdp", "interconnect", "host_link", "mig")
 
 
 @dataclass(frozen=True)

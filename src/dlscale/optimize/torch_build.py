@@ -12,7 +12,6 @@ source variant's file compiled ahead of time into `model.aoti.pt2` for the searc
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,8 +94,6 @@ class TorchBuilder:
         self.example = {s.name: np.ascontiguousarray(example[s.name][:2]) for s in source.inputs}
         self._module: nn.Module | None = None
         self._exported: Path | None = None
-        #: Seconds spent building the module and exporting it (paid by the first variant).
-        self.setup_s = 0.0
 
     def build(
         self,
@@ -139,9 +136,7 @@ class TorchBuilder:
 
     def _module_built(self) -> nn.Module:
         if self._module is None:
-            start = time.monotonic()
             self._module = self.source.zoo.torch_module(self.source.seq_len)
-            self.setup_s += time.monotonic() - start
         return self._module
 
     def _fp32_program(self) -> Path:
@@ -151,12 +146,10 @@ class TorchBuilder:
             path = self.scratch / "fp32" / PT2
             path.parent.mkdir(parents=True, exist_ok=True)
             module = self._module_built()
-            start = time.monotonic()
             try:
                 save_exported(module, self.example, self.source.inputs, self.source.outputs, path)
             except Exception as exc:
                 raise RecipeError(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
-            self.setup_s += time.monotonic() - start
             self._exported = path
         return self._exported
 
