@@ -15,7 +15,6 @@ from dlscale.hardware.commands import local_device
 from dlscale.hardware.report import roofline_text
 from dlscale.hardware.roofline import Roofline, batch_roofline, best_batch
 from dlscale.hardware.roofline import roofline as roofline_of
-from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.flops import ModelCost, count
 from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
@@ -38,17 +37,12 @@ from dlscale.types import Traffic
 DEFAULT_SERVE_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4", "T4")
 
 
-def catalog_device(name: str) -> DeviceSpec:
-    """The catalog entry called `name`."""
-    return load_catalog().get(name)
-
-
 def plan_train(args: argparse.Namespace) -> int:
     """`dlscale plan train`: training time on a cluster, and optionally its scaling curves."""
     if args.peak_tflops is not None:
         peak, device_name = args.peak_tflops * 1e12, f"{args.peak_tflops:g} TFLOP/s GPU"
     else:
-        spec = catalog_device(args.device)
+        spec = load_catalog().get(args.device)
         found = spec.peak_flops(args.precision)
         if not found:
             raise PlanError(f"{args.device} has no published {args.precision} peak")
@@ -153,7 +147,7 @@ def plan_serve(args: argparse.Namespace) -> int:
     workload = load_workload(args)
     p99 = parse_duration(args.p99)
     names = args.devices.split(",") if args.devices else list(DEFAULT_SERVE_DEVICES)
-    devices = [catalog_device(n) for n in names]
+    devices = [load_catalog().get(n) for n in names]
     prices = parse_prices(args.price)
     curves: list[ServiceCurve] = []
     if args.profile:
@@ -166,7 +160,7 @@ def plan_serve(args: argparse.Namespace) -> int:
             )
         if profile.precision != args.precision:
             print(f"using the profile's precision {profile.precision}, not {args.precision}")
-        measured = catalog_device(profile.device)
+        measured = load_catalog().get(profile.device)
         curves = [profile_curve(profile, measured, d, workload) for d in devices]
         precision = profile.precision
     else:
@@ -206,7 +200,7 @@ def plan_serve(args: argparse.Namespace) -> int:
 def roofline(args: argparse.Namespace) -> int:
     """`dlscale roofline`: the ceiling a device allows a model at a batch and at its best batch,
     and a measured rate's share."""
-    spec = catalog_device(args.device or local_device())
+    spec = load_catalog().get(args.device or local_device())
     batch = args.batch or 1
     best: Roofline | None = None
     if args.flops is not None and args.bytes is not None:

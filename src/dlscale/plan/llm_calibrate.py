@@ -143,9 +143,7 @@ def calibrate(
         raise PlanError("three decode steps calibrate batch 1's MBU apart: one must be batch 1")
     measured = [(model, Measured([Pass.decode(b, c)], s)) for b, c, s in decodes]
     prompt, prompts, seconds = prefill
-    one = Pass.prompt(prompt)
-    whole = Pass(prompt * prompts, prompts, 0.0, one.attended * prompts)
-    measured.append((model, Measured([whole], seconds)))
+    measured.append((model, Measured([Pass.prompts(prompt, prompts)], seconds)))
     host = (PER_SEQUENCE,) if len(decodes) > 1 else ()
     return fit(model, measured, vector, host)
 

@@ -195,7 +195,7 @@ class DecoderOnDevice:
         Token i attends to i tokens (causal), so a prompt's attention sums to n(n+1)/2; the
         pass reads the weights once and writes each token's K and V.
         """
-        return self.pass_work(_prompts(prompt, prompts))
+        return self.pass_work(Pass.prompts(prompt, prompts))
 
     def decode_step_s(self, batch: int, context: float) -> float:
         """Seconds of one decode step for `batch` sequences whose contexts average `context`."""
@@ -205,7 +205,7 @@ class DecoderOnDevice:
         """Seconds to prefill `prompts` prompts of `prompt` tokens arriving together (first
         tokens): one pass, or the passes the engine's token budget splits them into."""
         if self.scheduling.step_tokens is None:
-            return self.pass_s(_prompts(prompt, prompts))
+            return self.pass_s(Pass.prompts(prompt, prompts))
         return sum(self.pass_s(p) for p in self.scheduling.prompt_passes(prompt, prompts))
 
     def max_sequences(self, context: int) -> int:
@@ -213,12 +213,6 @@ class DecoderOnDevice:
         assert self.device.memory_bytes is not None
         free = self.device.memory_bytes * (1 - self.reserve) - self.shape.weight_bytes
         return max(0, math.floor(free / (context * self.shape.kv_bytes_per_token)))
-
-
-def _prompts(prompt: int, prompts: int) -> Pass:
-    """`prompts` whole prompts of `prompt` tokens in one pass."""
-    one = Pass.prompt(prompt)
-    return Pass(one.tokens * prompts, prompts, 0.0, one.attended * prompts)
 
 
 @dataclass(frozen=True)

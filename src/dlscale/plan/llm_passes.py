@@ -38,6 +38,12 @@ class Pass:
         """`tokens` of one prompt after `before` tokens already prefilled."""
         return cls(tokens, 1, before, tokens * before + tokens * (tokens + 1) / 2)
 
+    @classmethod
+    def prompts(cls, tokens: int, count: int) -> Pass:
+        """`count` whole prompts of `tokens` tokens in one pass."""
+        one = cls.prompt(tokens)
+        return cls(one.tokens * count, count, 0.0, one.attended * count)
+
     def __add__(self, other: Pass) -> Pass:
         """The two passes' sequences run in one pass."""
         return Pass(
