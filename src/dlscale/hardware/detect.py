@@ -68,10 +68,9 @@ class HostInfo:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
         return {
+            **self.__dict__,
             "cpu": self.cpu.to_dict(),
             "gpus": [g.to_dict() for g in self.gpus],
-            "driver_version": self.driver_version,
-            "nvml": self.nvml,
         }
 
 

@@ -28,6 +28,7 @@ from dlscale.optimize.slo import SloResult, SloSettings, tune_slo
 from dlscale.optimize.staging import (
     MODEL_FILE,
     backend_options_of,
+    copy_model,
     derived_config,
     folder_name,
     stage,
@@ -36,7 +37,6 @@ from dlscale.optimize.tf_variants import (
     ONNX_PREFIX,
     as_converted,
     convert,
-    copy_model,
     tensorflow_variants,
 )
 from dlscale.optimize.torch_build import TorchBuilder, TorchSource, torch_source

@@ -100,16 +100,8 @@ class PointOutcome:
     sweep: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.point.to_dict(),
-            "ceiling_sps": self.ceiling_sps,
-            "batch_time_ms": self.batch_time_ms,
-            "status": self.status,
-            "reason": self.reason,
-            "peak_qps": self.peak_qps,
-            "p99_ms": self.p99_ms,
-            "sweep": self.sweep,
-        }
+        rest = {k: v for k, v in self.__dict__.items() if k != "point"}
+        return {**self.point.to_dict(), **rest}
 
 
 @dataclass

@@ -46,6 +46,17 @@ def backend_options_of(
     return merged
 
 
+def copy_model(source: Path, folder: Path) -> Path:
+    """A model file, or a model folder (a TensorFlow SavedModel), copied into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / source.name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copyfile(source, target)
+    return target
+
+
 def stage(
     root: Path,
     name: str,

@@ -7,7 +7,6 @@ the same tolerance on the same held-out inputs (docs/optimize.md, TensorFlow mod
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,17 +42,6 @@ def tensorflow_variants() -> list[Variant]:
 def as_converted(variants: list[Variant]) -> list[Variant]:
     """ONNX variants renamed for a converted model: `onnx-fp32` is not the source."""
     return [replace(v, name=ONNX_PREFIX + v.name) for v in variants]
-
-
-def copy_model(source: Path, folder: Path) -> Path:
-    """The TensorFlow model (a SavedModel folder or a .keras file) copied into `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / source.name
-    if source.is_dir():
-        shutil.copytree(source, target)
-    else:
-        shutil.copyfile(source, target)
-    return target
 
 
 def convert(source: Path, signature: str, outputs: list[str], target: Path) -> Path:

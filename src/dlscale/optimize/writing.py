@@ -10,7 +10,7 @@ from dlscale.backends import MODEL_FILES
 from dlscale.errors import DlscaleError, OptimizeError
 from dlscale.models.config import parse_config, write_config
 from dlscale.models.repository import ModelRepository, ModelVersion
-from dlscale.optimize.staging import backend_options_of
+from dlscale.optimize.staging import backend_options_of, copy_model
 from dlscale.optimize.variants import Variant
 
 
@@ -36,11 +36,7 @@ def write_version(
     version = max(on_disk) + 1
     target = folder / str(version)
     target.mkdir()
-    model_file = staged_model_file(staged, variant.runtime)
-    if model_file.is_dir():
-        shutil.copytree(model_file, target / model_file.name)
-    else:
-        shutil.copyfile(model_file, target / model_file.name)
+    copy_model(staged_model_file(staged, variant.runtime), target)
     for data in ("validation.npz", "calibration.npz"):
         if (source.path / data).is_file():
             shutil.copyfile(source.path / data, target / data)
