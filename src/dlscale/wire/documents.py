@@ -9,13 +9,16 @@ subset that a reader of Triton's keys would trip on.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 
 from dlscale.types import (
+    BatchStats,
     DynamicBatching,
+    InferStats,
     InstanceGroup,
     ModelConfigView,
     ModelStatistics,
@@ -155,34 +158,23 @@ def statistics_message(stats: list[ModelStatistics]) -> Any:
 
 
 def _model_stats(s: ModelStatistics) -> Any:
-    inference = s.inference_stats
     return pb.ModelStatistics(
         name=s.name,
         version=s.version,
         last_inference=s.last_inference_ms,
         inference_count=s.inference_count,
         execution_count=s.execution_count,
-        inference_stats=pb.InferStatistics(
-            success=_duration(inference.success),
-            fail=_duration(inference.fail),
-            queue=_duration(inference.queue),
-            compute_input=_duration(inference.compute_input),
-            compute_infer=_duration(inference.compute_infer),
-            compute_output=_duration(inference.compute_output),
-            cache_hit=_duration(inference.cache_hit),
-            cache_miss=_duration(inference.cache_miss),
-        ),
+        inference_stats=pb.InferStatistics(**_durations(s.inference_stats)),
         batch_stats=[
-            pb.InferBatchStatistics(
-                batch_size=b.batch_size,
-                compute_input=_duration(b.compute_input),
-                compute_infer=_duration(b.compute_infer),
-                compute_output=_duration(b.compute_output),
-            )
-            for b in s.batch_stats
+            pb.InferBatchStatistics(batch_size=b.batch_size, **_durations(b)) for b in s.batch_stats
         ],
     )
 
 
-def _duration(d: StatDuration) -> Any:
-    return pb.StatisticDuration(count=d.count, ns=d.ns)
+def _durations(stats: InferStats | BatchStats) -> dict[str, Any]:
+    """Each StatDuration of `stats` as the schema's StatisticDuration of the same name."""
+    return {
+        f.name: pb.StatisticDuration(count=value.count, ns=value.ns)
+        for f in dataclasses.fields(stats)
+        if isinstance(value := getattr(stats, f.name), StatDuration)
+    }

@@ -212,7 +212,8 @@ def frame_infer_response(response: InferenceResponse, raw: bool, max_bytes: int)
         _write_regions(message.outputs, response.in_regions)
         if blobs or (raw and not response.outputs):
             blobs += [b""] * len(response.in_regions)
-    if size >= max_bytes * 0.9:  # `_check_size`'s own test, without its call for the others
+    # ByteSize() serializes under upb: only a response near the limit pays for it.
+    if size >= max_bytes * 0.9:
         _check_size(message, size, max_bytes)
     return Framed(message, blobs)
 
@@ -234,9 +235,6 @@ def _requested_output(message: Any) -> RequestedOutput:
 
 
 def _check_size(message: Any, estimate: int, max_bytes: int) -> None:
-    # ByteSize() serializes under upb; only pay for it when the response is near the limit.
-    if estimate < max_bytes * 0.9:
-        return
     size = message.ByteSize() + estimate + 16
     if size > max_bytes:
         raise PayloadTooLarge(
@@ -415,11 +413,7 @@ def _write_tensors(
             blobs.append(data)
             size += nbytes(data)
             continue
-        written = write_tensor(role, name, array, datatype, form)
-        if written.raw is not None:
-            blobs.append(written.raw)
-            size += nbytes(written.raw)
-        else:
-            getattr(tensor.contents, TYPED_FIELDS[datatype][0]).extend(written.values)
-            size += array.size * 8
+        written = write_tensor(role, name, array, datatype, form)  # typed: values, never raw
+        getattr(tensor.contents, TYPED_FIELDS[datatype][0]).extend(written.values)
+        size += array.size * 8
     return size
