@@ -212,19 +212,12 @@ def instance_counts(caps: DeviceCaps) -> list[int]:
     """Instance counts worth trying: powers of two up to the cores (CPU), 1 to 3 on a GPU."""
     if caps.is_cuda:
         return [1, 2, 3]
-    counts, k = [], 1
-    while k <= max(1, caps.cores):
-        counts.append(k)
-        k *= 2
-    return counts
+    return [1 << k for k in range(max(1, caps.cores).bit_length())]
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4 ... up to the model's max_batch_size (which is included)."""
-    sizes, b = [], 1
-    while b < max_batch_size:
-        sizes.append(b)
-        b *= 2
+    sizes = [1 << k for k in range(max_batch_size.bit_length()) if 1 << k < max_batch_size]
     return [*sizes, max_batch_size]
 
 

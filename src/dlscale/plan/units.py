@@ -28,12 +28,7 @@ def parse_size_range(text: str) -> list[int]:
     lo, hi = parse_size(lo_text), parse_size(hi_text) if sep else parse_size(lo_text)
     if lo < 1 or hi < lo:
         raise PlanError(f"size range {text!r} must be LO:HI with 1 <= LO <= HI")
-    sizes = []
-    size = lo
-    while size <= hi:
-        sizes.append(size)
-        size *= 2
-    return sizes
+    return [lo << k for k in range((hi // lo).bit_length())]  # LO x 2^k <= HI
 
 
 def parse_duration(text: str) -> float:
