@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -66,20 +66,24 @@ def to_fp16(source: Path, dest: Path, *, keep_io_types: bool = True) -> None:
     onnx.save(converted, str(dest))
 
 
+def calibration_batches(data: Arrays, names: Sequence[str]) -> list[Arrays]:
+    """The calibration rows of inputs `names`, CALIBRATION_BATCH at a time (views, no copies);
+    RecipeError when the set lacks one of them."""
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise RecipeError(f"the calibration set lacks inputs {missing} (has {sorted(data)})")
+    rows = len(data[names[0]])
+    return [
+        {n: data[n][start : start + CALIBRATION_BATCH] for n in names}
+        for start in range(0, rows, CALIBRATION_BATCH)
+    ]
+
+
 class _Reader:
     """Feeds calibration rows to onnxruntime's calibrator in small batches."""
 
     def __init__(self, data: Arrays, input_names: list[str]) -> None:
-        missing = [n for n in input_names if n not in data]
-        if missing:
-            raise RecipeError(f"the calibration set lacks inputs {missing} (has {sorted(data)})")
-        self._batches = self._iter({n: data[n] for n in input_names})
-
-    @staticmethod
-    def _iter(data: Arrays) -> Iterator[Arrays]:
-        rows = len(next(iter(data.values())))
-        for start in range(0, rows, CALIBRATION_BATCH):
-            yield {n: a[start : start + CALIBRATION_BATCH] for n, a in data.items()}
+        self._batches = iter(calibration_batches(data, input_names))
 
     def get_next(self) -> Arrays | None:
         return next(self._batches, None)

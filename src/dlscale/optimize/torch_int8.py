@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dlscale.backends.torch.files import SIGNATURE_ENTRY, signature_json
-from dlscale.optimize.onnx_variants import CALIBRATION_BATCH, RecipeError
+from dlscale.optimize.onnx_variants import RecipeError, calibration_batches
 from dlscale.types import TensorSpec
 
 Arrays = dict[str, np.ndarray]
@@ -56,9 +56,7 @@ def quantize_pt2e(
     them into oneDNN INT8 kernels when it compiles the program.
     """
     prepare_pt2e, convert_pt2e, quantizer = pt2e_api()
-    missing = [n for n in names if n not in calibration]
-    if missing:
-        raise RecipeError(f"the calibration set lacks inputs {missing} (has {sorted(calibration)})")
+    batches = calibration_batches(calibration, names)
     args = tuple(torch.from_numpy(np.ascontiguousarray(example[n])) for n in names)
     batch = torch.export.Dim("batch")
     try:
@@ -67,23 +65,14 @@ def quantize_pt2e(
                 module.eval(), args, dynamic_shapes=tuple({0: batch} for _ in args)
             ).module()
             prepared = prepare_pt2e(graph, quantizer)
-            for feed in _batches(calibration, names):
-                prepared(*feed)
+            for feed in batches:
+                prepared(*(torch.from_numpy(np.ascontiguousarray(feed[n])) for n in names))
             converted: nn.Module = convert_pt2e(prepared)
     except RecipeError:
         raise
     except Exception as exc:
         raise RecipeError(f"PT2E quantization failed: {type(exc).__name__}: {exc}") from exc
     return converted
-
-
-def _batches(data: Arrays, names: Sequence[str]) -> Iterator[tuple[torch.Tensor, ...]]:
-    rows = len(data[names[0]])
-    for start in range(0, rows, CALIBRATION_BATCH):
-        yield tuple(
-            torch.from_numpy(np.ascontiguousarray(data[n][start : start + CALIBRATION_BATCH]))
-            for n in names
-        )
 
 
 def save_quantized(
