@@ -19,16 +19,7 @@ from dlscale.models.flops import ModelCost, count
 from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology
-from dlscale.plan.serve import (
-    DEFAULT_EFFICIENCY,
-    DEFAULT_MAX_BATCH,
-    Profile,
-    ServiceCurve,
-    Workload,
-    plan_serving,
-    profile_curve,
-    roofline_curve,
-)
+from dlscale.plan.serve import Profile, ServiceCurve, Workload, curve_on, plan_serving
 from dlscale.plan.tables import table
 from dlscale.plan.train import Cluster, TrainingJob, plan_training, requirement, scaling_curves
 from dlscale.plan.units import human_bytes, human_seconds, parse_duration, parse_prices
@@ -160,16 +151,15 @@ def plan_serve(args: argparse.Namespace) -> int:
             )
         if profile.precision != args.precision:
             print(f"using the profile's precision {profile.precision}, not {args.precision}")
-        measured = load_catalog().get(profile.device)
-        curves = [profile_curve(profile, measured, d, workload) for d in devices]
         precision = profile.precision
+        on = curve_on(workload, profile, precision)
+        curves = [on(d) for d in devices]
     else:
         precision = args.precision
+        on = curve_on(workload, None, precision, args.efficiency, args.max_batch)
         for d in devices:
             try:
-                efficiency = args.efficiency or DEFAULT_EFFICIENCY
-                top = args.max_batch or DEFAULT_MAX_BATCH
-                curves.append(roofline_curve(d, workload, precision, efficiency, top))
+                curves.append(on(d))
             except DlscaleError as exc:
                 print(f"skipped: {exc}")
     plans = plan_serving(curves, args.qps, p99, prices)

@@ -6,24 +6,14 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.detect import detect
-from dlscale.hardware.spec import DeviceSpec
 from dlscale.models.flops import count
 from dlscale.models.locate import onnx_file
-from dlscale.plan.mig import MigLayout, MigTenant, assign, plan_mig
-from dlscale.plan.serve import (
-    DEFAULT_EFFICIENCY,
-    DEFAULT_MAX_BATCH,
-    Profile,
-    ServiceCurve,
-    Workload,
-    profile_curve,
-    roofline_curve,
-)
+from dlscale.plan.mig import CurveOn, MigLayout, MigTenant, assign, plan_mig
+from dlscale.plan.serve import Profile, Workload, curve_on
 from dlscale.plan.tables import table
 from dlscale.plan.units import human_seconds, parse_duration
 
@@ -65,22 +55,9 @@ def _workload(fields: dict[str, str], args: argparse.Namespace) -> Workload:
     return Workload(fields["model"], cost.flops, cost.bytes_per_sample)
 
 
-def _curve_on(workload: Workload, profile_path: str | None, args: argparse.Namespace) -> Any:
-    if profile_path:
-        profile = Profile.load(Path(profile_path))
-        measured = load_catalog().get(profile.device)
-
-        def measured_curve(device: DeviceSpec) -> ServiceCurve:
-            return profile_curve(profile, measured, device, workload)
-
-        return measured_curve
-    efficiency = args.efficiency or DEFAULT_EFFICIENCY
-    top = args.max_batch or DEFAULT_MAX_BATCH
-
-    def roofline_on(device: DeviceSpec) -> ServiceCurve:
-        return roofline_curve(device, workload, args.precision, efficiency, top)
-
-    return roofline_on
+def _curve_on(workload: Workload, profile_path: str | None, args: argparse.Namespace) -> CurveOn:
+    profile = Profile.load(Path(profile_path)) if profile_path else None
+    return curve_on(workload, profile, args.precision, args.efficiency, args.max_batch)
 
 
 def _bytes(text: str) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import PlanError
+from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.roofline import Roofline
 from dlscale.hardware.roofline import roofline as hardware_roofline
 from dlscale.hardware.spec import DeviceSpec
@@ -164,6 +165,22 @@ def profile_curve(
         f"(roofline ratio at batch {top}: {src.bound}-bound there, {dst.bound}-bound here)"
     )
     return ServiceCurve(target, time, top, basis)  # the spread was this host's, not theirs
+
+
+def curve_on(
+    workload: Workload,
+    profile: Profile | None,
+    precision: str,
+    efficiency: float | None = None,
+    max_batch: int | None = None,
+) -> Callable[[DeviceSpec], ServiceCurve]:
+    """A device's service curve for `workload`: the measured profile moved to it, else its
+    roofline at `precision` (the efficiency and max batch given, else the defaults)."""
+    if profile is not None:
+        measured = load_catalog().get(profile.device)
+        return lambda device: profile_curve(profile, measured, device, workload)
+    share, top = efficiency or DEFAULT_EFFICIENCY, max_batch or DEFAULT_MAX_BATCH
+    return lambda device: roofline_curve(device, workload, precision, share, top)
 
 
 @dataclass(frozen=True)
