@@ -28,22 +28,19 @@ def si(value: float | None, unit: str = "") -> str:
 
 def catalog_table(devices: Iterable[DeviceSpec]) -> str:
     """One line per device: dense peaks in TFLOP/s, memory, bandwidth, power."""
-    head = ["name", "kind", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "mem GB", "GB/s", "W"]
-    rows = [head]
-    for spec in devices:
-        rows.append(
-            [
-                spec.name,
-                spec.kind,
-                *(
-                    _tera(spec.peak_flops(p))
-                    for p in ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
-                ),
-                _num(spec.memory_bytes, 1e9, ".4g"),
-                _num(spec.memory_bandwidth, 1e9),
-                _num(spec.tdp_watts, 1.0),
-            ]
-        )
+    peaks = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+    rows = [["name", "kind", *peaks, "mem GB", "GB/s", "W"]]
+    rows += [
+        [
+            spec.name,
+            spec.kind,
+            *(_num(spec.peak_flops(p), 1e12) for p in peaks),
+            _num(spec.memory_bytes, 1e9, ".4g"),
+            _num(spec.memory_bandwidth, 1e9),
+            _num(spec.tdp_watts, 1.0),
+        ]
+        for spec in devices
+    ]
     return _table(rows) + "\n(dense peaks in TFLOP/s or TOP/s; '-' where none is published)"
 
 
@@ -146,10 +143,6 @@ def roofline_text(
             f"({best.bound}-bound: the highest any batch allows, within 1%)"
         )
     return "\n".join(text)
-
-
-def _tera(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e12:g}"
 
 
 def _num(value: float | None, scale: float, fmt: str = "g") -> str:
