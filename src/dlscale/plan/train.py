@@ -124,11 +124,7 @@ def scaling_sizes(topology: Topology, max_nodes: int | None = None) -> list[tupl
     if topology.inter is None:
         top = 1
     sizes = [(k, 1) for k in (1 << i for i in range(g.bit_length())) if k < g]
-    nodes = 1
-    while nodes <= top:
-        sizes.append((g, nodes))
-        nodes *= 2
-    return sizes
+    return sizes + [(g, 1 << i) for i in range(top.bit_length())]  # nodes 1, 2, 4 ... <= top
 
 
 def scaling_curves(
