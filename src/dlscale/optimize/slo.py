@@ -316,13 +316,9 @@ def _config_for(base: ModelConfig, point: ServingPoint, name: str) -> ModelConfi
         "instances": [{"count": point.instances, "device": device}],
         "backend_options": backend_options_of(base, {"intra_op_threads": point.threads}),
     }
-    config = derived_config(base, name, **changes)
-    if name == base.name:
-        # The tuned config keeps the model's own version policy.
-        data = config.model_dump(mode="json", exclude_none=True)
-        data["version_policy"] = base.version_policy.model_dump(mode="json", exclude_none=True)
-        config = ModelConfig.model_validate(data)
-    return config
+    if name == base.name:  # the tuned config keeps the model's own version policy
+        changes["version_policy"] = base.version_policy.model_dump(mode="json", exclude_none=True)
+    return derived_config(base, name, **changes)
 
 
 def _server_run(options: BenchOptions, folder: Path) -> ScenarioResult:
