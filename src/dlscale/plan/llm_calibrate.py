@@ -21,6 +21,13 @@ from dlscale.plan.llm_passes import Pass
 VECTOR, MATRIX, COMPUTE, PER_SEQUENCE, PER_LAYER, PER_REQUEST, KERNEL, PER_BURST = range(8)
 _HOST = (PER_SEQUENCE, PER_LAYER, PER_REQUEST)
 _EVERY_HOST = (*_HOST, PER_BURST)
+#: The Efficiency field each host column is solved for.
+_HOST_FIELDS = {
+    PER_SEQUENCE: "host_s_per_token",
+    PER_LAYER: "host_s_per_layer",
+    PER_REQUEST: "host_s_per_request",
+    PER_BURST: "host_s_per_burst",
+}
 
 
 class AboveCeiling(PlanError):
@@ -169,16 +176,7 @@ def _efficiency(
             mfu,
             vector,
         )
-    host = {c: solved.get(c, 0.0) for c in _EVERY_HOST}
-    return Efficiency(
-        mbu,
-        mfu,
-        host[PER_SEQUENCE],
-        vector,
-        host[PER_LAYER],
-        host[PER_REQUEST],
-        host_s_per_burst=host[PER_BURST],
-    )
+    return Efficiency(mbu, mfu, mbu_vector=vector, **_host_times(solved))
 
 
 def _kernel_efficiency(solved: dict[int, float], times: list[float]) -> Efficiency:
@@ -188,13 +186,10 @@ def _kernel_efficiency(solved: dict[int, float], times: list[float]) -> Efficien
             f"the measured times {[f'{t:.3g} s' for t in times]} fit no positive share of the "
             "measured kernels: the host's fixed costs exceed them"
         )
-    host = {c: solved.get(c, 0.0) for c in _EVERY_HOST}
-    return Efficiency(
-        1 / solved[MATRIX] if MATRIX in solved else 1.0,
-        1.0,
-        host[PER_SEQUENCE],
-        host_s_per_layer=host[PER_LAYER],
-        host_s_per_request=host[PER_REQUEST],
-        kernel_share=1 / solved[KERNEL],
-        host_s_per_burst=host[PER_BURST],
-    )
+    mbu = 1 / solved[MATRIX] if MATRIX in solved else 1.0
+    return Efficiency(mbu, 1.0, kernel_share=1 / solved[KERNEL], **_host_times(solved))
+
+
+def _host_times(solved: dict[int, float]) -> dict[str, float]:
+    """The solved host columns as Efficiency's fields (0 where a column was not fitted)."""
+    return {name: solved.get(column, 0.0) for column, name in _HOST_FIELDS.items()}
