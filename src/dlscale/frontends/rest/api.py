@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
-from dlscale.errors import DlscaleError, redact_paths
+from dlscale.errors import DlscaleError
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
@@ -26,9 +26,10 @@ from dlscale.frontends.rest.generate import GenerateApi
 from dlscale.frontends.rest.openai.routes import OpenAIApi
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
+from dlscale.frontends.rest.responses import failure_response
 from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.frontends.rest.tfserving import TfServingApi
-from dlscale.serving.observe.logs import access, log_failure
+from dlscale.serving.observe.logs import access
 from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.wire.rest import (
     decode_raw_request,
@@ -37,9 +38,6 @@ from dlscale.wire.rest import (
 )
 from dlscale.wire.tensors import Buffer
 
-log = logging.getLogger("dlscale.http")
-
-JSON = "application/json"
 OCTET = "application/octet-stream"
 
 #: Paths whose route is remembered: clients repeat a few; a flood of distinct ones only
@@ -88,7 +86,7 @@ class RestApi:
             try:
                 return await self._call(route, method, path, headers, body)
             except Exception as exc:
-                return self._failed(method, path, route[1], exc)
+                return failure_response(f"{method} {path}", route[1][0] if route[1] else "", exc)
         start = time.perf_counter()
         response = await self._answer(method, path, headers, body)
         if access.isEnabledFor(logging.INFO):
@@ -113,7 +111,7 @@ class RestApi:
                 return error_response(404, f"no route for {_short(path)!r}")
             return await self._call(route, method, path, headers, body)
         except Exception as exc:
-            return self._failed(method, path, args, exc)
+            return failure_response(f"{method} {path}", args[0] if args else "", exc)
 
     def _call(
         self, route: _Route, method: str, path: str, headers: Mapping[str, str], body: Buffer
@@ -136,17 +134,6 @@ class RestApi:
             body = self._decoded(headers, body)
         return handler(args, headers, body)
 
-    @staticmethod
-    def _failed(method: str, path: str, args: list[str], exc: Exception) -> RestResponse:
-        """The answer to a request that raised: its error's status, or 500 for a bug."""
-        if isinstance(exc, DlscaleError):
-            model = args[0] if args else ""
-            log_failure("HTTP", model, exc.http_status, exc.reason, f"{method} {path}: {exc}")
-            return error_response(exc.http_status, exc.message)
-        # a bug must answer 500, not drop the connection
-        log.exception("%s %s failed", method, path, exc_info=exc)
-        return error_response(500, redact_paths(f"internal error: {exc!r}"))
-
     def refusal_before_body(
         self, method: str, path: str, headers: Mapping[str, str]
     ) -> RestResponse | None:
@@ -157,37 +144,27 @@ class RestApi:
         body read, decode or task. Anything else about the request is left to `handle`.
         """
         route = self._routes.get(path)  # OIP routes only (see `handle`)
+        model = ""
         if route is None and self.openai.serves(path):
             tfserving = self.tfserving.route(path) if path.startswith("/v1/") else None
             if tfserving is None:
                 return self.openai.refusal_before_body(method, path, headers)
             refusal = self.tfserving.refusal_before_body(tfserving, method, headers)
-            if refusal is None:
+        else:
+            handler, args, _, group = route or self._route(path)
+            if handler is None:
+                return None  # `handle` answers 404
+            if self._guarded:
+                try:
+                    self.access.check(group, headers)
+                except DlscaleError as exc:
+                    return failure_response(f"{method} {path}", "", exc, challenge=True)
+            if method != "POST" or handler not in self._inference:
                 return None
-            log_failure(
-                "HTTP", "", refusal.http_status, refusal.reason, f"{method} {path}: {refusal}"
-            )
-            challenge = (("www-authenticate", "Bearer"),) if refusal.http_status == 401 else ()
-            return error_response(refusal.http_status, refusal.message, challenge)
-        handler, args, _, group = route or self._route(path)
-        if handler is None:
-            return None  # `handle` answers 404
-        if self._guarded:
-            try:
-                self.access.check(group, headers)
-            except DlscaleError as exc:
-                log_failure("HTTP", "", exc.http_status, exc.reason, f"{method} {path}: {exc}")
-                challenge = (("www-authenticate", "Bearer"),) if exc.http_status == 401 else ()
-                return error_response(exc.http_status, exc.message, challenge)
-        if method != "POST" or handler not in self._inference:
-            return None
-        refusal = self.dataplane.refuse_early(args[0], args[1])
+            model, refusal = args[0], self.dataplane.refuse_early(args[0], args[1])
         if refusal is None:
             return None
-        log_failure(
-            "HTTP", args[0], refusal.http_status, refusal.reason, f"{method} {path}: {refusal}"
-        )
-        return error_response(refusal.http_status, refusal.message)
+        return failure_response(f"{method} {path}", model, refusal, challenge=True)
 
     # -- routing -----------------------------------------------------------------------------------
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from dlscale.errors import DlscaleError, redact_paths
+from dlscale.serving.observe.logs import log_failure
 from dlscale.wire.tensors import Buffer
+
+log = logging.getLogger("dlscale.http")
 
 JSON = "application/json"
 
@@ -36,3 +41,17 @@ def error_response(
 ) -> RestResponse:
     """The protocol's error body: `{"error": "..."}`."""
     return RestResponse(status, [orjson.dumps({"error": message})], headers=headers)
+
+
+def failure_response(
+    what: str, model: str, exc: Exception, challenge: bool = False
+) -> RestResponse:
+    """The answer to request `what` (method and path) that raised `exc`, logged: its error's
+    status, or 500 for a bug (which must answer, not drop the connection). With `challenge`, a
+    401 names the scheme its caller must use (`WWW-Authenticate: Bearer`)."""
+    if isinstance(exc, DlscaleError):
+        log_failure("HTTP", model, exc.http_status, exc.reason, f"{what}: {exc}")
+        headers = (("www-authenticate", "Bearer"),) if challenge and exc.http_status == 401 else ()
+        return error_response(exc.http_status, exc.message, headers)
+    log.exception("%s failed", what, exc_info=exc)
+    return error_response(500, redact_paths(f"internal error: {exc!r}"))

@@ -8,17 +8,21 @@ serve, is OpenAI's `retrieve`, answered by the OpenAI routes as before (docs/tfs
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
-from dlscale.errors import DlscaleError, NotFound, redact_paths
+from dlscale.errors import DlscaleError, NotFound
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import tfserving_documents as documents
-from dlscale.frontends.rest.responses import RestResponse, error_response, json_response
+from dlscale.frontends.rest.responses import (
+    RestResponse,
+    error_response,
+    failure_response,
+    json_response,
+)
 from dlscale.frontends.tfserving import methods
 from dlscale.frontends.tfserving.signature import (
     SERVING_DEFAULT,
@@ -26,11 +30,9 @@ from dlscale.frontends.tfserving.signature import (
     check_signature,
     statuses,
 )
-from dlscale.serving.observe.logs import log_failure
 from dlscale.types import InferenceRequest, ModelKind, ModelMetadata
 from dlscale.wire.tensors import Buffer
 
-log = logging.getLogger("dlscale.http")
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 _Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Fallback = Callable[[str, str, Mapping[str, str], Buffer], Awaitable[RestResponse]]
@@ -111,12 +113,8 @@ class TfServingApi:
                 message = f"{method} is not allowed on {path[:200]!r}; use {allowed}"
                 return error_response(405, message, (("allow", allowed),))
             return await handler(args, headers, self.decoded(headers, body))
-        except DlscaleError as exc:
-            log_failure("HTTP", args[0], exc.http_status, exc.reason, f"{method} {path}: {exc}")
-            return error_response(exc.http_status, exc.message)
-        except Exception as exc:  # a bug must answer 500, not drop the connection
-            log.exception("%s %s failed", method, path)
-            return error_response(500, redact_paths(f"internal error: {exc!r}"))
+        except Exception as exc:
+            return failure_response(f"{method} {path}", args[0], exc)
 
     def refusal_before_body(
         self, route: Route, method: str, headers: Mapping[str, str]
