@@ -11,6 +11,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+#: Requests larger than this (bytes in a body, or for gRPC also elements declared, 4 bytes
+#: each) are decoded off the event loop, so that the loop keeps answering.
+OFF_LOOP_BYTES = 256 * 2**10
 
 
 async def off_loop(large: bool, decode: Callable[..., T], *args: Any) -> T:

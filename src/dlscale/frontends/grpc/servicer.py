@@ -16,7 +16,7 @@ from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.outbox import Outbox
 from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
-from dlscale.frontends.offload import off_loop
+from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.serving.observe.otel import TRACEPARENT
@@ -29,8 +29,6 @@ from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-#: Requests carrying more than this (bytes, or elements declared) are decoded off the loop.
-OFF_LOOP_BYTES = 256 * 2**10
 _Handler = Callable[[Any, Any, Any], Awaitable[_T]]
 #: Triton's response parameter on each ModelStreamInfer response: whether it is the last.
 FINAL = "triton_final_response"

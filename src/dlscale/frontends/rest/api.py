@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from dlscale.errors import DlscaleError
 from dlscale.frontends.access import Access, rest_group
 from dlscale.frontends.limits import Limits
-from dlscale.frontends.offload import off_loop
+from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import shared_memory
 from dlscale.frontends.rest.control_routes import ControlRoutes
@@ -46,8 +46,6 @@ _ROUTE_CACHE_SIZE = 1024
 _Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 #: A route: its handler (None: no route), path arguments, the one method, and its API group.
 _Route = tuple[_Handler | None, list[str], str, str]
-#: Bodies larger than this are decoded off the event loop, so that the loop keeps answering.
-OFF_LOOP_BYTES = 256 * 2**10
 
 
 class RestApi:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dlscale.errors import DlscaleError, InvalidInput
-from dlscale.frontends.offload import off_loop
+from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked
 from dlscale.frontends.rest import render
 from dlscale.frontends.rest.documents import json_object, load_request
@@ -101,7 +101,7 @@ class ControlRoutes:
         return json_response(render.repository_index(await self.plane.repository_index(ready)))
 
     async def load(self, args: list[str], headers: Mapping[str, str], body: Buffer) -> RestResponse:
-        large = len(body) > 2**18  # a load with files: JSON and base64 decoded in a thread
+        large = len(body) > OFF_LOOP_BYTES  # a load with files: JSON and base64 decoded in a thread
         await self.plane.load_model(args[0], await off_loop(large, load_request, body))
         return EMPTY_OK
 

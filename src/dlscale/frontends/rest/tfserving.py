@@ -14,7 +14,7 @@ from urllib.parse import unquote
 from dlscale.errors import DlscaleError, NotFound
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
-from dlscale.frontends.offload import off_loop
+from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import (
@@ -41,8 +41,6 @@ Route = tuple[_Handler, list[str], str, str]
 VERBS = ("predict", "classify", "regress")
 #: Paths whose route is remembered (the OIP routes' bound).
 ROUTE_CACHE_SIZE = 1024
-#: Bodies larger than this are decoded off the event loop (the OIP routes' bound).
-OFF_LOOP_BYTES = 256 * 2**10
 
 
 class TfServingApi:
