@@ -151,8 +151,8 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference ------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: Any, context: Any) -> Framed:
-        """One coroutine per call, `_unary`'s error mapping and `_infer`'s work inline: this runs
-        for every request, and each coroutine layer costs it a frame on every resumption."""
+        """One coroutine per call, `_unary`'s error mapping inline: this runs for every request,
+        and each coroutine layer costs it a frame on every resumption."""
         start = time.perf_counter()
         code = "OK"
         try:
@@ -233,18 +233,18 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         final response with no outputs only if the request sets
         `triton_enable_empty_final_response` (Triton's decoupled protocol)."""
         plain = _plain(message)
-        name, version = plain.model_name, plain.model_version
-        config = await self.dataplane.model_config(name, version)
-        if not config.decoupled:
-            reply = await self._infer(message, traceparent)
-            reply.message.parameters[FINAL].bool_param = True
-            await send(reply)
-            return
+        config = await self.dataplane.model_config(plain.model_name, plain.model_version)
         request = self._decoded(message, traceparent)
         if request is None:
             request = await self._decoded_off_loop(message, traceparent)
-        empty_final = request.parameters.get(EMPTY_FINAL) is True
         raw = wants_raw(request)
+        if not config.decoupled:
+            response = await self.dataplane.infer(request)
+            reply = convert.infer_response(response, raw, self.max_message_bytes)
+            reply.message.parameters[FINAL].bool_param = True
+            await send(reply)
+            return
+        empty_final = request.parameters.get(EMPTY_FINAL) is True
         responses = self.dataplane.stream(request)
         try:
             async for response in responses:
@@ -254,13 +254,6 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 await send(convert.infer_response(response, raw, self.max_message_bytes))
         finally:
             await aclose(responses)
-
-    async def _infer(self, message: Any, traceparent: str = "") -> Framed:
-        request = self._decoded(message, traceparent)
-        if request is None:
-            request = await self._decoded_off_loop(message, traceparent)
-        response = await self.dataplane.infer(request)
-        return convert.infer_response(response, wants_raw(request), self.max_message_bytes)
 
     def _decoded(self, message: Any, traceparent: str) -> InferenceRequest | None:
         """The request decoded here, or None when it is large enough to decode off the loop
