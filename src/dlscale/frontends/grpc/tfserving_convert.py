@@ -33,6 +33,7 @@ from dlscale.frontends.tfserving.signature import (
     VersionStatus,
     version_number,
 )
+from dlscale.frontends.tfserving.values import spec_of
 from dlscale.types import Datatype, InferenceResponse, ModelMetadata, TensorSpec
 from dlscale.wire.bounds import check_shape
 from dlscale.wire.tensors import RawData, WireTensor, Wording, as_bytes, read_tensor
@@ -82,16 +83,10 @@ def model_spec(request: Any) -> tuple[str, str, str]:
 def predict_inputs(request: Any, meta: ModelMetadata, most: int) -> dict[str, np.ndarray]:
     """A PredictRequest's inputs as arrays of the model's datatypes."""
     specs = {s.name: s for s in meta.inputs}
-    out = {}
-    for name, proto in request.inputs.items():
-        spec = specs.get(name)
-        if spec is None:
-            known = ", ".join(repr(n) for n in specs)
-            raise InvalidInput(
-                f"model {meta.name!r} has no input {name[:200]!r}; its inputs: {known}"
-            )
-        out[name] = to_array(proto, spec, most)
-    return out
+    return {
+        name: to_array(proto, spec_of(specs, name, meta.name), most)
+        for name, proto in request.inputs.items()
+    }
 
 
 def to_array(proto: Any, spec: TensorSpec, most: int) -> np.ndarray:

@@ -19,8 +19,6 @@ from dlscale.frontends.grpc.servicer import unary
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.tfserving import inputs, methods
 from dlscale.frontends.tfserving.signature import (
-    SERVING_DEFAULT,
-    SIGNATURE_PARAMETER,
     check_signature,
     statuses,
 )
@@ -73,11 +71,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     async def _model(self, name: str, version: str, signature: str) -> ModelMetadata:
         meta = await self.plane.model_metadata(name, version)
-        other = ""
-        if signature not in ("", SERVING_DEFAULT):  # another name: the model's config may give it
-            config = await self.plane.model_config(name, version)
-            other = config.parameters.get(SIGNATURE_PARAMETER, "")
-        check_signature(signature, meta, other)
+        await check_signature(self.plane, signature, meta, version)
         return meta
 
     async def _examples(self, request: Any, meta: ModelMetadata, version: str) -> Any:

@@ -25,8 +25,6 @@ from dlscale.frontends.rest.responses import (
 )
 from dlscale.frontends.tfserving import methods
 from dlscale.frontends.tfserving.signature import (
-    SERVING_DEFAULT,
-    SIGNATURE_PARAMETER,
     check_signature,
     statuses,
 )
@@ -149,7 +147,7 @@ class TfServingApi:
         model, version, _ = args
         meta = await self.plane.model_metadata(model, version)
         decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_predict, body, meta)
-        await self._check_signature(decoded.signature, meta, version)
+        await check_signature(self.plane, decoded.signature, meta, version)
         response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
         return RestResponse(200, [documents.predict_answer(response, decoded.rows)])
 
@@ -166,7 +164,7 @@ class TfServingApi:
         plan = methods.classify_plan(meta) if verb == "classify" else None
         regress = methods.regress_output(meta) if plan is None else ""
         decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_examples, body, meta, verb)
-        await self._check_signature(decoded.signature, meta, version)
+        await check_signature(self.plane, decoded.signature, meta, version)
         response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
         rows = decoded.rows or 0
         if plan is not None:
@@ -178,13 +176,6 @@ class TfServingApi:
     def _read_examples(self, body: Buffer, meta: ModelMetadata, verb: str) -> documents.Decoded:
         doc = documents.read_document(body, verb)
         return documents.example_arrays(doc, meta, self.limits.max_tensor_elements)
-
-    async def _check_signature(self, name: str, meta: ModelMetadata, version: str) -> None:
-        other = ""
-        if name not in ("", SERVING_DEFAULT):  # another name: the model's config may give it
-            config = await self.plane.model_config(meta.name, version)
-            other = config.parameters.get(SIGNATURE_PARAMETER, "")
-        check_signature(name, meta, other)
 
     async def _no_label(
         self, args: list[str], headers: Mapping[str, str], body: Buffer

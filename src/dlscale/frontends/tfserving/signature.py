@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale.errors import InvalidInput, NotFound
+from dlscale.frontends.plane import Asked
 from dlscale.types import Datatype, ModelMetadata, RepositoryEntry
 
 SERVING_DEFAULT = "serving_default"
@@ -45,9 +46,14 @@ STATES = {
 }
 
 
-def check_signature(name: str, meta: ModelMetadata, other: str = "") -> None:
-    """InvalidInput unless `name` is empty, `serving_default` or `other` (the model's own)."""
-    if name in ("", SERVING_DEFAULT) or (other and name == other):
+async def check_signature(plane: Asked, name: str, meta: ModelMetadata, version: str) -> None:
+    """InvalidInput unless `name` is empty, `serving_default` or the other name the model's
+    config gives (SIGNATURE_PARAMETER, a TensorFlow model's own)."""
+    if name in ("", SERVING_DEFAULT):
+        return
+    config = await plane.model_config(meta.name, version)
+    other = config.parameters.get(SIGNATURE_PARAMETER, "")
+    if other and name == other:
         return
     known = ", ".join(repr(n) for n in (SERVING_DEFAULT, other) if n)
     raise InvalidInput(
