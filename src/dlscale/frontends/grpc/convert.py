@@ -1,7 +1,8 @@
 """The DataPlane's typed answers as gRPC messages, and the fields the servicer reads from requests.
 
 Inference messages are the wire codec's (`dlscale.wire.grpc`); this module adds what only the
-server says: health, metadata, config, statistics, the repository, and in-stream errors.
+server says: health, metadata, config, statistics, the repository, shared-memory regions, and
+in-stream errors.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.errors import InvalidInput
+from dlscale.serving.regions.registry import RegionStatus
 from dlscale.types import (
     ModelConfigView,
     ModelMetadata,
@@ -175,11 +177,31 @@ def repository_index(rows: list[RepositoryEntry]) -> Any:
     )
 
 
-def load_done() -> Any:
-    """RepositoryModelLoadResponse."""
-    return pb.RepositoryModelLoadResponse()
+def done(method: str) -> Any:
+    """The empty answer of RPC `method` (a load, unload, register or unregister done)."""
+    return getattr(pb, f"{method}Response")()
 
 
-def unload_done() -> Any:
-    """RepositoryModelUnloadResponse."""
-    return pb.RepositoryModelUnloadResponse()
+# -- shared memory ----------------------------------------------------------------------------
+
+
+def system_regions(regions: list[RegionStatus]) -> Any:
+    """SystemSharedMemoryStatusResponse: the regions by name."""
+    status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+    return pb.SystemSharedMemoryStatusResponse(
+        regions={
+            s.name: status(name=s.name, key=s.key, offset=s.offset, byte_size=s.byte_size)
+            for s in regions
+        }
+    )
+
+
+def cuda_regions(regions: list[RegionStatus]) -> Any:
+    """CudaSharedMemoryStatusResponse: the regions by name."""
+    status = pb.CudaSharedMemoryStatusResponse.RegionStatus
+    return pb.CudaSharedMemoryStatusResponse(
+        regions={
+            s.name: status(name=s.name, device_id=s.device_id, byte_size=s.byte_size)
+            for s in regions
+        }
+    )

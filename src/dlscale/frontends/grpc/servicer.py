@@ -15,11 +15,11 @@ import grpc
 from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.outbox import Outbox
-from dlscale.frontends.grpc.shared_memory import SharedMemoryRpcs
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.serving.observe.logs import access, log_failure
 from dlscale.serving.observe.otel import TRACEPARENT
+from dlscale.serving.regions.registry import RegionKind
 from dlscale.serving.streams import aclose
 from dlscale.types import InferenceRequest
 from dlscale.wire.bounds import MAX_ELEMENTS
@@ -113,7 +113,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         self.max_stream_answers = max_stream_answers
         #: The outbox of each stream open now: what the server holds for each (its own count).
         self.outboxes: set[Outbox] = set()
-        self.shared_memory = SharedMemoryRpcs(dataplane.shared_memory)
+        self.shared_memory = dataplane.shared_memory
         #: Whether a caller's `traceparent` metadata is read: only an OTLP trace continues it,
         #: and whether the server has one is fixed at its start (`GrpcFrontend.start` says).
         self.continues_traces = True
@@ -289,12 +289,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         parameters = convert.load_parameters(request)
         await self.dataplane.load_model(convert.model_name(request), parameters)
-        return convert.load_done()
+        return convert.done("RepositoryModelLoad")
 
     @_unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(convert.model_name(request))
-        return convert.unload_done()
+        return convert.done("RepositoryModelUnload")
 
     # -- trace and log settings -------------------------------------------------------------------
 
@@ -308,31 +308,39 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         changes = convert.log_changes(request)
         return convert.log_settings(await self.dataplane.log_settings(changes))
 
-    # -- shared memory (the RPCs of frontends/grpc/shared_memory.py) -------------------------------
+    # -- shared memory (Triton's system and CUDA extensions; the registry does the work) --------
 
     @_unary
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return self.shared_memory.system_status(request)
+        return convert.system_regions(self.shared_memory.status(RegionKind.SYSTEM, request.name))
 
     @_unary
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        return self.shared_memory.system_register(request)
+        self.shared_memory.register_system(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return convert.done("SystemSharedMemoryRegister")
 
     @_unary
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return self.shared_memory.system_unregister(request)
+        self.shared_memory.unregister(RegionKind.SYSTEM, request.name)  # no name: every region
+        return convert.done("SystemSharedMemoryUnregister")
 
     @_unary
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return self.shared_memory.cuda_status(request)
+        return convert.cuda_regions(self.shared_memory.status(RegionKind.CUDA, request.name))
 
     @_unary
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        return self.shared_memory.cuda_register(request)
+        self.shared_memory.register_cuda(
+            request.name, bytes(request.raw_handle), request.device_id, request.byte_size
+        )
+        return convert.done("CudaSharedMemoryRegister")
 
     @_unary
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return self.shared_memory.cuda_unregister(request)
+        self.shared_memory.unregister(RegionKind.CUDA, request.name)  # no name: every region
+        return convert.done("CudaSharedMemoryUnregister")
 
 
 def _large(message: Any) -> bool:
