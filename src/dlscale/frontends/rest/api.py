@@ -10,8 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from urllib.parse import unquote
+from collections.abc import Awaitable, Mapping
 
 from dlscale.errors import DlscaleError
 from dlscale.frontends.access import Access, rest_group
@@ -24,9 +23,9 @@ from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
 from dlscale.frontends.rest.documents import decoded_body, header_length, length_header
 from dlscale.frontends.rest.generate import GenerateApi
 from dlscale.frontends.rest.openai.routes import OpenAIApi
+from dlscale.frontends.rest.responses import Handler, failure_response, path_parts
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
-from dlscale.frontends.rest.responses import failure_response
 from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.frontends.rest.tfserving import TfServingApi
 from dlscale.serving.observe.logs import access
@@ -43,9 +42,8 @@ OCTET = "application/octet-stream"
 #: Paths whose route is remembered: clients repeat a few; a flood of distinct ones only
 #: refills the cache, which holds routes that exist and never more than this many.
 _ROUTE_CACHE_SIZE = 1024
-_Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 #: A route: its handler (None: no route), path arguments, the one method, and its API group.
-_Route = tuple[_Handler | None, list[str], str, str]
+_Route = tuple[Handler | None, list[str], str, str]
 
 
 class RestApi:
@@ -60,8 +58,7 @@ class RestApi:
         self.access = access or Access()
         #: Whether any API group needs a key or a header (fixed at start): none, no check.
         self._guarded = bool(self.access)
-        self.shared_memory = shared_memory.SharedMemoryApi(dataplane.shared_memory)
-        self.control = ControlRoutes(self.dataplane, self.shared_memory)
+        self.control = ControlRoutes(self.dataplane)
         self.generate = GenerateApi(dataplane, self.limits)
         #: The body with its Content-Encoding undone (the OpenAI and TF Serving routes' too).
         self._decoded = functools.partial(decoded_body, max_bytes=self.max_body_bytes)
@@ -179,7 +176,9 @@ class RestApi:
             handler, args, allowed = self._resolve(path)
             # /metrics shows what the statistics extension shows: it is guarded as that.
             group = (
-                "statistics" if handler == self.control.metrics else rest_group(_parts(path)[1:])
+                "statistics"
+                if handler == self.control.metrics
+                else rest_group(path_parts(path)[1:])
             )
             found = (handler, args, allowed, group)
             if handler is not None:
@@ -188,8 +187,8 @@ class RestApi:
                 self._routes[path] = found
         return found
 
-    def _resolve(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = _parts(path)
+    def _resolve(self, path: str) -> tuple[Handler | None, list[str], str]:
+        parts = path_parts(path)
         if parts == ["metrics"]:  # vLLM's API port serves its metrics here
             return self.control.metrics, [], "GET"
         if not parts or parts[0] != "v2":
@@ -226,7 +225,7 @@ class RestApi:
 
     def _model_route(
         self, model: str, version: str, tail: list[str]
-    ) -> tuple[_Handler | None, list[str], str]:
+    ) -> tuple[Handler | None, list[str], str]:
         args = [model, version]
         match tail:
             case []:
@@ -275,11 +274,6 @@ class RestApi:
 
 async def _ready(response: RestResponse) -> RestResponse:
     return response
-
-
-def _parts(path: str) -> list[str]:
-    """A path's parts without its query, unquoted: '/v2/models/a%20b' -> ['v2', 'models', 'a b']."""
-    return [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
 
 
 def _short(path: str) -> str:

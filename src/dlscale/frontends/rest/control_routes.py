@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from dlscale.errors import DlscaleError, InvalidInput
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked
-from dlscale.frontends.rest import render
+from dlscale.frontends.rest import render, shared_memory
 from dlscale.frontends.rest.documents import json_object, load_request
 from dlscale.frontends.rest.responses import RestResponse, error_response, json_response
-from dlscale.frontends.rest.shared_memory import SharedMemoryApi
 from dlscale.serving.metrics.exposition import CONTENT_TYPE as METRICS_TYPE
 from dlscale.wire.tensors import Buffer
 
@@ -26,9 +25,8 @@ EMPTY_OK = RestResponse(200, [])
 class ControlRoutes:
     """The handlers, each taking the route's path arguments, the headers and the body."""
 
-    def __init__(self, plane: Asked, shared_memory: SharedMemoryApi) -> None:
+    def __init__(self, plane: Asked) -> None:
         self.plane = plane
-        self.shared_memory = shared_memory
 
     # -- health and metadata -----------------------------------------------------------------------
 
@@ -84,7 +82,8 @@ class ControlRoutes:
         kind, name, action = args
         # A worker's registry is the owner's, behind a blocking channel: off the event loop.
         remote = self.plane.remote
-        doc = await off_loop(remote, self.shared_memory.handle, kind, name, action, body)
+        registry = self.plane.shared_memory
+        doc = await off_loop(remote, shared_memory.handle, registry, kind, name, action, body)
         return EMPTY_OK if doc is None else json_response(doc)
 
     # -- repository and statistics -----------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""A REST answer as the routes make it, before the connection frames it for the wire."""
+"""A REST answer as the routes make it, before the connection frames it for the wire, and what
+every group of routes (OIP, OpenAI, TF Serving) shares: a handler's type, a path's parts."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -55,3 +57,14 @@ def failure_response(
         return error_response(exc.http_status, exc.message, headers)
     log.exception("%s failed", what, exc_info=exc)
     return error_response(500, redact_paths(f"internal error: {exc!r}"))
+
+
+#: A route's handler: its path arguments, the headers (lower-case names) and the body.
+Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
+#: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
+Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
+
+
+def path_parts(path: str) -> list[str]:
+    """A path's parts without its query, unquoted: '/v2/models/a%20b' -> ['v2', 'models', 'a b']."""
+    return [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]

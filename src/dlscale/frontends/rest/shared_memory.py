@@ -53,28 +53,24 @@ def route(prefix: str, tail: list[str]) -> tuple[list[str], str] | None:
     return None
 
 
-class SharedMemoryApi:
-    """Status, register and unregister over the server's registry."""
-
-    def __init__(self, registry: SharedMemoryRegistry) -> None:
-        self.registry = registry
-
-    def handle(self, kind_name: str, name: str, action: str, body: Buffer) -> Any:
-        """Answer one call: the status list, or None for a register or unregister done."""
-        kind = RegionKind(kind_name)
-        if action == "status":
-            return [_status(s) for s in self.registry.status(kind, name)]
-        if action == "unregister":
-            self.registry.unregister(kind, name)
-            return None
-        if kind is RegionKind.SYSTEM:
-            system = _decode(body, _SystemRegister, "system shared-memory register")
-            self.registry.register_system(name, system.key, system.offset, system.byte_size)
-        else:
-            cuda = _decode(body, _CudaRegister, "CUDA shared-memory register")
-            handle = _base64(cuda.raw_handle.b64)
-            self.registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
+def handle(
+    registry: SharedMemoryRegistry, kind_name: str, name: str, action: str, body: Buffer
+) -> Any:
+    """Answer one call: the status list, or None for a register or unregister done."""
+    kind = RegionKind(kind_name)
+    if action == "status":
+        return [_status(s) for s in registry.status(kind, name)]
+    if action == "unregister":
+        registry.unregister(kind, name)
         return None
+    if kind is RegionKind.SYSTEM:
+        system = _decode(body, _SystemRegister, "system shared-memory register")
+        registry.register_system(name, system.key, system.offset, system.byte_size)
+    else:
+        cuda = _decode(body, _CudaRegister, "CUDA shared-memory register")
+        handle = _base64(cuda.raw_handle.b64)
+        registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
+    return None
 
 
 def _decode(body: Buffer, kind: type[_Body], what: str) -> _Body:

@@ -9,7 +9,6 @@ serve, is OpenAI's `retrieve`, answered by the OpenAI routes as before (docs/tfs
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from urllib.parse import unquote
 
 from dlscale.errors import DlscaleError, NotFound
 from dlscale.frontends.access import Access
@@ -18,10 +17,13 @@ from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import (
+    Decoder,
+    Handler,
     RestResponse,
     error_response,
     failure_response,
     json_response,
+    path_parts,
 )
 from dlscale.frontends.tfserving import methods
 from dlscale.frontends.tfserving.signature import (
@@ -31,11 +33,9 @@ from dlscale.frontends.tfserving.signature import (
 from dlscale.types import InferenceRequest, ModelKind, ModelMetadata
 from dlscale.wire.tensors import Buffer
 
-_Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
-_Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
 _Fallback = Callable[[str, str, Mapping[str, str], Buffer], Awaitable[RestResponse]]
 #: A route: handler, path arguments (model, version), the one method, its API group.
-Route = tuple[_Handler, list[str], str, str]
+Route = tuple[Handler, list[str], str, str]
 VERBS = ("predict", "classify", "regress")
 #: Paths whose route is remembered (the OIP routes' bound).
 ROUTE_CACHE_SIZE = 1024
@@ -45,16 +45,15 @@ class TfServingApi:
     """The TensorFlow Serving routes over a Plane; `fallback` answers OpenAI's `/v1/` requests."""
 
     def __init__(
-        self, plane: Plane, limits: Limits, access: Access, fallback: _Fallback, decoded: _Decoder
+        self, plane: Plane, limits: Limits, access: Access, fallback: _Fallback, decoded: Decoder
     ) -> None:
         self.plane = Asked(plane)
         self.limits = limits
         self.access = access
         self.fallback = fallback
-        #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
         self._routes: dict[str, Route] = {}
-        self._handlers: dict[str, _Handler] = {
+        self._handlers: dict[str, Handler] = {
             "predict": self._predict,
             "classify": self._examples,
             "regress": self._examples,
@@ -73,7 +72,7 @@ class TfServingApi:
         return found
 
     def _resolve(self, path: str) -> Route | None:
-        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")[1:]]
+        parts = path_parts(path)[1:]
         if len(parts) < 2 or parts[0] != "models":
             return None
         name, verb = parts[-1], ""

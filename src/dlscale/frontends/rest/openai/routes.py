@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote
 
 import orjson
 
@@ -48,7 +47,7 @@ from dlscale.frontends.rest.openai.generation import (
     firsts,
     merged,
 )
-from dlscale.frontends.rest.responses import RestResponse
+from dlscale.frontends.rest.responses import Decoder, Handler, RestResponse, path_parts
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
 from dlscale.types import ModelKind
@@ -64,17 +63,14 @@ ROOT_PATHS = ("/health", "/version", "/tokenize", "/detokenize")
 #: The backends that tokenize without generating (the generative engines and the LoRA
 #: adapters served on them; a Python model generates whatever it is asked).
 TOKENIZERS = ("transformers", "vllm", "lora")
-_Decoder = Callable[[Mapping[str, str], Buffer], Buffer]
-_Handler = Callable[[list[str], Mapping[str, str], Buffer], Awaitable[RestResponse]]
 
 
 class OpenAIApi:
     """The `/v1/...` routes over a Plane."""
 
-    def __init__(self, plane: Plane, access: Access, decoded: _Decoder) -> None:
+    def __init__(self, plane: Plane, access: Access, decoded: Decoder) -> None:
         self.plane = Asked(plane)
         self.access = access
-        #: Undoes a body's Content-Encoding within the body limit (the REST routes' own rule).
         self.decoded = decoded
 
     @staticmethod
@@ -117,8 +113,8 @@ class OpenAIApi:
             return _failure(f"{method} {path}", exc)
         return None
 
-    def _route(self, path: str) -> tuple[_Handler | None, list[str], str]:
-        parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
+    def _route(self, path: str) -> tuple[Handler | None, list[str], str]:
+        parts = path_parts(path)
         match parts:
             case ["health"]:
                 return self._health, [], "GET"
