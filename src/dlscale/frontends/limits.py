@@ -116,11 +116,12 @@ class Limits:
             "max_stream_requests",
             "max_stream_answers",
             "max_receiving_bytes",
+            "head_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+            "unread_stream_timeout_s",
         ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s", "unread_stream_timeout_s"):
-            if not getattr(self, name) > 0:
+            if not getattr(self, name) > 0:  # `not >`: a NaN timeout is refused too
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_connections_per_peer < 0:
             raise ValueError("max_connections_per_peer must be 0 (no limit) or more")
