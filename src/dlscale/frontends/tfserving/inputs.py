@@ -16,7 +16,7 @@ import numpy as np
 
 from dlscale.errors import InvalidInput
 from dlscale.frontends.tfserving.values import is_b64, spec_of, to_array
-from dlscale.types import ModelMetadata
+from dlscale.types import ModelMetadata, TensorSpec
 
 Arrays = dict[str, np.ndarray]
 
@@ -35,7 +35,8 @@ def from_rows(instances: Any, meta: ModelMetadata, most: int) -> Arrays:
             raise InvalidInput(
                 "'instances' mixes rows that are objects naming inputs with rows that are values"
             )
-        return {_only_input(meta): to_array(instances, _only(meta), most)}
+        only = _only(meta)
+        return {only.name: to_array(instances, only, most)}
     keys = set(instances[0])
     for index, row in enumerate(instances):
         if not _named(row):
@@ -57,7 +58,8 @@ def from_rows(instances: Any, meta: ModelMetadata, most: int) -> Arrays:
 def from_columns(inputs: Any, meta: ModelMetadata, most: int) -> Arrays:
     """`inputs`: the one input's value, or an object naming each input's whole tensor."""
     if not _named(inputs):
-        return {_only_input(meta): to_array(inputs, _only(meta), most)}
+        only = _only(meta)
+        return {only.name: to_array(inputs, only, most)}
     specs = {s.name: s for s in meta.inputs}
     return {
         name: to_array(value, spec_of(specs, name, meta.name), most)
@@ -90,7 +92,7 @@ def _listed(value: Any) -> Any:
     return value if isinstance(value, list) else [value]
 
 
-def _only(meta: ModelMetadata) -> Any:
+def _only(meta: ModelMetadata) -> TensorSpec:
     if len(meta.inputs) != 1:
         names = ", ".join(repr(s.name) for s in meta.inputs)
         raise InvalidInput(
@@ -98,7 +100,3 @@ def _only(meta: ModelMetadata) -> Any:
             "object of input name to value"
         )
     return meta.inputs[0]
-
-
-def _only_input(meta: ModelMetadata) -> str:
-    return str(_only(meta).name)
