@@ -22,7 +22,7 @@ from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest.documents import json_object
-from dlscale.frontends.rest.responses import RestResponse, json_response
+from dlscale.frontends.rest.responses import EVENT_STREAM, RestResponse, event, json_response
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.serving.streams import aclose
@@ -37,7 +37,6 @@ from dlscale.types import (
 from dlscale.wire.bounds import check_id
 from dlscale.wire.tensors import Buffer
 
-EVENT_STREAM = "text/event-stream"
 #: Keys of the body that are neither inputs nor parameters.
 _OWN_KEYS = ("id", "parameters")
 
@@ -65,9 +64,7 @@ class GenerateApi:
         request = await self._request(args, headers, body)
         responses = self.plane.stream(request)
         try:
-            first = await anext(responses)
-        except StopAsyncIteration:
-            first = None
+            first = await anext(responses, None)
         except BaseException:
             await aclose(responses)
             raise
@@ -191,10 +188,10 @@ async def _events(
         response = first
         while response is not None:
             if response.outputs or not response.final:
-                yield b"data: " + orjson.dumps(document(response)) + b"\n\n"
+                yield event(document(response))
             response = await anext(responses, None)
     except DlscaleError as exc:
         log_failure("HTTP", model, exc.http_status, exc.reason, f"generate_stream: {exc}")
-        yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
+        yield event({"error": exc.message})
     finally:
         await aclose(responses)

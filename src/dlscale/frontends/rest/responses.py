@@ -18,6 +18,8 @@ from dlscale.wire.tensors import Buffer
 log = logging.getLogger("dlscale.http")
 
 JSON = "application/json"
+#: Server-sent events: a streamed answer's content type (generate_stream, OpenAI streams).
+EVENT_STREAM = "text/event-stream"
 
 
 @dataclass(slots=True)  # one per request: slots make it and read it faster
@@ -36,6 +38,11 @@ class RestResponse:
 def json_response(doc: Any, status: int = 200) -> RestResponse:
     """A JSON body."""
     return RestResponse(status, [orjson.dumps(doc)])
+
+
+def event(doc: dict[str, Any]) -> bytes:
+    """A server-sent event holding one JSON document."""
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
 def error_response(

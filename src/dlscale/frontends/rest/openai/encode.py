@@ -16,6 +16,7 @@ import orjson
 
 from dlscale.errors import InvalidInput
 from dlscale.frontends.rest.openai.tools import ToolUse, read_calls
+from dlscale.frontends.rest.responses import event
 from dlscale.types import InferenceResponse
 from dlscale.wire.generative import (
     FINISH_REASON,
@@ -234,11 +235,6 @@ def completion_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
         "top_logprobs": [{alt: lp for alt, lp in t[2]} for t in tokens],
         "text_offset": offsets,
     }
-
-
-def event(doc: dict[str, Any]) -> bytes:
-    """A server-sent event holding one JSON document."""
-    return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
 def _scalar(array: np.ndarray | None) -> object:

@@ -12,8 +12,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from dlscale.errors import DlscaleError, Unavailable
-from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece, event
+from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece
 from dlscale.frontends.rest.openai.errors import status_and_document
+from dlscale.frontends.rest.responses import event
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
 from dlscale.types import InferenceResponse
@@ -25,7 +26,7 @@ async def firsts(model: str, streams: list[AsyncIterator[InferenceResponse]]) ->
     """Each stream's first piece, awaited together (a refusal answers the request's status)."""
 
     async def first(responses: AsyncIterator[InferenceResponse]) -> Piece:
-        response = await next_response(responses)
+        response = await anext(responses, None)
         if response is None:
             raise Unavailable(f"model {model!r} ended the generation without answering")
         return Piece.of(response)
@@ -51,7 +52,7 @@ async def merged(
         piece: Piece | None = firsts[0]
         while piece is not None:
             yield 0, piece
-            response = await next_response(streams[0])
+            response = await anext(streams[0], None)
             piece = Piece.of(response) if response is not None else None
         return
     arrived: asyncio.Queue[tuple[int, Piece | DlscaleError | None]] = asyncio.Queue()
@@ -60,7 +61,7 @@ async def merged(
 
     async def pump(index: int) -> None:
         try:
-            while (response := await next_response(streams[index])) is not None:
+            while (response := await anext(streams[index], None)) is not None:
                 arrived.put_nowait((index, Piece.of(response)))
         except DlscaleError as exc:
             arrived.put_nowait((index, exc))
@@ -120,13 +121,6 @@ async def events(
         await aclose(pieces)
         await close_all(streams)
     yield DONE
-
-
-async def next_response(responses: AsyncIterator[InferenceResponse]) -> InferenceResponse | None:
-    try:
-        return await anext(responses)
-    except StopAsyncIteration:
-        return None
 
 
 class ModelError(Exception):

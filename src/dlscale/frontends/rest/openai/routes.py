@@ -47,7 +47,13 @@ from dlscale.frontends.rest.openai.generation import (
     firsts,
     merged,
 )
-from dlscale.frontends.rest.responses import Decoder, Handler, RestResponse, path_parts
+from dlscale.frontends.rest.responses import (
+    EVENT_STREAM,
+    Decoder,
+    Handler,
+    RestResponse,
+    path_parts,
+)
 from dlscale.serving.observe.logs import log_failure
 from dlscale.serving.streams import aclose
 from dlscale.types import ModelKind
@@ -57,7 +63,6 @@ log = logging.getLogger("dlscale.http")
 
 #: The API group of every OpenAI route, for `--http-restricted-api openai:KEY=VALUE`.
 GROUP = "openai"
-SSE = "text/event-stream"
 #: vLLM's routes at the root of its API port, served here too (docs/openai.md).
 ROOT_PATHS = ("/health", "/version", "/tokenize", "/detokenize")
 #: The backends that tokenize without generating (the generative engines and the LoRA
@@ -289,7 +294,7 @@ class OpenAIApi:
             raise
         if call.stream:
             chunks = events(reply, first, streams, call.include_usage)
-            return RestResponse(200, [], SSE, stream=chunks)
+            return RestResponse(200, [], EVENT_STREAM, stream=chunks)
         pieces = merged(first, streams)
         try:
             async for index, piece in pieces:
