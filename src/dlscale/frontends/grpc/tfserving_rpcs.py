@@ -34,26 +34,24 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @unary
     async def Predict(self, request: Any, context: Any) -> Any:
-        name, version, signature = convert.model_spec(request)
-        meta = await self._model(name, version, signature)
+        meta, version, signature = await self._model(request)
         arrays = convert.predict_inputs(request, meta, self.max_elements)
         wanted = convert.output_filter(request)
         outputs = [RequestedOutput(n) for n in wanted] if wanted else None
-        response = await self.plane.infer(InferenceRequest(name, arrays, version, outputs=outputs))
+        asked = InferenceRequest(meta.name, arrays, version, outputs=outputs)
+        response = await self.plane.infer(asked)
         return convert.predict_response(response, signature)
 
     @unary
     async def Classify(self, request: Any, context: Any) -> Any:
-        name, version, signature = convert.model_spec(request)
-        meta = await self._model(name, version, signature)
+        meta, version, _ = await self._model(request)
         plan = methods.classify_plan(meta)
         response, rows = await self._examples(request, meta, version)
         return convert.classify_response(response, methods.classifications(response, plan, rows))
 
     @unary
     async def Regress(self, request: Any, context: Any) -> Any:
-        name, version, signature = convert.model_spec(request)
-        meta = await self._model(name, version, signature)
+        meta, version, _ = await self._model(request)
         output = methods.regress_output(meta)
         response, rows = await self._examples(request, meta, version)
         return convert.regress_response(response, methods.regressions(response, output, rows))
@@ -69,10 +67,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         meta = await self.plane.model_metadata(name, version)
         return convert.metadata_response(meta, version)
 
-    async def _model(self, name: str, version: str, signature: str) -> ModelMetadata:
+    async def _model(self, request: Any) -> tuple[ModelMetadata, str, str]:
+        """The model a request names (its signature checked), the version and the signature."""
+        name, version, signature = convert.model_spec(request)
         meta = await self.plane.model_metadata(name, version)
         await check_signature(self.plane, signature, meta, version)
-        return meta
+        return meta, version, signature
 
     async def _examples(self, request: Any, meta: ModelMetadata, version: str) -> Any:
         given, context = convert.examples(request)

@@ -53,11 +53,6 @@ class TfServingApi:
         self.fallback = fallback
         self.decoded = decoded
         self._routes: dict[str, Route] = {}
-        self._handlers: dict[str, Handler] = {
-            "predict": self._predict,
-            "classify": self._examples,
-            "regress": self._examples,
-        }
 
     def route(self, path: str) -> Route | None:
         """The route of a `/v1/` path, or None when it is not TensorFlow Serving's."""
@@ -88,7 +83,7 @@ class TfServingApi:
         if verb:
             if rest:
                 return None
-            return self._handlers[verb], [model, version, verb], "POST", "inference"
+            return self._infer, [model, version, verb], "POST", "inference"
         if rest == ["metadata"]:
             return self._metadata, [model, version], "GET", "metadata"
         if rest:
@@ -140,31 +135,19 @@ class TfServingApi:
 
     # -- inference ---------------------------------------------------------------------------------
 
-    async def _predict(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        model, version, _ = args
-        meta = await self.plane.model_metadata(model, version)
-        decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_predict, body, meta)
-        await check_signature(self.plane, decoded.signature, meta, version)
-        response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
-        return RestResponse(200, [documents.predict_answer(response, decoded.rows)])
-
-    def _read_predict(self, body: Buffer, meta: ModelMetadata) -> documents.Decoded:
-        doc = documents.read_document(body, "predict")
-        return documents.predict_arrays(doc, meta, self.limits.max_tensor_elements)
-
-    async def _examples(
+    async def _infer(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version, verb = args
         meta = await self.plane.model_metadata(model, version)
         # Which outputs answer is known from the metadata: a model that cannot is refused first.
         plan = methods.classify_plan(meta) if verb == "classify" else None
-        regress = methods.regress_output(meta) if plan is None else ""
-        decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read_examples, body, meta, verb)
+        regress = methods.regress_output(meta) if verb == "regress" else ""
+        decoded = await off_loop(len(body) > OFF_LOOP_BYTES, self._read, body, meta, verb)
         await check_signature(self.plane, decoded.signature, meta, version)
         response = await self.plane.infer(InferenceRequest(model, decoded.arrays, version))
+        if verb == "predict":
+            return RestResponse(200, [documents.predict_answer(response, decoded.rows)])
         rows = decoded.rows or 0
         if plan is not None:
             text = documents.classify_answer(methods.classifications(response, plan, rows))
@@ -172,9 +155,10 @@ class TfServingApi:
             text = documents.regress_answer(methods.regressions(response, regress, rows))
         return RestResponse(200, [text])
 
-    def _read_examples(self, body: Buffer, meta: ModelMetadata, verb: str) -> documents.Decoded:
+    def _read(self, body: Buffer, meta: ModelMetadata, verb: str) -> documents.Decoded:
         doc = documents.read_document(body, verb)
-        return documents.example_arrays(doc, meta, self.limits.max_tensor_elements)
+        arrays = documents.predict_arrays if verb == "predict" else documents.example_arrays
+        return arrays(doc, meta, self.limits.max_tensor_elements)
 
     async def _no_label(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
