@@ -40,8 +40,9 @@ def _status(exc: DlscaleError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.INTERNAL)
 
 
-def _unary(handler: _Handler[_T]) -> _Handler[_T]:
-    """Map the error tree to gRPC status codes; anything else is INTERNAL and logged."""
+def unary(handler: _Handler[_T]) -> _Handler[_T]:
+    """Map the error tree to gRPC status codes; anything else is INTERNAL and logged (the
+    TensorFlow Serving servicers' too, tfserving_rpcs.py)."""
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: Any) -> _T:
@@ -77,10 +78,6 @@ def _access_line(method: str, request: Any, code: str, start: float) -> None:
     if access.isEnabledFor(logging.INFO):
         elapsed_ms = (time.perf_counter() - start) * 1000
         access.info("gRPC %s %s %s %.3fms", method, _model_of(request), code, elapsed_ms)
-
-
-#: The same mapping for the TensorFlow Serving servicers (tfserving_rpcs.py).
-unary = _unary
 
 
 def _model_of(request: Any) -> str:
@@ -120,29 +117,29 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- health and metadata ------------------------------------------------------------------
 
-    @_unary
+    @unary
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return convert.server_live(await self.dataplane.live())
 
-    @_unary
+    @unary
     async def ServerReady(self, request: Any, context: Any) -> Any:
         return convert.server_ready(await self.dataplane.ready())
 
-    @_unary
+    @unary
     async def ModelReady(self, request: Any, context: Any) -> Any:
         return convert.model_ready(await self.dataplane.model_ready(*convert.name_version(request)))
 
-    @_unary
+    @unary
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         return convert.server_metadata(await self.dataplane.server_metadata())
 
-    @_unary
+    @unary
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         return convert.model_metadata(
             await self.dataplane.model_metadata(*convert.name_version(request))
         )
 
-    @_unary
+    @unary
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         return convert.model_config(
             await self.dataplane.model_config(*convert.name_version(request))
@@ -151,7 +148,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference ------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: Any, context: Any) -> Framed:
-        """One coroutine per call, `_unary`'s error mapping inline: this runs for every request,
+        """One coroutine per call, `unary`'s error mapping inline: this runs for every request,
         and each coroutine layer costs it a frame on every resumption."""
         start = time.perf_counter()
         code = "OK"
@@ -275,69 +272,69 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- statistics and repository ----------------------------------------------------------------
 
-    @_unary
+    @unary
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         return convert.statistics(await self.dataplane.statistics(*convert.name_version(request)))
 
-    @_unary
+    @unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         return convert.repository_index(
             await self.dataplane.repository_index(convert.ready_only(request))
         )
 
-    @_unary
+    @unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         parameters = convert.load_parameters(request)
         await self.dataplane.load_model(convert.model_name(request), parameters)
         return convert.done("RepositoryModelLoad")
 
-    @_unary
+    @unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(convert.model_name(request))
         return convert.done("RepositoryModelUnload")
 
     # -- trace and log settings -------------------------------------------------------------------
 
-    @_unary
+    @unary
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         model, changes = convert.trace_changes(request)
         return convert.trace_settings(await self.dataplane.trace_settings(model, changes))
 
-    @_unary
+    @unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
         changes = convert.log_changes(request)
         return convert.log_settings(await self.dataplane.log_settings(changes))
 
     # -- shared memory (Triton's system and CUDA extensions; the registry does the work) --------
 
-    @_unary
+    @unary
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         return convert.system_regions(self.shared_memory.status(RegionKind.SYSTEM, request.name))
 
-    @_unary
+    @unary
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         self.shared_memory.register_system(
             request.name, request.key, request.offset, request.byte_size
         )
         return convert.done("SystemSharedMemoryRegister")
 
-    @_unary
+    @unary
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         self.shared_memory.unregister(RegionKind.SYSTEM, request.name)  # no name: every region
         return convert.done("SystemSharedMemoryUnregister")
 
-    @_unary
+    @unary
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         return convert.cuda_regions(self.shared_memory.status(RegionKind.CUDA, request.name))
 
-    @_unary
+    @unary
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         self.shared_memory.register_cuda(
             request.name, bytes(request.raw_handle), request.device_id, request.byte_size
         )
         return convert.done("CudaSharedMemoryRegister")
 
-    @_unary
+    @unary
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         self.shared_memory.unregister(RegionKind.CUDA, request.name)  # no name: every region
         return convert.done("CudaSharedMemoryUnregister")
