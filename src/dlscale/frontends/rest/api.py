@@ -19,14 +19,12 @@ from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import shared_memory
 from dlscale.frontends.rest.control_routes import ControlRoutes
-from dlscale.frontends.rest.documents import HEADER_LENGTH as HEADER_LENGTH
 from dlscale.frontends.rest.documents import decoded_body, header_length, length_header
 from dlscale.frontends.rest.generate import GenerateApi
 from dlscale.frontends.rest.openai.routes import OpenAIApi
 from dlscale.frontends.rest.responses import Handler, failure_response, path_parts
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
-from dlscale.frontends.rest.responses import json_response as json_response
 from dlscale.frontends.rest.tfserving import TfServingApi
 from dlscale.serving.observe.logs import access
 from dlscale.serving.observe.otel import TRACEPARENT
