@@ -15,9 +15,9 @@ import httptools
 
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
-from dlscale.frontends.rest.body import HEAD_READ, Body, BodyBuffers
+from dlscale.frontends.rest.body import HEAD_READ, Body
 from dlscale.frontends.rest.framing import Pending, cut_response, frame
-from dlscale.frontends.rest.reading import BODY, HEAD, IDLE, RequestReader
+from dlscale.frontends.rest.reading import BODY, HEAD, IDLE, BodyOwner, RequestReader
 from dlscale.frontends.rest.streaming import send_stream
 from dlscale.wire import tracing
 
@@ -29,24 +29,20 @@ DRAIN_AFTER_REFUSAL_S = 2.0
 DRAIN_AFTER_OPEN_REFUSAL_S = 0.5
 
 
-class Owner(typing.Protocol):
-    """What a connection needs of the frontend that accepted it (transport.py's HttpFrontend).
+class Owner(BodyOwner, typing.Protocol):
+    """What a connection needs of the frontend that accepted it (transport.py's HttpFrontend):
+    what reading a request needs (`BodyOwner`), and more.
 
     Declared here so that the connection does not import the transport, which imports it.
     """
 
     api: RestApi
     limits: Limits
-    bodies: BodyBuffers
     stopping: bool
 
     def opened(self, conn: Connection) -> str | None: ...
 
     def closed(self, conn: Connection) -> None: ...
-
-    def reserve(self, size: int) -> bool: ...
-
-    def release(self, size: int) -> None: ...
 
 
 class Connection(RequestReader, asyncio.BufferedProtocol):
