@@ -171,10 +171,7 @@ class Answer:
             choice["text"] = piece.text if piece is not None else ""
         choice["logprobs"] = self._logprobs(list(piece.logprobs) if piece is not None else [])
         choice["finish_reason"] = piece.finish_reason if piece is not None else None
-        doc = {**self._head(self._chunk_object), "choices": [choice]}
-        if include_usage:
-            doc["usage"] = None  # OpenAI: null on every chunk but the last
-        return event(doc)
+        return self._chunk_event(choice, include_usage)
 
     def held_chunk(self, include_usage: bool) -> bytes:
         """The one chunk of a chat answer read for tool calls, sent once it is whole (a call is
@@ -184,10 +181,12 @@ class Answer:
         if "tool_calls" in delta:
             delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
         ending = {k: whole[k] for k in ("logprobs", "finish_reason")}
-        choice = {"index": 0, "delta": delta, **ending}
+        return self._chunk_event({"index": 0, "delta": delta, **ending}, include_usage)
+
+    def _chunk_event(self, choice: dict[str, Any], include_usage: bool) -> bytes:
         doc = {**self._head(self._chunk_object), "choices": [choice]}
         if include_usage:
-            doc["usage"] = None
+            doc["usage"] = None  # OpenAI: null on every chunk but the last
         return event(doc)
 
     def usage_chunk(self) -> bytes:
