@@ -1,4 +1,5 @@
-"""The DataPlane's typed answers as gRPC messages, and the fields the servicer reads from requests.
+"""The DataPlane's typed answers as gRPC messages, and what the servicer reads from requests
+beyond their plain fields (parameters, settings).
 
 Inference messages are the wire codec's (`dlscale.wire.grpc`); this module adds what only the
 server says: health, metadata, config, statistics, the repository, shared-memory regions, and
@@ -24,21 +25,6 @@ from dlscale.wire.grpc import frame_infer_response
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 # -- requests -----------------------------------------------------------------------------------
-
-
-def name_version(message: Any) -> tuple[str, str]:
-    """The (name, version) of a ModelReady/ModelMetadata/ModelConfig/ModelStatistics request."""
-    return message.name, message.version
-
-
-def model_name(message: Any) -> str:
-    """The model named by a RepositoryModelLoad or RepositoryModelUnload request."""
-    return str(message.model_name)
-
-
-def ready_only(message: Any) -> bool:
-    """Whether a RepositoryIndex request asks for ready models only."""
-    return bool(message.ready)
 
 
 def load_parameters(message: Any) -> dict[str, Any]:

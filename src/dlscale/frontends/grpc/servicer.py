@@ -127,7 +127,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        return convert.model_ready(await self.dataplane.model_ready(*convert.name_version(request)))
+        return convert.model_ready(await self.dataplane.model_ready(request.name, request.version))
 
     @unary
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
@@ -136,13 +136,13 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     @unary
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         return convert.model_metadata(
-            await self.dataplane.model_metadata(*convert.name_version(request))
+            await self.dataplane.model_metadata(request.name, request.version)
         )
 
     @unary
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         return convert.model_config(
-            await self.dataplane.model_config(*convert.name_version(request))
+            await self.dataplane.model_config(request.name, request.version)
         )
 
     # -- inference ------------------------------------------------------------------------------
@@ -274,23 +274,21 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return convert.statistics(await self.dataplane.statistics(*convert.name_version(request)))
+        return convert.statistics(await self.dataplane.statistics(request.name, request.version))
 
     @unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        return convert.repository_index(
-            await self.dataplane.repository_index(convert.ready_only(request))
-        )
+        return convert.repository_index(await self.dataplane.repository_index(request.ready))
 
     @unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         parameters = convert.load_parameters(request)
-        await self.dataplane.load_model(convert.model_name(request), parameters)
+        await self.dataplane.load_model(request.model_name, parameters)
         return convert.done("RepositoryModelLoad")
 
     @unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        await self.dataplane.unload_model(convert.model_name(request))
+        await self.dataplane.unload_model(request.model_name)
         return convert.done("RepositoryModelUnload")
 
     # -- trace and log settings -------------------------------------------------------------------
