@@ -167,13 +167,16 @@ def detokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     """vLLM's `POST /detokenize`: `tokens`, a list of token ids, to their text."""
     doc = document(body)
     tokens = doc.get("tokens")
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in tokens
-    ):
+    if not isinstance(tokens, list) or not all(is_token_id(t) for t in tokens):
         raise BadField("tokens", "tokens must be a list of token ids (integers >= 0)")
     text = json.dumps(tokens)
     _bounded("tokens", len(text))
     return _call(doc, headers, text, Sampling(task="detokenize"))
+
+
+def is_token_id(value: object) -> bool:
+    """Whether a JSON value is a token id: an integer from 0 below 2**63 (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def _chat_logprobs(doc: dict[str, Any]) -> int | None:

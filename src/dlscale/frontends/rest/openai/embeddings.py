@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.frontends.rest.openai.decode import is_token_id
 from dlscale.frontends.rest.openai.errors import BadField
 from dlscale.types import InferenceRequest, InferenceResponse, ModelMetadata, TensorSpec
 
@@ -57,20 +58,16 @@ def _rows(value: object) -> list[list[int]]:
         isinstance(value, list) and any(isinstance(v, str) for v in value)
     ):
         raise BadField("input", "this server's embedding models take token ids, not text")
-    if isinstance(value, list) and value and all(_is_id(v) for v in value):
+    if isinstance(value, list) and value and all(is_token_id(v) for v in value):
         value = [value]
     if not isinstance(value, list) or not value or len(value) > MAX_INPUTS:
         raise BadField("input", f"input must be 1 to {MAX_INPUTS} lists of token ids")
     for index, row in enumerate(value):
-        if not isinstance(row, list) or not row or not all(_is_id(v) for v in row):
+        if not isinstance(row, list) or not row or not all(is_token_id(v) for v in row):
             raise BadField(
                 f"input[{index}]", f"input[{index}] must be a non-empty list of token ids"
             )
     return [list(row) for row in value]
-
-
-def _is_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def encoder_inputs(metadata: ModelMetadata) -> TensorSpec | None:
