@@ -7,6 +7,7 @@ body limit. `dlscale serve` sets each with a flag; ServerSettings carries them t
 
 from __future__ import annotations
 
+import functools
 import logging
 import resource
 from collections.abc import Callable
@@ -193,14 +194,10 @@ class DescriptorBudget:
             self._reapers.remove(reap)
 
 
-_PROCESS_BUDGET: list[DescriptorBudget] = []
-
-
+@functools.cache
 def descriptor_budget() -> DescriptorBudget:
     """This process's one descriptor budget, made on first use from the open-file limit."""
-    if not _PROCESS_BUDGET:
-        _PROCESS_BUDGET.append(DescriptorBudget(_descriptor_room()))
-    return _PROCESS_BUDGET[0]
+    return DescriptorBudget(_descriptor_room())
 
 
 def _descriptor_room() -> int:
