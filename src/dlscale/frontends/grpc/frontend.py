@@ -51,7 +51,6 @@ class GrpcFrontend:
         self.dataplane = dataplane
         self.host = host
         self.limits = limits or Limits()
-        self.max_message_bytes = self.limits.max_grpc_message_bytes
         self.tls = tls
         self.access = access or Access(header_prefix=GRPC_HEADER_PREFIX)
         self._requested_port = port
@@ -78,8 +77,8 @@ class GrpcFrontend:
         limits = self.limits
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.max_send_message_length", self.max_message_bytes),
+                ("grpc.max_receive_message_length", limits.max_grpc_message_bytes),
+                ("grpc.max_send_message_length", limits.max_grpc_message_bytes),
                 # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind
                 # silently and share its traffic instead of failing.
                 ("grpc.so_reuseport", 0),
@@ -95,7 +94,7 @@ class GrpcFrontend:
         )
         servicer = InferenceServicer(
             self.dataplane,
-            self.max_message_bytes,
+            limits.max_grpc_message_bytes,
             limits.max_tensor_elements,
             limits.max_stream_requests,
             limits.max_stream_answers,

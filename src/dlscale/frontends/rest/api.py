@@ -52,14 +52,13 @@ class RestApi:
     ) -> None:
         self.dataplane = Asked(dataplane)
         self.limits = limits or Limits()
-        self.max_body_bytes = self.limits.max_body_bytes
         self.access = access or Access()
         #: Whether any API group needs a key or a header (fixed at start): none, no check.
         self._guarded = bool(self.access)
         self.control = ControlRoutes(self.dataplane)
         self.generate = GenerateApi(dataplane, self.limits)
         #: The body with its Content-Encoding undone (the OpenAI and TF Serving routes' too).
-        self._decoded = functools.partial(decoded_body, max_bytes=self.max_body_bytes)
+        self._decoded = functools.partial(decoded_body, max_bytes=self.limits.max_body_bytes)
         self._routes: dict[str, _Route] = {}
         self.openai = OpenAIApi(dataplane, self.access, self._decoded)
         self.tfserving = TfServingApi(
