@@ -179,7 +179,12 @@ def _stream(
     async def guarded(requests: AsyncIterator[Any], context: Any) -> None:
         if check is not None:
             await check(context)
-        peer = None if peers is None else await _enter(peers, context)
+        peer = None
+        if peers is not None:  # counted in for its client address, or refused
+            peer = peer_address(context.peer() or "")
+            refusal = peers.enter(peer)
+            if refusal is not None:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         try:
             await behavior(_decoded(requests, context), context)
         finally:
@@ -187,15 +192,6 @@ def _stream(
                 peers.leave(peer)
 
     return guarded
-
-
-async def _enter(peers: PeerCalls, context: Any) -> str:
-    """Count the call in for its client address, or refuse it RESOURCE_EXHAUSTED."""
-    peer = peer_address(context.peer() or "")
-    refusal = peers.enter(peer)
-    if refusal is not None:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-    return peer
 
 
 async def _decoded(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
