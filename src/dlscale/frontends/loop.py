@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Awaitable
+from typing import Any
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -13,6 +15,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+async def done_within(awaitable: Awaitable[Any], seconds: float) -> bool:
+    """Whether `awaitable` finished within `seconds` (it is cancelled when it did not): a
+    client read a streamed answer in time, or the socket took more."""
+    try:
+        await asyncio.wait_for(awaitable, seconds)
+    except TimeoutError:
+        return False
+    return True
 
 
 def freeze_survivors() -> None:

@@ -10,13 +10,13 @@ requests and frees their seats at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from dlscale.frontends.loop import done_within
 from dlscale.serving.streams import aclose
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,8 @@ def written(handler: StreamHandler, unread_s: float) -> Callable[[Any, Any], Awa
         unread = False
         try:
             async for answer in answers:
-                if not await _sent(context, answer, unread_s):
+                # Whether gRPC took the answer in time (the client's window let it through).
+                if not await done_within(context.write(answer), unread_s):
                     unread = True
                     break
         finally:
@@ -48,12 +49,3 @@ def written(handler: StreamHandler, unread_s: float) -> Callable[[Any, Any], Awa
             )
 
     return write
-
-
-async def _sent(context: Any, answer: Any, within_s: float) -> bool:
-    """Whether gRPC took `answer` within `within_s` (the client's window let it through)."""
-    try:
-        await asyncio.wait_for(context.write(answer), within_s)
-    except TimeoutError:
-        return False
-    return True

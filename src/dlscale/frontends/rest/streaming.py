@@ -13,6 +13,7 @@ import asyncio
 import logging
 from http import HTTPStatus
 
+from dlscale.frontends.loop import done_within
 from dlscale.frontends.rest.responses import RestResponse
 from dlscale.serving.streams import aclose
 
@@ -55,7 +56,8 @@ async def send_stream(
         async for chunk in response.stream:
             if not chunk:
                 continue  # an empty chunk would end the body
-            if not writable.is_set() and not await _drained(writable, unread_s):
+            # A client that read enough for the socket to take more in time is kept.
+            if not writable.is_set() and not await done_within(writable.wait(), unread_s):
                 unread = True
                 break
             if transport.is_closing():
@@ -73,13 +75,4 @@ async def send_stream(
         transport.abort()  # close() would wait to flush what this client does not read
         return False
     transport.write(_END)
-    return True
-
-
-async def _drained(writable: asyncio.Event, within_s: float) -> bool:
-    """Whether the client read enough for the socket to take more within `within_s`."""
-    try:
-        await asyncio.wait_for(writable.wait(), within_s)
-    except TimeoutError:
-        return False
     return True
