@@ -9,6 +9,7 @@ server says so once in its log; the REST routes need no TensorFlow at all (docs/
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 from dlscale.frontends.grpc.guard import GuardedServer
 from dlscale.frontends.plane import Plane
@@ -21,8 +22,18 @@ _told = False
 
 
 def register(server: GuardedServer, plane: Plane, max_elements: int) -> bool:
-    """Add TensorFlow Serving's services to `server`, TensorFlow loaded after Triton
-    (dlscale/native.py); False, logged once, when tensorflow-serving-api is not installed."""
+    """Add TensorFlow Serving's services to `server`; False when the package is not installed."""
+    rpcs = services()
+    if rpcs is None:
+        return False
+    rpcs.add_to(server, plane, max_elements)
+    log.info("gRPC serves %s", ", ".join(SERVICES))
+    return True
+
+
+def services() -> ModuleType | None:
+    """The services' module, TensorFlow loaded after Triton (dlscale/native.py); None, logged
+    once, when tensorflow-serving-api is not installed."""
     global _told
     before_tensorflow()
     try:
@@ -35,7 +46,5 @@ def register(server: GuardedServer, plane: Plane, max_elements: int) -> bool:
                 "tensorflow-serving-api; docs/tfserving.md)",
                 exc,
             )
-        return False
-    tfserving_rpcs.add_to(server, plane, max_elements)
-    log.info("gRPC serves %s", ", ".join(SERVICES))
-    return True
+        return None
+    return tfserving_rpcs
