@@ -109,10 +109,6 @@ class Batcher:
         """Queue one request and wait for its outputs (its own rows of the batch it joined)."""
         return await self.submit(inputs, priority, timeout_us, times=times)
 
-    def refuse_early(self) -> DlscaleError | None:
-        """The refusal `submit` would raise now by the model's [qos] admission, or None."""
-        return self.queue.refuse_early()
-
     def submit(
         self,
         inputs: Mapping[str, np.ndarray],

@@ -163,23 +163,14 @@ class Instance:
         """The rows of the largest batch computed on the event loop now (0: none)."""
         return self.inline.rows
 
-    async def infer_requests(
-        self,
-        requests: Sequence[Mapping[str, np.ndarray]],
-        context: contextvars.Context | None = None,
-    ) -> list[RequestResult]:
-        """Compute one batch given as its requests' inputs; one result (or error) per request."""
-        future: asyncio.Future[list[RequestResult]] = asyncio.get_running_loop().create_future()
-        self.start_requests(requests, functools.partial(_settle, future), context)
-        return await future
-
     def start_requests(
         self,
         requests: Sequence[Mapping[str, np.ndarray]],
         then: Callable[[list[RequestResult] | None, BaseException | None], None],
         context: contextvars.Context | None = None,
     ) -> None:
-        """`infer_requests` as `start` is `infer`: `then(results, error)` on the loop."""
+        """Compute one batch given as its requests' inputs, then call `then(results, None)`
+        (one result or error per request) or `then(None, error)` on the loop."""
         # The backend declared `takes_requests`, so it has the method (no probing).
         backend = cast(RequestsBackend, self.backend)
         self._lane.submit(_within(context, backend.infer_requests), (requests,), then)

@@ -74,11 +74,6 @@ class ServedVersion:
             self.runner.kind.streams,
         )
 
-    @functools.cached_property
-    def output_names(self) -> list[str]:
-        """Its outputs' names, in order."""
-        return [s.name for s in self.outputs]
-
     @property
     def pipeline(self) -> Pipeline | None:
         """Its steps, when it is a pipeline (the response cache and nested pipelines read them)."""

@@ -78,7 +78,6 @@ class SystemRegion:
         self._start = offset % mmap.ALLOCATIONGRANULARITY
         self.byte_size = byte_size
         self.address = _address(self._mmap) + self._start
-        self.page_locked = False
 
     def view(self, offset: int, size: int) -> memoryview:
         """`size` bytes from `offset` of the region, without a copy (bounds checked by caller)."""
