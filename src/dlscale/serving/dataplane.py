@@ -135,9 +135,8 @@ class DataPlane:
         error = Unavailable(
             f"the server stopped before this request finished, after a grace of {grace_s:g} s"
         )
-        for entry in self.manager.entries():
-            for served in entry.versions.values():
-                served.runner.cut(error)
+        for served in self.manager.served():
+            served.runner.cut(error)
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and the extensions it offers now."""
@@ -185,10 +184,7 @@ class DataPlane:
 
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         """Triton's statistics extension: one entry per served version."""
-        if name:
-            served = [self.manager.get(name, version)]
-        else:
-            served = [v for e in self.manager.entries() for v in e.versions.values()]
+        served = [self.manager.get(name, version)] if name else self.manager.served()
         return [s.stats.snapshot() for s in served]
 
     def metrics_text(self) -> bytes:

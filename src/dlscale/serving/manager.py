@@ -96,6 +96,10 @@ class ModelManager:
         """Every model this manager knows of, in name order."""
         return [self._entries[n] for n in sorted(self._entries)]
 
+    def served(self) -> list[ServedVersion]:
+        """Every loaded version of every model, in name order."""
+        return [v for e in self.entries() for v in e.versions.values()]
+
     def ready_names(self) -> list[str]:
         return [e.name for e in self.entries() if e.state is ModelState.READY]
 

@@ -91,11 +91,8 @@ class InferenceCollector(Collector):
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
-    def _stats(self) -> list[ModelStats]:
-        return [v.stats for e in self.manager.entries() for v in e.versions.values()]
-
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats()
+        stats = [v.stats for v in self.manager.served()]
         for name, (doc, value) in COUNTERS.items():
             family = _counter(name, doc)
             for s in stats:
@@ -127,16 +124,8 @@ class InferenceCollector(Collector):
             "dlscale_batch_size", "Rows in each executed batch", labels=_LABELS
         )
         for s in stats:
-            latency.add_metric(
-                [s.name, s.version],
-                [(_le(b), n) for b, n in s.latency.cumulative()],
-                s.latency.total,
-            )
-            batch.add_metric(
-                [s.name, s.version],
-                [(_le(b), n) for b, n in s.batch_size.cumulative()],
-                s.batch_size.total,
-            )
+            latency.add_metric([s.name, s.version], s.latency.cumulative(), s.latency.total)
+            batch.add_metric([s.name, s.version], s.batch_size.cumulative(), s.batch_size.total)
         yield latency
         yield batch
 
@@ -147,22 +136,14 @@ def _counter(name: str, doc: str) -> Metric:
     return Metric(name, doc, "counter")
 
 
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
-
-
 class QosCollector(Collector):
     """Reads every served version's standing at the device gates at scrape time."""
 
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
-    def _served(self) -> list[ServedVersion]:
-        versions = (v for e in self.manager.entries() for v in e.versions.values())
-        return [v for v in versions if v.qos is not None]
-
     def collect(self) -> Iterator[Metric]:
-        served = self._served()
+        served = [v for v in self.manager.served() if v.qos is not None]
         objective = GaugeMetricFamily(
             "dlscale_qos_latency_objective_seconds",
             "The p99 latency objective of a model ([qos] latency_objective_us)",
@@ -184,8 +165,7 @@ class QosCollector(Collector):
             qos = v.qos.config.qos
             if qos is not None and qos.latency_objective_us:
                 objective.add_metric(labels, qos.latency_objective_us / 1e6)
-            buckets = [(_le(b), n) for b, n in v.qos.waited.cumulative()]
-            waited.add_metric(labels, buckets, v.qos.waited.total)
+            waited.add_metric(labels, v.qos.waited.cumulative(), v.qos.waited.total)
             refused = v.qos.admission.refused if v.qos.admission is not None else {}
             for limit in (RATE_LIMIT, MAX_IN_FLIGHT):
                 rejected.add_metric([*labels, limit], refused.get(limit, 0))

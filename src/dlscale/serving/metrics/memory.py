@@ -61,42 +61,40 @@ class MemoryCollector(Collector):
         for device, count in ledger.running().items():
             running.add_metric([device], count)
         yield running
-        seconds = HistogramMetricFamily(
-            "dlscale_model_load_seconds", "Time each model version took to load (and warm up)"
-        )
         hist = ledger.load_seconds
-        seconds.add_metric([], [(_le(b), n) for b, n in hist.cumulative()], hist.total)
-        yield seconds
+        yield HistogramMetricFamily(
+            "dlscale_model_load_seconds",
+            "Time each model version took to load (and warm up)",
+            buckets=hist.cumulative(),
+            sum_value=hist.total,
+        )
         yield from self._counts()
 
     def _counts(self) -> Iterator[Metric]:
         ledger, demand = self.manager.memory, self.demand()
-        evictions = CounterMetricFamily(
-            "dlscale_model_evictions", "Models unloaded to make room for another"
+        yield CounterMetricFamily(
+            "dlscale_model_evictions",
+            "Models unloaded to make room for another",
+            value=ledger.evictions,
         )
-        evictions.add_metric([], ledger.evictions)
-        yield evictions
         if demand is not None:
-            loads = CounterMetricFamily(
-                "dlscale_model_loads_on_demand", "Loads started by a request for a cold model"
+            yield CounterMetricFamily(
+                "dlscale_model_loads_on_demand",
+                "Loads started by a request for a cold model",
+                value=demand.loads,
             )
-            loads.add_metric([], demand.loads)
-            refused = CounterMetricFamily(
+            yield CounterMetricFamily(
                 "dlscale_model_loads_refused",
                 "Requests for cold models refused because too many models were waiting to load",
+                value=demand.refused,
             )
-            refused.add_metric([], demand.refused)
-            dropped = CounterMetricFamily(
+            yield CounterMetricFamily(
                 "dlscale_model_loads_dropped",
                 "Loads on demand dropped before their turn: no request waited for them any more",
+                value=demand.dropped,
             )
-            dropped.add_metric([], demand.dropped)
-            waiting = GaugeMetricFamily(
-                "dlscale_model_loads_waiting", "Cold models whose load requests wait for now"
+            yield GaugeMetricFamily(
+                "dlscale_model_loads_waiting",
+                "Cold models whose load requests wait for now",
+                value=len(demand.loading()),
             )
-            waiting.add_metric([], len(demand.loading()))
-            yield from (loads, refused, dropped, waiting)
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))

@@ -17,7 +17,6 @@ from prometheus_client.registry import Collector
 
 from dlscale.backends.generative.contract import GenerativeBackend
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.observe.stats import Histogram
 from dlscale.serving.runners import seats_of
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ServedVersion
@@ -31,12 +30,9 @@ class StreamCollector(Collector):
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
-    def _served(self) -> list[tuple[ServedVersion, Seats]]:
-        versions = (v for e in self.manager.entries() for v in e.versions.values())
-        return [(v, seats) for v in versions if (seats := seats_of(v.runner)) is not None]
-
     def collect(self) -> Iterator[Metric]:
-        served = self._served()
+        versions = self.manager.served()
+        served = [(v, seats) for v in versions if (seats := seats_of(v.runner)) is not None]
         running = GaugeMetricFamily(
             "dlscale_sequences_running",
             "Requests of a model that streams holding a sequence slot now (at most max_num_seqs)",
@@ -98,8 +94,8 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
             objectives["ttft"].add_metric(labels, qos.ttft_objective_us / 1e6)
         if qos is not None and qos.tpot_objective_us:
             objectives["tpot"].add_metric(labels, qos.tpot_objective_us / 1e6)
-        ttft.add_metric(labels, _buckets(tokens.ttft), tokens.ttft.total)
-        tpot.add_metric(labels, _buckets(tokens.tpot), tokens.tpot.total)
+        ttft.add_metric(labels, tokens.ttft.cumulative(), tokens.ttft.total)
+        tpot.add_metric(labels, tokens.tpot.cumulative(), tokens.tpot.total)
         named = dict(zip(_LABELS, labels, strict=True))
         prompt.add_sample(prompt.name, named, tokens.prompt_tokens)
         generated.add_sample(generated.name, named, tokens.generated_tokens)
@@ -109,7 +105,3 @@ def _tokens(served: list[tuple[ServedVersion, Seats]]) -> Iterator[Metric]:
             kv_cache.add_metric(labels, sum(s.kv_cache_usage for s in stats) / len(stats))
             cached.add_metric(labels, sum(s.kv_cache_cached for s in stats) / len(stats))
     yield from (ttft, tpot, *objectives.values(), prompt, generated, kv_cache, cached)
-
-
-def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
-    return [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in histogram.cumulative()]

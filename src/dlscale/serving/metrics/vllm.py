@@ -81,7 +81,7 @@ class VllmCollector(Collector):
             family = HistogramMetricFamily(name, doc, labels=[LABEL])
             for m in models:
                 merged = _merge([getattr(t, field) for t in m.tokens])
-                family.add_metric([m.name], _buckets(merged), merged.total)
+                family.add_metric([m.name], merged.cumulative(), merged.total)
             yield family
 
 
@@ -147,7 +147,3 @@ def _merge(histograms: Sequence[Histogram]) -> Histogram:
         merged.total += h.total
         merged.count += h.count
     return merged
-
-
-def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
-    return [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in histogram.cumulative()]

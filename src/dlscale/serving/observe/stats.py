@@ -35,12 +35,13 @@ class Histogram:
         self.total += value * times
         self.count += times
 
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, count at or below) pairs, ending with +Inf."""
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Prometheus' buckets: (upper bound as its `le` label, count at or below) pairs, ending
+        with +Inf."""
         out, running = [], 0
         for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
             running += n
-            out.append((bound, running))
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         return out
 
 
