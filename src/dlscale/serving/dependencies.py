@@ -23,8 +23,8 @@ class Models(Protocol):
 
     def get(self, name: str, version: str = "") -> ServedVersion: ...
 
-    async def load_dependency(
-        self, name: str, chain: tuple[str, ...], cold_only: bool = False
+    async def load(
+        self, name: str, *, chain: tuple[str, ...] = (), cold_only: bool = False
     ) -> None: ...
 
 
@@ -61,7 +61,7 @@ async def load_steps(
             if config_says(models.repository, model, "is_pipeline"):
                 check_nesting((*chain, model))
             try:
-                await models.load_dependency(model, chain)
+                await models.load(model, chain=chain)
             except DlscaleError as exc:
                 # The cause only, not each nested pipeline's words for it again.
                 cause = root_cause(exc)
@@ -85,7 +85,7 @@ async def load_base(
                 "model repository"
             )
         try:
-            await models.load_dependency(base, (*chain, name), cold_only=True)
+            await models.load(base, chain=(*chain, name), cold_only=True)
         except DlscaleError as exc:
             cause = root_cause(exc)
             raise ConfigError(

@@ -163,31 +163,17 @@ class ModelManager:
         name: str,
         source: ModelSource | None = None,
         repository: ModelRepository | None = None,
+        chain: tuple[str, ...] = (),
+        cold_only: bool = False,
     ) -> None:
         """Load (or reload) a model; the old versions keep serving until the new ones are ready.
 
         `source` replaces the config the repository has, and `repository` the folder its files
         are read from (a load request's overrides). A pipeline's step models load first when
-        they are not loaded and the repository has them."""
-        await self._load(name, source, repository, ())
-
-    async def load_dependency(
-        self, name: str, chain: tuple[str, ...], cold_only: bool = False
-    ) -> None:
-        """Load a model another needs (a pipeline's step, an adapter's base), `chain` the
-        models whose loads asked for it (serving/dependencies.py)."""
-        await self._load(name, None, None, chain, cold_only)
-
-    async def _load(
-        self,
-        name: str,
-        source: ModelSource | None,
-        repository: ModelRepository | None,
-        chain: tuple[str, ...],
-        cold_only: bool = False,
-    ) -> None:
-        """`load`, with the pipelines whose loading asked for this model (a circle is refused);
-        `cold_only`: not when it is READY by the time its turn comes (an adapter's base)."""
+        they are not loaded and the repository has them. A model another needs (a pipeline's
+        step, an adapter's base: serving/dependencies.py) has `chain`, the models whose loads
+        asked for it (a circle is refused), and with `cold_only` is not loaded when it is READY
+        by the time its turn comes (an adapter's base)."""
         async with self._locked(name):
             previous = self._entries.get(name)
             if cold_only and previous is not None and previous.state is ModelState.READY:
@@ -225,20 +211,15 @@ class ModelManager:
                 await self._retire(previous, self.grace_s)
 
     async def unload(
-        self, name: str, grace_s: float | None = None, reason: str = "unloaded"
-    ) -> None:
-        """Stop taking requests, finish those in flight within the grace, then free the model."""
-        await self._unload(name, grace_s, reason)
-
-    async def _unload(
         self,
         name: str,
-        grace_s: float | None,
-        reason: str,
+        grace_s: float | None = None,
+        reason: str = "unloaded",
         released: asyncio.Future[None] | None = None,
     ) -> None:
-        """`unload`; `released` is set once the model's bytes have left the memory ledger,
-        before its instances close."""
+        """Stop taking requests, finish those in flight within the grace, then free the model;
+        `released` is set once the model's bytes have left the memory ledger, before its
+        instances close."""
         if name not in self._entries:
             raise NotFound(f"unknown model {name!r}")
         async with self._locked(name):
@@ -279,7 +260,7 @@ class ModelManager:
 
     async def _evicted(self, name: str, why: str, released: asyncio.Future[None]) -> None:
         try:
-            await self._unload(name, None, f"evicted ({why})", released)
+            await self.unload(name, None, f"evicted ({why})", released)
         except DlscaleError as exc:
             if not released.done():
                 raise  # not evicted: the ledger says why
