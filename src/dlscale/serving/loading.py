@@ -80,27 +80,12 @@ class Loader:
             if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 stats = ModelStats(mv.name, str(mv.version))
                 seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
+                name, admission = f"{mv.name}/{mv.version}", seats.queue.admission
+                enrol = (self.gates, name, config, placements, instances, seats.capacity, admission)
                 # Its engine's steps take the device's slots, beside the batchers' batches.
-                name = f"{mv.name}/{mv.version}"
-                qos = pace_engines(
-                    self.gates,
-                    name,
-                    config,
-                    placements,
-                    instances,
-                    rows=seats.capacity,
-                    admission=seats.queue.admission,
-                )
+                qos = pace_engines(*enrol)
                 # vLLM's steps run in its own process: it leases the device between pauses.
-                leases = lease_engines(
-                    self.gates,
-                    name,
-                    config,
-                    placements,
-                    instances,
-                    rows=seats.capacity,
-                    admission=seats.queue.admission,
-                )
+                leases = lease_engines(*enrol)
                 if leases is not None:
                     qos, seats.watch = leases.pool, leases.tell
                 runner = StreamRunner(seats)

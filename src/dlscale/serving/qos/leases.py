@@ -179,7 +179,6 @@ def lease_engines(
     config: ModelConfig,
     placements: Sequence[tuple[str, str]],
     engines: Sequence[Instance],
-    *,
     rows: int,
     admission: Admission | None,
 ) -> Leases | None:

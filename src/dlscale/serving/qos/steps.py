@@ -145,7 +145,6 @@ def pace_engines(
     config: ModelConfig,
     placements: Sequence[tuple[str, str]],
     engines: Sequence[Instance],
-    *,
     rows: int,
     admission: Admission | None,
 ) -> TenantQos | None:
