@@ -276,7 +276,9 @@ class DataPlane:
         plan = served.plan
         if plan.streams:  # one answer only if generative
             return await joined(served, request, self._stream_trace(served, request))
-        trace = None if self.tracer.off else self._trace(served, request, on_device)
+        trace = None
+        if not self.tracer.off:
+            trace = self._trace(served, request, "pipeline step" if on_device else "model call")
         if on_device:
             devices = (i.backend.capabilities.device_buffers for i in served.instances)
             request.inputs = step_inputs(devices, request.inputs)
@@ -314,26 +316,19 @@ class DataPlane:
         # In field order, no keywords: a call with keywords builds a dict per request.
         return InferenceResponse(request.model_name, answer, plan.version, request.id, {}, placed)
 
-    def _trace(self, served: ServedVersion, request: InferenceRequest, on_device: bool) -> Any:
+    def _trace(
+        self, served: ServedVersion, request: InferenceRequest, kind: str = "", nests: bool = True
+    ) -> Any:
         """The request's trace when its scope samples it (None: not traced)."""
+        version = served.version
         return self.tracer.start(
-            served.version.name,
-            served.version.version,
-            request.id,
-            request.traceparent,
-            "pipeline step" if on_device else "model call",
+            version.name, version.version, request.id, request.traceparent, kind, nests
         )
 
     def _stream_trace(self, served: ServedVersion, request: InferenceRequest) -> OnEnd | None:
         """What ends a stream's trace when its request is traced (its span stays out of the
         context: a stream's iteration runs in its consumer's)."""
-        trace = self.tracer.start(
-            served.version.name,
-            served.version.version,
-            request.id,
-            request.traceparent,
-            nests=False,
-        )
+        trace = self._trace(served, request, nests=False)
         if trace is None:
             return None
         return functools.partial(_end_stream_trace, self.tracer, trace)
@@ -410,16 +405,11 @@ def _answers(
         array = outputs[name]
         if not on_device and type(array) is not np.ndarray:
             array = to_host(array)
-        answer[name] = _answer(served, array, name, classes) if classes else array
+        if classes:  # its top classes, when the request asked for them
+            labels = served.labels.get(name, ())
+            array = top_classes(array, classes, labels, served.config.batched, name)
+        answer[name] = array
     return answer
-
-
-def _answer(served: ServedVersion, array: np.ndarray, name: str, classes: int) -> np.ndarray:
-    """An output as computed, or its top classes when the request asked for them."""
-    if not classes:
-        return array
-    labels = served.labels.get(name, ())
-    return top_classes(array, classes, labels, served.config.batched, name)
 
 
 def _end_stream_trace(
