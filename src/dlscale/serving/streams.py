@@ -113,12 +113,8 @@ async def _open(
     """The stream path proper; an adapter's streams are counted by its runner, which waits
     for them before its weights leave the engine."""
     adapter = adapter_of(served.runner)
-    if adapter is None:
-        responses = _run(served, request, seats, on_end, "")
-        held = None
-    else:
-        held = adapter.enter()
-        responses = _run(served, request, seats, on_end, adapter.key)
+    held = adapter.enter() if adapter is not None else None
+    responses = _run(served, request, seats, on_end, adapter.key if adapter is not None else "")
     try:
         async for response in responses:
             yield response

@@ -167,15 +167,15 @@ def _phases(
     """(name, start, end, attributes) of each phase the request reached."""
     t = times
     rows = {"batch_size": t.batch_rows} if t.batch_rows else {}
-    phases: list[tuple[str, int, int, dict[str, Any]]]
+    phases: list[tuple[str, int, int, dict[str, Any]]] = [
+        ("queue", t.queue_start, t.compute_start, {})
+    ]
     if tokens is not None:  # a generative sequence: no batch of ours, the engine's steps
-        phases = [("queue", t.queue_start, t.compute_start, {})]
         if tokens.first:
             phases.append(("prefill", t.compute_start, tokens.first, {}))
             phases.append(("decode", tokens.first, tokens.last or tokens.first, {}))
     else:
-        phases = [
-            ("queue", t.queue_start, t.compute_start, {}),
+        phases += [
             ("batch formation", t.compute_start, t.compute_input_end, rows),
             ("compute", t.compute_input_end, t.compute_output_start, rows),
             ("batch split", t.compute_output_start, t.compute_end, rows),
