@@ -295,15 +295,11 @@ class DataPlane:
             answer = _answers(served, outputs, wanted, placed, on_device)
             if lookup is not None:
                 lookup.keep(answer)
-        except DlscaleError as exc:
+        except BaseException as exc:  # failed, or its caller left (cancelled): its span still ends
             times.request_end = time.perf_counter_ns()
-            served.stats.record_failure(exc.reason, times.request_end - times.request_start)
+            if isinstance(exc, DlscaleError):
+                served.stats.record_failure(exc.reason, times.request_end - times.request_start)
             if trace is not None:
-                self.tracer.finish(trace, times, ok=False)
-            raise
-        except BaseException:  # its caller left (cancelled): its span still ends
-            if trace is not None:
-                times.request_end = time.perf_counter_ns()
                 self.tracer.finish(trace, times, ok=False)
             raise
         finally:

@@ -141,12 +141,9 @@ async def _run(
         # Read once, and refused before it waits: the engine is given it typed.
         sampling = _sampling(request, adapter) if seats.generative else None
         instance = await seats.enter(request.priority, request.timeout_us, times)
-    except DlscaleError as exc:
-        served.stats.record_failure(exc.reason, _ended(times, on_end))
-        seats.tasks.discard(task)
-        raise
-    except BaseException:  # its client left (or the cut came) while it waited
-        served.stats.record_failure("CANCELED", _ended(times, on_end))
+    except BaseException as exc:  # refused, or its client left (or the cut came) while it waited
+        reason = exc.reason if isinstance(exc, DlscaleError) else "CANCELED"
+        served.stats.record_failure(reason, _ended(times, on_end))
         seats.tasks.discard(task)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
