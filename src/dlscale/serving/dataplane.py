@@ -97,7 +97,7 @@ class DataPlane:
         Triton's --strict-readiness) while every model the server should serve is READY."""
         if not self._accepting or not self._started:
             return False
-        return not self.strict_readiness or self.manager.required_ready()
+        return not self.strict_readiness or not self.manager.not_ready()
 
     def not_ready_reason(self) -> str:
         """Why `ready` says no, in words a person acts on: which models, in which state, why."""

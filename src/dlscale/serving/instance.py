@@ -125,11 +125,7 @@ class Instance:
     ) -> None:
         start = time.perf_counter()
         try:
-            outputs = (
-                self.backend.infer(inputs)
-                if context is None
-                else context.run(self.backend.infer, inputs)
-            )
+            outputs = _within(context, self.backend.infer)(inputs)
         except BaseException as exc:  # the batch's outcome, as from the thread
             self.inline.observe_loop(time.perf_counter() - start)
             then(None, exc)

@@ -103,14 +103,6 @@ class ModelManager:
     def ready_names(self) -> list[str]:
         return [e.name for e in self.entries() if e.state is ModelState.READY]
 
-    def required_ready(self) -> bool:
-        """Whether every model the server should be serving is READY."""
-        entries = self._entries
-        return all(
-            (entry := entries.get(n)) is not None and entry.state is ModelState.READY
-            for n in self.required
-        )
-
     def not_ready(self) -> list[ModelEntry]:
         """The models the server should be serving that are not READY, with their states."""
         entries = self._entries
