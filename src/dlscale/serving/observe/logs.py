@@ -21,6 +21,8 @@ FORMATS = {
     "default": ("%(asctime)s %(levelname)s %(name)s: %(message)s", None),
     "ISO8601": ("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z"),
 }
+#: The settings that turn a level's lines on and off, under Triton's names.
+SWITCHES = {"log_info": logging.INFO, "log_warning": logging.WARNING, "log_error": logging.ERROR}
 #: The highest verbose level (gRPC carries it as a uint32).
 MAX_VERBOSE = 2**32 - 1
 #: One line per failed request: protocol, model, status and reason.
@@ -35,7 +37,7 @@ class LogControl:
     def __init__(self, log_file: Path | None = None, log_format: str = "default") -> None:
         self.log_file = log_file
         self.log_format = _format(log_format)
-        self.enabled = {logging.INFO: True, logging.WARNING: True, logging.ERROR: True}
+        self.enabled = dict.fromkeys(SWITCHES.values(), True)
         self.verbose = 0
         self._handler: logging.Handler | None = None
         self._levels = (logging.NOTSET, logging.NOTSET, logging.NOTSET)
@@ -76,9 +78,7 @@ class LogControl:
         """The settings now, under Triton's names."""
         return {
             "log_file": str(self.log_file or ""),
-            "log_info": self.enabled[logging.INFO],
-            "log_warning": self.enabled[logging.WARNING],
-            "log_error": self.enabled[logging.ERROR],
+            **{key: self.enabled[level] for key, level in SWITCHES.items()},
             "log_verbose_level": self.verbose,
             "log_format": self.log_format,
         }
@@ -95,11 +95,7 @@ class LogControl:
                 "the log file cannot be changed through the protocol: start the server with "
                 "--log-file PATH"
             )
-        for key, level in (
-            ("log_info", logging.INFO),
-            ("log_warning", logging.WARNING),
-            ("log_error", logging.ERROR),
-        ):
+        for key, level in SWITCHES.items():
             if key in given:
                 self.enabled[level] = _bool(key, given[key])
         if "log_verbose_level" in given:
