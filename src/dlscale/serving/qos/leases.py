@@ -62,11 +62,6 @@ class EngineLease:
         #: Gives the last lease's slot back: kept until the next lease is asked for.
         self._held: Callable[[], None] | None = None
 
-    @property
-    def active(self) -> bool:
-        """Whether the device's scheduler decides (some tenant there has [qos])."""
-        return self.pool.gates[self.device].scheduler.active
-
     def tell(self, sequences: int) -> None:
         """The engine's sequences in flight, before a new one reaches it."""
         self.sequences = sequences
@@ -94,7 +89,7 @@ class EngineLease:
     async def _run(self) -> None:
         try:
             while True:
-                if not self.active:
+                if not self.pool.active(self.device):
                     self._give_back()
                     await self._pause(False)
                     await asyncio.sleep(IDLE_S)
@@ -143,7 +138,7 @@ class EngineLease:
         IDLE_S)."""
         while True:
             self._wake.clear()
-            if not (self.sequences and self.active) or self._others_wait():
+            if not (self.sequences and self.pool.active(self.device)) or self._others_wait():
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), IDLE_S)

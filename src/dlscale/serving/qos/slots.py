@@ -92,6 +92,10 @@ class TenantQos:
         """A batch of `rows` took `seconds` on the instance named `instance` (warm-up)."""
         self.tenant_of(instance).service.observe(rows, seconds)
 
+    def active(self, device: str) -> bool:
+        """Whether `device`'s scheduler decides (some tenant there has [qos])."""
+        return self.gates[device].scheduler.active
+
     def devices(self) -> list[tuple[str, Tenant]]:
         """Each device with the model's standing there."""
         return list(self.tenants.items())
@@ -113,7 +117,7 @@ class TenantQos:
             or self._left
             or self._waiter is not None
             or not self._free.get(device)
-            or self.gates[device].scheduler.active
+            or self.active(device)
         ):
             return None
         return self._start_off(device, source)
@@ -190,8 +194,7 @@ class TenantQos:
         device = self._only
         if device is None:
             return False
-        gate = self.gates[device]
-        if gate.scheduler.active:
+        if self.active(device):
             return False
         if self._waiter is None:
             return True

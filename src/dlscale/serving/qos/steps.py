@@ -86,15 +86,10 @@ class DeviceSteps:
         #: engine's thread alone reads and writes it.
         self._held: Callable[[], None] | None = None
 
-    @property
-    def active(self) -> bool:
-        """Whether the device's scheduler decides (some tenant there has [qos])."""
-        return self.steps.pool.gates[self.device].scheduler.active
-
     @contextlib.contextmanager
     def step(self, rows: int) -> Iterator[None]:
         """Hold the device's slot for one step (on the engine's thread)."""
-        if not self.active:
+        if not self.steps.pool.active(self.device):
             self.rest()
             yield
             return
