@@ -79,15 +79,19 @@ class Loader:
             first, inputs, outputs = instances[0].backend, warmed[0].inputs, warmed[0].outputs
             if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 stats = ModelStats(mv.name, str(mv.version))
-                seats = Seats.of(config, instances, stats, first.capabilities.generates_text)
-                name, admission = f"{mv.name}/{mv.version}", seats.queue.admission
-                enrol = (self.gates, name, config, placements, instances, seats.capacity, admission)
-                # Its engine's steps take the device's slots, beside the batchers' batches.
-                qos = pace_engines(*enrol)
+                caps = first.capabilities
+                seats = Seats.of(config, instances, stats, caps.generates_text)
+                if caps.paces_steps or caps.pauses_steps:  # each engine is one slot of a pool
+                    name, admission = f"{mv.name}/{mv.version}", seats.queue.admission
+                    qos = self.gates.enrol_engines(
+                        name, config, placements, instances, seats.capacity, admission
+                    )
+                # Its engine's steps take the device's slots, beside the batchers' batches;
                 # vLLM's steps run in its own process: it leases the device between pauses.
-                leases = lease_engines(*enrol)
-                if leases is not None:
-                    qos, seats.watch = leases.pool, leases.tell
+                if qos is not None and caps.paces_steps:
+                    pace_engines(qos, instances)
+                elif qos is not None:
+                    seats.watch = lease_engines(qos, instances).tell
                 runner = StreamRunner(seats)
                 return ServedVersion(
                     mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called

@@ -31,10 +31,7 @@ from collections.abc import Callable, Sequence
 
 from dlscale.backends.generative.contract import PausableBackend
 from dlscale.errors import Unavailable
-from dlscale.models.config import ModelConfig
 from dlscale.serving.instance import Instance
-from dlscale.serving.qos.admission import Admission
-from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.slots import Slot, WholeDemand
 
@@ -154,10 +151,9 @@ class EngineLease:
 
 
 class Leases:
-    """A model version's engines' leases, by instance name, and its pool."""
+    """A model version's engines' leases, by instance name."""
 
     def __init__(self, pool: TenantQos, leases: dict[str, EngineLease]) -> None:
-        self.pool = pool
         self.leases = leases
         for lease in leases.values():
             lease.start()
@@ -168,23 +164,10 @@ class Leases:
         self.leases[instance.name].tell(sequences)
 
 
-def lease_engines(
-    gates: DeviceGates,
-    name: str,
-    config: ModelConfig,
-    placements: Sequence[tuple[str, str]],
-    engines: Sequence[Instance],
-    rows: int,
-    admission: Admission | None,
-) -> Leases | None:
-    """Enrol a generative model whose engines pause between steps (`Capabilities.pauses_steps`)
-    at its devices' gates, and lease them the device; `rows`: the sequences an engine may hold
-    (its seats' capacity), `admission`: its seats'. None: QoS off, or engines that cannot."""
-    if not engines[0].backend.capabilities.pauses_steps:
-        return None
-    pool = gates.enrol_engines(name, config, placements, engines, rows, admission)
-    if pool is None:
-        return None
+def lease_engines(pool: TenantQos, engines: Sequence[Instance]) -> Leases:
+    """Lease the device to a generative model's engines that pause between steps
+    (`Capabilities.pauses_steps`), at the gates its pool is enrolled at
+    (`DeviceGates.enrol_engines`)."""
     leases = {}
     for engine in engines:
         backend = engine.backend

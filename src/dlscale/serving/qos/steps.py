@@ -28,10 +28,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 
 from dlscale.backends.generative.contract import PacedBackend
-from dlscale.models.config import ModelConfig
 from dlscale.serving.instance import Instance
-from dlscale.serving.qos.admission import Admission
-from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.slots import Slot, WholeDemand
 
@@ -134,26 +131,11 @@ class DeviceSteps:
                 return None
 
 
-def pace_engines(
-    gates: DeviceGates,
-    name: str,
-    config: ModelConfig,
-    placements: Sequence[tuple[str, str]],
-    engines: Sequence[Instance],
-    rows: int,
-    admission: Admission | None,
-) -> TenantQos | None:
-    """Enrol a generative model whose engines pace their steps (`Capabilities.paces_steps`) at
-    its devices' gates, and pace them; `rows`: the sequences a step may hold (its seats'
-    capacity), `admission`: its seats'. Its pool, or None (QoS off, or engines that cannot)."""
-    if not engines[0].backend.capabilities.paces_steps:
-        return None
-    pool = gates.enrol_engines(name, config, placements, engines, rows, admission)
-    if pool is None:
-        return None
+def pace_engines(pool: TenantQos, engines: Sequence[Instance]) -> None:
+    """Pace the steps of a generative model's engines (`Capabilities.paces_steps`) at the gates
+    its pool is enrolled at (`DeviceGates.enrol_engines`)."""
     steps = EngineSteps(pool, asyncio.get_running_loop())
     for engine in engines:
         backend = engine.backend
         assert isinstance(backend, PacedBackend)
         backend.pace(steps.gate(engine.name))
-    return pool
