@@ -49,10 +49,6 @@ class Instance:
         self.stops_batches = False
         self._lane = Lane(name)
 
-    async def call(self, func: Callable[..., T], *args: object) -> T:
-        """Run a blocking call in this instance's thread."""
-        return await self._lane.run(func, *args)
-
     @overload
     async def load(self) -> None: ...
     @overload
@@ -183,10 +179,10 @@ class Instance:
             # One trip: the thread takes one call at a time, so the unload runs after the batch
             # running there without a trip to wait for it first; each eviction of a load on
             # demand paid that trip on the cold request's path (docs/memory.md).
-            await self.call(self.backend.unload)
+            await self._lane.run(self.backend.unload)
             self._lane.stop()
             return
-        drained = asyncio.ensure_future(self.call(_nothing))
+        drained = self._lane.run(_nothing)
         if grace_s is not None and self.stops_batches:
             done, _ = await asyncio.wait([drained], timeout=grace_s)
             if not done:
@@ -195,7 +191,7 @@ class Instance:
                 )
                 await asyncio.to_thread(self.backend.unload)
         await drained
-        await self.call(self.backend.unload)
+        await self._lane.run(self.backend.unload)
         self._lane.stop()
 
 
