@@ -124,12 +124,10 @@ class DeviceGates:
         placed = dict(placements)
         tenant_name = f"{name}#{next(self._enrolled)}"
         tenants = {device: _tenant(tenant_name, config, rows) for device in placed.values()}
-        gates = {}
         for device in tenants:
-            gate = self.gates.get(device) or self.gates.setdefault(
-                device, DeviceGate(device, self.slots)
-            )
-            gates[device] = gate
+            if device not in self.gates:
+                self.gates[device] = DeviceGate(device, self.slots)
+        gates = {device: self.gates[device] for device in tenants}
         pool = TenantQos(name, config, admission, placed, tenants, gates, self)
         for device, tenant in tenants.items():
             gates[device].join(tenant, pool)
