@@ -202,9 +202,7 @@ class Batcher:
     def _fail_queued(self, error: DlscaleError) -> None:
         """Every request still queued fails with `error` (its future's callback unqueues it)."""
         for queue in self._queues:
-            for item in list(queue):
-                if not item.future.done():
-                    item.future.set_exception(error)
+            fail(list(queue), error)
 
     def _unqueue(self, item: Pending) -> None:
         if item.queued:
