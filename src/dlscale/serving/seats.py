@@ -59,7 +59,6 @@ class Seats:
         #: request gets its stream joined; a decoupled Python model's is refused one.
         self.generative = generative
         self.capacity = capacity
-        self.policy = policy
         self.stats = stats
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, admission, clock)
