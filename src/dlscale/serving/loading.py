@@ -91,7 +91,7 @@ class Loader:
                 if qos is not None and caps.paces_steps:
                     pace_engines(qos, instances)
                 elif qos is not None:
-                    seats.watch = lease_engines(qos, instances).tell
+                    seats.watch = lease_engines(qos, instances)
                 runner = StreamRunner(seats)
                 return ServedVersion(
                     mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called

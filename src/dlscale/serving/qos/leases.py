@@ -150,27 +150,16 @@ class EngineLease:
             self.paused = paused
 
 
-class Leases:
-    """A model version's engines' leases, by instance name."""
-
-    def __init__(self, pool: TenantQos, leases: dict[str, EngineLease]) -> None:
-        self.leases = leases
-        for lease in leases.values():
-            lease.start()
-            pool.departures.append(lease.stop)
-
-    def tell(self, instance: Instance, sequences: int) -> None:
-        """The sequences in flight on `instance`'s engine (its seats' watcher)."""
-        self.leases[instance.name].tell(sequences)
-
-
-def lease_engines(pool: TenantQos, engines: Sequence[Instance]) -> Leases:
+def lease_engines(pool: TenantQos, engines: Sequence[Instance]) -> Callable[[Instance, int], None]:
     """Lease the device to a generative model's engines that pause between steps
     (`Capabilities.pauses_steps`), at the gates its pool is enrolled at
-    (`DeviceGates.enrol_engines`)."""
-    leases = {}
+    (`DeviceGates.enrol_engines`); what tells an instance's lease the sequences in flight on its
+    engine (its seats' watcher)."""
+    leases: dict[str, EngineLease] = {}
     for engine in engines:
         backend = engine.backend
         assert isinstance(backend, PausableBackend)
-        leases[engine.name] = EngineLease(pool, backend, pool.placements[engine.name])
-    return Leases(pool, leases)
+        lease = leases[engine.name] = EngineLease(pool, backend, pool.placements[engine.name])
+        lease.start()
+        pool.departures.append(lease.stop)
+    return lambda instance, sequences: leases[instance.name].tell(sequences)
