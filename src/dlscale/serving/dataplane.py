@@ -25,9 +25,8 @@ from dlscale.serving.classification import top_classes
 from dlscale.serving.control.demand import OnDemand
 from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager
-from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
-from dlscale.serving.observe.trace import Trace, Tracer
+from dlscale.serving.observe.trace import Tracer
 from dlscale.serving.regions.lease import RequestRegions, step_inputs, to_host
 from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.serving.served import ServedVersion
@@ -327,7 +326,7 @@ class DataPlane:
         trace = self._trace(served, request, nests=False)
         if trace is None:
             return None
-        return functools.partial(_end_stream_trace, self.tracer, trace)
+        return functools.partial(self.tracer.finish, trace)
 
     def _lookup(
         self,
@@ -406,9 +405,3 @@ def _answers(
             array = top_classes(array, classes, labels, served.config.batched, name)
         answer[name] = array
     return answer
-
-
-def _end_stream_trace(
-    tracer: Tracer, trace: Trace, times: RequestTimes, tokens: TokenTimes | None, ok: bool
-) -> None:
-    tracer.finish(trace, times, tokens, ok)
