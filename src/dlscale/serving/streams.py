@@ -285,7 +285,7 @@ class _Meter:
         if contract.NUM_INPUT_TOKENS in outputs:
             self.prompt = int(outputs[contract.NUM_INPUT_TOKENS].reshape(-1)[0])
         if contract.FINISH_REASON in outputs:
-            self.reason = _text(outputs[contract.FINISH_REASON])
+            self.reason = _as_bytes(outputs[contract.FINISH_REASON]).decode()
         if self.generated <= before:
             return
         now = time.perf_counter_ns()
@@ -328,8 +328,3 @@ def _ended(times: RequestTimes, on_end: OnEnd | None) -> int:
     if on_end is not None:
         on_end(times, None, False)
     return times.request_end - times.request_start
-
-
-def _text(array: Any) -> str:
-    value = array.reshape(-1)[0]
-    return value.decode() if isinstance(value, bytes) else str(value)
