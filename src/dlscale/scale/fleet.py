@@ -148,16 +148,24 @@ class FleetReplica:
 
     async def _hand_over(self) -> None:
         """While this is the only replica in rotation and the fleet is not being deleted, keep
-        serving until a successor is in rotation, for at most HAND_OVER_S (a router that does
-        not answer lets it go at once)."""
+        serving until a successor is in rotation, for at most HAND_OVER_S (a router that is
+        gone lets it go at once; one slow to answer is asked again)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HAND_OVER_S
+        held = False
         while loop.time() < deadline:
             try:
                 if not await self._call("holds", self.key):
                     return
-            except Exception:  # the router restarting: leave as before
+            except TimeoutError:
+                continue
+            except Exception:  # the router actor died, and its HAProxy with it
                 return
+            if not held:
+                held = True
+                log.info(
+                    "replica %s: the only one in rotation, serving until its successor is", self.key
+                )
             await asyncio.sleep(HEARTBEAT_S)
         log.warning(
             "replica %s: no successor in rotation after %.0f s, leaving", self.key, HAND_OVER_S

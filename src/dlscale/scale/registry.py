@@ -29,8 +29,9 @@ log = logging.getLogger("dlscale.scale")
 #: Seconds between two heartbeats of a replica.
 HEARTBEAT_S = 0.5
 #: The most seconds a stopping replica, the only one in rotation, keeps serving while Ray starts
-#: its successor (scale/fleet.py `_hand_over`): a replica's start took 2-7 s on a 2-core host.
-HAND_OVER_S = 20.0
+#: its successor (scale/fleet.py `_hand_over`): a successor was in rotation 2-7 s after on a quiet
+#: 2-core host, and 39 s after beside two CPU burners (where 20 s let 640 requests meet a 503).
+HAND_OVER_S = 60.0
 #: Seconds without a heartbeat after which a replica HAProxy does not see UP is taken out of
 #: rotation (ten beats: a busy event loop may delay a few; HAProxy's own check takes a dead
 #: server out sooner, and it is forgotten here).
@@ -143,10 +144,15 @@ class Registry:
             return [Replica(**vars(r)) for r in self._replicas.values()]
 
     def in_rotation(self) -> set[str]:
-        """The replicas HAProxy routes to: ready, and UP by its own checks."""
+        """The replicas HAProxy routes to: ready, and UP by its own checks ("UP 1/2" too: one
+        failed check of the two that take it down, which a loaded host sees)."""
         with self._lock:
             states = self.router.states()
-            return {k for k, r in self._replicas.items() if r.ready and states.get(k, "") == "UP"}
+            return {
+                k
+                for k, r in self._replicas.items()
+                if r.ready and states.get(k, "").startswith("UP")
+            }
 
     def view(self) -> list[dict[str, object]]:
         """Each joined replica and HAProxy's word on it (UP, DOWN, MAINT...)."""
