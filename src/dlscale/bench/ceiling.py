@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.scenarios import Scenario
-from dlscale.bench.session import BenchOptions, Session
+from dlscale.bench.session import BenchOptions, opened
 from dlscale.bench.targets import ModelInfo
 from dlscale.errors import BenchError
 from dlscale.types import Datatype, TensorSpec
@@ -97,19 +96,14 @@ def measure(
         progress=False,
         client_ceiling=False,
     )
-    loop = LoopThread()
     try:
-        with null_server(info, batch, options.shared_memory != "none") as ports:
-            session = Session(f"{scheme}://{ports[scheme]}", calibration, loop)
-            try:
-                session.open()
-                run, _ = session.sized_run(session.settings(Scenario.OFFLINE), log_dir)
-            finally:
-                session.close()
+        with (
+            null_server(info, batch, options.shared_memory != "none") as ports,
+            opened(f"{scheme}://{ports[scheme]}", calibration) as session,
+        ):
+            run, _ = session.sized_run(session.settings(Scenario.OFFLINE), log_dir)
     except (BenchError, OSError) as exc:
         return Ceiling(None, method, error=str(exc))
-    finally:
-        loop.close()
     p50 = float(np.median(run.request_ns)) / 1e9 if len(run.request_ns) else None
     if not run.valid:
         return Ceiling(run.throughput, method, p50, "; ".join(run.reasons))

@@ -128,9 +128,8 @@ def run_interference(
     options.check()
     out_dir.mkdir(parents=True, exist_ok=True)
     say = Steps(options.progress)
-    loop = LoopThread()
     with contextlib.ExitStack() as stack:
-        stack.callback(loop.close)
+        loop = stack.enter_context(contextlib.closing(LoopThread()))
         say("setting up the conditions (scratch repositories, servers where asked)")
         setup = _setup(options, loop, out_dir, stack)
         for tenants in setup.conditions:

@@ -77,23 +77,22 @@ def run_replay(options: ReplayOptions) -> dict[str, Any]:
     requests = options.load()
     models = sorted({r.model for r in requests})
     _refuse_generative(requests)
-    loop = LoopThread()
     targets = {m: RemoteTarget(options.url, m, connections=options.connections) for m in models}
-    try:
-        infos = {m: loop.run(t.open()) for m, t in targets.items()}
-        senders = _senders(targets, infos, requests, options.seed)
-        objectives = {m: _objective(m, options) for m in models}
-        start = time.monotonic() + LEAD_S
-        with _watching(options, models, start) as watch:
-            outcomes = loop.run(
-                replay(requests, lambda r: senders[r.model](r), start, options.max_in_flight)
-            )
-        samples = watch.samples if watch else []
-    finally:
-        for target in targets.values():
-            with contextlib.suppress(Exception):
-                loop.run(target.close())
-        loop.close()
+    with contextlib.closing(LoopThread()) as loop:
+        try:
+            infos = {m: loop.run(t.open()) for m, t in targets.items()}
+            senders = _senders(targets, infos, requests, options.seed)
+            objectives = {m: _objective(m, options) for m in models}
+            start = time.monotonic() + LEAD_S
+            with _watching(options, models, start) as watch:
+                outcomes = loop.run(
+                    replay(requests, lambda r: senders[r.model](r), start, options.max_in_flight)
+                )
+            samples = watch.samples if watch else []
+        finally:
+            for target in targets.values():
+                with contextlib.suppress(Exception):
+                    loop.run(target.close())
     data = build_report(options, outcomes, samples, objectives)
     return write(data, outcomes, options.out)
 

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import statistics
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
 from dlscale.bench import ceiling, environment, fleet_load, report, steps, sweep
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult, sweep_point
-from dlscale.bench.session import BenchOptions, Session
+from dlscale.bench.session import BenchOptions, Session, opened
 
 
 def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, Any]:
     """Benchmark one target on the chosen scenarios; returns the report (also written)."""
     options.check()
-    loop = LoopThread()
-    session = Session(url, options, loop)
-    try:
-        session.open()
+    with opened(url, options) as session:
+        loop = session.loop
         pipeline = loop.run(steps.pipeline_steps(session.target, options.model))
         before = loop.run(session.target.batch_times())
         steps_before = loop.run(steps.snapshot(session.target, options.model, pipeline))
@@ -28,9 +27,6 @@ def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, An
         fleet_after = fleet_load.snapshot(fleet, options.model) if fleet else {}
         steps_after = loop.run(steps.snapshot(session.target, options.model, pipeline))
         after = loop.run(session.target.batch_times())
-    finally:
-        session.close()
-        loop.close()
     data = _report([session], results, options)
     # A pipeline: where its time went, step by step (bench/steps.py); None for other models.
     data["steps"] = steps.breakdown(options.model, pipeline, steps_before, steps_after)
@@ -63,21 +59,14 @@ def compare(
 ) -> dict[str, Any]:
     """The same scenarios against several targets in alternation, `rounds` times, with ratios."""
     options.check()
-    loop = LoopThread()
-    sessions = [Session(url, options, loop) for url in urls]
-    per_target: dict[int, list[ScenarioResult]] = {i: [] for i in range(len(sessions))}
-    try:
-        for s in sessions:
-            s.open()
+    per_target: dict[int, list[ScenarioResult]] = {i: [] for i in range(len(urls))}
+    with closing(LoopThread()) as loop, ExitStack() as stack:
+        sessions = [stack.enter_context(opened(url, options, loop)) for url in urls]
         for n in range(rounds):
             for scenario in options.scenarios:
                 for i, s in enumerate(sessions):
                     folder = out_dir / "loadgen" / f"target{i + 1}" / f"round{n + 1}"
                     per_target[i].append(s.scenario(scenario, folder))
-    finally:
-        for s in sessions:
-            s.close()
-        loop.close()
     every = [r for i in per_target for r in per_target[i]]
     data = _report(sessions, every, options)
     data["rounds"] = rounds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -393,6 +394,20 @@ class Session:
             labels = accuracy.check_labels(self.samples, outputs)
             result.method += f"; top-1 against labels {labels.fraction:.4f}"
         return result
+
+
+@contextlib.contextmanager
+def opened(
+    url: str | None, options: BenchOptions, loop: LoopThread | None = None
+) -> Iterator[Session]:
+    """A session opened on `loop` (else on a loop of its own, closed after it); closed on exit."""
+    with contextlib.ExitStack() as stack:
+        if loop is None:
+            loop = stack.enter_context(contextlib.closing(LoopThread()))
+        session = Session(url, options, loop)
+        stack.callback(session.close)
+        session.open()
+        yield session
 
 
 def _too_short(result: RunResult) -> bool:

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult
 from dlscale.bench.scenarios import Scenario
-from dlscale.bench.session import BenchOptions, Session
+from dlscale.bench.session import BenchOptions, opened
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,7 @@ def measure(repo: Path, model: str, log_dir: Path, settings: MeterSettings) -> S
         warmup_s=settings.warmup_s,
     )
     options.check()
-    loop = LoopThread()
-    session = Session(None, options, loop)
-    try:
-        session.open()
+    with opened(None, options) as session:
         offline = [
             session.scenario(Scenario.OFFLINE, log_dir / f"run{n + 1}").main
             for n in range(max(1, settings.repeats))
@@ -76,9 +72,6 @@ def measure(repo: Path, model: str, log_dir: Path, settings: MeterSettings) -> S
         single = None
         if settings.singlestream:
             single = session.scenario(Scenario.SINGLESTREAM, log_dir).main
-    finally:
-        session.close()
-        loop.close()
     assert all(run is not None for run in offline)
     rates = tuple(float(run.throughput or 0.0) for run in offline if run is not None)
     return Speed(

@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends import create_backend
-from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import Scenario
-from dlscale.bench.session import BenchOptions, Session
+from dlscale.bench.session import BenchOptions, opened
 from dlscale.errors import OptimizeError
 from dlscale.models.config import ModelConfig, write_config
 from dlscale.models.repository import ModelRepository, ModelVersion
@@ -322,14 +321,8 @@ def _config_for(base: ModelConfig, point: ServingPoint, name: str) -> ModelConfi
 
 
 def _server_run(options: BenchOptions, folder: Path) -> ScenarioResult:
-    loop = LoopThread()
-    session = Session(None, options, loop)
-    try:
-        session.open()
+    with opened(None, options) as session:
         return session.scenario(Scenario.SERVER, folder)
-    finally:
-        session.close()
-        loop.close()
 
 
 def _peak(folder: Path, outcome: PointOutcome, bound_s: float, settings: SloSettings) -> None:

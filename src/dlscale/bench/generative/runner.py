@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,6 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
     made = synthetic_asks(maker, options.requests, options.isl, options.osl)
     jobs = [Job(_knobs(ask, options), tokens) for ask, tokens in made]
     trace = read_trace(options.trace) if options.trace else None
-    loop = LoopThread()
     client = StreamClient(
         options.url,
         options.kind,
@@ -57,27 +56,27 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) ->
         counter=counter,
         api_key=options.api_key,
     )
-    try:
-        loop.run(client.__aenter__())
-        rate = _warm_up(loop, client, jobs, options, say)
-        points = _sweep(loop, client, jobs, options, say)
-        if trace is not None:
-            say(f"trace replay: {len(trace)} requests from {options.trace}")
-            timed = [
-                Job(_knobs(a, options), n, t / options.trace_speedup)
-                for a, n, t in trace_asks(trace, maker)
+    with closing(LoopThread()) as loop:
+        try:
+            loop.run(client.__aenter__())
+            rate = _warm_up(loop, client, jobs, options, say)
+            points = _sweep(loop, client, jobs, options, say)
+            if trace is not None:
+                say(f"trace replay: {len(trace)} requests from {options.trace}")
+                timed = [
+                    Job(_knobs(a, options), n, t / options.trace_speedup)
+                    for a, n, t in trace_asks(trace, maker)
+                ]
+                with _counted("trace replay", len(timed)) as counted:
+                    records = loop.run(open_loop(client, timed, counted))
+                points.append(_point("trace", None, records, options))
+            best = max([rate, *(p["requests_per_s"] or 0.0 for p in points)])
+            scenarios = [
+                _loadgen(loop, client, jobs, options, scenario, best, out, say)
+                for scenario in options.scenarios
             ]
-            with _counted("trace replay", len(timed)) as counted:
-                records = loop.run(open_loop(client, timed, counted))
-            points.append(_point("trace", None, records, options))
-        best = max([rate, *(p["requests_per_s"] or 0.0 for p in points)])
-        scenarios = [
-            _loadgen(loop, client, jobs, options, scenario, best, out, say)
-            for scenario in options.scenarios
-        ]
-    finally:
-        loop.run(client.__aexit__())
-        loop.close()
+        finally:
+            loop.run(client.__aexit__())
     say("writing the report")
     return report.write(options, points, scenarios, out)
 
