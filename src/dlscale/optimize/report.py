@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import __version__
+from dlscale.bench.render import pyplot, save
 from dlscale.optimize.decide import source_name
 from dlscale.optimize.results import OptimizeResult, Trial
 
@@ -164,15 +165,10 @@ def _slo_lines(result: OptimizeResult) -> list[str]:
 
 def plot(result: OptimizeResult, path: Path) -> Path | None:
     """Throughput against accuracy deviation, one point per measured variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     points = [t for t in result.trials if t.speed is not None and t.accuracy is not None]
     if not points:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     colors = {"accepted": "tab:green", "rejected": "tab:red"}
     for t in points:
         assert t.speed is not None and t.accuracy is not None
@@ -197,7 +193,4 @@ def plot(result: OptimizeResult, path: Path) -> Path | None:
     ax.set_title(f"{result.model} on {result.device}: variants (star: chosen)")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
