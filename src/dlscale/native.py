@@ -61,6 +61,18 @@ def spawn_dying_with_parent(argv: Sequence[str], **popen: Any) -> subprocess.Pop
     return subprocess.Popen(list(argv), preexec_fn=die_with_parent, **popen)
 
 
+def end_child(process: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    """SIGTERM a child that still runs; SIGKILL it when it has not ended within `grace_s`."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def die_with_parent() -> None:
     """In this process, or in a child between fork and exec: SIGTERM when the parent (thread)
     ends (Linux)."""

@@ -29,6 +29,7 @@ from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions, opened
 from dlscale.bench.targets import ModelInfo
 from dlscale.errors import BenchError
+from dlscale.native import end_child
 from dlscale.types import Datatype, TensorSpec
 
 #: The calibration run's minimum duration at most (shorter when the bench's runs are).
@@ -152,12 +153,7 @@ def null_server(info: ModelInfo, batch: int, client_shm: bool = False) -> Iterat
         try:
             yield _wait_ready(process, log, info.name)
         finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            end_child(process, 15)
 
 
 def _wait_ready(process: subprocess.Popen[bytes], log: Path, model: str) -> dict[str, str]:

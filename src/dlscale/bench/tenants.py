@@ -21,6 +21,7 @@ from dlscale.hardware.detect import HostInfo, MigInstance
 from dlscale.models.config import InstanceConfig, ModelConfig, write_config
 from dlscale.models.config_sections import QosConfig
 from dlscale.models.repository import ModelRepository
+from dlscale.native import end_child
 
 #: What `dlscale serve` logs once its REST frontend listens (server.py).
 _LISTENING = re.compile(r"http listening on ([\w.:-]+):(\d+)")
@@ -128,10 +129,4 @@ class TenantServer:
         raise BenchError(f"the tenant server for {self.repo} did not start; see {self.log}")
 
     def __exit__(self, *exc: object) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        end_child(self._process, 30)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
-from dlscale.native import process_folder, spawn_dying_with_parent
+from dlscale.native import end_child, process_folder, spawn_dying_with_parent
 from dlscale.scale import finish, prefix
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.haproxy_config import (
@@ -290,13 +290,7 @@ class HaproxyRouter:
 
     def stop(self) -> None:
         """Stop HAProxy (connections close) and release the ports."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(5.0)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        end_child(self._process, 5.0)
         for sock in self._sockets.values():
             sock.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
