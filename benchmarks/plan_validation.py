@@ -32,11 +32,10 @@ import numpy as np
 
 from benchmarks.harness.servers import RESULTS
 from dlscale.bench import environment
-from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.peak import find_peak
 from dlscale.bench.results import RunResult
 from dlscale.bench.scenarios import Scenario, parse_duration
-from dlscale.bench.session import BenchOptions, Session
+from dlscale.bench.session import BenchOptions, opened
 from dlscale.errors import BenchError
 from dlscale.models.config import ModelConfig
 from dlscale.models.locate import onnx_file
@@ -215,15 +214,12 @@ def measure_peak(
         seed=seed,
         sample_count=64,
     )
-    loop = LoopThread()
-    session = Session(None, options, loop)
     runs: list[dict[str, Any]] = []
     started = time.perf_counter()
-    try:
-        session.open()
+    with opened(None, options) as session:
         assert session.warmup is not None
         start = max(1.0, session.warmup.throughput / 2)  # as `dlscale bench --find-peak` does
-        before = loop.run(session.target.batch_times())
+        before = session.loop.run(session.target.batch_times())
 
         def run_at(qps: float) -> tuple[bool, RunResult]:
             # LoadGen stops at the minimum duration once it has the queries, and gives up at
@@ -238,10 +234,7 @@ def measure_peak(
 
         # A floor far below the start: a slow model on a busy machine may peak under 1/s.
         found = find_peak(run_at, start, max_runs=search.max_runs, floor_qps=start / 32)
-        after = loop.run(session.target.batch_times())
-    finally:
-        session.close()
-        loop.close()
+        after = session.loop.run(session.target.batch_times())
     seen = environment.profile(model, None, "fp32", before, after) or {}
     notes = [f"search started at {start:.2f}/s (half the warm-up throughput)"]
     return MeasuredPeak(
