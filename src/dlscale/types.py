@@ -118,6 +118,13 @@ class TensorSpec:
         """The protocol's JSON form: ``{name, datatype, shape}``."""
         return {"name": self.name, "datatype": self.datatype.value, "shape": list(self.shape)}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
+        """The spec `to_dict` wrote; KeyError, TypeError or ValueError when it is not one."""
+        return cls(
+            str(data["name"]), Datatype(data["datatype"]), tuple(int(d) for d in data["shape"])
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RegionRef:

@@ -296,10 +296,9 @@ def open_target(
 
 def _spec(tensor: dict[str, Any]) -> TensorSpec:
     try:
-        datatype = Datatype(tensor["datatype"])
+        return TensorSpec.from_dict(tensor)
     except (KeyError, ValueError):
-        raise BenchError(f"tensor metadata {tensor} has no valid datatype") from None
-    return TensorSpec(str(tensor["name"]), datatype, tuple(int(d) for d in tensor["shape"]))
+        raise BenchError(f"tensor metadata {tensor} has no valid name, datatype or shape") from None
 
 
 def onnx_signature(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

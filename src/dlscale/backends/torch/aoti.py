@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dlscale.errors import ConfigError
-from dlscale.types import Datatype, TensorSpec
+from dlscale.types import TensorSpec
 
 #: The file name of a package in a version folder (AOTInductor insists on the .pt2 suffix).
 PACKAGE_NAME = "model.aoti.pt2"
@@ -63,10 +63,7 @@ class PackageInfo:
             raw = {
                 k[len(_PREFIX) :]: json.loads(v) for k, v in metadata.items() if k[:8] == _PREFIX
             }
-            sides = [
-                [TensorSpec(e["name"], Datatype(e["datatype"]), tuple(e["shape"])) for e in raw[s]]
-                for s in ("inputs", "outputs")
-            ]
+            sides = [[TensorSpec.from_dict(e) for e in raw[s]] for s in ("inputs", "outputs")]
             return cls(
                 inputs=sides[0],
                 outputs=sides[1],

@@ -28,7 +28,7 @@ from torch import nn
 from dlscale.backends.torch.aoti import PackageInfo, load_package
 from dlscale.backends.torch.tensors import datatype_of, from_numpy
 from dlscale.errors import ConfigError
-from dlscale.types import Datatype, TensorSpec
+from dlscale.types import TensorSpec
 
 #: Name of the signature inside a .pt2 or .pt archive (their "extra files").
 SIGNATURE_ENTRY = "dlscale/signature.json"
@@ -183,9 +183,7 @@ def _parse_signature(text: str, source: Path) -> tuple[list[TensorSpec], list[Te
         if not isinstance(entries, list) or not entries:
             raise ConfigError(f"{source}: signature field '{which}': expected a list of tensors")
         try:
-            sides.append(
-                [TensorSpec(e["name"], Datatype(e["datatype"]), tuple(e["shape"])) for e in entries]
-            )
+            sides.append([TensorSpec.from_dict(e) for e in entries])
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
                 f"{source}: signature field '{which}': each tensor needs name, datatype and "
