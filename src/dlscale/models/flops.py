@@ -16,11 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import shape_inference
 
-# ModelCost and ELEMENT_SIZE live in cost.py, below both counters (this one and torch_cost's),
-# so that neither imports the other's module at load; they stay importable from here.
-from dlscale.models.cost import ELEMENT_SIZE, ModelCost
-
-__all__ = ["ELEMENT_SIZE", "ModelCost", "count", "count_file"]
+from dlscale.models.cost import ModelCost
 
 
 def _ops(*names: str) -> list[str]:

@@ -15,7 +15,8 @@ from dlscale.hardware.commands import local_device
 from dlscale.hardware.report import roofline_text
 from dlscale.hardware.roofline import Roofline, batch_roofline, best_batch
 from dlscale.hardware.roofline import roofline as roofline_of
-from dlscale.models.flops import ModelCost, count
+from dlscale.models.cost import ModelCost
+from dlscale.models.flops import count
 from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dlscale.errors import InvalidInput
-from dlscale.models.flops import ELEMENT_SIZE, ModelCost, count
+from dlscale.models.cost import ELEMENT_SIZE, ModelCost
+from dlscale.models.flops import count
 
 
 def _graph(

@@ -15,7 +15,8 @@ import pytest
 from dlscale.cli import main
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.roofline import batch_roofline, best_batch
-from dlscale.models.flops import ModelCost, count
+from dlscale.models.cost import ModelCost
+from dlscale.models.flops import count
 
 #: ResNet-50 INT8, images/s per accelerator, closed division (datacenter; Orin: edge), as
 #: shared/reference/mlperf.md lists them from mlcommons/inference_results_v3.0 and _v4.1
