@@ -121,9 +121,7 @@ class TensorSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
         """The spec `to_dict` wrote; KeyError, TypeError or ValueError when it is not one."""
-        return cls(
-            str(data["name"]), Datatype(data["datatype"]), tuple(int(d) for d in data["shape"])
-        )
+        return cls(str(data["name"]), Datatype(data["datatype"]), tuple(map(int, data["shape"])))
 
 
 @dataclass(frozen=True, slots=True)
