@@ -68,19 +68,7 @@ def decoder_shape(model: str | None, repo: Path | None) -> DecoderShape | None:
     found = DECODERS.get(model)
     if found is None:
         return None
-    return from_config(
-        {
-            "hidden_size": found.hidden_size,
-            "num_hidden_layers": found.layers,
-            "num_attention_heads": found.heads,
-            "num_key_value_heads": found.kv_heads,
-            "intermediate_size": found.intermediate_size,
-            "vocab_size": found.vocab_size,
-            "max_position_embeddings": found.max_positions,
-            "torch_dtype": found.dtype,
-        },
-        found.name,
-    )
+    return from_config(found.hf_fields(), found.name)
 
 
 def device_for_plan(name: str) -> DeviceSpec:

@@ -83,25 +83,31 @@ class DecoderModel:
         # save_pretrained stamps no build time, but keep only the files a loader reads.
         return folder
 
+    def hf_fields(self) -> dict[str, Any]:
+        """The shape as config.json names its fields (what a planner reads of the written file)."""
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "max_position_embeddings": self.max_positions,
+            "dtype": self.dtype,
+        }
+
     def hf_config(self, vocab: int) -> Any:
         """The transformers `LlamaConfig` for this size and a vocabulary of `vocab` ids."""
         from transformers import LlamaConfig
 
         ids = decoder_tokenizer.token_ids()
         return LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            max_position_embeddings=self.max_positions,
+            **(self.hf_fields() | {"vocab_size": vocab}),
             bos_token_id=ids[decoder_tokenizer.BOS],
             # The end of a chat turn ends a generation too, as Llama 3's <|eot_id|> does.
             eos_token_id=[ids[decoder_tokenizer.EOS], ids[decoder_tokenizer.TURN_END]],
             pad_token_id=ids[decoder_tokenizer.PAD],
             tie_word_embeddings=False,
-            dtype=self.dtype,
             architectures=["LlamaForCausalLM"],
         )
 
