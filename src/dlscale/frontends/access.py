@@ -18,7 +18,7 @@ still wants its own header (403 / PERMISSION_DENIED).
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dlscale.errors import PermissionDenied
@@ -130,47 +130,6 @@ class Access:
             raise PermissionDenied(
                 f"the {group} API is restricted: send the header {header!r} with its value"
             )
-
-
-def rest_group(parts: Sequence[str]) -> str:
-    """The API group of a REST path split at '/' after 'v2' ('' for no route known here)."""
-    match list(parts):
-        case []:
-            return "metadata"
-        case ["health", *_]:
-            return "health"
-        case ["repository", *_]:
-            return "model-repository"
-        case ["systemsharedmemory" | "cudasharedmemory", *_]:
-            return "shared-memory"
-        case ["trace", *_]:
-            return "trace"
-        case ["logging", *_]:
-            return "logging"
-        case ["models", "stats"]:
-            return "statistics"
-        case ["models", _model, *tail]:
-            if tail[:1] == ["versions"]:
-                tail = tail[2:]
-            return _model_group(tail)
-    return ""
-
-
-def _model_group(tail: list[str]) -> str:
-    match tail:
-        case []:
-            return "metadata"
-        case ["ready"]:
-            return "health"
-        case ["infer" | "generate" | "generate_stream"]:
-            return "inference"
-        case ["config"]:
-            return "model-config"
-        case ["stats"]:
-            return "statistics"
-        case ["trace", *_]:
-            return "trace"
-    return ""
 
 
 def grpc_group(method: str) -> str:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from unittest.mock import Mock
 
 import pytest
 
 from dlscale.cli import parse
 from dlscale.errors import ConfigError, PermissionDenied
-from dlscale.frontends.access import Access, Restriction, grpc_group, rest_group
+from dlscale.frontends.access import Access, Restriction, grpc_group
 from dlscale.frontends.limits import DescriptorBudget, Limits
+from dlscale.frontends.rest.api import RestApi
 from dlscale.server import settings_from
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "limits.md"
@@ -74,6 +77,11 @@ def test_serve_flags_become_the_settings() -> None:
 def test_bad_flags_are_config_errors(extra: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         settings_from(parse(["serve", "repo", *extra]))
+
+
+def rest_group(parts: Sequence[str]) -> str:
+    """The API group of a REST path split at '/' after 'v2', as the REST routes give it."""
+    return RestApi(Mock())._route("/".join(["/v2", *parts]))[3]
 
 
 def test_api_groups_follow_tritons_names() -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Mapping
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends.access import Access, rest_group
+from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
@@ -170,78 +170,70 @@ class RestApi:
         # Clients repeat the same few paths: resolving each once saves a parse per request.
         found = self._routes.get(path)
         if found is None:
-            handler, args, allowed = self._resolve(path)
-            # /metrics shows what the statistics extension shows: it is guarded as that.
-            group = (
-                "statistics"
-                if handler == self.control.metrics
-                else rest_group(path_parts(path)[1:])
-            )
-            found = (handler, args, allowed, group)
-            if handler is not None:
+            found = self._resolve(path)
+            if found[0] is not None:
                 if len(self._routes) >= _ROUTE_CACHE_SIZE:
                     self._routes.clear()
                 self._routes[path] = found
         return found
 
-    def _resolve(self, path: str) -> tuple[Handler | None, list[str], str]:
+    def _resolve(self, path: str) -> _Route:
         parts = path_parts(path)
+        # /metrics shows what the statistics extension shows: it is guarded as that.
         if parts == ["metrics"]:  # vLLM's API port serves its metrics here
-            return self.control.metrics, [], "GET"
+            return self.control.metrics, [], "GET", "statistics"
         if not parts or parts[0] != "v2":
-            return None, [], ""
+            return None, [], "", ""
         rest = parts[1:]
         match rest:
             case []:
-                return self.control.server_metadata, [], "GET"
+                return self.control.server_metadata, [], "GET", "metadata"
             case ["health", "live"]:
-                return self.control.live, [], "GET"
+                return self.control.live, [], "GET", "health"
             case ["health", "ready"]:
-                return self.control.ready, [], "GET"
+                return self.control.ready, [], "GET", "health"
             case ["logging"]:
-                return self.control.logging, [], "GET, POST"
+                return self.control.logging, [], "GET, POST", "logging"
             case ["trace", "setting"]:
-                return self.control.trace, [""], "GET, POST"
+                return self.control.trace, [""], "GET, POST", "trace"
             case ["models", "stats"]:
-                return self.control.stats, ["", ""], "GET"
+                return self.control.stats, ["", ""], "GET", "statistics"
             case ["repository", "index"]:
-                return self.control.index, [], "POST"
+                return self.control.index, [], "POST", "model-repository"
             case ["repository", "models", model, "load"]:
-                return self.control.load, [model], "POST"
+                return self.control.load, [model], "POST", "model-repository"
             case ["repository", "models", model, "unload"]:
-                return self.control.unload, [model], "POST"
+                return self.control.unload, [model], "POST", "model-repository"
             case [prefix, *tail] if prefix in shared_memory.PREFIXES:
                 found = shared_memory.route(prefix, tail)
-                return (self.control.shm, *found) if found else (None, [], "")
+                return (self.control.shm, *found, "shared-memory") if found else (None, [], "", "")
             case ["models", model, *tail]:
                 version = ""
                 if tail[:1] == ["versions"] and len(tail) >= 2:
                     version, tail = tail[1], tail[2:]
                 return self._model_route(model, version, tail)
-        return None, [], ""
+        return None, [], "", ""
 
-    def _model_route(
-        self, model: str, version: str, tail: list[str]
-    ) -> tuple[Handler | None, list[str], str]:
+    def _model_route(self, model: str, version: str, tail: list[str]) -> _Route:
         args = [model, version]
         match tail:
             case []:
-                return self.control.model_metadata, args, "GET"
+                return self.control.model_metadata, args, "GET", "metadata"
             case ["ready"]:
-                return self.control.model_ready, args, "GET"
+                return self.control.model_ready, args, "GET", "health"
             case ["infer"]:
-                return self._infer, args, "POST"
+                return self._infer, args, "POST", "inference"
             case ["generate"]:
-                return self.generate.generate, args, "POST"
+                return self.generate.generate, args, "POST", "inference"
             case ["generate_stream"]:
-                return self.generate.generate_stream, args, "POST"
+                return self.generate.generate_stream, args, "POST", "inference"
             case ["stats"]:
-                return self.control.stats, args, "GET"
+                return self.control.stats, args, "GET", "statistics"
             case ["config"]:
-                return self.control.config, args, "GET"
+                return self.control.config, args, "GET", "model-config"
             case ["trace", "setting"] if not version:
-                return self.control.trace, [model], "GET, POST"
-        return None, [], ""
+                return self.control.trace, [model], "GET, POST", "trace"
+        return None, [], "", ""
 
     # -- inference ---------------------------------------------------------------------------------
 
