@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from dlscale.hardware.detect import HostInfo
 from dlscale.hardware.roofline import Roofline
@@ -41,7 +41,7 @@ def catalog_table(devices: Iterable[DeviceSpec]) -> str:
         ]
         for spec in devices
     ]
-    return _table(rows) + "\n(dense peaks in TFLOP/s or TOP/s; '-' where none is published)"
+    return table(None, rows, 2) + "\n(dense peaks in TFLOP/s or TOP/s; '-' where none is published)"
 
 
 def device_text(spec: DeviceSpec) -> str:
@@ -149,12 +149,22 @@ def _num(value: float | None, scale: float, fmt: str = "g") -> str:
     return "-" if value is None else format(value / scale, fmt)
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
+def table(
+    headers: Sequence[str] | None, rows: Sequence[Sequence[str]], right_from: int | None = None
+) -> str:
+    """A plain text table, columns padded to their widest cell (right-aligned from column
+    `right_from` on, when given); no header line when `headers` is None."""
+    cells = [list(headers)] if headers else []
+    cells += [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    right = len(widths) if right_from is None else right_from
+    lines = [
         "  ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    )
+            c.rjust(w) if i >= right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in cells
+    ]
+    if headers:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -12,7 +12,7 @@ from pathlib import Path
 from dlscale.errors import DlscaleError, NotFound, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.commands import local_device
-from dlscale.hardware.report import roofline_text
+from dlscale.hardware.report import roofline_text, table
 from dlscale.hardware.roofline import Roofline, batch_roofline, best_batch
 from dlscale.hardware.roofline import roofline as roofline_of
 from dlscale.models.cost import ModelCost
@@ -21,7 +21,6 @@ from dlscale.models.locate import onnx_file
 from dlscale.plan import allreduce_bench, collective
 from dlscale.plan.collective import Topology
 from dlscale.plan.serve import Profile, ServiceCurve, Workload, curve_on, plan_serving
-from dlscale.plan.tables import table
 from dlscale.plan.train import Cluster, TrainingJob, plan_training, requirement, scaling_curves
 from dlscale.plan.units import human_bytes, human_seconds, parse_duration, parse_prices
 from dlscale.types import Traffic

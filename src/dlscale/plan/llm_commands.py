@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dlscale.errors import DlscaleError, PlanError
 from dlscale.hardware.catalog import load_catalog
+from dlscale.hardware.report import table
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan.host_memory import with_bandwidth
 from dlscale.plan.llm import DecoderShape, from_config, read_config
@@ -30,7 +31,6 @@ from dlscale.plan.llm_capacity import (
 )
 from dlscale.plan.llm_kernels import read_kernels
 from dlscale.plan.llm_passes import Scheduling
-from dlscale.plan.tables import table
 from dlscale.plan.units import human_bytes, human_seconds, parse_prices
 
 DEFAULT_LLM_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4")

@@ -10,11 +10,11 @@ from pathlib import Path
 from dlscale.errors import PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.detect import detect
+from dlscale.hardware.report import table
 from dlscale.models.flops import count
 from dlscale.models.locate import onnx_file
 from dlscale.plan.mig import CurveOn, MigLayout, MigTenant, assign, plan_mig
 from dlscale.plan.serve import Profile, Workload, curve_on
-from dlscale.plan.tables import table
 from dlscale.plan.units import human_seconds, parse_duration
 
 _KEYS = ("model", "qps", "p99", "name", "flops", "bytes", "memory", "profile")
