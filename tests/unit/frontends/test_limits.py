@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from unittest.mock import Mock
 
 import pytest
 
@@ -15,6 +14,8 @@ from dlscale.frontends.access import Access, Restriction, grpc_group
 from dlscale.frontends.limits import DescriptorBudget, Limits
 from dlscale.frontends.rest.api import RestApi
 from dlscale.server import settings_from
+from dlscale.serving.host import HostPlane
+from dlscale.serving.manager import ModelManager
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "limits.md"
 #: Set in MiB by their own flags.
@@ -79,12 +80,13 @@ def test_bad_flags_are_config_errors(extra: list[str], message: str) -> None:
         settings_from(parse(["serve", "repo", *extra]))
 
 
-def rest_group(parts: Sequence[str]) -> str:
-    """The API group of a REST path split at '/' after 'v2', as the REST routes give it."""
-    return RestApi(Mock())._route("/".join(["/v2", *parts]))[3]
+def test_api_groups_follow_tritons_names(tmp_path: Path) -> None:
+    # The REST routes of a real server's plane over an empty repository carry each path's group.
+    routes = RestApi(HostPlane(ModelManager.open(tmp_path)))
 
+    def rest_group(parts: Sequence[str]) -> str:
+        return routes._route("/".join(["/v2", *parts]))[3]
 
-def test_api_groups_follow_tritons_names() -> None:
     assert rest_group([]) == "metadata"
     assert rest_group(["health", "ready"]) == "health"
     assert rest_group(["models", "m", "versions", "2", "infer"]) == "inference"
