@@ -121,7 +121,7 @@ class Registry:
             states = self.router.states()  # HAProxy's own checks (a call to its admin socket)
             dropped = False
             for key, silent in late.items():
-                answering = states.get(key, "").startswith("UP")
+                answering = _up(states.get(key, ""))
                 if answering and silent <= ANSWERING_STALE_S:
                     continue  # its heartbeats are late, its server is not
                 dropped = True
@@ -144,15 +144,10 @@ class Registry:
             return [Replica(**vars(r)) for r in self._replicas.values()]
 
     def in_rotation(self) -> set[str]:
-        """The replicas HAProxy routes to: ready, and UP by its own checks ("UP 1/2" too: one
-        failed check of the two that take it down, which a loaded host sees)."""
+        """The replicas HAProxy routes to: ready, and UP by its own checks."""
         with self._lock:
             states = self.router.states()
-            return {
-                k
-                for k, r in self._replicas.items()
-                if r.ready and states.get(k, "").startswith("UP")
-            }
+            return {k for k, r in self._replicas.items() if r.ready and _up(states.get(k, ""))}
 
     def view(self) -> list[dict[str, object]]:
         """Each joined replica and HAProxy's word on it (UP, DOWN, MAINT...)."""
@@ -174,3 +169,9 @@ class Registry:
 
     def _sync(self) -> None:
         self.router.sync([r.member() for r in self._replicas.values() if r.ready])
+
+
+def _up(state: str) -> bool:
+    """Whether HAProxy's state of a server routes to it: "UP", or "UP 1/2" (one failed check of
+    the two that take it down, which a loaded host sees)."""
+    return state.startswith("UP")

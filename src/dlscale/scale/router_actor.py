@@ -180,8 +180,7 @@ class FleetRouter:
         the fleet is not being deleted. Ray rolls out a new version (a switch between
         --replicas and --autoscale, new flags) by stopping an old replica while its successor
         starts: a one-replica fleet answered 503 for 2.6 s of such a switch without this."""
-        in_rotation = self.registry.in_rotation()
-        return not self._closing and in_rotation == {key}
+        return not self._closing and self.registry.in_rotation() == {key}
 
     def leave(self, key: str) -> None:
         """The replica stops."""
