@@ -195,11 +195,6 @@ class BurstShape:
         """Requests the shape sends, on average."""
         return self.rate * (self.before_s + self.after_s + self.factor * self.burst_s)
 
-    def rate_at(self, t: float) -> float:
-        """The arrival rate at `t` seconds from the start."""
-        inside = self.before_s <= t < self.before_s + self.burst_s
-        return self.rate * self.factor if inside else self.rate
-
 
 def burst_trace(
     shape: BurstShape, model: str, tenants: tuple[str, ...] = ("default",), seed: int = 0

@@ -128,4 +128,3 @@ def test_the_burst_shape_sends_each_phase_at_its_rate_tenants_in_turn() -> None:
     assert max(r.offset_s for r in requests) < 80
     assert [r.tenant for r in requests[:4]] == ["a", "b", "a", "b"]
     assert shape.mean_rate == pytest.approx(40.0)
-    assert shape.rate_at(29.9) == 20 and shape.rate_at(30) == 100 and shape.rate_at(50) == 20
