@@ -39,11 +39,6 @@ class TelemetryCollector(Collector):
         self._interval_s = interval_s
         self._last: Reading | None = None
 
-    @property
-    def nvml_status(self) -> str:
-        """ "ok", or why there are no GPU metrics."""
-        return self._probe.status
-
     def register(self, registry: CollectorRegistry) -> TelemetryCollector:
         """Register on `registry` and return self."""
         registry.register(self)

@@ -51,10 +51,11 @@ def test_interval_reuses_a_recent_reading(fake_nvml: FakeNvml) -> None:
 
 
 def test_cpu_only_host_exports_cpu_metrics() -> None:
-    registry = CollectorRegistry()
-    collector = TelemetryCollector().register(registry)
-    text = _scrape(registry)
-    assert "nv_cpu_memory_used_bytes " in text and "nv_cpu_utilization " in text
-    if collector.nvml_status != "ok":
-        assert "nv_gpu_utilization{" not in text
-    collector.close()
+    # This host's own NVML, whatever it has, then one that does not start (a CPU-only host).
+    for lib in (None, FakeNvml([], init_error=FakeNvml.NVMLError(9))):
+        registry = CollectorRegistry()
+        collector = TelemetryCollector(lib).register(registry)
+        text = _scrape(registry)
+        assert "nv_cpu_memory_used_bytes " in text and "nv_cpu_utilization " in text
+        collector.close()
+    assert "nv_gpu_utilization{" not in text
