@@ -130,15 +130,6 @@ class DecoderShape:
         """2 (K and V) x layers x kv_heads x head_dim x bytes (generative.md, capacity anchors)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.element_bytes
 
-    def flops_per_token(self, context: float) -> float:
-        """Forward FLOPs of one token that attends to `context` tokens.
-
-        2 x active parameters (a multiply and an add per weight), plus attention: QK^T and the
-        weighted sum of V, each 2 x heads x head_dim x context per layer.
-        """
-        attention = 4.0 * self.layers * self.heads * self.head_dim * context
-        return 2.0 * self.active_parameters + attention
-
     def summary(self) -> str:
         """One line: the name, size, dtype and KV cost."""
         moe = (

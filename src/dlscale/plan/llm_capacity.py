@@ -148,8 +148,10 @@ class DecoderOnDevice:
         masked attention over the pass) gathers every key the pass reads into a copy (read and
         written), expands it to every query head (written and read again: grouped-query
         attention under a mask falls back to full heads), and scores every new token against
-        every key of the pass. With measured kernels the weights' products are left out (timed
-        as measured, pass_kernel_s); the embedding rows gathered stay.
+        every key of the pass. Each token costs 2 FLOPs per active parameter (a multiply and an
+        add) and, per layer and key it scores, 2 x heads x head_dim for QK^T and as many for the
+        weighted sum of V. With measured kernels the weights' products are left out (timed as
+        measured, pass_kernel_s); the embedding rows gathered stay.
         """
         shape = self.shape
         keys = work.cached + work.tokens
@@ -184,18 +186,6 @@ class DecoderOnDevice:
             + self.pass_kernel_s(work)
             + self.pass_host_s(work)
         )
-
-    def decode_work(self, batch: int, context: float) -> tuple[float, float]:
-        """(bytes, FLOPs) of one decode step of `batch` sequences averaging `context` tokens."""
-        return self.pass_work(Pass.decode(batch, context))
-
-    def prefill_work(self, prompt: int, prompts: int = 1) -> tuple[float, float]:
-        """(bytes, FLOPs) of prefilling `prompts` prompts of `prompt` tokens in one pass.
-
-        Token i attends to i tokens (causal), so a prompt's attention sums to n(n+1)/2; the
-        pass reads the weights once and writes each token's K and V.
-        """
-        return self.pass_work(Pass.prompts(prompt, prompts))
 
     def decode_step_s(self, batch: int, context: float) -> float:
         """Seconds of one decode step for `batch` sequences whose contexts average `context`."""

@@ -35,7 +35,8 @@ class Pass:
 
     @classmethod
     def prompt(cls, tokens: int, before: int = 0) -> Pass:
-        """`tokens` of one prompt after `before` tokens already prefilled."""
+        """`tokens` of one prompt after `before` tokens already prefilled; its i-th new token
+        attends to the `before` and to i new ones (causal: n(n+1)/2 of those for n tokens)."""
         return cls(tokens, 1, before, tokens * before + tokens * (tokens + 1) / 2)
 
     @classmethod

@@ -24,6 +24,7 @@ from dlscale.plan.llm_capacity import (
     plan_device,
 )
 from dlscale.plan.llm_commands import decoder_shape
+from dlscale.plan.llm_passes import Pass
 
 #: meta-llama/Meta-Llama-3-8B config.json (shared/reference/generative.md, capacity anchors).
 LLAMA3_8B: dict[str, Any] = {
@@ -81,7 +82,7 @@ def test_h100_decode_bound_at_batch_1_is_about_210_tokens_per_second() -> None:
 def test_prefill_is_compute_bound_and_counts_causal_attention() -> None:
     shape = llama3()
     on_h100 = DecoderOnDevice(shape, H100, Efficiency(1.0, 1.0))
-    moved, flops = on_h100.prefill_work(1024)
+    moved, flops = on_h100.pass_work(Pass.prompts(1024, 1))
     attention = 4 * 32 * 32 * 128 * 1024 * 1025 / 2
     assert flops == pytest.approx(2 * shape.active_parameters * 1024 + attention)
     assert on_h100.prefill_s(1024) == pytest.approx(flops / 989e12)  # compute-bound
@@ -125,7 +126,7 @@ def test_calibrate_recovers_the_figures_that_made_the_times() -> None:
             assert got == pytest.approx((0.7, 0.4, truth.host_s_per_token), rel=1e-6, abs=1e-12)
     # The CPU adds memory and compute time (and host time per token), a GPU takes the larger.
     on_cpu = DecoderOnDevice(shape, cpu, Efficiency(1.0, 1.0, 1e-3))
-    moved, flops = on_cpu.decode_work(4, 80.0)
+    moved, flops = on_cpu.pass_work(Pass.decode(4, 80.0))
     alone = moved / 20e9 + flops / cpu.dense["fp32"]
     assert on_cpu.decode_step_s(4, 80.0) == pytest.approx(alone + 4e-3)
     ideal = replace(on_cpu, efficiency=Efficiency(1.0, 1.0))

@@ -13,6 +13,7 @@ from dlscale.hardware.catalog import load_catalog
 from dlscale.plan.llm import DecoderShape, from_config
 from dlscale.plan.llm_calibrate import AboveCeiling, calibrate
 from dlscale.plan.llm_capacity import DecoderOnDevice, Efficiency
+from dlscale.plan.llm_passes import Pass
 
 #: A decoder small enough to count by hand: 2 layers of 64, 4 heads of 16, MLP 128, 100 ids.
 TINY = {
@@ -41,7 +42,8 @@ def test_the_shape_counts_what_the_hand_counts() -> None:
     assert shape.step_weight_bytes(2) == 355_072
     assert shape.kv_bytes_per_token == 2 * 2 * 4 * 16 * 4 == 1_024
     # 2 x 88,640 active parameters + attention 4 x 2 x 4 x 16 x 10 tokens of context.
-    assert shape.flops_per_token(10) == 177_280 + 5_120 == 182_400
+    _, flops = DecoderOnDevice(shape, CPU).pass_work(Pass.decode(1, 10))
+    assert flops == 177_280 + 5_120 == 182_400
 
 
 def test_batch_one_streams_the_weights_at_its_own_share_of_bandwidth() -> None:
@@ -52,9 +54,9 @@ def test_batch_one_streams_the_weights_at_its_own_share_of_bandwidth() -> None:
     # Batch 2 runs matrix-matrix products: 377,600 B at 0.25 GB/s, 2 x the FLOPs, 2 ms.
     assert on_cpu.decode_step_s(2, 10) == pytest.approx(377_600 / 2.5e8 + 364_800 / 5e8 + 2e-3)
     # A prefill of one token is a matrix-vector pass too; of two, matrix-matrix.
-    moved, flops = on_cpu.prefill_work(1)
+    moved, flops = on_cpu.pass_work(Pass.prompts(1, 1))
     assert on_cpu.prefill_s(1) == pytest.approx(moved / 5e8 + flops / 5e8 + 1e-3)
-    moved, flops = on_cpu.prefill_work(2)
+    moved, flops = on_cpu.pass_work(Pass.prompts(2, 1))
     assert on_cpu.prefill_s(2) == pytest.approx(moved / 2.5e8 + flops / 5e8 + 1e-3)
     # Unset, batch 1 reads at MBU like every batch (the model before it was split).
     one_mbu = replace(on_cpu, efficiency=Efficiency(0.25, 0.5, 1e-3))
