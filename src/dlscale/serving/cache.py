@@ -36,18 +36,6 @@ ENTRY_OVERHEAD = 256
 
 
 @dataclass(frozen=True)
-class CacheStats:
-    """The cache as a whole: entries and bytes held, hits, misses and answers evicted."""
-
-    entries: int
-    bytes: int
-    capacity: int
-    hits: int
-    misses: int
-    evictions: int
-
-
-@dataclass(frozen=True)
 class _Entry:
     outputs: dict[str, np.ndarray]
     size: int
@@ -110,16 +98,13 @@ class ResponseCache:
         self.capacity = capacity
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._bytes = 0
-        self._hits = self._misses = self._evictions = 0
 
     def get(self, key: bytes) -> dict[str, np.ndarray] | None:
         """The answer held for `key` (most recently used from now on), or None."""
         found = self._entries.get(key)
         if found is None:
-            self._misses += 1
             return None
         self._entries.move_to_end(key)
-        self._hits += 1
         return found.outputs
 
     def put(self, key: bytes, outputs: Mapping[str, np.ndarray]) -> bool:
@@ -131,18 +116,10 @@ class ResponseCache:
             self._drop(key)
         while self._bytes + size > self.capacity:
             self._drop(next(iter(self._entries)))
-            self._evictions += 1
         held = {name: _frozen(array) for name, array in outputs.items()}
         self._entries[key] = _Entry(held, size)
         self._bytes += size
         return True
-
-    def stats(self) -> CacheStats:
-        """Entries, bytes and counts now."""
-        return CacheStats(
-            len(self._entries), self._bytes, self.capacity, self._hits, self._misses,
-            self._evictions,
-        )  # fmt: skip
 
     def _drop(self, key: bytes) -> None:
         self._bytes -= self._entries.pop(key).size

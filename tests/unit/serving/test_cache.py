@@ -28,7 +28,7 @@ def test_the_key_changes_with_anything_that_changes_the_answer() -> None:
     )
 
 
-def test_hits_return_frozen_copies_and_misses_count() -> None:
+def test_hits_return_frozen_copies_and_misses_none() -> None:
     cache = ResponseCache(1 << 20)
     y = np.ones((2, 3), np.float32)
     key = _key(y)
@@ -39,8 +39,6 @@ def test_hits_return_frozen_copies_and_misses_count() -> None:
     assert held is not None and float(held["y"].sum()) == 6.0
     with pytest.raises(ValueError):
         held["y"][0, 0] = 1  # read-only: no caller can change another's answer
-    stats = cache.stats()
-    assert (stats.hits, stats.misses, stats.entries) == (1, 1, 1)
 
 
 def test_the_byte_bound_evicts_least_recently_used_first() -> None:
@@ -52,11 +50,12 @@ def test_the_byte_bound_evicts_least_recently_used_first() -> None:
     cache.get(keys[0])  # now the most recent
     cache.put(keys[3], {"y": row})
     assert cache.get(keys[1]) is None  # the least recently used went
-    assert cache.get(keys[0]) is not None and cache.get(keys[3]) is not None
-    assert cache.stats().bytes <= cache.capacity and cache.stats().evictions == 1
+    kept = (keys[0], keys[2], keys[3])
+    assert all(cache.get(key) is not None for key in kept)  # that one only: the bound is met
     # An answer larger than the whole cache is not kept, and evicts nothing.
     assert not cache.put(_key(np.array([9])), {"y": np.zeros(10_000, np.uint8)})
-    assert cache.stats().entries == 3
+    assert cache.get(_key(np.array([9]))) is None
+    assert all(cache.get(key) is not None for key in kept)
 
 
 def test_a_negative_size_is_refused() -> None:
