@@ -144,7 +144,7 @@ class StreamClient:
             record.error = event.error
             return True
         if event.text:
-            record.chunks.append(Chunk(now, event.text, event.tokens))
+            record.chunks.append(Chunk(now, event.text))
             if len(record.chunks) == 1 and on_first is not None:
                 on_first(record)
         if event.tokens is not None:

@@ -18,8 +18,6 @@ class Chunk:
 
     at_ns: int
     text: str
-    #: Tokens generated so far, when the server says (OIP `num_output_tokens`, OpenAI usage).
-    tokens_so_far: int | None = None
 
 
 @dataclass
