@@ -168,11 +168,6 @@ class DescriptorBudget:
         self.used = 0
         self._reapers: list[Callable[[], bool]] = []
 
-    @property
-    def free(self) -> int:
-        """Descriptors still to lend."""
-        return self.total - self.used
-
     def acquire(self) -> bool:
         """Take one descriptor; False when none is left even after reaping an idle connection."""
         if self.used >= self.total and not any(reap() for reap in list(self._reapers)):

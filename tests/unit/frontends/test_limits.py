@@ -130,7 +130,7 @@ def test_the_descriptor_budget_reaps_before_it_refuses() -> None:
     assert not budget.acquire()  # no idle holder left
     budget.remove_reaper(reap)
     budget.release()
-    assert budget.free == 1 and budget.acquire()
+    assert budget.used == 1 and budget.acquire()
     with pytest.raises(ValueError):
         DescriptorBudget(0)
 
