@@ -82,15 +82,15 @@ _BUS_FACTOR: dict[tuple[Algorithm, Protocol], float] = {
 class Fabric:
     """One kind of link: its bandwidth per GPU (or per NIC) in one direction, and its latency class.
 
-    `bandwidth` is what the model uses (NCCL's effective figure where NCCL has one); `nominal`
-    is the datasheet figure. `step_latency_s` replaces NCCL's latency tables for fabrics NCCL
-    does not drive (gloo over loopback), where `base_latency_s` is the fixed cost per call.
+    `bandwidth` is what the model uses (NCCL's effective figure where NCCL has one); `note`
+    gives the datasheet figure beside it. `step_latency_s` replaces NCCL's latency tables for
+    fabrics NCCL does not drive (gloo over loopback), where `base_latency_s` is the fixed cost
+    per call.
     """
 
     name: str
     link_class: LinkClass
     bandwidth: float
-    nominal: float
     in_network_reduction: bool = False
     step_latency_s: float | None = None
     base_latency_s: float = 0.0
@@ -108,7 +108,6 @@ def _nvlink(gen: int, links: int, per_link: float, nominal_bidir: float, nvls: b
         name=f"nvlink{gen}",
         link_class=LinkClass.NVLINK,
         bandwidth=links * per_link * GB,
-        nominal=nominal_bidir / 2 * GB,
         in_network_reduction=nvls,
         note=f"{links} links x {per_link} GB/s (NCCL topo.h), {nominal_bidir:g} GB/s bidirectional",
     )
@@ -119,7 +118,6 @@ def _pcie(gen: int, nccl_gbs: float, nominal_gbs: float) -> Fabric:
         name=f"pcie{gen}",
         link_class=LinkClass.PCI,
         bandwidth=nccl_gbs * GB,
-        nominal=nominal_gbs * GB,
         note=f"x16: NCCL counts {nccl_gbs:g} GB/s, line rate {nominal_gbs:g} GB/s per direction",
     )
 
@@ -129,7 +127,6 @@ def _net(name: str, gbit: int, sharp: bool, what: str) -> Fabric:
         name=name,
         link_class=LinkClass.NET,
         bandwidth=gbit / 8 * GB,
-        nominal=gbit / 8 * GB,
         in_network_reduction=sharp,
         note=f"{what}, {gbit} Gb/s per NIC",
     )
@@ -176,7 +173,6 @@ def loopback(bandwidth: float, step_latency_s: float, base_latency_s: float = 0.
         name="loopback",
         link_class=LinkClass.PCI,
         bandwidth=bandwidth,
-        nominal=bandwidth,
         step_latency_s=step_latency_s,
         base_latency_s=base_latency_s,
         note="one host; figures measured or stated by the caller",
