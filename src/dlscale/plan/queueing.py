@@ -120,11 +120,6 @@ class LoadResult:
     mean_batch: float
     utilization: float
 
-    @property
-    def saturated(self) -> bool:
-        """Whether the rate is at or above what the server can sustain."""
-        return math.isinf(self.p99)
-
 
 @lru_cache(maxsize=8)
 def _unit_arrivals(n: int, seed: int) -> tuple[float, ...]:
