@@ -67,8 +67,6 @@ class Server:
         self.shared_memory = SharedMemoryRegistry(
             shm.allow_client_shm,
             shm.max_shm_regions,
-            # With a CUDA device, regions are page-locked: copies to it are DMAs from them.
-            page_lock=shm.allow_client_shm and cuda_memory.device_count() > 0,
             owners=frozenset(shm.shm_owner_uids),
             descriptors=descriptor_budget(),
         )

@@ -1,8 +1,8 @@
 """CUDA for shared-memory regions, through CuPy (the [gpu] extra), imported only when used.
 
 A CUDA region is a cudaIpcMemHandle that a client process made of its own device memory; it is
-opened once here and handed out as CuPy arrays over it. A system region is page-locked here when
-the server has a CUDA device, so that host-to-device copies are DMAs from the region itself.
+opened once here and handed out as CuPy arrays over it. Host memory the server owns (REST
+bodies) is page-locked here on a CUDA host, so that host-to-device copies are DMAs from it.
 Device arrays from a backend (CuPy, or PyTorch through `__cuda_array_interface__`) are copied
 into regions or back to the host by the functions below; nothing else in serving touches CUDA.
 """

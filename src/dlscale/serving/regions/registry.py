@@ -91,15 +91,12 @@ class SharedMemoryRegistry:
     """The regions of one server; off (every register refused) unless `enabled`.
 
     `owners`: users besides the server's own whose objects may be registered (none by default).
-    `page_lock` is accepted for the composition root and ignored: a system region is copied
-    into private memory at each use (see ClientObject), so there is no mapping to page-lock.
     """
 
     def __init__(
         self,
         enabled: bool = False,
         max_regions: int = MAX_REGIONS,
-        page_lock: bool = False,
         owners: frozenset[int] = frozenset(),
         descriptors: Descriptors | None = None,
     ):
@@ -107,7 +104,6 @@ class SharedMemoryRegistry:
             raise ValueError(f"max_regions must be at least 1, got {max_regions}")
         self.enabled = enabled
         self.max_regions = max_regions
-        self.page_lock = page_lock
         #: The users whose objects may be registered.
         self.owners = owners | {os.geteuid()}
         self._regions: dict[str, _Region] = {}
