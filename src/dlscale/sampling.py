@@ -124,10 +124,6 @@ class Sampling:
                 "characters",
             )
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, object]) -> Sampling:
         """The settings an OIP request's parameters name (Triton vLLM clients may pack them

@@ -199,14 +199,6 @@ class InferenceResponse:
     final: bool = True
 
 
-def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:
-    """The leading dimension shared by all inputs (1 for scalars)."""
-    sizes = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
-    if len(sizes) != 1:
-        raise ValueError(f"inputs disagree on batch size: {sorted(sizes)}")
-    return sizes.pop()
-
-
 # -- what the server answers about itself and its models ------------------------------------------
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlscale import errors
-from dlscale.types import Datatype, TensorSpec, batch_size_of
+from dlscale.types import Datatype, TensorSpec
 
 
 @pytest.mark.parametrize("datatype", [d for d in Datatype if d is not Datatype.BYTES])
@@ -32,12 +32,6 @@ def test_tensor_spec_matching() -> None:
     assert spec.matches((3, 16)) and not spec.matches((3, 15)) and not spec.matches((16,))
     assert spec.to_dict() == {"name": "input", "datatype": "FP32", "shape": [-1, 16]}
     assert TensorSpec("x", Datatype.INT64, (128,)).with_batch().shape == (-1, 128)
-
-
-def test_batch_size_of_disagreeing_inputs() -> None:
-    assert batch_size_of({"a": np.zeros((3, 2)), "b": np.zeros((3,))}) == 3
-    with pytest.raises(ValueError, match="disagree"):
-        batch_size_of({"a": np.zeros((3, 2)), "b": np.zeros((2,))})
 
 
 def _error_classes() -> list[type[errors.DlscaleError]]:
