@@ -30,13 +30,6 @@ from dlscale.types import InferenceRequest, ModelKind
 _LOADS = itertools.count(1)
 
 
-class _Stream:
-    """One stream of an adapter, and the task that runs it (cancelled at a cut)."""
-
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
-        self.task = task
-
-
 class AdapterRunner:
     """An adapter's runner: its base's seats, and its own streams (closed with it)."""
 
@@ -53,7 +46,8 @@ class AdapterRunner:
         self.models: tuple[str, ...] = (base,)
         self._hosts = list(hosts)
         self._refusal: DlscaleError | None = None
-        self._streams: set[_Stream] = set()
+        #: Its streams, by the token each was handed, with the task that runs it (cut cancels).
+        self._streams: dict[object, asyncio.Task[Any] | None] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -76,21 +70,21 @@ class AdapterRunner:
         the token its `leave` hands back."""
         if self._refusal is not None:
             raise self._refusal
-        token = _Stream(asyncio.current_task())
-        self._streams.add(token)
+        token = object()
+        self._streams[token] = asyncio.current_task()
         self._idle.clear()
         return token
 
     def leave(self, token: object) -> None:
         """A stream of this adapter ended."""
-        self._streams.discard(token)
+        self._streams.pop(token, None)
         if not self._streams:
             self._idle.set()
 
     def cut(self, error: DlscaleError) -> None:
-        for stream in list(self._streams):
-            if stream.task is not None:
-                stream.task.cancel()
+        for task in list(self._streams.values()):
+            if task is not None:
+                task.cancel()
 
     def fail(self, error: DlscaleError) -> None:
         self._refusal = error
