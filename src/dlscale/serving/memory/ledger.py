@@ -28,6 +28,7 @@ from dlscale.serving.memory.policy import (
     make_room,
     refusal,
     shortfall,
+    totals,
 )
 from dlscale.serving.memory.sizes import Budget, Footprint, device_key, parse_limit, show_all
 from dlscale.serving.memory.turns import Turns, taking_turns
@@ -127,25 +128,23 @@ class MemoryLedger:
     def resident(self) -> list[Resident]:
         """Every loaded model as the eviction rule sees it, and each load in flight's
         reservation (held: nothing evicts it)."""
-        sizes: dict[str, Footprint] = {}
+        sizes: dict[str, list[Footprint]] = {}
         for name, size in self._held.values():
-            held = sizes.setdefault(name, {})
-            for device, bytes_ in size.items():
-                held[device] = held.get(device, 0) + bytes_
+            sizes.setdefault(name, []).append(size)
         # One pass over the manager's models, not one per resident model: asked per model, it
         # took a tenth of a load's CPU with 100 models (py-spy, docs/memory.md).
         tied, holders = self.ties()
         return [
             Resident(
                 name,
-                size,
+                totals(held),
                 self._last.get(name, 0.0),
                 name in self.pinned,
                 self._in_use.get(name, 0),
                 name in tied,
                 frozenset(holders.get(name, ())),
             )
-            for name, size in sorted(sizes.items())
+            for name, held in sorted(sizes.items())
         ] + [
             Resident(f"{name} (loading)", size, self.clock(), held=True)
             for name, size in self._reserved.values()
@@ -154,11 +153,7 @@ class MemoryLedger:
     def used(self) -> Footprint:
         """Bytes the loaded models hold on each device, by their measured sizes, and those the
         loads in flight reserved (what the budget bounds)."""
-        out: Footprint = {}
-        for _, size in (*self._held.values(), *self._reserved.values()):
-            for device, bytes_ in size.items():
-                out[device] = out.get(device, 0) + bytes_
-        return out
+        return totals(size for _, size in (*self._held.values(), *self._reserved.values()))
 
     def running(self) -> dict[str, int]:
         """Loads taking their turn on each device now (making room, loading or measuring)."""

@@ -50,12 +50,12 @@ class Resident:
         return f"the base of adapters {sorted(self.holders)}" if self.holders else ""
 
 
-def totals(resident: Iterable[Resident]) -> Footprint:
-    """Bytes held on each device by these models together."""
+def totals(sizes: Iterable[Footprint]) -> Footprint:
+    """Bytes on each device of these footprints together."""
     out: Footprint = {}
-    for r in resident:
-        for device, size in r.footprint.items():
-            out[device] = out.get(device, 0) + size
+    for size in sizes:
+        for device, bytes_ in size.items():
+            out[device] = out.get(device, 0) + bytes_
     return out
 
 
@@ -79,7 +79,7 @@ def make_room(
                 f"of {show(budget[device])} there: it cannot be loaded under this budget"
             )
     others = sorted((r for r in resident if r.name != model), key=lambda r: r.last_used)
-    short = shortfall(need, budget, totals(resident))
+    short = shortfall(need, budget, totals(r.footprint for r in resident))
     victims: list[Resident] = []
     while short and (r := _next_victim(others, victims, short)) is not None:
         victims.append(r)
@@ -87,7 +87,7 @@ def make_room(
         short = {d: s for d, s in short.items() if s > 0}
     if short:
         raise MemoryFull(refusal(model, need, budget, resident))
-    return _spare(victims, shortfall(need, budget, totals(resident)))
+    return _spare(victims, shortfall(need, budget, totals(r.footprint for r in resident)))
 
 
 def _next_victim(
@@ -121,7 +121,7 @@ def _spare(victims: list[Resident], short: Footprint) -> list[Resident]:
 def refusal(model: str, need: Footprint, budget: Budget, resident: list[Resident]) -> str:
     """The figures of a load that cannot fit: what it needs, the budget, and who holds what."""
     devices = [d for d in need if d in budget]
-    held = totals(resident)
+    held = totals(r.footprint for r in resident)
     holders = ", ".join(
         f"{r.name} ({show_all({d: r.footprint.get(d, 0) for d in devices})}"
         + (f", {r.why_kept}" if r.why_kept else "")
