@@ -155,7 +155,8 @@ class Server:
                 log.error("stopping: a model failed to load and exit_on_error is set")
                 self._stopped.set()
                 return
-        uncached = [n for n in self.manager.ready_names() if self._wants_cache(n)]
+        ready = self.manager.ready_names()
+        uncached = [n for n in ready if self.manager.get(n).config.response_cache]
         if uncached and self.dataplane.cache is None:
             log.warning(
                 "models %s enable response_cache, but the server has no cache: they are answered "
@@ -174,9 +175,6 @@ class Server:
             self._poller.remember_loaded()
             self._poller.start()
         log.info("server %s", "ready" if self.dataplane.ready() else "not ready")
-
-    def _wants_cache(self, name: str) -> bool:
-        return self.manager.get(name).config.response_cache
 
     async def wait_loaded(self) -> None:
         """Wait for the models asked for at start to be tried; with exit_on_error, raise the
