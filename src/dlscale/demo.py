@@ -139,8 +139,9 @@ async def digits_over_rest(url: str, version_dir: Path) -> tuple[int, int]:
     return int((predicted == labels).sum()), len(labels)
 
 
-def run_demo(root: Path, *, quick: bool = False) -> int:
-    """The whole tour: zoo, in-process figures, the server, LoadGen through the server."""
+def demo(args: argparse.Namespace) -> int:
+    """`dlscale demo`, the whole tour: zoo, in-process figures, the server, LoadGen through it."""
+    root, quick = args.dir, args.quick
     console = make_console()
     names = list(QUICK_MODELS) if quick else list(ZOO)
     repo = ensure_zoo(root, names, console)
@@ -186,8 +187,3 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
             )
         console.print(f"   report: {out / 'report.md'} (JSON, LoadGen logs and plots beside it)")
     return 0
-
-
-def demo(args: argparse.Namespace) -> int:
-    """`dlscale demo`: the tour with the parsed flags."""
-    return run_demo(args.dir, quick=args.quick)
