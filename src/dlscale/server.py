@@ -12,7 +12,6 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends import GRACE_S
 from dlscale.frontends.api_key import METRICS
 from dlscale.frontends.limits import descriptor_budget
 from dlscale.frontends.loop import freeze_survivors, new_event_loop
@@ -51,7 +50,7 @@ class Frontend(Protocol):
 
     async def start(self) -> None: ...
 
-    async def stop(self, grace_s: float = GRACE_S) -> None: ...
+    async def stop(self, grace_s: float) -> None: ...
 
 
 class Server:
