@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import InvalidInput
-from dlscale.serving.regions import cuda as cuda_memory
+from dlscale.serving.regions.cuda import to_host as to_host
 from dlscale.serving.regions.registry import Lease, SharedMemoryRegistry
 from dlscale.types import InferenceRequest, RegionTensor
 
@@ -68,11 +68,6 @@ class RequestRegions:
     def release(self) -> None:
         """The request is answered: its regions may be unregistered."""
         self._lease.release()
-
-
-def to_host(array: Any) -> np.ndarray:
-    """An output as a host array (a batch computed from device inputs may answer on the device)."""
-    return array if isinstance(array, np.ndarray) else cuda_memory.to_host(array)
 
 
 def step_inputs(devices: Iterable[str | None], inputs: dict[str, Any]) -> dict[str, Any]:
