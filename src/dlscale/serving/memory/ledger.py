@@ -163,12 +163,6 @@ class MemoryLedger:
         """The most loads that took their turns at once on each device so far."""
         return {device: t.most for device, t in sorted(self._turns.items())}
 
-    def touch(self, name: str) -> None:
-        """A model was used now (the eviction rule takes the least recently used first); names
-        of no loaded model are not kept (requests may name anything)."""
-        if name in self._names:
-            self._last[name] = self.clock()
-
     @contextlib.contextmanager
     def using(self, name: str) -> Iterator[None]:
         """A request of `name` is in the server: the model is not evicted under it (a stream;
@@ -180,7 +174,9 @@ class MemoryLedger:
             self.leave(name)
 
     def enter(self, name: str) -> None:
-        """`using`'s start (its end: `leave`, whatever the outcome); `touch` inline, per request."""
+        """`using`'s start (its end: `leave`, whatever the outcome): the model is used now (the
+        eviction rule takes the least recently used first; a name of no loaded model is not kept,
+        since requests may name anything)."""
         self._in_use[name] = self._in_use.get(name, 0) + 1
         if name in self._names:
             self._last[name] = self.clock()
@@ -252,7 +248,7 @@ class MemoryLedger:
             self._held[served.serial] = (mv.name, size)
             self._note_peak()
             self._names[mv.name] += 1
-            self.touch(mv.name)
+            self._last[mv.name] = self.clock()
             self.load_seconds.observe(seconds)
         log.info(
             "model %s v%d: loaded in %.3f s, holding %s (resident %s, budget %s)",
