@@ -124,6 +124,11 @@ class Sampling:
                 "characters",
             )
 
+    @property
+    def greedy(self) -> bool:
+        """Whether the most likely token is always taken (temperature 0)."""
+        return self.temperature == 0.0
+
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, object]) -> Sampling:
         """The settings an OIP request's parameters name (Triton vLLM clients may pack them

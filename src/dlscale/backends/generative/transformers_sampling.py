@@ -34,7 +34,7 @@ TEMPERATURE, TOP_P, TOP_K, GENERATOR = "temperature", "top_p", "top_k", "generat
 def request_settings(sampling: Sampling, rows: RowState) -> dict[str, Any]:
     """The `add_request` extras for one request; greedy when its temperature is 0."""
     settings: dict[str, Any] = {ROWS: rows} if rows.needed else {}
-    if sampling.temperature == 0.0:
+    if sampling.greedy:
         return {**settings, TEMPERATURE: 0.0, TOP_P: 1.0}
     generator = torch.Generator()
     if sampling.seed is None:
