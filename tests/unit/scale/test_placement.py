@@ -1,4 +1,4 @@
-"""What a replica asks Ray for, from its model's instances; GPUs renumbered as Ray shows them."""
+"""What a replica asks Ray for, from its model's instances."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, parse_config
-from dlscale.scale.placement import Placement, fit_cpus, placed_config, placement_of
+from dlscale.scale.placement import Placement, fit_cpus, placement_of
 
 
 def _config(instances: str, threads: int = 0) -> ModelConfig:
@@ -24,32 +24,11 @@ def test_one_cpu_per_cpu_instance_times_its_threads() -> None:
     assert placement_of(_config('[{"count": 2, "device": "cpu"}]', threads=3)).num_cpus == 6.0
 
 
-def test_overrides_win() -> None:
-    placed = placement_of(_config('[{"count": 2, "device": "cpu"}]'), cpus_per_replica=0.5)
-    assert placed.num_cpus == 0.5
-    with pytest.raises(ConfigError, match=">= 0"):
-        placement_of(_config('[{"device": "cpu"}]'), cpus_per_replica=-1)
-
-
-def test_gpus_are_counted_once_each_and_can_be_shared() -> None:
+def test_gpus_are_counted_once_each() -> None:
     two = _config('[{"count": 2, "device": "cuda:1"}, {"device": "cuda:3"}]')
     assert placement_of(two) == Placement(0.0, 2.0)
     one = _config('[{"count": 2, "device": "cuda"}]')
-    assert placement_of(one, gpus_per_replica=0.25) == Placement(0.0, 0.25)
     assert placement_of(one).actor_options() == {"num_cpus": 0.0, "num_gpus": 1.0}
-
-
-@pytest.mark.parametrize(
-    ("instances", "gpus", "words"),
-    [
-        ('[{"device": "cpu"}]', 0.5, "no cuda instances"),
-        ('[{"device": "cuda:0"}, {"device": "cuda:1"}]', 0.5, "cannot share them"),
-        ('[{"device": "cuda:0"}]', 1.5, r"in \(0, 1\]"),
-    ],
-)
-def test_a_gpu_share_that_cannot_be_is_refused(instances: str, gpus: float, words: str) -> None:
-    with pytest.raises(ConfigError, match=words):
-        placement_of(_config(instances), gpus_per_replica=gpus)
 
 
 def test_a_mig_instance_is_a_custom_resource_made_the_only_visible_device() -> None:
@@ -68,14 +47,6 @@ def test_one_process_cannot_hold_two_mig_instances_or_a_mig_and_a_gpu() -> None:
         placement_of(_config('[{"device": "MIG-a"}, {"device": "MIG-b"}]'))
     with pytest.raises(ConfigError, match="one MIG instance"):
         placement_of(_config('[{"device": "MIG-a"}, {"device": "cuda:0"}]'))
-
-
-def test_gpu_instances_are_renumbered_from_zero_in_order() -> None:
-    config = _config('[{"device": "cuda:3"}, {"device": "cpu"}, {"count": 2, "device": "cuda:1"}]')
-    devices = [(g.device, g.count) for g in placed_config(config).instances]
-    assert devices == [("cuda:1", 1), ("cpu", 1), ("cuda:0", 2)]
-    cpu_only = _config('[{"device": "cpu"}]')
-    assert placed_config(cpu_only) is cpu_only
 
 
 def test_asks_that_fit_the_cluster_are_kept() -> None:
