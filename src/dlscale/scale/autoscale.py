@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import DlscaleError
-from dlscale.models.repository import ModelRepository
 from dlscale.scale.objective import DOWN_DELAY_S, Bounds, Decision, ModelLoad, decide
+from dlscale.scale.placement import readable_configs
 from dlscale.scale.starts import LOOK_BACK_S, Starts
 
 log = logging.getLogger("dlscale.scale")
@@ -370,12 +369,5 @@ def autoscaling_config(
 
 def instances(repository: Path, names: Sequence[str]) -> dict[str, int]:
     """Each model's instances, from its config in the repository (1 where it cannot be read)."""
-    found = {}
-    for name in names:
-        try:
-            config = ModelRepository(repository).source(name).config
-        except DlscaleError:
-            found[name] = 1
-            continue
-        found[name] = max(1, sum(g.count for g in config.instances))
-    return found
+    read = readable_configs(repository, names)
+    return {n: max(1, sum(g.count for g in read[n].instances)) if n in read else 1 for n in names}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import threading
@@ -13,7 +14,7 @@ import ray
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
-from dlscale.scale.placement import Placement, fit_cpus, placement_of
+from dlscale.scale.placement import Placement, fit_cpus, placement_of, readable_configs
 from dlscale.scale.settings import BOTH_FLEETS, ScaleSettings, ray_values
 from dlscale.server import ALL_MODELS
 from dlscale.server import settings_from as server_settings_from
@@ -99,13 +100,10 @@ def connect(settings: ScaleSettings) -> None:
 def placements(settings: ScaleSettings, names: list[str]) -> dict[str, Placement]:
     """What each model's instances ask for (a model whose config fails is left to its replica's
     server to report)."""
-    repository = ModelRepository(settings.repository)
     found = {}
-    for name in names:
-        try:
-            found[name] = placement_of(repository.source(name).config)
-        except DlscaleError:
-            continue
+    for name, config in readable_configs(settings.repository, names).items():
+        with contextlib.suppress(DlscaleError):
+            found[name] = placement_of(config)
     return found
 
 
@@ -132,14 +130,8 @@ def replica_placement(settings: ScaleSettings, names: list[str]) -> Placement:
 def autoscale_target(settings: ScaleSettings, names: list[str]) -> float:
     """Requests in flight per replica the autoscaler aims at: a full batch per instance of
     every model the replica serves."""
-    repository = ModelRepository(settings.repository)
-    total = 0
-    for name in names:
-        try:
-            config = repository.source(name).config
-        except DlscaleError:
-            continue
-        total += sum(g.count for g in config.instances) * max(1, config.max_batch_size)
+    configs = readable_configs(settings.repository, names).values()
+    total = sum(sum(g.count for g in c.instances) * max(1, c.max_batch_size) for c in configs)
     return float(max(1, total))
 
 

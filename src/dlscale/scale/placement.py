@@ -10,12 +10,14 @@ replica its GPUs as cuda:0.., and the configs load as written (docs/scale.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.config import ModelConfig
+from dlscale.models.repository import ModelRepository
 
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
 
@@ -39,6 +41,18 @@ class Placement:
         if self.env:
             options["runtime_env"] = {"env_vars": dict(self.env)}
         return options
+
+
+def readable_configs(repository: Path, names: Iterable[str]) -> dict[str, ModelConfig]:
+    """Each named model's config, where it can be read (one that fails is left to its replica's
+    server to report)."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = ModelRepository(repository).source(name).config
+        except DlscaleError:
+            continue
+    return found
 
 
 def placement_of(config: ModelConfig) -> Placement:
