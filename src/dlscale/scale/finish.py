@@ -66,11 +66,10 @@ def clock(seconds: float, rows: int) -> str:
     return f"{seconds:.6f}:{max(1, rows)}"
 
 
-def map_commands(
-    path: Path, held: Mapping[str, str], wanted: Mapping[str, str | None]
-) -> list[str]:
-    """Runtime-API commands taking the map from `held` to `wanted` (by server name; None removes
-    a server's entry). `add map` would add a second entry for a key already there: `set map`."""
+def map_commands(path: Path, held: Mapping[str, object], wanted: Mapping[str, object]) -> list[str]:
+    """Runtime-API commands taking a map from `held` to `wanted` (by key; None removes a key's
+    entry, a key not named keeps it). `add map` would add a second entry for a key already
+    there: `set map`."""
     commands = []
     for name, value in wanted.items():
         if value is None:

@@ -25,6 +25,7 @@ from dlscale.errors import DlscaleError
 from dlscale.models.config_sections import PREFIX_LENGTHS, RoutingConfig
 from dlscale.models.repository import ModelRepository
 from dlscale.models.sources import read_source
+from dlscale.scale import finish
 from dlscale.scale.weights import MAX_WEIGHT
 from dlscale.server_settings import DEFAULT_BALANCE_FACTOR, ServerSettings
 
@@ -93,13 +94,8 @@ def write_map(path: Path, routes: Mapping[str, int]) -> None:
 
 def map_commands(path: Path, now: Mapping[str, int], wanted: Mapping[str, int]) -> list[str]:
     """The runtime-API commands turning the map from `now` into `wanted`."""
-    commands = [f"del map {path} {name}" for name in now if name not in wanted]
-    for name, value in wanted.items():
-        if name not in now:
-            commands.append(f"add map {path} {name} {value}")
-        elif now[name] != value:
-            commands.append(f"set map {path} {name} {value}")
-    return commands
+    gone = {name: None for name in now if name not in wanted}
+    return finish.map_commands(path, now, {**gone, **wanted})
 
 
 def frontend_rules(map_path: Path) -> list[str]:
