@@ -125,20 +125,14 @@ def render(
         *finish.backend_lines(),
         f"  default-server maxconn {rules.per_replica}",
         *(f"  server r{i} 127.0.0.1:9 disabled proto h2 track {REST}/r{i}" for i in slots()),
-        *_capped(prefix.backend(balance_factor, slots(), REST), rules),
+        *prefix.backend(balance_factor, slots(), REST, rules.per_replica),
         *(
-            _capped(prefix.backend(balance_factor, slots(), REST, grpc=True), rules)
+            prefix.backend(balance_factor, slots(), REST, rules.per_replica, grpc=True)
             if GRPC in fds
             else []
         ),
     ]
     return "\n".join(lines + _control_backends(control)) + "\n"
-
-
-def _capped(backend: list[str], rules: ConnectionRules) -> list[str]:
-    """The hashed backend with each server's `maxconn` (its `default-server` line right after
-    the backend's own line, before any server)."""
-    return [backend[0], f"  default-server maxconn {rules.per_replica}", *backend[1:]]
 
 
 def _client_cap(proto: str, rules: ConnectionRules, ipv6: bool) -> list[str]:

@@ -145,13 +145,15 @@ def grpc_frontend_rules() -> list[str]:
 
 
 def backend(
-    balance_factor: int, slots: Iterable[int], tracked: str, *, grpc: bool = False
+    balance_factor: int, slots: Iterable[int], tracked: str, maxconn: int, *, grpc: bool = False
 ) -> list[str]:
     """A hashed backend (REST's, or gRPC's with `grpc`): consistent hashing on the key, bounded
-    by `balance_factor`; its servers follow the REST backend's (`tracked`) health."""
+    by `balance_factor`; its servers follow the REST backend's (`tracked`) health and each takes
+    `maxconn` requests at once."""
     name, key = (GRPC_HASHED, f"req.hdr({SESSION_HEADER})") if grpc else (HASHED, _KEY)
     return [
         f"backend {name}",
+        f"  default-server maxconn {maxconn}",
         f"  balance hash {key}",
         # Consistent: a replica that leaves moves its own keys only; the others keep theirs.
         "  hash-type consistent",
