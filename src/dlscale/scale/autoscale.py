@@ -225,15 +225,10 @@ def _weighted(means: Mapping[Any, float], rates: Mapping[Any, float]) -> float:
     return max(means.values(), default=0.0)
 
 
-def fleet_policy(ctx: Any, down_delay_s: float = DOWN_DELAY_S) -> tuple[int, dict[str, Any]]:
-    """Ray Serve's custom policy: scale/objective.py's decision on the replicas' reports,
-    logged with its figures whenever it changes the replicas or starts holding them."""
-    decision, state, _ = _policy(ctx, down_delay_s)
-    return decision.replicas, state
-
-
 def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bool]:
-    """The decision, the policy's state to keep, and whether the decision was logged."""
+    """scale/objective.py's decision on the replicas' reports, the policy's state to keep, and
+    whether the decision was logged (with its figures, whenever it changes the replicas or
+    starts holding them)."""
     state = dict(ctx.policy_state or {})
     bounds = Bounds(
         ctx.capacity_adjusted_min_replicas,
@@ -263,7 +258,7 @@ def _missed(kept: Any) -> tuple[int, float] | None:
 
 class FleetPolicy:
     """The fleet's policy as Ray Serve's controller runs it (a class: Ray makes one there, with
-    `policy_kwargs`): `fleet_policy` with the fleet's down delay, and each decision it logs told
+    `policy_kwargs`): `_policy` with the fleet's down delay, and each decision it logs told
     to the router actor (named `router` in `namespace`) for its `/dlscale/fleet` view.
 
     The controller runs every deployment's policy on its own loop: a call to the router there

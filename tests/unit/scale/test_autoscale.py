@@ -31,7 +31,6 @@ from dlscale.scale.autoscale import (
     Reading,
     autoscaling_config,
     figures,
-    fleet_policy,
     instances,
     loads,
     read,
@@ -41,6 +40,8 @@ from dlscale.scale.objective import DOWN_DELAY_S
 from dlscale.scale.starts import LOOK_BACK_S, Starts
 
 REQUESTS = 16
+#: The policy as Ray Serve's controller makes it, with no router to tell its decisions.
+fleet_policy = FleetPolicy()
 
 
 @pytest.fixture(scope="module")
