@@ -38,6 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.frontends.sockets import bind
@@ -57,6 +58,9 @@ from dlscale.scale.haproxy_config import (
 from dlscale.scale.prefix import GRPC_HASHED, HASHED, Routing
 from dlscale.scale.weights import MAX_WEIGHT
 
+if TYPE_CHECKING:
+    from dlscale.scale.child import Endpoint
+
 log = logging.getLogger("dlscale.scale")
 #: Seconds HAProxy gets to open its runtime socket.
 START_TIMEOUT_S = 10.0
@@ -71,6 +75,11 @@ class Member:
     host: str
     http_port: int
     grpc_port: int | None = None
+
+    @classmethod
+    def of(cls, key: str, endpoint: Endpoint) -> Member:
+        """A replica's child, as the router sees it."""
+        return cls(key, endpoint.host, endpoint.http_port, endpoint.grpc_port)
 
 
 def haproxy_binary() -> str:

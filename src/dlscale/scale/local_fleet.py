@@ -255,7 +255,7 @@ class LocalFleet:
 
     def _sync(self) -> None:
         with self._lock:
-            members = [_member(w) for w in self.workers if w.endpoint is not None]
+            members = [Member.of(w.device.name, w.endpoint) for w in self.workers if w.endpoint]
             if not self._stopping.is_set():
                 self.router.sync(members)
 
@@ -284,12 +284,6 @@ class LocalFleet:
         grace = self.settings.lifecycle.grace_s
         with ThreadPoolExecutor(max(1, len(self.workers))) as pool:
             list(pool.map(lambda w: w.child.stop(grace), self.workers))
-
-
-def _member(worker: Worker) -> Member:
-    end = worker.endpoint
-    assert end is not None
-    return Member(worker.device.name, end.host, end.http_port, end.grpc_port)
 
 
 def _described(worker: Worker) -> str:

@@ -52,11 +52,6 @@ class Replica:
     ready: bool = False
     seen: float = 0.0
 
-    def member(self) -> Member:
-        """The replica as HAProxy routes to it."""
-        e = self.endpoint
-        return Member(self.key, e.host, e.http_port, e.grpc_port)
-
     def view(self, state: str) -> dict[str, object]:
         """The replica in the fleet's JSON view."""
         e = self.endpoint
@@ -168,7 +163,7 @@ class Registry:
             self.router.weigh(self.weigher.weights(readings), self.weigher.clocks())
 
     def _sync(self) -> None:
-        self.router.sync([r.member() for r in self._replicas.values() if r.ready])
+        self.router.sync([Member.of(k, r.endpoint) for k, r in self._replicas.items() if r.ready])
 
 
 def _up(state: str) -> bool:
