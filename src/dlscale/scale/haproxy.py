@@ -50,6 +50,7 @@ from dlscale.scale.haproxy_config import (
     REST,
     SLOTS,
     Control,
+    admin_socket,
     render,
     routes_map,
     slots,
@@ -151,7 +152,7 @@ class HaproxyRouter:
                 self._sockets[proto] = _listen(self.host, port, proto, bind_patience_s)
         fds = {p: s.fileno() for p, s in self._sockets.items()}
         config = self.workdir / "haproxy.cfg"
-        prefix.write_map(self._map_path, self.routing.routes)
+        prefix.write_map(routes_map(self.workdir), self.routing.routes)
         config.write_text(
             render(
                 fds,
@@ -180,22 +181,14 @@ class HaproxyRouter:
         in a whole-suite run, the finish-first Lua script loading at start)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
             try:
-                admin.connect(str(self._socket_path))
+                admin.connect(str(admin_socket(self.workdir)))
             except (FileNotFoundError, ConnectionRefusedError):
                 return False
         return True
 
-    @property
-    def _socket_path(self) -> Path:
-        return self.workdir / "admin.sock"
-
-    @property
-    def _map_path(self) -> Path:
-        return routes_map(self.workdir)
-
     def route(self, routes: Mapping[str, int]) -> None:
         """Hash the generative requests of exactly the models of `routes` (scale/prefix.py)."""
-        commands = prefix.map_commands(self._map_path, self.routing.routes, routes)
+        commands = prefix.map_commands(routes_map(self.workdir), self.routing.routes, routes)
         if commands:
             self.command(*commands)
             self.routing = Routing(self.routing.balance_factor, dict(routes))
@@ -275,7 +268,7 @@ class HaproxyRouter:
         """Run runtime-API commands (one connection; HAProxy answers each in turn)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
             admin.settimeout(5.0)
-            admin.connect(str(self._socket_path))
+            admin.connect(str(admin_socket(self.workdir)))
             admin.sendall(("; ".join(commands) + "\n").encode())
             chunks = []
             while chunk := admin.recv(65536):
@@ -317,7 +310,7 @@ def _workdir() -> Path:
     """HAProxy's folder, in TMPDIR; under /tmp when TMPDIR is so deep that the runtime socket's
     path would pass HAProxy's limit (it would refuse to start)."""
     made = process_folder(FOLDER_PREFIX)
-    if len(str(made / "admin.sock")) <= _MAX_SOCKET_PATH:
+    if len(str(admin_socket(made))) <= _MAX_SOCKET_PATH:
         return made
     made.rmdir()
     return process_folder(FOLDER_PREFIX, "/tmp")

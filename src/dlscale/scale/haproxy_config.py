@@ -56,6 +56,11 @@ CONTROL_RPCS = (
 )
 
 
+def admin_socket(workdir: Path) -> Path:
+    """Where HAProxy's runtime API listens."""
+    return workdir / "admin.sock"
+
+
 def routes_map(workdir: Path) -> Path:
     """Where the router's map of routed models lives (scale/prefix.py)."""
     return workdir / "routes.map"
@@ -75,7 +80,7 @@ def render(
     rules = rules or ConnectionRules()
     lines = [
         "global",
-        f"  stats socket {workdir / 'admin.sock'} mode 600 level admin",
+        f"  stats socket {admin_socket(workdir)} mode 600 level admin",
         f"  maxconn {_max_connections()}",
         *finish.global_lines(workdir),
         "defaults",
