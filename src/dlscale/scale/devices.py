@@ -72,13 +72,13 @@ class Device:
 
 def visible_devices(host: Host) -> list[Device]:
     """Each GPU with MIG off, and each MIG slice of a GPU with MIG on (a lost GPU is left out)."""
-    found = []
-    for gpu in host.gpus:
-        if gpu.mig_enabled:
-            found += [Device(f"gpu{gpu.index}.mig{m.index}", m.uuid) for m in gpu.mig_instances]
-        elif gpu.uuid:
-            found.append(Device(f"gpu{gpu.index}", gpu.uuid))
-    return found
+    return [device for gpu in host.gpus for device in _devices(gpu)]
+
+
+def _devices(gpu: Gpu) -> list[Device]:
+    if gpu.mig_enabled:
+        return [Device(f"gpu{gpu.index}.mig{m.index}", m.uuid) for m in gpu.mig_instances]
+    return [Device(f"gpu{gpu.index}", gpu.uuid)] if gpu.uuid else []
 
 
 def devices_for(spec: str, host: Host) -> list[Device]:
@@ -146,15 +146,10 @@ def _listed(items: list[str], host: Host) -> list[Device]:
 def _gpu(index: int, host: Host) -> list[Device]:
     for gpu in host.gpus:
         if gpu.index == index and (gpu.uuid or gpu.mig_enabled):
-            slices = _slices(gpu)
-            return slices if gpu.mig_enabled else [Device(f"gpu{index}", gpu.uuid)]
+            if gpu.mig_enabled and not gpu.mig_instances:
+                raise ConfigError(f"--device-workers: gpu{index} has MIG on and no slice made")
+            return _devices(gpu)
     raise ConfigError(
         f"--device-workers: gpu{index} is not on this host ({len(host.gpus)} GPUs; NVML: "
         f"{host.nvml})"
     )
-
-
-def _slices(gpu: Gpu) -> list[Device]:
-    if gpu.mig_enabled and not gpu.mig_instances:
-        raise ConfigError(f"--device-workers: gpu{gpu.index} has MIG on and no slice made")
-    return [Device(f"gpu{gpu.index}.mig{m.index}", m.uuid) for m in gpu.mig_instances]
