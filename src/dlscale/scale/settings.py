@@ -99,6 +99,11 @@ class ScaleSettings:
             raise ConfigError(
                 f"--scale-down-delay {self.scale_down_delay_s}: expected seconds >= 0"
             )
+        # Ray refuses a negative ask only when the deployment starts, in its own words.
+        if self.cpus_per_replica is not None and not self.cpus_per_replica >= 0:
+            raise ConfigError(f"--cpus-per-replica {self.cpus_per_replica}: expected CPUs >= 0")
+        if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
+            raise ConfigError(f"--gpus-per-replica {self.gpus_per_replica}: expected GPUs >= 0")
 
 
 def _flagged() -> list[dataclasses.Field[Any]]:

@@ -52,6 +52,9 @@ def test_autoscale_must_be_min_colon_max(text: str) -> None:
         ({"autoscale": (0, 2)}, "1 <= MIN"),
         ({"scale_down_delay_s": -1.0}, "--scale-down-delay -1.0: expected seconds >= 0"),
         ({"scale_down_delay_s": float("nan")}, "--scale-down-delay nan"),
+        ({"cpus_per_replica": -1.0}, "--cpus-per-replica -1.0: expected CPUs >= 0"),
+        ({"gpus_per_replica": -0.5}, "--gpus-per-replica -0.5: expected GPUs >= 0"),
+        ({"gpus_per_replica": float("nan")}, "--gpus-per-replica nan"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(changes: dict[str, object], words: str) -> None:
