@@ -15,9 +15,10 @@ from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.repository import ModelRepository
 from dlscale.scale import deploy
 from dlscale.scale.placement import Placement, fit_cpus, placement_of, readable_configs
-from dlscale.scale.settings import BOTH_FLEETS, ScaleSettings, ray_values
+from dlscale.scale.settings import BOTH_FLEETS, ScaleSettings
 from dlscale.server import ALL_MODELS
 from dlscale.server import settings_from as server_settings_from
+from dlscale.server_settings.flags import flag_values
 
 log = logging.getLogger("dlscale.scale")
 
@@ -67,7 +68,7 @@ def settings_from(args: argparse.Namespace) -> ScaleSettings:
         model_control=models.model_control,
         load_models=models.load_models,
         server=replica_server,
-        **ray_values(args),
+        **flag_values(ScaleSettings, args),
     )
 
 

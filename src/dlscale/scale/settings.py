@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dlscale.errors import ConfigError
 from dlscale.scale.objective import DOWN_DELAY_S
 from dlscale.server_settings import ServerSettings, setting
+from dlscale.server_settings.flags import Dispatch, add_flag, flagged
 from dlscale.serving.control.mode import ModelControl
 
 #: The model control modes a Ray deployment follows (it does not watch a folder).
@@ -106,10 +105,6 @@ class ScaleSettings:
             raise ConfigError(f"--gpus-per-replica {self.gpus_per_replica}: expected GPUs >= 0")
 
 
-def _flagged() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(ScaleSettings) if f.metadata.get("flags")]
-
-
 #: The one message for --ray beside --device-workers, whichever came first.
 BOTH_FLEETS = (
     "--device-workers is not for --ray: Ray places each replica on its node's devices "
@@ -117,47 +112,17 @@ BOTH_FLEETS = (
 )
 
 
-class _RayFlag(argparse.Action):
-    """--ray: records that it was given (`ray`) and makes `handler` the verb's."""
-
-    def __init__(self, *args: Any, handler: object, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.handler = handler
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
-        namespace.ray = True
-        namespace.func = self.handler
-
-
 def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> None:
     """`dlscale serve REPO --ray ...` (docs/scale.md): `handler` runs the verb with --ray."""
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument(
         "--ray",
-        action=_RayFlag,
+        action=Dispatch,
         nargs=0,
         default=False,
         handler=handler,
         help="serve on a Ray cluster: replicas of the whole server behind one router",
     )
-    for item in _flagged():
-        text = item.metadata["help"]
-        if item.default is not None:
-            text = f"{text} (default {item.default})"
-        ray.add_argument(
-            *item.metadata["flags"], dest=item.name, default=item.default, help=text,
-            **{"metavar": item.metadata["flags"][0][2:].upper().replace("-", "_"),
-               **item.metadata["arg"]},
-        )  # fmt: skip
+    for item in flagged(ScaleSettings):
+        add_flag(ray, item)
     ray.add_argument("--detach", action="store_true", help="return once deployed (with --address)")
-
-
-def ray_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The ScaleSettings fields the --ray flags set, read back from parsed flags."""
-    values = {}
-    for item in _flagged():
-        value = getattr(args, item.name)
-        convert = item.metadata["convert"]
-        values[item.name] = convert(value) if convert is not None else value
-    return values

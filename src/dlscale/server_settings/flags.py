@@ -20,13 +20,15 @@ from dlscale.server_settings.hf_folder import is_hf_folder, one_model_repository
 from dlscale.server_settings.triton import add_triton_flags
 
 
-def _flagged(kind: type[Any]) -> Iterator[dataclasses.Field[Any]]:
+def flagged(kind: type[Any]) -> Iterator[dataclasses.Field[Any]]:
+    """The fields of `kind` (a settings dataclass) that have a flag."""
     return (f for f in dataclasses.fields(kind) if "flags" in f.metadata)
 
 
-class _Dispatch(argparse.Action):
-    """Stores the flag's value and makes `handler` the verb's (as --ray does): a flag that
-    changes what `dlscale serve` runs (--device-workers) without the server knowing of it."""
+class Dispatch(argparse.Action):
+    """Stores the flag's value (True for a flag that takes none) and makes `handler` the verb's:
+    a flag that changes what `dlscale serve` runs (--ray, --device-workers) without the server
+    knowing of it."""
 
     def __init__(self, *args: Any, handler: object, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -36,7 +38,7 @@ class _Dispatch(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
         option_string: str | None = None,
     ) -> None:  # fmt: skip
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
         namespace.func = self.handler
 
 
@@ -63,18 +65,18 @@ def add_serve_flags(
     )
     for kind, title in GROUPS.values():
         group = serve.add_argument_group(title)
-        for item in _flagged(kind):
-            _add_flag(group, item, (handlers or {}).get(item.name))
+        for item in flagged(kind):
+            add_flag(group, item, (handlers or {}).get(item.name))
     add_triton_flags(serve)
 
 
-def _add_flag(
+def add_flag(
     group: argparse._ArgumentGroup, item: dataclasses.Field[Any], handler: object | None = None
 ) -> None:
     """The flag of one field, as its metadata says (see the module's docstring)."""
     arg = dict(item.metadata["arg"])
     if handler is not None:
-        arg.update(action=_Dispatch, handler=handler)
+        arg.update(action=Dispatch, handler=handler)
     default: Any = arg.pop("default", item.default)
     if arg.get("action") == "append":  # argparse appends to a copy of a list
         default = list(default)
@@ -95,7 +97,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     groups: dict[str, Any] = {}
     try:
         for name, (kind, _) in GROUPS.items():
-            groups[name] = _group_from(kind, args)
+            groups[name] = kind(**flag_values(kind, args))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     path = repository_from(args)
@@ -111,15 +113,16 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(path, **groups)
 
 
-def _group_from(kind: type[Any], args: argparse.Namespace) -> Any:
+def flag_values(kind: type[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of `kind` that its flags set, read back from parsed flags."""
     values = {}
-    for item in _flagged(kind):
+    for item in flagged(kind):
         if not hasattr(args, item.name):
             continue  # not parsed with these flags: the field's default
         value = getattr(args, item.name)
         convert = item.metadata["convert"]
         values[item.name] = convert(value) if convert is not None else value
-    return kind(**values)
+    return values
 
 
 #: Files that make a folder a model (its configuration), not a repository.
