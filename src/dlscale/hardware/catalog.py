@@ -38,7 +38,7 @@ class Catalog:
             if close:
                 hint = "did you mean: " + ", ".join(sorted({self._index[c] for c in close}))
             else:
-                hint = "known: " + ", ".join(self.names())
+                hint = "known: " + ", ".join(self._devices)
             raise NotFound(f"no device {name!r} in the catalog; {hint}")
         return self._devices[found]
 
@@ -47,13 +47,6 @@ class Catalog:
 
     def __iter__(self) -> Iterator[DeviceSpec]:
         return iter(self._devices.values())
-
-    def __len__(self) -> int:
-        return len(self._devices)
-
-    def names(self) -> list[str]:
-        """Entry names in catalog order."""
-        return list(self._devices)
 
 
 @functools.cache
