@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
 from dlscale.errors import PlanError
@@ -223,10 +223,6 @@ class Topology:
         if self.gpus_per_node == 1:
             return self.node_net_bandwidth
         return min(self.intra.bandwidth, self.node_net_bandwidth)
-
-    def with_ranks(self, gpus_per_node: int, nodes: int) -> Topology:
-        """The same fabrics at another size."""
-        return replace(self, gpus_per_node=gpus_per_node, nodes=nodes)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dlscale.errors import PlanError
 from dlscale.plan.collective import Algorithm, Estimate, Topology, allreduce, available
@@ -136,8 +136,8 @@ def scaling_curves(
     """For each algorithm, the plan at each size where the algorithm applies."""
     curves: dict[Algorithm, list[TrainingPlan]] = {a: [] for a in algorithms}
     for g, nodes in scaling_sizes(cluster.topology, max_nodes):
-        topo = cluster.topology.with_ranks(g, nodes)
-        sized = Cluster(topo, cluster.peak_flops, cluster.mfu, cluster.overlap)
+        topo = replace(cluster.topology, gpus_per_node=g, nodes=nodes)  # the same fabrics
+        sized = replace(cluster, topology=topo)
         for a in algorithms:
             if topo.ranks == 1 or a in available(topo):
                 curves[a].append(plan_training(job, sized, a))
