@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,6 @@ class BenchReport:
     fabric_note: str
     rows: list[BenchRow]
     values_checked: int
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as plain JSON data."""
-        return asdict(self)
 
 
 def measure_loopback(nbytes: int = 32 << 20, pings: int = 200) -> Fabric:

@@ -6,6 +6,7 @@ Each turns parsed arguments into calls on the planners and prints a table; cli.p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -265,7 +266,7 @@ def bench_allreduce(args: argparse.Namespace) -> int:
     print(table(headers, rows))
     print(f"reduced values checked: {report.values_checked:,} elements, all correct")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+        Path(args.json).write_text(json.dumps(dataclasses.asdict(report), indent=2))
     if args.plot:
         from dlscale.plan.plots import plot_allreduce
 
