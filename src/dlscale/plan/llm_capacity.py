@@ -19,7 +19,7 @@ from dlscale.errors import PlanError
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan.llm import DecoderShape
 from dlscale.plan.llm_kernels import Kernels
-from dlscale.plan.llm_passes import Pass, Scheduling
+from dlscale.plan.llm_passes import Pass, Scheduling, burst
 
 #: Shares of the peaks an engine reaches unless told (--mbu, --mfu): the ceilings measured on
 #: one H100 SXM (shared/reference/accelerators.md): a device-to-device copy at ~3.0 of 3.35 TB/s,
@@ -196,7 +196,8 @@ class DecoderOnDevice:
         tokens): one pass, or the passes the engine's token budget splits them into."""
         if self.scheduling.step_tokens is None:
             return self.pass_s(Pass.prompts(prompt, prompts))
-        return sum(self.pass_s(p) for p in self.scheduling.prompt_passes(prompt, prompts))
+        # The passes of the burst that generates one token each: its prompts' prefill.
+        return sum(self.pass_s(p) for p in burst(self.scheduling, prompts, prompt, 1).passes)
 
     def max_sequences(self, context: int) -> int:
         """Sequences of `context` tokens whose KV cache fits beside the weights (0: none)."""

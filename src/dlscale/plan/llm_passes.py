@@ -80,10 +80,6 @@ class Scheduling:
                 f"a first pass holds a request at least, got {self.first_pass_requests}"
             )
 
-    def prompt_passes(self, prompt: int, prompts: int = 1) -> list[Pass]:
-        """The passes that prefill `prompts` prompts of `prompt` tokens arriving together."""
-        return burst(self, prompts, prompt, 1).passes
-
 
 @dataclass
 class _Sequence:
