@@ -272,10 +272,11 @@ def _ring(nbytes: float, t: Topology, p: Protocol) -> Estimate:
 
 
 def _tree(nbytes: float, t: Topology, p: Protocol) -> Estimate:
-    # NCCL: a chain inside each host, a double binary tree between hosts, up then down.
+    # NCCL: a chain inside each host, a double binary tree between hosts, up then down; the
+    # tree's depth is floor(log2 nodes) (NCCL's log2i).
     latency = _base(t, Algorithm.TREE, p) + 2 * (
         (t.gpus_per_node - 1) * t.intra.hop_latency(Algorithm.TREE, p)
-        + _log2i(t.nodes) * (t.inter.hop_latency(Algorithm.TREE, p) if t.inter else 0.0)
+        + (t.nodes.bit_length() - 1) * (t.inter.hop_latency(Algorithm.TREE, p) if t.inter else 0.0)
     )
     algbw = t.bus_bandwidth * _factor(t, Algorithm.TREE, p) / 2
     return Estimate(Algorithm.TREE, p, nbytes, t.ranks, latency, nbytes / algbw)
@@ -321,11 +322,6 @@ def _base(t: Topology, algo: Algorithm, p: Protocol) -> float:
 def _factor(t: Topology, algo: Algorithm, p: Protocol) -> float:
     # A fabric NCCL does not drive (gloo) has no protocol refinements.
     return 1.0 if t.intra.step_latency_s is not None else _BUS_FACTOR[(algo, p)]
-
-
-def _log2i(n: int) -> int:
-    """floor(log2 n), as NCCL's log2i."""
-    return n.bit_length() - 1
 
 
 def available(t: Topology) -> list[Algorithm]:

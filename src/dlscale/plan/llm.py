@@ -194,10 +194,6 @@ def from_config(raw: Any, name: str) -> DecoderShape:
     )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _int(
     raw: Mapping[str, Any],
     key: str,
@@ -209,7 +205,7 @@ def _int(
     value = raw.get(key, default)
     if value is None:
         raise PlanError(f"{name}: config.json has no {key} (a Llama-like decoder's config?)")
-    if not _is_int(value) or not low <= value <= high:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise PlanError(f"{name}: {key} must be an integer in [{low}, {high}], got {value!r}")
     return int(value)
 
