@@ -27,8 +27,8 @@ DTYPES: dict[str, tuple[int, str]] = {
 _ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 _ALIASES |= {"fp8": "float8", "float8_e4m3fn": "float8", "float": "float32"}
 
-#: A config.json larger than this is not a model's config (they are a few KiB).
-MAX_CONFIG_BYTES = 1 << 20
+#: A config.json (or measured kernels' file) larger than this is not one: they are a few KiB.
+MAX_FILE_BYTES = 1 << 20
 #: Bounds on each integer field: far above any published model, low enough that products fit.
 _LIMITS = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "vocab": 1 << 24}
 
@@ -141,15 +141,20 @@ class DecoderShape:
         )
 
 
+def read_json(path: Path, what: str) -> Any:
+    """The JSON in a user's file, refused above MAX_FILE_BYTES (then it is not `what`)."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise PlanError(f"{path}: {path.stat().st_size} bytes is not {what}")
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PlanError(f"cannot read {path}: {exc}") from None
+
+
 def read_config(folder: Path, name: str | None = None) -> DecoderShape:
     """The shape in `folder`/config.json (or a config.json path itself)."""
     path = folder if folder.is_file() else folder / "config.json"
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise PlanError(f"{path}: {path.stat().st_size} bytes is not a model config")
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise PlanError(f"cannot read {path}: {exc}") from None
+    raw = read_json(path, "a model config")
     return from_config(raw, name or (path.parent.name if path.name == "config.json" else path.stem))
 
 

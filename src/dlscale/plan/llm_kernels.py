@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import PlanError
-from dlscale.plan.llm import DecoderShape
+from dlscale.plan.llm import DecoderShape, read_json
 from dlscale.plan.llm_passes import Pass
 
 
@@ -86,19 +86,10 @@ class Kernels:
         return cls(KernelCurve.from_lists(kept["layers"]), KernelCurve.from_lists(kept["head"]))
 
 
-#: A kernels file larger than this holds no curves (they are a few hundred bytes).
-MAX_KERNELS_BYTES = 1 << 20
-
-
 def read_kernels(path: Path) -> Kernels:
     """The curves in a JSON file (`{"layers": [rows, seconds], "head": [rows, seconds]}`, as
     benchmarks/plan_llm_check.py writes them); a PlanError says what is wrong."""
-    try:
-        if path.stat().st_size > MAX_KERNELS_BYTES:
-            raise PlanError(f"{path}: {path.stat().st_size} bytes is not a kernels file")
-        raw: Any = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise PlanError(f"cannot read {path}: {exc}") from None
+    raw = read_json(path, "a kernels file")
     try:
         return Kernels.from_dict(raw)
     except (KeyError, TypeError, ValueError) as exc:
