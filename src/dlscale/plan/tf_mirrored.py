@@ -91,9 +91,7 @@ class TrainingCheck:
         return self.step_many_s / self.predicted_s
 
 
-def check_training(
-    replicas: int, steps: int = 20, batch: int = 64, width: int = 256
-) -> TrainingCheck:
+def check_training(replicas: int, steps: int = 20, batch: int = 64) -> TrainingCheck:
     """Train a dense model with MirroredStrategy; the planner predicts the N-replica step from
     the 1-replica step (its compute) and the gradients' all-reduce over the measured fabric."""
     if replicas < 2 or steps < 1:
