@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import psutil
 
 from dlscale.errors import ConfigError
 
@@ -61,7 +62,7 @@ def detect_caps(device: str = "auto") -> DeviceCaps:
         )
     return DeviceCaps(
         device=device,
-        cores=_physical_cores(),
+        cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         cpu_flags=_cpu_flags(),
         ort_providers=providers,
         cuda_capability=_cuda_capability(device) if device != "cpu" else None,
@@ -78,15 +79,6 @@ def _cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
-
-
-def _physical_cores() -> int:
-    try:
-        import psutil
-
-        return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-    except ImportError:
-        return os.cpu_count() or 1
 
 
 def _cuda_capability(device: str) -> tuple[int, int] | None:
