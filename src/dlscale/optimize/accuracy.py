@@ -49,7 +49,7 @@ def choose_metric(
         if metric in (Metric.TOP1, Metric.AGREEMENT) and not _classifier(outputs):
             raise OptimizeError(
                 f"metric {metric.value} needs one 2-D output of class scores; "
-                f"this model gives {_shapes(outputs)}"
+                f"this model gives { {k: list(v.shape) for k, v in outputs.items()} }"
             )
         return metric
     if has_labels and _classifier(outputs):
@@ -61,10 +61,6 @@ def choose_metric(
 
 def _classifier(outputs: Mapping[str, np.ndarray]) -> bool:
     return len(outputs) == 1 and all(a.ndim == 2 and a.shape[1] > 1 for a in outputs.values())
-
-
-def _shapes(outputs: Mapping[str, np.ndarray]) -> dict[str, list[int]]:
-    return {k: list(v.shape) for k, v in outputs.items()}
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,10 @@ def compile_estimate_s(facts: ModelFacts, variant: Variant | None = None) -> flo
     """How long compiling this model (inductor, or AOTInductor) may take, against the budget."""
     nodes = sum(facts.op_counts.values())
     estimate = min(COMPILE_CAP_S, COMPILE_BASE_S + COMPILE_PER_NODE_S * nodes)
-    if variant is not None and "max-autotune" in str(
-        _compile_settings(variant).get("compile_mode")
-    ):
+    settings = {**variant.backend_options, **variant.params} if variant is not None else {}
+    if "max-autotune" in str(settings.get("compile_mode")):
         estimate *= AUTOTUNE_FACTOR
     return estimate
-
-
-def _compile_settings(variant: Variant) -> dict[str, object]:
-    return {**variant.backend_options, **variant.params}
 
 
 def compile_refusal(variant: Variant, facts: ModelFacts, left_s: float) -> str:
