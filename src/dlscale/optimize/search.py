@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.errors import DlscaleError, OptimizeError
@@ -18,13 +14,13 @@ from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.runner import options_for
 from dlscale.models.signature import reconcile
 from dlscale.optimize.accuracy import choose_metric, compare, run_outputs
-from dlscale.optimize.data import DataSets, load_datasets
+from dlscale.optimize.data import Arrays, DataSets, load_datasets
 from dlscale.optimize.decide import SOURCE_VARIANT, TF_SOURCE_VARIANT, decide, fastest
 from dlscale.optimize.measure import MeterSettings, measure
 from dlscale.optimize.onnx_variants import build_file
 from dlscale.optimize.report import write_report
 from dlscale.optimize.results import OptimizeResult, Trial
-from dlscale.optimize.slo import SloResult, SloSettings, tune_slo
+from dlscale.optimize.slo import Progress, SloResult, SloSettings, tune_slo
 from dlscale.optimize.staging import (
     MODEL_FILE,
     backend_options_of,
@@ -60,8 +56,6 @@ from dlscale.optimize.variants import (
 )
 from dlscale.optimize.writing import write_version
 
-log = logging.getLogger(__name__)
-Arrays = dict[str, np.ndarray]
 #: Rows per batch when the guard runs the validation set.
 GUARD_BATCH = 64
 #: Share of the time budget the variant search may use when SLO tuning follows.
@@ -100,9 +94,6 @@ class OptimizeSettings:
             raise OptimizeError("the time budget must be positive")
         if self.slo_p99_s is not None and self.slo_p99_s <= 0:
             raise OptimizeError("the p99 bound must be positive")
-
-
-Progress = Callable[[str], None]
 
 
 def optimize(

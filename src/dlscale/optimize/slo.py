@@ -33,14 +33,13 @@ from dlscale.models.config import ModelConfig, write_config
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.runner import load_for_run, options_for, time_backend
 from dlscale.models.signature import reconcile
-from dlscale.optimize.data import load_datasets
+from dlscale.optimize.data import Arrays, load_datasets
 from dlscale.optimize.staging import backend_options_of, derived_config, stage
 from dlscale.optimize.variants import DeviceCaps
 
 Progress = Callable[[str], None]
 #: A batch size whose ceiling reaches this share of the best is the knee of the curve.
 KNEE = 0.9
-Arrays = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
