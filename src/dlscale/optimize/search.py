@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends import create_backend
 from dlscale.errors import DlscaleError, OptimizeError
 from dlscale.models.repository import ModelRepository, ModelVersion
-from dlscale.models.runner import options_for
+from dlscale.models.runner import load_for_run, options_for
 from dlscale.models.signature import reconcile
 from dlscale.optimize.accuracy import choose_metric, compare, run_outputs
 from dlscale.optimize.data import Arrays, DataSets, load_datasets
@@ -187,7 +187,7 @@ class _Search:
         kind = source.config.backend
         #: The variant that is the source as served: its trial always runs, others must beat it.
         self.source_variant = TF_SOURCE_VARIANT if kind == "tensorflow" else SOURCE_VARIANT
-        backend = self._load(source.model_file, options_for(source.config, caps.device), kind)
+        backend = load_for_run(source, caps.device)
         try:
             inputs, outputs = reconcile(
                 source.config, backend.inputs, backend.outputs, source.source
@@ -336,7 +336,8 @@ class _Search:
             instances=[{"count": 1, "device": self.caps.device}],
             **({} if variant.runtime == self.source.config.backend else {"platform": ""}),
         )
-        backend = self._load(built, options_for(config, self.caps.device), variant.runtime)
+        backend = create_backend(variant.runtime, built, options_for(config, self.caps.device))
+        backend.load()
         try:
             outputs = self._outputs(backend)
         finally:
@@ -376,11 +377,6 @@ class _Search:
         return self._builder.build(
             variant.recipe, folder, self.datasets.calibration, variant.params
         )
-
-    def _load(self, path: Path, options: BackendOptions, kind: str = "onnxruntime") -> Any:
-        backend = create_backend(kind, path, options)
-        backend.load()
-        return backend
 
     def _outputs(self, backend: Any) -> Arrays:
         config = self.source.config
