@@ -1,7 +1,7 @@
 """Every NVML call dlscale makes goes through `Nvml`, so a test can hand in a stand-in library.
 
-`lib` is the `pynvml` module (imported lazily) or any object with the same functions and an
-`NVMLError` class: the calls used are listed in `CALLS`.
+`lib` is the `pynvml` module (imported lazily) or any object with the functions dlscale asks for
+and an `NVMLError` class (tests/unit/hardware/fake_nvml.py is one).
 """
 
 from __future__ import annotations
@@ -10,32 +10,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-#: The pynvml functions dlscale calls; a stand-in must provide those it is asked for.
-CALLS: tuple[str, ...] = (
-    "nvmlInit",
-    "nvmlShutdown",
-    "nvmlSystemGetDriverVersion",
-    "nvmlDeviceGetCount",
-    "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetCudaComputeCapability",
-    "nvmlDeviceGetMaxClockInfo",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetMaxMigDeviceCount",
-    "nvmlDeviceGetMigDeviceHandleByIndex",
-    "nvmlDeviceGetGpuInstanceId",
-    "nvmlDeviceGetComputeInstanceId",
-)
-
-#: NVML constants used with the calls above (values from nvml.h; stable across releases).
+#: NVML constants used with the calls (values from nvml.h; stable across releases).
 CLOCK_SM = 1
 CLOCK_MEM = 2
 TEMPERATURE_GPU = 0
