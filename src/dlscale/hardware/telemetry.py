@@ -27,11 +27,11 @@ class DeviceReading:
     utilization: float | None  # 0..1
     memory_used_bytes: int | None
     memory_total_bytes: int | None
-    power_watts: float | None
-    power_limit_watts: float | None
-    energy_joules: float | None  # NVML's counter since the driver loaded
-    temperature_celsius: float | None
-    sm_clock_hz: float | None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # NVML's counter since the driver loaded
+    temperature_celsius: float | None = None
+    sm_clock_hz: float | None = None
     unanswered: tuple[str, ...] = ()
 
 
@@ -220,11 +220,6 @@ def _read_mig(nvml: Nvml, gpu_uuid: str, mig: Any) -> DeviceReading:
         utilization=util.value.gpu / 100 if util.ok else None,
         memory_used_bytes=int(memory.value.used) if memory.ok else None,
         memory_total_bytes=int(memory.value.total) if memory.ok else None,
-        power_watts=None,
-        power_limit_watts=None,
-        energy_joules=None,
-        temperature_celsius=None,
-        sm_clock_hz=None,
         unanswered=(*(a.why for a in (util, memory) if a.why), GPU_WIDE),
     )
 
