@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from dlscale.errors import OptimizeError
+from dlscale.models.signature import onnx_signature
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def quantize_int8_static(
         raise RecipeError(
             f"calibration {method!r}: expected one of {list(CalibrationMethod.__members__)}"
         )
-    input_names = _input_names(source)
+    input_names = [spec.name for spec in onnx_signature(source)[0]]
     with tempfile.TemporaryDirectory(prefix="dlscale-quant-") as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         try:
@@ -159,9 +160,3 @@ def quantize_int8_dynamic(source: Path, dest: Path) -> None:
         )
     except Exception as exc:
         raise RecipeError(f"dynamic quantization failed: {exc}") from exc
-
-
-def _input_names(path: Path) -> list[str]:
-    model = onnx.load(str(path), load_external_data=False)
-    initializers = {t.name for t in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in initializers]
