@@ -74,12 +74,11 @@ def match(gpu_name: str, memory_bytes: float | None = None) -> DeviceSpec | None
 
 def parse_catalog(data: Mapping[str, Any]) -> dict[str, DeviceSpec]:
     """DeviceSpecs from the parsed TOML; ConfigError names the entry and field at fault."""
-    mig_sets = {name: _mig_set(name, table) for name, table in data.get("mig", {}).items()}
-    mig_sources = {name: table["source"] for name, table in data.get("mig", {}).items()}
+    migs = data.get("mig", {})
     devices: dict[str, DeviceSpec] = {}
     for name, entry in data.get("devices", {}).items():
         try:
-            devices[name] = _device(name, entry, mig_sets, mig_sources, devices)
+            devices[name] = _device(name, entry, migs, devices)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"catalog entry {name!r}: {exc}") from exc
     return devices
@@ -88,8 +87,7 @@ def parse_catalog(data: Mapping[str, Any]) -> dict[str, DeviceSpec]:
 def _device(
     name: str,
     entry: Mapping[str, Any],
-    mig_sets: Mapping[str, tuple[MigProfile, ...]],
-    mig_sources: Mapping[str, str],
+    migs: Mapping[str, Mapping[str, Any]],
     known: Mapping[str, DeviceSpec],
 ) -> DeviceSpec:
     sources = dict(entry.get("sources", {}))
@@ -113,8 +111,8 @@ def _device(
         sources.setdefault("bandwidth", f"derived: {count} x {member.name} bandwidth")
     mig: tuple[MigProfile, ...] = ()
     if "mig" in entry:
-        mig = mig_sets[entry["mig"]]
-        sources.setdefault("mig", mig_sources[entry["mig"]])
+        mig = _mig_set(migs[entry["mig"]])
+        sources.setdefault("mig", migs[entry["mig"]]["source"])
     return DeviceSpec(
         name=name,
         vendor=entry["vendor"],
@@ -155,7 +153,7 @@ def _link(table: Mapping[str, Any] | None) -> Interconnect | None:
     )
 
 
-def _mig_set(name: str, table: Mapping[str, Any]) -> tuple[MigProfile, ...]:
+def _mig_set(table: Mapping[str, Any]) -> tuple[MigProfile, ...]:
     total = int(table["slices"])
     return tuple(
         MigProfile(p["name"], int(p["slices"]), total, float(p["memory_gb"]) * _GIGA, int(p["max"]))
