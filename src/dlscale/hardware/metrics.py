@@ -25,6 +25,12 @@ GPU_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("nv_gpu_sm_clock_hertz", "GPU SM clock, in hertz", "sm_clock_hz"),
 )
 ENERGY = "nv_energy_consumption"
+#: (name, help, the Reading attribute) for each CPU gauge.
+CPU_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "cpu_utilization"),
+    ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", "cpu_memory_total_bytes"),
+    ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", "cpu_memory_used_bytes"),
+)
 
 
 class TelemetryCollector(Collector):
@@ -46,34 +52,21 @@ class TelemetryCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         """The metric families without reading the devices (registration needs only names)."""
-        return list(self._families([], 0.0, 0.0, 0.0))
+        return list(self._families(Reading(0.0, 0.0, 0, 0, ())))
 
     def collect(self) -> Iterable[Metric]:
         """One reading of every device and the CPU, as gauges."""
         reading = self._last
         if reading is None or time.monotonic() - reading.time >= self._interval_s:
             reading = self._last = read_now(self._probe)
-        return list(
-            self._families(
-                reading.devices,
-                reading.cpu_utilization,
-                reading.cpu_memory_total_bytes,
-                reading.cpu_memory_used_bytes,
-            )
-        )
+        return list(self._families(reading))
 
     def close(self) -> None:
         """Release NVML."""
         self._probe.close()
 
-    def _families(
-        self,
-        devices: Iterable[DeviceReading],
-        cpu_utilization: float,
-        cpu_total: float,
-        cpu_used: float,
-    ) -> Iterator[Metric]:
-        devices = list(devices)
+    def _families(self, reading: Reading) -> Iterator[Metric]:
+        devices = list(reading.devices)
         for name, doc, attr in GPU_GAUGES:
             yield _gauge(name, doc, devices, operator.attrgetter(attr))
         yield _gauge(
@@ -82,9 +75,8 @@ class TelemetryCollector(Collector):
             devices,
             self._energy_since_start,
         )
-        yield _cpu("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", cpu_utilization)
-        yield _cpu("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", cpu_total)
-        yield _cpu("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", cpu_used)
+        for name, doc, attr in CPU_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=getattr(reading, attr))
 
     def _energy_since_start(self, device: DeviceReading) -> float | None:
         if device.energy_joules is None:
@@ -105,7 +97,3 @@ def _gauge(
         if value is not None:
             family.add_metric([device.gpu_uuid, device.mig_instance], value)
     return family
-
-
-def _cpu(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
