@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dlscale.hardware.catalog import match
@@ -26,10 +26,6 @@ class MigInstance:
     gpu_instance_id: int | None
     compute_instance_id: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return dict(self.__dict__)
-
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -48,13 +44,6 @@ class GpuInfo:
     catalog: str | None = None
     unanswered: tuple[str, ...] = ()  # the NVML calls that gave no answer, with the reason
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        out = dict(self.__dict__)
-        out["mig_instances"] = [m.to_dict() for m in self.mig_instances]
-        out["unanswered"] = list(self.unanswered)
-        return out
-
 
 @dataclass(frozen=True)
 class HostInfo:
@@ -70,7 +59,7 @@ class HostInfo:
         return {
             **self.__dict__,
             "cpu": self.cpu.to_dict(),
-            "gpus": [g.to_dict() for g in self.gpus],
+            "gpus": [asdict(g) for g in self.gpus],
         }
 
 

@@ -37,10 +37,11 @@ def test_unsupported_calls_leave_fields_empty(fake_nvml: FakeNvml) -> None:
         "nvmlDeviceGetEnforcedPowerLimit",
         "nvmlDeviceGetMaxClockInfo",
     }
-    h100 = detect(fake_nvml).gpus[0]
+    host = detect(fake_nvml)
+    h100 = host.gpus[0]
     assert h100.power_limit_watts is None and h100.sm_clock_max_mhz is None
     assert len(h100.unanswered) == 3  # power limit and two clocks
-    assert h100.to_dict()["unanswered"]
+    assert host.to_dict()["gpus"][0]["unanswered"]
 
 
 def test_no_nvml_is_a_clean_cpu_only_answer() -> None:
