@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,6 @@ class ServingPoint:
             f"k{self.instances}-t{self.threads}-b{self.max_batch_size}-d{self.max_queue_delay_us}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass
 class PointOutcome:
@@ -98,8 +95,8 @@ class PointOutcome:
     sweep: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        rest = {k: v for k, v in self.__dict__.items() if k != "point"}
-        return {**self.point.to_dict(), **rest}
+        rest = asdict(self)
+        return {**rest.pop("point"), **rest}
 
 
 @dataclass
