@@ -38,28 +38,23 @@ def load_datasets(version: ModelVersion, inputs: list[TensorSpec]) -> DataSets:
     Generated sets come from the zoo's sampler for zoo models (realistic inputs) and from
     random data otherwise; the report says which, because random data proves less.
     """
-    names = {s.name for s in inputs}
-    stored = stored_inputs(version.path, "validation")
-    labels = None
-    if stored is not None and names <= set(stored):
-        labels = stored.get("labels")
-        validation, v_source = {n: stored[n] for n in names}, "validation.npz"
-    else:
-        validation, v_source = _generated(version, inputs, VALIDATION_SEED)
-    stored_cal = stored_inputs(version.path, "calibration")
-    calibration: Arrays | None
-    if stored_cal is not None and names <= set(stored_cal):
-        calibration, c_source = {n: stored_cal[n] for n in names}, "calibration.npz"
-    else:
-        calibration, c_source = _generated(version, inputs, CALIBRATION_SEED)
+    validation, v_source, labels = _data_set(version, inputs, "validation", VALIDATION_SEED)
+    calibration, c_source, _ = _data_set(version, inputs, "calibration", CALIBRATION_SEED)
     return DataSets(validation, labels, calibration, v_source, c_source)
 
 
-def _generated(version: ModelVersion, inputs: list[TensorSpec], seed: int) -> tuple[Arrays, str]:
+def _data_set(
+    version: ModelVersion, inputs: list[TensorSpec], kind: str, seed: int
+) -> tuple[Arrays, str, np.ndarray | None]:
+    """The stored `kind`.npz (and its labels) when it holds every input, else a generated set."""
+    names = {s.name for s in inputs}
+    stored = stored_inputs(version.path, kind)
+    if stored is not None and names <= set(stored):
+        return {n: stored[n] for n in names}, f"{kind}.npz", stored.get("labels")
     rng = np.random.default_rng(seed)
     if version.config.metadata.get("zoo"):
         seq_len = int(version.config.metadata.get("seq_len", 128))
         made = zoo_inputs(version.name, inputs, GENERATED_ROWS, rng, seq_len=seq_len)
         if made is not None:
-            return made, "zoo sampler"
-    return random_inputs(inputs, GENERATED_ROWS, rng), "random"
+            return made, "zoo sampler", None
+    return random_inputs(inputs, GENERATED_ROWS, rng), "random", None
