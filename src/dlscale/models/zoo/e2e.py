@@ -77,21 +77,33 @@ def image_pipeline(
     On a CUDA `device` the image step decodes with nvJPEG and hands its pixels on in device
     memory to `name`-classifier, the classifier on the torch backend on the same device.
     """
-    options: dict[str, object] = {
-        "resize": resize,
-        "crop": crop,
-        "mean": IMAGENET_MEAN.ravel().tolist(),
-        "std": IMAGENET_STD.ravel().tolist(),
-    }
-    model = classifier.name
     if device == "cpu":
         _ensure(classifier, root)
     else:
-        options["device_output"] = True
-        model = f"{name}-classifier"
-        _torch_classifier(root, model, classifier, device)
-    write_step(root, f"{name}-image", "image", E2E_BATCH, options, device=device)
+        _torch_classifier(root, f"{name}-classifier", classifier, device)
     classes = classifier.outputs()[0].shape[0]
+    options: dict[str, object] = {"resize": resize, "crop": crop}
+    _image_steps(root, name, classifier.name, "output", classes, options, image_signature(), device)
+
+
+def _image_steps(
+    root: Path,
+    name: str,
+    classifier: str,
+    output: str,
+    classes: int,
+    options: dict[str, object],
+    signature: tuple[list[TensorSpec], list[TensorSpec]],
+    device: str = "cpu",
+) -> None:
+    """`name`-image (`options`, then ImageNet's normalization), `name`-topk over the `classes`
+    scores in the classifier's `output`, and the pipeline `name` over the three steps, which
+    answers `signature`. The classifier's step is `classifier`, or on a CUDA `device` the
+    `name`-classifier that serves it there."""
+    normalize = {"mean": IMAGENET_MEAN.ravel().tolist(), "std": IMAGENET_STD.ravel().tolist()}
+    on_device = {} if device == "cpu" else {"device_output": True}
+    options = {**options, **normalize, **on_device}
+    write_step(root, f"{name}-image", "image", E2E_BATCH, options, device=device)
     labels = "\n".join(synthetic_labels(classes)) + "\n"
     scores = TensorSpec("scores", Datatype.FP32, (classes,))
     write_step(
@@ -103,7 +115,7 @@ def image_pipeline(
         {"labels.txt": labels.encode()},
         ([scores], [TensorSpec("labels", Datatype.BYTES, (TOP_K,))]),
     )
-    signature = image_signature()
+    model = classifier if device == "cpu" else f"{name}-classifier"
     write_pipeline(
         root,
         name,
@@ -111,10 +123,10 @@ def image_pipeline(
         signature,
         [
             (f"{name}-image", {"image": "image"}, {"pixels": "pixels"}),
-            (model, {"input": "pixels"}, {"output": "scores"}),
+            (model, {"input": "pixels"}, {output: "scores"}),
             (f"{name}-topk", {"scores": "scores"}, {"labels": "labels"}),
         ],
-        {"zoo": "true", "task": "classification", "classifier": classifier.name},
+        {"zoo": "true", "task": "classification", "classifier": classifier},
     )
 
 
@@ -136,12 +148,14 @@ def _torch_classifier(root: Path, name: str, classifier: ZooModel, device: str) 
     entry.write(folder / "1" / "model.zoo")
 
 
-def image_signature() -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The image pipelines' tensors: one encoded image per row in, its top-5 labels out."""
-    return (
-        [TensorSpec("image", Datatype.BYTES, (1,))],
-        [TensorSpec("labels", Datatype.BYTES, (TOP_K,))],
+def image_signature(scores: bool = False) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The image pipelines' tensors: one encoded image per row in, its top-5 labels out (after
+    its scores over the synthetic classes, with `scores`: tf-image-e2e's)."""
+    labels = TensorSpec("labels", Datatype.BYTES, (TOP_K,))
+    answers = (
+        [TensorSpec("scores", Datatype.FP32, (IMAGE_CLASSES,)), labels] if scores else [labels]
     )
+    return [TensorSpec("image", Datatype.BYTES, (1,))], answers
 
 
 def _image_e2e(name: str, classifier: ZooModel, resize: int, crop: int) -> ZooPipeline:
@@ -183,51 +197,21 @@ def tf_image_pipeline(root: Path, name: str) -> None:
     the pipeline answers the scores and the top-5 labels. tf-image already there is reused."""
     if not (root / TF_IMAGE.name / "1" / TF_IMAGE.file / "saved_model.pb").is_file():
         TF_IMAGE.build(root)
-    options = {
+    options: dict[str, object] = {
         "resize": 73,  # as smallcnn-e2e: the crop of tf-image's side from a shorter side of 73
         "crop": TF_IMAGE.inputs[0].shape[0],
         "layout": "NHWC",  # TensorFlow's own layout: what tf-image's convolutions take
-        "mean": IMAGENET_MEAN.ravel().tolist(),
-        "std": IMAGENET_STD.ravel().tolist(),
     }
-    write_step(root, f"{name}-image", "image", E2E_BATCH, options)
-    labels = "\n".join(synthetic_labels(IMAGE_CLASSES)) + "\n"
-    scores, top = tf_image_signature()[1]
-    write_step(
-        root, f"{name}-topk", "topk", E2E_BATCH, {"k": TOP_K}, {"labels.txt": labels.encode()},
-        ([scores], [top]),
-    )  # fmt: skip
-    write_pipeline(
-        root,
-        name,
-        E2E_BATCH,
-        tf_image_signature(),
-        [
-            (f"{name}-image", {"image": "image"}, {"pixels": "pixels"}),
-            (TF_IMAGE.name, {"input": "pixels"}, {"scores": "scores"}),
-            (f"{name}-topk", {"scores": "scores"}, {"labels": "labels"}),
-        ],
-        {"zoo": "true", "task": "classification", "classifier": TF_IMAGE.name},
-    )
-
-
-def tf_image_signature() -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """tf-image-e2e's tensors: one encoded image per row in; its scores and top-5 labels out."""
-    return (
-        [TensorSpec("image", Datatype.BYTES, (1,))],
-        [
-            TensorSpec("scores", Datatype.FP32, (IMAGE_CLASSES,)),
-            TensorSpec("labels", Datatype.BYTES, (TOP_K,)),
-        ],
-    )
+    signature = image_signature(scores=True)
+    _image_steps(root, name, TF_IMAGE.name, "scores", IMAGE_CLASSES, options, signature)
 
 
 TF_IMAGE_E2E = TFPipeline(
     name="tf-image-e2e",
     description="JPEG bytes -> decode, resize 73, crop 64, NHWC -> tf-image -> scores, top-5",
     task="image classification",
-    inputs=tf_image_signature()[0],
-    outputs=tf_image_signature()[1],
+    inputs=image_signature(scores=True)[0],
+    outputs=image_signature(scores=True)[1],
     parts=("tf-image-e2e-image", TF_IMAGE.name, "tf-image-e2e-topk"),
     builder=lambda root: tf_image_pipeline(root, "tf-image-e2e"),
 )
