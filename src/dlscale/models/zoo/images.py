@@ -133,3 +133,20 @@ def labelled_images(
     """`batch` images of classes drawn uniformly, and their INT64 labels."""
     labels = rng.integers(0, IMAGE_CLASSES, size=batch)
     return class_images(labels, rng, size), labels.astype(np.int64)
+
+
+#: The photo-shaped (4:3) images the 64x64 classifiers' heads are fitted on (smallcnn's and
+#: tf-image's): a 375x500 photo resized to a shorter side of 64 is 64x85, and its centre crop is
+#: the input. So many images of each class.
+CROP_SIDE, CROP_WIDTH, CROPS_PER_CLASS = 64, 85, 4
+
+
+def centre_crops(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """FP32 [N, 3, 64, 64] ImageNet-normalized centre crops of photo-shaped images,
+    CROPS_PER_CLASS of each class, drawn from `seed`; and their INT64 labels."""
+    rng = np.random.default_rng(seed)
+    labels = np.tile(np.arange(IMAGE_CLASSES), CROPS_PER_CLASS)
+    left = (CROP_WIDTH - CROP_SIDE) // 2
+    images = class_intensities(labels, rng, (CROP_SIDE, CROP_WIDTH))[..., left : left + CROP_SIDE]
+    normalized: np.ndarray = (images - IMAGENET_MEAN) / IMAGENET_STD
+    return normalized, labels

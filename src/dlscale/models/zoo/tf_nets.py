@@ -11,11 +11,8 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.tensorflow.imports import keras
-from dlscale.models.zoo.images import IMAGE_CLASSES, IMAGENET_MEAN, IMAGENET_STD, class_intensities
+from dlscale.models.zoo.images import CROP_SIDE, IMAGE_CLASSES, centre_crops
 
-#: tf-image's input side and the photo-shaped (4:3) images its head is fitted on, as smallcnn's
-#: (a 375x500 photo resized to a shorter side of 64 is 64x85; its centre crop is the input).
-SIDE, FIT_WIDTH, FIT_PER_CLASS = 64, 85, 4
 #: The ridge fit of the head (as resnet.fit_head: one-hot targets scaled to this logit).
 RIDGE, TARGET_LOGIT = 1e-2, 20.0
 #: tf-text's vocabulary, sequence length, embedding width and classes.
@@ -26,7 +23,7 @@ def image_classifier(seed: int) -> Any:
     """NHWC FP32 [64, 64, 3] "input" -> three strided 3x3 convolutions (16, 32, 64, ReLU) ->
     global average -> 32 "scores"; seeded body, head fitted to the synthetic classes."""
     keras.utils.set_random_seed(seed)
-    pixels = keras.Input((SIDE, SIDE, 3), name="input")
+    pixels = keras.Input((CROP_SIDE, CROP_SIDE, 3), name="input")
     x = pixels
     for width in (16, 32, 64):
         x = keras.layers.Conv2D(width, 3, strides=2, padding="same", activation="relu")(x)
@@ -34,20 +31,11 @@ def image_classifier(seed: int) -> Any:
     scores = keras.layers.Dense(IMAGE_CLASSES, name="scores")(features)
     model = keras.Model(pixels, scores, name="tf_image")
     body = keras.Model(pixels, features)
-    images, labels = _fit_images(seed)
+    images, labels = centre_crops(seed)  # NCHW, as smallcnn's head is fitted on
+    images = np.ascontiguousarray(images.transpose(0, 2, 3, 1))
     head = model.get_layer("scores")
     head.set_weights(_ridge(np.asarray(body(images, training=False)), labels))
     return model
-
-
-def _fit_images(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Centre crops of photo-shaped synthetic images, ImageNet-normalized, NHWC."""
-    rng = np.random.default_rng(seed)
-    labels = np.tile(np.arange(IMAGE_CLASSES), FIT_PER_CLASS)
-    left = (FIT_WIDTH - SIDE) // 2
-    images = class_intensities(labels, rng, (SIDE, FIT_WIDTH))[..., left : left + SIDE]
-    normalized = (images - IMAGENET_MEAN) / IMAGENET_STD
-    return np.ascontiguousarray(normalized.transpose(0, 2, 3, 1), np.float32), labels
 
 
 def _ridge(features: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:

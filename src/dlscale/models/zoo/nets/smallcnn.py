@@ -7,17 +7,10 @@ batching, hand-overs, labels) rather than two CPU cores' convolutions (docs/zoo.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from dlscale.models.zoo.nets.common import Metadata, deterministic
-
-#: The input side, and the size of the photo-shaped (4:3) images its head is fitted on: a
-#: 375x500 photo resized to a shorter side of 64 is 64x85, and its centre crop is the input.
-SIDE, FIT_WIDTH = 64, 85
-#: Images per class the head is fitted on.
-FIT_PER_CLASS = 4
 
 
 class SmallCNN(nn.Module):
@@ -37,22 +30,13 @@ class SmallCNN(nn.Module):
 
 def make(seed: int) -> tuple[nn.Module, Metadata]:
     """The CNN: seeded convolutions, the head fitted to the synthetic classes' centre crops."""
-    from dlscale.models.zoo.images import (
-        IMAGE_CLASSES,
-        IMAGENET_MEAN,
-        IMAGENET_STD,
-        class_intensities,
-    )
+    from dlscale.models.zoo.images import IMAGE_CLASSES, centre_crops
     from dlscale.models.zoo.nets.resnet import fit_head
 
-    rng = np.random.default_rng(seed)
-    labels = np.tile(np.arange(IMAGE_CLASSES), FIT_PER_CLASS)
-    left = (FIT_WIDTH - SIDE) // 2
-    images = class_intensities(labels, rng, (SIDE, FIT_WIDTH))[..., left : left + SIDE]
-    images = ((images - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32)
+    images, labels = centre_crops(seed)
     with deterministic(seed):
         model = SmallCNN(IMAGE_CLASSES).eval()
         with torch.no_grad():
-            features = model.body(torch.from_numpy(np.ascontiguousarray(images)))
+            features = model.body(torch.from_numpy(images))
         fit_head(model.fc, features, torch.from_numpy(labels), IMAGE_CLASSES)
     return model, {}
