@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlscale.backends.confined import read_confined
 from dlscale.errors import InvalidInput
-from dlscale.models.confined import read_confined
 from dlscale.types import RequestedOutput
 from dlscale.wire.classification import MAX_ELEMENTS, MAX_LABEL_BYTES, parse_labels, top_classes
 

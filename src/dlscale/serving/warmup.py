@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from dlscale.backends import Backend
+from dlscale.backends.confined import read_confined
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, WarmupConfig
-from dlscale.models.confined import read_confined
 from dlscale.models.repository import ModelVersion
 from dlscale.models.samples import concrete_shape, random_tensor, zero_inputs
 from dlscale.models.signature import reconcile
