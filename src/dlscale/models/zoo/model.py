@@ -72,7 +72,7 @@ class ZooModel:
         The weights do not depend on `seq_len`; BERT's module takes any length it allows.
         """
         self._check_seq_len(seq_len)
-        return self._make()[0]
+        return self.factory_module(WEIGHT_SEED)[0]
 
     def build(self, root: Path, seq_len: int = 128) -> Path:
         """Write `root/<name>/` (config.toml, 1/model.onnx, calibration and validation sets),
@@ -84,9 +84,6 @@ class ZooModel:
         if self.seq_lens is not None and not self.seq_lens[0] <= seq_len <= self.seq_lens[1]:
             low, high = self.seq_lens
             raise ConfigError(f"{self.name}: seq_len must be in [{low}, {high}], got {seq_len}")
-
-    def _make(self) -> tuple[nn.Module, dict[str, MetadataValue]]:
-        return self.factory_module(WEIGHT_SEED)
 
     def factory_module(self, seed: int) -> tuple[nn.Module, dict[str, MetadataValue]]:
         """(module, metadata) from the model's factory with weights from `seed`."""
@@ -108,7 +105,7 @@ class ZooModel:
     def _write(self, version: Path, seq_len: int) -> dict[str, Any]:
         from dlscale.models.zoo.export import add_metadata, export_onnx, save_npz, save_onnx
 
-        module, extra = self._make()
+        module, extra = self.factory_module(WEIGHT_SEED)
         metadata: dict[str, MetadataValue] = {
             "zoo": "true",
             "task": self.task,
