@@ -34,9 +34,7 @@ def region_of(role: str, name: str, params: Mapping[str, Any]) -> RegionRef | No
         if REGION_BYTE_SIZE not in params and REGION_OFFSET not in params:
             return None  # the common case, without the list below
         stray = [k for k in (REGION_BYTE_SIZE, REGION_OFFSET) if k in params]
-        if stray:
-            raise InvalidInput(f"{role} {name!r} gives {stray} without {REGION!r}")
-        return None
+        raise InvalidInput(f"{role} {name!r} gives {stray} without {REGION!r}")
     if not isinstance(region, str) or not region:
         raise InvalidInput(f"{role} {name!r}: {REGION!r} must be a region name, got {region!r}")
     if REGION_BYTE_SIZE not in params:
