@@ -78,19 +78,16 @@ def zoo_list(args: argparse.Namespace) -> int:
         shown = f"{size.bytes / 2**20:,.1f} MiB" if size else "not built"
         inputs, outputs = _tensors(list(net.inputs)), _tensors(list(net.outputs))
         table.add_row(net.name, f"{net.task} (tensorflow)", inputs, outputs, shown)
+    text_in, text_out = _tensors(list(INPUTS)), _tensors(list(OUTPUTS))
     for decoder in DECODERS.values():  # their parameters come from their shape
-        folder = args.dir / decoder.name
-        built = (folder / "config.toml").is_file()
-        files = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if built else 0
-        shown = Size(decoder.parameters(), files).show() if built else "not built"
-        inputs, outputs = _tensors(list(INPUTS)), _tensors(list(OUTPUTS))
-        table.add_row(decoder.name, "text generation", inputs, outputs, shown)
+        size = folder_size(args.dir / decoder.name)
+        shown = Size(decoder.parameters(), size.bytes).show() if size else "not built"
+        table.add_row(decoder.name, "text generation", text_in, text_out, shown)
     for adapter in ADAPTERS.values():  # served on their base: its tensors
-        built = (args.dir / adapter.name / "config.toml").is_file()
-        files = folder_size(args.dir / adapter.name) if built else None
-        shown = f"{files.bytes / 2**10:,.0f} KiB" if files else "not built"
+        size = folder_size(args.dir / adapter.name)
+        shown = f"{size.bytes / 2**10:,.0f} KiB" if size else "not built"
         task = f"LoRA adapter of {adapter.base.name}"
-        table.add_row(adapter.name, task, _tensors(list(INPUTS)), _tensors(list(OUTPUTS)), shown)
+        table.add_row(adapter.name, task, text_in, text_out, shown)
     console = Console()
     if not console.is_terminal:  # piped or logged: one line per model rather than a squeeze
         console = Console(width=WIDE)
