@@ -16,7 +16,7 @@ from dlscale.models.zoo.e2e_text import text_pipeline, text_signature
 from dlscale.models.zoo.images import IMAGE_CLASSES, IMAGENET_MEAN, IMAGENET_STD
 from dlscale.models.zoo.model import ZooModel
 from dlscale.models.zoo.samples import imagenet_like
-from dlscale.models.zoo.steps import write_pipeline, write_step
+from dlscale.models.zoo.steps import write_pipeline, write_step, write_topk
 from dlscale.models.zoo.tf_zoo import TF_IMAGE
 from dlscale.types import Datatype, TensorSpec
 
@@ -104,17 +104,7 @@ def _image_steps(
     on_device = {} if device == "cpu" else {"device_output": True}
     options = {**options, **normalize, **on_device}
     write_step(root, f"{name}-image", "image", E2E_BATCH, options, device=device)
-    labels = "\n".join(synthetic_labels(classes)) + "\n"
-    scores = TensorSpec("scores", Datatype.FP32, (classes,))
-    write_step(
-        root,
-        f"{name}-topk",
-        "topk",
-        E2E_BATCH,
-        {"k": TOP_K},
-        {"labels.txt": labels.encode()},
-        ([scores], [TensorSpec("labels", Datatype.BYTES, (TOP_K,))]),
-    )
+    write_topk(root, f"{name}-topk", E2E_BATCH, TOP_K, synthetic_labels(classes))
     model = classifier if device == "cpu" else f"{name}-classifier"
     write_pipeline(
         root,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dlscale.models.zoo.model import WEIGHT_SEED
-from dlscale.models.zoo.steps import write_pipeline, write_step
+from dlscale.models.zoo.steps import write_pipeline, write_step, write_topk
 from dlscale.models.zoo.text import CLASSES, sentences, train_tokenizer
 from dlscale.types import Datatype, TensorSpec
 
@@ -82,18 +82,7 @@ def text_pipeline(root: Path, name: str, cfg: BertConfig | None = None) -> None:
         {"model.onnx": proto.SerializeToString()},
         (token_specs, [logits]),
     )
-    write_step(
-        root,
-        f"{name}-topk",
-        "topk",
-        TEXT_BATCH,
-        {"k": 1},
-        {"labels.txt": ("\n".join(CLASSES) + "\n").encode()},
-        (
-            [TensorSpec("scores", Datatype.FP32, (len(CLASSES),))],
-            [TensorSpec("labels", Datatype.BYTES, (1,))],
-        ),
-    )
+    write_topk(root, f"{name}-topk", TEXT_BATCH, 1, CLASSES)
     tokens_map = {k: k for k in tokens}
     write_pipeline(
         root,

@@ -7,14 +7,14 @@ config.toml names them in [[steps]] (docs/processing.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
 from dlscale.backends import MODEL_FILES
-from dlscale.types import TensorSpec
+from dlscale.types import Datatype, TensorSpec
 
 #: What every step waits for company at most: the batcher sends at once when requests arrive
 #: further apart than this (its adaptive delay), so a lone request is not held.
@@ -90,3 +90,13 @@ def write_pipeline(
     }
     (folder / "config.toml").write_text(tomli_w.dumps(config))
     return folder
+
+
+def write_topk(root: Path, name: str, max_batch_size: int, k: int, labels: Sequence[str]) -> Path:
+    """REPO/<name>: the top-k step over one score per label (its labels.txt), answering the
+    `k` best as "score:index:label"."""
+    scores = TensorSpec("scores", Datatype.FP32, (len(labels),))
+    best = TensorSpec("labels", Datatype.BYTES, (k,))
+    text = "\n".join(labels) + "\n"
+    files = {"labels.txt": text.encode()}
+    return write_step(root, name, "topk", max_batch_size, {"k": k}, files, ([scores], [best]))
