@@ -25,11 +25,7 @@ __all__ = [
     "PIPELINES",
     "TF_MODELS",
     "ZOO",
-    "DecoderModel",
-    "TFZooModel",
-    "ZooAdapter",
     "ZooModel",
-    "ZooPipeline",
     "build_zoo",
     "get",
 ]
