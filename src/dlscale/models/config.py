@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -32,6 +33,18 @@ from dlscale.models.config_sections import (
 from dlscale.types import Datatype, TensorSpec
 
 
+def inside_the_folder(value: str) -> str:
+    """A relative path that cannot leave the model's folder (no root, no '..', no NUL)."""
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or "\0" in value:
+        raise ValueError(f"{value!r} must be a path inside the model's folder")
+    return value
+
+
+#: A path config.toml gives to a file of the model's folder.
+FolderPath = Annotated[str, AfterValidator(inside_the_folder)]
+
+
 class _Strict(BaseModel):
     model_config = STRICT
 
@@ -44,12 +57,7 @@ class TensorConfig(_Strict):
     shape: list[Annotated[int, Field(ge=-1)]]
     #: Outputs only: a text file in the model's folder, one class label per line (the
     #: classification extension answers "score:index:label" with it).
-    label_file: str = ""
-
-    @field_validator("label_file")
-    @classmethod
-    def _label_inside_the_folder(cls, value: str) -> str:
-        return inside_the_folder(value)
+    label_file: FolderPath = ""
 
 
 class WarmupConfig(_Strict):
@@ -142,7 +150,7 @@ class ModelConfig(_Strict):
     platform: str = ""
     #: The model file's name in each version folder (default: the backend's usual names), or
     #: its path in the model's folder when there are no version folders (MLServer's layout).
-    model_file: str = ""
+    model_file: FolderPath = ""
     max_batch_size: NonNegative = 0
     inputs: list[TensorConfig] | None = None
     outputs: list[TensorConfig] | None = None
@@ -172,11 +180,6 @@ class ModelConfig(_Strict):
         if value not in RUNTIMES:
             raise ValueError(f"unknown backend {value!r}: expected one of {sorted(RUNTIMES)}")
         return value
-
-    @field_validator("model_file")
-    @classmethod
-    def _inside_the_folder(cls, value: str) -> str:
-        return inside_the_folder(value)
 
     @model_validator(mode="after")
     def _batching_fits(self) -> ModelConfig:
@@ -282,14 +285,6 @@ def newest_file(folder: Path, file_name: str) -> Path | None:
     )
     found = (folder / str(v) / file_name for v in versions)
     return next((f for f in found if f.is_file()), None)
-
-
-def inside_the_folder(value: str) -> str:
-    """A relative path that cannot leave the model's folder (no root, no '..', no NUL)."""
-    path = PurePosixPath(value)
-    if path.is_absolute() or ".." in path.parts or "\0" in value:
-        raise ValueError(f"{value!r} must be a path inside the model's folder")
-    return value
 
 
 #: Triton's and MLServer's names for config.toml's fields, for the hint when one is used here.
