@@ -357,12 +357,17 @@ def load_config(path: Path, expected_name: str | None = None) -> ModelConfig:
     if expected_name is not None:
         data.setdefault("name", expected_name)
     config = parse_config(data, path)
-    if expected_name is not None and config.name != expected_name:
-        raise ConfigError(
-            f"{path}: field 'name': expected the folder's name {expected_name!r}, "
-            f"got {config.name!r}"
-        )
+    if expected_name is not None:
+        check_name(path, expected_name, config.name)
     return config
+
+
+def check_name(source: Path | str, expected_name: str, name: object) -> None:
+    """A config names its folder's model (config.toml, config.pbtxt or model-settings.json)."""
+    if name != expected_name:
+        raise ConfigError(
+            f"{source}: field 'name': expected the folder's name {expected_name!r}, got {name!r}"
+        )
 
 
 def write_config(config: ModelConfig, path: Path) -> None:

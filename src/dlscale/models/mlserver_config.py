@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dlscale.errors import ConfigError
-from dlscale.models.config import ModelConfig, parse_config
+from dlscale.models.config import ModelConfig, check_name, parse_config
 
 #: The model file's suffix, and the backend that runs it.
 SUFFIXES = {".onnx": "onnxruntime", ".pt": "torch", ".pt2": "torch"}
@@ -25,11 +25,7 @@ def load_settings(path: Path, expected_name: str) -> tuple[ModelConfig, tuple[st
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a JSON object of model settings")
-    name = doc.get("name", expected_name)
-    if name != expected_name:
-        raise ConfigError(
-            f"{path}: field 'name': expected the folder's name {expected_name!r}, got {name!r}"
-        )
+    check_name(path, expected_name, doc.get("name", expected_name))
     params = _object(doc.get("parameters"), "parameters", path)
     extra = _object(params.get("extra"), "parameters.extra", path)
     model_file = _model_file(params.get("uri"), path)

@@ -18,7 +18,7 @@ from dlscale.backends import RUNTIMES
 from dlscale.backends.python.autocomplete import CLASS, METHOD, auto_complete
 from dlscale.backends.python.source import defines_method
 from dlscale.errors import ConfigError
-from dlscale.models.config import ModelConfig, newest_file, parse_config
+from dlscale.models.config import ModelConfig, check_name, newest_file, parse_config
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 #: Digits a count in a config parameter may have (thread counts; the host bounds the value).
@@ -110,11 +110,8 @@ def convert(
     message: Any, expected_name: str, source: Path | str
 ) -> tuple[ModelConfig, tuple[str, ...]]:
     """dlscale's config for a ModelConfig message, and the fields set that it does not act on."""
-    if message.name and message.name != expected_name:
-        raise ConfigError(
-            f"{source}: field 'name': expected the folder's name {expected_name!r}, "
-            f"got {message.name!r}"
-        )
+    if message.name:
+        check_name(source, expected_name, message.name)
     data: dict[str, Any] = {"name": expected_name, "max_batch_size": message.max_batch_size}
     if message.platform == "ensemble":
         data["steps"] = [_step(s) for s in message.ensemble_scheduling.step]
