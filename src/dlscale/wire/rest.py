@@ -31,18 +31,13 @@ from dlscale.types import (
 from dlscale.wire.bounds import MAX_ELEMENTS, check_id, check_shape
 from dlscale.wire.regions import REGION, REGION_KEYS, region_of, region_parameters
 from dlscale.wire.rest_json import (
-    ANY_JSON as ANY_JSON,
-)
-from dlscale.wire.rest_json import (
     REQUEST_DOC,
     RESPONSE_DOC,
     AnswerTensorDoc,
     OutputDoc,
     ParameterValue,
     TensorDoc,
-)
-from dlscale.wire.rest_json import (
-    decode_json as decode_json,
+    decode_json,
 )
 from dlscale.wire.tensors import (
     Buffer,

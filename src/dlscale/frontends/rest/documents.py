@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlscale.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from dlscale.wire.rest import ANY_JSON, decode_json
+from dlscale.wire.rest_json import ANY_JSON, decode_json
 from dlscale.wire.tensors import Buffer
 
 HEADER_LENGTH = "inference-header-content-length"

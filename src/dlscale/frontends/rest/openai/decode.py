@@ -26,7 +26,7 @@ from dlscale.frontends.rest.openai.tools import ToolUse, response_guide, tool_us
 from dlscale.sampling import MAX_TOKENS_DEFAULT, Guide, Sampling
 from dlscale.types import InferenceRequest, Parameters
 from dlscale.wire.generative import MAX_MESSAGES, TEXT_INPUT
-from dlscale.wire.rest import ANY_JSON, decode_json
+from dlscale.wire.rest_json import ANY_JSON, decode_json
 from dlscale.wire.tensors import Buffer
 
 #: A prompt, or the text of all chat messages together, in UTF-8 bytes: the engine holds it
