@@ -64,11 +64,6 @@ def synthetic_labels(count: int) -> list[str]:
     return [f"pattern-{i:02d}" if i < IMAGE_CLASSES else f"unused-{i:04d}" for i in range(count)]
 
 
-def _ensure(model: ZooModel, root: Path) -> None:
-    if not (root / model.name / "1" / "model.onnx").is_file():
-        model.build(root)
-
-
 def image_pipeline(
     root: Path, name: str, classifier: ZooModel, resize: int, crop: int, device: str = "cpu"
 ) -> None:
@@ -77,10 +72,10 @@ def image_pipeline(
     On a CUDA `device` the image step decodes with nvJPEG and hands its pixels on in device
     memory to `name`-classifier, the classifier on the torch backend on the same device.
     """
-    if device == "cpu":
-        _ensure(classifier, root)
-    else:
+    if device != "cpu":
         _torch_classifier(root, f"{name}-classifier", classifier, device)
+    elif not (root / classifier.name / "1" / "model.onnx").is_file():
+        classifier.build(root)  # a classifier already built is reused
     classes = classifier.outputs()[0].shape[0]
     options: dict[str, object] = {"resize": resize, "crop": crop}
     _image_steps(root, name, classifier.name, "output", classes, options, image_signature(), device)
