@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelRepository
@@ -17,12 +18,8 @@ def zoo_build(args: argparse.Namespace) -> int:
 
     names = [n for n in args.models.split(",") if n] or None
     # Flushed at once: piped to a log, each model must show when it starts and ends.
-    build_zoo(args.dir, names, seq_len=args.seq_len, progress=_say)
+    build_zoo(args.dir, names, seq_len=args.seq_len, progress=partial(print, flush=True))
     return 0
-
-
-def _say(message: str) -> None:
-    print(message, flush=True)
 
 
 #: What `models check` without --load checks, and what it leaves to --load (said after the list).
