@@ -117,8 +117,8 @@ def convert(
         data["steps"] = [_step(s) for s in message.ensemble_scheduling.step]
     else:
         data["backend"] = _backend(message, source)
-    if message.platform and message.platform != "ensemble":
-        data["platform"] = message.platform
+        if message.platform:
+            data["platform"] = message.platform
     if message.default_model_filename:
         data["model_file"] = message.default_model_filename
     if message.input:
