@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 from tests.toolkit.cli import run_cli
+from tokenizers import Tokenizer
 
 from dlscale.models.zoo.e2e import SMALLCNN, image_pipeline
 from dlscale.models.zoo.jpegs import synthetic_jpegs, synthetic_pixels
+from dlscale.models.zoo.text import SPECIAL_TOKENS, train_tokenizer
 
 
 def test_synthetic_jpegs_are_photos_of_the_synthetic_classes() -> None:
@@ -46,3 +48,17 @@ def test_zoo_images_writes_the_set(tmp_path: Path) -> None:
     files = sorted((tmp_path / "jpegs").iterdir())
     assert [f.name for f in files] == ["00000.jpg", "00001.jpg"]
     assert [f.read_bytes() for f in files] == synthetic_jpegs(2)
+
+
+def test_the_text_tokenizer_is_the_same_on_every_build() -> None:
+    # tokenizers' WordPiece trainer learnt another vocabulary on nearly every build (its
+    # issue #1794): bert-e2e's tokenizer.json and classifier changed from build to build.
+    built = {train_tokenizer(16) for _ in range(4)}
+    assert len(built) == 1
+    tokenizer = Tokenizer.from_str(built.pop())
+    # The "##x" pieces named to fix their numbering stay ordinary pieces, not special tokens.
+    specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+    assert specials == list(SPECIAL_TOKENS)
+    encoded = tokenizer.encode("networks ##e")  # '#' is in no sentence: unknown
+    assert encoded.tokens[:6] == ["[CLS]", "network", "##s", "[UNK]", "[UNK]", "e"]
+    assert tokenizer.decode(encoded.ids) == "networks e"

@@ -75,18 +75,31 @@ def _pick(rng: np.random.Generator, words: tuple[str, ...]) -> str:
 
 def train_tokenizer(max_length: int) -> str:
     """A BERT-style WordPiece tokenizer (lower-casing, [CLS] text [SEP]) trained on the corpus,
-    as tokenizer.json text; padding to `max_length` is the tokenizer step's."""
+    as tokenizer.json text, the same on every build; padding to `max_length` is the tokenizer
+    step's."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers.trainers import WordPieceTrainer
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece()
+    def bert_style(model: models.Model) -> Tokenizer:
+        tokenizer = Tokenizer(model)
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        return tokenizer
+
+    texts = sentences(CORPUS_SIZE)[0]
+    # The trainer numbers the "##x" pieces in a hash map's order, which changes from run to run,
+    # and breaks ties between merges by those numbers: each build learnt another vocabulary
+    # (tokenizers issue #1794). Named first, as specials, they are numbered in this order; the
+    # tokenizer is then made again from the learnt vocabulary, with only the real specials.
+    pieces = [f"##{c}" for c in sorted(set("".join(texts).lower()) - {" "})]
     trainer = WordPieceTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+        vocab_size=VOCAB_SIZE, special_tokens=[*SPECIAL_TOKENS, *pieces], show_progress=False
     )
-    tokenizer.train_from_iterator(sentences(CORPUS_SIZE)[0], trainer=trainer)
+    learnt = bert_style(models.WordPiece(unk_token="[UNK]"))
+    learnt.train_from_iterator(texts, trainer=trainer)
+    tokenizer = bert_style(models.WordPiece(learnt.get_vocab(), unk_token="[UNK]"))
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
