@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
 
 from dlscale.bench.generative.endpoints import Endpoint
 from dlscale.bench.generative.load import MAX_IN_FLIGHT
@@ -15,6 +13,7 @@ from dlscale.bench.generative.prompts import Lengths
 from dlscale.bench.generative.report import print_summary
 from dlscale.bench.generative.runner import run_generative
 from dlscale.bench.generative.statistics import Slo
+from dlscale.bench.progress import Steps
 from dlscale.bench.results import out_dir
 from dlscale.bench.scenarios import Scenario, parse_duration
 from dlscale.bench.sweep import parse_concurrency
@@ -25,8 +24,7 @@ def bench_generative(args: argparse.Namespace) -> int:
     """Run the generative bench the flags describe and print its summary."""
     options = generative_options(args)
     out = out_dir(args.out, f"{options.model.strip('/').replace('/', '_')}-generative")
-    say = _stderr if args.progress else _quiet
-    print_summary(run_generative(options, out, say))
+    print_summary(run_generative(options, out, Steps(args.progress)))
     return 0
 
 
@@ -88,15 +86,3 @@ def _scenarios(text: str | None) -> tuple[Scenario, ...]:
     if any(s not in TOKEN_SCENARIOS for s in chosen):
         raise BenchError(f"--scenario {text}: a generative bench runs server or offline")
     return chosen
-
-
-_START = time.monotonic()
-
-
-def _stderr(line: str) -> None:
-    """Each step as it begins, with the seconds since the command started (as the bench does)."""
-    print(f"[{time.monotonic() - _START:6.1f} s] {line}", file=sys.stderr, flush=True)
-
-
-def _quiet(line: str) -> None:
-    """--no-progress: nothing on stderr."""
