@@ -69,16 +69,12 @@ class StreamRecord:
         return self.done_ns - self.sent_ns if self.ok and self.done_ns else None
 
     @property
-    def last_token_ns(self) -> int | None:
-        return self.chunks[-1].at_ns - self.sent_ns if self.chunks else None
-
-    @property
     def tpot_ns(self) -> float | None:
-        """(last token - TTFT) / (tokens - 1); None for a one-token answer."""
-        ttft, last = self.ttft_ns, self.last_token_ns
-        if not self.ok or ttft is None or last is None or self.tokens < 2:
+        """(last token - TTFT) / (tokens - 1), the first text chunk to the last over the tokens
+        after the first; None for a one-token answer."""
+        if not self.ok or self.tokens < 2:
             return None
-        return (last - ttft) / (self.tokens - 1)
+        return (self.chunks[-1].at_ns - self.chunks[0].at_ns) / (self.tokens - 1)
 
     @property
     def itl_ns(self) -> list[int]:
