@@ -7,6 +7,7 @@ from the first request sent to the last stream's end (aiperf's benchmark duratio
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,9 +67,6 @@ def summarize_run(records: Sequence[StreamRecord], slo: Slo | None = None) -> Ru
     span = _span_s(records)
     tokens = sum(r.tokens for r in ok)
     met = sum(r.meets(slo.ttft_s, slo.tpot_s) for r in ok) if slo else None
-    sources: dict[str, int] = {}
-    for r in ok:
-        sources[r.token_source or "chunks"] = sources.get(r.token_source or "chunks", 0) + 1
     return RunStats(
         requests=len(records),
         succeeded=len(ok),
@@ -84,7 +82,7 @@ def summarize_run(records: Sequence[StreamRecord], slo: Slo | None = None) -> Ru
         requests_per_s=len(ok) / span if span > 0 and ok else None,
         goodput_per_s=(met / span if span > 0 else None) if met is not None else None,
         slo_met=met,
-        token_sources=sources,
+        token_sources=dict(Counter(r.token_source or "chunks" for r in ok)),
         first_errors=[r.error for r in records if r.error][:5],
     )
 
