@@ -58,9 +58,5 @@ def markdown_table(
 ) -> list[str]:
     """The same table in Markdown: the `left` columns aligned left, the figures right."""
     rule = ["---" if header in left else "---:" for header in headers]
-    return [markdown_row(headers), "|" + "|".join(rule) + "|", *map(markdown_row, rows)]
-
-
-def markdown_row(cells: Iterable[Any]) -> str:
-    """One row of a Markdown table."""
-    return "| " + " | ".join(str(c) for c in cells) + " |"
+    head, *body = ["| " + " | ".join(map(str, cells)) + " |" for cells in (headers, *rows)]
+    return [head, "|" + "|".join(rule) + "|", *body]

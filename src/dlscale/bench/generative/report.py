@@ -11,7 +11,7 @@ from dlscale.bench import environment, sweep
 from dlscale.bench.generative import plots
 from dlscale.bench.generative.options import GenerativeOptions
 from dlscale.bench.generative.records import StreamRecord
-from dlscale.bench.render import fmt_ms, fmt_rate, markdown_row, rich_table
+from dlscale.bench.render import fmt_ms, fmt_rate, markdown_table, rich_table
 from dlscale.bench.report import make_console, write_json
 
 
@@ -147,11 +147,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     if report["points"]:
-        lines += [markdown_row(COLUMNS), markdown_row(["---"] * len(COLUMNS))]
-        lines += [markdown_row(point_cells(p)) for p in report["points"]]
+        lines += markdown_table(COLUMNS, map(point_cells, report["points"]), COLUMNS)
     if report["loadgen"]:
-        lines += ["", markdown_row(LOADGEN_COLUMNS), markdown_row(["---"] * len(LOADGEN_COLUMNS))]
-        lines += [markdown_row(loadgen_cells(s)) for s in report["loadgen"]]
+        cells = map(loadgen_cells, report["loadgen"])
+        lines += ["", *markdown_table(LOADGEN_COLUMNS, cells, LOADGEN_COLUMNS)]
         lines += [f"- {s['scenario']}: {r}" for s in report["loadgen"] for r in s["reasons"]]
     for key, path in report["files"].items():
         if key.endswith("_png") and path:
