@@ -19,17 +19,6 @@ from dlscale.bench.loadgen import Recorder
 WINDOW = 20_000
 
 
-def format_line(label: str, rec: Recorder, elapsed_s: float, rate: float) -> str:
-    """One status line."""
-    recent = rec.latencies_ns[-WINDOW:]
-    p99 = f"{np.percentile(recent, 99) / 1e6:.2f} ms" if recent else "-"
-    errors = f"  errors {rec.errors}" if rec.errors else ""
-    return (
-        f"{label}  {elapsed_s:6.1f}s  issued {rec.issued}  completed {rec.completed}  "
-        f"{rate:,.0f}/s  p99 {p99}{errors}"
-    )
-
-
 class Progress:
     """Reports a run while it lasts (a context manager): live on a terminal, else periodic."""
 
@@ -64,11 +53,16 @@ class Progress:
 
     def tick(self) -> None:
         """Report once: rewrite the live line, or write a whole line."""
-        now = time.perf_counter()
-        done = self.rec.completed
-        rate = (done - self._last_done) / max(now - self._last_t, 1e-9)
-        self._last_t, self._last_done = now, done
-        line = format_line(self.label, self.rec, now - self._start, rate)
+        now, rec = time.perf_counter(), self.rec
+        rate = (rec.completed - self._last_done) / max(now - self._last_t, 1e-9)
+        self._last_t, self._last_done = now, rec.completed
+        recent = rec.latencies_ns[-WINDOW:]
+        p99 = f"{np.percentile(recent, 99) / 1e6:.2f} ms" if recent else "-"
+        errors = f"  errors {rec.errors}" if rec.errors else ""
+        line = (
+            f"{self.label}  {now - self._start:6.1f}s  issued {rec.issued}  completed "
+            f"{rec.completed}  {rate:,.0f}/s  p99 {p99}{errors}"
+        )
         self.stream.write("\r\x1b[2K" + line if self.live else line + "\n")
         self.stream.flush()
 
