@@ -17,6 +17,9 @@ from dlscale.bench import fleet_load, steps, sweep
 from dlscale.bench.render import fmt_ms, fmt_rate, markdown_table, pyplot, rich_table, save
 from dlscale.bench.results import RunResult
 
+#: The latency percentiles of the summary table.
+SHOWN = ("p50", "p90", "p99", "p99.9")
+
 
 def write_json(report: dict[str, Any], path: Path) -> Path:
     """The whole report as JSON."""
@@ -32,7 +35,6 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         if res is None:
             out.append({"scenario": entry["scenario"], "target": "-", "verdict": "INVALID"})
             continue
-        lat = res["latency_s"]
         acc = res.get("accuracy")
         out.append(
             {
@@ -41,10 +43,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "verdict": res["verdict"],
                 "qps": res["settings"].get("target_qps"),
                 "throughput": res["throughput_samples_per_s"],
-                "p50": lat.get("p50"),
-                "p90": lat.get("p90"),
-                "p99": lat.get("p99"),
-                "p99.9": lat.get("p99.9"),
+                **{p: res["latency_s"].get(p) for p in SHOWN},
                 "errors": res["errors"]["count"],
                 "accuracy": None if acc is None else acc["fraction"],
                 "reasons": res["reasons"],
@@ -83,8 +82,8 @@ def ceiling_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-HEADERS = ("target", "scenario", "verdict", "offered/s", "samples/s", "p50 ms", "p90 ms",
-           "p99 ms", "p99.9 ms", "errors", "accuracy")  # fmt: skip
+HEADERS = ("target", "scenario", "verdict", "offered/s", "samples/s",
+           *(f"{p} ms" for p in SHOWN), "errors", "accuracy")  # fmt: skip
 LEFT = ("target", "scenario", "verdict")
 
 
@@ -100,7 +99,7 @@ def _cells(r: dict[str, Any], styled: bool = False) -> list[str]:
         verdict,
         fmt_rate(r.get("qps")),
         _throughput(r),
-        *(fmt_ms(r.get(p)) for p in ("p50", "p90", "p99", "p99.9")),
+        *(fmt_ms(r.get(p)) for p in SHOWN),
         str(r.get("errors", "-")),
         "-" if acc is None else f"{acc:.2%}",
     ]
