@@ -23,7 +23,6 @@ from dlscale.hardware.cpu import cpu_spec
 from dlscale.hardware.detect import detect
 from dlscale.hardware.roofline import batch_roofline, best_batch
 from dlscale.models.flops import count_file
-from dlscale.models.precision import precision_of as precision_of
 
 PACKAGES = (
     "dlscale",

@@ -11,6 +11,7 @@ from dlscale.bench import ceiling, environment, fleet_load, report, steps, sweep
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.results import RunResult, ScenarioResult, sweep_point
 from dlscale.bench.session import BenchOptions, Session, opened
+from dlscale.models.precision import precision_of
 
 
 def bench(url: str | None, options: BenchOptions, out_dir: Path) -> dict[str, Any]:
@@ -146,7 +147,7 @@ def _report(
             if any(s.target.kind != "inprocess" for s in sessions)
             else "in-process"
         ),
-        "precision": environment.precision_of(first.model_file()),
+        "precision": precision_of(first.model_file()),
         "host": environment.host(),
         "packages": environment.packages(),
     }
