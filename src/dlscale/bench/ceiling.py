@@ -12,12 +12,7 @@ any server, so it needs none of the server's code.
 from __future__ import annotations
 
 import contextlib
-import re
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,8 +23,8 @@ import numpy as np
 from dlscale.bench.scenarios import Scenario
 from dlscale.bench.session import BenchOptions, opened
 from dlscale.bench.targets import ModelInfo
+from dlscale.bench.tenants import TenantServer
 from dlscale.errors import BenchError
-from dlscale.native import end_child
 from dlscale.types import Datatype, TensorSpec
 
 #: The calibration run's minimum duration at most (shorter when the bench's runs are).
@@ -38,7 +33,6 @@ CALIBRATION_S = 3.0
 SATURATED_SHARE = 0.8
 #: Seconds the null server may take to start.
 START_TIMEOUT_S = 60.0
-_LISTENING = re.compile(r"(http|grpc) listening on ([\d.]+):(\d+)")
 
 
 @dataclass(frozen=True)
@@ -139,43 +133,12 @@ def null_server(info: ModelInfo, batch: int, client_shm: bool = False) -> Iterat
         (root / info.name / "1").mkdir(parents=True)
         (root / info.name / "1" / "model.null").touch()
         (root / info.name / "config.toml").write_text(null_config(info, batch))
-        mib = max(64, 4 * _request_bytes(info, batch) // 2**20)
-        log = Path(tmp) / "serve.log"
-        command = [
-            sys.executable, "-m", "dlscale", "serve", str(root), "--http-port", "0",
-            "--grpc-port", "0", "--metrics-port", "-1", "--log-level", "INFO",
-            "--max-body-mb", str(mib), "--max-grpc-mb", str(mib),
-        ]  # fmt: skip
-        if client_shm:
-            command.append("--allow-client-shm")
-        with log.open("wb") as sink:
-            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            yield _wait_ready(process, log, info.name)
-        finally:
-            end_child(process, 15)
-
-
-def _wait_ready(process: subprocess.Popen[bytes], log: Path, model: str) -> dict[str, str]:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    ports: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        if process.poll() is not None or f"model {model}: UNAVAILABLE" in text:
-            raise BenchError(f"the null server for the client ceiling failed: {text[-800:]}")
-        ports = {m[1]: f"{m[2]}:{m[3]}" for m in _LISTENING.finditer(text)}
-        if "http" in ports and _ready(f"http://{ports['http']}/v2/models/{model}/ready"):
-            return ports
-        time.sleep(0.1)
-    raise BenchError(f"the null server for the client ceiling was not ready in {START_TIMEOUT_S}s")
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
+        mib = str(max(64, 4 * _request_bytes(info, batch) // 2**20))
+        flags = ["--grpc-port", "0", "--log-level", "INFO", "--max-body-mb", mib,
+                 "--max-grpc-mb", mib, *(["--allow-client-shm"] if client_shm else [])]  # fmt: skip
+        with TenantServer(root, None, Path(tmp) / "serve.log", START_TIMEOUT_S, flags) as server:
+            server.wait_ready(START_TIMEOUT_S)
+            yield server.addresses()
 
 
 def _request_bytes(info: ModelInfo, batch: int) -> int:

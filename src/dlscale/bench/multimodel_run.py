@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +28,12 @@ class RepoServer(TenantServer):
     """`dlscale serve REPO` with flags of the run, its metrics on a port the OS picks."""
 
     def __init__(self, repo: Path, flags: list[str], log: Path) -> None:
-        super().__init__(repo, None, log)
-        self.flags = flags
-
-    def command(self) -> list[str]:
-        line = super().command()
-        line[line.index("--metrics-port") + 1] = "0"
-        return [*line, *self.flags]
+        super().__init__(repo, None, log, flags=["--metrics-port", "0", *flags])
 
     def metrics_url(self) -> str | None:
         """Where its metrics are served, read from its log (None before it says)."""
         found = _METRICS.search(self.log.read_text(errors="replace"))
         return f"http://{found.group(1)}:{found.group(2)}" if found else None
-
-    def wait_ready(self, timeout_s: float = 600) -> None:
-        """Return once the server is ready (its start's models loaded)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if httpx.get(f"{self.url}/v2/health/ready", timeout=10).status_code == 200:
-                return
-            time.sleep(0.5)
-        raise BenchError(f"the server over {self.repo} was not ready in {timeout_s:g} s")
 
     @property
     def pid(self) -> int | None:

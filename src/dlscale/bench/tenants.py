@@ -7,14 +7,18 @@ whose version folders link to the user's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
+
+import httpx
 
 from dlscale.errors import BenchError, DlscaleError
 from dlscale.hardware.detect import HostInfo, MigInstance
@@ -23,8 +27,8 @@ from dlscale.models.config_sections import QosConfig
 from dlscale.models.repository import ModelRepository
 from dlscale.native import end_child
 
-#: What `dlscale serve` logs once its REST frontend listens (server.py).
-_LISTENING = re.compile(r"http listening on ([\w.:-]+):(\d+)")
+#: What `dlscale serve` logs once a frontend listens (server.py).
+_LISTENING = re.compile(r"(http|grpc) listening on ([\w.:-]+):(\d+)")
 
 
 @dataclass(frozen=True)
@@ -86,14 +90,22 @@ class TenantServer:
 
     CUDA enumerates one MIG instance per process, so a tenant on a MIG instance is served by a
     process that sees only that one (CUDA_VISIBLE_DEVICES). The REST port is the OS's choice,
-    read from the server's log.
+    read from the server's log; `flags` go after the command's own (argparse keeps the last).
     """
 
-    def __init__(self, repo: Path, visible: str | None, log: Path, timeout_s: float = 300) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        visible: str | None,
+        log: Path,
+        timeout_s: float = 300,
+        flags: Sequence[str] = (),
+    ) -> None:
         self.repo = repo
         self.visible = visible
         self.log = log
         self.timeout_s = timeout_s
+        self.flags = list(flags)
         self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -101,7 +113,7 @@ class TenantServer:
         """The command line the server runs."""
         return [
             sys.executable, "-m", "dlscale", "serve", str(self.repo),
-            "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
+            "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1", *self.flags,
         ]  # fmt: skip
 
     def environment(self, base: dict[str, str]) -> dict[str, str]:
@@ -111,6 +123,25 @@ class TenantServer:
             env["CUDA_VISIBLE_DEVICES"] = self.visible
         return env
 
+    def addresses(self) -> dict[str, str]:
+        """{protocol: HOST:PORT} of each frontend the server's log says listens."""
+        text = self.log.read_text(errors="replace")
+        return {m[1]: f"{m[2]}:{m[3]}" for m in _LISTENING.finditer(text)}
+
+    def wait_ready(self, timeout_s: float = 600) -> None:
+        """Return once the server is ready (its start's models loaded); BenchError with the end
+        of its log as soon as it exits or a model fails to load."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.log.read_text(errors="replace")
+            if self._process is None or self._process.poll() is not None or ": UNAVAILABLE" in text:
+                raise BenchError(f"the server over {self.repo} failed: {text[-800:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=10).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise BenchError(f"the server over {self.repo} was not ready in {timeout_s:g} s")
+
     def __enter__(self) -> Self:
         with self.log.open("wb") as sink:
             self._process = subprocess.Popen(
@@ -118,15 +149,16 @@ class TenantServer:
             )
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            found = _LISTENING.search(self.log.read_text(errors="replace"))
+            found = self.addresses().get("http")
             if found:
-                self.url = f"http://{found.group(1)}:{found.group(2)}"
+                self.url = f"http://{found}"
                 return self
             if self._process.poll() is not None:
                 break
             time.sleep(0.2)
         self.__exit__()
-        raise BenchError(f"the tenant server for {self.repo} did not start; see {self.log}")
+        tail = self.log.read_text(errors="replace")[-800:]
+        raise BenchError(f"the server over {self.repo} did not start (log {self.log}): {tail}")
 
     def __exit__(self, *exc: object) -> None:
         end_child(self._process, 30)
