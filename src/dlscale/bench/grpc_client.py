@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf.json_format import MessageToDict
 
 from dlscale.errors import BenchError, InvalidInput
@@ -103,13 +102,6 @@ class GrpcClient:
         request = pb.ModelStatisticsRequest(name=model, version=version)
         reply = await self._optional("ModelStatistics", request)
         return None if reply is None else _as_dict(reply)
-
-    async def infer(
-        self, model: str, inputs: dict[str, np.ndarray], version: str = ""
-    ) -> dict[str, np.ndarray]:
-        """Run one request with raw input contents and return every output."""
-        request = InferenceRequest(model, inputs, model_version=version)
-        return (await self.infer_request(request)).outputs
 
     async def infer_request(self, request: InferenceRequest) -> InferenceResponse:
         """Run one request as given (inputs or outputs may be in shared-memory regions)."""

@@ -244,7 +244,8 @@ class RemoteTarget:
         """One request over the wire (its tensors in shared memory when asked)."""
         if self._regions is not None:
             return await self._regions.infer(self.model, inputs, self.version)
-        return await self._client.infer(self.model, inputs, self.version)
+        request = InferenceRequest(self.model, inputs, model_version=self.version)
+        return (await self._client.infer_request(request)).outputs
 
     async def batch_times(self) -> BatchTimes | None:
         """Per-batch-size compute time from the statistics extension, when the server has it."""
