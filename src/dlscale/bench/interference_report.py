@@ -11,7 +11,7 @@ from rich.console import Console
 
 from dlscale.bench import environment
 from dlscale.bench.interference import InterferenceOptions, Phase, Setup
-from dlscale.bench.render import fmt_ms, markdown_table, pyplot, rich_table, save
+from dlscale.bench.render import fmt, fmt_ms, fmt_rate, markdown_table, pyplot, rich_table, save
 from dlscale.bench.report import make_console, write_json
 
 #: The issue's targets with the scheduler on: the protected p99 at most this times its p99
@@ -144,18 +144,15 @@ def write(report: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
-    def num(v: float | None, fmt: str = ",.1f") -> str:
-        return "-" if v is None else format(v, fmt)
-
     meets = row.get("meets_targets")
     return [
         row["condition"],
         fmt_ms(row["protected_p99_s"], 2),
-        num(row.get("p99_ratio"), ".2f"),
-        num(row["protected_throughput"]),
-        num(row["neighbor_rate"]),
-        num(row.get("neighbor_kept"), ".2f"),
-        num(row.get("protected_share"), ".1%"),
+        fmt(row.get("p99_ratio"), ".2f"),
+        fmt_rate(row["protected_throughput"]),
+        fmt_rate(row["neighbor_rate"]),
+        fmt(row.get("neighbor_kept"), ".2f"),
+        fmt(row.get("protected_share"), ".1%"),
         f"{row['within_objective']}/{row['runs']}",
         "-" if meets is None else ("yes" if meets else "no"),
     ]

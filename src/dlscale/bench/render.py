@@ -28,6 +28,11 @@ def save(fig: Any, path: Path, dpi: int = 110) -> Path:
     return path
 
 
+def fmt(value: Any, spec: str = "") -> str:
+    """A figure formatted by `spec` (format's mini-language); "-" for a missing figure."""
+    return "-" if value is None else format(value, spec)
+
+
 def fmt_ms(seconds: float | None, digits: int = 3) -> str:
     """Seconds shown as milliseconds; "-" for a missing figure."""
     return "-" if seconds is None else f"{seconds * 1e3:.{digits}f}"
@@ -35,7 +40,7 @@ def fmt_ms(seconds: float | None, digits: int = 3) -> str:
 
 def fmt_rate(value: float | None, digits: int = 1) -> str:
     """A rate (or any figure) with thousands separators; "-" for a missing figure."""
-    return "-" if value is None else f"{value:,.{digits}f}"
+    return fmt(value, f",.{digits}f")
 
 
 def rich_table(

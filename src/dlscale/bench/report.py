@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale.bench import fleet_load, steps, sweep
-from dlscale.bench.render import fmt_ms, fmt_rate, markdown_table, pyplot, rich_table, save
+from dlscale.bench.render import fmt, fmt_ms, fmt_rate, markdown_table, pyplot, rich_table, save
 from dlscale.bench.results import RunResult
 
 #: The latency percentiles of the summary table.
@@ -101,7 +101,7 @@ def _cells(r: dict[str, Any], styled: bool = False) -> list[str]:
         _throughput(r),
         *(fmt_ms(r.get(p)) for p in SHOWN),
         str(r.get("errors", "-")),
-        "-" if acc is None else f"{acc:.2%}",
+        fmt(acc, ".2%"),
     ]
 
 
@@ -195,14 +195,13 @@ COMPARISON = ("target", "scenario", "samples/s", "ratio", "p99 ms", "ratio", "va
 
 
 def _comparison_cells(c: dict[str, Any]) -> list[str]:
-    ratios = ["-" if r is None else f"{r:.3f}" for r in (c["throughput_ratio"], c["p99_ratio"])]
     return [
         c["target"],
         c["scenario"],
         fmt_rate(c["throughput"]),
-        ratios[0],
+        fmt(c["throughput_ratio"], ".3f"),
         fmt_ms(c["p99_s"]),
-        ratios[1],
+        fmt(c["p99_ratio"], ".3f"),
         f"{c['valid_runs']}/{c['runs']}",
     ]
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from rich.table import Table
 
-from dlscale.bench.render import markdown_table, rich_table
+from dlscale.bench.render import fmt, markdown_table, rich_table
 
 
 class StatsSource(Protocol):
@@ -166,7 +166,7 @@ def lines(report: dict[str, Any]) -> list[str]:
         row = next(r for r in data["steps"] if r["step"] == limit["step"])
         out.append(
             f"limiting step: {limit['step']} ({limit['model']}): its instances computed "
-            f"{row['busy_share']:.0%} of the run, {_ms(row['busy_ms_per_row'])} ms per row"
+            f"{row['busy_share']:.0%} of the run, {fmt(row['busy_ms_per_row'], '.3f')} ms per row"
         )
     return out
 
@@ -198,20 +198,15 @@ def _cells(row: dict[str, Any], data: dict[str, Any]) -> list[str]:
     if "error" in row:
         return [str(row["step"]), row["model"], str(row["instances"]), row["error"]] + [""] * 6
     limit = (data.get("limiting_step") or {}).get("step") == row["step"]
-    batch = row["mean_batch"]
     return [
         str(row["step"]),
         row["model"],
         str(row["instances"]),
         f"{row['requests']:,}",
-        _ms(row["queue_ms"]),
-        _ms(row["compute_ms"]),
-        "-" if batch is None else f"{batch:.1f}",
-        _ms(row["busy_ms_per_row"]),
+        fmt(row["queue_ms"], ".3f"),
+        fmt(row["compute_ms"], ".3f"),
+        fmt(row["mean_batch"], ".1f"),
+        fmt(row["busy_ms_per_row"], ".3f"),
         f"{row['busy_share']:.0%}",
         "<- limits" if limit else "",
     ]
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
