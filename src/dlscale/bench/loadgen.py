@@ -80,13 +80,11 @@ class Recorder:
 
 
 class LoadGenSut(Protocol):
-    """What LoadGen calls: this process's SUT or the worker pool's."""
+    """What LoadGen calls: this process's SUT, the worker pool's or the generative bench's."""
 
     def issue_queries(self, queries: list[Any]) -> None: ...
 
     def flush_queries(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 #: A query's LoadGen id and its sample's index in the query sample library.

@@ -13,7 +13,7 @@ import numpy as np
 from dlscale.bench import accuracy
 from dlscale.bench.data import SampleSet, load_samples
 from dlscale.bench.lglog import read_logs
-from dlscale.bench.loadgen import LoadGenSut, LoopThread, Recorder, SystemUnderTest, run_loadgen
+from dlscale.bench.loadgen import LoopThread, Recorder, SystemUnderTest, run_loadgen
 from dlscale.bench.peak import find_peak
 from dlscale.bench.probe import DEFAULT_RATE_RULE, Probe, default_server_rate, probe
 from dlscale.bench.progress import Progress, Steps
@@ -28,7 +28,7 @@ from dlscale.bench.targets import (
     onnx_signature,
     open_target,
 )
-from dlscale.bench.workers import WorkerPool, WorkerSpec
+from dlscale.bench.workers import PoolSut, WorkerPool, WorkerSpec
 from dlscale.errors import BenchError, DlscaleError
 from dlscale.models.repository import ModelRepository
 
@@ -258,7 +258,7 @@ class Session:
             label += f" @ {settings.target_qps:,.0f} qps"
         start = time.perf_counter()
         progress = Progress(label, recorder) if self.options.progress else None
-        sut: LoadGenSut
+        sut: SystemUnderTest | PoolSut
         if self.pool is not None:
             sut = self.pool.sut(self.info, settings, recorder)
         else:

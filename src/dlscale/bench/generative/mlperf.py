@@ -111,9 +111,6 @@ class TokenSut:
     def flush_queries(self) -> None:
         """Nothing is held back."""
 
-    def close(self) -> None:
-        """LoadGen waited for every sample: nothing left to stop."""
-
     def _dispatch(self, items: list[tuple[int, int]]) -> None:
         if self._concurrency and self._limit is None:
             self._limit = asyncio.Semaphore(self._concurrency)
