@@ -25,18 +25,12 @@ _HEADER_LENGTH = "Inference-Header-Content-Length"
 class HttpClient:
     """One pooled aiohttp session to one server; create, `await open()`, use, `await close()`."""
 
-    def __init__(
-        self,
-        base_url: str,
-        connections: int = 64,
-        timeout_s: float = 60.0,
-        binary: bool | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, connections: int = 64, timeout_s: float = 60.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.connections = connections
         self.timeout_s = timeout_s
-        #: None: binary when the server advertises the extension.
-        self.binary = binary
+        #: Tensors as binary data: when the server advertises the extension (`open` reads it).
+        self.binary = False
         self.server: dict[str, Any] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -55,8 +49,7 @@ class HttpClient:
         except BaseException:
             await self.close()
             raise
-        if self.binary is None:
-            self.binary = "binary_tensor_data" in self.server.get("extensions", [])
+        self.binary = "binary_tensor_data" in self.server.get("extensions", [])
 
     async def close(self) -> None:
         """Close the pooled connections."""
@@ -97,7 +90,7 @@ class HttpClient:
         url = self.base_url + self._model_path(request.model_name, request.model_version)
         url += "/infer"
         try:
-            encoded = encode_request(request, bool(self.binary))
+            encoded = encode_request(request, self.binary)
         except (InvalidInput, ValueError) as exc:
             raise BenchError(f"{url}: cannot send the inputs: {exc}") from None
         headers = {"Content-Type": "application/json"}
