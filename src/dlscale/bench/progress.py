@@ -1,7 +1,7 @@
 """Progress on stderr: elapsed, issued, completed, current rate, p99 so far.
 
 On a terminal one line is rewritten twice a second; otherwise (a log file, CI) a whole line is
-written every `plain_interval_s`, so that a long run is never silent.
+written every 10 s, so that a long run is never silent.
 """
 
 from __future__ import annotations
@@ -22,19 +22,12 @@ WINDOW = 20_000
 class Progress:
     """Reports a run while it lasts (a context manager): live on a terminal, else periodic."""
 
-    def __init__(
-        self,
-        label: str,
-        rec: Recorder,
-        stream: TextIO | None = None,
-        interval_s: float = 0.5,
-        plain_interval_s: float = 10.0,
-    ) -> None:
+    def __init__(self, label: str, rec: Recorder, stream: TextIO | None = None) -> None:
         self.label = label
         self.rec = rec
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
-        self.interval_s = interval_s if self.live else plain_interval_s
+        self.interval_s = 0.5 if self.live else 10.0
         self._start = self._last_t = time.perf_counter()
         self._last_done = 0
         self._stop = threading.Event()
