@@ -127,7 +127,7 @@ class _Slot:
 
 
 class RegionPool:
-    """Slots of regions for the requests in flight, over one client."""
+    """Slots of regions for the requests in flight, over one client (CUDA ones on GPU 0)."""
 
     def __init__(
         self,
@@ -135,13 +135,11 @@ class RegionPool:
         client: RegionClient,
         outputs: tuple[TensorSpec, ...],
         output_size: int | None = None,
-        device_id: int = 0,
     ) -> None:
         if kind not in ("system", "cuda"):
             raise BenchError(f"--shared-memory {kind!r}: expected one of {', '.join(KINDS)}")
         self.kind, self.client, self.outputs = kind, client, outputs
         self.output_size = output_size
-        self.device_id = device_id
         self._free: list[_Slot] = []
         self._all: list[_Slot] = []
 
@@ -202,11 +200,8 @@ class RegionPool:
             await self.client.unregister_region(self.kind, name)
             current.destroy()
             del slot.regions[role]
-        buffer: Buffer
-        if self.kind == "system":
-            buffer = HostBuffer(f"/{name}", need)
-        else:
-            buffer = DeviceBuffer(self.device_id, need)
+        system = self.kind == "system"
+        buffer: Buffer = HostBuffer(f"/{name}", need) if system else DeviceBuffer(0, need)
         slot.regions[role] = buffer
         await self.client.register_region(self.kind, name, buffer)
 
