@@ -149,7 +149,4 @@ def _too_large(path: Path) -> str:
 
 def _column(elements: list[bytes]) -> np.ndarray:
     """[N, 1] BYTES: one element per sample row."""
-    out = np.empty((len(elements), 1), object)
-    for i, element in enumerate(elements):
-        out[i, 0] = element
-    return out
+    return np.array(elements, dtype=object).reshape(-1, 1)
