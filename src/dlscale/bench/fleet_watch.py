@@ -74,14 +74,14 @@ class FleetWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        try:
-            self.samples.append(self.sample())
-        except BenchError:
-            self.failures += 1
+        self._take()
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                self.samples.append(self.sample())
-            except BenchError:  # a page missed is a gap in the step function, not the end
-                self.failures += 1
+            self._take()
+
+    def _take(self) -> None:
+        try:
+            self.samples.append(self.sample())
+        except BenchError:  # a page missed is a gap in the step function, not the end
+            self.failures += 1
