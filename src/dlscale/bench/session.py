@@ -21,12 +21,12 @@ from dlscale.bench.results import RunResult, ScenarioResult
 from dlscale.bench.scenarios import MLPERF_MODEL_KEYS, RunSettings, Scenario, latency_bound_for
 from dlscale.bench.shared_memory import KINDS as SHM_KINDS
 from dlscale.bench.targets import (
+    InProcessTarget,
     ModelInfo,
     RemoteTarget,
     Target,
     data_signature,
     onnx_signature,
-    open_target,
 )
 from dlscale.bench.workers import PoolSut, WorkerPool, WorkerSpec
 from dlscale.errors import BenchError, DlscaleError
@@ -118,15 +118,7 @@ class Session:
     ) -> None:
         self.options = options
         self.loop = loop
-        self.target: Target = target or open_target(
-            url,
-            options.model,
-            options.repo,
-            options.version,
-            options.connections,
-            options.shared_memory,
-            options.output_shm_size,
-        )
+        self.target: Target = target or _open_target(url, options)
         self.info: ModelInfo | None = None
         self.samples: SampleSet | None = None
         self.warmup: Probe | None = None
@@ -408,6 +400,19 @@ def opened(
         stack.callback(session.close)
         session.open()
         yield session
+
+
+def _open_target(url: str | None, o: BenchOptions) -> Target:
+    """The target a command line names: a URL, or the in-process model of --repo."""
+    if url:
+        return RemoteTarget(
+            url, o.model, o.version, o.connections, o.shared_memory, o.output_shm_size
+        )
+    if o.shared_memory != "none":
+        raise BenchError("--shared-memory needs a server to share memory with: give a target URL")
+    if o.repo is None:
+        raise BenchError("give a target URL (http://HOST:PORT, grpc://HOST:PORT) or --repo REPO")
+    return InProcessTarget(o.repo, o.model, o.version)
 
 
 def _too_short(result: RunResult) -> bool:

@@ -276,25 +276,6 @@ class RemoteTarget:
             await self._client.close()
 
 
-def open_target(
-    url: str | None,
-    model: str,
-    repo: Path | None,
-    version: str = "",
-    connections: int = 64,
-    shared_memory: str = "none",
-    output_shm_size: int | None = None,
-) -> Target:
-    """The target a command line names: a URL, or the in-process model of `repo`."""
-    if url:
-        return RemoteTarget(url, model, version, connections, shared_memory, output_shm_size)
-    if shared_memory != "none":
-        raise BenchError("--shared-memory needs a server to share memory with: give a target URL")
-    if repo is None:
-        raise BenchError("give a target URL (http://HOST:PORT, grpc://HOST:PORT) or --repo REPO")
-    return InProcessTarget(repo, model, version)
-
-
 def _spec(tensor: dict[str, Any]) -> TensorSpec:
     try:
         return TensorSpec.from_dict(tensor)
