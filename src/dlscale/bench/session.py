@@ -160,21 +160,11 @@ class Session:
             self.pool = WorkerPool(self._worker_spec(), opts.workers)
 
     def _worker_spec(self) -> WorkerSpec:
-        opts, target = self.options, self.target
-        assert isinstance(target, RemoteTarget) and self.url and self.info is not None
-        return WorkerSpec(
-            url=self.url,
-            model=opts.model,
-            version=opts.version,
-            connections=opts.connections,
-            shared_memory=opts.shared_memory,
-            output_shm_size=opts.output_shm_size,
-            declared=target.declared,
-            info=self.info,
-            data=opts.data,
-            sample_count=opts.sample_count,
-            seed=opts.seed,
-        )
+        opts, target = self.options, _open_target(self.url, self.options)
+        assert isinstance(target, RemoteTarget) and isinstance(self.target, RemoteTarget)
+        assert self.info is not None
+        target.declare(*self.target.declared)
+        return WorkerSpec(target, self.info, opts.data, opts.sample_count, opts.seed)
 
     def _declare_local_signature(self, target: RemoteTarget) -> None:
         # For servers whose metadata lists no tensors: the local model file says, else the data.

@@ -26,7 +26,6 @@ from dlscale.bench.loadgen import Exchange, Item, Recorder, complete, exchange, 
 from dlscale.bench.scenarios import RunSettings, Scenario
 from dlscale.bench.targets import ModelInfo, RemoteTarget
 from dlscale.errors import BenchError
-from dlscale.types import TensorSpec
 
 #: Seconds a worker may take to start, connect and make its samples.
 START_TIMEOUT_S = 120.0
@@ -36,13 +35,8 @@ START_TIMEOUT_S = 120.0
 class WorkerSpec:
     """What a worker needs to open the session's target and samples (sent once, pickled)."""
 
-    url: str
-    model: str
-    version: str
-    connections: int
-    shared_memory: str
-    output_shm_size: int | None
-    declared: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]
+    #: A target like the session's, not open yet (so that it pickles): each worker opens its own.
+    target: RemoteTarget
     info: ModelInfo
     data: Path | None
     sample_count: int
@@ -237,15 +231,7 @@ class _Worker:
         self.conn = conn
         self.spec = spec
         self.info = spec.info
-        self.target = RemoteTarget(
-            spec.url,
-            spec.model,
-            spec.version,
-            spec.connections,
-            spec.shared_memory,
-            spec.output_shm_size,
-        )
-        self.target.declare(*spec.declared)
+        self.target = spec.target
         self.samples: SampleSet | None = None
         self._accuracy = False
         self._limit: asyncio.Semaphore | None = None
