@@ -163,16 +163,16 @@ class Session:
         opts, target = self.options, _open_target(self.url, self.options)
         assert isinstance(target, RemoteTarget) and isinstance(self.target, RemoteTarget)
         assert self.info is not None
-        target.declare(*self.target.declared)
+        target.declared = self.target.declared
         return WorkerSpec(target, self.info, opts.data, opts.sample_count, opts.seed)
 
     def _declare_local_signature(self, target: RemoteTarget) -> None:
         # For servers whose metadata lists no tensors: the local model file says, else the data.
         local = self.model_file()
         if local is not None and local.suffix == ".onnx" and local.is_file():
-            target.declare(*onnx_signature(local))
+            target.declared = onnx_signature(local)
         elif self.options.data is not None and self.options.data.suffix == ".npz":
-            target.declare(data_signature(self.options.data), ())
+            target.declared = (data_signature(self.options.data), ())
 
     def close(self) -> None:
         """Stop the workers, close the target (errors on the way out are not the result's)."""

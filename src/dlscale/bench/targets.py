@@ -189,7 +189,7 @@ class RemoteTarget:
         self.label = url
         self.model = model
         self.version = version
-        #: The tensors `declare` gave (empty when none).
+        #: Inputs and outputs to assume when the server's metadata lists none (a local file's).
         self.declared: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] = ((), ())
         #: Tensors through shared-memory regions (system or cuda) instead of the messages.
         self.shared_memory = shared_memory
@@ -200,10 +200,6 @@ class RemoteTarget:
             if self.kind == "grpc"
             else HttpClient(f"{parts.scheme}://{parts.netloc}", connections=connections)
         )
-
-    def declare(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
-        """The tensors to assume when the server's metadata lists none (from a local file)."""
-        self.declared = (inputs, outputs)
 
     async def open(self) -> ModelInfo:
         """Connect, then read the model's metadata (and its config when the server has one)."""
