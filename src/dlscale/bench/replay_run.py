@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +82,12 @@ def run_replay(options: ReplayOptions) -> dict[str, Any]:
             infos = {m: loop.run(t.open()) for m, t in targets.items()}
             senders = _senders(targets, infos, requests, options.seed)
             objectives = {m: _objective(m, options) for m in models}
+            fleet = options.fleet_metrics
+            if fleet:
+                snapshot(fleet, models[0])  # an unreadable page stops the run before it runs
             start = time.monotonic() + LEAD_S
-            with _watching(options, models, start) as watch:
+            watch = FleetWatch(fleet, models, start) if fleet else None
+            with watch or contextlib.nullcontext():
                 outcomes = loop.run(
                     replay(requests, lambda r: senders[r.model](r), start, options.max_in_flight)
                 )
@@ -157,16 +160,6 @@ def _stated_objective(url: str, model: str) -> float | None:
         if s.name == OBJECTIVE_FAMILY and s.labels.get("model") == model and s.value > 0
     ]
     return max(values) if values else None
-
-
-@contextlib.contextmanager
-def _watching(options: ReplayOptions, models: list[str], start: float) -> Iterator[Any]:
-    if not options.fleet_metrics:
-        yield None
-        return
-    snapshot(options.fleet_metrics, models[0])  # an unreadable page stops the run before it runs
-    with FleetWatch(options.fleet_metrics, models, start) as watch:
-        yield watch
 
 
 def build_report(
