@@ -53,23 +53,23 @@ def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) 
     specs = info.sample_specs()
     if data is not None and data.is_dir():
         arrays, source = byte_samples.from_folder(data, specs, count, MEMORY_BUDGET_BYTES)
-        return _check(SampleSet(arrays, None, source), specs, source)
+        return _check(SampleSet(arrays, None, source), specs)
     if data is not None:
-        return _check(_from_file(data, specs), specs, str(data))
+        return _check(_from_file(data, specs), specs)
     if info.model_file is not None:
         validation = info.model_file.parent / "validation.npz"
         if validation.is_file():
-            return _check(_from_file(validation, specs), specs, str(validation))
+            return _check(_from_file(validation, specs), specs)
     # Samples are stacked along a leading axis: made as batches of `count` rows.
     stacked = [s.with_batch() for s in specs]
     count = _fit(count, stacked)
     rng = np.random.default_rng(seed)
     encoded = byte_samples.from_zoo(info.name, specs, count, seed)
     if encoded is not None:  # images or texts: random strings would not decode
-        return _check(SampleSet(encoded[0], None, encoded[1]), specs, encoded[1])
+        return _check(SampleSet(encoded[0], None, encoded[1]), specs)
     zoo = zoo_inputs(info.name, stacked, count, rng)
     if zoo is not None:
-        return _check(SampleSet(zoo, None, f"zoo:{info.name}"), specs, f"zoo:{info.name}")
+        return _check(SampleSet(zoo, None, f"zoo:{info.name}"), specs)
     made = random_inputs(stacked, count, rng, variable_dim=VARIABLE_DIM)
     return SampleSet(made, None, "random")
 
@@ -105,7 +105,8 @@ def _from_file(path: Path, specs: Sequence[TensorSpec]) -> SampleSet:
     return SampleSet({n: arrays[n] for n in names}, labels, str(path))
 
 
-def _check(samples: SampleSet, specs: Sequence[TensorSpec], source: str) -> SampleSet:
+def _check(samples: SampleSet, specs: Sequence[TensorSpec]) -> SampleSet:
+    source = samples.source
     sizes = {len(a) for a in samples.inputs.values()}
     if len(sizes) != 1 or 0 in sizes:
         raise BenchError(f"{source}: inputs must hold the same number (>0) of samples: {sizes}")
