@@ -38,7 +38,7 @@ PACKAGES = (
 
 def host() -> dict[str, Any]:
     """The machine the bench ran on (and, with the hardware package, its CPU and GPUs)."""
-    out: dict[str, Any] = {
+    return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -46,9 +46,8 @@ def host() -> dict[str, Any]:
         "logical_cpus": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "hardware": detect().to_dict(),
     }
-    out["hardware"] = detect().to_dict()
-    return out
 
 
 def packages() -> dict[str, str | None]:
