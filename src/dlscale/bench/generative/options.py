@@ -69,8 +69,8 @@ class GenerativeOptions:
         return (1,)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items()}
-        out.update(
+        return dict(
+            self.__dict__,
             kind=self.kind.value,
             isl=self.isl.__dict__,
             osl=self.osl.__dict__,
@@ -80,7 +80,6 @@ class GenerativeOptions:
             bounds=self.bounds.__dict__,
             slo=self.slo.to_dict(),
         )
-        return out
 
 
 def parse_list(text: str | None, kind: type[int] | type[float], flag: str) -> tuple[Any, ...]:
