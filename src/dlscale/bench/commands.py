@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from dlscale.bench.report import print_summary
 from dlscale.bench.results import out_dir
@@ -30,7 +29,8 @@ def bench_run(args: argparse.Namespace) -> int:
 
         return bench_replay(args)
     url = args.targets[0] if args.targets else None
-    return _verdict(bench(url, bench_options(args), out_dir(args.out, f"{args.model}-bench")))
+    print_summary(bench(url, bench_options(args), out_dir(args.out, f"{args.model}-bench")))
+    return 0
 
 
 def bench_compare(args: argparse.Namespace) -> int:
@@ -41,7 +41,8 @@ def bench_compare(args: argparse.Namespace) -> int:
         raise BenchError("--rounds must be at least 1")
     options = bench_options(args)
     out = out_dir(args.out, f"{args.model}-compare")
-    return _verdict(compare(args.targets, options, out, args.rounds))
+    print_summary(compare(args.targets, options, out, args.rounds))
+    return 0
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:
@@ -76,11 +77,6 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         output_shm_size=args.output_shm_size,
         fleet_metrics=args.fleet_metrics,
     )
-
-
-def _verdict(report: dict[str, Any]) -> int:
-    print_summary(report)
-    return 0
 
 
 def bench_interference(args: argparse.Namespace) -> int:
