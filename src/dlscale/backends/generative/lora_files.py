@@ -65,6 +65,14 @@ class AdapterSpec:
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
 
 
+def lora_off(name: str) -> ConfigError:
+    """The error for adapter `name` on a base model whose engine serves no adapters."""
+    return ConfigError(
+        f"adapter {name!r}: its base model's engine was not started with "
+        "[backend_options] enable_lora = true"
+    )
+
+
 def check_folder(folder: Path) -> None:
     """PermissionDenied for a file that is not an adapter's data; ConfigError for a missing one."""
     if not folder.is_dir():

@@ -26,7 +26,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from dlscale.backends.base import FailureReport
 from dlscale.backends.generative.contract import EngineStats, StepGate
-from dlscale.backends.generative.lora_files import AdapterSpec
+from dlscale.backends.generative.lora_files import AdapterSpec, lora_off
 from dlscale.backends.generative.lora_layers import BASE, Adapters
 from dlscale.backends.generative.transformers_sampling import RequestSampling
 from dlscale.backends.generative.transformers_settings import DTYPES, EngineSettings
@@ -262,7 +262,7 @@ class Engine:
     ) -> None:
         """Queue one sequence (of `adapter`, "" for the base model); `sink` gets its outputs
         from the router thread."""
-        slot = self._slot(adapter)
+        slot = self._adapters_for(adapter).slot(adapter) if adapter else BASE
         with self._lock:
             if self.failed:
                 raise Unavailable(f"the transformers engine died: {self.failed}")
@@ -299,24 +299,15 @@ class Engine:
         with self._lock:
             self._slots.pop(engine_id, None)
 
-    def _slot(self, adapter: str) -> int:
-        if not adapter:
-            return BASE
+    def _adapters_for(self, name: str) -> Adapters:
+        """The engine's adapters, which adapter `name` needs (ConfigError without LoRA)."""
         if self.adapters is None:
-            raise ConfigError(
-                f"adapter {adapter!r}: its base model's engine was not started with "
-                "[backend_options] enable_lora = true"
-            )
-        return self.adapters.slot(adapter)
+            raise lora_off(name)
+        return self.adapters
 
     def add_adapter(self, name: str, folder: Path) -> AdapterSpec:
         """Load a LoRA adapter onto this engine (its requests then name it)."""
-        if self.adapters is None:
-            raise ConfigError(
-                f"adapter {name!r}: its base model's engine was not started with "
-                "[backend_options] enable_lora = true"
-            )
-        return self.adapters.add(name, folder)
+        return self._adapters_for(name).add(name, folder)
 
     def remove_adapter(self, name: str) -> None:
         """Free a LoRA adapter (its sequences have ended)."""

@@ -38,7 +38,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.backends.generative.contract import EngineStats
-from dlscale.backends.generative.lora_files import CONFIG_FILE, WEIGHTS_FILE, read_adapter
+from dlscale.backends.generative.lora_files import CONFIG_FILE, WEIGHTS_FILE, lora_off, read_adapter
 from dlscale.backends.generative.vllm_options import EngineSettings, engine_settings
 from dlscale.errors import ConfigError, InvalidInput, Unsupported
 from dlscale.sampling import Guide, Sampling
@@ -200,10 +200,7 @@ class VllmBackend:
         """Check a LoRA adapter's folder (the same rules as every engine's) and name it to the
         engine, which reads it at its first request (vLLM's LoRARequest)."""
         if not self.settings.args.get("enable_lora"):
-            raise ConfigError(
-                f"adapter {name!r}: its base model's engine was not started with "
-                "[backend_options] enable_lora = true"
-            )
+            raise lora_off(name)
         read_adapter(folder, int(self.settings.args.get("max_lora_rank", _VLLM_MAX_LORA_RANK)))
         if len(self._adapters) >= int(self.settings.args.get("max_loras", 1)):
             raise ConfigError(
