@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import queue
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ from dlscale.backends.generative.contract import (
     prompt_text,
 )
 from dlscale.backends.generative.quiet import third_party_to_file
-from dlscale.backends.generative.transformers_engine import Engine
+from dlscale.backends.generative.transformers_engine import Engine, Sink
 from dlscale.backends.generative.transformers_request import Job, Model, Parts, prepare, tokens
 from dlscale.backends.generative.transformers_settings import EngineSettings
 from dlscale.errors import ConfigError, Unavailable
@@ -134,42 +134,34 @@ class TransformersBackend:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(arrived.put_nowait, output)
 
-        # The caller's id may repeat (clients choose it); the engine's must not.
-        engine_id = f"{request_id}#{next(self._ids)}"
-        parts = Parts(engine.tokenizer, job)
-        engine.submit(
-            engine_id,
-            job.prompt,
-            job.sampling.max_tokens,
-            job.eos,
-            job.settings,
-            sink,
-            sampling.adapter,
-        )
-        try:
+        with self._submitted(engine, job, request_id, sink) as parts:
             while not parts.done:
                 yield parts.next(await arrived.get())  # type: ignore[arg-type]
-        finally:
-            if not parts.engine_done:  # closed early, stopped by a stop string, or failed
-                engine.cancel(engine_id)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One whole answer with the default settings, blocking (from an instance thread)."""
         engine, job = self._prepare(inputs, Sampling())
         arrived: queue.SimpleQueue[object] = queue.SimpleQueue()
-        engine_id = f"infer#{next(self._ids)}"
-        parts = Parts(engine.tokenizer, job)
-        engine.submit(
-            engine_id, job.prompt, job.sampling.max_tokens, job.eos, job.settings, arrived.put
-        )
         answer: list[StreamPart] = []
-        try:
+        with self._submitted(engine, job, "infer", arrived.put) as parts:
             while not parts.done:
                 answer.append(parts.next(arrived.get()))  # type: ignore[arg-type]
+        return join(answer).outputs
+
+    @contextlib.contextmanager
+    def _submitted(self, engine: Engine, job: Job, request_id: str, sink: Sink) -> Iterator[Parts]:
+        """The job queued as one sequence, its outputs going to `sink`; cancelled on leaving
+        unless the engine ended it (closed early, stopped by a stop string, or failed)."""
+        # The caller's id may repeat (clients choose it); the engine's must not.
+        engine_id = f"{request_id}#{next(self._ids)}"
+        parts = Parts(engine.tokenizer, job)
+        prompt, max_tokens, adapter = job.prompt, job.sampling.max_tokens, job.sampling.adapter
+        engine.submit(engine_id, prompt, max_tokens, job.eos, job.settings, sink, adapter)
+        try:
+            yield parts
         finally:
             if not parts.engine_done:
                 engine.cancel(engine_id)
-        return join(answer).outputs
 
     def load_adapter(self, name: str, folder: Path) -> None:
         """Load a LoRA adapter onto the running engine (lora_layers.py)."""
