@@ -19,12 +19,7 @@ import numpy as np
 from dlscale.backends.base import BackendOptions, RequestResult
 from dlscale.backends.processing.decode import decode_rgb
 from dlscale.backends.processing.image_options import ImageOptions, normalization
-from dlscale.backends.processing.options import (
-    as_bytes,
-    bind,
-    byte_rows,
-    read_options,
-)
+from dlscale.backends.processing.options import as_bytes, bind, read_options
 from dlscale.backends.processing.step import RowsStep
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.types import Datatype, TensorSpec
@@ -82,32 +77,19 @@ class ImageBackend(RowsStep):
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """Every row of every request decoded at once; a request with a bad row fails alone."""
         name = self._inputs[0].name
-        rows: list[object] = []
-        counts: list[int | DlscaleError] = []
-        for request in requests:
-            try:
-                mine = byte_rows(request[name], name)
-            except DlscaleError as exc:
-                counts.append(exc)
-                continue
-            rows.extend(mine)
-            counts.append(len(mine))
+        rows, spans = self._rows(requests, lambda element, _: element)
         pixels, errors = self._decode(rows)
         results: list[RequestResult] = []
-        start = 0
-        for count in counts:
-            if isinstance(count, DlscaleError):
-                results.append(count)
+        for span in spans:
+            if isinstance(span, DlscaleError):
+                results.append(span)
                 continue
-            failed = next(
-                ((i - start, e) for i in range(start, start + count) if (e := errors[i])), None
-            )
+            failed = next(((i - span.start, e) for i in span if (e := errors[i])), None)
             if failed is None:
-                results.append({self._outputs[0].name: pixels[start : start + count]})
+                results.append({self._outputs[0].name: pixels[span.start : span.stop]})
             else:
                 row, error = failed
                 results.append(type(error)(f"input {name!r}, row {row}: the image {error}"))
-            start += count
         return results
 
     def unload(self) -> None:

@@ -4,14 +4,18 @@ its own request."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from dlscale.backends.base import BackendOptions, Capabilities, RequestResult
+from dlscale.backends.processing.options import byte_rows
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.types import TensorSpec
+
+Row = TypeVar("Row")
 
 
 class Step:
@@ -57,3 +61,22 @@ class RowsStep(Step):
 
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         raise NotImplementedError
+
+    def _rows(
+        self, requests: Sequence[Mapping[str, np.ndarray]], row: Callable[[object, int], Row]
+    ) -> tuple[list[Row], list[range | DlscaleError]]:
+        """The rows of the step's one input over all the requests, each made by `row` (from the
+        element and its index in its request), and each request's range of them, or the error
+        of a row that fails it (that request alone)."""
+        name = self._inputs[0].name
+        made: list[Row] = []
+        spans: list[range | DlscaleError] = []
+        for request in requests:
+            try:
+                mine = [row(element, i) for i, element in enumerate(byte_rows(request[name], name))]
+            except DlscaleError as exc:
+                spans.append(exc)
+                continue
+            spans.append(range(len(made), len(made) + len(mine)))
+            made.extend(mine)
+        return made, spans

@@ -17,13 +17,7 @@ from pydantic import Field
 
 from dlscale.backends.base import BackendOptions, RequestResult
 from dlscale.backends.confined import read_confined
-from dlscale.backends.processing.options import (
-    StepOptions,
-    as_bytes,
-    bind,
-    byte_rows,
-    read_options,
-)
+from dlscale.backends.processing.options import StepOptions, as_bytes, bind, read_options
 from dlscale.backends.processing.step import RowsStep
 from dlscale.errors import ConfigError, DlscaleError, InvalidInput, PayloadTooLarge
 from dlscale.types import Datatype, TensorSpec
@@ -82,26 +76,14 @@ class TokenizerBackend(RowsStep):
 
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """The texts of every valid request tokenized in one call; a bad text fails its own."""
-        name = self._inputs[0].name
-        texts: list[str] = []
-        spans: list[tuple[int, int] | DlscaleError] = []
-        for request in requests:
-            try:
-                mine = [self._text(row, i) for i, row in enumerate(byte_rows(request[name], name))]
-            except DlscaleError as exc:
-                spans.append(exc)
-                continue
-            spans.append((len(texts), len(texts) + len(mine)))
-            texts.extend(mine)
+        texts, spans = self._rows(requests, self._text)
         columns = self._encode(texts)
-        results: list[RequestResult] = []
-        for span in spans:
-            if isinstance(span, DlscaleError):
-                results.append(span)
-            else:
-                start, end = span
-                results.append({n: a[start:end] for n, a in columns.items()})
-        return results
+        return [
+            span
+            if isinstance(span, DlscaleError)
+            else {n: a[span.start : span.stop] for n, a in columns.items()}
+            for span in spans
+        ]
 
     def _text(self, row: object, index: int) -> str:
         name = self._inputs[0].name
