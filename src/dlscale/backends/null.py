@@ -96,6 +96,7 @@ class NullBackend:
                 f"got {name!r}"
             )
         self.device = simulated_device(name) if name else None
+        self.inputs, self.outputs = list(options.inputs), list(options.outputs)
         self._answers: list[_Answer] = []
 
     def load(self) -> None:
@@ -128,14 +129,6 @@ class NullBackend:
         delay stands in for a device's time, which its thread waits out."""
         idle = self.device is None and not self.delay_us and not self.delay_us_per_row
         return Capabilities(inline_measured=idle)
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(self.options.inputs)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(self.options.outputs)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Sleep the configured service time (the GIL is released; holding the simulated device

@@ -281,8 +281,9 @@ class OnnxRuntimeBackend:
         self.path = Path(path)
         self.options = options
         self._session: ort.InferenceSession | None = None
-        self._inputs: list[TensorSpec] = []
-        self._outputs: list[TensorSpec] = []
+        #: The session's tensors, read at load.
+        self.inputs: list[TensorSpec] = []
+        self.outputs: list[TensorSpec] = []
 
     def load(self) -> None:
         """Create the session on the configured device and read its signature."""
@@ -300,8 +301,8 @@ class OnnxRuntimeBackend:
         level = self.options.graph_optimization_level
         graph = GRAPHS.graph(self.path, level, providers) if self._keeps_graph() else None
         self._session = self._open(graph, so, providers)
-        self._inputs = [_spec(a) for a in self._session.get_inputs()]
-        self._outputs = [_spec(a) for a in self._session.get_outputs()]
+        self.inputs = [_spec(a) for a in self._session.get_inputs()]
+        self.outputs = [_spec(a) for a in self._session.get_outputs()]
         log.debug("loaded %s with providers %s", self.path, self._session.get_providers())
 
     def _keeps_graph(self) -> bool:
@@ -324,14 +325,6 @@ class OnnxRuntimeBackend:
         return Capabilities(inline_measured=True)
 
     @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._outputs
-
-    @property
     def providers(self) -> list[str]:
         """The execution providers the session really uses."""
         return self._session.get_providers() if self._session else []
@@ -340,7 +333,7 @@ class OnnxRuntimeBackend:
         """Run one batch; every output is returned."""
         if self._session is None:
             raise BackendError(f"{self.path}: infer called before load")
-        names = [o.name for o in self._outputs]
+        names = [o.name for o in self.outputs]
         feed = {n: _to_runtime(n, a) for n, a in inputs.items()}
         try:
             results = self._session.run(names, feed)

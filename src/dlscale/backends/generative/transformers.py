@@ -36,7 +36,7 @@ from dlscale.backends.generative.transformers_request import Job, Model, Parts, 
 from dlscale.backends.generative.transformers_settings import EngineSettings
 from dlscale.errors import ConfigError, Unavailable
 from dlscale.sampling import Sampling
-from dlscale.types import Parameter, TensorSpec
+from dlscale.types import Parameter
 
 #: Plain `infer` calls an instance may run at once: each is one sequence the engine batches.
 INFER_CONCURRENCY = 64
@@ -49,6 +49,7 @@ class TransformersBackend:
         self.path = path
         self.options = options
         self.settings = EngineSettings.from_options(options)
+        self.inputs, self.outputs = list(INPUTS), list(OUTPUTS)
         self._engine: Engine | None = None
         self._ids = itertools.count()
 
@@ -77,14 +78,6 @@ class TransformersBackend:
     def pace(self, gate: StepGate) -> None:
         """Each engine step from now on takes its device's slot (contract.PacedBackend)."""
         self._loaded().pace(gate)
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(INPUTS)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(OUTPUTS)
 
     def engine_stats(self) -> EngineStats:
         engine = self._engine

@@ -42,7 +42,7 @@ from dlscale.backends.generative.lora_files import CONFIG_FILE, WEIGHTS_FILE, lo
 from dlscale.backends.generative.vllm_options import EngineSettings, engine_settings
 from dlscale.errors import ConfigError, InvalidInput, Unsupported
 from dlscale.sampling import Guide, Sampling
-from dlscale.types import Parameter, TensorSpec
+from dlscale.types import Parameter
 
 try:  # vLLM >= 0.11 tells a client's mistake from its own failures
     from vllm.exceptions import VLLMClientError as _ClientError
@@ -81,6 +81,7 @@ class VllmBackend:
         self.path = path
         self.options = options
         self.settings: EngineSettings = engine_settings(path, options.extra, options.device)
+        self.inputs, self.outputs = list(contract.INPUTS), list(contract.OUTPUTS)
         self._engine: Any = None
         self._tokenizer: Any = None
         self._chat_template: str | None = None
@@ -140,14 +141,6 @@ class VllmBackend:
     async def resume(self) -> None:
         """Let the engine core schedule again (PausableBackend)."""
         await self._engine.engine_core.resume_scheduler_async()
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(contract.INPUTS)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(contract.OUTPUTS)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise Unsupported(

@@ -39,8 +39,8 @@ class ImageBackend(RowsStep):
         self.settings = read_options(ImageOptions, options.extra, "image")
         self.geometry = self.settings.geometry()
         self._check_settings()
-        self._inputs = bind(options.inputs, [TensorSpec("image", Datatype.BYTES, (-1, 1))], "input")
-        self._outputs = bind(options.outputs, [self._pixel_spec()], "output")
+        self.inputs = bind(options.inputs, [TensorSpec("image", Datatype.BYTES, (-1, 1))], "input")
+        self.outputs = bind(options.outputs, [self._pixel_spec()], "output")
         self._gain, self._offset = normalization(self.settings)
         self._pool: ThreadPoolExecutor | None = None
         self._threads = 1
@@ -76,7 +76,7 @@ class ImageBackend(RowsStep):
 
     def infer_requests(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """Every row of every request decoded at once; a request with a bad row fails alone."""
-        name = self._inputs[0].name
+        name = self.inputs[0].name
         rows, spans = self._rows(requests, lambda element, _: element)
         pixels, errors = self._decode(rows)
         results: list[RequestResult] = []
@@ -86,7 +86,7 @@ class ImageBackend(RowsStep):
                 continue
             failed = next(((i - span.start, e) for i in span if (e := errors[i])), None)
             if failed is None:
-                results.append({self._outputs[0].name: pixels[span.start : span.stop]})
+                results.append({self.outputs[0].name: pixels[span.start : span.stop]})
             else:
                 row, error = failed
                 results.append(type(error)(f"input {name!r}, row {row}: the image {error}"))
@@ -106,7 +106,7 @@ class ImageBackend(RowsStep):
 
             assert isinstance(self._device, CudaImages)
             return self._device.decode(rows, self._pool, self.settings.device_output)
-        spec = self._outputs[0]
+        spec = self.outputs[0]
         out = np.empty((len(rows), *spec.shape[1:]), spec.datatype.numpy)
         errors: list[DlscaleError | None] = [None] * len(rows)
 

@@ -19,10 +19,10 @@ Row = TypeVar("Row")
 
 
 class Step:
-    """The Backend protocol's common part; a step sets `_inputs` and `_outputs` in __init__."""
+    """The Backend protocol's common part; a step sets `inputs` and `outputs` in __init__."""
 
-    _inputs: list[TensorSpec]
-    _outputs: list[TensorSpec]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
 
     def __init__(self, path: Path, options: BackendOptions) -> None:
         self.path = path
@@ -36,14 +36,6 @@ class Step:
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities()
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(self._outputs)
 
 
 class RowsStep(Step):
@@ -68,7 +60,7 @@ class RowsStep(Step):
         """The rows of the step's one input over all the requests, each made by `row` (from the
         element and its index in its request), and each request's range of them, or the error
         of a row that fails it (that request alone)."""
-        name = self._inputs[0].name
+        name = self.inputs[0].name
         made: list[Row] = []
         spans: list[range | DlscaleError] = []
         for request in requests:

@@ -51,8 +51,8 @@ class TokenizerBackend(RowsStep):
         if self.settings.token_type_ids:
             names.append("token_type_ids")
         made = [TensorSpec(n, Datatype.INT64, (-1, length)) for n in names]
-        self._inputs = bind(options.inputs, [TensorSpec("text", Datatype.BYTES, (-1, 1))], "input")
-        self._outputs = bind(options.outputs, made, "output")
+        self.inputs = bind(options.inputs, [TensorSpec("text", Datatype.BYTES, (-1, 1))], "input")
+        self.outputs = bind(options.outputs, made, "output")
         self._tokenizer: object | None = None
 
     def load(self) -> None:
@@ -86,7 +86,7 @@ class TokenizerBackend(RowsStep):
         ]
 
     def _text(self, row: object, index: int) -> str:
-        name = self._inputs[0].name
+        name = self.inputs[0].name
         try:
             data = as_bytes(row)
         except InvalidInput as exc:
@@ -117,7 +117,7 @@ class TokenizerBackend(RowsStep):
             made["token_type_ids"] = np.array([e.type_ids for e in encodings], np.int64).reshape(
                 -1, length
             )
-        return {spec.name: made[mine] for spec, mine in zip(self._outputs, made, strict=True)}
+        return {spec.name: made[mine] for spec, mine in zip(self.outputs, made, strict=True)}
 
     def unload(self) -> None:
         self._tokenizer = None

@@ -46,8 +46,8 @@ class TopKBackend(Step):
         super().__init__(path, options)
         self.settings = read_options(TopKOptions, options.extra, "topk")
         self.k = self.settings.k
-        self._inputs = self._scores(options.inputs)
-        self._outputs = self._answers(options.outputs)
+        self.inputs = self._scores(options.inputs)
+        self.outputs = self._answers(options.outputs)
         self.labels: tuple[str, ...] = ()
 
     def _scores(self, declared: tuple[TensorSpec, ...]) -> list[TensorSpec]:
@@ -93,12 +93,12 @@ class TopKBackend(Step):
     def capabilities(self) -> Capabilities:
         # Small batches of a known number of classes run on the event loop (base.py says
         # why); scores of undeclared width could be any size, so they always go to the thread.
-        classes = self._inputs[0].shape[1]
+        classes = self.inputs[0].shape[1]
         inline = INLINE_BUDGET // (ROW_COST + classes) if classes > 0 else 0
         return Capabilities(inline_rows=inline)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        name = self._inputs[0].name
+        name = self.inputs[0].name
         scores = np.asarray(inputs[name])
         if scores.ndim != 2 or scores.shape[1] < self.k:
             raise InvalidInput(
@@ -106,7 +106,7 @@ class TopKBackend(Step):
                 f"k = {self.k} scores per row"
             )
         out: dict[str, np.ndarray] = {}
-        for spec in self._outputs:
+        for spec in self.outputs:
             if spec.datatype is Datatype.BYTES:
                 out[spec.name] = top_classes(scores, self.k, self.labels, True, name)
             else:

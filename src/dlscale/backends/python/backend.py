@@ -30,7 +30,7 @@ from dlscale.backends.python.runner import Runner, make_runner
 from dlscale.backends.python.streaming import Channel, relay, streams
 from dlscale.backends.python.triton import TritonRunner
 from dlscale.errors import ConfigError, DlscaleError
-from dlscale.types import Parameter, TensorSpec
+from dlscale.types import Parameter
 
 ISOLATIONS = ("thread", "process")
 #: The [backend_options] keys this backend reads itself; the others reach the user's code.
@@ -55,6 +55,7 @@ class PythonBackend:
         self.isolation = _isolation(path, options.extra, self.api, self.decoupled)
         #: The model's name (known once loaded), for errors about what its code returned.
         self.name = path.name
+        self.inputs, self.outputs = list(options.inputs), list(options.outputs)
         self._runner: Runner | None = None
         self._streams: ThreadPoolExecutor | None = None  # user code of streams runs here
 
@@ -105,14 +106,6 @@ class PythonBackend:
             generates_text=generative,
             stops_batches=self.isolation == "process",
         )
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return list(self.options.inputs)
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return list(self.options.outputs)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One merged batch (dlscale's API; warm-up for Triton models)."""
