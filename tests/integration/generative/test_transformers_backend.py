@@ -18,7 +18,6 @@ transformers = pytest.importorskip("transformers")
 from dlscale.backends import BackendOptions, create_backend  # noqa: E402
 from dlscale.backends.base import StreamPart  # noqa: E402
 from dlscale.backends.generative.contract import GenerativeBackend  # noqa: E402
-from dlscale.backends.generative.transformers import model_of  # noqa: E402
 from dlscale.backends.generative.transformers_request import prepare  # noqa: E402
 from dlscale.errors import BackendError, ConfigError, InvalidInput, Unavailable  # noqa: E402
 from dlscale.models.zoo import build_zoo  # noqa: E402
@@ -193,9 +192,8 @@ async def test_chat_messages_go_through_the_chat_template(
 
 def test_ignore_eos_leaves_only_max_tokens_to_end_a_sequence(backend: Any) -> None:
     engine = backend._engine
-    model = model_of(engine)
-    assert prepare(model, text_input("hi"), Sampling()).eos == list(engine.eos_ids) != []
-    assert prepare(model, text_input("hi"), Sampling(ignore_eos=True)).eos == []
+    assert prepare(engine, text_input("hi"), Sampling()).eos == list(engine.eos_ids) != []
+    assert prepare(engine, text_input("hi"), Sampling(ignore_eos=True)).eos == []
 
 
 BAD = [

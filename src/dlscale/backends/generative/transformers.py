@@ -32,7 +32,7 @@ from dlscale.backends.generative.contract import (
 )
 from dlscale.backends.generative.quiet import third_party_to_file
 from dlscale.backends.generative.transformers_engine import Engine, Sink
-from dlscale.backends.generative.transformers_request import Job, Model, Parts, prepare, tokens
+from dlscale.backends.generative.transformers_request import Job, Parts, prepare, tokens
 from dlscale.backends.generative.transformers_settings import EngineSettings
 from dlscale.errors import ConfigError, Unavailable
 from dlscale.sampling import Sampling
@@ -90,15 +90,15 @@ class TransformersBackend:
 
     def _prepare(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> tuple[Engine, Job]:
         engine = self._loaded()
-        return engine, prepare(model_of(engine), inputs, sampling)
+        return engine, prepare(engine, inputs, sampling)
 
     def _convert(self, inputs: Mapping[str, np.ndarray], sampling: Sampling) -> StreamPart:
         engine = self._loaded()
-        tokenizer, model = engine.tokenizer, model_of(engine)
+        tokenizer = engine.tokenizer
         return converted(
             sampling,
             prompt_text(inputs, engine.context),
-            lambda text: tokens(model, text, sampling),
+            lambda text: tokens(engine, text, sampling),
             lambda ids: str(tokenizer.decode(list(ids))),
             len(tokenizer),
         )
@@ -174,15 +174,3 @@ class TransformersBackend:
 
 
 __all__ = ["TransformersBackend"]
-
-
-def model_of(engine: Engine) -> Model:
-    """What a request is prepared against, read off the loaded engine."""
-    return Model(
-        engine.tokenizer,
-        engine.context,
-        engine.cache_tokens,
-        engine.vocabulary,
-        engine.eos_ids,
-        engine.grammars,
-    )

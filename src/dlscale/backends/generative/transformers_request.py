@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
@@ -42,11 +42,10 @@ class Job:
     rows: RowState
 
 
-@dataclass(frozen=True)
-class Model:
-    """What a request is prepared against: the engine's tokenizer, context (max_model_len), the
-    tokens its KV cache holds, the ids it embeds, its end tokens and grammar compiler (None
-    where xgrammar is not installed)."""
+class Model(Protocol):
+    """What a request is prepared against (the loaded engine): its tokenizer, context
+    (max_model_len), the tokens its KV cache holds, the ids it embeds, its end tokens and
+    grammar compiler (None where xgrammar is not installed)."""
 
     tokenizer: Any
     context: int
