@@ -158,13 +158,13 @@ class TransformersBackend:
 
     def load_adapter(self, name: str, folder: Path) -> None:
         """Load a LoRA adapter onto the running engine (lora_layers.py)."""
-        self._loaded().add_adapter(name, folder)
+        self._loaded().adapters_for(name).add(name, folder)
 
     def unload_adapter(self, name: str) -> None:
-        """Free a LoRA adapter's slot and weights."""
+        """Free a LoRA adapter's slot and weights (its sequences have ended)."""
         engine = self._engine
-        if engine is not None:
-            engine.remove_adapter(name)
+        if engine is not None and engine.adapters is not None:
+            engine.adapters.remove(name)
 
     def unload(self) -> None:
         """Stop the engine and free the model and its KV cache at once."""

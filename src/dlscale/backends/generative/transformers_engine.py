@@ -26,7 +26,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from dlscale.backends.base import FailureReport
 from dlscale.backends.generative.contract import EngineStats, StepGate
-from dlscale.backends.generative.lora_files import AdapterSpec, lora_off
+from dlscale.backends.generative.lora_files import lora_off
 from dlscale.backends.generative.lora_layers import BASE, Adapters
 from dlscale.backends.generative.transformers_sampling import RequestSampling
 from dlscale.backends.generative.transformers_settings import DTYPES, EngineSettings
@@ -262,7 +262,7 @@ class Engine:
     ) -> None:
         """Queue one sequence (of `adapter`, "" for the base model); `sink` gets its outputs
         from the router thread."""
-        slot = self._adapters_for(adapter).slot(adapter) if adapter else BASE
+        slot = self.adapters_for(adapter).slot(adapter) if adapter else BASE
         with self._lock:
             if self.failed:
                 raise Unavailable(f"the transformers engine died: {self.failed}")
@@ -299,20 +299,11 @@ class Engine:
         with self._lock:
             self._slots.pop(engine_id, None)
 
-    def _adapters_for(self, name: str) -> Adapters:
+    def adapters_for(self, name: str) -> Adapters:
         """The engine's adapters, which adapter `name` needs (ConfigError without LoRA)."""
         if self.adapters is None:
             raise lora_off(name)
         return self.adapters
-
-    def add_adapter(self, name: str, folder: Path) -> AdapterSpec:
-        """Load a LoRA adapter onto this engine (its requests then name it)."""
-        return self._adapters_for(name).add(name, folder)
-
-    def remove_adapter(self, name: str) -> None:
-        """Free a LoRA adapter (its sequences have ended)."""
-        if self.adapters is not None:
-            self.adapters.remove(name)
 
     def _route_adapters(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before each forward pass: which tokens of the step each adapter computes."""
