@@ -77,7 +77,7 @@ class TransformersBackend:
 
     def pace(self, gate: StepGate) -> None:
         """Each engine step from now on takes its device's slot (contract.PacedBackend)."""
-        self._loaded().pace(gate)
+        self._loaded().manager.gate = gate
 
     def engine_stats(self) -> EngineStats:
         engine = self._engine

@@ -91,7 +91,8 @@ class _Manager(ContinuousBatchingManager):
         #: What ended the generation thread when transformers did not catch it itself (an
         #: unsupported release's TypeError at start): None while it runs or after a stop.
         self.crash: BaseException | None = None
-        #: Paces each step by the device's scheduler (set once by `Engine.pace`); None: free.
+        #: Paces each step by the device's scheduler (set once by the backend's `pace`);
+        #: None: free. The generation thread reads it at each step.
         self.gate: StepGate | None = None
         self.lookups = _PrefixLookups()
 
@@ -284,10 +285,6 @@ class Engine:
                 self._sinks.pop(engine_id, None)
                 self._slots.pop(engine_id, None)
             raise Unavailable("the transformers engine takes no new sequences (it stopped)")
-
-    def pace(self, gate: StepGate) -> None:
-        """Run every later step inside `gate.step` (read by the generation thread per step)."""
-        self.manager.gate = gate
 
     def cancel(self, engine_id: str) -> None:
         """Drop a sequence: its KV-cache blocks are freed at the engine's next step."""
