@@ -100,7 +100,8 @@ class OptimizedGraphs:
         self._files: OrderedDict[Key, tuple[Path, int]] = OrderedDict()
         self._passed: set[Key] = set()  # known not to be kept
         self._digests: dict[str, tuple[tuple[int, ...], str]] = {}  # path: (identity, digest)
-        self._folder: Path | None = None
+        #: Where the graphs are kept (None before the first).
+        self.folder: Path | None = None
         self._lock = threading.Lock()
 
     @property
@@ -109,16 +110,11 @@ class OptimizedGraphs:
         with self._lock:
             return sum(size for _, size in self._files.values())
 
-    @property
-    def folder(self) -> Path | None:
-        """Where the graphs are kept (None before the first)."""
-        return self._folder
-
     def clear(self) -> None:
         """Forget every graph and remove the folder (sessions built from them are unaffected:
         a session reads its file whole)."""
         with self._lock:
-            folder, self._folder = self._folder, None
+            folder, self.folder = self.folder, None
             self._files.clear()
             self._passed.clear()
         if folder is not None:
@@ -175,10 +171,10 @@ class OptimizedGraphs:
         return digest
 
     def _made_folder(self) -> Path:
-        if self._folder is None:
-            self._folder = process_folder(FOLDER_PREFIX)
-            weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
-        return self._folder
+        if self.folder is None:
+            self.folder = process_folder(FOLDER_PREFIX)
+            weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        return self.folder
 
     def _keep(self, key: Key, out: Path | None) -> None:
         with self._lock:
@@ -187,7 +183,7 @@ class OptimizedGraphs:
                     self._passed.clear()
                 self._passed.add(key)
                 return
-            if out.parent != self._folder or not out.is_file():
+            if out.parent != self.folder or not out.is_file():
                 return  # cleared meanwhile
             self._files[key] = (out, out.stat().st_size)
             held = sum(size for _, size in self._files.values())
