@@ -40,7 +40,6 @@ def test_backend_options_become_engine_arguments_and_environment(tmp_path: Path)
         "kv_cache_memory_bytes": 2**29,
     }
     assert s.env == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    assert s.max_num_seqs == 8
 
 
 def test_a_gpu_instance_shows_the_engine_its_gpu_alone(tmp_path: Path) -> None:

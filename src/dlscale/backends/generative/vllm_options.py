@@ -68,11 +68,6 @@ class EngineSettings:
     env: dict[str, str] = field(default_factory=dict)
     chat_template: Path | None = None
 
-    @property
-    def max_num_seqs(self) -> int | None:
-        value = self.args.get("max_num_seqs")
-        return value if isinstance(value, int) else None
-
 
 def engine_settings(model_file: Path, options: Mapping[str, Any], device: str) -> EngineSettings:
     """The settings for the model file the repository found (config.json or model.json)."""
