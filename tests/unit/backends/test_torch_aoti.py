@@ -26,7 +26,7 @@ from tests.toolkit.slow import slow_only
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.torch.aoti import load_package, read_info
 from dlscale.backends.torch.files import ZOO_NETS, write_module_spec
-from dlscale.backends.torch.packaging import Packaged, package_model, served_options
+from dlscale.backends.torch.packaging import Packaged, package_model
 from dlscale.errors import ConfigError
 from dlscale.models.flops import count, count_file
 from dlscale.models.zoo import ZOO
@@ -170,9 +170,6 @@ def test_settings_the_package_holds_are_refused(packages: dict[str, Packaged]) -
     with pytest.raises(ConfigError, match="compiled for cpu"):
         load_package(path, torch.device("cuda", 0), single_threaded=True)
     load(precision="fp32", static_buckets=True, batch_buckets=[4, MAX_BATCH])  # agrees: loads
-    assert served_options({"precision": "fp16", "compile": True, "cuda_graphs": True}) == {
-        "cuda_graphs": True
-    }
 
 
 async def test_a_package_in_a_version_folder_serves_through_the_batcher(

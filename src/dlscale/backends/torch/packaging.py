@@ -3,17 +3,15 @@
 `package_model` loads a model.zoo / .pt2 file the way the backend does (the same folding,
 precision, layout and boundary conversions, prepare.py), exports it with a dynamic batch
 dimension and compiles it with AOTInductor under the compile mode and freezing the settings ask
-for. The package then serves with `served_options`: what was compiled in is dropped from the
-config, since it is in the file.
+for. The package then serves without the settings compiled into it: the backend refuses them
+(prepare.py, `check_package`), since they are in the file.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -30,17 +28,6 @@ from dlscale.backends.torch.tensors import torch_dtype
 from dlscale.errors import ConfigError
 from dlscale.types import TensorSpec
 
-#: Settings the package holds; the rest (graphs, buckets, batches in flight) stay in config.
-COMPILED_IN = (
-    "precision",
-    "autocast",
-    "channels_last",
-    "compile",
-    "compile_mode",
-    "compile_backend",
-    "freezing",
-    "lowp_convs",
-)
 #: AOTInductor runs no inductor CUDA graphs of its own; the backend captures its own.
 _NOT_FOR_AOT = ("triton.cudagraphs",)
 
@@ -94,11 +81,6 @@ def package_model(source: Path, options: BackendOptions, out: Path) -> Packaged:
     with fp32_mode(s.precision, device):
         build_package(boundary, _example(model.inputs, 2, device), info, out, configs)
     return Packaged(out, info, time.perf_counter() - started)
-
-
-def served_options(extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The [backend_options] a package serves with: those it compiled in are left out."""
-    return {k: v for k, v in extra.items() if k not in COMPILED_IN}
 
 
 def _example(specs: list[TensorSpec], rows: int, device: torch.device) -> list[torch.Tensor]:
