@@ -11,22 +11,10 @@ import tensorflow as tf
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype, TensorSpec
 
+#: Each datatype's TensorFlow dtype, named as its numpy dtype is (bool, uint8, ..., float64);
+#: tf.string elements are byte strings, as the protocol's BYTES elements are: no re-encoding.
 TF_DTYPES: dict[Datatype, Any] = {
-    Datatype.BOOL: tf.bool,
-    Datatype.UINT8: tf.uint8,
-    Datatype.UINT16: tf.uint16,
-    Datatype.UINT32: tf.uint32,
-    Datatype.UINT64: tf.uint64,
-    Datatype.INT8: tf.int8,
-    Datatype.INT16: tf.int16,
-    Datatype.INT32: tf.int32,
-    Datatype.INT64: tf.int64,
-    Datatype.FP16: tf.float16,
-    Datatype.BF16: tf.bfloat16,
-    Datatype.FP32: tf.float32,
-    Datatype.FP64: tf.float64,
-    # tf.string elements are byte strings, as the protocol's BYTES elements are: no re-encoding.
-    Datatype.BYTES: tf.string,
+    d: tf.string if d is Datatype.BYTES else getattr(tf, d.numpy.name) for d in Datatype
 }
 _DATATYPES = {v: k for k, v in TF_DTYPES.items()}
 

@@ -12,20 +12,9 @@ import torch
 from dlscale.errors import ConfigError
 from dlscale.types import Datatype
 
+#: Each datatype's torch dtype, named as its numpy dtype is (bool, uint8, ..., bfloat16, float64).
 TORCH_DTYPES: dict[Datatype, torch.dtype] = {
-    Datatype.BOOL: torch.bool,
-    Datatype.UINT8: torch.uint8,
-    Datatype.UINT16: torch.uint16,
-    Datatype.UINT32: torch.uint32,
-    Datatype.UINT64: torch.uint64,
-    Datatype.INT8: torch.int8,
-    Datatype.INT16: torch.int16,
-    Datatype.INT32: torch.int32,
-    Datatype.INT64: torch.int64,
-    Datatype.FP16: torch.float16,
-    Datatype.BF16: torch.bfloat16,
-    Datatype.FP32: torch.float32,
-    Datatype.FP64: torch.float64,
+    d: getattr(torch, d.numpy.name) for d in Datatype if d is not Datatype.BYTES
 }
 _DATATYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
