@@ -26,21 +26,11 @@ from dlscale.wire.tensors import as_bytes, as_text
 
 log = logging.getLogger(__name__)
 
+#: ONNX Runtime's type of each datatype's tensors: "tensor(<its numpy dtype's name>)", but for
+#: these three, named as ONNX names them.
+_ORT_NAMES = {"float32": "float", "float64": "double", "object": "string"}
 _ORT_TYPES: dict[str, Datatype] = {
-    "tensor(bool)": Datatype.BOOL,
-    "tensor(uint8)": Datatype.UINT8,
-    "tensor(uint16)": Datatype.UINT16,
-    "tensor(uint32)": Datatype.UINT32,
-    "tensor(uint64)": Datatype.UINT64,
-    "tensor(int8)": Datatype.INT8,
-    "tensor(int16)": Datatype.INT16,
-    "tensor(int32)": Datatype.INT32,
-    "tensor(int64)": Datatype.INT64,
-    "tensor(float16)": Datatype.FP16,
-    "tensor(bfloat16)": Datatype.BF16,
-    "tensor(float)": Datatype.FP32,
-    "tensor(double)": Datatype.FP64,
-    "tensor(string)": Datatype.BYTES,
+    f"tensor({_ORT_NAMES.get(d.numpy.name, d.numpy.name)})": d for d in Datatype
 }
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
