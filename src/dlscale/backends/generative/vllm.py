@@ -323,19 +323,15 @@ def _finish_reason(reason: str | None) -> str:
     return reason if reason in contract.FINISH_REASONS else "abort"
 
 
-class _LatestStats:
-    """The engine's last scheduler stats, kept by a stat logger vLLM calls after each step."""
+class _LatestStats(StatLoggerBase):  # type: ignore[misc]
+    """The engine's last scheduler stats, kept as a stat logger that vLLM calls after each step."""
 
     def __init__(self) -> None:
         self.latest = EngineStats(running=0, waiting=0, kv_cache_usage=0.0)
 
     def logger(self, vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
-        return _StatLogger(self)
-
-
-class _StatLogger(StatLoggerBase):  # type: ignore[misc]
-    def __init__(self, holder: _LatestStats) -> None:
-        self.holder = holder
+        """vLLM's factory of stat loggers: every engine reports to this one."""
+        return self
 
     def record(
         self,
@@ -345,12 +341,12 @@ class _StatLogger(StatLoggerBase):  # type: ignore[misc]
         engine_idx: int = 0,
     ) -> None:
         if scheduler_stats is not None:
-            before = self.holder.latest
+            before = self.latest
             # Each step's prefix-cache stats count that step's lookups: summed here.
             prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
             queries = (before.prefix_cache_queries or 0) + int(getattr(prefix, "queries", 0))
             hits = (before.prefix_cache_hits or 0) + int(getattr(prefix, "hits", 0))
-            self.holder.latest = EngineStats(
+            self.latest = EngineStats(
                 running=int(scheduler_stats.num_running_reqs),
                 waiting=int(scheduler_stats.num_waiting_reqs)
                 + int(getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)),
