@@ -159,7 +159,7 @@ def test_the_fast_path_is_the_default_on_cuda(zoo: Path) -> None:
     for backend in loaded(zoo, "resnet50", precision="fp16"):
         s = backend.settings
         assert s.cuda_graphs and s.channels_last and s.inflight_batches == 2
-        assert backend.concurrency == 2 and backend._graphs is not None
+        assert backend.capabilities.concurrency == 2 and backend._graphs is not None
     for backend in loaded(zoo, "mlp", precision="fp16"):
         assert backend.settings.cuda_graphs and not backend.settings.channels_last
 

@@ -177,14 +177,11 @@ class TorchBackend:
     # -- computing -------------------------------------------------------------------------------
 
     @property
-    def concurrency(self) -> int:
-        """Batches this backend takes at once (read after load): 2 on CUDA by default."""
-        return (self.settings.inflight_batches or 1) if self._staging is not None else 1
-
-    @property
     def capabilities(self) -> Capabilities:
-        """Read after load: batches at once, and the CUDA device it reads inputs from in place."""
-        return Capabilities(concurrency=self.concurrency, device_buffers=self.device_buffers)
+        """Read after load: batches at once (2 on CUDA by default, 1 on the CPU), and the CUDA
+        device it reads inputs from in place."""
+        concurrency = (self.settings.inflight_batches or 1) if self._staging is not None else 1
+        return Capabilities(concurrency=concurrency, device_buffers=self.device_buffers)
 
     def _call(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
         assert self._fn is not None and self.device is not None
