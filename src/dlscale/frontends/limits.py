@@ -7,6 +7,7 @@ body limit. `dlscale serve` sets each with a flag; ServerSettings carries them t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import resource
@@ -20,6 +21,8 @@ log = logging.getLogger("dlscale.limits")
 
 #: File descriptors kept for everything but REST connections: gRPC, models, logs, metrics.
 FD_RESERVE = 128
+#: The limits where 0 means "none" (or, for reap_idle_s, "at once"); every other is positive.
+_MAY_BE_ZERO = ("max_connections_per_peer", "reap_idle_s", "max_keep_alive_requests")
 
 
 def _limit(default: Any, help: str) -> Any:
@@ -105,23 +108,7 @@ class Limits:
     )
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_body_bytes",
-            "max_grpc_message_bytes",
-            "max_tensor_elements",
-            "max_url_bytes",
-            "max_header_bytes",
-            "max_head_bytes",
-            "max_headers",
-            "max_connections",
-            "max_stream_requests",
-            "max_stream_answers",
-            "max_receiving_bytes",
-            "head_timeout_s",
-            "body_timeout_s",
-            "keep_alive_s",
-            "unread_stream_timeout_s",
-        ):
+        for name in (f.name for f in dataclasses.fields(self) if f.name not in _MAY_BE_ZERO):
             if not getattr(self, name) > 0:  # `not >`: a NaN timeout is refused too
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_connections_per_peer < 0:
