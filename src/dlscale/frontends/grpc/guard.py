@@ -68,8 +68,7 @@ class Guard:
             try:
                 access.check(group, headers)
             except DlscaleError as exc:  # UNAUTHENTICATED or PERMISSION_DENIED
-                code = getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.PERMISSION_DENIED)
-                await context.abort(code, exc.message)
+                await context.abort(grpc.StatusCode[exc.grpc_code], exc.message)
 
         return check
 

@@ -36,10 +36,6 @@ FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
-def _status(exc: DlscaleError) -> grpc.StatusCode:
-    return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.INTERNAL)
-
-
 def unary(handler: _Handler[_T]) -> _Handler[_T]:
     """Map the error tree to gRPC status codes; anything else is INTERNAL and logged (the
     TensorFlow Serving servicers' too, tfserving_rpcs.py)."""
@@ -69,7 +65,7 @@ async def _abort(exc: Exception, method: str, request: Any, context: Any) -> Non
     Raises, as `context.abort` does."""
     if isinstance(exc, DlscaleError):
         log_failure("gRPC", _model_of(request), exc.grpc_code, exc.reason, f"{method}: {exc}")
-        await context.abort(_status(exc), exc.message)
+        await context.abort(grpc.StatusCode[exc.grpc_code], exc.message)
     log.exception("gRPC %s failed", method)
     await context.abort(grpc.StatusCode.INTERNAL, redact_paths(f"internal error: {exc!r}"))
 
