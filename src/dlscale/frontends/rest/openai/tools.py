@@ -51,15 +51,13 @@ class ToolCall:
 
     name: str
     arguments: str
-    id: str = ""
 
-    def to_dict(self, index: int | None = None) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "id": self.id or "call_" + uuid.uuid4().hex[:24],
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": "call_" + uuid.uuid4().hex[:24],
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
-        return doc if index is None else {"index": index, **doc}
 
 
 def response_guide(value: object) -> Guide | None:
