@@ -23,6 +23,8 @@ from dlscale.types import (
     TensorSpec,
     VersionPolicy,
 )
+from dlscale.wire.documents import statistics_message
+from dlscale.wire.grpc import frame_infer_response
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 CONFIG = ModelConfigView(
@@ -91,14 +93,14 @@ STATS = ModelStatistics(
 
 
 def test_statistics_layout() -> None:
-    got = convert.statistics([STATS]).model_stats[0]
+    got = statistics_message([STATS]).model_stats[0]
     assert (got.name, got.version, got.inference_count, got.execution_count) == ("m", "1", 5, 2)
     assert got.inference_stats.queue.ns == 1000
     assert got.batch_stats[0].batch_size == 4 and got.batch_stats[0].compute_infer.count == 2
     assert (got.batch_stats[0].compute_input.ns, got.batch_stats[0].compute_output.ns) == (10, 30)
     assert got.last_inference == 123
     parsed = json_format.ParseDict(render.statistics([STATS]), pb.ModelStatisticsResponse())
-    assert parsed == convert.statistics([STATS])
+    assert parsed == statistics_message([STATS])
 
 
 def test_repository_index_rows() -> None:
@@ -116,7 +118,7 @@ def test_repository_index_rows() -> None:
 
 def test_stream_answers_and_errors() -> None:
     response = InferenceResponse("m", {"y": np.zeros(2, np.float32)}, id="7")
-    framed = convert.infer_response(response, raw=True, max_bytes=2**20)
+    framed = frame_infer_response(response, raw=True, max_bytes=2**20)
     # The stream's serializer wraps the answer's bytes without re-encoding it.
     wrapped = pb.ModelStreamInferResponse.FromString(write_stream_answer(framed))
     assert wrapped.infer_response.id == "7" and len(wrapped.infer_response.raw_output_contents) == 1

@@ -1,9 +1,9 @@
 """The DataPlane's typed answers as gRPC messages, and what the servicer reads from requests
 beyond their plain fields (parameters, settings).
 
-Inference messages are the wire codec's (`dlscale.wire.grpc`); this module adds what only the
-server says: health, metadata, config, statistics, the repository, shared-memory regions, and
-in-stream errors.
+Inference messages are the wire codec's (`dlscale.wire.grpc`), statistics wire/documents.py's
+(shared with REST); this module adds what only the server says: health, metadata, config, the
+repository, shared-memory regions, and in-stream errors.
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ from dlscale.serving.regions.registry import RegionStatus
 from dlscale.types import (
     ModelConfigView,
     ModelMetadata,
-    ModelStatistics,
     RepositoryEntry,
     ServerMetadata,
     TensorSpec,
 )
-from dlscale.wire.documents import config_message, statistics_message
-from dlscale.wire.grpc import frame_infer_response
+from dlscale.wire.documents import config_message
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 # -- requests -----------------------------------------------------------------------------------
@@ -82,12 +80,6 @@ def log_settings(settings: dict[str, str | bool | int]) -> Any:
 # -- inference ----------------------------------------------------------------------------------
 
 
-#: A ModelInferResponse, raw outputs beside it (the frontend's serializer joins them once,
-#: wrapped as a ModelStreamInferResponse's answer on a stream): the codec's own, not a call
-#: around it, since every answer is made by it.
-infer_response = frame_infer_response
-
-
 def stream_error(text: str, message: Any) -> Any:
     """An in-stream error for a ModelInferRequest; its id ties the error to the request."""
     echo = pb.ModelInferResponse(
@@ -143,12 +135,7 @@ def model_config(view: ModelConfigView) -> Any:
     return pb.ModelConfigResponse(config=config_message(view))
 
 
-# -- statistics and repository ------------------------------------------------------------------
-
-
-def statistics(stats: list[ModelStatistics]) -> Any:
-    """ModelStatisticsResponse."""
-    return statistics_message(stats)
+# -- repository ---------------------------------------------------------------------------------
 
 
 def repository_index(rows: list[RepositoryEntry]) -> Any:

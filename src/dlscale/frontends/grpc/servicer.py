@@ -23,7 +23,8 @@ from dlscale.serving.regions.registry import RegionKind
 from dlscale.serving.streams import aclose
 from dlscale.types import InferenceRequest
 from dlscale.wire.bounds import MAX_ELEMENTS
-from dlscale.wire.grpc import Framed, decode_infer_request, wants_raw
+from dlscale.wire.documents import statistics_message
+from dlscale.wire.grpc import Framed, decode_infer_request, frame_infer_response, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
             if decoded is None:
                 decoded = await self._decoded_off_loop(request, traceparent)
             response = await self.dataplane.infer(decoded)
-            return convert.infer_response(response, wants_raw(decoded), self.max_message_bytes)
+            return frame_infer_response(response, wants_raw(decoded), self.max_message_bytes)
         except Exception as exc:
             code = _code_of(exc)
             await _abort(exc, "ModelInfer", request, context)
@@ -233,7 +234,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         raw = wants_raw(request)
         if not config.decoupled:
             response = await self.dataplane.infer(request)
-            reply = convert.infer_response(response, raw, self.max_message_bytes)
+            reply = frame_infer_response(response, raw, self.max_message_bytes)
             reply.message.parameters[FINAL].bool_param = True
             await send(reply)
             return
@@ -244,7 +245,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
                 if response.final and not response.outputs and not empty_final:
                     continue
                 response.parameters[FINAL] = response.final
-                await send(convert.infer_response(response, raw, self.max_message_bytes))
+                await send(frame_infer_response(response, raw, self.max_message_bytes))
         finally:
             await aclose(responses)
 
@@ -270,7 +271,7 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return convert.statistics(await self.dataplane.statistics(request.name, request.version))
+        return statistics_message(await self.dataplane.statistics(request.name, request.version))
 
     @unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
