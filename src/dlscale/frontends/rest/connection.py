@@ -15,7 +15,7 @@ import httptools
 
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.rest.api import RestApi, RestResponse, error_response
-from dlscale.frontends.rest.body import HEAD_READ, Body
+from dlscale.frontends.rest.body import HEAD_READ
 from dlscale.frontends.rest.framing import Pending, cut_response, frame
 from dlscale.frontends.rest.reading import BODY, HEAD, IDLE, BodyOwner, RequestReader
 from dlscale.frontends.rest.streaming import send_stream
@@ -63,21 +63,11 @@ class Connection(RequestReader, asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.limits = frontend.limits
         self.last_active = self.loop.time()
+        self.on_message_begin()  # the state each request starts with (reading.py), before any
         self._phase = IDLE
-        self._phase_since = self.last_active
-        self._head_seen = 0  # bytes fed while the head was still arriving
-        self._url = b""
-        self._head_size = 0
-        self._headers: dict[str, str] = {}
-        self._header_lines = 0
         self._method = ""
         self._path = ""
         self._keep_alive = True
-        self._early: RestResponse | None = None  # the answer of a request whose body is skipped
-        self._body: Body | None = None
-        self._length = -1  # a body's declared length, while its buffer waits for its bytes
-        self._whole = b""  # a body that came whole with its head
-        self._body_size = 0
         self._direct = False  # the socket writes into the body's buffer
         self._reserved = 0  # bytes of frontend.reserve() this connection holds
         self._head = memoryview(bytearray(HEAD_READ))

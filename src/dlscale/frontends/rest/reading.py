@@ -67,7 +67,7 @@ class RequestReader:
     last_active: float
     _phase: _Phase
     _phase_since: float
-    _head_seen: int
+    _head_seen: int  # bytes fed while the head was still arriving
     _url: bytes
     _head_size: int
     _headers: dict[str, str]
@@ -75,10 +75,10 @@ class RequestReader:
     _method: str
     _path: str
     _keep_alive: bool
-    _early: RestResponse | None
+    _early: RestResponse | None  # the answer of a request whose body is skipped
     _body: Body | None
-    _length: int
-    _whole: bytes
+    _length: int  # a body's declared length, while its buffer waits for its bytes
+    _whole: bytes  # a body that came whole with its head
     _body_size: int
     _reserved: int
     _requests: int
