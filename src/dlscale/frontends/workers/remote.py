@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from dlscale.errors import DlscaleError, Unavailable
-from dlscale.frontends.plane import METHODS, PLANE_METHODS, Plane, PlaneMethod
+from dlscale.frontends.plane import PLANE_METHODS, Plane, PlaneMethod
 from dlscale.frontends.workers import messages as ipc
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
 from dlscale.types import InferenceRequest, InferenceResponse
@@ -150,15 +150,14 @@ class RemotePlane:
             self.gone.set()
 
     async def ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """The owner's answer to Plane method `method`; inference inputs travel in place."""
-        if method not in METHODS:
-            raise DlscaleError(f"{method!r} is not a Plane method")
-        if self._writer is None or (self.gone.is_set() and method not in ("live", "ready")):
+        """The owner's answer to Plane method `method` (it refuses any other name); inference
+        inputs travel in place."""
+        if self.gone.is_set() and method in ("live", "ready"):
+            return False  # the owner is gone: neither live nor ready
+        if self._writer is None or self.gone.is_set():
             raise Unavailable(GONE)
         request = args[0] if method == "infer" and args else None
         space = self._space(request) if isinstance(request, InferenceRequest) else None
-        if method in ("live", "ready") and self.gone.is_set():
-            return False  # the owner is gone: neither live nor ready
         ident = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[ident] = future
