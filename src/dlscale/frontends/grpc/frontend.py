@@ -92,14 +92,7 @@ class GrpcFrontend:
                 *_streams_per_connection(limits.max_connections_per_peer),
             ],
         )
-        servicer = InferenceServicer(
-            self.dataplane,
-            limits.max_grpc_message_bytes,
-            limits.max_tensor_elements,
-            limits.max_stream_requests,
-            limits.max_stream_answers,
-        )
-        self.servicer = servicer
+        servicer = self.servicer = InferenceServicer(self.dataplane, limits)
         servicer.continues_traces = await _continues_traces(servicer.dataplane)
         handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
         guarded = GuardedServer(server, Guard(self.access, self.peers))

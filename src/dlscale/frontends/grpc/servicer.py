@@ -15,6 +15,7 @@ import grpc
 from dlscale.errors import DlscaleError, redact_paths
 from dlscale.frontends.grpc import convert
 from dlscale.frontends.grpc.outbox import Outbox
+from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.serving.observe.logs import access, log_failure
@@ -22,7 +23,6 @@ from dlscale.serving.observe.otel import TRACEPARENT
 from dlscale.serving.regions.registry import RegionKind
 from dlscale.serving.streams import aclose
 from dlscale.types import InferenceRequest
-from dlscale.wire.bounds import MAX_ELEMENTS
 from dlscale.wire.documents import statistics_message
 from dlscale.wire.grpc import Framed, decode_infer_request, frame_infer_response, wants_raw
 from dlscale.wire.proto.grpc_gen import inference_pb2_grpc
@@ -90,21 +90,14 @@ def _model_of(request: Any) -> str:
 class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over one DataPlane; no scheduling or validation here."""
 
-    def __init__(
-        self,
-        dataplane: Plane,
-        max_message_bytes: int,
-        max_elements: int = MAX_ELEMENTS,
-        max_stream_requests: int = 64,
-        max_stream_answers: int = 16,
-    ) -> None:
+    def __init__(self, dataplane: Plane, limits: Limits) -> None:
         self.dataplane = Asked(dataplane)
-        self.max_message_bytes = max_message_bytes
-        self.max_elements = max_elements
-        #: Requests of one ModelStreamInfer stream in flight (frontends/limits.py).
-        self.max_stream_requests = max_stream_requests
-        #: Answers of one stream waiting for its client to read them (frontends/limits.py).
-        self.max_stream_answers = max_stream_answers
+        self.max_message_bytes = limits.max_grpc_message_bytes
+        self.max_elements = limits.max_tensor_elements
+        #: Requests of one ModelStreamInfer stream in flight, and its answers waiting for its
+        #: client to read them (frontends/limits.py).
+        self.max_stream_requests = limits.max_stream_requests
+        self.max_stream_answers = limits.max_stream_answers
         #: The outbox of each stream open now: what the server holds for each (its own count).
         self.outboxes: set[Outbox] = set()
         self.shared_memory = dataplane.shared_memory
