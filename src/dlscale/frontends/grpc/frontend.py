@@ -142,7 +142,7 @@ def _streams_per_connection(cap: int) -> list[tuple[str, int]]:
 
 
 def method_handlers(
-    servicer: InferenceServicer, unread_s: float = Limits().unread_stream_timeout_s
+    servicer: InferenceServicer, unread_s: float
 ) -> dict[str, grpc.RpcMethodHandler]:
     """Every RPC of the service, each with its messages' protobuf (de)serializers, except that
     ModelInfer and ModelStreamInfer keep large raw contents out of protobuf (wire/grpc.py,

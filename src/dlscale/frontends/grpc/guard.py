@@ -37,9 +37,9 @@ class Undecodable:
 class Guard:
     """Wraps each method's handler: decode errors, access and per-client calls answered here."""
 
-    def __init__(self, access: Access, peers: PeerCalls | None = None) -> None:
+    def __init__(self, access: Access, peers: PeerCalls) -> None:
         self.access = access
-        self.peers = peers or PeerCalls(0)
+        self.peers = peers
 
     def wrap(self, handler: Any, method: str) -> Any:
         """`handler` of `method` (`/package.Service/Method`), guarded."""
