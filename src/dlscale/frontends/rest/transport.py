@@ -17,7 +17,7 @@ import ssl
 from dlscale.errors import DlscaleError
 from dlscale.frontends import GRACE_S
 from dlscale.frontends.access import Access
-from dlscale.frontends.limits import DescriptorBudget, Limits, connection_cap, descriptor_budget
+from dlscale.frontends.limits import Limits, connection_cap, descriptor_budget
 from dlscale.frontends.plane import Plane
 from dlscale.frontends.rest.api import RestApi
 from dlscale.frontends.rest.body import BodyBuffers
@@ -40,7 +40,6 @@ class HttpFrontend:
         access: Access | None = None,
         bodies: BodyBuffers | None = None,
         reuse_port: bool = False,
-        descriptors: DescriptorBudget | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.api = RestApi(dataplane, self.limits, access)
@@ -59,7 +58,7 @@ class HttpFrontend:
         self._counted: set[Connection] = set()  # the ones served: within the limits below
         self._peers: dict[str, int] = {}  # connections served per client address
         #: The descriptors REST connections share with shared-memory regions (limits.py).
-        self.descriptors = descriptors or descriptor_budget()
+        self.descriptors = descriptor_budget()
         self._all_closed = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
 
