@@ -57,15 +57,19 @@ class RestApi:
         self._guarded = bool(self.access)
         self.control = ControlRoutes(self.dataplane)
         self.generate = GenerateApi(dataplane, self.limits)
-        #: The body with its Content-Encoding undone (the OpenAI and TF Serving routes' too).
+        #: The body with its Content-Encoding undone (the OpenAI routes' too).
         self._decoded = functools.partial(decoded_body, max_bytes=self.limits.max_body_bytes)
         self._routes: dict[str, _Route] = {}
         self.openai = OpenAIApi(dataplane, self.access, self._decoded)
-        self.tfserving = TfServingApi(
-            dataplane, self.limits, self.access, self.openai.handle, self._decoded
-        )
+        #: TensorFlow Serving's routes, under /v1/ beside OpenAI's: called as OIP's are.
+        self.tfserving = TfServingApi(dataplane, self.limits)
         #: The handlers whose model may refuse a request before its body is read.
-        self._inference = (self._infer, self.generate.generate, self.generate.generate_stream)
+        self._inference = (
+            self._infer,
+            self.generate.generate,
+            self.generate.generate_stream,
+            self.tfserving.infer,
+        )
 
     async def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
@@ -90,14 +94,16 @@ class RestApi:
     async def _answer(
         self, method: str, path: str, headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        if self.openai.serves(path):  # the OpenAI API's (and TensorFlow Serving's, under /v1/)
-            tfserving = self.tfserving.route(path) if path.startswith("/v1/") else None
-            if tfserving is None:  # in its own errors' shape (docs/openai.md)
-                return await self.openai.handle(method, path, headers, body)
-            return await self.tfserving.handle(tfserving, method, path, headers, body)
         args: list[str] = []
         try:
-            route = self._route(path)
+            if self.openai.serves(path):  # the OpenAI API's; under /v1/, TensorFlow Serving's too
+                found = self.tfserving.route(path)
+                if found is None or await self.tfserving.openai_asks(found):
+                    # In OpenAI's own errors' shape (docs/openai.md).
+                    return await self.openai.handle(method, path, headers, body)
+                route: _Route = found
+            else:
+                route = self._route(path)
             args = route[1]
             if route[0] is None:
                 return error_response(404, f"no route for {_short(path)!r}")
@@ -136,27 +142,26 @@ class RestApi:
         body read, decode or task. Anything else about the request is left to `handle`.
         """
         route = self._routes.get(path)  # OIP routes only (see `handle`)
-        model = ""
         if route is None and self.openai.serves(path):
-            tfserving = self.tfserving.route(path) if path.startswith("/v1/") else None
-            if tfserving is None:
+            route = self.tfserving.route(path)
+            if route is None:
                 return self.openai.refusal_before_body(method, path, headers)
-            refusal = self.tfserving.refusal_before_body(tfserving, method, headers)
-        else:
-            handler, args, _, group = route or self._route(path)
-            if handler is None:
-                return None  # `handle` answers 404
-            if self._guarded:
-                try:
-                    self.access.check(group, headers)
-                except DlscaleError as exc:
-                    return failure_response(f"{method} {path}", "", exc, challenge=True)
-            if method != "POST" or handler not in self._inference:
-                return None
-            model, refusal = args[0], self.dataplane.refuse_early(args[0], args[1])
+            if self.tfserving.shared(route):
+                return None  # OpenAI's or TensorFlow Serving's: `handle` tells which
+        handler, args, _, group = route or self._route(path)
+        if handler is None:
+            return None  # `handle` answers 404
+        if self._guarded:
+            try:
+                self.access.check(group, headers)
+            except DlscaleError as exc:
+                return failure_response(f"{method} {path}", "", exc, challenge=True)
+        if method != "POST" or handler not in self._inference:
+            return None
+        refusal = self.dataplane.refuse_early(args[0], args[1])
         if refusal is None:
             return None
-        return failure_response(f"{method} {path}", model, refusal, challenge=True)
+        return failure_response(f"{method} {path}", args[0], refusal, challenge=True)
 
     # -- routing -----------------------------------------------------------------------------------
 

@@ -8,20 +8,16 @@ serve, is OpenAI's `retrieve`, answered by the OpenAI routes as before (docs/tfs
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 from dlscale.errors import DlscaleError, NotFound
-from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import (
-    Decoder,
     Handler,
     RestResponse,
-    error_response,
-    failure_response,
     json_response,
     path_parts,
 )
@@ -33,7 +29,6 @@ from dlscale.frontends.tfserving.signature import (
 from dlscale.types import InferenceRequest, ModelKind, ModelMetadata
 from dlscale.wire.tensors import Buffer
 
-_Fallback = Callable[[str, str, Mapping[str, str], Buffer], Awaitable[RestResponse]]
 #: A route: handler, path arguments (model, version), the one method, its API group.
 Route = tuple[Handler, list[str], str, str]
 VERBS = ("predict", "classify", "regress")
@@ -42,20 +37,18 @@ ROUTE_CACHE_SIZE = 1024
 
 
 class TfServingApi:
-    """The TensorFlow Serving routes over a Plane; `fallback` answers OpenAI's `/v1/` requests."""
+    """The TensorFlow Serving routes over a Plane: `route` finds a path's handler, and the REST
+    API (api.py) checks its caller, its method and its body, and maps its errors, as for its own."""
 
-    def __init__(
-        self, plane: Plane, limits: Limits, access: Access, fallback: _Fallback, decoded: Decoder
-    ) -> None:
+    def __init__(self, plane: Plane, limits: Limits) -> None:
         self.plane = Asked(plane)
         self.limits = limits
-        self.access = access
-        self.fallback = fallback
-        self.decoded = decoded
         self._routes: dict[str, Route] = {}
 
     def route(self, path: str) -> Route | None:
-        """The route of a `/v1/` path, or None when it is not TensorFlow Serving's."""
+        """The route of a path, or None when it is not TensorFlow Serving's (under `/v1/`)."""
+        if not path.startswith("/v1/"):
+            return None
         # Clients repeat a few paths, asked twice each (before the body, then to answer).
         found = self._routes.get(path)
         if found is None:
@@ -83,59 +76,31 @@ class TfServingApi:
         if verb:
             if rest:
                 return None
-            return self._infer, [model, version, verb], "POST", "inference"
+            return self.infer, [model, version, verb], "POST", "inference"
         if rest == ["metadata"]:
             return self._metadata, [model, version], "GET", "metadata"
         if rest:
             return None
         return self._status, [model, version], "GET", "health"
 
-    async def handle(
-        self, route: Route, method: str, path: str, headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        """Answer one request of `route`; errors as `{"error": ...}` with their status."""
-        handler, args, allowed, group = route
-        try:
-            if self._shared(route) and await self._openai_model(args[0]):
-                return await self.fallback(method, path, headers, body)
-            self.access.check(group, headers)
-            if method != allowed:
-                message = f"{method} is not allowed on {path[:200]!r}; use {allowed}"
-                return error_response(405, message, (("allow", allowed),))
-            return await handler(args, headers, self.decoded(headers, body))
-        except Exception as exc:
-            return failure_response(f"{method} {path}", args[0], exc)
-
-    def refusal_before_body(
-        self, route: Route, method: str, headers: Mapping[str, str]
-    ) -> DlscaleError | None:
-        """A caller without the group's key, or a model that refuses an inference now."""
-        _, args, _, group = route
-        if self._shared(route):
-            return None  # OpenAI's or ours: `handle` tells which, and checks that group's key
-        try:
-            self.access.check(group, headers)
-        except DlscaleError as exc:
-            return exc
-        if method != "POST" or group != "inference":
-            return None
-        return self.plane.refuse_early(args[0], args[1])
-
-    def _shared(self, route: Route) -> bool:
+    def shared(self, route: Route) -> bool:
         """Whether the route is `GET /v1/models/NAME`, which OpenAI's API has too."""
         return route[0] == self._status and not route[1][1]
 
-    async def _openai_model(self, name: str) -> bool:
-        """Whether `GET /v1/models/NAME` is OpenAI's: a generative model, or none served."""
+    async def openai_asks(self, route: Route) -> bool:
+        """Whether a request of `route` is OpenAI's: `GET /v1/models/NAME` of a generative model,
+        or of a name not served."""
+        if not self.shared(route):
+            return False
         try:
-            meta = await self.plane.model_metadata(name)
+            meta = await self.plane.model_metadata(route[1][0])
         except DlscaleError:
             return True
         return meta.kind is ModelKind.GENERATIVE
 
     # -- inference ---------------------------------------------------------------------------------
 
-    async def _infer(
+    async def infer(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
         model, version, verb = args
