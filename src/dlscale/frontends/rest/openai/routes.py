@@ -137,9 +137,9 @@ class OpenAIApi:
             case ["models", model]:
                 return self._model, [model], "GET"
             case ["completions"]:
-                return self._completions, [], "POST"
+                return self._generate, ["text"], "POST"
             case ["chat", "completions"]:
-                return self._chat, [], "POST"
+                return self._generate, ["chat"], "POST"
             case ["embeddings"]:
                 return self._embeddings, [], "POST"
         return None, [], ""
@@ -264,19 +264,13 @@ class OpenAIApi:
 
     # -- generation --------------------------------------------------------------------------------
 
-    async def _completions(
+    async def _generate(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
     ) -> RestResponse:
-        return await self._generate(completion_call(body, headers), chat=False)
-
-    async def _chat(
-        self, args: list[str], headers: Mapping[str, str], body: Buffer
-    ) -> RestResponse:
-        return await self._generate(chat_call(body, headers), chat=True)
-
-    async def _generate(self, call: Call, chat: bool) -> RestResponse:
-        """One generation per prompt: the whole answer, or its chunks once every prompt's
-        first response is in."""
+        """A completion (`args` ["text"]) or a chat: one generation per prompt, the whole answer
+        or its chunks once every prompt's first response is in."""
+        chat = args == ["chat"]
+        call = chat_call(body, headers) if chat else completion_call(body, headers)
         choices = [Choice() for _ in call.requests]
         reply = Answer(
             call.request.id,
