@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import msgspec
 
 from dlscale.errors import InvalidInput
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
+from dlscale.wire.rest_json import decode_json
 from dlscale.wire.tensors import Buffer
 
 #: The first path segment after v2/ of each extension, and the kind of region it holds.
 PREFIXES = {"systemsharedmemory": RegionKind.SYSTEM, "cudasharedmemory": RegionKind.CUDA}
 _METHODS = {"status": "GET", "register": "POST", "unregister": "POST"}
 _Size = Annotated[int, msgspec.Meta(ge=0)]
-_Body = TypeVar("_Body")
 
 
 class _SystemRegister(msgspec.Struct, forbid_unknown_fields=True):
@@ -41,6 +41,10 @@ class _CudaRegister(msgspec.Struct, forbid_unknown_fields=True):
     raw_handle: _Handle
     device_id: _Size
     byte_size: _Size
+
+
+_SYSTEM = msgspec.json.Decoder(_SystemRegister)
+_CUDA = msgspec.json.Decoder(_CudaRegister)
 
 
 def route(prefix: str, tail: list[str]) -> tuple[list[str], str] | None:
@@ -64,22 +68,13 @@ def handle(
         registry.unregister(kind, name)
         return None
     if kind is RegionKind.SYSTEM:
-        system = _decode(body, _SystemRegister, "system shared-memory register")
+        system = decode_json(_SYSTEM, body, "system shared-memory register request")
         registry.register_system(name, system.key, system.offset, system.byte_size)
     else:
-        cuda = _decode(body, _CudaRegister, "CUDA shared-memory register")
+        cuda = decode_json(_CUDA, body, "CUDA shared-memory register request")
         handle = _base64(cuda.raw_handle.b64)
         registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
     return None
-
-
-def _decode(body: Buffer, kind: type[_Body], what: str) -> _Body:
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise InvalidInput(f"invalid {what} request: {exc}") from None
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a string that is not UTF-8
-        raise InvalidInput(f"malformed JSON in the {what} request: {exc}") from None
 
 
 def _base64(text: str) -> bytes:
