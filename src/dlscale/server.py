@@ -7,12 +7,12 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from dlscale.errors import DlscaleError
-from dlscale.frontends.api_key import METRICS
+from dlscale.frontends.api_key import metrics_guard
 from dlscale.frontends.limits import descriptor_budget
 from dlscale.frontends.loop import freeze_survivors, new_event_loop
 from dlscale.server_settings import Observation
@@ -185,18 +185,15 @@ class Server:
 
     def _start_metrics(self, host: str, port: int) -> None:
         try:
-            server = MetricsServer(self.registry, host, port, self._metrics_guard())
+            server = MetricsServer(
+                self.registry, host, port, metrics_guard(self.settings.security.key)
+            )
         except OSError as exc:
             raise DlscaleError(f"metrics cannot listen on {host}:{port}: {exc.strerror}") from exc
         server.start()
         self._metrics_server = server
         self.metrics_port = server.port
         log.info("metrics listening on %s:%d", host, self.metrics_port)
-
-    def _metrics_guard(self) -> Callable[[Mapping[str, str]], None] | None:
-        """The API key's check on scrapes, where its scope covers the metrics port."""
-        key = self.settings.security.key
-        return key.check if key is not None and key.guards(METRICS) else None
 
     @property
     def ports(self) -> dict[str, int]:

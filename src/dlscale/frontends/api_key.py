@@ -10,7 +10,7 @@ and logging settings, as before the scope existed. docs/openai.md tells what it 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dlscale.errors import Unauthenticated
@@ -63,3 +63,8 @@ class ApiKey:
         # compare_digest: the time taken must not tell how much of the key was right.
         if not hmac.compare_digest(token.strip().encode(), self.value.encode()):
             raise Unauthenticated(_WRONG)
+
+
+def metrics_guard(key: ApiKey | None) -> Callable[[Mapping[str, str]], None] | None:
+    """The key's check on scrapes of a metrics page, where its scope covers the metrics port."""
+    return key.check if key is not None and key.guards(METRICS) else None

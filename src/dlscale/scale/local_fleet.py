@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from dlscale.errors import ConfigError, DlscaleError
-from dlscale.frontends.api_key import METRICS
+from dlscale.frontends.api_key import metrics_guard
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.connections import ConnectionRules, behind_router
 from dlscale.scale.devices import Device, Host, devices_for
@@ -263,8 +263,7 @@ class LocalFleet:
         port = self.settings.network.metrics_port
         if port is None:
             return
-        key = self.settings.security.key
-        guard = key.check if key is not None and key.guards(METRICS) else None
+        guard = metrics_guard(self.settings.security.key)
         self.metrics = MetricsServer(
             FleetMetrics(self, self._headers), self.settings.network.host, port, guard
         )
