@@ -102,11 +102,6 @@ class AdapterRunner:
             await asyncio.to_thread(host.unload_adapter, self.key)
 
 
-def adapter_of(runner: Runner) -> AdapterRunner | None:
-    """The adapter a runner serves, None for any other model."""
-    return runner if isinstance(runner, AdapterRunner) else None
-
-
 def stream_seats(runner: Runner) -> Seats | None:
     """The seats a runner's streams wait in: its own, or an adapter's base's."""
     return runner.seats if isinstance(runner, AdapterRunner) else seats_of(runner)

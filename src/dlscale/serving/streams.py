@@ -25,7 +25,7 @@ from dlscale.backends.base import StreamingBackend, StreamPart
 from dlscale.backends.generative import contract
 from dlscale.errors import BackendError, DlscaleError, InvalidInput
 from dlscale.sampling import Sampling
-from dlscale.serving.adapters import adapter_of, stream_seats
+from dlscale.serving.adapters import AdapterRunner, stream_seats
 from dlscale.serving.observe.otel import TokenTimes
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
@@ -110,28 +110,12 @@ def _as_bytes(array: np.ndarray) -> bytes:
 async def _open(
     served: ServedVersion, request: InferenceRequest, seats: Seats, on_end: OnEnd | None
 ) -> AsyncIterator[InferenceResponse]:
-    """The stream path proper; an adapter's streams are counted by its runner, which waits
-    for them before its weights leave the engine."""
-    adapter = adapter_of(served.runner)
+    """The stream path proper: validated, seated, the backend's parts as responses. An
+    adapter's streams are counted by its runner, which waits for them before its weights
+    leave the engine."""
+    runner = served.runner
+    adapter = runner if isinstance(runner, AdapterRunner) else None
     held = adapter.enter() if adapter is not None else None
-    responses = _run(served, request, seats, on_end, adapter.key if adapter is not None else "")
-    try:
-        async for response in responses:
-            yield response
-    finally:
-        await aclose(responses)
-        if adapter is not None:
-            adapter.leave(held)
-
-
-async def _run(
-    served: ServedVersion,
-    request: InferenceRequest,
-    seats: Seats,
-    on_end: OnEnd | None,
-    adapter: str,
-) -> AsyncIterator[InferenceResponse]:
-    """Validated, seated, the backend's parts as responses (of `adapter`, "" for none)."""
     times = RequestTimes(request_start=time.perf_counter_ns())
     task = asyncio.current_task()
     assert task is not None  # an async generator is iterated by a task
@@ -139,12 +123,15 @@ async def _run(
     try:
         wanted = set(validate(served, request))
         # Read once, and refused before it waits: the engine is given it typed.
-        sampling = _sampling(request, adapter) if seats.generative else None
+        key = adapter.key if adapter is not None else ""
+        sampling = _sampling(request, key) if seats.generative else None
         instance = await seats.enter(request.priority, request.timeout_us, times)
     except BaseException as exc:  # refused, or its client left (or the cut came) while it waited
         reason = exc.reason if isinstance(exc, DlscaleError) else "CANCELED"
         served.stats.record_failure(reason, _ended(times, on_end))
         seats.tasks.discard(task)
+        if adapter is not None:
+            adapter.leave(held)
         raise
     times.compute_start = times.compute_input_end = time.perf_counter_ns()
     backend = cast(StreamingBackend, instance.backend)
@@ -183,6 +170,8 @@ async def _run(
             served.stats.record_failure(outcome, times.request_end - times.request_start)
         else:
             served.stats.record_success(times, 1)
+        if adapter is not None:
+            adapter.leave(held)
 
 
 def _sampling(request: InferenceRequest, adapter: str) -> Sampling:
@@ -214,7 +203,10 @@ async def joined(
     seats = stream_seats(served.runner)
     if seats is None or not seats.generative:
         served.stats.record_failure(InvalidInput.reason, 0)
-        raise refuse_unary(served)
+        raise InvalidInput(
+            f"model {served.version.name!r} is decoupled (it streams 0..N answers per request): "
+            "ask gRPC ModelStreamInfer or POST .../generate_stream, not ModelInfer or .../infer"
+        )
     return await _joined(served, _lifted(served, request), seats, on_end)
 
 
@@ -240,14 +232,6 @@ async def aclose(iterator: AsyncIterator[Any]) -> None:
     close = getattr(iterator, "aclose", None)
     if close is not None:
         await close()
-
-
-def refuse_unary(served: ServedVersion) -> InvalidInput:
-    """Why a decoupled model that is not generative answers no unary request (as Triton)."""
-    return InvalidInput(
-        f"model {served.version.name!r} is decoupled (it streams 0..N answers per request): "
-        "ask gRPC ModelStreamInfer or POST .../generate_stream, not ModelInfer or .../infer"
-    )
 
 
 def _response(
