@@ -31,7 +31,7 @@ from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.observe.tokens import TokenStats
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ServedVersion
-from dlscale.serving.validation import validate
+from dlscale.serving.validation import check
 from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire.generative import EXCLUDE_INPUT_IN_OUTPUT, STREAM, lift_optional_inputs
 
@@ -121,7 +121,7 @@ async def _open(
     assert task is not None  # an async generator is iterated by a task
     seats.tasks.add(task)  # ended at the shutdown's cut (Seats.cut) if still running then
     try:
-        wanted = set(validate(served, request))
+        wanted = set(check(served, request)[0])
         # Read once, and refused before it waits: the engine is given it typed.
         key = adapter.key if adapter is not None else ""
         sampling = _sampling(request, key) if seats.generative else None

@@ -13,15 +13,11 @@ from dlscale.serving.served import ServedVersion
 from dlscale.types import Datatype, InferenceRequest, Parameters, TensorSpec
 
 
-def validate(served: ServedVersion, request: InferenceRequest) -> Mapping[str, int]:
-    """Check names, datatypes, shapes and batch size; return the outputs to send, each with
-    the number of classes asked for (0: the tensor itself)."""
-    return check(served, request)[0]
-
-
 def check(served: ServedVersion, request: InferenceRequest) -> tuple[Mapping[str, int], int]:
-    """`validate`, and the inferences the request holds (Triton's inference_count: its batch,
-    1 if it has none), read off the one pass over its inputs and the version's plan."""
+    """Check names, datatypes, shapes and batch size; return the outputs to send, each with
+    the number of classes asked for (0: the tensor itself), and the inferences the request
+    holds (Triton's inference_count: its batch, 1 if it has none), read off the one pass over
+    its inputs and the version's plan."""
     plan = served.plan
     rules, inputs = plan.inputs, request.inputs
     if inputs.keys() != rules.keys():

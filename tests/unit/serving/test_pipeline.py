@@ -298,7 +298,7 @@ async def test_a_step_takes_an_earlier_steps_torch_output_and_checks_its_datatyp
     """A step's output stays as its backend made it (a torch tensor, on the GPU a CUDA one): the
     next step, here a host model, gets it as a host array, and its datatype is still checked."""
     torch = pytest.importorskip("torch")
-    from dlscale.serving.validation import validate
+    from dlscale.serving.validation import check
 
     await plane.load_model("chain")
     answer = await plane._step(InferenceRequest("add_one", {"INPUT0": torch.from_numpy(X)}))
@@ -307,8 +307,8 @@ async def test_a_step_takes_an_earlier_steps_torch_output_and_checks_its_datatyp
     with pytest.raises(InvalidInput, match="datatype FP32; the request gave FP64"):
         await plane._step(InferenceRequest("add_one", {"INPUT0": wrong}))
     served = plane.manager.get("add_one", "")
-    assert validate(served, InferenceRequest("add_one", {"INPUT0": torch.from_numpy(X)})) == {
+    assert check(served, InferenceRequest("add_one", {"INPUT0": torch.from_numpy(X)}))[0] == {
         "OUTPUT0": 0
     }
     with pytest.raises(InvalidInput, match="the request gave FP64"):
-        validate(served, InferenceRequest("add_one", {"INPUT0": wrong}))
+        check(served, InferenceRequest("add_one", {"INPUT0": wrong}))
