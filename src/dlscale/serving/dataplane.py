@@ -213,7 +213,7 @@ class DataPlane:
         if not self._accepting:
             raise Unavailable("the server is shutting down")
         # In use from here: neither evicted under the request nor while it waits for its load
-        # (`memory.using`'s two ends as two calls: its context manager made eight a request).
+        # (two calls: a context manager made eight a request).
         memory, name = self.manager.memory, request.model_name
         memory.enter(name)
         try:
@@ -235,15 +235,19 @@ class DataPlane:
         if not self._accepting:
             raise Unavailable("the server is shutting down")
         check_schedule_parameters(request.parameters)
-        with self.manager.memory.using(request.model_name):
+        memory, name = self.manager.memory, request.model_name
+        memory.enter(name)  # not evicted while it streams, as `infer`
+        try:
             await self._resident(request)
-            served = self.manager.get(request.model_name, request.model_version)
+            served = self.manager.get(name, request.model_version)
             responses = open_stream(served, request, self._stream_trace(served, request))
             try:
                 async for response in responses:
                     yield response
             finally:
                 await aclose(responses)
+        finally:
+            memory.leave(name)
 
     def call_paths(self) -> CallPaths:
         """This plane's paths for models that call models, for the composition root to connect

@@ -11,13 +11,12 @@ size against the budget and the model's own limit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 from dlscale.errors import DlscaleError
 from dlscale.models.repository import ModelVersion
@@ -163,20 +162,10 @@ class MemoryLedger:
         """The most loads that took their turns at once on each device so far."""
         return {device: t.most for device, t in sorted(self._turns.items())}
 
-    @contextlib.contextmanager
-    def using(self, name: str) -> Iterator[None]:
-        """A request of `name` is in the server: the model is not evicted under it (a stream;
-        a unary request calls `enter` and `leave` itself, a few microseconds less)."""
-        self.enter(name)
-        try:
-            yield
-        finally:
-            self.leave(name)
-
     def enter(self, name: str) -> None:
-        """`using`'s start (its end: `leave`, whatever the outcome): the model is used now (the
-        eviction rule takes the least recently used first; a name of no loaded model is not kept,
-        since requests may name anything)."""
+        """A request of `name` is in the server (its end: `leave`, whatever the outcome): the
+        model is used now and not evicted under it (the eviction rule takes the least recently
+        used first; a name of no loaded model is not kept, since requests may name anything)."""
         self._in_use[name] = self._in_use.get(name, 0) + 1
         if name in self._names:
             self._last[name] = self.clock()
