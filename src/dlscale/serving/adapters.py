@@ -52,7 +52,7 @@ class AdapterRunner:
         self._idle.set()
 
     def refuse_early(self) -> DlscaleError | None:
-        return self._refusal or self.seats.refuse_early()
+        return self._refusal or self.seats.queue.refuse_early()
 
     def submit(
         self,

@@ -148,7 +148,7 @@ class StreamRunner:
         self.kind = ModelKind.GENERATIVE if seats.generative else ModelKind.STREAMS
 
     def refuse_early(self) -> DlscaleError | None:
-        return self.seats.refuse_early()
+        return self.seats.queue.refuse_early()
 
     def submit(
         self,
@@ -168,7 +168,7 @@ class StreamRunner:
         self.seats.fail(error)
 
     async def close(self, grace_s: float | None = None) -> None:
-        await self.seats.close()  # its streams end by the shutdown's cut
+        await self.seats.queue.close()  # once its streams end (or the shutdown's cut)
 
 
 def seats_of(runner: Runner) -> Seats | None:

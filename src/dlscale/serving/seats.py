@@ -94,10 +94,6 @@ class Seats:
         policy = BatchPolicy.of(config)
         return cls(config.name, capacity, policy, instances, stats, admission, engine)
 
-    def refuse_early(self) -> DlscaleError | None:
-        """The refusal `enter` would raise now by the model's [qos] admission, or None."""
-        return self.queue.refuse_early()
-
     async def enter(self, priority: int, timeout_us: int, times: RequestTimes) -> Instance:
         """Wait for a seat (by priority, then arrival); the instance that runs the sequence.
 
@@ -171,15 +167,11 @@ class Seats:
 
     def fail(self, error: DlscaleError) -> None:
         """Its engine can serve no more: refuse new requests and fail those waiting for a seat
-        at once with `error` (the engine fails the sequences it holds); `close` still follows."""
+        at once with `error` (the engine fails the sequences it holds); closing still follows."""
         self.queue.refuse(error)
         for waiter in self._queue:
             if not waiter.seat.done():
                 waiter.seat.set_exception(error)
-
-    async def close(self) -> None:
-        """Refuse new requests; wait until the sequences in flight and those waiting end."""
-        await self.queue.close()
 
 
 def _expire(seat: asyncio.Future[None], timeout_us: int) -> None:

@@ -124,12 +124,12 @@ async def test_qos_limits_refuse_before_waiting() -> None:
     seats = _seats()
     seats.queue.admission = Admission("m", QosConfig(max_in_flight=1), 0.0)
     held = await _enter(seats)
-    assert isinstance(seats.refuse_early(), TooManyRequests)
+    assert isinstance(seats.queue.refuse_early(), TooManyRequests)
     with pytest.raises(TooManyRequests, match="max_in_flight"):
         await _enter(seats)
     assert seats.waiting == 0
     seats.leave(held)
-    assert seats.refuse_early() is None
+    assert seats.queue.refuse_early() is None
 
 
 def test_capacity_comes_from_the_config() -> None:
