@@ -150,11 +150,6 @@ class Instance:
             _trace(tracing.BACKEND_OUT, outputs)
         then(outputs, None)
 
-    @property
-    def inline_rows(self) -> int:
-        """The rows of the largest batch computed on the event loop now (0: none)."""
-        return self.inline.rows
-
     def start_requests(
         self,
         requests: Sequence[Mapping[str, np.ndarray]],

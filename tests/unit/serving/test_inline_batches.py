@@ -79,7 +79,7 @@ async def test_cheap_batches_move_to_the_loop_and_back_when_they_turn_slow(
         await instance.infer(_rows(1))
         await instance.infer(_rows(1))  # a second batch over the bound on the loop
         assert backend.threads[-2:] == [main, main]
-        assert instance.inline_rows == 0
+        assert instance.inline.rows == 0
         backend.delay_us = 0
         await instance.infer(_rows(1))
         assert backend.threads[-1].startswith("null-instance")  # learnt again, in the thread
@@ -91,7 +91,7 @@ async def _until_inline(instance: Instance, rows: int) -> None:
     """Batches of `rows` until the instance runs them on the loop (bounded: a busy host may
     preempt a thread mid-batch, and such a batch teaches nothing)."""
     for _ in range(20 * FIRST_FAST):
-        if instance.inline_rows >= rows:
+        if instance.inline.rows >= rows:
             return
         await instance.infer(_rows(rows))
     raise AssertionError(f"no batch of {rows} rows was measured cheap enough")
@@ -143,9 +143,9 @@ async def test_a_model_slower_than_the_bound_never_holds_the_loop(tmp_path: Path
         await asyncio.gather(slow_batcher.close(), fast_batcher.close())
         await asyncio.gather(slow_instance.close(), fast_instance.close())
     assert all(t.startswith("slow-instance") for t in slow.threads)
-    assert slow_instance.inline_rows == 0
+    assert slow_instance.inline.rows == 0
     main = threading.current_thread().name
-    assert fast.threads[-1] == main and fast_instance.inline_rows == 1
+    assert fast.threads[-1] == main and fast_instance.inline.rows == 1
 
 
 def test_one_slow_batch_on_the_loop_alone_keeps_it_and_repeated_turns_back_off() -> None:

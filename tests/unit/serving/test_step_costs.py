@@ -64,7 +64,7 @@ async def test_an_inline_batch_counts_its_statistics_and_fails_only_its_requests
     backend = _topk(tmp_path, CLASSES)
     instance = Instance(backend, "topk-instance")
     await instance.load()
-    inline = instance.inline_rows
+    inline = instance.inline.rows
     assert inline >= 2
     stats = ModelStats("topk", "1")
     batcher = Batcher(BatchPolicy(64), [instance], stats)
