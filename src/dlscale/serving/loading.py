@@ -121,8 +121,9 @@ class Loader:
         """What each backend instance of `mv` on `device` is built with."""
         return replace(
             options_for(mv.config, device),
-            # Read by backends whose models call models (Capabilities.calls_models).
-            caller=self._caller(called),
+            # Read by backends whose models call models (Capabilities.calls_models): the
+            # server's paths, on the running loop.
+            caller=ServerCaller(self.calls, asyncio.get_running_loop(), called),
             report_failure=self._reporter(mv.name, serial),
         )
 
@@ -148,11 +149,6 @@ class Loader:
         runner = await place(mv.name, mv.path, mv.config.base, base.runner)
         stats = ModelStats(mv.name, str(mv.version))
         return ServedVersion(mv, list(base.inputs), list(base.outputs), [], runner, stats)
-
-    def _caller(self, called: set[tuple[str, str]]) -> ServerCaller:
-        """How a version's models call models (BLS): the server's paths, on the running loop."""
-        loop = asyncio.get_running_loop()
-        return ServerCaller(self.calls, loop, called)
 
 
 async def close_version(served: ServedVersion, grace_s: float | None = None) -> None:
