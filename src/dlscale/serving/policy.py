@@ -21,11 +21,6 @@ from dlscale.models.config_sections import BatchingConfig
 GAP_WEIGHT = 0.2
 
 
-def smoothed_gap(previous: float, gap: float) -> float:
-    """The smoothed gap between arrivals after one more `gap` (`previous` is inf before any)."""
-    return gap if math.isinf(previous) else (1 - GAP_WEIGHT) * previous + GAP_WEIGHT * gap
-
-
 @dataclass
 class ArrivalGaps:
     """The smoothed gap between the arrivals seen so far: infinite until two have arrived."""
@@ -36,7 +31,9 @@ class ArrivalGaps:
     def note(self, now: float) -> None:
         """Count an arrival at `now` (seconds)."""
         if self.last is not None:
-            self.smoothed = smoothed_gap(self.smoothed, now - self.last)
+            gap, before = now - self.last, self.smoothed
+            weighted = (1 - GAP_WEIGHT) * before + GAP_WEIGHT * gap
+            self.smoothed = gap if math.isinf(before) else weighted  # the first gap: itself
         self.last = now
 
 
