@@ -122,7 +122,7 @@ def test_without_qos_the_models_compute_side_by_side() -> None:
         gates = DeviceGates(clock=asyncio.get_running_loop().time)
         a, dev_a = _model(gates, "a", 8, neighbor_time)
         b, dev_b = _model(gates, "b", 8, neighbor_time)
-        assert not gates.gates["cpu"].active
+        assert not gates.gates["cpu"].scheduler.active
         await asyncio.gather(a.infer(ROW), b.infer(ROW))
         return dev_a, dev_b
 

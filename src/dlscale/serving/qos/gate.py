@@ -31,11 +31,6 @@ class DeviceGate:
         #: Told when another tenant waits while the slots are taken (slots.py: Gate).
         self.yielders: dict[str, Callable[[], None]] = {}
 
-    @property
-    def active(self) -> bool:
-        """Whether the scheduler decides (some tenant here has [qos])."""
-        return self.scheduler.active
-
     def join(self, tenant: Tenant, pool: TenantQos) -> None:
         """A model version's instances arrive on this device."""
         self.scheduler.join(tenant)
