@@ -19,7 +19,7 @@ from typing import Any
 
 from dlscale.backends.generative.contract import AdapterHost
 from dlscale.errors import ConfigError, DlscaleError, InvalidInput, Unavailable
-from dlscale.serving.batcher import Tensors
+from dlscale.serving.batches import Tensors
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.pipeline import Serve
 from dlscale.serving.runners import Release, Runner, seats_of

@@ -12,8 +12,7 @@ import numpy as np
 
 from dlscale.errors import DlscaleError, TimedOut, Unavailable
 from dlscale.serving import batches
-from dlscale.serving.batches import Pending, fail, merge, merge_key, ns, outcome, within
-from dlscale.serving.batches import Tensors as Tensors  # the answer's type, as callers know it
+from dlscale.serving.batches import Pending, Tensors, fail, merge, merge_key, ns, outcome, within
 from dlscale.serving.instance import Instance
 from dlscale.serving.observe.otel import CURRENT
 from dlscale.serving.observe.stats import ModelStats, RequestTimes

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from dlscale.errors import DlscaleError, InvalidInput
-from dlscale.serving.batcher import Batcher, Tensors
+from dlscale.serving.batcher import Batcher
+from dlscale.serving.batches import Tensors
 from dlscale.serving.observe.stats import RequestTimes
 from dlscale.serving.pipeline import Pipeline, Serve
 from dlscale.serving.seats import Seats
