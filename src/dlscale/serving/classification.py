@@ -13,9 +13,7 @@ from pathlib import Path
 from dlscale.backends.confined import read_confined
 from dlscale.errors import InvalidInput
 from dlscale.types import RequestedOutput
-from dlscale.wire.classification import MAX_ELEMENTS, MAX_LABEL_BYTES, parse_labels, top_classes
-
-__all__ = ["MAX_ELEMENTS", "MAX_LABEL_BYTES", "class_count", "read_labels", "top_classes"]
+from dlscale.wire.classification import MAX_LABEL_BYTES, parse_labels
 
 PARAMETER = "classification"
 

@@ -18,10 +18,9 @@ import numpy as np
 
 from dlscale import __version__
 from dlscale.errors import DlscaleError, InvalidInput, Unavailable
-from dlscale.serving.batcher import Tensors
+from dlscale.serving.batches import Tensors
 from dlscale.serving.cache import CacheLookup, ResponseCache
 from dlscale.serving.caller import CallPaths
-from dlscale.serving.classification import top_classes
 from dlscale.serving.control.demand import OnDemand
 from dlscale.serving.control.views import config_view
 from dlscale.serving.manager import ModelManager
@@ -42,6 +41,7 @@ from dlscale.types import (
     ServerMetadata,
     TensorSpec,
 )
+from dlscale.wire.classification import top_classes
 
 log = logging.getLogger("dlscale.models")
 

@@ -26,9 +26,9 @@ from tests.toolkit.server import LocalServer, serving
 from tritonclient.grpc import service_pb2
 
 from dlscale.frontends.access import Restriction
-from dlscale.serving.classification import MAX_LABEL_BYTES
 from dlscale.serving.observe.trace import MAX_TRACE_FILES
 from dlscale.serving.pipeline import MAX_NESTING
+from dlscale.wire.classification import MAX_LABEL_BYTES
 
 LOAD = "/v2/repository/models/classifier/load"
 ADMIN = Restriction.parse("model-repository:admin-key=s3cret")
