@@ -17,28 +17,31 @@ from dlscale.types import (
 
 
 def config_view(served: ServedVersion) -> ModelConfigView:
-    """The config a version is served with; its tensors are the served signature's."""
+    """The config a version is served with; its tensors are the served signature's. A pipeline
+    shows as Triton shows an ensemble: no backend, instances, batching or files of its own."""
     config = served.config
     skip = 1 if config.batched else 0  # the protocol's dims leave out the batch dimension
-    if config.is_pipeline:
-        return _pipeline_view(served, skip)
+    own = not config.is_pipeline  # what a model of its own shows and a pipeline leaves out
+    groups = enumerate(config.instances if own else ())
     return ModelConfigView(
         name=config.name,
         platform=config.platform_name,
-        backend=config.backend,
+        backend=config.backend if own else "",
         max_batch_size=config.max_batch_size,
         inputs=tuple(_without_batch(s, skip) for s in served.inputs),
         outputs=tuple(_without_batch(s, skip) for s in served.outputs),
         version_policy=_version_policy(config.version_policy),
-        dynamic_batching=_batching(config) if config.batched else None,
-        instance_groups=tuple(
-            _instance_group(config.name, i, group) for i, group in enumerate(config.instances)
-        ),
+        dynamic_batching=_batching(config) if own and config.batched else None,
+        instance_groups=tuple(_instance_group(config.name, i, group) for i, group in groups),
         parameters=_parameters(config),
-        label_files={t.name: t.label_file for t in config.outputs or () if t.label_file},
-        default_model_filename=served.version.model_file.name,
+        label_files={t.name: t.label_file for t in config.outputs or () if own and t.label_file},
+        default_model_filename=served.version.model_file.name if own else "",
         decoupled=served.runner.kind.streams,
-        response_cache=config.response_cache,
+        response_cache=own and config.response_cache,
+        ensemble_steps=tuple(
+            EnsembleStep(s.model, s.version or -1, s.input_map, s.output_map)
+            for s in config.steps or ()
+        ),
     )
 
 
@@ -52,27 +55,6 @@ def _parameters(config: ModelConfig) -> dict[str, str]:
     if config.is_adapter:  # a LoRA adapter's base model (/v1/models' `parent`, as vLLM's)
         parameters["base"] = config.base
     return parameters
-
-
-def _pipeline_view(served: ServedVersion, skip: int) -> ModelConfigView:
-    """A pipeline as Triton shows an ensemble: no backend, instances or batching of its own."""
-    config = served.config
-    return ModelConfigView(
-        name=config.name,
-        platform=config.platform_name,
-        backend="",
-        max_batch_size=config.max_batch_size,
-        inputs=tuple(_without_batch(s, skip) for s in served.inputs),
-        outputs=tuple(_without_batch(s, skip) for s in served.outputs),
-        version_policy=_version_policy(config.version_policy),
-        dynamic_batching=None,
-        instance_groups=(),
-        parameters={k: str(v) for k, v in config.metadata.items()},
-        ensemble_steps=tuple(
-            EnsembleStep(s.model, s.version or -1, s.input_map, s.output_map)
-            for s in config.steps or ()
-        ),
-    )
 
 
 def _without_batch(spec: TensorSpec, skip: int) -> TensorSpec:
