@@ -13,6 +13,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from dlscale.backends.python import custom_metrics as custom
+from dlscale.serving.observe.stats import Histogram
 
 
 class CustomCollector(Collector):
@@ -38,10 +39,9 @@ def _family(family: custom.FamilyState) -> Metric:
 
 
 def _histogram(metric: Metric, labels: dict[str, str], state: custom.SeriesState) -> None:
-    seen = 0
-    for bound, count in zip((*state.buckets, float("inf")), state.counts, strict=True):
-        seen += count
-        le = "+Inf" if bound == float("inf") else repr(bound)
+    buckets = Histogram(state.buckets)
+    buckets.counts = state.counts  # per bucket, then +Inf: as a Histogram keeps them
+    for le, seen in buckets.cumulative():
         metric.add_sample(f"{metric.name}_bucket", {**labels, "le": le}, seen)
     metric.add_sample(f"{metric.name}_count", labels, state.count)
     metric.add_sample(f"{metric.name}_sum", labels, state.total)
