@@ -24,7 +24,7 @@ from dlscale.serving.qos.gate import DeviceGates
 from dlscale.serving.qos.leases import lease_engines
 from dlscale.serving.qos.slots import TenantQos
 from dlscale.serving.qos.steps import pace_engines
-from dlscale.serving.runners import BatchRunner, PipelineRunner, StreamRunner
+from dlscale.serving.runners import BatchRunner, PipelineRunner, Runner, StreamRunner
 from dlscale.serving.seats import Seats
 from dlscale.serving.served import ServedVersion, next_serial
 from dlscale.serving.warmup import Warmed, Warmup
@@ -52,11 +52,11 @@ class Loader:
     async def load(self, mv: ModelVersion) -> ServedVersion:
         """The served version of `mv`: a pipeline checked against its steps, or its backends'
         instances loaded, checked against the config, warmed up, behind a batcher (or seats)."""
-        config = mv.config
+        config, stats = mv.config, ModelStats(mv.name, str(mv.version))
         if config.is_pipeline:
-            return self._pipeline_version(mv)
+            return self._pipeline_version(mv, stats)
         if config.is_adapter:
-            return await self._adapter_version(mv)
+            return await self._adapter_version(mv, stats)
         # Off the event loop: a label file is read whole (bounded, serving/classification.py).
         labels = {
             t.name: await asyncio.to_thread(read_labels, mv.folder, t.label_file)
@@ -76,10 +76,9 @@ class Loader:
                     instances.append(instance)
                     placements.append((label, group.device))
                     warmed.append(await instance.load(Warmup(mv, self.gates.clock)))
-            first, inputs, outputs = instances[0].backend, warmed[0].inputs, warmed[0].outputs
-            if first.capabilities.streams_answers:  # batches itself: seats, no batcher, no warm-up
-                stats = ModelStats(mv.name, str(mv.version))
-                caps = first.capabilities
+            inputs, outputs = warmed[0].inputs, warmed[0].outputs
+            caps = instances[0].backend.capabilities
+            if caps.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 seats = Seats.of(config, instances, stats, caps.generates_text)
                 if caps.paces_steps or caps.pauses_steps:  # each engine is one slot of a pool
                     name, admission = f"{mv.name}/{mv.version}", seats.queue.admission
@@ -92,27 +91,24 @@ class Loader:
                     pace_engines(qos, instances)
                 elif qos is not None:
                     seats.watch = lease_engines(qos, instances)
-                runner = StreamRunner(seats)
-                return ServedVersion(
-                    mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called
-                )
-            qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
-            # The warm-up's times are the device schedulers' first service times (they relearn).
-            for instance, found in zip(instances, warmed, strict=True):
-                for rows, seconds in found.times:
-                    if qos is not None:
-                        qos.observe(instance.name, rows, seconds)
+                runner: Runner = StreamRunner(seats)
+            else:
+                qos = self.gates.enrol(f"{mv.name}/{mv.version}", config, placements)
+                # The warm-up's times: the device schedulers' first service times (they relearn).
+                for instance, found in zip(instances, warmed, strict=True):
+                    for rows, seconds in found.times:
+                        if qos is not None:
+                            qos.observe(instance.name, rows, seconds)
+                batcher = Batcher(BatchPolicy.of(config), instances, stats, self.gates.clock, qos)
+                batcher.start()
+                runner = BatchRunner(batcher)
         except BaseException:
             if qos is not None:
                 qos.leave()
             await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
             raise
-        stats = ModelStats(mv.name, str(mv.version))
-        batcher = Batcher(BatchPolicy.of(config), instances, stats, self.gates.clock, qos)
-        batcher.start()
-        batched = BatchRunner(batcher)
         return ServedVersion(
-            mv, inputs, outputs, instances, batched, stats, labels, qos, serial, called
+            mv, inputs, outputs, instances, runner, stats, labels, qos, serial, called
         )
 
     def _options(
@@ -127,16 +123,15 @@ class Loader:
             report_failure=self._reporter(mv.name, serial),
         )
 
-    def _pipeline_version(self, mv: ModelVersion) -> ServedVersion:
+    def _pipeline_version(self, mv: ModelVersion, stats: ModelStats) -> ServedVersion:
         """A pipeline version: checked against its loaded step models; no instance, no batcher."""
         pipeline = Pipeline(mv.name, mv.config)
         pipeline.check(self._lookup)
         inputs = mv.config.tensor_specs("inputs") or []
         outputs = mv.config.tensor_specs("outputs") or []
-        stats = ModelStats(mv.name, str(mv.version))
         return ServedVersion(mv, inputs, outputs, [], PipelineRunner(pipeline), stats)
 
-    async def _adapter_version(self, mv: ModelVersion) -> ServedVersion:
+    async def _adapter_version(self, mv: ModelVersion, stats: ModelStats) -> ServedVersion:
         """A LoRA adapter's version: placed on the engines of its base's newest loaded version
         (serving/adapters.py); no instance of its own."""
         if mv.path == mv.folder:
@@ -147,7 +142,6 @@ class Loader:
         if not isinstance(base, ServedVersion) or base.config.is_adapter:
             raise ConfigError(f"adapter {mv.name!r}: its base {mv.config.base!r} is no engine")
         runner = await place(mv.name, mv.path, mv.config.base, base.runner)
-        stats = ModelStats(mv.name, str(mv.version))
         return ServedVersion(mv, list(base.inputs), list(base.outputs), [], runner, stats)
 
 
