@@ -60,7 +60,7 @@ class Batcher:
         self._queues: list[collections.deque[Pending]] = [
             collections.deque() for _ in range(policy.batching.priority_levels)
         ]
-        self._queued = 0
+        self.queued = 0  # requests waiting for a batch now
         #: Bumped whenever a request joins or leaves the queues: the candidates walked last
         #: (`_walked`) stand while it is unchanged (the scheduler asks several times a batch).
         self._changes = 0
@@ -123,11 +123,11 @@ class Batcher:
         may be after its future was cancelled). Not called when submit raises. `times`, when
         given, receives the queue and compute timestamps of the request.
         """
-        level = self.queue.admit(priority, self._queued)
+        level = self.queue.admit(priority, self.queued)
         batched = self._batched
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
         now = self._clock()
-        alone = self._company.arrives_alone(self._queued + self._computing)
+        alone = self._company.arrives_alone(self.queued + self._computing)
         future = asyncio.get_running_loop().create_future()
         key = merge_key(inputs, batched)
         # Every field in order, no keywords: a call with keywords builds a dict per request.
@@ -138,7 +138,7 @@ class Batcher:
         if timeout_us or self._timeouts:  # most requests have no timer to set
             item.timer = self.queue.expire(timeout_us, self._expire, item)
         self._queues[level].append(item)
-        self._queued += 1
+        self.queued += 1
         self._changes += 1
         self._gaps.note(now)
         wake = self._wake  # the scheduler sleeps: what the policy decides by has changed
@@ -180,11 +180,6 @@ class Batcher:
         if self._timer is not None:
             self._timer.close()
 
-    @property
-    def queued(self) -> int:
-        """Requests waiting for a batch now."""
-        return self._queued
-
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _expire(self, item: Pending, timeout_us: int) -> None:
@@ -207,7 +202,7 @@ class Batcher:
         if item.queued:
             item.queued = False
             self._queues[item.level].remove(item)
-            self._queued -= 1
+            self.queued -= 1
             self._changes += 1
 
     @staticmethod
@@ -242,7 +237,7 @@ class Batcher:
                 slot.done()
                 continue
             waited_out = self._clock() >= self.policy.close_by(min(i.enqueued for i in batch))
-            self._company.sent(len(batch), self._queued + self._computing, waited_out)
+            self._company.sent(len(batch), self.queued + self._computing, waited_out)
             self._computing += len(batch)
             self._send(slot, batch, capped)
 
@@ -320,7 +315,7 @@ class Batcher:
             return [], [], 0, now
         if self._sends[0] == self._changes:  # the policy sent them and none joined or left
             return chosen, rows, self._sends[1], oldest  # since: the clock never holds them back
-        alone = chosen[0].alone and self._queued + self._computing == 1
+        alone = chosen[0].alone and self.queued + self._computing == 1
         gap = 0.0 if self._company.expected else self._gaps.smoothed  # `Company.expected`
         send = self.policy.to_send(rows, oldest, now, gap, alone)
         if send:
@@ -362,7 +357,7 @@ class Batcher:
         for item in chosen:
             item.queued = False  # `_unqueue`, written out: once per request
             queues[item.level].remove(item)
-            self._queued -= 1
+            self.queued -= 1
             if item.future.done():
                 self._done_with(item)
                 continue
