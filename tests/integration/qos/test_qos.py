@@ -84,7 +84,7 @@ async def _beside_a_flood(repository: Path) -> Flooded:
         await asyncio.gather(*floods)
         neighbor = manager.get("neighbor")
         assert neighbor.qos is not None
-        capped = neighbor.qos.devices()[0][1].capped
+        capped = next(iter(neighbor.qos.tenants.values())).capped
         sizes = neighbor.stats.batch_stats
         batches = np.repeat(list(sizes), [d.compute_infer.count for d in sizes.values()])
     finally:

@@ -105,7 +105,8 @@ async def test_qos_holds_the_protected_tail_on_a_shared_simulated_device(tmp_pat
     manager, plane = await _served(root, qos=True)
     try:
         on, neighbor_on = await _phase(plane, flood=True, guard=True)
-        capped = manager.get("neighbor").qos.devices()[0][1].capped  # type: ignore[union-attr]
+        tenants = manager.get("neighbor").qos.tenants  # type: ignore[union-attr]
+        capped = next(iter(tenants.values())).capped
     finally:
         await manager.close()
     bound = PROTECTED_S + FULL_BATCH_S / 2  # 114 ms: halfway into a neighbor batch

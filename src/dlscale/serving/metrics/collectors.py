@@ -201,7 +201,7 @@ def _per_device(served: list[ServedVersion]) -> Iterator[Metric]:
     )
     for v in served:
         assert v.qos is not None
-        for device, tenant in v.qos.devices():
+        for device, tenant in v.qos.tenants.items():
             labels = [v.stats.name, v.stats.version, device]
             left = tenant.budget()
             if left is not None:

@@ -96,10 +96,6 @@ class TenantQos:
         """Whether `device`'s scheduler decides (some tenant there has [qos])."""
         return self.gates[device].scheduler.active
 
-    def devices(self) -> list[tuple[str, Tenant]]:
-        """Each device with the model's standing there."""
-        return list(self.tenants.items())
-
     def attach(self, instances: Sequence[Instance], each: int | None = None) -> None:
         """The loaded instances become the pool's slots: once per batch each takes at once, or
         `each` times (an engine runs one step at a time, whatever sequences it holds)."""
