@@ -68,11 +68,6 @@ class Pipeline:
         #: The deepest chain of pipelines this one heads, itself first (check() sets it).
         self.nesting: tuple[str, ...] = (name,)
 
-    @property
-    def models(self) -> tuple[str, ...]:
-        """The step models, each once, in step order."""
-        return tuple(dict.fromkeys(s.model for s in self.steps))
-
     # -- at load -------------------------------------------------------------------------------
 
     def check(self, lookup: Lookup) -> None:

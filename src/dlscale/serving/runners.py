@@ -112,10 +112,8 @@ class PipelineRunner:
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-
-    @property
-    def models(self) -> tuple[str, ...]:
-        return self.pipeline.models
+        #: Its step models, each once, in step order.
+        self.models = tuple(dict.fromkeys(s.model for s in pipeline.steps))
 
     def refuse_early(self) -> DlscaleError | None:
         return None  # each step's own admission answers
