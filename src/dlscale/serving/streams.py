@@ -275,7 +275,7 @@ class _Meter:
         now = time.perf_counter_ns()
         if not self.first:
             self.first = now
-            self.tokens.first_token((self.first - self.start) / 1e9)
+            self.tokens.ttft.observe((self.first - self.start) / 1e9)
         else:  # a part may carry several tokens: each waited its share of the gap
             self.tokens.next_tokens((now - self.last) / 1e9, self.generated - before)
         self.last = now

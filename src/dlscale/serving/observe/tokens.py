@@ -69,10 +69,6 @@ class TokenStats:
         """A request ended for `reason` (the engine's finish reason, or abort)."""
         self.finished_by[reason] = self.finished_by.get(reason, 0) + 1
 
-    def first_token(self, seconds: float) -> None:
-        """A request's first token came `seconds` after it arrived."""
-        self.ttft.observe(seconds)
-
     def finished(self, prompt: int, generated: int, decode_s: float) -> None:
         """A request ended with `generated` tokens for a `prompt`-token prompt; `decode_s`: from
         its first token to its last (TPOT = decode_s / (generated - 1) when more than one)."""
