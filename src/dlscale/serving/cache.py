@@ -171,4 +171,4 @@ class CacheLookup:
         """A miss: hold the computed answer, and count the miss with the time it took."""
         start = time.perf_counter_ns()
         self.cache.put(self.key, answer)
-        self.served.stats.record_cache_miss(self.ns + time.perf_counter_ns() - start)
+        self.served.stats.cache_miss.add(self.ns + time.perf_counter_ns() - start)

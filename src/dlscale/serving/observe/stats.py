@@ -144,10 +144,6 @@ class ModelStats:
         self.inference_count += rows
         self.latency.observe(total_ns / 1e9)
 
-    def record_cache_miss(self, ns: int) -> None:
-        """A lookup that missed, with the time to insert the computed answer."""
-        self.cache_miss.add(ns)
-
     def record_failure(self, reason: str, total_ns: int) -> None:
         """A request that failed, with Triton's reason label (REJECTED, BACKEND, ...)."""
         self.fail.add(total_ns)
