@@ -274,12 +274,7 @@ class ModelManager:
 
     def adapters_on(self, base: str) -> list[str]:
         """The loaded LoRA adapters placed on a base model's engine."""
-        return [
-            e.name
-            for e in self.entries()
-            for v in list(e.versions.values())[:1]
-            if v.config.is_adapter and base in v.runner.models
-        ]
+        return sorted(self._ties()[1].get(base, ()))
 
     async def _free(self, served: ServedVersion) -> None:
         """Free a version that loaded but may not stay (the memory budget refused it)."""
