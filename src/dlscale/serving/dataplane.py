@@ -307,7 +307,7 @@ class DataPlane:
             raise
         finally:
             if regions is not None:
-                regions.release()
+                regions.lease.release()
         times.request_end = time.perf_counter_ns()
         served.stats.record_success(times, rows)
         if trace is not None:
@@ -380,7 +380,7 @@ class DataPlane:
     ) -> Awaitable[Tensors]:
         """Queue the request (a plain call: the caller awaits the answer, no coroutine between);
         the runner holds the regions while it reads the inputs."""
-        release = regions.hold() if regions is not None else None
+        release = regions.lease.hold() if regions is not None else None
         try:
             return served.runner.submit(request, times, release, self._step)
         except BaseException:

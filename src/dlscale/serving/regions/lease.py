@@ -8,7 +8,7 @@ and the lease is held by the batcher while it still reads the inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -20,11 +20,13 @@ from dlscale.types import InferenceRequest, RegionTensor
 
 
 class RequestRegions:
-    """The regions one request names, leased until `release` (see the module's docstring)."""
+    """The regions one request names, leased until its lease is released (see the module)."""
 
     def __init__(self, request: InferenceRequest, lease: Lease) -> None:
         self.request = request
-        self._lease = lease
+        #: Held by the batcher while it reads the inputs (`hold`); `release`d once answered,
+        #: when the regions may be unregistered.
+        self.lease = lease
 
     @classmethod
     def of(cls, registry: SharedMemoryRegistry, request: InferenceRequest) -> RequestRegions | None:
@@ -48,26 +50,18 @@ class RequestRegions:
         for name, placed in request.in_regions.items():
             if name in request.inputs:
                 raise InvalidInput(f"input {name!r} is given twice: in the message and in a region")
-            request.inputs[name] = self._lease.input(name, placed, device)
+            request.inputs[name] = self.lease.input(name, placed, device)
         for output in request.outputs or ():
             if output.region is not None:
-                self._lease.check_output(output.name, output.region)
-
-    def hold(self) -> Callable[[], None]:
-        """Keep the regions leased until the returned function is called (inputs read)."""
-        return self._lease.hold()
+                self.lease.check_output(output.name, output.region)
 
     def place(self, outputs: dict[str, Any]) -> dict[str, RegionTensor]:
         """Write the outputs asked into regions; what the answer says of each instead of data."""
         return {
-            o.name: self._lease.write(o.name, outputs[o.name], o.region)
+            o.name: self.lease.write(o.name, outputs[o.name], o.region)
             for o in self.request.outputs or ()
             if o.region is not None
         }
-
-    def release(self) -> None:
-        """The request is answered: its regions may be unregistered."""
-        self._lease.release()
 
 
 def step_inputs(devices: Iterable[str | None], inputs: dict[str, Any]) -> dict[str, Any]:
