@@ -17,12 +17,8 @@ from dlscale.serving.request_plan import RequestPlan
 from dlscale.serving.runners import PipelineRunner, Runner
 from dlscale.types import TensorSpec
 
-_LOADS = itertools.count(1)
-
-
-def next_serial() -> int:
-    """A new load's serial: no two loads of a server's life share one."""
-    return next(_LOADS)
+#: A new load's serial: no two loads of a server's life share one.
+next_serial = itertools.count(1).__next__
 
 
 class ModelState(enum.StrEnum):
@@ -51,7 +47,7 @@ class ServedVersion:
     qos: TenantQos | None = None  # its slot pool at the device gates (None: QoS turned off)
     #: Which load this is: a reload is another serial, so nothing keyed on the old one (the
     #: response cache's answers) can answer for the new one.
-    serial: int = field(default_factory=lambda: next_serial())
+    serial: int = field(default_factory=next_serial)
     #: The (model, version) pairs its backends have called (models that call models, BLS),
     #: filled as they call: the response cache's key names their loads too.
     called: set[tuple[str, str]] = field(default_factory=set)
