@@ -9,12 +9,11 @@ warm-up's memory bound (serving/warmup.py `check_warm_up`) applies to them.
 
 from __future__ import annotations
 
-import functools
 import os
 
 from dlscale.errors import InvalidInput
-from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 from dlscale.models.config import ModelConfig
+from dlscale.serving.regions.cuda import gpu_count
 from dlscale.serving.warmup import check_warm_up
 
 #: The longest model name a load request may carry: a folder name on common file systems.
@@ -36,20 +35,6 @@ def check_name(name: str) -> None:
 def cores() -> int:
     """Cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@functools.cache
-def gpu_count() -> int | None:
-    """GPUs NVML sees on this host; None without NVML (the runtime then says what it lacks)."""
-    try:
-        nvml = Nvml.open()
-    except NvmlUnavailable:
-        return None
-    try:
-        count = nvml.ask("nvmlDeviceGetCount")
-        return int(count.value) if count.ok else None
-    finally:
-        nvml.close()
 
 
 def check_devices(config: ModelConfig, gpus: int | None) -> None:

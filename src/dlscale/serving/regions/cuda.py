@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import InvalidInput
+from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 
 #: cudaHostRegisterPortable: the pages count as pinned in every CUDA context of the process.
 _HOST_REGISTER_PORTABLE = 1
@@ -31,25 +32,31 @@ def _cupy() -> Any:
 
 
 @functools.cache
-def device_count() -> int:
-    """NVIDIA GPUs here when CuPy is installed (0 otherwise), counted without starting CUDA.
+def gpu_count() -> int | None:
+    """GPUs NVML sees on this host, counted without starting CUDA; None without NVML (a load
+    request's check of its devices then leaves it to the runtime to say what it lacks).
 
     NVML, not CuPy: CUDA enumerates its devices once, when it starts, under the
     CUDA_VISIBLE_DEVICES of that moment, and the server asks this before its models load; a
     model placed on a MIG instance sets that variable first (backends/torch/device.py).
     """
+    try:
+        nvml = Nvml.open()
+    except NvmlUnavailable:
+        return None
+    try:
+        count = nvml.ask("nvmlDeviceGetCount")
+        return int(count.value) if count.ok else None
+    finally:
+        nvml.close()
+
+
+@functools.cache
+def device_count() -> int:
+    """NVIDIA GPUs here when CuPy is installed (0 otherwise): what CUDA regions can use."""
     if importlib.util.find_spec("cupy") is None:
         return 0
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # nvidia-ml-py without a driver (NVMLError), or no library at all
-        return 0
+    return gpu_count() or 0
 
 
 def _cuda_count() -> int:
