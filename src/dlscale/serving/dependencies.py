@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from dlscale.errors import ConfigError, DlscaleError, NotFound, root_cause
-from dlscale.models.config import StepConfig
+from dlscale.models.config import ModelConfig, StepConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.served import ServedVersion
@@ -28,16 +28,12 @@ class Models(Protocol):
     ) -> None: ...
 
 
-def config_says(repository: ModelRepository, name: str, what: str) -> bool:
-    """Whether the repository's config of `name` is a pipeline ("is_pipeline"), an adapter
-    ("base") or pinned ("pinned"); False when unreadable (its load says why)."""
+def config_of(repository: ModelRepository, name: str) -> ModelConfig | None:
+    """The repository's config of `name`; None when unreadable (its load says why)."""
     try:
-        config = repository.config(name)
+        return repository.config(name)
     except DlscaleError:
-        return False
-    if what == "base":
-        return config.is_adapter
-    return bool(config.is_pipeline if what == "is_pipeline" else config.memory.pinned)
+        return None
 
 
 async def load_steps(
@@ -58,7 +54,8 @@ async def load_steps(
     for model in wanted:
         if model not in models.ready_names():
             # A pipeline is refused before loading deeper: bounded recursion.
-            if config_says(models.repository, model, "is_pipeline"):
+            config = config_of(models.repository, model)
+            if config is not None and config.is_pipeline:
                 check_nesting((*chain, model))
             try:
                 await models.load(model, chain=chain)

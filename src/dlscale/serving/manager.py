@@ -16,7 +16,7 @@ from dlscale.errors import ConfigError, DlscaleError, NotFound, Unavailable
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.models.sources import ModelSource
 from dlscale.serving.caller import CallRoute
-from dlscale.serving.dependencies import config_says, load_base, load_steps
+from dlscale.serving.dependencies import config_of, load_base, load_steps
 from dlscale.serving.loading import Loader, close_version
 from dlscale.serving.memory.ledger import MemoryLedger
 from dlscale.serving.memory.versions import Files, files_of
@@ -141,11 +141,11 @@ class ModelManager:
                 except DlscaleError as exc:
                     failed[name] = exc  # the others still load
 
+        configs = {n: c for n in wanted if (c := config_of(self.repository, n)) is not None}
         # Adapters too: each would load its base when not READY yet.
-        says = functools.partial(config_says, self.repository)
-        pipelines = {n for n in wanted if says(n, "is_pipeline") or says(n, "base")}
+        pipelines = {n for n, c in configs.items() if c.is_pipeline or c.is_adapter}
         # Pinned only when the server starts with it: the API cannot pin the device full.
-        self.memory.pinned.update(n for n in wanted if says(n, "pinned"))
+        self.memory.pinned.update(n for n, c in configs.items() if c.memory.pinned)
         await asyncio.gather(*(one(n) for n in wanted if n not in pipelines))
         await asyncio.gather(*(one(n) for n in wanted if n in pipelines))
         return {n: failed[n] for n in wanted if n in failed}
