@@ -80,11 +80,13 @@ class Loader:
             caps = instances[0].backend.capabilities
             if caps.streams_answers:  # batches itself: seats, no batcher, no warm-up
                 seats = Seats.of(config, instances, stats, caps.generates_text)
-                if caps.paces_steps or caps.pauses_steps:  # each engine is one slot of a pool
+                if caps.paces_steps or caps.pauses_steps:
+                    # Each engine is one slot of a pool, whatever sequences it holds: it runs
+                    # one step (or one lease between pauses) at a time.
                     name, admission = f"{mv.name}/{mv.version}", seats.queue.admission
-                    qos = self.gates.enrol_engines(
-                        name, config, placements, instances, seats.capacity, admission
-                    )
+                    qos = self.gates.enrol(name, config, placements, seats.capacity, admission)
+                    if qos is not None:
+                        qos.attach(instances, each=1)
                 # Its engine's steps take the device's slots, beside the batchers' batches;
                 # vLLM's steps run in its own process: it leases the device between pauses.
                 if qos is not None and caps.paces_steps:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from dlscale.models.config import ModelConfig
-from dlscale.serving.instance import Instance
 from dlscale.serving.qos.admission import Admission
 from dlscale.serving.qos.scheduler import DeviceScheduler, Tenant
 from dlscale.serving.qos.slots import TenantQos
@@ -126,23 +125,6 @@ class DeviceGates:
         pool = TenantQos(name, config, admission, placed, tenants, gates, self)
         for device, tenant in tenants.items():
             gates[device].join(tenant, pool)
-        return pool
-
-    def enrol_engines(
-        self,
-        name: str,
-        config: ModelConfig,
-        placements: Iterable[tuple[str, str]],
-        engines: Sequence[Instance],
-        rows: int,
-        admission: Admission | None,
-    ) -> TenantQos | None:
-        """`enrol` a generative model's engines: each is one slot, whatever sequences it holds
-        (a step, or a lease between pauses, runs one at a time per engine); `rows`: the
-        sequences an engine may hold, `admission`: its seats'."""
-        pool = self.enrol(name, config, placements, rows, admission)
-        if pool is not None:
-            pool.attach(engines, each=1)
         return pool
 
 

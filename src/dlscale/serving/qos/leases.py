@@ -153,7 +153,7 @@ class EngineLease:
 def lease_engines(pool: TenantQos, engines: Sequence[Instance]) -> Callable[[Instance, int], None]:
     """Lease the device to a generative model's engines that pause between steps
     (`Capabilities.pauses_steps`), at the gates its pool is enrolled at
-    (`DeviceGates.enrol_engines`); what tells an instance's lease the sequences in flight on its
+    (`Loader.load`); what tells an instance's lease the sequences in flight on its
     engine (its seats' watcher)."""
     leases: dict[str, EngineLease] = {}
     for engine in engines:

@@ -133,7 +133,7 @@ class DeviceSteps:
 
 def pace_engines(pool: TenantQos, engines: Sequence[Instance]) -> None:
     """Pace the steps of a generative model's engines (`Capabilities.paces_steps`) at the gates
-    its pool is enrolled at (`DeviceGates.enrol_engines`)."""
+    its pool is enrolled at (`Loader.load`)."""
     steps = EngineSteps(pool, asyncio.get_running_loop())
     for engine in engines:
         backend = engine.backend
