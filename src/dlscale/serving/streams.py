@@ -277,7 +277,8 @@ class _Meter:
             self.first = now
             self.tokens.ttft.observe((self.first - self.start) / 1e9)
         else:  # a part may carry several tokens: each waited its share of the gap
-            self.tokens.next_tokens((now - self.last) / 1e9, self.generated - before)
+            count = self.generated - before
+            self.tokens.inter_token.observe((now - self.last) / 1e9 / count, count)
         self.last = now
 
     def token_times(self) -> TokenTimes | None:

@@ -54,10 +54,6 @@ class TokenStats:
     #: Requests that ran to their end, by why they ended (stop, length, abort).
     finished_by: dict[str, int] = field(default_factory=dict)
 
-    def next_tokens(self, gap_s: float, count: int) -> None:
-        """`count` tokens came `gap_s` after the previous ones: each token waited its share."""
-        self.inter_token.observe(gap_s / count, count)
-
     def phases(self, queue_s: float, prefill_s: float, decode_s: float, total_s: float) -> None:
         """A request's time waiting for a seat, to its first token, to its last, in all."""
         self.queue.observe(queue_s)
