@@ -84,6 +84,9 @@ class DataPlane:
         #: The models' metrics in Prometheus' text format; the host plane above the metrics
         #: room gives it (this room may not import the exposition that reads it).
         self.exposition: Callable[[], bytes] = bytes
+        #: One step of a pipeline: served as a client's request, its outputs kept where made
+        #: (made once: a bound method is made anew at each read, once per request).
+        self._step = functools.partial(self._serve, on_device=True)
 
     # -- health and metadata --------------------------------------------------------------------
 
@@ -366,10 +369,6 @@ class DataPlane:
             id=request.id,
             outputs=dict(lookup.answer),
         )
-
-    async def _step(self, request: InferenceRequest) -> InferenceResponse:
-        """One step of a pipeline: served as a client's request, its outputs kept where made."""
-        return await self._serve(request, on_device=True)
 
     def _submit(
         self,
