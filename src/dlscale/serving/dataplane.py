@@ -293,7 +293,9 @@ class DataPlane:
             if regions is not None:
                 regions.bind(i.backend.capabilities.device_buffers for i in served.instances)
             wanted, rows = check(served, request)
-            lookup = None if self.cache is None else self._lookup(served, request, regions, wanted)
+            lookup = None  # the cache's answer, when the model caches and no region is named
+            if self.cache is not None and served.config.response_cache and regions is None:
+                lookup = CacheLookup.find(self.cache, served, request, wanted, self.manager.get)
             if lookup is not None and lookup.answer is not None:
                 return self._from_cache(served, request, lookup, times, trace, rows)
             outputs = await self._submit(served, request, regions, times)
@@ -334,18 +336,6 @@ class DataPlane:
         if trace is None:
             return None
         return functools.partial(self.tracer.finish, trace)
-
-    def _lookup(
-        self,
-        served: ServedVersion,
-        request: InferenceRequest,
-        regions: RequestRegions | None,
-        wanted: Mapping[str, int],
-    ) -> CacheLookup | None:
-        """The cache's answer for this request, when its model caches and it names no region."""
-        if self.cache is None or not served.config.response_cache or regions is not None:
-            return None
-        return CacheLookup.find(self.cache, served, request, wanted, self.manager.get)
 
     def _from_cache(
         self,
