@@ -69,28 +69,23 @@ class MetricsServer:
     ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if guard is not None and not self._allowed(guard):
-                    return
-                body = render(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _allowed(self, check: Guard) -> bool:
                 try:
-                    check({k.lower(): v for k, v in self.headers.items()})
+                    if guard is not None:
+                        guard({k.lower(): v for k, v in self.headers.items()})
                 except DlscaleError as exc:
                     text = exc.message.encode() + b"\n"
-                    self.send_response(exc.http_status)
-                    self.send_header("Content-Type", "text/plain; charset=utf-8")
-                    self.send_header("WWW-Authenticate", "Bearer")
-                    self.send_header("Content-Length", str(len(text)))
-                    self.end_headers()
-                    self.wfile.write(text)
-                    return False
-                return True
+                    bearer = ("WWW-Authenticate", "Bearer")
+                    self._answer(exc.http_status, "text/plain; charset=utf-8", text, bearer)
+                    return
+                self._answer(200, CONTENT_TYPE, render(registry))
+
+            def _answer(self, status: int, kind: str, body: bytes, *extra: tuple[str, str]) -> None:
+                self.send_response(status)
+                headers = (("Content-Type", kind), *extra, ("Content-Length", str(len(body))))
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape every few seconds is not news
