@@ -70,7 +70,7 @@ class SystemRegion:
         fd = _open_object(key, shm_path(key), 0)
         try:
             info = os.fstat(fd)
-            self._mmap = _map(fd, key, offset, byte_size)
+            self._mmap = _map(fd, info, key, offset, byte_size)
         finally:
             os.close(fd)
         #: Which object this is: the registry refuses it to clients whatever name reaches it.
@@ -208,8 +208,7 @@ def _check_object(
         )
 
 
-def _map(fd: int, key: str, offset: int, byte_size: int) -> mmap.mmap:
-    info = os.fstat(fd)
+def _map(fd: int, info: os.stat_result, key: str, offset: int, byte_size: int) -> mmap.mmap:
     if not stat.S_ISREG(info.st_mode):
         raise InvalidInput(f"shared-memory key {key!r} is not a shared-memory object")
     if offset + byte_size > info.st_size:
