@@ -212,7 +212,7 @@ async def test_the_engine_thread_waits_for_the_device_and_a_leaving_model_frees_
     pool = gates.enrol("engine/1", engine_config, [("engine-0", "cpu")], rows=SEQUENCES)
     assert pool is not None
     pool.attach([Device("engine-0", lambda _: 0.0)], each=1)  # type: ignore[list-item]
-    gate = EngineSteps(pool, asyncio.get_running_loop()).gate("engine-0")
+    gate = DeviceSteps(EngineSteps(pool, asyncio.get_running_loop()), "cpu")
     stepped = pool.tenants["cpu"]
     scheduler = gates.gates["cpu"].scheduler
 

@@ -47,10 +47,6 @@ class EngineSteps:
         # engines ask in turn.
         self._turn = asyncio.Lock()
 
-    def gate(self, instance: str) -> DeviceSteps:
-        """The gate of the engine of the instance named `instance`, at its device."""
-        return DeviceSteps(self, self.pool.placements[instance])
-
     async def take(
         self, device: str, rows: int, asked: float, previous: Callable[[], None] | None = None
     ) -> Slot:
@@ -138,4 +134,4 @@ def pace_engines(pool: TenantQos, engines: Sequence[Instance]) -> None:
     for engine in engines:
         backend = engine.backend
         assert isinstance(backend, PacedBackend)
-        backend.pace(steps.gate(engine.name))
+        backend.pace(DeviceSteps(steps, pool.placements[engine.name]))  # at its device
