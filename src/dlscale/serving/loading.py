@@ -100,7 +100,7 @@ class Loader:
                 for instance, found in zip(instances, warmed, strict=True):
                     for rows, seconds in found.times:
                         if qos is not None:
-                            qos.observe(instance.name, rows, seconds)
+                            qos.tenant_of(instance.name).service.observe(rows, seconds)
                 batcher = Batcher(BatchPolicy.of(config), instances, stats, self.gates.clock, qos)
                 batcher.start()
                 runner = BatchRunner(batcher)

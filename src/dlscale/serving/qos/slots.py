@@ -88,10 +88,6 @@ class TenantQos:
         """The Tenant at the device of the instance named `instance`."""
         return self.tenants[self.placements[instance]]
 
-    def observe(self, instance: str, rows: int, seconds: float) -> None:
-        """A batch of `rows` took `seconds` on the instance named `instance` (warm-up)."""
-        self.tenant_of(instance).service.observe(rows, seconds)
-
     def active(self, device: str) -> bool:
         """Whether `device`'s scheduler decides (some tenant there has [qos])."""
         return self.gates[device].scheduler.active
