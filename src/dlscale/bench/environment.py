@@ -21,7 +21,7 @@ from dlscale.errors import DlscaleError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.cpu import cpu_spec
 from dlscale.hardware.detect import detect
-from dlscale.hardware.roofline import batch_roofline, best_batch
+from dlscale.hardware.roofline import best_roofline
 from dlscale.models.flops import count_file
 
 PACKAGES = (
@@ -95,9 +95,7 @@ def roofline(
         spec = load_catalog().get(device)
         # The server batches as it likes: the share is of the ceiling at the best batch, the
         # highest any batch allows, so that it never passes 100%.
-        traffic = cost.traffic(precision)
-        batch = best_batch(spec, precision, float(cost.flops), traffic)
-        roof = batch_roofline(spec, precision, float(cost.flops), traffic, batch)
+        roof = best_roofline(spec, precision, float(cost.flops), cost.traffic(precision))
         out.update(roof.to_dict(measured_rate))
     except DlscaleError as exc:  # e.g. the device publishes no peak at this precision
         out["note"] = f"roofline not computed: {exc}"

@@ -122,10 +122,10 @@ def batch_roofline(
 BEST_SHARE = 0.99
 
 
-def best_batch(
+def best_roofline(
     device: DeviceSpec, precision: str, flops_per_sample: float, traffic: Traffic
-) -> int:
-    """The smallest batch whose ceiling is the highest any batch allows (within 1%).
+) -> Roofline:
+    """The roofline at the smallest batch whose ceiling is the highest allowed (within 1%).
 
     Larger batches read the weights fewer times per sample, so the memory ceiling rises with
     the batch towards bandwidth / per-sample bytes; the best batch is where it meets the compute
@@ -134,16 +134,15 @@ def best_batch(
     top = batch_roofline(device, precision, flops_per_sample, traffic, 1)
     bandwidth = top.memory_bandwidth
     if not bandwidth or not traffic.weight_bytes:
-        return 1  # the batch changes nothing
+        return top  # the batch changes nothing
     # Compute-bound at some batch: the first batch there. Else the memory ceiling only nears
     # bandwidth / per-sample bytes: the first batch within 1% of it.
     target = top.compute_bound_rate
     if traffic.sample_bytes and bandwidth / traffic.sample_bytes <= target:
         target = BEST_SHARE * bandwidth / traffic.sample_bytes
     # bandwidth * b / (W + b * S) >= target  <=>  b >= target * W / (bandwidth - target * S)
-    return max(
-        1, math.ceil(target * traffic.weight_bytes / (bandwidth - target * traffic.sample_bytes))
-    )
+    batch = math.ceil(target * traffic.weight_bytes / (bandwidth - target * traffic.sample_bytes))
+    return batch_roofline(device, precision, flops_per_sample, traffic, max(1, batch))
 
 
 def _finite(value: float) -> float | None:

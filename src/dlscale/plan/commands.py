@@ -14,7 +14,7 @@ from dlscale.errors import DlscaleError, NotFound, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.commands import local_device
 from dlscale.hardware.report import roofline_text, table
-from dlscale.hardware.roofline import Roofline, batch_roofline, best_batch
+from dlscale.hardware.roofline import Roofline, batch_roofline, best_roofline
 from dlscale.hardware.roofline import roofline as roofline_of
 from dlscale.models.cost import ModelCost
 from dlscale.models.flops import count
@@ -203,8 +203,7 @@ def roofline(args: argparse.Namespace) -> int:
         if args.bytes is not None:
             traffic = Traffic(0.0, args.bytes)
         line = batch_roofline(spec, args.precision, flops, traffic, batch)
-        top = best_batch(spec, args.precision, flops, traffic)
-        best = batch_roofline(spec, args.precision, flops, traffic, top)
+        best = best_roofline(spec, args.precision, flops, traffic)
     if args.json:
         doc = {"model": args.model, **line.to_dict(args.measured)}
         if best is not None:

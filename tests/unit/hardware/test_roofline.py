@@ -8,7 +8,7 @@ import pytest
 
 from dlscale.errors import InvalidInput, Unsupported
 from dlscale.hardware.catalog import load_catalog
-from dlscale.hardware.roofline import batch_roofline, best_batch, roofline
+from dlscale.hardware.roofline import batch_roofline, best_roofline, roofline
 from dlscale.types import Traffic
 
 RESNET50_FLOPS = 8.18e9  # 4.09 GMAC per 224x224 image (shared/reference/accelerators.md)
@@ -85,8 +85,8 @@ def test_weights_are_shared_by_the_batch() -> None:
 def test_the_best_batch_is_the_first_compute_bound_one() -> None:
     h100 = load_catalog().get("H100-SXM")
     traffic = Traffic(weight_bytes=25e6, sample_bytes=5e6)  # bandwidth / 5 MB > compute ceiling
-    best = best_batch(h100, "int8", RESNET50_FLOPS, traffic)
-    at_best = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, best)
+    at_best = best_roofline(h100, "int8", RESNET50_FLOPS, traffic)
+    best = at_best.batch
     below = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, best - 1)
     assert at_best.bound == "compute" and below.bound == "memory"
     bigger = batch_roofline(h100, "int8", RESNET50_FLOPS, traffic, 10 * best)
@@ -96,10 +96,9 @@ def test_the_best_batch_is_the_first_compute_bound_one() -> None:
 def test_when_no_batch_is_compute_bound_the_best_nears_the_memory_limit() -> None:
     l4 = load_catalog().get("L4")
     traffic = Traffic(weight_bytes=25e6, sample_bytes=60e6)
-    best = best_batch(l4, "int8", RESNET50_FLOPS, traffic)
     limit = l4.memory_bandwidth / 60e6  # type: ignore[operator]
-    at_best = batch_roofline(l4, "int8", RESNET50_FLOPS, traffic, best)
-    below = batch_roofline(l4, "int8", RESNET50_FLOPS, traffic, best - 1)
+    at_best = best_roofline(l4, "int8", RESNET50_FLOPS, traffic)
+    below = batch_roofline(l4, "int8", RESNET50_FLOPS, traffic, at_best.batch - 1)
     assert at_best.bound == "memory"
     assert 0.99 * limit <= at_best.attainable_rate < limit
     assert below.attainable_rate < 0.99 * limit
@@ -107,6 +106,6 @@ def test_when_no_batch_is_compute_bound_the_best_nears_the_memory_limit() -> Non
 
 def test_without_weights_or_bandwidth_the_batch_changes_nothing() -> None:
     h100 = load_catalog().get("H100-SXM")
-    assert best_batch(h100, "int8", RESNET50_FLOPS, Traffic(0.0, 5e6)) == 1
+    assert best_roofline(h100, "int8", RESNET50_FLOPS, Traffic(0.0, 5e6)).batch == 1
     cpu = load_catalog().get("CPU")
-    assert best_batch(cpu, "fp32", RESNET50_FLOPS, Traffic(25e6, 5e6)) == 1
+    assert best_roofline(cpu, "fp32", RESNET50_FLOPS, Traffic(25e6, 5e6)).batch == 1

@@ -14,7 +14,7 @@ import pytest
 
 from dlscale.cli import main
 from dlscale.hardware.catalog import load_catalog
-from dlscale.hardware.roofline import batch_roofline, best_batch
+from dlscale.hardware.roofline import batch_roofline, best_roofline
 from dlscale.models.cost import ModelCost
 from dlscale.models.flops import count
 
@@ -43,8 +43,7 @@ def test_no_mlperf_resnet50_result_beats_the_ceiling(
 ) -> None:
     spec = load_catalog().get(device)
     traffic = resnet50.traffic("int8")
-    best = best_batch(spec, "int8", resnet50.flops, traffic)
-    ceiling = batch_roofline(spec, "int8", resnet50.flops, traffic, best).attainable_rate
+    ceiling = best_roofline(spec, "int8", resnet50.flops, traffic).attainable_rate
     for measured in (offline, server):
         if measured is not None:
             assert measured <= ceiling, f"{device} MLPerf {round_}: {measured:,} > {ceiling:,.0f}"
