@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 from dlscale.bench.scenarios import parse_duration
@@ -24,10 +25,11 @@ def optimize(args: argparse.Namespace) -> int:
         only=tuple(p for p in args.only.split(",") if p),
     )
     log = Path(".dlscale") / "logs" / f"optimize-{args.model}.log"
-    _say(f"third-party output (ONNX Runtime, torch.compile, torchao) goes to {log}")
     # Flushed at once: piped to a log, each step must show when it happens, not at exit.
+    say = partial(print, flush=True)
+    say(f"third-party output (ONNX Runtime, torch.compile, torchao) goes to {log}")
     with third_party_output_to(log):
-        result = run_optimizer(args.repo, args.model, settings, progress=_say)
+        result = run_optimizer(args.repo, args.model, settings, progress=say)
     for line in outcome_lines(result, args.repo / args.model / "config.toml"):
         print(line)
     return 0
@@ -69,7 +71,3 @@ def _fraction(text: str) -> float:
         raise OptimizeError(
             f"--tolerance {text!r}: expected a percentage (1%) or a fraction"
         ) from None
-
-
-def _say(message: str) -> None:
-    print(message, flush=True)
