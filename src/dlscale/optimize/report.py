@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import __version__
-from dlscale.bench.render import pyplot, save
+from dlscale.bench.render import fmt, markdown_table, pyplot, save
 from dlscale.optimize.decide import source_name
 from dlscale.optimize.results import OptimizeResult, Trial
+from dlscale.optimize.slo import PointOutcome
 
 JSON_NAME, MARKDOWN_NAME, PNG_NAME = "optimize_report.json", "optimize_report.md", "optimize.png"
+#: The columns of the variants' table and of the SLO tuning's (Markdown, aligned left).
+TRIALS = ("variant", "stage", "status", "Offline samples/s (median ± half the spread)",
+          "vs FP32", "SingleStream p90 ms", "accuracy")  # fmt: skip
+POINTS = ("instances", "threads", "max batch", "queue delay µs", "batch ms", "ceiling/s",
+          "status", "peak qps", "p99 ms at peak", "why")  # fmt: skip
 
 
 def to_dict(result: OptimizeResult) -> dict[str, Any]:
@@ -60,12 +66,6 @@ def _rate(trial: Trial) -> str:
     return f"{trial.speed.offline_sps:,.1f}{spread}"
 
 
-def _latency(trial: Trial) -> str:
-    if trial.speed is None or trial.speed.singlestream_p90_ms is None:
-        return "-"
-    return f"{trial.speed.singlestream_p90_ms:.2f}"
-
-
 def _speedup(trial: Trial, base: float | None) -> str:
     if trial.speed is None or not base:
         return "-"
@@ -95,17 +95,8 @@ def markdown(result: OptimizeResult, data: dict[str, Any]) -> str:
         f"{' with labels' if data['data']['labels'] else ''}; calibration from "
         f"{data['data']['calibration']}. Speed: {data['measurement']}.",
         "",
-        "| variant | stage | status | Offline samples/s (median ± half the spread) | vs FP32 | "
-        "SingleStream p90 ms "
-        "| accuracy |",
-        "|---|---|---|---|---|---|---|",
+        *markdown_table(TRIALS, [_trial_cells(t, base) for t in result.trials], TRIALS),
     ]
-    for t in result.trials:
-        acc = t.accuracy.describe() if t.accuracy else t.reason
-        lines.append(
-            f"| {t.variant.name} | {t.stage} | {t.status} | {_rate(t)} | {_speedup(t, base)} | "
-            f"{_latency(t)} | {acc} |"
-        )
     failed = [t for t in result.trials if t.status in ("failed", "not-tried")]
     if failed:
         lines += ["", "## Failed or not tried", ""]
@@ -124,24 +115,17 @@ def markdown(result: OptimizeResult, data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _trial_cells(t: Trial, base: float | None) -> list[Any]:
+    p90 = t.speed.singlestream_p90_ms if t.speed else None
+    acc = t.accuracy.describe() if t.accuracy else t.reason
+    return [t.variant.name, t.stage, t.status, _rate(t), _speedup(t, base), fmt(p90, ".2f"), acc]
+
+
 def _slo_lines(result: OptimizeResult) -> list[str]:
     slo = result.slo
     assert slo is not None
     lines = ["", f"## SLO tuning: p99 ≤ {slo.bound_s * 1e3:g} ms", ""]
-    lines += [
-        "| instances | threads | max batch | queue delay µs | batch ms | ceiling/s | status | "
-        "peak qps | p99 ms at peak | why |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for o in slo.outcomes:
-        p = o.point
-        peak = f"{o.peak_qps:,.0f}" if o.peak_qps else "-"
-        p99 = f"{o.p99_ms:.2f}" if o.p99_ms is not None else "-"
-        lines.append(
-            f"| {p.instances} | {p.threads} | {p.max_batch_size} | {p.max_queue_delay_us} | "
-            f"{o.batch_time_ms:.2f} | {o.ceiling_sps:,.0f} | {o.status} | {peak} | {p99} | "
-            f"{o.reason} |"
-        )
+    lines += markdown_table(POINTS, map(_point_cells, slo.outcomes), POINTS)
     if slo.winner is None:
         lines += ["", f"No configuration held the bound: {slo.note}"]
         return lines
@@ -161,6 +145,15 @@ def _slo_lines(result: OptimizeResult) -> list[str]:
     if slo.rate_qps is None:
         lines += ["", "No verification run held the bound."]
     return lines
+
+
+def _point_cells(o: PointOutcome) -> list[Any]:
+    p = o.point
+    peak = f"{o.peak_qps:,.0f}" if o.peak_qps else "-"  # a peak of 0 is none found
+    return [
+        p.instances, p.threads, p.max_batch_size, p.max_queue_delay_us, f"{o.batch_time_ms:.2f}",
+        f"{o.ceiling_sps:,.0f}", o.status, peak, fmt(o.p99_ms, ".2f"), o.reason,
+    ]  # fmt: skip
 
 
 def plot(result: OptimizeResult, path: Path) -> Path | None:
