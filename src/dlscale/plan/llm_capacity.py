@@ -115,16 +115,13 @@ class DecoderOnDevice:
             what
             for what, value in (
                 ("memory bandwidth", self.device.memory_bandwidth),
-                (f"{self.shape.precision} peak", self._peak_or_none()),
+                (f"{self.shape.precision} peak", self.device.peak_flops(self.shape.precision)),
                 ("memory size", self.device.memory_bytes),
             )
             if not value
         ]
         if missing:
             raise PlanError(f"{self.device.name} publishes no {' or '.join(missing)}")
-
-    def _peak_or_none(self) -> float | None:
-        return self.device.peak_flops(self.shape.precision)
 
     @property
     def bandwidth(self) -> float:
@@ -135,7 +132,7 @@ class DecoderOnDevice:
     @property
     def compute(self) -> float:
         """FLOP/s the engine reaches at the shape's precision: the peak x MFU."""
-        peak = self._peak_or_none()
+        peak = self.device.peak_flops(self.shape.precision)
         assert peak is not None
         return peak * self.efficiency.mfu
 
