@@ -114,6 +114,10 @@ class TensorSpec:
         """This spec with a leading variable batch dimension added."""
         return TensorSpec(self.name, self.datatype, (-1, *self.shape))
 
+    def described(self) -> str:
+        """Its datatype and shape as messages show them: ``FP32 [-1, 3]``."""
+        return f"{self.datatype.value} {list(self.shape)}"
+
     def to_dict(self) -> dict[str, Any]:
         """The protocol's JSON form: ``{name, datatype, shape}``."""
         return {"name": self.name, "datatype": self.datatype.value, "shape": list(self.shape)}

@@ -45,21 +45,17 @@ def bind(declared: Sequence[TensorSpec], made: Sequence[TensorSpec], role: str) 
     if len(declared) != len(made):
         raise ConfigError(
             f"the config declares {len(declared)} {role}s, but the step's settings make "
-            f"{len(made)}: {[_show(s) for s in made]}"
+            f"{len(made)}: {[s.described() for s in made]}"
         )
     bound = []
     for mine, theirs in zip(made, declared, strict=True):
         if theirs.datatype is not mine.datatype or not theirs.matches(mine.shape):
             raise ConfigError(
-                f"{role} {theirs.name!r} is declared {_show(theirs)}, but the step's settings "
-                f"make {_show(mine)}"
+                f"{role} {theirs.name!r} is declared {theirs.described()}, but the step's settings "
+                f"make {mine.described()}"
             )
         bound.append(TensorSpec(theirs.name, mine.datatype, mine.shape))
     return bound
-
-
-def _show(spec: TensorSpec) -> str:
-    return f"{spec.datatype.value} {list(spec.shape)}"
 
 
 def byte_rows(array: np.ndarray, name: str) -> list[object]:

@@ -57,9 +57,7 @@ def _problem(spec: TensorSpec, array: object, rows: int | None) -> str:
 
 
 def _declared(spec: TensorSpec | None) -> str:
-    if spec is None:
-        return "no such output"
-    return f"{spec.datatype.value} {list(spec.shape)}"
+    return "no such output" if spec is None else spec.described()
 
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int | None:

@@ -108,4 +108,4 @@ def _label(item: object) -> str:
 
 
 def _described(meta: ModelMetadata) -> str:
-    return ", ".join(f"{s.name!r} {s.datatype.value} {list(s.shape)}" for s in meta.outputs)
+    return ", ".join(f"{s.name!r} {s.described()}" for s in meta.outputs)

@@ -46,7 +46,7 @@ def folder_size(folder: Path) -> Size | None:
 
 
 def _tensors(specs: list[TensorSpec]) -> str:
-    return ", ".join(f"{s.name} {s.datatype.value} {list(s.shape)}" for s in specs)
+    return ", ".join(f"{s.name} {s.described()}" for s in specs)
 
 
 def zoo_list(args: argparse.Namespace) -> int:
