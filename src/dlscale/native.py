@@ -61,16 +61,19 @@ def spawn_dying_with_parent(argv: Sequence[str], **popen: Any) -> subprocess.Pop
     return subprocess.Popen(list(argv), preexec_fn=die_with_parent, **popen)
 
 
-def end_child(process: subprocess.Popen[bytes] | None, grace_s: float) -> None:
-    """SIGTERM a child that still runs; SIGKILL it when it has not ended within `grace_s`."""
+def end_child(process: subprocess.Popen[bytes] | None, grace_s: float) -> bool:
+    """SIGTERM a child that still runs; SIGKILL it when it has not ended within `grace_s`.
+    Whether it had to be killed."""
     if process is None or process.poll() is not None:
-        return
+        return False
     process.terminate()
     try:
         process.wait(grace_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+        return True
+    return False
 
 
 def die_with_parent() -> None:

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlscale.errors import DlscaleError
-from dlscale.native import spawn_dying_with_parent
+from dlscale.native import end_child, spawn_dying_with_parent
 
 log = logging.getLogger("dlscale.scale")
 
@@ -98,18 +97,10 @@ class ServerChild:
         """Whether the child runs."""
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, grace_s: float = 30.0) -> int | None:
+    def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM (the server finishes its requests within its grace), SIGKILL when late."""
-        if self.process is None:
-            return None
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(grace_s + 5.0)
-        except subprocess.TimeoutExpired:
-            log.warning("server process %d outlived its grace: killed", self.process.pid)
-            self.process.kill()
-            return self.process.wait()
+        if end_child(self.process, grace_s + 5.0):
+            log.warning("server process %d outlived its grace: killed", self.pid)
 
 
 def _read_line(stream: object, timeout_s: float) -> bytes:
