@@ -22,10 +22,10 @@ import grpc
 import httpx
 
 from dlscale.scale.child import Endpoint
+from dlscale.scale.haproxy_config import CONTROL_RPCS, GRPC, REST
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 log = logging.getLogger("dlscale.scale")
-REST, GRPC = "rest", "grpc"
 #: Seconds a replica gets to load or unload a model (a large model loads for minutes).
 APPLY_TIMEOUT_S = 600.0
 
@@ -204,8 +204,5 @@ def grpc_handler(handle: Handler) -> grpc.GenericRpcHandler:
 
         return grpc.unary_unary_rpc_method_handler(call)
 
-    service = "inference.GRPCInferenceService"
-    methods = {
-        rpc: method(f"/{service}/{rpc}") for rpc in ("RepositoryModelLoad", "RepositoryModelUnload")
-    }
-    return grpc.method_handlers_generic_handler(service, methods)
+    methods = {path.rpartition("/")[2]: method(path) for path in CONTROL_RPCS}
+    return grpc.method_handlers_generic_handler("inference.GRPCInferenceService", methods)

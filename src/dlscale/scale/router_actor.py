@@ -40,7 +40,7 @@ from dlscale.scale.child import Endpoint
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.control import Answer, ControlLog, Entry
 from dlscale.scale.haproxy import HaproxyRouter
-from dlscale.scale.haproxy_config import Control
+from dlscale.scale.haproxy_config import FLEET_PATH, REST, Control
 from dlscale.scale.metrics import fleet_metrics
 from dlscale.scale.prefix import Routing
 from dlscale.scale.registry import HEARTBEAT_S, Registry
@@ -231,7 +231,7 @@ class _Servers:
         return [
             Route(f"{model}/load", self._rest_control, methods=["POST"]),
             Route(f"{model}/unload", self._rest_control, methods=["POST"]),
-            Route("/dlscale/fleet", self._fleet, methods=["GET"]),
+            Route(FLEET_PATH, self._fleet, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
         ]
 
@@ -239,15 +239,12 @@ class _Servers:
         raw = request.scope.get("raw_path") or request.url.path.encode()
         ctype = request.headers.get("content-type", "application/json")
         body = await request.body()
-        answer = await self.control(control.REST, raw.decode("latin-1"), body, ctype)
+        answer = await self.control(REST, raw.decode("latin-1"), body, ctype)
         return Response(answer.body, answer.status, media_type=answer.content_type)
 
     async def control(self, proto: str, path: str, body: bytes, ctype: str) -> Answer:
         """A load or unload from a client: recorded, then sent to every replica."""
-        if proto == control.REST:
-            model = unquote(path.split("/")[-2])
-        else:
-            model = control.grpc_model(path, body)
+        model = unquote(path.split("/")[-2]) if proto == REST else control.grpc_model(path, body)
         log_ = self.router.log
         previous = log_.latest(model)
         entry = log_.record(model, proto, path, body, ctype)
