@@ -142,7 +142,7 @@ class LocalFleet:
         self.weigher = Weigher()
         key = settings.security.key
         #: What the supervisor sends to its workers' guarded routes (the API key, if any).
-        self._headers = {} if key is None else {"Authorization": f"Bearer {key.value}"}
+        self.headers = {} if key is None else {"Authorization": f"Bearer {key.value}"}
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Start the router and every worker (at once); raise, all stopped, if one cannot."""
@@ -200,7 +200,7 @@ class LocalFleet:
 
     def _weigh(self) -> None:
         live = {w.device.name: (e.host, e.http_port) for w, e in self.live()}
-        readings = read_each(live, self._headers)
+        readings = read_each(live, self.headers)
         with self._lock:
             if not self._stopping.is_set():
                 self.router.weigh(self.weigher.weights(readings), self.weigher.clocks())
@@ -264,9 +264,7 @@ class LocalFleet:
         if port is None:
             return
         guard = metrics_guard(self.settings.security.key)
-        self.metrics = MetricsServer(
-            FleetMetrics(self, self._headers), self.settings.network.host, port, guard
-        )
+        self.metrics = MetricsServer(FleetMetrics(self), self.settings.network.host, port, guard)
         self.metrics.start()
 
     def live(self) -> list[tuple[Worker, Endpoint]]:
@@ -295,9 +293,8 @@ def _described(worker: Worker) -> str:
 class FleetMetrics:
     """A Collector: every live worker's metrics with its `device` label, and the fleet's own."""
 
-    def __init__(self, fleet: LocalFleet, headers: Mapping[str, str]) -> None:
+    def __init__(self, fleet: LocalFleet) -> None:
         self.fleet = fleet
-        self.headers = dict(headers)
 
     def collect(self) -> Iterable[Metric]:
         """Scrape each worker now (one that does not answer is left out), then merge."""
@@ -306,7 +303,7 @@ class FleetMetrics:
             if end.metrics_port is None:
                 continue
             url = f"http://{end.host}:{end.metrics_port}/metrics"
-            request = urllib.request.Request(url, headers=self.headers)
+            request = urllib.request.Request(url, headers=self.fleet.headers)
             try:
                 with urllib.request.urlopen(request, timeout=SCRAPE_TIMEOUT_S) as answer:
                     texts[worker.device.name] = answer.read().decode()
