@@ -185,7 +185,7 @@ class RegionPool:
         dims = spec.shape[1:] if spec.shape and spec.shape[0] == -1 else spec.shape
         if any(d < 0 for d in dims) or spec.datatype is Datatype.BYTES:
             raise BenchError(
-                f"output {spec.name!r} ({spec.datatype.value} {list(spec.shape)}) has no fixed "
+                f"output {spec.name!r} ({spec.described()}) has no fixed "
                 "size: give --output-shm-size BYTES"
             )
         return rows * math.prod(dims) * spec.datatype.itemsize

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 import typing
 from pathlib import Path, PurePosixPath
@@ -20,7 +19,7 @@ from pydantic import (
 )
 
 from dlscale.backends import MODEL_FILES, RUNTIMES
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, closest
 from dlscale.models.config_sections import (
     STRICT,
     BatchingConfig,
@@ -330,8 +329,8 @@ def _hint(field: str) -> str:
     if field in PEER_NAMES:
         ours, peer = PEER_NAMES[field]
         return f" (did you mean {ours}? '{field}' is {peer}'s name)"
-    close = difflib.get_close_matches(field, _field_names(ModelConfig), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
+    close = closest(field, _field_names(ModelConfig))
+    return f" (did you mean {close}?)" if close else ""
 
 
 def _field_names(model: type[BaseModel]) -> set[str]:
