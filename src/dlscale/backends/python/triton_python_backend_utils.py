@@ -245,30 +245,23 @@ class InferenceRequest:
         """Call the model named in this request on the same server and wait for its answer;
         `decoupled=True`: an iterator of its responses as they come (one, from a model that
         does not stream)."""
-        return self._stream() if decoupled else self._call()
+        responses = self._responses(decoupled)
+        return responses if decoupled else next(responses)
 
-    def _stream(self) -> Iterator[InferenceResponse]:
+    def _responses(self, decoupled: bool) -> Iterator[InferenceResponse]:
+        """The called model's responses (its one answer unless `decoupled`), an error as one."""
         caller = current_caller()
         if caller is None:
-            yield InferenceResponse(error=TritonError("BLS is available only inside execute"))
+            yield InferenceResponse(
+                error=TritonError("BLS is available only inside execute", TritonError.UNAVAILABLE)
+            )
             return
         try:
-            for answer in caller.stream(self._core_request()):
+            request = self._core_request()
+            for answer in caller.stream(request) if decoupled else [caller.infer(request)]:
                 yield InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
         except DlscaleError as exc:
             yield InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
-
-    def _call(self) -> InferenceResponse:
-        caller = current_caller()
-        if caller is None:
-            return InferenceResponse(
-                error=TritonError("BLS is available only inside execute", TritonError.UNAVAILABLE)
-            )
-        try:
-            answer = caller.infer(self._core_request())
-        except DlscaleError as exc:
-            return InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
-        return InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` on the loop's default thread pool, as Triton's is."""
