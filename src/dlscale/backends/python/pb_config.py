@@ -55,7 +55,7 @@ class ModelConfig:
         if not isinstance(tensor, Mapping) or not isinstance(tensor.get("name"), str):
             raise ValueError(f"add_{role}: expected a dict with a 'name', got {tensor!r}")
         entries = self._config.setdefault(role, [])
-        found = _by_name(entries, tensor["name"])
+        found = by_name(entries, tensor["name"])
         if found is None:
             entries.append(dict(tensor))
             return
@@ -71,5 +71,6 @@ class ModelConfig:
             found[key] = value
 
 
-def _by_name(entries: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+def by_name(entries: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The entry of that name among a config's inputs or outputs, or None."""
     return next((e for e in entries if e.get("name") == name), None)

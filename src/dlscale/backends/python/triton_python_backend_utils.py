@@ -21,6 +21,7 @@ from dlscale.backends.python.binding import bind_caller as bind_caller  # the ba
 from dlscale.backends.python.binding import bind_model as bind_model
 from dlscale.backends.python.binding import current_caller, current_model
 from dlscale.backends.python.pb_config import ModelConfig as ModelConfig  # Triton's name
+from dlscale.backends.python.pb_config import by_name as _by_name
 from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
 from dlscale.types import Datatype, RequestedOutput
 from dlscale.types import InferenceRequest as CoreRequest
@@ -328,10 +329,6 @@ def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
 def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
     """The output's entry of a model config dict, or None."""
     return _by_name(model_config.get("output", ()), name)
-
-
-def _by_name(entries: Iterable[Mapping[str, Any]], name: str) -> Any:
-    return next((e for e in entries if e.get("name") == name), None)
 
 
 def triton_string_to_numpy(triton_type: str) -> Any:
