@@ -12,6 +12,7 @@ import inspect
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -129,7 +130,7 @@ class TritonRunner:
         """`execute` on one decoupled request, whose sender passes each response to `channel`."""
         request = self._request(inputs, request_id=ident, parameters=dict(parameters))
         request.attach(
-            pb.InferenceResponseSender(_Deliver(self.model.name, channel)), channel.cancelled.is_set
+            pb.InferenceResponseSender(partial(_deliver, channel)), channel.cancelled.is_set
         )
         if self._execute([request]) is not None:
             raise UserCodeError(
@@ -165,25 +166,19 @@ class TritonRunner:
         metrics.STORE.release(self.model.name)
 
 
-class _Deliver:
-    """A decoupled request's responses as stream parts; a response's error ends its stream."""
-
-    def __init__(self, model: str, channel: Channel) -> None:
-        self.model = model
-        self.channel = channel
-
-    def __call__(self, response: pb.InferenceResponse | None, flags: int) -> None:
-        final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if response is None:
-            if final and not self.channel.ended:  # FINAL after an error: the stream ended
-                self.channel.send(StreamPart({}, final=True))
-            return
-        error = response.error()
-        if error is not None:
-            self.channel.send(_ERRORS.get(error.code(), BackendError)(error.message()))
-            return
-        outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
-        self.channel.send(StreamPart(outputs, _parameters(response.parameters()), final))
+def _deliver(channel: Channel, response: pb.InferenceResponse | None, flags: int) -> None:
+    """A decoupled request's response as a stream part; a response's error ends its stream."""
+    final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    if response is None:
+        if final and not channel.ended:  # FINAL after an error: the stream ended
+            channel.send(StreamPart({}, final=True))
+        return
+    error = response.error()
+    if error is not None:
+        channel.send(_ERRORS.get(error.code(), BackendError)(error.message()))
+        return
+    outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+    channel.send(StreamPart(outputs, _parameters(response.parameters()), final))
 
 
 def _parameters(text: str) -> Parameters:
