@@ -46,7 +46,7 @@ class CudaImages:
         self._decode_jpeg, self._rgb = decode_jpeg, ImageReadMode.RGB
         self.settings = settings
         self.geometry = geometry
-        gain, offset = normalization(settings, 3)
+        gain, offset = normalization(settings)
         self.gain = torch.from_numpy(gain).to(self.device)
         self.offset = torch.from_numpy(offset).to(self.device)
         self.dtype = {"FP32": torch.float32, "FP16": torch.float16, "UINT8": torch.uint8}[
@@ -56,11 +56,16 @@ class CudaImages:
     def decode(
         self, rows: list[object], pool: ThreadPoolExecutor | None, on_device: bool
     ) -> tuple[Any, list[DlscaleError | None]]:
-        """The batch's pixels, on the host or (`on_device`) as a CuPy array over the device
-        tensor, which the next step of a pipeline reads in place; and each row's error."""
+        """The batch's pixels on the host, or (`on_device`) as a CuPy array over the device tensor
+        that the next step of a pipeline reads in place; and each row's error (None: it decoded)."""
         import torch
 
-        pixels, errors = self.decode_on_device(rows, pool)
+        h, w = self.geometry.crop
+        shape = (len(rows), 3, h, w) if self.settings.layout == "NCHW" else (len(rows), h, w, 3)
+        pixels = torch.empty(shape, dtype=self.dtype, device=self.device)
+        errors: list[DlscaleError | None] = [None] * len(rows)
+        for i, image in self._decode_all(rows, errors, pool).items():
+            pixels[i] = self._arrange(image)
         if not on_device:
             return pixels.cpu().numpy(), errors
         # The next step computes on streams of its own: the pixels must be complete first.
@@ -72,21 +77,6 @@ class CudaImages:
                 "image step: device_output needs cupy: pip install 'dlscale[gpu]'"
             ) from None
         return cupy.asarray(pixels), errors
-
-    def decode_on_device(
-        self, rows: list[object], pool: ThreadPoolExecutor | None
-    ) -> tuple[torch.Tensor, list[DlscaleError | None]]:
-        """The batch's pixels as one tensor on the device, and each row's error (None: fine)."""
-        import torch
-
-        h, w = self.geometry.crop
-        shape = (len(rows), 3, h, w) if self.settings.layout == "NCHW" else (len(rows), h, w, 3)
-        out = torch.empty(shape, dtype=self.dtype, device=self.device)
-        errors: list[DlscaleError | None] = [None] * len(rows)
-        decoded = self._decode_all(rows, errors, pool)
-        for i, image in decoded.items():
-            out[i] = self._arrange(image)
-        return out, errors
 
     def _decode_all(
         self, rows: list[object], errors: list[DlscaleError | None], pool: ThreadPoolExecutor | None

@@ -50,7 +50,7 @@ class ImageOptions(StepOptions):
         return Geometry(self.resize, (crop[0], crop[1]), self.max_bytes, self.max_pixels)
 
 
-def normalization(settings: ImageOptions, ndim: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def normalization(settings: ImageOptions) -> tuple[np.ndarray, np.ndarray]:
     """(gain, offset) per channel with `pixels * gain + offset == (pixels / 255 - mean) / std`,
     shaped to broadcast over one image in the output's layout."""
     mean = np.asarray(settings.mean, np.float32)
