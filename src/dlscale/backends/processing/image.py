@@ -110,15 +110,12 @@ class ImageBackend(RowsStep):
         out = np.empty((len(rows), *spec.shape[1:]), spec.datatype.numpy)
         errors: list[DlscaleError | None] = [None] * len(rows)
 
-        def one(i: int) -> None:
-            try:
-                self._place(decode_rgb(as_bytes(rows[i]), self.geometry), out[i])
-            except DlscaleError as exc:
-                errors[i] = exc
-
         def chunk(part: range) -> None:
             for i in part:
-                one(i)
+                try:
+                    self._place(decode_rgb(as_bytes(rows[i]), self.geometry), out[i])
+                except DlscaleError as exc:
+                    errors[i] = exc
 
         if len(rows) < PARALLEL_FROM or self._pool is None:
             chunk(range(len(rows)))
