@@ -44,16 +44,12 @@ def parse(data: bytes, source: str) -> Any:
     return message
 
 
-def unknown_ops(message: Any) -> list[str]:
-    """Ops the graph names that TensorFlow does not have (custom ops), sorted."""
+def check_known_ops(message: Any, source: str) -> None:
+    """ConfigError naming the custom ops a SavedModel needs (ops its graph names that neither
+    TensorFlow has nor the file defines as functions), if any."""
     defined = {f.signature.name for f in _functions(message)}
     used = {n.op for nodes in _node_lists(message) for n in nodes[1]}
-    return sorted(op for op in used - defined if op_def_registry.get(op) is None)
-
-
-def check_known_ops(message: Any, source: str) -> None:
-    """ConfigError naming the custom ops a SavedModel needs, if any."""
-    custom = unknown_ops(message)
+    custom = sorted(op for op in used - defined if op_def_registry.get(op) is None)
     if custom:
         raise ConfigError(
             f"{source}: the SavedModel uses ops TensorFlow does not have: {custom}; they come "
