@@ -122,12 +122,6 @@ def _top_imports(tree: ast.Module) -> set[str]:
     return names - {PB_UTILS}
 
 
-def install_pb_utils() -> None:
-    """Make `import triton_python_backend_utils` give dlscale's module (a name in sys.modules,
-    nothing written to site-packages); the first user model's load does it, once."""
-    sys.modules.setdefault(PB_UTILS, triton_python_backend_utils)
-
-
 def user_class(model: UserModel, api: Api) -> type[Any]:
     """Import the model.py (under a name of its own) and return its model class."""
     path = model.path
@@ -143,7 +137,9 @@ def user_class(model: UserModel, api: Api) -> type[Any]:
 
 def load_module(path: Path, name: str) -> ModuleType:
     """Import the model.py at `path` under a module name of its own (raises what it raises)."""
-    install_pb_utils()
+    # `import triton_python_backend_utils` gives dlscale's module: a name in sys.modules,
+    # nothing written to site-packages.
+    sys.modules.setdefault(PB_UTILS, triton_python_backend_utils)
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     module_name = f"dlscale_user_model_{name}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
