@@ -48,19 +48,12 @@ class LoadedModel:
     package: PackageInfo | None = None
 
 
-def kind_of(path: Path) -> Kind | None:
-    """The kind of model file at `path`, by its name; None when the backend reads no such file."""
-    if path.name.endswith(".aoti.pt2"):
-        return "aoti"
-    return KINDS.get(path.suffix)
-
-
 def load_model(path: Path, device: torch.device, *, single_threaded: bool = False) -> LoadedModel:
     """Read a model file onto `device`; raises ConfigError naming the file when it cannot.
 
     `single_threaded`: an AOTInductor package's runner without its own locking (CUDA graphs).
     """
-    kind = kind_of(path)
+    kind = "aoti" if path.name.endswith(".aoti.pt2") else KINDS.get(path.suffix)
     if kind is None:
         raise ConfigError(f"{path}: the torch backend reads {sorted(KINDS)} and .aoti.pt2 files")
     if not path.is_file():
