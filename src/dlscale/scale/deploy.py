@@ -23,7 +23,7 @@ from dlscale.scale.autoscale import autoscaling_config
 from dlscale.scale.connections import ConnectionRules
 from dlscale.scale.placement import Placement
 from dlscale.scale.prefix import Routing, routes_of
-from dlscale.scale.registry import HAND_OVER_S
+from dlscale.scale.registry import HAND_OVER_MAX_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE, FleetRouter
 from dlscale.scale.settings import ScaleSettings
 
@@ -114,8 +114,8 @@ def replica_options(
         "ray_actor_options": actor,
         "health_check_period_s": HEALTH_CHECK_S,
         "health_check_timeout_s": HEALTH_TIMEOUT_S,
-        # A last replica may first wait for its successor (HAND_OVER_S), then drain its child.
-        "graceful_shutdown_timeout_s": HAND_OVER_S + GRACE_S + 10.0,
+        # A last replica may first wait for its successor (HAND_OVER_MAX_S), then drain its child.
+        "graceful_shutdown_timeout_s": HAND_OVER_MAX_S + GRACE_S + 10.0,
         "logging_config": QUIET,
     }
     if settings.autoscale is not None:

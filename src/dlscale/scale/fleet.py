@@ -27,7 +27,7 @@ from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.connections import behind_router
 from dlscale.scale.control import Entry
 from dlscale.scale.figures_reader import FiguresReader
-from dlscale.scale.registry import HAND_OVER_S, HEARTBEAT_S
+from dlscale.scale.registry import CHILD_START_S, HAND_OVER_S, HEARTBEAT_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
 
 log = logging.getLogger("dlscale.scale")
@@ -35,8 +35,6 @@ log = logging.getLogger("dlscale.scale")
 ROUTER_CALL_S = 10.0
 #: Seconds the child's readiness may take to answer Ray's health check.
 READY_CHECK_S = 20.0
-#: Seconds the child gets to load its models.
-CHILD_START_S = 600.0
 
 
 class FleetReplica:
@@ -55,16 +53,30 @@ class FleetReplica:
         self._leaving = asyncio.Event()
         self.figures: FiguresReader | None = None  # the autoscaler's, from Ray's first call
         self._reading: asyncio.Task[None] | None = None
-        self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
+        self._beat: asyncio.Task[None] | None = None  # from its join on
         self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
+        # The replica it replaces, if any, keeps serving while this one starts (`_hand_over`).
+        await self._tell("starting")
+        try:
+            await self._start()
+        except BaseException:  # no successor after all: the replica it replaces need not wait
+            await self._leave()
+            raise
+
+    async def _start(self) -> None:
+        """Start the child, join the router, replay the repository's loads and unloads, and
+        say it is ready: into rotation. It beats from its join: a replica silent for long is
+        dropped by the router, and one replaying loads is a successor the one it replaces
+        waits for (`_hand_over`)."""
+        self.endpoint: Endpoint = await asyncio.wrap_future(self._start_child())
         self.ready = False
         self.entries: list[Entry] = await self._call("join", self.key, self.node, self.endpoint)
+        self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
         failed = await control.replay(self.entries, self.endpoint)
         for why in failed:  # the model's own error: the repository index shows it
             log.warning("replica %s: replaying %s", self.key, why)
         await self._call("ready", self.key)
         self.ready = True
-        self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
 
     def _start_child(self) -> concurrent.futures.Future[Endpoint]:
         """Start the child from a thread that lives as long as this replica.
@@ -91,6 +103,12 @@ class FleetReplica:
             getattr(self.router, method).remote(*args), timeout=ROUTER_CALL_S
         )
 
+    async def _tell(self, method: str) -> None:
+        """Tell the router what happens to this replica, if it hears (one restarting learns
+        of it from the join or the heartbeats that follow)."""
+        with contextlib.suppress(Exception):
+            await self._call(method, self.key)
+
     async def _heartbeat(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
@@ -107,7 +125,7 @@ class FleetReplica:
 
     async def _beat_once(self) -> None:
         mine = max((e.seq for e in self.entries), default=0)
-        theirs = await self._call("heartbeat", self.key, self.node, self.endpoint, True, mine)
+        theirs = await self._call("heartbeat", self.key, self.node, self.endpoint, self.ready, mine)
         if theirs > mine:  # loads or unloads since this replica joined: keep the router's copy
             self.entries = await self._call("entries")
         elif theirs < mine:  # the router restarted and lost them: hand it this copy
@@ -148,39 +166,46 @@ class FleetReplica:
 
     async def _hand_over(self) -> None:
         """While this is the only replica in rotation and the fleet is not being deleted, keep
-        serving until a successor is in rotation, for at most HAND_OVER_S (a router that is
-        gone lets it go at once; one slow to answer is asked again)."""
+        serving until a successor is in rotation: for as long as the router says one may still
+        come (`holds`: HAND_OVER_S while none said it starts, up to HAND_OVER_MAX_S once one
+        did). A router that is gone lets it go at once; one slow to answer is asked again."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + HAND_OVER_S
-        held = False
-        while loop.time() < deadline:
+        began, bound, said = loop.time(), HAND_OVER_S, 0.0
+        while loop.time() - began < bound:
             try:
-                if not await self._call("holds", self.key):
-                    return
+                bound = await self._call("holds", self.key)
             except TimeoutError:
                 continue
             except Exception:  # the router actor died, and its HAProxy with it
                 return
-            if not held:
-                held = True
+            if not bound:
+                return
+            if bound != said:
+                said = bound
                 log.info(
-                    "replica %s: the only one in rotation, serving until its successor is", self.key
-                )
+                    "replica %s: the only one in rotation, serving until its successor is "
+                    "(at most %.0f s: %s)", self.key, bound,
+                    "a successor is starting" if bound > HAND_OVER_S else "none started yet",
+                )  # fmt: skip
             await asyncio.sleep(HEARTBEAT_S)
         log.warning(
-            "replica %s: no successor in rotation after %.0f s, leaving", self.key, HAND_OVER_S
-        )
+            "replica %s: no successor in rotation after %.0f s, leaving",
+            self.key, loop.time() - began,
+        )  # fmt: skip
 
     async def drain(self) -> None:
-        """Leave the router before the child stops. The router actor runs calls concurrently,
-        so a heartbeat still on its way could be heard after `leave` and put this replica back
-        in rotation: the heartbeat stops first, its last beat answered."""
-        beat = getattr(self, "_beat", None)  # None when the constructor failed before it
-        if beat is None:
-            return
-        await self._hand_over()
+        """Hand over if this is the last replica in rotation, then leave the router before the
+        child stops."""
+        if self._beat is not None:  # None when the constructor failed before its join
+            await self._hand_over()
+            await self._leave()
+
+    async def _leave(self) -> None:
+        """Leave the router. The router actor runs calls concurrently, so a heartbeat still on
+        its way could be heard after `leave` and put this replica back in rotation: the
+        heartbeat stops first, its last beat answered."""
         self._leaving.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(beat, ROUTER_CALL_S + HEARTBEAT_S)
-        with contextlib.suppress(Exception):
-            await self._call("leave", self.key)
+        if self._beat is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._beat, ROUTER_CALL_S + HEARTBEAT_S)
+        await self._tell("leave")

@@ -28,10 +28,18 @@ log = logging.getLogger("dlscale.scale")
 
 #: Seconds between two heartbeats of a replica.
 HEARTBEAT_S = 0.5
-#: The most seconds a stopping replica, the only one in rotation, keeps serving while Ray starts
-#: its successor (scale/fleet.py `_hand_over`): a successor was in rotation 2-7 s after on a quiet
-#: 2-core host, and 39 s after beside two CPU burners (where 20 s let 640 requests meet a 503).
+#: Seconds a replica's child gets to start and load its models (scale/fleet.py).
+CHILD_START_S = 600.0
+#: The most seconds a stopping replica, the only one in rotation, keeps serving while no
+#: successor has said it is starting (scale/fleet.py `_hand_over`): Ray places the successor's
+#: actor while the old one stops, and it says so before it starts its child (its constructor
+#: ran 0.6 s after the old one began to stop, beside two CPU burners on a 2-core host).
 HAND_OVER_S = 60.0
+#: The most seconds that replica keeps serving once a successor said it is starting: as long as
+#: the successor's start may take (its child's CHILD_START_S, then its join and replay). Beside
+#: two CPU burners a successor took 39 s in one run and about 113 s in another, and the fixed
+#: 60 s bound of before let its clients meet 503s for the rest (docs/testing.md).
+HAND_OVER_MAX_S = CHILD_START_S + HAND_OVER_S
 #: Seconds without a heartbeat after which a replica HAProxy does not see UP is taken out of
 #: rotation (ten beats: a busy event loop may delay a few; HAProxy's own check takes a dead
 #: server out sooner, and it is forgotten here).
@@ -69,12 +77,20 @@ class Registry:
         self.router = router
         self.clock = clock
         self._replicas: dict[str, Replica] = {}
+        #: Replicas that said they are starting and have not joined yet, and since when.
+        self._starting: dict[str, float] = {}
         self._lock = threading.Lock()
         self.weigher = Weigher()
+
+    def starting(self, key: str) -> None:
+        """A replica's actor runs and is starting its child: a successor on its way."""
+        with self._lock:
+            self._starting[key] = self.clock()
 
     def join(self, key: str, node: str, endpoint: Endpoint) -> None:
         """A replica whose child serves: it gets loads and unloads from now on, no requests."""
         with self._lock:
+            self._starting.pop(key, None)
             self._replicas[key] = Replica(key, node, endpoint, seen=self.clock())
         log.info("replica %s joined from %s:%d", key, endpoint.host, endpoint.http_port)
 
@@ -93,21 +109,27 @@ class Registry:
             if replica is None or replica.endpoint != endpoint:
                 replica = self._replicas[key] = Replica(key, node, endpoint, ready)
                 log.info("replica %s known again from its heartbeat", key)
+            # A beat sent before its `ready` call may be heard after it: ready stays ready.
+            ready = replica.ready or ready
             replica.seen, changed = self.clock(), replica.ready != ready
             replica.ready = ready
             if changed or key not in self.router.members:
                 self._sync()
 
     def leave(self, key: str) -> None:
-        """The replica stops: out of rotation (its requests in flight finish)."""
+        """The replica stops, or failed to start: out of rotation (its requests in flight
+        finish)."""
         with self._lock:
+            self._starting.pop(key, None)
             if self._replicas.pop(key, None) is not None:
                 log.info("replica %s left", key)
             self._sync()
 
     def sweep(self) -> None:
         """Drop the replicas whose heartbeats stopped: at STALE_S where HAProxy's checks fail
-        them too, at ANSWERING_STALE_S where their servers still answer."""
+        them too, at ANSWERING_STALE_S where their servers still answer or where they are not
+        ready yet (out of rotation all the same, a replica replaying loads is a successor that
+        the replica it replaces waits for: `hand_over`)."""
         now = self.clock()
         with self._lock:
             late = {k: now - r.seen for k, r in self._replicas.items() if now - r.seen > STALE_S}
@@ -117,8 +139,8 @@ class Registry:
             dropped = False
             for key, silent in late.items():
                 answering = _up(states.get(key, ""))
-                if answering and silent <= ANSWERING_STALE_S:
-                    continue  # its heartbeats are late, its server is not
+                if (answering or not self._replicas[key].ready) and silent <= ANSWERING_STALE_S:
+                    continue  # its heartbeats are late, its server is not, or it is starting
                 dropped = True
                 log.warning(
                     "replica %s: no heartbeat for %.0f s%s, out of rotation",
@@ -143,6 +165,22 @@ class Registry:
         with self._lock:
             states = self.router.states()
             return {k for k, r in self._replicas.items() if r.ready and _up(states.get(k, ""))}
+
+    def hand_over(self, key: str) -> float:
+        """How long the stopping replica `key` may keep serving, from when it began to stop:
+        0 when it is not the only replica in rotation; HAND_OVER_MAX_S while another replica
+        is on its way (said it is starting, or joined and not in rotation yet); else
+        HAND_OVER_S, for Ray to place a successor."""
+        rotation = self.in_rotation()
+        if rotation != {key}:
+            return 0.0
+        with self._lock:
+            now = self.clock()
+            for other, since in list(self._starting.items()):
+                if now - since > HAND_OVER_MAX_S:  # its start failed without a word
+                    del self._starting[other]
+            coming = set(self._starting) | (set(self._replicas) - rotation)
+        return HAND_OVER_MAX_S if coming - {key} else HAND_OVER_S
 
     def view(self) -> list[dict[str, object]]:
         """Each joined replica and HAProxy's word on it (UP, DOWN, MAINT...)."""

@@ -175,12 +175,18 @@ class FleetRouter:
         if self.log.adopt(entries):
             log.info("router: %d model load(s)/unload(s) taken from a replica", len(entries))
 
-    def holds(self, key: str) -> bool:
-        """Whether a stopping replica must keep serving: it is the only one in rotation and
-        the fleet is not being deleted. Ray rolls out a new version (a switch between
-        --replicas and --autoscale, new flags) by stopping an old replica while its successor
-        starts: a one-replica fleet answered 503 for 2.6 s of such a switch without this."""
-        return not self._closing and self.registry.in_rotation() == {key}
+    def starting(self, key: str) -> None:
+        """A replica's actor is starting its child (a successor `holds` waits for)."""
+        self.registry.starting(key)
+
+    def holds(self, key: str) -> float:
+        """How long a stopping replica must keep serving, from when it began to stop (0: it
+        need not): while it is the only one in rotation and the fleet is not being deleted, for
+        a successor to start (Registry.hand_over). Ray rolls out a new version (a switch
+        between --replicas and --autoscale, new flags) by stopping an old replica while its
+        successor starts: a one-replica fleet answered 503 for 2.6 s of such a switch without
+        this."""
+        return 0.0 if self._closing else self.registry.hand_over(key)
 
     def leave(self, key: str) -> None:
         """The replica stops."""

@@ -26,7 +26,13 @@ from tests.toolkit.waiting import process_gone, until
 from dlscale.errors import DlscaleError
 from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.haproxy import HaproxyRouter, Member
-from dlscale.scale.registry import ANSWERING_STALE_S, STALE_S, Registry
+from dlscale.scale.registry import (
+    ANSWERING_STALE_S,
+    HAND_OVER_MAX_S,
+    HAND_OVER_S,
+    STALE_S,
+    Registry,
+)
 from dlscale.scale.weights import read_work
 from dlscale.server import ServerSettings
 
@@ -148,6 +154,48 @@ def test_late_heartbeats_drop_a_replica_only_once_its_server_stops_answering(
         now[0] += ANSWERING_STALE_S  # child1 still answers, and has been silent too long
         registry.sweep()
         assert not router.members and not registry.endpoints()
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
+def test_the_last_replica_holds_while_its_successor_starts(small_repo: Path) -> None:
+    """Ray stops a one-replica fleet's replica while its successor starts. The old one keeps
+    serving: HAND_OVER_S while no successor said it starts, as long as a start may take once
+    one did (a run beside two CPU burners lost requests to a successor that took 113 s), and
+    not at all once the successor is in rotation or is not the only one."""
+    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
+    router = HaproxyRouter(HOST, 0, None)
+    now = [1000.0]
+    registry = Registry(router, clock=lambda: now[0])
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        registry.join("old", "node", endpoints[0])
+        registry.ready("old")
+        until(lambda: registry.in_rotation() == {"old"})
+        assert registry.hand_over("old") == HAND_OVER_S  # no successor heard of yet
+        registry.starting("new")  # its actor runs; its child starts
+        assert registry.hand_over("old") == HAND_OVER_MAX_S
+        now[0] += HAND_OVER_MAX_S + 1  # it never joined: its start failed without a word
+        assert registry.hand_over("old") == HAND_OVER_S
+        registry.starting("new")
+        registry.leave("new")  # its start failed and it said so
+        assert registry.hand_over("old") == HAND_OVER_S
+        registry.starting("new")
+        registry.join("new", "node", endpoints[1])  # replaying the loads, not ready yet
+        assert registry.hand_over("old") == HAND_OVER_MAX_S
+        assert registry.hand_over("new") == 0.0  # not in rotation: nothing to hand over
+        now[0] += STALE_S + 1  # its beats late: a replica still starting is kept longer
+        registry.heartbeat("old", "node", endpoints[0], True)
+        registry.sweep()
+        assert registry.hand_over("old") == HAND_OVER_MAX_S
+        registry.heartbeat("new", "node", endpoints[1], False)
+        registry.ready("new")
+        until(lambda: registry.in_rotation() == {"old", "new"})
+        assert registry.hand_over("old") == 0.0  # the successor serves: the old one goes
+        assert _rest_infer(router.ports["http"], 3.0)[0, 0] == 3.0
     finally:
         router.stop()
         for child in children:

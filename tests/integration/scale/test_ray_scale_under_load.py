@@ -16,15 +16,22 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 from tests.integration.scale.conftest import RAY_MISSING, Deployed
 from tests.toolkit.models import write_null_model
+from tests.toolkit.python_models import write_triton_python_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
+from tests.toolkit.slow import slow_only
 
 ray = pytest.importorskip("ray", reason=RAY_MISSING)
+
+from dlscale.scale.registry import HAND_OVER_S  # noqa: E402
+
+if TYPE_CHECKING:
+    from dlscale.scale.settings import ScaleSettings
 
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -37,6 +44,29 @@ DELAY_US, OBJECTIVE_US = 50_000, 100_000
 BURST_CLIENTS = 4
 #: The down delay asked of the autoscaler (the product's default is 30 s).
 DOWN_DELAY_S = 5.0
+#: Seconds the slow-start model takes to load once told to. A successor loads it twice (its
+#: server's start loads every model, then it replays the repository's loads): more than
+#: HAND_OVER_S in all.
+SLOW_S = 45
+#: A Triton Python model that takes SLOW_S to load once a file named "slow" is beside it.
+SLOW_START = """
+import time
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if (Path(args["model_repository"]) / "slow").exists():
+            time.sleep({seconds})
+
+    def execute(self, requests):
+        raise NotImplementedError("only loaded")
+"""
+SLOW_START_PBTXT = """backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
 
 
 def _until(condition: Callable[[], bool], what: str, attempts: int = 360) -> None:
@@ -62,8 +92,11 @@ class Clients:
     """Clients of the paced model, each sending a row and checking its echo; every outcome is
     kept, and so is the number of replicas in rotation seen while they run."""
 
-    def __init__(self, deployed: Deployed, count: int, pause_s: float = 0.0) -> None:
+    def __init__(
+        self, deployed: Deployed, count: int, pause_s: float = 0.0, model: str = MODEL
+    ) -> None:
         self.deployed = deployed
+        self.model = model
         self.pause_s = pause_s
         self.outcomes: list[str] = []
         #: When each outcome came (time.monotonic()), at the same index.
@@ -80,7 +113,7 @@ class Clients:
             tensor = httpclient.InferInput("x", [1, 4], "FP32")
             tensor.set_data_from_numpy(x)
             try:
-                y = client.infer(MODEL, [tensor]).as_numpy("y")
+                y = client.infer(self.model, [tensor]).as_numpy("y")
                 outcome = "ok" if np.array_equal(y, x) else "WRONG ANSWER"
             except InferenceServerException as exc:
                 outcome = f"{exc.status()} {exc.message()}"
@@ -114,41 +147,53 @@ class Switched:
     deployed_after_s: float
 
 
-@pytest.fixture(scope="module")
-def switched(deployed: Deployed, ray_repo: Path) -> Iterator[Switched]:
-    """The paced model loaded on the fleet, and the fleet redeployed with `--autoscale 1:2`
-    while two clients send; after, the model unloaded and the fleet fixed at one again."""
-    from dlscale.scale.commands import deploy_fleet
-
+def _write_paced(ray_repo: Path, name: str = MODEL) -> Path:
+    """A paced model's folder: a null model holding its device DELAY_US per request."""
     config = (
         BATCHED.format(max_batch=1, delay=0)
         + NULL_TENSORS.format(inp="x", out="y", width=4, out_width=4)
         + f"[backend_options]\ndelay_us = {DELAY_US}\n"
         + f"[qos]\nlatency_objective_us = {OBJECTIVE_US}\n"
     )
-    folder = write_null_model(ray_repo, MODEL, config)
+    return write_null_model(ray_repo, name, config)
+
+
+def _switch(deployed: Deployed, settings: ScaleSettings, model: str = MODEL) -> Switched:
+    """Redeploy the fleet with `settings` (a new version: Ray replaces the running replica,
+    scale/deploy.py) while two clients send, from one replica in rotation (an earlier module
+    may have left one restarting) to one in rotation again."""
+    from dlscale.scale.commands import deploy_fleet
+
+    settled = dataclasses.replace(deployed, settings=settings)
+    _until(lambda: _in_rotation(deployed) == 1, "one replica in rotation before the switch")
+    with Clients(deployed, 2, pause_s=0.05, model=model) as during:
+        began = time.monotonic()
+        deploy_fleet(settings)
+        returned = time.monotonic() - began
+        _until(lambda: _in_rotation(settled) == 1, "one replica in rotation after the switch")
+    failures = [
+        (round(t - began, 1), o)
+        for t, o in zip(during.times, during.outcomes, strict=True)
+        if o != "ok"
+    ]
+    return Switched(settled, during.outcomes, failures, round(returned, 1))
+
+
+@pytest.fixture(scope="module")
+def switched(deployed: Deployed, ray_repo: Path) -> Iterator[Switched]:
+    """The paced model loaded on the fleet, and the fleet redeployed with `--autoscale 1:2`
+    while two clients send; after, the model unloaded and the fleet fixed at one again."""
+    from dlscale.scale.commands import deploy_fleet
+
+    folder = _write_paced(ray_repo)
     client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=120)
     client.load_model(MODEL)
     scaled = dataclasses.replace(
         deployed.settings, autoscale=(1, 2), scale_down_delay_s=DOWN_DELAY_S
     )
-    settled = dataclasses.replace(deployed, settings=scaled)
     try:
-        # The switch replaces the running replica (a new version, scale/deploy.py): the old one
-        # keeps serving until its successor is in rotation.
-        # From one replica in rotation (an earlier module may have left one restarting).
-        _until(lambda: _in_rotation(deployed) == 1, "one replica in rotation before the switch")
-        with Clients(deployed, 2, pause_s=0.05) as during:
-            began = time.monotonic()
-            deploy_fleet(scaled)
-            returned = time.monotonic() - began
-            _until(lambda: _in_rotation(settled) == 1, "one replica in rotation after the switch")
-        failures = [
-            (round(t - began, 1), o)
-            for t, o in zip(during.times, during.outcomes, strict=True)
-            if o != "ok"
-        ]
-        yield Switched(settled, during.outcomes, failures, round(returned, 1))
+        # The old replica keeps serving until its successor is in rotation.
+        yield _switch(deployed, scaled)
     finally:
         try:
             deploy_fleet(deployed.settings)
@@ -209,6 +254,46 @@ def test_the_fleet_scales_up_under_load_and_down_after_it_losing_no_request(
     # And in the controller's own log, where a user looks for them (Ray's session logs).
     said = _controller_log()
     assert f"autoscaler: {up[0]}" in said and f"autoscaler: {down[-1]}" in said, said[-2000:]
+
+
+@slow_only(f"a successor that loads a model twice, {SLOW_S} s each: about 3 minutes")
+def test_the_last_replica_serves_while_a_slow_successor_starts(
+    deployed: Deployed, ray_repo: Path
+) -> None:
+    """A successor slower to start than HAND_OVER_S: the old replica heard it start, and
+    serves until it is in rotation (beside two CPU burners, a successor took 113 s, and the
+    old replica's fixed 60 s let 1,517 requests meet 503s)."""
+    from dlscale.scale.commands import deploy_fleet
+
+    steady = "steady"  # the clients' model, paced as the module's other one
+    paced = _write_paced(ray_repo, steady)
+    slow = write_triton_python_model(
+        ray_repo, "slow-start", SLOW_START.format(seconds=SLOW_S), SLOW_START_PBTXT
+    )
+    client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=120)
+    client.load_model(steady)
+    client.load_model("slow-start")  # fast: no "slow" file yet
+    (slow / "slow").touch()  # the successor's start loads it twice: 2 * SLOW_S
+    # Another server setting is another version: Ray replaces the replica.
+    assert deployed.settings.server is not None
+    other = deployed.settings.server.replace(log_level="WARNING")
+    try:
+        settings = dataclasses.replace(deployed.settings, server=other)
+        switched = _switch(deployed, settings, steady)
+        assert switched.deployed_after_s > HAND_OVER_S  # the successor was that slow
+        assert switched.outcomes and not switched.failures, (
+            len(switched.failures), switched.failures[:3], switched.deployed_after_s,
+        )  # fmt: skip
+    finally:
+        try:
+            (slow / "slow").unlink()
+            deploy_fleet(deployed.settings)
+            _until(lambda: len(_fleet(deployed)["replicas"]) == 1, "back to one replica")
+            client.unload_model("slow-start")
+            client.unload_model(steady)
+        finally:
+            shutil.rmtree(slow)
+            shutil.rmtree(paced)
 
 
 def _controller_log() -> str:

@@ -343,7 +343,7 @@ async def test_a_stopping_replica_leaves_the_router_after_its_last_heartbeat() -
 
     replica = Replica.__new__(Replica)
     router = _Router()
-    replica.key, replica.node, replica.entries = "r1", "n1", []
+    replica.key, replica.node, replica.entries, replica.ready = "r1", "n1", [], True
     replica.router, replica.child = router, _Child()
     replica.endpoint = None  # type: ignore[assignment]
     replica._leaving = asyncio.Event()
