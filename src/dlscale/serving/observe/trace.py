@@ -181,12 +181,10 @@ class Tracer:
         call: `kind`) is traced too, as a child span; `traceparent` is the caller's W3C header;
         `nests`: the calls this task makes next are the request's (not a stream's iteration).
         """
-        # The common case first, at the cost of two lookups per request: nothing to trace.
         if self.otlp is not None:
             return self._start_span(model, version, request_id, traceparent, kind, nests)
-        if self.trace_file is None or (not self._models and self._global.level == "OFF"):
-            return None
-        return self._sample(model, version, request_id)
+        # Without a sink `off` says whether any scope could sample (`_nothing_traced`).
+        return None if self.off else self._sample(model, version, request_id)
 
     def _start_span(
         self, model: str, version: int, request_id: str, traceparent: str, kind: str, nests: bool
