@@ -79,23 +79,16 @@ class Instance:
         self.stops_batches = capabilities.stops_batches
         return result
 
-    async def infer(
-        self, inputs: Mapping[str, np.ndarray], context: contextvars.Context | None = None
-    ) -> dict[str, np.ndarray]:
-        """Compute one batch (in `context`, when given: a traced request's, see `_within`)."""
-        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
-        self.start(inputs, functools.partial(_settle, future), context)
-        return await future
-
     def start(
         self,
         inputs: Mapping[str, np.ndarray],
         then: Then,
         context: contextvars.Context | None = None,
     ) -> None:
-        """Compute one batch, then call `then(outputs, None)` or `then(None, error)` on the
-        loop: `infer` without a coroutine, for the batcher (a task per batch cost it more than
-        a callback; BENCHMARKS.md, issue 39's third pass).
+        """Compute one batch (in `context`, when given: a traced request's, see `_within`), then
+        call `then(outputs, None)` or `then(None, error)` on the loop: a callback, not a
+        coroutine, for the batcher (a task per batch cost it more; BENCHMARKS.md, issue 39's
+        third pass).
 
         A batch the instance's `inline` allows is computed on the event loop, at its next turn
         (as a batch's own task would have): the thread hop would cost more than the compute

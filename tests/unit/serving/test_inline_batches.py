@@ -61,6 +61,20 @@ def _rows(n: int) -> dict[str, np.ndarray]:
     return {"x": np.zeros((n, 4), np.float32)}
 
 
+async def _compute(instance: Instance, inputs: dict[str, np.ndarray]) -> None:
+    """One batch through `Instance.start`, as the batcher sends it; its outcome awaited."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def then(outputs: object, error: BaseException | None) -> None:
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    instance.start(inputs, then)
+    await done
+
+
 async def test_cheap_batches_move_to_the_loop_and_back_when_they_turn_slow(
     tmp_path: Path,
 ) -> None:
@@ -71,17 +85,17 @@ async def test_cheap_batches_move_to_the_loop_and_back_when_they_turn_slow(
     try:
         await _until_inline(instance, 2)
         assert all(t.startswith("null-instance") for t in backend.threads)
-        await instance.infer(_rows(2))
+        await _compute(instance, _rows(2))
         assert backend.threads[-1] == main
-        await instance.infer(_rows(3))  # more rows than measured: the thread
+        await _compute(instance, _rows(3))  # more rows than measured: the thread
         assert backend.threads[-1].startswith("null-instance")
         backend.delay_us = LOOP_MOST_S * 1e6 * 3  # the model turns slow
-        await instance.infer(_rows(1))
-        await instance.infer(_rows(1))  # a second batch over the bound on the loop
+        await _compute(instance, _rows(1))
+        await _compute(instance, _rows(1))  # a second batch over the bound on the loop
         assert backend.threads[-2:] == [main, main]
         assert instance.inline.rows == 0
         backend.delay_us = 0
-        await instance.infer(_rows(1))
+        await _compute(instance, _rows(1))
         assert backend.threads[-1].startswith("null-instance")  # learnt again, in the thread
     finally:
         await instance.close()
@@ -93,7 +107,7 @@ async def _until_inline(instance: Instance, rows: int) -> None:
     for _ in range(20 * FIRST_FAST):
         if instance.inline.rows >= rows:
             return
-        await instance.infer(_rows(rows))
+        await _compute(instance, _rows(rows))
     raise AssertionError(f"no batch of {rows} rows was measured cheap enough")
 
 
