@@ -13,18 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dlscale.backends.generative.contract import AdapterHost
-from dlscale.errors import ConfigError, DlscaleError, InvalidInput, Unavailable
-from dlscale.serving.batches import Tensors
-from dlscale.serving.observe.stats import RequestTimes
-from dlscale.serving.pipeline import Serve
-from dlscale.serving.runners import Release, Runner, seats_of
+from dlscale.errors import ConfigError, DlscaleError, Unavailable
+from dlscale.serving.runners import Runner, seats_of, streams_only
 from dlscale.serving.seats import Seats
-from dlscale.types import InferenceRequest, ModelKind
+from dlscale.types import ModelKind
 
 #: Each placement's number: the engine's key of an adapter is its name and this.
 _LOADS = itertools.count(1)
@@ -54,16 +51,7 @@ class AdapterRunner:
     def refuse_early(self) -> DlscaleError | None:
         return self._refusal or self.seats.queue.refuse_early()
 
-    def submit(
-        self,
-        request: InferenceRequest,
-        times: RequestTimes,
-        release: Release | None,
-        step: Serve,
-    ) -> Awaitable[Tensors]:
-        raise InvalidInput(
-            f"adapter {self.name!r} streams its answers: its requests take the stream path"
-        )
+    submit = streams_only
 
     def enter(self) -> object:
         """A stream of this adapter starts (refused once it is unloading or its base died);

@@ -137,6 +137,14 @@ class PipelineRunner:
         """Nothing of its own: its steps' runners close with their models."""
 
 
+def streams_only(runner: object, request: InferenceRequest, *_: object) -> Awaitable[Tensors]:
+    """`submit` of the runners that stream: never called, since the DataPlane sends their
+    requests down the stream path (serving/streams.py) by their kind."""
+    raise InvalidInput(
+        f"model {request.model_name!r} streams its answers: its requests take the stream path"
+    )
+
+
 class StreamRunner:
     """A model that streams its answers: its `Seats`, and streams.py's path through them."""
 
@@ -149,16 +157,7 @@ class StreamRunner:
     def refuse_early(self) -> DlscaleError | None:
         return self.seats.queue.refuse_early()
 
-    def submit(
-        self,
-        request: InferenceRequest,
-        times: RequestTimes,
-        release: Release | None,
-        step: Serve,
-    ) -> Awaitable[Tensors]:
-        raise InvalidInput(
-            f"model {self.seats.name!r} streams its answers: its requests take the stream path"
-        )
+    submit = streams_only
 
     def cut(self, error: DlscaleError) -> None:
         self.seats.cut()
