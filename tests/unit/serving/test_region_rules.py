@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dlscale.errors import InvalidInput, PermissionDenied
-from dlscale.serving.regions.registry import RegionKind, SharedMemoryRegistry
+from dlscale.serving.regions.registry import Lease, RegionKind, SharedMemoryRegistry
 from dlscale.serving.regions.system import RESERVED_PREFIX, SystemRegion, shm_path
 from dlscale.types import Datatype, RegionRef, RegionTensor
 
@@ -51,7 +51,7 @@ def registry() -> Iterator[SharedMemoryRegistry]:
 
 
 def _input(registry: SharedMemoryRegistry, region: str = "r") -> np.ndarray:
-    lease = registry.lease()
+    lease = Lease(registry)
     try:
         array = lease.input("x", RegionTensor(Datatype.FP32, (4,), RegionRef(region, 16)), None)
         return np.asarray(array)
@@ -118,7 +118,7 @@ def test_a_truncated_object_fails_the_request_only(
     os.truncate(shm_path(key), 4)
     with pytest.raises(InvalidInput, match="shrank to 4 bytes"):
         _input(registry)
-    lease = registry.lease()
+    lease = Lease(registry)
     lease.check_output("y", RegionRef("r", 16))
     with pytest.raises(InvalidInput, match="shrank"):
         lease.write("y", np.zeros(4, np.float32), RegionRef("r", 16))
@@ -164,7 +164,7 @@ def test_truncation_racing_the_reads_never_kills_the_process(
     outcomes = set()
     try:
         for _ in range(200):
-            lease = registry.lease()
+            lease = Lease(registry)
             try:
                 ref = RegionRef("r", size)
                 lease.input("x", RegionTensor(Datatype.UINT8, (size,), ref), None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlscale.errors import InvalidInput, NotFound, Unsupported
-from dlscale.serving.regions.registry import RegionKind, SharedMemoryRegistry
+from dlscale.serving.regions.registry import Lease, RegionKind, SharedMemoryRegistry
 from dlscale.serving.regions.system import SHM_DIR, shm_path
 from dlscale.types import Datatype, RegionRef, RegionTensor
 
@@ -51,7 +51,7 @@ def test_an_input_is_a_private_copy_of_the_region(
     values = np.arange(8, dtype=np.float32)
     key = make_object(values.tobytes())
     registry.register_system("r", key, offset=8, byte_size=24)  # values[2:8]
-    lease = registry.lease()
+    lease = Lease(registry)
     array = lease.input("x", _tensor("r", offset=4), None)
     np.testing.assert_array_equal(array, values[3:7].reshape(2, 2))
     # A copy taken at use (pread), never a view of a mapping: a client that truncates or
@@ -67,7 +67,7 @@ def test_every_place_is_checked_against_the_region(
     registry: SharedMemoryRegistry, make_object: Make
 ) -> None:
     registry.register_system("r", make_object(bytes(32)), 0, 32)
-    lease = registry.lease()
+    lease = Lease(registry)
     with pytest.raises(InvalidInput, match="exceed the 32 bytes of region 'r'"):
         lease.input("x", _tensor("r", offset=20), None)
     with pytest.raises(InvalidInput, match="is not registered"):
@@ -117,13 +117,13 @@ def test_unregistering_a_region_in_use_waits_for_its_leases(
     registry: SharedMemoryRegistry, make_object: Make
 ) -> None:
     registry.register_system("r", make_object(bytes(16)), 0, 16)
-    lease = registry.lease()
+    lease = Lease(registry)
     array = lease.input("x", _tensor("r"), None)
     release_for_batcher = lease.hold()  # the batcher's share of the lease
     registry.unregister(RegionKind.SYSTEM, "r")
     assert [s.name for s in registry.status(RegionKind.SYSTEM)] == ["r"]
     with pytest.raises(InvalidInput, match="is being unregistered"):
-        registry.lease().input("x", _tensor("r"), None)
+        Lease(registry).input("x", _tensor("r"), None)
     lease.release()  # the DataPlane is done; the batcher still reads the inputs
     assert registry.users("r") == 1
     assert float(array.sum()) == 0.0  # still mapped
@@ -136,7 +136,7 @@ def test_a_view_kept_past_release_delays_the_unmapping_only(
     registry: SharedMemoryRegistry, make_object: Make
 ) -> None:
     registry.register_system("r", make_object(bytes(16)), 0, 16)
-    lease = registry.lease()
+    lease = Lease(registry)
     kept = lease.input("x", _tensor("r"), None)
     lease.release()
     registry.unregister(RegionKind.SYSTEM, "r")
@@ -151,7 +151,7 @@ def test_outputs_are_written_into_the_region(
 ) -> None:
     key = make_object(bytes(64))
     registry.register_system("out", key, 0, 64)
-    lease = registry.lease()
+    lease = Lease(registry)
     lease.check_output("y", RegionRef("out", 32, 16))
     y = np.arange(6, dtype=np.int32).reshape(2, 3)
     placed = lease.write("y", y, RegionRef("out", 32, 16))
@@ -168,7 +168,7 @@ def test_off_unless_enabled(make_object: Make) -> None:
     with pytest.raises(Unsupported, match="--allow-client-shm"):
         registry.register_system("r", make_object(bytes(8)), 0, 8)
     with pytest.raises(Unsupported):
-        registry.lease().input("x", _tensor("r"), None)
+        Lease(registry).input("x", _tensor("r"), None)
     assert registry.status(RegionKind.SYSTEM) == []
 
 

@@ -37,7 +37,7 @@ class RequestRegions:
                     break
             else:
                 return None
-        return cls(request, registry.lease())
+        return cls(request, Lease(registry))
 
     def bind(self, devices: Iterable[str | None]) -> None:
         """Inputs in regions become arrays over them; outputs' places are checked before compute.

@@ -255,10 +255,6 @@ class SharedMemoryRegistry:
 
     # -- leases ------------------------------------------------------------------------------------
 
-    def lease(self) -> Lease:
-        """A lease for one request's regions (empty until it names one)."""
-        return Lease(self)
-
     def _acquire(self, ref: RegionRef, role: str, name: str) -> _Region:
         """The region a tensor names, checked and counted as used (until the lease ends)."""
         if not self.enabled:
