@@ -141,7 +141,8 @@ def test_without_qos_each_batch_is_started_off_and_counted_for_a_later_turn_on()
         scheduler = gates.gates["cpu"].scheduler
         tenant = plain.qos.tenant_of("plain-0")  # type: ignore[union-attr]
         assert not scheduler.active and scheduler.running == 0 and tenant.running == 0
-        assert tenant.decisions == {"off": 5} and tenant.service.known
+        assert tenant.decisions == {"off": 5}
+        assert tenant.service.expected(1) == pytest.approx(neighbor_time(1))  # learnt
         assert tenant.device_s == pytest.approx(5 * neighbor_time(1))
         assert tenant.virtual == pytest.approx(5 * neighbor_time(1))  # weight 1
         guarded, guarded_device = _model(gates, "guarded", 1, lambda _: 0.004, weight=2.0)

@@ -96,11 +96,6 @@ class ServiceTimes:
             del self._by_rows[size]
         self._sweep_at = min(e.seen for e in self._by_rows.values()) + STALE_AFTER + 1
 
-    @property
-    def known(self) -> bool:
-        """Whether any batch has been timed."""
-        return bool(self._by_rows)
-
     def expected(self, rows: float) -> float:
         """The mean time of a batch of `rows` (0 while nothing is known)."""
         return self._at(rows, 0.0)
@@ -111,7 +106,7 @@ class ServiceTimes:
 
     def largest_within(self, seconds: float, limit: int) -> int:
         """The most rows, up to `limit`, whose bound fits in `seconds`; 0 when not even one."""
-        if not self.known:
+        if not self._by_rows:  # nothing timed yet
             return limit
         lo, hi = 0, limit
         while lo < hi:  # the bound is non-decreasing in rows
