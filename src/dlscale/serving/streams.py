@@ -287,24 +287,27 @@ class _Meter:
 
     def done(self, times: RequestTimes, outcome: str) -> None:
         """The request ended: `outcome` "" when answered in full, else Triton's reason."""
-        if self.tokens is None:
+        tokens = self.tokens
+        if tokens is None:
             return
-        self.tokens.finished(self.prompt, self.generated, (self.last - self.first) / 1e9)
+        tokens.prompt_tokens += self.prompt
+        tokens.generated_tokens += self.generated
+        if self.generated > 1:  # TPOT: from the first token to the last, per later token
+            tokens.tpot.observe((self.last - self.first) / 1e9 / (self.generated - 1))
         if outcome == "CANCELED":  # its client left: vLLM counts it as aborted
-            self.tokens.ended("abort")
+            tokens.finished_by["abort"] += 1
         if outcome:
             return
-        self.tokens.ended(self.reason or "stop")
+        tokens.finished_by[self.reason or "stop"] += 1
         end = times.request_end
         seated = times.compute_start or end
         first = self.first or end
         last = self.last or first
-        self.tokens.phases(
-            (seated - times.queue_start) / 1e9,
-            (first - seated) / 1e9,
-            (last - first) / 1e9,
-            (end - times.request_start) / 1e9,
-        )
+        # Its phases: waiting for a seat, to its first token, to its last, in all.
+        tokens.queue.observe((seated - times.queue_start) / 1e9)
+        tokens.prefill.observe((first - seated) / 1e9)
+        tokens.decode.observe((last - first) / 1e9)
+        tokens.end_to_end.observe((end - times.request_start) / 1e9)
 
 
 def _ended(times: RequestTimes, on_end: OnEnd | None) -> int:

@@ -9,6 +9,7 @@ the Prometheus collector (serving/metrics/collectors.py) at scrape time.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from dlscale.serving.observe.stats import Histogram
@@ -52,23 +53,4 @@ class TokenStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     #: Requests that ran to their end, by why they ended (stop, length, abort).
-    finished_by: dict[str, int] = field(default_factory=dict)
-
-    def phases(self, queue_s: float, prefill_s: float, decode_s: float, total_s: float) -> None:
-        """A request's time waiting for a seat, to its first token, to its last, in all."""
-        self.queue.observe(queue_s)
-        self.prefill.observe(prefill_s)
-        self.decode.observe(decode_s)
-        self.end_to_end.observe(total_s)
-
-    def ended(self, reason: str) -> None:
-        """A request ended for `reason` (the engine's finish reason, or abort)."""
-        self.finished_by[reason] = self.finished_by.get(reason, 0) + 1
-
-    def finished(self, prompt: int, generated: int, decode_s: float) -> None:
-        """A request ended with `generated` tokens for a `prompt`-token prompt; `decode_s`: from
-        its first token to its last (TPOT = decode_s / (generated - 1) when more than one)."""
-        self.prompt_tokens += prompt
-        self.generated_tokens += generated
-        if generated > 1:
-            self.tpot.observe(decode_s / (generated - 1))
+    finished_by: Counter[str] = field(default_factory=Counter)
