@@ -45,7 +45,6 @@ class Seats:
 
     def __init__(
         self,
-        name: str,
         capacity: int,
         policy: BatchPolicy,
         instances: Sequence[Instance],
@@ -54,12 +53,10 @@ class Seats:
         generative: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.name = name
         #: A generative engine's (its streams follow backends/generative/contract.py): a unary
         #: request gets its stream joined; a decoupled Python model's is refused one.
         self.generative = generative
         self.capacity = capacity
-        self.stats = stats
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
         self.queue = RequestQueue(policy, stats, admission, clock)
         self.instances = list(instances)
@@ -92,7 +89,7 @@ class Seats:
             )
         admission = Admission(config.name, config.qos, time.perf_counter()) if config.qos else None
         policy = BatchPolicy.of(config)
-        return cls(config.name, capacity, policy, instances, stats, admission, engine)
+        return cls(capacity, policy, instances, stats, admission, engine)
 
     async def enter(self, priority: int, timeout_us: int, times: RequestTimes) -> Instance:
         """Wait for a seat (by priority, then arrival); the instance that runs the sequence.

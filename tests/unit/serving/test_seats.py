@@ -28,7 +28,7 @@ def _instances(count: int = 1) -> list[Instance]:
 
 def _seats(capacity: int = 1, **batching: int) -> Seats:
     policy = BatchPolicy(0, BatchingConfig(**batching))
-    return Seats("m", capacity, policy, _instances(2), ModelStats("m", "1"))
+    return Seats(capacity, policy, _instances(2), ModelStats("m", "1"))
 
 
 async def _enter(seats: Seats, priority: int = 0, timeout_us: int = 0) -> Instance:
@@ -48,7 +48,7 @@ async def test_capacity_admits_that_many_and_spreads_them_over_instances() -> No
     await _until_waiting(seats, 1)
     seats.leave(first)
     assert await third is first  # the freed instance, the least loaded
-    assert (seats.running, seats.waiting, seats.stats.pending) == (2, 0, 2)
+    assert (seats.running, seats.waiting, seats.queue.stats.pending) == (2, 0, 2)
 
 
 async def test_the_highest_priority_goes_first_then_the_oldest() -> None:
@@ -68,7 +68,7 @@ async def test_the_highest_priority_goes_first_then_the_oldest() -> None:
     seats.leave(held)
     await asyncio.gather(*tasks)
     assert order == ["high-1", "high-2", "mid", "low"]
-    assert seats.running == 0 and seats.stats.pending == 0
+    assert seats.running == 0 and seats.queue.stats.pending == 0
 
 
 async def test_a_timeout_drops_a_waiting_request_and_its_seat_goes_on() -> None:
@@ -76,7 +76,7 @@ async def test_a_timeout_drops_a_waiting_request_and_its_seat_goes_on() -> None:
     held = await _enter(seats)
     with pytest.raises(TimedOut, match="timed out waiting for a sequence slot"):
         await _enter(seats)
-    assert seats.waiting == 0 and seats.stats.pending == 1
+    assert seats.waiting == 0 and seats.queue.stats.pending == 1
     seats.leave(held)
     assert seats.running == 0
     seats.leave(await _enter(seats))
@@ -94,7 +94,7 @@ async def test_a_caller_that_leaves_while_waiting_takes_no_seat() -> None:
     await _until_waiting(seats, 1)
     seats.leave(held)
     seats.leave(await nxt)
-    assert (seats.running, seats.waiting, seats.stats.pending) == (0, 0, 0)
+    assert (seats.running, seats.waiting, seats.queue.stats.pending) == (0, 0, 0)
 
 
 async def test_a_seat_handed_to_a_caller_that_just_left_goes_to_the_next() -> None:
@@ -106,7 +106,7 @@ async def test_a_seat_handed_to_a_caller_that_just_left_goes_to_the_next() -> No
     seats.leave(held)  # hands the seat to `first`, which is cancelled before it runs
     first.cancel()
     seats.leave(await second)
-    assert first.cancelled() and seats.running == 0 and seats.stats.pending == 0
+    assert first.cancelled() and seats.running == 0 and seats.queue.stats.pending == 0
 
 
 async def test_a_full_queue_refuses_at_once() -> None:

@@ -42,6 +42,6 @@ async def test_the_cut_ends_the_streams_still_running_and_frees_their_seats(
     for task in (running, waiting):
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert (seats.running, seats.waiting, seats.stats.pending) == (0, 0, 0)
+    assert (seats.running, seats.waiting, seats.queue.stats.pending) == (0, 0, 0)
     assert manager.get("ticker").stats.failures["CANCELED"] == 2
     await manager.close()
