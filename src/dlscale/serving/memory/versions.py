@@ -67,13 +67,12 @@ def growth(
     is noise beside it."""
     out: Footprint = {}
     for d in devices:
-        grown = after[d] - before[d] if d in before and d in after else 0
         if d in hidden and d in known:
             out[d] = max(known[d], floor.get(d, 0))
         elif d not in before or d not in after:
             out[d] = max(known.get(d, 0), floor.get(d, 0))  # not read: what is known
         else:
-            read = max(grown, floor.get(d, 0))
+            read = max(after[d] - before[d], floor.get(d, 0))
             out[d] = min(read, known[d]) if d in known else read
     return out
 
