@@ -9,7 +9,7 @@ themselves (`channel.portable`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -78,8 +78,6 @@ class Answer:
 @dataclass(frozen=True)
 class Stop:
     """Unload the model and exit."""
-
-    reason: str = field(default="unload")
 
 
 class Pipe:
