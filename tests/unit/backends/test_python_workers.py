@@ -21,6 +21,7 @@ from dlscale.backends import BackendOptions
 from dlscale.backends.python import PythonBackend
 from dlscale.backends.python import transport as t
 from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.binding import bind_caller
 from dlscale.backends.python.loader import UserCodeError
 from dlscale.backends.python.worker import WorkerRunner
 from dlscale.errors import BackendError, DlscaleError, InvalidInput, NotFound
@@ -115,11 +116,11 @@ def test_bls_errors_come_back_as_error_responses() -> None:
         def infer(self, request: InferenceRequest) -> InferenceResponse:
             raise NotFound(f"unknown model {request.model_name!r}")
 
-    pb.bind_caller(Refusing())
+    bind_caller(Refusing())
     try:
         answer = pb.InferenceRequest(model_name="ghost", inputs=[]).exec()
     finally:
-        pb.bind_caller(None)
+        bind_caller(None)
     error = answer.error()
     assert answer.has_error() and error is not None
     assert error.code() == pb.TritonError.NOT_FOUND and "ghost" in error.message()

@@ -22,7 +22,7 @@ from dlscale.backends.generative.contract import (
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
-from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.binding import bind_caller
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, api_of, log_failure
 from dlscale.backends.python.native import NativeRunner
 from dlscale.backends.python.outputs import check_outputs
@@ -77,7 +77,7 @@ class PythonBackend:
         )
         self.name = model.name
         bound = _memory_bound(self.path, options.extra)  # checked whatever the isolation
-        pb.bind_caller(options.caller)  # BLS from initialize or load, in this thread
+        bind_caller(options.caller)  # BLS from initialize or load, in this thread
         try:
             if self.isolation == "process":
                 from dlscale.backends.python.worker import WorkerRunner
@@ -124,7 +124,7 @@ class PythonBackend:
         runner = self._runner
         if runner is None:
             raise ConfigError(f"{self.path}: the model is not loaded")
-        pb.bind_caller(self.options.caller)  # BLS from this instance thread
+        bind_caller(self.options.caller)  # BLS from this instance thread
         try:
             results = self._run(runner, requests)
         except UserCodeError:
@@ -166,7 +166,7 @@ class PythonBackend:
         caller = self.options.caller
 
         def run(channel: Channel) -> None:
-            pb.bind_caller(caller)  # BLS from this thread
+            bind_caller(caller)  # BLS from this thread
             try:
                 if isinstance(runner, TritonRunner):
                     runner.stream(inputs, parameters, request_id, channel)

@@ -1,6 +1,5 @@
 """What the code of a user's model runs on behalf of: the caller its BLS calls go through and
-the model its custom metrics count against, bound per thread by the python backend
-(pb_utils re-exports `bind_caller` and `bind_model`)."""
+the model its custom metrics count against, bound per thread by the python backend."""
 
 from __future__ import annotations
 

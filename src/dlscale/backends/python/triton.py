@@ -20,6 +20,7 @@ import numpy as np
 from dlscale.backends.base import RequestResult, StreamPart
 from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.binding import bind_model
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
 from dlscale.backends.python.streaming import Channel
 from dlscale.errors import BackendError, DlscaleError, InvalidInput, NotFound, Unavailable
@@ -74,7 +75,7 @@ class TritonRunner:
 
     def __init__(self, model: UserModel, instance: str = "") -> None:
         self.model = model
-        pb.bind_model(model.name)  # custom metrics made in initialize count against it
+        bind_model(model.name)  # custom metrics made in initialize count against it
         metrics.STORE.hold(model.name)
         try:
             self._user = user_class(model, "triton")()
@@ -148,7 +149,7 @@ class TritonRunner:
 
     def _execute(self, requests: list[pb.InferenceRequest]) -> Any:
         """The model's `execute` on `requests`, its custom metrics counted against it."""
-        pb.bind_model(self.model.name)
+        bind_model(self.model.name)
         try:
             return _await(self._user.execute(requests))
         except Exception as exc:

@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 
 from dlscale.backends.python import custom_metrics as metrics
-from dlscale.backends.python.binding import bind_caller as bind_caller  # the backend's
-from dlscale.backends.python.binding import bind_model as bind_model
 from dlscale.backends.python.binding import current_caller, current_model
 from dlscale.backends.python.pb_config import ModelConfig as ModelConfig  # Triton's name
 from dlscale.backends.python.pb_config import by_name as _by_name

@@ -28,7 +28,7 @@ import numpy as np
 from dlscale.backends.base import ModelCaller, RequestResult
 from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import transport as t
-from dlscale.backends.python import triton_python_backend_utils as pb
+from dlscale.backends.python.binding import bind_caller
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_failure
 from dlscale.backends.python.runner import make_runner
 from dlscale.errors import BackendError, DlscaleError, Unavailable
@@ -342,7 +342,7 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
     segments are named under `prefix` (the server's rule, wire/segments.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s [worker] %(message)s")
     pipe = t.Pipe(conn, prefix)
-    pb.bind_caller(_PipeCaller(pipe))
+    bind_caller(_PipeCaller(pipe))
     try:
         runner = make_runner(model, api)
     except DlscaleError as exc:
