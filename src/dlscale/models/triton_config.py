@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from dlscale.backends import RUNTIMES
 from dlscale.backends.python.autocomplete import CLASS, METHOD, auto_complete
+from dlscale.backends.python.backend import ISOLATION_PARAMETER
 from dlscale.backends.python.source import defines_method
 from dlscale.errors import ConfigError
 from dlscale.models.config import ModelConfig, check_name, newest_file, parse_config
@@ -26,8 +27,6 @@ MAX_COUNT_DIGITS = 9
 
 #: Triton's platform and backend names -> dlscale's backend (the backend table's `triton_names`).
 BACKENDS = {alias: name for name, runtime in RUNTIMES.items() for alias in runtime.triton_names}
-#: A config.pbtxt parameter that says where a Python model's code runs (thread or process).
-PYTHON_ISOLATION = "DLSCALE_ISOLATION"
 #: A config.pbtxt parameter that bounds a Python model's worker memory (max_worker_memory_mb).
 PYTHON_MEMORY = "DLSCALE_MAX_WORKER_MEMORY_MB"
 #: Triton's ONNX Runtime parameters that are dlscale backend options.
@@ -148,8 +147,8 @@ def convert(
         }
         if data["backend"] == "python":  # the model reads them all, as in Triton
             data["backend_options"] = {"parameters": parameters}
-            if PYTHON_ISOLATION in parameters:
-                data["backend_options"]["isolation"] = parameters[PYTHON_ISOLATION]
+            if ISOLATION_PARAMETER in parameters:
+                data["backend_options"]["isolation"] = parameters[ISOLATION_PARAMETER]
             if PYTHON_MEMORY in parameters:
                 bound = parameters[PYTHON_MEMORY].strip()
                 data["backend_options"]["max_worker_memory_mb"] = (
