@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from dlscale.backends.base import StreamingBackend, StreamPart
-from dlscale.errors import InvalidField, InvalidInput
+from dlscale.errors import ConfigError, InvalidField, InvalidInput
 from dlscale.sampling import Sampling
 
 # The tensor names live with the wire codec, where frontends and the bench read them too;
@@ -121,6 +121,18 @@ def check_context(prompt: int, max_tokens: int, context: int, input_format: str)
             f"completion). Please reduce the length of the {where} or completion.",
             "max_tokens",
         )
+
+
+def chat_template_file(options: Mapping[str, object], where: str) -> Path | None:
+    """The Jinja chat template file an engine's [backend_options] `chat_template` names to
+    replace the tokenizer's (vLLM's --chat-template), None when it names none; `where` prefixes
+    the option's name in errors."""
+    value = options.get("chat_template")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not Path(value).is_file():
+        raise ConfigError(f"{where}chat_template {value!r} is not a file")
+    return Path(value)
 
 
 def chat_messages(text: str) -> list[dict[str, object]]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from dlscale.backends.base import BackendOptions
+from dlscale.backends.generative.contract import chat_template_file
 from dlscale.backends.generative.lora_files import MAX_RANK
 from dlscale.errors import ConfigError
 
@@ -101,7 +102,7 @@ class EngineSettings:
             attn_implementation=str(extra.get("attn_implementation", "sdpa")),
             threads=options.intra_op_threads,
             max_model_len=_optional(extra, "max_model_len"),
-            chat_template=_template(extra.get("chat_template")),
+            chat_template=chat_template_file(extra, "transformers backend: "),
             enable_lora=_flag(extra, "enable_lora"),
             max_loras=_optional(extra, "max_loras") or DEFAULT_MAX_LORAS,
             max_lora_rank=min(_optional(extra, "max_lora_rank") or DEFAULT_MAX_LORA_RANK, MAX_RANK),
@@ -123,11 +124,3 @@ def _flag(extra: Mapping[str, Any], key: str) -> bool:
 
 def _optional(extra: Mapping[str, Any], key: str) -> int | None:
     return int(_positive(key, extra[key])) if key in extra else None
-
-
-def _template(value: object) -> Path | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not Path(value).is_file():
-        raise ConfigError(f"transformers backend: chat_template {value!r} is not a file")
-    return Path(value)

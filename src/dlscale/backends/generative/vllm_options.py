@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlscale.backends.generative.contract import chat_template_file
 from dlscale.errors import ConfigError
 
 #: The file a Triton vLLM-backend model keeps in its version folder: vLLM's engine arguments.
@@ -79,15 +80,7 @@ def engine_settings(model_file: Path, options: Mapping[str, Any], device: str) -
         folder = model_file.parent
     args.update(_engine_args(options))
     env = _environment(options, device)
-    return EngineSettings(folder, args, env, _chat_template(options.get(CHAT_TEMPLATE_KEY)))
-
-
-def _chat_template(value: object) -> Path | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not Path(value).is_file():
-        raise ConfigError(f"backend_options.{CHAT_TEMPLATE_KEY} {value!r} is not a file")
-    return Path(value)
+    return EngineSettings(folder, args, env, chat_template_file(options, "backend_options."))
 
 
 def _engine_args(options: Mapping[str, Any]) -> dict[str, Any]:
