@@ -92,14 +92,11 @@ def run_model(
     try:
         inputs, _ = reconcile(version.config, backend.inputs, backend.outputs, version.source)
         rng = np.random.default_rng(seed)
-        one = time_backend(
-            backend, inputs_for(version.name, version.path, inputs, 1, rng), min_seconds=min_seconds
-        )
-        many = time_backend(
-            backend,
-            inputs_for(version.name, version.path, inputs, batch, rng),
-            min_seconds=min_seconds,
-        )
+
+        def timed(rows: int) -> Timing:
+            feed = inputs_for(version.name, version.path, inputs, rows, rng)
+            return time_backend(backend, feed, min_seconds=min_seconds)
+
+        return timed(1), timed(batch)
     finally:
         backend.unload()
-    return one, many
