@@ -51,6 +51,9 @@ class TensorflowBackend:
         self.options = options
         self.signature, self.jit_compile = parse_options(options.extra)
         self._model: LoadedModel | None = None
+        #: The signature's tensors, read at load.
+        self.inputs: list[TensorSpec] = []
+        self.outputs: list[TensorSpec] = []
         self._device = ""
         self._specs: dict[str, TensorSpec] = {}
 
@@ -60,21 +63,14 @@ class TensorflowBackend:
         self._device = place(self.options.device)
         with tf.device(self._device):
             self._model = load_model(self.path, self.signature, self.jit_compile)
-        self._specs = {s.name: s for s in self._model.inputs}
+        self.inputs, self.outputs = self._model.inputs, self._model.outputs
+        self._specs = {s.name: s for s in self.inputs}
         log.debug("loaded %s on %s (XLA %s)", self.path, self._device, self.jit_compile)
 
     @property
     def capabilities(self) -> Capabilities:
         """One batch at a time per instance, on host arrays."""
         return Capabilities()
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._model.inputs if self._model else []
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._model.outputs if self._model else []
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; every output of the signature is returned."""
@@ -92,6 +88,7 @@ class TensorflowBackend:
     def unload(self) -> None:
         """Drop the model (TensorFlow frees its variables when the last reference goes)."""
         self._model = None
+        self.inputs, self.outputs = [], []
 
 
 def _first_line(exc: BaseException) -> str:

@@ -43,6 +43,9 @@ class TorchBackend:
         self.device: torch.device | None = None
         self.buckets: Buckets | None = None
         self._model: LoadedModel | None = None
+        #: The model's tensors, read at load.
+        self.inputs: list[TensorSpec] = []
+        self.outputs: list[TensorSpec] = []
         self._module: Any = None
         self._fn: Step | None = None
         self._staging: Staging | None = None
@@ -69,6 +72,7 @@ class TorchBackend:
         # A package's runner is called by one thread at a time (the compute lock), and CUDA
         # graph capture needs it without its own locking.
         model = self._model = load_model(self.path, device, single_threaded=True)
+        self.inputs, self.outputs = model.inputs, model.outputs
         check_package(self.path, model, self.options.extra)
         s = self.settings = resolved_options(
             self.settings, model, device, self.options.max_batch_size
@@ -265,21 +269,14 @@ class TorchBackend:
                 return kept  # type: ignore[return-value]
             return pending.wait()
 
-    # -- description and teardown ------------------------------------------------------------------
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._model.inputs if self._model else []
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._model.outputs if self._model else []
+    # -- teardown --------------------------------------------------------------------------------
 
     def unload(self) -> None:
         """Drop the module, graphs and buffers; give back the process-wide precision claim."""
         on_cuda = self.device is not None and self.device.type == "cuda"
         self._fn = self._module = self._graphs = self._staging = None
         self._model = None
+        self.inputs, self.outputs = [], []
         self.device_buffers = None
         self._held.close()
         if on_cuda:
