@@ -171,6 +171,3 @@ class TransformersBackend:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
-
-
-__all__ = ["TransformersBackend"]
