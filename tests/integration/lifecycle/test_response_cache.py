@@ -175,6 +175,8 @@ def test_reloading_a_model_that_computes_the_answer_changes_the_cached_answer(
     for _ in range(3):
         np.testing.assert_array_equal(_infer(client, model, x), x * 2)
     assert _cache_stats(client, model)[0] >= 1  # the answer is held
+    # Its config says so, a pipeline's as a model's (a pipeline's view once hid it).
+    assert client.get_model_config(model)["response_cache"] == {"enable": True}
     config = client.get_model_config("scaler")
     config["parameters"]["factor"]["string_value"] = "6"
     client.load_model("scaler", config=json.dumps(config))

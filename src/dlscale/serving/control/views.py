@@ -37,7 +37,7 @@ def config_view(served: ServedVersion) -> ModelConfigView:
         label_files={t.name: t.label_file for t in config.outputs or () if own and t.label_file},
         default_model_filename=served.version.model_file.name if own else "",
         decoupled=served.runner.kind.streams,
-        response_cache=own and config.response_cache,
+        response_cache=config.response_cache,  # a pipeline's answers are cached too
         ensemble_steps=tuple(
             EnsembleStep(s.model, s.version or -1, s.input_map, s.output_map)
             for s in config.steps or ()
