@@ -168,9 +168,7 @@ def _setup(
         for url, name in sorted(
             zip(options.urls, named, strict=False), key=lambda p: p[1] != "off"
         ):
-            protected = _session(options, loop, options.protected, setup.objective_s, url)
-            neighbor = _session(options, loop, options.neighbor, None, url)
-            setup.conditions.append(Tenants(name, protected, neighbor))
+            _condition(setup, name, options, loop, [url, url])
         return setup
     assert options.repo is not None
     protected_qos, objective, source = _protected_qos(options)
@@ -183,9 +181,7 @@ def _setup(
     for name, gates in (("off", DeviceGates(enabled=False)), ("on", DeviceGates())):
         manager = ModelManager.open(scratch, gates)
         stack.callback(loop.run, manager.close())
-        protected = _session(options, loop, options.protected, objective, None, manager, scratch)
-        neighbor = _session(options, loop, options.neighbor, None, None, manager, scratch)
-        setup.conditions.append(Tenants(name, protected, neighbor))
+        _condition(setup, name, options, loop, [None, None], manager, scratch)
     if options.mig:
         _mig(options, specs, loop, out_dir, stack, setup)
     return setup
@@ -223,42 +219,44 @@ def _mig(
         setup.notes.append("--mig: this host has no two MIG instances; the MIG phases await one")
         return
     assert options.repo is not None
-    urls = []
+    urls: list[str | None] = []
     for spec, instance in zip(specs, pair, strict=True):
         placed = TenantSpec(spec.model, spec.qos, instance.uuid)
         repo = scratch_repository(options.repo, [placed], out_dir / f"mig-{spec.model}")
         log = out_dir / f"mig-{spec.model}.log"
         urls.append(stack.enter_context(TenantServer(repo, instance.uuid, log)).url)
         setup.notes.append(f"--mig: {spec.model} on {instance.profile or '?'} {instance.uuid}")
-    protected = _session(options, loop, options.protected, setup.objective_s, urls[0])
-    neighbor = _session(options, loop, options.neighbor, None, urls[1])
-    setup.conditions.append(Tenants("mig", protected, neighbor))
+    _condition(setup, "mig", options, loop, urls)
 
 
-def _session(
+def _condition(
+    setup: Setup,
+    name: str,
     options: InterferenceOptions,
     loop: LoopThread,
-    model: str,
-    objective_s: float | None,
-    url: str | None,
+    urls: list[str | None],
     manager: ModelManager | None = None,
     repo: Path | None = None,
-) -> Session:
-    protected = model == options.protected
-    bench = BenchOptions(
-        model=model,
-        scenarios=[Scenario.SERVER if protected else Scenario.OFFLINE],
-        repo=repo or options.repo,
-        duration_s=options.duration_s,
-        latency_bound_s=objective_s,
-        concurrency=None if protected else options.concurrency,
-        batch_size=None if protected else options.neighbor_batch,
-        sample_count=options.sample_count,
-        min_query_count=options.min_queries,
-        seed=options.seed,
-    )
-    target = InProcessTarget(repo, model, manager=manager) if manager and repo else None
-    return Session(url, bench, loop, target)
+) -> None:
+    """Add condition `name`: the protected tenant (urls[0]) held to the objective, the neighbor."""
+    sessions = []
+    for model, url in zip((options.protected, options.neighbor), urls, strict=True):
+        protected = model == options.protected
+        bench = BenchOptions(
+            model=model,
+            scenarios=[Scenario.SERVER if protected else Scenario.OFFLINE],
+            repo=repo or options.repo,
+            duration_s=options.duration_s,
+            latency_bound_s=setup.objective_s if protected else None,
+            concurrency=None if protected else options.concurrency,
+            batch_size=None if protected else options.neighbor_batch,
+            sample_count=options.sample_count,
+            min_query_count=options.min_queries,
+            seed=options.seed,
+        )
+        target = InProcessTarget(repo, model, manager=manager) if manager and repo else None
+        sessions.append(Session(url, bench, loop, target))
+    setup.conditions.append(Tenants(name, *sessions))
 
 
 # -- measurements ------------------------------------------------------------------------------
