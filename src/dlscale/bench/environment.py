@@ -11,12 +11,13 @@ import importlib.metadata
 import os
 import platform
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from dlscale.bench.targets import BatchTimes
+from dlscale.bench.targets import BatchTimes, ModelInfo
 from dlscale.errors import DlscaleError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.cpu import cpu_spec
@@ -66,9 +67,10 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def device_name(gpu: bool) -> str | None:
-    """The catalog name of the device that computed: this host's first GPU or its CPU."""
-    if gpu:
+def device_name(infos: Iterable[ModelInfo | None]) -> str | None:
+    """The catalog name of the device that computed: this host's first GPU when any of the
+    models ran on a GPU (a device other than the CPU), else its CPU."""
+    if any(d != "cpu" for info in infos if info for d in info.devices):
         gpus = detect().gpus
         return str(gpus[0].catalog) if gpus and gpus[0].catalog else None
     return cpu_spec().name

@@ -101,10 +101,6 @@ def build_report(
     """Everything measured, with the run's settings and the machine it ran on."""
     first = setup.conditions[0]
     info = first.protected.info
-    gpu = any(
-        d != "cpu" for t in setup.conditions for s in (t.protected, t.neighbor) if s.info
-        for d in s.info.devices
-    )  # fmt: skip
     batch, concurrency = first.neighbor.offline_shape()
     return {
         "format": "dlscale-bench-interference/1",
@@ -124,7 +120,9 @@ def build_report(
         "notes": setup.notes,
         "phases": [p.to_dict() for p in phases],
         "summary": summarize(phases, setup.objective_s),
-        "device": environment.device_name(gpu),
+        "device": environment.device_name(
+            s.info for t in setup.conditions for s in (t.protected, t.neighbor)
+        ),
         "host": environment.host(),
         "packages": environment.packages(),
     }

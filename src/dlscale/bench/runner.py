@@ -114,7 +114,6 @@ def _report(
     first = sessions[0]
     info = first.info
     assert info is not None and first.samples is not None and first.warmup is not None
-    gpu = any(d != "cpu" for s in sessions if s.info for d in s.info.devices)
     return {
         "format": "dlscale-bench/1",
         "date": environment.now(),
@@ -140,7 +139,7 @@ def _report(
         ],
         "scenarios": [r.to_dict() for r in results],
         "client_ceiling": None,
-        "device": environment.device_name(gpu),
+        "device": environment.device_name(s.info for s in sessions),
         "device_note": (
             "remote targets: the device is this host's, which is right only when the server "
             "runs here"
