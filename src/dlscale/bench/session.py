@@ -242,7 +242,7 @@ class Session:
         progress = Progress(label, recorder) if self.options.progress else None
         sut: SystemUnderTest | PoolSut
         if self.pool is not None:
-            sut = self.pool.sut(self.info, settings, recorder)
+            sut = PoolSut(self.pool.connections, self.info, settings, recorder)
         else:
             sut = SystemUnderTest(
                 self.target, self.info, self.samples, settings, self.loop, recorder

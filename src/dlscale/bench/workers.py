@@ -94,10 +94,6 @@ class WorkerPool:
             self.close()
             raise
 
-    def sut(self, info: ModelInfo, settings: RunSettings, recorder: Recorder) -> PoolSut:
-        """LoadGen's SUT for one run, spreading its requests over the workers."""
-        return PoolSut(self.connections, info, settings, recorder)
-
     def close(self) -> None:
         """Ask each worker to stop, wait a little, then end those that do not."""
         for conn in self.connections:
