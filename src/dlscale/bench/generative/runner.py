@@ -6,7 +6,6 @@ classic bench does), so that LoadGen can block the calling thread while streams 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import replace
@@ -37,11 +36,7 @@ PROBE_REQUESTS = 16
 PROBE_CONCURRENCY = 4
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def run_generative(options: GenerativeOptions, out: Path, say: Say = _stderr) -> dict[str, Any]:
+def run_generative(options: GenerativeOptions, out: Path, say: Say) -> dict[str, Any]:
     """Run every load the options ask for and write the report into `out`."""
     counter = TokenCounter(options.tokenizer) if options.tokenizer else None
     maker = PromptMaker(counter, options.seed)
