@@ -26,11 +26,10 @@ from dlscale.bench.generative.trace import read_trace, trace_asks
 from dlscale.bench.loadgen import LoopThread, run_loadgen
 from dlscale.bench.progress import Countdown
 from dlscale.bench.scenarios import Scenario
+from dlscale.bench.session import EARLY_STOPPING_QUERIES
 from dlscale.errors import BenchError
 
 Say = Callable[[str], None]
-#: Server queries at least, for LoadGen's early-stopping estimate of the p99 TTFT and TPOT.
-EARLY_STOPPING_QUERIES = 512
 #: The probe that sizes LoadGen's runs when no sweep point did.
 PROBE_REQUESTS = 16
 PROBE_CONCURRENCY = 4
@@ -169,7 +168,8 @@ def _loadgen(
         target_qps = rate / 2  # half of what the loads reached, so the queue stays short
     minimum = options.min_queries or len(jobs)
     if scenario is Scenario.SERVER and options.min_queries is None:
-        minimum = max(minimum, EARLY_STOPPING_QUERIES)
+        # Enough for LoadGen's early-stopping estimate of the p99 TTFT and TPOT.
+        minimum = max(minimum, EARLY_STOPPING_QUERIES[Scenario.SERVER])
     concurrency = max(options.concurrency, default=0) if scenario is Scenario.OFFLINE else 0
     log_dir = out / "loadgen" / scenario.value
     result: dict[str, Any] = {}
