@@ -25,8 +25,7 @@ from dlscale.bench.targets import (
     ModelInfo,
     RemoteTarget,
     Target,
-    data_signature,
-    onnx_signature,
+    local_signature,
 )
 from dlscale.bench.workers import PoolSut, WorkerPool, WorkerSpec
 from dlscale.errors import BenchError, DlscaleError
@@ -143,7 +142,7 @@ class Session:
         opts = self.options
         say = self.steps
         if isinstance(self.target, RemoteTarget):
-            self._declare_local_signature(self.target)
+            self.target.declared = local_signature(self.model_file(), opts.data)
         say(f"{self.label}: opening {opts.model} (connect or load)")
         self.info = self.loop.run(self.target.open())
         self.samples = load_samples(self.info, opts.data, opts.sample_count, opts.seed)
@@ -165,14 +164,6 @@ class Session:
         assert self.info is not None
         target.declared = self.target.declared
         return WorkerSpec(target, self.info, opts.data, opts.sample_count, opts.seed)
-
-    def _declare_local_signature(self, target: RemoteTarget) -> None:
-        # For servers whose metadata lists no tensors: the local model file says, else the data.
-        local = self.model_file()
-        if local is not None and local.suffix == ".onnx" and local.is_file():
-            target.declared = onnx_signature(local)
-        elif self.options.data is not None and self.options.data.suffix == ".npz":
-            target.declared = (data_signature(self.options.data), ())
 
     def close(self) -> None:
         """Stop the workers, close the target (errors on the way out are not the result's)."""

@@ -279,26 +279,29 @@ def _spec(tensor: dict[str, Any]) -> TensorSpec:
         raise BenchError(f"tensor metadata {tensor} has no valid name, datatype or shape") from None
 
 
-def onnx_signature(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """Inputs and outputs of an ONNX file, read from its graph (weights are not loaded)."""
+def local_signature(
+    model_file: Path | None, data: Path | None
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The tensors to assume for a server whose metadata lists none: a local ONNX file's, read
+    from its graph (weights are not loaded), else the inputs of a .npz data file (one array per
+    input, samples first), else none."""
+    if model_file is not None and model_file.suffix == ".onnx" and model_file.is_file():
+        try:
+            inputs, outputs = read_onnx_signature(model_file)
+        except ConfigError as exc:
+            raise BenchError(str(exc)) from None
+        return tuple(inputs), tuple(outputs)
+    if data is None or data.suffix != ".npz":
+        return (), ()
     try:
-        inputs, outputs = read_onnx_signature(path)
-    except ConfigError as exc:
-        raise BenchError(str(exc)) from None
-    return tuple(inputs), tuple(outputs)
-
-
-def data_signature(path: Path) -> tuple[TensorSpec, ...]:
-    """Inputs as a .npz/.npy data file holds them: one array per input, samples first."""
-    try:
-        loaded = np.load(path, allow_pickle=False)
+        loaded = np.load(data, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise BenchError(f"data file {path}: {exc}") from None
+        raise BenchError(f"data file {data}: {exc}") from None
     if isinstance(loaded, np.ndarray):
-        raise BenchError(f"{path}: a .npy file does not name its input; use .npz (name=array)")
+        raise BenchError(f"{data}: a .npy file does not name its input; use .npz (name=array)")
     with loaded:
         arrays = {k: loaded[k] for k in loaded.files if k not in ("labels", "label")}
-    return tuple(
-        TensorSpec(name, Datatype.from_numpy(a.dtype), (-1, *a.shape[1:]))
-        for name, a in arrays.items()
+    specs = (
+        TensorSpec(n, Datatype.from_numpy(a.dtype), (-1, *a.shape[1:])) for n, a in arrays.items()
     )
+    return tuple(specs), ()
