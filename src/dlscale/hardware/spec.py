@@ -76,23 +76,18 @@ class DeviceSpec:
         """Where a figure came from: `fp32`, `sparse.int8`, `memory`, `bandwidth`, `tdp` ..."""
         return self.sources.get(field, self.default_source)
 
-    def figures(self) -> dict[str, float | Interconnect | tuple[MigProfile, ...]]:
-        """Every published figure keyed by its source field name (what the sources describe)."""
-        out: dict[str, float | Interconnect | tuple[MigProfile, ...]] = {}
-        out.update(self.dense)
-        out.update({f"sparse.{k}": v for k, v in self.sparse.items()})
-        for name, value in (
-            ("memory", self.memory_bytes),
-            ("bandwidth", self.memory_bandwidth),
-            ("tdp", self.tdp_watts),
-            ("interconnect", self.interconnect),
-            ("host_link", self.host_link),
-        ):
-            if value is not None:
-                out[name] = value
-        if self.mig_profiles:
-            out["mig"] = self.mig_profiles
-        return out
+    def figures(self) -> list[str]:
+        """The source field name of every published figure (what the sources describe)."""
+        named = {
+            "memory": self.memory_bytes,
+            "bandwidth": self.memory_bandwidth,
+            "tdp": self.tdp_watts,
+            "interconnect": self.interconnect,
+            "host_link": self.host_link,
+            "mig": self.mig_profiles or None,
+        }
+        sparse = [f"sparse.{k}" for k in self.sparse]
+        return [*self.dense, *sparse, *(name for name, v in named.items() if v is not None)]
 
     def mig(self, profile: str) -> DeviceSpec:
         """This GPU cut to one MIG profile: compute by its slices, bandwidth by its memory share."""
