@@ -14,8 +14,6 @@ from dlscale.errors import ConfigError, NotFound
 from dlscale.hardware.cpu import cpu_spec
 from dlscale.hardware.spec import PRECISIONS, DeviceSpec, Interconnect, MigProfile
 
-__all__ = ["Catalog", "DeviceSpec", "Interconnect", "MigProfile", "load_catalog", "match"]
-
 _TERA = 1e12
 _GIGA = 1e9
 
