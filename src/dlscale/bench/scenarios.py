@@ -25,11 +25,6 @@ class Scenario(enum.StrEnum):
         """LoadGen's own spelling (SingleStream, ...), as its logs write it."""
         return _TITLES[self]
 
-    @property
-    def loadgen(self) -> Any:
-        """The `mlperf_loadgen.TestScenario` value."""
-        return getattr(lg.TestScenario, self.loadgen_name)
-
     @classmethod
     def parse(cls, name: str) -> list[Scenario]:
         """One scenario by name, or all four for `all`."""
@@ -111,7 +106,7 @@ class RunSettings:
     def to_loadgen(self, sample_count: int) -> Any:
         """The `mlperf_loadgen.TestSettings` for this run."""
         s = lg.TestSettings()
-        s.scenario = self.scenario.loadgen
+        s.scenario = getattr(lg.TestScenario, self.scenario.loadgen_name)
         if self.official:
             # The MLPerf minimums (600 s, query counts) from LoadGen's embedded mlperf.conf.
             s.FromConfig("", self.model_key or "*", self.scenario.loadgen_name, 0)
