@@ -82,26 +82,22 @@ class DecoderShape:
         norms, router = 2 * self.hidden, self.hidden * self.experts
         return self.layers * (self._attention() + norms + router + self._mlp(mlps))
 
-    def _embedding(self) -> int:
+    @property
+    def _vocab_matrix(self) -> int:
+        # The embedding's parameters, and the head's: a tied head is the embedding matrix,
+        # multiplied in full at the output all the same.
         return self.vocab * self.hidden
-
-    def _head(self) -> int:
-        return 0 if self.tied_embeddings else self.vocab * self.hidden
 
     @property
     def parameters(self) -> int:
         """Every parameter: layers, embedding, final norm, and the head unless tied."""
-        return self._layers(self.experts or 1) + self._embedding() + self.hidden + self._head()
+        head = 0 if self.tied_embeddings else self._vocab_matrix
+        return self._layers(self.experts or 1) + self._vocab_matrix + self.hidden + head
 
     @property
     def active_parameters(self) -> int:
         """Parameters one token multiplies through (a mixture: its chosen experts only)."""
-        return self._layers(self.experts_per_token or 1) + self.hidden + self._lm_head_parameters
-
-    @property
-    def _lm_head_parameters(self) -> int:
-        # A tied head is the embedding matrix, multiplied in full at the output all the same.
-        return self.vocab * self.hidden
+        return self._layers(self.experts_per_token or 1) + self.hidden + self._vocab_matrix
 
     @property
     def weight_bytes(self) -> int:
@@ -120,7 +116,7 @@ class DecoderShape:
         if self.experts:
             k, e = self.experts_per_token, self.experts
             mlps = e * (1.0 - (1.0 - k / e) ** batch)
-        fixed = self._layers(0) + self.hidden + self._lm_head_parameters + gather
+        fixed = self._layers(0) + self.hidden + self._vocab_matrix + gather
         return (fixed + self.layers * mlps * self._mlp(1)) * self.element_bytes
 
     # -- KV cache and FLOPs --------------------------------------------------------------------
