@@ -33,19 +33,11 @@ class SampleSet:
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
 
-    def rows(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """The samples at `indices`, stacked as one batch."""
-        idx = np.asarray(indices, dtype=np.int64)
-        return {name: arr[idx] for name, arr in self.inputs.items()}
-
-    def one(self, index: int) -> dict[str, np.ndarray]:
-        """One sample without a batch dimension (for models that take none)."""
-        return {name: arr[index] for name, arr in self.inputs.items()}
-
     def request(self, batched: bool, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        """One request's inputs: the samples at `indices` as a batch, or the first one alone
-        for a model that takes no batch dimension."""
-        return self.rows(indices) if batched else self.one(indices[0])
+        """One request's inputs: the samples at `indices` stacked as one batch, or the first one
+        alone, without a batch dimension, for a model that takes none."""
+        index = np.asarray(indices, dtype=np.int64) if batched else indices[0]
+        return {name: arr[index] for name, arr in self.inputs.items()}
 
 
 def load_samples(info: ModelInfo, data: Path | None, count: int, seed: int = 0) -> SampleSet:

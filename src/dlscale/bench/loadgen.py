@@ -119,11 +119,11 @@ async def exchange(
     indices = [index for _, index in items]
     sent_ns = time.perf_counter_ns()
     try:
+        outputs = await target.infer(samples.request(info.batched, indices))
         if info.batched:
-            outputs = await target.infer(samples.rows(indices))
             per_sample = [{n: a[i] for n, a in outputs.items()} for i in range(len(items))]
         else:
-            per_sample = [await target.infer(samples.one(indices[0]))]
+            per_sample = [outputs]
     except Exception as exc:  # any failure is the target's: count it, never stall LoadGen
         return Exchange([], f"{type(exc).__name__}: {exc}", sent_ns, time.perf_counter_ns())
     return Exchange(per_sample, None, sent_ns, time.perf_counter_ns())
