@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.serving.regions import cuda as cuda_memory
+from dlscale.wire.segments import address
 from dlscale.wire.tensors import Buffer
 
 log = logging.getLogger("dlscale.http")
@@ -89,11 +90,11 @@ class BodyBuffers:
                 self._buffers = [b for b in self._buffers if b is not buffer]
                 held -= buffer.size
                 if self.page_lock:
-                    cuda_memory.page_unlock(_address(buffer))
+                    cuda_memory.page_unlock(address(buffer))
 
     def _lock_pages(self, buffer: np.ndarray) -> None:
         try:
-            cuda_memory.page_lock(_address(buffer), buffer.size)
+            cuda_memory.page_lock(address(buffer), buffer.size)
         except Exception as exc:  # still a good buffer: its copy to the device goes via staging
             log.warning("a body buffer cannot be page-locked (%s); not page-locking any", exc)
             self.page_lock = False
@@ -154,7 +155,3 @@ class Body:
 
 def _host_memory(size: int) -> np.ndarray:
     return np.empty(size, np.uint8)
-
-
-def _address(buffer: np.ndarray) -> int:
-    return int(buffer.__array_interface__["data"][0])
