@@ -82,10 +82,8 @@ def model_spec(request: Any) -> tuple[str, str, str]:
 
 def predict_inputs(request: Any, meta: ModelMetadata, most: int) -> dict[str, np.ndarray]:
     """A PredictRequest's inputs as arrays of the model's datatypes."""
-    specs = {s.name: s for s in meta.inputs}
     return {
-        name: to_array(proto, spec_of(specs, name, meta.name), most)
-        for name, proto in request.inputs.items()
+        name: to_array(proto, spec_of(meta, name), most) for name, proto in request.inputs.items()
     }
 
 

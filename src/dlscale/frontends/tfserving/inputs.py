@@ -29,7 +29,6 @@ def from_rows(instances: Any, meta: ModelMetadata, most: int) -> Arrays:
     """`instances`: a list of rows, each the one input's value or an object naming inputs."""
     if not isinstance(instances, list) or not instances:
         raise InvalidInput("'instances' must be a non-empty list of rows")
-    specs = {s.name: s for s in meta.inputs}
     if not _named(instances[0]):
         if any(_named(row) for row in instances):
             raise InvalidInput(
@@ -50,7 +49,7 @@ def from_rows(instances: Any, meta: ModelMetadata, most: int) -> Arrays:
                 f"{sorted(keys)[:20]}: every row must name the same inputs"
             )
     return {
-        name: to_array([row[name] for row in instances], spec_of(specs, name, meta.name), most)
+        name: to_array([row[name] for row in instances], spec_of(meta, name), most)
         for name in instances[0]
     }
 
@@ -60,11 +59,7 @@ def from_columns(inputs: Any, meta: ModelMetadata, most: int) -> Arrays:
     if not _named(inputs):
         only = _only(meta)
         return {only.name: to_array(inputs, only, most)}
-    specs = {s.name: s for s in meta.inputs}
-    return {
-        name: to_array(value, spec_of(specs, name, meta.name), most)
-        for name, value in inputs.items()
-    }
+    return {name: to_array(value, spec_of(meta, name), most) for name, value in inputs.items()}
 
 
 def from_examples(
@@ -80,9 +75,8 @@ def from_examples(
     # A feature is a list of values (tf.Example's); a lone value is a list of one.
     rows = [{k: _listed(v) for k, v in {**context, **example}.items()} for example in examples]
     arrays = from_rows(rows, meta, most)
-    specs = {s.name: s for s in meta.inputs}
     for name, array in arrays.items():
-        row = specs[name].shape[1:]
+        row = spec_of(meta, name).shape[1:]
         if row and min(row) >= 0 and math.prod(array.shape[1:]) == math.prod(row):
             arrays[name] = array.reshape((array.shape[0], *row))
     return arrays

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from dlscale.errors import InvalidInput
-from dlscale.types import Datatype, TensorSpec
+from dlscale.types import Datatype, ModelMetadata, TensorSpec
 from dlscale.wire.bounds import MAX_DIMS, check_shape
 from dlscale.wire.tensors import JsonData, WireTensor, read_tensor
 
@@ -95,13 +94,13 @@ def _element(item: Any, name: str) -> bytes:
     )
 
 
-def spec_of(specs: Mapping[str, TensorSpec], name: str, model: str) -> TensorSpec:
+def spec_of(meta: ModelMetadata, name: str) -> TensorSpec:
     """The input named `name`; InvalidInput listing the model's inputs when it has none so named."""
-    spec = specs.get(name)
-    if spec is None:
-        known = ", ".join(repr(n) for n in specs)
-        raise InvalidInput(f"model {model!r} has no input {name[:200]!r}; its inputs: {known}")
-    return spec
+    for spec in meta.inputs:
+        if spec.name == name:
+            return spec
+    known = ", ".join(repr(s.name) for s in meta.inputs)
+    raise InvalidInput(f"model {meta.name!r} has no input {name[:200]!r}; its inputs: {known}")
 
 
 def to_value(array: np.ndarray, name: str) -> Any:
