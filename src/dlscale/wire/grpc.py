@@ -135,15 +135,16 @@ def serialize(framed: Framed, field: int, stream: bool = False) -> bytes:
 # -- parameters ------------------------------------------------------------------------------------
 
 
-def parameters(params: Mapping[str, Any]) -> Parameters:
-    """A protobuf parameter map as plain values (uint64 and int64 both become int)."""
+def parameters(params: Mapping[str, Any], what: str = "parameter") -> Parameters:
+    """A protobuf parameter map as plain values (uint64 and int64 both become int); `what`
+    names a parameter in the error when one has no value."""
     out: Parameters = {}
     if not params:  # the common case; iterating even an empty upb map costs microseconds
         return out
     for key, value in params.items():
         which = value.WhichOneof("parameter_choice")
         if which is None:
-            raise InvalidInput(f"parameter {key!r} has no value")
+            raise InvalidInput(f"{what} {key!r} has no value")
         out[key] = getattr(value, which)
     return out
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.errors import InvalidInput
 from dlscale.serving.regions.registry import RegionStatus
 from dlscale.types import (
     ModelConfigView,
@@ -20,6 +19,7 @@ from dlscale.types import (
     TensorSpec,
 )
 from dlscale.wire.documents import config_message
+from dlscale.wire.grpc import parameters
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 # -- requests -----------------------------------------------------------------------------------
@@ -27,13 +27,7 @@ from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 def load_parameters(message: Any) -> dict[str, Any]:
     """A RepositoryModelLoad request's parameters as plain values (files are bytes)."""
-    out = {}
-    for key, value in message.parameters.items():
-        which = value.WhichOneof("parameter_choice")
-        if which is None:
-            raise InvalidInput(f"load parameter {key!r} has no value")
-        out[key] = getattr(value, which)
-    return out
+    return parameters(message.parameters, "load parameter")
 
 
 def trace_changes(message: Any) -> tuple[str, dict[str, Any]]:
