@@ -50,6 +50,11 @@ def _host_folder(name: str) -> bool:
     return os.path.isdir("/" + name)
 
 
+def clipped(text: str, most: int) -> str:
+    """`text` for a message, cut to `most` characters ('...' last) when a client sent more."""
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 class InvalidInput(DlscaleError):
     """The request is malformed or does not match the model (names, datatypes, shapes)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from dlscale.errors import InvalidInput
+from dlscale.errors import InvalidInput, clipped
 
 #: numpy's most dimensions (NPY_MAXDIMS): a shape with more is refused before any array is made.
 MAX_DIMS = 64
@@ -30,11 +30,13 @@ def check_shape(
     # min and max, not a generator over the dimensions, and without their `default` keyword
     # (parsed on every call): every tensor of every request is checked, most of them twice.
     if shape and min(shape) < 0:
-        raise InvalidInput(f"{role} {name!r} has shape {_brief(shape)}: dimensions must be >= 0")
+        shown = clipped(str(list(shape)), 80)
+        raise InvalidInput(f"{role} {name!r} has shape {shown}: dimensions must be >= 0")
     count = math.prod(shape)
     if (shape and max(shape) > max_elements) or count > max_elements:
+        shown = clipped(str(list(shape)), 80)
         raise InvalidInput(
-            f"{role} {name!r} has shape {_brief(shape)}, more than the {max_elements} elements a "
+            f"{role} {name!r} has shape {shown}, more than the {max_elements} elements a "
             "tensor may hold on this server (max_tensor_elements)"
         )
     return count
@@ -46,9 +48,3 @@ def check_id(ident: str) -> None:
         raise InvalidInput(
             f"the request id is {len(ident)} characters, above the limit of {MAX_ID_CHARS}"
         )
-
-
-def _brief(shape: tuple[int, ...]) -> str:
-    """A shape for a message, cut short when a client sent a very long one."""
-    text = str(list(shape))
-    return text if len(text) <= 80 else text[:77] + "..."

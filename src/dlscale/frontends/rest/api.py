@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping
 
-from dlscale.errors import DlscaleError
+from dlscale.errors import DlscaleError, clipped
 from dlscale.frontends.access import Access
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
@@ -106,7 +106,7 @@ class RestApi:
                 route = self._route(path)
             args = route[1]
             if route[0] is None:
-                return error_response(404, f"no route for {_short(path)!r}")
+                return error_response(404, f"no route for {clipped(path, 200)!r}")
             return await self._call(route, method, path, headers, body)
         except Exception as exc:
             return failure_response(f"{method} {path}", args[0] if args else "", exc)
@@ -124,7 +124,7 @@ class RestApi:
             return _ready(
                 error_response(
                     405,
-                    f"{method} is not allowed on {_short(path)!r}; use {allowed}",
+                    f"{method} is not allowed on {clipped(path, 200)!r}; use {allowed}",
                     (("allow", allowed),),
                 )
             )
@@ -268,8 +268,3 @@ class RestApi:
 
 async def _ready(response: RestResponse) -> RestResponse:
     return response
-
-
-def _short(path: str) -> str:
-    """A path for a message, cut short when a client sent a long one."""
-    return path if len(path) <= 200 else path[:197] + "..."

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.errors import InvalidField, InvalidInput
+from dlscale.errors import InvalidField, InvalidInput, clipped
 from dlscale.frontends.rest.openai.errors import BadField
 from dlscale.frontends.rest.openai.tools import ToolUse, response_guide, tool_use
 from dlscale.sampling import MAX_TOKENS_DEFAULT, Guide, Sampling
@@ -351,4 +351,4 @@ def _shown(value: object) -> str:
         if plain
         else {"dict": "an object", "list": "a list"}.get(type(value).__name__, type(value).__name__)
     )
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clipped(text, 40)
