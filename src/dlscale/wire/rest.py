@@ -95,11 +95,6 @@ class Body:
     parts: list[Buffer]
     header_length: int | None
 
-    @property
-    def size(self) -> int:
-        """Total body length in bytes."""
-        return sum(len(p) for p in self.parts)
-
 
 # -- the server's side: requests in, responses out -------------------------------------------------
 
