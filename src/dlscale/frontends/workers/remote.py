@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from dlscale.errors import DlscaleError, Unavailable
-from dlscale.frontends.plane import PLANE_METHODS, Plane, PlaneMethod
+from dlscale.frontends.plane import PLANE_METHODS, REGISTRY_METHODS, Plane, PlaneMethod
 from dlscale.frontends.workers import messages as ipc
-from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
+from dlscale.serving.regions.registry import SharedMemoryRegistry
 from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire import channel
 from dlscale.wire.segments import Segments
@@ -58,36 +58,14 @@ class Calls:
 
 
 class ForwardedRegistry(SharedMemoryRegistry):
-    """The owner's shared-memory registry, seen from a worker: one namespace for all processes."""
+    """The owner's shared-memory registry, seen from a worker: one namespace for all processes.
+
+    Each operation the extensions' routes make (`REGISTRY_METHODS`) is the owner's, asked over
+    the blocking channel; the forwards are built from that list (`_registry_forward`)."""
 
     def __init__(self, calls: Calls, enabled: bool, max_regions: int) -> None:
         super().__init__(enabled, max_regions)
         self._calls = calls
-
-    @property
-    def cuda_ready(self) -> bool:
-        """Whether the owner can register CUDA regions."""
-        return bool(self._calls("registry.cuda_ready"))
-
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Register in the owner."""
-        self._calls("registry.register_system", name, key, offset, byte_size)
-
-    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        """Register in the owner."""
-        self._calls("registry.register_cuda", name, raw_handle, device_id, byte_size)
-
-    def status(self, kind: RegionKind, name: str = "") -> list[RegionStatus]:
-        """The owner's regions."""
-        return list(self._calls("registry.status", kind, name))
-
-    def users(self, name: str) -> int:
-        """Requests holding region `name` in the owner."""
-        return int(self._calls("registry.users", name))
-
-    def unregister(self, kind: RegionKind, name: str = "") -> None:
-        """Unregister in the owner."""
-        self._calls("registry.unregister", kind, name)
 
 
 class RemotePlane:
@@ -262,3 +240,20 @@ def _forward(method: PlaneMethod) -> Callable[..., Any]:
 for _method in PLANE_METHODS:
     if _method.forwarded:
         setattr(RemotePlane, _method.name, _forward(_method))
+
+
+def _registry_forward(name: str) -> Any:
+    """ForwardedRegistry's operation `name`: the owner's answer (a property where the
+    registry's own is one: `cuda_ready`)."""
+    asked = f"registry.{name}"
+
+    def forward(self: ForwardedRegistry, *args: Any) -> Any:
+        return self._calls(asked, *args)
+
+    forward.__name__ = name
+    own = getattr(SharedMemoryRegistry, name)
+    return property(forward) if isinstance(own, property) else forward
+
+
+for _name in REGISTRY_METHODS:
+    setattr(ForwardedRegistry, _name, _registry_forward(_name))
