@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dlscale.frontends.rest.openai.errors import BadField
+from dlscale.errors import InvalidField
 from dlscale.frontends.rest.openai.tools import ToolUse, read_calls, response_guide, tool_use
 
 PAINT = [{"type": "function", "function": {"name": "paint", "parameters": {"type": "object"}}}]
@@ -60,6 +60,6 @@ def test_forced_calls_get_grammars() -> None:
 def test_response_formats() -> None:
     assert response_guide({"type": "text"}) is None
     assert response_guide({"type": "json_object"}).kind == "json_object"  # type: ignore[union-attr]
-    with pytest.raises(BadField) as caught:
+    with pytest.raises(InvalidField) as caught:
         response_guide({"type": "json_schema", "json_schema": {"schema": {"minLength": "x"}}})
     assert caught.value.param == "response_format.json_schema.schema"

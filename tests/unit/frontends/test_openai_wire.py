@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlscale.backends.generative.contract import part
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, PermissionDenied, Unsupported
+from dlscale.errors import (
+    DlscaleError,
+    InvalidField,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    Unsupported,
+)
 from dlscale.frontends.rest.openai.decode import (
     MAX_MESSAGES,
     MAX_PROMPT_BYTES,
@@ -18,7 +25,7 @@ from dlscale.frontends.rest.openai.decode import (
     completion_call,
 )
 from dlscale.frontends.rest.openai.encode import DONE, Answer, Piece
-from dlscale.frontends.rest.openai.errors import BadField, status_and_document
+from dlscale.frontends.rest.openai.errors import status_and_document
 from dlscale.types import InferenceRequest, InferenceResponse
 
 
@@ -94,7 +101,7 @@ def test_priority_and_timeout_are_the_queues() -> None:
 )
 def test_a_field_of_the_wrong_type_is_named(fields: dict[str, object], param: str) -> None:
     doc = {"prompt": "a", **fields}
-    with pytest.raises(BadField) as caught:
+    with pytest.raises(InvalidField) as caught:
         completion_call(_body(**doc), {})
     status, body = status_and_document(caught.value, "llm")
     assert status == 400 and body["error"]["param"] == param
@@ -107,7 +114,7 @@ def test_a_field_of_the_wrong_type_is_named(fields: dict[str, object], param: st
 )
 def test_what_is_not_implemented_is_a_400_naming_it(fields: dict[str, object]) -> None:
     # Not 501: the openai client retries a 5xx twice, then reports the server at fault.
-    with pytest.raises(BadField, match=next(iter(fields))) as caught:
+    with pytest.raises(InvalidField, match=next(iter(fields))) as caught:
         completion_call(_body(prompt="a", **fields), {})
     assert caught.value.param == next(iter(fields))
     # Their defaults are accepted: clients send them.
@@ -143,23 +150,23 @@ def test_malformed_bodies_are_400(body: bytes) -> None:
     ],
 )
 def test_bad_messages_are_400(messages: object) -> None:
-    with pytest.raises(BadField) as caught:
+    with pytest.raises(InvalidField) as caught:
         chat_call(_body(messages=messages), {})
     assert caught.value.param.startswith("messages")
 
 
 def test_images_are_a_400_naming_the_part() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:,"}}
-    with pytest.raises(BadField, match="only text parts") as caught:
+    with pytest.raises(InvalidField, match="only text parts") as caught:
         chat_call(_body(messages=[{"role": "user", "content": [image]}]), {})
     assert caught.value.param == "messages[0].content"
 
 
 def test_prompts_are_bounded_before_the_engine_sees_them() -> None:
-    with pytest.raises(BadField, match=str(MAX_PROMPT_BYTES)):
+    with pytest.raises(InvalidField, match=str(MAX_PROMPT_BYTES)):
         completion_call(_body(prompt="a" * (MAX_PROMPT_BYTES + 1)), {})
     big = [{"role": "user", "content": "a" * (MAX_PROMPT_BYTES // 2 + 1)}] * 2
-    with pytest.raises(BadField, match=str(MAX_PROMPT_BYTES)):
+    with pytest.raises(InvalidField, match=str(MAX_PROMPT_BYTES)):
         chat_call(_body(messages=big), {})
 
 

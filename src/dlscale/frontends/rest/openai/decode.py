@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from dlscale.errors import InvalidField, InvalidInput, clipped
-from dlscale.frontends.rest.openai.errors import BadField
 from dlscale.frontends.rest.openai.tools import ToolUse, response_guide, tool_use
 from dlscale.sampling import MAX_TOKENS_DEFAULT, Guide, Sampling
 from dlscale.types import InferenceRequest, Parameters
@@ -107,7 +106,7 @@ def completion_call(body: Buffer, headers: Mapping[str, str]) -> Call:
 
 def _prompts(value: object) -> list[tuple[str, str]]:
     """The prompts of `prompt`, each as `text_input` and its input_format ("text" or
-    "tokens": a JSON list of ids); BadField naming `prompt` otherwise."""
+    "tokens": a JSON list of ids); InvalidField naming `prompt` otherwise."""
     if isinstance(value, str):
         return [(value, "text")]
     if _is_ids(value):
@@ -117,7 +116,7 @@ def _prompts(value: object) -> list[tuple[str, str]]:
             return [(p, "text") for p in value]
         if all(_is_ids(p) for p in value):
             return [(json.dumps(p), "tokens") for p in value]
-    raise BadField(
+    raise InvalidField(
         "prompt",
         "prompt must be a string, a list of token ids, or a list of 1 to "
         f"{MAX_PROMPTS} of either (all of one kind)",
@@ -139,7 +138,7 @@ def chat_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     tools, use, forced = tool_use(doc.get("tools"), doc.get("tool_choice"))
     guide = response_guide(doc.get("response_format"))
     if forced is not None and guide is not None:
-        raise BadField("response_format", "response_format and a forced tool_choice conflict")
+        raise InvalidField("response_format", "response_format and a forced tool_choice conflict")
     sampling = _sampling(
         doc, "chat", most, logprobs=_chat_logprobs(doc), tools=tools, guide=forced or guide
     )
@@ -157,7 +156,7 @@ def tokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     else:
         prompt = doc.get("prompt")
         if not isinstance(prompt, str):
-            raise BadField("prompt", "prompt must be a string (or send chat messages)")
+            raise InvalidField("prompt", "prompt must be a string (or send chat messages)")
         _bounded("prompt", len(prompt.encode()))
         text, sampling = prompt, Sampling(task="tokenize")
     return _call(doc, headers, text, sampling)
@@ -168,7 +167,7 @@ def detokenize_call(body: Buffer, headers: Mapping[str, str]) -> Call:
     doc = document(body)
     tokens = doc.get("tokens")
     if not isinstance(tokens, list) or not all(is_token_id(t) for t in tokens):
-        raise BadField("tokens", "tokens must be a list of token ids (integers >= 0)")
+        raise InvalidField("tokens", "tokens must be a list of token ids (integers >= 0)")
     text = json.dumps(tokens)
     _bounded("tokens", len(text))
     return _call(doc, headers, text, Sampling(task="detokenize"))
@@ -184,13 +183,13 @@ def _chat_logprobs(doc: dict[str, Any]) -> int | None:
     wanted = _field(doc, "logprobs", bool)
     top = _field(doc, "top_logprobs", int)
     if top is not None and not wanted:
-        raise BadField("top_logprobs", "top_logprobs needs logprobs set to true")
+        raise InvalidField("top_logprobs", "top_logprobs needs logprobs set to true")
     if not wanted:
         return None
     try:
         return Sampling(logprobs=top or 0).logprobs  # bounded where every bound is
     except InvalidField as exc:
-        raise BadField("top_logprobs", str(exc).replace("logprobs", "top_logprobs")) from None
+        raise InvalidField("top_logprobs", str(exc).replace("logprobs", "top_logprobs")) from None
 
 
 def document(body: Buffer) -> dict[str, Any]:
@@ -213,11 +212,11 @@ def _sampling(
     """The request's typed settings; Sampling checks their bounds (InvalidField naming one)."""
     for name, unused in _UNIMPLEMENTED.items():
         if doc.get(name) not in unused:
-            raise BadField(name, f"{name} is not supported by this server; leave it out")
+            raise InvalidField(name, f"{name} is not supported by this server; leave it out")
     settings = {name: _field(doc, name, kind) for name, kind in _SAMPLING_FIELDS}
     n = _field(doc, "n", int)
     if n not in (None, 1):
-        raise BadField("n", f"n must be 1: one choice per request is supported, not {n}")
+        raise InvalidField("n", f"n must be 1: one choice per request is supported, not {n}")
     return Sampling(
         max_tokens=MAX_TOKENS_DEFAULT if max_tokens is None else max_tokens,
         stop=_stop(doc.get("stop")),
@@ -236,7 +235,7 @@ def _stop(stop: object) -> tuple[str, ...]:
         return (stop,)
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return tuple(stop)
-    raise BadField("stop", "stop must be a string or a list of strings")
+    raise InvalidField("stop", "stop must be a string or a list of strings")
 
 
 def _call(
@@ -248,11 +247,11 @@ def _call(
 ) -> Call:
     model = _field(doc, "model", str)
     if not model:
-        raise BadField("model", "model is required: the name of a served generative model")
+        raise InvalidField("model", "model is required: the name of a served generative model")
     stream = bool(_field(doc, "stream", bool))
     options = _field(doc, "stream_options", dict)
     if options is not None and not stream:
-        raise BadField("stream_options", "stream_options is only allowed when stream is true")
+        raise InvalidField("stream_options", "stream_options is only allowed when stream is true")
     include_usage = bool(_field(options or {}, "include_usage", bool, "stream_options."))
     parameters: Parameters = {}
     for name in ("priority", "timeout"):  # the queue's, as the Open Inference Protocol's
@@ -268,7 +267,7 @@ def _call(
 
 
 def _field(doc: Mapping[str, Any], name: str, kind: type, prefix: str = "") -> Any:
-    """`doc[name]` if it is a `kind` (null and absent: None), else BadField naming it."""
+    """`doc[name]` if it is a `kind` (null and absent: None), else InvalidField naming it."""
     value = doc.get(name)
     if value is None:
         return None
@@ -280,9 +279,9 @@ def _field(doc: Mapping[str, Any], name: str, kind: type, prefix: str = "") -> A
     if not ok or (kind is float and not math.isfinite(value)):
         expected = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
         what = expected.get(kind, "an object")
-        raise BadField(prefix + name, f"{prefix}{name} must be {what}, not {_shown(value)}")
+        raise InvalidField(prefix + name, f"{prefix}{name} must be {what}, not {_shown(value)}")
     if kind is int and not -(2**63) <= value < 2**63:  # request parameters are 64-bit
-        raise BadField(prefix + name, f"{prefix}{name} is out of range: {_shown(value)}")
+        raise InvalidField(prefix + name, f"{prefix}{name} is out of range: {_shown(value)}")
     return value
 
 
@@ -290,18 +289,18 @@ def _messages(value: object) -> list[dict[str, Any]]:
     """Chat messages as {role, content} strings (text parts of a content list joined), with an
     assistant's `tool_calls` and a tool's `tool_call_id` kept for the chat template."""
     if not isinstance(value, list) or not value:
-        raise BadField("messages", "messages must be a non-empty list of {role, content}")
+        raise InvalidField("messages", "messages must be a non-empty list of {role, content}")
     if len(value) > MAX_MESSAGES:
-        raise BadField("messages", f"at most {MAX_MESSAGES} messages, not {len(value)}")
+        raise InvalidField("messages", f"at most {MAX_MESSAGES} messages, not {len(value)}")
     out: list[dict[str, Any]] = []
     total = 0
     for index, message in enumerate(value):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise BadField(where, f"{where} must be an object with role and content")
+            raise InvalidField(where, f"{where} must be an object with role and content")
         role = message.get("role")
         if role not in ROLES:
-            raise BadField(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}")
+            raise InvalidField(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}")
         content = _content(message.get("content"), f"{where}.content")
         kept: dict[str, Any] = {"role": str(role), "content": content}
         for name, kind in (("tool_calls", list), ("tool_call_id", str)):
@@ -322,18 +321,18 @@ def _content(value: object, where: str) -> str:
         texts = []
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text":
-                raise BadField(where, f"{where}: only text parts are supported")
+                raise InvalidField(where, f"{where}: only text parts are supported")
             text = part.get("text")
             if not isinstance(text, str):
-                raise BadField(where, f"{where}: a text part's text must be a string")
+                raise InvalidField(where, f"{where}: a text part's text must be a string")
             texts.append(text)
         return "".join(texts)
-    raise BadField(where, f"{where} must be a string or a list of text parts")
+    raise InvalidField(where, f"{where} must be a string or a list of text parts")
 
 
 def _bounded(param: str, size: int) -> None:
     if size > MAX_PROMPT_BYTES:
-        raise BadField(
+        raise InvalidField(
             param, f"the {param} is {size} bytes, above this server's {MAX_PROMPT_BYTES} bytes"
         )
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.errors import InvalidField
 from dlscale.frontends.rest.openai.decode import is_token_id
-from dlscale.frontends.rest.openai.errors import BadField
 from dlscale.types import InferenceRequest, InferenceResponse, ModelMetadata, TensorSpec
 
 IDS, MASK = "input_ids", "attention_mask"
@@ -39,17 +39,17 @@ class Embedding:
 
 
 def embedding_call(doc: Mapping[str, Any]) -> Embedding:
-    """An embeddings body as token rows; BadField naming the field otherwise."""
+    """An embeddings body as token rows; InvalidField naming the field otherwise."""
     model = doc.get("model")
     if not isinstance(model, str) or not model:
-        raise BadField("model", "model is required: the name of a served embedding model")
+        raise InvalidField("model", "model is required: the name of a served embedding model")
     encoding = doc.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
-        raise BadField(
+        raise InvalidField(
             "encoding_format", f"encoding_format must be float or base64, not {encoding!r}"
         )
     if doc.get("dimensions") is not None:
-        raise BadField("dimensions", "dimensions is not supported: the model's own are sent")
+        raise InvalidField("dimensions", "dimensions is not supported: the model's own are sent")
     return Embedding(model, _rows(doc.get("input")), encoding == "base64")
 
 
@@ -57,14 +57,14 @@ def _rows(value: object) -> list[list[int]]:
     if isinstance(value, str) or (
         isinstance(value, list) and any(isinstance(v, str) for v in value)
     ):
-        raise BadField("input", "this server's embedding models take token ids, not text")
+        raise InvalidField("input", "this server's embedding models take token ids, not text")
     if isinstance(value, list) and value and all(is_token_id(v) for v in value):
         value = [value]
     if not isinstance(value, list) or not value or len(value) > MAX_INPUTS:
-        raise BadField("input", f"input must be 1 to {MAX_INPUTS} lists of token ids")
+        raise InvalidField("input", f"input must be 1 to {MAX_INPUTS} lists of token ids")
     for index, row in enumerate(value):
         if not isinstance(row, list) or not row or not all(is_token_id(v) for v in row):
-            raise BadField(
+            raise InvalidField(
                 f"input[{index}]", f"input[{index}] must be a non-empty list of token ids"
             )
     return [list(row) for row in value]
@@ -88,7 +88,7 @@ def encoder_request(call: Embedding, ids: TensorSpec, request_id: str) -> Infere
     mask = np.zeros_like(tokens)
     for index, row in enumerate(call.rows):
         if len(row) > length:
-            raise BadField(
+            raise InvalidField(
                 f"input[{index}]",
                 f"input[{index}] has {len(row)} tokens; this model takes {length}",
             )

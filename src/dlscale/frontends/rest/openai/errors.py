@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.errors import DlscaleError, InvalidField, InvalidInput, NotFound, PermissionDenied
+from dlscale.errors import DlscaleError, InvalidInput, NotFound, PermissionDenied
 
 #: The `type` of each status, as the `openai` client's exception classes are named.
 _TYPES = {
@@ -26,10 +26,6 @@ _TYPES = {
     501: "NotImplementedError",
     503: "ServiceUnavailableError",
 }
-
-
-class BadField(InvalidField):
-    """A request field with the wrong type or value: OpenAI's error names it in `param`."""
 
 
 def error_document(status: int, message: str, param: str | None = None) -> dict[str, Any]:

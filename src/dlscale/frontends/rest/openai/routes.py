@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from dlscale.errors import DlscaleError, NotFound, redact_paths
+from dlscale.errors import DlscaleError, InvalidField, NotFound, redact_paths
 from dlscale.frontends.access import Access
 from dlscale.frontends.plane import Asked, Plane
 from dlscale.frontends.rest.openai.decode import (
@@ -39,7 +39,7 @@ from dlscale.frontends.rest.openai.embeddings import (
     encoder_request,
 )
 from dlscale.frontends.rest.openai.encode import Answer, Choice, Piece
-from dlscale.frontends.rest.openai.errors import BadField, error_document, status_and_document
+from dlscale.frontends.rest.openai.errors import error_document, status_and_document
 from dlscale.frontends.rest.openai.generation import (
     ModelError,
     close_all,
@@ -186,7 +186,7 @@ class OpenAIApi:
         try:
             config = await self.plane.model_config(call.model)
             if config.backend not in TOKENIZERS:
-                raise BadField(
+                raise InvalidField(
                     "model",
                     f"model {call.model!r} ({config.backend}) does not tokenize; the "
                     f"{' and '.join(TOKENIZERS)} engines do",
@@ -252,7 +252,7 @@ class OpenAIApi:
         try:
             ids = encoder_inputs(await self.plane.model_metadata(call.model))
             if ids is None:
-                raise BadField(
+                raise InvalidField(
                     "model",
                     f"model {call.model!r} is no embedding model (inputs input_ids and "
                     "attention_mask, output pooler_output or last_hidden_state)",

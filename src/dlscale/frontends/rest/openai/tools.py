@@ -20,7 +20,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from dlscale.frontends.rest.openai.errors import BadField
+from dlscale.errors import InvalidField
 from dlscale.sampling import Guide
 
 #: OpenAI's bounds: at most 128 tools, names of 1 to 64 letters, digits, '_' and '-'.
@@ -65,20 +65,20 @@ def response_guide(value: object) -> Guide | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise BadField("response_format", "response_format must be an object with a type")
+        raise InvalidField("response_format", "response_format must be an object with a type")
     kind = value.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return Guide("json_object")
     if kind != "json_schema":
-        raise BadField(
+        raise InvalidField(
             "response_format.type",
             f"response_format.type must be text, json_object or json_schema, not {kind!r}",
         )
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-        raise BadField(
+        raise InvalidField(
             "response_format.json_schema",
             "response_format.json_schema must be an object with a name and a schema object",
         )
@@ -94,7 +94,7 @@ def tool_use(tools: object, choice: object) -> tuple[str, ToolUse, Guide | None]
     if choice is None:
         choice = "auto" if functions else "none"
     if functions == [] and choice != "none":
-        raise BadField("tool_choice", "tool_choice needs tools: none were given")
+        raise InvalidField("tool_choice", "tool_choice needs tools: none were given")
     names = tuple(f["name"] for f in functions)
     if choice in ("none", "auto", "required"):
         use = ToolUse(str(choice), names=names)
@@ -125,15 +125,17 @@ def _functions(tools: object) -> list[dict[str, Any]]:
     if tools is None:
         return []
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-        raise BadField("tools", f"tools must be a list of at most {MAX_TOOLS} functions")
+        raise InvalidField("tools", f"tools must be a list of at most {MAX_TOOLS} functions")
     functions = []
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise BadField(f"{where}.type", f'{where} must be {{"type": "function", "function"}}')
+            raise InvalidField(
+                f"{where}.type", f'{where} must be {{"type": "function", "function"}}'
+            )
         function = tool.get("function")
         if not isinstance(function, dict) or not _NAME.match(str(function.get("name", ""))):
-            raise BadField(
+            raise InvalidField(
                 f"{where}.function.name",
                 f"{where}.function needs a name of 1 to 64 letters, digits, '_' or '-'",
             )
@@ -150,13 +152,13 @@ def _named(choice: object, names: tuple[str, ...]) -> str:
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
-        raise BadField(
+        raise InvalidField(
             "tool_choice",
             'tool_choice must be none, auto, required or {"type": "function", "function": '
             '{"name": ...}}',
         )
     if name not in names:
-        raise BadField("tool_choice", f"tool_choice names {name!r}, which is not in tools")
+        raise InvalidField("tool_choice", f"tool_choice names {name!r}, which is not in tools")
     return str(name)
 
 
@@ -205,8 +207,8 @@ def _call(item: object) -> ToolCall | None:
 
 def _check_schema(schema: object, param: str) -> None:
     if not isinstance(schema, dict):
-        raise BadField(param, f"{param} must be a JSON schema object")
+        raise InvalidField(param, f"{param} must be a JSON schema object")
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        raise BadField(param, f"{param} is not a valid JSON schema: {exc.message}") from None
+        raise InvalidField(param, f"{param} is not a valid JSON schema: {exc.message}") from None
