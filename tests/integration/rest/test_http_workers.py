@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 from tests.toolkit.models import write_null_model
-from tests.toolkit.repositories import rest_repository
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS, rest_repository
 from tests.toolkit.server import LocalServer, serving
 from tests.toolkit.waiting import process_gone
 from tritonclient.utils import InferenceServerException
@@ -34,18 +34,9 @@ from dlscale.serving.regions.registry import RegionKind
 from dlscale.serving.regions.system import SHM_DIR
 
 WORKERS = 2
-IMAGES = """max_batch_size = 32
-[batching]
-max_queue_delay_us = 0
-[[inputs]]
-name = "input"
-datatype = "FP32"
-shape = [3, 224, 224]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-shape = [3, 224, 224]
-"""
+IMAGES = BATCHED.format(max_batch=32, delay=0) + NULL_TENSORS.format(
+    inp="input", out="output", width="3, 224, 224", out_width="3, 224, 224"
+)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from tests.toolkit.models import write_null_model
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.server import LocalServer, serving
 
 from dlscale.frontends.rest.body import HEAD_READ
@@ -24,18 +25,9 @@ from dlscale.types import InferenceRequest
 from dlscale.wire import tracing
 from dlscale.wire.rest import encode_request
 
-IMAGES = """max_batch_size = 8
-[batching]
-max_queue_delay_us = 0
-[[inputs]]
-name = "input"
-datatype = "FP32"
-shape = [3, 224, 224]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-shape = [3, 224, 224]
-"""
+IMAGES = BATCHED.format(max_batch=8, delay=0) + NULL_TENSORS.format(
+    inp="input", out="output", width="3, 224, 224", out_width="3, 224, 224"
+)
 ROWS = 8
 PAYLOAD = ROWS * 3 * 224 * 224 * 4  # 4.8 MB in each direction
 

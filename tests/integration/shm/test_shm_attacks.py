@@ -13,7 +13,7 @@ import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
 from tests.integration.shm.conftest import Region, module
 from tests.toolkit.models import write_null_model
-from tests.toolkit.repositories import rest_repository
+from tests.toolkit.repositories import BATCHED, NULL_TENSORS, rest_repository
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException
 
@@ -21,18 +21,9 @@ from dlscale.serving.regions.system import RESERVED_PREFIX, SHM_DIR, shm_path
 
 X = np.arange(2 * 16, dtype=np.float32).reshape(2, 16)
 NOBODY = 65534
-IMAGES = """max_batch_size = 8
-[batching]
-max_queue_delay_us = 0
-[[inputs]]
-name = "input"
-datatype = "FP32"
-shape = [3, 224, 224]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-shape = [3, 224, 224]
-"""
+IMAGES = BATCHED.format(max_batch=8, delay=0) + NULL_TENSORS.format(
+    inp="input", out="output", width="3, 224, 224", out_width="3, 224, 224"
+)
 
 
 def _refused(protocol: str, status: tuple[str, str], match: str, call: Any, *args: Any) -> None:
