@@ -99,7 +99,7 @@ class GrpcFrontend:
         guarded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         if self.tfserving:
             self.tfserving_served = tfserving.register(
-                guarded, self.dataplane, limits.max_tensor_elements
+                guarded, servicer.dataplane, limits.max_tensor_elements
             )
         host = f"[{self.host}]" if ":" in self.host else self.host
         address = f"{host}:{self._requested_port}"

@@ -12,7 +12,7 @@ import logging
 from types import ModuleType
 
 from dlscale.frontends.grpc.guard import GuardedServer
-from dlscale.frontends.plane import Plane
+from dlscale.frontends.plane import Asked
 from dlscale.native import before_tensorflow
 
 log = logging.getLogger("dlscale.grpc")
@@ -21,7 +21,7 @@ SERVICES = ("tensorflow.serving.PredictionService", "tensorflow.serving.ModelSer
 _told = False
 
 
-def register(server: GuardedServer, plane: Plane, max_elements: int) -> bool:
+def register(server: GuardedServer, plane: Asked, max_elements: int) -> bool:
     """Add TensorFlow Serving's services to `server`; False when the package is not installed."""
     rpcs = services()
     if rpcs is None:

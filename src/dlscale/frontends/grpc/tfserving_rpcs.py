@@ -16,7 +16,7 @@ from dlscale.errors import Unsupported
 from dlscale.frontends.grpc import tfserving_convert as convert
 from dlscale.frontends.grpc.guard import GuardedServer
 from dlscale.frontends.grpc.servicer import unary
-from dlscale.frontends.plane import Asked, Plane
+from dlscale.frontends.plane import Asked
 from dlscale.frontends.tfserving import inputs, methods
 from dlscale.frontends.tfserving.signature import (
     check_signature,
@@ -28,8 +28,8 @@ from dlscale.types import InferenceRequest, ModelMetadata, RequestedOutput
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc]
     """tensorflow.serving.PredictionService over a Plane."""
 
-    def __init__(self, plane: Plane, max_elements: int) -> None:
-        self.plane = Asked(plane)
+    def __init__(self, plane: Asked, max_elements: int) -> None:
+        self.plane = plane
         self.max_elements = max_elements
 
     @unary
@@ -84,8 +84,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore[misc]
     """tensorflow.serving.ModelService's GetModelStatus over a Plane (no config reloads)."""
 
-    def __init__(self, plane: Plane) -> None:
-        self.plane = Asked(plane)
+    def __init__(self, plane: Asked) -> None:
+        self.plane = plane
 
     @unary
     async def GetModelStatus(self, request: Any, context: Any) -> Any:
@@ -101,7 +101,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignor
         )
 
 
-def add_to(server: GuardedServer, plane: Plane, max_elements: int) -> None:
+def add_to(server: GuardedServer, plane: Asked, max_elements: int) -> None:
     """Register both services on `server`."""
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionServicer(plane, max_elements), server

@@ -56,13 +56,13 @@ class RestApi:
         #: Whether any API group needs a key or a header (fixed at start): none, no check.
         self._guarded = bool(self.access)
         self.control = ControlRoutes(self.dataplane)
-        self.generate = GenerateApi(dataplane, self.limits)
+        self.generate = GenerateApi(self.dataplane, self.limits)
         #: The body with its Content-Encoding undone (the OpenAI routes' too).
         self._decoded = functools.partial(decoded_body, max_bytes=self.limits.max_body_bytes)
         self._routes: dict[str, _Route] = {}
-        self.openai = OpenAIApi(dataplane, self.access, self._decoded)
+        self.openai = OpenAIApi(self.dataplane, self.access, self._decoded)
         #: TensorFlow Serving's routes, under /v1/ beside OpenAI's: called as OIP's are.
-        self.tfserving = TfServingApi(dataplane, self.limits)
+        self.tfserving = TfServingApi(self.dataplane, self.limits)
         #: The handlers whose model may refuse a request before its body is read.
         self._inference = (
             self._infer,

@@ -20,7 +20,7 @@ import orjson
 
 from dlscale.errors import DlscaleError, InvalidInput, PayloadTooLarge
 from dlscale.frontends.limits import Limits
-from dlscale.frontends.plane import Asked, Plane
+from dlscale.frontends.plane import Asked
 from dlscale.frontends.rest.documents import json_object
 from dlscale.frontends.rest.responses import EVENT_STREAM, RestResponse, event, json_response
 from dlscale.serving.observe.logs import log_failure
@@ -44,8 +44,8 @@ _OWN_KEYS = ("id", "parameters")
 class GenerateApi:
     """The generate routes over one Plane (the REST API routes to these two handlers)."""
 
-    def __init__(self, plane: Plane, limits: Limits) -> None:
-        self.plane = Asked(plane)
+    def __init__(self, plane: Asked, limits: Limits) -> None:
+        self.plane = plane
         self.limits = limits
 
     async def generate(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dlscale.errors import DlscaleError, NotFound
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
-from dlscale.frontends.plane import Asked, Plane
+from dlscale.frontends.plane import Asked
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import (
     Handler,
@@ -40,8 +40,8 @@ class TfServingApi:
     """The TensorFlow Serving routes over a Plane: `route` finds a path's handler, and the REST
     API (api.py) checks its caller, its method and its body, and maps its errors, as for its own."""
 
-    def __init__(self, plane: Plane, limits: Limits) -> None:
-        self.plane = Asked(plane)
+    def __init__(self, plane: Asked, limits: Limits) -> None:
+        self.plane = plane
         self.limits = limits
         self._routes: dict[str, Route] = {}
 

@@ -22,7 +22,7 @@ import orjson
 
 from dlscale.errors import DlscaleError, InvalidField, NotFound, redact_paths
 from dlscale.frontends.access import Access
-from dlscale.frontends.plane import Asked, Plane
+from dlscale.frontends.plane import Asked
 from dlscale.frontends.rest.openai.decode import (
     Call,
     chat_call,
@@ -73,8 +73,8 @@ TOKENIZERS = ("transformers", "vllm", "lora")
 class OpenAIApi:
     """The `/v1/...` routes over a Plane."""
 
-    def __init__(self, plane: Plane, access: Access, decoded: Decoder) -> None:
-        self.plane = Asked(plane)
+    def __init__(self, plane: Asked, access: Access, decoded: Decoder) -> None:
+        self.plane = plane
         self.access = access
         self.decoded = decoded
 
