@@ -22,7 +22,7 @@ from dlscale.frontends.rest.control_routes import ControlRoutes
 from dlscale.frontends.rest.documents import decoded_body, header_length, length_header
 from dlscale.frontends.rest.generate import GenerateApi
 from dlscale.frontends.rest.openai.routes import OpenAIApi
-from dlscale.frontends.rest.responses import Handler, failure_response, path_parts
+from dlscale.frontends.rest.responses import ROUTE_CACHE_SIZE, Handler, failure_response, path_parts
 from dlscale.frontends.rest.responses import RestResponse as RestResponse
 from dlscale.frontends.rest.responses import error_response as error_response
 from dlscale.frontends.rest.tfserving import TfServingApi
@@ -37,9 +37,6 @@ from dlscale.wire.tensors import Buffer
 
 OCTET = "application/octet-stream"
 
-#: Paths whose route is remembered: clients repeat a few; a flood of distinct ones only
-#: refills the cache, which holds routes that exist and never more than this many.
-_ROUTE_CACHE_SIZE = 1024
 #: A route: its handler (None: no route), path arguments, the one method, and its API group.
 _Route = tuple[Handler | None, list[str], str, str]
 
@@ -177,7 +174,7 @@ class RestApi:
         if found is None:
             found = self._resolve(path)
             if found[0] is not None:
-                if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                if len(self._routes) >= ROUTE_CACHE_SIZE:
                     self._routes.clear()
                 self._routes[path] = found
         return found

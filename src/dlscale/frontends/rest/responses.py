@@ -20,6 +20,9 @@ log = logging.getLogger("dlscale.http")
 JSON = "application/json"
 #: Server-sent events: a streamed answer's content type (generate_stream, OpenAI streams).
 EVENT_STREAM = "text/event-stream"
+#: Paths whose route a group of routes remembers: clients repeat a few; a flood of distinct ones
+#: only refills its cache, which holds routes that exist and never more than this many.
+ROUTE_CACHE_SIZE = 1024
 
 
 @dataclass(slots=True)  # one per request: slots make it and read it faster

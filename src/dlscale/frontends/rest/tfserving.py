@@ -16,6 +16,7 @@ from dlscale.frontends.offload import OFF_LOOP_BYTES, off_loop
 from dlscale.frontends.plane import Asked
 from dlscale.frontends.rest import tfserving_documents as documents
 from dlscale.frontends.rest.responses import (
+    ROUTE_CACHE_SIZE,
     Handler,
     RestResponse,
     json_response,
@@ -32,8 +33,6 @@ from dlscale.wire.tensors import Buffer
 #: A route: handler, path arguments (model, version), the one method, its API group.
 Route = tuple[Handler, list[str], str, str]
 VERBS = ("predict", "classify", "regress")
-#: Paths whose route is remembered (the OIP routes' bound).
-ROUTE_CACHE_SIZE = 1024
 
 
 class TfServingApi:
