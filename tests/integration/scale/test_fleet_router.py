@@ -7,6 +7,7 @@ lost: the ones it held are sent again to the other child (nothing of theirs had 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
@@ -123,6 +124,25 @@ def test_a_killed_child_leaves_rotation_and_loses_no_request(small_repo: Path) -
             child.stop(5.0)
 
 
+@contextlib.contextmanager
+def _clocked_fleet(
+    small_repo: Path,
+) -> Iterator[tuple[list[ServerChild], HaproxyRouter, Registry, list[Endpoint], list[float]]]:
+    """Two started children, a started router, and a registry over it whose clock is `now[0]`
+    (moved by the test); the children are not joined yet."""
+    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
+    router = HaproxyRouter(HOST, 0, None)
+    now = [1000.0]
+    try:
+        endpoints = [child.start() for child in children]
+        router.start()
+        yield children, router, Registry(router, clock=lambda: now[0]), endpoints, now
+    finally:
+        router.stop()
+        for child in children:
+            child.stop(5.0)
+
+
 def test_late_heartbeats_drop_a_replica_only_once_its_server_stops_answering(
     small_repo: Path,
 ) -> None:
@@ -131,13 +151,7 @@ def test_late_heartbeats_drop_a_replica_only_once_its_server_stops_answering(
     replica whose server answers HAProxy's checks stays in rotation and answers; one whose
     server stopped is dropped at the next sweep; one late beyond ANSWERING_STALE_S is dropped
     even while its server answers (its actor is gone: loads no longer reach it)."""
-    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
-    router = HaproxyRouter(HOST, 0, None)
-    now = [1000.0]
-    registry = Registry(router, clock=lambda: now[0])
-    try:
-        endpoints = [child.start() for child in children]
-        router.start()
+    with _clocked_fleet(small_repo) as (children, router, registry, endpoints, now):
         for i, endpoint in enumerate(endpoints):
             registry.join(f"child{i}", "node", endpoint)
             registry.ready(f"child{i}")
@@ -154,10 +168,6 @@ def test_late_heartbeats_drop_a_replica_only_once_its_server_stops_answering(
         now[0] += ANSWERING_STALE_S  # child1 still answers, and has been silent too long
         registry.sweep()
         assert not router.members and not registry.endpoints()
-    finally:
-        router.stop()
-        for child in children:
-            child.stop(5.0)
 
 
 def test_the_last_replica_holds_while_its_successor_starts(small_repo: Path) -> None:
@@ -165,13 +175,7 @@ def test_the_last_replica_holds_while_its_successor_starts(small_repo: Path) -> 
     serving: HAND_OVER_S while no successor said it starts, as long as a start may take once
     one did (a run beside two CPU burners lost requests to a successor that took 113 s), and
     not at all once the successor is in rotation or is not the only one."""
-    children = [ServerChild(_settings(small_repo)) for _ in range(2)]
-    router = HaproxyRouter(HOST, 0, None)
-    now = [1000.0]
-    registry = Registry(router, clock=lambda: now[0])
-    try:
-        endpoints = [child.start() for child in children]
-        router.start()
+    with _clocked_fleet(small_repo) as (_, router, registry, endpoints, now):
         registry.join("old", "node", endpoints[0])
         registry.ready("old")
         until(lambda: registry.in_rotation() == {"old"})
@@ -196,10 +200,6 @@ def test_the_last_replica_holds_while_its_successor_starts(small_repo: Path) -> 
         until(lambda: registry.in_rotation() == {"old", "new"})
         assert registry.hand_over("old") == 0.0  # the successor serves: the old one goes
         assert _rest_infer(router.ports["http"], 3.0)[0, 0] == 3.0
-    finally:
-        router.stop()
-        for child in children:
-            child.stop(5.0)
 
 
 def test_with_no_child_alive_a_request_gets_a_retryable_503(small_repo: Path) -> None:
