@@ -38,6 +38,8 @@ EARLY_STOPPING_QUERIES = {
     Scenario.SERVER: 512,
     Scenario.OFFLINE: 1,
 }
+#: How many times a run that ended before LoadGen's minimum duration is rerun, sized up.
+SIZING_RERUNS = 3
 
 
 @dataclass
@@ -293,15 +295,18 @@ class Session:
         return out
 
     def sized_run(self, settings: RunSettings, folder: Path) -> tuple[RunResult, str]:
-        """One run; once more, sized from what it measured, when it ended before LoadGen's
-        minimum duration (the system beat the figures the run was sized from)."""
+        """One run; again, sized up, while it ends before LoadGen's minimum duration (the system
+        beat the figures the run was sized from), at most `SIZING_RERUNS` times."""
         result = self.run(settings, folder)
-        if not _too_short(result):
+        reruns = 0
+        while _too_short(result) and reruns < SIZING_RERUNS:
+            # LoadGen sized its query from the expected figures and the system beat them.
+            settings = _resized(settings, result)
+            result = self.run(settings, folder)
+            reruns += 1
+        if not reruns:
             return result, ""
-        # LoadGen sized the run from the expected figures and the system beat them: size it
-        # again from what this run measured, once.
-        result = self.run(_resized(settings, result), folder)
-        return result, "rerun once: the first run ended before the minimum duration"
+        return result, f"rerun {reruns}x, sized up: a run ended before the minimum duration"
 
     def _concurrency_sweep(self, folder: Path) -> ScenarioResult:
         """Offline at each concurrency of the sweep; the headline is the highest throughput."""
@@ -400,10 +405,18 @@ def _too_short(result: RunResult) -> bool:
     return result.loadgen.get("reasons") == ["Min duration satisfied: NO"] and not result.errors
 
 
+def sized_up(expected_qps: float | None, reached_qps: float | None) -> float | None:
+    """The expected rate of a rerun after a run that ended before LoadGen's minimum duration:
+    twice the higher of what it expected and what it reached. A short run measures a rate
+    below the system's (its start weighs more), so the rerun at least doubles what the last
+    one expected: `SIZING_RERUNS` of them reach 8x or more."""
+    return max(expected_qps or 0.0, reached_qps or 0.0) * 2 or None
+
+
 def _resized(settings: RunSettings, result: RunResult) -> RunSettings:
     p50 = float(np.median(result.latencies_ns)) / 1e9 if len(result.latencies_ns) else 1.0
     return replace(
         settings,
-        expected_qps=max(settings.expected_qps or 0.0, (result.throughput or 0.0) * 2) or None,
+        expected_qps=sized_up(settings.expected_qps, result.throughput),
         expected_latency_s=min(settings.expected_latency_s or 1.0, p50) / 2,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from dlscale.bench.report import peak_lines
 from dlscale.bench.runner import bench
 from dlscale.bench.scenarios import Scenario
-from dlscale.bench.session import BenchOptions
+from dlscale.bench.session import SIZING_RERUNS, BenchOptions, opened
 from dlscale.cli import main
 
 SHORT = {"duration_s": 0.5, "warmup_s": 0.3, "sample_count": 64}
@@ -56,6 +58,28 @@ def test_the_report_has_what_a_reader_needs(offline_and_single: dict[str, Any]) 
     profile = report["profile"]
     assert profile["model"] == "identity"
     assert all(float(v) > 0 for v in profile["batch_latency_s"].values())
+
+
+def test_an_offline_run_sized_far_too_small_is_rerun_until_it_lasts(
+    repo: Path, tmp_path: Path
+) -> None:
+    # LoadGen sizes Offline's one query from the expected rate: expecting a twentieth of what
+    # the warm-up measured makes the first run end long before the minimum duration.
+    options = BenchOptions("identity", [Scenario.OFFLINE], repo=repo, **SHORT)
+    with opened(None, options) as session:
+        base = session.settings(Scenario.OFFLINE)
+        assert base.expected_qps
+        small = replace(base, expected_qps=base.expected_qps / 20)
+        first = session.run(small, tmp_path / "first")
+        result, note = session.sized_run(small, tmp_path / "sized")
+    assert first.reasons == ["Min duration satisfied: NO"]
+    assert result.valid, result.reasons
+    said = re.match(r"rerun (\d)x, sized up: a run ended before the minimum duration$", note)
+    assert said, note
+    # Each rerun at least doubled the expected rate of the run before it.
+    reruns = int(said[1])
+    assert 1 <= reruns <= SIZING_RERUNS
+    assert result.settings.expected_qps >= small.expected_qps * 2**reruns
 
 
 def test_an_unmeetable_latency_bound_is_invalid(repo: Path, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from dlscale.bench.generative.trace import read_trace, trace_asks
 from dlscale.bench.loadgen import LoopThread, run_loadgen
 from dlscale.bench.progress import Countdown
 from dlscale.bench.scenarios import Scenario
-from dlscale.bench.session import EARLY_STOPPING_QUERIES
+from dlscale.bench.session import EARLY_STOPPING_QUERIES, SIZING_RERUNS, sized_up
 from dlscale.errors import BenchError
 
 Say = Callable[[str], None]
@@ -161,8 +161,8 @@ def _loadgen(
     say: Say,
 ) -> dict[str, Any]:
     """One LoadGen run with token latencies; its own summary and the bench's figures. An
-    Offline run that ends before its minimum duration is run once more, sized from the rate it
-    reached (as the classic bench does)."""
+    Offline run that ends before its minimum duration is run again, sized up (as the classic
+    bench does)."""
     target_qps = options.target_qps
     if scenario is Scenario.SERVER and target_qps is None:
         target_qps = rate / 2  # half of what the loads reached, so the queue stays short
@@ -173,7 +173,7 @@ def _loadgen(
     concurrency = max(options.concurrency, default=0) if scenario is Scenario.OFFLINE else 0
     log_dir = out / "loadgen" / scenario.value
     result: dict[str, Any] = {}
-    for attempt in range(2):
+    for attempt in range(1 + SIZING_RERUNS):
         settings = settings_for(
             scenario,
             options.bounds,
@@ -192,7 +192,7 @@ def _loadgen(
         short = any(r.startswith("Min duration satisfied") for r in result["reasons"])
         if scenario is not Scenario.OFFLINE or not short or not reached:
             break
-        rate = reached * 1.5
+        rate = sized_up(rate, reached) or rate
     return result
 
 
