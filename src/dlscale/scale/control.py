@@ -12,6 +12,7 @@ models. A request that no replica accepted is forgotten again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -164,15 +165,47 @@ def _no_replica(proto: str) -> Answer:
     return Answer(False, 503, f'{{"error": "{why}"}}'.encode())
 
 
-async def replay(entries: Sequence[Entry], endpoint: Endpoint) -> list[str]:
-    """Send every recorded request to a new replica's child, in order; what failed, in words."""
+async def replay(entries: Sequence[Entry], endpoint: Endpoint, read_up_to: int = 0) -> list[str]:
+    """Send every recorded request to a new replica's child, in order; what failed, in words.
+
+    A plain load recorded at or before `read_up_to` (the log's last when the child began to
+    start) of a model the child's start loaded is left out: the child read the repository after
+    it, so the load would only do again what the start did, and double the replica's start."""
     failed = []
     async with httpx.AsyncClient() as client:
+        loaded = await _ready_models(endpoint, client) if read_up_to else set()
         for entry in entries:
+            if entry.seq <= read_up_to and entry.model in loaded and _plain_load(entry):
+                continue
             answer = await send(entry, endpoint, client)
             if not answer.ok:
                 failed.append(f"{_verb(entry.path)} {entry.model}: {answer.body[:200]!r}")
     return failed
+
+
+async def _ready_models(endpoint: Endpoint, client: httpx.AsyncClient) -> set[str]:
+    """The models a child serves (none when it does not say: then every load is replayed)."""
+    url = f"http://{endpoint.host}:{endpoint.http_port}/v2/repository/index"
+    try:
+        r = await client.post(url, json={"ready": True}, timeout=APPLY_TIMEOUT_S)
+        r.raise_for_status()
+        return {str(m["name"]) for m in r.json() if m.get("state") == "READY"}
+    except (httpx.HTTPError, ValueError, TypeError, KeyError):
+        return set()
+
+
+def _plain_load(entry: Entry) -> bool:
+    """A load that names no parameters (no config, no files): it reads the repository as is."""
+    if _verb(entry.path) != "load":
+        return False
+    if entry.proto == GRPC:
+        request = pb.RepositoryModelLoadRequest.FromString(entry.body)
+        return not request.parameters and not request.repository_name
+    try:
+        body = json.loads(entry.body or b"{}")
+    except ValueError:
+        return False
+    return isinstance(body, dict) and not body.get("parameters")
 
 
 def grpc_model(method: str, body: bytes) -> str:

@@ -56,7 +56,8 @@ class FleetReplica:
         self._beat: asyncio.Task[None] | None = None  # from its join on
         self.router = ray.get_actor(ROUTER_NAME, namespace=ROUTER_NAMESPACE)
         # The replica it replaces, if any, keeps serving while this one starts (`_hand_over`).
-        await self._tell("starting")
+        # The loads recorded so far are read by the child's start: its replay skips them.
+        self.read_up_to: int = await self._tell("starting") or 0
         try:
             await self._start()
         except BaseException:  # no successor after all: the replica it replaces need not wait
@@ -72,7 +73,7 @@ class FleetReplica:
         self.ready = False
         self.entries: list[Entry] = await self._call("join", self.key, self.node, self.endpoint)
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
-        failed = await control.replay(self.entries, self.endpoint)
+        failed = await control.replay(self.entries, self.endpoint, self.read_up_to)
         for why in failed:  # the model's own error: the repository index shows it
             log.warning("replica %s: replaying %s", self.key, why)
         await self._call("ready", self.key)
@@ -103,11 +104,12 @@ class FleetReplica:
             getattr(self.router, method).remote(*args), timeout=ROUTER_CALL_S
         )
 
-    async def _tell(self, method: str) -> None:
+    async def _tell(self, method: str) -> Any:
         """Tell the router what happens to this replica, if it hears (one restarting learns
-        of it from the join or the heartbeats that follow)."""
+        of it from the join or the heartbeats that follow); its answer, None if it did not."""
         with contextlib.suppress(Exception):
-            await self._call(method, self.key)
+            return await self._call(method, self.key)
+        return None
 
     async def _heartbeat(self) -> None:
         while True:

@@ -175,9 +175,11 @@ class FleetRouter:
         if self.log.adopt(entries):
             log.info("router: %d model load(s)/unload(s) taken from a replica", len(entries))
 
-    def starting(self, key: str) -> None:
-        """A replica's actor is starting its child (a successor `holds` waits for)."""
+    def starting(self, key: str) -> int:
+        """A replica's actor is starting its child (a successor `holds` waits for); returns the
+        newest load/unload recorded, which its child's start reads the repository after."""
         self.registry.starting(key)
+        return self.log.seq
 
     def holds(self, key: str) -> float:
         """How long a stopping replica must keep serving, from when it began to stop (0: it
