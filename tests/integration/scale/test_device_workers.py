@@ -114,7 +114,9 @@ def running(repo: Path, workers: int, *flags: str) -> Iterator[Fleet]:
 def _ready(fleet: Fleet) -> bool:
     assert fleet.process.poll() is None, "the fleet exited"
     try:
-        return bool(th.InferenceServerClient(f"{HOST}:{fleet.http}").is_server_ready())
+        # Closed here: a client left to `__del__` in another thread cannot reach its gevent hub.
+        with th.InferenceServerClient(f"{HOST}:{fleet.http}") as client:
+            return bool(client.is_server_ready())
     except Exception:  # the router is not listening yet
         return False
 
@@ -192,7 +194,8 @@ def test_dlscale_bench_reports_each_workers_share_of_the_run(fleet: Fleet, tmp_p
 def test_readiness_and_metadata_through_the_router(fleet: Fleet) -> None:
     grpc = tg.InferenceServerClient(f"{HOST}:{fleet.grpc}")
     assert grpc.is_server_ready(client_timeout=60) and grpc.is_model_ready(MODEL)
-    meta = th.InferenceServerClient(f"{HOST}:{fleet.http}").get_model_metadata(MODEL)
+    with th.InferenceServerClient(f"{HOST}:{fleet.http}") as rest:
+        meta = rest.get_model_metadata(MODEL)
     assert meta["inputs"][0]["shape"] == [-1, WIDTH]
 
 
