@@ -157,6 +157,14 @@ shape = [4]
 """
 
 
+#: The config.pbtxt of a Triton Python model that is loaded and never asked (one FP32 in, one out).
+LOADED_ONLY_PBTXT = """backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
 def write_python_model(root: Path, name: str, code: str, config: str) -> Path:
     """REPO/<name>/1/model.py and a config.toml with `backend = "python"` prepended."""
     folder = root / name

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.toolkit.python_models import write_triton_python_model
+from tests.toolkit.python_models import LOADED_ONLY_PBTXT, write_triton_python_model
 from tests.toolkit.server import settings_for
 
 from dlscale.scale import control
@@ -35,17 +35,12 @@ class TritonPythonModel:
     def execute(self, requests):
         raise NotImplementedError("only loaded")
 """
-PBTXT = """backend: "python"
-max_batch_size: 0
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-"""
 
 
 @pytest.fixture(scope="module")
 def child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Endpoint, Path]]:
     repo = tmp_path_factory.mktemp("replay-repo")
-    folder = write_triton_python_model(repo, "counted", COUNTED, PBTXT)
+    folder = write_triton_python_model(repo, "counted", COUNTED, LOADED_ONLY_PBTXT)
     # As a fleet's replicas run when loads go through the API: every model loaded at start.
     server = ServerChild(settings_for(repo))
     endpoint = server.start(timeout_s=120)

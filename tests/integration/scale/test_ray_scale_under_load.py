@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from tests.integration.scale.conftest import RAY_MISSING, Deployed
 from tests.toolkit.models import write_null_model
-from tests.toolkit.python_models import write_triton_python_model
+from tests.toolkit.python_models import LOADED_ONLY_PBTXT, write_triton_python_model
 from tests.toolkit.repositories import BATCHED, NULL_TENSORS
 from tests.toolkit.slow import slow_only
 
@@ -60,11 +60,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         raise NotImplementedError("only loaded")
-"""
-SLOW_START_PBTXT = """backend: "python"
-max_batch_size: 0
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
@@ -267,7 +262,7 @@ def test_the_last_replica_serves_while_a_slow_successor_starts(
     steady = "steady"  # the clients' model, paced as the module's other one
     paced = _write_paced(ray_repo, steady)
     slow = write_triton_python_model(
-        ray_repo, "slow-start", SLOW_START.format(seconds=SLOW_S), SLOW_START_PBTXT
+        ray_repo, "slow-start", SLOW_START.format(seconds=SLOW_S), LOADED_ONLY_PBTXT
     )
     client = httpclient.InferenceServerClient(deployed.http_url, network_timeout=120)
     client.load_model(steady)
