@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from dlscale.bench.report import peak_lines
+from dlscale.bench.results import RunResult
 from dlscale.bench.runner import bench
-from dlscale.bench.scenarios import Scenario
+from dlscale.bench.scenarios import RunSettings, Scenario
 from dlscale.bench.session import SIZING_RERUNS, BenchOptions, opened
 from dlscale.cli import main
 
@@ -66,14 +67,24 @@ def test_an_offline_run_sized_far_too_small_is_rerun_until_it_lasts(
     # LoadGen sizes Offline's one query from the expected rate: at a thousandth of a sample a
     # second the query holds one sample, done long before the minimum duration on any machine.
     options = BenchOptions("identity", [Scenario.OFFLINE], repo=repo, **SHORT)
+    runs: list[RunResult] = []
     with opened(None, options) as session:
+        run = session.run
+
+        def kept(settings: RunSettings, log_dir: Path) -> RunResult:
+            runs.append(run(settings, log_dir))  # each real LoadGen run, in order
+            return runs[-1]
+
+        session.run = kept  # type: ignore[method-assign]
         tiny = replace(session.settings(Scenario.OFFLINE), expected_qps=1e-3)
         result, note = session.sized_run(tiny, tmp_path)
-    said = re.match(r"rerun (\d)x, sized up: a run ended before the minimum duration$", note)
-    assert said, note
-    assert 1 <= int(said[1]) <= SIZING_RERUNS
+    # Every run but the last ended early, each expecting at least twice the one before.
+    assert 2 <= len(runs) <= 1 + SIZING_RERUNS and result is runs[-1]
+    assert all(r.reasons == ["Min duration satisfied: NO"] for r in runs[:-1])
+    expected = [r.settings.expected_qps or 0.0 for r in runs]
+    assert all(b >= 2 * a for a, b in itertools.pairwise(expected)), expected
+    assert note == f"rerun {len(runs) - 1}x, sized up: a run ended before the minimum duration"
     assert result.valid, result.reasons
-    assert result.duration_s >= SHORT["duration_s"] and result.completed > 1
 
 
 def test_an_unmeetable_latency_bound_is_invalid(repo: Path, tmp_path: Path) -> None:
