@@ -121,25 +121,41 @@ def test_accuracy_mode_passes_a_correct_model(repo: Path, tmp_path: Path) -> Non
     assert acc["ok"] is True and acc["passed"] == acc["checked"] == 64
 
 
-def test_find_peak_records_a_sweep(repo: Path, tmp_path: Path) -> None:
+def _peak_search(repo: Path, tmp_path: Path, bound_s: float) -> tuple[dict[str, Any], str]:
+    """A find-peak of three runs at most; 16 queries a run keep a slow host's search short (at
+    the floor of 1 query/s a run lasts 16 s)."""
     options = BenchOptions(
         "identity", [Scenario.SERVER], repo=repo, find_peak=True, max_peak_runs=3,
-        latency_bound_s=0.05, min_query_count=64, **SHORT,
+        latency_bound_s=bound_s, min_query_count=16, **SHORT,
     )  # fmt: skip
     report = bench(None, options, tmp_path)
-    entry = report["scenarios"][0]
-    assert len(entry["sweep"]) == 3
-    rates = [p["target_qps"] for p in entry["sweep"]]
-    assert rates == sorted(rates)
-    if entry["peak_qps"] is not None:
-        assert any(p["valid"] and p["target_qps"] == entry["peak_qps"] for p in entry["sweep"])
     assert Path(report["files"]["sweep_png"]).is_file()
-    # What a user reads on the console: the peak itself, or that no rate met the bound.
     (line,) = peak_lines(report)
-    if entry["peak_qps"] is None:
-        assert line.startswith("peak: no rate met the p99 bound")
-    else:
-        assert line.startswith(f"peak: {entry['peak_qps']:,.1f} queries/s with p99 ")
+    return report["scenarios"][0], line
+
+
+def test_find_peak_doubles_the_rate_while_runs_meet_the_bound(repo: Path, tmp_path: Path) -> None:
+    # A bound of 10 s holds on any machine, however slow: the search only ramps up.
+    entry, line = _peak_search(repo, tmp_path, bound_s=10.0)
+    rates = [p["target_qps"] for p in entry["sweep"]]
+    assert len(rates) == 3 and all(p["valid"] for p in entry["sweep"])
+    assert rates == pytest.approx([rates[0], 2 * rates[0], 4 * rates[0]])
+    assert entry["peak_qps"] == rates[-1]
+    assert line.startswith(f"peak: {entry['peak_qps']:,.1f} queries/s with p99 ")
+
+
+def test_find_peak_halves_the_rate_to_the_floor_when_no_run_meets_the_bound(
+    repo: Path, tmp_path: Path
+) -> None:
+    # A bound of 1 ns no answer meets: the search halves from its start, never below 1 query/s.
+    entry, line = _peak_search(repo, tmp_path, bound_s=1e-9)
+    rates = [p["target_qps"] for p in entry["sweep"]]
+    start = rates[-1]
+    expected = sorted(start / 2**k for k in range(3) if start / 2**k >= 1.0)
+    assert rates == pytest.approx(expected)
+    assert not any(p["valid"] for p in entry["sweep"])
+    assert entry["peak_qps"] is None
+    assert line.startswith("peak: no rate met the p99 bound")
 
 
 def test_cli_unknown_model_is_a_clear_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
