@@ -189,8 +189,8 @@ def _request_reader(method: str) -> Callable[[bytes], Any]:
     return read
 
 
-def _write_answer(answer: Framed) -> bytes:
-    data = serialize(answer, RAW_OUTPUT_FIELD)
+def _write_answer(answer: Framed, stream: bool = False) -> bytes:
+    data = serialize(answer, RAW_OUTPUT_FIELD, stream)
     tracing.record(tracing.SOCKET_OUT, data)
     return data
 
@@ -198,7 +198,5 @@ def _write_answer(answer: Framed) -> bytes:
 def write_stream_answer(answer: Framed | Any) -> bytes:
     """A stream's answer: a ModelInferResponse wrapped in place, or an in-stream error message."""
     if isinstance(answer, Framed):
-        data = serialize(answer, RAW_OUTPUT_FIELD, stream=True)
-        tracing.record(tracing.SOCKET_OUT, data)
-        return data
+        return _write_answer(answer, stream=True)
     return bytes(answer.SerializeToString())
