@@ -50,7 +50,7 @@ class BodyBuffers:
     ) -> None:
         self.page_lock = page_lock
         self.keep_bytes = keep_bytes
-        self._allocate = allocate or _host_memory
+        self._allocate = allocate or (lambda size: np.empty(size, np.uint8))
         self._buffers: list[np.ndarray] = []
 
     def take(self, size: int) -> np.ndarray:
@@ -151,7 +151,3 @@ class Body:
             assert self._chunks is not None
             return self._chunks
         return self._view[: self._filled]
-
-
-def _host_memory(size: int) -> np.ndarray:
-    return np.empty(size, np.uint8)
