@@ -141,11 +141,10 @@ def as_text(item: object) -> str:
 
 def serialize_bytes(items: Iterable[object]) -> bytes:
     """BYTES elements on the wire: each as a 4-byte little-endian length, then its bytes."""
-    parts = []
+    parts: list[bytes] = []
     for item in items:
         raw = as_bytes(item)
-        parts.append(_LENGTH.pack(len(raw)))
-        parts.append(raw)
+        parts += (_LENGTH.pack(len(raw)), raw)
     return b"".join(parts)
 
 
