@@ -85,19 +85,10 @@ def stream_error(text: str, message: Any) -> Any:
 # -- health, metadata, config -------------------------------------------------------------------
 
 
-def server_live(live: bool) -> Any:
-    """ServerLiveResponse."""
-    return pb.ServerLiveResponse(live=live)
-
-
-def server_ready(ready: bool) -> Any:
-    """ServerReadyResponse."""
-    return pb.ServerReadyResponse(ready=ready)
-
-
-def model_ready(ready: bool) -> Any:
-    """ModelReadyResponse."""
-    return pb.ModelReadyResponse(ready=ready)
+def response(method: str, **fields: Any) -> Any:
+    """RPC `method`'s answer of plain `fields`: a health flag, or none (a load, unload,
+    register or unregister done)."""
+    return getattr(pb, f"{method}Response")(**fields)
 
 
 def server_metadata(meta: ServerMetadata) -> Any:
@@ -142,11 +133,6 @@ def repository_index(rows: list[RepositoryEntry]) -> Any:
             for r in rows
         ]
     )
-
-
-def done(method: str) -> Any:
-    """The empty answer of RPC `method` (a load, unload, register or unregister done)."""
-    return getattr(pb, f"{method}Response")()
 
 
 # -- shared memory ----------------------------------------------------------------------------

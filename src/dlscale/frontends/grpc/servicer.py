@@ -109,15 +109,16 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def ServerLive(self, request: Any, context: Any) -> Any:
-        return convert.server_live(await self.dataplane.live())
+        return convert.response("ServerLive", live=await self.dataplane.live())
 
     @unary
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return convert.server_ready(await self.dataplane.ready())
+        return convert.response("ServerReady", ready=await self.dataplane.ready())
 
     @unary
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        return convert.model_ready(await self.dataplane.model_ready(request.name, request.version))
+        ready = await self.dataplane.model_ready(request.name, request.version)
+        return convert.response("ModelReady", ready=ready)
 
     @unary
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
@@ -274,12 +275,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         parameters = convert.load_parameters(request)
         await self.dataplane.load_model(request.model_name, parameters)
-        return convert.done("RepositoryModelLoad")
+        return convert.response("RepositoryModelLoad")
 
     @unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self.dataplane.unload_model(request.model_name)
-        return convert.done("RepositoryModelUnload")
+        return convert.response("RepositoryModelUnload")
 
     # -- trace and log settings -------------------------------------------------------------------
 
@@ -304,12 +305,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         self.shared_memory.register_system(
             request.name, request.key, request.offset, request.byte_size
         )
-        return convert.done("SystemSharedMemoryRegister")
+        return convert.response("SystemSharedMemoryRegister")
 
     @unary
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         self.shared_memory.unregister(RegionKind.SYSTEM, request.name)  # no name: every region
-        return convert.done("SystemSharedMemoryUnregister")
+        return convert.response("SystemSharedMemoryUnregister")
 
     @unary
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
@@ -320,12 +321,12 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
         self.shared_memory.register_cuda(
             request.name, bytes(request.raw_handle), request.device_id, request.byte_size
         )
-        return convert.done("CudaSharedMemoryRegister")
+        return convert.response("CudaSharedMemoryRegister")
 
     @unary
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         self.shared_memory.unregister(RegionKind.CUDA, request.name)  # no name: every region
-        return convert.done("CudaSharedMemoryUnregister")
+        return convert.response("CudaSharedMemoryUnregister")
 
 
 def _large(message: Any) -> bool:
