@@ -34,10 +34,9 @@ RESERVED_PREFIX = "dlscale."
 Identity = tuple[int, int]
 
 
-def scope_prefix(scope: str, owner_pid: int | None = None) -> str:
-    """The prefix of every object of one `scope` (a worker) of server process `owner_pid`."""
-    pid = os.getpid() if owner_pid is None else owner_pid
-    return f"{RESERVED_PREFIX}{pid}.{scope}."
+def scope_prefix(scope: str) -> str:
+    """The prefix of every object of one `scope` (a worker) of this server process."""
+    return f"{RESERVED_PREFIX}{os.getpid()}.{scope}."
 
 
 def new_name(prefix: str) -> str:
