@@ -94,10 +94,9 @@ class PeerCalls:
 class ConnectionTrimmer:
     """Shuts down the connections a client address holds on `port` beyond `cap`."""
 
-    def __init__(self, port: int, cap: int, interval_s: float = TRIM_INTERVAL_S) -> None:
+    def __init__(self, port: int, cap: int) -> None:
         self.port = port
         self.cap = cap
-        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlscale-grpc-peers", daemon=True)
 
@@ -117,7 +116,7 @@ class ConnectionTrimmer:
             self._thread.join(5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(TRIM_INTERVAL_S):
             try:
                 self.trim()
             except Exception:  # a failed trim must not end the trims that follow
