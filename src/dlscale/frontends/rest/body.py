@@ -104,7 +104,6 @@ class Body:
     """One request's body as it arrives: into a buffer of its declared length, or a growing one."""
 
     def __init__(self, buffer: np.ndarray | None) -> None:
-        self._buffer = buffer
         flat: Any = buffer  # numpy arrays are buffers, though numpy's stubs do not say so
         self._view = memoryview(flat) if buffer is not None else None
         self._filled = 0
