@@ -74,24 +74,24 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         """Bind and start serving; raises DlscaleError when the address cannot be bound."""
-        limits = self.limits
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limits.max_grpc_message_bytes),
-                ("grpc.max_send_message_length", limits.max_grpc_message_bytes),
-                # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind
-                # silently and share its traffic instead of failing.
-                ("grpc.so_reuseport", 0),
-                # The same bounds as REST: connections held, idle time, time to say hello;
-                # per client address, peers.py holds calls and connections.
-                ("grpc.max_allowed_incoming_connections", limits.max_connections),
-                ("grpc.max_connection_idle_ms", int(limits.keep_alive_s * 1000)),
-                ("grpc.server_handshake_timeout_ms", int(limits.head_timeout_s * 1000)),
-                # One connection's calls at once: a client's channel holds more back itself
-                # (HTTP/2), so a single channel never reaches the per-address refusal.
-                *_streams_per_connection(limits.max_connections_per_peer),
-            ],
-        )
+        limits, cap = self.limits, self.limits.max_connections_per_peer
+        options = [
+            ("grpc.max_receive_message_length", limits.max_grpc_message_bytes),
+            ("grpc.max_send_message_length", limits.max_grpc_message_bytes),
+            # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind
+            # silently and share its traffic instead of failing.
+            ("grpc.so_reuseport", 0),
+            # The same bounds as REST: connections held, idle time, time to say hello;
+            # per client address, peers.py holds calls and connections.
+            ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            ("grpc.max_connection_idle_ms", int(limits.keep_alive_s * 1000)),
+            ("grpc.server_handshake_timeout_ms", int(limits.head_timeout_s * 1000)),
+        ]
+        if cap:
+            # One connection's calls at once: a client's channel holds more back itself
+            # (HTTP/2), so a single channel never reaches the per-address refusal.
+            options.append(("grpc.max_concurrent_streams", cap))
+        server = grpc.aio.server(options=options)
         servicer = self.servicer = InferenceServicer(self.dataplane, limits)
         servicer.continues_traces = await _continues_traces(servicer.dataplane)
         handlers = method_handlers(servicer, limits.unread_stream_timeout_s)
@@ -115,7 +115,6 @@ class GrpcFrontend:
         await server.start()
         self._server = server
         self._port = port
-        cap = limits.max_connections_per_peer
         if cap and ConnectionTrimmer.available():
             self._trimmer = ConnectionTrimmer(port, cap)
             self._trimmer.start()
@@ -135,10 +134,6 @@ async def _continues_traces(plane: Asked) -> bool:
     continues: fixed when the server starts (its endpoint is a flag), so asked once here."""
     settings = await plane.trace_settings()
     return settings.get("trace_mode") == "opentelemetry"
-
-
-def _streams_per_connection(cap: int) -> list[tuple[str, int]]:
-    return [("grpc.max_concurrent_streams", cap)] if cap else []
 
 
 def method_handlers(
