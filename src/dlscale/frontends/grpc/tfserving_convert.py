@@ -115,19 +115,12 @@ def to_array(proto: Any, spec: TensorSpec, most: int) -> np.ndarray:
         array = np.array(values, dtype=wire)
         if datatype in (Datatype.FP16, Datatype.BF16):
             array = array.astype(np.uint16).view(datatype.numpy)
-        else:
-            array = _narrowed(array, datatype, name)
+        elif array.dtype != datatype.numpy:
+            narrowed = array.astype(datatype.numpy)
+            if not np.array_equal(narrowed, array):
+                raise InvalidInput(f"input {name!r}: values out of range for {DTYPES[datatype]}")
+            array = narrowed
     return np.broadcast_to(array, shape).copy() if len(values) == 1 else array.reshape(shape)
-
-
-def _narrowed(array: np.ndarray, datatype: Datatype, name: str) -> np.ndarray:
-    target = datatype.numpy
-    if array.dtype == target:
-        return array
-    narrowed = array.astype(target)
-    if not np.array_equal(narrowed, array):
-        raise InvalidInput(f"input {name!r}: values out of range for {DTYPES[datatype]}")
-    return narrowed
 
 
 def output_filter(request: Any) -> list[str]:
