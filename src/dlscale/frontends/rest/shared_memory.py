@@ -72,16 +72,12 @@ def handle(
         registry.register_system(name, system.key, system.offset, system.byte_size)
     else:
         cuda = decode_json(_CUDA, body, "CUDA shared-memory register request")
-        handle = _base64(cuda.raw_handle.b64)
+        try:
+            handle = base64.b64decode(cuda.raw_handle.b64, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInput(f"raw_handle.b64 is not base64: {exc}") from None
         registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
     return None
-
-
-def _base64(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except binascii.Error as exc:
-        raise InvalidInput(f"raw_handle.b64 is not base64: {exc}") from None
 
 
 def _status(status: RegionStatus) -> dict[str, Any]:
