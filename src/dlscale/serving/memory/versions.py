@@ -67,10 +67,8 @@ def growth(
     is noise beside it."""
     out: Footprint = {}
     for d in devices:
-        if d in hidden and d in known:
-            out[d] = max(known[d], floor.get(d, 0))
-        elif d not in before or d not in after:
-            out[d] = max(known.get(d, 0), floor.get(d, 0))  # not read: what is known
+        if (d in hidden and d in known) or d not in before or d not in after:
+            out[d] = max(known.get(d, 0), floor.get(d, 0))  # hidden, or not read: what is known
         else:
             read = max(after[d] - before[d], floor.get(d, 0))
             out[d] = min(read, known[d]) if d in known else read
