@@ -333,9 +333,7 @@ class DataPlane:
         """What ends a stream's trace when its request is traced (its span stays out of the
         context: a stream's iteration runs in its consumer's)."""
         trace = self._trace(served, request, nests=False)
-        if trace is None:
-            return None
-        return functools.partial(self.tracer.finish, trace)
+        return None if trace is None else functools.partial(self.tracer.finish, trace)
 
     def _from_cache(
         self,

@@ -392,9 +392,7 @@ def _within(context: contextvars.Context | None, func: Callable[[T], R]) -> Call
     """`func`, run in `context` when given: a lane's thread has a context of its own (not the
     caller's), and a traced request's batch passes its own, so that the model calls made from
     the instance thread (BLS) continue its trace."""
-    if context is None:
-        return func
-    return functools.partial(_run_in, context, func)
+    return func if context is None else functools.partial(_run_in, context, func)
 
 
 def _run_in(context: contextvars.Context, func: Callable[[T], R], arg: T) -> R:

@@ -212,8 +212,6 @@ class ModelManager:
         """Stop taking requests, finish those in flight within the grace, then free the model;
         `released` is set once the model's bytes have left the memory ledger, before its
         instances close."""
-        if name not in self._entries:
-            raise NotFound(f"unknown model {name!r}")
         async with self._locked(name):
             entry = self._entries.get(name)
             if entry is None:

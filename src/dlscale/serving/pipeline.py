@@ -159,7 +159,9 @@ class Pipeline:
                 f"priority {request.priority} is out of range: the steps of pipeline "
                 f"{self.name!r} have priority levels 1..{max(self.levels)} (0 for the default)"
             )
-        deadline = _deadline(request)
+        # When its timeout runs out, in perf_counter nanoseconds (None: no timeout).
+        timeout_us = request.timeout_us
+        deadline = time.perf_counter_ns() + timeout_us * 1000 if timeout_us else None
         # A region's view may be unmapped once the request is answered, while a cancelled
         # step's batch still reads it: the pipeline keeps its own copy of such inputs.
         inputs = {
@@ -263,13 +265,6 @@ def _is_chain(steps: tuple[StepConfig, ...], inputs: set[str]) -> bool:
             return False  # reads what a later step makes, or could start before its previous
         made.update((tensor, index) for tensor in step.output_map.values())
     return True
-
-
-def _deadline(request: InferenceRequest) -> int | None:
-    """When the request's timeout runs out, in perf_counter nanoseconds (None: no timeout)."""
-    if not request.timeout_us:
-        return None
-    return time.perf_counter_ns() + request.timeout_us * 1000
 
 
 def _step_request(

@@ -51,14 +51,13 @@ class Seats:
         stats: ModelStats,
         admission: Admission | None = None,
         generative: bool = False,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         #: A generative engine's (its streams follow backends/generative/contract.py): a unary
         #: request gets its stream joined; a decoupled Python model's is refused one.
         self.generative = generative
         self.capacity = capacity
         #: Admission, bounds, timeouts and draining: the rules every kind of model queues by.
-        self.queue = RequestQueue(policy, stats, admission, clock)
+        self.queue = RequestQueue(policy, stats, admission)
         self.instances = list(instances)
         self.tokens = TokenStats()
         #: Sequences in flight now, and requests waiting for a seat.

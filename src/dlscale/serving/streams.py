@@ -149,7 +149,6 @@ async def _open(
         else:  # the backend ended without a final part: a flag alone ends the stream
             outcome = ""
             yield _response(served, request, StreamPart({}, final=True), wanted)
-        outcome = ""
     except DlscaleError as exc:
         outcome = exc.reason
         raise

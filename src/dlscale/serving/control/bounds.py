@@ -64,11 +64,8 @@ def check_override(config: ModelConfig) -> None:
             f"the config asks for {count} model instances; a load request may ask for at most "
             f"{limit} ({INSTANCES_PER_CORE} per core)"
         )
-    opts = config.backend_options
-    for name, threads in (
-        ("intra_op_threads", opts.intra_op_threads),
-        ("inter_op_threads", opts.inter_op_threads),
-    ):
+    for name in ("intra_op_threads", "inter_op_threads"):
+        threads = getattr(config.backend_options, name)
         if threads > cores():
             raise InvalidInput(
                 f"backend option {name} {threads} is above the host's {cores()} cores"

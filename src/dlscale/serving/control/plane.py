@@ -118,9 +118,7 @@ class ControlPlane:
         """Triton's trace extension: the settings (of a model) after applying `changes`."""
         if model:
             self.manager.get(model)  # an unknown or unready model is an error, as in Triton
-        if changes:
-            return self.tracer.update(changes, model)
-        return self.tracer.settings(model)
+        return self.tracer.update(changes, model) if changes else self.tracer.settings(model)
 
     def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, str | bool | int]:
         """Triton's logging extension: the settings after applying `changes`."""

@@ -413,7 +413,4 @@ class MemoryLedger:
     def _turns_of(self, device: str) -> Turns:
         """A device's turns: `parallel` loads at once on the host, one at a time on a GPU (two
         loads at once there have not been measured)."""
-        turns = self._turns.get(device)
-        if turns is None:
-            turns = self._turns[device] = Turns(self.parallel if device == "cpu" else 1)
-        return turns
+        return self._turns.setdefault(device, Turns(self.parallel if device == "cpu" else 1))

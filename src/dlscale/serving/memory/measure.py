@@ -113,12 +113,8 @@ def _handle(nvml: Nvml, index: int) -> Any:
 
 def read(keys: Iterable[str]) -> dict[str, int]:
     """The bytes each device key holds now (host: `cpu`); keys it cannot read are left out."""
-    out: dict[str, int] = {}
-    for key in keys:
-        size = host_bytes() if key == "cpu" else device_bytes(key)
-        if size is not None:
-            out[key] = size
-    return out
+    sizes = {key: host_bytes() if key == "cpu" else device_bytes(key) for key in keys}
+    return {key: size for key, size in sizes.items() if size is not None}
 
 
 @functools.cache

@@ -6,7 +6,7 @@ import os
 
 from dlscale.models.repository import ModelVersion
 from dlscale.serving.memory import measure
-from dlscale.serving.memory.policy import TooLarge
+from dlscale.serving.memory.policy import TooLarge, totals
 from dlscale.serving.memory.sizes import Footprint, device_key, show_all
 
 #: What a known size belongs to: a model file as it is now (device, inode, size, modification
@@ -41,11 +41,7 @@ def _stamp(mv: ModelVersion) -> Stamp:
 def _files(mv: ModelVersion) -> Footprint:
     """The least a load holds: the version's files, once per instance, on each device."""
     size = measure.folder_bytes(mv.path)
-    out: Footprint = {}
-    for group in mv.config.instances:
-        key = device_key(group.device)
-        out[key] = out.get(key, 0) + size * group.count
-    return out
+    return totals({device_key(g.device): size * g.count} for g in mv.config.instances)
 
 
 def growth(
@@ -67,10 +63,8 @@ def growth(
     is noise beside it."""
     out: Footprint = {}
     for d in devices:
-        if d in hidden and d in known:
-            out[d] = max(known[d], floor.get(d, 0))
-        elif d not in before or d not in after:
-            out[d] = max(known.get(d, 0), floor.get(d, 0))  # not read: what is known
+        if (d in hidden and d in known) or d not in before or d not in after:
+            out[d] = max(known.get(d, 0), floor.get(d, 0))  # hidden, or not read: what is known
         else:
             read = max(after[d] - before[d], floor.get(d, 0))
             out[d] = min(read, known[d]) if d in known else read

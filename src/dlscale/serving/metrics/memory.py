@@ -3,7 +3,7 @@ loads, their times, and evictions (docs/memory.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -38,29 +38,20 @@ class MemoryCollector(Collector):
                 for device, size in served.memory.items():
                     model.add_metric([entry.name, str(version), device], size)
         yield model
-        budget = GaugeMetricFamily(
-            "dlscale_memory_budget_bytes", "The memory budget of a device", labels=["device"]
+        yield _by_device(
+            "dlscale_memory_budget_bytes", "The memory budget of a device", ledger.budget
         )
-        for device, size in sorted(ledger.budget.items()):
-            budget.add_metric([device], size)
-        yield budget
-        resident = GaugeMetricFamily(
+        yield _by_device(
             "dlscale_memory_resident_bytes",
             "Bytes the loaded models hold on a device together, by their measured sizes, with "
             "those the loads in flight reserved",
-            labels=["device"],
+            ledger.used(),
         )
-        for device, size in sorted(ledger.used().items()):
-            resident.add_metric([device], size)
-        yield resident
-        running = GaugeMetricFamily(
+        yield _by_device(
             "dlscale_model_loads_running",
             "Loads taking their turn on a device now (several at once on the host)",
-            labels=["device"],
+            ledger.running(),
         )
-        for device, count in ledger.running().items():
-            running.add_metric([device], count)
-        yield running
         hist = ledger.load_seconds
         yield HistogramMetricFamily(
             "dlscale_model_load_seconds",
@@ -98,3 +89,11 @@ class MemoryCollector(Collector):
                 "Cold models whose load requests wait for now",
                 value=len(demand.loading()),
             )
+
+
+def _by_device(name: str, doc: str, values: Mapping[str, int]) -> Metric:
+    """A gauge with one sample per device, in device order."""
+    family = GaugeMetricFamily(name, doc, labels=["device"])
+    for device, value in sorted(values.items()):
+        family.add_metric([device], value)
+    return family

@@ -40,7 +40,8 @@ class LogControl:
         self.enabled = dict.fromkeys(SWITCHES.values(), True)
         self.verbose = 0
         self._handler: logging.Handler | None = None
-        self._levels = (logging.NOTSET, logging.NOTSET, logging.NOTSET)
+        #: The levels `install` changes, as they were before (`uninstall` puts them back).
+        self._levels: list[tuple[logging.Logger, int]] = []
 
     def install(self, level: str = "INFO", access_log: bool = False) -> None:
         """Send the server's logs to the log file or stderr, with the settings of `--log-level`."""
@@ -51,7 +52,7 @@ class LogControl:
         )
         self._handler.addFilter(self._keep)
         root = logging.getLogger()
-        self._levels = (root.level, logging.getLogger("dlscale").level, access.level)
+        self._levels = [(x, x.level) for x in (root, logging.getLogger("dlscale"), access)]
         root.addHandler(self._handler)
         access.setLevel(logging.INFO if access_log else logging.WARNING)
         name = level.upper()
@@ -67,11 +68,7 @@ class LogControl:
             logging.getLogger().removeHandler(self._handler)
             self._handler.close()
             self._handler = None
-            for logger, level in zip(
-                (logging.getLogger(), logging.getLogger("dlscale"), access),
-                self._levels,
-                strict=True,
-            ):
+            for logger, level in self._levels:
                 logger.setLevel(level)
 
     def settings(self) -> dict[str, str | bool | int]:

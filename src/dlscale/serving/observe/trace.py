@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 #: The settings of the protocol, as Triton names them, and what each holds.
 NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file")
 _LIMITS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}  # smallest value allowed
+#: Each setting's TraceSettings field: its name less `trace_` (the file is not one of them).
+_FIELD = {name: name.removeprefix("trace_") for name in NAMES if name != "trace_file"}
 #: The largest value of a numeric setting (Triton's are uint32; beyond, JSON cannot carry it).
 MAX_SETTING = 2**32 - 1
 #: Traces kept in memory before they are written out, whatever log_frequency says.
@@ -317,14 +319,6 @@ def _dump(path: Path, traces: list[dict[str, Any]]) -> None:
         path.write_text(json.dumps(traces, indent=1))
     except OSError as exc:
         log.error("cannot write traces to %s: %s", path, exc)
-
-
-_FIELD = {
-    "trace_level": "level",
-    "trace_rate": "rate",
-    "trace_count": "count",
-    "log_frequency": "log_frequency",
-}
 
 
 def _parse(name: str, value: Any) -> Any:

@@ -118,10 +118,7 @@ class DeviceGates:
         placed = dict(placements)
         tenant_name = f"{name}#{next(self._enrolled)}"
         tenants = {device: _tenant(tenant_name, config, rows) for device in placed.values()}
-        for device in tenants:
-            if device not in self.gates:
-                self.gates[device] = DeviceGate(device, self.slots)
-        gates = {device: self.gates[device] for device in tenants}
+        gates = {d: self.gates.setdefault(d, DeviceGate(d, self.slots)) for d in tenants}
         pool = TenantQos(name, config, admission, placed, tenants, gates, self)
         for device, tenant in tenants.items():
             gates[device].join(tenant, pool)

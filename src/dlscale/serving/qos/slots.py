@@ -184,9 +184,7 @@ class TenantQos:
         alone. The waiting take gets its slot now (asked, then started off, as `dispatch`
         would) or keeps waiting for an instance; with none waiting, nothing is left to do."""
         device = self._only
-        if device is None:
-            return False
-        if self.active(device):
+        if device is None or self.active(device):
             return False
         if self._waiter is None:
             return True

@@ -200,7 +200,10 @@ def _check_object(
             f"shared-memory key {key!r}: the object belongs to uid {info.st_uid}; this server "
             f"takes objects of uid {', '.join(map(str, sorted(owners)))} only"
         )
-    offset, byte_size = window
+    _check_fits(key, info, *window)
+
+
+def _check_fits(key: str, info: os.stat_result, offset: int, byte_size: int) -> None:
     if offset + byte_size > info.st_size:
         raise InvalidInput(
             f"offset {offset} + byte_size {byte_size} exceed the {info.st_size} bytes of the "
@@ -211,11 +214,7 @@ def _check_object(
 def _map(fd: int, info: os.stat_result, key: str, offset: int, byte_size: int) -> mmap.mmap:
     if not stat.S_ISREG(info.st_mode):
         raise InvalidInput(f"shared-memory key {key!r} is not a shared-memory object")
-    if offset + byte_size > info.st_size:
-        raise InvalidInput(
-            f"offset {offset} + byte_size {byte_size} exceed the {info.st_size} bytes of the "
-            f"shared-memory object {key!r}"
-        )
+    _check_fits(key, info, offset, byte_size)
     # mmap's offset must be a multiple of the allocation granularity: map from the one below.
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     return mmap.mmap(fd, byte_size + offset - start, offset=start)
