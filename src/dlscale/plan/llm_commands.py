@@ -16,6 +16,7 @@ from dlscale.errors import DlscaleError, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.report import table
 from dlscale.hardware.spec import DeviceSpec
+from dlscale.models.config import newest_file
 from dlscale.plan.host_memory import with_bandwidth
 from dlscale.plan.llm import DecoderShape, from_config, read_config
 from dlscale.plan.llm_capacity import (
@@ -56,13 +57,9 @@ def decoder_shape(model: str | None, repo: Path | None) -> DecoderShape | None:
             return read_config(folder)
         if (folder / "config.json").is_file():
             return read_config(folder, folder.name)
-        versions = sorted(
-            (int(p.parent.name), p.parent)
-            for p in folder.glob("*/config.json")
-            if p.parent.name.isdigit()
-        )
-        if versions:
-            return read_config(versions[-1][1], folder.name)
+        newest = newest_file(folder, "config.json") if folder.is_dir() else None
+        if newest is not None:
+            return read_config(newest.parent, folder.name)
     from dlscale.models.zoo.decoder import DECODERS
 
     found = DECODERS.get(model)
