@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from dlscale.plan.llm_capacity import (
 )
 from dlscale.plan.llm_kernels import read_kernels
 from dlscale.plan.llm_passes import Scheduling
+from dlscale.plan.serve import cheapest_first
 from dlscale.plan.units import human_bytes, human_seconds, parse_prices
 
 DEFAULT_LLM_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4")
@@ -123,7 +123,7 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
             print(f"skipped: {exc}")
             continue
         plans.append(plan_device(on_device, load, top, prices.get(on_device.device.name)))
-    plans.sort(key=_order)
+    plans.sort(key=lambda p: cheapest_first(p.devices, p.cost_per_million_tokens))
     print(
         f"{shape.summary()}, weights {human_bytes(shape.weight_bytes)}\n"
         f"{load.rate:g} requests/s, ISL {load.isl}, OSL {load.osl}, TTFT <= "
@@ -166,8 +166,3 @@ def _row(p: LlmPlan) -> list[str]:
         f"{p.cost_per_million_tokens:.3g}" if p.cost_per_million_tokens is not None else "-",
         p.basis,
     ]
-
-
-def _order(p: LlmPlan) -> tuple[bool, float, float]:
-    """Cheapest (then fewest devices) first; the devices that cannot, last."""
-    return (p.devices is None, p.cost_per_million_tokens or math.inf, p.devices or math.inf)
