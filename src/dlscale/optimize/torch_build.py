@@ -22,7 +22,7 @@ import numpy as np
 
 from dlscale.models.repository import ModelVersion
 from dlscale.models.zoo import ZOO, ZooModel
-from dlscale.models.zoo.model import WEIGHT_SEED
+from dlscale.models.zoo.inputs import torch_entry
 from dlscale.optimize.onnx_variants import RecipeError
 from dlscale.optimize.torch_variants import AOTI, EXPORT, MODULE, PT2E_INT8
 from dlscale.types import TensorSpec
@@ -108,7 +108,9 @@ class TorchBuilder:
         if recipe == EXPORT:
             return Path(shutil.copyfile(self._fp32_program, dest_dir / PT2))
         if recipe == MODULE:
-            return self._module_spec(dest_dir / ZOO_SPEC)
+            return torch_entry(self.source.zoo, seq_len=self.source.seq_len).write(
+                dest_dir / ZOO_SPEC
+            )
         if recipe == PT2E_INT8:
             if calibration is None:
                 raise RecipeError("PT2E INT8 needs a calibration set")
@@ -147,18 +149,6 @@ class TorchBuilder:
             save_exported(self._module, self.example, self.source.inputs, self.source.outputs, path)
         except Exception as exc:
             raise RecipeError(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
-        return path
-
-    def _module_spec(self, path: Path) -> Path:
-        from dlscale.backends.torch.files import write_module_spec
-
-        write_module_spec(
-            path,
-            self.source.zoo.factory,
-            {"seed": WEIGHT_SEED},
-            self.source.inputs,
-            self.source.outputs,
-        )
         return path
 
     def _int8_program(self, path: Path, calibration: Mapping[str, np.ndarray]) -> Path:
