@@ -270,8 +270,5 @@ def bench_allreduce(args: argparse.Namespace) -> int:
         from dlscale.plan.plots import plot_allreduce
 
         title = f"all-reduce, {args.nproc} x {args.backend} ({report.fabric})"
-        measured = [r.busbw for r in report.rows]
-        predicted = [r.predicted_busbw for r in report.rows]
-        done = [r.nbytes for r in report.rows]
-        print(f"plot: {plot_allreduce(done, measured, predicted, Path(args.plot), title)}")
+        print(f"plot: {plot_allreduce(report.rows, Path(args.plot), title)}")
     return 0
