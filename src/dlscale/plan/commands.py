@@ -86,8 +86,7 @@ def plan_train(args: argparse.Namespace) -> int:
     if args.plot:
         from dlscale.plan.plots import plot_scaling
 
-        algos = [collective.Algorithm(a) for a in ("ring", "tree")]
-        curves = scaling_curves(job, cluster, algos)
+        curves = scaling_curves(job, cluster)  # ring and tree
         title = f"{device_name}, {args.intra}" + (f" + {args.inter}" if args.inter else "")
         print(f"scaling curves: {plot_scaling(curves, Path(args.plot), title)}")
     if args.tf_mirrored:
