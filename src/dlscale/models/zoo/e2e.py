@@ -52,8 +52,10 @@ class ZooPipeline:
     parts: tuple[str, ...]
     builder: Callable[[Path], None]
 
-    def build(self, root: Path) -> Path:
-        """Write the pipeline and its parts into `root`; a classifier already there is reused."""
+    def build(self, root: Path, seq_len: int = 0) -> Path:
+        """Write the pipeline and its parts into `root`; a classifier already there is reused.
+        `seq_len` is the zoo's common argument, unused."""
+        del seq_len
         root.mkdir(parents=True, exist_ok=True)
         self.builder(root)
         return root / self.name
