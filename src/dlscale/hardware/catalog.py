@@ -103,7 +103,7 @@ def _device(
         memory = float(entry["memory_gb"]) * _GIGA
     elif "memory_gib" in entry:
         memory = float(entry["memory_gib"]) * 2**30
-    bandwidth = _opt(entry.get("bandwidth_gbs"), _GIGA)
+    bandwidth = scaled(entry.get("bandwidth_gbs"), _GIGA)
     if bandwidth is None and member is not None and member.memory_bandwidth:
         bandwidth = member.memory_bandwidth * count
         sources.setdefault("bandwidth", f"derived: {count} x {member.name} bandwidth")
@@ -121,7 +121,7 @@ def _device(
         sparse=_rates(entry.get("sparse", {})),
         memory_bytes=memory,
         memory_bandwidth=bandwidth,
-        tdp_watts=_opt(entry.get("tdp_w"), 1.0),
+        tdp_watts=scaled(entry.get("tdp_w"), 1.0),
         interconnect=_link(entry.get("interconnect")),
         host_link=_link(entry.get("host_link")),
         mig_profiles=mig,
@@ -147,7 +147,7 @@ def _link(table: Mapping[str, Any] | None) -> Interconnect | None:
         return None
     gen = table.get("generation")
     return Interconnect(
-        table["kind"], str(gen) if gen is not None else None, _opt(table.get("gbs"), _GIGA)
+        table["kind"], str(gen) if gen is not None else None, scaled(table.get("gbs"), _GIGA)
     )
 
 
@@ -159,7 +159,8 @@ def _mig_set(table: Mapping[str, Any]) -> tuple[MigProfile, ...]:
     )
 
 
-def _opt(value: Any, scale: float) -> float | None:
+def scaled(value: Any, scale: float) -> float | None:
+    """`value` times `scale` as a float; None where there is no value (a figure not given)."""
     return None if value is None else float(value) * scale
 
 

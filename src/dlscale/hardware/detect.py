@@ -126,12 +126,8 @@ def _gpu(nvml: Nvml, index: int) -> GpuInfo:
 def mig_handles(nvml: Nvml, handle: Any) -> list[tuple[int, Any]]:
     """The (index, handle) of each MIG device present on a GPU (empty slots are skipped)."""
     slots = nvml.value("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
-    found = []
-    for slot in range(int(slots)):
-        mig = nvml.ask("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-        if mig.ok:
-            found.append((slot, mig.value))
-    return found
+    asked = [nvml.ask("nvmlDeviceGetMigDeviceHandleByIndex", handle, s) for s in range(int(slots))]
+    return [(slot, mig.value) for slot, mig in enumerate(asked) if mig.ok]
 
 
 def _mig_instances(nvml: Nvml, handle: Any) -> tuple[MigInstance, ...]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from dlscale.hardware.catalog import scaled
 from dlscale.hardware.detect import mig_handles
 from dlscale.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU, Nvml, NvmlUnavailable
 
@@ -201,11 +202,11 @@ def _read_gpu(nvml: Nvml, handle: Any) -> DeviceReading:
         utilization=util.gpu / 100 if util is not None else None,
         memory_used_bytes=int(memory.used) if memory is not None else None,
         memory_total_bytes=int(memory.total) if memory is not None else None,
-        power_watts=_scaled(ask["power"].value, 1e-3),
-        power_limit_watts=_scaled(ask["limit"].value, 1e-3),
-        energy_joules=_scaled(ask["energy"].value, 1e-3),
-        temperature_celsius=_scaled(ask["temp"].value, 1.0),
-        sm_clock_hz=_scaled(ask["clock"].value, 1e6),
+        power_watts=scaled(ask["power"].value, 1e-3),
+        power_limit_watts=scaled(ask["limit"].value, 1e-3),
+        energy_joules=scaled(ask["energy"].value, 1e-3),
+        temperature_celsius=scaled(ask["temp"].value, 1.0),
+        sm_clock_hz=scaled(ask["clock"].value, 1e6),
         unanswered=tuple(a.why for a in ask.values() if a.why),
     )
 
@@ -253,7 +254,3 @@ def _mean(values: list[float | None] | list[float] | list[int | None] | list[int
 def _total(values: list[Any]) -> float | None:
     known = [v for v in values if v is not None]
     return float(sum(known)) if known else None
-
-
-def _scaled(value: Any, scale: float) -> float | None:
-    return None if value is None else float(value) * scale

@@ -186,7 +186,11 @@ def _infer_shapes(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, Sha
     Shape inference runs on a skeleton of the model: large weights become typed graph inputs,
     so that a 400 MB model is not copied; small integer ones stay, shape arithmetic reads them.
     """
-    skeleton = _without_graph(model)
+    skeleton = onnx.ModelProto(
+        ir_version=model.ir_version,
+        opset_import=model.opset_import,
+        graph=onnx.GraphProto(name=model.graph.name),
+    )
     graph = skeleton.graph
     graph.node.extend(model.graph.node)
     for value in model.graph.input:
@@ -210,14 +214,6 @@ def _infer_shapes(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, Sha
         if shape is not None:
             shapes[value.name] = shape
     return shapes
-
-
-def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.graph.name = model.graph.name
-    return light
 
 
 def _fixed_dims(value: onnx.ValueInfoProto, dims: dict[str, int]) -> onnx.ValueInfoProto:

@@ -91,11 +91,7 @@ class Listing:
 
 def _config_file(folder: Path) -> Path | None:
     """The config file the folder's config is read from (the first of CONFIG_FILES found)."""
-    for file_name in CONFIG_FILES:
-        path = folder / file_name
-        if path.is_file():
-            return path
-    return None
+    return next((p for p in (folder / f for f in CONFIG_FILES) if p.is_file()), None)
 
 
 def _content(path: Path) -> bytes | None:

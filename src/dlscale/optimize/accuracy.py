@@ -147,15 +147,14 @@ def compare(
         raise OptimizeError(
             f"outputs differ: reference {sorted(reference)}, variant {sorted(outputs)}"
         )
-    samples = len(next(iter(reference.values())))
+    ref, got = next(iter(reference.values())), next(iter(outputs.values()))
+    samples = len(ref)
     if metric is Metric.TOP1:
         if labels is None:
             raise OptimizeError("metric top1 needs labels")
-        ref_acc = _top1(next(iter(reference.values())), labels)
-        acc = _top1(next(iter(outputs.values())), labels)
+        ref_acc, acc = _top1(ref, labels), _top1(got, labels)
         return AccuracyCheck(metric, ref_acc, acc, max(0.0, ref_acc - acc), tolerance, samples)
     if metric is Metric.AGREEMENT:
-        ref, got = next(iter(reference.values())), next(iter(outputs.values()))
         agree = float(np.mean(ref.argmax(1) == got.argmax(1)))
         return AccuracyCheck(metric, None, agree, 1.0 - agree, tolerance, samples)
     if metric is Metric.COSINE:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from dlscale.models.repository import ModelVersion
 from dlscale.models.zoo import ZOO, ZooModel
-from dlscale.models.zoo.model import WEIGHT_SEED
+from dlscale.models.zoo.inputs import torch_entry
 from dlscale.optimize.onnx_variants import RecipeError
 from dlscale.optimize.torch_variants import AOTI, EXPORT, MODULE, PT2E_INT8
 from dlscale.types import TensorSpec
@@ -92,8 +93,6 @@ class TorchBuilder:
         self.device, self.max_batch_size = device, max_batch_size
         #: Two rows keyed by input name, to trace the module with.
         self.example = {s.name: np.ascontiguousarray(example[s.name][:2]) for s in source.inputs}
-        self._module: nn.Module | None = None
-        self._exported: Path | None = None
 
     def build(
         self,
@@ -107,9 +106,11 @@ class TorchBuilder:
         if recipe == AOTI:
             return self._package(dest_dir, dict(params or {}))
         if recipe == EXPORT:
-            return Path(shutil.copyfile(self._fp32_program(), dest_dir / PT2))
+            return Path(shutil.copyfile(self._fp32_program, dest_dir / PT2))
         if recipe == MODULE:
-            return self._module_spec(dest_dir / ZOO_SPEC)
+            return torch_entry(self.source.zoo, seq_len=self.source.seq_len).write(
+                dest_dir / ZOO_SPEC
+            )
         if recipe == PT2E_INT8:
             if calibration is None:
                 raise RecipeError("PT2E INT8 needs a calibration set")
@@ -134,41 +135,26 @@ class TorchBuilder:
         shutil.rmtree(dest_dir / "source")
         return dest_dir / PACKAGE_NAME
 
-    def _module_built(self) -> nn.Module:
-        if self._module is None:
-            self._module = self.source.zoo.torch_module(self.source.seq_len)
-        return self._module
+    @cached_property
+    def _module(self) -> nn.Module:
+        return self.source.zoo.torch_module(self.source.seq_len)
 
+    @cached_property
     def _fp32_program(self) -> Path:
-        if self._exported is None:
-            from dlscale.backends.torch.files import save_exported
+        from dlscale.backends.torch.files import save_exported
 
-            path = self.scratch / "fp32" / PT2
-            path.parent.mkdir(parents=True, exist_ok=True)
-            module = self._module_built()
-            try:
-                save_exported(module, self.example, self.source.inputs, self.source.outputs, path)
-            except Exception as exc:
-                raise RecipeError(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
-            self._exported = path
-        return self._exported
-
-    def _module_spec(self, path: Path) -> Path:
-        from dlscale.backends.torch.files import write_module_spec
-
-        write_module_spec(
-            path,
-            self.source.zoo.factory,
-            {"seed": WEIGHT_SEED},
-            self.source.inputs,
-            self.source.outputs,
-        )
+        path = self.scratch / "fp32" / PT2
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            save_exported(self._module, self.example, self.source.inputs, self.source.outputs, path)
+        except Exception as exc:
+            raise RecipeError(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
         return path
 
     def _int8_program(self, path: Path, calibration: Mapping[str, np.ndarray]) -> Path:
         from dlscale.optimize.torch_int8 import quantize_pt2e, save_quantized
 
         names = [s.name for s in self.source.inputs]
-        quantized = quantize_pt2e(self._module_built(), names, self.example, dict(calibration))
+        quantized = quantize_pt2e(self._module, names, self.example, dict(calibration))
         save_quantized(quantized, self.example, self.source.inputs, self.source.outputs, path)
         return path

@@ -147,23 +147,14 @@ def torch_precision_variants(
             "torch._int_mm products are for GPUs; on the CPU INT8 goes through PT2E",
         ),
     ]
-    if caps.cpu_flags & FP16_CPU_FLAGS:
-        tried.append(_variant("fp16", "fp16", half_recipe, lossy=True))
-    else:
-        skipped.append(
-            Skipped(
-                f"{PREFIX}fp16", "the CPU has no FP16 dot products (AMX-FP16); FP16 is emulated"
-            )
-        )
-    if caps.cpu_flags & BF16_CPU_FLAGS:
-        tried.append(_variant("bf16", "bf16", half_recipe, lossy=True))
-    else:
-        skipped.append(
-            Skipped(
-                f"{PREFIX}bf16",
-                "the CPU has no BF16 dot products (AVX-512 BF16 or AMX); BF16 would be emulated",
-            )
-        )
+    for half, flags, products in (
+        ("fp16", FP16_CPU_FLAGS, "FP16 dot products (AMX-FP16); FP16 is emulated"),
+        ("bf16", BF16_CPU_FLAGS, "BF16 dot products (AVX-512 BF16 or AMX); BF16 would be emulated"),
+    ):
+        if caps.cpu_flags & flags:
+            tried.append(_variant(half, half, half_recipe, lossy=True))
+        else:
+            skipped.append(Skipped(f"{PREFIX}{half}", f"the CPU has no {products}"))
     if not caps.int8_cpu_fast:
         skipped.append(
             Skipped(f"{PREFIX}int8-pt2e", "the CPU has no INT8 dot products (VNNI or AMX)")

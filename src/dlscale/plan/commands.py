@@ -86,8 +86,7 @@ def plan_train(args: argparse.Namespace) -> int:
     if args.plot:
         from dlscale.plan.plots import plot_scaling
 
-        algos = [collective.Algorithm(a) for a in ("ring", "tree")]
-        curves = scaling_curves(job, cluster, algos)
+        curves = scaling_curves(job, cluster)  # ring and tree
         title = f"{device_name}, {args.intra}" + (f" + {args.inter}" if args.inter else "")
         print(f"scaling curves: {plot_scaling(curves, Path(args.plot), title)}")
     if args.tf_mirrored:
@@ -270,8 +269,5 @@ def bench_allreduce(args: argparse.Namespace) -> int:
         from dlscale.plan.plots import plot_allreduce
 
         title = f"all-reduce, {args.nproc} x {args.backend} ({report.fabric})"
-        measured = [r.busbw for r in report.rows]
-        predicted = [r.predicted_busbw for r in report.rows]
-        done = [r.nbytes for r in report.rows]
-        print(f"plot: {plot_allreduce(done, measured, predicted, Path(args.plot), title)}")
+        print(f"plot: {plot_allreduce(report.rows, Path(args.plot), title)}")
     return 0

@@ -58,8 +58,7 @@ def terms(model: DecoderOnDevice, work: Pass) -> np.ndarray:
     (a decode step memory-bound, a long prefill compute-bound) and the other is dropped. With
     measured kernels the weights' products are their own column.
     """
-    bandwidth = model.bandwidth / model.efficiency.mbu
-    peak = model.compute / model.efficiency.mfu
+    bandwidth, peak = model.peaks
     moved, flops = model.pass_work(work)
     memory, compute = moved / bandwidth, flops / peak
     if model.overlapped:
@@ -125,9 +124,7 @@ def fit(
         columns.remove(min(below, key=lambda c: found[c]))
     if kernels:
         return _kernel_efficiency(found, [m.seconds for _, m in measured])
-    bandwidth = model.bandwidth / model.efficiency.mbu
-    peak = model.compute / model.efficiency.mfu
-    return _efficiency(found, [m.seconds for _, m in measured], bandwidth, peak)
+    return _efficiency(found, [m.seconds for _, m in measured], *model.peaks)
 
 
 def calibrate(

@@ -103,9 +103,9 @@ class DecoderOnDevice:
 
     def _time(self, moved: float, flops: float, tokens: int) -> float:
         """Seconds of a pass over `tokens` tokens that moves `moved` bytes and does `flops`."""
-        assert self.device.memory_bandwidth is not None  # checked in __post_init__
-        bandwidth = self.device.memory_bandwidth * self.efficiency.mbu_at(tokens)
-        memory, compute = moved / bandwidth, flops / self.compute
+        bandwidth, peak = self.peaks
+        memory = moved / (bandwidth * self.efficiency.mbu_at(tokens))
+        compute = flops / (peak * self.efficiency.mfu)
         return max(memory, compute) if self.overlapped else memory + compute
 
     def __post_init__(self) -> None:
@@ -124,17 +124,11 @@ class DecoderOnDevice:
             raise PlanError(f"{self.device.name} publishes no {' or '.join(missing)}")
 
     @property
-    def bandwidth(self) -> float:
-        """Bytes/s the engine reaches: the device's peak x MBU."""
-        assert self.device.memory_bandwidth is not None  # checked in __post_init__
-        return self.device.memory_bandwidth * self.efficiency.mbu
-
-    @property
-    def compute(self) -> float:
-        """FLOP/s the engine reaches at the shape's precision: the peak x MFU."""
-        peak = self.device.peak_flops(self.shape.precision)
-        assert peak is not None
-        return peak * self.efficiency.mfu
+    def peaks(self) -> tuple[float, float]:
+        """The device's peak bytes/s and FLOP/s at the shape's precision (before MBU and MFU)."""
+        bandwidth, peak = self.device.memory_bandwidth, self.device.peak_flops(self.shape.precision)
+        assert bandwidth is not None and peak is not None  # checked in __post_init__
+        return bandwidth, peak
 
     def pass_work(self, work: Pass) -> tuple[float, float]:
         """(bytes, FLOPs) of one forward pass.
@@ -294,7 +288,7 @@ def plan_device(
     if model.scheduling.dense_attention:
         basis += ", dense attention"
     if model.device.source("bandwidth").startswith("measured"):
-        basis += f"; {model.bandwidth / model.efficiency.mbu / 1e9:.3g} GB/s measured here"
+        basis += f"; {model.peaks[0] / 1e9:.3g} GB/s measured here"
     best: OperatingPoint | None = None
     for batch in range(1, min(fits, max_batch) + 1):
         point = operating_point(model, load, batch)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from dlscale.errors import DlscaleError, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.report import table
 from dlscale.hardware.spec import DeviceSpec
+from dlscale.models.config import newest_file
 from dlscale.plan.host_memory import with_bandwidth
 from dlscale.plan.llm import DecoderShape, from_config, read_config
 from dlscale.plan.llm_capacity import (
@@ -31,6 +31,7 @@ from dlscale.plan.llm_capacity import (
 )
 from dlscale.plan.llm_kernels import read_kernels
 from dlscale.plan.llm_passes import Scheduling
+from dlscale.plan.serve import cheapest_first
 from dlscale.plan.units import human_bytes, human_seconds, parse_prices
 
 DEFAULT_LLM_DEVICES = ("H100-SXM", "H200-SXM", "A100-SXM", "L40S", "L4")
@@ -56,13 +57,9 @@ def decoder_shape(model: str | None, repo: Path | None) -> DecoderShape | None:
             return read_config(folder)
         if (folder / "config.json").is_file():
             return read_config(folder, folder.name)
-        versions = sorted(
-            (int(p.parent.name), p.parent)
-            for p in folder.glob("*/config.json")
-            if p.parent.name.isdigit()
-        )
-        if versions:
-            return read_config(versions[-1][1], folder.name)
+        newest = newest_file(folder, "config.json") if folder.is_dir() else None
+        if newest is not None:
+            return read_config(newest.parent, folder.name)
     from dlscale.models.zoo.decoder import DECODERS
 
     found = DECODERS.get(model)
@@ -126,7 +123,7 @@ def plan_serve_llm(args: argparse.Namespace) -> int:
             print(f"skipped: {exc}")
             continue
         plans.append(plan_device(on_device, load, top, prices.get(on_device.device.name)))
-    plans.sort(key=_order)
+    plans.sort(key=lambda p: cheapest_first(p.devices, p.cost_per_million_tokens))
     print(
         f"{shape.summary()}, weights {human_bytes(shape.weight_bytes)}\n"
         f"{load.rate:g} requests/s, ISL {load.isl}, OSL {load.osl}, TTFT <= "
@@ -169,8 +166,3 @@ def _row(p: LlmPlan) -> list[str]:
         f"{p.cost_per_million_tokens:.3g}" if p.cost_per_million_tokens is not None else "-",
         p.basis,
     ]
-
-
-def _order(p: LlmPlan) -> tuple[bool, float, float]:
-    """Cheapest (then fewest devices) first; the devices that cannot, last."""
-    return (p.devices is None, p.cost_per_million_tokens or math.inf, p.devices or math.inf)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from dlscale.plan.allreduce_bench import BenchRow
 from dlscale.plan.collective import Algorithm
 from dlscale.plan.train import TrainingPlan
 
@@ -35,18 +36,13 @@ def plot_scaling(
     return path
 
 
-def plot_allreduce(
-    sizes: Sequence[int],
-    measured_busbw: Sequence[float],
-    predicted_busbw: Sequence[float],
-    path: Path,
-    title: str,
-) -> Path:
+def plot_allreduce(rows: Sequence[BenchRow], path: Path, title: str) -> Path:
     """Measured against predicted bus bandwidth (GB/s) by message size."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
-    ax.plot(sizes, [b / 1e9 for b in measured_busbw], marker="o", label="measured")
-    ax.plot(sizes, [b / 1e9 for b in predicted_busbw], marker="x", ls="--", label="cost model")
+    sizes = [r.nbytes for r in rows]
+    ax.plot(sizes, [r.busbw / 1e9 for r in rows], marker="o", label="measured")
+    ax.plot(sizes, [r.predicted_busbw / 1e9 for r in rows], marker="x", ls="--", label="cost model")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="bytes per rank", ylabel="bus bandwidth (GB/s)", title=title)
     ax.grid(True, which="both", alpha=0.3)

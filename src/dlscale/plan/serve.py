@@ -251,8 +251,9 @@ def plan_serving(
     """One plan per device kind, cheapest (then fewest devices) first; unmeetable ones last."""
     prices = prices or {}
     plans = [plan_device(c, qps, p99_bound, prices.get(c.device.name)) for c in curves]
+    return sorted(plans, key=lambda p: cheapest_first(p.devices, p.cost_per_million))
 
-    def order(p: DevicePlan) -> tuple[bool, float, float]:
-        return (p.devices is None, p.cost_per_million or math.inf, p.devices or math.inf)
 
-    return sorted(plans, key=order)
+def cheapest_first(devices: int | None, cost: float | None) -> tuple[bool, float, float]:
+    """A plan's sort key: cheapest (then fewest devices) first; the devices that cannot, last."""
+    return (devices is None, cost or math.inf, devices or math.inf)

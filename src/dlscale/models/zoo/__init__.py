@@ -66,10 +66,7 @@ def build_zoo(
     start = time.perf_counter()
     for model in models:
         say(f"building {model.name} into {root / model.name}")
-        if isinstance(model, ZooPipeline | TFZooModel):
-            folders.append(model.build(root))
-        else:
-            folders.append(model.build(root, seq_len=seq_len))
+        folders.append(model.build(root, seq_len=seq_len))
         # Said as each model ends, not when all have: a reader of a log sees which one is slow.
         say(f"built {folders[-1]} ({time.perf_counter() - start:.1f} s so far)")
     return folders

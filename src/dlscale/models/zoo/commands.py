@@ -71,7 +71,7 @@ def zoo_list(args: argparse.Namespace) -> int:
         total = sum((p for p in parts if p), Size(0, 0)) if all(parts) else None
         shown = total.show() if total else "not built"
         task = f"{pipeline.task} (pipeline)"
-        inputs, outputs = _tensors(pipeline.inputs), _tensors(pipeline.outputs)
+        inputs, outputs = (_tensors(specs) for specs in pipeline.signature)
         table.add_row(pipeline.name, task, inputs, outputs, shown)
     for net in TF_MODELS.values():  # TensorFlow files: bytes only (no ONNX initializers)
         size = folder_size(args.dir / net.name)

@@ -46,14 +46,16 @@ class ZooPipeline:
     name: str
     description: str
     task: str
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
+    #: (inputs, outputs): what the pipeline answers.
+    signature: tuple[list[TensorSpec], list[TensorSpec]]
     #: The models the pipeline runs, in step order (folders beside it in the repository).
     parts: tuple[str, ...]
     builder: Callable[[Path], None]
 
-    def build(self, root: Path) -> Path:
-        """Write the pipeline and its parts into `root`; a classifier already there is reused."""
+    def build(self, root: Path, seq_len: int = 0) -> Path:
+        """Write the pipeline and its parts into `root`; a classifier already there is reused.
+        `seq_len` is the zoo's common argument, unused."""
+        del seq_len
         root.mkdir(parents=True, exist_ok=True)
         self.builder(root)
         return root / self.name
@@ -146,14 +148,12 @@ def image_signature(scores: bool = False) -> tuple[list[TensorSpec], list[Tensor
 def _image_e2e(name: str, classifier: ZooModel, resize: int, crop: int) -> ZooPipeline:
     """JPEG bytes -> the image step (resize the shorter side, centre crop) -> classifier ->
     the top-k step's top-5 labels."""
-    inputs, outputs = image_signature()
     net = classifier.name
     return ZooPipeline(
         name=name,
         description=f"JPEG bytes -> decode, resize {resize}, crop {crop} -> {net} -> top-5 labels",
         task="image classification",
-        inputs=inputs,
-        outputs=outputs,
+        signature=image_signature(),
         parts=(f"{name}-image", net, f"{name}-topk"),
         builder=lambda root: image_pipeline(root, name, classifier, resize, crop),
     )
@@ -166,8 +166,7 @@ BERT_E2E = ZooPipeline(
     name="bert-e2e",
     description="text -> WordPiece tokens (32) -> BERT-base classifier -> its topic",
     task="text classification",
-    inputs=text_signature()[0],
-    outputs=text_signature()[1],
+    signature=text_signature(),
     parts=("bert-e2e-tokenizer", "bert-e2e-classifier", "bert-e2e-topk"),
     builder=lambda root: text_pipeline(root, "bert-e2e"),
 )
@@ -195,8 +194,7 @@ TF_IMAGE_E2E = TFPipeline(
     name="tf-image-e2e",
     description="JPEG bytes -> decode, resize 73, crop 64, NHWC -> tf-image -> scores, top-5",
     task="image classification",
-    inputs=image_signature(scores=True)[0],
-    outputs=image_signature(scores=True)[1],
+    signature=image_signature(scores=True),
     parts=("tf-image-e2e-image", TF_IMAGE.name, "tf-image-e2e-topk"),
     builder=lambda root: tf_image_pipeline(root, "tf-image-e2e"),
 )
