@@ -68,14 +68,7 @@ class PythonBackend:
                 f"{self.path}: backend 'python' needs the model's inputs and outputs in its "
                 "config (config.toml [[inputs]]/[[outputs]] or config.pbtxt input/output)"
             )
-        model = UserModel.at(
-            self.path,
-            options.device,
-            options.max_batch_size,
-            (options.inputs, options.outputs),
-            _parameters(options.extra),
-            self.decoupled,
-        )
+        model = UserModel.at(self.path, options, _parameters(options.extra), self.decoupled)
         self.name = model.name
         bound = _memory_bound(self.path, options.extra)  # checked whatever the isolation
         bind_caller(options.caller)  # BLS from initialize or load, in this thread
