@@ -7,7 +7,7 @@ default and its bound, are read in one place.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +19,6 @@ from dlscale.backends.generative.lora_files import MAX_RANK
 from dlscale.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: The [backend_options] keys this engine reads, beside the common thread counts.
-OPTION_KEYS = (
-    "dtype",
-    "kv_cache_gib",
-    "gpu_memory_fraction",
-    "page_size",
-    "max_batch_tokens",
-    "max_num_seqs",
-    "attn_implementation",
-    "max_model_len",
-    "chat_template",
-    "enable_lora",
-    "max_loras",
-    "max_lora_rank",
-)
 #: The KV cache a CPU engine takes unless told (the server's memory is shared with others).
 CPU_KV_CACHE_GIB = 1.0
 #: Tokens in one CPU step unless told. transformers' default (8192) sizes an SDPA attention
@@ -107,6 +92,11 @@ class EngineSettings:
             max_loras=_optional(extra, "max_loras") or DEFAULT_MAX_LORAS,
             max_lora_rank=min(_optional(extra, "max_lora_rank") or DEFAULT_MAX_LORA_RANK, MAX_RANK),
         )
+
+
+#: The [backend_options] keys this engine reads: its settings but the device and the thread
+#: count, which come from the instance.
+OPTION_KEYS = tuple(f.name for f in fields(EngineSettings) if f.name not in ("device", "threads"))
 
 
 def _positive(key: str, value: object) -> float:

@@ -48,16 +48,16 @@ try:  # vLLM >= 0.11 tells a client's mistake from its own failures
     from vllm.exceptions import VLLMClientError as _ClientError
 except ImportError:  # pragma: no cover - older vLLM raised ValueError for bad requests
     _ClientError = ValueError
-_StructuredOutputs: Any = None
-_GuidedDecoding: Any = None
+#: SamplingParams' keyword for structured output, and the class of its value.
+_STRUCTURED: tuple[str, Any]
 try:  # vLLM >= 0.10.2 names structured output `structured_outputs`
     from vllm.sampling_params import StructuredOutputsParams
 
-    _StructuredOutputs = StructuredOutputsParams
+    _STRUCTURED = ("structured_outputs", StructuredOutputsParams)
 except ImportError:  # pragma: no cover - older vLLM: guided decoding
     from vllm.sampling_params import GuidedDecodingParams
 
-    _GuidedDecoding = GuidedDecodingParams
+    _STRUCTURED = ("guided_decoding", GuidedDecodingParams)
 try:  # vLLM >= 0.30 takes prompts as rendered engine inputs
     from vllm.inputs import tokens_input as _tokens
 except ImportError:  # pragma: no cover - older vLLM: a TokensPrompt dict
@@ -309,13 +309,10 @@ def _structured(guide: Guide | None) -> dict[str, Any]:
     if guide is None:
         return {}
     schema = json.loads(guide.json_schema)
-    if _StructuredOutputs is not None:
-        if guide.kind == "json_object":
-            return {"structured_outputs": _StructuredOutputs(json_object=True)}
-        return {"structured_outputs": _StructuredOutputs(json=schema)}
+    key, params = _STRUCTURED
     if guide.kind == "json_object":
-        return {"guided_decoding": _GuidedDecoding(json_object=True)}
-    return {"guided_decoding": _GuidedDecoding(json=schema)}
+        return {key: params(json_object=True)}
+    return {key: params(json=schema)}
 
 
 def _finish_reason(reason: str | None) -> str:

@@ -91,10 +91,9 @@ def _engine_args(options: Mapping[str, Any]) -> dict[str, Any]:
             f"backend_options {unknown} are not vLLM settings dlscale knows; it takes "
             f"{sorted(known)} (other engine arguments: a Triton-style model.json)"
         )
-    args: dict[str, Any] = {}
-    for key, kind in ENGINE_KEYS.items():
-        if key in options:
-            args[key] = _typed(key, options[key], kind)
+    args = {
+        key: _typed(key, options[key], kind) for key, kind in ENGINE_KEYS.items() if key in options
+    }
     if "dtype" in args and args["dtype"] not in DTYPES:
         raise ConfigError(f"backend_options.dtype must be one of {DTYPES}, not {args['dtype']!r}")
     if KV_CACHE_KEY in options:

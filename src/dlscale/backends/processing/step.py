@@ -33,10 +33,6 @@ class Step:
         if self.options.max_batch_size < 1:
             raise ConfigError(f"{step} step: max_batch_size must be at least 1 (rows are {rows})")
 
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities()
-
 
 class RowsStep(Step):
     """A step whose batch comes request by request (`Capabilities.takes_requests`)."""

@@ -8,7 +8,8 @@ and "thread" for dlscale's own API. docs/backends.md describes both APIs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -67,18 +68,11 @@ class PythonBackend:
                 f"{self.path}: backend 'python' needs the model's inputs and outputs in its "
                 "config (config.toml [[inputs]]/[[outputs]] or config.pbtxt input/output)"
             )
-        model = UserModel.at(
-            self.path,
-            options.device,
-            options.max_batch_size,
-            (options.inputs, options.outputs),
-            _parameters(options.extra),
-            self.decoupled,
-        )
+        model = UserModel.at(self.path, options, _parameters(options.extra), self.decoupled)
         self.name = model.name
         bound = _memory_bound(self.path, options.extra)  # checked whatever the isolation
         bind_caller(options.caller)  # BLS from initialize or load, in this thread
-        try:
+        with self._logged():
             if self.isolation == "process":
                 from dlscale.backends.python.worker import WorkerRunner
 
@@ -87,6 +81,12 @@ class PythonBackend:
                 self._runner = make_runner(model, self.api)
                 if self.decoupled:  # one execute at a time, as a Triton stub process runs it
                     self._streams = ThreadPoolExecutor(1, thread_name_prefix=f"{model.name}-stream")
+
+    @contextlib.contextmanager
+    def _logged(self) -> Iterator[None]:
+        """User code's failure in the block written to the server's log, then raised."""
+        try:
+            yield
         except UserCodeError as exc:
             if self.isolation == "thread":  # a worker's failures are logged as they arrive
                 log_failure(exc)
@@ -126,26 +126,18 @@ class PythonBackend:
             raise ConfigError(f"{self.path}: the model is not loaded")
         bind_caller(self.options.caller)  # BLS from this instance thread
         try:
-            results = self._run(runner, requests)
+            with self._logged():
+                results = runner.run(requests)
         except UserCodeError:
             if len(requests) == 1:
                 raise
             results = [self._alone(runner, request) for request in requests]
         return [self._checked(i, r) for i, r in zip(requests, results, strict=True)]
 
-    def _run(
-        self, runner: Runner, requests: Sequence[Mapping[str, np.ndarray]]
-    ) -> list[RequestResult]:
-        try:
-            return runner.run(requests)
-        except UserCodeError as exc:
-            if self.isolation == "thread":  # a worker's failures are logged as they arrive
-                log_failure(exc)
-            raise
-
     def _alone(self, runner: Runner, request: Mapping[str, np.ndarray]) -> RequestResult:
         try:
-            return self._run(runner, [request])[0]
+            with self._logged():
+                return runner.run([request])[0]
         except UserCodeError as exc:
             return exc
 
@@ -167,14 +159,11 @@ class PythonBackend:
 
         def run(channel: Channel) -> None:
             bind_caller(caller)  # BLS from this thread
-            try:
+            with self._logged():
                 if isinstance(runner, TritonRunner):
                     runner.stream(inputs, parameters, request_id, channel)
                 else:
                     cast(NativeRunner, runner).stream(inputs, parameters, channel)
-            except UserCodeError as exc:
-                log_failure(exc)
-                raise
 
         return relay(executor, run)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from dlscale.backends.base import BackendOptions
 from dlscale.backends.python import triton_python_backend_utils
 from dlscale.backends.python.source import syntax_tree
 from dlscale.errors import BackendError, ConfigError
@@ -52,20 +53,17 @@ class UserModel:
 
     @classmethod
     def at(
-        cls,
-        path: Path,
-        device: str,
-        max_batch_size: int,
-        tensors: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
-        parameters: dict[str, Any],
-        decoupled: bool = False,
+        cls, path: Path, options: BackendOptions, parameters: dict[str, Any], decoupled: bool
     ) -> UserModel:
-        """The model whose model.py is at `path`: REPO/<name>/<version>/model.py."""
+        """The model whose model.py is at `path` (REPO/<name>/<version>/model.py), as loaded
+        with `options`."""
         folder = path.parent
         versioned = folder.name.isdigit()
         name = folder.parent.name if versioned else folder.name
         version = int(folder.name) if versioned else 1
-        return cls(path, name, version, device, max_batch_size, *tensors, parameters, decoupled)
+        tensors = (options.inputs, options.outputs)
+        batch = options.max_batch_size
+        return cls(path, name, version, options.device, batch, *tensors, parameters, decoupled)
 
     @property
     def repository(self) -> Path:

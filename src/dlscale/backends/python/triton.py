@@ -55,14 +55,14 @@ def model_config(model: UserModel) -> dict[str, Any]:
     }
 
 
-def initialize_args(model: UserModel, instance: str) -> dict[str, str]:
+def initialize_args(model: UserModel) -> dict[str, str]:
     """Triton's `initialize(args)`: every value a string."""
     gpu = model.device.startswith("cuda")
     device_id = model.device.partition(":")[2] or "0"
     return {
         "model_config": json.dumps(model_config(model)),
         "model_instance_kind": "GPU" if gpu else "CPU",
-        "model_instance_name": instance,
+        "model_instance_name": f"{model.name}_0",
         "model_instance_device_id": device_id if gpu else "0",
         "model_repository": str(model.repository),
         "model_version": str(model.version),
@@ -73,23 +73,23 @@ def initialize_args(model: UserModel, instance: str) -> dict[str, str]:
 class TritonRunner:
     """Runs a `TritonPythonModel`: initialize once, `execute` per batch, finalize at unload."""
 
-    def __init__(self, model: UserModel, instance: str = "") -> None:
+    def __init__(self, model: UserModel) -> None:
         self.model = model
         bind_model(model.name)  # custom metrics made in initialize count against it
         metrics.STORE.hold(model.name)
         try:
             self._user = user_class(model, "triton")()
-            self._initialize(instance)
+            self._initialize()
         except BaseException:
             metrics.STORE.release(model.name)
             raise
         self._outputs = [s.name for s in model.outputs]
 
-    def _initialize(self, instance: str) -> None:
+    def _initialize(self) -> None:
         initialize = getattr(self._user, "initialize", None)
         if initialize is not None:
             try:
-                _await(initialize(initialize_args(self.model, instance or f"{self.model.name}_0")))
+                _await(initialize(initialize_args(self.model)))
             except Exception as exc:
                 raise failure(self.model, "initialize", exc) from None
 

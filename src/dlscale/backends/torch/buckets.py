@@ -16,13 +16,9 @@ def default_buckets(max_batch_size: int) -> tuple[int, ...]:
         raise ConfigError(
             "batch buckets need a batched model (max_batch_size > 0) or an explicit batch_buckets"
         )
-    sizes = []
-    size = 1
-    while size < max_batch_size:
-        sizes.append(size)
-        size *= 2
-    sizes.append(max_batch_size)
-    return tuple(sizes)
+    # 2**i is below max_batch_size exactly while i < (max_batch_size - 1).bit_length().
+    powers = [2**i for i in range((max_batch_size - 1).bit_length())]
+    return (*powers, max_batch_size)
 
 
 class Buckets:

@@ -224,8 +224,3 @@ class CudaGraphs:
         graph, outputs = self._graphs[bucket]
         graph.replay()
         return outputs
-
-    @property
-    def buckets(self) -> list[int]:
-        """The buckets captured so far."""
-        return sorted(self._graphs)

@@ -68,10 +68,7 @@ def parse_torch_options(extra: Mapping[str, Any]) -> TorchOptions:
         raise ConfigError(
             f"backend_options: {unknown} are not torch backend options (known: {sorted(known)})"
         )
-    values: dict[str, Any] = {}
-    for key, value in extra.items():
-        values[key] = _checked(key, value)
-    options = TorchOptions(**values)
+    options = TorchOptions(**{key: _checked(key, value) for key, value in extra.items()})
     if options.cuda_graphs and options.compile and options.compile_mode in SELF_CAPTURING_MODES:
         raise ConfigError(
             f"backend_options: compile_mode {options.compile_mode!r} captures CUDA graphs itself; "

@@ -19,8 +19,6 @@ from dlscale.backends.torch.options import TorchOptions, resolve
 from dlscale.backends.torch.precision import PrecisionPlan, apply_precision, lowp_layers
 from dlscale.errors import ConfigError
 
-#: Settings a package has compiled in: given for one, they must agree with it or be absent.
-_BAKED = ("precision", "channels_last")
 #: Settings that mean nothing for a package (it is compiled already).
 _COMPILING = ("autocast", "compile", "compile_mode", "compile_backend", "freezing", "lowp_convs")
 
@@ -87,12 +85,13 @@ def check_package(path: Path, model: LoadedModel, extra: Mapping[str, Any]) -> N
         raise ConfigError(
             f"{path}: an AOTInductor package is compiled already; {given} do not apply to it"
         )
+    # Settings a package has compiled in: given for one, they must agree with it or be absent.
     baked = {"precision": info.precision, "channels_last": info.channels_last}
-    for key in _BAKED:
-        if key in extra and extra[key] != baked[key]:
+    for key, value in baked.items():
+        if key in extra and extra[key] != value:
             raise ConfigError(
                 f"backend_options.{key}: {extra[key]!r}, but {path} was compiled with "
-                f"{baked[key]!r}; drop the key or build the package again"
+                f"{value!r}; drop the key or build the package again"
             )
 
 
