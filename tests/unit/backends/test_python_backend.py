@@ -20,8 +20,9 @@ from tests.toolkit.python_models import (
 
 from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.python import PythonBackend
+from dlscale.backends.python import triton_python_backend_utils as pb_utils
 from dlscale.backends.python.loader import UserCodeError, api_of
-from dlscale.errors import BackendError, ConfigError, InvalidInput
+from dlscale.errors import BackendError, ConfigError, DlscaleError, InvalidInput
 from dlscale.models.config import ModelConfig, load_config
 from dlscale.models.config_sections import BatchingConfig
 from dlscale.models.repository import ModelRepository
@@ -175,6 +176,40 @@ def test_a_batch_reaches_execute_as_its_requests_and_errors_stay_apart(tmp_path:
     assert first["OUTPUT0"].shape == (1, 4) and last["OUTPUT0"].shape == (3, 4)
     assert (first["OUTPUT0"] == 3).all() and (last["OUTPUT0"] == 3).all()  # one execute of 3
     np.testing.assert_array_equal(last["OUTPUT1"], np.full((3, 4), 2, np.float32))
+
+
+#: Answers each request with the TritonError whose code INPUT0's first element holds.
+CODED_ERRORS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            code = int(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0, 0])
+            out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("coded", code)))
+        return out
+"""
+
+
+def test_a_responses_error_code_gives_the_status_triton_answers_with(tmp_path: Path) -> None:
+    # Triton answers not-found 404, unavailable 503, unsupported 501, invalid 400
+    # (shared/reference/oip.md); INTERNAL is a server error.
+    backend = _triton(tmp_path, CODED_ERRORS)
+    backend.load()
+    codes = {
+        pb_utils.TritonError.INVALID_ARG: 400,
+        pb_utils.TritonError.NOT_FOUND: 404,
+        pb_utils.TritonError.UNAVAILABLE: 503,
+        pb_utils.TritonError.UNSUPPORTED: 501,
+        pb_utils.TritonError.INTERNAL: 500,
+    }
+    requests = [{"INPUT0": np.full((1, 4), c, np.float32)} for c in codes]
+    results = backend.infer_requests([{**r, "INPUT1": r["INPUT0"]} for r in requests])
+    backend.unload()
+    assert [type(r).http_status for r in results] == list(codes.values())
+    assert all(isinstance(r, DlscaleError) and "coded" in str(r) for r in results)
 
 
 def test_configs_name_the_python_backend(tmp_path: Path) -> None:

@@ -23,17 +23,10 @@ from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.binding import bind_model
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
 from dlscale.backends.python.streaming import Channel
-from dlscale.errors import BackendError, DlscaleError, InvalidInput, NotFound, Unavailable
+from dlscale.errors import BackendError
 from dlscale.types import Parameters, TensorSpec
 
 log = logging.getLogger("dlscale.python")
-
-#: TritonError codes -> the error a client gets (the rest: a server error).
-_ERRORS: dict[int, type[DlscaleError]] = {
-    pb.TritonError.INVALID_ARG: InvalidInput,
-    pb.TritonError.NOT_FOUND: NotFound,
-    pb.TritonError.UNAVAILABLE: Unavailable,
-}
 
 
 def model_config(model: UserModel) -> dict[str, Any]:
@@ -114,7 +107,7 @@ class TritonRunner:
             )
         error = response.error()
         if error is not None:
-            return _ERRORS.get(error.code(), BackendError)(error.message())
+            return pb.ERRORS.get(error.code(), BackendError)(error.message())
         outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
         missing = [n for n in self._outputs if n not in outputs]
         if missing:
@@ -176,7 +169,7 @@ def _deliver(channel: Channel, response: pb.InferenceResponse | None, flags: int
         return
     error = response.error()
     if error is not None:
-        channel.send(_ERRORS.get(error.code(), BackendError)(error.message()))
+        channel.send(pb.ERRORS.get(error.code(), BackendError)(error.message()))
         return
     outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
     channel.send(StreamPart(outputs, _parameters(response.parameters()), final))

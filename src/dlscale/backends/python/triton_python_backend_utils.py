@@ -62,6 +62,17 @@ class TritonError:
         return self._code
 
 
+#: TritonError codes and the errors they are here, both ways: a response's error reaches the
+#: client as Triton answers it (400, 404, 503, 501; the other codes here as a server error), and
+#: a BLS call's error reaches the model with its code.
+ERRORS: dict[int, type[DlscaleError]] = {
+    TritonError.INVALID_ARG: InvalidInput,
+    TritonError.NOT_FOUND: NotFound,
+    TritonError.UNAVAILABLE: Unavailable,
+    TritonError.UNSUPPORTED: Unsupported,
+}
+
+
 class TritonModelException(Exception):
     """Raised by user code in initialize, execute or finalize to fail with a message."""
 
@@ -298,15 +309,7 @@ def _text(value: Any) -> str:
 
 
 def _code_of(exc: DlscaleError) -> int:
-    if isinstance(exc, InvalidInput):
-        return TritonError.INVALID_ARG
-    if isinstance(exc, NotFound):
-        return TritonError.NOT_FOUND
-    if isinstance(exc, Unavailable):
-        return TritonError.UNAVAILABLE
-    if isinstance(exc, Unsupported):
-        return TritonError.UNSUPPORTED
-    return TritonError.INTERNAL
+    return next((c for c, kind in ERRORS.items() if isinstance(exc, kind)), TritonError.INTERNAL)
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
