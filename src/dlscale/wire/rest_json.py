@@ -6,6 +6,8 @@ with `decode_json` and `ANY_JSON`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -90,3 +92,12 @@ def decode_json(decoder: msgspec.json.Decoder[_Doc], text: Buffer, what: str) ->
         ) from None
     except RecursionError:
         raise InvalidInput(f"malformed JSON in the {what}: nested too deeply") from None
+
+
+def from_base64(text: str, what: str) -> bytes:
+    """`text` decoded, or a 400 naming `what`: characters beyond ASCII too (a ValueError, which
+    would otherwise reach the client as a server error)."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput(f"{what} is not valid base64: {exc}") from None

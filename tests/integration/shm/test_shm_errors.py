@@ -127,6 +127,18 @@ def test_a_cuda_region_on_a_server_without_cuda(client: Any, protocol: str) -> N
     _refused(protocol, "no CUDA device", client.register_cuda_shared_memory, "g", handle, 0, 64)
 
 
+@pytest.mark.parametrize("text", ["%%%", "\u00e9t\u00e9"])
+def test_a_cuda_handle_that_is_not_base64_is_the_clients_mistake(
+    server: LocalServer, text: str
+) -> None:
+    # Characters beyond ASCII made the decoder raise a ValueError, which was a 500.
+    doc = {"raw_handle": {"b64": text}, "device_id": 0, "byte_size": 64}
+    url = f"http://{server.http_url}/v2/cudasharedmemory/region/g/register"
+    answer = httpx.post(url, json=doc)
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith("raw_handle.b64 is not valid base64")
+
+
 def test_data_and_a_region_at_once(server: LocalServer, registered: Any) -> None:
     name, _ = registered
     doc = {

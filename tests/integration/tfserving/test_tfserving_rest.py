@@ -181,7 +181,7 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("/add:predict", {"instances": [[1, 2, 3, 4]]}, 400, "shape"),
     ("/mixed:predict", {"inputs": {"a": [[1] * 4], "b": [[2**40] * 4]}}, 400, "outside the range"),
     ("/words:predict", {"instances": [{"text": ["a", "b"], "blob": [{"b64": "%%%"}]}]}, 400,
-     "not base64"),
+     "is not valid base64"),
     ("/words:predict", {"instances": [{"text": ["a", 3], "blob": ["x"]}]}, 400,
      "each element must be text"),
     ("/words:predict", {"instances": [{"text": ["a", ["b"]], "blob": ["x"]}]}, 400, "ragged"),

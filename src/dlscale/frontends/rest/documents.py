@@ -3,14 +3,12 @@ extension's header length; each bounded by the body it comes in (max_body_bytes)
 
 from __future__ import annotations
 
-import base64
-import binascii
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
 from dlscale.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from dlscale.wire.rest_json import ANY_JSON, decode_json
+from dlscale.wire.rest_json import ANY_JSON, decode_json, from_base64
 from dlscale.wire.tensors import Buffer
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -59,10 +57,7 @@ def load_request(body: Buffer) -> dict[str, str | bytes]:
             continue
         if not isinstance(value, str):
             raise InvalidInput(f"load parameter {key!r} must be a base64 string")
-        try:
-            out[key] = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as exc:  # ValueError: characters beyond ASCII
-            raise InvalidInput(f"load parameter {key!r} is not valid base64: {exc}") from None
+        out[key] = from_base64(value, f"load parameter {key!r}")
     return out
 
 

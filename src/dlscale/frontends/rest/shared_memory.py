@@ -10,15 +10,12 @@ are decoded here; the registry (serving/regions/registry.py) does the rest.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Annotated, Any
 
 import msgspec
 
-from dlscale.errors import InvalidInput
 from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
-from dlscale.wire.rest_json import decode_json
+from dlscale.wire.rest_json import decode_json, from_base64
 from dlscale.wire.tensors import Buffer
 
 #: The first path segment after v2/ of each extension, and the kind of region it holds.
@@ -72,10 +69,7 @@ def handle(
         registry.register_system(name, system.key, system.offset, system.byte_size)
     else:
         cuda = decode_json(_CUDA, body, "CUDA shared-memory register request")
-        try:
-            handle = base64.b64decode(cuda.raw_handle.b64, validate=True)
-        except binascii.Error as exc:
-            raise InvalidInput(f"raw_handle.b64 is not base64: {exc}") from None
+        handle = from_base64(cuda.raw_handle.b64, "raw_handle.b64")
         registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
     return None
 

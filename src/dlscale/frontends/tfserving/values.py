@@ -11,7 +11,6 @@ binary strings; elements of tf.Example byte lists arrive as bytes.
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from dlscale.errors import InvalidInput
 from dlscale.types import Datatype, ModelMetadata, TensorSpec
 from dlscale.wire.bounds import MAX_DIMS, check_shape
+from dlscale.wire.rest_json import from_base64
 from dlscale.wire.tensors import JsonData, WireTensor, read_tensor
 
 B64 = "b64"
@@ -82,12 +82,7 @@ def _element(item: Any, name: str) -> bytes:
     if isinstance(item, str):
         return item.encode()
     if is_b64(item) and isinstance(item[B64], str):
-        try:
-            return base64.b64decode(item[B64], validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidInput(
-                f"input {name!r} has a b64 value that is not base64: {exc}"
-            ) from None
+        return from_base64(item[B64], f"input {name!r}'s b64 value")
     raise InvalidInput(
         f"input {name!r} is a string (DT_STRING): each element must be text or "
         f'{{"b64": "..."}}, got {type(item).__name__}'
