@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.serving.regions.registry import RegionStatus
+from dlscale.serving.regions.registry import RegionKind, RegionStatus
 from dlscale.types import (
     ModelConfigView,
     ModelMetadata,
@@ -138,23 +138,11 @@ def repository_index(rows: list[RepositoryEntry]) -> Any:
 # -- shared memory ----------------------------------------------------------------------------
 
 
-def system_regions(regions: list[RegionStatus]) -> Any:
-    """SystemSharedMemoryStatusResponse: the regions by name."""
-    status = pb.SystemSharedMemoryStatusResponse.RegionStatus
-    return pb.SystemSharedMemoryStatusResponse(
-        regions={
-            s.name: status(name=s.name, key=s.key, offset=s.offset, byte_size=s.byte_size)
-            for s in regions
-        }
+def regions(kind: RegionKind, regions: list[RegionStatus]) -> Any:
+    """{System,Cuda}SharedMemoryStatusResponse: the regions of `kind` by name."""
+    response = (
+        pb.SystemSharedMemoryStatusResponse
+        if kind is RegionKind.SYSTEM
+        else pb.CudaSharedMemoryStatusResponse
     )
-
-
-def cuda_regions(regions: list[RegionStatus]) -> Any:
-    """CudaSharedMemoryStatusResponse: the regions by name."""
-    status = pb.CudaSharedMemoryStatusResponse.RegionStatus
-    return pb.CudaSharedMemoryStatusResponse(
-        regions={
-            s.name: status(name=s.name, device_id=s.device_id, byte_size=s.byte_size)
-            for s in regions
-        }
-    )
+    return response(regions={s.name: response.RegionStatus(**s.fields()) for s in regions})

@@ -298,7 +298,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return convert.system_regions(self.shared_memory.status(RegionKind.SYSTEM, request.name))
+        return convert.regions(
+            RegionKind.SYSTEM, self.shared_memory.status(RegionKind.SYSTEM, request.name)
+        )
 
     @unary
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
@@ -314,7 +316,9 @@ class InferenceServicer(inference_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return convert.cuda_regions(self.shared_memory.status(RegionKind.CUDA, request.name))
+        return convert.regions(
+            RegionKind.CUDA, self.shared_memory.status(RegionKind.CUDA, request.name)
+        )
 
     @unary
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from dlscale.serving.regions.registry import RegionKind, RegionStatus, SharedMemoryRegistry
+from dlscale.serving.regions.registry import RegionKind, SharedMemoryRegistry
 from dlscale.wire.rest_json import decode_json, from_base64
 from dlscale.wire.tensors import Buffer
 
@@ -60,7 +60,7 @@ def handle(
     """Answer one call: the status list, or None for a register or unregister done."""
     kind = RegionKind(kind_name)
     if action == "status":
-        return [_status(s) for s in registry.status(kind, name)]
+        return [s.fields() for s in registry.status(kind, name)]
     if action == "unregister":
         registry.unregister(kind, name)
         return None
@@ -72,15 +72,3 @@ def handle(
         handle = from_base64(cuda.raw_handle.b64, "raw_handle.b64")
         registry.register_cuda(name, handle, cuda.device_id, cuda.byte_size)
     return None
-
-
-def _status(status: RegionStatus) -> dict[str, Any]:
-    """One region in Triton's status layout."""
-    if status.kind is RegionKind.SYSTEM:
-        return {
-            "name": status.name,
-            "key": status.key,
-            "offset": status.offset,
-            "byte_size": status.byte_size,
-        }
-    return {"name": status.name, "device_id": status.device_id, "byte_size": status.byte_size}

@@ -66,6 +66,17 @@ class RegionStatus:
     offset: int = 0
     device_id: int = 0
 
+    def fields(self) -> dict[str, Any]:
+        """The fields Triton's status lists for a region of this kind, REST's and gRPC's alike."""
+        if self.kind is RegionKind.SYSTEM:
+            return {
+                "name": self.name,
+                "key": self.key,
+                "offset": self.offset,
+                "byte_size": self.byte_size,
+            }
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
 
 @dataclass(eq=False)
 class _Region:
