@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -394,3 +395,19 @@ class Traffic:
         if batch < 1:
             raise InvalidInput(f"batch must be at least 1, got {batch}")
         return self.weight_bytes / batch + self.sample_bytes
+
+
+#: A config's device: cpu, cuda (cuda:0), cuda:N, or a MIG instance's UUID (MIG-...).
+_CUDA_DEVICE = re.compile(r"^cuda(?::(\d+))?$")
+DEVICE_EXPECTED = "expected cpu, cuda, cuda:N or a MIG-<uuid>"
+
+
+def cuda_index(device: str) -> int | None:
+    """N of a cuda:N device (cuda is 0); None for cpu and a MIG instance."""
+    match = _CUDA_DEVICE.match(device)
+    return int(match.group(1) or 0) if match else None
+
+
+def is_mig(device: str) -> bool:
+    """A MIG instance named by its UUID: its process sees it alone, as cuda:0."""
+    return device.startswith("MIG-")

@@ -9,7 +9,6 @@ replica its GPUs as cuda:0.., and the configs load as written (docs/scale.md).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,7 @@ from typing import Any
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository
-
-_CUDA = re.compile(r"^cuda(?::(\d+))?$")
+from dlscale.types import cuda_index, is_mig
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,8 @@ def readable_configs(repository: Path, names: Iterable[str]) -> dict[str, ModelC
 
 def placement_of(config: ModelConfig) -> Placement:
     """What one replica of the model asks Ray for."""
-    gpus = sorted({int(m.group(1) or 0) for g in config.instances if (m := _CUDA.match(g.device))})
-    migs = sorted({g.device for g in config.instances if g.device.startswith("MIG-")})
+    gpus = sorted({i for g in config.instances if (i := cuda_index(g.device)) is not None})
+    migs = sorted({g.device for g in config.instances if is_mig(g.device)})
     if len(migs) > 1 or (migs and gpus):
         raise ConfigError(
             f"model {config.name!r}: a replica is one process, and CUDA shows a process one MIG "

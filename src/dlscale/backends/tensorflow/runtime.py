@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 
 import tensorflow as tf
 
 from dlscale.errors import ConfigError
+from dlscale.types import DEVICE_EXPECTED, cuda_index, is_mig
 
 log = logging.getLogger(__name__)
 
-_CUDA = re.compile(r"^cuda(?::(\d+))?$")
 _lock = threading.Lock()
 #: The (intra, inter) op threads TensorFlow was given, once it was given any.
 _threads: tuple[int, int] | None = None
@@ -54,15 +53,14 @@ def place(device: str) -> str:
     """TensorFlow's device name for a config's device: /CPU:0, or /GPU:N where TF sees it."""
     if device == "cpu":
         return "/CPU:0"
-    match = _CUDA.match(device)
-    index = int(match.group(1) or 0) if match else 0
-    if not match and not device.startswith("MIG-"):
-        raise ConfigError(f"device {device!r}: expected cpu, cuda, cuda:N or a MIG-<uuid>")
+    index = cuda_index(device)
+    if index is None and not is_mig(device):
+        raise ConfigError(f"device {device!r}: {DEVICE_EXPECTED}")
     gpus = tf.config.list_physical_devices("GPU")
-    if index >= len(gpus):
+    if (index or 0) >= len(gpus):
         raise ConfigError(
             f"device {device!r}: TensorFlow sees {len(gpus)} GPU(s) here (tensorflow-cpu sees "
             "none; a GPU needs the `tensorflow[and-cuda]` build); use device 'cpu'"
         )
     # A MIG instance is the process's only visible device (CUDA_VISIBLE_DEVICES), so /GPU:0.
-    return f"/GPU:{index}"
+    return f"/GPU:{index or 0}"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import MutableMapping
 
 import torch
 
 from dlscale.errors import ConfigError
+from dlscale.types import DEVICE_EXPECTED, cuda_index, is_mig
 
-_CUDA = re.compile(r"^cuda(?::(\d+))?$")
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -25,10 +24,10 @@ def resolve_device(
     """
     if device == "cpu":
         return "cpu", None
-    match = _CUDA.match(device)
-    if match:
-        return f"cuda:{match.group(1) or 0}", None
-    if device.startswith("MIG-"):
+    index = cuda_index(device)
+    if index is not None:
+        return f"cuda:{index}", None
+    if is_mig(device):
         visible = environ.get(VISIBLE)
         if visible == device:
             return "cuda:0", None
@@ -40,7 +39,7 @@ def resolve_device(
             "process that owns it; run one server process per MIG instance, started with "
             f"{VISIBLE}={device}"
         )
-    raise ConfigError(f"device {device!r}: expected cpu, cuda, cuda:N or a MIG-<uuid>")
+    raise ConfigError(f"device {device!r}: {DEVICE_EXPECTED}")
 
 
 def place(device: str) -> torch.device:

@@ -13,6 +13,8 @@ from dlscale.types import (
     ModelConfigView,
     TensorSpec,
     VersionPolicy,
+    cuda_index,
+    is_mig,
 )
 
 
@@ -82,9 +84,8 @@ def _batching(config: ModelConfig) -> DynamicBatching:
 
 
 def _instance_group(model: str, index: int, group: InstanceConfig) -> InstanceGroup:
-    device = group.device
-    if not device.startswith(("cuda", "MIG-")):
+    gpu = cuda_index(group.device)  # a MIG instance names no index
+    if gpu is None and not is_mig(group.device):
         return InstanceGroup(f"{model}_{index}", group.count, InstanceKind.CPU)
-    number = device.partition(":")[2]  # a MIG UUID names no index
-    gpus = (int(number),) if number.isdigit() else ()
+    gpus = () if gpu is None else (gpu,)
     return InstanceGroup(f"{model}_{index}", group.count, InstanceKind.GPU, gpus)

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 
 from dlscale.errors import ConfigError
+from dlscale.types import cuda_index
 
 _UNITS = {
     "": 1,
@@ -79,11 +80,8 @@ def parse_limit(model: str, limit: Mapping[str, str | int]) -> Footprint:
 def device_key(device: str) -> str:
     """The budget's name of an instance's device: cpu, cuda:N -> gpuN (cuda -> gpu0); a MIG
     instance counts on its own key (its UUID)."""
-    if device == "cuda":
-        return "gpu0"
-    if device.startswith("cuda:"):
-        return "gpu" + device.partition(":")[2]
-    return device
+    index = cuda_index(device)
+    return device if index is None else f"gpu{index}"
 
 
 def show(size: int) -> str:
