@@ -181,10 +181,8 @@ class Session:
         if self.info is not None and self.info.model_file is not None:
             return self.info.model_file
         if self.options.repo is not None:
-            try:
+            with contextlib.suppress(DlscaleError):
                 return ModelRepository(self.options.repo).version(self.options.model).model_file
-            except DlscaleError:
-                return None
         return None
 
     # -- settings --------------------------------------------------------------------------------
