@@ -35,7 +35,6 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         if res is None:
             out.append({"scenario": entry["scenario"], "target": "-", "verdict": "INVALID"})
             continue
-        acc = res.get("accuracy")
         out.append(
             {
                 "target": res["target"],
@@ -45,7 +44,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "throughput": res["throughput_samples_per_s"],
                 **{p: res["latency_s"].get(p) for p in SHOWN},
                 "errors": res["errors"]["count"],
-                "accuracy": None if acc is None else acc["fraction"],
+                "accuracy": (res.get("accuracy") or {}).get("fraction"),
                 "reasons": res["reasons"],
                 "client_bound": res.get("client_bound"),
             }
