@@ -47,14 +47,13 @@ def check_labels(samples: SampleSet, outputs: dict[int, dict[str, np.ndarray]]) 
         predicted = int(np.argmax(next(iter(outs.values())).reshape(-1)))
         if predicted == int(labels[index]):
             hits += 1
-        elif len(mismatches) < KEPT_MISMATCHES:
-            mismatches.append(f"sample {index}: predicted {predicted}, label {int(labels[index])}")
-    checked = len(outputs)
+        else:
+            _keep(mismatches, f"sample {index}: predicted {predicted}, label {int(labels[index])}")
     top1 = hits / len(samples)
     return AccuracyResult(
         method="top-1 against labels",
         samples=len(samples),
-        checked=checked,
+        checked=len(outputs),
         passed=hits,
         fraction=top1,
         top1=top1,

@@ -82,13 +82,12 @@ def _from_file(path: Path, specs: Sequence[TensorSpec]) -> SampleSet:
         arrays = load_arrays(path)
     except (OSError, ValueError) as exc:
         raise BenchError(f"data file {path} is not a .npy or .npz file: {exc}") from None
+    names = [s.name for s in specs]
     if isinstance(arrays, np.ndarray):
         if len(specs) != 1:
-            names = [s.name for s in specs]
             raise BenchError(f"{path}: a .npy holds one input; the model takes {names} (use .npz)")
         return SampleSet({specs[0].name: arrays}, None, str(path))
     labels = next((arrays.pop(k) for k in LABEL_KEYS if k in arrays), None)
-    names = [s.name for s in specs]
     if len(specs) == 1 and names[0] not in arrays and len(arrays) == 1:
         arrays = {names[0]: next(iter(arrays.values()))}
     missing = [n for n in names if n not in arrays]

@@ -6,6 +6,7 @@ leaves its field empty with a note saying why, rather than failing the run.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import os
@@ -53,12 +54,10 @@ def host() -> dict[str, Any]:
 
 def packages() -> dict[str, str | None]:
     """Installed versions of the packages that shape the figures."""
-    versions: dict[str, str | None] = {}
+    versions: dict[str, str | None] = dict.fromkeys(PACKAGES)
     for name in PACKAGES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
     return versions
 
 

@@ -37,13 +37,12 @@ def replicas_in_view(view: object) -> int | None:
 
 
 class FleetWatch:
-    """Samples the fleet every `every_s` seconds from `start` (time.monotonic) until stopped."""
+    """Samples the fleet every second from `start` (time.monotonic) until stopped."""
 
-    def __init__(self, url: str, models: Sequence[str], start: float, every_s: float = 1.0):
+    def __init__(self, url: str, models: Sequence[str], start: float):
         self.base = url.rstrip("/").removesuffix("/metrics")
         self.models = list(models)
         self.start = start
-        self.every_s = every_s
         self.samples: list[FleetSample] = []
         self.failures = 0
         self._stop = threading.Event()
@@ -77,7 +76,7 @@ class FleetWatch:
         self._take()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._stop.wait(1.0):
             self._take()
 
     def _take(self) -> None:

@@ -38,6 +38,9 @@ from dlscale.models.config_sections import QosConfig
 from dlscale.serving.manager import ModelManager
 from dlscale.serving.qos.gate import DeviceGates
 
+#: Seconds the neighbor floods before a measurement starts.
+RAMP_S = 1.0
+
 
 @dataclass
 class InterferenceOptions:
@@ -56,11 +59,8 @@ class InterferenceOptions:
     neighbor_batch: int | None = None  # rows in each of its requests (in process default 1)
     mig: bool = False
     seed: int = 0
-    sample_count: int = 256
-    ramp_s: float = 1.0  # the flood runs this long before a measurement starts
     min_queries: int = 100
     alone_only: bool = False  # only the alone phases (to calibrate an objective)
-    progress: bool = True  # each phase said on stderr as it begins
 
     def check(self) -> None:
         """Refuse contradictory settings before anything is loaded."""
@@ -127,7 +127,7 @@ def run_interference(
     """Every repetition's phases (and the rate the protected tenant ran at)."""
     options.check()
     out_dir.mkdir(parents=True, exist_ok=True)
-    say = Steps(options.progress)
+    say = Steps()  # each phase said on stderr as it begins
     with contextlib.ExitStack() as stack:
         loop = stack.enter_context(contextlib.closing(LoopThread()))
         say("setting up the conditions (scratch repositories, servers where asked)")
@@ -250,7 +250,6 @@ def _condition(
             latency_bound_s=setup.objective_s if protected else None,
             concurrency=None if protected else options.concurrency,
             batch_size=None if protected else options.neighbor_batch,
-            sample_count=options.sample_count,
             min_query_count=options.min_queries,
             seed=options.seed,
         )
@@ -287,7 +286,7 @@ def _alone(
     tenants: Tenants, name: str, k: int, rate: float, options: InterferenceOptions, logs: Path
 ) -> Phase:
     phase = _protected(tenants.protected, name, k, rate, logs)
-    log, start, end = _flooding(tenants.neighbor, options, lambda: time.sleep(options.duration_s))
+    log, start, end = _flooding(tenants.neighbor, lambda: time.sleep(options.duration_s))
     _neighbor(phase, log, start, end)
     return phase
 
@@ -300,14 +299,12 @@ def _together(
     def measure() -> None:
         measured.append(_protected(tenants.protected, name, k, rate, logs))
 
-    log, start, end = _flooding(tenants.neighbor, options, measure)
+    log, start, end = _flooding(tenants.neighbor, measure)
     _neighbor(measured[0], log, start, end)
     return measured[0]
 
 
-def _flooding(
-    neighbor: Session, options: InterferenceOptions, during: Any
-) -> tuple[FloodLog, float, float]:
+def _flooding(neighbor: Session, during: Any) -> tuple[FloodLog, float, float]:
     """Run `during()` while the neighbor floods (after a ramp); the flood's log and window."""
     assert neighbor.info is not None and neighbor.samples is not None
     batch, concurrency = neighbor.offline_shape()
@@ -315,7 +312,7 @@ def _flooding(
     job = neighbor.target, neighbor.info, neighbor.samples, batch, concurrency, stop
     running = asyncio.run_coroutine_threadsafe(flood(*job), neighbor.loop.loop)
     try:
-        time.sleep(options.ramp_s)
+        time.sleep(RAMP_S)
         start = time.perf_counter()
         during()
         end = time.perf_counter()

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from dlscale.bench import environment
 from dlscale.bench.interference import InterferenceOptions, Phase, Setup
 from dlscale.bench.render import fmt, fmt_ms, fmt_rate, markdown_table, pyplot, rich_table, save
@@ -194,9 +192,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
+def print_summary(report: dict[str, Any]) -> None:
     """The table of medians on the terminal, and where the report went."""
-    console = console or make_console()
+    console = make_console()
     title = (f"interference: {report['protected']['model']} beside {report['neighbor']['model']} "
              f"(medians over {report['repeats']})")  # fmt: skip
     cells = map(_cells, report["summary"]["conditions"])

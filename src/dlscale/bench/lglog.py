@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,7 @@ def _detail_issues(path: Path) -> tuple[list[str], list[str]]:
 
 
 def _num(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text.split()[0])
-    except (ValueError, IndexError):
-        return None
+    if text is not None:
+        with contextlib.suppress(ValueError, IndexError):
+            return float(text.split()[0])
+    return None

@@ -60,7 +60,6 @@ class Recorder:
     latencies_ns: list[int] = field(default_factory=list)
     #: Each request's time on the wire: from sending it to its answer (the sweep's latency).
     request_ns: list[int] = field(default_factory=list)
-    first_done_ns: int = 0
     last_done_ns: int = 0
     errors: int = 0
     first_errors: list[str] = field(default_factory=list)
@@ -136,7 +135,6 @@ def complete(
     rec = recorder
     if done.error is not None:
         rec.error(done.error, len(items))
-    rec.first_done_ns = rec.first_done_ns or done.done_ns
     rec.last_done_ns = max(rec.last_done_ns, done.done_ns)
     rec.completed += len(items)
     rec.latencies_ns.extend([done.done_ns - issued_ns] * len(items))

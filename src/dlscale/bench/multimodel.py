@@ -141,12 +141,11 @@ async def drive(
     schedule: list[tuple[float, str]],
     bodies: Mapping[str, dict[str, Any]],
     sampler: IndexSampler,
-    timeout_s: float = 120.0,
 ) -> list[Sent]:
     """Send the schedule (open loop: each request at its time, whatever the answers do)."""
     sent: list[Sent] = []
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
         async def one(at: float, model: str) -> None:
             latest = sampler.latest()

@@ -72,6 +72,5 @@ def find_peak(
         mid = (low + failed_at) / 2
         if not attempt(mid):
             failed_at = mid
-    if best is None:
-        return PeakSearch(None, None, runs)
-    return PeakSearch(best[0], best[1], runs)
+    peak_qps, result = best or (None, None)
+    return PeakSearch(peak_qps, result, runs)

@@ -47,14 +47,12 @@ async def probe(
     seconds: float = 1.0,
 ) -> Probe:
     """Warm the target up and measure it; a target that fails here fails the bench at once."""
-    latencies = []
+    latencies: list[float] = []
     deadline = time.perf_counter() + seconds / 2
-    n = 0
-    while time.perf_counter() < deadline or n < 3:
+    while time.perf_counter() < deadline or len(latencies) < 3:
         t0 = time.perf_counter()
-        await _send(target, info, samples, [n % len(samples)])
+        await _send(target, info, samples, [len(latencies) % len(samples)])
         latencies.append(time.perf_counter() - t0)
-        n += 1
     latencies.sort()
     rows = info.batch_limit(batch_size)
     done = 0

@@ -28,6 +28,19 @@ def save(fig: Any, path: Path, dpi: int = 110) -> Path:
     return path
 
 
+def percentile_lines(
+    ax: Any, name: str, x: Sequence[float], latency_s: Sequence[Any], labels: Sequence[str]
+) -> None:
+    """One series against `x`: its p50 (solid) and p99 (dashed) latency in ms, from each
+    point's percentiles in seconds, and each point labelled above its p99."""
+    for key, style in (("p50", "-"), ("p99", "--")):
+        y = [lat[key] * 1e3 for lat in latency_s]
+        ax.plot(x, y, marker="o", linestyle=style, label=f"{name} {key}")
+    for text, xi, lat in zip(labels, x, latency_s, strict=True):
+        ax.annotate(text, (xi, lat["p99"] * 1e3), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=8)  # fmt: skip
+
+
 def fmt(value: Any, spec: str = "") -> str:
     """A figure formatted by `spec` (format's mini-language); "-" for a missing figure."""
     return "-" if value is None else format(value, spec)

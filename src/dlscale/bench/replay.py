@@ -29,7 +29,6 @@ async def replay(
     send: Send,
     start: float,
     max_in_flight: int = MAX_IN_FLIGHT,
-    timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> list[Outcome]:
     """Send each request at `start` (the loop's clock, time.monotonic) plus its offset; the
     outcomes in the trace's order."""
@@ -40,7 +39,7 @@ async def replay(
     async def one(i: int, r: TraceRequest, sent: float) -> None:
         nonlocal in_flight
         try:
-            await asyncio.wait_for(send(r), timeout_s)
+            await asyncio.wait_for(send(r), REQUEST_TIMEOUT_S)
             latency: float | None = loop.time() - sent
             error = ""
         except Exception as exc:  # every failure is counted by kind, none stops the load

@@ -116,10 +116,8 @@ def _senders(
     seed: int,
 ) -> dict[str, Any]:
     """Per model, a function sending one request's inputs (its own shape, or a sample)."""
-    arrays: dict[tuple[str, tuple[int, ...]], dict[str, np.ndarray]] = {}
-    for r in requests:
-        if r.shape is not None and (r.model, r.shape) not in arrays:
-            arrays[(r.model, r.shape)] = _shaped(infos[r.model], r.shape)
+    shapes = dict.fromkeys((r.model, r.shape) for r in requests if r.shape is not None)
+    arrays = {(model, shape): _shaped(infos[model], shape) for model, shape in shapes}
     senders = {}
     for model, target in targets.items():
         samples = load_samples(infos[model], None, 16, seed)

@@ -35,7 +35,6 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         if res is None:
             out.append({"scenario": entry["scenario"], "target": "-", "verdict": "INVALID"})
             continue
-        acc = res.get("accuracy")
         out.append(
             {
                 "target": res["target"],
@@ -45,7 +44,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "throughput": res["throughput_samples_per_s"],
                 **{p: res["latency_s"].get(p) for p in SHOWN},
                 "errors": res["errors"]["count"],
-                "accuracy": None if acc is None else acc["fraction"],
+                "accuracy": (res.get("accuracy") or {}).get("fraction"),
                 "reasons": res["reasons"],
                 "client_bound": res.get("client_bound"),
             }
@@ -253,10 +252,8 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
             f"{roof['device']} {roof['precision']} roofline ({roof['bound']}-bound)."
         )
     else:
-        flops = roof.get("flops_per_sample")
-        lines.append(
-            f"FLOPs/sample: {'-' if flops is None else f'{flops:.4g}'}. {roof.get('note', '')}"
-        )
+        flops = fmt(roof.get("flops_per_sample"), ".4g")
+        lines.append(f"FLOPs/sample: {flops}. {roof.get('note', '')}")
     plots = report.get("files", {})
     for key in ("latency_png", "sweep_png", "concurrency_png"):
         if plots.get(key):
@@ -276,13 +273,10 @@ def plot_latency(runs: Sequence[RunResult], path: Path) -> Path | None:
     all_ms = np.concatenate([r.latencies_ns for r in runs]) / 1e6
     low, high = max(all_ms.min(), 1e-3), max(all_ms.max(), 1e-3 * 1.01)
     bins = np.geomspace(low, high * 1.0001, 60)
+    many_targets = len({r.target for r in runs}) > 1
     for r in runs:
         ms = r.latencies_ns / 1e6
-        label = (
-            f"{r.scenario.loadgen_name} ({r.target})"
-            if len({x.target for x in runs}) > 1
-            else (r.scenario.loadgen_name)
-        )
+        label = r.scenario.loadgen_name + (f" ({r.target})" if many_targets else "")
         ax.hist(ms, bins=list(bins), histtype="step", label=label, linewidth=1.5)
         # The p99 marker takes its histogram's colour (a step histogram is a patch, not a line).
         color = ax.patches[-1].get_edgecolor()

@@ -142,22 +142,21 @@ class Session:
     def open(self) -> None:
         """Connect or load, read the model, make samples, warm up."""
         opts = self.options
-        say = self.steps
         if isinstance(self.target, RemoteTarget):
             self.target.declared = local_signature(self.model_file(), opts.data)
-        say(f"{self.label}: opening {opts.model} (connect or load)")
+        self.steps(f"{self.label}: opening {opts.model} (connect or load)")
         self.info = self.loop.run(self.target.open())
         self.samples = load_samples(self.info, opts.data, opts.sample_count, opts.seed)
         if opts.accuracy:
-            say("reference outputs for the accuracy check")
+            self.steps("reference outputs for the accuracy check")
             self._prepare_reference()
         batch, concurrency = self.offline_shape()
-        say(f"warm-up: {opts.warmup_s:g} s at batch {batch}, concurrency {concurrency}")
+        self.steps(f"warm-up: {opts.warmup_s:g} s at batch {batch}, concurrency {concurrency}")
         self.warmup = self.loop.run(
             probe(self.target, self.info, self.samples, batch, concurrency, opts.warmup_s)
         )
         if opts.workers:
-            say(f"starting {opts.workers} worker processes")
+            self.steps(f"starting {opts.workers} worker processes")
             self.pool = WorkerPool(self._worker_spec(), opts.workers)
 
     def _worker_spec(self) -> WorkerSpec:
@@ -182,10 +181,8 @@ class Session:
         if self.info is not None and self.info.model_file is not None:
             return self.info.model_file
         if self.options.repo is not None:
-            try:
+            with contextlib.suppress(DlscaleError):
                 return ModelRepository(self.options.repo).version(self.options.model).model_file
-            except DlscaleError:
-                return None
         return None
 
     # -- settings --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench.render import fmt_ms, fmt_rate, pyplot, save
+from dlscale.bench.render import fmt_ms, fmt_rate, percentile_lines, pyplot, save
 from dlscale.errors import BenchError
 
 
@@ -92,18 +92,8 @@ def plot(points: Sequence[dict[str, Any]], ceiling: float | None, path: Path) ->
     for target in dict.fromkeys(p["target"] for p in rows):
         mine = [p for p in rows if p["target"] == target]
         x = [p["throughput_samples_per_s"] for p in mine]
-        for key, style in (("p50", "-"), ("p99", "--")):
-            y = [p["request_latency_s"][key] * 1e3 for p in mine]
-            ax.plot(x, y, marker="o", linestyle=style, label=f"{target} {key}")
-        for p, xi in zip(mine, x, strict=True):
-            ax.annotate(
-                str(p["concurrency"]),
-                (xi, p["request_latency_s"]["p99"] * 1e3),
-                textcoords="offset points",
-                xytext=(0, 6),
-                ha="center",
-                fontsize=8,
-            )
+        labels = [str(p["concurrency"]) for p in mine]
+        percentile_lines(ax, target, x, [p["request_latency_s"] for p in mine], labels)
     if ceiling:
         ax.axvline(ceiling, linestyle=":", color="grey", label=f"client ceiling {ceiling:,.0f}/s")
     ax.set_xlabel("throughput (samples/s)")

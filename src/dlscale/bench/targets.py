@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,21 +146,17 @@ class InProcessTarget:
 
     async def model_config(self, model: str) -> dict[str, Any] | None:
         """A loaded model's config as the REST API shows it (None when it is not loaded)."""
-        if self._dataplane is None:
-            return None
-        try:
-            return as_document(config_message(self._dataplane.model_config(model)))
-        except DlscaleError:
-            return None
+        if self._dataplane is not None:
+            with contextlib.suppress(DlscaleError):
+                return as_document(config_message(self._dataplane.model_config(model)))
+        return None
 
     async def statistics(self, model: str) -> dict[str, Any] | None:
         """A loaded model's statistics as the REST API shows them (None when not loaded)."""
-        if self._dataplane is None:
-            return None
-        try:
-            return as_document(statistics_message(self._dataplane.statistics(model)))
-        except DlscaleError:
-            return None
+        if self._dataplane is not None:
+            with contextlib.suppress(DlscaleError):
+                return as_document(statistics_message(self._dataplane.statistics(model)))
+        return None
 
     async def close(self) -> None:
         """Unload the model (in-flight requests finish first)."""

@@ -34,7 +34,6 @@ class StreamClient:
         model: str,
         *,
         connections: int = 4096,
-        timeout_s: float = 600.0,
         counter: TokenCounter | None = None,
         api_key: str | None = None,
     ) -> None:
@@ -45,14 +44,13 @@ class StreamClient:
         self.model = model
         self.counter = counter
         self._connections = connections
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> StreamClient:
         connector = aiohttp.TCPConnector(limit=self._connections, force_close=False)
         self._session = aiohttp.ClientSession(
             connector=connector,
-            timeout=self._timeout,
+            timeout=aiohttp.ClientTimeout(total=600.0),
             read_bufsize=MAX_EVENT_BYTES,
             headers=self._headers,
         )

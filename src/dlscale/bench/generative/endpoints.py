@@ -28,13 +28,12 @@ class Endpoint(enum.StrEnum):
     @classmethod
     def parse(cls, name: str) -> Endpoint:
         """`openai` means completions; `chat` and `generate` name themselves."""
-        spelled = {"openai": cls.COMPLETIONS, "completions": cls.COMPLETIONS}
-        kind = spelled.get(name.lower()) or next((k for k in cls if k.value == name.lower()), None)
-        if kind is None:
+        try:
+            return cls("completions" if name.lower() == "openai" else name.lower())
+        except ValueError:
             raise BenchError(
                 f"--generative {name!r}: expected openai (completions), chat or generate"
-            )
-        return kind
+            ) from None
 
     def path(self, model: str) -> str:
         if self is Endpoint.COMPLETIONS:

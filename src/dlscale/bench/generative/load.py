@@ -33,15 +33,15 @@ class Job:
     offset_s: float | None = None
 
 
-#: Told of each request as it ends (the bench's progress line).
-OnDone = Callable[[StreamRecord], None]
+#: Told of each request as it ends, whether it streamed an answer (the bench's progress line).
+OnDone = Callable[[bool], None]
 
 
 async def _one(client: StreamClient, job: Job, on_done: OnDone | None = None) -> StreamRecord:
     record = await client.stream(job.ask, scheduled_s=job.offset_s)
     record.input_tokens = job.input_tokens
     if on_done is not None:
-        on_done(record)
+        on_done(record.ok)
     return record
 
 

@@ -78,7 +78,7 @@ class GenerativeOptions:
             trace=str(self.trace) if self.trace else None,
             scenarios=[s.value for s in self.scenarios],
             bounds=self.bounds.__dict__,
-            slo=self.slo.to_dict(),
+            slo=self.slo.__dict__,
         )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.bench.generative.options import GenerativeOptions
-from dlscale.bench.render import pyplot, save
+from dlscale.bench.render import percentile_lines, pyplot, save
 
 
 def label(p: dict[str, Any]) -> str:
@@ -34,12 +34,7 @@ def plot_tokens(
         for load in dict.fromkeys(p["load"] for p in usable):
             mine = [p for p in usable if p["load"] == load and p[key]["p50"] is not None]
             x = [p["output_tokens_per_s"] for p in mine]
-            for pct, style in (("p50", "-"), ("p99", "--")):
-                y = [p[key][pct] * 1e3 for p in mine]
-                ax.plot(x, y, marker="o", linestyle=style, label=f"{load} {pct}")
-            for p, xi in zip(mine, x, strict=True):
-                ax.annotate(label(p), (xi, p[key]["p99"] * 1e3), textcoords="offset points",
-                            xytext=(0, 6), ha="center", fontsize=8)  # fmt: skip
+            percentile_lines(ax, load, x, [p[key] for p in mine], [label(p) for p in mine])
         if bound:
             ax.axhline(bound * 1e3, linestyle=":", color="grey", label=f"SLO {bound * 1e3:g} ms")
         ax.set_yscale("log")

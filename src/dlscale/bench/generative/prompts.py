@@ -104,8 +104,5 @@ def synthetic_asks(
     osl.check("--osl", MAX_OUTPUT_TOKENS)
     inputs = isl.draw(maker.rng, count, MAX_TOKENS_PER_PROMPT)
     outputs = osl.draw(maker.rng, count, MAX_OUTPUT_TOKENS)
-    out = []
-    for n_in, n_out in zip(inputs, outputs, strict=True):
-        text, real = maker.prompt(n_in)
-        out.append((Ask(text, n_out), real))
-    return out
+    prompts = [maker.prompt(n) for n in inputs]
+    return [(Ask(text, n_out), real) for (text, real), n_out in zip(prompts, outputs, strict=True)]

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from dlscale.bench import environment, sweep
 from dlscale.bench.generative import plots
 from dlscale.bench.generative.options import GenerativeOptions
@@ -120,9 +118,9 @@ def loadgen_cells(s: dict[str, Any]) -> list[str]:
 LOADGEN_COLUMNS = ("scenario", "verdict", "tokens/s", "TTFT p99", "TPOT p99", "bench tok/s")
 
 
-def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
+def print_summary(report: dict[str, Any]) -> None:
     """The points' table, LoadGen's verdicts and reasons, where the report went."""
-    console = console or make_console()
+    console = make_console()
     if report["points"]:
         title = f"dlscale bench {report['endpoint']}: {report['model']} (times in ms)"
         console.print(rich_table(title, COLUMNS, map(point_cells, report["points"]), ("load",)))

@@ -6,8 +6,8 @@ classic bench does), so that LoadGen can block the calling thread while streams 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Callable
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,8 @@ def run_generative(options: GenerativeOptions, out: Path, say: Say) -> dict[str,
                     Job(_knobs(a, options), n, t / options.trace_speedup)
                     for a, n, t in trace_asks(trace, maker)
                 ]
-                with _counted("trace replay", len(timed)) as counted:
-                    records = loop.run(open_loop(client, timed, counted))
+                with Countdown("trace replay", len(timed)) as countdown:
+                    records = loop.run(open_loop(client, timed, countdown.done))
                 points.append(_point("trace", None, records, options))
             best = max([rate, *(p["requests_per_s"] or 0.0 for p in points)])
             scenarios = [
@@ -116,25 +116,17 @@ def _sweep(
     points = []
     for concurrency in options.loads:
         say(f"concurrency {concurrency}: {len(jobs)} requests")
-        with _counted(f"concurrency {concurrency}", len(jobs)) as counted:
-            records = loop.run(closed_loop(client, jobs, concurrency, counted))
+        with Countdown(f"concurrency {concurrency}", len(jobs)) as countdown:
+            records = loop.run(closed_loop(client, jobs, concurrency, countdown.done))
         points.append(_point("concurrency", concurrency, records, options))
     for i, rate in enumerate(options.rates):
         say(f"rate {rate:g}/s: {len(jobs)} requests, Poisson arrivals")
         offsets = poisson_offsets(len(jobs), rate, options.seed + i)
         timed = [Job(j.ask, j.input_tokens, t) for j, t in zip(jobs, offsets, strict=True)]
-        with _counted(f"rate {rate:g}/s", len(timed)) as counted:
-            records = loop.run(open_loop(client, timed, counted))
+        with Countdown(f"rate {rate:g}/s", len(timed)) as countdown:
+            records = loop.run(open_loop(client, timed, countdown.done))
         points.append(_point("rate", rate, records, options))
     return points
-
-
-@contextmanager
-def _counted(label: str, total: int) -> Iterator[Callable[[StreamRecord], None]]:
-    """A progress line with an ETA on stderr while a point runs; yields what each request's
-    end is told to."""
-    with Countdown(label, total) as countdown:
-        yield lambda record: countdown.done(record.ok)
 
 
 def _point(

@@ -31,9 +31,6 @@ class Slo:
     ttft_s: float | None = None
     tpot_s: float | None = None
 
-    def to_dict(self) -> dict[str, float | None]:
-        return {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
-
 
 @dataclass(frozen=True)
 class RunStats:

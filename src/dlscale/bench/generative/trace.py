@@ -73,10 +73,10 @@ def trace_asks(entries: list[TraceEntry], maker: PromptMaker) -> list[tuple[Ask,
     out = []
     for e in entries:
         if e.text is not None:
-            count = maker.counter.count(e.text) if maker.counter else 0
-            out.append((Ask(e.text, e.output_length), count, e.offset_s))
+            text = e.text
+            count = maker.counter.count(text) if maker.counter else 0
         else:
             assert e.input_length is not None
             text, count = maker.prompt(e.input_length)
-            out.append((Ask(text, e.output_length), count, e.offset_s))
+        out.append((Ask(text, e.output_length), count, e.offset_s))
     return out
