@@ -61,12 +61,20 @@ def test_the_report_has_what_a_reader_needs(offline_and_single: dict[str, Any]) 
     assert all(float(v) > 0 for v in profile["batch_latency_s"].values())
 
 
-def test_an_offline_run_sized_far_too_small_is_rerun_until_it_lasts(
-    repo: Path, tmp_path: Path
+#: Figures that size a run far too small on any machine. LoadGen sizes Offline's one query from
+#: the expected rate: at a thousandth of a sample a second it holds one sample. It generates
+#: SingleStream's queries from the expected latency: at 100 s each, too few for the duration.
+FAR_TOO_SMALL = {
+    Scenario.OFFLINE: {"expected_qps": 1e-3},
+    Scenario.SINGLESTREAM: {"expected_latency_s": 100.0},
+}
+
+
+@pytest.mark.parametrize("scenario", list(FAR_TOO_SMALL), ids=lambda s: s.value)
+def test_a_run_sized_far_too_small_is_rerun_until_it_lasts(
+    repo: Path, tmp_path: Path, scenario: Scenario
 ) -> None:
-    # LoadGen sizes Offline's one query from the expected rate: at a thousandth of a sample a
-    # second the query holds one sample, done long before the minimum duration on any machine.
-    options = BenchOptions("identity", [Scenario.OFFLINE], repo=repo, **SHORT)
+    options = BenchOptions("identity", [scenario], repo=repo, **SHORT)
     runs: list[RunResult] = []
     with opened(None, options) as session:
         run = session.run
@@ -76,13 +84,15 @@ def test_an_offline_run_sized_far_too_small_is_rerun_until_it_lasts(
             return runs[-1]
 
         session.run = kept  # type: ignore[method-assign]
-        tiny = replace(session.settings(Scenario.OFFLINE), expected_qps=1e-3)
+        tiny = replace(session.settings(scenario), **FAR_TOO_SMALL[scenario])
         result, note = session.sized_run(tiny, tmp_path)
-    # Every run but the last ended early, each expecting at least twice the one before.
+    # Every run but the last ended early, each sized at least twice as large as the one before.
     assert 2 <= len(runs) <= 1 + SIZING_RERUNS and result is runs[-1]
-    assert all(r.reasons == ["Min duration satisfied: NO"] for r in runs[:-1])
+    assert all(r.reasons[0] == "Min duration satisfied: NO" for r in runs[:-1])
     expected = [r.settings.expected_qps or 0.0 for r in runs]
+    latency = [r.settings.expected_latency_s or 0.0 for r in runs]
     assert all(b >= 2 * a for a, b in itertools.pairwise(expected)), expected
+    assert all(b <= a / 2 for a, b in itertools.pairwise(latency)), latency
     assert note == f"rerun {len(runs) - 1}x, sized up: a run ended before the minimum duration"
     assert result.valid, result.reasons
 
