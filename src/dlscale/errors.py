@@ -161,8 +161,6 @@ class Unsupported(DlscaleError):
 class BackendError(DlscaleError):
     """The runtime failed while computing a batch; only that batch's requests fail."""
 
-    http_status = 500
-    grpc_code = "INTERNAL"
     reason = "BACKEND"
 
 

@@ -103,10 +103,8 @@ class Sampling:
                 f"repetition_penalty must be above 0 and at most {MAX_REPETITION_PENALTY}, "
                 f"not {self.repetition_penalty}",
             )
-        if self.seed is not None:
-            _bounded("seed", self.seed, 0, MAX_SEED)
-        if self.logprobs is not None:
-            _bounded("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        _bounded("seed", self.seed, 0, MAX_SEED)
+        _bounded("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.task not in TASKS:
             raise InvalidField("task", f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
         if self.input_format not in INPUT_FORMATS:
@@ -167,8 +165,9 @@ class Sampling:
         return out
 
 
-def _bounded(name: str, value: float, low: float, high: float | None = None) -> None:
-    if value < low or (high is not None and value > high):
+def _bounded(name: str, value: float | None, low: float, high: float | None = None) -> None:
+    """An InvalidField unless `value` is within the bounds, or None (not asked for)."""
+    if value is not None and (value < low or (high is not None and value > high)):
         bound = f"at least {low}" if high is None else f"between {low} and {high}"
         raise InvalidField(name, f"{name} must be {bound}, not {value}")
 

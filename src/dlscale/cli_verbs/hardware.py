@@ -29,9 +29,7 @@ def add_verbs(sub: SubParsers) -> None:
         default=1,
         help="batch the bytes are counted for (the best is shown too)",
     )
-    p.add_argument(
-        "--repo", type=Path, default=None, help="model repository (default: the zoo, built once)"
-    )
+    p.add_argument("--repo", type=Path, help="model repository (default: the zoo, built once)")
     p.add_argument("--flops", type=_quantity, help="FLOPs per sample (e.g. 8.18G)")
     p.add_argument("--bytes", type=_quantity, help="bytes moved per sample (e.g. 25.6M)")
     p.add_argument("--measured", type=float, help="a measured rate (samples/s) to compare")

@@ -22,7 +22,7 @@ def add_verbs(sub: SubParsers) -> None:
         choices=["auto", "top1", "agreement", "cosine", "maxabs"],
         help="accuracy metric (auto: top1 with labels, agreement for classifiers, else cosine)",
     )
-    opt.add_argument("--slo-p99", default=None, help="p99 bound to tune batching for (15ms)")
+    opt.add_argument("--slo-p99", help="p99 bound to tune batching for (15ms)")
     opt.add_argument("--time-budget", default="10m", help="wall-clock budget (10m, 90s)")
     opt.add_argument("--only", default="", help="comma-separated variant name prefixes to try")
     opt.set_defaults(func=LazyHandler("dlscale.optimize.commands", "optimize"))

@@ -137,7 +137,6 @@ class Models:
         "on-demand: explicit, and a request loads its model (docs/memory.md)",
         "--model-control",
         "--model-control-mode",
-        convert=ModelControl.of,
         choices=[m.value for m in ModelControl],
     )
     #: The models explicit control loads at start; ALL_MODELS ("*") loads every one.

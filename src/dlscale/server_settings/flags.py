@@ -42,9 +42,7 @@ class Dispatch(argparse.Action):
         namespace.func = self.handler
 
 
-def add_serve_flags(
-    serve: argparse.ArgumentParser, handlers: Mapping[str, object] | None = None
-) -> None:
+def add_serve_flags(serve: argparse.ArgumentParser, handlers: Mapping[str, object]) -> None:
     """`dlscale serve`'s flags, generated from the groups' fields; Triton's spellings beside.
 
     `handlers` names, by field, the verb's handler when that field's flag is given."""
@@ -66,7 +64,7 @@ def add_serve_flags(
     for kind, title in GROUPS.values():
         group = serve.add_argument_group(title)
         for item in flagged(kind):
-            add_flag(group, item, (handlers or {}).get(item.name))
+            add_flag(group, item, handlers.get(item.name))
     add_triton_flags(serve)
 
 

@@ -166,7 +166,6 @@ def add_triton_flags(serve: argparse.ArgumentParser) -> None:
         help="Triton's trace settings: mode=triton|opentelemetry, level=, rate=, count=, "
         "triton,file=PATH, opentelemetry,url=URL (repeat the flag)",
     )  # fmt: skip
-    for flag, advice in TRITON_FALSE_ONLY.items():
-        serve.add_argument(flag, dest=f"triton_{flag[2:]}", action=_AcceptFalse, advice=advice)
-    for flag, advice in TRITON_REFUSED.items():
-        serve.add_argument(flag, dest=f"triton_{flag[2:]}", action=_Refuse, advice=advice)
+    for table, action in ((TRITON_FALSE_ONLY, _AcceptFalse), (TRITON_REFUSED, _Refuse)):
+        for flag, advice in table.items():
+            serve.add_argument(flag, dest=f"triton_{flag[2:]}", action=action, advice=advice)
