@@ -135,6 +135,11 @@ class StepConfig(_Strict):
     #: Step output name -> the pipeline tensor it makes (a pipeline output or an inner tensor).
     output_map: dict[str, str] = Field(min_length=1)
 
+    @property
+    def version_text(self) -> str:
+        """The step model's version as a request names it: "" for its newest served one."""
+        return str(self.version) if self.version else ""
+
 
 #: Fields a pipeline may not set: it runs no model of its own, and its steps batch.
 _NOT_FOR_PIPELINES = ("backend", "model_file", "batching", "instances", "backend_options", "qos")
