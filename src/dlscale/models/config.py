@@ -238,6 +238,11 @@ class ModelConfig(_Strict):
         return self.steps is not None
 
     @property
+    def step_models(self) -> tuple[str, ...]:
+        """A pipeline's step models, each once, in step order; () for a model of its own."""
+        return tuple(dict.fromkeys(s.model for s in self.steps or ()))
+
+    @property
     def batched(self) -> bool:
         """Whether inputs carry a leading batch dimension that the server may merge."""
         return self.max_batch_size > 0
