@@ -76,6 +76,22 @@ def end_child(process: subprocess.Popen[bytes] | None, grace_s: float) -> bool:
     return False
 
 
+def run_child(
+    command: Sequence[str], timeout_s: float, error: type[Exception], timed_out: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` to its end, its output captured as text; `error(timed_out)` when it runs
+    past `timeout_s`. Its failure is the caller's to judge, and `stderr_tail` to explain."""
+    try:
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise error(timed_out) from None
+
+
+def stderr_tail(done: subprocess.CompletedProcess[str]) -> str:
+    """The last three non-blank lines of a child's stderr, joined: what explains its failure."""
+    return " | ".join([line for line in done.stderr.splitlines() if line.strip()][-3:])
+
+
 def die_with_parent() -> None:
     """In this process, or in a child between fork and exec: SIGTERM when the parent (thread)
     ends (Linux)."""

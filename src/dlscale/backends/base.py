@@ -31,6 +31,12 @@ class ModelCaller(Protocol):
 FailureReport = Callable[[str], None]
 
 
+def model_folder(folder: Path) -> Path:
+    """The model's folder (REPO/<name>) for the folder that holds its files: a numbered version
+    folder's parent (REPO/<name>/<version>), else the folder itself (MLServer's layout)."""
+    return folder.parent if folder.name.isdigit() else folder
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """How to load a model: where, with how many threads, at what optimization level."""

@@ -135,6 +135,11 @@ class StepConfig(_Strict):
     #: Step output name -> the pipeline tensor it makes (a pipeline output or an inner tensor).
     output_map: dict[str, str] = Field(min_length=1)
 
+    @property
+    def version_text(self) -> str:
+        """The step model's version as a request names it: "" for its newest served one."""
+        return str(self.version) if self.version else ""
+
 
 #: Fields a pipeline may not set: it runs no model of its own, and its steps batch.
 _NOT_FOR_PIPELINES = ("backend", "model_file", "batching", "instances", "backend_options", "qos")
@@ -231,6 +236,11 @@ class ModelConfig(_Strict):
     def is_pipeline(self) -> bool:
         """Whether the model is a pipeline of other models' steps (it has no model file)."""
         return self.steps is not None
+
+    @property
+    def step_models(self) -> tuple[str, ...]:
+        """A pipeline's step models, each once, in step order; () for a model of its own."""
+        return tuple(dict.fromkeys(s.model for s in self.steps or ()))
 
     @property
     def batched(self) -> bool:

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale.backends.base import model_folder
 from dlscale.errors import ConfigError, DlscaleError, NotFound
 from dlscale.models.config import ModelConfig
 from dlscale.models.remembered import Configs, Listing
@@ -34,7 +35,7 @@ class ModelVersion:
     def folder(self) -> Path:
         """The model's folder (where label files live): the version folder's parent, or the
         folder itself in MLServer's layout."""
-        return self.path.parent if self.path.name.isdigit() else self.path
+        return model_folder(self.path)
 
 
 @dataclass(frozen=True)

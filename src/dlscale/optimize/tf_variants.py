@@ -7,7 +7,6 @@ the same tolerance on the same held-out inputs (docs/optimize.md, TensorFlow mod
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -17,6 +16,7 @@ import onnx
 from onnx import helper
 
 from dlscale.errors import OptimizeError
+from dlscale.native import run_child, stderr_tail
 from dlscale.optimize.decide import TF_SOURCE_VARIANT
 from dlscale.optimize.variants import Variant
 
@@ -88,10 +88,7 @@ model.export(sys.argv[2], verbose=False)
 
 
 def _run(command: list[str], what: str) -> None:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise OptimizeError(f"{what} took over {CONVERT_TIMEOUT_S} s; gave up") from None
+    timed_out = f"{what} took over {CONVERT_TIMEOUT_S} s; gave up"
+    done = run_child(command, CONVERT_TIMEOUT_S, OptimizeError, timed_out)
     if done.returncode != 0:
-        tail = [line for line in done.stderr.splitlines() if line.strip()][-3:]
-        raise OptimizeError(f"{what} failed: {' | '.join(tail)}")
+        raise OptimizeError(f"{what} failed: {stderr_tail(done)}")

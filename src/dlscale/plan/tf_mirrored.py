@@ -11,13 +11,13 @@ devices must be set before TensorFlow starts, and the caller's process stays fre
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dlscale.errors import PlanError
+from dlscale.native import run_child, stderr_tail
 from dlscale.plan.allreduce_bench import BenchReport, bench_row
 from dlscale.plan.collective import Fabric, Topology, loopback
 from dlscale.plan.train import Cluster, TrainingJob, plan_training
@@ -29,18 +29,14 @@ TIMEOUT_S = 600
 
 def _child(job: dict[str, Any]) -> dict[str, Any]:
     command = [sys.executable, "-m", "dlscale.plan.tf_mirrored_worker", json.dumps(job)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise PlanError(f"the TensorFlow run took over {TIMEOUT_S} s") from None
+    done = run_child(command, TIMEOUT_S, PlanError, f"the TensorFlow run took over {TIMEOUT_S} s")
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not found:
         if "No module named 'tensorflow'" in done.stderr:
             raise PlanError(
                 "the tf-mirrored run needs TensorFlow: pip install 'dlscale[tensorflow]'"
             )
-        tail = [line for line in done.stderr.splitlines() if line.strip()][-3:]
-        raise PlanError(f"the TensorFlow run failed: {' | '.join(tail)}")
+        raise PlanError(f"the TensorFlow run failed: {stderr_tail(done)}")
     result: dict[str, Any] = json.loads(found[-1][len("RESULT ") :])
     return result
 

@@ -80,7 +80,7 @@ def load_marks(served: ServedVersion, lookup: Lookup) -> str:
         seen.add(current.serial)
         marks.add(f"{current.version.name}/{current.version.version}#{current.serial}")
         steps = current.pipeline.steps if current.pipeline is not None else ()
-        used = {(s.model, str(s.version) if s.version else "") for s in steps}
+        used = {(s.model, s.version_text) for s in steps}
         for name, version in used | set(current.called):
             try:
                 pending.append(lookup(name, version))

@@ -4,11 +4,10 @@ loaded from the manager's repository only (a name, never a path), a circle refus
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Protocol
 
 from dlscale.errors import ConfigError, DlscaleError, NotFound, root_cause
-from dlscale.models.config import ModelConfig, StepConfig
+from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelRepository, ModelVersion
 from dlscale.serving.pipeline import check_nesting
 from dlscale.serving.served import ServedVersion
@@ -37,10 +36,9 @@ def config_of(repository: ModelRepository, name: str) -> ModelConfig | None:
 
 
 async def load_steps(
-    models: Models, pipeline: str, steps: Iterable[StepConfig], chain: tuple[str, ...]
+    models: Models, pipeline: str, wanted: tuple[str, ...], chain: tuple[str, ...]
 ) -> None:
     """Load a pipeline's step models that are not loaded, from the models' repository."""
-    wanted = list(dict.fromkeys(s.model for s in steps))
     circle = [m for m in wanted if m in chain]
     if circle:
         raise ConfigError(f"pipeline {pipeline!r} uses itself: {' -> '.join((*chain, circle[0]))}")

@@ -178,7 +178,7 @@ class ModelManager:
                     _versions, repository or self.repository, name, source
                 )
                 if versions[0].config.steps is not None:
-                    await load_steps(self, name, versions[0].config.steps, (*chain, name))
+                    await load_steps(self, name, versions[0].config.step_models, (*chain, name))
                 if versions[0].config.is_adapter:
                     versions = await load_base(self, name, versions, chain)
                 elif previous is not None and previous.state is ModelState.READY:

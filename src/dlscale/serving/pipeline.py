@@ -103,7 +103,7 @@ class Pipeline:
 
     def _served(self, index: int, step: StepConfig, lookup: Lookup) -> StepModel:
         try:
-            version = lookup(step.model, str(step.version) if step.version else "")
+            version = lookup(step.model, step.version_text)
         except DlscaleError as exc:
             raise self._refusal(index, step, f"is not loaded: {exc}") from None
         if version.config.batched and version.config.max_batch_size < self.config.max_batch_size:
@@ -286,7 +286,10 @@ def _step_request(
                 "could queue"
             )
         parameters["timeout"] = left_us
-    version = str(step.version) if step.version else ""
     return InferenceRequest(
-        step.model, inputs, model_version=version, id=request.id, parameters=dict(parameters)
+        step.model,
+        inputs,
+        model_version=step.version_text,
+        id=request.id,
+        parameters=dict(parameters),
     )

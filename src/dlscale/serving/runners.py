@@ -113,7 +113,7 @@ class PipelineRunner:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         #: Its step models, each once, in step order.
-        self.models = tuple(dict.fromkeys(s.model for s in pipeline.steps))
+        self.models = pipeline.config.step_models
 
     def refuse_early(self) -> DlscaleError | None:
         return None  # each step's own admission answers

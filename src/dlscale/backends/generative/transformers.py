@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dlscale.backends.base import BackendOptions, Capabilities, StreamPart
+from dlscale.backends.base import BackendOptions, Capabilities, StreamPart, model_folder
 from dlscale.backends.generative.contract import (
     INPUTS,
     OUTPUTS,
@@ -59,9 +59,8 @@ class TransformersBackend:
             # Process-wide in PyTorch: the engine's thread computes with this many.
             torch.set_num_threads(self.options.intra_op_threads)
         folder = self.path.parent if self.path.is_file() else self.path
-        model = folder.parent.name if folder.name.isdigit() else folder.name
         try:
-            with third_party_to_file(model):
+            with third_party_to_file(model_folder(folder).name):
                 self._engine = Engine(folder, self.settings, self.options.report_failure)
         except Exception as exc:  # transformers raises many kinds for a folder it cannot read
             raise ConfigError(f"transformers backend cannot load {folder.name}: {exc}") from exc

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from dlscale.backends.base import BackendOptions
+from dlscale.backends.base import BackendOptions, model_folder
 from dlscale.backends.python import triton_python_backend_utils
 from dlscale.backends.python.source import syntax_tree
 from dlscale.errors import BackendError, ConfigError
@@ -58,9 +58,8 @@ class UserModel:
         """The model whose model.py is at `path` (REPO/<name>/<version>/model.py), as loaded
         with `options`."""
         folder = path.parent
-        versioned = folder.name.isdigit()
-        name = folder.parent.name if versioned else folder.name
-        version = int(folder.name) if versioned else 1
+        name = model_folder(folder).name
+        version = int(folder.name) if folder.name.isdigit() else 1
         tensors = (options.inputs, options.outputs)
         batch = options.max_batch_size
         return cls(path, name, version, options.device, batch, *tensors, parameters, decoupled)
@@ -68,8 +67,7 @@ class UserModel:
     @property
     def repository(self) -> Path:
         """The model's folder (Triton's args['model_repository'])."""
-        folder = self.path.parent
-        return folder.parent if folder.name.isdigit() else folder
+        return model_folder(self.path.parent)
 
 
 def api_of(path: Path) -> Api:
