@@ -210,14 +210,9 @@ def _plain_load(entry: Entry) -> bool:
 
 def grpc_model(method: str, body: bytes) -> str:
     """The model a RepositoryModelLoad or -Unload request names."""
-    kind = (
-        pb.RepositoryModelUnloadRequest
-        if method.endswith("Unload")
-        else pb.RepositoryModelLoadRequest
-    )
-    request = kind()
-    request.ParseFromString(body)
-    return str(request.model_name)
+    load = _verb(method) == "load"
+    kind = pb.RepositoryModelLoadRequest if load else pb.RepositoryModelUnloadRequest
+    return str(kind.FromString(body).model_name)
 
 
 #: A control request as the server hands it over: (proto, path, body, content type) -> Answer.
