@@ -176,24 +176,12 @@ def loads(per_replica: Mapping[str, Mapping[Any, float]]) -> list[ModelLoad]:
 def _load(model: str, f: Mapping[str, Mapping[Any, float]]) -> ModelLoad:
     rates = f.get("rate", {})
     capacity = best_capacity(f.get("capacity", {}))
-
-    def top(figure: str) -> float:
-        return max(f.get(figure, {}).values(), default=0.0)
-
-    return ModelLoad(
-        model,
-        objective_s=top("objective_s"),
-        rate=sum(rates.values()),
-        wait_s=_weighted(f.get("wait_s", {}), rates),
-        busy=_busy(f.get("busy", {}), rates, capacity),
-        in_flight=sum(f.get("in_flight", {}).values()),
-        ttft_objective_s=top("ttft_objective_s"),
-        tpot_objective_s=top("tpot_objective_s"),
-        ttft_s=_weighted(f.get("ttft_s", {}), rates),
-        tpot_s=_weighted(f.get("tpot_s", {}), rates),
-        capacity=capacity,
-        growth=sum(f.get("growth", {}).values()),
-    )
+    fleet = {x: sum(f.get(x, {}).values()) for x in ("rate", "in_flight", "growth")}
+    objectives = ("objective_s", "ttft_objective_s", "tpot_objective_s")
+    fleet |= {x: max(f.get(x, {}).values(), default=0.0) for x in objectives}
+    fleet |= {x: _weighted(f.get(x, {}), rates) for x in ("wait_s", "ttft_s", "tpot_s")}
+    busy = _busy(f.get("busy", {}), rates, capacity)
+    return ModelLoad(model, busy=busy, capacity=capacity, **fleet)
 
 
 def best_capacity(capacities: Mapping[Any, float]) -> float:

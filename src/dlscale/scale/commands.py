@@ -156,12 +156,9 @@ def deploy_fleet(settings: ScaleSettings) -> object:
     """Start the router (live at once), then the replicas; returns the router actor."""
     deploy.start_serve()
     router, ports = deploy.start_router(settings)
-    host = settings.host
-    log.info("http listening on %s:%d (the fleet's router)", host, ports["http"])
-    if "grpc" in ports:
-        log.info("grpc listening on %s:%d (the fleet's router)", host, ports["grpc"])
-    if "metrics" in ports:
-        log.info("metrics listening on %s:%d (every replica's)", host, ports["metrics"])
+    for name, port in ports.items():
+        whose = "every replica's" if name == "metrics" else "the fleet's router"
+        log.info("%s listening on %s:%d (%s)", name, settings.host, port, whose)
     names = models_to_deploy(settings)
     settings = fit_to_cluster(settings, names)
     placement = replica_placement(settings, names)

@@ -52,13 +52,17 @@ class ControlLog:
         self.seq = 0
         self._lock = threading.Lock()
 
-    def record(self, model: str, proto: str, path: str, body: bytes, ctype: str) -> Entry:
-        """Keep a request as the model's latest; returns it (to `forget` it if all refuse)."""
+    def record(
+        self, model: str, proto: str, path: str, body: bytes, ctype: str
+    ) -> tuple[Entry, Entry | None]:
+        """Keep a request as the model's latest; returns it and the model's latest before it
+        (to `forget` it if all refuse)."""
         with self._lock:
             self.seq += 1
             entry = Entry(self.seq, model, proto, path, body, ctype)
+            previous = self._latest.get(model)
             self._latest[model] = entry
-            return entry
+            return entry, previous
 
     def forget(self, entry: Entry, previous: Entry | None) -> None:
         """Undo `record` (no replica accepted it), unless a later request came meanwhile."""
@@ -68,11 +72,6 @@ class ControlLog:
                     del self._latest[entry.model]
                 else:
                     self._latest[entry.model] = previous
-
-    def latest(self, model: str) -> Entry | None:
-        """The model's latest recorded request."""
-        with self._lock:
-            return self._latest.get(model)
 
     def entries(self) -> list[Entry]:
         """Every model's latest request, oldest first (the order to replay them)."""
@@ -210,14 +209,9 @@ def _plain_load(entry: Entry) -> bool:
 
 def grpc_model(method: str, body: bytes) -> str:
     """The model a RepositoryModelLoad or -Unload request names."""
-    kind = (
-        pb.RepositoryModelUnloadRequest
-        if method.endswith("Unload")
-        else pb.RepositoryModelLoadRequest
-    )
-    request = kind()
-    request.ParseFromString(body)
-    return str(request.model_name)
+    load = _verb(method) == "load"
+    kind = pb.RepositoryModelLoadRequest if load else pb.RepositoryModelUnloadRequest
+    return str(kind.FromString(body).model_name)
 
 
 #: A control request as the server hands it over: (proto, path, body, content type) -> Answer.

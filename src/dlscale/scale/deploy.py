@@ -96,9 +96,7 @@ def routing_of(settings: ScaleSettings) -> Routing:
     return Routing(routes=routes_of(settings.repository))
 
 
-def replica_options(
-    settings: ScaleSettings, placement: Placement, target: float = 1.0
-) -> dict[str, Any]:
+def replica_options(settings: ScaleSettings, placement: Placement, target: float) -> dict[str, Any]:
     """Ray Serve deployment options of the replicas: count (or autoscaling to `target`
     requests in flight per replica), resources, health checks."""
     actor = placement.actor_options()
@@ -140,7 +138,7 @@ def replica_version(settings: ScaleSettings, placement: Placement) -> str:
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 
-def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float = 1.0) -> None:
+def deploy_replicas(settings: ScaleSettings, placement: Placement, target: float) -> None:
     """Deploy (or update in place: Ray rolls the replicas) the fleet's replicas; returns once
     they serve."""
     from dlscale.scale.fleet import FleetReplica

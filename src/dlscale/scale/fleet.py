@@ -117,8 +117,7 @@ class FleetReplica:
                 await asyncio.wait_for(self._leaving.wait(), HEARTBEAT_S)
                 return  # stopping: `__del__` waits for this beat before it leaves
             if not self.child.alive():
-                with contextlib.suppress(Exception):
-                    await self._call("leave", self.key)
+                await self._tell("leave")
                 return  # Ray's next health check replaces this replica
             try:
                 await self._beat_once()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from dlscale.scale.starts import LOOK_BACK_S, NONE_SEEN, REPLICA_START_S, Starts
 
@@ -184,20 +185,14 @@ def goals(load: ModelLoad, current: int) -> list[Goal]:
     declared objectives, and always each replica's busy share."""
     found = []
     if load.objective_s > 0:
-
-        def waits(n: int) -> float:
-            return predicted_wait(load, current, n)
-
+        waits = partial(predicted_wait, load, current)
         found.append(Goal("wait", load.wait_s, UP_AT * load.objective_s, waits))
     for name, measured, objective, share in (
         ("TTFT", load.ttft_s, load.ttft_objective_s, UP_AT),
         ("TPOT", load.tpot_s, load.tpot_objective_s, TPOT_UP_AT),
     ):
         if objective > 0:
-
-            def per_sequence(n: int, measured: float = measured) -> float:
-                return predicted_per_sequence(measured, current, n)
-
+            per_sequence = partial(predicted_per_sequence, measured, current)
             found.append(Goal(name, measured, share * objective, per_sequence))
 
     def busy(n: int) -> float:

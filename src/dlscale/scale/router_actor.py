@@ -254,8 +254,7 @@ class _Servers:
         """A load or unload from a client: recorded, then sent to every replica."""
         model = unquote(path.split("/")[-2]) if proto == REST else control.grpc_model(path, body)
         log_ = self.router.log
-        previous = log_.latest(model)
-        entry = log_.record(model, proto, path, body, ctype)
+        entry, previous = log_.record(model, proto, path, body, ctype)
         return await control.fan_out(log_, entry, previous, self.router.registry.endpoints())
 
     async def sweep_forever(self) -> None:

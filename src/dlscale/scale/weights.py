@@ -67,13 +67,11 @@ class Work:
     at: float = 0.0
 
 
-def read_work(
-    host: str, http_port: int, headers: Mapping[str, str] | None = None, timeout_s: float = 2.0
-) -> Work:
-    """A replica's totals from its statistics endpoint (every model, every version)."""
+def read_work(host: str, http_port: int, headers: Mapping[str, str] | None = None) -> Work:
+    """A replica's totals from its statistics endpoint (every model, every version), within 2 s."""
     url = f"http://{host}:{http_port}/v2/models/stats"
     request = urllib.request.Request(url, headers=dict(headers or {}))
-    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+    with urllib.request.urlopen(request, timeout=2.0) as answer:
         stats = json.load(answer)
     rows = compute = 0
     largest = 1

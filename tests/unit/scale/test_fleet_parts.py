@@ -39,8 +39,7 @@ def test_the_log_keeps_each_models_latest_request_in_order() -> None:
 def test_a_request_no_replica_took_is_forgotten_and_the_previous_one_kept() -> None:
     log = ControlLog()
     _record(log, "a", LOAD)
-    previous = log.latest("a")
-    entry = log.record("a", "rest", UNLOAD.format("a"), b"", "application/json")
+    entry, previous = log.record("a", "rest", UNLOAD.format("a"), b"", "application/json")
     log.forget(entry, previous)
     assert log.wanted() == {"a": "load"}
 
