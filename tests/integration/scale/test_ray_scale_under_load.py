@@ -63,12 +63,17 @@ class TritonPythonModel:
 """
 
 
-def _until(condition: Callable[[], bool], what: str, attempts: int = 360) -> None:
+def _until(
+    condition: Callable[[], bool],
+    what: str,
+    attempts: int = 360,
+    explain: Callable[[], object] | None = None,
+) -> None:
     for _ in range(attempts):
         if condition():
             return
         time.sleep(0.5)
-    raise AssertionError(f"gave up waiting: {what}")
+    raise AssertionError(f"gave up waiting: {what}" + (f"; {explain()}" if explain else ""))
 
 
 def _fleet(deployed: Deployed) -> dict[str, Any]:
@@ -219,15 +224,28 @@ def test_the_fleet_scales_up_under_load_and_down_after_it_losing_no_request(
     autoscaled: Deployed,
 ) -> None:
     assert _in_rotation(autoscaled) == 1
+
+    def decided() -> list[str]:
+        """The autoscaler's last decisions, with the figures each used."""
+        return [d["line"] for d in _fleet(autoscaled)["autoscaler"]["recent"][-6:]]
+
     with Clients(autoscaled, BURST_CLIENTS) as burst:
         # One replica is busy all the time and its requests queue: the rule adds the second.
-        _until(lambda: _in_rotation(autoscaled) == 2, "a second replica under the burst")
+        _until(
+            lambda: _in_rotation(autoscaled) == 2,
+            "a second replica under the burst",
+            explain=decided,
+        )
         answered = len(burst.outcomes)
         _until(lambda: len(burst.outcomes) >= answered + 20, "answers from two replicas")
     with Clients(autoscaled, 1, pause_s=0.2) as light:
         # A request every 0.2 s keeps a replica 20% busy: one holds it, after the down delay
         # the rule removes the other, which drains while this client keeps sending.
-        _until(lambda: _in_rotation(autoscaled) == 1, "back to one replica after the burst")
+        _until(
+            lambda: _in_rotation(autoscaled) == 1,
+            "back to one replica after the burst",
+            explain=decided,
+        )
         _until(lambda: len(_fleet(autoscaled)["replicas"]) == 1, "the other replica gone")
         answered = len(light.outcomes)
         _until(lambda: len(light.outcomes) >= answered + 10, "answers after the scale-down")
