@@ -183,6 +183,21 @@ def write_triton_python_model(root: Path, name: str, code: str, pbtxt: str) -> P
     return folder
 
 
+#: Fails each request with the TritonError code its INPUT0[0, 0] holds.
+CODED_ERRORS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            code = int(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0, 0])
+            out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("coded", code)))
+        return out
+"""
+
+
 def triton_config(name: str, outputs: Sequence[str] = ("OUTPUT1",), isolation: str = "") -> str:
     """add_sub's config.pbtxt for `name`: two FP32 inputs of 4, OUTPUT0 and `outputs` alike."""
     more = "".join(f',\n  {{ name: "{o}" data_type: TYPE_FP32 dims: [ 4 ] }}' for o in outputs)
@@ -197,9 +212,8 @@ def triton_config(name: str, outputs: Sequence[str] = ("OUTPUT1",), isolation: s
 def python_repository(root: Path) -> Path:
     """A Triton-style repository of Python models: add_sub (a worker process, as Triton runs
     it), add_sub_inline (the same code in the server process), bls and a_bls (call add_sub),
-    fragile
-    (raises, sleeps, tells its pid), and dlscale's API in process (scale) and in a worker
-    (scale_worker)."""
+    fragile (raises, sleeps, tells its pid), coded (fails with the code it is sent), and
+    dlscale's API in process (scale) and in a worker (scale_worker)."""
     write_triton_python_model(root, "add_sub", ADD_SUB, triton_config("add_sub"))
     inline = triton_config("add_sub_inline", isolation="thread")
     write_triton_python_model(root, "add_sub_inline", ADD_SUB, inline)
@@ -207,6 +221,8 @@ def python_repository(root: Path) -> Path:
     # Loads before the model it calls (names load in order): it must not be warmed up.
     write_triton_python_model(root, "a_bls", BLS, triton_config("a_bls", outputs=()))
     write_triton_python_model(root, "fragile", FRAGILE, FRAGILE_CONFIG)
+    coded = triton_config("coded", isolation="thread")
+    write_triton_python_model(root, "coded", CODED_ERRORS, coded)
     write_python_model(root, "scale", SCALE, SCALE_CONFIG.format(isolation="thread"))
     write_python_model(root, "scale_worker", SCALE, SCALE_CONFIG.format(isolation="process"))
     return root

@@ -22,6 +22,8 @@ from tests.toolkit.python_models import python_repository
 from tests.toolkit.server import LocalServer, serving
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from dlscale.backends.python import triton_python_backend_utils as pb_utils
+
 A = np.arange(8, dtype=np.float32).reshape(2, 4)
 B = np.ones((2, 4), np.float32)
 
@@ -106,6 +108,34 @@ def test_an_error_response_fails_only_its_own_request(
     with pytest.raises(InferenceServerException) as over_grpc:
         grpc.infer("add_sub", _pair(tg, bad, B))
     assert over_grpc.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+#: TritonError code -> what Triton answers over HTTP and gRPC (shared/reference/oip.md).
+TRITON_ANSWERS = {
+    pb_utils.TritonError.UNKNOWN: ("400", "StatusCode.UNKNOWN"),
+    pb_utils.TritonError.INTERNAL: ("500", "StatusCode.INTERNAL"),
+    pb_utils.TritonError.NOT_FOUND: ("404", "StatusCode.NOT_FOUND"),
+    pb_utils.TritonError.INVALID_ARG: ("400", "StatusCode.INVALID_ARGUMENT"),
+    pb_utils.TritonError.UNAVAILABLE: ("503", "StatusCode.UNAVAILABLE"),
+    pb_utils.TritonError.UNSUPPORTED: ("501", "StatusCode.UNIMPLEMENTED"),
+    pb_utils.TritonError.ALREADY_EXISTS: ("400", "StatusCode.ALREADY_EXISTS"),
+    pb_utils.TritonError.CANCELLED: ("400", "StatusCode.CANCELLED"),
+}
+
+
+@pytest.mark.parametrize("code", list(TRITON_ANSWERS))
+def test_each_error_code_reaches_the_client_as_triton_answers_it(
+    code: int, http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+) -> None:
+    sent = np.full((1, 4), code, np.float32)
+    with pytest.raises(InferenceServerException) as over_http:
+        http.infer("coded", _pair(th, sent, sent))
+    with pytest.raises(InferenceServerException) as over_grpc:
+        grpc.infer("coded", _pair(tg, sent, sent))
+    got = (over_http.value.status(), over_grpc.value.status())
+    assert got == TRITON_ANSWERS[code]
+    assert "coded" in over_http.value.message() and "coded" in over_grpc.value.message()
+    assert http.is_server_live() and http.is_model_ready("coded")
 
 
 def test_malformed_inputs_are_refused_and_the_model_keeps_serving(

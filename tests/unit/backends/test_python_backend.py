@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tests.toolkit.python_models import (
     ADD_SUB,
+    CODED_ERRORS,
     SCALE,
     SCALE_CONFIG,
     triton_config,
@@ -179,37 +180,28 @@ def test_a_batch_reaches_execute_as_its_requests_and_errors_stay_apart(tmp_path:
 
 
 #: Answers each request with the TritonError whose code INPUT0's first element holds.
-CODED_ERRORS = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            code = int(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0, 0])
-            out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("coded", code)))
-        return out
-"""
-
-
 def test_a_responses_error_code_gives_the_status_triton_answers_with(tmp_path: Path) -> None:
-    # Triton answers not-found 404, unavailable 503, unsupported 501, invalid 400
-    # (shared/reference/oip.md); INTERNAL is a server error.
+    # Triton answers not-found 404, unavailable 503, unsupported 501, internal 500 and every
+    # other code 400 (shared/reference/oip.md), each under its own gRPC code.
     backend = _triton(tmp_path, CODED_ERRORS)
     backend.load()
     codes = {
-        pb_utils.TritonError.INVALID_ARG: 400,
-        pb_utils.TritonError.NOT_FOUND: 404,
-        pb_utils.TritonError.UNAVAILABLE: 503,
-        pb_utils.TritonError.UNSUPPORTED: 501,
-        pb_utils.TritonError.INTERNAL: 500,
+        pb_utils.TritonError.INVALID_ARG: (400, "INVALID_ARGUMENT"),
+        pb_utils.TritonError.NOT_FOUND: (404, "NOT_FOUND"),
+        pb_utils.TritonError.UNAVAILABLE: (503, "UNAVAILABLE"),
+        pb_utils.TritonError.UNSUPPORTED: (501, "UNIMPLEMENTED"),
+        pb_utils.TritonError.INTERNAL: (500, "INTERNAL"),
+        pb_utils.TritonError.UNKNOWN: (400, "UNKNOWN"),
+        pb_utils.TritonError.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
+        pb_utils.TritonError.CANCELLED: (400, "CANCELLED"),
     }
     requests = [{"INPUT0": np.full((1, 4), c, np.float32)} for c in codes]
     results = backend.infer_requests([{**r, "INPUT1": r["INPUT0"]} for r in requests])
     backend.unload()
-    assert [type(r).http_status for r in results] == list(codes.values())
+    assert [(type(r).http_status, type(r).grpc_code) for r in results] == list(codes.values())
     assert all(isinstance(r, DlscaleError) and "coded" in str(r) for r in results)
+    # A BLS caller gets each code back as it was sent.
+    assert [pb_utils._code_of(r) for r in results] == list(codes)  # type: ignore[arg-type]
 
 
 def test_configs_name_the_python_backend(tmp_path: Path) -> None:

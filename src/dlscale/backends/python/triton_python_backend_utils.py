@@ -62,14 +62,38 @@ class TritonError:
         return self._code
 
 
+class _ModelSaid(DlscaleError):
+    """A code with no error of its own here: Triton answers it 400 over HTTP and under its own
+    name over gRPC (its http_server.cc and grpc utils)."""
+
+    http_status = 400
+    reason = "BACKEND"
+
+
+class UnknownError(_ModelSaid):
+    grpc_code = "UNKNOWN"
+
+
+class AlreadyExistsError(_ModelSaid):
+    grpc_code = "ALREADY_EXISTS"
+
+
+class CancelledError(_ModelSaid):
+    grpc_code = "CANCELLED"
+    reason = "CANCELED"  # Triton's nv_inference_request_failure label
+
+
 #: TritonError codes and the errors they are here, both ways: a response's error reaches the
-#: client as Triton answers it (400, 404, 503, 501; the other codes here as a server error), and
-#: a BLS call's error reaches the model with its code.
+#: client as Triton answers it (shared/reference/oip.md: 404, 503, 501, INTERNAL a 500, the rest
+#: 400), and a BLS call's error reaches the model with its code.
 ERRORS: dict[int, type[DlscaleError]] = {
     TritonError.INVALID_ARG: InvalidInput,
     TritonError.NOT_FOUND: NotFound,
     TritonError.UNAVAILABLE: Unavailable,
     TritonError.UNSUPPORTED: Unsupported,
+    TritonError.UNKNOWN: UnknownError,
+    TritonError.ALREADY_EXISTS: AlreadyExistsError,
+    TritonError.CANCELLED: CancelledError,
 }
 
 
