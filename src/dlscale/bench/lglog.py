@@ -22,19 +22,18 @@ _PERCENTILE_KEYS |= {k: f"{k.title()} latency (ns)" for k in ("mean", "min", "ma
 
 def read_logs(folder: Path) -> dict[str, Any]:
     """LoadGen's verdict and figures from the logs in `folder` (accuracy runs have fewer)."""
-    summary_path = folder / "mlperf_log_summary.txt"
-    fields, bullets = _parse_summary(summary_path.read_text() if summary_path.is_file() else "")
+    fields, bullets = summary_of(folder)
     result = fields.get("Result is", "")
     reasons = [f"{k}: {v}" for k, v in fields.items() if k.endswith("satisfied") and v != "Yes"]
-    throughput = next((_num(fields[k]) for k in _THROUGHPUT_KEYS if k in fields), None)
+    throughput = next((number(fields[k]) for k in _THROUGHPUT_KEYS if k in fields), None)
     latency = {
-        name: (v / 1e9 if (v := _num(fields.get(key))) is not None else None)
+        name: (v / 1e9 if (v := number(fields.get(key))) is not None else None)
         for name, key in _PERCENTILE_KEYS.items()
     }
     errors, warnings = _detail_issues(folder / "mlperf_log_detail.txt")
     metric_key = next((k for k in fields if k.endswith("th percentile latency (ns)")), None)
     metric: dict[str, Any] | None = None
-    if metric_key is not None and (value := _num(fields[metric_key])) is not None:
+    if metric_key is not None and (value := number(fields[metric_key])) is not None:
         metric = {"name": metric_key.replace(" (ns)", " (s)"), "value": value / 1e9}
     elif throughput is not None:
         metric = {"name": next(k for k in _THROUGHPUT_KEYS if k in fields), "value": throughput}
@@ -46,18 +45,20 @@ def read_logs(folder: Path) -> dict[str, Any]:
         "recommendations": bullets.get("Recommendations", []),
         "early_stopping": bullets.get("Early Stopping Result", []),
         "throughput": throughput,
-        "scheduled_qps": _num(fields.get("Scheduled samples per second")),
+        "scheduled_qps": number(fields.get("Scheduled samples per second")),
         "latency_s": latency,
         "errors": errors,
         "warnings": warnings,
     }
 
 
-def _parse_summary(text: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+def summary_of(folder: Path) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The summary's 'key : value' lines (a repeated key's first) and its bullets by section."""
+    path = folder / "mlperf_log_summary.txt"
     fields: dict[str, str] = {}
     bullets: dict[str, list[str]] = {}
     section = ""
-    for raw in text.splitlines():
+    for raw in path.read_text().splitlines() if path.is_file() else ():
         line = raw.strip()
         if line.startswith("* "):
             bullets.setdefault(section, []).append(line[2:])
@@ -90,7 +91,8 @@ def _detail_issues(path: Path) -> tuple[list[str], list[str]]:
     return errors, warnings
 
 
-def _num(text: str | None) -> float | None:
+def number(text: str | None) -> float | None:
+    """The figure a summary value starts with, or None."""
     if text is not None:
         with contextlib.suppress(ValueError, IndexError):
             return float(text.split()[0])

@@ -20,7 +20,7 @@ import numpy as np
 from dlscale.bench.generative.client import StreamClient
 from dlscale.bench.generative.load import Job
 from dlscale.bench.generative.records import StreamRecord
-from dlscale.bench.lglog import read_logs
+from dlscale.bench.lglog import number, read_logs, summary_of
 from dlscale.bench.loadgen import LoopThread
 from dlscale.bench.scenarios import RunSettings, Scenario
 from dlscale.errors import BenchError
@@ -171,12 +171,10 @@ def settings_for(
 
 def token_summary(folder: Path) -> dict[str, Any]:
     """LoadGen's verdict and reasons (lglog) plus its token figures: tokens/s, TTFT and TPOT."""
-    logs = read_logs(folder)
-    path = folder / "mlperf_log_summary.txt"
-    fields: dict[str, float] = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        key, sep, value = line.partition(":")
-        if sep and ("token" in key.lower() or "TTFT" in key or "TPOT" in key):
-            with contextlib.suppress(ValueError, IndexError):
-                fields[key.strip()] = float(value.split()[0])
-    return {**logs, "token_fields": fields}
+    fields = {
+        key: figure
+        for key, value in summary_of(folder)[0].items()
+        if ("token" in key.lower() or "TTFT" in key or "TPOT" in key)
+        and (figure := number(value)) is not None
+    }
+    return {**read_logs(folder), "token_fields": fields}
