@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.toolkit.doc_blocks import ROOT, code_blocks
 from tests.toolkit.server import LocalServer, serving
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 #: The addresses the examples use, and which of the server's ports each stands for.
 ADDRESSES = {"localhost:8000": "http", "127.0.0.1:8000": "http", "127.0.0.1:8001": "grpc"}
 
@@ -17,8 +16,10 @@ ADDRESSES = {"localhost:8000": "http", "127.0.0.1:8000": "http", "127.0.0.1:8001
 def _client_examples() -> list[tuple[str, str]]:
     found = []
     for doc in ("serving-rest.md", "serving-grpc.md"):
-        blocks = re.findall(r"```python\n(.*?)```", (DOCS / doc).read_text(), re.S)
-        found += [(doc, b) for b in blocks if "InferenceServerClient(" in b]
+        blocks = code_blocks(ROOT / "docs" / doc)
+        found += [
+            (doc, b) for lang, b in blocks if lang == "python" and "InferenceServerClient(" in b
+        ]
     return found
 
 

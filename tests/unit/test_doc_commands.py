@@ -10,11 +10,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+from tests.toolkit.doc_blocks import DOCS, code_blocks
 
 from dlscale.cli import build_parser, parse
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: A command line in a code block: the program, then what it is told (not its error output,
 #: 'dlscale serve: error: ...').
 _COMMAND = re.compile(r"^(?:\$ )?(?:\S*/)?dlscale (?!\S*: )(.*)$")
@@ -22,21 +21,20 @@ _COMMAND = re.compile(r"^(?:\$ )?(?:\S*/)?dlscale (?!\S*: )(.*)$")
 _PLACEHOLDER = re.compile(r"\.\.\.|\[-|\|")
 
 
-def _code_lines(text: str) -> list[str]:
-    """The lines of the text's fenced code blocks, a backslash's continuation joined."""
-    lines, inside, language = [], False, ""
-    for line in text.replace("\\\n", " ").splitlines():
-        if line.startswith("```"):
-            inside, language = not inside, line[3:].strip()
-        elif inside and language in ("", "bash", "sh", "console"):
-            lines.append(line.strip())
-    return lines
+def _shell_lines(doc: Path) -> list[str]:
+    """The lines of the doc's shell blocks, a backslash's continuation joined."""
+    return [
+        line.strip()
+        for language, text in code_blocks(doc)
+        if language in ("", "bash", "sh", "console")
+        for line in text.replace("\\\n", " ").splitlines()
+    ]
 
 
 def _commands() -> list[tuple[str, str]]:
     found = []
     for doc in DOCS:
-        for line in _code_lines(doc.read_text()):
+        for line in _shell_lines(doc):
             match = _COMMAND.match(line)
             if match is None:
                 continue
