@@ -148,7 +148,8 @@ def test_find_peak_doubles_the_rate_while_runs_meet_the_bound(repo: Path, tmp_pa
     # A bound of 10 s holds on any machine, however slow: the search only ramps up.
     entry, line = _peak_search(repo, tmp_path, bound_s=10.0)
     rates = [p["target_qps"] for p in entry["sweep"]]
-    assert len(rates) == 3 and all(p["valid"] for p in entry["sweep"])
+    said = [(p["target_qps"], p["p99_s"], p["reasons"]) for p in entry["sweep"]]
+    assert len(rates) == 3 and all(p["valid"] for p in entry["sweep"]), said
     assert rates == pytest.approx([rates[0], 2 * rates[0], 4 * rates[0]])
     assert entry["peak_qps"] == rates[-1]
     assert line.startswith(f"peak: {entry['peak_qps']:,.1f} queries/s with p99 ")
