@@ -173,7 +173,7 @@ class Server:
             self._poller = RepositoryPoller(self.manager, s.poll_interval_s)
             self._poller.remember_loaded()
             self._poller.start()
-        log.info("server %s", "ready" if self.dataplane.ready() else "not ready")
+        log.info("server %s", "not ready" if self.dataplane.not_ready_reason() else "ready")
 
     async def wait_loaded(self) -> None:
         """Wait for the models asked for at start to be tried; with exit_on_error, raise the

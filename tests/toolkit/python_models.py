@@ -198,6 +198,32 @@ class TritonPythonModel:
 """
 
 
+#: Triton's `is_ready` for add_sub (readiness_model): told what to answer by the file `readiness`
+#: in the model's folder: "yes", "no", "raise", "maybe" (not a bool) or "hang" (until a file
+#: `release` is there, then yes); each call is counted as a line of the file `asked` there.
+IS_READY = """
+
+    DEF is_ready(self):
+        import time
+        from pathlib import Path
+
+        folder = Path(__file__).resolve().parents[1]
+        with open(folder / "asked", "a") as asked:
+            asked.write("asked\\n")
+        said = (folder / "readiness").read_text().strip()
+        if said == "raise":
+            raise RuntimeError("the feature store is unreachable")
+        while said == "hang" and not (folder / "release").exists():
+            time.sleep(0.05)
+        return {"yes": True, "no": False, "maybe": "maybe", "hang": True}[said]
+"""
+
+
+def readiness_model(asynchronous: bool) -> str:
+    """add_sub with IS_READY, as `def` or `async def` (Triton takes both)."""
+    return ADD_SUB.rstrip() + "\n" + IS_READY.replace("DEF", "async def" if asynchronous else "def")
+
+
 def triton_config(name: str, outputs: Sequence[str] = ("OUTPUT1",), isolation: str = "") -> str:
     """add_sub's config.pbtxt for `name`: two FP32 inputs of 4, OUTPUT0 and `outputs` alike."""
     more = "".join(f',\n  {{ name: "{o}" data_type: TYPE_FP32 dims: [ 4 ] }}' for o in outputs)

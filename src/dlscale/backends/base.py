@@ -110,6 +110,10 @@ class Capabilities:
     #: engine core): with [qos] on its device, it steps only while it holds a lease of the
     #: device's slot (serving/qos/leases.py).
     pauses_steps: bool = False
+    #: Whether it says at run time if it can serve (`ReadyBackend`): a Python model's worker
+    #: process alive, its own `is_ready`. Triton's instance readiness: the model is ready while
+    #: every instance says so.
+    reports_readiness: bool = False
 
 
 @runtime_checkable
@@ -181,3 +185,14 @@ class StreamingBackend(Backend, Protocol):
     def stream(
         self, request_id: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Parameter]
     ) -> AsyncIterator[StreamPart]: ...
+
+
+@runtime_checkable
+class ReadyBackend(Backend, Protocol):
+    """A Backend that says at run time whether it can serve (`Capabilities.reports_readiness`).
+
+    `ready` is awaited on the server's event loop for each readiness check (the model's and,
+    under strict readiness, the server's); it bounds its own wait and must not block the loop.
+    """
+
+    async def ready(self) -> bool: ...

@@ -94,7 +94,7 @@ class Plane(Protocol):
     def live(self) -> bool: ...
 
     @data()
-    def ready(self) -> bool: ...
+    async def ready(self) -> bool: ...
 
     @data()
     def not_ready_reason(self) -> str: ...
@@ -103,7 +103,7 @@ class Plane(Protocol):
     def server_metadata(self) -> ServerMetadata: ...
 
     @data()
-    def model_ready(self, name: str, version: str = "") -> bool: ...
+    async def model_ready(self, name: str, version: str = "") -> bool: ...
 
     @data()
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
@@ -202,6 +202,8 @@ class Asked:
         self.owner = plane if isinstance(plane, Remote) else None
         self.shared_memory = plane.shared_memory
         self.infer = plane.infer
+        self.ready = plane.ready
+        self.model_ready = plane.model_ready
         self.stream = plane.stream
         self.load_model = plane.load_model
         self.unload_model = plane.unload_model
@@ -214,10 +216,8 @@ class Asked:
         return self.owner is not None
 
     live = _asked(Plane.live)
-    ready = _asked(Plane.ready)
     not_ready_reason = _asked(Plane.not_ready_reason)
     server_metadata = _asked(Plane.server_metadata)
-    model_ready = _asked(Plane.model_ready)
     model_metadata = _asked(Plane.model_metadata)
     model_config = _asked(Plane.model_config)
     single_input = _asked(Plane.single_input)

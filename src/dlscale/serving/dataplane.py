@@ -8,6 +8,7 @@ serving/validation.py's.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -81,6 +82,8 @@ class DataPlane:
         self.demand: OnDemand | None = None
         self._accepting = True
         self._started = False  # the models asked for at start have each been tried
+        #: The models that said they cannot serve at the last readiness check (`ready`).
+        self._said_not_ready: list[str] = []
         #: The models' metrics in Prometheus' text format; the host plane above the metrics
         #: room gives it (this room may not import the exposition that reads it).
         self.exposition: Callable[[], bytes] = bytes
@@ -94,12 +97,19 @@ class DataPlane:
         """Live from the moment a frontend answers, while models load too."""
         return True
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         """Ready once the start's models were tried, while accepting requests, and (strict, as
-        Triton's --strict-readiness) while every model the server should serve is READY."""
+        Triton's --strict-readiness) while every model the server should serve is READY and
+        each of its loaded versions says it can serve (`ServedVersion.answers_ready`)."""
         if not self._accepting or not self._started:
             return False
-        return not self.strict_readiness or not self.manager.not_ready()
+        if not self.strict_readiness:
+            return True
+        served = self.manager.served()
+        answers = await asyncio.gather(*(s.answers_ready() for s in served))
+        said = zip(served, answers, strict=True)
+        self._said_not_ready = [s.version.name for s, yes in said if not yes]
+        return not self.manager.not_ready() and not self._said_not_ready
 
     def not_ready_reason(self) -> str:
         """Why `ready` says no, in words a person acts on: which models, in which state, why."""
@@ -108,12 +118,12 @@ class DataPlane:
         if not self._started:
             return "loading the models it starts with"
         waiting = self.manager.not_ready() if self.strict_readiness else []
-        if not waiting:
-            return ""
         return "; ".join(
-            f"model {e.name!r} is {e.state.value}" + (f": {e.reason}" if e.reason else "")
-            for e in waiting
-        )
+            [f"model {e.name!r} is {e.state.value}" + (f": {e.reason}" if e.reason else "")
+             for e in waiting]
+            + [f"model {name!r} says it cannot serve now (its is_ready, or its worker process)"
+               for name in self._said_not_ready]
+        )  # fmt: skip
 
     async def load_initial(self, names: Sequence[str] | None = None) -> dict[str, DlscaleError]:
         """Load the models the server starts with (default: every one); the failed come back.
@@ -149,13 +159,14 @@ class DataPlane:
             extensions += ("cuda_shared_memory",)
         return ServerMetadata("dlscale", __version__, extensions)
 
-    def model_ready(self, name: str, version: str = "") -> bool:
-        """Whether the model (version) serves requests now."""
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model (version) serves requests now: loaded, and each of its instances
+        says it can serve (`ServedVersion.answers_ready`)."""
         try:
-            self.manager.get(name, version)
+            served = self.manager.get(name, version)
         except DlscaleError:
             return False
-        return True
+        return await served.answers_ready()
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         """The model's versions, platform and tensors."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import functools
 import itertools
 from dataclasses import dataclass, field
+from typing import cast
 
+from dlscale.backends.base import ReadyBackend
 from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelVersion
 from dlscale.serving.instance import Instance
@@ -69,6 +72,16 @@ class ServedVersion:
             self.config.max_batch_size,
             self.runner.kind.streams,
         )
+
+    async def answers_ready(self) -> bool:
+        """Whether each instance whose backend tells its readiness at run time says it can serve
+        (Triton's instance readiness: a Python model's worker process alive, its is_ready)."""
+        asked = [
+            cast(ReadyBackend, i.backend).ready()
+            for i in self.instances
+            if i.backend.capabilities.reports_readiness
+        ]
+        return all(await asyncio.gather(*asked))
 
     @property
     def pipeline(self) -> Pipeline | None:

@@ -69,6 +69,7 @@ class TritonPythonModel:
                 model_name=model_name_string,
                 requested_output_names=["OUTPUT0", "OUTPUT1"],
                 inputs=[in_0, in_1],
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
             )
             start = time.perf_counter()
             if self.model_config["parameters"].get("STREAMED"):

@@ -196,7 +196,7 @@ async def test_a_torch_model_loads_and_serves_through_the_dataplane(
     await manager.load_all()
     plane = DataPlane(manager)
     try:
-        assert plane.model_ready("mlp-torch")
+        assert await plane.model_ready("mlp-torch")
         # Two requests of 3 and 2 rows: merged or not, each gets exactly its own rows.
         three, two = await asyncio.gather(
             plane.infer(InferenceRequest("mlp-torch", {"input": inputs["input"]})),

@@ -166,7 +166,7 @@ async def test_the_owner_refuses_a_method_the_plane_does_not_declare(
     remote._writer.writelines(channel.encode(ipc.PlaneCall("stop_accepting", (), {}, ident)))
     with pytest.raises(DlscaleError, match="a worker asked for 'stop_accepting'"):
         await asyncio.wait_for(future, 30)
-    assert plane.ready()
+    assert await plane.ready()
 
 
 async def test_the_owner_refuses_a_registry_operation_not_declared(

@@ -39,7 +39,7 @@ async def test_a_broken_model_does_not_keep_the_others_from_serving(repo: Path) 
     assert index["identity"].state == "READY"
     assert index["broken"].state == "UNAVAILABLE"
     assert "max_batch_size" in index["broken"].reason
-    assert plane.model_ready("identity") and not plane.model_ready("broken")
+    assert await plane.model_ready("identity") and not await plane.model_ready("broken")
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
     response = await plane.infer(_req("identity", x, id="abc"))
     assert response.id == "abc" and np.array_equal(response.outputs["output"], x)
@@ -150,7 +150,7 @@ async def test_model_control_none_refuses_api_loads(repo: Path) -> None:
 async def test_stop_accepting_refuses_new_requests(repo: Path) -> None:
     plane = await _plane(repo)
     plane.stop_accepting()
-    assert not plane.ready()
+    assert not await plane.ready()
     with pytest.raises(Unavailable, match="shutting down"):
         await plane.infer(_req("identity", np.ones((1, 16), np.float32)))
     await plane.manager.close()
@@ -227,20 +227,20 @@ async def _unload_ghosts(plane: HostPlane, count: int) -> None:
 
 async def test_readiness_is_strict_once_the_start_models_were_tried(repo: Path) -> None:
     plane = HostPlane(ModelManager.open(repo), "explicit")
-    assert plane.live() and not plane.ready()  # nothing tried yet
+    assert plane.live() and not await plane.ready()  # nothing tried yet
     failed = await plane.load_initial(["identity", "broken"])
     assert list(failed) == ["broken"] and "max_batch_size" in str(failed["broken"])
-    assert not plane.ready()  # broken was asked for and is not READY
+    assert not await plane.ready()  # broken was asked for and is not READY
     await plane.unload_model("broken")
-    assert plane.ready()
+    assert await plane.ready()
     await plane.load_model("plus")  # loaded since: now asked for too
     await plane.unload_model("plus")
-    assert plane.ready()
+    assert await plane.ready()
     lenient = HostPlane(ModelManager.open(repo), "explicit", strict_readiness=False)
     await lenient.load_initial(["identity", "broken"])
-    assert lenient.ready()
+    assert await lenient.ready()
     plane.stop_accepting()
-    assert not plane.ready()
+    assert not await plane.ready()
     await plane.manager.close()
     await lenient.manager.close()
 

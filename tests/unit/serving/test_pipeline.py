@@ -117,7 +117,7 @@ async def test_a_missing_step_refuses_the_load_and_keeps_the_server_not_ready(
     plane = HostPlane(ModelManager.open(tmp_path), "explicit")
     failed = await plane.load_initial()
     assert "'absent'" in str(failed["orphan"]) and "neither loaded nor in" in str(failed["orphan"])
-    assert not plane.ready() and not plane.model_ready("orphan")
+    assert not await plane.ready() and not await plane.model_ready("orphan")
     (row,) = plane.repository_index()
     assert row.state == "UNAVAILABLE" and "'absent'" in row.reason
 

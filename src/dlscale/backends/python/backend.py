@@ -27,9 +27,11 @@ from dlscale.backends.python.binding import bind_caller
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, api_of, log_failure
 from dlscale.backends.python.native import NativeRunner
 from dlscale.backends.python.outputs import check_outputs
+from dlscale.backends.python.readiness import ReadinessCheck
 from dlscale.backends.python.runner import Runner, make_runner
 from dlscale.backends.python.streaming import Channel, relay, streams
 from dlscale.backends.python.triton import TritonRunner
+from dlscale.backends.python.worker import WorkerRunner
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.types import Parameter
 
@@ -59,6 +61,7 @@ class PythonBackend:
         self.inputs, self.outputs = list(options.inputs), list(options.outputs)
         self._runner: Runner | None = None
         self._streams: ThreadPoolExecutor | None = None  # user code of streams runs here
+        self._readiness: ReadinessCheck | None = None  # when the model has its own is_ready
 
     def load(self) -> None:
         """Import model.py and load its model, here or in a worker process."""
@@ -74,13 +77,13 @@ class PythonBackend:
         bind_caller(options.caller)  # BLS from initialize or load, in this thread
         with self._logged():
             if self.isolation == "process":
-                from dlscale.backends.python.worker import WorkerRunner
-
                 self._runner = WorkerRunner(model, self.api, options.caller, bound)
             else:
                 self._runner = make_runner(model, self.api)
                 if self.decoupled:  # one execute at a time, as a Triton stub process runs it
                     self._streams = ThreadPoolExecutor(1, thread_name_prefix=f"{model.name}-stream")
+        if self._runner.checks_ready:
+            self._readiness = ReadinessCheck(model.name, self._runner.ready)
 
     @contextlib.contextmanager
     def _logged(self) -> Iterator[None]:
@@ -105,7 +108,16 @@ class PythonBackend:
             streams_answers=self.decoupled,
             generates_text=generative,
             stops_batches=self.isolation == "process",
+            reports_readiness=self.isolation == "process" or self._readiness is not None,
         )
+
+    async def ready(self) -> bool:
+        """As Triton's python backend says: ready while the model's worker process runs, and
+        as the model's own `is_ready` answers when it has one (backends/python/readiness.py)."""
+        runner = self._runner
+        if runner is None or (isinstance(runner, WorkerRunner) and not runner.alive):
+            return False
+        return await self._readiness.ready() if self._readiness is not None else True
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One merged batch (dlscale's API; warm-up for Triton models)."""
@@ -170,6 +182,8 @@ class PythonBackend:
     def unload(self) -> None:
         """Call the model's unload (finalize) and stop its worker."""
         runner, self._runner = self._runner, None
+        if self._readiness is not None:
+            self._readiness.close()
         if runner is not None:
             runner.close()
         if self._streams is not None:

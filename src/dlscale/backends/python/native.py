@@ -72,6 +72,13 @@ class NativeRunner:
             except Exception as exc:
                 raise failure(model, "load", exc) from None
 
+    #: dlscale's `Model` API has no readiness of its own: loaded is ready.
+    checks_ready = False
+
+    def ready(self) -> bool:
+        """Always: see `checks_ready`."""
+        return True
+
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """`infer` on each batch given (the batcher merged each already); raises for user bugs."""
         return [self._infer(inputs) for inputs in requests]

@@ -12,7 +12,13 @@ from dlscale.backends.python.loader import Api, UserModel
 
 
 class Runner(Protocol):
-    """User code loaded in this process or behind a worker: one result per request."""
+    """User code loaded in this process or behind a worker: one result per request; `ready`
+    asks the model's own readiness where it has one (`checks_ready`: Triton's is_ready)."""
+
+    @property
+    def checks_ready(self) -> bool: ...
+
+    def ready(self) -> bool: ...
 
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]: ...
 

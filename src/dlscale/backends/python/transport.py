@@ -30,6 +30,21 @@ class Ready:
 
     error: DlscaleError | None = None
     metrics: tuple[SeriesState, ...] = ()  # custom metrics changed in the worker
+    #: Whether the model has its own `is_ready` (the server then asks it with `AskReady`).
+    checks_ready: bool = False
+
+
+@dataclass(frozen=True)
+class AskReady:
+    """Call the model's is_ready: on the worker's readiness pipe, answered beside its batches."""
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The answer to AskReady: the model's True or False, or the error its is_ready raised."""
+
+    ready: bool
+    error: DlscaleError | None = None
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,26 @@ class TritonRunner:
             except Exception as exc:
                 raise failure(self.model, "initialize", exc) from None
 
+    @property
+    def checks_ready(self) -> bool:
+        """Whether the model has its own `is_ready` (Triton's: optional)."""
+        return callable(getattr(self._user, "is_ready", None))
+
+    def ready(self) -> bool:
+        """The model's `is_ready` answer (True without one); UserCodeError when it raises or
+        answers other than a bool, as Triton's python backend requires."""
+        if not self.checks_ready:
+            return True
+        try:
+            answer = _await(self._user.is_ready())
+        except Exception as exc:
+            raise failure(self.model, "is_ready", exc) from None
+        if not isinstance(answer, bool):
+            raise UserCodeError(
+                f"model {self.model.name!r}: is_ready returned {answer!r}; expected True or False"
+            )
+        return answer
+
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """`execute` on the batch's requests; one result per request, raises for user bugs."""
         asked = [self._request(inputs) for inputs in requests]

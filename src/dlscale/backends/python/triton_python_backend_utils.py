@@ -97,6 +97,15 @@ ERRORS: dict[int, type[DlscaleError]] = {
 }
 
 
+class PreferredMemory:
+    """Where a BLS call's outputs should be placed (Triton's `PreferredMemory(type, device)`):
+    taken as Triton's examples pass it; answers are host arrays here whatever it says."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
 class TritonModelException(Exception):
     """Raised by user code in initialize, execute or finalize to fail with a message."""
 

@@ -30,7 +30,7 @@ from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import transport as t
 from dlscale.backends.python.binding import bind_caller
 from dlscale.backends.python.loader import Api, UserCodeError, UserModel, log_failure
-from dlscale.backends.python.runner import make_runner
+from dlscale.backends.python.runner import Runner, make_runner
 from dlscale.errors import BackendError, DlscaleError, Unavailable
 from dlscale.types import InferenceRequest, InferenceResponse
 from dlscale.wire import channel, segments
@@ -68,6 +68,9 @@ class WorkerRunner:
         self._broken = ""  # why no worker runs (a restart failed)
         self._process: Any = None
         self._pipe: t.Pipe | None = None
+        self._asks: Connection | None = None  # the worker's readiness pipe
+        #: Whether the model has its own is_ready (the worker said so once loaded).
+        self.checks_ready = False
         # The server's naming rule (wire/segments.py): the registry refuses these segments,
         # and what a dead worker left under its prefix is swept.
         scope = f"py{secrets.token_hex(4)}"
@@ -92,14 +95,16 @@ class WorkerRunner:
     def _start(self) -> None:
         """Start a worker and wait until it loaded the model (raises what its load raised)."""
         ours, theirs = self._context.Pipe()
+        asks, answers = self._context.Pipe()
         process = self._context.Process(
             target=serve,
-            args=(theirs, self.model, self.api, self._worker_prefix),
+            args=(theirs, answers, self.model, self.api, self._worker_prefix),
             name=f"dlscale-{self.model.name}",
         )
         process.daemon = True
         process.start()
         theirs.close()
+        answers.close()
         pipe = t.Pipe(ours, self._server_prefix)
         try:
             ready = _received(pipe)
@@ -109,6 +114,7 @@ class WorkerRunner:
         except EOFError:
             process.join()
             pipe.close()
+            asks.close()
             raise BackendError(
                 f"model {self.model.name!r}: its worker process exited while loading "
                 f"(exit code {process.exitcode})"
@@ -116,8 +122,32 @@ class WorkerRunner:
         if isinstance(ready, t.Ready) and ready.error is not None:
             process.join()
             pipe.close()
+            asks.close()
             raise _error(ready.error)
-        self._process, self._pipe = process, pipe
+        self.checks_ready = isinstance(ready, t.Ready) and ready.checks_ready
+        self._process, self._pipe, self._asks = process, pipe, asks
+
+    @property
+    def alive(self) -> bool:
+        """Whether a worker process runs the model now (not while one is restarted)."""
+        process = self._process
+        return process is not None and process.is_alive()
+
+    def ready(self) -> bool:
+        """The model's is_ready answer, asked on the worker's readiness pipe: beside a batch
+        that runs, as Triton's stub answers it beside execute. One ask at a time (the caller,
+        backends/python/readiness.py, runs them in one thread)."""
+        asks = self._asks
+        if asks is None or not self.alive:
+            raise Unavailable(f"model {self.model.name!r}: no worker process runs it now")
+        try:
+            channel.send(asks, t.AskReady())
+            answer = channel.expect(t.Readiness, channel.receive(asks))
+        except (EOFError, OSError):
+            raise Unavailable(f"model {self.model.name!r}: its worker process exited") from None
+        if answer.error is not None:
+            raise answer.error
+        return answer.ready
 
     def run(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[RequestResult]:
         """Send the batch to the worker and wait for its results, answering its BLS calls."""
@@ -281,6 +311,9 @@ class WorkerRunner:
         if pipe is not None:
             pipe.conn.close()
             pipe.close()
+        asks, self._asks = self._asks, None
+        if asks is not None:
+            asks.close()
 
 
 def _resident_mb(pid: int) -> int:
@@ -337,9 +370,10 @@ class _PipeCaller:
         return answer
 
 
-def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
+def serve(conn: Connection, asks: Connection, model: UserModel, api: Api, prefix: str) -> None:
     """The worker's main: load the model, then compute each batch the server sends; its
-    segments are named under `prefix` (the server's rule, wire/segments.py)."""
+    segments are named under `prefix` (the server's rule, wire/segments.py). A model with its
+    own is_ready answers the server's asks on `asks`, in a thread of its own."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s [worker] %(message)s")
     pipe = t.Pipe(conn, prefix)
     bind_caller(_PipeCaller(pipe))
@@ -348,7 +382,9 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
     except DlscaleError as exc:
         pipe.send(t.Ready(_portable(exc)))
         return
-    pipe.send(t.Ready(metrics=metrics.STORE.take_changes()))
+    if runner.checks_ready:
+        threading.Thread(target=_answer_asks, args=(asks, runner), daemon=True).start()
+    pipe.send(t.Ready(metrics=metrics.STORE.take_changes(), checks_ready=runner.checks_ready))
     while True:
         message = pipe.receive()
         if isinstance(message, t.Stop):
@@ -363,6 +399,23 @@ def serve(conn: Connection, model: UserModel, api: Api, prefix: str) -> None:
         done = [_portable(r) if isinstance(r, DlscaleError) else r for r in results]
         outputs = (r for r in done if not isinstance(r, DlscaleError))
         pipe.send(t.Done(done, metrics.STORE.take_changes()), *outputs)
+
+
+def _answer_asks(asks: Connection, runner: Runner) -> None:
+    """Answer each AskReady with the model's is_ready, until the server closes the pipe."""
+    while True:
+        try:
+            channel.expect(t.AskReady, channel.receive(asks))
+        except (EOFError, OSError):
+            return
+        try:
+            answer = t.Readiness(runner.ready())
+        except DlscaleError as exc:
+            answer = t.Readiness(False, _portable(exc))
+        try:
+            channel.send(asks, answer)
+        except OSError:
+            return
 
 
 def _portable(exc: DlscaleError) -> DlscaleError:

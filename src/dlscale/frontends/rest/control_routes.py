@@ -69,7 +69,11 @@ class ControlRoutes:
             await self.plane.model_metadata(*args)
         except DlscaleError as exc:
             return error_response(exc.http_status, str(exc))
-        return error_response(503, f"model {args[0]!r} is not ready")
+        return error_response(
+            503,
+            f"model {args[0]!r} is loaded but says it cannot serve now (its is_ready, or its "
+            "worker process)",
+        )
 
     async def config(
         self, args: list[str], headers: Mapping[str, str], body: Buffer
