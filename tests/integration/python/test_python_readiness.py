@@ -6,6 +6,8 @@ not called again while it runs."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,26 @@ from tests.toolkit.waiting import until
 #: The models: is_ready in a worker process (Triton's default), and `async def` in the server's.
 MODELS = {"ready_worker": ("process", False), "ready_inline": ("thread", True)}
 X = np.ones((1, 4), np.float32)
+#: A model without is_ready in a worker process that will not start again once told so (a file
+#: `refuse` beside it); it answers with its worker's pid.
+NO_RESTART = """
+import os
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if (Path(args["model_repository"]) / "refuse").exists():
+            raise RuntimeError("told not to start again")
+
+    def execute(self, requests):
+        pid = np.full((1, 4), os.getpid(), np.float32)
+        outputs = [pb_utils.Tensor("OUTPUT0", pid), pb_utils.Tensor("OUTPUT1", pid)]
+        return [pb_utils.InferenceResponse(output_tensors=outputs) for _ in requests]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +53,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         config = triton_config(name, isolation=isolation)
         folder = write_triton_python_model(root, name, readiness_model(asynchronous), config)
         (folder / "readiness").write_text("yes")
+    write_triton_python_model(root, "no_restart", NO_RESTART, triton_config("no_restart"))
     return root
 
 
@@ -74,11 +97,15 @@ def _server_ready(server: LocalServer) -> httpx.Response:
     return httpx.get(f"http://{server.http_url}/v2/health/ready", timeout=30)
 
 
-def _infers(http: th.InferenceServerClient, model: str) -> bool:
+def _answer_of(http: th.InferenceServerClient, model: str) -> np.ndarray:
     inputs = [th.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
     for tensor in inputs:
         tensor.set_data_from_numpy(X)
-    return bool(np.array_equal(http.infer(model, inputs).as_numpy("OUTPUT0"), 2 * X))
+    return np.asarray(http.infer(model, inputs).as_numpy("OUTPUT0"))
+
+
+def _infers(http: th.InferenceServerClient, model: str) -> bool:
+    return bool(np.array_equal(_answer_of(http, model), 2 * X))
 
 
 def test_is_ready_decides_the_models_readiness_and_the_servers(
@@ -146,3 +173,15 @@ def test_a_hung_is_ready_says_not_ready_and_is_not_called_again_while_it_runs(
     until(lambda: http.is_model_ready(model))  # the hung call answers at last
     asked = _asked(repo, model)
     assert http.is_model_ready(model) and _asked(repo, model) == asked + 1  # then a new call
+
+
+def test_a_worker_model_without_is_ready_is_not_ready_while_no_worker_runs(
+    repo: Path, http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+) -> None:
+    # Last in the module: the model stays without a worker.
+    pid = int(_answer_of(http, "no_restart")[0, 0])
+    assert pid != os.getpid() and http.is_model_ready("no_restart")
+    (repo / "no_restart" / "refuse").touch()
+    os.kill(pid, signal.SIGKILL)  # and its restart fails: no worker runs it
+    until(lambda: not http.is_model_ready("no_restart"))
+    assert not grpc.is_model_ready("no_restart")
