@@ -30,6 +30,8 @@ from dlscale.wire import channel
 from dlscale.wire.segments import Segments
 
 GONE = "the server is stopping (its model process is gone)"
+#: The health methods a gone owner answers with False (neither live nor ready) rather than GONE.
+HEALTH = ("live", "ready")
 
 
 class Calls:
@@ -130,8 +132,8 @@ class RemotePlane:
     async def ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """The owner's answer to Plane method `method` (it refuses any other name); inference
         inputs travel in place."""
-        if self.gone.is_set() and method in ("live", "ready"):
-            return False  # the owner is gone: neither live nor ready
+        if self.gone.is_set() and method in HEALTH:
+            return False
         if self._writer is None or self.gone.is_set():
             raise Unavailable(GONE)
         request = args[0] if method == "infer" and args else None
@@ -229,8 +231,8 @@ def _forward(method: PlaneMethod) -> Callable[..., Any]:
         try:
             return self._calls(name, *args)
         except Unavailable:
-            if name in ("live", "ready"):
-                return False  # the owner is gone: neither live nor ready
+            if name in HEALTH:
+                return False
             raise
 
     forward.__name__ = name
