@@ -23,6 +23,7 @@ from dlscale.backends import BackendOptions, create_backend
 from dlscale.backends.python import PythonBackend
 from dlscale.backends.python import triton_python_backend_utils as pb_utils
 from dlscale.backends.python.loader import UserCodeError, api_of
+from dlscale.backends.python.pb_errors import code_of
 from dlscale.errors import BackendError, ConfigError, DlscaleError, InvalidInput
 from dlscale.models.config import ModelConfig, load_config
 from dlscale.models.config_sections import BatchingConfig
@@ -201,7 +202,7 @@ def test_a_responses_error_code_gives_the_status_triton_answers_with(tmp_path: P
     assert [(type(r).http_status, type(r).grpc_code) for r in results] == list(codes.values())
     assert all(isinstance(r, DlscaleError) and "coded" in str(r) for r in results)
     # A BLS caller gets each code back as it was sent.
-    assert [pb_utils._code_of(r) for r in results] == list(codes)  # type: ignore[arg-type]
+    assert [code_of(r) for r in results] == list(codes)  # type: ignore[arg-type]
 
 
 def test_configs_name_the_python_backend(tmp_path: Path) -> None:

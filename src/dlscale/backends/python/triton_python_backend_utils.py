@@ -20,7 +20,9 @@ from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python.binding import current_caller, current_model
 from dlscale.backends.python.pb_config import ModelConfig as ModelConfig  # Triton's name
 from dlscale.backends.python.pb_config import by_name as _by_name
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.backends.python.pb_errors import TritonError as TritonError  # Triton's name
+from dlscale.backends.python.pb_errors import code_of
+from dlscale.errors import DlscaleError
 from dlscale.types import Datatype, RequestedOutput
 from dlscale.types import InferenceRequest as CoreRequest
 
@@ -35,66 +37,6 @@ TRITONSERVER_MEMORY_GPU = 2
 
 #: Triton's TYPE_* config names -> numpy dtypes (BYTES as object arrays).
 _CONFIG_TYPES = {Datatype(d).config_type: Datatype(d).numpy for d in Datatype}
-
-
-class TritonError:
-    """An error a response carries (Triton's pb_utils.TritonError)."""
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, msg: str, code: int = INTERNAL) -> None:
-        self._message = msg
-        self._code = code
-
-    def message(self) -> str:
-        """The error's text."""
-        return self._message
-
-    def code(self) -> int:
-        """One of the class's codes."""
-        return self._code
-
-
-class _ModelSaid(DlscaleError):
-    """A code with no error of its own here: Triton answers it 400 over HTTP and under its own
-    name over gRPC (its http_server.cc and grpc utils)."""
-
-    http_status = 400
-    reason = "BACKEND"
-
-
-class UnknownError(_ModelSaid):
-    grpc_code = "UNKNOWN"
-
-
-class AlreadyExistsError(_ModelSaid):
-    grpc_code = "ALREADY_EXISTS"
-
-
-class CancelledError(_ModelSaid):
-    grpc_code = "CANCELLED"
-    reason = "CANCELED"  # Triton's nv_inference_request_failure label
-
-
-#: TritonError codes and the errors they are here, both ways: a response's error reaches the
-#: client as Triton answers it (shared/reference/oip.md: 404, 503, 501, INTERNAL a 500, the rest
-#: 400), and a BLS call's error reaches the model with its code.
-ERRORS: dict[int, type[DlscaleError]] = {
-    TritonError.INVALID_ARG: InvalidInput,
-    TritonError.NOT_FOUND: NotFound,
-    TritonError.UNAVAILABLE: Unavailable,
-    TritonError.UNSUPPORTED: Unsupported,
-    TritonError.UNKNOWN: UnknownError,
-    TritonError.ALREADY_EXISTS: AlreadyExistsError,
-    TritonError.CANCELLED: CancelledError,
-}
 
 
 class PreferredMemory:
@@ -304,7 +246,7 @@ class InferenceRequest:
             for answer in caller.stream(request) if decoupled else [caller.infer(request)]:
                 yield InferenceResponse([Tensor(n, a) for n, a in answer.outputs.items()])
         except DlscaleError as exc:
-            yield InferenceResponse(error=TritonError(exc.message, _code_of(exc)))
+            yield InferenceResponse(error=TritonError(exc.message, code_of(exc)))
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` on the loop's default thread pool, as Triton's is."""
@@ -339,10 +281,6 @@ def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TritonModelException(f"expected a name (str or bytes), got {value!r}")
     return value
-
-
-def _code_of(exc: DlscaleError) -> int:
-    return next((c for c, kind in ERRORS.items() if isinstance(exc, kind)), TritonError.INTERNAL)
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
