@@ -228,9 +228,12 @@ def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bo
         bounds, ctx.current_time or time.time(), state.get(DOWN_SINCE), down_delay_s,
         _missed(state.get(MISSED)), state.get(JOINED), Starts.from_kept(state.get(STARTS)),
     )  # fmt: skip
-    # The policy runs ten times a second: a line per change, not per run.
-    held = decision.down_since is not None and state.get(DOWN_SINCE) is None
-    logged = decision.replicas != decision.target or held
+    # The policy runs ten times a second: a line per change, not per run: the replicas change,
+    # a hold begins, or a hold ends without its scale-down (the line says why the fleet kept
+    # its replicas: without it a hold begun again and again read as a scale-down never done).
+    began = decision.down_since is not None and state.get(DOWN_SINCE) is None
+    broke = decision.down_since is None and state.get(DOWN_SINCE) is not None
+    logged = decision.replicas != decision.target or began or broke
     if logged:
         log.info("autoscaler: %s", describe(decision))
     state[DOWN_SINCE], state[LAST] = decision.down_since, describe(decision)

@@ -261,6 +261,20 @@ def test_the_policy_holds_an_idle_fleet_in_its_state_then_sheds(
     assert lines[1].startswith("autoscaler: 3 -> 1 replicas")
 
 
+def test_a_hold_that_ends_without_its_scale_down_is_logged_with_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    idle, held_up = _reported(0.0, 0.05), _reported(0.0, 0.6)  # two would be 0.9 busy
+    with caplog.at_level(logging.INFO, logger="dlscale.scale"):
+        _, state = fleet_policy(_context(idle, 3, {}))  # a hold begins
+        kept, state = fleet_policy(_context(held_up, 3, state))  # the load is back: it ends
+        again, state = fleet_policy(_context(held_up, 3, state))  # nothing new: no line
+    assert kept == again == 3 and state[DOWN_SINCE] is None
+    lines = [r.getMessage() for r in caplog.records if "autoscaler" in r.getMessage()]
+    assert len(lines) == 2 and "held 0 of" in lines[0]
+    assert lines[1].startswith("autoscaler: 3 -> 3 replicas: m: ") and "not fewer" in lines[1]
+
+
 def test_a_warming_replica_does_not_lower_the_fleets_capacity() -> None:
     # r2 joined in a burst and has run batches of one only: it reads half r1's capacity (and
     # twice its busy share at its rate). The replicas run the same model: r1's best holds.
