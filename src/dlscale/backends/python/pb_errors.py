@@ -8,7 +8,14 @@ own name), and a BLS call's error reaches the calling model with its code. pb_ut
 
 from __future__ import annotations
 
-from dlscale.errors import DlscaleError, InvalidInput, NotFound, Unavailable, Unsupported
+from dlscale.errors import (
+    BackendError,
+    DlscaleError,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
 
 
 class TritonError:
@@ -72,3 +79,9 @@ ERRORS: dict[int, type[DlscaleError]] = {
 def code_of(exc: DlscaleError) -> int:
     """The TritonError code of an error (INTERNAL for any error without a code of its own)."""
     return next((c for c, kind in ERRORS.items() if isinstance(exc, kind)), TritonError.INTERNAL)
+
+
+def error_of(error: TritonError) -> DlscaleError:
+    """The error a response's TritonError is here (a server error for INTERNAL and any code
+    without an error of its own)."""
+    return ERRORS.get(error.code(), BackendError)(error.message())

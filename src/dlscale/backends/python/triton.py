@@ -22,7 +22,7 @@ from dlscale.backends.python import custom_metrics as metrics
 from dlscale.backends.python import triton_python_backend_utils as pb
 from dlscale.backends.python.binding import bind_model
 from dlscale.backends.python.loader import UserCodeError, UserModel, failure, user_class
-from dlscale.backends.python.pb_errors import ERRORS
+from dlscale.backends.python.pb_errors import error_of
 from dlscale.backends.python.streaming import Channel
 from dlscale.errors import BackendError
 from dlscale.types import Parameters, TensorSpec
@@ -128,7 +128,7 @@ class TritonRunner:
             )
         error = response.error()
         if error is not None:
-            return ERRORS.get(error.code(), BackendError)(error.message())
+            return error_of(error)
         outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
         missing = [n for n in self._outputs if n not in outputs]
         if missing:
@@ -190,7 +190,7 @@ def _deliver(channel: Channel, response: pb.InferenceResponse | None, flags: int
         return
     error = response.error()
     if error is not None:
-        channel.send(ERRORS.get(error.code(), BackendError)(error.message()))
+        channel.send(error_of(error))
         return
     outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
     channel.send(StreamPart(outputs, _parameters(response.parameters()), final))
