@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +79,6 @@ class BenchOptions:
     client_ceiling: bool = True
     #: Offline runs at each of these concurrencies (a throughput-latency curve); () for none.
     concurrency_sweep: tuple[int, ...] = ()
-    extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:
         """Refuse contradictory settings before anything is loaded."""

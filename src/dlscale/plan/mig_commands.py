@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from dlscale.errors import PlanError
+from dlscale.errors import ConfigError, PlanError
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.detect import detect
 from dlscale.hardware.report import table
@@ -16,9 +16,9 @@ from dlscale.models.locate import onnx_file
 from dlscale.plan.mig import CurveOn, MigLayout, MigTenant, assign, plan_mig
 from dlscale.plan.serve import Profile, Workload, curve_on
 from dlscale.plan.units import human_seconds, parse_duration
+from dlscale.serving.memory.sizes import parse_size
 
 _KEYS = ("model", "qps", "p99", "name", "flops", "bytes", "memory", "profile")
-_BYTES = {"GB": 1e9, "GIB": 2**30, "MB": 1e6, "MIB": 2**20}
 
 
 def parse_tenant(text: str, args: argparse.Namespace) -> MigTenant:
@@ -31,24 +31,32 @@ def parse_tenant(text: str, args: argparse.Namespace) -> MigTenant:
         fields[key.strip()] = value.strip()
     if "qps" not in fields or "p99" not in fields:
         raise PlanError(f"--tenant {text!r}: give qps= and p99= (e.g. qps=500,p99=15ms)")
-    workload = _workload(fields, args)
+    workload = _workload(text, fields, args)
     try:
-        qps = float(fields["qps"])
-    except ValueError:
-        raise PlanError(f"--tenant {text!r}: qps must be a number") from None
+        memory = parse_size(fields.get("memory", "0"))
+    except ConfigError as e:
+        raise PlanError(f"--tenant {text!r}: {e}") from None
     return MigTenant(
         fields.get("name") or workload.name,
-        qps,
+        _number(text, fields, "qps"),
         parse_duration(fields["p99"]),
         _curve_on(workload, fields.get("profile"), args),
-        _bytes(fields.get("memory", "0")),
+        memory,
     )
 
 
-def _workload(fields: dict[str, str], args: argparse.Namespace) -> Workload:
+def _number(text: str, fields: dict[str, str], key: str) -> float:
+    try:
+        return float(fields.get(key, "0"))
+    except ValueError:
+        raise PlanError(f"--tenant {text!r}: {key} must be a number") from None
+
+
+def _workload(text: str, fields: dict[str, str], args: argparse.Namespace) -> Workload:
     if "flops" in fields:
-        moved = float(fields.get("bytes", "0"))
-        return Workload(fields.get("model", "model"), float(fields["flops"]), lambda _p, _b: moved)
+        moved = _number(text, fields, "bytes")
+        flops = _number(text, fields, "flops")
+        return Workload(fields.get("model", "model"), flops, lambda _p, _b: moved)
     if "model" not in fields:
         raise PlanError("each --tenant needs model= (zoo name or .onnx file) or flops=,bytes=")
     cost = count(onnx_file(fields["model"], args.repo))
@@ -58,14 +66,6 @@ def _workload(fields: dict[str, str], args: argparse.Namespace) -> Workload:
 def _curve_on(workload: Workload, profile_path: str | None, args: argparse.Namespace) -> CurveOn:
     profile = Profile.load(Path(profile_path)) if profile_path else None
     return curve_on(workload, profile, args.precision, args.efficiency, args.max_batch)
-
-
-def _bytes(text: str) -> float:
-    upper = text.upper()
-    for suffix, scale in _BYTES.items():
-        if upper.endswith(suffix):
-            return float(upper[: -len(suffix)]) * scale
-    return float(text)
 
 
 def plan_serve_mig(args: argparse.Namespace) -> int:

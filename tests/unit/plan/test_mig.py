@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from tests.unit.hardware.fake_nvml import three_gpus
 
-from dlscale.cli import main
+from dlscale.cli import build_parser, main
 from dlscale.hardware.catalog import load_catalog
 from dlscale.hardware.detect import detect
 from dlscale.hardware.spec import DeviceSpec
 from dlscale.plan.mig import MigGpu, MigLayout, MigTenant, assign, memory_slices, pack, plan_mig
+from dlscale.plan.mig_commands import parse_tenant
 from dlscale.plan.serve import ServiceCurve, Workload, roofline_curve
 
 H100 = load_catalog().get("H100-SXM")
@@ -89,3 +90,30 @@ def test_plan_serve_mig_on_the_command_line(
     assert "give qps= and p99=" in capsys.readouterr().err
     assert main(["plan", "serve", "--mig", "L4", "--tenant", tenant]) == 1
     assert "no MIG profiles" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("qps=fast", "qps must be a number"),
+        ("flops=lots", "flops must be a number"),
+        ("bytes=some", "bytes must be a number"),
+        ("memory=abc", "memory size 'abc'"),
+        ("memory=1e9", "memory size '1e9'"),  # sizes are written with a unit, as in [memory]
+        ("memory=20XB", "memory size '20XB'"),
+    ],
+)
+def test_a_tenants_value_that_is_not_a_number_is_named(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each was a ValueError traceback once; the memory size now reads as a server's [memory] does.
+    tenant = ",".join(["flops=8.18e9", "bytes=3e7", "qps=200", "p99=15ms", value])
+    assert main(["plan", "serve", "--mig", "H100-SXM", "--tenant", tenant]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_tenants_memory_is_read_in_decimal_and_binary_units() -> None:
+    args = build_parser().parse_args(["plan", "serve", "--mig", "H100-SXM"])
+    for memory, expected in (("20GB", 20e9), ("20GiB", 20 * 2**30), ("512MiB", 2**29)):
+        tenant = parse_tenant(f"flops=1e9,bytes=1e6,qps=1,p99=1s,memory={memory}", args)
+        assert tenant.memory_bytes == expected
