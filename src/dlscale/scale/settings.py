@@ -112,8 +112,10 @@ BOTH_FLEETS = (
 )
 
 
-def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> None:
-    """`dlscale serve REPO --ray ...` (docs/scale.md): `handler` runs the verb with --ray."""
+def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> list[argparse.Action]:
+    """`dlscale serve REPO --ray ...` (docs/scale.md): `handler` runs the verb with --ray.
+
+    Returns the flags that only --ray reads."""
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument(
         "--ray",
@@ -123,6 +125,6 @@ def add_ray_flags(serve: argparse.ArgumentParser, handler: object) -> None:
         handler=handler,
         help="serve on a Ray cluster: replicas of the whole server behind one router",
     )
-    for item in flagged(ScaleSettings):
-        add_flag(ray, item)
-    ray.add_argument("--detach", action="store_true", help="return once deployed (with --address)")
+    only_ray = [add_flag(ray, item) for item in flagged(ScaleSettings)]
+    detach = "return once deployed (with --address)"
+    return [*only_ray, ray.add_argument("--detach", action="store_true", help=detach)]

@@ -70,7 +70,7 @@ def add_serve_flags(serve: argparse.ArgumentParser, handlers: Mapping[str, objec
 
 def add_flag(
     group: argparse._ArgumentGroup, item: dataclasses.Field[Any], handler: object | None = None
-) -> None:
+) -> argparse.Action:
     """The flag of one field, as its metadata says (see the module's docstring)."""
     arg = dict(item.metadata["arg"])
     if handler is not None:
@@ -87,7 +87,7 @@ def add_flag(
     if arg.get("action", "append") == "append" and not {"choices", "metavar"} & arg.keys():
         # named as the flag, not as the field
         arg["metavar"] = flags[0][2:].upper().replace("-", "_")
-    group.add_argument(*flags, dest=item.name, default=default, help=text, **arg)
+    return group.add_argument(*flags, dest=item.name, default=default, help=text, **arg)
 
 
 def settings_from(args: argparse.Namespace) -> ServerSettings:

@@ -21,9 +21,9 @@ from dlscale.serving.metrics.exposition import render
 
 def test_the_flag_runs_the_fleet_and_the_others_the_server(tmp_path: Path) -> None:
     fleet = parse(["serve", str(tmp_path), "--device-workers", "auto"])
-    assert fleet.func == LazyHandler("dlscale.cli_verbs.serve", "serve_on_devices")
+    assert fleet.func.handler == LazyHandler("dlscale.cli_verbs.serve", "serve_on_devices")
     assert settings_from(fleet).network.device_workers == "auto"
-    assert parse(["serve", str(tmp_path)]).func == LazyHandler("dlscale.server", "serve")
+    assert parse(["serve", str(tmp_path)]).func.handler == LazyHandler("dlscale.server", "serve")
     with pytest.raises(ConfigError, match="auto, a count, or a list"):
         settings_from(parse(["serve", str(tmp_path), "--device-workers", " "]))
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.cli import parse
+from dlscale.cli import main, parse
 from dlscale.cli_verbs import LazyHandler
 from dlscale.errors import ConfigError
 from dlscale.scale.settings import ScaleSettings, parse_autoscale
 
 
 def test_ray_picks_the_scale_handler_and_plain_serve_keeps_the_servers() -> None:
-    assert parse(["serve", "repo"]).func == LazyHandler("dlscale.server", "serve")
+    assert parse(["serve", "repo"]).func.handler == LazyHandler("dlscale.server", "serve")
     args = parse(["serve", "repo", "--ray", "--replicas", "3", "--gpus-per-replica", "0.5"])
     assert args.func == LazyHandler("dlscale.scale.commands", "serve_on_ray")
     assert (args.replicas, args.gpus_per_replica) == (3, 0.5)
@@ -35,6 +35,26 @@ def test_settings_from_the_command_line(tmp_path: Path) -> None:
     assert (network.http_port, network.grpc_port, network.metrics_port) == (0, None, 0)
     assert settings.server.limits.max_body_bytes == 2 * 2**20
     assert settings.repository == tmp_path.resolve()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--replicas", "4"],
+        ["--autoscale", "1:4", "--scale-down-delay", "5"],
+        ["--address", "auto", "--detach"],
+        ["--gpus-per-replica", "0.5"],
+        ["--device-workers", "2", "--cpus-per-replica", "2"],
+    ],
+)
+def test_flags_only_ray_reads_are_refused_without_ray(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ignored, `--replicas 4` served one server and said nothing; nothing starts now.
+    assert main(["serve", str(tmp_path), *flags]) == 1
+    said = capsys.readouterr().err
+    named = [f for f in flags if f.startswith("--") and f != "--device-workers"]
+    assert all(f in said for f in named) and "--ray was not given" in said, said
 
 
 @pytest.mark.parametrize("text", ["4", "a:b", "1:", ":3"])
