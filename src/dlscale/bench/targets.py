@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import numpy as np
 
@@ -165,6 +165,17 @@ class InProcessTarget:
         self._manager = None
 
 
+def _url_parts(url: str) -> SplitResult | None:
+    """The URL's parts, None where Python refuses them: an unclosed `[` of an IPv6 address, a
+    port that is not a number or above 65535 (read here, or it would raise later)."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return None
+    return parts
+
+
 class RemoteTarget:
     """A model on an Open Inference Protocol server, over HTTP or gRPC."""
 
@@ -177,8 +188,8 @@ class RemoteTarget:
         shared_memory: str = "none",
         output_shm_size: int | None = None,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https", "grpc") or not parts.netloc:
+        parts = _url_parts(url)
+        if parts is None or parts.scheme not in ("http", "https", "grpc") or not parts.hostname:
             raise BenchError(
                 f"target {url!r}: expected http://HOST:PORT, https://HOST:PORT or grpc://HOST:PORT"
             )

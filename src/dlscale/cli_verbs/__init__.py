@@ -10,6 +10,7 @@ import argparse
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeAlias
 
 #: Each verb group registers its sub-parsers here; the parser's `func` does the work.
@@ -33,6 +34,26 @@ class LazyHandler:
 
     def __call__(self, args: argparse.Namespace) -> int:
         return self.resolve()(args)
+
+
+def output_file(text: str) -> Path:
+    """A file a verb writes when its work is done: its folder is checked as the flag is read,
+    so that a mistyped folder fails at once rather than as a traceback after the work."""
+    path = Path(text).expanduser()
+    if path.is_dir() or not path.parent.is_dir():
+        why = "a folder, not a file" if path.is_dir() else f"there is no folder {path.parent}"
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
+    return path
+
+
+def output_folder(text: str) -> Path:
+    """A folder a verb writes into (made if missing): refused if it, or the nearest part of it
+    that exists, is not a folder."""
+    path = Path(text).expanduser()
+    there = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if there.exists() and not there.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write into {text}: {there} is not a folder")
+    return path
 
 
 # A string: argparse._SubParsersAction cannot be subscripted at run time on Python 3.11.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlscale.cli_verbs import LazyHandler, SubParsers
+from dlscale.cli_verbs import LazyHandler, SubParsers, output_file
 
 
 def add_verbs(sub: SubParsers) -> None:
@@ -33,7 +33,11 @@ def add_verbs(sub: SubParsers) -> None:
     t.add_argument("--bytes-per-sample", type=float, default=0.0, help="input bytes per sample")
     t.add_argument("--algo", default="auto", help="ring, tree, hierarchical, in-network, auto")
     t.add_argument("--deadline", help="also show what finishing in this time needs, e.g. 8h")
-    t.add_argument("--plot", help="write scaling curves (time, efficiency vs GPUs) to this PNG")
+    t.add_argument(
+        "--plot",
+        type=output_file,
+        help="write scaling curves (time, efficiency vs GPUs) to this PNG",
+    )
     t.add_argument(
         "--tf-mirrored",
         type=int,
@@ -62,7 +66,7 @@ def add_verbs(sub: SubParsers) -> None:
     s.add_argument("--price", help="dollars per device-hour: H100-SXM=2.5,L4=0.8")
     s.add_argument("--flops-per-sample", type=float, help="instead of counting --model's graph")
     s.add_argument("--bytes-per-sample", type=float, help="with --flops-per-sample")
-    s.add_argument("--json", help="also write the plans to this file")
+    s.add_argument("--json", type=output_file, help="also write the plans to this file")
     from dlscale.plan import llm_flags  # a generative model's flags: declared beside its planner
 
     llm_flags.add_flags(s)
@@ -83,6 +87,8 @@ def add_bench_allreduce(sub: SubParsers) -> None:
     a.add_argument("--iters", type=int, default=20)
     a.add_argument("--warmup", type=int, default=5)
     a.add_argument("--fabric", help="what the model assumes (default: loopback measured here)")
-    a.add_argument("--plot", help="write measured vs model bus bandwidth to this PNG")
-    a.add_argument("--json", help="write the report to this file")
+    a.add_argument(
+        "--plot", type=output_file, help="write measured vs model bus bandwidth to this PNG"
+    )
+    a.add_argument("--json", type=output_file, help="write the report to this file")
     a.set_defaults(func=LazyHandler("dlscale.plan.commands", "bench_allreduce"))

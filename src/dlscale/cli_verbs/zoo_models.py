@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dlscale.cli_verbs import LazyHandler, SubParsers
+from dlscale.cli_verbs import LazyHandler, SubParsers, output_folder
 
 
 def add_verbs(sub: SubParsers) -> None:
@@ -15,7 +15,7 @@ def add_verbs(sub: SubParsers) -> None:
         dest="zoo_verb", metavar="ZOO_VERB", required=True
     )
     build = zoo.add_parser("build", help="build zoo models into a model repository")
-    build.add_argument("dir", type=Path, help="repository folder to write")
+    build.add_argument("dir", type=output_folder, help="repository folder to write")
     build.add_argument("--models", default="", help="comma-separated names (default: all)")
     build.add_argument("--seq-len", type=int, default=128, help="bert-base sequence length")
     build.set_defaults(func=LazyHandler("dlscale.models.commands", "zoo_build"))
@@ -23,10 +23,14 @@ def add_verbs(sub: SubParsers) -> None:
     listing.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
     listing.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_list"))
     images = zoo.add_parser("images", help="write the synthetic JPEG set to a folder")
-    images.add_argument("--out", type=Path, required=True, help="folder to write the JPEGs to")
+    images.add_argument(
+        "--out", type=output_folder, required=True, help="folder to write the JPEGs to"
+    )
     images.add_argument("--count", type=int, default=100, help="how many images")
     images.add_argument("--seed", type=int, default=0, help="the set's seed")
-    images.add_argument("--size", default="500x375", help="WIDTHxHEIGHT in pixels")
+    images.add_argument(
+        "--size", type=_pixels, default=(500, 375), metavar="WxH", help="WIDTHxHEIGHT in pixels"
+    )
     images.set_defaults(func=LazyHandler("dlscale.models.zoo.commands", "zoo_images"))
 
     models = sub.add_parser("models", help="inspect a model repository").add_subparsers(
@@ -79,3 +83,12 @@ def add_demo(sub: SubParsers) -> None:
     demo.add_argument("--dir", type=Path, default=Path(".dlscale/models"), help="zoo folder")
     demo.add_argument("--quick", action="store_true", help="small models only")
     demo.set_defaults(func=LazyHandler("dlscale.demo", "demo"))
+
+
+def _pixels(text: str) -> tuple[int, int]:
+    """`500x375` as (width, height); JPEG's own limit is 65,535 pixels a side."""
+    width, sep, height = text.lower().partition("x")
+    sides = (int(width), int(height)) if width.isdigit() and height.isdigit() else (0, 0)
+    if not sep or not 1 <= min(sides) <= max(sides) <= 65_535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT, 1 to 65535 pixels each")
+    return sides

@@ -89,10 +89,7 @@ def roofline(
         raise InvalidInput(f"FLOPs per sample must be positive, got {flops_per_sample}")
     if not bytes_per_sample >= 0:
         raise InvalidInput(f"bytes per sample must be zero or more, got {bytes_per_sample}")
-    try:
-        peak = device.peak_flops(precision)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
+    peak = device.peak_flops(precision)
     if peak is None:
         have = ", ".join(device.dense) or "none"
         raise Unsupported(f"{device.name} publishes no dense {precision} peak (it has: {have})")

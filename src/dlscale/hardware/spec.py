@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dlscale.errors import InvalidInput
+
 #: Precisions a peak can be given for, widest first.
 PRECISIONS: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 
@@ -69,7 +71,7 @@ class DeviceSpec:
         """Peak FLOP/s (OP/s for int8 and int4) at a precision; dense unless asked for sparse."""
         key = precision.lower()
         if key not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
+            raise InvalidInput(f"unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
         return (self.sparse if sparse else self.dense).get(key)
 
     def source(self, field: str) -> str:

@@ -102,7 +102,7 @@ def zoo_images(args: argparse.Namespace) -> int:
     """`dlscale zoo images`: write the synthetic JPEG set to a folder."""
     from dlscale.models.zoo.jpegs import write_jpegs
 
-    width, height = (int(v) for v in args.size.lower().split("x"))
+    width, height = args.size
     paths = write_jpegs(args.out, args.count, args.seed, (height, width))
     total = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} JPEGs ({width}x{height}, {total / 2**10:,.0f} KiB) to {args.out}")
