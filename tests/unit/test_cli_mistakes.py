@@ -31,6 +31,22 @@ def _run(argv: list[str]) -> int:
         (["bench", "http://[::1", "--model", "m"], 1, "target 'http://[::1': expected"),
         (["bench", "http://127.0.0.1:99999", "--model", "m"], 1, "expected http://HOST:PORT"),
         (["bench", "grpc://127.0.0.1:port", "--model", "m"], 1, "expected http://HOST:PORT"),
+        # Named by the flag the user gave, not by the option's field (--min-query-count once).
+        (
+            ["bench", "http://127.0.0.1:1", "--model", "m", "--min-queries", "-1"],
+            1,
+            "--min-queries must be at least 1, got -1",
+        ),
+        (
+            ["bench", "http://127.0.0.1:1", "--model", "m", "--samples", "0"],
+            1,
+            "--samples must be at least 1, got 0",
+        ),
+        (
+            ["bench", "http://127.0.0.1:1", "--model", "m", "--connections", "0"],
+            1,
+            "--connections must be at least 1, got 0",
+        ),
     ],
 )
 def test_a_value_that_cannot_be_read_is_named(

@@ -100,10 +100,20 @@ class BenchOptions:
             raise BenchError(
                 f"--concurrency: every value must be at least 1: {self.concurrency_sweep}"
             )
-        for name in ("batch_size", "concurrency", "min_query_count"):
+        for name, flag in _AT_LEAST_ONE.items():
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise BenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+                raise BenchError(f"{flag} must be at least 1, got {value}")
+
+
+#: The counts that must be at least 1, by field, and the flag that sets each.
+_AT_LEAST_ONE = {
+    "batch_size": "--batch-size",
+    "concurrency": "--concurrency",
+    "min_query_count": "--min-queries",
+    "sample_count": "--samples",
+    "connections": "--connections",
+}
 
 
 class Session:
