@@ -355,10 +355,19 @@ def _field_names(model: type[BaseModel]) -> set[str]:
     return names
 
 
+def config_text(path: Path) -> str:
+    """A config file's text (config.toml, config.pbtxt, model-settings.json); one that is not
+    UTF-8 is a ConfigError naming it, as any other mistake in the file is."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def load_config(path: Path, expected_name: str | None = None) -> ModelConfig:
     """Read and validate a config.toml; the name defaults to (and must equal) its folder's."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(config_text(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: missing (every model folder needs a config.toml)") from None
     except tomllib.TOMLDecodeError as exc:

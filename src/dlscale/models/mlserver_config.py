@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dlscale.errors import ConfigError
-from dlscale.models.config import ModelConfig, check_name, parse_config
+from dlscale.models.config import ModelConfig, check_name, config_text, parse_config
 
 #: The model file's suffix, and the backend that runs it.
 SUFFIXES = {".onnx": "onnxruntime", ".pt": "torch", ".pt2": "torch"}
@@ -20,7 +20,7 @@ _TOP = {"name", "platform", "max_batch_size", "max_batch_time", "inputs", "outpu
 def load_settings(path: Path, expected_name: str) -> tuple[ModelConfig, tuple[str, ...]]:
     """Read REPO/<model>/model-settings.json, and the fields it sets that dlscale ignores."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(config_text(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(doc, dict):

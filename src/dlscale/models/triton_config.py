@@ -19,7 +19,13 @@ from dlscale.backends.python.autocomplete import CLASS, METHOD, auto_complete
 from dlscale.backends.python.backend import ISOLATION_PARAMETER
 from dlscale.backends.python.source import defines_method
 from dlscale.errors import ConfigError
-from dlscale.models.config import ModelConfig, check_name, newest_file, parse_config
+from dlscale.models.config import (
+    ModelConfig,
+    check_name,
+    config_text,
+    newest_file,
+    parse_config,
+)
 from dlscale.wire.proto.grpc_gen import inference_pb2 as pb
 
 #: Digits a count in a config parameter may have (thread counts; the host bounds the value).
@@ -84,7 +90,7 @@ def parse_json(text: str | bytes, source: str) -> Any:
 def load_pbtxt(path: Path, expected_name: str) -> tuple[ModelConfig, tuple[str, ...]]:
     """Read REPO/<model>/config.pbtxt as dlscale's config, and the fields it leaves aside; a
     Python model's `auto_complete_config` completes it first, as in Triton."""
-    message = auto_completed(parse_pbtxt(path.read_text(), path), path.parent)
+    message = auto_completed(parse_pbtxt(config_text(path), path), path.parent)
     return convert(message, expected_name, path)
 
 

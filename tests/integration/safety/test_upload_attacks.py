@@ -149,6 +149,17 @@ def test_a_zoo_spec_naming_other_code_is_refused_over_grpc(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [(b"\xff\xfe factory", "codec can't decode"), (b"factory = [", "not valid TOML")],
+)
+def test_a_zoo_spec_that_is_not_toml_text_is_a_client_error(
+    http: httpx.Client, spec: bytes, fragment: str
+) -> None:
+    _refused(_load(http, "zoo-junk", TORCH, **{"1/model.zoo": spec}), 400, fragment)
+    _still_serving(http)
+
+
 def test_a_zoo_factorys_arguments_must_be_its_own(http: httpx.Client) -> None:
     spec = _zoo_spec(ZOO["mlp"].factory, seed=0, shell=True)
     _refused(_load(http, "zoo-kwargs", TORCH, **{"1/model.zoo": spec}), 400, "kwargs")

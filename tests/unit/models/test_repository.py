@@ -40,9 +40,13 @@ def test_one_broken_model_never_hides_the_others(tmp_path: Path) -> None:
     _model(tmp_path, "no_file", [])
     (tmp_path / "no_file" / "1").mkdir()
     _model(tmp_path, "policy_misses", [1], "[version_policy]\nspecific = [4]\n")
+    _model(tmp_path, "not_utf8", [1])
+    (tmp_path / "not_utf8" / "config.toml").write_bytes(b"\xff\xfe")
     (tmp_path / ".hidden").mkdir()
     results = {r.name: r for r in ModelRepository(tmp_path).check()}
-    assert set(results) == {"good", "bad_config", "no_versions", "no_file", "policy_misses"}
+    named = {"good", "bad_config", "no_versions", "no_file", "policy_misses", "not_utf8"}
+    assert set(results) == named
+    assert "not UTF-8 text" in (results["not_utf8"].error or "")
     assert results["good"].ok and results["good"].versions == (1,)
     assert "field 'max_batch_size'" in (results["bad_config"].error or "")
     assert "no version folders" in (results["no_versions"].error or "")

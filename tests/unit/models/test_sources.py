@@ -68,3 +68,12 @@ def test_one_warning_names_the_fields_not_acted_on(
         f"{folder / 'config.pbtxt'}: fields dlscale does not act on: "
         "model_operations.op_library_filename"
     ]
+
+
+@pytest.mark.parametrize("file", ["config.toml", "config.pbtxt", "model-settings.json"])
+def test_a_config_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path, file: str) -> None:
+    # A UnicodeDecodeError once, which took the whole server down at start: one model's file
+    # fails that model alone (tests/unit/models/test_repository.py: the others are served).
+    (tmp_path / file).write_bytes(b'name = "m"\n\xff\xfe')
+    with pytest.raises(ConfigError, match=f"{file}: not UTF-8 text"):
+        read_source(tmp_path, "m")
