@@ -188,13 +188,16 @@ class ModelManager:
                     load = functools.partial(self.loader.load, mv)
                     read = files.get(mv.version)
                     served[mv.version] = await self.memory.load(mv, load, self._free, read)
-            except DlscaleError as exc:
+            except Exception as exc:
+                err = exc if isinstance(exc, DlscaleError) else _unforeseen(name, exc)
                 if previous is None or previous.state is not ModelState.READY:
-                    self._set(name, ModelState.UNAVAILABLE, str(exc))
-                    log.error("model %s failed to load: %s", name, exc)
+                    self._set(name, ModelState.UNAVAILABLE, str(err))
+                    log.error("model %s failed to load: %s", name, err)
                 else:
-                    log.error("model %s: reload failed, keeping the loaded versions: %s", name, exc)
-                raise
+                    log.error("model %s: reload failed, keeping the loaded versions: %s", name, err)
+                if err is exc:
+                    raise
+                raise err from exc
             entry = ModelEntry(name, ModelState.READY, versions=served)
             self._entries[name] = entry
             self.required.add(name)
@@ -389,3 +392,11 @@ def _versions(
     versions = repo.versions(name, source or repo.source(name))
     own = [mv for mv in versions if not (mv.config.is_pipeline or mv.config.is_adapter)]
     return versions, {mv.version: files_of(mv) for mv in own}
+
+
+def _unforeseen(name: str, exc: Exception) -> DlscaleError:
+    """A load that failed in a way no backend foresaw (a bug, a library's own error): that model
+    alone fails (UNAVAILABLE with the reason, a 500 to an API load), not the server, and it
+    does not stay LOADING. The traceback goes to the log."""
+    log.error("model %s: unforeseen error while loading", name, exc_info=exc)
+    return DlscaleError(f"model {name!r} failed to load: {type(exc).__name__}: {exc}")
