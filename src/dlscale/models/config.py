@@ -194,6 +194,10 @@ class ModelConfig(_Strict):
             )
         if not self.instances:
             raise ValueError("instances: give at least one {count, device}")
+        for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [t.name for t in tensors or ()]
+            if twice := sorted({n for n in names if names.count(n) > 1}):
+                raise ValueError(f"{kind}: {twice} named more than once")
         labelled = [t.name for t in self.inputs or () if t.label_file]
         if labelled:
             raise ValueError(f"inputs {labelled}: label_file belongs on outputs")

@@ -94,6 +94,14 @@ BROKEN = [
     ('[backend_options]\ngraph_optimization_level = "max"', "graph_optimization_level"),
     ('name = "other"', "field 'name': expected the folder's name 'mlp', got 'other'"),
     ("max_batch_size = = 3", "not valid TOML"),
+    (
+        '[[inputs]]\nname = "x"\ndatatype = "FP32"\nshape = [1]\n' * 2,
+        "inputs: ['x'] named more than once",
+    ),
+    (
+        '[[outputs]]\nname = "y"\ndatatype = "FP32"\nshape = [1]\n' * 2,
+        "outputs: ['y'] named more than once",
+    ),
 ]
 
 
