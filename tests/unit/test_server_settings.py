@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dlscale.cli import main
 from dlscale.errors import ConfigError
 from dlscale.frontends.limits import Limits
 from dlscale.frontends.tls import TlsFiles
@@ -38,6 +39,31 @@ def test_each_group_checks_its_own_fields() -> None:
         ServerSettings.build(Path("r"), model_control="sometimes")
     files = ServerSettings.build(Path("r"), tls_cert=Path("c"), tls_key=Path("k")).security.tls
     assert files == TlsFiles(Path("c"), Path("k"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--http-port", "99999"], "--http-port 99999: expected a port from 0 to 65535"),
+        (["--grpc-port", "-5"], "--grpc-port -5: expected a port"),  # -1 alone turns it off
+        (["--poll-interval", "0"], "--poll-interval 0.0: seconds above 0"),
+        (["--grace-s", "-1"], "--grace-s -1.0: seconds, 0 or more"),
+        (["--grace-s", "nan"], "--grace-s nan"),
+        (["--max-shm-regions", "0"], "--max-shm-regions 0: 1 or more"),
+        (["--log-level", "LOUD"], "--log-level LOUD: expected one of DEBUG, INFO"),
+        (["--log-file", "{tmp}/no-such-folder/log"], "needs the folder"),
+        (["--log-file", "{tmp}"], "is a folder"),
+        (["--trace-file", "{tmp}/no-such-folder/t.json"], "needs the folder"),
+    ],
+)
+def test_a_setting_that_cannot_work_is_refused_before_the_server_starts(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each once started a server that served with it (a negative poll interval, an unknown log
+    # level, -5 as "off"), or failed with a traceback (a NaN grace at shutdown, the log file).
+    argv = ["serve", str(tmp_path), *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
 
 
 def test_the_settings_defaults_are_those_of_the_parts_they_set() -> None:

@@ -23,11 +23,11 @@ from dlscale.frontends.tls import TlsFiles
 from dlscale.server_settings.fields import boolean as boolean
 from dlscale.server_settings.fields import setting as setting
 from dlscale.server_settings.generative import Generative as Generative
+from dlscale.server_settings.observation import Observation as Observation
 from dlscale.serving.control.demand import WAITING_LOADS
 from dlscale.serving.control.mode import ModelControl
 from dlscale.serving.memory.ledger import PARALLEL
 from dlscale.serving.memory.sizes import parse_budget
-from dlscale.serving.observe import TRACE_RATE
 from dlscale.serving.regions import MAX_REGIONS
 
 #: The bounds of --route-balance-factor: HAProxy wants more than 100 percent, and above 1000
@@ -37,6 +37,8 @@ BALANCE_FACTORS, DEFAULT_BALANCE_FACTOR = (101, 1000), 150
 
 def _port(value: int) -> int | None:
     """-1 turns a frontend off (None); 0 lets the OS pick a port."""
+    if not -1 <= value <= 65_535:
+        raise ValueError(f"{value}: expected a port from 0 to 65535 (0: any free one) or -1 (off)")
     return None if value < 0 else value
 
 
@@ -196,6 +198,8 @@ class Models:
             raise ConfigError(f"--parallel-loads {self.parallel_loads}: 1 or more")
         if self.cache_bytes < 0:
             raise ConfigError(f"--cache-size {self.cache_bytes}: 0 or more bytes")
+        if not self.poll_interval_s > 0:
+            raise ConfigError(f"--poll-interval {self.poll_interval_s}: seconds above 0")
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,10 @@ class Lifecycle:
         "--exit-timeout-secs",
         type=float,
     )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.grace_s < float("inf"):
+            raise ConfigError(f"--grace-s {self.grace_s}: seconds, 0 or more")
 
 
 @dataclass(frozen=True)
@@ -323,62 +331,9 @@ class SharedMemory:
         action="append",
     )
 
-
-#: Where traces go (Triton's --trace-config mode=...).
-TRACE_MODES = ("triton", "opentelemetry")
-
-
-@dataclass(frozen=True)
-class Observation:
-    """Logs, request traces and telemetry."""
-
-    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR", "--log-level")
-    #: Where the logs go (stderr when None) and their timestamps: default or ISO8601.
-    log_file: Path | None = setting(
-        None, "write the logs here instead of stderr", "--log-file", type=Path
-    )
-    log_format: str = setting(
-        "default", "timestamps: default or ISO8601", "--log-format", choices=("default", "ISO8601")
-    )
-    access_log: bool = setting(
-        False, "log every request, one line", "--access-log", action="store_true"
-    )
-    #: None: tracing cannot be turned on (Triton's --trace-file).
-    trace_file: Path | None = setting(
-        None, "where request traces go (JSON)", "--trace-file", type=Path
-    )
-    #: Sampled requests are traced from the start: OFF or TIMESTAMPS, one in `trace_rate`.
-    trace_level: str = setting(
-        "OFF", "trace sampled requests from the start", "--trace-level",
-        choices=("OFF", "TIMESTAMPS"),
-    )  # fmt: skip
-    trace_rate: int = setting(TRACE_RATE, "trace one in N requests", "--trace-rate", type=int)
-    trace_count: int = setting(
-        -1, "trace at most N requests, then stop (-1: no limit)", "--trace-count", type=int
-    )
-    #: Where traced requests go: Triton's JSON file, or OTLP spans (Triton's mode=opentelemetry).
-    trace_mode: str = setting(
-        "triton", "where traces go: the trace file (triton) or OTLP spans (opentelemetry)",
-        "--trace-mode", choices=TRACE_MODES,
-    )  # fmt: skip
-    #: An OTLP collector, over HTTP (or gRPC: grpc://) (vLLM's flag; Triton's --trace-config
-    #: opentelemetry,url=URL): traced requests go there as spans (docs/observability.md).
-    otlp_traces_endpoint: str | None = setting(
-        None, "send traces as OTLP spans to this collector (host:port or URL)",
-        "--otlp-traces-endpoint",
-    )  # fmt: skip
-    telemetry_interval_s: float = 1.0
-
     def __post_init__(self) -> None:
-        if self.trace_mode == "opentelemetry" and not self.otlp_traces_endpoint:
-            raise ValueError(
-                "trace mode opentelemetry needs a collector: --otlp-traces-endpoint URL (or "
-                "--trace-config opentelemetry,url=URL)"
-            )
-        if self.trace_level not in ("OFF", "TIMESTAMPS"):
-            raise ValueError(f"trace level {self.trace_level!r}: expected OFF or TIMESTAMPS")
-        if self.trace_rate < 1 or self.trace_count < -1:
-            raise ValueError("--trace-rate must be >= 1 and --trace-count >= -1")
+        if self.max_shm_regions < 1:
+            raise ConfigError(f"--max-shm-regions {self.max_shm_regions}: 1 or more")
 
 
 #: The groups of ServerSettings, by field name, with the title of their flags in -h.

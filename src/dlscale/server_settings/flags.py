@@ -119,7 +119,11 @@ def flag_values(kind: type[Any], args: argparse.Namespace) -> dict[str, Any]:
             continue  # not parsed with these flags: the field's default
         value = getattr(args, item.name)
         convert = item.metadata["convert"]
-        values[item.name] = convert(value) if convert is not None else value
+        try:
+            values[item.name] = convert(value) if convert is not None else value
+        except ValueError as exc:  # the converter knows the value, not the flag
+            flag = (item.metadata["flags"] or ("--" + item.name.replace("_", "-"),))[0]
+            raise ValueError(f"{flag} {exc}") from None
     return values
 
 
