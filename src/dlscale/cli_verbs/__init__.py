@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,24 @@ class LazyHandler:
 
     def __call__(self, args: argparse.Namespace) -> int:
         return self.resolve()(args)
+
+
+def positive_int(text: str) -> int:
+    """A count of 1 or more (a batch, rows, runs)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, 1 or more")
+    return int(text)
+
+
+def positive_seconds(text: str) -> float:
+    """Seconds above 0 (not NaN, not infinite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds above 0")
+    return value
 
 
 def output_file(text: str) -> Path:

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dlscale.cli_verbs import LazyHandler, SubParsers, output_folder
+from dlscale.cli_verbs import (
+    LazyHandler,
+    SubParsers,
+    output_folder,
+    positive_int,
+    positive_seconds,
+)
 
 
 def add_verbs(sub: SubParsers) -> None:
@@ -54,8 +60,10 @@ def add_verbs(sub: SubParsers) -> None:
     run = sub.add_parser("run", help="in-process latency and throughput of one model")
     run.add_argument("dir", type=Path, help="model repository")
     run.add_argument("model", help="model name")
-    run.add_argument("--batch", type=int, default=32, help="batch size for throughput")
-    run.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
+    run.add_argument("--batch", type=positive_int, default=32, help="batch size for throughput")
+    run.add_argument(
+        "--seconds", type=positive_seconds, default=2.0, help="minimum time per measurement"
+    )
     run.set_defaults(func=LazyHandler("dlscale.models.commands", "run"))
 
 

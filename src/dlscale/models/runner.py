@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlscale.backends import Backend, BackendOptions, create_backend
+from dlscale.errors import InvalidInput
 from dlscale.models.config import ModelConfig
 from dlscale.models.repository import ModelVersion
 from dlscale.models.samples import inputs_for
@@ -94,7 +95,12 @@ def run_model(
         rng = np.random.default_rng(seed)
 
         def timed(rows: int) -> Timing:
-            feed = inputs_for(version.name, version.path, inputs, rows, rng)
+            try:
+                feed = inputs_for(version.name, version.path, inputs, rows, rng)
+            except MemoryError:  # numpy refuses the allocation before making it
+                raise InvalidInput(
+                    f"a batch of {rows} does not fit in this host's memory"
+                ) from None
             return time_backend(backend, feed, min_seconds=min_seconds)
 
         return timed(1), timed(batch)

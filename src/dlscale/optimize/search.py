@@ -263,7 +263,8 @@ class _Search:
             first, skipped = first + more_first, skipped + more
         else:
             skipped.append(Skipped(f"{TORCH_PREFIX}*", self.torch_absent))
-        first = [v for v in [*first, *self.settings.extra_variants] if self._wanted(v)]
+        first_all = [*first, *self.settings.extra_variants]
+        first = [v for v in first_all if self._wanted(v)]
         trials = [self._try(v, 1, deadline, always=v.name == self.source_variant) for v in first]
         onnx = [t for t in trials if t.variant.runtime == "onnxruntime" and t.accepted]
         if self.settings.runtime_stage and onnx:
@@ -282,6 +283,17 @@ class _Search:
                 second, more = second + torch_second, more + torch_more
             skipped += more
             trials += [self._try(v, 2, deadline) for v in second if self._wanted(v)]
+        names = sorted({v.name for v in first_all} | {s.name for s in skipped})
+        only = self.settings.only
+        if (
+            only
+            and all(t.variant.name == self.source_variant for t in trials)
+            and not any(n.startswith(only) for n in names)
+        ):  # a mistyped prefix; one that names a skipped variant gets the report's reason
+            raise OptimizeError(
+                f"--only {','.join(self.settings.only)}: no variant's name starts with it; "
+                f"the variants here: {', '.join(names)}"
+            )
         return trials, skipped
 
     def _wanted(self, variant: Variant) -> bool:

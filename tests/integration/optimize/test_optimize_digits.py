@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dlscale.cli import main
+from dlscale.errors import OptimizeError
 from dlscale.models.config import load_config
 from dlscale.models.repository import ModelRepository
 from dlscale.optimize import OptimizeResult, OptimizeSettings, optimize
@@ -207,3 +208,14 @@ def test_an_impossible_tolerance_keeps_fp32_and_says_by_how_much(zoo: Path, tmp_
 def test_cli_refuses_a_bad_tolerance(zoo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["optimize", str(zoo), "digits", "--tolerance", "lots"]) == 1
     assert "expected a percentage" in capsys.readouterr().err
+
+
+def test_an_only_that_names_no_variant_is_refused_naming_them(zoo: Path, tmp_path: Path) -> None:
+    # A mistyped --only tried fp32 alone and said "wrote nothing", as if it had searched.
+    repo = _copy(zoo, tmp_path)
+    settings = OptimizeSettings(
+        device="cpu", only=("int9",), runtime_stage=False, meter=SHORT_METER
+    )
+    with pytest.raises(OptimizeError, match=r"--only int9: no variant's name starts with it; "):
+        optimize(repo, "digits", settings)
+    assert not list(repo.glob("digits/*/optimize_report.md"))
