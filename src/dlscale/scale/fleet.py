@@ -27,7 +27,7 @@ from dlscale.scale.child import Endpoint, ServerChild
 from dlscale.scale.connections import behind_router
 from dlscale.scale.control import Entry
 from dlscale.scale.figures_reader import FiguresReader
-from dlscale.scale.registry import CHILD_START_S, HAND_OVER_S, HEARTBEAT_S
+from dlscale.scale.registry import CHILD_START_S, HAND_OVER_MAX_S, HAND_OVER_S, HEARTBEAT_S
 from dlscale.scale.router_actor import ROUTER_NAME, ROUTER_NAMESPACE
 
 log = logging.getLogger("dlscale.scale")
@@ -169,9 +169,10 @@ class FleetReplica:
         """While this is the only replica in rotation and the fleet is not being deleted, keep
         serving until a successor is in rotation: for as long as the router says one may still
         come (`holds`: HAND_OVER_S while none said it starts, up to HAND_OVER_MAX_S once one
-        did). A router that is gone lets it go at once; one slow to answer is asked again."""
+        did), or Ray Serve has one starting that cannot say so yet. A router that is gone lets
+        it go at once; one slow to answer is asked again."""
         loop = asyncio.get_running_loop()
-        began, bound, said = loop.time(), HAND_OVER_S, 0.0
+        began, bound, said, asked_ray, ray_starts = loop.time(), HAND_OVER_S, 0.0, 0.0, False
         while loop.time() - began < bound:
             try:
                 bound = await self._call("holds", self.key)
@@ -181,6 +182,9 @@ class FleetReplica:
                 return
             if not bound:
                 return
+            if not ray_starts and loop.time() - asked_ray >= RAY_ASKED_S:
+                asked_ray, ray_starts = loop.time(), await _ray_starts_a_replica()
+            bound = max(bound, HAND_OVER_MAX_S) if ray_starts else bound
             if bound != said:
                 said = bound
                 log.info(
@@ -210,3 +214,27 @@ class FleetReplica:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._beat, ROUTER_CALL_S + HEARTBEAT_S)
         await self._tell("leave")
+
+
+#: Seconds between two questions to Ray Serve's controller while a last replica waits.
+RAY_ASKED_S = 5.0
+
+
+async def _ray_starts_a_replica() -> bool:
+    """Whether Ray Serve has a replica of this deployment STARTING that the cluster has room
+    for: a successor Ray has not placed yet (waiting for a worker process, which took over 60 s
+    on a loaded 2-core host, docs/testing.md) says nothing to the router until its constructor
+    runs. One waiting for the resources this replica holds (a GPU each, one GPU) waits on it:
+    the hold must not grow for that one."""
+    context = serve.get_replica_context()
+    held: dict[str, float] = ray.get_runtime_context().get_assigned_resources()  # type: ignore[no-untyped-call]
+    try:
+        status, free = await asyncio.gather(
+            asyncio.to_thread(serve.status), asyncio.to_thread(ray.available_resources)
+        )
+        deployment = status.applications[context.app_name].deployments[context.deployment]
+    except Exception:  # no answer from the controller: only the router's word counts
+        return False
+    room = all(free.get(name, 0.0) >= amount for name, amount in held.items())
+    states = {getattr(k, "value", k): n for k, n in deployment.replica_states.items()}
+    return room and states.get("STARTING", 0) > 0
