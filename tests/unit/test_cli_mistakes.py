@@ -78,7 +78,7 @@ def test_a_file_to_write_is_checked_before_the_work(
     assert _run([*argv, flag, str(missing)]) == 2
     assert f"there is no folder {missing.parent}" in capsys.readouterr().err
     assert _run([*argv, flag, str(tmp_path)]) == 2
-    assert "a folder, not a file" in capsys.readouterr().err
+    assert "it is a folder" in capsys.readouterr().err
     assert not missing.parent.exists()
 
 

@@ -51,9 +51,9 @@ def test_each_group_checks_its_own_fields() -> None:
         (["--grace-s", "nan"], "--grace-s nan"),
         (["--max-shm-regions", "0"], "--max-shm-regions 0: 1 or more"),
         (["--log-level", "LOUD"], "--log-level LOUD: expected one of DEBUG, INFO"),
-        (["--log-file", "{tmp}/no-such-folder/log"], "needs the folder"),
-        (["--log-file", "{tmp}"], "is a folder"),
-        (["--trace-file", "{tmp}/no-such-folder/t.json"], "needs the folder"),
+        (["--log-file", "{tmp}/no-such-folder/log"], "there is no folder"),
+        (["--log-file", "{tmp}"], "it is a folder"),
+        (["--trace-file", "{tmp}/no-such-folder/t.json"], "there is no folder"),
     ],
 )
 def test_a_setting_that_cannot_work_is_refused_before_the_server_starts(

@@ -58,9 +58,11 @@ def positive_seconds(text: str) -> float:
 def output_file(text: str) -> Path:
     """A file a verb writes when its work is done: its folder is checked as the flag is read,
     so that a mistyped folder fails at once rather than as a traceback after the work."""
+    # Here, not at the top: server_settings imports the serving core, which `dlscale -h` need not.
+    from dlscale.server_settings.fields import unwritable
+
     path = Path(text).expanduser()
-    if path.is_dir() or not path.parent.is_dir():
-        why = "a folder, not a file" if path.is_dir() else f"there is no folder {path.parent}"
+    if why := unwritable(path):
         raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
     return path
 

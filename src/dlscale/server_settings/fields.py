@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
 
@@ -25,3 +26,11 @@ def boolean(text: str) -> bool:
     if value in ("false", "no", "0", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def unwritable(path: Path) -> str:
+    """Why no file can be written at `path`, or "": checked when a flag names the file, so that
+    a mistyped folder fails then, not when the file is first written."""
+    if path.is_dir():
+        return "it is a folder"
+    return "" if path.parent.is_dir() else f"there is no folder {path.parent}"

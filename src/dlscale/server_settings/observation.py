@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale.server_settings.fields import setting
+from dlscale.server_settings.fields import setting, unwritable
 from dlscale.serving.observe import TRACE_RATE
 
 #: The levels --log-level takes (any case), as Python's logging names them.
@@ -72,6 +72,5 @@ class Observation:
             )
         for flag, path in (("--log-file", self.log_file), ("--trace-file", self.trace_file)):
             # Checked at start: the log is opened then, and the first traced request would fail.
-            if path is not None and (path.is_dir() or not path.parent.is_dir()):
-                why = "is a folder" if path.is_dir() else f"needs the folder {path.parent}"
+            if path is not None and (why := unwritable(path)):
                 raise ValueError(f"{flag} {path}: {why}")
