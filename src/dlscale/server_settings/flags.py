@@ -83,11 +83,16 @@ def add_flag(
     text = item.metadata["help"]
     if default not in (None, [], "") and "default" not in text:
         text = f"{text} (default {shown})"
-    flags = item.metadata["flags"] or ("--" + item.name.replace("_", "-"),)
+    flags = flags_of(item)
     if arg.get("action", "append") == "append" and not {"choices", "metavar"} & arg.keys():
         # named as the flag, not as the field
         arg["metavar"] = flags[0][2:].upper().replace("-", "_")
     return group.add_argument(*flags, dest=item.name, default=default, help=text, **arg)
+
+
+def flags_of(item: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """A field's flags: those its metadata names, else `--` and its name."""
+    return tuple(item.metadata["flags"]) or ("--" + item.name.replace("_", "-"),)
 
 
 def settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -122,8 +127,7 @@ def flag_values(kind: type[Any], args: argparse.Namespace) -> dict[str, Any]:
         try:
             values[item.name] = convert(value) if convert is not None else value
         except ValueError as exc:  # the converter knows the value, not the flag
-            flag = (item.metadata["flags"] or ("--" + item.name.replace("_", "-"),))[0]
-            raise ValueError(f"{flag} {exc}") from None
+            raise ValueError(f"{flags_of(item)[0]} {exc}") from None
     return values
 
 
