@@ -9,6 +9,9 @@ from pathlib import Path
 from dlscale.cli_verbs import LazyHandler, SubParsers, output_folder
 from dlscale.cli_verbs.plan import add_bench_allreduce
 
+#: Each bench verb's --out (bench/results.py `out_dir` names the default folder).
+OUT_HELP = "report folder (default: bench-results/NAME-DATE-TIME)"
+
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags of one bench run: `dlscale bench`'s, `compare`'s, and those after a TARGET."""
@@ -34,9 +37,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         "element each: JPEGs, texts)",
     )
     p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
-    p.add_argument(
-        "--out", type=output_folder, help="report folder (default: bench-results/MODEL-DATE)"
-    )
+    p.add_argument("--out", type=output_folder, help=OUT_HELP)
     p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")
     p.add_argument(
         "--concurrency",
@@ -136,7 +137,7 @@ def _add_bench_interference(sub: SubParsers) -> None:
     p.add_argument("--mig", action="store_true", help="also each tenant on its own MIG instance")
     p.add_argument("--min-queries", type=int, default=100, help="protected queries per phase")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=output_folder, help="report folder (default: bench-results/...)")
+    p.add_argument("--out", type=output_folder, help=OUT_HELP)
     p.set_defaults(func=LazyHandler("dlscale.bench.commands", "bench_interference"))
 
 
@@ -160,7 +161,7 @@ def _add_bench_multimodel(sub: SubParsers) -> None:
     p.add_argument("--rate", type=float, default=50.0, help="requests/s, Poisson (default 50)")
     p.add_argument("--duration", default="30s", help="each phase's duration (default 30s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=output_folder, help="report folder (default: bench-results/...)")
+    p.add_argument("--out", type=output_folder, help=OUT_HELP)
     p.set_defaults(func=LazyHandler("dlscale.bench.multimodel_run", "bench_multimodel"))
 
 
