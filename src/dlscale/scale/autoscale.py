@@ -38,6 +38,9 @@ FIGURES = (
     "rate", "wait_s", "busy", "in_flight", "objective_s",
     "ttft_s", "tpot_s", "ttft_objective_s", "tpot_objective_s", "capacity", "growth",
 )  # fmt: skip
+#: Each fresh report's mark that it is one replica's (`figures`): Ray keeps a replica's figures
+#: for its look-back window only, and one missing is a replica the rule cannot read.
+REPORTED = f"{PREFIX}/replica"
 #: Keys of the policy's state: when the fleet began wanting fewer, the last size that missed
 #: its goals (and at what rate), when replicas were last seen starting, the scale-ups' timing
 #: (scale/starts.py), and the last decision.
@@ -133,9 +136,9 @@ def _best_row_s(batches: Sequence[Mapping[str, Any]], best: float) -> float:
 def figures(before: Reading, after: Reading, instances: Mapping[str, int]) -> dict[str, float]:
     """A replica's report: each model's figures over the interval between two readings."""
     span = after.at - before.at
-    report: dict[str, float] = {}
     if span <= 0:
-        return report
+        return {}
+    report = {REPORTED: 1.0}
     for model, now in after.models.items():
         then = before.models.get(model, Counters())
         answered = now.requests - then.requests
@@ -171,6 +174,11 @@ def loads(per_replica: Mapping[str, Mapping[Any, float]]) -> list[ModelLoad]:
         if prefix == PREFIX and figure in FIGURES and model:
             by_model.setdefault(model, {})[figure] = dict(values)
     return [_load(model, f) for model, f in sorted(by_model.items())]
+
+
+def reporting(per_replica: Mapping[str, Mapping[Any, float]]) -> int:
+    """How many replicas' figures Ray's aggregate holds (each fresh report is marked)."""
+    return len(per_replica.get(REPORTED, {}))
 
 
 def _load(model: str, f: Mapping[str, Mapping[Any, float]]) -> ModelLoad:
@@ -223,10 +231,12 @@ def _policy(ctx: Any, down_delay_s: float) -> tuple[Decision, dict[str, Any], bo
         ctx.capacity_adjusted_max_replicas,
         float(ctx.config.target_ongoing_requests or 1.0),
     )
+    metrics = ctx.aggregated_metrics or {}
     decision = decide(
-        loads(ctx.aggregated_metrics or {}), ctx.current_num_replicas, ctx.target_num_replicas,
+        loads(metrics), ctx.current_num_replicas, ctx.target_num_replicas,
         bounds, ctx.current_time or time.time(), state.get(DOWN_SINCE), down_delay_s,
         _missed(state.get(MISSED)), state.get(JOINED), Starts.from_kept(state.get(STARTS)),
+        reporting(metrics),
     )  # fmt: skip
     # The policy runs ten times a second: a line per change, not per run: the replicas change,
     # a hold begins, or a hold ends without its scale-down (the line says why the fleet kept

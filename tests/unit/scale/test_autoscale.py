@@ -25,6 +25,7 @@ from dlscale.scale.autoscale import (
     JOINED,
     LAST,
     PREFIX,
+    REPORTED,
     STARTS,
     Counters,
     FleetPolicy,
@@ -34,6 +35,7 @@ from dlscale.scale.autoscale import (
     instances,
     loads,
     read,
+    reporting,
 )
 from dlscale.scale.figures_reader import KEPT_S, READ_S, FiguresReader
 from dlscale.scale.objective import DOWN_DELAY_S
@@ -223,11 +225,15 @@ def _context(
     )  # fmt: skip
 
 
-def _reported(wait_s: float, busy: float, in_flight: float = 0.0) -> dict[str, dict[str, float]]:
-    """Two replicas' reports, each answering 50 requests/s, holding `in_flight`."""
+def _reported(
+    wait_s: float, busy: float, in_flight: float = 0.0, replicas: int = 2
+) -> dict[str, dict[str, float]]:
+    """Each replica's report, each answering 50 requests/s, holding `in_flight`."""
     one = {"rate": 50.0, "wait_s": wait_s, "busy": busy, "in_flight": in_flight}
     one["objective_s"] = 0.02
-    return {f"{PREFIX}/{k}/m": {"r1": v, "r2": v} for k, v in one.items()}
+    names = [f"r{i}" for i in range(replicas)]
+    aggregated = {f"{PREFIX}/{k}/m": dict.fromkeys(names, v) for k, v in one.items()}
+    return aggregated | {REPORTED: dict.fromkeys(names, 1.0)}
 
 
 def test_the_policy_scales_on_the_objective_and_logs_its_figures(
@@ -246,7 +252,7 @@ def test_the_policy_scales_on_the_objective_and_logs_its_figures(
 def test_the_policy_holds_an_idle_fleet_in_its_state_then_sheds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    idle = _reported(0.0, 0.05)
+    idle = _reported(0.0, 0.05, replicas=3)
     with caplog.at_level(logging.INFO, logger="dlscale.scale"):
         wanted, state = fleet_policy(_context(idle, 3, {}))
         assert wanted == 3 and state[DOWN_SINCE] == 1000.0  # Ray's clock, kept for next time
@@ -264,7 +270,8 @@ def test_the_policy_holds_an_idle_fleet_in_its_state_then_sheds(
 def test_a_hold_that_ends_without_its_scale_down_is_logged_with_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    idle, held_up = _reported(0.0, 0.05), _reported(0.0, 0.6)  # two would be 0.9 busy
+    idle = _reported(0.0, 0.05, replicas=3)
+    held_up = _reported(0.0, 0.6, replicas=3)  # two would be 0.9 busy
     with caplog.at_level(logging.INFO, logger="dlscale.scale"):
         _, state = fleet_policy(_context(idle, 3, {}))  # a hold begins
         kept, state = fleet_policy(_context(held_up, 3, state))  # the load is back: it ends
@@ -273,6 +280,29 @@ def test_a_hold_that_ends_without_its_scale_down_is_logged_with_why(
     lines = [r.getMessage() for r in caplog.records if "autoscaler" in r.getMessage()]
     assert len(lines) == 2 and "held 0 of" in lines[0]
     assert lines[1].startswith("autoscaler: 3 -> 3 replicas: m: ") and "not fewer" in lines[1]
+
+
+def test_no_replica_goes_on_figures_some_replicas_did_not_report(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Ray's aggregate held no figure of one replica (its server too slow to read beside two
+    # burners): read as idle, the fleet went 2 -> 1 under load. It holds until both report.
+    idle = _reported(0.0, 0.05)
+    with caplog.at_level(logging.INFO, logger="dlscale.scale"):
+        r0_only = {k: {"r0": v["r0"]} for k, v in idle.items()}
+        for partial, count in (({}, 0), (r0_only, 1)):
+            wanted, state = fleet_policy(_context(partial, 2, {DOWN_SINCE: 0.0}))
+            assert wanted == 2 and state[DOWN_SINCE] is None
+            assert f"not fewer: figures from {count} of 2 replicas" in state[LAST]
+        state[DOWN_SINCE] = 0.0  # a hold long past, and every replica reports: it sheds
+        shed, state = fleet_policy(_context(idle, 2, state))
+    assert shed == 1
+
+
+def test_a_report_marks_its_replica_even_with_no_model() -> None:
+    assert figures(Reading(0.0, {}), Reading(1.0, {}), {}) == {REPORTED: 1.0}
+    assert figures(Reading(1.0, {}), Reading(1.0, {}), {}) == {}  # no interval: no report
+    assert reporting({REPORTED: {"r0": 1.0, "r1": 1.0}, f"{PREFIX}/rate/m": {"r2": 1.0}}) == 2
 
 
 def test_a_warming_replica_does_not_lower_the_fleets_capacity() -> None:
@@ -302,7 +332,7 @@ def test_the_policy_keeps_when_replicas_last_started_in_its_state() -> None:
 def test_the_policy_keeps_how_long_its_latest_replica_took_to_start() -> None:
     # Seen starting at 997 s (a start kept in the state), every replica runs at 1000 s.
     state = {STARTS: Starts(asked=997.0).kept()}
-    wanted, state = fleet_policy(_context(_reported(0.0, 0.05), 3, state))
+    wanted, state = fleet_policy(_context(_reported(0.0, 0.05, replicas=3), 3, state))
     assert Starts.from_kept(state[STARTS]) == Starts(None, 3.0)
     assert wanted == 3 and "held 0 of 24 s" in state[LAST]  # 3 x (5 + 3), not 30
 
@@ -374,9 +404,9 @@ def test_rays_wrapper_applies_the_rules_decision_and_keeps_its_state() -> None:
 
     wrapped = _apply_autoscaling_config(fleet_policy)  # as Ray Serve's controller runs it
     assert wrapped(ctx)[0] == fleet_policy(ctx)[0] > 2  # Ray's own delays are zero
-    held, state = wrapped(_context(_reported(0.0, 0.05), 3, {}))
+    held, state = wrapped(_context(_reported(0.0, 0.05, replicas=3), 3, {}))
     assert held == 3 and state[DOWN_SINCE] == 1000.0
-    assert wrapped(_context(_reported(0.0, 0.05), 3, state))[1][DOWN_SINCE] == 1000.0
+    assert wrapped(_context(_reported(0.0, 0.05, replicas=3), 3, state))[1][DOWN_SINCE] == 1000.0
 
 
 def test_rays_controller_makes_the_fleets_policy_with_its_down_delay() -> None:
@@ -387,5 +417,5 @@ def test_rays_controller_makes_the_fleets_policy_with_its_down_delay() -> None:
     config = AutoscalingConfig(**autoscaling_config(1, 4, 8.0, down_delay_s=5.0))
     policy = _resolve_policy_callable(config.policy)  # as the controller makes it, once
     assert isinstance(policy, FleetPolicy) and policy.down_delay_s == 5.0
-    held, state = policy(_context(_reported(0.0, 0.05), 3, {}))
+    held, state = policy(_context(_reported(0.0, 0.05, replicas=3), 3, {}))
     assert held == 3 and "held 0 of 5 s" in state[LAST]
