@@ -31,15 +31,40 @@ def test_host_bytes_grow_with_what_the_process_holds() -> None:
 
 def test_host_bytes_count_child_processes() -> None:
     before = measure.host_bytes()
-    hold = "import sys; x = bytearray(64 * 2**20); print('held', flush=True); sys.stdin.read()"
-    child = subprocess.Popen(
-        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    child = _holding(64)
     try:
-        assert child.stdout is not None and child.stdout.readline() == "held\n"
         assert measure.host_bytes() - before >= 48 * MiB
     finally:
         child.communicate("", timeout=30)
+
+
+def _holding(mib: int) -> subprocess.Popen[str]:
+    """A child process holding `mib` MiB written, once it says so; it ends when its input does."""
+    hold = f"import sys; x = bytearray({mib} * 2**20); print('held', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    return child
+
+
+def test_a_reading_counts_the_processes_started_since_not_those_that_ran_before() -> None:
+    # A process that ran before the reading (a REST worker, another model's worker, a test's
+    # Ray cluster) ends while a load starts one of its own: the growth read is the new one's.
+    old = _holding(64)
+    try:
+        before, running = measure.trim_and_read(False, ["cpu"])
+        assert old.pid in running
+        new = _holding(64)
+        old.communicate("", timeout=30)
+        try:
+            after = measure.read(["cpu"], running)
+            assert after["cpu"] - before["cpu"] >= 48 * MiB, (before, after)
+        finally:
+            new.communicate("", timeout=30)
+    finally:
+        if old.returncode is None:
+            old.communicate("", timeout=30)
 
 
 def test_a_folder_counts_its_files(tmp_path: Path) -> None:

@@ -306,13 +306,14 @@ class MemoryLedger:
         self._untrimmed = 0 if trim else self._untrimmed
         self.trims += trim
         before: Footprint = {}
+        running: frozenset[int] = frozenset()
         if measuring or any(d != "cpu" for d in devices):
             # A free ending within a reading would hide growth; a GPU's bytes must be free.
             await self._closed_all()
         if measuring:
             # A trim beside an earlier load that ended within this reading would hide growth.
             await asyncio.gather(*self._trimming)
-            before = await asyncio.to_thread(measure.trim_and_read, trim, devices)
+            before, running = await asyncio.to_thread(measure.trim_and_read, trim, devices)
             self.readings += 1
         elif trim:
             self._trim_beside()
@@ -320,7 +321,7 @@ class MemoryLedger:
         served = await load()
         seconds = self.clock() - start
         if measuring and [t.entered for t in turns] == alone:
-            after = await asyncio.to_thread(measure.read, devices)
+            after = await asyncio.to_thread(measure.read, devices, running)
             self.readings += 1
             # A reading over freed memory not handed back keeps the known figure: not counted.
             self._measures[stamp] += not hidden

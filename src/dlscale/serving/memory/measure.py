@@ -12,7 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,47 +25,72 @@ from dlscale.hardware.nvml import Nvml, NvmlUnavailable
 MAX_FILES = 10_000
 
 
-def host_bytes() -> int:
-    """Resident bytes of this process and its children (Python model workers hold models too)."""
-    tree = _descendants(os.getpid())
-    if tree is not None:
-        return sum(_resident(pid) for pid in tree)
-    # No /proc/PID/task/TID/children: psutil walks every process (ms each).
-    me = psutil.Process()
-    total = 0
-    for proc in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):  # a worker that just ended holds nothing
-            total += int(proc.memory_info().rss)
-    return total
+def host_bytes(leave_out: Collection[int] = frozenset()) -> int:
+    """Resident bytes of this process and its descendants (Python model workers hold models
+    too), less the subtrees of the processes in `leave_out`."""
+    return sum(_resident(pid) for pid in _tree(leave_out))
 
 
-def _descendants(pid: int) -> list[int] | None:
-    """`pid` and its descendants, from Linux's per-thread lists of children; None without.
+def descendants() -> frozenset[int]:
+    """The processes this one started, and theirs, now.
+
+    A load's growth counts the processes it starts (its model's worker), not those that ran
+    before it: their memory moves with what they serve (REST workers take in request bodies;
+    another model's worker answers). A CI run read 60 KiB for a load that took 100 MiB: its
+    process (a test's) also held the processes of a Ray cluster an earlier test had started,
+    and one ending beside the load hides as much as it held."""
+    return frozenset(_tree(frozenset())) - {os.getpid()}
+
+
+def _tree(leave_out: Collection[int]) -> list[int]:
+    """This process and its descendants, not entering the processes in `leave_out`."""
+    me = os.getpid()
+    # Without /proc/PID/task/TID/children, psutil asks for each process's children (it walks
+    # every process of the host, ms each).
+    proc = os.path.exists(f"/proc/{me}/task/{me}/children")
+    found, todo = [], [me]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        children = _proc_children(current) if proc else _psutil_children(current)
+        todo += [c for c in children if c not in leave_out]
+    return found
+
+
+def _proc_children(pid: int) -> list[int]:
+    """`pid`'s children, from Linux's per-thread lists of children.
 
     Plain `os` calls, not pathlib's nor psutil's objects: a load reads the tree twice, and with
     a thread per loaded instance that took 0.6 ms of a worker thread holding the GIL, which the
     event loop waits for (0.3 to 0.4 ms this way, the same bytes)."""
-    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
-        return None
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        tasks = f"/proc/{current}/task"
-        with contextlib.suppress(FileNotFoundError):  # a process that just ended
-            for tid in os.listdir(tasks):
-                path = f"{tasks}/{tid}/children"
-                with contextlib.suppress(FileNotFoundError), open(path, "rb") as children:
-                    todo += [int(c) for c in children.read().split()]  # (a thread that ended)
+    found: list[int] = []
+    tasks = f"/proc/{pid}/task"
+    with contextlib.suppress(FileNotFoundError):  # a process that just ended
+        for tid in os.listdir(tasks):
+            path = f"{tasks}/{tid}/children"
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as children:
+                found += [int(c) for c in children.read().split()]  # (a thread that ended)
     return found
 
 
+def _psutil_children(pid: int) -> list[int]:
+    with contextlib.suppress(psutil.Error):  # a process that just ended has none
+        return [c.pid for c in psutil.Process(pid).children()]
+    return []
+
+
 def _resident(pid: int) -> int:
-    """Resident bytes of one process from /proc/PID/statm, the file psutil reads; 0 for a
-    process that just ended."""
+    """Resident bytes of one process from /proc/PID/statm, the file psutil reads (psutil's
+    figure without it); 0 for a process that just ended."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as statm:
             pages = int(statm.read().split()[1])
+    except FileNotFoundError:
+        if os.path.exists(f"/proc/{os.getpid()}/statm"):
+            return 0  # ended
+        with contextlib.suppress(psutil.Error):
+            return int(psutil.Process(pid).memory_info().rss)
+        return 0
     except (OSError, IndexError, ValueError):
         return 0
     return pages * _page_bytes()
@@ -111,9 +136,10 @@ def _handle(nvml: Nvml, index: int) -> Any:
     return nvml.value("nvmlDeviceGetHandleByUUID", named)
 
 
-def read(keys: Iterable[str]) -> dict[str, int]:
-    """The bytes each device key holds now (host: `cpu`); keys it cannot read are left out."""
-    sizes = {key: host_bytes() if key == "cpu" else device_bytes(key) for key in keys}
+def read(keys: Iterable[str], leave_out: Collection[int] = frozenset()) -> dict[str, int]:
+    """The bytes each device key holds now (host: `cpu`, less the processes in `leave_out`);
+    keys it cannot read are left out."""
+    sizes = {key: host_bytes(leave_out) if key == "cpu" else device_bytes(key) for key in keys}
     return {key: size for key, size in sizes.items() if size is not None}
 
 
@@ -148,9 +174,11 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def trim_and_read(trimming: bool, devices: list[str]) -> dict[str, int]:
+def trim_and_read(trimming: bool, devices: list[str]) -> tuple[dict[str, int], frozenset[int]]:
     """The devices' bytes now, after handing the memory of evicted models back when
-    `trimming` (one trip off the loop for both)."""
+    `trimming`, less the processes running now, and those processes: a load's readings leave
+    them out (`descendants`). One trip off the loop for all."""
     if trimming:
         trim()
-    return read(devices)
+    running = descendants()
+    return read(devices, running), running
