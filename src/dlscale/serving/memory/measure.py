@@ -36,9 +36,9 @@ def descendants() -> frozenset[int]:
 
     A load's growth counts the processes it starts (its model's worker), not those that ran
     before it: their memory moves with what they serve (REST workers take in request bodies;
-    another model's worker answers). A CI run read 60 KiB for a load that took 100 MiB: its
-    process (a test's) also held the processes of a Ray cluster an earlier test had started,
-    and one ending beside the load hides as much as it held."""
+    another model's worker answers), and one that ends beside a load hides what it held. A CI
+    run read 60 KiB for a load that took 100 MiB in a test process that also held processes
+    earlier tests had started (a Ray cluster's); the likely cause, not caught in the act."""
     return frozenset(_tree(frozenset())) - {os.getpid()}
 
 
