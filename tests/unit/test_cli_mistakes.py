@@ -101,15 +101,15 @@ def test_a_folder_to_write_into_under_a_file_is_refused(
     assert a_file.read_text() == "not a folder"
 
 
-def test_a_file_to_read_is_checked_as_its_flag_is_read(
+def test_a_file_to_read_is_checked_before_the_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # --reference is read only with --accuracy or a roofline: a mistyped one went unnoticed.
     bench = ["bench", "http://127.0.0.1:1", "--model", "m", "--reference"]
-    assert _run([*bench, str(tmp_path / "missing.onnx")]) == 2
+    assert _run([*bench, str(tmp_path / "missing.onnx")]) == 1
     assert "missing.onnx: no such file" in capsys.readouterr().err
-    assert _run([*bench, str(tmp_path)]) == 2
-    assert f"cannot read {tmp_path}: not a file" in capsys.readouterr().err
+    assert _run([*bench, str(tmp_path)]) == 1
+    assert f"--reference {tmp_path}: not a file" in capsys.readouterr().err
 
 
 def test_a_plan_is_written_where_asked(tmp_path: Path) -> None:

@@ -104,6 +104,11 @@ class BenchOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BenchError(f"{flag} must be at least 1, got {value}")
+        # Read only with --accuracy or a roofline: a mistyped one went unnoticed otherwise.
+        # Checked here, not as the flag is parsed: the docs' commands parse without the files.
+        if self.reference is not None and not self.reference.is_file():
+            why = "not a file" if self.reference.exists() else "no such file"
+            raise BenchError(f"--reference {self.reference}: {why}")
 
 
 #: The counts that must be at least 1, by field, and the flag that sets each.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,16 +64,6 @@ def output_file(text: str) -> Path:
     path = Path(text).expanduser()
     if why := unwritable(path):
         raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
-    return path
-
-
-def input_file(text: str) -> Path:
-    """A file a verb reads: refused as the flag is read when it is not a readable file, even
-    where the verb reads it only with another flag."""
-    path = Path(text).expanduser()
-    if not path.is_file() or not os.access(path, os.R_OK):
-        why = "not a file" if path.exists() else "no such file"
-        raise argparse.ArgumentTypeError(f"cannot read {text}: {why}")
     return path
 
 

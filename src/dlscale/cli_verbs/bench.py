@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from dlscale.cli_verbs import LazyHandler, SubParsers, input_file, output_folder
+from dlscale.cli_verbs import LazyHandler, SubParsers, output_folder
 from dlscale.cli_verbs.plan import add_bench_allreduce
 
 #: Each bench verb's --out (bench/results.py `out_dir` names the default folder).
@@ -36,7 +36,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         help="samples: FILE.npy (one input), FILE.npz (by name), or a folder of files (one BYTES "
         "element each: JPEGs, texts)",
     )
-    p.add_argument("--reference", type=input_file, help="FP32 model.onnx to check answers against")
+    p.add_argument("--reference", type=_path, help="FP32 model.onnx to check answers against")
     p.add_argument("--out", type=output_folder, help=OUT_HELP)
     p.add_argument("--batch-size", type=int, help="offline: rows per request (remote default 32)")
     p.add_argument(
