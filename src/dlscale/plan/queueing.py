@@ -45,7 +45,7 @@ def batching_policy(max_batch: int, max_delay: float, adaptive_delay: bool = Tru
     return BatchPolicy(max_batch, config)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BatchingServer:
     """`devices` devices with `instances_per_device` model instances each, behind one queue.
 
@@ -76,6 +76,25 @@ class BatchingServer:
     def max_batch(self) -> int:
         """The most requests (of one row each) in a batch."""
         return self.policy.max_batch_size
+
+    @cached_property
+    def _identity(self) -> tuple[object, ...]:
+        """All a run reads of the server: servers equal in it batch and serve alike.
+
+        `service_time` is read through `batch_times` only, so two curves with the same times
+        (MIG profiles of one compute size, tenants alike) make equal servers: `peak_rate`'s
+        cache key.
+        """
+        policy = self.policy
+        batching = policy.batching.model_dump_json()
+        shape = (self.devices, self.instances_per_device, self.service_spread)
+        return (self.batch_times, policy.max_batch_size, batching, *shape)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchingServer) and self._identity == other._identity
+
+    def __hash__(self) -> int:
+        return hash(self._identity)
 
     @cached_property
     def batch_times(self) -> tuple[float, ...]:
@@ -293,6 +312,7 @@ def _arrives_alone(
     return head + 1 == len(arrivals) or arrivals[head + 1] > arrivals[head]
 
 
+@lru_cache(maxsize=1024)
 def peak_rate(
     server: BatchingServer,
     p99_bound: float,
@@ -303,7 +323,8 @@ def peak_rate(
 
     Bisection between a near-idle load and saturation. A server that misses the bound when
     almost idle (one request waiting the full delay, served alone) gets 0: a deployment must
-    hold its SLO at low load too.
+    hold its SLO at low load too. Kept for servers equal in what a run reads: a plan asks again
+    for tenants alike and for MIG profiles of one compute size.
     """
     if p99_bound <= 0:
         raise PlanError(f"p99 bound must be positive, got {p99_bound}")

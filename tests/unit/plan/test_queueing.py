@@ -129,3 +129,19 @@ def test_bad_settings() -> None:
         simulate(server, 0.0)
     with pytest.raises(PlanError):
         peak_rate(server, 0.0)
+
+
+def test_servers_that_batch_and_serve_alike_share_one_peak() -> None:
+    # A plan asks again for tenants alike and MIG profiles of one compute size, each with a
+    # curve of its own: equal times and settings make equal servers, answered once.
+    def server(fixed: float, spread: tuple[float, ...] = ()) -> BatchingServer:
+        return BatchingServer(linear(fixed, 1e-4), batching_policy(8, 1e-3), service_spread=spread)
+
+    assert server(1e-3) == server(1e-3) and hash(server(1e-3)) == hash(server(1e-3))
+    assert server(1e-3) != server(2e-3) and server(1e-3) != server(1e-3, (0.5, 1.5))
+    assert server(1e-3) != BatchingServer(linear(1e-3, 1e-4), batching_policy(8, 2e-3))
+    assert server(1e-3) != BatchingServer(linear(1e-3, 1e-4), batching_policy(8, 1e-3), 2)
+    first = peak_rate(server(1.5e-3), 6e-3)
+    hits = peak_rate.cache_info().hits
+    assert peak_rate(server(1.5e-3), 6e-3) == first
+    assert peak_rate.cache_info().hits == hits + 1
