@@ -82,8 +82,8 @@ class BatchingServer:
         """All a run reads of the server: servers equal in it batch and serve alike.
 
         `service_time` is read through `batch_times` only, so two curves with the same times
-        (MIG profiles of one compute size, tenants alike) make equal servers: `peak_rate`'s
-        cache key.
+        (tenants of one model, whatever their loads) make equal servers: `peak_rate`'s cache
+        key.
         """
         policy = self.policy
         batching = policy.batching.model_dump_json()
@@ -324,7 +324,7 @@ def peak_rate(
     Bisection between a near-idle load and saturation. A server that misses the bound when
     almost idle (one request waiting the full delay, served alone) gets 0: a deployment must
     hold its SLO at low load too. Kept for servers equal in what a run reads: a plan asks again
-    for tenants alike and for MIG profiles of one compute size.
+    for tenants of one model and p99, whatever their loads.
     """
     if p99_bound <= 0:
         raise PlanError(f"p99 bound must be positive, got {p99_bound}")

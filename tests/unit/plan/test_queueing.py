@@ -132,8 +132,8 @@ def test_bad_settings() -> None:
 
 
 def test_servers_that_batch_and_serve_alike_share_one_peak() -> None:
-    # A plan asks again for tenants alike and MIG profiles of one compute size, each with a
-    # curve of its own: equal times and settings make equal servers, answered once.
+    # A plan asks again for tenants of one model and p99, each with a curve of its own: equal
+    # times and settings make equal servers, answered once.
     def server(fixed: float, spread: tuple[float, ...] = ()) -> BatchingServer:
         return BatchingServer(linear(fixed, 1e-4), batching_policy(8, 1e-3), service_spread=spread)
 
