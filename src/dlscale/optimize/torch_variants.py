@@ -10,16 +10,13 @@ imports torch: the lists are decided from the device's capabilities and the ONNX
 
 from __future__ import annotations
 
+from dlscale.backends.half_precision import HALF_DOT_FLAGS
 from dlscale.optimize.variants import DeviceCaps, ModelFacts, Skipped, Variant
 
 PREFIX = "torch-"
 #: The recipes that make a torch variant's file (see torch_build.py).
 EXPORT, MODULE, PT2E_INT8 = "torch-export", "torch-module", "torch-pt2e-int8"
 AOTI = "torch-aoti"
-#: CPU flags with BF16 dot products (AVX-512 BF16, AMX); without them BF16 is emulated.
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-#: CPU flags with FP16 dot products (AMX-FP16); without them PyTorch's CPU FP16 is emulated.
-FP16_CPU_FLAGS = frozenset({"amx_fp16"})
 #: TF32 and fast BF16 need Ampere (8.0); FP8 matrix products Ada or Hopper (8.9); INT8
 #: tensor-core products (torch._int_mm) Turing (7.5).
 AMPERE, FP8_CAPABILITY, INT8_CAPABILITY = (8, 0), (8, 9), (7, 5)
@@ -147,11 +144,11 @@ def torch_precision_variants(
             "torch._int_mm products are for GPUs; on the CPU INT8 goes through PT2E",
         ),
     ]
-    for half, flags, products in (
-        ("fp16", FP16_CPU_FLAGS, "FP16 dot products (AMX-FP16); FP16 is emulated"),
-        ("bf16", BF16_CPU_FLAGS, "BF16 dot products (AVX-512 BF16 or AMX); BF16 would be emulated"),
+    for half, products in (
+        ("fp16", "FP16 dot products (AMX-FP16); FP16 is emulated"),
+        ("bf16", "BF16 dot products (AVX-512 BF16 or AMX); BF16 would be emulated"),
     ):
-        if caps.cpu_flags & flags:
+        if caps.cpu_flags & HALF_DOT_FLAGS[half]:
             tried.append(_variant(half, half, half_recipe, lossy=True))
         else:
             skipped.append(Skipped(f"{PREFIX}{half}", f"the CPU has no {products}"))

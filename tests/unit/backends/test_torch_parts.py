@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from dlscale.backends import BackendOptions, create_backend
+from dlscale.backends.half_precision import emulated
 from dlscale.backends.torch.buckets import Buckets, default_buckets, pad_rows
 from dlscale.backends.torch.device import resolve_device
 from dlscale.backends.torch.files import save_exported, save_torchscript, write_module_spec
@@ -19,6 +21,7 @@ from dlscale.backends.torch.options import parse_torch_options, resolve
 from dlscale.backends.torch.precision import check_supported, fp8_supported, fp32_mode
 from dlscale.backends.torch.tensors import from_numpy, to_numpy
 from dlscale.errors import BackendError, ConfigError, InvalidInput
+from dlscale.hardware.cpu import read_cpu
 from dlscale.types import Datatype, TensorSpec
 
 # -- buckets -------------------------------------------------------------------------------------
@@ -135,6 +138,24 @@ def test_fp8_needs_compute_capability_8_9() -> None:
         check_supported("fp8", torch.device("cpu"))
     with pytest.raises(ConfigError, match="'tf32' is a mode of NVIDIA tensor cores"):
         check_supported("tf32", torch.device("cpu"))
+
+
+def test_a_16_bit_type_the_cpu_emulates_loads_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert emulated("bf16", frozenset({"avx2", "fma"})) and emulated("fp16", frozenset({"avx2"}))
+    assert not emulated("bf16", frozenset({"avx2", "avx512_bf16"}))
+    assert not emulated("fp16", frozenset({"amx_fp16"}))
+    assert not emulated("fp32", frozenset({"avx2"}))
+    assert not emulated("bf16", frozenset())  # flags unknown: no claim either way
+    with caplog.at_level(logging.WARNING, logger="dlscale.backends.torch.precision"):
+        check_supported("bf16", torch.device("cpu"))
+        check_supported("fp32", torch.device("cpu"))
+    # This host's own flags decide: a warning only where it has no BF16 dot products.
+    warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
+    expected = emulated("bf16", read_cpu().flags)
+    assert len(warned) == int(expected), warned
+    assert all("'bf16'" in m and "avx512_bf16" in m for m in warned)
 
 
 @pytest.mark.parametrize("kind", ["fp8", "int8"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlscale.backends.half_precision import HALF_DOT_FLAGS, emulated
 from dlscale.backends.torch.lowp import LowpConv2d, LowpLinear, to_lowp
 from dlscale.backends.torch.options import Precision
 from dlscale.errors import ConfigError
+from dlscale.hardware.cpu import read_cpu
 
 #: The dtype activations (and, without autocast, weights) take under each precision. FP8 and
 #: INT8 run their matrix products in 8 bits and everything between them in 16.
@@ -30,6 +33,8 @@ FP8_MIN_CAPABILITY = (8, 9)
 #: INT8 tensor-core products (torch._int_mm through cuBLASLt) need Turing (7.5) and later.
 INT8_MIN_CAPABILITY = (7, 5)
 LOWP_LAYERS = (LowpLinear, LowpConv2d)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,14 @@ class PrecisionPlan:
 
 
 def check_supported(precision: Precision, device: torch.device) -> None:
-    """Refuse a precision the device cannot run, saying what would."""
+    """Refuse a precision the device cannot run, saying what would; warn of one it emulates."""
+    if device.type == "cpu" and emulated(precision, read_cpu().flags):
+        log.warning(
+            "backend_options.precision: %r on this CPU is emulated (it has none of %s): "
+            "expect it slower than 'fp32'",
+            precision,
+            ", ".join(sorted(HALF_DOT_FLAGS[precision])),
+        )
     if precision == "tf32" and device.type != "cuda":
         raise ConfigError(
             "backend_options.precision: 'tf32' is a mode of NVIDIA tensor cores (Ampere and "
