@@ -67,7 +67,12 @@ class PrecisionPlan:
 
 def check_supported(precision: Precision, device: torch.device) -> None:
     """Refuse a precision the device cannot run, saying what would; warn of one it emulates."""
-    if device.type == "cpu" and emulated(precision, read_cpu().flags):
+    # The CPU is read (psutil, its clock) only for the 16-bit types, not on every load.
+    if (
+        device.type == "cpu"
+        and precision in HALF_DOT_FLAGS
+        and emulated(precision, read_cpu().flags)
+    ):
         log.warning(
             "backend_options.precision: %r on this CPU is emulated (it has none of %s): "
             "expect it slower than 'fp32'",
